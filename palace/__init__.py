@@ -1,0 +1,25 @@
+"""palace: Pallas TPU kernels on a virtual TPU. Use as `import palace as pl`.
+
+This module only re-exports; the implementation lives in `palace._src`.
+"""
+from palace._src.core import (ANY, BlockSpec, Blocked, BoundedSlice, Buffered, CompilerParams,
+                              CostEstimate, Element, GridSpec, MemoryRef, MemorySpace,
+                              ShapeDtypeStruct, Squeezed, no_block_spec, squeezed)
+from palace._src.errors import (BlockSpecError, MemorySpaceError, OutOfBoundsError, PalaceError,
+                                ResourceError, ShapeError, SyncError, TracingError, UnsupportedError,
+                                UsageError)
+from palace._src.lang.array import Array
+from palace._src.lang.primitives import (debug_print, loop, multiple_of, num_programs, program_id,
+                                         run_scoped, semaphore_read, semaphore_signal, semaphore_wait,
+                                         when, with_scoped)
+from palace._src.lang.refs import Ref, Slice, ds
+from palace._src.lang.numpy_ops import broadcast_to
+from palace._src.pallas_call import pallas_call
+from palace._src.sim.machine import VirtualTPU
+from palace._src.sim.report import Report
+from palace._src.util import align_to, cdiv, next_power_of_2
+
+dslice = ds
+virtual_tpu = VirtualTPU
+
+__version__ = "0.1.0"

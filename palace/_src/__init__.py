@@ -1,0 +1,1 @@
+"""palace internals. Nothing here is public API; use the facades `palace`, `palace.tpu`, ..."""

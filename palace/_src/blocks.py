@@ -1,0 +1,134 @@
+"""BlockSpec -> BlockMapping (L2): canonicalise and validate a user's block spec once per launch.
+
+Tiling rule (Mosaic lowering, tpu-hardware.md section 4): the last two block dims must be divisible by
+8 and 128 respectively or equal the array dims; rank-1 blocks must equal the array length, be a multiple
+of 1024, or be a power of two >= 128 * 32 / bitwidth. Squeezed and Element dims are exempt.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from palace._src import dtypes as dt
+from palace._src.core import (BlockSpec, Blocked, BoundedSlice, Buffered, Element, MemorySpace,
+                              Squeezed, is_hbm, no_block_spec)
+from palace._src.errors import BlockSpecError, UnsupportedError
+from palace._src.util import prod
+
+BLOCKED, SQUEEZED, ELEMENT = "blocked", "squeezed", "element"
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockMapping:
+  name: str
+  array_shape: tuple
+  dtype: object
+  dims: tuple                 # per array dim: (kind, size, pad_lo)
+  index_map: Callable | None
+  space: MemorySpace          # VMEM (pipelined), SMEM (whole array), ANY (raw HBM ref)
+  buffer_count: int
+  use_lookahead: bool
+
+  @property
+  def block_shape(self) -> tuple:
+    """Shape of the ref the kernel sees (squeezed dims removed)."""
+    return tuple(s for k, s, _ in self.dims if k != SQUEEZED)
+
+  @property
+  def block_bytes(self) -> int:
+    return prod(self.block_shape) * self.dtype.itemsize
+
+  @property
+  def pipelined(self) -> bool:
+    return self.space == MemorySpace.VMEM
+
+  def offsets(self, idx) -> tuple:
+    """Element offset per array dim for index-map result `idx`."""
+    out = []
+    for (kind, size, pad), i in zip(self.dims, idx):
+      out.append(i * size if kind == BLOCKED else (i - pad if kind == ELEMENT else i))
+    return tuple(out)
+
+
+def _dim(entry, array_dim: int):
+  if entry is None or isinstance(entry, Squeezed):
+    return (SQUEEZED, 1, 0)
+  if isinstance(entry, Blocked):
+    return (BLOCKED, int(entry.block_size), 0)
+  if isinstance(entry, Element):
+    return (ELEMENT, int(entry.block_size), int(entry.padding[0]))
+  if isinstance(entry, BoundedSlice):
+    raise UnsupportedError.feature("pl.BoundedSlice block dims")
+  return (BLOCKED, int(entry), 0)
+
+
+def canonicalize(spec, shape, dtype, name: str, num_index_args: int,
+                 default_space=MemorySpace.VMEM) -> BlockMapping:
+  shape = tuple(shape)
+  if spec is no_block_spec or spec is None:
+    spec = BlockSpec(memory_space=None)
+  if not isinstance(spec, BlockSpec):
+    raise BlockSpecError(f"The spec for {name} is {spec!r}; expected a pl.BlockSpec.")
+  space = spec.memory_space
+  if space is None:
+    space = default_space
+  if space == MemorySpace.HBM:
+    space = MemorySpace.ANY
+  mode = spec.pipeline_mode or Buffered(2)
+  if is_hbm(space):
+    if spec.block_shape is not None and tuple(spec.block_shape) != shape:
+      raise BlockSpecError(
+          f"Block shape for {name} (= {tuple(spec.block_shape)}) must equal the array shape {shape} "
+          f"for a pl.ANY / pltpu.HBM operand: those get the whole HBM ref with no windowing.")
+    return BlockMapping(name, shape, dtype, tuple((BLOCKED, s, 0) for s in shape), None,
+                        MemorySpace.ANY, 1, False)
+  if space not in (MemorySpace.VMEM, MemorySpace.SMEM):
+    raise UnsupportedError.feature(f"BlockSpec memory_space={space}")
+  block_shape = spec.block_shape if spec.block_shape is not None else shape
+  if len(block_shape) != len(shape):
+    raise BlockSpecError(f"Block shape for {name} (= {tuple(block_shape)}) must have the same number "
+                         f"of dimensions as the array shape {shape}.")
+  dims = tuple(_dim(e, s) for e, s in zip(block_shape, shape))
+  for (kind, size, _), s in zip(dims, shape):
+    if size <= 0:
+      raise BlockSpecError(f"Block shape for {name} (= {tuple(block_shape)}) has a non-positive size.")
+  _check_tiling(dims, shape, dtype, name)
+  index_map = spec.index_map
+  if index_map is None:
+    rank = len(shape)
+    index_map = lambda *args: (0,) * rank  # noqa: E731
+  n = int(mode.buffer_count)
+  if space == MemorySpace.SMEM:
+    n = 1
+  return BlockMapping(name, shape, dtype, dims, index_map, space, n, bool(mode.use_lookahead))
+
+
+def _check_tiling(dims, shape, dtype, name):
+  kinds = [k for k, _, _ in dims]
+  sizes = [s for _, s, _ in dims]
+  rank = len(shape)
+  if rank == 1:
+    if kinds[0] != BLOCKED:
+      return
+    b, a = sizes[0], shape[0]
+    min_pow2 = 128 * (32 // dt.bits(dtype)) if dt.bits(dtype) <= 32 else 128
+    if not (b == a or b % 1024 == 0 or (b >= min_pow2 and b & (b - 1) == 0)):
+      raise BlockSpecError(
+          f"Block shape for {name} (= ({b},)) is not a valid rank-1 TPU block for an array of shape "
+          f"{shape} and dtype {dtype}: expected the full length {a}, a multiple of 1024, or a power of "
+          f"2 >= {min_pow2}.")
+    return
+  bad = []
+  for pos, unit in ((-1, 128), (-2, 8)):
+    if kinds[pos] != BLOCKED:
+      continue
+    if not (sizes[pos] == shape[pos] or sizes[pos] % unit == 0):
+      bad.append((pos, sizes[pos], unit, shape[pos]))
+  if bad:
+    block = tuple(s if k != SQUEEZED else None for k, s in zip(kinds, sizes))
+    what = "; ".join(f"dim {rank + p} is {b}, not a multiple of {u} nor the array dim {a}"
+                     for p, b, u, a in bad)
+    raise BlockSpecError(
+        f"Block shape for {name} (= {block}) breaks the TPU tiling rule for an array of shape "
+        f"{shape}: {what}. The last two block dims must be divisible by 8 and 128 (or equal the "
+        f"array dims); pad the array or pick block sizes like (8k, 128m).")

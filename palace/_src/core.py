@@ -1,0 +1,283 @@
+"""Specs (L2): memory spaces, allocation types, BlockSpec/GridSpec, CompilerParams, meshes.
+
+User specs are plain frozen dataclasses; `pipeline.py` canonicalises them into mappings once per launch.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from palace._src import dtypes as dt
+from palace._src.errors import UsageError
+from palace._src.util import prod
+
+
+class MemorySpace(enum.Enum):
+  """Where a buffer lives. Calling a member makes an allocation type: `VMEM((8, 128), f32)`."""
+  ANY = "any"
+  HBM = "hbm"
+  VMEM = "vmem"
+  SMEM = "smem"
+  VMEM_SHARED = "vmem_shared"
+  CMEM = "cmem"
+  SEMAPHORE = "semaphore_mem"
+
+  def __str__(self):
+    return self.value
+
+  def __call__(self, shape, dtype) -> "MemoryRef":
+    return MemoryRef(tuple(int(s) for s in shape), dt.canonicalize(dtype), self)
+
+  def like(self, x) -> "MemoryRef":
+    return self(x.shape, x.dtype)
+
+  def __matmul__(self, mesh):  # `pltpu.VMEM @ mesh`: the space tied to a mesh; one space per core here
+    return self
+
+
+ANY = MemorySpace.ANY
+
+
+def is_hbm(space: MemorySpace) -> bool:
+  return space in (MemorySpace.ANY, MemorySpace.HBM)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShapeDtypeStruct:
+  shape: tuple
+  dtype: Any
+
+  def __init__(self, shape, dtype, **_ignored):
+    object.__setattr__(self, "shape", tuple(int(s) for s in shape))
+    object.__setattr__(self, "dtype", dt.canonicalize(dtype))
+
+  @property
+  def ndim(self):
+    return len(self.shape)
+
+  @property
+  def size(self):
+    return prod(self.shape)
+
+  def __repr__(self):
+    return f"ShapeDtypeStruct(shape={self.shape}, dtype={self.dtype})"
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryRef:
+  """A ShapeDtypeStruct plus a memory space: what `pltpu.VMEM(shape, dtype)` returns."""
+  shape: tuple
+  dtype: np.dtype
+  memory_space: MemorySpace
+
+  @property
+  def nbytes(self) -> int:
+    return prod(self.shape) * self.dtype.itemsize
+
+  def get_array_aval(self):
+    return ShapeDtypeStruct(self.shape, self.dtype)
+
+
+class SemaphoreKind(enum.Enum):
+  REGULAR = "regular"
+  DMA = "dma"
+  BARRIER = "barrier"
+
+  def __str__(self):
+    return self.value
+
+
+@dataclasses.dataclass(frozen=True)
+class SemaphoreRefType:
+  """An allocation of semaphores: `SemaphoreType.DMA` (scalar) or `SemaphoreType.DMA((n,))`."""
+  kind: SemaphoreKind
+  shape: tuple = ()
+
+  def __call__(self, shape):
+    return SemaphoreRefType(self.kind, tuple(int(s) for s in (shape if isinstance(shape, (tuple, list))
+                                                              else (shape,))))
+
+  def __matmul__(self, mesh):
+    return self
+
+  @property
+  def dtype(self):
+    return dt.int32
+
+  @property
+  def memory_space(self):
+    return MemorySpace.SEMAPHORE
+
+
+class SemaphoreType:
+  """`pltpu.SemaphoreType.{REGULAR, DMA, BARRIER}`."""
+  REGULAR = SemaphoreRefType(SemaphoreKind.REGULAR)
+  DMA = SemaphoreRefType(SemaphoreKind.DMA)
+  BARRIER = SemaphoreRefType(SemaphoreKind.BARRIER)
+
+
+# ------------------------------------------------------------------ block dims
+@dataclasses.dataclass(frozen=True)
+class Blocked:
+  block_size: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Squeezed:
+  pass
+
+
+squeezed = Squeezed()
+
+
+@dataclasses.dataclass(frozen=True)
+class Element:
+  block_size: int
+  padding: tuple = (0, 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class BoundedSlice:
+  block_size: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Buffered:
+  buffer_count: int = 2
+  use_lookahead: bool = False
+
+  def __post_init__(self):
+    if int(self.buffer_count) < 1:
+      raise UsageError(f"pl.Buffered(buffer_count={self.buffer_count}): expected at least 1 buffer.")
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockSpec:
+  block_shape: Sequence | None = None
+  index_map: Callable | None = None
+  pipeline_mode: Buffered | None = None
+  memory_space: MemorySpace | None = None
+
+  def __init__(self, block_shape=None, index_map=None, pipeline_mode=None, *, memory_space=None):
+    object.__setattr__(self, "block_shape", None if block_shape is None else tuple(block_shape))
+    object.__setattr__(self, "index_map", index_map)
+    object.__setattr__(self, "pipeline_mode", pipeline_mode)
+    object.__setattr__(self, "memory_space", memory_space)
+
+
+class _NoBlockSpec:
+  def __repr__(self):
+    return "no_block_spec"
+
+
+no_block_spec = _NoBlockSpec()
+
+
+@dataclasses.dataclass(frozen=True)
+class GridSpec:
+  grid: Any = ()
+  in_specs: Any = no_block_spec
+  out_specs: Any = no_block_spec
+  scratch_shapes: Any = ()
+  num_scalar_prefetch: int = 0
+
+
+class PrefetchScalarGridSpec(GridSpec):
+  def __init__(self, num_scalar_prefetch, grid=(), in_specs=no_block_spec, out_specs=no_block_spec,
+               scratch_shapes=()):
+    super().__init__(grid, in_specs, out_specs, scratch_shapes, int(num_scalar_prefetch))
+
+
+class GridDimensionSemantics(enum.Enum):
+  PARALLEL = "parallel"
+  CORE_PARALLEL = "core_parallel"
+  SUBCORE_PARALLEL = "subcore_parallel"
+  ARBITRARY = "arbitrary"
+
+  def __str__(self):
+    return self.value
+
+
+PARALLEL = GridDimensionSemantics.PARALLEL
+CORE_PARALLEL = GridDimensionSemantics.CORE_PARALLEL
+SUBCORE_PARALLEL = GridDimensionSemantics.SUBCORE_PARALLEL
+ARBITRARY = GridDimensionSemantics.ARBITRARY
+
+
+def canonical_semantics(x) -> GridDimensionSemantics:
+  try:
+    return x if isinstance(x, GridDimensionSemantics) else GridDimensionSemantics(str(x))
+  except ValueError:
+    raise UsageError(f"dimension_semantics entry {x!r}: expected one of "
+                     f"{[s.value for s in GridDimensionSemantics]}.") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class CompilerParams:
+  dimension_semantics: Sequence | None = None
+  allow_input_fusion: Sequence | None = None
+  vmem_limit_bytes: int | None = None
+  collective_id: int | None = None
+  has_side_effects: Any = False
+  flags: dict | None = None
+  internal_scratch_in_bytes: int | None = None
+  serialization_format: int = 1
+  disable_bounds_checks: bool = False
+  disable_semaphore_checks: bool = False
+  skip_device_barrier: bool = False
+  allow_collective_id_without_custom_barrier: bool = False
+  shape_invariant_numerics: bool = True
+  use_tc_tiling_on_sc: bool | None = None
+  needs_layout_passes: bool = True
+  fuse_transposed_lhs_in_matmul: bool = False
+  opt_level: int | None = None
+
+  def replace(self, **kw) -> "CompilerParams":
+    return dataclasses.replace(self, **kw)
+
+
+@dataclasses.dataclass(frozen=True)
+class CostEstimate:
+  flops: int
+  transcendentals: int
+  bytes_accessed: int
+  remote_bytes_transferred: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorCoreMesh:
+  """`pltpu.TensorCoreMesh(axis_name="core", num_cores=n)`; num_cores defaults to the chip's cores."""
+  axis_name: str = "core"
+  num_cores: int | None = None
+
+  def __init__(self, axis_name: str = "core", num_cores: int | None = None, *, devices=None):
+    object.__setattr__(self, "axis_name", axis_name)
+    object.__setattr__(self, "num_cores", None if num_cores is None else int(num_cores))
+
+  @property
+  def shape(self):
+    return {self.axis_name: self.num_cores}
+
+
+@dataclasses.dataclass(eq=False)
+class Buffer:
+  """One allocation on the virtual machine: NumPy storage plus where it lives.
+
+  `storage` is None in timing-only mode for vector memories. `name` is the origin path used in errors
+  (`args[0]`, `outputs[1]`, `scratch[2]`)."""
+  storage: Any
+  shape: tuple
+  dtype: np.dtype
+  memory_space: MemorySpace
+  name: str
+  core: Any = None            # the owning core (sim object) for VMEM/SMEM/semaphores; None for HBM
+  chip: int = 0
+  ready_cycle: int = 0        # when the last vector store to it finishes (timing model)
+  sem_kind: SemaphoreKind | None = None
+
+  @property
+  def nbytes(self) -> int:
+    return prod(self.shape) * self.dtype.itemsize

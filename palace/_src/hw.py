@@ -1,0 +1,189 @@
+"""Hardware is data (L1): frozen per-chip specs with units in field names and a source per number.
+
+All per-TensorCore unless the name says `_per_chip`. Source tags are those of
+shared/reference/tpu-hardware.md: [tpu_info] jax/_src/tpu_info.py, [xla-pinfo] openxla platform_info.py,
+[SB-tpus] the scaling book, [gcp-*] Cloud TPU pages, [details] Pallas TPU details doc.
+"Calibrated" constants are the only free parameters; they were fitted on the v5e matmul tutorial table
+(tpu-hardware.md section 7) by benchmarks/calibrate.py and are reused, in cycles, on the other chips.
+"""
+from __future__ import annotations
+
+import dataclasses
+from types import MappingProxyType
+
+from palace._src.errors import UsageError
+
+KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
+
+
+@dataclasses.dataclass(frozen=True)
+class SparseCoreSpec:
+  num_cores: int                 # SparseCores visible to Pallas per device
+  num_subcores: int              # vector subcores (tiles) per SparseCore
+  num_lanes: int                 # 32-bit SIMD lanes per vector subcore
+  vmem_bytes_per_subcore: int    # TileSpmem
+  vmem_shared_bytes: int         # Spmem per SparseCore (not public; modelling assumption)
+  dma_granule_bytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class ChipSpec:
+  name: str
+  clock_hz: float
+  num_tensorcores_per_device: int   # 2 on megacore (v4, v5p); 7x exposes each TC as a device
+  megacore: bool
+  vmem_bytes: int
+  smem_bytes: int
+  default_scoped_vmem_bytes: int
+  internal_scratch_bytes: int
+  hbm_bytes_per_device: int
+  hbm_bytes_per_s_per_device: float
+  dma_bytes_per_s_per_tc: float     # one TC's DMA engines, HBM<->VMEM
+  vmem_vmem_dma_bytes_per_s: float  # local VMEM<->SMEM/VMEM copies (modelling assumption: 4x HBM)
+  dma_hbm_to_vmem_latency_ns: float
+  dma_vmem_to_hbm_latency_ns: float
+  mxu_size: int
+  num_mxus: int
+  vmatmul_cadence_cycles: MappingProxyType  # per LHS dtype class: "f32", "bf16", "int8", "fp8"
+  latch_cadence_cycles: MappingProxyType    # per RHS dtype class
+  mxu_latency_cycles: int
+  supported_mxu_classes: frozenset
+  sublanes: int
+  lanes: int
+  vpu_alus_per_lane: int
+  sparsecore: SparseCoreSpec | None
+  ici_link_bytes_per_s_one_way: float
+  ici_hop_latency_ns: float
+  ici_dims: int                     # torus rank: 2 (v5e, v6e) or 3 (v4, v5p, 7x)
+  ici_wraparound_min_axis: int      # wraparound on an axis only when it has at least this many chips
+  # calibrated / modelling constants (cycles of this chip's clock)
+  grid_step_overhead_cycles: int
+  dma_issue_cycles: int
+  scalar_op_cycles: int
+  launch_overhead_s: float
+  sources: MappingProxyType = dataclasses.field(compare=False, repr=False, default_factory=dict)
+
+  # ---- derived figures ----
+  def rows_per_vmatmul(self, lhs_bits: int) -> int:
+    return self.sublanes * 32 // lhs_bits  # [xla-cost]: sublanes * 32 / bits(lhs)
+
+  def peak_flops_per_s(self, cls: str = "bf16") -> float:
+    """Per device: n_TC * n_MXU * 2 * rows * K * N / cadence * f  (tpu-hardware.md 1.3)."""
+    if cls not in self.vmatmul_cadence_cycles:
+      return 0.0
+    bits = {"f32": 32, "bf16": 16, "int8": 8, "fp8": 8}[cls]
+    per_cycle = (self.num_mxus * 2 * self.rows_per_vmatmul(bits) * self.mxu_size * self.mxu_size
+                 / self.vmatmul_cadence_cycles[cls])
+    return per_cycle * self.clock_hz * self.num_tensorcores_per_device
+
+  @property
+  def hbm_bytes_per_s(self) -> float:
+    return self.hbm_bytes_per_s_per_device
+
+  def cycles_to_s(self, cycles: float) -> float:
+    return cycles / self.clock_hz
+
+  def ns_to_cycles(self, ns: float) -> int:
+    return int(round(ns * 1e-9 * self.clock_hz))
+
+
+def _mp(**kw):
+  return MappingProxyType(dict(kw))
+
+
+_COMMON_SOURCES = _mp(
+    clock_hz="[SB-tpus][xla-pinfo]; v4 derived from peak (tpu-hardware.md 1.3); 7x default P-state 3",
+    vmem_bytes="[tpu_info] vmem_capacity_bytes", smem_bytes="[tpu_info] smem_capacity_bytes",
+    default_scoped_vmem_bytes="tpu-hardware.md section 3 (16 MiB v4/v5e/v5p, 32 MiB v6e/7x)",
+    internal_scratch_bytes="[xla-pinfo] default_internal_scratch_bytes",
+    hbm_bytes_per_s_per_device="[gcp-*] spec sheets; 7x [SB-tpus] per chip / 2 devices",
+    dma_bytes_per_s_per_tc="[xla-pinfo] HBM->VMEM bandwidth, capped at HBM bandwidth (v5e row suspect)",
+    vmem_vmem_dma_bytes_per_s="modelling assumption: local copies run at 4x HBM bandwidth",
+    dma_hbm_to_vmem_latency_ns="[xla-pinfo]; v5e calibrated on tpu-hardware.md section 7",
+    dma_vmem_to_hbm_latency_ns="[xla-pinfo]; v4 assumed equal to v5p",
+    mxu_size="[tpu_info] mxu_column_size", num_mxus="[tpu_info] num_mxus (v6e: 2 after May 2026)",
+    vmatmul_cadence_cycles="[xla-pinfo]; v4 chosen to give the [gcp-v4] peak at 1.05 GHz",
+    latch_cadence_cycles="[xla-pinfo]", mxu_latency_cycles="[xla-pinfo] bf16 result latency",
+    vpu_alus_per_lane="[SB-tpus] appendix A (2 on v4, 4 on v5+)",
+    ici_link_bytes_per_s_one_way="[SB-tpus]", ici_hop_latency_ns="[SB-shard] ~1 us per hop",
+    grid_step_overhead_cycles="calibrated on v5e 128^3 matmul (tpu-hardware.md 7)",
+    dma_issue_cycles="calibrated on v5e 128^3 matmul (tpu-hardware.md 7)",
+    scalar_op_cycles="[SB-tpus] scalar unit, 1 issue per cycle (modelling assumption)",
+    launch_overhead_s="calibrated: tpu-hardware.md 7 (host dispatch 100-115 us on v5e)",
+)
+
+# Calibrated constants, shared in cycles by every chip (see benchmarks/calibrate.py).
+_STEP_OVERHEAD_CYCLES = 150
+_DMA_ISSUE_CYCLES = 16
+_LAUNCH_OVERHEAD_S = 105e-6
+
+V4 = ChipSpec(
+    name="v4", clock_hz=1.05e9, num_tensorcores_per_device=2, megacore=True,
+    vmem_bytes=16 * MiB, smem_bytes=1 * MiB, default_scoped_vmem_bytes=16 * MiB,
+    internal_scratch_bytes=73728, hbm_bytes_per_device=34_400_000_000,
+    hbm_bytes_per_s_per_device=1.2e12, dma_bytes_per_s_per_tc=1.2e12 / 2 * 1.0,
+    vmem_vmem_dma_bytes_per_s=4.8e12, dma_hbm_to_vmem_latency_ns=667, dma_vmem_to_hbm_latency_ns=624,
+    mxu_size=128, num_mxus=4, vmatmul_cadence_cycles=_mp(f32=8, bf16=16, int8=32),
+    latch_cadence_cycles=_mp(f32=2, bf16=4, int8=4), mxu_latency_cycles=131,
+    supported_mxu_classes=frozenset({"f32", "bf16", "int8"}), sublanes=8, lanes=128, vpu_alus_per_lane=2,
+    sparsecore=None, ici_link_bytes_per_s_one_way=4.5e10, ici_hop_latency_ns=1000, ici_dims=3,
+    ici_wraparound_min_axis=4, grid_step_overhead_cycles=_STEP_OVERHEAD_CYCLES,
+    dma_issue_cycles=_DMA_ISSUE_CYCLES, scalar_op_cycles=1, launch_overhead_s=_LAUNCH_OVERHEAD_S,
+    sources=_COMMON_SOURCES)
+
+V5E = ChipSpec(
+    name="v5e", clock_hz=1.5e9, num_tensorcores_per_device=1, megacore=False,
+    vmem_bytes=128 * MiB, smem_bytes=1 * MiB, default_scoped_vmem_bytes=16 * MiB,
+    internal_scratch_bytes=73728, hbm_bytes_per_device=17_200_000_000,
+    hbm_bytes_per_s_per_device=8.19e11, dma_bytes_per_s_per_tc=8.19e11,
+    vmem_vmem_dma_bytes_per_s=3.28e12, dma_hbm_to_vmem_latency_ns=300, dma_vmem_to_hbm_latency_ns=300,
+    mxu_size=128, num_mxus=4, vmatmul_cadence_cycles=_mp(f32=8, bf16=16, int8=16, fp8=32),
+    latch_cadence_cycles=_mp(f32=2, bf16=4, int8=4, fp8=4), mxu_latency_cycles=131,
+    supported_mxu_classes=frozenset({"f32", "bf16", "int8"}), sublanes=8, lanes=128, vpu_alus_per_lane=4,
+    sparsecore=None, ici_link_bytes_per_s_one_way=4.5e10, ici_hop_latency_ns=1000, ici_dims=2,
+    ici_wraparound_min_axis=16, grid_step_overhead_cycles=_STEP_OVERHEAD_CYCLES,
+    dma_issue_cycles=_DMA_ISSUE_CYCLES, scalar_op_cycles=1, launch_overhead_s=_LAUNCH_OVERHEAD_S,
+    sources=_COMMON_SOURCES)
+
+V5P = dataclasses.replace(
+    V5E, name="v5p", clock_hz=1.75e9, num_tensorcores_per_device=2, megacore=True, vmem_bytes=64 * MiB,
+    hbm_bytes_per_device=103_000_000_000, hbm_bytes_per_s_per_device=2.765e12,
+    dma_bytes_per_s_per_tc=1.459e12, vmem_vmem_dma_bytes_per_s=5.8e12,
+    dma_hbm_to_vmem_latency_ns=667, dma_vmem_to_hbm_latency_ns=624,
+    supported_mxu_classes=frozenset({"f32", "bf16", "int8"}),
+    sparsecore=SparseCoreSpec(4, 16, 8, 512 * KiB, 8 * MiB, 32),
+    ici_link_bytes_per_s_one_way=9e10, ici_dims=3, ici_wraparound_min_axis=4)
+
+V6E = dataclasses.replace(
+    V5E, name="v6e", clock_hz=1.75e9, vmem_bytes=128 * MiB, default_scoped_vmem_bytes=32 * MiB,
+    hbm_bytes_per_device=34_400_000_000, hbm_bytes_per_s_per_device=1.64e12,
+    dma_bytes_per_s_per_tc=1.373e12, vmem_vmem_dma_bytes_per_s=6.5e12,
+    dma_hbm_to_vmem_latency_ns=628, dma_vmem_to_hbm_latency_ns=523, mxu_size=256, num_mxus=2,
+    vmatmul_cadence_cycles=_mp(f32=4, bf16=8, int8=8, fp8=16), mxu_latency_cycles=192,
+    sparsecore=SparseCoreSpec(2, 16, 8, 256 * KiB, 8 * MiB, 32),
+    ici_link_bytes_per_s_one_way=9e10, ici_dims=2, ici_wraparound_min_axis=16)
+
+V7X = dataclasses.replace(
+    V5E, name="7x", clock_hz=1.9e9, num_tensorcores_per_device=1, vmem_bytes=64 * MiB,
+    default_scoped_vmem_bytes=32 * MiB, hbm_bytes_per_device=103_000_000_000,
+    hbm_bytes_per_s_per_device=3.7e12, dma_bytes_per_s_per_tc=3.207e12, vmem_vmem_dma_bytes_per_s=14.8e12,
+    dma_hbm_to_vmem_latency_ns=692, dma_vmem_to_hbm_latency_ns=594, mxu_size=256, num_mxus=2,
+    vmatmul_cadence_cycles=_mp(f32=4, bf16=8, fp8=8), latch_cadence_cycles=_mp(f32=2, bf16=4, fp8=4),
+    mxu_latency_cycles=211, supported_mxu_classes=frozenset({"f32", "bf16", "fp8"}),
+    sparsecore=SparseCoreSpec(2, 16, 16, 512 * KiB, 8 * MiB, 32),
+    ici_link_bytes_per_s_one_way=9e10, ici_dims=3, ici_wraparound_min_axis=4)
+
+CHIPS = MappingProxyType({c.name: c for c in (V4, V5E, V5P, V6E, V7X)})
+_ALIASES = {"v5litepod": "v5e", "v5lite": "v5e", "v6": "v6e", "trillium": "v6e", "v7x": "7x",
+            "tpu7x": "7x", "ironwood": "7x", "v7": "7x"}
+DEFAULT_CHIP = "v5e"
+
+
+def get_chip(name: "str | ChipSpec") -> ChipSpec:
+  if isinstance(name, ChipSpec):
+    return name
+  key = str(name).lower().replace("tpu", "").replace(" ", "").strip("_-") or DEFAULT_CHIP
+  key = _ALIASES.get(key, key)
+  if key not in CHIPS:
+    raise UsageError(f"Unknown TPU chip {name!r}; expected one of {', '.join(CHIPS)}.")
+  return CHIPS[key]

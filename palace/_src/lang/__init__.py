@@ -1,0 +1,1 @@
+"""The kernel language (L4a): values, refs, jnp/lax ops and Pallas primitives. Never imports sim/."""

@@ -1,0 +1,122 @@
+"""Array: the value a kernel gets when it reads a ref (L4a).
+
+It wraps a NumPy array (or None in timing-only mode) plus the cycle at which the value is ready on the
+virtual core. Converting it to a Python bool/int raises, as tracing in real Pallas would.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from palace._src import dtypes as dt
+from palace._src import executor
+from palace._src.errors import ShapeError, TracingError
+
+
+class Array:
+  __slots__ = ("_data", "shape", "dtype", "_ready")
+  __array_priority__ = 1000  # so `np_array + Array` defers to Array
+
+  def __init__(self, data, shape, dtype, ready=0):
+    self._data = data
+    self.shape = shape
+    self.dtype = dtype
+    self._ready = ready
+
+  # ---- metadata ----
+  @property
+  def ndim(self):
+    return len(self.shape)
+
+  @property
+  def size(self):
+    n = 1
+    for s in self.shape:
+      n *= s
+    return n
+
+  def __len__(self):
+    if not self.shape:
+      raise TypeError("len() of a 0-d array")
+    return self.shape[0]
+
+  def __repr__(self):
+    return f"palace.Array(shape={self.shape}, dtype={self.dtype})"
+
+  # ---- trace-time conversions are errors ----
+  def _concrete_error(self, what):
+    return TracingError(
+        f"{what} of a runtime value {self!r} is not allowed in a kernel: in Pallas this value is only "
+        f"known on the TPU. Use pl.when(cond) / lax.cond / jnp.where for control flow and "
+        f"lax.fori_loop for loops.")
+
+  def __bool__(self):
+    raise self._concrete_error("Converting to a Python bool")
+
+  def __int__(self):
+    raise self._concrete_error("Converting to a Python int")
+
+  def __index__(self):
+    raise self._concrete_error("Using as a Python index")
+
+  def __float__(self):
+    raise self._concrete_error("Converting to a Python float")
+
+  def __iter__(self):
+    if not self.shape:
+      raise TypeError("iteration over a 0-d array")
+    return (self[i] for i in range(self.shape[0]))
+
+  def __array__(self, dtype=None, copy=None):
+    raise self._concrete_error("Converting to a NumPy array")
+
+  def __hash__(self):
+    raise TypeError("palace.Array is unhashable")
+
+  # Operators (`+`, `@`, `.astype`, `.T`, `.sum`, ...) are bound by `numpy_ops` when it is imported,
+  # which `refs` (the only producer of Arrays) always does.
+
+
+def concrete_value(x, what: str = "value"):
+  """The concrete Python/NumPy value of x, for palace's own use (indices, SMEM scalars, conditions)."""
+  if isinstance(x, Array):
+    if x._data is None:
+      return np.zeros(x.shape, x.dtype) if x.shape else x.dtype.type(0)
+    return x._data
+  return x
+
+
+def concrete_int(x, what: str = "index") -> int:
+  v = concrete_value(x, what)
+  try:
+    return int(v)
+  except TypeError as e:
+    raise ShapeError(f"{what} must be a scalar integer; got {x!r}.") from e
+
+
+def ready_of(*xs) -> int:
+  r = 0
+  for x in xs:
+    if isinstance(x, Array) and x._ready > r:
+      r = x._ready
+  return r
+
+
+def make(data, dtype=None, ready=0):
+  """Wrap NumPy data as an Array (inside a kernel)."""
+  data = np.asarray(data) if dtype is None else np.asarray(data, dtype=dtype)
+  return Array(data, data.shape, data.dtype, ready)
+
+
+def in_kernel() -> bool:
+  return executor.maybe_current() is not None
+
+
+def dtype_of(x) -> np.dtype | int | float | bool:
+  """np.dtype for arrays (strong), the Python value itself for weak scalars."""
+  if isinstance(x, Array):
+    return x.dtype
+  if isinstance(x, (bool, int, float)):
+    return x
+  if isinstance(x, (np.ndarray, np.generic)):
+    return dt.canonicalize(x.dtype)
+  raise ShapeError(f"Unsupported operand of type {type(x).__name__} in a kernel operation.")

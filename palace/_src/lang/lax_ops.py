@@ -1,0 +1,97 @@
+"""`palace.lax`: the lax subset kernels use (L4a)."""
+from __future__ import annotations
+
+import numpy as np
+
+from palace._src import dtypes as dt
+from palace._src.lang import numpy_ops as jnp
+from palace._src.errors import UnsupportedError
+from palace._src.lang.array import Array
+from palace._src.lang.tpu_primitives import bitcast
+from palace._src.lang.primitives import (axis_index, axis_size, cond, fori_loop, switch,  # noqa: F401
+                                         while_loop)
+
+dot_general = jnp.dot_general
+
+
+def select(pred, on_true, on_false):
+  return jnp.where(pred, on_true, on_false)
+
+
+def broadcasted_iota(dtype, shape, dimension: int):
+  shape = tuple(int(s) for s in shape)
+  d = dt.canonicalize(dtype)
+  data = np.broadcast_to(np.arange(shape[dimension], dtype=d).reshape(
+      [-1 if i == dimension else 1 for i in range(len(shape))]), shape).copy()
+  return jnp._out(data, shape, d, 0, "cheap", False)
+
+
+def iota(dtype, size: int):
+  return jnp.arange(size, dtype=dtype)
+
+
+def _trunc_div(a, b):
+  if a.dtype.kind in "iu":
+    q = np.trunc(np.true_divide(a, np.where(b == 0, 1, b)))
+    return q.astype(a.dtype)
+  return np.true_divide(a, b)
+
+
+def _trunc_rem(a, b):
+  if a.dtype.kind in "iu":
+    return np.fmod(a, np.where(b == 0, 1, b))
+  return np.fmod(a, b)
+
+
+div = jnp._elementwise(_trunc_div, "medium", name="div")
+rem = jnp._elementwise(_trunc_rem, "medium", name="rem")
+max = jnp.maximum  # noqa: A001
+min = jnp.minimum  # noqa: A001
+add, sub, mul = jnp.add, jnp.subtract, jnp.multiply
+neg, abs = jnp.negative, jnp.abs  # noqa: A001
+exp, log, tanh, sqrt, rsqrt, logistic = jnp.exp, jnp.log, jnp.tanh, jnp.sqrt, jnp.rsqrt, jnp.logistic
+erf = jnp.erf
+sin, cos = jnp.sin, jnp.cos
+bitwise_and, bitwise_or, bitwise_xor = jnp.bitwise_and, jnp.bitwise_or, jnp.bitwise_xor
+shift_left = jnp.left_shift
+shift_right_arithmetic = jnp.right_shift
+eq, ne, lt, le, gt, ge = jnp.equal, jnp.not_equal, jnp.less, jnp.less_equal, jnp.greater, \
+    jnp.greater_equal
+square = jnp.square
+reciprocal = jnp.reciprocal
+
+
+def shift_right_logical(x, y):
+  if isinstance(x, Array):
+    u = {1: dt.uint8, 2: dt.uint16, 4: dt.uint32}[x.dtype.itemsize]
+    return bitcast(jnp.right_shift(bitcast(x, u, -1), jnp.astype(y, u) if isinstance(y, Array) else y),
+                   x.dtype, -1)
+  return jnp.right_shift(x, y)
+
+
+def convert_element_type(x, new_dtype):
+  return jnp.astype(x, new_dtype)
+
+
+def reduce_sum(x, axes):
+  return jnp.sum(x, axis=tuple(axes))
+
+
+def reduce_max(x, axes):
+  return jnp.max(x, axis=tuple(axes))
+
+
+def reduce_min(x, axes):
+  return jnp.min(x, axis=tuple(axes))
+
+
+def broadcast_in_dim(x, shape, broadcast_dimensions):
+  shape = tuple(shape)
+  s = [1] * len(shape)
+  for src, dst in enumerate(broadcast_dimensions):
+    s[dst] = x.shape[src]
+  return jnp.broadcast_to(jnp.reshape(x, s), shape)
+
+
+def dynamic_slice(x, start_indices, slice_sizes):
+  raise UnsupportedError.feature("lax.dynamic_slice on values", "Index a ref with pl.ds(start, size).")

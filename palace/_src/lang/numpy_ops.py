@@ -1,0 +1,684 @@
+"""`palace.numpy`: the jnp subset kernels use (L4a).
+
+Inside a kernel the results are `Array`s and every op is charged to the virtual core through the
+executor (`vector_op` / `matmul` / `scalar_op`). On the host (no kernel running) the same functions
+return plain NumPy arrays with JAX's dtype defaults (int32 / float32), so they can build kernel inputs.
+
+Numerics: narrow floats (bf16, f16, fp8) are computed in float32 and rounded once per op, which equals
+native bf16 arithmetic for + - * / and sqrt. Matmuls use float32 BLAS for float operands (exact products
+of bf16/fp8, float32 accumulation) and float32 or float64 BLAS for integers, chosen so the sum is exact.
+"""
+from __future__ import annotations
+
+import builtins
+import math
+
+import numpy as np
+
+from palace._src import dtypes as dt
+from palace._src import executor
+from palace._src.errors import ShapeError, UsageError
+from palace._src.lang.array import Array, dtype_of, ready_of
+
+# dtype names re-exported by palace.numpy
+float32, bfloat16, float16 = dt.float32, dt.bfloat16, dt.float16
+float8_e4m3fn, float8_e5m2 = dt.float8_e4m3fn, dt.float8_e5m2
+int8, int16, int32, uint8, uint16, uint32 = dt.int8, dt.int16, dt.int32, dt.uint8, dt.uint16, dt.uint32
+int4, uint4, bool_ = dt.int4, dt.uint4, dt.bool_
+float64, int64 = np.dtype(np.float64), np.dtype(np.int64)
+pi, e, inf, nan = math.pi, math.e, math.inf, math.nan
+newaxis = None
+ndarray = Array
+dtype = np.dtype
+
+_F32 = dt.float32
+
+
+def _compute_dtype(d: np.dtype) -> np.dtype:
+  """Arithmetic dtype for result dtype d: narrow floats go through float32."""
+  if dt.is_float(d) and d.itemsize < 4:
+    return _F32
+  return d
+
+
+def _np(x, d: np.dtype | None = None):
+  """Operand -> NumPy value (in dtype d if given)."""
+  if isinstance(x, Array):
+    v = x._data
+    if d is not None and v is not None and v.dtype != d:
+      v = v.astype(d)
+    return v
+  if d is None:
+    return np.asarray(x)
+  return np.asarray(x, dtype=d)
+
+
+def _out(data, shape, dtype, ready, op_class, any_array):
+  """Wrap a result: an Array charged to the core inside a kernel, NumPy data on the host."""
+  ex = executor.maybe_current()
+  if ex is None:
+    if any_array:
+      raise UsageError("A palace.Array was used outside its kernel.")
+    return np.asarray(data, dtype=dtype) if data is not None else np.zeros(shape, dtype)
+  if ex.timing_only and shape:
+    data = None
+  if shape:
+    ready = ex.vector_op(op_class, shape, dtype, ready)
+  else:
+    ready = ex.scalar_op(ready)
+  return Array(data, shape, dtype, ready)
+
+
+def _shape_of(x):
+  if isinstance(x, Array):
+    return x.shape
+  if isinstance(x, (bool, int, float)):
+    return ()
+  shape = getattr(x, "shape", None)
+  return tuple(shape) if shape is not None else np.shape(x)
+
+
+def _is_arr(*xs):
+  for x in xs:
+    if isinstance(x, Array):
+      return True
+  return False
+
+
+def _has_data(*xs):
+  for x in xs:
+    if isinstance(x, Array) and x._data is None:
+      return False
+  return True
+
+
+# ------------------------------------------------------------------------------- elementwise
+def _elementwise(fn, op_class: str, result: str = "same", name: str = ""):
+  """Build an n-ary elementwise op. result: same | bool | float | int."""
+
+  def op(*args):
+    rt = dt.result_type(*[dtype_of(a) for a in args])
+    if result == "float" and not dt.is_float(rt):
+      rt = _F32
+    out_dtype = dt.bool_ if result == "bool" else rt
+    cd = _compute_dtype(rt)
+    shape = args[0].shape if len(args) == 1 and isinstance(args[0], Array) else \
+        np.broadcast_shapes(*[_shape_of(a) for a in args])
+    data = None
+    ex = executor.maybe_current()
+    if not (ex is not None and ex.timing_only and shape) and _has_data(*args):
+      with np.errstate(all="ignore"):
+        data = fn(*[_np(a, cd) for a in args])
+      if data.dtype != out_dtype:
+        data = data.astype(out_dtype)
+    return _out(data, shape, out_dtype, ready_of(*args), op_class, _is_arr(*args))
+
+  op.__name__ = name or getattr(fn, "__name__", "op")
+  op.__doc__ = f"Elementwise `{op.__name__}` (cost class: {op_class})."
+  return op
+
+
+def _int_only(fn, name):
+  def f(*args):
+    for a in args:
+      d = dtype_of(a)
+      if isinstance(d, np.dtype) and dt.is_float(d):
+        raise ShapeError(f"{name} requires integer or bool operands; got {d}.")
+    return fn(*args)
+  return f
+
+
+add = _elementwise(np.add, "cheap", name="add")
+subtract = _elementwise(np.subtract, "cheap", name="subtract")
+multiply = _elementwise(np.multiply, "cheap", name="multiply")
+true_divide = divide = _elementwise(np.true_divide, "medium", "float", name="divide")
+maximum = _elementwise(np.maximum, "cheap", name="maximum")
+minimum = _elementwise(np.minimum, "cheap", name="minimum")
+power = _elementwise(np.power, "medium", name="power")
+arctan2 = _elementwise(np.arctan2, "transcendental", "float", name="arctan2")
+equal = _elementwise(np.equal, "cheap", "bool", name="equal")
+not_equal = _elementwise(np.not_equal, "cheap", "bool", name="not_equal")
+less = _elementwise(np.less, "cheap", "bool", name="less")
+less_equal = _elementwise(np.less_equal, "cheap", "bool", name="less_equal")
+greater = _elementwise(np.greater, "cheap", "bool", name="greater")
+greater_equal = _elementwise(np.greater_equal, "cheap", "bool", name="greater_equal")
+logical_and = _elementwise(np.logical_and, "cheap", "bool", name="logical_and")
+logical_or = _elementwise(np.logical_or, "cheap", "bool", name="logical_or")
+logical_xor = _elementwise(np.logical_xor, "cheap", "bool", name="logical_xor")
+logical_not = _elementwise(np.logical_not, "cheap", "bool", name="logical_not")
+bitwise_and = _int_only(_elementwise(np.bitwise_and, "cheap", name="bitwise_and"), "bitwise_and")
+bitwise_or = _int_only(_elementwise(np.bitwise_or, "cheap", name="bitwise_or"), "bitwise_or")
+bitwise_xor = _int_only(_elementwise(np.bitwise_xor, "cheap", name="bitwise_xor"), "bitwise_xor")
+bitwise_not = invert = _int_only(_elementwise(np.invert, "cheap", name="invert"), "invert")
+left_shift = _int_only(_elementwise(np.left_shift, "cheap", name="left_shift"), "left_shift")
+right_shift = _int_only(_elementwise(np.right_shift, "cheap", name="right_shift"), "right_shift")
+
+
+def _floor_div(a, b):
+  if a.dtype.kind in "iu":
+    with np.errstate(all="ignore"):
+      return np.floor_divide(a, np.where(b == 0, 1, b))
+  return np.floor_divide(a, b)
+
+
+def _mod(a, b):
+  if a.dtype.kind in "iu":
+    return np.remainder(a, np.where(b == 0, 1, b))
+  return np.remainder(a, b)
+
+
+floor_divide = _elementwise(_floor_div, "medium", name="floor_divide")
+remainder = mod = _elementwise(_mod, "medium", name="remainder")
+
+negative = _elementwise(np.negative, "cheap", name="negative")
+positive = _elementwise(np.positive, "cheap", name="positive")
+abs = absolute = _elementwise(np.abs, "cheap", name="abs")  # noqa: A001
+sign = _elementwise(np.sign, "cheap", name="sign")
+square = _elementwise(np.square, "cheap", name="square")
+floor = _elementwise(np.floor, "cheap", "float", name="floor")
+ceil = _elementwise(np.ceil, "cheap", "float", name="ceil")
+round = _elementwise(np.round, "cheap", "float", name="round")  # noqa: A001
+trunc = _elementwise(np.trunc, "cheap", "float", name="trunc")
+exp = _elementwise(np.exp, "transcendental", "float", name="exp")
+exp2 = _elementwise(np.exp2, "transcendental", "float", name="exp2")
+expm1 = _elementwise(np.expm1, "transcendental", "float", name="expm1")
+log = _elementwise(np.log, "transcendental", "float", name="log")
+log2 = _elementwise(np.log2, "transcendental", "float", name="log2")
+log1p = _elementwise(np.log1p, "transcendental", "float", name="log1p")
+tanh = _elementwise(np.tanh, "transcendental", "float", name="tanh")
+sqrt = _elementwise(np.sqrt, "transcendental", "float", name="sqrt")
+rsqrt = _elementwise(lambda x: 1.0 / np.sqrt(x), "transcendental", "float", name="rsqrt")
+reciprocal = _elementwise(np.reciprocal, "transcendental", "float", name="reciprocal")
+sin = _elementwise(np.sin, "expensive", "float", name="sin")
+cos = _elementwise(np.cos, "expensive", "float", name="cos")
+tan = _elementwise(np.tan, "expensive", "float", name="tan")
+arctan = _elementwise(np.arctan, "expensive", "float", name="arctan")
+sinh = _elementwise(np.sinh, "transcendental", "float", name="sinh")
+cosh = _elementwise(np.cosh, "transcendental", "float", name="cosh")
+isnan = _elementwise(np.isnan, "cheap", "bool", name="isnan")
+isinf = _elementwise(np.isinf, "cheap", "bool", name="isinf")
+isfinite = _elementwise(np.isfinite, "cheap", "bool", name="isfinite")
+logistic = _elementwise(lambda x: 1.0 / (1.0 + np.exp(-x)), "transcendental", "float", name="logistic")
+_vec_erf = np.frompyfunc(math.erf, 1, 1)
+erf = _elementwise(lambda x: _vec_erf(x).astype(x.dtype), "transcendental", "float", name="erf")
+
+
+def where(condition, x=None, y=None):
+  """`jnp.where(c, x, y)` (the one-argument form is not available in kernels)."""
+  if x is None or y is None:
+    raise UsageError("jnp.where(condition) with one argument has a data-dependent shape; pass x and y.")
+  rt = dt.result_type(dtype_of(x), dtype_of(y))
+  shape = np.broadcast_shapes(_shape_of(condition), _shape_of(x), _shape_of(y))
+  data = None
+  ex = executor.maybe_current()
+  if not (ex is not None and ex.timing_only and shape) and _has_data(condition, x, y):
+    data = np.where(_np(condition, dt.bool_), _np(x, rt), _np(y, rt))
+  return _out(data, shape, rt, ready_of(condition, x, y), "cheap", _is_arr(condition, x, y))
+
+
+def clip(x, min=None, max=None):  # noqa: A002
+  if min is not None:
+    x = maximum(x, min)
+  if max is not None:
+    x = minimum(x, max)
+  return x
+
+
+def astype(x, dtype):
+  d = dt.canonicalize(dtype)
+  if isinstance(x, Array) and x.dtype == d:
+    return x
+  data = None
+  if _has_data(x):
+    v = _np(x)
+    if dt.is_int(d) and v.dtype.kind == "f":
+      v = np.nan_to_num(v, nan=0)  # TPU float->int conversion: NaN -> 0, saturating
+      info = np.iinfo(d) if d not in (dt.int4, dt.uint4) else None
+      if info is not None:
+        v = np.clip(v, info.min, info.max)
+    elif dt.is_int(d) and dt.is_float(v.dtype) and v.dtype.itemsize < 4:
+      v = v.astype(_F32)
+    data = v.astype(d)
+  return _out(data, _shape_of(x), d, ready_of(x), "cheap", _is_arr(x))
+
+
+def asarray(x, dtype=None):
+  if isinstance(x, Array):
+    return x if dtype is None else astype(x, dtype)
+  d = dt.canonicalize(dtype) if dtype is not None else _default_dtype(x)
+  return _out(np.asarray(x, dtype=d), np.shape(x), d, 0, "cheap", False)
+
+
+array = asarray
+
+
+def _default_dtype(x):
+  if isinstance(x, (np.ndarray, np.generic)):
+    return dt.canonicalize(x.dtype)
+  return dt.canonicalize(np.asarray(x).dtype)
+
+
+# ------------------------------------------------------------------------------- creation
+def _shape_arg(shape):
+  if isinstance(shape, (int, np.integer)):
+    return (int(shape),)
+  return tuple(int(s) for s in shape)
+
+
+def full(shape, fill_value, dtype=None):
+  shape = _shape_arg(shape)
+  d = dt.canonicalize(dtype) if dtype is not None else dt.result_type(dtype_of(fill_value))
+  ex = executor.maybe_current()
+  data = None if (ex is not None and ex.timing_only and shape) else np.full(shape, _np(fill_value), d)
+  return _out(data, shape, d, ready_of(fill_value), "cheap", False)
+
+
+def zeros(shape, dtype=None):
+  return full(shape, 0, dtype or _F32)
+
+
+def ones(shape, dtype=None):
+  return full(shape, 1, dtype or _F32)
+
+
+def empty(shape, dtype=None):
+  return zeros(shape, dtype)
+
+
+def zeros_like(x, dtype=None):
+  return full(_shape_of(x), 0, dtype or x.dtype)
+
+
+def ones_like(x, dtype=None):
+  return full(_shape_of(x), 1, dtype or x.dtype)
+
+
+def full_like(x, fill_value, dtype=None):
+  return full(_shape_of(x), fill_value, dtype or x.dtype)
+
+
+def arange(start, stop=None, step=1, dtype=None):
+  if stop is None:
+    start, stop = 0, start
+  d = dt.canonicalize(dtype) if dtype is not None else dt.result_type(start, stop, step)
+  data = np.arange(start, stop, step).astype(d)
+  return _out(data, data.shape, d, 0, "cheap", False)
+
+
+def iota(dtype, size):
+  return arange(size, dtype=dtype)
+
+
+def eye(n, m=None, dtype=None):
+  data = np.eye(n, m, dtype=dt.canonicalize(dtype or _F32))
+  return _out(data, data.shape, data.dtype, 0, "cheap", False)
+
+
+# ------------------------------------------------------------------------------- reductions
+def _norm_axes(axis, ndim):
+  if axis is None:
+    return tuple(range(ndim))
+  axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+  out = []
+  for a in axes:
+    a = int(a)
+    if not -ndim <= a < ndim:
+      raise ShapeError(f"Reduction axis {a} is out of range for an array of rank {ndim}.")
+    out.append(a % ndim)
+  return tuple(sorted(out))
+
+
+def _reduce_class(axes, ndim):
+  if ndim >= 1 and (ndim - 1) in axes:
+    return "reduce_lane"
+  if ndim >= 2 and (ndim - 2) in axes:
+    return "reduce_sublane"
+  return "cheap"
+
+
+def _reduction(npfn, name, result="same"):
+  def op(a, axis=None, keepdims=False, dtype=None, **kw):
+    shape = _shape_of(a)
+    axes = _norm_axes(axis, len(shape))
+    in_d = dtype_of(a) if isinstance(a, Array) else _default_dtype(a)
+    if result == "index":
+      out_d = dt.int32
+    elif result == "bool":
+      out_d = dt.bool_
+    elif dtype is not None:
+      out_d = dt.canonicalize(dtype)
+    elif name in ("sum", "prod") and in_d == dt.bool_:
+      out_d = dt.int32
+    elif name == "mean" and not dt.is_float(in_d):
+      out_d = _F32
+    else:
+      out_d = in_d
+    out_shape = tuple((1 if i in axes else s) for i, s in enumerate(shape)) if keepdims else \
+        tuple(s for i, s in enumerate(shape) if i not in axes)
+    data = None
+    ex = executor.maybe_current()
+    if not (ex is not None and ex.timing_only and out_shape) and _has_data(a):
+      v = _np(a, _compute_dtype(out_d) if result == "same" else None)
+      with np.errstate(all="ignore"):
+        if result == "index":
+          if len(axes) != 1:
+            raise ShapeError(f"jnp.{name} takes a single axis; got axis={axis}.")
+          data = npfn(v, axis=axes[0], keepdims=keepdims)
+        else:
+          data = npfn(v, axis=axes, keepdims=keepdims)
+      data = np.asarray(data).astype(out_d)
+    return _out(data, out_shape, out_d, ready_of(a), _reduce_class(axes, len(shape)), _is_arr(a))
+
+  op.__name__ = name
+  return op
+
+
+sum = _reduction(np.sum, "sum")  # noqa: A001
+prod = _reduction(np.prod, "prod")
+max = amax = _reduction(np.max, "max")  # noqa: A001
+min = amin = _reduction(np.min, "min")  # noqa: A001
+mean = _reduction(np.mean, "mean")
+argmax = _reduction(np.argmax, "argmax", "index")
+argmin = _reduction(np.argmin, "argmin", "index")
+any = _reduction(np.any, "any", "bool")  # noqa: A001
+all = _reduction(np.all, "all", "bool")  # noqa: A001
+
+
+def cumsum(a, axis=None, dtype=None):
+  v = _np(a)
+  ax = -1 if axis is None else axis
+  data = None if v is None else np.cumsum(v, axis=ax).astype(dtype or a.dtype)
+  return _out(data, _shape_of(a), dt.canonicalize(dtype or a.dtype), ready_of(a), "reduce_lane",
+              _is_arr(a))
+
+
+# ------------------------------------------------------------------------------- shape ops
+def _shape_op(a, fn, out_shape, op_class="cheap"):
+  data = None
+  ex = executor.maybe_current()
+  if not (ex is not None and ex.timing_only) and _has_data(a):
+    data = fn(_np(a))
+  d = a.dtype if isinstance(a, Array) else _default_dtype(a)
+  return _out(data, tuple(out_shape), d, ready_of(a), op_class, _is_arr(a))
+
+
+def reshape(a, *shape, order="C"):
+  if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
+    shape = tuple(shape[0])
+  src = _shape_of(a)
+  n = int(np.prod(src))
+  shape = list(int(s) for s in shape)
+  if -1 in shape:
+    k = shape.index(-1)
+    rest = int(np.prod([s for i, s in enumerate(shape) if i != k]))
+    shape[k] = n // builtins.max(rest, 1)
+  if int(np.prod(shape)) != n:
+    raise ShapeError(f"Cannot reshape an array of shape {src} into shape {tuple(shape)}.")
+  # Merging/splitting leading dims is free; touching the last two dims needs the XLU.
+  free = len(src) >= 2 and len(shape) >= 2 and src[-1] == shape[-1] and src[-2] == shape[-2]
+  return _shape_op(a, lambda v: v.reshape(shape), shape, "free" if free else "xlu")
+
+
+def transpose(a, axes=None):
+  nd = len(_shape_of(a))
+  axes = tuple(reversed(range(nd))) if axes is None else tuple(int(x) % nd for x in axes)
+  out_shape = tuple(_shape_of(a)[i] for i in axes)
+  minor = nd >= 2 and axes[-2:] != (nd - 2, nd - 1)
+  return _shape_op(a, lambda v: np.transpose(v, axes), out_shape, "xlu" if minor else "free")
+
+
+def swapaxes(a, axis1, axis2):
+  nd = len(_shape_of(a))
+  perm = list(range(nd))
+  perm[axis1], perm[axis2] = perm[axis2], perm[axis1]
+  return transpose(a, perm)
+
+
+def moveaxis(a, source, destination):
+  nd = len(_shape_of(a))
+  perm = [i for i in range(nd) if i != source % nd]
+  perm.insert(destination % nd, source % nd)
+  return transpose(a, perm)
+
+
+def broadcast_to(a, shape):
+  shape = _shape_arg(shape)
+  try:
+    np.broadcast_shapes(_shape_of(a), shape)
+  except ValueError:
+    raise ShapeError(f"Cannot broadcast shape {_shape_of(a)} to {shape}.") from None
+  if not isinstance(a, Array):
+    a = asarray(a)
+  return _shape_op(a, lambda v: np.broadcast_to(v, shape).copy(), shape, "broadcast")
+
+
+def expand_dims(a, axis):
+  s = list(_shape_of(a))
+  axes = (axis,) if isinstance(axis, int) else tuple(axis)
+  for ax in sorted(x % (len(s) + len(axes)) for x in axes):
+    s.insert(ax, 1)
+  return _shape_op(a, lambda v: v.reshape(s), s, "free")
+
+
+def squeeze(a, axis=None):
+  s = _shape_of(a)
+  axes = tuple(i for i, n in enumerate(s) if n == 1) if axis is None else _norm_axes(axis, len(s))
+  out = [n for i, n in enumerate(s) if i not in axes]
+  return _shape_op(a, lambda v: v.reshape(out), out, "free")
+
+
+def ravel(a):
+  return reshape(a, -1)
+
+
+def concatenate(arrays, axis=0):
+  arrays = list(arrays)
+  rt = dt.result_type(*[dtype_of(a) for a in arrays])
+  shapes = [_shape_of(a) for a in arrays]
+  nd = len(shapes[0])
+  ax = axis % nd
+  for s in shapes:
+    if len(s) != nd or any_mismatch(s, shapes[0], ax):
+      raise ShapeError(f"jnp.concatenate: shapes {shapes} differ outside axis {axis}.")
+  out_shape = list(shapes[0])
+  out_shape[ax] = builtins.sum(s[ax] for s in shapes)
+  data = None
+  ex = executor.maybe_current()
+  if not (ex is not None and ex.timing_only) and _has_data(*arrays):
+    data = np.concatenate([_np(a, rt) for a in arrays], axis=ax)
+  return _out(data, tuple(out_shape), rt, ready_of(*arrays), "cheap", _is_arr(*arrays))
+
+
+def any_mismatch(s, ref, ax):
+  return builtins.any(a != b for i, (a, b) in enumerate(zip(s, ref)) if i != ax)
+
+
+def stack(arrays, axis=0):
+  return concatenate([expand_dims(a, axis) for a in arrays], axis=axis)
+
+
+def tile(a, reps):
+  reps = _shape_arg(reps)
+  s = _shape_of(a)
+  full_reps = (1,) * (len(s) - len(reps)) + reps if len(reps) < len(s) else reps
+  s2 = (1,) * (len(full_reps) - len(s)) + tuple(s)
+  out = tuple(x * r for x, r in zip(s2, full_reps))
+  return _shape_op(a, lambda v: np.tile(v, reps), out, "cheap")
+
+
+def repeat(a, repeats, axis=None):
+  s = list(_shape_of(a))
+  if axis is None:
+    out = [int(np.prod(s)) * repeats]
+  else:
+    out = list(s)
+    out[axis % len(s)] *= repeats
+  return _shape_op(a, lambda v: np.repeat(v, repeats, axis=axis), out, "xlu")
+
+
+def roll(a, shift, axis=None):
+  shift_v = int(shift._data) if isinstance(shift, Array) else int(shift)
+  nd = len(_shape_of(a))
+  cls = "xlu" if axis is not None and axis % builtins.max(nd, 1) >= nd - 2 else "cheap"
+  return _shape_op(a, lambda v: np.roll(v, shift_v, axis=axis), _shape_of(a), cls)
+
+
+def flip(a, axis=None):
+  return _shape_op(a, lambda v: np.flip(v, axis=axis), _shape_of(a), "xlu")
+
+
+# ------------------------------------------------------------------------------- matmul
+def _mxu_operands(a, b, k: int):
+  """NumPy operands for an exact matmul on the host BLAS: float32 for floats (bf16/fp8 products are
+  exact in f32), float32 or float64 for integers so that sums of K products stay exact."""
+  da, db = a.dtype, b.dtype
+  if dt.is_float(da) or dt.is_float(db):
+    wide = np.float64 if (da == np.float64 or db == np.float64) else np.float32
+    return _np(a, np.dtype(wide)), _np(b, np.dtype(wide))
+  bound = (1 << (dt.bits(da) - 1)) * (1 << (dt.bits(db) - 1)) * builtins.max(k, 1)
+  wide = np.dtype(np.float32) if bound < (1 << 24) else np.dtype(np.float64)
+  return _np(a, wide), _np(b, wide)
+
+
+def _finish_matmul(a, b, data, out_shape, out_d, m, k, n, batch):
+  if data is not None:
+    if dt.is_int(out_d) and data.dtype.kind == "f":
+      data = np.rint(data).astype(np.int64).astype(out_d)
+    else:
+      data = data.astype(out_d)
+  ex = executor.maybe_current()
+  if ex is None:
+    return data
+  ready = ex.matmul(m, k, n, batch, a.dtype, b.dtype, ready_of(a, b))
+  return Array(None if ex.timing_only else data, tuple(out_shape), out_d, ready)
+
+
+def _as_array(x):
+  if isinstance(x, Array):
+    return x
+  v = np.asarray(x)
+  return Array(v, v.shape, dt.canonicalize(v.dtype), 0)
+
+
+def _matmul_dtype(a, b, preferred_element_type):
+  if preferred_element_type is not None:
+    return dt.canonicalize(preferred_element_type)
+  return dt.result_type(a.dtype, b.dtype)
+
+
+def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
+  """`lax.dot_general`: ((lhs_contract, rhs_contract), (lhs_batch, rhs_batch))."""
+  a, b = _as_array(lhs), _as_array(rhs)
+  (lc, rc), (lb, rb) = dimension_numbers
+  lc, rc, lb, rb = (tuple(int(x) % nd for x in t) for t, nd in
+                    ((lc, a.ndim), (rc, b.ndim), (lb, a.ndim), (rb, b.ndim)))
+  for i, j in zip(lc, rc):
+    if a.shape[i] != b.shape[j]:
+      raise ShapeError(f"dot_general contracting dimensions differ: lhs {a.shape} dim {i} vs rhs "
+                       f"{b.shape} dim {j}.")
+  lf = [i for i in range(a.ndim) if i not in lc and i not in lb]
+  rf = [i for i in range(b.ndim) if i not in rc and i not in rb]
+  bsz = int(np.prod([a.shape[i] for i in lb])) if lb else 1
+  m = int(np.prod([a.shape[i] for i in lf])) if lf else 1
+  n = int(np.prod([b.shape[i] for i in rf])) if rf else 1
+  k = int(np.prod([a.shape[i] for i in lc])) if lc else 1
+  out_shape = [a.shape[i] for i in lb] + [a.shape[i] for i in lf] + [b.shape[i] for i in rf]
+  out_d = _matmul_dtype(a, b, preferred_element_type)
+  data = None
+  ex = executor.maybe_current()
+  if not (ex is not None and ex.timing_only) and _has_data(a, b):
+    va, vb = _mxu_operands(a, b, k)
+    va = np.transpose(va, list(lb) + lf + list(lc)).reshape(bsz, m, k)
+    vb = np.transpose(vb, list(rb) + list(rc) + rf).reshape(bsz, k, n)
+    data = np.matmul(va, vb).reshape(out_shape)
+  return _finish_matmul(a, b, data, out_shape, out_d, m, k, n, bsz)
+
+
+def dot(a, b, *, precision=None, preferred_element_type=None):
+  a, b = _as_array(a), _as_array(b)
+  if a.ndim == 0 or b.ndim == 0:
+    return multiply(a, b)
+  if b.ndim == 1:
+    return dot_general(a, b, (((a.ndim - 1,), (0,)), ((), ())), precision, preferred_element_type)
+  return dot_general(a, b, (((a.ndim - 1,), (b.ndim - 2,)), ((), ())), precision,
+                     preferred_element_type)
+
+
+def matmul(a, b, *, precision=None, preferred_element_type=None):
+  a, b = _as_array(a), _as_array(b)
+  if a.ndim <= 2 and b.ndim <= 2:
+    return dot(a, b, precision=precision, preferred_element_type=preferred_element_type)
+  if a.ndim != b.ndim or a.shape[:-2] != b.shape[:-2]:
+    raise ShapeError(f"matmul of {a.shape} and {b.shape}: batch dims must match in kernels.")
+  nb = a.ndim - 2
+  return dot_general(a, b, (((a.ndim - 1,), (nb,)), (tuple(range(nb)), tuple(range(nb)))), precision,
+                     preferred_element_type)
+
+
+def einsum(spec, *operands, precision=None, preferred_element_type=None, optimize=None):
+  spec = spec.replace(" ", "")
+  if "..." in spec or len(operands) != 2 or "->" not in spec:
+    raise UsageError(f"jnp.einsum in kernels supports two operands with an explicit output ('ij,jk->ik');"
+                     f" got {spec!r}.")
+  ins, out = spec.split("->")
+  sa, sb = ins.split(",")
+  a, b = _as_array(operands[0]), _as_array(operands[1])
+  batch = [c for c in sa if c in sb and c in out]
+  contract = [c for c in sa if c in sb and c not in out]
+  res = dot_general(a, b, ((tuple(sa.index(c) for c in contract), tuple(sb.index(c) for c in contract)),
+                           (tuple(sa.index(c) for c in batch), tuple(sb.index(c) for c in batch))),
+                    precision, preferred_element_type)
+  produced = batch + [c for c in sa if c not in sb] + [c for c in sb if c not in sa]
+  if produced != list(out):
+    res = transpose(res, [produced.index(c) for c in out])
+  return res
+
+
+def outer(a, b):
+  return multiply(reshape(a, (-1, 1)), reshape(b, (1, -1)))
+
+
+# ------------------------------------------------------------------------------- Array methods
+def _bind_methods():
+  def rev(f):
+    return lambda self, other: f(other, self)
+
+  ops = {"__add__": add, "__sub__": subtract, "__mul__": multiply, "__truediv__": true_divide,
+         "__floordiv__": floor_divide, "__mod__": remainder, "__pow__": power, "__and__": bitwise_and,
+         "__or__": bitwise_or, "__xor__": bitwise_xor, "__lshift__": left_shift,
+         "__rshift__": right_shift, "__lt__": less, "__le__": less_equal, "__gt__": greater,
+         "__ge__": greater_equal, "__eq__": equal, "__ne__": not_equal, "__matmul__": matmul}
+  for name, f in ops.items():
+    setattr(Array, name, f)
+    if name not in ("__lt__", "__le__", "__gt__", "__ge__", "__eq__", "__ne__"):
+      setattr(Array, "__r" + name[2:], rev(f))
+  Array.__neg__ = negative
+  Array.__pos__ = positive
+  Array.__abs__ = abs
+  Array.__invert__ = invert
+  Array.astype = astype
+  Array.T = property(lambda self: transpose(self))
+  Array.reshape = reshape
+  Array.transpose = lambda self, *axes: transpose(self, axes[0] if len(axes) == 1 else (axes or None))
+  Array.swapaxes = swapaxes
+  Array.squeeze = squeeze
+  Array.ravel = ravel
+  Array.flatten = ravel
+  for red in (sum, prod, max, min, mean, argmax, argmin, any, all):
+    setattr(Array, red.__name__, red)
+  Array.__getitem__ = _array_getitem
+
+
+def _array_getitem(self, idx):
+  """Static indexing of a value (slices, ints, None, Ellipsis); dynamic indices need refs + pl.ds."""
+  if not isinstance(idx, tuple):
+    idx = (idx,)
+  for i in idx:
+    if isinstance(i, Array):
+      raise UsageError("Indexing a value with a runtime index is not supported in kernels; store the "
+                       "value in a ref and index the ref with pl.ds(start, size).")
+  probe = np.broadcast_to(np.zeros((), np.int8), self.shape)[idx]
+  return _shape_op(self, lambda v: v[idx], probe.shape, "xlu")
+
+
+_bind_methods()

@@ -1,0 +1,241 @@
+"""Generic Pallas primitives (L4a): grid queries, control flow, scoped allocation, semaphores.
+
+Each validates its arguments, then asks the current executor. Control flow runs eagerly: palace executes
+the kernel body once per grid point, so `pl.when` and `lax.fori_loop` are Python conditionals and loops
+over concrete values, charged to the scalar core.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from palace._src import dtypes as dt
+from palace._src import executor
+from palace._src.core import SemaphoreRefType, MemoryRef
+from palace._src.errors import MemorySpaceError, UsageError
+from palace._src.lang.array import Array, concrete_int, concrete_value
+from palace._src.lang.refs import Ref
+from palace._src.util import tree_flatten, tree_unflatten, user_frame_summary
+
+_I32 = dt.int32
+
+
+def _scalar(v: int, ready: int = 0) -> Array:
+  return Array(np.int32(v), (), _I32, ready)
+
+
+# ------------------------------------------------------------------ grid queries
+def program_id(axis: int) -> Array:
+  """Index of the current grid point along `axis` (an int32 scalar known only at run time)."""
+  ex = executor.current("pl.program_id()")
+  if not ex.grid_stack:
+    raise UsageError("pl.program_id() has no grid here: pl.kernel bodies have no grid (use "
+                     "lax.axis_index for mesh positions); it is valid in pallas_call and emit_pipeline "
+                     "bodies.")
+  idx, sizes = ex.grid_stack[-1]
+  if not -len(idx) <= axis < len(idx):
+    raise UsageError(f"pl.program_id({axis}): the grid has {len(idx)} axes {tuple(sizes)}.")
+  return _scalar(idx[axis], ex.now)
+
+
+def num_programs(axis: int) -> int:
+  ex = executor.current("pl.num_programs()")
+  if not ex.grid_stack:
+    raise UsageError("pl.num_programs() has no grid here (pl.kernel bodies have no grid).")
+  idx, sizes = ex.grid_stack[-1]
+  if not -len(sizes) <= axis < len(sizes):
+    raise UsageError(f"pl.num_programs({axis}): the grid has {len(sizes)} axes {tuple(sizes)}.")
+  return int(sizes[axis])
+
+
+# ------------------------------------------------------------------ control flow
+def _truth(cond) -> bool:
+  ex = executor.maybe_current()
+  if ex is not None:
+    ex.scalar_op()
+  v = concrete_value(cond, "condition")
+  if np.ndim(v) != 0:
+    raise UsageError(f"A condition must be a scalar; got shape {np.shape(v)}.")
+  return bool(v)
+
+
+def when(condition):
+  """Decorator: run the function only when `condition` holds (a Python bool or a runtime scalar)."""
+
+  def deco(f):
+    if _truth(condition):
+      f()
+    return None
+
+  return deco
+
+
+def cond(pred, true_fun, false_fun, *operands):
+  return true_fun(*operands) if _truth(pred) else false_fun(*operands)
+
+
+def switch(index, branches, *operands):
+  i = concrete_int(index, "lax.switch index")
+  i = min(max(i, 0), len(branches) - 1)
+  return branches[i](*operands)
+
+
+def fori_loop(lower, upper, body_fun, init_val, *, unroll=None):
+  lo, hi = concrete_int(lower, "fori_loop lower"), concrete_int(upper, "fori_loop upper")
+  ex = executor.maybe_current()
+  carry = init_val
+  for i in range(lo, hi):
+    if ex is not None:
+      ex.scalar_op()
+      carry = body_fun(_scalar(i, ex.now), carry)
+    else:
+      carry = body_fun(i, carry)
+  return carry
+
+
+def while_loop(cond_fun, body_fun, init_val):
+  carry = init_val
+  while _truth(cond_fun(carry)):
+    carry = body_fun(carry)
+  return carry
+
+
+def loop(lower, upper, *, step: int = 1, init_carry=None, unroll=None):
+  """Decorator form of a fori_loop: `@pl.loop(0, n) def body(i): ...`."""
+  lo, hi = concrete_int(lower, "pl.loop lower"), concrete_int(upper, "pl.loop upper")
+
+  def deco(f):
+    ex = executor.maybe_current()
+    carry = init_carry
+    for i in range(lo, hi, int(step)):
+      idx = _scalar(i, ex.now) if ex is not None else i
+      if ex is not None:
+        ex.scalar_op()
+      if init_carry is None:
+        f(idx)
+      else:
+        carry = f(idx, carry)
+    return carry
+
+  return deco
+
+
+def multiple_of(x, values):
+  return x
+
+
+def debug_print(fmt: str, *args) -> None:
+  ex = executor.current("pl.debug_print()")
+  vals = [concrete_value(a) for a in args]
+  text = fmt.format(*vals) if "{" in fmt else " ".join([fmt] + [str(v) for v in vals])
+  ex.debug_print(text)
+
+
+# ------------------------------------------------------------------ scoped allocation
+def _alloc_tree(ex, types, prefix: str):
+  leaves, td = tree_flatten(types, is_leaf=lambda t: isinstance(t, (MemoryRef, SemaphoreRefType)))
+  bufs = []
+  for i, t in enumerate(leaves):
+    if not isinstance(t, (MemoryRef, SemaphoreRefType)):
+      raise UsageError(f"{prefix}[{i}] = {t!r} is not an allocation type; use pltpu.VMEM(shape, dtype), "
+                       f"pltpu.SMEM(...) or pltpu.SemaphoreType.DMA / .REGULAR.")
+    if isinstance(t, MemoryRef):
+      dt.check_kernel_dtype(t.dtype, f"{prefix}[{i}]")
+    bufs.append(ex.alloc(t, f"{prefix}[{i}]" if len(leaves) > 1 or prefix.endswith("]") else prefix))
+  return bufs, td
+
+
+def run_scoped(f, *types, collective_axes=(), **kw_types):
+  """Allocate `types` (VMEM/SMEM/semaphores) for the duration of `f(*refs, **kw_refs)`."""
+  ex = executor.current("pl.run_scoped()")
+  pos_bufs, pos_td = _alloc_tree(ex, tuple(types), "run_scoped")
+  kw_bufs, kw_td = _alloc_tree(ex, dict(kw_types), "run_scoped")
+  try:
+    pos = tree_unflatten(pos_td, [Ref(b) for b in pos_bufs])
+    kws = tree_unflatten(kw_td, [Ref(b) for b in kw_bufs])
+    return f(*pos, **kws)
+  finally:
+    for b in reversed(pos_bufs + kw_bufs):
+      ex.free(b)
+
+
+def with_scoped(*types, collective_axes=(), **kw_types):
+  def deco(f):
+    @functools.wraps(f)
+    def wrapped():
+      return run_scoped(f, *types, collective_axes=collective_axes, **kw_types)
+    return wrapped
+  return deco
+
+
+# ------------------------------------------------------------------ semaphores
+def sem_target(sem, api: str):
+  if not isinstance(sem, Ref) or sem.buf.sem_kind is None:
+    raise MemorySpaceError(f"{api} needs a semaphore ref (pltpu.SemaphoreType.*); got {sem!r}. "
+                           f"({user_frame_summary()})")
+  if sem.shape != ():
+    raise UsageError(f"{api} on {sem.origin()} of shape {sem.shape}: select one semaphore with "
+                     f".at[i]. ({user_frame_summary()})")
+  return sem.buf, sem._np_index
+
+
+def semaphore_signal(sem, inc=1, *, device_id=None, device_id_type=None, core_index=None):
+  ex = executor.current("pl.semaphore_signal()")
+  buf, idx = sem_target(sem, "pl.semaphore_signal")
+  ex.sem_signal(buf, idx, concrete_int(inc, "semaphore increment"),
+                device_id=resolve_device_id(ex, device_id),
+                core_index=None if core_index is None else concrete_int(core_index, "core_index"))
+
+
+def semaphore_wait(sem, value=1, *, decrement: bool = True):
+  ex = executor.current("pl.semaphore_wait()")
+  buf, idx = sem_target(sem, "pl.semaphore_wait")
+  ex.sem_wait(buf, idx, concrete_int(value, "semaphore value"), decrement)
+
+
+def semaphore_read(sem) -> Array:
+  ex = executor.current("pl.semaphore_read()")
+  buf, idx = sem_target(sem, "pl.semaphore_read")
+  return _scalar(ex.sem_read(buf, idx), ex.now)
+
+
+def resolve_device_id(ex, device_id):
+  """device_id (tuple of mesh coords, dict of changed axes, or int) -> a core/chip address dict."""
+  if device_id is None:
+    return None
+  resolve = getattr(ex, "resolve_device_id", None)
+  if resolve is None:
+    raise UsageError("device_id is only meaningful on a multi-core or multi-chip machine.")
+  if isinstance(device_id, dict):
+    device_id = {k: concrete_int(v, "device_id") for k, v in device_id.items()}
+  elif isinstance(device_id, (tuple, list)):
+    device_id = tuple(concrete_int(v, "device_id") for v in device_id)
+  else:
+    device_id = concrete_int(device_id, "device_id")
+  return resolve(device_id)
+
+
+# ------------------------------------------------------------------ mesh axes
+def axis_index(axis_name) -> Array:
+  ex = executor.current("lax.axis_index()")
+  names = axis_name if isinstance(axis_name, (tuple, list)) else (axis_name,)
+  lin = 0
+  for n in names:
+    if n not in ex.axis_env:
+      raise UsageError(f"lax.axis_index({axis_name!r}): unknown axis {n!r}; axes here: "
+                       f"{sorted(ex.axis_env) or 'none (not inside a mesh or shard_map)'}.")
+    i, s = ex.axis_env[n]
+    lin = lin * s + i
+  return _scalar(lin, ex.now)
+
+
+def axis_size(axis_name) -> int:
+  ex = executor.current("lax.axis_size()")
+  names = axis_name if isinstance(axis_name, (tuple, list)) else (axis_name,)
+  total = 1
+  for n in names:
+    if n not in ex.axis_env:
+      raise UsageError(f"lax.axis_size({axis_name!r}): unknown axis {n!r}.")
+    total *= ex.axis_env[n][1]
+  return total

@@ -1,0 +1,290 @@
+"""Refs: mutable views of buffers that kernels read and write (L4a).
+
+A Ref is a Buffer plus a view: one entry per buffer dimension, either an int (that dimension is indexed
+away) or a (start, size, stride) window. `ref.at[...]` composes views without touching data; `ref[...]`
+loads through the executor and returns an Array; `ref[...] = v` stores.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from palace._src import dtypes as dt
+from palace._src import executor
+from palace._src.core import Buffer, MemorySpace, is_hbm
+from palace._src.errors import MemorySpaceError, OutOfBoundsError, ShapeError, UsageError
+from palace._src.lang import numpy_ops  # noqa: F401  (binds Array operators)
+from palace._src.lang.array import Array, concrete_int
+from palace._src.util import user_frame_summary
+
+
+@dataclasses.dataclass(frozen=True)
+class Slice:
+  """`pl.ds(start, size, stride)` / `pl.Slice`: start may be a runtime scalar; size is static."""
+  start: object
+  size: int
+  stride: int = 1
+
+  def __post_init__(self):
+    if isinstance(self.size, Array):
+      raise UsageError("pl.ds size must be a static Python int (only the start may be dynamic).")
+    if int(self.size) < 0:
+      raise UsageError(f"pl.ds size must be >= 0; got {self.size}.")
+
+
+def ds(start, size=None, stride: int = 1) -> Slice:
+  if size is None:
+    start, size = 0, start
+  return Slice(start, int(size), int(stride))
+
+
+def _where() -> str:
+  ex = executor.maybe_current()
+  return (" " + ex.where()) if ex is not None else ""
+
+
+class _AtIndexer:
+  __slots__ = ("_ref",)
+
+  def __init__(self, ref):
+    self._ref = ref
+
+  def __getitem__(self, idx):
+    return self._ref._view(idx)
+
+
+class Ref:
+  """A mutable view of a buffer (VMEM, SMEM, HBM/ANY, semaphores)."""
+  __slots__ = ("buf", "dims", "shape", "_np_index", "_full")
+
+  def __init__(self, buf: Buffer, dims=None):
+    self.buf = buf
+    if dims is None:
+      dims = tuple((0, s, 1) for s in buf.shape)
+      self._full = True
+    else:
+      self._full = all(not isinstance(d, int) and d[0] == 0 and d[2] == 1 and d[1] == s
+                       for d, s in zip(dims, buf.shape))
+    self.dims = dims
+    self.shape = tuple(d[1] for d in dims if not isinstance(d, int))
+    self._np_index = () if self._full else tuple(
+        d if isinstance(d, int) else slice(d[0], d[0] + (d[1] - 1) * d[2] + 1 if d[1] else d[0], d[2])
+        for d in dims)
+
+  # ---- metadata ----
+  dtype = property(lambda self: self.buf.dtype)
+  memory_space = property(lambda self: self.buf.memory_space)
+  ndim = property(lambda self: len(self.shape))
+  size = property(lambda self: int(np.prod(self.shape)))
+  at = property(lambda self: _AtIndexer(self))
+
+  @property
+  def nbytes(self) -> int:
+    return self.size * self.buf.dtype.itemsize
+
+  def __len__(self):
+    return self.shape[0]
+
+  def __repr__(self):
+    view = "" if self._full else f" view {self.describe_index()}"
+    return f"Ref<{self.buf.memory_space}>{{{self.buf.dtype}{list(self.shape)}}} {self.buf.name}{view}"
+
+  def describe_index(self) -> str:
+    parts = []
+    for d in self.dims:
+      parts.append(str(d) if isinstance(d, int) else
+                   f"{d[0]}:{d[0] + d[1] * d[2]}" + (f":{d[2]}" if d[2] != 1 else ""))
+    return "[" + ", ".join(parts) + "]"
+
+  def origin(self) -> str:
+    return self.buf.name + ("" if self._full else self.describe_index())
+
+  # ---- views ----
+  def _view(self, idx) -> "Ref":
+    return Ref(self.buf, self._compose(idx))
+
+  def _compose(self, idx):
+    if not isinstance(idx, tuple):
+      idx = (idx,)
+    free = [i for i, d in enumerate(self.dims) if not isinstance(d, int)]
+    n_ell = sum(1 for i in idx if i is Ellipsis)
+    if n_ell > 1:
+      raise UsageError("An index can only have a single ellipsis ('...').")
+    if n_ell:
+      k = idx.index(Ellipsis)
+      idx = idx[:k] + (slice(None),) * (len(free) - len(idx) + 1) + idx[k + 1:]
+    if len(idx) > len(free):
+      raise OutOfBoundsError(f"Too many indices for {self.buf.name} of shape {self.shape}: got "
+                             f"{len(idx)}{_where()}.")
+    new = list(self.dims)
+    check = executor.maybe_current()
+    check = True if check is None else check.bounds_checks
+    for axis, (pos, i) in enumerate(zip(free, idx)):
+      start, size, stride = new[pos]
+      if isinstance(i, Slice):
+        s0 = concrete_int(i.start, "pl.ds start")
+        sz, st = i.size, i.stride
+      elif isinstance(i, slice):
+        if any(isinstance(v, Array) for v in (i.start, i.stop, i.step)):
+          raise UsageError(f"Slicing {self.buf.name} with runtime bounds needs pl.ds(start, size): a "
+                           f"Python slice must be static.")
+        s0, stop, st = i.indices(size)
+        sz = max(0, -(-(stop - s0) // st)) if st > 0 else 0
+        if st <= 0:
+          raise UsageError("Negative slice steps are not supported on refs.")
+      elif isinstance(i, (Array, int, np.integer)):
+        v = concrete_int(i, "index")
+        if isinstance(i, (int, np.integer)) and v < 0:
+          v += size
+        if check and not 0 <= v < size:
+          raise OutOfBoundsError(
+              f"Index {v} out of bounds for axis {axis} of {self.origin()} (shape {self.shape}, "
+              f"{self.buf.memory_space}){_where()}: expected 0 <= index < {size}. "
+              f"({user_frame_summary()})")
+        new[pos] = start + v * stride
+        continue
+      elif isinstance(i, Ref):
+        raise UsageError(f"Indexing {self.buf.name} with a ref (indexed DMA) is a SparseCore feature; "
+                         f"use it as the source or destination of pltpu.sync_copy/async_copy.")
+      else:
+        raise UsageError(f"Unsupported index {i!r} for {self.buf.name}; use ints, slices or pl.ds.")
+      if check and sz > 0 and (s0 < 0 or s0 + (sz - 1) * st >= size):
+        raise OutOfBoundsError(
+            f"Slice [{s0}:{s0 + sz * st}] out of bounds for axis {axis} of {self.origin()} (shape "
+            f"{self.shape}, {self.buf.memory_space}){_where()}: expected 0 <= start and "
+            f"start + size <= {size}. ({user_frame_summary()})")
+      new[pos] = (start + s0 * stride, sz, stride * st)
+    return tuple(new)
+
+  # ---- loads and stores ----
+  def _check_access(self, what: str, scalar: bool):
+    space = self.buf.memory_space
+    if is_hbm(space):
+      raise MemorySpaceError(
+          f"{what} of {self.buf.name} ({space}) from the vector unit{_where()}: buffers in HBM/ANY "
+          f"cannot be referenced directly. Copy a block into VMEM with pltpu.sync_copy / "
+          f"pltpu.async_copy (or use a VMEM BlockSpec). ({user_frame_summary()})")
+    if space == MemorySpace.SEMAPHORE:
+      raise MemorySpaceError(f"{what} of semaphore {self.buf.name}: use pl.semaphore_read / "
+                             f"pl.semaphore_signal / pl.semaphore_wait.")
+    if space == MemorySpace.SMEM and not scalar:
+      raise MemorySpaceError(
+          f"Vector {what.lower()} of {self.origin()} (shape {self.shape}) in SMEM{_where()}: SMEM holds "
+          f"scalars only; index down to a single element (e.g. ref[i, j]) or put the array in VMEM. "
+          f"({user_frame_summary()})")
+
+  def __getitem__(self, idx):
+    ex = executor.maybe_current()
+    if ex is None:
+      return self._host_get(idx)
+    view = self if (idx is Ellipsis or idx == ()) else self._view(idx)
+    self._check_access("Load", not view.shape)
+    data, ready = ex.load(self.buf, view._np_index, view.shape)
+    return Array(data, view.shape, self.buf.dtype, ready)
+
+  def __setitem__(self, idx, value):
+    ex = executor.maybe_current()
+    if ex is None:
+      return self._host_set(idx, value)
+    view = self if (idx is Ellipsis or idx == ()) else self._view(idx)
+    self._check_access("Store", not view.shape)
+    data, ready = _coerce_store(view, value, ex.timing_only)
+    ex.store(self.buf, view._np_index, view.shape, data, ready)
+
+  def get(self, idx=()):
+    return self[idx if idx != () else ...]
+
+  def set(self, idx, value):
+    self[idx if idx != () else ...] = value
+
+  def swap(self, value, idx=...):
+    old = self[idx]
+    self[idx] = value
+    return old
+
+  def addupdate(self, x, idx=...):
+    self[idx] = self[idx] + x
+
+  # ---- host access (mutable refs created by pl.new_ref) ----
+  def _host_get(self, idx):
+    if self.buf.storage is None:
+      raise UsageError(f"{self.buf.name} has been frozen or freed; it can no longer be read.")
+    view = self._view(idx)
+    return np.array(self.buf.storage[view._np_index], copy=True)
+
+  def _host_set(self, idx, value):
+    if self.buf.storage is None:
+      raise UsageError(f"{self.buf.name} has been frozen or freed; it can no longer be written.")
+    view = self._view(idx)
+    v = np.asarray(value)
+    try:
+      self.buf.storage[view._np_index] = v.astype(self.buf.dtype, copy=False)
+    except ValueError as e:
+      raise ShapeError(f"Cannot store a value of shape {v.shape} into {view.origin()} of shape "
+                       f"{view.shape}.") from e
+
+  # ---- view transforms ----
+  def bitcast(self, dtype) -> "Ref":
+    d = dt.canonicalize(dtype)
+    if not self._full:
+      raise UsageError("Ref.bitcast is only supported on whole refs in palace.")
+    if d.itemsize == self.buf.dtype.itemsize:
+      storage = None if self.buf.storage is None else self.buf.storage.view(d)
+      shape = self.buf.shape
+    else:
+      if self.buf.storage is None:
+        raise UsageError("bitcast between widths needs data")
+      storage = self.buf.storage.view(d)
+      shape = storage.shape
+    nb = dataclasses.replace(self.buf, storage=storage, shape=shape, dtype=d)
+    return Ref(nb)
+
+  def reshape(self, *shape) -> "Ref":
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+      shape = tuple(shape[0])
+    if not self._full:
+      raise UsageError("Ref.reshape is only supported on whole refs in palace.")
+    if int(np.prod(shape)) != self.size:
+      raise ShapeError(f"Cannot reshape {self.buf.name} of shape {self.shape} to {tuple(shape)}.")
+    storage = None if self.buf.storage is None else self.buf.storage.reshape(shape)
+    return Ref(dataclasses.replace(self.buf, storage=storage, shape=tuple(shape)))
+
+
+def _coerce_store(view: Ref, value, timing_only: bool):
+  """(data, ready) for storing `value` into `view`: dtype must match (weak scalars are cast)."""
+  d = view.buf.dtype
+  if isinstance(value, Array):
+    if value.dtype != d:
+      raise ShapeError(
+          f"Cannot store a value of dtype {value.dtype} into {view.origin()} of dtype {d}{_where()}: "
+          f"stores require the ref's dtype; use .astype({d.name}). ({user_frame_summary()})")
+    vshape, data, ready = value.shape, value._data, value._ready
+  elif isinstance(value, (bool, int, float, np.generic)):
+    if isinstance(value, np.generic) and dt.canonicalize(value.dtype) != d:
+      raise ShapeError(f"Cannot store a {value.dtype} scalar into {view.origin()} of dtype {d}"
+                       f"{_where()}; cast it first. ({user_frame_summary()})")
+    vshape, data, ready = (), np.asarray(value, dtype=d), 0
+  elif isinstance(value, np.ndarray):
+    raise UsageError(f"Storing a NumPy array into {view.origin()} inside a kernel: kernels cannot close "
+                     f"over array constants; pass the array as an input instead.")
+  else:
+    raise ShapeError(f"Cannot store a {type(value).__name__} into {view.origin()}.")
+  if vshape != view.shape:
+    try:
+      bshape = np.broadcast_shapes(vshape, view.shape)
+    except ValueError:
+      bshape = None
+    if bshape != view.shape:
+      raise ShapeError(
+          f"Cannot store a value of shape {vshape} into {view.origin()} of shape {view.shape}"
+          f"{_where()}: shapes must match or broadcast. ({user_frame_summary()})")
+    if data is not None and not timing_only:
+      data = np.broadcast_to(data, view.shape)
+  if timing_only and view.shape:
+    data = None
+  return data, ready
+
+
+def ref_for(buf: Buffer) -> Ref:
+  return Ref(buf)

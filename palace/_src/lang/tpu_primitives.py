@@ -1,0 +1,211 @@
+"""TPU primitives (L4a): DMA descriptors, sync/async copies, masked loads/stores, roll, bitcast, PRNG."""
+from __future__ import annotations
+
+import numpy as np
+
+from palace._src import dtypes as dt
+from palace._src import executor
+from palace._src.core import SemaphoreType
+from palace._src.errors import ShapeError, UsageError
+from palace._src.executor import DmaRequest
+from palace._src.lang import numpy_ops as jnp
+from palace._src.lang.array import Array, concrete_value, ready_of
+from palace._src.lang.primitives import resolve_device_id, run_scoped, sem_target
+from palace._src.lang.refs import Ref
+from palace._src.util import tree_flatten, user_site
+
+
+def _check_ref(x, what):
+  if not isinstance(x, Ref):
+    raise UsageError(f"DMA {what} must be a ref (or a ref view `.at[...]`); got {type(x).__name__}.")
+
+
+class AsyncCopyDescriptor:
+  """A DMA between two ref views. `.start()` issues it; `.wait()` blocks until its bytes arrived."""
+
+  def __init__(self, src_ref, dst_ref, sem, src_sem=None, device_id=None, core_index=None,
+               is_remote=False):
+    _check_ref(src_ref, "source")
+    _check_ref(dst_ref, "destination")
+    if src_ref.shape != dst_ref.shape:
+      raise ShapeError(f"DMA shapes differ: {src_ref.origin()} has shape {src_ref.shape} but "
+                       f"{dst_ref.origin()} has shape {dst_ref.shape}; a copy needs identical shapes.")
+    if src_ref.dtype != dst_ref.dtype:
+      raise ShapeError(f"DMA dtypes differ: {src_ref.origin()} is {src_ref.dtype} but "
+                       f"{dst_ref.origin()} is {dst_ref.dtype}.")
+    self.src_ref, self.dst_ref = src_ref, dst_ref
+    self.sem = sem
+    self.src_sem = src_sem
+    self.device_id = device_id
+    self.core_index = core_index
+    self.is_remote = is_remote
+    self._req = None
+
+  def _request(self, ex, add=False) -> DmaRequest:
+    sem_buf = sem_idx = None
+    if self.sem is not None:
+      sem_buf, sem_idx = sem_target(self.sem, "DMA semaphore")
+    ssb = ssi = None
+    if self.src_sem is not None:
+      ssb, ssi = sem_target(self.src_sem, "DMA source semaphore")
+    dev = resolve_device_id(ex, self.device_id) if self.device_id is not None else None
+    nbytes = self.src_ref.nbytes
+    return DmaRequest(self.src_ref.buf, self.src_ref._np_index, self.dst_ref.buf,
+                      self.dst_ref._np_index, self.src_ref.shape, sem_buf, sem_idx, ssb, ssi, add, dev,
+                      self.core_index, user_site(),
+                      f"{self.src_ref.origin()} -> {self.dst_ref.origin()}", nbytes)
+
+  def start(self, priority: int = 0, *, add: bool = False):
+    ex = executor.current("AsyncCopyDescriptor.start()")
+    if self.sem is None:
+      raise UsageError("This DMA has no semaphore; pass one to make_async_copy or use pltpu.sync_copy.")
+    self._req = self._request(ex, add)
+    ex.dma_start(self._req)
+    return self
+
+  def _req_for_wait(self, ex):
+    return self._req if self._req is not None else self._request(ex)
+
+  def wait(self):
+    ex = executor.current("AsyncCopyDescriptor.wait()")
+    req = self._req_for_wait(ex)
+    if self.src_sem is not None and self.is_remote:
+      ex.dma_wait(req, "send")
+    ex.dma_wait(req, "recv")
+
+  def wait_recv(self):
+    ex = executor.current("AsyncCopyDescriptor.wait_recv()")
+    ex.dma_wait(self._req_for_wait(ex), "recv")
+
+  wait_write = wait_recv
+
+  def wait_send(self):
+    ex = executor.current("AsyncCopyDescriptor.wait_send()")
+    if self.src_sem is None:
+      raise UsageError("wait_send() needs a send semaphore (make_async_remote_copy / src_sem=...).")
+    ex.dma_wait(self._req_for_wait(ex), "send")
+
+  wait_read = wait_send
+
+
+def make_async_copy(src_ref, dst_ref, sem=None, *, src_sem=None) -> AsyncCopyDescriptor:
+  return AsyncCopyDescriptor(src_ref, dst_ref, sem, src_sem)
+
+
+def async_copy(src_ref, dst_ref, sem=None, *, src_sem=None, priority: int = 0,
+               add: bool = False) -> AsyncCopyDescriptor:
+  return AsyncCopyDescriptor(src_ref, dst_ref, sem, src_sem).start(priority, add=add)
+
+
+def make_async_remote_copy(src_ref, dst_ref, send_sem, recv_sem, device_id, device_id_type=None):
+  if device_id is None:
+    raise UsageError("make_async_remote_copy needs device_id (a tuple of mesh coordinates or a dict "
+                     "of the axes that change).")
+  return AsyncCopyDescriptor(src_ref, dst_ref, recv_sem, send_sem, device_id=device_id, is_remote=True)
+
+
+def async_remote_copy(src_ref, dst_ref, send_sem, recv_sem, device_id, device_id_type=None):
+  return make_async_remote_copy(src_ref, dst_ref, send_sem, recv_sem, device_id).start()
+
+
+def sync_copy(src_ref, dst_ref, *, add: bool = False) -> None:
+  """Copy and wait; pytrees of refs are copied leaf by leaf with one scoped DMA semaphore."""
+  srcs, td = tree_flatten(src_ref, is_leaf=lambda x: isinstance(x, Ref))
+  dsts, td2 = tree_flatten(dst_ref, is_leaf=lambda x: isinstance(x, Ref))
+  if td != td2:
+    raise ShapeError(f"sync_copy: source and destination trees differ ({td} vs {td2}).")
+
+  def body(sem):
+    for s, d in zip(srcs, dsts):
+      c = AsyncCopyDescriptor(s, d, sem)
+      c.start(add=add)
+      c.wait()
+
+  run_scoped(body, SemaphoreType.DMA)
+
+
+# ------------------------------------------------------------------ vector helpers
+def load(ref, *, mask=None):
+  v = ref[...]
+  if mask is None:
+    return v
+  return jnp.where(mask, v, jnp.zeros_like(v))
+
+
+def store(ref, val, *, mask=None):
+  if mask is None:
+    ref[...] = val
+    return
+  ref[...] = jnp.where(mask, val, ref[...])
+
+
+def roll(x, shift, axis: int, *, stride=None, stride_axis=None):
+  """jnp.roll for shift >= 0; with stride, slice i along stride_axis rolls by shift + i * stride."""
+  if stride is None:
+    return jnp.roll(x, shift, axis=axis)
+  s0 = int(concrete_value(shift))
+  parts = [jnp.roll(_slice_axis(x, stride_axis, i), s0 + i * int(stride), axis)
+           for i in range(x.shape[stride_axis])]
+  return jnp.concatenate(parts, axis=stride_axis)
+
+
+def _slice_axis(x, axis, i):
+  return x[tuple(slice(i, i + 1) if a == axis % x.ndim else slice(None) for a in range(x.ndim))]
+
+
+def bitcast(x, ty, dim: int = -2):
+  """Rank-preserving bitcast that rescales dimension `dim`: -1 matches ndarray.view; the default -2
+  reinterprets along the second-minor dimension (consecutive rows pack together)."""
+  d = dt.canonicalize(ty)
+  if isinstance(x, Ref):
+    return x.bitcast(d)
+  ax = dim % x.ndim
+  new = list(x.shape)
+  if (new[ax] * x.dtype.itemsize) % d.itemsize:
+    raise ShapeError(f"bitcast {x.dtype}->{d}: dimension {dim} of size {x.shape[ax]} does not convert "
+                     f"to a whole number of {d} elements.")
+  new[ax] = new[ax] * x.dtype.itemsize // d.itemsize
+  data = None
+  if x._data is not None:
+    moved = np.ascontiguousarray(np.moveaxis(x._data, ax, -1))
+    data = np.moveaxis(moved.view(d), -1, ax)
+  return jnp._out(data, tuple(new), d, ready_of(x), "free", True)
+
+
+# ------------------------------------------------------------------ PRNG (per-core, deterministic)
+class _Prng:
+  """Counter-based generator: SplitMix64 over (seed, draw counter). Deterministic per seed."""
+
+  def __init__(self, seed):
+    self.key = np.uint64(seed) & np.uint64(0xFFFFFFFFFFFFFFFF)
+    self.counter = 0
+
+  def bits(self, shape):
+    n = int(np.prod(shape)) if shape else 1
+    with np.errstate(over="ignore"):
+      z = (np.arange(self.counter, self.counter + n, dtype=np.uint64) + np.uint64(1)) * \
+          np.uint64(0x9E3779B97F4A7C15) + self.key * np.uint64(0xBF58476D1CE4E5B9)
+      z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+      z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+      z = z ^ (z >> np.uint64(31))
+    self.counter += n
+    return (z >> np.uint64(32)).astype(np.uint32).view(np.int32).reshape(shape)
+
+
+def prng_seed(*seeds) -> None:
+  ex = executor.current("pltpu.prng_seed()")
+  s = 0
+  for v in seeds:
+    s = (s * 1_000_003 + int(concrete_value(v))) & 0xFFFFFFFFFFFFFFFF
+  ex.prng = _Prng(s)
+  ex.scalar_op()
+
+
+def prng_random_bits(shape):
+  ex = executor.current("pltpu.prng_random_bits()")
+  gen = getattr(ex, "prng", None)
+  if gen is None:
+    raise UsageError("pltpu.prng_random_bits() before pltpu.prng_seed(): seed the generator first.")
+  shape = tuple(int(s) for s in shape)
+  data = gen.bits(shape)
+  return jnp._out(data, shape, dt.int32, 0, "cheap", True)

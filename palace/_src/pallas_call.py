@@ -1,0 +1,184 @@
+"""`pl.pallas_call` (L5): grid + BlockSpecs on the virtual TPU."""
+from __future__ import annotations
+
+import functools
+
+from palace._src import launch
+from palace._src.blocks import canonicalize
+from palace._src.core import (BlockSpec, GridSpec, MemoryRef, MemorySpace, SemaphoreRefType,
+                              no_block_spec)
+from palace._src.errors import ResourceError, ShapeError, UsageError
+from palace._src.lang.primitives import run_scoped
+from palace._src.lang.refs import Ref
+from palace._src.lang.tpu_primitives import sync_copy
+from palace._src.pipeline import run_pipeline
+from palace._src.util import fmt_bytes, tree_flatten, tree_unflatten
+from palace._src.core import Buffer
+
+
+def _is_spec_leaf(x):
+  return x is None or x is no_block_spec or isinstance(x, BlockSpec)
+
+
+def _flatten_specs(specs, n: int, what: str):
+  if specs is no_block_spec:
+    return [BlockSpec()] * n
+  leaves, _ = tree_flatten(specs, is_leaf=_is_spec_leaf)
+  if len(leaves) == 1 and n != 1 and not isinstance(specs, (list, tuple, dict)):
+    leaves = leaves * n
+  if len(leaves) != n:
+    raise UsageError(f"pallas_call {what} has {len(leaves)} BlockSpecs but there are {n} operands.")
+  return [BlockSpec() if x is None else x for x in leaves]
+
+
+def _is_type_leaf(x):
+  return isinstance(x, (MemoryRef, SemaphoreRefType))
+
+
+def pallas_call(kernel, out_shape, *, grid_spec=None, grid=(), in_specs=no_block_spec,
+                out_specs=no_block_spec, scratch_shapes=(), input_output_aliases=None, debug=False,
+                interpret=False, name=None, compiler_params=None, cost_estimate=None, metadata=None,
+                **unsupported):
+  """Run `kernel` once per grid point with BlockSpec'd operands pipelined HBM->VMEM.
+
+  Example:
+    >>> def add_kernel(x_ref, y_ref, o_ref):
+    ...   o_ref[...] = x_ref[...] + y_ref[...]
+    >>> f = pl.pallas_call(add_kernel, out_shape=pl.ShapeDtypeStruct((8, 128), jnp.float32))
+  """
+  if unsupported:
+    raise UsageError(f"pallas_call got unexpected keyword(s) {sorted(unsupported)}.")
+  if grid_spec is not None:
+    if grid != () or in_specs is not no_block_spec or out_specs is not no_block_spec or scratch_shapes:
+      raise UsageError("pallas_call: pass either grid_spec or grid/in_specs/out_specs/scratch_shapes, "
+                       "not both.")
+  else:
+    grid_spec = GridSpec(grid, in_specs, out_specs, scratch_shapes)
+  g = grid_spec.grid
+  g = (g,) if isinstance(g, int) else tuple(g)
+  params = launch.check_params(compiler_params, "pallas_call")
+  kname = name or getattr(kernel, "__name__", "kernel")
+  aliases = dict(input_output_aliases or {})
+
+  @functools.wraps(kernel)
+  def call(*args):
+    return _call(kernel, kname, out_shape, g, grid_spec, aliases, params, args)
+
+  return call
+
+
+def _call(kernel, kname, out_shape, grid, grid_spec, aliases, params, args):
+  nsp = grid_spec.num_scalar_prefetch
+  if len(args) < nsp:
+    raise UsageError(f"pallas_call '{kname}' expects {nsp} scalar-prefetch operands; got {len(args)}.")
+  pre_leaves, pre_td = tree_flatten(tuple(args[:nsp]))
+  in_leaves, _ = tree_flatten(tuple(args[nsp:]))
+  out_leaves, out_td = tree_flatten(out_shape, is_leaf=lambda x: hasattr(x, "shape"))
+  grid = tuple(int(x) for x in grid)
+  for gsz in grid:
+    if gsz < 0:
+      raise UsageError(f"pallas_call '{kname}': grid {grid} has a negative size.")
+  pre_arrays = [launch.to_host_array(a, f"scalar_prefetch[{i}]") for i, a in enumerate(pre_leaves)]
+  in_arrays = [launch.to_host_array(a, f"args[{i + nsp}]") for i, a in enumerate(in_leaves)]
+  n_idx_args = nsp
+  in_specs = _flatten_specs(grid_spec.in_specs, len(in_arrays), "in_specs")
+  out_specs = _flatten_specs(grid_spec.out_specs, len(out_leaves), "out_specs")
+  in_maps = [canonicalize(s, a.shape, a.dtype, f"args[{i + nsp}]", n_idx_args)
+             for i, (s, a) in enumerate(zip(in_specs, in_arrays))]
+  outs = [launch.out_struct(o, f"out_shape[{i}]") for i, o in enumerate(out_leaves)]
+  out_maps = []
+  for i, (s, (shape, dtype, space)) in enumerate(zip(out_specs, outs)):
+    if space in (MemorySpace.VMEM, MemorySpace.SMEM) and (s is no_block_spec or s.block_shape is None):
+      s = BlockSpec(memory_space=space)
+    out_maps.append(canonicalize(s, shape, dtype, f"outputs[{i}]", n_idx_args))
+  # HBM buffers
+  all_in = pre_arrays + in_arrays
+  out_bufs = []
+  for i, (shape, dtype, _) in enumerate(outs):
+    storage = launch.uninitialized(shape, dtype)
+    out_bufs.append(Buffer(storage, shape, dtype, MemorySpace.ANY, f"outputs[{i}]"))
+  for a_in, a_out in aliases.items():
+    if not (0 <= a_in < len(all_in) and 0 <= a_out < len(out_bufs)):
+      raise UsageError(f"input_output_aliases {{{a_in}: {a_out}}} refers to a missing operand; there "
+                       f"are {len(all_in)} inputs and {len(out_bufs)} outputs.")
+    src = all_in[a_in]
+    ob = out_bufs[a_out]
+    if src.shape != ob.shape or src.dtype != ob.dtype:
+      raise ShapeError(f"input_output_aliases {{{a_in}: {a_out}}}: input {src.dtype}{list(src.shape)} "
+                       f"and output {ob.dtype}{list(ob.shape)} must have the same shape and dtype.")
+    ob.storage = src.copy()
+  tpu, machine = launch.new_launch(kname, params)
+  core = machine.add_core(0, 0, {}, params)
+  _check_vmem(core, kname, in_maps + out_maps, grid_spec.scratch_shapes)
+  pre_bufs = [launch.hbm_input(a, f"scalar_prefetch[{i}]") for i, a in enumerate(pre_arrays)]
+  in_bufs = [launch.hbm_input(a, f"args[{i + nsp}]") for i, a in enumerate(in_arrays)]
+  scratch = grid_spec.scratch_shapes
+  scratch_is_dict = isinstance(scratch, dict)
+
+  def program():
+    smem_types = [MemoryRef(a.shape, a.dtype, MemorySpace.SMEM) for a in pre_arrays]
+    smem_in = [(k, m) for k, m in enumerate(in_maps) if m.space == MemorySpace.SMEM]
+    smem_out = [(k, m) for k, m in enumerate(out_maps) if m.space == MemorySpace.SMEM]
+    smem_types += [MemoryRef(m.array_shape, m.dtype, MemorySpace.SMEM) for _, m in smem_in + smem_out]
+
+    def with_smem(*smem_refs):
+      pre_refs = list(smem_refs[:len(pre_arrays)])
+      for r, b in zip(pre_refs, pre_bufs):
+        sync_copy(Ref(b), r)
+      in_refs = [Ref(b) for b in in_bufs]
+      out_refs = [Ref(b) for b in out_bufs]
+      rest = smem_refs[len(pre_arrays):]
+      for (k, _), r in zip(smem_in, rest):
+        sync_copy(in_refs[k], r)
+        in_refs[k] = r
+      for (k, _), r in zip(smem_out, rest[len(smem_in):]):
+        out_refs[k] = r
+      pre_tree = tree_unflatten(pre_td, pre_refs)
+
+      def with_scratch(*scr, **kw_scr):
+        run_pipeline(kernel, grid, in_maps, out_maps, in_refs, out_refs, lead_args=tuple(pre_tree),
+                     tail_args=scr, tail_kwargs=kw_scr, index_args=tuple(pre_tree))
+
+      if scratch_is_dict:
+        run_scoped(with_scratch, **scratch)
+      else:
+        run_scoped(with_scratch, *tuple(scratch))
+      for (k, _), r in zip(smem_out, rest[len(smem_in):]):
+        sync_copy(r, Ref(out_bufs[k]))
+
+    run_scoped(with_smem, *smem_types)
+
+  machine.run([(core, program)])
+  machine.grid_steps = _num_points(grid)
+  launch.finish_launch(tpu, machine)
+  results = [b.storage for b in out_bufs]
+  return tree_unflatten(out_td, results)
+
+
+def _num_points(grid) -> int:
+  n = 1
+  for g in grid:
+    n *= g
+  return n
+
+
+def _check_vmem(core, kname, maps, scratch):
+  """Fail before running when the pipeline buffers and scratch exceed the scoped VMEM limit."""
+  rows = []
+  for m in maps:
+    if m.pipelined:
+      rows.append((f"{m.name} {m.buffer_count} x {fmt_bytes(m.block_bytes)} block "
+                   f"{m.dtype}{list(m.block_shape)}", m.buffer_count * m.block_bytes))
+  leaves, _ = tree_flatten(scratch, is_leaf=_is_type_leaf)
+  for i, t in enumerate(leaves):
+    if isinstance(t, MemoryRef) and t.memory_space == MemorySpace.VMEM:
+      rows.append((f"scratch[{i}] {fmt_bytes(t.nbytes)}", t.nbytes))
+  total = sum(b for _, b in rows)
+  if total > core.vmem_limit:
+    detail = " + ".join(r for r, _ in rows)
+    raise ResourceError(
+        f"VMEM over capacity for kernel '{kname}' on chip 0 core 0 ({core.chip.name}): "
+        f"{fmt_bytes(total)} requested ({detail}) but the scoped VMEM limit leaves "
+        f"{fmt_bytes(core.vmem_limit)} (limit {fmt_bytes(core.vmem_limit + core.chip.internal_scratch_bytes)}"
+        f" minus {fmt_bytes(core.chip.internal_scratch_bytes)} Mosaic internal scratch). Reduce block "
+        f"sizes or pipeline buffer_count, or raise CompilerParams(vmem_limit_bytes=...).")

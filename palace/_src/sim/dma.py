@@ -1,0 +1,108 @@
+"""DMA engines: transfer timing and data movement (L4b).
+
+Timing model (all in cycles of the chip clock):
+  * A copy is issued by the scalar core at `issue` and cannot start reading before its source buffer's
+    last vector store has finished.
+  * Each TensorCore has a DMA channel (bandwidth `dma_bytes_per_s_per_tc`); every chip has one HBM
+    channel (`hbm_bytes_per_s_per_device`) shared by all its cores. A transfer occupies both, each FIFO:
+    end = max(tc_start + bytes / tc_bw, hbm_start + hbm_bytes / hbm_bw). HBM->HBM copies count their
+    bytes twice on the HBM channel (read + write). Local VMEM/SMEM copies use a local channel.
+  * The completion (semaphore signal) lands one direction-specific latency after the transfer ends.
+FIFO channels are a simplification of the processor sharing in [xla-cost]: the aggregate bandwidth and
+the finishing time of the last transfer are the same; only the order of completions differs.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from palace._src.core import MemorySpace, is_hbm
+
+_LOCAL_LATENCY_CYCLES = 64  # VMEM<->SMEM/VMEM copy latency: modelling assumption
+
+
+class Channel:
+  """A FIFO bandwidth resource."""
+  __slots__ = ("name", "bytes_per_cycle", "free_cycle", "busy_cycles", "bytes")
+
+  def __init__(self, name: str, bytes_per_s: float, clock_hz: float):
+    self.name = name
+    self.bytes_per_cycle = bytes_per_s / clock_hz
+    self.free_cycle = 0.0
+    self.busy_cycles = 0.0
+    self.bytes = 0
+
+  def reserve(self, start: float, nbytes: int) -> tuple[float, float]:
+    s = max(start, self.free_cycle)
+    d = nbytes / self.bytes_per_cycle
+    self.free_cycle = s + d
+    self.busy_cycles += d
+    self.bytes += nbytes
+    return s, s + d
+
+
+class DmaRecord:
+  """One in-flight copy."""
+  __slots__ = ("req", "seq", "issue_cycle", "start_cycle", "done_cycle", "read_done_cycle", "moved",
+               "core", "applied", "src_applied")
+
+  def __init__(self, req, seq, core):
+    self.req, self.seq, self.core = req, seq, core
+    self.moved = False
+    self.applied = False
+    self.src_applied = req.src_sem_buf is None
+    self.issue_cycle = self.start_cycle = self.done_cycle = self.read_done_cycle = 0
+
+
+def direction(src_space: MemorySpace, dst_space: MemorySpace) -> str:
+  s, d = is_hbm(src_space), is_hbm(dst_space)
+  if s and d:
+    return "hbm->hbm"
+  if s:
+    return "hbm->vmem"
+  if d:
+    return "vmem->hbm"
+  return "local"
+
+
+def transfer_timing(chip, tc_channel: Channel, hbm_channel: Channel, local_channel: Channel,
+                    start: float, nbytes: int, kind: str) -> tuple[float, float, float]:
+  """(transfer start, transfer end, completion) cycles of one copy."""
+  if kind == "local":
+    s, e = local_channel.reserve(start, nbytes)
+    return s, e, e + _LOCAL_LATENCY_CYCLES
+  s1, e1 = tc_channel.reserve(start, nbytes)
+  s2, e2 = hbm_channel.reserve(start, nbytes * (2 if kind == "hbm->hbm" else 1))
+  end = max(e1, e2)
+  lat_ns = chip.dma_vmem_to_hbm_latency_ns if kind == "vmem->hbm" else chip.dma_hbm_to_vmem_latency_ns
+  return min(s1, s2), end, end + chip.ns_to_cycles(lat_ns)
+
+
+def move_data(req) -> None:
+  """Perform the copy on the NumPy storages (called once per DMA, at the policy's chosen moment)."""
+  src, dst = req.src_buf.storage, req.dst_buf.storage
+  if src is None or dst is None:
+    return
+  if req.src_indices is not None:
+    data = src[req.src_indices]
+  else:
+    data = src[req.src_index]
+  if req.dst_indices is not None:
+    if req.add:
+      np.add.at(dst, req.dst_indices, data.astype(dst.dtype, copy=False))
+    else:
+      dst[req.dst_indices] = data
+    return
+  if req.add:
+    cur = dst[req.dst_index]
+    if cur.dtype.itemsize < 4 and cur.dtype.kind == "V" or str(cur.dtype) in ("bfloat16",):
+      dst[req.dst_index] = (cur.astype(np.float32) + data.astype(np.float32)).astype(cur.dtype)
+    else:
+      dst[req.dst_index] = cur + data
+  else:
+    dst[req.dst_index] = data
+
+
+def bytes_of(shape, itemsize: int) -> int:
+  return int(math.prod(shape)) * itemsize

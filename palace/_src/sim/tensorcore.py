@@ -1,0 +1,284 @@
+"""One TensorCore of the virtual TPU: implements the executor protocol (L4b).
+
+Time model of the core (cycles of the chip clock):
+  * `now` is the in-order issue point of the scalar core. Every vector op issues at or after `now` and
+    after its unit is free; issuing moves `now` to the op's start (in-order VLIW issue), so the scalar
+    core cannot run more than one op ahead of a busy unit.
+  * An op's result is ready at max(start + busy, inputs ready + latency): consumers stream behind their
+    producers, as the pipelined VLIW schedule does; only the MXU fill/drain latency is exposed.
+  * Waits (DMA, semaphores) move `now` to the moment the awaited count arrived.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from palace._src.core import Buffer, MemoryRef, MemorySpace, SemaphoreKind, SemaphoreRefType
+from palace._src.errors import ResourceError, SyncError, UsageError
+from palace._src.sim import cost
+from palace._src.sim.dma import DmaRecord, direction, move_data, transfer_timing
+from palace._src.util import fmt_bytes, user_site
+
+_SENTINEL = {np.dtype(np.int32): np.iinfo(np.int32).min, np.dtype(np.int16): np.iinfo(np.int16).min,
+             np.dtype(np.int8): np.iinfo(np.int8).min}
+
+
+class SemSlot:
+  """Arrivals on one semaphore element: applied `value` plus pending (cycle, seq, amount, dma)."""
+  __slots__ = ("value", "pending")
+
+  def __init__(self):
+    self.value = 0
+    self.pending = []
+
+
+class TensorCore:
+  """Executor for one core. `machine` owns chips, channels, the scheduler and the trace."""
+
+  def __init__(self, machine, chip_index: int, core_id: int, axis_env: dict, params):
+    self.machine = machine
+    self.chip = machine.chip
+    self.chip_index = chip_index
+    self.core_id = core_id
+    self.axis_env = dict(axis_env)
+    self.timing_only = machine.timing_only
+    self.bounds_checks = not params.disable_bounds_checks
+    self.semaphore_checks = not params.disable_semaphore_checks
+    self.grid_stack = []
+    self.kernel_name = machine.kernel_name
+    self.now = 0
+    self.unit_free = dict.fromkeys(cost.UNITS, 0)
+    self.unit_busy = dict.fromkeys(cost.UNITS, 0)
+    self.horizon = 0
+    self.flops = 0
+    limit = params.vmem_limit_bytes
+    if limit is not None and limit > self.chip.vmem_bytes:
+      raise ResourceError(
+          f"vmem_limit_bytes={limit} ({fmt_bytes(limit)}) for kernel '{self.kernel_name}' exceeds the "
+          f"physical VMEM of {self.chip.name} ({fmt_bytes(self.chip.vmem_bytes)} per TensorCore). "
+          f"Lower vmem_limit_bytes or the block sizes.")
+    self.vmem_limit = (limit or self.chip.default_scoped_vmem_bytes) - self.chip.internal_scratch_bytes
+    self.vmem_used = 0
+    self.vmem_peak = 0
+    self.smem_used = 0
+    self.sem_buffers = []
+    self.live = {}            # id(buf) -> what (for the allocation breakdown in errors)
+    self.trace = machine.trace
+    self.tid = (chip_index, core_id)
+    self.blocked_on = None
+
+  # ------------------------------------------------------------------ messages
+  def where(self) -> str:
+    gp = f"at grid point {self.grid_stack[-1][0]} " if self.grid_stack else ""
+    return f"{gp}on chip {self.chip_index} core {self.core_id} in kernel '{self.kernel_name}'"
+
+  def debug_print(self, text: str) -> None:
+    self.machine.debug_print(text)
+
+  # ------------------------------------------------------------------ compute
+  def _issue(self, unit: str, busy: int, latency: int, ready: int, what: str) -> int:
+    start = self.now if self.now > self.unit_free[unit] else self.unit_free[unit]
+    self.now = start
+    end = start + busy
+    self.unit_free[unit] = end
+    self.unit_busy[unit] += busy
+    done = (end if end > ready else ready) + latency
+    if done > self.horizon:
+      self.horizon = done
+    if self.trace.on:
+      self.trace.add(self.tid, unit, what, start, end)
+    return done
+
+  def vector_op(self, op_class: str, shape, dtype, ready: int) -> int:
+    unit, busy, lat = cost.vector_cost(op_class, shape)
+    if unit is None:
+      return ready
+    return self._issue(unit, busy, lat, ready, op_class)
+
+  def matmul(self, m, k, n, batch, lhs_dtype, rhs_dtype, ready: int) -> int:
+    busy, lat = cost.matmul_cycles(self.chip, m, k, n, batch, lhs_dtype, rhs_dtype)
+    self.flops += cost.matmul_flops(m, k, n, batch)
+    return self._issue("mxu", busy, lat, ready, f"matmul {m}x{k}x{n}")
+
+  def scalar_op(self, ready: int = 0) -> int:
+    self.now += self.chip.scalar_op_cycles
+    self.unit_busy["scalar"] += self.chip.scalar_op_cycles
+    return self.now if self.now > ready else ready
+
+  # ------------------------------------------------------------------ memory
+  def load(self, buf: Buffer, index, shape, site=None):
+    space = buf.memory_space
+    if not shape or space == MemorySpace.SMEM:
+      self.now += self.chip.scalar_op_cycles
+      ready = self.now if self.now > buf.ready_cycle else buf.ready_cycle
+      data = None if buf.storage is None else buf.storage[index]
+      if data is not None and not isinstance(data, np.ndarray):
+        data = np.asarray(data)
+      return (data if data is None or data.shape == () else data.copy()), ready
+    ready = self._issue("vld", *cost.vector_cost("load", shape)[1:], buf.ready_cycle, "load")
+    if self.timing_only or buf.storage is None:
+      return None, ready
+    return np.array(buf.storage[index], copy=True), ready
+
+  def store(self, buf: Buffer, index, shape, data, ready: int) -> None:
+    if buf.storage is not None and data is not None:
+      buf.storage[index] = data
+    if not shape or buf.memory_space == MemorySpace.SMEM:
+      self.now += self.chip.scalar_op_cycles
+      done = self.now if self.now > ready else ready
+    else:
+      unit, busy, lat = cost.vector_cost("store", shape)
+      done = self._issue(unit, busy, lat, ready, "store")
+    if done > buf.ready_cycle:
+      buf.ready_cycle = done
+
+  def alloc(self, mem_type, name: str) -> Buffer:
+    if isinstance(mem_type, SemaphoreRefType):
+      storage = np.zeros(mem_type.shape, np.int32)
+      buf = Buffer(storage, mem_type.shape, np.dtype(np.int32), MemorySpace.SEMAPHORE, name, self,
+                   self.chip_index, sem_kind=mem_type.kind)
+      self.sem_buffers.append(buf)
+      return buf
+    if not isinstance(mem_type, MemoryRef):
+      raise UsageError(f"Cannot allocate {name}: {mem_type!r} is not a memory type; use pltpu.VMEM(shape,"
+                       f" dtype), pltpu.SMEM(...) or pltpu.SemaphoreType.")
+    space = mem_type.memory_space
+    nbytes = mem_type.nbytes
+    if space in (MemorySpace.VMEM, MemorySpace.ANY) or space == MemorySpace.VMEM_SHARED:
+      space = MemorySpace.VMEM if space == MemorySpace.ANY else space
+      if self.vmem_used + nbytes > self.vmem_limit:
+        raise ResourceError(self._vmem_message(name, nbytes))
+      self.vmem_used += nbytes
+      self.vmem_peak = max(self.vmem_peak, self.vmem_used)
+    elif space == MemorySpace.SMEM:
+      if self.smem_used + nbytes > self.chip.smem_bytes:
+        raise ResourceError(
+            f"SMEM over capacity for {name} on chip {self.chip_index} core {self.core_id} in kernel "
+            f"'{self.kernel_name}': {fmt_bytes(self.smem_used)} in use + {fmt_bytes(nbytes)} requested "
+            f"> {fmt_bytes(self.chip.smem_bytes)} on {self.chip.name}. Keep SMEM for scalars and small "
+            f"index tables; move arrays to VMEM.")
+      self.smem_used += nbytes
+    storage = self._fresh_storage(mem_type.shape, mem_type.dtype, space)
+    buf = Buffer(storage, mem_type.shape, mem_type.dtype, space, name, self, self.chip_index)
+    self.live[id(buf)] = (name, nbytes, space)
+    return buf
+
+  def _fresh_storage(self, shape, dtype, space):
+    if self.timing_only and space != MemorySpace.SMEM:
+      return None
+    if dtype.kind == "f" or str(dtype) in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
+      return np.full(shape, np.nan, dtype)  # uninitialised scratch reads as NaN (floats)
+    return np.full(shape, _SENTINEL.get(dtype, 0), dtype)
+
+  def _vmem_message(self, name, nbytes) -> str:
+    rows = "; ".join(f"{n} {fmt_bytes(b)}" for n, b, s in self.live.values()
+                     if s in (MemorySpace.VMEM, MemorySpace.VMEM_SHARED))
+    return (f"VMEM over capacity on chip {self.chip_index} core {self.core_id} in kernel "
+            f"'{self.kernel_name}': {name} needs {fmt_bytes(nbytes)} but {fmt_bytes(self.vmem_used)} of "
+            f"the {fmt_bytes(self.vmem_limit)} scoped limit is in use ({rows or 'nothing else'}). "
+            f"Reduce block sizes or buffer counts, or raise CompilerParams(vmem_limit_bytes=...).")
+
+  def free(self, buf: Buffer) -> None:
+    info = self.live.pop(id(buf), None)
+    if info is None:
+      if buf.sem_kind is not None:
+        self._check_sem_zero(buf, "at the end of its run_scoped region")
+        self.sem_buffers.remove(buf)
+      return
+    _, nbytes, space = info
+    if space in (MemorySpace.VMEM, MemorySpace.VMEM_SHARED):
+      self.vmem_used -= nbytes
+    elif space == MemorySpace.SMEM:
+      self.smem_used -= nbytes
+
+  # ------------------------------------------------------------------ DMA
+  def dma_start(self, req) -> None:
+    self.now += self.chip.dma_issue_cycles
+    self.unit_busy["scalar"] += self.chip.dma_issue_cycles
+    m = self.machine
+    rec = DmaRecord(req, m.next_seq(), self)
+    rec.issue_cycle = self.now
+    src_ready = req.src_buf.ready_cycle
+    start = self.now if self.now > src_ready else src_ready
+    kind = direction(req.src_buf.memory_space, req.dst_buf.memory_space)
+    chans = m.channels(self.chip_index, self.core_id)
+    if req.device_id is not None and req.device_id != self.chip_index:
+      s, e, done = m.ici_transfer(self.chip_index, req.device_id, start, req.nbytes)
+      read_done = e
+    else:
+      s, e, done = transfer_timing(self.chip, *chans, start, req.nbytes, kind)
+      read_done = e
+    rec.start_cycle, rec.done_cycle, rec.read_done_cycle = s, done, read_done
+    if done > self.horizon:
+      self.horizon = done
+    if self.trace.on:
+      self.trace.add(self.tid, "dma", f"{kind} {fmt_bytes(req.nbytes)}", s, done,
+                     {"copy": req.describe, "bytes": req.nbytes})
+    if m.dma_policy.move_at_start(rec):
+      move_data(req) if not self.timing_only or req.dst_buf.storage is not None else None
+      rec.moved = True
+    m.add_arrival(req.sem_buf, req.sem_index, done, req.nbytes, rec)
+    if req.src_sem_buf is not None:
+      m.add_arrival(req.src_sem_buf, req.src_sem_index, read_done, req.nbytes, rec, src=True)
+    m.inflight[rec.seq] = rec
+
+  def dma_wait(self, req, which: str = "recv") -> None:
+    if which == "send":
+      self.sem_wait(req.src_sem_buf, req.src_sem_index, req.nbytes, True, dma=req)
+    else:
+      self.sem_wait(req.sem_buf, req.sem_index, req.nbytes, True, dma=req)
+
+  # ------------------------------------------------------------------ semaphores
+  def sem_signal(self, buf, index, inc: int, device_id=None, core_index=None) -> None:
+    self.now += self.chip.scalar_op_cycles
+    target = self.machine.resolve_sem(buf, index, self, device_id, core_index)
+    at = self.now
+    if device_id is not None and device_id != self.chip_index:
+      at = self.machine.ici_signal_cycle(self.chip_index, device_id, self.now)
+    self.machine.add_arrival(*target, at, int(inc), None)
+
+  def sem_wait(self, buf, index, value: int, decrement: bool = True, dma=None) -> None:
+    value = int(value)
+    slot = self.machine.slot(buf, index)
+    m = self.machine
+    while True:
+      t = m.settle(slot, value)
+      if t is not None:
+        break
+      self.blocked_on = (buf, index, value, slot, dma, user_site())
+      m.block(self)
+      self.blocked_on = None
+    if t > self.now:
+      if self.trace.on:
+        self.trace.add(self.tid, "scalar", f"wait {buf.name}", self.now, t)
+      self.now = t
+    if decrement:
+      slot.value -= value
+    self.now += self.chip.scalar_op_cycles
+
+  def sem_read(self, buf, index) -> int:
+    slot = self.machine.slot(buf, index)
+    self.now += self.chip.scalar_op_cycles
+    return slot.value + sum(p[2] for p in slot.pending if p[0] <= self.now)
+
+  def grid_step(self) -> None:
+    self.now += self.chip.grid_step_overhead_cycles
+    self.unit_busy["scalar"] += self.chip.grid_step_overhead_cycles
+
+  # ------------------------------------------------------------------ end of kernel
+  def _check_sem_zero(self, buf, when: str) -> None:
+    if not self.semaphore_checks:
+      return
+    for idx in np.ndindex(*buf.shape) if buf.shape else [()]:
+      slot = self.machine.slots.get((id(buf), idx))
+      if slot is not None and slot.value != 0:
+        raise SyncError(
+            f"Semaphore {buf.name}{list(idx) if idx else ''} ({buf.sem_kind}) is {slot.value}, not 0, "
+            f"{when} on chip {self.chip_index} core {self.core_id} in kernel '{self.kernel_name}'. "
+            f"Every signal (and every DMA's byte count) must be waited for; check the matching "
+            f"semaphore_wait / .wait() calls.")
+
+  def finish(self) -> int:
+    for buf in list(self.sem_buffers):
+      self._check_sem_zero(buf, "at kernel end")
+    end = max(self.now, self.horizon, *self.unit_free.values())
+    return end

@@ -1,0 +1,145 @@
+"""Small helpers with no palace imports (L0): integer math, pytrees, source locations."""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Callable
+
+_PALACE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def cdiv(a: int, b: int) -> int:
+  return -(-a // b)
+
+
+def prod(xs) -> int:
+  out = 1
+  for x in xs:
+    out *= int(x)
+  return out
+
+
+def align_to(x: int, a: int) -> int:
+  return cdiv(x, a) * a
+
+
+def next_power_of_2(x: int) -> int:
+  return 1 if x <= 1 else 1 << (int(x) - 1).bit_length()
+
+
+# ---- pytrees: tuples, lists, dicts (sorted keys), namedtuples and None are nodes; all else leaves. ----
+class TreeDef:
+  __slots__ = ("kind", "meta", "children")
+
+  def __init__(self, kind, meta, children):
+    self.kind, self.meta, self.children = kind, meta, children
+
+  @property
+  def num_leaves(self) -> int:
+    if self.kind == "leaf":
+      return 1
+    return sum(c.num_leaves for c in self.children)
+
+  def __eq__(self, other):
+    return (isinstance(other, TreeDef) and self.kind == other.kind and self.meta == other.meta
+            and self.children == other.children)
+
+  def __repr__(self):
+    if self.kind == "leaf":
+      return "*"
+    if self.kind == "none":
+      return "None"
+    return f"{self.kind}{self.meta or ''}({', '.join(map(repr, self.children))})"
+
+
+_LEAF = TreeDef("leaf", None, ())
+
+
+def tree_flatten(tree: Any, is_leaf: Callable[[Any], bool] | None = None):
+  leaves: list = []
+
+  def rec(x):
+    if is_leaf is not None and is_leaf(x):
+      leaves.append(x)
+      return _LEAF
+    if x is None:
+      return TreeDef("none", None, ())
+    if isinstance(x, tuple) and hasattr(x, "_fields"):
+      return TreeDef("namedtuple", type(x), tuple(rec(c) for c in x))
+    if isinstance(x, (tuple, list)):
+      return TreeDef(type(x).__name__, None, tuple(rec(c) for c in x))
+    if isinstance(x, dict):
+      keys = tuple(sorted(x))
+      return TreeDef("dict", keys, tuple(rec(x[k]) for k in keys))
+    leaves.append(x)
+    return _LEAF
+
+  treedef = rec(tree)
+  return leaves, treedef
+
+
+def tree_unflatten(treedef: TreeDef, leaves) -> Any:
+  it = iter(leaves)
+
+  def rec(td):
+    if td.kind == "leaf":
+      return next(it)
+    if td.kind == "none":
+      return None
+    kids = [rec(c) for c in td.children]
+    if td.kind == "tuple":
+      return tuple(kids)
+    if td.kind == "list":
+      return kids
+    if td.kind == "namedtuple":
+      return td.meta(*kids)
+    return dict(zip(td.meta, kids))
+
+  return rec(treedef)
+
+
+def tree_map(f, tree, *rest, is_leaf=None):
+  leaves, td = tree_flatten(tree, is_leaf)
+  others = [tree_flatten(r, is_leaf)[0] for r in rest]
+  return tree_unflatten(td, [f(x, *xs) for x, *xs in zip(leaves, *others)])
+
+
+def tree_leaves(tree, is_leaf=None) -> list:
+  return tree_flatten(tree, is_leaf)[0]
+
+
+# ---- source locations: the first frame outside the palace package is the user's line. ----
+def user_frame_summary(skip_palace: bool = True) -> str:
+  f = sys._getframe(1)
+  while f is not None:
+    fn = f.f_code.co_filename
+    if not (skip_palace and os.path.abspath(fn).startswith(_PALACE_DIR + os.sep)):
+      if "pytest" not in fn and "pluggy" not in fn:
+        return f"{os.path.basename(fn)}:{f.f_lineno}"
+    f = f.f_back
+  return "<unknown>"
+
+
+def user_site() -> tuple[str, int]:
+  """(filename, line) of the innermost frame outside palace; cheap enough to call per DMA start."""
+  f = sys._getframe(1)
+  while f is not None:
+    fn = f.f_code.co_filename
+    if not fn.startswith(_PALACE_DIR):
+      return fn, f.f_lineno
+    f = f.f_back
+  return "<unknown>", 0
+
+
+def fmt_site(site: tuple[str, int] | None) -> str:
+  if not site:
+    return "<unknown>"
+  return f"{os.path.basename(site[0])}:{site[1]}"
+
+
+def fmt_bytes(n: float) -> str:
+  n = float(n)
+  for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+    if abs(n) >= scale:
+      return f"{n / scale:.2f} {unit}"
+  return f"{int(n)} B"

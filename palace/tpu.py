@@ -1,0 +1,14 @@
+"""`from palace import tpu as pltpu`: TPU-specific Pallas names (re-exports only)."""
+from palace._src.core import (ARBITRARY, CORE_PARALLEL, PARALLEL, SUBCORE_PARALLEL, CompilerParams,
+                              GridDimensionSemantics, MemorySpace, PrefetchScalarGridSpec,
+                              SemaphoreType, TensorCoreMesh)
+from palace._src.lang.tpu_primitives import (AsyncCopyDescriptor, async_copy, async_remote_copy,
+                                             bitcast, load, make_async_copy, make_async_remote_copy,
+                                             prng_random_bits, prng_seed, roll, store, sync_copy)
+
+VMEM = MemorySpace.VMEM
+SMEM = MemorySpace.SMEM
+HBM = MemorySpace.HBM
+CMEM = MemorySpace.CMEM
+VMEM_SHARED = MemorySpace.VMEM_SHARED
+SEMAPHORE = MemorySpace.SEMAPHORE
