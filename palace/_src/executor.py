@@ -71,14 +71,25 @@ class DmaRequest:
   `describe` names both sides for messages; `site` is the user's (file, line) of `.start()`.
   """
   __slots__ = ("src_buf", "src_index", "dst_buf", "dst_index", "shape", "sem_buf", "sem_index",
-               "src_sem_buf", "src_sem_index", "add", "device_id", "core_index", "site", "describe",
+               "src_sem_buf", "src_sem_index", "add", "device_id", "core_index", "site", "labels",
                "nbytes", "src_indices", "dst_indices")
 
   def __init__(self, src_buf, src_index, dst_buf, dst_index, shape, sem_buf=None, sem_index=(),
                src_sem_buf=None, src_sem_index=(), add=False, device_id=None, core_index=None,
-               site=None, describe="", nbytes=0, src_indices=None, dst_indices=None):
+               site=None, labels=None, nbytes=0, src_indices=None, dst_indices=None):
     self.src_buf, self.src_index, self.dst_buf, self.dst_index = src_buf, src_index, dst_buf, dst_index
     self.shape, self.sem_buf, self.sem_index = shape, sem_buf, sem_index
     self.src_sem_buf, self.src_sem_index, self.add = src_sem_buf, src_sem_index, add
-    self.device_id, self.core_index, self.site, self.describe = device_id, core_index, site, describe
+    self.device_id, self.core_index, self.site, self.labels = device_id, core_index, site, labels
     self.nbytes, self.src_indices, self.dst_indices = nbytes, src_indices, dst_indices
+
+  @property
+  def describe(self) -> str:
+    """'src -> dst' with operand names and windows (built only when a message needs it)."""
+    if self.labels is None:
+      return f"{self.src_buf.name} -> {self.dst_buf.name}"
+    a, b = self.labels
+    return f"{a.origin()} -> {b.origin()}"
+
+  def __str__(self):
+    return self.describe

@@ -26,10 +26,13 @@ from palace._src.lang.refs import Ref, Slice
 from palace._src.lang.tpu_primitives import AsyncCopyDescriptor, sync_copy
 
 
+_PIPELINE_SITE = ("<pipeline of BlockSpec'd operands>", 0)
+
+
 class _Op:
   """Pipeline state of one operand."""
   __slots__ = ("m", "hbm", "slots", "sems", "is_out", "blocks", "cur", "cur_slot", "fetched",
-               "next_slot", "pending_wb", "written", "copies", "last_block")
+               "next_slot", "pending_wb", "written", "squeezed", "sem_views")
 
   def __init__(self, m: BlockMapping, hbm: Ref, is_out: bool):
     self.m, self.hbm, self.is_out = m, hbm, is_out
@@ -40,31 +43,36 @@ class _Op:
     self.cur_slot = 0
     self.pending_wb = {}    # slot -> descriptor
     self.written = set()
-    self.copies = {}        # (offsets, slot) -> (src view, dst view) or None if nothing in bounds
-    self.last_block = None
+    self.squeezed = frozenset(d for d, (k, _, _) in enumerate(m.dims) if k == SQUEEZED)
+    self.sem_views = ()
 
 
 def _copy_views(op: _Op, offsets, slot: int):
-  """(hbm view, vmem view) for the in-bounds part of the block at `offsets`, cached."""
-  key = (offsets, slot)
-  hit = op.copies.get(key)
-  if hit is not None or key in op.copies:
-    return hit
-  hidx, vidx = [], []
-  empty = False
-  for (kind, size, _), off, dim in zip(op.m.dims, offsets, op.m.array_shape):
+  """(hbm view, vmem view) for the in-bounds part of the block at `offsets` (None if none is)."""
+  m = op.m
+  starts, sizes, vstarts = [], [], []
+  ragged = False
+  for (kind, size, _), off, dim in zip(m.dims, offsets, m.array_shape):
     if kind == SQUEEZED:
-      hidx.append(off)
+      starts.append(off)
+      sizes.append(1)
       continue
-    lo, hi = max(off, 0), min(off + size, dim)
+    lo = off if off > 0 else 0
+    hi = off + size if off + size < dim else dim
     if hi <= lo:
-      empty = True
-      lo, hi = 0, 0
-    hidx.append(Slice(lo, hi - lo))
-    vidx.append(Slice(lo - off, hi - lo))
-  res = None if empty else (op.hbm.at[tuple(hidx)], op.slots[slot].at[tuple(vidx)])
-  op.copies[key] = res
-  return res
+      return None
+    if lo != off or hi - lo != size:
+      ragged = True
+    starts.append(lo)
+    sizes.append(hi - lo)
+    vstarts.append(lo - off)
+  hbm = Ref.window(op.hbm.buf, starts, sizes, op.squeezed) if op.hbm._full else \
+      op.hbm.at[tuple(st if d in op.squeezed else Slice(st, sz)
+                      for d, (st, sz) in enumerate(zip(starts, sizes)))]
+  if not ragged:
+    return hbm, op.slots[slot]
+  vsizes = [sz for d, sz in enumerate(sizes) if d not in op.squeezed]
+  return hbm, Ref.window(op.slots[slot].buf, vstarts, vsizes)
 
 
 def _block_offsets(op: _Op, step: int, point, index_args, where) -> tuple:
@@ -112,6 +120,7 @@ def run_pipeline(body, grid, in_maps, out_maps, in_refs, out_refs, *, lead_args=
   def with_buffers(*allocs):
     for o, (slots, sems) in zip(piped, allocs):
       o.slots, o.sems = slots, sems
+      o.sem_views = [sems.at[i] for i in range(o.m.buffer_count)]
     _steps(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tail_kwargs or {},
            index_args)
 
@@ -135,7 +144,7 @@ def _start_fetch(op: _Op, step: int, offsets):
   views = _copy_views(op, offsets, slot)
   desc = None
   if views is not None:
-    desc = AsyncCopyDescriptor(views[0], views[1], op.sems.at[slot])
+    desc = AsyncCopyDescriptor(views[0], views[1], op.sem_views[slot], site=_PIPELINE_SITE)
     desc.start()
   op.fetched[step] = (slot, desc)
 
@@ -205,7 +214,7 @@ def _steps_inner(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_arg
         o.written.add(o.cur)
         views = _copy_views(o, o.cur, o.cur_slot)
         if views is not None:
-          desc = AsyncCopyDescriptor(views[1], views[0], o.sems.at[o.cur_slot])
+          desc = AsyncCopyDescriptor(views[1], views[0], o.sem_views[o.cur_slot], site=_PIPELINE_SITE)
           desc.start()
           o.pending_wb[o.cur_slot] = desc
     for o in ops_in:

@@ -120,13 +120,20 @@ def user_frame_summary(skip_palace: bool = True) -> str:
   return "<unknown>"
 
 
+_IS_PALACE_CODE: dict = {}
+
+
 def user_site() -> tuple[str, int]:
   """(filename, line) of the innermost frame outside palace; cheap enough to call per DMA start."""
   f = sys._getframe(1)
+  cache = _IS_PALACE_CODE
   while f is not None:
-    fn = f.f_code.co_filename
-    if not fn.startswith(_PALACE_DIR):
-      return fn, f.f_lineno
+    code = f.f_code
+    inside = cache.get(code)
+    if inside is None:
+      inside = cache[code] = code.co_filename.startswith(_PALACE_DIR)
+    if not inside:
+      return code.co_filename, f.f_lineno
     f = f.f_back
   return "<unknown>", 0
 

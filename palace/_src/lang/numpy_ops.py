@@ -97,16 +97,36 @@ def _elementwise(fn, op_class: str, result: str = "same", name: str = ""):
   """Build an n-ary elementwise op. result: same | bool | float | int."""
 
   def op(*args):
-    rt = dt.result_type(*[dtype_of(a) for a in args])
+    shape = None
+    strong = None
+    same = True
+    for a in args:
+      if type(a) is Array:
+        if shape is None:
+          shape = a.shape
+        elif a.shape != shape:
+          same = False
+        if strong is None:
+          strong = a.dtype
+        elif a.dtype != strong:
+          same = False
+      elif type(a) is not int and type(a) is not float and type(a) is not bool:
+        same = False
+    if same and strong is not None and not (not dt.is_float(strong) and
+                                            any_float_scalar(args)):
+      rt = strong
+    else:
+      rt = dt.result_type(*[dtype_of(a) for a in args])
+      shape = None
+    if shape is None:
+      shape = np.broadcast_shapes(*[_shape_of(a) for a in args])
     if result == "float" and not dt.is_float(rt):
       rt = _F32
     out_dtype = dt.bool_ if result == "bool" else rt
-    cd = _compute_dtype(rt)
-    shape = args[0].shape if len(args) == 1 and isinstance(args[0], Array) else \
-        np.broadcast_shapes(*[_shape_of(a) for a in args])
     data = None
     ex = executor.maybe_current()
     if not (ex is not None and ex.timing_only and shape) and _has_data(*args):
+      cd = _compute_dtype(rt)
       with np.errstate(all="ignore"):
         data = fn(*[_np(a, cd) for a in args])
       if data.dtype != out_dtype:
@@ -116,6 +136,13 @@ def _elementwise(fn, op_class: str, result: str = "same", name: str = ""):
   op.__name__ = name or getattr(fn, "__name__", "op")
   op.__doc__ = f"Elementwise `{op.__name__}` (cost class: {op_class})."
   return op
+
+
+def any_float_scalar(args) -> bool:
+  for a in args:
+    if type(a) is float:
+      return True
+  return False
 
 
 def _int_only(fn, name):

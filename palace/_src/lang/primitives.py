@@ -54,7 +54,11 @@ def _truth(cond) -> bool:
   ex = executor.maybe_current()
   if ex is not None:
     ex.scalar_op()
+  if type(cond) is bool:
+    return cond
   v = concrete_value(cond, "condition")
+  if type(v) is np.bool_:
+    return bool(v)
   if np.ndim(v) != 0:
     raise UsageError(f"A condition must be a scalar; got shape {np.shape(v)}.")
   return bool(v)

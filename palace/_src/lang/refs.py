@@ -16,7 +16,7 @@ from palace._src.core import Buffer, MemorySpace, is_hbm
 from palace._src.errors import MemorySpaceError, OutOfBoundsError, ShapeError, UsageError
 from palace._src.lang import numpy_ops  # noqa: F401  (binds Array operators)
 from palace._src.lang.array import Array, concrete_int
-from palace._src.util import user_frame_summary
+from palace._src.util import prod, user_frame_summary
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,22 +61,45 @@ class Ref:
   def __init__(self, buf: Buffer, dims=None):
     self.buf = buf
     if dims is None:
-      dims = tuple((0, s, 1) for s in buf.shape)
+      self.dims = tuple((0, s, 1) for s in buf.shape)
+      self.shape = tuple(buf.shape)
       self._full = True
-    else:
-      self._full = all(not isinstance(d, int) and d[0] == 0 and d[2] == 1 and d[1] == s
-                       for d, s in zip(dims, buf.shape))
+      self._np_index = ()
+      return
+    self._full = all(type(d) is tuple and d[0] == 0 and d[2] == 1 and d[1] == s
+                     for d, s in zip(dims, buf.shape))
     self.dims = dims
-    self.shape = tuple(d[1] for d in dims if not isinstance(d, int))
+    self.shape = tuple(d[1] for d in dims if type(d) is tuple)
     self._np_index = () if self._full else tuple(
-        d if isinstance(d, int) else slice(d[0], d[0] + (d[1] - 1) * d[2] + 1 if d[1] else d[0], d[2])
+        d if type(d) is int else slice(d[0], d[0] + (d[1] - 1) * d[2] + 1 if d[1] else d[0], d[2])
         for d in dims)
+
+  @classmethod
+  def window(cls, buf: Buffer, starts, sizes, squeezed=()) -> "Ref":
+    """A unit-stride view at element `starts` with `sizes` (dims in `squeezed` are indexed away).
+    The caller has bounds-checked it; used by pipelines on every step, so it skips validation."""
+    self = cls.__new__(cls)
+    self.buf = buf
+    dims, shape, npi = [], [], []
+    for d, (st, sz) in enumerate(zip(starts, sizes)):
+      if d in squeezed:
+        dims.append(st)
+        npi.append(st)
+      else:
+        dims.append((st, sz, 1))
+        shape.append(sz)
+        npi.append(slice(st, st + sz))
+    self.dims = tuple(dims)
+    self.shape = tuple(shape)
+    self._full = not squeezed and tuple(starts) == (0,) * len(starts) and tuple(sizes) == buf.shape
+    self._np_index = () if self._full else tuple(npi)
+    return self
 
   # ---- metadata ----
   dtype = property(lambda self: self.buf.dtype)
   memory_space = property(lambda self: self.buf.memory_space)
   ndim = property(lambda self: len(self.shape))
-  size = property(lambda self: int(np.prod(self.shape)))
+  size = property(lambda self: prod(self.shape))
   at = property(lambda self: _AtIndexer(self))
 
   @property

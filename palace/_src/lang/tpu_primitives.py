@@ -24,7 +24,7 @@ class AsyncCopyDescriptor:
   """A DMA between two ref views. `.start()` issues it; `.wait()` blocks until its bytes arrived."""
 
   def __init__(self, src_ref, dst_ref, sem, src_sem=None, device_id=None, core_index=None,
-               is_remote=False):
+               is_remote=False, site=None):
     _check_ref(src_ref, "source")
     _check_ref(dst_ref, "destination")
     if src_ref.shape != dst_ref.shape:
@@ -40,6 +40,7 @@ class AsyncCopyDescriptor:
     self.core_index = core_index
     self.is_remote = is_remote
     self._req = None
+    self._site = site  # None: the user's line is captured at .start()
 
   def _request(self, ex, add=False) -> DmaRequest:
     sem_buf = sem_idx = None
@@ -52,8 +53,8 @@ class AsyncCopyDescriptor:
     nbytes = self.src_ref.nbytes
     return DmaRequest(self.src_ref.buf, self.src_ref._np_index, self.dst_ref.buf,
                       self.dst_ref._np_index, self.src_ref.shape, sem_buf, sem_idx, ssb, ssi, add, dev,
-                      self.core_index, user_site(),
-                      f"{self.src_ref.origin()} -> {self.dst_ref.origin()}", nbytes)
+                      self.core_index, self._site or user_site(), (self.src_ref, self.dst_ref),
+                      nbytes)
 
   def start(self, priority: int = 0, *, add: bool = False):
     ex = executor.current("AsyncCopyDescriptor.start()")

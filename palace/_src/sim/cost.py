@@ -45,12 +45,21 @@ def vreg_tiles(shape) -> int:
   return max(1, lead * math.ceil(shape[-2] / 8) * math.ceil(shape[-1] / 128))
 
 
+_VECTOR_COST_CACHE: dict = {}
+
+
 def vector_cost(op_class: str, shape):
-  """(unit, busy cycles, latency cycles) of one vector op."""
+  """(unit, busy cycles, latency cycles) of one vector op (memoised: a pure function)."""
+  key = (op_class, shape)
+  hit = _VECTOR_COST_CACHE.get(key)
+  if hit is not None:
+    return hit
   unit, per_tile, lat = VECTOR_CLASSES[op_class]
-  if unit is None:
-    return None, 0, 0
-  return unit, max(1, int(math.ceil(per_tile * vreg_tiles(shape)))), lat
+  res = (None, 0, 0) if unit is None else \
+      (unit, max(1, int(math.ceil(per_tile * vreg_tiles(shape)))), lat)
+  if len(_VECTOR_COST_CACHE) < 65536:
+    _VECTOR_COST_CACHE[key] = res
+  return res
 
 
 def mxu_class(chip: ChipSpec, lhs_dtype, rhs_dtype) -> str:

@@ -211,8 +211,7 @@ class TensorCore:
     if done > self.horizon:
       self.horizon = done
     if self.trace.on:
-      self.trace.add(self.tid, "dma", f"{kind} {fmt_bytes(req.nbytes)}", s, done,
-                     {"copy": req.describe, "bytes": req.nbytes})
+      self.trace.add(self.tid, "dma", kind, s, done, {"copy": req, "bytes": req.nbytes})
     if m.dma_policy.move_at_start(rec):
       move_data(req) if not self.timing_only or req.dst_buf.storage is not None else None
       rec.moved = True
