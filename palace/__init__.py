@@ -15,6 +15,8 @@ from palace._src.lang.primitives import (debug_print, loop, multiple_of, num_pro
 from palace._src.lang.refs import Ref, Slice, ds
 from palace._src.lang.numpy_ops import broadcast_to
 from palace._src.pallas_call import pallas_call
+from palace._src.kernel import kernel
+from palace._src.lang.host_refs import empty_ref, free_ref, freeze, new_ref
 from palace._src.sim.machine import VirtualTPU
 from palace._src.sim.report import Report
 from palace._src.util import align_to, cdiv, next_power_of_2

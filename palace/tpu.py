@@ -3,8 +3,9 @@ from palace._src.core import (ARBITRARY, CORE_PARALLEL, PARALLEL, SUBCORE_PARALL
                               GridDimensionSemantics, MemorySpace, PrefetchScalarGridSpec,
                               SemaphoreType, TensorCoreMesh)
 from palace._src.lang.tpu_primitives import (AsyncCopyDescriptor, async_copy, async_remote_copy,
-                                             bitcast, load, make_async_copy, make_async_remote_copy,
-                                             prng_random_bits, prng_seed, roll, store, sync_copy)
+                                             bitcast, core_barrier, load, make_async_copy, make_async_remote_copy,
+                                             prng_random_bits, prng_seed, roll, run_on_first_core,
+                                             store, sync_copy)
 
 VMEM = MemorySpace.VMEM
 SMEM = MemorySpace.SMEM

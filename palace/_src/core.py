@@ -277,6 +277,7 @@ class Buffer:
   chip: int = 0
   ready_cycle: int = 0        # when the last vector store to it finishes (timing model)
   sem_kind: SemaphoreKind | None = None
+  key: tuple | None = None    # (name, allocation number) on its core: the "same" buffer on other cores
 
   @property
   def nbytes(self) -> int:

@@ -16,6 +16,9 @@ class Executor(Protocol):
   timing_only: bool
   bounds_checks: bool
   grid_stack: list          # language-managed: [(indices tuple, sizes tuple), ...] innermost last
+  now: int                  # the core's issue clock (cycles)
+  chip_index: int
+  core_id: int
   axis_env: dict            # mesh axis name -> (index, size)
 
   # values and compute
@@ -25,7 +28,7 @@ class Executor(Protocol):
   def matmul(self, m: int, k: int, n: int, batch: int, lhs_dtype, rhs_dtype, ready: int) -> int: ...
   def scalar_op(self, ready: int = 0) -> int: ...
   # memory
-  def alloc(self, mem_type, name: str): ...                   # -> core.Buffer
+  def alloc(self, mem_type, name: str, shared: bool = False): ...  # -> core.Buffer
   def free(self, buf) -> None: ...
   # DMA and semaphores
   def dma_start(self, desc) -> None: ...

@@ -137,7 +137,7 @@ def debug_print(fmt: str, *args) -> None:
 
 
 # ------------------------------------------------------------------ scoped allocation
-def _alloc_tree(ex, types, prefix: str):
+def _alloc_tree(ex, types, prefix: str, shared: bool = False):
   leaves, td = tree_flatten(types, is_leaf=lambda t: isinstance(t, (MemoryRef, SemaphoreRefType)))
   bufs = []
   for i, t in enumerate(leaves):
@@ -146,15 +146,22 @@ def _alloc_tree(ex, types, prefix: str):
                        f"pltpu.SMEM(...) or pltpu.SemaphoreType.DMA / .REGULAR.")
     if isinstance(t, MemoryRef):
       dt.check_kernel_dtype(t.dtype, f"{prefix}[{i}]")
-    bufs.append(ex.alloc(t, f"{prefix}[{i}]" if len(leaves) > 1 or prefix.endswith("]") else prefix))
+    bufs.append(ex.alloc(t, f"{prefix}[{i}]", shared=shared))
   return bufs, td
 
 
 def run_scoped(f, *types, collective_axes=(), **kw_types):
-  """Allocate `types` (VMEM/SMEM/semaphores) for the duration of `f(*refs, **kw_refs)`."""
+  """Allocate `types` (VMEM/SMEM/semaphores) for the duration of `f(*refs, **kw_refs)`.
+
+  With `collective_axes`, the cores that differ only along those axes share one allocation."""
+  return scoped(f, types, kw_types, "run_scoped", bool(collective_axes))
+
+
+def scoped(f, types, kw_types, prefix: str, shared: bool = False):
+  """run_scoped with a name prefix for the buffers (`scratch`, `run_scoped`, ...)."""
   ex = executor.current("pl.run_scoped()")
-  pos_bufs, pos_td = _alloc_tree(ex, tuple(types), "run_scoped")
-  kw_bufs, kw_td = _alloc_tree(ex, dict(kw_types), "run_scoped")
+  pos_bufs, pos_td = _alloc_tree(ex, tuple(types), prefix, shared)
+  kw_bufs, kw_td = _alloc_tree(ex, dict(kw_types), prefix, shared)
   try:
     pos = tree_unflatten(pos_td, [Ref(b) for b in pos_bufs])
     kws = tree_unflatten(kw_td, [Ref(b) for b in kw_bufs])

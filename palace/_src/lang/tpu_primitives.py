@@ -10,7 +10,8 @@ from palace._src.errors import ShapeError, UsageError
 from palace._src.executor import DmaRequest
 from palace._src.lang import numpy_ops as jnp
 from palace._src.lang.array import Array, concrete_value, ready_of
-from palace._src.lang.primitives import resolve_device_id, run_scoped, sem_target
+from palace._src.lang.primitives import (axis_index, axis_size, resolve_device_id, run_scoped,
+                                         sem_target, semaphore_signal, semaphore_wait)
 from palace._src.lang.refs import Ref
 from palace._src.util import tree_flatten, user_site
 
@@ -123,6 +124,28 @@ def sync_copy(src_ref, dst_ref, *, add: bool = False) -> None:
       c.wait()
 
   run_scoped(body, SemaphoreType.DMA)
+
+
+# ------------------------------------------------------------------ cores
+def core_barrier(sem, *, core_axis_name: str) -> None:
+  """All-to-all barrier across the cores of `core_axis_name`: signal every other core, then wait."""
+  n = axis_size(core_axis_name)
+  me = concrete_value(axis_index(core_axis_name))
+  for j in range(n):
+    if j != me:
+      semaphore_signal(sem, 1, device_id={core_axis_name: j})
+  semaphore_wait(sem, n - 1)
+
+
+def run_on_first_core(core_axis_name: str):
+  """Decorator: run the function only on core 0 of `core_axis_name` (returns None elsewhere)."""
+  def deco(f):
+    def wrapped(*args, **kwargs):
+      if concrete_value(axis_index(core_axis_name)) == 0:
+        return f(*args, **kwargs)
+      return None
+    return wrapped
+  return deco
 
 
 # ------------------------------------------------------------------ vector helpers

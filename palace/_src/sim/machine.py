@@ -68,11 +68,10 @@ class Machine:
     self.ici_bytes = 0
     self.grid_steps = 0
     self.dma_count = 0
-    # scheduler state
-    self._lock = threading.Condition()
-    self._running = None
-    self._state = {}
-    self._error = None
+    self.axes = []              # [(axis name, size, "chip" | "core")], set by the launcher
+    self.hbm_peers = {}         # (chip, operand name) -> Buffer
+    self.shared_buffers = {}    # (chip, allocation key) -> Buffer shared by the cores of a chip
+    self._sched = None
 
   # ------------------------------------------------------------------ construction
   def add_core(self, chip_index: int, core_id: int, axis_env: dict, params) -> TensorCore:
@@ -153,21 +152,67 @@ class Machine:
     if rec.applied and rec.src_applied:
       self.inflight.pop(rec.seq, None)
 
-  def resolve_sem(self, buf, index, core, device_id=None, core_index=None):
-    chip = core.chip_index if device_id is None else device_id
-    cid = core.core_id if core_index is None else core_index
-    if chip == core.chip_index and cid == core.core_id:
-      return buf, index
-    return self.lookup_buffer(buf, chip, cid), index
-
-  def lookup_buffer(self, buf, chip_index: int, core_id: int):
+  def peer_buffer(self, buf, chip: int, core_id: int, me):
+    """The buffer that plays `buf`'s role on (chip, core): the same allocation on every core of an
+    SPMD program, or the same-named HBM operand on every chip."""
+    if chip == me.chip_index and core_id == me.core_id:
+      return buf
+    if not (0 <= chip < self.num_chips):
+      raise UsageError(f"Remote target chip {chip} is outside the mesh of {self.num_chips} chip(s) in "
+                       f"kernel '{self.kernel_name}' (from chip {me.chip_index} core {me.core_id}).")
+    if buf.core is None:  # HBM
+      if chip == buf.chip:
+        return buf
+      peer = self.hbm_peers.get((chip, buf.name))
+      if peer is None:
+        raise UsageError(f"{buf.name} has no copy on chip {chip} in kernel '{self.kernel_name}'.")
+      return peer
     for c in self.cores:
-      if c.chip_index == chip_index and c.core_id == core_id:
-        found = c.named_buffers.get(buf.name) if hasattr(c, "named_buffers") else None
-        if found is not None:
-          return found
-    raise UnsupportedError.feature("signalling another core or chip",
-                                   "Multi-core and multi-chip signalling arrive with those issues.")
+      if c.chip_index == chip and c.core_id == core_id:
+        peer = c.named_buffers.get(buf.key)
+        if peer is None:
+          raise SyncError(
+              f"{buf.name} is not allocated on chip {chip} core {core_id} (target of a remote access "
+              f"from chip {me.chip_index} core {me.core_id}) in kernel '{self.kernel_name}': every "
+              f"core must allocate the same scratch in the same order, and it must still be live.")
+        return peer
+    raise UsageError(f"Core {core_id} does not exist on chip {chip} in kernel '{self.kernel_name}'; "
+                     f"the kernel runs on {len(self.cores)} core(s).")
+
+  def resolve_device_id(self, me, device_id):
+    """device_id -> (chip, core). Dicts name the axes that change (others: mine); tuples give every
+    chip-level mesh coordinate (plus core axes, if present); ints are logical chip ids."""
+    chip_axes = [(n, s) for n, s, lvl in self.axes if lvl == "chip"]
+    core_axes = [(n, s) for n, s, lvl in self.axes if lvl == "core"]
+    coords = {n: me.axis_env[n][0] for n, _, _ in self.axes if n in me.axis_env}
+    if isinstance(device_id, dict):
+      for name, v in device_id.items():
+        if name not in coords:
+          raise UsageError(f"device_id names axis {name!r}, which is not a mesh axis here; axes: "
+                           f"{[n for n, _, _ in self.axes] or 'none'}.")
+        coords[name] = int(v)
+    elif isinstance(device_id, tuple):
+      names = [n for n, _ in chip_axes]
+      if len(device_id) == len(chip_axes) + len(core_axes):
+        names += [n for n, _ in core_axes]
+      elif len(device_id) != len(chip_axes):
+        raise UsageError(f"device_id {device_id} has {len(device_id)} coordinates; the mesh axes are "
+                         f"{[n for n, _ in chip_axes]}.")
+      coords.update(zip(names, (int(v) for v in device_id)))
+    else:
+      return int(device_id), me.core_id
+    for n, s, _ in self.axes:
+      if not 0 <= coords.get(n, 0) < s:
+        raise UsageError(f"device_id coordinate {n}={coords[n]} is outside the mesh axis of size {s} "
+                         f"(from chip {me.chip_index} core {me.core_id}); a remote copy or signal to a "
+                         f"chip outside the mesh is an error.")
+    chip = 0
+    for n, s in chip_axes:
+      chip = chip * s + coords.get(n, 0)
+    core = 0
+    for n, s in core_axes:
+      core = core * s + coords.get(n, 0)
+    return chip, (core if core_axes else me.core_id)
 
   # ------------------------------------------------------------------ ICI (multi-chip issue)
   def ici_transfer(self, src_chip, dst_chip, start, nbytes):
@@ -187,85 +232,26 @@ class Machine:
       finally:
         executor_mod.reset_current(token)
       return
-    self._run_threads(programs)
+    _Scheduler(self, programs).run()
 
   def block(self, core) -> None:
     """Called by a core whose wait cannot be satisfied yet."""
-    if len(self.cores) == 1 or threading.current_thread() is threading.main_thread():
+    sched = self._sched
+    if sched is None:
       raise self.deadlock_error([core])
-    with self._lock:
-      self._state[core] = "blocked"
-      self._running = None
-      self._lock.notify_all()
-      while self._running is not core:
-        self._lock.wait()
-      if self._error is not None:
-        raise _Abort()
+    sched.state[core] = "blocked"
+    sched.switch_from(core)
 
-  def _run_threads(self, programs) -> None:
-    threads = []
-    for core, fn in programs:
-      self._state[core] = "ready"
-
-      def target(core=core, fn=fn):
-        with self._lock:
-          while self._running is not core:
-            self._lock.wait()
-        executor_mod.set_current(core)
-        try:
-          if self._error is None:
-            fn()
-        except _Abort:
-          pass
-        except BaseException as e:  # noqa: BLE001  handed to the main thread
-          with self._lock:
-            if self._error is None:
-              self._error = e
-        with self._lock:
-          self._state[core] = "done"
-          self._running = None
-          self._lock.notify_all()
-
-      t = threading.Thread(target=target, name=f"palace-core-{core.tid}", daemon=True)
-      threads.append(t)
-      t.start()
-    try:
-      while True:
-        with self._lock:
-          while self._running is not None:
-            self._lock.wait()
-          if self._error is not None:
-            break
-          nxt = self._pick()
-          if nxt is None:
-            blocked = [c for c, s in self._state.items() if s == "blocked"]
-            if not blocked:
-              break
-            self._error = self.deadlock_error(blocked)
-            break
-          self._state[nxt] = "running"
-          self._running = nxt
-          self._lock.notify_all()
-    finally:
-      with self._lock:
-        for c, s in self._state.items():
-          if s != "done":
-            self._running = c
-            self._lock.notify_all()
-            while self._state[c] != "done":
-              self._lock.wait()
-      for t in threads:
-        t.join()
-    if self._error is not None:
-      raise self._error
-
-  def _pick(self):
-    best = None
-    for core, s in self._state.items():
-      if s == "ready" or (s == "blocked" and self._can_resume(core)):
-        if best is None or (core.now, core.tid) < (best.now, best.tid):
-          best = core
-    return best
+  def maybe_yield(self, core) -> None:
+    """Let a core with an earlier clock run first (keeps shared channels close to time order)."""
+    sched = self._sched
+    if sched is None:
+      return
+    for c, st in sched.state.items():
+      if st == "ready" and c is not core and (c.now, c.tid) < (core.now, core.tid):
+        sched.state[core] = "ready"
+        sched.switch_from(core)
+        return
 
   def _can_resume(self, core) -> bool:
     buf, index, value, slot, dma, site = core.blocked_on
@@ -307,6 +293,87 @@ class Machine:
     return Report(self.kernel_name, self.chip, self.num_chips, int(round(end)), flops, self.hbm_bytes,
                   busy, vmem_peak, self.grid_steps, self.dma_count, events, self.ici_bytes,
                   self.timing_only)
+
+
+class _Scheduler:
+  """Runs one thread per core with exactly one running at a time. Control passes by direct handoff
+  (a semaphore per core) when the running core blocks, yields or finishes; the next core is the
+  runnable one with the earliest clock (ties: chip, then core)."""
+
+  def __init__(self, machine: Machine, programs):
+    self.m = machine
+    self.programs = programs
+    self.state = {core: "ready" for core, _ in programs}
+    self.wake = {core: threading.Semaphore(0) for core, _ in programs}
+    self.error = None
+    self.aborted = False
+
+  def run(self) -> None:
+    self.m._sched = self
+    threads = [threading.Thread(target=self._thread, args=(core, fn), daemon=True,
+                                name=f"palace-core-{core.tid}") for core, fn in self.programs]
+    for t in threads:
+      t.start()
+    first = self.pick()
+    self.state[first] = "running"
+    self.wake[first].release()
+    for t in threads:
+      t.join()
+    self.m._sched = None
+    if self.error is not None:
+      raise self.error
+
+  def _thread(self, core, fn) -> None:
+    self.wake[core].acquire()
+    if not self.aborted:
+      executor_mod.set_current(core)
+      try:
+        fn()
+      except _Abort:
+        pass
+      except BaseException as e:  # noqa: BLE001  re-raised by the launching thread
+        self.fail(e)
+    self.state[core] = "done"
+    if not self.aborted:
+      self.switch_from(core)
+
+  def fail(self, error) -> None:
+    if self.error is None:
+      self.error = error
+    self.aborted = True
+    for c, st in self.state.items():
+      if st != "done":
+        self.wake[c].release()
+
+  def pick(self):
+    best = None
+    for core, st in self.state.items():
+      if st in ("ready", "running") or (st == "blocked" and self.m._can_resume(core)):
+        if best is None or (core.now, core.tid) < (best.now, best.tid):
+          best = core
+    return best
+
+  def switch_from(self, core) -> None:
+    """Hand control to the next core; return when `core` is scheduled again (if it is not done)."""
+    nxt = self.pick()
+    if nxt is None:
+      blocked = [c for c, st in self.state.items() if st == "blocked"]
+      if blocked:
+        self.fail(self.m.deadlock_error(blocked))
+        if self.state[core] != "done":
+          raise _Abort()
+      return
+    if nxt is core:
+      self.state[core] = "running"
+      return
+    self.state[nxt] = "running"
+    self.wake[nxt].release()
+    if self.state[core] == "done":
+      return
+    self.wake[core].acquire()
+    if self.aborted:
+      raise _Abort()
+    self.state[core] = "running"
 
 
 class VirtualTPU:

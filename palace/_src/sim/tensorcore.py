@@ -65,6 +65,8 @@ class TensorCore:
     self.trace = machine.trace
     self.tid = (chip_index, core_id)
     self.blocked_on = None
+    self.alloc_seq = 0
+    self.named_buffers = {}   # key -> Buffer, to find "the same" buffer on another core or chip
 
   # ------------------------------------------------------------------ messages
   def where(self) -> str:
@@ -131,7 +133,24 @@ class TensorCore:
     if done > buf.ready_cycle:
       buf.ready_cycle = done
 
-  def alloc(self, mem_type, name: str) -> Buffer:
+  def alloc(self, mem_type, name: str, shared: bool = False) -> Buffer:
+    """Allocate on this core. `shared`: one buffer for every core running this program (the first
+    core allocates, the others get the same buffer: `run_scoped(collective_axes=...)`)."""
+    self.alloc_seq += 1
+    key = (name, self.alloc_seq)
+    if shared:
+      buf = self.machine.shared_buffers.get((self.chip_index, key))
+      if buf is not None:
+        self.named_buffers[key] = buf
+        return buf
+    buf = self._alloc(mem_type, name)
+    buf.key = key
+    self.named_buffers[key] = buf
+    if shared:
+      self.machine.shared_buffers[(self.chip_index, key)] = buf
+    return buf
+
+  def _alloc(self, mem_type, name: str) -> Buffer:
     if isinstance(mem_type, SemaphoreRefType):
       storage = np.zeros(mem_type.shape, np.int32)
       buf = Buffer(storage, mem_type.shape, np.dtype(np.int32), MemorySpace.SEMAPHORE, name, self,
@@ -178,6 +197,9 @@ class TensorCore:
             f"Reduce block sizes or buffer counts, or raise CompilerParams(vmem_limit_bytes=...).")
 
   def free(self, buf: Buffer) -> None:
+    self.named_buffers.pop(buf.key, None)
+    if buf.core is not self:
+      return  # a shared allocation owned by another core
     info = self.live.pop(id(buf), None)
     if info is None:
       if buf.sem_kind is not None:
@@ -199,11 +221,21 @@ class TensorCore:
     rec.issue_cycle = self.now
     src_ready = req.src_buf.ready_cycle
     start = self.now if self.now > src_ready else src_ready
+    target_chip = self.chip_index
+    if req.device_id is not None or req.core_index is not None:
+      target_chip, core = req.device_id if req.device_id is not None else (self.chip_index,
+                                                                          self.core_id)
+      if req.core_index is not None:
+        core = req.core_index
+      req.dst_buf = m.peer_buffer(req.dst_buf, target_chip, core, self)
+      if req.sem_buf is not None:
+        req.sem_buf = m.peer_buffer(req.sem_buf, target_chip, core, self)
     kind = direction(req.src_buf.memory_space, req.dst_buf.memory_space)
     chans = m.channels(self.chip_index, self.core_id)
-    if req.device_id is not None and req.device_id != self.chip_index:
-      s, e, done = m.ici_transfer(self.chip_index, req.device_id, start, req.nbytes)
+    if target_chip != self.chip_index:
+      s, e, done = m.ici_transfer(self.chip_index, target_chip, start, req.nbytes)
       read_done = e
+      kind = "ici"
     else:
       s, e, done = transfer_timing(self.chip, *chans, start, req.nbytes, kind)
       read_done = e
@@ -219,6 +251,7 @@ class TensorCore:
     if req.src_sem_buf is not None:
       m.add_arrival(req.src_sem_buf, req.src_sem_index, read_done, req.nbytes, rec, src=True)
     m.inflight[rec.seq] = rec
+    m.maybe_yield(self)
 
   def dma_wait(self, req, which: str = "recv") -> None:
     if which == "send":
@@ -228,12 +261,21 @@ class TensorCore:
 
   # ------------------------------------------------------------------ semaphores
   def sem_signal(self, buf, index, inc: int, device_id=None, core_index=None) -> None:
+    """Signal a semaphore here, on core `core_index` of this chip, or at `device_id` = (chip, core)."""
     self.now += self.chip.scalar_op_cycles
-    target = self.machine.resolve_sem(buf, index, self, device_id, core_index)
+    chip, core = device_id if device_id is not None else (self.chip_index, self.core_id)
+    if core_index is not None:
+      core = core_index
+    target = self.machine.peer_buffer(buf, chip, core, self)
     at = self.now
-    if device_id is not None and device_id != self.chip_index:
-      at = self.machine.ici_signal_cycle(self.chip_index, device_id, self.now)
-    self.machine.add_arrival(*target, at, int(inc), None)
+    if chip != self.chip_index:
+      at = self.machine.ici_signal_cycle(self.chip_index, chip, self.now)
+    self.machine.add_arrival(target, index, at, int(inc), None)
+    self.machine.maybe_yield(self)
+
+  def resolve_device_id(self, device_id):
+    """A device_id (dict of changed axes, tuple of coordinates, or int) -> (chip, core)."""
+    return self.machine.resolve_device_id(self, device_id)
 
   def sem_wait(self, buf, index, value: int, decrement: bool = True, dma=None) -> None:
     value = int(value)

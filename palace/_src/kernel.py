@@ -1,0 +1,143 @@
+"""`pl.kernel` (L5): one body per core of a mesh; refs live in HBM; no automatic pipelining."""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from palace._src import launch
+from palace._src.core import Buffer, MemoryRef, MemorySpace, SemaphoreRefType, TensorCoreMesh
+from palace._src.errors import UnsupportedError, UsageError
+from palace._src.lang.primitives import scoped
+from palace._src.lang.refs import Ref
+from palace._src.lang.tpu_primitives import sync_copy
+from palace._src.util import tree_flatten, tree_unflatten
+
+_NOT_GIVEN = object()
+
+
+def kernel(body=_NOT_GIVEN, out_type=(), *, mesh, scratch_types=(), compiler_params=None,
+           interpret=False, cost_estimate=None, debug=False, name=None, metadata=None):
+  """Run `body(*input_refs, *output_refs, *scratch_refs)` once per core of `mesh`.
+
+  Inputs and `ShapeDtypeStruct` outputs arrive as HBM (`pl.ANY`) refs; move data with
+  `pltpu.sync_copy` / `async_copy` / `emit_pipeline`. Mutable refs (`pl.new_ref`) passed as inputs
+  are updated in place and produce no output.
+
+  Example:
+    >>> @functools.partial(pl.kernel, out_type=pl.ShapeDtypeStruct((8, 128), jnp.float32),
+    ...                    mesh=pltpu.TensorCoreMesh("core", num_cores=1))
+    ... def double(x_hbm, o_hbm):
+    ...   pl.run_scoped(lambda buf: (pltpu.sync_copy(x_hbm, buf), ...), pltpu.VMEM((8, 128), jnp.float32))
+  """
+  if body is _NOT_GIVEN:
+    return functools.partial(kernel, out_type=out_type, mesh=mesh, scratch_types=scratch_types,
+                             compiler_params=compiler_params, interpret=interpret,
+                             cost_estimate=cost_estimate, debug=debug, name=name, metadata=metadata)
+  if isinstance(body, (list, tuple)):
+    return _mpmd_kernel(body, out_type, mesh, scratch_types, compiler_params, name)
+  params = launch.check_params(compiler_params, "pl.kernel")
+  kname = name or getattr(body, "__name__", "kernel")
+
+  @functools.wraps(body)
+  def call(*args):
+    return _run(body, kname, out_type, mesh, scratch_types, params, args)
+
+  return call
+
+
+def _mpmd_kernel(bodies, out_type, meshes, scratch_types, compiler_params, name):
+  raise UnsupportedError.feature("MPMD pl.kernel (a list of bodies and meshes)",
+                                 "It arrives with SparseCore support.")
+
+
+def _closure_check(body, passed_bufs, kname):
+  cells = getattr(body, "__closure__", None) or ()
+  for cell in cells:
+    try:
+      v = cell.cell_contents
+    except ValueError:
+      continue
+    if isinstance(v, Ref) and v.buf in passed_bufs:
+      raise UsageError(f"Kernel '{kname}' closes over {v.buf.name} and also receives it as an input: "
+                       f"a closed-over ref may not alias a passed-in ref. Pass it once.")
+    if isinstance(v, np.ndarray) and v.size > 1:
+      raise UsageError(
+          f"Kernel '{kname}' captures a non-scalar array constant of shape {v.shape} "
+          f"({body.__code__.co_filename.rsplit('/', 1)[-1]}:{body.__code__.co_firstlineno}). You can "
+          f"only close over scalars and refs; pass the array as an input instead.")
+
+
+def _run(body, kname, out_type, mesh, scratch_types, params, args):
+  if not isinstance(mesh, TensorCoreMesh):
+    if type(mesh).__name__ in ("VectorSubcoreMesh", "ScalarSubcoreMesh"):
+      raise UnsupportedError.feature(f"pl.kernel over a {type(mesh).__name__}",
+                                     "SparseCore meshes arrive with the multi-core issue.")
+    raise UsageError(f"pl.kernel mesh must be a pltpu.TensorCoreMesh; got {mesh!r}.")
+  in_leaves, _ = tree_flatten(tuple(args), is_leaf=lambda x: isinstance(x, Ref))
+  tpu, machine = launch.new_launch(kname, params)
+  chip = machine.chip
+  n_cores = chip.num_tensorcores_per_device if mesh.num_cores is None else mesh.num_cores
+  if n_cores > chip.num_tensorcores_per_device or n_cores < 1:
+    raise UsageError(
+        f"TensorCoreMesh(num_cores={n_cores}) for kernel '{kname}': {chip.name} has "
+        f"{chip.num_tensorcores_per_device} TensorCore(s) per device"
+        + (" (7x exposes each TensorCore as its own device)" if chip.name == "7x" else "") + ".")
+  in_bufs, passed = [], set()
+  for i, a in enumerate(in_leaves):
+    if isinstance(a, Ref):
+      if a.buf.storage is None:
+        raise UsageError(f"args[{i}] of kernel '{kname}' is a frozen or freed ref.")
+      if a.buf in passed:
+        raise UsageError(f"args[{i}] of kernel '{kname}': the same ref is passed twice; each mutable "
+                         f"ref may be passed once (it is updated in place).")
+      if a.buf.memory_space not in (MemorySpace.ANY, MemorySpace.HBM):
+        raise UsageError(f"args[{i}] is a {a.buf.memory_space} ref; only HBM refs exist on the host.")
+      passed.add(a.buf)
+      in_bufs.append(a)
+    else:
+      arr = launch.to_host_array(a, f"args[{i}]")
+      in_bufs.append(Ref(launch.hbm_input(arr, f"args[{i}]")))
+  _closure_check(body, passed, kname)
+  out_leaves, out_td = tree_flatten(out_type, is_leaf=lambda x: hasattr(x, "shape"))
+  outs = [launch.out_struct(o, f"out_type[{i}]") for i, o in enumerate(out_leaves)]
+  out_hbm = [Buffer(launch.uninitialized(s, d), s, d, MemorySpace.ANY, f"outputs[{i}]")
+             for i, (s, d, sp) in enumerate(outs)]
+  vmem_outs = [(i, MemoryRef(s, d, sp)) for i, (s, d, sp) in enumerate(outs)
+               if sp in (MemorySpace.VMEM, MemorySpace.SMEM)]
+  machine.axes = [(mesh.axis_name, n_cores, "core")]
+  cores = [machine.add_core(0, c, {mesh.axis_name: (c, n_cores)}, params) for c in range(n_cores)]
+  scratch_is_dict = isinstance(scratch_types, dict)
+
+  def program():
+    def with_out_mem(*mem_refs):
+      out_refs = [Ref(b) for b in out_hbm]
+      for (i, _), r in zip(vmem_outs, mem_refs):
+        out_refs[i] = r
+
+      def with_scratch(*scr, **kw_scr):
+        res = body(*in_bufs, *out_refs, *scr, **kw_scr)
+        if res is not None:
+          raise UsageError(f"Kernel '{kname}' returned {type(res).__name__}; pl.kernel bodies must "
+                           f"return None and write their results to output refs.")
+
+      if scratch_is_dict:
+        scoped(with_scratch, (), scratch_types, "scratch")
+      else:
+        scoped(with_scratch, _as_tuple(scratch_types), {}, "scratch")
+      for (i, _), r in zip(vmem_outs, mem_refs):
+        sync_copy(r, Ref(out_hbm[i]))
+
+    scoped(with_out_mem, [t for _, t in vmem_outs], {}, "outputs")
+
+  machine.run([(c, program) for c in cores])
+  launch.finish_launch(tpu, machine)
+  return tree_unflatten(out_td, [b.storage for b in out_hbm])
+
+
+def _as_tuple(x):
+  if isinstance(x, (list, tuple)):
+    return tuple(x)
+  if isinstance(x, (MemoryRef, SemaphoreRefType)):
+    return (x,)
+  return tuple(x)

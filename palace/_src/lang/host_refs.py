@@ -1,0 +1,56 @@
+"""Mutable refs on the host (L4a): `pl.new_ref`, `pl.empty_ref`, `pl.freeze`, `pl.free_ref`.
+
+A host ref owns an HBM buffer. Passing it to `pl.kernel` hands that very buffer to the kernel, which
+mutates it in place (no copy, no output). `freeze` returns the final value and invalidates the ref.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from palace._src import dtypes as dt
+from palace._src.core import Buffer, MemoryRef, MemorySpace, ShapeDtypeStruct
+from palace._src.errors import UsageError
+from palace._src.lang.refs import Ref
+
+def _host_array(x) -> np.ndarray:
+  a = np.asarray(x)
+  d = dt.canonicalize(a.dtype)
+  a = a.astype(d) if d != a.dtype else a.copy()
+  dt.check_kernel_dtype(a.dtype, "pl.new_ref value")
+  return a
+
+
+def _name(a: np.ndarray) -> str:
+  return f"ref({a.dtype}{list(a.shape)})"
+
+
+def new_ref(init_val, *, memory_space=None, kind=None, pin=False) -> Ref:
+  """A mutable HBM buffer initialised with a copy of `init_val`."""
+  if memory_space not in (None, MemorySpace.ANY, MemorySpace.HBM):
+    raise UsageError(f"pl.new_ref(memory_space={memory_space}) on the host: only HBM/ANY refs can be "
+                     f"created outside a kernel.")
+  a = _host_array(init_val)
+  return Ref(Buffer(a, a.shape, a.dtype, MemorySpace.ANY, _name(a)))
+
+
+def empty_ref(ty, memory_space=None, pin=False) -> Ref:
+  """An uninitialised mutable HBM buffer of a ShapeDtypeStruct's shape and dtype (floats read NaN)."""
+  if not isinstance(ty, (ShapeDtypeStruct, MemoryRef)) and not hasattr(ty, "shape"):
+    raise UsageError(f"pl.empty_ref expects a ShapeDtypeStruct; got {ty!r}.")
+  d = dt.check_kernel_dtype(dt.canonicalize(ty.dtype), "pl.empty_ref")
+  fill = np.nan if dt.is_float(d) else 0
+  a = np.full(tuple(ty.shape), fill, d)
+  return Ref(Buffer(a, a.shape, a.dtype, MemorySpace.ANY, _name(a)))
+
+
+def freeze(ref: Ref) -> np.ndarray:
+  """The final value of a host ref; the ref becomes invalid."""
+  if not isinstance(ref, Ref) or ref.buf.storage is None:
+    raise UsageError(f"pl.freeze expects a live mutable ref; got {ref!r}.")
+  value = ref.buf.storage if ref._full else ref.buf.storage[ref._np_index].copy()
+  ref.buf.storage = None
+  return value
+
+
+def free_ref(ref: Ref) -> None:
+  ref.buf.storage = None
