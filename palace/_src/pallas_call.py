@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import functools
+import itertools
 
 from palace._src import launch
 from palace._src.blocks import canonicalize
-from palace._src.core import (BlockSpec, GridSpec, MemoryRef, MemorySpace, SemaphoreRefType,
-                              no_block_spec)
+from palace._src.core import (CORE_PARALLEL, PARALLEL, BlockSpec, GridSpec, MemoryRef, MemorySpace,
+                              SemaphoreRefType, canonical_semantics, no_block_spec)
 from palace._src.errors import ResourceError, ShapeError, UsageError
 from palace._src.lang.primitives import run_scoped
 from palace._src.lang.refs import Ref
@@ -108,14 +109,15 @@ def _call(kernel, kname, out_shape, grid, grid_spec, aliases, params, args):
                        f"and output {ob.dtype}{list(ob.shape)} must have the same shape and dtype.")
     ob.storage = src.copy()
   tpu, machine = launch.new_launch(kname, params)
-  core = machine.add_core(0, 0, {}, params)
-  _check_vmem(core, kname, in_maps + out_maps, grid_spec.scratch_shapes)
+  core_points = megacore_split(machine.chip, grid, params.dimension_semantics, kname)
+  cores = [machine.add_core(0, c, {}, params) for c in range(len(core_points))]
+  _check_vmem(cores[0], kname, in_maps + out_maps, grid_spec.scratch_shapes)
   pre_bufs = [launch.hbm_input(a, f"scalar_prefetch[{i}]") for i, a in enumerate(pre_arrays)]
   in_bufs = [launch.hbm_input(a, f"args[{i + nsp}]") for i, a in enumerate(in_arrays)]
   scratch = grid_spec.scratch_shapes
   scratch_is_dict = isinstance(scratch, dict)
 
-  def program():
+  def program(points):
     smem_types = [MemoryRef(a.shape, a.dtype, MemorySpace.SMEM) for a in pre_arrays]
     smem_in = [(k, m) for k, m in enumerate(in_maps) if m.space == MemorySpace.SMEM]
     smem_out = [(k, m) for k, m in enumerate(out_maps) if m.space == MemorySpace.SMEM]
@@ -137,7 +139,7 @@ def _call(kernel, kname, out_shape, grid, grid_spec, aliases, params, args):
 
       def with_scratch(*scr, **kw_scr):
         run_pipeline(kernel, grid, in_maps, out_maps, in_refs, out_refs, lead_args=tuple(pre_tree),
-                     tail_args=scr, tail_kwargs=kw_scr, index_args=tuple(pre_tree))
+                     tail_args=scr, tail_kwargs=kw_scr, index_args=tuple(pre_tree), points=points)
 
       if scratch_is_dict:
         run_scoped(with_scratch, **scratch)
@@ -148,11 +150,39 @@ def _call(kernel, kname, out_shape, grid, grid_spec, aliases, params, args):
 
     run_scoped(with_smem, *smem_types)
 
-  machine.run([(core, program)])
+  machine.run([(c, functools.partial(program, pts)) for c, pts in zip(cores, core_points)])
   machine.grid_steps = _num_points(grid)
   launch.finish_launch(tpu, machine)
   results = [b.storage for b in out_bufs]
   return tree_unflatten(out_td, results)
+
+
+def megacore_split(chip, grid, semantics, kname):
+  """Grid points per TensorCore. On megacore chips (v4, v5p) the first 'parallel'/'core_parallel' axis
+  of the leading run of such axes is split into contiguous ranges, one per core (uneven when it does
+  not divide); 'arbitrary' axes stay on one core. Elsewhere every point runs on core 0."""
+  points = list(itertools.product(*[range(g) for g in grid]))
+  if semantics is None:
+    return [points]
+  sem = [canonical_semantics(x) for x in semantics]
+  if len(sem) != len(grid):
+    raise UsageError(f"pallas_call '{kname}': dimension_semantics has {len(sem)} entries for a grid of "
+                     f"{len(grid)} axes {grid}.")
+  n = chip.num_tensorcores_per_device
+  if n < 2:
+    return [points]
+  axis = None
+  for a, x in enumerate(sem):
+    if x not in (PARALLEL, CORE_PARALLEL):
+      break
+    if grid[a] >= n:
+      axis = a
+      break
+  if axis is None:
+    return [points]
+  size = grid[axis]
+  bounds = [(c * size) // n for c in range(n + 1)]
+  return [[p for p in points if bounds[c] <= p[axis] < bounds[c + 1]] for c in range(n)]
 
 
 def _num_points(grid) -> int:
