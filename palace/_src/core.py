@@ -29,7 +29,7 @@ class MemorySpace(enum.Enum):
     return self.value
 
   def __call__(self, shape, dtype) -> "MemoryRef":
-    return MemoryRef(tuple(int(s) for s in shape), dt.canonicalize(dtype), self)
+    return MemoryRef(tuple(int(s) for s in shape), dt.canonicalize(dtype, keep_64bit=True), self)
 
   def like(self, x) -> "MemoryRef":
     return self(x.shape, x.dtype)

@@ -30,19 +30,32 @@ _CANON_64 = {np.dtype(np.float64): float32, np.dtype(np.int64): int32,
              np.dtype(np.uint64): uint32}
 
 
-def canonicalize(dtype) -> np.dtype:
-  """dtype as given by a user (str, type, np.dtype) -> np.dtype, with 64-bit mapped to 32-bit."""
+def canonicalize(dtype, keep_64bit: bool = False) -> np.dtype:
+  """dtype as given by a user (str, type, np.dtype) -> np.dtype, with 64-bit mapped to 32-bit (as JAX
+  does without x64) unless `keep_64bit` (allocation types keep it so the kernel can reject it)."""
   if isinstance(dtype, str) and dtype == "bfloat16":
     return bfloat16
-  d = np.dtype(dtype)
-  return _CANON_64.get(d, d)
+  try:
+    d = np.dtype(dtype)
+  except TypeError as e:
+    raise ShapeError(f"{dtype!r} is not a dtype; expected e.g. jnp.float32 or jnp.bfloat16.") from e
+  return d if keep_64bit else _CANON_64.get(d, d)
 
 
-def check_kernel_dtype(dtype, what: str) -> np.dtype:
+def is_64bit(d: np.dtype) -> bool:
+  return d in _64BIT
+
+
+def narrowed(d: np.dtype) -> np.dtype:
+  """The 32-bit type JAX (x64 disabled) uses for a 64-bit dtype."""
+  return _CANON_64.get(d, float32)
+
+
+def check_kernel_dtype(dtype, what: str, hint: str = "") -> np.dtype:
   d = np.dtype(dtype)
   if d in _64BIT:
-    raise ShapeError(f"{what} has dtype {d}; TPUs have no 64-bit types. Cast to "
-                     f"{_CANON_64.get(d, float32)} before the kernel.")
+    raise ShapeError(f"Unsupported dtype for {what}: {d}; expected a 32-bit or narrower type, TPUs have "
+                     f"no 64-bit types. Use {_CANON_64.get(d, float32)}." + (f" {hint}" if hint else ""))
   if d not in _SUPPORTED_SET:
     raise ShapeError(f"{what} has dtype {d}, which TPU kernels do not support; expected one of "
                      f"{', '.join(str(t) for t in SUPPORTED)}.")
@@ -81,6 +94,12 @@ _UINT_RANK = {uint4: 0, uint8: 1, uint16: 2, uint32: 3}
 _INT_BY_RANK = [int4, int8, int16, int32]
 
 
+# fp8 and 4-bit types have no implicit promotion edges in JAX: mixing them with another type (other than
+# bool, or an integer for fp8) raises TypePromotionError; users must cast explicitly.
+_FP8 = frozenset({float8_e4m3fn, float8_e5m2})
+_ISOLATED = _FP8 | {int4, uint4}
+
+
 def _promote_pair(a: np.dtype, b: np.dtype) -> np.dtype:
   if a == b:
     return a
@@ -88,6 +107,13 @@ def _promote_pair(a: np.dtype, b: np.dtype) -> np.dtype:
     return b
   if b == bool_:
     return a
+  if a in _ISOLATED or b in _ISOLATED:
+    x, y = (a, b) if a in _ISOLATED else (b, a)
+    if x in _FP8 and is_int(y) and y not in _ISOLATED:
+      return x
+    raise ShapeError(f"Type promotion error for operands of dtypes {a} and {b}: JAX has no implicit "
+                     f"promotion path between them; expected matching dtypes. Cast one operand "
+                     f"explicitly, e.g. x.astype(jnp.float32).")
   fa, fb = is_float(a), is_float(b)
   if fa and fb:
     ra, rb = _FLOAT_ORDER[a], _FLOAT_ORDER[b]

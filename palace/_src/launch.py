@@ -57,6 +57,7 @@ def uninitialized(shape, dtype) -> np.ndarray:
 def out_struct(o, name: str):
   """(shape, dtype, memory space) of an out_shape / out_type entry."""
   if isinstance(o, MemoryRef):
+    dt.check_kernel_dtype(o.dtype, name)
     return o.shape, o.dtype, o.memory_space
   if isinstance(o, ShapeDtypeStruct) or (hasattr(o, "shape") and hasattr(o, "dtype")):
     d = dt.canonicalize(o.dtype)

@@ -9,7 +9,7 @@ from palace._src.blocks import canonicalize
 from palace._src.core import (CORE_PARALLEL, PARALLEL, BlockSpec, GridSpec, MemoryRef, MemorySpace,
                               SemaphoreRefType, canonical_semantics, no_block_spec)
 from palace._src.errors import ResourceError, ShapeError, UsageError
-from palace._src.lang.primitives import run_scoped
+from palace._src.lang.primitives import scoped
 from palace._src.lang.refs import Ref
 from palace._src.lang.tpu_primitives import sync_copy
 from palace._src.pipeline import run_pipeline
@@ -142,13 +142,15 @@ def _call(kernel, kname, out_shape, grid, grid_spec, aliases, params, args):
                      tail_args=scr, tail_kwargs=kw_scr, index_args=tuple(pre_tree), points=points)
 
       if scratch_is_dict:
-        run_scoped(with_scratch, **scratch)
+        scoped(with_scratch, (), scratch, "scratch")
       else:
-        run_scoped(with_scratch, *tuple(scratch))
+        scoped(with_scratch, tuple(scratch), {}, "scratch")
       for (k, _), r in zip(smem_out, rest[len(smem_in):]):
         sync_copy(r, Ref(out_bufs[k]))
 
-    run_scoped(with_smem, *smem_types)
+    smem_names = ([f"scalar_prefetch[{i}]" for i in range(len(pre_arrays))] +
+                  [m.name for _, m in smem_in + smem_out])
+    scoped(with_smem, smem_types, {}, "smem", names=smem_names)
 
   machine.run([(c, functools.partial(program, pts)) for c, pts in zip(cores, core_points)])
   machine.grid_steps = _num_points(grid)

@@ -120,6 +120,8 @@ def run_pipeline(body, grid, in_maps, out_maps, in_refs, out_refs, *, lead_args=
   def with_buffers(*allocs):
     for o, (slots, sems) in zip(piped, allocs):
       o.slots, o.sems = slots, sems
+      for r in slots:  # errors on the kernel's block refs name the operand (args[0], outputs[1])
+        r.buf.name = f"{o.m.name} block"
       o.sem_views = [sems.at[i] for i in range(o.m.buffer_count)]
     _steps(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tail_kwargs or {},
            index_args)

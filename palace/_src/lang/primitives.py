@@ -137,16 +137,21 @@ def debug_print(fmt: str, *args) -> None:
 
 
 # ------------------------------------------------------------------ scoped allocation
-def _alloc_tree(ex, types, prefix: str, shared: bool = False):
+def _alloc_tree(ex, types, prefix: str, shared: bool = False, names=None):
   leaves, td = tree_flatten(types, is_leaf=lambda t: isinstance(t, (MemoryRef, SemaphoreRefType)))
+  if names is None:
+    if isinstance(types, dict) and len(leaves) == len(types):
+      names = [f"{prefix}[{k!r}]" for k in sorted(types)]  # tree_flatten orders dict keys the same way
+    else:
+      names = [f"{prefix}[{i}]" for i in range(len(leaves))]
   bufs = []
-  for i, t in enumerate(leaves):
+  for name, t in zip(names, leaves):
     if not isinstance(t, (MemoryRef, SemaphoreRefType)):
-      raise UsageError(f"{prefix}[{i}] = {t!r} is not an allocation type; use pltpu.VMEM(shape, dtype), "
+      raise UsageError(f"{name} = {t!r} is not an allocation type; use pltpu.VMEM(shape, dtype), "
                        f"pltpu.SMEM(...) or pltpu.SemaphoreType.DMA / .REGULAR.")
     if isinstance(t, MemoryRef):
-      dt.check_kernel_dtype(t.dtype, f"{prefix}[{i}]")
-    bufs.append(ex.alloc(t, f"{prefix}[{i}]", shared=shared))
+      dt.check_kernel_dtype(t.dtype, name)
+    bufs.append(ex.alloc(t, name, shared=shared))
   return bufs, td
 
 
@@ -157,10 +162,10 @@ def run_scoped(f, *types, collective_axes=(), **kw_types):
   return scoped(f, types, kw_types, "run_scoped", bool(collective_axes))
 
 
-def scoped(f, types, kw_types, prefix: str, shared: bool = False):
-  """run_scoped with a name prefix for the buffers (`scratch`, `run_scoped`, ...)."""
+def scoped(f, types, kw_types, prefix: str, shared: bool = False, names=None):
+  """run_scoped with a name prefix (`scratch`, `run_scoped`, ...) or explicit names for the buffers."""
   ex = executor.current("pl.run_scoped()")
-  pos_bufs, pos_td = _alloc_tree(ex, tuple(types), prefix, shared)
+  pos_bufs, pos_td = _alloc_tree(ex, tuple(types), prefix, shared, names)
   kw_bufs, kw_td = _alloc_tree(ex, dict(kw_types), prefix, shared)
   try:
     pos = tree_unflatten(pos_td, [Ref(b) for b in pos_bufs])
