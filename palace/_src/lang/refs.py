@@ -201,7 +201,7 @@ class Ref:
     ex = executor.maybe_current()
     if ex is None:
       return self._host_get(idx)
-    view = self if (idx is Ellipsis or idx == ()) else self._view(idx)
+    view = self if (idx is Ellipsis or (isinstance(idx, tuple) and not idx)) else self._view(idx)
     self._check_access("Load", not view.shape)
     data, ready = ex.load(self.buf, view._np_index, view.shape)
     return Array(data, view.shape, self.buf.dtype, ready)
@@ -210,7 +210,7 @@ class Ref:
     ex = executor.maybe_current()
     if ex is None:
       return self._host_set(idx, value)
-    view = self if (idx is Ellipsis or idx == ()) else self._view(idx)
+    view = self if (idx is Ellipsis or (isinstance(idx, tuple) and not idx)) else self._view(idx)
     self._check_access("Store", not view.shape)
     data, ready = _coerce_store(view, value, ex.timing_only)
     ex.store(self.buf, view._np_index, view.shape, data, ready)
