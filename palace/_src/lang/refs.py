@@ -16,6 +16,7 @@ from palace._src.core import Buffer, MemorySpace, is_hbm
 from palace._src.errors import MemorySpaceError, OutOfBoundsError, ShapeError, UsageError
 from palace._src.lang import numpy_ops  # noqa: F401  (binds Array operators)
 from palace._src.lang.array import Array, concrete_int
+from palace._src.lang.indexed import is_index_source, make_indexed
 from palace._src.util import prod, user_frame_summary
 
 
@@ -51,6 +52,9 @@ class _AtIndexer:
     self._ref = ref
 
   def __getitem__(self, idx):
+    first = idx[0] if isinstance(idx, tuple) and idx else idx
+    if is_index_source(first):
+      return make_indexed(self._ref, idx)  # SparseCore gather/scatter view
     return self._ref._view(idx)
 
 

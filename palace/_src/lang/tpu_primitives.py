@@ -12,12 +12,13 @@ from palace._src.lang import numpy_ops as jnp
 from palace._src.lang.array import Array, concrete_value, ready_of
 from palace._src.lang.primitives import (axis_index, axis_size, resolve_device_id, run_scoped,
                                          sem_target, semaphore_signal, semaphore_wait)
+from palace._src.lang.indexed import IndexedRef
 from palace._src.lang.refs import Ref
 from palace._src.util import tree_flatten, user_site
 
 
 def _check_ref(x, what):
-  if not isinstance(x, Ref):
+  if not isinstance(x, (Ref, IndexedRef)):
     raise UsageError(f"DMA {what} must be a ref (or a ref view `.at[...]`); got {type(x).__name__}.")
 
 
@@ -51,13 +52,16 @@ class AsyncCopyDescriptor:
     if self.src_sem is not None:
       ssb, ssi = sem_target(self.src_sem, "DMA source semaphore")
     dev = resolve_device_id(ex, self.device_id) if self.device_id is not None else None
-    nbytes = self.src_ref.nbytes
-    return DmaRequest(self.src_ref.buf, self.src_ref._np_index, self.dst_ref.buf,
-                      self.dst_ref._np_index, self.src_ref.shape, sem_buf, sem_idx, ssb, ssi, add, dev,
-                      self.core_index, self._site or user_site(), (self.src_ref, self.dst_ref),
-                      nbytes)
+    src, dst = self.src_ref, self.dst_ref
+    req = DmaRequest(src.buf, None if isinstance(src, IndexedRef) else src._np_index, dst.buf,
+                     None if isinstance(dst, IndexedRef) else dst._np_index, src.shape, sem_buf,
+                     sem_idx, ssb, ssi, add, dev, self.core_index, self._site or user_site(),
+                     (src, dst), src.nbytes)
+    if isinstance(src, IndexedRef) or isinstance(dst, IndexedRef):
+      _indexed_request(ex, req, src, dst)
+    return req
 
-  def start(self, priority: int = 0, *, add: bool = False):
+  def start(self, priority: int = 0, *, add: bool = False):  # noqa: D401
     ex = executor.current("AsyncCopyDescriptor.start()")
     if self.sem is None:
       raise UsageError("This DMA has no semaphore; pass one to make_async_copy or use pltpu.sync_copy.")
@@ -88,6 +92,26 @@ class AsyncCopyDescriptor:
     ex.dma_wait(self._req_for_wait(ex), "send")
 
   wait_read = wait_send
+
+
+def _indexed_request(ex, req, src, dst) -> None:
+  """Resolve the rows of an indexed (gather/scatter) DMA when it is issued (SparseCore)."""
+  if isinstance(src, IndexedRef) and isinstance(dst, IndexedRef):
+    raise UsageError("A DMA can index only one side (gather from or scatter to HBM/VMEM_SHARED).")
+  side = src if isinstance(src, IndexedRef) else dst
+  rows, mask = side.rows(ex)
+  fancy = side.fancy_index(rows, mask)
+  if side is src:
+    req.src_indices = fancy
+    req.src_index = ()
+  else:
+    req.dst_indices = fancy
+    req.dst_index = ()
+  req.mask = mask
+  used = int(mask.sum()) if mask is not None else side.n
+  row_bytes = side.nbytes // max(side.n, 1)
+  granule = getattr(ex, "dma_granule_bytes", 0) or 1
+  req.nbytes = used * (-(-row_bytes // granule) * granule)
 
 
 def make_async_copy(src_ref, dst_ref, sem=None, *, src_sem=None) -> AsyncCopyDescriptor:

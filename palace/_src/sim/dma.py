@@ -79,29 +79,34 @@ def transfer_timing(chip, tc_channel: Channel, hbm_channel: Channel, local_chann
   return min(s1, s2), end, end + chip.ns_to_cycles(lat_ns)
 
 
+def _add(cur, data):
+  if cur.dtype.kind == "f" and cur.dtype.itemsize >= 4 or cur.dtype.kind in "iu":
+    return cur + data.astype(cur.dtype, copy=False)
+  return (cur.astype(np.float32) + data.astype(np.float32)).astype(cur.dtype)  # bf16 / fp8
+
+
 def move_data(req) -> None:
-  """Perform the copy on the NumPy storages (called once per DMA, at the policy's chosen moment)."""
+  """Perform the copy on the NumPy storages (called once per DMA, at the policy's chosen moment).
+
+  Indexed copies (SparseCore): `src_indices` gathers rows, `dst_indices` scatters them (np.add.at for
+  add=True, so repeated indices accumulate); `mask` drops ignored index entries on the dense side."""
   src, dst = req.src_buf.storage, req.dst_buf.storage
   if src is None or dst is None:
     return
-  if req.src_indices is not None:
-    data = src[req.src_indices]
-  else:
-    data = src[req.src_index]
+  data = src[req.src_indices] if req.src_indices is not None else src[req.src_index]
   if req.dst_indices is not None:
+    if req.mask is not None:
+      data = data[req.mask]
     if req.add:
       np.add.at(dst, req.dst_indices, data.astype(dst.dtype, copy=False))
     else:
       dst[req.dst_indices] = data
     return
-  if req.add:
-    cur = dst[req.dst_index]
-    if cur.dtype.itemsize < 4 and cur.dtype.kind == "V" or str(cur.dtype) in ("bfloat16",):
-      dst[req.dst_index] = (cur.astype(np.float32) + data.astype(np.float32)).astype(cur.dtype)
-    else:
-      dst[req.dst_index] = cur + data
-  else:
-    dst[req.dst_index] = data
+  if req.mask is not None:
+    view = dst[req.dst_index]
+    view[req.mask] = _add(view[req.mask], data) if req.add else data
+    return
+  dst[req.dst_index] = _add(dst[req.dst_index], data) if req.add else data
 
 
 def bytes_of(shape, itemsize: int) -> int:

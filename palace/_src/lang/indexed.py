@@ -1,0 +1,105 @@
+"""Indexed (gather/scatter) views for SparseCore DMAs (L4a).
+
+`hbm.at[idx_ref]` with a 1-D int32 index ref (or value, or `plsc.Indices(values, ignored_value)`)
+selects rows of the major dimension; further entries slice the minor dimensions. As a DMA source it
+gathers, as a destination it scatters (`add=True`: scatter-add). Entries equal to `ignored_value`
+are skipped on both sides.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from palace._src import executor
+from palace._src.errors import OutOfBoundsError, UsageError
+from palace._src.lang.array import Array
+from palace._src.util import prod
+
+
+@dataclasses.dataclass(frozen=True)
+class Indices:
+  """`plsc.Indices(values, ignored_value=None)`: an index vector whose `ignored_value` entries are
+  skipped by indexed DMAs."""
+  values: object
+  ignored_value: int | None = None
+
+
+def is_index_source(x) -> bool:
+  from_ref = hasattr(x, "buf") and hasattr(x, "_np_index")
+  return isinstance(x, Indices) or from_ref or (isinstance(x, Array) and x.ndim == 1)
+
+
+class IndexedRef:
+  """Rows `indices` of `base` (a Ref view), then `rest` applied to the minor dims."""
+  __slots__ = ("base", "source", "ignored", "rest_view")
+
+  def __init__(self, base, idx, rest=()):
+    if isinstance(idx, Indices):
+      self.source, self.ignored = idx.values, idx.ignored_value
+    else:
+      self.source, self.ignored = idx, None
+    if base.ndim < 1:
+      raise UsageError(f"Indexed access of {base.origin()}: the ref needs a major dimension.")
+    self.base = base
+    # minor-dim slicing is applied to a row view to validate it and get the window per row
+    self.rest_view = base.at[(0,) + tuple(rest)] if rest else base.at[0]
+
+  @property
+  def buf(self):
+    return self.base.buf
+
+  @property
+  def dtype(self):
+    return self.base.dtype
+
+  @property
+  def n(self) -> int:
+    src = self.source
+    return int(src.shape[0])
+
+  @property
+  def shape(self):
+    return (self.n,) + tuple(self.rest_view.shape)
+
+  @property
+  def nbytes(self) -> int:
+    return prod(self.shape) * self.base.dtype.itemsize
+
+  def origin(self) -> str:
+    return f"{self.base.origin()}.at[indices]"
+
+  def rows(self, ex):
+    """(absolute row numbers in the buffer, mask of used entries or None)."""
+    src = self.source
+    if isinstance(src, Array):
+      vals = src._data
+    else:
+      vals, _ = ex.load(src.buf, src._np_index, src.shape)
+    if vals is None:  # timing-only: indices unknown, data movement is skipped anyway
+      vals = np.zeros(self.n, np.int32)
+    vals = np.asarray(vals).reshape(-1).astype(np.int64)
+    mask = None if self.ignored is None else vals != self.ignored
+    d0 = self.base.dims[0]
+    if type(d0) is int:
+      raise UsageError(f"Indexed access of {self.base.origin()}: its major dimension is indexed away.")
+    used = vals if mask is None else vals[mask]
+    if ex.bounds_checks and used.size and (used.min() < 0 or used.max() >= d0[1]):
+      bad = int(used[(used < 0) | (used >= d0[1])][0])
+      raise OutOfBoundsError(
+          f"Indexed DMA of {self.base.origin()} {ex.where()}: index {bad} is out of bounds for a major "
+          f"dimension of size {d0[1]}. Use plsc.Indices(idx, ignored_value=...) to skip entries.")
+    return d0[0] + vals * d0[2], mask
+
+  def fancy_index(self, rows, mask):
+    """NumPy index selecting the used rows and the minor window."""
+    sel = rows if mask is None else rows[mask]
+    return (sel,) + tuple(self.rest_view._np_index[1:])
+
+
+def make_indexed(base, idx):
+  if not isinstance(idx, tuple):
+    idx = (idx,)
+  if executor.maybe_current() is None:
+    raise UsageError("Indexed ref views exist only inside kernels (as SparseCore DMA operands).")
+  return IndexedRef(base, idx[0], idx[1:])
