@@ -14,16 +14,22 @@ at the end. Ragged edge blocks copy only their in-bounds part: padding reads wha
 """
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import itertools
 
 from palace._src import executor
-from palace._src.blocks import ELEMENT, SQUEEZED, BlockMapping
-from palace._src.core import MemoryRef, MemorySpace, SemaphoreType
-from palace._src.errors import OutOfBoundsError, SyncError
+from palace._src.blocks import ELEMENT, SQUEEZED, BlockMapping, canonicalize
+from palace._src.core import (PARALLEL, BlockSpec, MemoryRef, MemorySpace, SemaphoreType,
+                              canonical_semantics, no_block_spec)
+from palace._src.errors import (BlockSpecError, OutOfBoundsError, SyncError, UnsupportedError,
+                                UsageError)
 from palace._src.lang.array import concrete_int
-from palace._src.lang.primitives import run_scoped
+from palace._src.lang.primitives import (_scalar, axis_index, axis_size, num_programs, program_id,
+                                         run_scoped)
 from palace._src.lang.refs import Ref, Slice
 from palace._src.lang.tpu_primitives import AsyncCopyDescriptor, sync_copy
+from palace._src.util import tree_flatten, tree_unflatten
 
 
 _PIPELINE_SITE = ("<pipeline of BlockSpec'd operands>", 0)
@@ -32,7 +38,7 @@ _PIPELINE_SITE = ("<pipeline of BlockSpec'd operands>", 0)
 class _Op:
   """Pipeline state of one operand."""
   __slots__ = ("m", "hbm", "slots", "sems", "is_out", "blocks", "cur", "cur_slot", "fetched",
-               "next_slot", "pending_wb", "written", "squeezed", "sem_views")
+               "next_slot", "pending_wb", "written", "squeezed", "sem_views", "mode", "nbuf")
 
   def __init__(self, m: BlockMapping, hbm: Ref, is_out: bool):
     self.m, self.hbm, self.is_out = m, hbm, is_out
@@ -101,9 +107,41 @@ def _block_offsets(op: _Op, step: int, point, index_args, where) -> tuple:
   return offsets
 
 
+_RAW, _ALIAS, _BUFFERED = "raw", "alias", "buffered"
+
+
+def _mode(m: BlockMapping, ref, smem_blocks: bool) -> str:
+  """raw: the body gets the ref itself; alias: a view of a source already in the block's memory;
+  buffered: DMA'd into scoped block buffers."""
+  if not (m.space == MemorySpace.VMEM or (smem_blocks and m.space == MemorySpace.SMEM)):
+    return _RAW
+  if isinstance(ref, Ref) and ref.buf.memory_space == m.space:
+    return _ALIAS
+  return _BUFFERED
+
+
+def allocation_types(in_maps, out_maps, in_refs, out_refs, *, sync=False, smem_blocks=False):
+  """Per operand (inputs then outputs): None, or ([block slot types], DMA semaphore array type)."""
+  types = []
+  for m, r in zip(list(in_maps) + list(out_maps), list(in_refs) + list(out_refs)):
+    if _mode(m, r, smem_blocks) != _BUFFERED:
+      types.append(None)
+      continue
+    n = 1 if sync else m.buffer_count
+    space = MemorySpace.SMEM if m.space == MemorySpace.SMEM else MemorySpace.VMEM
+    types.append(([MemoryRef(m.block_shape, m.dtype, space) for _ in range(n)],
+                  SemaphoreType.DMA((n,))))
+  return types
+
+
 def run_pipeline(body, grid, in_maps, out_maps, in_refs, out_refs, *, lead_args=(), tail_args=(),
-                 tail_kwargs=None, index_args=(), points=None):
-  """Run `body(*lead, *in_blocks, *out_blocks, *tail, **tail_kwargs)` over the grid, pipelined."""
+                 tail_kwargs=None, index_args=(), points=None, sync=False, allocations=None,
+                 smem_blocks=False):
+  """Run `body(*lead, *in_blocks, *out_blocks, *tail, **tail_kwargs)` over the grid, pipelined.
+
+  `points`: the grid points to visit (default: all, row-major); `sync`: every copy is waited at once
+  (no_pipelining); `allocations`: buffers from `allocation_types` allocated by the caller (reused
+  across pipelines); `smem_blocks`: SMEM BlockSpecs are windowed like VMEM ones (emit_pipeline)."""
   ex = executor.current("a pipeline")
   grid = tuple(int(g) for g in grid)
   if points is None:
@@ -111,38 +149,66 @@ def run_pipeline(body, grid, in_maps, out_maps, in_refs, out_refs, *, lead_args=
   n = len(points)
   ops_in = [_Op(m, r, False) for m, r in zip(in_maps, in_refs)]
   ops_out = [_Op(m, r, True) for m, r in zip(out_maps, out_refs)]
-  piped = [o for o in ops_in + ops_out if o.m.pipelined]
-  alloc_types = []
-  for o in piped:
-    alloc_types.append(([MemoryRef(o.m.block_shape, o.m.dtype, MemorySpace.VMEM)
-                         for _ in range(o.m.buffer_count)], SemaphoreType.DMA((o.m.buffer_count,))))
+  ops = ops_in + ops_out
+  types = allocation_types(in_maps, out_maps, in_refs, out_refs, sync=sync, smem_blocks=smem_blocks)
+  for o, t in zip(ops, types):
+    o.mode = _mode(o.m, o.hbm, smem_blocks)
+    o.nbuf = 0 if t is None else len(t[0])
+  piped = [o for o in ops if o.mode == _BUFFERED]
 
-  def with_buffers(*allocs):
+  def with_buffers(*allocs, rename=True):
     for o, (slots, sems) in zip(piped, allocs):
-      o.slots, o.sems = slots, sems
-      for r in slots:  # errors on the kernel's block refs name the operand (args[0], outputs[1])
-        r.buf.name = f"{o.m.name} block"
-      o.sem_views = [sems.at[i] for i in range(o.m.buffer_count)]
+      o.slots, o.sems = list(slots), sems
+      if rename:
+        for r in slots:  # errors on the kernel's block refs name the operand (args[0], outputs[1])
+          r.buf.name = f"{o.m.name} block"
+      o.sem_views = [sems.at[i] for i in range(o.nbuf)]
     _steps(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tail_kwargs or {},
-           index_args)
+           index_args, sync)
 
   if not n:
     return
-  run_scoped(with_buffers, *alloc_types)
+  if allocations is not None:
+    with_buffers(*_check_allocations(allocations, types, ops), rename=False)
+    return
+  run_scoped(with_buffers, *[t for t in types if t is not None])
 
 
-def _steps(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tail_kwargs, index_args):
+def _check_allocations(allocations, types, ops):
+  allocations = list(allocations)
+  if len(allocations) != len(types):
+    raise UsageError(f"Pipeline allocations have {len(allocations)} entries but the pipeline has "
+                     f"{len(types)} operands; build them with the make_allocations function that "
+                     f"emit_pipeline_with_allocations returned, for the same refs.")
+  out = []
+  for k, (a, t, o) in enumerate(zip(allocations, types, ops)):
+    if t is None:
+      continue
+    ok = a is not None and len(a) == 2 and len(a[0]) == len(t[0]) and a[1].shape == t[1].shape
+    ok = ok and all(isinstance(r, Ref) and r.shape == mt.shape and r.dtype == mt.dtype
+                    for r, mt in zip(a[0], t[0]))
+    if not ok:
+      raise UsageError(f"Pipeline allocations[{k}] for {o.m.name} do not fit: expected "
+                       f"{len(t[0])} buffer(s) of {t[0][0].dtype}{list(t[0][0].shape)} and a DMA "
+                       f"semaphore array of shape {t[1].shape}. Allocate them with "
+                       f"pl.run_scoped(run, make_allocations(*refs)) for the same refs.")
+    out.append(a)
+  return out
+
+
+def _steps(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tail_kwargs, index_args,
+           sync):
   ex.grid_stack.append((points[0], grid))
   try:
     _steps_inner(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tail_kwargs,
-                 index_args)
+                 index_args, sync)
   finally:
     ex.grid_stack.pop()
 
 
 def _start_fetch(op: _Op, step: int, offsets):
   slot = op.next_slot
-  op.next_slot = (slot + 1) % op.m.buffer_count
+  op.next_slot = (slot + 1) % op.nbuf
   views = _copy_views(op, offsets, slot)
   desc = None
   if views is not None:
@@ -151,23 +217,38 @@ def _start_fetch(op: _Op, step: int, offsets):
   op.fetched[step] = (slot, desc)
 
 
+def _alias_view(op: _Op, offsets, point) -> Ref:
+  """The block at `offsets` as a view of a source already in VMEM/SMEM (no copy)."""
+  idx = tuple(off if kind == SQUEEZED else Slice(off, size)
+              for (kind, size, _), off in zip(op.m.dims, offsets))
+  try:
+    return op.hbm.at[idx]
+  except OutOfBoundsError as e:
+    raise OutOfBoundsError(
+        f"Block of {op.m.name} at grid point {point} (element offsets {offsets}, block "
+        f"{op.m.block_shape}) is not inside the {op.hbm.buf.memory_space} ref it aliases (shape "
+        f"{op.m.array_shape}): a pipeline over a source already in {op.hbm.buf.memory_space} uses views "
+        f"of it, so every block must be in bounds. Pick a block shape that divides the array.") from e
+
+
 def _steps_inner(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tail_kwargs,
-                 index_args):
-  kernel_refs_in = [None] * len(ops_in)
-  kernel_refs_out = [None] * len(ops_out)
-  for k, o in enumerate(ops_in + ops_out):
-    if not o.m.pipelined:
-      ref = o.hbm
-      (kernel_refs_in if not o.is_out else kernel_refs_out)[k if not o.is_out else k - len(ops_in)] = ref
+                 index_args, sync):
+  kernel_refs_in = [o.hbm if o.mode == _RAW else None for o in ops_in]
+  kernel_refs_out = [o.hbm if o.mode == _RAW else None for o in ops_out]
   for s in range(n):
     point = points[s]
     ex.grid_stack[-1] = (point, grid)
     ex.grid_step()
     # ---- inputs: prefetch ahead, then wait the current block
     for k, o in enumerate(ops_in):
-      if not o.m.pipelined:
+      if o.mode == _RAW:
         continue
       cur = _block_offsets(o, s, point, index_args, "")
+      if o.mode == _ALIAS:
+        if s == 0 or cur != o.cur:
+          o.cur = cur
+          kernel_refs_in[k] = _alias_view(o, cur, point)
+        continue
       if s == 0 or cur != o.cur:
         if s not in o.fetched:
           _start_fetch(o, s, cur)
@@ -176,9 +257,8 @@ def _steps_inner(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_arg
           desc.wait()
         o.cur, o.cur_slot = cur, slot
         kernel_refs_in[k] = o.slots[slot]
-      ahead = o.m.buffer_count - 1
       prev = cur
-      for t in range(s + 1, min(n, s + 1 + ahead)):
+      for t in range(s + 1, min(n, s + o.nbuf)):
         nxt = _block_offsets(o, t, points[t], index_args, "")
         if nxt != prev and t not in o.fetched:
           _start_fetch(o, t, nxt)
@@ -187,9 +267,14 @@ def _steps_inner(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_arg
           break
     # ---- outputs: pick the slot for this step's block
     for k, o in enumerate(ops_out):
-      if not o.m.pipelined:
+      if o.mode == _RAW:
         continue
       cur = _block_offsets(o, s, point, index_args, "")
+      if o.mode == _ALIAS:
+        if s == 0 or cur != o.cur:
+          o.cur = cur
+          kernel_refs_out[k] = _alias_view(o, cur, point)
+        continue
       if s == 0 or cur != o.cur:
         if cur in o.written:
           raise SyncError(
@@ -198,7 +283,7 @@ def _steps_inner(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_arg
               f"again non-consecutively, so the pipeline would overwrite it and lose data. Put the "
               f"reduction axis last in the grid (mark it 'arbitrary') so revisits are consecutive.")
         slot = o.next_slot
-        o.next_slot = (slot + 1) % o.m.buffer_count
+        o.next_slot = (slot + 1) % o.nbuf
         wb = o.pending_wb.pop(slot, None)
         if wb is not None:
           wb.wait()
@@ -207,7 +292,7 @@ def _steps_inner(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_arg
     body(*lead_args, *kernel_refs_in, *kernel_refs_out, *tail_args, **tail_kwargs)
     # ---- outputs: write back blocks that change next step (or at the end)
     for o in ops_out:
-      if not o.m.pipelined:
+      if o.mode != _BUFFERED:
         continue
       last = s == n - 1
       if not last:
@@ -218,7 +303,10 @@ def _steps_inner(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_arg
         if views is not None:
           desc = AsyncCopyDescriptor(views[1], views[0], o.sem_views[o.cur_slot], site=_PIPELINE_SITE)
           desc.start()
-          o.pending_wb[o.cur_slot] = desc
+          if sync:
+            desc.wait()
+          else:
+            o.pending_wb[o.cur_slot] = desc
     for o in ops_in:
       o.blocks.pop(s, None)
     for o in ops_out:
@@ -231,3 +319,230 @@ def _steps_inner(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_arg
 
 def copy_whole(src: Ref, dst: Ref) -> None:
   sync_copy(src, dst)
+
+
+# ------------------------------------------------------------------ emit_pipeline
+@dataclasses.dataclass(frozen=True)
+class PipelineStep:
+  """`pltpu.PipelineStep`: the grid indices of a step and its position in this core's loop."""
+  index: tuple
+  local_index: object
+
+
+def _is_spec_leaf(x) -> bool:
+  return x is None or x is no_block_spec or isinstance(x, BlockSpec)
+
+
+def _spec_entries(specs) -> tuple:
+  if _is_spec_leaf(specs):
+    return (specs,)
+  if isinstance(specs, (list, tuple)):
+    return tuple(specs)
+  return (specs,)
+
+
+def _is_ref_leaf(x) -> bool:
+  return isinstance(x, Ref) or type(x).__name__ == "IndexedRef"
+
+
+def _operands(entries, ref_entries, what: str):
+  """[(spec, ref)] flat, plus the ref treedef of each entry (to rebuild the body's arguments)."""
+  flat, tds = [], []
+  for i, (spec, ref) in enumerate(zip(entries, ref_entries)):
+    refs, td = tree_flatten(ref, is_leaf=_is_ref_leaf)
+    specs, _ = tree_flatten(spec, is_leaf=_is_spec_leaf)
+    if len(specs) == 1 and len(refs) != 1:
+      specs = specs * len(refs)
+    if len(specs) != len(refs):
+      raise UsageError(f"emit_pipeline {what}[{i}] has {len(specs)} BlockSpec(s) but its operand is a "
+                       f"pytree of {len(refs)} ref(s); give one spec per ref (or one for all).")
+    for j, r in enumerate(refs):
+      if not isinstance(r, Ref):
+        raise UsageError(f"emit_pipeline {what}[{i}] operand {j} is a {type(r).__name__}; a pipeline "
+                         f"runs over refs (HBM refs from pl.kernel, VMEM refs, views `.at[...]`).")
+    flat += list(zip(specs, refs))
+    tds.append(td)
+  return flat, tds
+
+
+def _mapping(spec, ref: Ref, what: str) -> BlockMapping:
+  if spec is None or spec is no_block_spec:
+    spec = BlockSpec(memory_space=MemorySpace.ANY)
+  name = ref.origin()
+  try:
+    return canonicalize(spec, ref.shape, ref.dtype, name, 0)
+  except BlockSpecError as e:
+    raise BlockSpecError(f"{e} (emit_pipeline {what})") from None
+
+
+def _core_info(core_axis, core_axis_name):
+  """(number of cores, this core's index) that the pipeline grid is split over."""
+  if core_axis is not None and core_axis_name is not None:
+    raise UsageError("emit_pipeline: pass only one of core_axis (a grid axis of the enclosing kernel) "
+                     "and core_axis_name (a mesh axis name).")
+  if core_axis_name is not None:
+    return axis_size(core_axis_name), concrete_int(axis_index(core_axis_name), "core index")
+  if core_axis is not None:
+    axes = core_axis if isinstance(core_axis, (tuple, list)) else (core_axis,)
+    n, c = 1, 0
+    for a in axes:
+      size = num_programs(a)
+      n, c = n * size, c * size + concrete_int(program_id(a), "core index")
+    return n, c
+  return 1, 0
+
+
+def _partition(grid, semantics, num_cores: int, core_id: int):
+  """Per grid dim, the range of indices this core runs (JAX's partitioning: the first parallel dim
+  divisible by the core count, else the largest parallel dim split as evenly as possible)."""
+  ranges = [range(g) for g in grid]
+  if num_cores == 1:
+    return ranges
+  parallel = [d for d, s in enumerate(semantics or ()) if s == PARALLEL]
+  if not parallel:
+    raise UnsupportedError(
+        f"emit_pipeline cannot split grid {grid} across {num_cores} cores: no grid dimension is "
+        f"'parallel' (dimension_semantics={tuple(str(s) for s in semantics) if semantics else None}). "
+        f"Mark the independent dimensions pltpu.PARALLEL.")
+  divisible = [d for d in parallel if grid[d] % num_cores == 0]
+  if divisible:
+    d = divisible[0]
+    size = grid[d] // num_cores
+    ranges[d] = range(core_id * size, (core_id + 1) * size)
+    return ranges
+  d = max(parallel, key=lambda i: (grid[i], -i))
+  base, rem = divmod(grid[d], num_cores)
+  count = base + 1 if core_id < rem else base
+  start = core_id * count if core_id < rem else core_id * base + rem
+  ranges[d] = range(start, start + count)
+  return ranges
+
+
+def emit_pipeline(body, *, grid, in_specs=(), out_specs=(), tiling=None, core_axis=None,
+                  core_axis_name=None, dimension_semantics=None, trace_scopes=True,
+                  no_pipelining=False, output_wait_read_only=False, _explicit_indices=False):
+  """A software pipeline over refs a kernel already holds: `pipeline(*in_refs, *out_refs)`.
+
+  Runs `body(*in_blocks, *out_blocks, *scratches)` for every point of `grid` with the BlockSpec
+  semantics of pallas_call: blocks are copied HBM->VMEM into scoped buffers with DMAs and DMA
+  semaphores (double-buffered by default, `pl.Buffered(n)` per spec), outputs are written back when
+  their block index changes. Specs with `memory_space=pl.ANY`/`pltpu.HBM`, `None` or
+  `pl.no_block_spec` pass the ref itself; a ref already in VMEM is windowed by views, not copied.
+  `pl.program_id` in the body is the pipeline's grid index. `no_pipelining=True` waits every copy at
+  once. With `core_axis_name` (a mesh axis) or `core_axis` (an enclosing grid axis) the grid is split
+  across cores along its first divisible PARALLEL dimension.
+
+  Example:
+    >>> def kernel(x_hbm, o_hbm):
+    ...   def body(x_ref, o_ref):
+    ...     o_ref[...] = x_ref[...] * 2
+    ...   pltpu.emit_pipeline(body, grid=(4,), in_specs=[pl.BlockSpec((128, 128), lambda i: (i, 0))],
+    ...                       out_specs=[pl.BlockSpec((128, 128), lambda i: (i, 0))])(x_hbm, o_hbm)
+  """
+  grid = (grid,) if not isinstance(grid, (tuple, list)) else tuple(grid)
+  grid = tuple(concrete_int(g, "emit_pipeline grid size") for g in grid)
+  if any(g <= 0 for g in grid):
+    raise UsageError(f"emit_pipeline grid {grid}: every grid size must be strictly positive.")
+  semantics = None
+  if dimension_semantics is not None:
+    semantics = tuple(canonical_semantics(s) for s in dimension_semantics)
+    if len(semantics) != len(grid):
+      raise UsageError(f"emit_pipeline dimension_semantics has {len(semantics)} entries for the "
+                       f"{len(grid)}-d grid {grid}; give one per grid dimension.")
+  in_entries, out_entries = _spec_entries(in_specs), _spec_entries(out_specs)
+
+  def pipeline(*refs, scratches=None, allocations=None):
+    ex = executor.current("an emit_pipeline pipeline")
+    setup = _setup(refs, in_entries, out_entries, grid)
+    in_maps, out_maps, in_refs, out_refs, in_tds, out_tds = setup
+    num_cores, core_id = _core_info(core_axis, core_axis_name)
+    ranges = _partition(grid, semantics, num_cores, core_id)
+    points = list(itertools.product(*ranges))
+    scr = () if scratches is None else tuple(scratches) if isinstance(scratches, (list, tuple)) \
+        else (scratches,)
+    n_in = len(in_refs)
+    step = [0]
+
+    def run_body(*blocks):
+      ins = _rebuild(in_tds, blocks[:n_in])
+      outs = _rebuild(out_tds, blocks[n_in:n_in + len(out_refs)])
+      extra = blocks[n_in + len(out_refs):]
+      lead = ()
+      if _explicit_indices:
+        idx = tuple(_scalar_index(v) for v in ex.grid_stack[-1][0])
+        lead = (PipelineStep(idx, _scalar_index(step[0])),)
+      step[0] += 1
+      res = body(*lead, *ins, *outs, *extra)
+      if res is not None:
+        raise UsageError(f"The emit_pipeline body {getattr(body, '__name__', body)!r} returned "
+                         f"{type(res).__name__}; pipeline bodies must return None and write outputs "
+                         f"to their output refs.")
+
+    if not points:
+      return None
+    run_pipeline(run_body, grid, in_maps, out_maps, in_refs, out_refs, tail_args=scr,
+                 points=points, sync=no_pipelining, allocations=allocations, smem_blocks=True)
+    return None
+
+  pipeline.__name__ = f"pipeline_{getattr(body, '__name__', 'body')}"
+  pipeline._specs = (in_entries, out_entries, grid)
+  return pipeline
+
+
+def _scalar_index(v):
+  return _scalar(v, executor.current().now)
+
+
+def _rebuild(tds, blocks):
+  out, k = [], 0
+  for td in tds:
+    nl = td.num_leaves
+    out.append(tree_unflatten(td, list(blocks[k:k + nl])))
+    k += nl
+  return out
+
+
+def _setup(refs, in_entries, out_entries, grid):
+  n_in, n_out = len(in_entries), len(out_entries)
+  if len(refs) != n_in + n_out:
+    raise UsageError(f"This pipeline has {n_in} input spec(s) and {n_out} output spec(s) but was "
+                     f"called with {len(refs)} ref(s); call it as pipeline(*in_refs, *out_refs).")
+  ins, in_tds = _operands(in_entries, refs[:n_in], "in_specs")
+  outs, out_tds = _operands(out_entries, refs[n_in:], "out_specs")
+  in_maps = [_mapping(s, r, f"in_specs[{i}]") for i, (s, r) in enumerate(ins)]
+  out_maps = [_mapping(s, r, f"out_specs[{i}]") for i, (s, r) in enumerate(outs)]
+  for m in in_maps + out_maps:
+    if m.index_map is not None:
+      nargs = _positional_arity(m.index_map)
+      if nargs is not None and nargs != len(grid):
+        raise BlockSpecError(f"index_map of {m.name} takes {nargs} argument(s) but the pipeline grid "
+                             f"{grid} has {len(grid)} dimension(s); emit_pipeline index maps receive "
+                             f"only the grid indices (close over refs for scalar data).")
+  return in_maps, out_maps, [r for _, r in ins], [r for _, r in outs], in_tds, out_tds
+
+
+def _positional_arity(f):
+  try:
+    sig = inspect.signature(f)
+  except (TypeError, ValueError):
+    return None
+  n = 0
+  for p in sig.parameters.values():
+    if p.kind == p.VAR_POSITIONAL:
+      return None
+    if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty:
+      n += 1
+  return n
+
+
+def emit_pipeline_with_allocations(body, *, grid, in_specs=(), out_specs=()):
+  """(pipeline, make_allocations): allocate the pipeline's buffers once with
+  `pl.run_scoped(run, make_allocations(*refs))` and pass them as `pipeline(*refs, allocations=a)`."""
+  pipeline = emit_pipeline(body, grid=grid, in_specs=in_specs, out_specs=out_specs)
+  in_entries, out_entries, g = pipeline._specs
+
+  def make_allocations(*refs):
+    in_maps, out_maps, in_refs, out_refs, _, _ = _setup(refs, in_entries, out_entries, g)
+    return tuple(allocation_types(in_maps, out_maps, in_refs, out_refs, smem_blocks=True))
+
+  return pipeline, make_allocations
