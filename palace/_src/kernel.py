@@ -7,7 +7,9 @@ import numpy as np
 
 from palace._src import launch
 from palace._src.core import Buffer, MemoryRef, MemorySpace, SemaphoreRefType, TensorCoreMesh
-from palace._src.errors import UnsupportedError, UsageError
+from palace._src.sim.sparsecore import SC_BASE, SCALAR_BASE
+from palace._src.sparsecore import ScalarSubcoreMesh, VectorSubcoreMesh, check_for_chip
+from palace._src.errors import UsageError
 from palace._src.lang.primitives import scoped
 from palace._src.lang.refs import Ref
 from palace._src.lang.tpu_primitives import sync_copy
@@ -47,8 +49,16 @@ def kernel(body=_NOT_GIVEN, out_type=(), *, mesh, scratch_types=(), compiler_par
 
 
 def _mpmd_kernel(bodies, out_type, meshes, scratch_types, compiler_params, name):
-  raise UnsupportedError.feature("MPMD pl.kernel (a list of bodies and meshes)",
-                                 "It arrives with SparseCore support.")
+  if not isinstance(meshes, (list, tuple)) or len(meshes) != len(bodies):
+    raise UsageError(f"MPMD pl.kernel needs one mesh per body; got {len(bodies)} bodies and mesh="
+                     f"{meshes!r}.")
+  params = launch.check_params(compiler_params, "pl.kernel")
+  kname = name or "_".join(getattr(b, "__name__", "kernel") for b in bodies)
+
+  def call(*args):
+    return _run(list(bodies), kname, out_type, list(meshes), scratch_types, params, args)
+
+  return call
 
 
 def _closure_check(body, passed_bufs, kname):
@@ -69,20 +79,15 @@ def _closure_check(body, passed_bufs, kname):
 
 
 def _run(body, kname, out_type, mesh, scratch_types, params, args):
-  if not isinstance(mesh, TensorCoreMesh):
-    if type(mesh).__name__ in ("VectorSubcoreMesh", "ScalarSubcoreMesh"):
-      raise UnsupportedError.feature(f"pl.kernel over a {type(mesh).__name__}",
-                                     "SparseCore meshes arrive with the multi-core issue.")
-    raise UsageError(f"pl.kernel mesh must be a pltpu.TensorCoreMesh; got {mesh!r}.")
+  bodies = body if isinstance(body, list) else [body]
+  meshes = mesh if isinstance(mesh, list) else [mesh]
+  for m in meshes:
+    if not isinstance(m, (TensorCoreMesh, VectorSubcoreMesh, ScalarSubcoreMesh)):
+      raise UsageError(f"pl.kernel mesh must be a pltpu.TensorCoreMesh, plsc.VectorSubcoreMesh or "
+                       f"plsc.ScalarSubcoreMesh; got {m!r}.")
   in_leaves, _ = tree_flatten(tuple(args), is_leaf=lambda x: isinstance(x, Ref))
   tpu, machine = launch.new_launch(kname, params)
   chip = machine.chip
-  n_cores = chip.num_tensorcores_per_device if mesh.num_cores is None else mesh.num_cores
-  if n_cores > chip.num_tensorcores_per_device or n_cores < 1:
-    raise UsageError(
-        f"TensorCoreMesh(num_cores={n_cores}) for kernel '{kname}': {chip.name} has "
-        f"{chip.num_tensorcores_per_device} TensorCore(s) per device"
-        + (" (7x exposes each TensorCore as its own device)" if chip.name == "7x" else "") + ".")
   in_bufs, passed = [], set()
   for i, a in enumerate(in_leaves):
     if isinstance(a, Ref):
@@ -98,18 +103,17 @@ def _run(body, kname, out_type, mesh, scratch_types, params, args):
     else:
       arr = launch.to_host_array(a, f"args[{i}]")
       in_bufs.append(Ref(launch.hbm_input(arr, f"args[{i}]")))
-  _closure_check(body, passed, kname)
+  for b in bodies:
+    _closure_check(b, passed, kname)
   out_leaves, out_td = tree_flatten(out_type, is_leaf=lambda x: hasattr(x, "shape"))
   outs = [launch.out_struct(o, f"out_type[{i}]") for i, o in enumerate(out_leaves)]
   out_hbm = [Buffer(launch.uninitialized(s, d), s, d, MemorySpace.ANY, f"outputs[{i}]")
              for i, (s, d, sp) in enumerate(outs)]
   vmem_outs = [(i, MemoryRef(s, d, sp)) for i, (s, d, sp) in enumerate(outs)
                if sp in (MemorySpace.VMEM, MemorySpace.SMEM)]
-  machine.axes = [(mesh.axis_name, n_cores, "core")]
-  cores = [machine.add_core(0, c, {mesh.axis_name: (c, n_cores)}, params) for c in range(n_cores)]
   scratch_is_dict = isinstance(scratch_types, dict)
 
-  def program():
+  def program(body):
     def with_out_mem(*mem_refs):
       out_refs = [Ref(b) for b in out_hbm]
       for (i, _), r in zip(vmem_outs, mem_refs):
@@ -130,9 +134,48 @@ def _run(body, kname, out_type, mesh, scratch_types, params, args):
 
     scoped(with_out_mem, [t for _, t in vmem_outs], {}, "outputs")
 
-  machine.run([(c, program) for c in cores])
+  programs = []
+  for b, m in zip(bodies, meshes):
+    for core in _make_cores(machine, m, params, kname):
+      programs.append((core, functools.partial(program, b)))
+  machine.run(programs)
   launch.finish_launch(tpu, machine)
   return tree_unflatten(out_td, [b.storage for b in out_hbm])
+
+
+def _make_cores(machine, mesh, params, kname):
+  chip = machine.chip
+  if isinstance(mesh, TensorCoreMesh):
+    n = chip.num_tensorcores_per_device if mesh.num_cores is None else mesh.num_cores
+    if n > chip.num_tensorcores_per_device or n < 1:
+      raise UsageError(
+          f"TensorCoreMesh(num_cores={n}) for kernel '{kname}': {chip.name} has "
+          f"{chip.num_tensorcores_per_device} TensorCore(s) per device"
+          + (" (7x exposes each TensorCore as its own device)" if chip.name == "7x" else "") + ".")
+    cores = [machine.add_core(0, c, {mesh.axis_name: (c, n)}, params) for c in range(n)]
+    for c in cores:
+      c.mesh_axes = [(mesh.axis_name, n)]
+    return cores
+  check_for_chip(mesh, chip)
+  if isinstance(mesh, VectorSubcoreMesh):
+    nc, ns = mesh.num_cores, mesh.num_subcores
+    cores = []
+    for c in range(nc):
+      for s in range(ns):
+        core = machine.add_sparse_subcore(0, c, s, {mesh.core_axis_name: (c, nc),
+                                                    mesh.subcore_axis_name: (s, ns)}, params)
+        core.mesh_axes = [(mesh.core_axis_name, nc), (mesh.subcore_axis_name, ns)]
+        core.core_id_base = SC_BASE
+        cores.append(core)
+    return cores
+  cores = []
+  for c in range(mesh.num_cores):
+    core = machine.add_sparse_subcore(0, c, 0, {mesh.axis_name: (c, mesh.num_cores)}, params,
+                                      scalar=True)
+    core.mesh_axes = [(mesh.axis_name, mesh.num_cores)]
+    core.core_id_base = SCALAR_BASE
+    cores.append(core)
+  return cores
 
 
 def _as_tuple(x):

@@ -168,12 +168,13 @@ def scoped(f, types, kw_types, prefix: str, shared: bool = False, names=None):
   pos_bufs, pos_td = _alloc_tree(ex, tuple(types), prefix, shared, names)
   kw_bufs, kw_td = _alloc_tree(ex, dict(kw_types), prefix, shared)
   try:
-    pos = tree_unflatten(pos_td, [Ref(b) for b in pos_bufs])
-    kws = tree_unflatten(kw_td, [Ref(b) for b in kw_bufs])
+    pos = tree_unflatten(pos_td, [None if b is None else Ref(b) for b in pos_bufs])
+    kws = tree_unflatten(kw_td, [None if b is None else Ref(b) for b in kw_bufs])
     return f(*pos, **kws)
   finally:
     for b in reversed(pos_bufs + kw_bufs):
-      ex.free(b)
+      if b is not None:
+        ex.free(b)
 
 
 def with_scoped(*types, collective_axes=(), **kw_types):

@@ -162,13 +162,11 @@ def core_barrier(sem, *, core_axis_name: str) -> None:
 
 
 def run_on_first_core(core_axis_name: str):
-  """Decorator: run the function only on core 0 of `core_axis_name` (returns None elsewhere)."""
+  """Decorator that runs the function at once, on core 0 of `core_axis_name` only (like pl.when)."""
   def deco(f):
-    def wrapped(*args, **kwargs):
-      if concrete_value(axis_index(core_axis_name)) == 0:
-        return f(*args, **kwargs)
-      return None
-    return wrapped
+    if concrete_value(axis_index(core_axis_name)) == 0:
+      f()
+    return None
   return deco
 
 

@@ -20,9 +20,10 @@ from palace._src import hw
 from palace._src.errors import SyncError, UnsupportedError, UsageError
 from palace._src.sim.dma import Channel, move_data
 from palace._src.sim.report import Report
+from palace._src.sim.sparsecore import SC_BASE, SCALAR_BASE, SparseSubcore, sparsecore_channels
 from palace._src.sim.tensorcore import SemSlot, TensorCore
 from palace._src.sim.trace import Trace
-from palace._src.util import fmt_bytes, fmt_site
+from palace._src.util import fmt_bytes, fmt_site, user_site
 
 DMA_POLICIES = ("eager", "on_wait", "random")
 
@@ -76,6 +77,14 @@ class Machine:
   # ------------------------------------------------------------------ construction
   def add_core(self, chip_index: int, core_id: int, axis_env: dict, params) -> TensorCore:
     core = TensorCore(self, chip_index, core_id, axis_env, params)
+    self.cores.append(core)
+    return core
+
+  def add_sparse_subcore(self, chip_index: int, sc_index: int, subcore: int, axis_env: dict, params,
+                         scalar: bool = False):
+    spec = self.chip.sparsecore
+    core_id = (SCALAR_BASE + sc_index) if scalar else (SC_BASE + sc_index * spec.num_subcores + subcore)
+    core = SparseSubcore(self, chip_index, core_id, axis_env, params, sc_index, subcore, scalar)
     self.cores.append(core)
     return core
 
@@ -170,6 +179,14 @@ class Machine:
     for c in self.cores:
       if c.chip_index == chip and c.core_id == core_id:
         peer = c.named_buffers.get(buf.key)
+        if peer is None and self._sched is not None and self._sched.state.get(c) != "done" and \
+            c.alloc_seq < buf.key[1]:
+          # the peer has not reached this allocation yet: wait for it (scratch is per-core state)
+          me.blocked_on = (lambda: buf.key in c.named_buffers or self._sched.state.get(c) == "done",
+                           f"{buf.name} to be allocated on chip {chip} core {core_id}", user_site())
+          self.block(me)
+          me.blocked_on = None
+          peer = c.named_buffers.get(buf.key)
         if peer is None:
           raise SyncError(
               f"{buf.name} is not allocated on chip {chip} core {core_id} (target of a remote access "
@@ -183,13 +200,14 @@ class Machine:
     """device_id -> (chip, core). Dicts name the axes that change (others: mine); tuples give every
     chip-level mesh coordinate (plus core axes, if present); ints are logical chip ids."""
     chip_axes = [(n, s) for n, s, lvl in self.axes if lvl == "chip"]
-    core_axes = [(n, s) for n, s, lvl in self.axes if lvl == "core"]
-    coords = {n: me.axis_env[n][0] for n, _, _ in self.axes if n in me.axis_env}
+    core_axes = list(me.mesh_axes)
+    all_axes = [(n, s, "chip") for n, s in chip_axes] + [(n, s, "core") for n, s in core_axes]
+    coords = {n: me.axis_env[n][0] for n, _, _ in all_axes if n in me.axis_env}
     if isinstance(device_id, dict):
       for name, v in device_id.items():
         if name not in coords:
           raise UsageError(f"device_id names axis {name!r}, which is not a mesh axis here; axes: "
-                           f"{[n for n, _, _ in self.axes] or 'none'}.")
+                           f"{[n for n, _, _ in all_axes] or 'none'}.")
         coords[name] = int(v)
     elif isinstance(device_id, tuple):
       names = [n for n, _ in chip_axes]
@@ -201,7 +219,7 @@ class Machine:
       coords.update(zip(names, (int(v) for v in device_id)))
     else:
       return int(device_id), me.core_id
-    for n, s, _ in self.axes:
+    for n, s, _ in all_axes:
       if not 0 <= coords.get(n, 0) < s:
         raise UsageError(f"device_id coordinate {n}={coords[n]} is outside the mesh axis of size {s} "
                          f"(from chip {me.chip_index} core {me.core_id}); a remote copy or signal to a "
@@ -212,7 +230,7 @@ class Machine:
     core = 0
     for n, s in core_axes:
       core = core * s + coords.get(n, 0)
-    return chip, (core if core_axes else me.core_id)
+    return chip, (me.core_id_base + core if core_axes else me.core_id)
 
   # ------------------------------------------------------------------ ICI (multi-chip issue)
   def ici_transfer(self, src_chip, dst_chip, start, nbytes):
@@ -254,12 +272,18 @@ class Machine:
         return
 
   def _can_resume(self, core) -> bool:
+    if callable(core.blocked_on[0]):
+      return core.blocked_on[0]()
     buf, index, value, slot, dma, site = core.blocked_on
     return slot.value + sum(p[2] for p in slot.pending) >= value
 
   def deadlock_error(self, cores) -> SyncError:
     rows = []
     for c in cores:
+      if callable(c.blocked_on[0]):
+        rows.append(f"chip {c.chip_index} core {c.core_id} waits at {fmt_site(c.blocked_on[2])} for "
+                    f"{c.blocked_on[1]}")
+        continue
       buf, index, value, slot, dma, site = c.blocked_on
       what = f"DMA {dma.describe}" if dma is not None else f"semaphore {buf.name}"
       rows.append(f"chip {c.chip_index} core {c.core_id} waits at {fmt_site(site)} for {what}: "

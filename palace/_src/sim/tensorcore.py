@@ -49,6 +49,7 @@ class TensorCore:
     self.unit_free = dict.fromkeys(cost.UNITS, 0)
     self.unit_busy = dict.fromkeys(cost.UNITS, 0)
     self.horizon = 0
+    self.compute_done = 0     # latest result of any vector/MXU op (drained at grid-step boundaries)
     self.flops = 0
     limit = params.vmem_limit_bytes
     if limit is not None and limit > self.chip.vmem_bytes:
@@ -66,6 +67,12 @@ class TensorCore:
     self.tid = (chip_index, core_id)
     self.blocked_on = None
     self.alloc_seq = 0
+    self.share_group = (chip_index,)   # cores that see the same shared allocations
+    self.vmem_shared_limit = self.chip.vmem_bytes  # TensorCores: VMEM_SHARED is modelled as VMEM
+    self.dma_granule_bytes = 0
+    self.label = f"core {core_id}"
+    self.mesh_axes = []       # [(axis name, size)] of the core-level mesh this core runs in
+    self.core_id_base = 0     # core id of mesh position 0 (SparseCore subcores are numbered apart)
     self.named_buffers = {}   # key -> Buffer, to find "the same" buffer on another core or chip
 
   # ------------------------------------------------------------------ messages
@@ -84,14 +91,16 @@ class TensorCore:
     self.unit_free[unit] = end
     self.unit_busy[unit] += busy
     done = (end if end > ready else ready) + latency
-    if done > self.horizon:
-      self.horizon = done
+    if done > self.compute_done:
+      self.compute_done = done
+      if done > self.horizon:
+        self.horizon = done
     if self.trace.on:
       self.trace.add(self.tid, unit, what, start, end)
     return done
 
   def vector_op(self, op_class: str, shape, dtype, ready: int) -> int:
-    unit, busy, lat = cost.vector_cost(op_class, shape)
+    unit, busy, lat = cost.vector_cost(self.chip, op_class, shape)
     if unit is None:
       return ready
     return self._issue(unit, busy, lat, ready, op_class)
@@ -116,7 +125,8 @@ class TensorCore:
       if data is not None and not isinstance(data, np.ndarray):
         data = np.asarray(data)
       return (data if data is None or data.shape == () else data.copy()), ready
-    ready = self._issue("vld", *cost.vector_cost("load", shape)[1:], buf.ready_cycle, "load")
+    ready = self._issue("vld", *cost.vector_cost(self.chip, "load", shape, buf.dtype)[1:],
+                        buf.ready_cycle, "load")
     if self.timing_only or buf.storage is None:
       return None, ready
     return np.array(buf.storage[index], copy=True), ready
@@ -128,18 +138,24 @@ class TensorCore:
       self.now += self.chip.scalar_op_cycles
       done = self.now if self.now > ready else ready
     else:
-      unit, busy, lat = cost.vector_cost("store", shape)
+      unit, busy, lat = cost.vector_cost(self.chip, "store", shape, buf.dtype)
       done = self._issue(unit, busy, lat, ready, "store")
     if done > buf.ready_cycle:
       buf.ready_cycle = done
 
+  def dma_channels(self):
+    return self.machine.channels(self.chip_index, self.core_id)
+
   def alloc(self, mem_type, name: str, shared: bool = False) -> Buffer:
     """Allocate on this core. `shared`: one buffer for every core running this program (the first
-    core allocates, the others get the same buffer: `run_scoped(collective_axes=...)`)."""
+    core allocates, the others get the same buffer: `run_scoped(collective_axes=...)`). VMEM_SHARED
+    allocations are always shared by the cores of this core's share group (a SparseCore)."""
     self.alloc_seq += 1
     key = (name, self.alloc_seq)
+    if getattr(mem_type, "memory_space", None) == MemorySpace.VMEM_SHARED:
+      shared = True
     if shared:
-      buf = self.machine.shared_buffers.get((self.chip_index, key))
+      buf = self.machine.shared_buffers.get((self.share_group, key))
       if buf is not None:
         self.named_buffers[key] = buf
         return buf
@@ -147,7 +163,7 @@ class TensorCore:
     buf.key = key
     self.named_buffers[key] = buf
     if shared:
-      self.machine.shared_buffers[(self.chip_index, key)] = buf
+      self.machine.shared_buffers[(self.share_group, key)] = buf
     return buf
 
   def _alloc(self, mem_type, name: str) -> Buffer:
@@ -162,8 +178,13 @@ class TensorCore:
                        f" dtype), pltpu.SMEM(...) or pltpu.SemaphoreType.")
     space = mem_type.memory_space
     nbytes = mem_type.nbytes
-    if space in (MemorySpace.VMEM, MemorySpace.ANY) or space == MemorySpace.VMEM_SHARED:
-      space = MemorySpace.VMEM if space == MemorySpace.ANY else space
+    if space == MemorySpace.VMEM_SHARED:
+      if nbytes > self.vmem_shared_limit:
+        raise ResourceError(
+            f"VMEM_SHARED over capacity for {name} {self.where()}: {fmt_bytes(nbytes)} requested but "
+            f"the shared VMEM holds {fmt_bytes(self.vmem_shared_limit)}. Use smaller buffers.")
+    elif space in (MemorySpace.VMEM, MemorySpace.ANY):
+      space = MemorySpace.VMEM
       if self.vmem_used + nbytes > self.vmem_limit:
         raise ResourceError(self._vmem_message(name, nbytes))
       self.vmem_used += nbytes
@@ -231,7 +252,7 @@ class TensorCore:
       if req.sem_buf is not None:
         req.sem_buf = m.peer_buffer(req.sem_buf, target_chip, core, self)
     kind = direction(req.src_buf.memory_space, req.dst_buf.memory_space)
-    chans = m.channels(self.chip_index, self.core_id)
+    chans = self.dma_channels()
     if target_chip != self.chip_index:
       s, e, done = m.ici_transfer(self.chip_index, target_chip, start, req.nbytes)
       read_done = e
@@ -242,10 +263,13 @@ class TensorCore:
     rec.start_cycle, rec.done_cycle, rec.read_done_cycle = s, done, read_done
     if done > self.horizon:
       self.horizon = done
+    self.trace.count_dma(kind, req.nbytes)
     if self.trace.on:
       self.trace.add(self.tid, "dma", kind, s, done, {"copy": req, "bytes": req.nbytes})
-    if m.dma_policy.move_at_start(rec):
-      move_data(req) if not self.timing_only or req.dst_buf.storage is not None else None
+    if self.timing_only and req.dst_buf.memory_space != MemorySpace.SMEM:
+      rec.moved = True  # timing only: payloads are skipped; only scalar (SMEM) data moves
+    elif m.dma_policy.move_at_start(rec):
+      move_data(req)
       rec.moved = True
     m.add_arrival(req.sem_buf, req.sem_index, done, req.nbytes, rec)
     if req.src_sem_buf is not None:
@@ -302,8 +326,13 @@ class TensorCore:
     return slot.value + sum(p[2] for p in slot.pending if p[0] <= self.now)
 
   def grid_step(self) -> None:
-    self.now += self.chip.grid_step_overhead_cycles
+    # In-order VLIW issue with no software pipelining across grid steps (modelling assumption): the
+    # next step's bundles issue after this step's last vector/MXU result, then the step overhead.
+    start = self.now if self.now > self.compute_done else self.compute_done
+    self.now = start + self.chip.grid_step_overhead_cycles
     self.unit_busy["scalar"] += self.chip.grid_step_overhead_cycles
+    if self.trace.on:
+      self.trace.add(self.tid, "scalar", "grid step", start, self.now)
 
   # ------------------------------------------------------------------ end of kernel
   def _check_sem_zero(self, buf, when: str) -> None:

@@ -1,0 +1,218 @@
+"""SparseCore vector-subcore primitives (L4a): `plsc.load_gather`, `store_scatter`, `cumsum`, ...
+
+Semantics follow jax.experimental.pallas.tpu_sc (pallas-api.md section 5.2). Values are 1-D vectors of
+the subcore's lane width; masks are boolean vectors of the same length (masked-off lanes read 0 and are
+not written).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from palace._src import dtypes as dt
+from palace._src import executor
+from palace._src.errors import OutOfBoundsError, ShapeError, UsageError
+from palace._src.lang import numpy_ops as jnp
+from palace._src.lang.array import Array, concrete_int, concrete_value, ready_of
+from palace._src.lang.primitives import loop
+from palace._src.lang.refs import Ref
+from palace._src.lang.tpu_primitives import bitcast as _tpu_bitcast
+
+
+def _vals(x):
+  v = concrete_value(x)
+  return np.asarray(v)
+
+
+def _idx_tuple(ref: Ref, indices):
+  if not isinstance(indices, (list, tuple)):
+    indices = [indices]
+  if len(indices) != ref.ndim:
+    raise ShapeError(f"{ref.origin()} has {ref.ndim} dims but {len(indices)} index vectors were given; "
+                     f"pass one 1-D index vector per dimension.")
+  out = []
+  for d, ix in enumerate(indices):
+    v = _vals(ix).astype(np.int64)
+    ex = executor.current()
+    if ex.bounds_checks and v.size and (v.min() < 0 or v.max() >= ref.shape[d]):
+      raise OutOfBoundsError(f"Gather/scatter index out of bounds for dim {d} of {ref.origin()} "
+                             f"(size {ref.shape[d]}) {ex.where()}: got {int(v.max())} / {int(v.min())}.")
+    dim = ref.dims[[i for i, x in enumerate(ref.dims) if type(x) is tuple][d]]
+    out.append(dim[0] + v * dim[2])
+  full = []
+  it = iter(out)
+  for x in ref.dims:
+    full.append(x if type(x) is int else next(it))
+  return tuple(full)
+
+
+def _charge(ref_or_shape, dtype, ready, op="cheap"):
+  ex = executor.current("a SparseCore op")
+  shape = ref_or_shape if isinstance(ref_or_shape, tuple) else ref_or_shape.shape
+  return ex.vector_op(op, shape, dtype, ready)
+
+
+def _mask(mask, n):
+  if mask is None:
+    return None
+  m = _vals(mask).astype(bool)
+  if m.shape != (n,):
+    raise ShapeError(f"mask of shape {m.shape} does not match a vector of {n} lanes.")
+  return m
+
+
+def load_gather(ref: Ref, indices, *, mask=None):
+  """out[i] = ref[indices[0][i], indices[1][i], ...] (0 where masked off)."""
+  idx = _idx_tuple(ref, indices)
+  n = idx[-1].shape[0] if hasattr(idx[-1], "shape") else 1
+  data = ref.buf.storage[idx] if ref.buf.storage is not None else np.zeros(n, ref.dtype)
+  m = _mask(mask, data.shape[0])
+  if m is not None:
+    data = np.where(m, data, np.zeros((), ref.dtype))
+  ready = _charge(data.shape, ref.dtype, max(ready_of(*(indices if isinstance(indices, (list, tuple))
+                                                        else [indices])), ref.buf.ready_cycle), "load")
+  return Array(np.asarray(data, ref.dtype).copy(), data.shape, ref.dtype, ready)
+
+
+def _scatter(ref: Ref, indices, x, mask, add: bool):
+  idx = _idx_tuple(ref, indices)
+  vals = np.asarray(_vals(x), ref.dtype) if not isinstance(x, Array) or x.dtype == ref.dtype else None
+  if vals is None:
+    raise ShapeError(f"Cannot scatter {x.dtype} values into {ref.origin()} of dtype {ref.dtype}.")
+  m = _mask(mask, vals.shape[0])
+  if m is not None:
+    idx = tuple(i[m] if isinstance(i, np.ndarray) else i for i in idx)
+    vals = vals[m]
+  if ref.buf.storage is not None:
+    if add:
+      np.add.at(ref.buf.storage, idx, vals)
+    else:
+      ref.buf.storage[idx] = vals
+  done = _charge(vals.shape, ref.dtype, ready_of(x), "store")
+  ref.buf.ready_cycle = max(ref.buf.ready_cycle, done)
+
+
+def store_scatter(ref, indices, x, *, mask=None):
+  _scatter(ref, indices, x, mask, add=False)
+
+
+def addupdate_scatter(ref, indices, x, *, mask=None):
+  """Scatter with atomic add: repeated indices accumulate."""
+  _scatter(ref, indices, x, mask, add=True)
+
+
+def addupdate(ref, x):
+  ref[...] = ref[...] + x
+
+
+def load_expanded(ref: Ref, *, mask):
+  """The i-th True lane of `mask` gets ref[i]; other lanes are 0."""
+  m = _mask(mask, ref.shape[0])
+  src = ref.buf.storage[ref._np_index] if ref.buf.storage is not None else np.zeros(ref.shape, ref.dtype)
+  out = np.zeros(ref.shape, ref.dtype)
+  k = int(m.sum())
+  out[m] = np.asarray(src).reshape(-1)[:k]
+  return Array(out, out.shape, ref.dtype, _charge(out.shape, ref.dtype, ref.buf.ready_cycle, "load"))
+
+
+def store_compressed(ref: Ref, x, *, mask):
+  """The masked lanes of x are packed to the front of ref."""
+  vals = _vals(x)
+  m = _mask(mask, vals.shape[0])
+  packed = vals[m]
+  if ref.buf.storage is not None:
+    view = ref.buf.storage[ref._np_index]
+    flat = view.reshape(-1).copy()
+    flat[:packed.size] = packed
+    view[...] = flat.reshape(view.shape)
+  _charge(vals.shape, ref.dtype, ready_of(x), "store")
+
+
+def addupdate_compressed(ref: Ref, x, *, mask):
+  vals = _vals(x)
+  m = _mask(mask, vals.shape[0])
+  packed = vals[m]
+  if ref.buf.storage is not None:
+    view = ref.buf.storage[ref._np_index]
+    view.reshape(-1)[:packed.size] += packed.astype(view.dtype)
+  _charge(vals.shape, ref.dtype, ready_of(x), "store")
+
+
+def _vector_result(x, data, dtype=None, op="cheap"):
+  d = dt.canonicalize(dtype) if dtype is not None else x.dtype
+  return jnp._out(np.asarray(data, d), tuple(np.shape(data)), d, ready_of(x), op, True)
+
+
+def cumsum(x, *, mask=None):
+  v = _vals(x)
+  m = _mask(mask, v.shape[0])
+  if m is not None:
+    v = np.where(m, v, 0)
+  return _vector_result(x, np.cumsum(v).astype(x.dtype), op="reduce_lane")
+
+
+def cummax(x, *, mask=None):
+  v = _vals(x)
+  m = _mask(mask, v.shape[0])
+  if m is not None:
+    low = np.finfo(v.dtype).min if v.dtype.kind == "f" else np.iinfo(v.dtype).min
+    v = np.where(m, v, low)
+  return _vector_result(x, np.maximum.accumulate(v), op="reduce_lane")
+
+
+def sort_key_val(keys, values, *, mask=None, descending=False):
+  """Sort `values` by `keys`; with a mask, masked-off entries go last and the sorted mask is returned."""
+  k, v = _vals(keys), _vals(values)
+  m = _mask(mask, k.shape[0])
+  order_keys = -k.astype(np.float64) if descending else k.astype(np.float64)
+  if m is not None:
+    order = np.lexsort((order_keys, ~m))
+  else:
+    order = np.argsort(order_keys, kind="stable")
+  ks = _vector_result(keys, k[order], op="xlu")
+  vs = _vector_result(values, v[order], op="xlu")
+  if m is None:
+    return ks, vs
+  return ks, vs, _vector_result(keys, m[order], dtype=dt.bool_)
+
+
+def all_reduce_population_count(x, *, reduce: int = 1):
+  """Number of True lanes, in every lane of an int32 vector (an all-reduce across lanes)."""
+  v = _vals(x).astype(bool)
+  return _vector_result(x, np.full(v.shape, int(v.sum()), np.int32), dtype=dt.int32, op="reduce_lane")
+
+
+def all_reduce_ffs(x, *, reduce: int = 1):
+  """Index of the first True lane (the lane count if none), in every lane."""
+  v = _vals(x).astype(bool)
+  first = int(np.argmax(v)) if v.any() else v.shape[0]
+  return _vector_result(x, np.full(v.shape, first, np.int32), dtype=dt.int32, op="reduce_lane")
+
+
+def bitcast(x, dtype):
+  return _tpu_bitcast(x, dtype, dim=-1)
+
+
+def subcore_barrier() -> None:
+  """Barrier across the vector subcores of this SparseCore."""
+  ex = executor.current("plsc.subcore_barrier()")
+  barrier = getattr(ex, "subcore_barrier", None)
+  if barrier is None:
+    raise UsageError("plsc.subcore_barrier() is only valid on SparseCore vector subcores "
+                     "(a plsc.VectorSubcoreMesh kernel).")
+  barrier()
+
+
+def parallel_loop(lower, upper, step=1, *, unroll=1, carry=None):
+  """Decorator: a loop whose iterations are declared independent (run in order here)."""
+  return loop(lower, upper, step=step, init_carry=carry)
+
+
+def fetch_and_add(x_ref: Ref, value, *, subcore_id):
+  """Atomically add `value` to the SMEM scalar `x_ref` of vector subcore `subcore_id` of this
+  SparseCore; returns the old value."""
+  ex = executor.current("plsc.fetch_and_add()")
+  target = ex.peer_subcore_buffer(x_ref.buf, concrete_int(subcore_id, "subcore_id"))
+  old = target.storage[x_ref._np_index].copy()
+  target.storage[x_ref._np_index] = old + np.asarray(concrete_value(value), target.dtype)
+  ex.scalar_op()
+  return Array(np.asarray(old), (), x_ref.dtype, ex.now)

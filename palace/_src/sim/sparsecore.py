@@ -1,0 +1,128 @@
+"""SparseCore subcores of the virtual TPU (L4b).
+
+Geometry per chip comes from hw.SparseCoreSpec ([tpu_info], docs/pallas/tpu/sparsecore.md): SparseCores
+per device, 16 vector subcores each with its own VMEM (TileSpmem), a shared VMEM (Spmem) per SparseCore,
+SIMD lanes per subcore and a DMA granule. Cost model (modelling assumptions, not fitted):
+  * a vector op costs one cycle per (lanes * packing) elements on the subcore's VPU; there is no MXU;
+  * indexed DMAs move whole granules per row (the request's byte count is rounded per row);
+  * each SparseCore's DMA engines share one channel at the chip's HBM bandwidth, and all cores of a
+    chip share the HBM channel, so TensorCore and SparseCore traffic contend for bandwidth.
+Core ids: TensorCores are 0..n-1; vector subcore s of SparseCore c is SC_BASE + c * subcores + s; the
+scalar subcore of SparseCore c is SCALAR_BASE + c.
+"""
+from __future__ import annotations
+
+import math
+
+from palace._src import dtypes as dt
+from palace._src.core import MemorySpace
+from palace._src.errors import UnsupportedError, UsageError
+from palace._src.sim.dma import Channel
+from palace._src.sim.tensorcore import SemSlot, TensorCore
+from palace._src.util import user_site
+
+SC_BASE = 64
+SCALAR_BASE = 1024
+
+
+class _BarrierName:
+  name = "subcore barrier"
+
+
+_BARRIER = _BarrierName()
+
+
+class SparseSubcore(TensorCore):
+  """A SparseCore vector or scalar subcore."""
+
+  def __init__(self, machine, chip_index, core_id, axis_env, params, sc_index: int, subcore: int,
+               scalar: bool):
+    super().__init__(machine, chip_index, core_id, axis_env, params)
+    spec = machine.chip.sparsecore
+    self.sc_index = sc_index
+    self.subcore = subcore
+    self.scalar = scalar
+    self.lanes = spec.num_lanes
+    self.dma_granule_bytes = spec.dma_granule_bytes
+    self.vmem_limit = 0 if scalar else spec.vmem_bytes_per_subcore
+    self.vmem_shared_limit = spec.vmem_shared_bytes
+    self.share_group = (chip_index, "sc", sc_index)
+    self.label = f"sc{sc_index} scalar" if scalar else f"sc{sc_index} subcore {subcore}"
+    self.barrier_gen = 0
+
+  def alloc(self, mem_type, name: str, shared: bool = False):
+    """Scalar subcores have no TileSpmem: in an MPMD kernel their VMEM scratch entries are None."""
+    if self.scalar and getattr(mem_type, "memory_space", None) == MemorySpace.VMEM:
+      self.alloc_seq += 1
+      return None
+    return super().alloc(mem_type, name, shared)
+
+  def dma_channels(self):
+    hbm = self.machine.channels(self.chip_index, 0)[1]
+    return sparsecore_channels(self.machine, self.chip_index, self.sc_index, hbm)
+
+  def where(self) -> str:
+    gp = f"at grid point {self.grid_stack[-1][0]} " if self.grid_stack else ""
+    return f"{gp}on chip {self.chip_index} SparseCore {self.sc_index} " + (
+        "scalar subcore" if self.scalar else f"vector subcore {self.subcore}") + \
+        f" in kernel '{self.kernel_name}'"
+
+  def vector_op(self, op_class: str, shape, dtype, ready: int) -> int:
+    if op_class == "free":
+      return ready
+    n = 1
+    for s in shape:
+      n *= s
+    width = self.lanes * dt.packing(dtype if hasattr(dtype, "itemsize") else dt.int32)
+    per = {"medium": 4, "transcendental": 4, "expensive": 16, "reduce_lane": 2, "xlu": 2}.get(op_class, 1)
+    busy = max(1, math.ceil(n / width)) * per
+    unit = "vld" if op_class == "load" else ("vst" if op_class == "store" else "vpu")
+    return self._issue(unit, busy, 2, ready, op_class)
+
+  def subcore_barrier(self) -> None:
+    """Wait until every vector subcore of this SparseCore reached its barrier of the same number."""
+    if self.scalar:
+      raise UnsupportedError("plsc.subcore_barrier() on a scalar subcore: it synchronises the vector "
+                             "subcores of a SparseCore (use a VectorSubcoreMesh).")
+    m = self.machine
+    key = ("subcore_barrier", self.share_group)
+    slot = m.slots.get(key)
+    if slot is None:
+      slot = m.slots[key] = SemSlot()
+    self.barrier_gen += 1
+    peers = sum(1 for c in m.cores if getattr(c, "share_group", None) == self.share_group
+                and not getattr(c, "scalar", True))
+    self.now += self.chip.scalar_op_cycles
+    slot.pending.append((self.now, m.next_seq(), 1, None, False))
+    target = self.barrier_gen * peers
+    while True:
+      t = m.settle(slot, target)
+      if t is not None:
+        break
+      self.blocked_on = (_BARRIER, (), target, slot, None, user_site())
+      m.block(self)
+      self.blocked_on = None
+    self.now = max(self.now, t)
+
+  def peer_subcore_buffer(self, buf, subcore: int):
+    spec = self.machine.chip.sparsecore
+    if not 0 <= subcore < spec.num_subcores:
+      raise UsageError(f"subcore_id={subcore} {self.where()}: a SparseCore has {spec.num_subcores} "
+                       f"vector subcores.")
+    return self.machine.peer_buffer(buf, self.chip_index, SC_BASE + self.sc_index * spec.num_subcores
+                                    + subcore, self)
+
+  def matmul(self, m, k, n, batch, lhs_dtype, rhs_dtype, ready: int) -> int:
+    raise UnsupportedError(
+        f"Matrix multiplication {self.where()}: SparseCores have no MXU. Run matmuls on the "
+        f"TensorCore (an MPMD pl.kernel can combine a TensorCoreMesh body with SparseCore bodies).")
+
+
+def sparsecore_channels(machine, chip_index: int, sc_index: int, hbm: Channel):
+  key = (chip_index, "sc", sc_index)
+  ch = machine._chans.get(key)
+  if ch is None:
+    clock = machine.chip.clock_hz
+    ch = machine._chans[key] = (Channel("sc-dma", machine.chip.hbm_bytes_per_s_per_device, clock), hbm,
+                                Channel("sc-local", machine.chip.vmem_vmem_dma_bytes_per_s, clock))
+  return ch

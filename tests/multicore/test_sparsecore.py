@@ -1,0 +1,179 @@
+"""SparseCore meshes: every subcore runs, indexed gather/scatter DMAs, plsc vector ops, MPMD."""
+import functools
+
+import numpy as np
+import pytest
+
+import palace as pl
+import palace.numpy as jnp
+from palace import lax
+from palace import tpu as pltpu
+from palace import tpu_sc as plsc
+
+
+def test_sparsecore_mesh_on_chip_without_sparsecores_is_an_error():
+  with pl.virtual_tpu("v5e"), pytest.raises(pl.UsageError, match=r"v5e\) does not have SparseCores"):
+    plsc.VectorSubcoreMesh(core_axis_name="core", subcore_axis_name="subcore")
+
+
+def test_all_64_vector_subcores_of_v5p_write_their_rows():
+  with pl.virtual_tpu("v5p") as tpu:
+    mesh = plsc.VectorSubcoreMesh(core_axis_name="core", subcore_axis_name="subcore")
+    n = mesh.num_cores * mesh.num_subcores
+    lanes = plsc.get_sparse_core_info().num_lanes
+
+    @functools.partial(pl.kernel, out_type=pl.ShapeDtypeStruct((n, lanes), np.int32), mesh=mesh,
+                       scratch_types=[pltpu.VMEM((lanes,), jnp.int32)])
+    def k(o_hbm, buf):
+      wid = lax.axis_index(("core", "subcore"))
+      buf[...] = jnp.full((lanes,), 1, jnp.int32) * wid + lax.axis_size(("core", "subcore"))
+      pltpu.sync_copy(buf, o_hbm.at[wid])
+
+    out = k()
+  assert n == 64
+  np.testing.assert_array_equal(out, np.arange(n)[:, None] + n + np.zeros((n, lanes), np.int32))
+  cores = {e[0][1] for e in tpu.reports[-1].events}
+  assert len(cores) == 64
+
+
+@pytest.mark.parametrize("chip", ["v6e", "7x"])
+def test_indexed_gather_equals_table_take(chip):
+  rng = np.random.default_rng(0)
+  table = rng.standard_normal((256, 128)).astype(np.float32)
+  with pl.virtual_tpu(chip):
+    mesh = plsc.VectorSubcoreMesh(core_axis_name="core", subcore_axis_name="subcore")
+    workers = mesh.num_cores * mesh.num_subcores
+    per = 8
+    idx = rng.integers(0, 256, size=workers * per).astype(np.int32)
+
+    @functools.partial(pl.kernel, out_type=pl.ShapeDtypeStruct((workers * per, 128), np.float32),
+                       mesh=mesh, scratch_types=[pltpu.VMEM((per,), jnp.int32),
+                                                 pltpu.VMEM((per, 128), jnp.float32)])
+    def gather(table_hbm, idx_hbm, out_hbm, idx_vmem, rows_vmem):
+      wid = lax.axis_index(("core", "subcore"))
+      pltpu.sync_copy(idx_hbm.at[pl.ds(wid * per, per)], idx_vmem)
+      pltpu.sync_copy(table_hbm.at[idx_vmem], rows_vmem)
+      pltpu.sync_copy(rows_vmem, out_hbm.at[pl.ds(wid * per, per)])
+
+    out = gather(table, idx)
+  np.testing.assert_array_equal(out, table[idx])
+
+
+def test_scatter_add_equals_np_add_at_and_ignored_entries_are_skipped():
+  rng = np.random.default_rng(1)
+  updates = rng.standard_normal((16, 128)).astype(np.float32)
+  idx = np.array([3, 5, 3, 7, 0, 5, 5, 1, 2, 3, 4, 6, 7, 0, 1, 2], np.int32)
+  idx_ignored = idx.copy()
+  idx_ignored[::4] = -1
+  with pl.virtual_tpu("v6e"):
+    mesh = plsc.VectorSubcoreMesh(core_axis_name="core", subcore_axis_name="subcore", num_cores=1,
+                                  num_subcores=1)
+
+    def make(ignored):
+      @functools.partial(pl.kernel, out_type=(), mesh=mesh,
+                         scratch_types=[pltpu.VMEM((16,), jnp.int32), pltpu.VMEM((16, 128), jnp.float32)])
+      def scatter_add(upd_hbm, idx_hbm, acc_hbm, idx_vmem, upd_vmem):
+        pltpu.sync_copy(idx_hbm, idx_vmem)
+        pltpu.sync_copy(upd_hbm, upd_vmem)
+        target = plsc.Indices(idx_vmem, ignored_value=-1) if ignored else idx_vmem
+        pltpu.sync_copy(upd_vmem, acc_hbm.at[target], add=True)
+      return scatter_add
+
+    acc = pl.new_ref(np.zeros((8, 128), np.float32))
+    make(False)(updates, idx, acc)
+    acc2 = pl.new_ref(np.zeros((8, 128), np.float32))
+    make(True)(updates, idx_ignored, acc2)
+  ref = np.zeros((8, 128), np.float32)
+  np.add.at(ref, idx, updates)
+  np.testing.assert_allclose(pl.freeze(acc), ref, rtol=1e-6, atol=1e-6)
+  ref2 = np.zeros((8, 128), np.float32)
+  keep = idx_ignored != -1
+  np.add.at(ref2, idx_ignored[keep], updates[keep])
+  np.testing.assert_allclose(pl.freeze(acc2), ref2, rtol=1e-6, atol=1e-6)
+
+
+def test_vector_ops_and_subcore_barrier():
+  lanes = 8
+  x = np.array([5, 1, 4, 1, 5, 9, 2, 6], np.int32)
+  with pl.virtual_tpu("v5p"):
+    mesh = plsc.VectorSubcoreMesh(core_axis_name="c", subcore_axis_name="s", num_cores=1, num_subcores=2)
+
+    @functools.partial(pl.kernel, out_type=pl.ShapeDtypeStruct((6, lanes), np.int32), mesh=mesh,
+                       scratch_types=[pltpu.VMEM((lanes,), jnp.int32), pltpu.VMEM((lanes,), jnp.int32),
+                                      pltpu.VMEM_SHARED((2, lanes), jnp.int32)])
+    def k(x_hbm, o_hbm, xv, tmp, shared):
+      s = lax.axis_index("s")
+      pltpu.sync_copy(x_hbm, xv)
+      v = xv[...]
+      mask = v > 2
+
+      @pl.when(s == 0)
+      def _():
+        tmp[...] = plsc.cumsum(v, mask=mask)
+        pltpu.sync_copy(tmp, o_hbm.at[0])
+        keys, vals = plsc.sort_key_val(v, jnp.arange(lanes, dtype=jnp.int32))
+        tmp[...] = keys
+        pltpu.sync_copy(tmp, o_hbm.at[1])
+        tmp[...] = vals
+        pltpu.sync_copy(tmp, o_hbm.at[2])
+        tmp[...] = plsc.load_gather(xv, [jnp.arange(lanes, dtype=jnp.int32)[::-1] if False else
+                                         (lanes - 1) - jnp.arange(lanes, dtype=jnp.int32)])
+        pltpu.sync_copy(tmp, o_hbm.at[3])
+        tmp[...] = plsc.all_reduce_population_count(mask)
+        pltpu.sync_copy(tmp, o_hbm.at[4])
+
+      # each subcore writes its row of shared VMEM; after the barrier subcore 1 reads both
+      tmp[...] = jnp.full((lanes,), 10, jnp.int32) * (s + 1)
+      pltpu.sync_copy(tmp, shared.at[s])
+      plsc.subcore_barrier()
+
+      @pl.when(s == 1)
+      def _():
+        pltpu.sync_copy(shared.at[0], tmp)
+        xv[...] = tmp[...]
+        pltpu.sync_copy(shared.at[1], tmp)
+        tmp[...] = tmp[...] + xv[...]
+        pltpu.sync_copy(tmp, o_hbm.at[5])
+
+    out = k(x)
+  np.testing.assert_array_equal(out[0], np.cumsum(np.where(x > 2, x, 0)))
+  order = np.argsort(x, kind="stable")
+  np.testing.assert_array_equal(out[1], x[order])
+  np.testing.assert_array_equal(out[2], order)
+  np.testing.assert_array_equal(out[3], x[::-1])
+  np.testing.assert_array_equal(out[4], np.full(lanes, (x > 2).sum()))
+  np.testing.assert_array_equal(out[5], np.full(lanes, 30))
+
+
+def test_mpmd_vector_and_scalar_subcores():
+  with pl.virtual_tpu("v5p"):
+    vmesh = plsc.VectorSubcoreMesh(core_axis_name="core", subcore_axis_name="subcore", num_cores=1,
+                                   num_subcores=4)
+    smesh = plsc.ScalarSubcoreMesh(axis_name="core", num_cores=1)
+
+    def vector_body(o_hbm, flag, buf):
+      s = lax.axis_index("subcore")
+      buf[...] = jnp.full((8,), 1, jnp.int32) * (s + 100)
+      pltpu.sync_copy(buf, o_hbm.at[s])
+
+    def scalar_body(o_hbm, flag, buf):
+      flag[0] = 7
+
+    k = pl.kernel([vector_body, scalar_body], out_type=pl.ShapeDtypeStruct((4, 8), np.int32),
+                  mesh=[vmesh, smesh], scratch_types=[pltpu.SMEM((1,), jnp.int32),
+                                                      pltpu.VMEM((8,), jnp.int32)])
+    out = k()
+  np.testing.assert_array_equal(out, np.arange(100, 104)[:, None] * np.ones((1, 8), np.int32))
+
+
+def test_sparsecore_has_no_mxu():
+  with pl.virtual_tpu("v6e"):
+    mesh = plsc.VectorSubcoreMesh(core_axis_name="c", subcore_axis_name="s", num_cores=1, num_subcores=1)
+
+    @functools.partial(pl.kernel, out_type=(), mesh=mesh, scratch_types=[pltpu.VMEM((8, 8), jnp.float32)])
+    def k(buf):
+      buf[...] = jnp.zeros((8, 8), jnp.float32)
+      jnp.dot(buf[...], buf[...])
+
+    with pytest.raises(pl.UnsupportedError, match="SparseCores have no MXU"):
+      k()
