@@ -13,6 +13,7 @@ from __future__ import annotations
 import builtins
 import math
 
+import ml_dtypes
 import numpy as np
 
 from palace._src import dtypes as dt
@@ -21,12 +22,43 @@ from palace._src.errors import ShapeError, UsageError
 from palace._src.lang.array import Array, dtype_of, ready_of
 from palace._src.util import user_frame_summary
 
+
+
+class _ScalarType(type):
+  """`jnp.float32` & co.: usable wherever a dtype is (np.dtype(jnp.float32), ==, dtype=...) and callable
+  like JAX's scalar types: `jnp.float32(x)` is `jnp.asarray(x, jnp.float32)`."""
+
+  def __call__(cls, x):
+    return asarray(x, cls.dtype)
+
+  def __eq__(cls, other):
+    try:
+      return cls.dtype == np.dtype(other)
+    except TypeError:
+      return NotImplemented
+
+  def __hash__(cls):
+    return hash(cls.dtype)
+
+  def __getattr__(cls, name):
+    return getattr(cls.dtype, name)
+
+  def __repr__(cls):
+    return f"jnp.{cls.dtype.name}"
+
+
+def _scalar_type(d: np.dtype) -> _ScalarType:
+  return _ScalarType(d.name, (), {"dtype": d})
+
+
 # dtype names re-exported by palace.numpy
-float32, bfloat16, float16 = dt.float32, dt.bfloat16, dt.float16
-float8_e4m3fn, float8_e5m2 = dt.float8_e4m3fn, dt.float8_e5m2
-int8, int16, int32, uint8, uint16, uint32 = dt.int8, dt.int16, dt.int32, dt.uint8, dt.uint16, dt.uint32
-int4, uint4, bool_ = dt.int4, dt.uint4, dt.bool_
-float64, int64 = np.dtype(np.float64), np.dtype(np.int64)
+float32, bfloat16, float16 = _scalar_type(dt.float32), _scalar_type(dt.bfloat16), _scalar_type(dt.float16)
+float8_e4m3fn, float8_e5m2 = _scalar_type(dt.float8_e4m3fn), _scalar_type(dt.float8_e5m2)
+int8, int16, int32 = _scalar_type(dt.int8), _scalar_type(dt.int16), _scalar_type(dt.int32)
+uint8, uint16, uint32 = _scalar_type(dt.uint8), _scalar_type(dt.uint16), _scalar_type(dt.uint32)
+int4, uint4, bool_ = _scalar_type(dt.int4), _scalar_type(dt.uint4), _scalar_type(dt.bool_)
+float64, int64 = _scalar_type(np.dtype(np.float64)), _scalar_type(np.dtype(np.int64))
+finfo, iinfo = ml_dtypes.finfo, ml_dtypes.iinfo
 pi, e, inf, nan = math.pi, math.e, math.inf, math.nan
 newaxis = None
 ndarray = Array

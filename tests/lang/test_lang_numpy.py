@@ -1,0 +1,218 @@
+"""`palace.numpy` inside kernels against NumPy references."""
+import math
+
+import numpy as np
+import pytest
+
+import palace as pl
+import palace.numpy as jnp
+from palace import lax
+from lang_helpers import apply, dtype_in_kernel
+
+
+@pytest.fixture
+def x(rng):
+  return rng.uniform(0.1, 3.0, (16, 128)).astype(np.float32)
+
+
+@pytest.fixture
+def y(rng):
+  return rng.uniform(-3.0, 3.0, (16, 128)).astype(np.float32)
+
+
+def test_creation_functions():
+  def fn(v):
+    z = jnp.zeros((16, 128), jnp.float32) + jnp.ones_like(v) * 2 + jnp.full((16, 128), 3.0)
+    z = z + jnp.zeros_like(v) + jnp.full_like(v, 0.5) + jnp.ones((16, 128))
+    assert jnp.zeros((2, 3)).dtype == jnp.float32 and jnp.full((2,), 1).dtype == jnp.int32
+    assert jnp.zeros((2,), jnp.bfloat16).dtype == jnp.bfloat16
+    assert jnp.full_like(v, 1, dtype=jnp.int8).dtype == jnp.int8
+    return z
+
+  v = np.zeros((16, 128), np.float32)
+  out, _ = apply(fn, v)
+  np.testing.assert_array_equal(out, np.full((16, 128), 6.5, np.float32))
+
+
+def test_arange_and_iota_helpers():
+  def fn(v):
+    a = jnp.arange(128)
+    assert a.dtype == jnp.int32 and jnp.arange(0.0, 4.0).dtype == jnp.float32
+    rows = lax.broadcasted_iota(jnp.int32, (16, 128), 0)
+    cols = lax.broadcasted_iota(jnp.int32, (16, 128), 1)
+    b = jnp.arange(2, 18, 1, dtype=jnp.float32).reshape(16, 1)
+    i = lax.iota(jnp.int32, 128)
+    return (rows * 1000 + cols + a + i).astype(jnp.float32) + b
+
+  out, _ = apply(fn, np.zeros((16, 128), np.float32))
+  r, c = np.mgrid[0:16, 0:128]
+  np.testing.assert_array_equal(out, (r * 1000 + 3 * c).astype(np.float32) + np.arange(2, 18)[:, None])
+
+
+UNARY = [
+    ("exp", jnp.exp, np.exp), ("log", jnp.log, np.log), ("tanh", jnp.tanh, np.tanh),
+    ("sqrt", jnp.sqrt, np.sqrt), ("rsqrt", jnp.rsqrt, lambda v: 1 / np.sqrt(v)),
+    ("abs", jnp.abs, np.abs), ("sin", jnp.sin, np.sin), ("cos", jnp.cos, np.cos),
+    ("neg", lambda v: -v, np.negative), ("square", jnp.square, np.square),
+    ("log1p", jnp.log1p, np.log1p), ("floor", jnp.floor, np.floor),
+    ("logistic", lax.logistic, lambda v: 1 / (1 + np.exp(-v))),
+    ("erf", jnp.erf if hasattr(jnp, "erf") else lax.erf, np.vectorize(math.erf)),
+    ("reciprocal", jnp.reciprocal, np.reciprocal),
+]
+
+
+@pytest.mark.parametrize("name,fn,ref", UNARY, ids=[u[0] for u in UNARY])
+def test_unary_math_f32(name, fn, ref, x):
+  out, d = apply(fn, x)
+  assert d == np.float32
+  np.testing.assert_allclose(out, ref(x.astype(np.float64)).astype(np.float32), rtol=2e-6, atol=1e-6)
+
+
+def test_unary_math_bf16_rounds_f32_result(x):
+  xb = x.astype(jnp.bfloat16)
+  out, d = apply(jnp.exp, xb)
+  assert d == jnp.bfloat16
+  np.testing.assert_array_equal(out, np.exp(xb.astype(np.float32)).astype(jnp.bfloat16))
+
+
+def test_int_math_gives_float32():
+  i = np.arange(1, 16 * 128 + 1, dtype=np.int32).reshape(16, 128)
+  out, d = apply(jnp.sqrt, i, out_dtype=np.float32)
+  assert d == np.float32
+  np.testing.assert_allclose(out, np.sqrt(i).astype(np.float32), rtol=1e-7)
+
+
+def test_binary_and_where(x, y):
+  def fn(a, b):
+    m = jnp.maximum(a, b) - jnp.minimum(a, b)
+    w = jnp.where(b > 0, a, -a) + jnp.where(a > 1.5, 1.0, b)
+    return m * 2 + w / a - a ** 2 + (a // 0.7) + lax.select(b < a, a, b)
+
+  out, _ = apply(fn, x, y)
+  ref = ((np.maximum(x, y) - np.minimum(x, y)) * 2 + (np.where(y > 0, x, -x) + np.where(x > 1.5, 1.0, y)) / x
+         - x ** 2 + np.floor_divide(x, np.float32(0.7)) + np.where(y < x, x, y))
+  np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_comparisons_and_logical(x, y):
+  def fn(a, b):
+    c = ((a > b) & (a <= 2.0)) | ~(b != b) & (a == a)
+    return jnp.logical_and(c, jnp.logical_not(a < 0.5)).astype(jnp.int32)
+
+  out, _ = apply(fn, x, y, out_dtype=np.int32)
+  ref = np.logical_and(((x > y) & (x <= 2)) | (~(y != y) & (x == x)), ~(x < 0.5)).astype(np.int32)
+  np.testing.assert_array_equal(out, ref)
+
+
+@pytest.mark.parametrize("red", ["sum", "max", "min", "mean"])
+@pytest.mark.parametrize("axis", [None, 0, 1, -1, (0, 1)])
+@pytest.mark.parametrize("keepdims", [False, True])
+def test_reductions(red, axis, keepdims, y):
+  ref = getattr(np, red)(y.astype(np.float64), axis=axis, keepdims=keepdims).astype(np.float32)
+  shape = np.shape(ref)
+
+  def fn(v):
+    r = getattr(jnp, red)(v, axis=axis, keepdims=keepdims)
+    m = getattr(v, red)(axis=axis, keepdims=keepdims)   # method form
+    assert r.shape == shape == m.shape and r.dtype == jnp.float32
+    return jnp.broadcast_to(r, (16, 128)) if shape == () else r
+
+  out, _ = apply(fn, y, out_shape=shape if shape else (16, 128))
+  np.testing.assert_allclose(out if shape else out[0, 0], ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("axis", [0, 1, -1])
+@pytest.mark.parametrize("keepdims", [False, True])
+def test_argmax_argmin(axis, keepdims, y):
+  ref = np.argmax(y, axis=axis, keepdims=keepdims).astype(np.int32)
+  out, d = apply(lambda v: jnp.argmax(v, axis=axis, keepdims=keepdims), y, out_shape=ref.shape,
+                 out_dtype=np.int32)
+  assert d == jnp.int32
+  np.testing.assert_array_equal(out, ref)
+  ref = np.argmin(y, axis=axis, keepdims=keepdims).astype(np.int32)
+  out, _ = apply(lambda v: v.argmin(axis=axis, keepdims=keepdims), y, out_shape=ref.shape,
+                 out_dtype=np.int32)
+  np.testing.assert_array_equal(out, ref)
+
+
+def test_int_reductions_and_mean_dtype():
+  i = np.arange(16 * 128, dtype=np.int32).reshape(16, 128) % 7
+  assert dtype_in_kernel(lambda v: jnp.sum(v, axis=0), i) == (np.int32, (128,))
+  assert dtype_in_kernel(lambda v: jnp.mean(v, axis=1), i) == (np.float32, (16,))
+  assert dtype_in_kernel(lambda v: jnp.sum(v > 3, axis=1), i) == (np.int32, (16,))
+  out, _ = apply(lambda v: jnp.sum(v, axis=0, keepdims=True), i, out_shape=(1, 128))
+  np.testing.assert_array_equal(out, i.sum(0, keepdims=True))
+
+
+def test_bf16_sum_accumulates_in_f32():
+  v = np.full((16, 128), 1.0 + 2 ** -7, dtype=np.float32).astype(np.dtype("bfloat16"))
+  out, d = apply(lambda a: jnp.sum(a, axis=1, keepdims=True), v, out_shape=(16, 1))
+  assert d == jnp.bfloat16
+  np.testing.assert_array_equal(out, v.astype(np.float32).sum(1, keepdims=True).astype(v.dtype))
+
+
+def test_shape_ops(y):
+  def fn(v):
+    a = v.reshape(8, 256)
+    b = jnp.reshape(a, (16, 128))
+    c = jnp.transpose(v[0:8, 0:8]) + v[0:8, 0:8].T + v[0:8, 0:8].transpose(1, 0)
+    d = jnp.concatenate([v[:, :64], v[:, 64:]], axis=1) + jnp.concatenate([v[8:], v[:8]], axis=0)
+    e = jnp.broadcast_to(v[0:1], (16, 128)) + pl.broadcast_to(v[:, 0:1], (16, 128))
+    f = jnp.broadcast_to(v[3], (16, 128))
+    out = b + d + e + f
+    return out.at[0:8, 0:8].set(c) if hasattr(out, "at") else jnp.concatenate(
+        [jnp.concatenate([c, out[0:8, 8:]], axis=1), out[8:]], axis=0)
+
+  out, _ = apply(fn, y)
+  ref = y + (y + np.concatenate([y[8:], y[:8]])) + (y[0:1] + y[:, 0:1]) + y[3]
+  ref[0:8, 0:8] = 3 * y[0:8, 0:8].T
+  np.testing.assert_allclose(out, ref, rtol=1e-6)
+
+
+def test_3d_transpose_and_reshape(rng):
+  v = rng.standard_normal((4, 8, 128)).astype(np.float32)
+  out, _ = apply(lambda a: jnp.transpose(a, (1, 0, 2)).reshape(8, 512), v, out_shape=(8, 512))
+  np.testing.assert_array_equal(out, v.transpose(1, 0, 2).reshape(8, 512))
+  out, _ = apply(lambda a: jnp.expand_dims(a.sum(0), 0).squeeze(0), v, out_shape=(8, 128))
+  np.testing.assert_allclose(out, v.sum(0), rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_dot_matmul_einsum_operator(dtype, rng):
+  a = rng.standard_normal((16, 128)).astype(dtype)
+  b = rng.standard_normal((128, 128)).astype(dtype)
+  f32 = jnp.float32
+  ref = a.astype(np.float32) @ b.astype(np.float32)
+
+  def fn(u, v):
+    r1 = jnp.dot(u, v, preferred_element_type=f32)
+    r2 = jnp.matmul(u, v, preferred_element_type=f32)
+    r3 = jnp.einsum("mk,kn->mn", u, v, preferred_element_type=f32)
+    r4 = lax.dot_general(u, v, (((1,), (0,)), ((), ())), preferred_element_type=f32)
+    r5 = (u @ v).astype(f32)
+    assert (u @ v).dtype == np.dtype(dtype) and r1.dtype == f32
+    r6 = jnp.einsum("kn,mk->nm", v, u, preferred_element_type=f32).T   # transposed output
+    return r1 + r2 + r3 + r4 + r6 - 4 * r5 + 4 * r5
+
+  out, _ = apply(fn, a, b, out_dtype=np.float32)
+  np.testing.assert_allclose(out, 5 * ref, rtol=1e-4, atol=1e-3)
+
+
+def test_dot_general_transposed_rhs_and_batched(rng):
+  a = rng.standard_normal((2, 8, 128)).astype(np.float32)
+  b = rng.standard_normal((2, 16, 128)).astype(np.float32)
+  out, _ = apply(lambda u, v: lax.dot_general(u, v, (((2,), (2,)), ((0,), (0,)))), a, b,
+                 out_shape=(2, 8, 16))
+  np.testing.assert_allclose(out, np.einsum("bmk,bnk->bmn", a, b), rtol=1e-5, atol=1e-5)
+  out, _ = apply(lambda u, v: jnp.einsum("bmk,bnk->bmn", u, v), a, b, out_shape=(2, 8, 16))
+  np.testing.assert_allclose(out, np.einsum("bmk,bnk->bmn", a, b), rtol=1e-5, atol=1e-5)
+
+
+def test_host_side_functions_return_numpy_with_jax_defaults():
+  z = jnp.zeros((2, 3))
+  assert isinstance(z, np.ndarray) and z.dtype == np.float32
+  assert jnp.arange(5).dtype == np.int32
+  assert jnp.asarray(np.arange(3, dtype=np.int64)).dtype == np.int32
+  assert jnp.float32(3).dtype == np.float32 and jnp.bfloat16(1.5).dtype == jnp.bfloat16
+  assert np.dtype(jnp.bfloat16).name == "bfloat16" and jnp.finfo(jnp.bfloat16).bits == 16
+  assert jnp.iinfo(jnp.int8).max == 127
