@@ -1,10 +1,12 @@
 """Hardware is data (L1): frozen per-chip specs with units in field names and a source per number.
 
-All per-TensorCore unless the name says `_per_chip`. Source tags are those of
+All per-TensorCore unless the name says `_per_device`. Source tags are those of
 shared/reference/tpu-hardware.md: [tpu_info] jax/_src/tpu_info.py, [xla-pinfo] openxla platform_info.py,
-[SB-tpus] the scaling book, [gcp-*] Cloud TPU pages, [details] Pallas TPU details doc.
-"Calibrated" constants are the only free parameters; they were fitted on the v5e matmul tutorial table
-(tpu-hardware.md section 7) by benchmarks/calibrate.py and are reused, in cycles, on the other chips.
+[xla-cost] the openxla Pallas matmul cost model, [SB-tpus] the scaling book, [gcp-*] Cloud TPU pages,
+[details] the Pallas TPU details doc. `ChipSpec.sources` maps every field to its source.
+"Calibrated" constants are the only fitted numbers: they were fitted on the v5e matmul tutorial table
+(tpu-hardware.md section 7) with benchmarks/calibrate.py, and are reused, in cycles, on the other chips.
+"Modelling assumption" marks a number no public source gives; docs/timing-model.md lists them all.
 """
 from __future__ import annotations
 
@@ -44,9 +46,9 @@ class ChipSpec:
   dma_vmem_to_hbm_latency_ns: float
   mxu_size: int
   num_mxus: int
-  vmatmul_cadence_cycles: MappingProxyType  # per LHS dtype class: "f32", "bf16", "int8", "fp8"
-  latch_cadence_cycles: MappingProxyType    # per RHS dtype class
-  mxu_latency_cycles: int
+  vmatmul_cadence_cycles: MappingProxyType  # per MXU class: "f32", "bf16", "int8", "fp8"
+  latch_cadence_cycles: MappingProxyType    # per MXU class
+  mxu_latency_cycles: MappingProxyType      # result (fill/drain) latency per MXU class
   supported_mxu_classes: frozenset
   sublanes: int
   lanes: int
@@ -61,6 +63,10 @@ class ChipSpec:
   dma_issue_cycles: int
   scalar_op_cycles: int
   launch_overhead_s: float
+  num_xlus: int = 2                         # cross-lane units per TC
+  vld_per_cycle: int = 3                    # vreg loads per cycle
+  vst_per_cycle: int = 1                    # vreg stores per cycle
+  dma_local_latency_cycles: int = 64        # VMEM<->SMEM/VMEM copy completion latency
   sources: MappingProxyType = dataclasses.field(compare=False, repr=False, default_factory=dict)
 
   # ---- derived figures ----
@@ -69,16 +75,30 @@ class ChipSpec:
 
   def peak_flops_per_s(self, cls: str = "bf16") -> float:
     """Per device: n_TC * n_MXU * 2 * rows * K * N / cadence * f  (tpu-hardware.md 1.3)."""
-    if cls not in self.vmatmul_cadence_cycles:
+    if cls not in self.vmatmul_cadence_cycles or cls not in self.supported_mxu_classes:
       return 0.0
-    bits = {"f32": 32, "bf16": 16, "int8": 8, "fp8": 8}[cls]
+    bits = MXU_CLASS_BITS[cls]
     per_cycle = (self.num_mxus * 2 * self.rows_per_vmatmul(bits) * self.mxu_size * self.mxu_size
                  / self.vmatmul_cadence_cycles[cls])
     return per_cycle * self.clock_hz * self.num_tensorcores_per_device
 
+  def vpu_flops_per_s(self) -> float:
+    """Per device: sublanes * lanes * ALUs * f * n_TC ([SB-tpus] appendix A)."""
+    return (self.sublanes * self.lanes * self.vpu_alus_per_lane * self.clock_hz
+            * self.num_tensorcores_per_device)
+
   @property
   def hbm_bytes_per_s(self) -> float:
     return self.hbm_bytes_per_s_per_device
+
+  @property
+  def dma_hbm_to_hbm_latency_ns(self) -> float:
+    """HBM->HBM copies: the larger of the two directions (modelling assumption)."""
+    return max(self.dma_hbm_to_vmem_latency_ns, self.dma_vmem_to_hbm_latency_ns)
+
+  @property
+  def critical_intensity_flops_per_byte(self) -> float:
+    return self.peak_flops_per_s("bf16") / self.hbm_bytes_per_s_per_device
 
   def cycles_to_s(self, cycles: float) -> float:
     return cycles / self.clock_hz
@@ -87,44 +107,71 @@ class ChipSpec:
     return int(round(ns * 1e-9 * self.clock_hz))
 
 
+MXU_CLASS_BITS = MappingProxyType({"f32": 32, "bf16": 16, "int8": 8, "fp8": 8})
+
+
 def _mp(**kw):
   return MappingProxyType(dict(kw))
 
 
 _COMMON_SOURCES = _mp(
-    clock_hz="[SB-tpus][xla-pinfo]; v4 derived from peak (tpu-hardware.md 1.3); 7x default P-state 3",
+    clock_hz="[SB-tpus][xla-pinfo]; v4 derived from the [gcp-v4] peak (tpu-hardware.md 1.3); "
+             "7x default P-state 3 (1.9 GHz) [xla-pinfo]",
+    num_tensorcores_per_device="[tpu_info]; 7x: one TC per logical device [tpu_info]",
+    megacore="[details] megacore on v4 and v5p only",
     vmem_bytes="[tpu_info] vmem_capacity_bytes", smem_bytes="[tpu_info] smem_capacity_bytes",
     default_scoped_vmem_bytes="tpu-hardware.md section 3 (16 MiB v4/v5e/v5p, 32 MiB v6e/7x)",
     internal_scratch_bytes="[xla-pinfo] default_internal_scratch_bytes",
+    hbm_bytes_per_device="[tpu_info]; 7x: per chip / 2 logical devices",
     hbm_bytes_per_s_per_device="[gcp-*] spec sheets; 7x [SB-tpus] per chip / 2 devices",
-    dma_bytes_per_s_per_tc="[xla-pinfo] HBM->VMEM bandwidth, capped at HBM bandwidth (v5e row suspect)",
-    vmem_vmem_dma_bytes_per_s="modelling assumption: local copies run at 4x HBM bandwidth",
-    dma_hbm_to_vmem_latency_ns="[xla-pinfo]; v5e calibrated on tpu-hardware.md section 7",
+    dma_bytes_per_s_per_tc="[xla-pinfo] HBM->VMEM DMA bandwidth per TC; v5e capped at its HBM peak "
+                           "(the [xla-pinfo] v5e row is suspect, tpu-hardware.md 2.1); v4: HBM / 2 TCs "
+                           "(modelling assumption)",
+    vmem_vmem_dma_bytes_per_s="modelling assumption: local DMAs at 4x HBM bandwidth (VMEM itself is "
+                              "~22x HBM [SB-tpus]; the DMA engine, not VMEM, is assumed to limit)",
+    dma_hbm_to_vmem_latency_ns="[xla-pinfo]; v5e calibrated on tpu-hardware.md section 7 (upper bound "
+                               "from the 128^3 rows; the [xla-pinfo] 1133 ns contradicts them); "
+                               "v4 assumed equal to v5p",
     dma_vmem_to_hbm_latency_ns="[xla-pinfo]; v4 assumed equal to v5p",
+    dma_local_latency_cycles="modelling assumption (no public figure)",
     mxu_size="[tpu_info] mxu_column_size", num_mxus="[tpu_info] num_mxus (v6e: 2 after May 2026)",
-    vmatmul_cadence_cycles="[xla-pinfo]; v4 chosen to give the [gcp-v4] peak at 1.05 GHz",
-    latch_cadence_cycles="[xla-pinfo]", mxu_latency_cycles="[xla-pinfo] bf16 result latency",
+    vmatmul_cadence_cycles="[xla-pinfo]; v4 chosen to give the [gcp-v4] peak at 1.05 GHz "
+                           "(int8 at the bf16 rate [gcp-v4])",
+    latch_cadence_cycles="[xla-pinfo]; v4 assumed equal to v5e",
+    mxu_latency_cycles="[xla-pinfo] result latency (bf16 / int); f32 assumed equal to bf16; "
+                       "v4 assumed equal to v5e",
+    supported_mxu_classes="[tpu_info] is_matmul_supported",
+    sublanes="[tpu_info]", lanes="[tpu_info]",
     vpu_alus_per_lane="[SB-tpus] appendix A (2 on v4, 4 on v5+)",
+    num_xlus="[SB-tpus] appendix A (2 XLUs per TC, v5p); assumed on every chip",
+    vld_per_cycle="[SB-tpus] appendix A (up to 3 vreg loads per cycle)",
+    vst_per_cycle="[SB-tpus] appendix A (1 vreg store per cycle)",
     ici_link_bytes_per_s_one_way="[SB-tpus]", ici_hop_latency_ns="[SB-shard] ~1 us per hop",
-    grid_step_overhead_cycles="calibrated on v5e 128^3 matmul (tpu-hardware.md 7)",
-    dma_issue_cycles="calibrated on v5e 128^3 matmul (tpu-hardware.md 7)",
-    scalar_op_cycles="[SB-tpus] scalar unit, 1 issue per cycle (modelling assumption)",
-    launch_overhead_s="calibrated: tpu-hardware.md 7 (host dispatch 100-115 us on v5e)",
+    ici_dims="[gcp-*] topology", ici_wraparound_min_axis="[SB-tpus]",
+    grid_step_overhead_cycles="calibrated on tpu-hardware.md section 7 (v5e matmul table)",
+    dma_issue_cycles="modelling assumption: one DMA request per cycle [SB-tpus] plus address "
+                     "arithmetic (the sum with the step overhead is what section 7 fixes)",
+    scalar_op_cycles="[SB-tpus] scalar unit issues one bundle per cycle (modelling assumption)",
+    launch_overhead_s="calibrated on tpu-hardware.md section 7 (host dispatch, 100-115 us on v5e); "
+                      "assumed the same on every chip",
 )
 
-# Calibrated constants, shared in cycles by every chip (see benchmarks/calibrate.py).
-_STEP_OVERHEAD_CYCLES = 150
-_DMA_ISSUE_CYCLES = 16
-_LAUNCH_OVERHEAD_S = 105e-6
+# Calibrated constants (tpu-hardware.md section 7, see benchmarks/calibrate.py and docs/timing-model.md),
+# shared in cycles by every chip.
+_STEP_OVERHEAD_CYCLES = 300
+_LAUNCH_OVERHEAD_S = 115e-6
+_V5E_HBM_TO_VMEM_LATENCY_NS = 250
+# Modelling assumption (not identifiable from section 7 separately from the step overhead).
+_DMA_ISSUE_CYCLES = 8
 
 V4 = ChipSpec(
     name="v4", clock_hz=1.05e9, num_tensorcores_per_device=2, megacore=True,
     vmem_bytes=16 * MiB, smem_bytes=1 * MiB, default_scoped_vmem_bytes=16 * MiB,
     internal_scratch_bytes=73728, hbm_bytes_per_device=34_400_000_000,
-    hbm_bytes_per_s_per_device=1.2e12, dma_bytes_per_s_per_tc=1.2e12 / 2 * 1.0,
+    hbm_bytes_per_s_per_device=1.2e12, dma_bytes_per_s_per_tc=1.2e12 / 2,
     vmem_vmem_dma_bytes_per_s=4.8e12, dma_hbm_to_vmem_latency_ns=667, dma_vmem_to_hbm_latency_ns=624,
     mxu_size=128, num_mxus=4, vmatmul_cadence_cycles=_mp(f32=8, bf16=16, int8=32),
-    latch_cadence_cycles=_mp(f32=2, bf16=4, int8=4), mxu_latency_cycles=131,
+    latch_cadence_cycles=_mp(f32=2, bf16=4, int8=4), mxu_latency_cycles=_mp(f32=131, bf16=131, int8=121),
     supported_mxu_classes=frozenset({"f32", "bf16", "int8"}), sublanes=8, lanes=128, vpu_alus_per_lane=2,
     sparsecore=None, ici_link_bytes_per_s_one_way=4.5e10, ici_hop_latency_ns=1000, ici_dims=3,
     ici_wraparound_min_axis=4, grid_step_overhead_cycles=_STEP_OVERHEAD_CYCLES,
@@ -136,12 +183,14 @@ V5E = ChipSpec(
     vmem_bytes=128 * MiB, smem_bytes=1 * MiB, default_scoped_vmem_bytes=16 * MiB,
     internal_scratch_bytes=73728, hbm_bytes_per_device=17_200_000_000,
     hbm_bytes_per_s_per_device=8.19e11, dma_bytes_per_s_per_tc=8.19e11,
-    vmem_vmem_dma_bytes_per_s=3.28e12, dma_hbm_to_vmem_latency_ns=300, dma_vmem_to_hbm_latency_ns=300,
+    vmem_vmem_dma_bytes_per_s=3.28e12, dma_hbm_to_vmem_latency_ns=_V5E_HBM_TO_VMEM_LATENCY_NS,
+    dma_vmem_to_hbm_latency_ns=439,
     mxu_size=128, num_mxus=4, vmatmul_cadence_cycles=_mp(f32=8, bf16=16, int8=16, fp8=32),
-    latch_cadence_cycles=_mp(f32=2, bf16=4, int8=4, fp8=4), mxu_latency_cycles=131,
-    supported_mxu_classes=frozenset({"f32", "bf16", "int8"}), sublanes=8, lanes=128, vpu_alus_per_lane=4,
-    sparsecore=None, ici_link_bytes_per_s_one_way=4.5e10, ici_hop_latency_ns=1000, ici_dims=2,
-    ici_wraparound_min_axis=16, grid_step_overhead_cycles=_STEP_OVERHEAD_CYCLES,
+    latch_cadence_cycles=_mp(f32=2, bf16=4, int8=4, fp8=4),
+    mxu_latency_cycles=_mp(f32=131, bf16=131, int8=121, fp8=131),
+    supported_mxu_classes=frozenset({"f32", "bf16", "int8", "fp8"}), sublanes=8, lanes=128,
+    vpu_alus_per_lane=4, sparsecore=None, ici_link_bytes_per_s_one_way=4.5e10, ici_hop_latency_ns=1000,
+    ici_dims=2, ici_wraparound_min_axis=16, grid_step_overhead_cycles=_STEP_OVERHEAD_CYCLES,
     dma_issue_cycles=_DMA_ISSUE_CYCLES, scalar_op_cycles=1, launch_overhead_s=_LAUNCH_OVERHEAD_S,
     sources=_COMMON_SOURCES)
 
@@ -150,7 +199,6 @@ V5P = dataclasses.replace(
     hbm_bytes_per_device=103_000_000_000, hbm_bytes_per_s_per_device=2.765e12,
     dma_bytes_per_s_per_tc=1.459e12, vmem_vmem_dma_bytes_per_s=5.8e12,
     dma_hbm_to_vmem_latency_ns=667, dma_vmem_to_hbm_latency_ns=624,
-    supported_mxu_classes=frozenset({"f32", "bf16", "int8"}),
     sparsecore=SparseCoreSpec(4, 16, 8, 512 * KiB, 8 * MiB, 32),
     ici_link_bytes_per_s_one_way=9e10, ici_dims=3, ici_wraparound_min_axis=4)
 
@@ -159,7 +207,8 @@ V6E = dataclasses.replace(
     hbm_bytes_per_device=34_400_000_000, hbm_bytes_per_s_per_device=1.64e12,
     dma_bytes_per_s_per_tc=1.373e12, vmem_vmem_dma_bytes_per_s=6.5e12,
     dma_hbm_to_vmem_latency_ns=628, dma_vmem_to_hbm_latency_ns=523, mxu_size=256, num_mxus=2,
-    vmatmul_cadence_cycles=_mp(f32=4, bf16=8, int8=8, fp8=16), mxu_latency_cycles=192,
+    vmatmul_cadence_cycles=_mp(f32=4, bf16=8, int8=8, fp8=16),
+    mxu_latency_cycles=_mp(f32=192, bf16=192, int8=182, fp8=192),
     sparsecore=SparseCoreSpec(2, 16, 8, 256 * KiB, 8 * MiB, 32),
     ici_link_bytes_per_s_one_way=9e10, ici_dims=2, ici_wraparound_min_axis=16)
 
@@ -169,7 +218,8 @@ V7X = dataclasses.replace(
     hbm_bytes_per_s_per_device=3.7e12, dma_bytes_per_s_per_tc=3.207e12, vmem_vmem_dma_bytes_per_s=14.8e12,
     dma_hbm_to_vmem_latency_ns=692, dma_vmem_to_hbm_latency_ns=594, mxu_size=256, num_mxus=2,
     vmatmul_cadence_cycles=_mp(f32=4, bf16=8, fp8=8), latch_cadence_cycles=_mp(f32=2, bf16=4, fp8=4),
-    mxu_latency_cycles=211, supported_mxu_classes=frozenset({"f32", "bf16", "fp8"}),
+    mxu_latency_cycles=_mp(f32=211, bf16=211, fp8=204),
+    supported_mxu_classes=frozenset({"f32", "bf16", "fp8"}),
     sparsecore=SparseCoreSpec(2, 16, 16, 512 * KiB, 8 * MiB, 32),
     ici_link_bytes_per_s_one_way=9e10, ici_dims=3, ici_wraparound_min_axis=4)
 
@@ -180,6 +230,7 @@ DEFAULT_CHIP = "v5e"
 
 
 def get_chip(name: "str | ChipSpec") -> ChipSpec:
+  """A preset by name (or alias), or a ChipSpec passed through (e.g. a dataclasses.replace variant)."""
   if isinstance(name, ChipSpec):
     return name
   key = str(name).lower().replace("tpu", "").replace(" ", "").strip("_-") or DEFAULT_CHIP

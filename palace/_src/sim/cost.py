@@ -1,65 +1,75 @@
 """Op -> cycles rules for the TensorCore (L4b). Pure functions of the chip spec and operand shapes.
 
-Vector work is counted in (8, 128) 32-bit vreg tiles: "all vector computation is padded up to the tile
-size" ([details]). Narrow dtypes are counted in the same tiles (v5e has no bf16 VPU; elementwise math is
-effectively 32-bit, tpu-hardware.md section 4). Per-tile costs by class are modelling assumptions built on
-[details]'s cost classes (cheap / medium / expensive) and [SB-tpus] appendix A (1-cycle issue VPU ops,
-3 vld + 1 vst slots, 2 XLUs): they are not fitted to anything.
+Vector work is counted in (8, 128) vreg tiles: "all vector computation is padded up to the tile size"
+([details]). Arithmetic is counted in 32-bit tiles (elementwise math is effectively 32-bit,
+tpu-hardware.md section 4); loads and stores move packed tiles (a bf16 vreg holds (16, 128)). Units and
+throughputs come from [SB-tpus] appendix A: the VPU retires `vpu_alus_per_lane` tile-ops per cycle (1-cycle
+issue, 2-cycle latency), 3 vreg loads and 1 vreg store per cycle, 2 XLUs. The number of VPU ops per tile of
+each op class (cheap / medium / expensive, [details]) and the EUP/XLU per-tile costs are modelling
+assumptions: no public figure exists and none is fitted.
 
 The MXU rule is [xla-cost]'s vmatmul cadence model (tpu-hardware.md section 2.2).
 """
 from __future__ import annotations
 
+import functools
 import math
 
 from palace._src import dtypes as dt
-from palace._src.hw import ChipSpec
+from palace._src.hw import MXU_CLASS_BITS, ChipSpec
 
-# op class -> (unit, cycles per (8,128) tile, result latency cycles)
+# op class -> (unit, unit-ops per 32-bit (8,128) tile, result latency cycles). Modelling assumptions
+# built on [details] cost classes and [SB-tpus] appendix A (see the module docstring).
 VECTOR_CLASSES = {
-    "cheap": ("vpu", 1.0, 2),           # + - * max min where compare cast: 1-cycle issue, 2 latency
-    "broadcast": ("vpu", 1.0, 2),
-    "medium": ("vpu", 4.0, 8),          # divide / pow / integer div: a few VPU ops (Newton steps)
-    "transcendental": ("eup", 2.0, 16), # exp / log / tanh / rsqrt on the EUP
-    "expensive": ("vpu", 16.0, 16),     # sin / cos: polynomial on the VPU ([details]: expensive)
-    "reduce_sublane": ("vpu", 1.0, 4),  # second-minor reductions: in-lane shuffles
-    "reduce_lane": ("xlu", 2.0, 32),    # last-dim reductions: cross-lane unit, "slow and expensive"
-    "xlu": ("xlu", 2.0, 32),            # minor-dim transposes, relayouts, rolls
-    "load": ("vld", 1.0 / 3.0, 4),      # up to 3 vreg loads per cycle
-    "store": ("vst", 1.0, 2),           # 1 vreg store per cycle
-    "free": (None, 0.0, 0),             # leading-dim reshapes / transposes
+    "cheap": ("vpu", 1, 2),            # + - * max min where compare cast: 1-cycle issue, 2 latency
+    "broadcast": ("vpu", 1, 2),
+    "medium": ("vpu", 4, 8),           # divide / pow / integer div: a few VPU ops (Newton steps)
+    "transcendental": ("eup", 1, 16),  # exp / log / tanh / rsqrt: one EUP push per tile
+    "expensive": ("vpu", 16, 16),      # sin / cos: a polynomial on the VPU ([details]: expensive)
+    "reduce_sublane": ("vpu", 1, 4),   # second-minor reductions: in-lane shuffles, ~1 cycle per roll
+    "reduce_lane": ("xlu", 2, 32),     # last-dim reductions: cross-lane unit, "slow and fairly expensive"
+    "xlu": ("xlu", 2, 32),             # minor-dim transposes, relayouts, rolls
+    "load": ("vld", 1, 4),             # vreg loads (packed tiles)
+    "store": ("vst", 1, 2),            # vreg stores (packed tiles)
+    "free": (None, 0, 0),              # leading-dim reshapes / transposes
 }
 
 UNITS = ("scalar", "vld", "vst", "vpu", "eup", "xlu", "mxu")
 
 
-def vreg_tiles(shape) -> int:
-  """Number of (8,128) tiles a value of `shape` occupies (everything padded to whole tiles)."""
+def vreg_tiles(shape, bits: int = 32) -> int:
+  """Number of vregs a value of `shape` occupies: (8 * 32/bits, 128) tiles, everything padded."""
   if not shape:
     return 1
+  pack = 32 // bits if bits < 32 else 1
   if len(shape) == 1:
-    return max(1, math.ceil(shape[0] / 1024))
+    return max(1, math.ceil(shape[0] / (1024 * pack)))
   lead = 1
   for s in shape[:-2]:
     lead *= s
-  return max(1, lead * math.ceil(shape[-2] / 8) * math.ceil(shape[-1] / 128))
+  return max(1, lead * math.ceil(shape[-2] / (8 * pack)) * math.ceil(shape[-1] / 128))
 
 
-_VECTOR_COST_CACHE: dict = {}
+def _units_per_cycle(chip: ChipSpec, unit: str) -> int:
+  return {"vpu": chip.vpu_alus_per_lane, "xlu": chip.num_xlus, "vld": chip.vld_per_cycle,
+          "vst": chip.vst_per_cycle}.get(unit, 1)
 
 
-def vector_cost(op_class: str, shape):
-  """(unit, busy cycles, latency cycles) of one vector op (memoised: a pure function)."""
-  key = (op_class, shape)
-  hit = _VECTOR_COST_CACHE.get(key)
-  if hit is not None:
-    return hit
-  unit, per_tile, lat = VECTOR_CLASSES[op_class]
-  res = (None, 0, 0) if unit is None else \
-      (unit, max(1, int(math.ceil(per_tile * vreg_tiles(shape)))), lat)
-  if len(_VECTOR_COST_CACHE) < 65536:
-    _VECTOR_COST_CACHE[key] = res
-  return res
+def vector_cost(chip: ChipSpec, op_class: str, shape, dtype=None):
+  """(unit, busy cycles, latency cycles) of one vector op; `dtype` packs loads and stores."""
+  unit = VECTOR_CLASSES[op_class][0]
+  bits = 32
+  if dtype is not None and unit in ("vld", "vst"):
+    bits = max(1, min(32, dt.bits(dtype)))
+  return _vector_cost(op_class, tuple(shape), bits, _units_per_cycle(chip, unit) if unit else 1)
+
+
+@functools.lru_cache(maxsize=65536)
+def _vector_cost(op_class: str, shape: tuple, bits: int, per_cycle: int):
+  unit, ops_per_tile, lat = VECTOR_CLASSES[op_class]
+  if unit is None:
+    return None, 0, 0
+  return unit, max(1, math.ceil(ops_per_tile * vreg_tiles(shape, bits) / per_cycle)), lat
 
 
 def mxu_class(chip: ChipSpec, lhs_dtype, rhs_dtype) -> str:
@@ -79,32 +89,38 @@ def mxu_class(chip: ChipSpec, lhs_dtype, rhs_dtype) -> str:
   return cls
 
 
-_CLASS_BITS = {"f32": 32, "bf16": 16, "int8": 8, "fp8": 8}
-
-
 def matmul_cycles(chip: ChipSpec, m: int, k: int, n: int, batch: int, lhs_dtype, rhs_dtype):
-  """(busy cycles, result latency cycles) of `batch` (m,k)@(k,n) products on one TensorCore.
+  """(MXU busy cycles, result latency cycles) of `batch` (m,k)@(k,n) products on one TensorCore.
 
-  num_latches = ceil(K/mxu) * ceil(N/mxu); vmatmuls per latch = ceil(M / rows), rows = 8*32/bits;
-  latches spread over the MXUs; a latch that takes longer than the vmatmuls between latches shows; the
-  first latch is never hidden; +4 cycles per chained vmatmul when there is one vmatmul per latch
-  ([xla-cost]). The MXU fill/drain latency delays the result but does not occupy the MXU.
+  [xla-cost] (tpu-hardware.md 2.2): num_latches = ceil(K/mxu) * ceil(N/mxu); vmatmuls per latch =
+  ceil(M / rows), rows = sublanes*32/bits; the vmatmuls spread over the MXUs (cycles = cadence *
+  vmatmuls / n_MXU, rounded up to whole vmatmuls); latch cycles = latch_cadence * mxu / (8*32/bits): the
+  first latch is never hidden, later ones show when longer than the vmatmuls between latches; +4 cycles
+  per chained vmatmul when there is only one vmatmul per latch (MRB reuse). The fill/drain latency delays
+  the result but does not occupy the MXU (the next product can stream in behind it).
   """
   cls = mxu_class(chip, lhs_dtype, rhs_dtype)
-  bits = _CLASS_BITS[cls]
+  bits = MXU_CLASS_BITS[cls]
   rows = chip.rows_per_vmatmul(bits)
   cadence = chip.vmatmul_cadence_cycles[cls]
   latches = math.ceil(k / chip.mxu_size) * math.ceil(n / chip.mxu_size) * batch
   per_latch = math.ceil(m / rows)
-  latches_per_mxu = math.ceil(latches / chip.num_mxus)
+  vmatmuls_per_mxu = math.ceil(latches * per_latch / chip.num_mxus)
+  busy = cadence * vmatmuls_per_mxu
+  latches_per_mxu = max(1, math.ceil(latches / chip.num_mxus))
   between = cadence * per_latch
-  busy = between * latches_per_mxu
   latch_cycles = chip.latch_cadence_cycles[cls] * chip.mxu_size // (8 * 32 // bits)
   busy += latch_cycles + max(latch_cycles - between, 0) * (latches_per_mxu - 1)
   if per_latch == 1:
-    busy += 4 * latches_per_mxu
-  return int(busy), chip.mxu_latency_cycles
+    busy += 4 * vmatmuls_per_mxu
+  return int(busy), chip.mxu_latency_cycles[cls]
 
 
 def matmul_flops(m: int, k: int, n: int, batch: int) -> int:
   return 2 * m * k * n * batch
+
+
+def roofline_time_s(chip: ChipSpec, flops: float, hbm_bytes: float, num_chips: int = 1) -> float:
+  """max(FLOPs / bf16 peak, bytes / HBM bandwidth) ([SB-roof])."""
+  return max(flops / (chip.peak_flops_per_s("bf16") * num_chips),
+             hbm_bytes / (chip.hbm_bytes_per_s_per_device * num_chips))

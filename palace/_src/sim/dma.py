@@ -1,13 +1,16 @@
 """DMA engines: transfer timing and data movement (L4b).
 
 Timing model (all in cycles of the chip clock):
-  * A copy is issued by the scalar core at `issue` and cannot start reading before its source buffer's
-    last vector store has finished.
+  * A copy is issued by the scalar core at `issue` (after `dma_issue_cycles` of scalar work) and cannot
+    start reading before its source buffer's last vector store has finished.
   * Each TensorCore has a DMA channel (bandwidth `dma_bytes_per_s_per_tc`); every chip has one HBM
-    channel (`hbm_bytes_per_s_per_device`) shared by all its cores. A transfer occupies both, each FIFO:
-    end = max(tc_start + bytes / tc_bw, hbm_start + hbm_bytes / hbm_bw). HBM->HBM copies count their
-    bytes twice on the HBM channel (read + write). Local VMEM/SMEM copies use a local channel.
-  * The completion (semaphore signal) lands one direction-specific latency after the transfer ends.
+    channel (`hbm_bytes_per_s_per_device`) shared by all its cores. A copy touching HBM occupies both,
+    each FIFO: end = max(tc_start + bytes / tc_bw, hbm_start + hbm_bytes / hbm_bw). HBM->HBM copies count
+    their bytes twice on the HBM channel (read + write). Copies between VMEM and SMEM (or VMEM and VMEM)
+    use the core's local channel (`vmem_vmem_dma_bytes_per_s`).
+  * The completion (semaphore signal) lands one direction-specific latency after the transfer ends, rounded
+    up to a whole cycle: HBM->VMEM/SMEM `dma_hbm_to_vmem_latency_ns`, VMEM/SMEM->HBM
+    `dma_vmem_to_hbm_latency_ns`, HBM->HBM the larger of the two, local `dma_local_latency_cycles`.
 FIFO channels are a simplification of the processor sharing in [xla-cost]: the aggregate bandwidth and
 the finishing time of the last transfer are the same; only the order of completions differs.
 """
@@ -19,7 +22,9 @@ import numpy as np
 
 from palace._src.core import MemorySpace, is_hbm
 
-_LOCAL_LATENCY_CYCLES = 64  # VMEM<->SMEM/VMEM copy latency: modelling assumption
+_SPACE_LABEL = {MemorySpace.ANY: "hbm", MemorySpace.HBM: "hbm", MemorySpace.VMEM: "vmem",
+                MemorySpace.VMEM_SHARED: "vmem", MemorySpace.CMEM: "vmem", MemorySpace.SMEM: "smem",
+                MemorySpace.SEMAPHORE: "smem"}
 
 
 class Channel:
@@ -56,27 +61,30 @@ class DmaRecord:
 
 
 def direction(src_space: MemorySpace, dst_space: MemorySpace) -> str:
-  s, d = is_hbm(src_space), is_hbm(dst_space)
-  if s and d:
-    return "hbm->hbm"
-  if s:
-    return "hbm->vmem"
-  if d:
-    return "vmem->hbm"
-  return "local"
+  """'hbm->vmem', 'vmem->hbm', 'hbm->hbm', 'vmem->smem', 'smem->vmem', 'vmem->vmem', 'hbm->smem', ..."""
+  return f"{_SPACE_LABEL.get(src_space, 'vmem')}->{_SPACE_LABEL.get(dst_space, 'vmem')}"
+
+
+def _timing_class(kind: str) -> str:
+  src, dst = kind.split("->")
+  if src == "hbm":
+    return "hbm->hbm" if dst == "hbm" else "read"
+  return "write" if dst == "hbm" else "local"
 
 
 def transfer_timing(chip, tc_channel: Channel, hbm_channel: Channel, local_channel: Channel,
-                    start: float, nbytes: int, kind: str) -> tuple[float, float, float]:
-  """(transfer start, transfer end, completion) cycles of one copy."""
-  if kind == "local":
+                    start: float, nbytes: int, kind: str) -> tuple[float, float, int]:
+  """(transfer start, transfer end, completion) cycles of one copy; `kind` from `direction`."""
+  cls = _timing_class(kind) if kind not in ("local", "hbm->hbm") else kind
+  if cls == "local":
     s, e = local_channel.reserve(start, nbytes)
-    return s, e, e + _LOCAL_LATENCY_CYCLES
+    return s, e, math.ceil(e) + chip.dma_local_latency_cycles
   s1, e1 = tc_channel.reserve(start, nbytes)
-  s2, e2 = hbm_channel.reserve(start, nbytes * (2 if kind == "hbm->hbm" else 1))
+  s2, e2 = hbm_channel.reserve(start, nbytes * (2 if cls == "hbm->hbm" else 1))
   end = max(e1, e2)
-  lat_ns = chip.dma_vmem_to_hbm_latency_ns if kind == "vmem->hbm" else chip.dma_hbm_to_vmem_latency_ns
-  return min(s1, s2), end, end + chip.ns_to_cycles(lat_ns)
+  lat_ns = {"read": chip.dma_hbm_to_vmem_latency_ns, "write": chip.dma_vmem_to_hbm_latency_ns,
+            "hbm->hbm": chip.dma_hbm_to_hbm_latency_ns}[cls]
+  return min(s1, s2), end, math.ceil(end) + chip.ns_to_cycles(lat_ns)
 
 
 def _add(cur, data):

@@ -1,15 +1,23 @@
-"""Per-launch report: modelled time, rates, bound, VMEM peak, trace export (L4b)."""
+"""Per-launch report: modelled time, rates, bound, VMEM peak, DMA traffic, trace export, plots (L4b)."""
 from __future__ import annotations
 
 import dataclasses
 
-from palace._src.sim.trace import to_chrome_trace, write_json
+from palace._src.sim.trace import UNIT_ORDER, to_chrome_trace, write_json
 from palace._src.util import fmt_bytes
+
+_PLOT_COLORS = {"scalar": "#7f7f7f", "dma": "#1f77b4", "mxu": "#d62728", "vpu": "#2ca02c",
+                "eup": "#9467bd", "xlu": "#8c564b", "vld": "#17becf", "vst": "#bcbd22", "ici": "#ff7f0e"}
 
 
 @dataclasses.dataclass
 class Report:
-  """What one kernel launch cost on the virtual TPU. Times are modelled, not measured."""
+  """What one kernel launch cost on the virtual TPU. Times are modelled, not measured.
+
+  `device_time_s` is the kernel on the chip (first issue to last completion); `launch_overhead_s` is the
+  host dispatch of one call, a per-chip constant reported separately. Their sum is comparable to a
+  `timeit` wall time of a jitted call.
+  """
   kernel_name: str
   chip: object                 # hw.ChipSpec
   num_chips: int
@@ -23,7 +31,13 @@ class Report:
   events: list = dataclasses.field(repr=False, default_factory=list)
   ici_bytes: int = 0
   timing_only: bool = False
+  stats: dict | None = dataclasses.field(default=None, repr=False)
 
+  def __post_init__(self):
+    if self.stats is None:
+      self.stats = getattr(self.events, "stats", None) or {"dma_bytes": {}, "dma_count": {}}
+
+  # ---- times
   @property
   def device_time_s(self) -> float:
     return self.device_cycles / self.chip.clock_hz
@@ -36,14 +50,18 @@ class Report:
   def total_time_s(self) -> float:
     return self.device_time_s + self.launch_overhead_s
 
+  # ---- rates
   @property
   def flops_per_s(self) -> float:
     return self.flops / self.device_time_s if self.device_cycles else 0.0
 
   @property
+  def peak_flops_per_s(self) -> float:
+    return self.chip.peak_flops_per_s("bf16") * self.num_chips
+
+  @property
   def peak_fraction(self) -> float:
-    peak = self.chip.peak_flops_per_s("bf16") * self.num_chips
-    return self.flops_per_s / peak if peak else 0.0
+    return self.flops_per_s / self.peak_flops_per_s if self.peak_flops_per_s else 0.0
 
   @property
   def hbm_bytes_per_s(self) -> float:
@@ -52,6 +70,33 @@ class Report:
   @property
   def hbm_fraction(self) -> float:
     return self.hbm_bytes_per_s / (self.chip.hbm_bytes_per_s_per_device * self.num_chips)
+
+  @property
+  def arithmetic_intensity(self) -> float:
+    """FLOPs per HBM byte."""
+    return self.flops / self.hbm_bytes if self.hbm_bytes else float("inf")
+
+  @property
+  def roofline_time_s(self) -> float:
+    """max(FLOPs / bf16 peak, HBM bytes / HBM bandwidth): the time with no overheads at all."""
+    return max(self.flops / self.peak_flops_per_s if self.peak_flops_per_s else 0.0,
+               self.hbm_bytes / (self.chip.hbm_bytes_per_s_per_device * self.num_chips))
+
+  # ---- traffic and units
+  @property
+  def dma_bytes_by_direction(self) -> dict:
+    """Bytes moved per DMA direction ('hbm->vmem', 'vmem->hbm', 'hbm->hbm', 'vmem->smem', ...)."""
+    return dict(sorted(self.stats["dma_bytes"].items()))
+
+  @property
+  def dma_count_by_direction(self) -> dict:
+    return dict(sorted(self.stats["dma_count"].items()))
+
+  @property
+  def unit_utilization(self) -> dict:
+    """Busy cycles / device cycles per unit (the busiest core's figure)."""
+    t = max(self.device_cycles, 1)
+    return {u: v / t for u, v in self.unit_busy_cycles.items()}
 
   @property
   def bound(self) -> str:
@@ -63,9 +108,56 @@ class Report:
     best, name = max((mxu, "compute"), (hbm, "memory"), (vec, "vector"))
     return name if best >= 0.5 * t else "overhead"
 
+  def as_dict(self) -> dict:
+    """The report's figures as plain data (for comparisons, JSON and tables)."""
+    return {"kernel": self.kernel_name, "chip": self.chip.name, "num_chips": self.num_chips,
+            "device_cycles": self.device_cycles, "device_time_s": self.device_time_s,
+            "launch_overhead_s": self.launch_overhead_s, "flops": self.flops,
+            "hbm_bytes": self.hbm_bytes, "ici_bytes": self.ici_bytes, "bound": self.bound,
+            "vmem_peak_bytes": self.vmem_peak_bytes, "grid_steps": self.grid_steps,
+            "dma_count": self.dma_count, "unit_busy_cycles": dict(self.unit_busy_cycles),
+            "dma_bytes_by_direction": self.dma_bytes_by_direction,
+            "dma_count_by_direction": self.dma_count_by_direction, "timing_only": self.timing_only}
+
+  # ---- exports
   def to_perfetto(self, path) -> str:
     """Write a Chrome/Perfetto trace (open in ui.perfetto.dev). Returns the path."""
-    write_json(to_chrome_trace(self.events, self.chip.clock_hz, self.kernel_name), path)
+    meta = {"device_cycles": self.device_cycles, "device_time_s": self.device_time_s,
+            "launch_overhead_s": self.launch_overhead_s, "bound": self.bound}
+    write_json(to_chrome_trace(self.events, self.chip.clock_hz, self.kernel_name,
+                               chip_name=self.chip.name, metadata=meta), path)
+    return str(path)
+
+  def plot_timeline(self, path, width_px: int = 1600, height_px: int | None = None, dpi: int = 100):
+    """Save a PNG of the timeline: one lane per (chip, core, unit) with the modelled busy intervals.
+    The image is exactly width_px x height_px (default height: 60 px per lane + 120). Returns the path."""
+    import matplotlib
+    matplotlib.use("Agg", force=False)
+    from matplotlib.figure import Figure
+    lanes = {}
+    for (chip, core), unit, _, start, end, _ in self.events:
+      lanes.setdefault((chip, core, unit), []).append((start, max(end - start, 1e-9)))
+    order = sorted(lanes, key=lambda k: (k[0], k[1], UNIT_ORDER.index(k[2]) if k[2] in UNIT_ORDER
+                                         else len(UNIT_ORDER)))
+    if height_px is None:
+      height_px = 120 + 60 * max(len(order), 1)
+    fig = Figure(figsize=(width_px / dpi, height_px / dpi), dpi=dpi)
+    ax = fig.add_subplot(1, 1, 1)
+    us = 1e6 / self.chip.clock_hz
+    for row, key in enumerate(order):
+      spans = [(s * us, d * us) for s, d in lanes[key]]
+      ax.broken_barh(spans, (row - 0.4, 0.8), facecolors=_PLOT_COLORS.get(key[2], "#333333"))
+    ax.set_yticks(range(len(order)))
+    ax.set_yticklabels([f"chip {c} core {k} {u}" for c, k, u in order])
+    ax.set_ylim(-0.6, max(len(order), 1) - 0.4)
+    ax.set_xlim(0, max(self.device_time_s * 1e6, 1e-6))
+    ax.invert_yaxis()
+    ax.set_xlabel("time (us)")
+    ax.set_title(f"{self.kernel_name} on {self.chip.name}: {self.device_time_s * 1e6:,.3f} us, "
+                 f"{self.bound}-bound")
+    fig.subplots_adjust(left=0.16, right=0.98, bottom=0.5 * 120 / height_px + 0.05,
+                        top=1 - 0.4 * 120 / height_px)
+    fig.savefig(path, dpi=dpi)
     return str(path)
 
   def __str__(self) -> str:
@@ -80,10 +172,17 @@ class Report:
         f"({100 * self.peak_fraction:.1f}% of bf16 peak)",
         f"  HBM traffic     {fmt_bytes(self.hbm_bytes)}, {self.hbm_bytes_per_s / 1e9:,.1f} GB/s "
         f"({100 * self.hbm_fraction:.1f}% of HBM bandwidth)",
-        f"  bound           {self.bound}",
+        f"  bound           {self.bound} (roofline {self.roofline_time_s * 1e6:,.3f} us)",
         f"  VMEM peak       {fmt_bytes(self.vmem_peak_bytes)}; grid steps {self.grid_steps:,}; "
         f"DMAs {self.dma_count:,}",
     ]
+    busy = ", ".join(f"{u} {100 * f:.0f}%" for u, f in self.unit_utilization.items() if f >= 0.005)
+    if busy:
+      lines.append(f"  unit busy       {busy}")
+    if self.stats["dma_bytes"]:
+      lines.append("  DMA traffic     " + ", ".join(
+          f"{k} {fmt_bytes(v)} ({self.stats['dma_count'][k]:,})"
+          for k, v in self.dma_bytes_by_direction.items()))
     if self.ici_bytes:
       lines.append(f"  ICI traffic     {fmt_bytes(self.ici_bytes)}")
     return "\n".join(lines)

@@ -8,13 +8,23 @@ _UNIT_LABEL = {"scalar": "scalar core", "dma": "DMA engines", "mxu": "MXU", "vpu
                "eup": "EUP", "xlu": "XLU", "vld": "vector load", "vst": "vector store", "ici": "ICI"}
 
 
+class EventLog(list):
+  """The event list of one launch, plus counters that are kept even when tracing is off:
+  `stats["dma_bytes"]` and `stats["dma_count"]` map a direction ('hbm->vmem', ...) to totals."""
+  __slots__ = ("stats",)
+
+  def __init__(self):
+    super().__init__()
+    self.stats = {"dma_bytes": {}, "dma_count": {}}
+
+
 class Trace:
   """Events (tid=(chip, core), unit, name, start_cycle, end_cycle, args); capped to bound memory."""
   __slots__ = ("on", "events", "cap", "dropped")
 
   def __init__(self, on: bool = True, cap: int = 200_000):
     self.on = on
-    self.events = []
+    self.events = EventLog()
     self.cap = cap
     self.dropped = 0
 
@@ -26,31 +36,53 @@ class Trace:
       return
     self.events.append((tid, unit, name, start, end, args))
 
+  def count_dma(self, kind: str, nbytes: int) -> None:
+    st = self.events.stats
+    st["dma_bytes"][kind] = st["dma_bytes"].get(kind, 0) + int(nbytes)
+    st["dma_count"][kind] = st["dma_count"].get(kind, 0) + 1
 
-def to_chrome_trace(events, clock_hz: float, kernel_name: str, offset_cycles: float = 0) -> dict:
-  """Chrome trace JSON: one process per chip, one thread per (core, unit); times in microseconds."""
+
+def thread_id(core, unit: str) -> int:
+  """Chrome-trace thread of (core, unit): 32 per core, units in UNIT_ORDER."""
+  unit_idx = UNIT_ORDER.index(unit) if unit in UNIT_ORDER else len(UNIT_ORDER)
+  return int(core) * 32 + unit_idx
+
+
+def to_chrome_trace(events, clock_hz: float, kernel_name: str, offset_cycles: float = 0,
+                    chip_name: str = "", metadata=None) -> dict:
+  """Chrome trace JSON: one process per chip, one thread per (core, unit); times in microseconds.
+
+  Complete ('X') events carry the unit as category and the cycle numbers in args; metadata ('M') events
+  name and order the processes and threads."""
   out = []
   seen_pid, seen_tid = set(), set()
   us = 1e6 / clock_hz
   for (chip, core), unit, name, start, end, args in events:
     pid = int(chip)
-    unit_idx = UNIT_ORDER.index(unit) if unit in UNIT_ORDER else len(UNIT_ORDER)
-    tid = int(core) * 32 + unit_idx
+    tid = thread_id(core, unit)
     if pid not in seen_pid:
       seen_pid.add(pid)
-      out.append({"ph": "M", "pid": pid, "name": "process_name", "args": {"name": f"chip {pid}"}})
+      label = f"chip {pid}" + (f" ({chip_name})" if chip_name else "")
+      out.append({"ph": "M", "pid": pid, "name": "process_name", "args": {"name": label}})
+      out.append({"ph": "M", "pid": pid, "name": "process_sort_index", "args": {"sort_index": pid}})
     if (pid, tid) not in seen_tid:
       seen_tid.add((pid, tid))
       out.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_name",
                   "args": {"name": f"core {core} {_UNIT_LABEL.get(unit, unit)}"}})
       out.append({"ph": "M", "pid": pid, "tid": tid, "name": "thread_sort_index",
                   "args": {"sort_index": tid}})
-    ev = {"ph": "X", "pid": pid, "tid": tid, "name": name, "cat": unit,
+    ev = {"ph": "X", "pid": pid, "tid": tid, "name": str(name), "cat": unit,
           "ts": round((start + offset_cycles) * us, 4), "dur": round(max(end - start, 0) * us, 4)}
+    ev_args = {"start_cycle": start, "end_cycle": end}
     if args:
-      ev["args"] = {k: (v if isinstance(v, (int, float, str)) else str(v)) for k, v in args.items()}
+      ev_args.update({k: (v if isinstance(v, (int, float, str)) else str(v)) for k, v in args.items()})
+    ev["args"] = ev_args
     out.append(ev)
-  return {"traceEvents": out, "displayTimeUnit": "ns", "otherData": {"kernel": kernel_name}}
+  other = {"kernel": kernel_name, "clock_hz": clock_hz}
+  if chip_name:
+    other["chip"] = chip_name
+  other.update(metadata or {})
+  return {"traceEvents": out, "displayTimeUnit": "ns", "otherData": other}
 
 
 def write_json(obj, path) -> None:
