@@ -177,3 +177,42 @@ def test_sparsecore_has_no_mxu():
 
     with pytest.raises(pl.UnsupportedError, match="SparseCores have no MXU"):
       k()
+
+
+def test_tensorcore_and_sparsecore_timelines_overlap_on_one_chip():
+  rng = np.random.default_rng(2)
+  x = rng.standard_normal((512, 512)).astype(np.float32)
+  table = rng.standard_normal((1024, 128)).astype(np.float32)
+  idx = rng.integers(0, 1024, size=256).astype(np.int32)
+
+  def tc_body(x_hbm, table_hbm, idx_hbm, y_hbm, g_hbm):
+    def body(xv, yv):
+      pltpu.sync_copy(x_hbm, xv)
+      for _ in range(4):
+        yv[...] = jnp.dot(xv[...], xv[...], preferred_element_type=jnp.float32)
+      pltpu.sync_copy(yv, y_hbm)
+    pl.run_scoped(body, pltpu.VMEM((512, 512), jnp.float32), pltpu.VMEM((512, 512), jnp.float32))
+
+  def sc_body(x_hbm, table_hbm, idx_hbm, y_hbm, g_hbm):
+    wid = lax.axis_index(("c", "s"))
+    per = 8
+
+    def body(iv, rv):
+      pltpu.sync_copy(idx_hbm.at[pl.ds(wid * per, per)], iv)
+      pltpu.sync_copy(table_hbm.at[iv], rv)
+      pltpu.sync_copy(rv, g_hbm.at[pl.ds(wid * per, per)])
+    pl.run_scoped(body, pltpu.VMEM((per,), jnp.int32), pltpu.VMEM((per, 128), jnp.float32))
+
+  out_type = (pl.ShapeDtypeStruct((512, 512), np.float32), pl.ShapeDtypeStruct((256, 128), np.float32))
+  with pl.virtual_tpu("v6e") as tpu:
+    smesh = plsc.VectorSubcoreMesh(core_axis_name="c", subcore_axis_name="s")
+    tmesh = pltpu.TensorCoreMesh("tc", 1)
+    both = pl.kernel([tc_body, sc_body], out_type=out_type, mesh=[tmesh, smesh])
+    y, g = both(x, table, idx)
+    pl.kernel(tc_body, out_type=out_type, mesh=tmesh)(x, table, idx)
+    pl.kernel(sc_body, out_type=out_type, mesh=smesh)(x, table, idx)
+  np.testing.assert_allclose(y, x @ x, rtol=1e-4, atol=1e-3)
+  np.testing.assert_array_equal(g, table[idx])
+  t_both, t_tc, t_sc = (r.device_cycles for r in tpu.reports)
+  assert t_both < t_tc + t_sc
+  assert t_both <= max(t_tc, t_sc) * 1.05

@@ -4,15 +4,16 @@ Timing model (all in cycles of the chip clock):
   * A copy is issued by the scalar core at `issue` (after `dma_issue_cycles` of scalar work) and cannot
     start reading before its source buffer's last vector store has finished.
   * Each TensorCore has a DMA channel (bandwidth `dma_bytes_per_s_per_tc`); every chip has one HBM
-    channel (`hbm_bytes_per_s_per_device`) shared by all its cores. A copy touching HBM occupies both,
-    each FIFO: end = max(tc_start + bytes / tc_bw, hbm_start + hbm_bytes / hbm_bw). HBM->HBM copies count
-    their bytes twice on the HBM channel (read + write). Copies between VMEM and SMEM (or VMEM and VMEM)
+    channel (`hbm_bytes_per_s_per_device`) shared by all its cores. A copy touching HBM runs at the rate
+    both still have free (bandwidth calendars, sim/bandwidth.py): one stream behaves FIFO, overlapping
+    streams from several cores share. HBM->HBM copies count their bytes twice on the HBM channel. Copies between VMEM and SMEM (or VMEM and VMEM)
     use the core's local channel (`vmem_vmem_dma_bytes_per_s`).
   * The completion (semaphore signal) lands one direction-specific latency after the transfer ends, rounded
     up to a whole cycle: HBM->VMEM/SMEM `dma_hbm_to_vmem_latency_ns`, VMEM/SMEM->HBM
     `dma_vmem_to_hbm_latency_ns`, HBM->HBM the larger of the two, local `dma_local_latency_cycles`.
-FIFO channels are a simplification of the processor sharing in [xla-cost]: the aggregate bandwidth and
-the finishing time of the last transfer are the same; only the order of completions differs.
+Reservations are greedy in issue order, a simplification of the processor sharing in [xla-cost]: the
+aggregate bandwidth and the finishing time of the last transfer are the same; only the order of
+completions can differ.
 """
 from __future__ import annotations
 
@@ -21,30 +22,11 @@ import math
 import numpy as np
 
 from palace._src.core import MemorySpace, is_hbm
+from palace._src.sim.bandwidth import Channel, reserve  # noqa: F401  (Channel re-exported)
 
 _SPACE_LABEL = {MemorySpace.ANY: "hbm", MemorySpace.HBM: "hbm", MemorySpace.VMEM: "vmem",
                 MemorySpace.VMEM_SHARED: "vmem", MemorySpace.CMEM: "vmem", MemorySpace.SMEM: "smem",
                 MemorySpace.SEMAPHORE: "smem"}
-
-
-class Channel:
-  """A FIFO bandwidth resource."""
-  __slots__ = ("name", "bytes_per_cycle", "free_cycle", "busy_cycles", "bytes")
-
-  def __init__(self, name: str, bytes_per_s: float, clock_hz: float):
-    self.name = name
-    self.bytes_per_cycle = bytes_per_s / clock_hz
-    self.free_cycle = 0.0
-    self.busy_cycles = 0.0
-    self.bytes = 0
-
-  def reserve(self, start: float, nbytes: int) -> tuple[float, float]:
-    s = max(start, self.free_cycle)
-    d = nbytes / self.bytes_per_cycle
-    self.free_cycle = s + d
-    self.busy_cycles += d
-    self.bytes += nbytes
-    return s, s + d
 
 
 class DmaRecord:
@@ -79,12 +61,11 @@ def transfer_timing(chip, tc_channel: Channel, hbm_channel: Channel, local_chann
   if cls == "local":
     s, e = local_channel.reserve(start, nbytes)
     return s, e, math.ceil(e) + chip.dma_local_latency_cycles
-  s1, e1 = tc_channel.reserve(start, nbytes)
-  s2, e2 = hbm_channel.reserve(start, nbytes * (2 if cls == "hbm->hbm" else 1))
-  end = max(e1, e2)
+  s0, end = reserve([(tc_channel, 1.0), (hbm_channel, 2.0 if cls == "hbm->hbm" else 1.0)], start, nbytes)
+
   lat_ns = {"read": chip.dma_hbm_to_vmem_latency_ns, "write": chip.dma_vmem_to_hbm_latency_ns,
             "hbm->hbm": chip.dma_hbm_to_hbm_latency_ns}[cls]
-  return min(s1, s2), end, math.ceil(end) + chip.ns_to_cycles(lat_ns)
+  return s0, end, math.ceil(end) + chip.ns_to_cycles(lat_ns)
 
 
 def _add(cur, data):

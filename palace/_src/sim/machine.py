@@ -101,6 +101,13 @@ class Machine:
           Channel("local", self.chip.vmem_vmem_dma_bytes_per_s, self.chip.clock_hz))
     return ch
 
+  def prune_channels(self) -> None:
+    """Drop bandwidth-calendar history that no core can reach any more (bounded memory and time)."""
+    horizon = min(c.now for c in self.cores) if self.cores else 0
+    for chans in self._chans.values():
+      for ch in chans:
+        ch.prune(horizon)
+
   def next_seq(self) -> int:
     self._seq += 1
     return self._seq

@@ -275,6 +275,8 @@ class TensorCore:
     if req.src_sem_buf is not None:
       m.add_arrival(req.src_sem_buf, req.src_sem_index, read_done, req.nbytes, rec, src=True)
     m.inflight[rec.seq] = rec
+    if m.dma_count & 1023 == 0:
+      m.prune_channels()
     m.maybe_yield(self)
 
   def dma_wait(self, req, which: str = "recv") -> None:

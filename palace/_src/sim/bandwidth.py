@@ -1,0 +1,110 @@
+"""Bandwidth calendars (L4b): shared channels that transfers fill over time.
+
+A channel records how much of its bandwidth (bytes per cycle) is in use on each interval of time. A
+transfer that starts at `start` runs, at every instant, at the largest rate that every channel it
+crosses still has free (a DMA engine, the chip's HBM, an ICI link), and ends when its bytes are
+through. So:
+  * one stream of copies behaves like a FIFO (each copy waits for the previous one's bandwidth);
+  * copies from different cores (TensorCores, SparseCore subcores) that overlap in time share the
+    bandwidth, whatever order the scheduler issued them in: a later-issued copy with an earlier start
+    uses what earlier reservations left free instead of queueing behind them.
+Reservations are greedy in issue order (no re-timing of copies already reserved). Deterministic.
+"""
+from __future__ import annotations
+
+import bisect
+
+_EPS = 1e-9
+
+
+class Channel:
+  """Piecewise-constant bandwidth usage: `times[i]` starts a segment using `used[i]` bytes/cycle; the
+  last segment runs to infinity."""
+  __slots__ = ("name", "bytes_per_cycle", "times", "used", "busy_cycles", "bytes", "free_cycle")
+
+  def __init__(self, name: str, bytes_per_s: float, clock_hz: float):
+    self.name = name
+    self.bytes_per_cycle = bytes_per_s / clock_hz
+    self.times = [0.0]
+    self.used = [0.0]
+    self.busy_cycles = 0.0
+    self.bytes = 0
+    self.free_cycle = 0.0  # end of the last reservation (for reports)
+
+  # -- segment helpers
+  def _split(self, t: float) -> int:
+    """Index of the segment starting exactly at t (inserting a breakpoint if needed)."""
+    i = bisect.bisect_right(self.times, t) - 1
+    if i >= 0 and abs(self.times[i] - t) <= _EPS:
+      return i
+    if i < 0:
+      self.times.insert(0, t)
+      self.used.insert(0, 0.0)
+      return 0
+    self.times.insert(i + 1, t)
+    self.used.insert(i + 1, self.used[i])
+    return i + 1
+
+  def free_at(self, t: float) -> float:
+    i = bisect.bisect_right(self.times, t) - 1
+    return self.bytes_per_cycle - (self.used[i] if i >= 0 else 0.0)
+
+  def next_break(self, t: float) -> float:
+    i = bisect.bisect_right(self.times, t + _EPS)
+    return self.times[i] if i < len(self.times) else float("inf")
+
+  def add(self, t0: float, t1: float, rate: float) -> None:
+    if t1 - t0 <= _EPS:
+      return
+    i = self._split(t0)
+    j = self._split(t1)
+    for k in range(i, j):
+      self.used[k] += rate
+
+  def prune(self, before: float) -> None:
+    """Forget usage that ends before `before` (no reservation can start earlier any more)."""
+    i = bisect.bisect_right(self.times, before) - 1
+    if i > 0:
+      del self.times[:i]
+      del self.used[:i]
+
+  # -- single-channel API
+  def reserve(self, start: float, nbytes: float) -> tuple[float, float]:
+    return reserve([(self, 1.0)], start, nbytes)
+
+
+def reserve(channels, start: float, nbytes: float) -> tuple[float, float]:
+  """Reserve `nbytes` through every channel of `channels` = [(channel, weight)] from `start` on; a
+  channel with weight w carries w bytes per byte of the transfer (HBM->HBM copies: 2). Returns
+  (first cycle with data moving, last cycle)."""
+  t = float(start)
+  remaining = float(nbytes)
+  first = None
+  if remaining <= 0:
+    return t, t
+  while True:
+    avail = min(c.free_at(t) / w for c, w in channels)
+    nxt = min(c.next_break(t) for c, _ in channels)
+    if avail <= _EPS:
+      if nxt == float("inf"):
+        raise AssertionError("a channel is over-subscribed forever")
+      t = nxt
+      continue
+    if first is None:
+      first = t
+    dt = remaining / avail
+    end = t + dt
+    if end <= nxt + _EPS:
+      for c, w in channels:
+        c.add(t, end, avail * w)
+      break
+    for c, w in channels:
+      c.add(t, nxt, avail * w)
+    remaining -= avail * (nxt - t)
+    t = nxt
+  for c, w in channels:
+    c.busy_cycles += end - first
+    c.bytes += int(nbytes * w)
+    if end > c.free_cycle:
+      c.free_cycle = end
+  return first, end
