@@ -37,6 +37,9 @@ class Slice:
 def ds(start, size=None, stride: int = 1) -> Slice:
   if size is None:
     start, size = 0, start
+  if isinstance(size, Array) or isinstance(stride, Array):
+    raise UsageError(f"pl.ds size must be a static Python int (only the start may be dynamic); got "
+                     f"size={size!r}, stride={stride!r}. ({user_frame_summary()})")
   return Slice(start, int(size), int(stride))
 
 
@@ -206,7 +209,7 @@ class Ref:
     if ex is None:
       return self._host_get(idx)
     view = self if (idx is Ellipsis or (isinstance(idx, tuple) and not idx)) else self._view(idx)
-    self._check_access("Load", not view.shape)
+    view._check_access("Load", not view.shape)
     data, ready = ex.load(self.buf, view._np_index, view.shape)
     return Array(data, view.shape, self.buf.dtype, ready)
 
@@ -215,7 +218,7 @@ class Ref:
     if ex is None:
       return self._host_set(idx, value)
     view = self if (idx is Ellipsis or (isinstance(idx, tuple) and not idx)) else self._view(idx)
-    self._check_access("Store", not view.shape)
+    view._check_access("Store", not view.shape)
     data, ready = _coerce_store(view, value, ex.timing_only)
     ex.store(self.buf, view._np_index, view.shape, data, ready)
 
