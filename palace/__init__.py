@@ -2,6 +2,7 @@
 
 This module only re-exports; the implementation lives in `palace._src`.
 """
+from palace._src.autotune import autotune
 from palace._src.core import (ANY, BlockSpec, Blocked, BoundedSlice, Buffered, CompilerParams,
                               CostEstimate, Element, GridSpec, MemoryRef, MemorySpace,
                               ShapeDtypeStruct, Squeezed, no_block_spec, squeezed)
