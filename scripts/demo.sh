@@ -6,4 +6,4 @@ PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q -e ".[cli]"
-exec .venv/bin/python examples/matmul.py "$@"
+exec .venv/bin/palace demo "$@"

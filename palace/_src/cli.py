@@ -11,6 +11,7 @@ import os
 import runpy
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import click
@@ -160,37 +161,53 @@ def _np_dtype(name: str):
 
 
 # ------------------------------------------------------------------ palace chips
+_CHIP_ROWS = (  # (figure, source field, formatter)
+    ("clock", "clock_hz", lambda c: f"{c.clock_hz / 1e9:.2f} GHz"),
+    ("TensorCores per device", "num_tensorcores_per_device",
+     lambda c: f"{c.num_tensorcores_per_device}" + (" (megacore)" if c.megacore else "")),
+    ("MXUs per TensorCore", "num_mxus", lambda c: f"{c.num_mxus} x {c.mxu_size}x{c.mxu_size}"),
+    ("peak bf16 per device", "vmatmul_cadence_cycles",
+     lambda c: f"{c.peak_flops_per_s('bf16') / 1e12:,.0f} TFLOP/s"),
+    ("peak int8 per device", "vmatmul_cadence_cycles",
+     lambda c: f"{c.peak_flops_per_s('int8') / 1e12:,.0f} TOP/s" if c.peak_flops_per_s("int8") else "-"),
+    ("VMEM per TensorCore", "vmem_bytes", lambda c: f"{c.vmem_bytes >> 20} MiB"),
+    ("default scoped VMEM", "default_scoped_vmem_bytes", lambda c: f"{c.default_scoped_vmem_bytes >> 20} MiB"),
+    ("SMEM", "smem_bytes", lambda c: f"{c.smem_bytes / 2**20:g} MiB"),
+    ("HBM per device", "hbm_bytes_per_device", lambda c: f"{c.hbm_bytes_per_device / 1e9:.1f} GB"),
+    ("HBM bandwidth", "hbm_bytes_per_s_per_device", lambda c: f"{c.hbm_bytes_per_s_per_device / 1e9:,.0f} GB/s"),
+    ("DMA HBM->VMEM per TC", "dma_bytes_per_s_per_tc", lambda c: f"{c.dma_bytes_per_s_per_tc / 1e9:,.0f} GB/s"),
+    ("ICI per link, one way", "ici_link_bytes_per_s_one_way",
+     lambda c: f"{c.ici_link_bytes_per_s_one_way / 1e9:.0f} GB/s ({c.ici_dims}D)"),
+    ("SparseCores x subcores", "sparsecore",
+     lambda c: f"{c.sparsecore.num_cores} x {c.sparsecore.num_subcores}" if c.sparsecore else "-"),
+    ("grid-step overhead", "grid_step_overhead_cycles", lambda c: f"{c.grid_step_overhead_cycles} cycles"),
+    ("launch overhead", "launch_overhead_s", lambda c: f"{c.launch_overhead_s * 1e6:.0f} us"),
+)
+
+
 @main.command()
 @click.option("--sources/--no-sources", default=True, show_default=True,
-              help="Also print where each figure comes from.")
+              help="Add a column with where each figure comes from.")
 def chips(sources):
   """List the chip presets with their key figures (and the sources of those figures)."""
+  from rich.text import Text
   console = _console()
-  t = _table("TPU presets (per device = what JAX calls a device; per TC = one TensorCore)",
-             [("chip", "left"), "clock", "TCs", "MXUs per TC", "VMEM per TC", "scoped VMEM", "HBM",
-              "HBM BW", "peak bf16", "peak int8", "ICI per link", ("SparseCore", "left")])
-  for c in hw.CHIPS.values():
-    sc = c.sparsecore
-    int8 = c.peak_flops_per_s("int8")
-    t.add_row(c.name, f"{c.clock_hz / 1e9:.2f} GHz",
-              f"{c.num_tensorcores_per_device}" + (" (megacore)" if c.megacore else ""),
-              f"{c.num_mxus} x {c.mxu_size}x{c.mxu_size}", f"{c.vmem_bytes >> 20} MiB",
-              f"{c.default_scoped_vmem_bytes >> 20} MiB", f"{c.hbm_bytes_per_device / 1e9:.1f} GB",
-              f"{c.hbm_bytes_per_s_per_device / 1e9:,.0f} GB/s",
-              f"{c.peak_flops_per_s('bf16') / 1e12:,.0f} TFLOP/s",
-              f"{int8 / 1e12:,.0f} TOP/s" if int8 else "-",
-              f"{c.ici_link_bytes_per_s_one_way / 1e9:.0f} GB/s, {c.ici_dims}D torus",
-              f"{sc.num_cores} x {sc.num_subcores} subcores" if sc else "-")
+  presets = list(hw.CHIPS.values())
+  t = _table("TPU presets (device = what JAX calls a device; TC = TensorCore)",
+             [("figure", "left")] + [c.name for c in presets])
+  src = _table("Sources of the figures (tags: see docs/timing-model.md and tpu-hardware.md)",
+               [("figure", "left"), ("source", "left")])
+  for label, field, fmt in _CHIP_ROWS:
+    t.add_row(label, *[fmt(c) for c in presets])
+    srcs = []
+    for c in presets:
+      v = c.sources.get(field, "")
+      if v and v not in srcs:
+        srcs.append(v)
+    src.add_row(label, Text("; ".join(srcs) or "-"))  # Text: "[tpu_info]" is a tag, not rich markup
   console.print(t)
   if sources:
-    s = _table("Sources (tags as in docs and tpu-hardware.md)", [("figure", "left"), ("source", "left")])
-    seen = {}
-    for c in hw.CHIPS.values():
-      for k, v in c.sources.items():
-        seen.setdefault(k, v)
-    for k, v in seen.items():
-      s.add_row(k, v)
-    console.print(s)
+    console.print(src)
 
 
 # ------------------------------------------------------------------ palace run
@@ -213,6 +230,7 @@ def run(file, script_args, chip, num_chips, timing_only, trace, trace_dir, timel
   are passed to the script.
   """
   import palace as pl
+  from rich.markup import escape
   console = _console()
   tpu = pl.virtual_tpu(chip, num_chips, timing_only=timing_only)
   path = str(Path(file).resolve())
@@ -225,13 +243,18 @@ def run(file, script_args, chip, num_chips, timing_only, trace, trace_dir, timel
       runpy.run_path(path, run_name="__main__")
   except SystemExit as e:
     status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+  except PalaceError as e:
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename == path]
+    where = f" (at {Path(file).name}:{frames[-1].lineno})" if frames else ""
+    click.echo(f"palace: error{where}: {type(e).__name__}: {e}", err=True)
+    status = 2
   finally:
     sys.argv, sys.path[:] = old_argv, old_path
   reports = tpu.reports
-  if not reports:
-    console.print(f"[yellow]{file} launched no kernel on palace run's virtual TPU[/] (kernels inside the "
+  if not reports and status == 0:
+    console.print(f"[yellow]{escape(file)} launched no kernel on palace run's virtual TPU[/] (kernels inside the "
                   f"script's own `pl.virtual_tpu(...)` blocks are reported by the script).")
-  else:
+  elif reports:
     _print_launches(console, reports, max_reports)
     if trace:
       console.print(f"trace of the last launch: {reports[-1].to_perfetto(trace)}")
@@ -339,9 +362,10 @@ def _print_ranking(console, res, top, ref_t, ref_bound, flops):
             f"{ref_bound} (XLA-style roofline reference)", style="dim")
   console.print(t)
   if res.rejected:
+    from rich.text import Text
     rj = _table(f"{len(res.rejected)} rejected", [("config", "left"), ("reason", "left")])
     for tr in res.rejected[:top]:
-      rj.add_row(format_config(tr.config), tr.reason[:120])
+      rj.add_row(format_config(tr.config), Text(tr.reason[:120]))
     if len(res.rejected) > top:
       rj.add_row("...", f"{len(res.rejected) - top} more")
     console.print(rj)
@@ -600,6 +624,7 @@ _PARTS = (_part_matmul, _part_pipeline, _part_ragged, _part_sparsecore, _part_co
 def run_demo(console, out: Path, *, quick: bool = False, chip="v5e") -> int:
   """Run every part of the tour; returns the number of parts that failed."""
   import palace as pl
+  from rich.markup import escape
   t0 = time.perf_counter()
   spec = hw.get_chip(chip)
   out.mkdir(parents=True, exist_ok=True)
@@ -619,9 +644,9 @@ def run_demo(console, out: Path, *, quick: bool = False, chip="v5e") -> int:
     except (PalaceError, AssertionError, NotImplementedError) as e:
       part = _Part(name, "")
       part.status, part.detail = "failed", f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
-      console.print(f"[red]{name} failed:[/] {part.detail}")
+      console.print(f"[red]{name} failed:[/] {escape(part.detail)}")
     if part.status == "not built yet":
-      console.print(f"[yellow]{part.name}: not built yet[/] ({part.detail})")
+      console.print(f"[yellow]{part.name}: not built yet[/] ({escape(part.detail)})")
     parts.append(part)
   console.rule("summary", style="dim")
   files = []
@@ -633,7 +658,7 @@ def run_demo(console, out: Path, *, quick: bool = False, chip="v5e") -> int:
                           ("result", "left")])
   colors = {"ran": "green", "not built yet": "yellow", "failed": "red"}
   for p in parts:
-    t.add_row(p.name, f"[{colors[p.status]}]{p.status}[/]", p.api, p.detail)
+    t.add_row(p.name, f"[{colors[p.status]}]{p.status}[/]", escape(p.api), escape(p.detail))
     files += p.files
   console.print(t)
   console.print(f"outputs in [bold]{out.resolve()}[/]: Perfetto traces (open in https://ui.perfetto.dev) "

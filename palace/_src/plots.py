@@ -50,39 +50,49 @@ def plot_timeline(report, path, width_px: int = TIMELINE_WIDTH_PX, height_px: in
 
 def plot_roofline(reports, path, labels=None, size_px=ROOFLINE_SIZE_PX) -> str:
   """Roofline (log-log FLOP/byte vs TFLOP/s) with one point per report and the roof of each chip.
-  `labels` defaults to the kernel names. Size: size_px pixels. Returns the path."""
+  `labels` defaults to the kernel names; reports without FLOPs (pure data movement) are listed in a note
+  instead of plotted. Size: size_px pixels. Returns the path."""
   reports = list(reports)
   labels = list(labels) if labels is not None else [r.kernel_name for r in reports]
   fig = _figure(*size_px)
   ax = fig.add_subplot(1, 1, 1)
   ax.set_xscale("log")
   ax.set_yscale("log")
-  pts = [(max(r.flops / r.hbm_bytes, 1e-3) if r.hbm_bytes else 1e4, max(r.flops_per_s / 1e12, 1e-4))
-         for r in reports]
-  xs = [p[0] for p in pts] or [1.0]
-  lo, hi = min(min(xs) / 4, 0.1), max(max(xs) * 4, 1e4)
+  shown = [(r, lab) for r, lab in zip(reports, labels) if r.flops > 0 and r.device_cycles > 0]
+  skipped = [lab for r, lab in zip(reports, labels) if not (r.flops > 0 and r.device_cycles > 0)]
+  merged = {}  # points at the same place share one marker and one label
+  for r, lab in shown:
+    x = r.flops / r.hbm_bytes if r.hbm_bytes else 1e4
+    key = (round(x, 6), round(r.flops_per_s / 1e12, 6))
+    merged.setdefault(key, []).append(lab)
+  xs = [k[0] for k in merged] or [1.0]
+  lo, hi = min(min(xs) / 4, 0.5), max(max(xs) * 4, 1e3)
   chips = {}
-  for r in reports:
+  for r, _ in shown:
     chips.setdefault((r.chip.name, r.num_chips), r)
+  tops = [1.0]
   for (name, n), r in chips.items():
     peak = r.chip.peak_flops_per_s("bf16") * n / 1e12
     bw = r.chip.hbm_bytes_per_s_per_device * n / 1e12
+    tops.append(peak)
     grid = [lo * (hi / lo) ** (i / 200) for i in range(201)]
     ax.plot(grid, [min(peak, x * bw) for x in grid], lw=1.5,
-            label=f"{name}{f' x{n}' if n > 1 else ''} roof: {peak:.0f} TFLOP/s, {bw * 1e3:.0f} GB/s")
-  for (x, y), lab in zip(pts, labels):
+            label=f"{name}{f' x{n}' if n > 1 else ''} roof: {peak:.0f} TFLOP/s bf16, {bw * 1e3:.0f} GB/s HBM")
+  for (x, y), labs in merged.items():
     ax.plot([x], [y], "o", ms=7)
-    ax.annotate(lab, (x, y), textcoords="offset points", xytext=(6, 4), fontsize=8)
+    ax.annotate(", ".join(labs), (x, y), textcoords="offset points", xytext=(6, 4), fontsize=8)
+  ys = [k[1] for k in merged] or [1.0]
   ax.set_xlim(lo, hi)
-  ys = [p[1] for p in pts] or [1.0]
-  top = max(max(ys), max((r.chip.peak_flops_per_s("bf16") * r.num_chips / 1e12 for r in reports),
-                         default=1.0))
-  ax.set_ylim(min(min(ys) / 4, top / 1e4), top * 3)
+  ax.set_ylim(min(min(ys) / 4, max(tops) / 1e3), max(tops) * 3)
   ax.set_xlabel("arithmetic intensity (FLOP per HBM byte)")
   ax.set_ylabel("modelled TFLOP/s")
   ax.set_title("Roofline (modelled on the virtual TPU)")
   ax.grid(True, which="both", alpha=0.3)
-  ax.legend(loc="lower right", fontsize=8)
+  if chips:
+    ax.legend(loc="lower right", fontsize=8)
+  if skipped:
+    ax.text(0.01, 0.99, "no FLOPs, not plotted: " + ", ".join(skipped), transform=ax.transAxes,
+            va="top", fontsize=8)
   fig.tight_layout()
   fig.savefig(path, dpi=100)
   return str(path)
