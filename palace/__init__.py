@@ -17,6 +17,7 @@ from palace._src.lang.refs import Ref, Slice, ds
 from palace._src.lang.numpy_ops import broadcast_to
 from palace._src.pallas_call import pallas_call
 from palace._src.kernel import kernel
+from palace._src.spmd import Mesh, P, PartitionSpec, make_mesh, shard_map
 from palace._src.lang.host_refs import empty_ref, free_ref, freeze, new_ref
 from palace._src.sim.machine import VirtualTPU
 from palace._src.sim.report import Report

@@ -86,8 +86,6 @@ def _run(body, kname, out_type, mesh, scratch_types, params, args):
       raise UsageError(f"pl.kernel mesh must be a pltpu.TensorCoreMesh, plsc.VectorSubcoreMesh or "
                        f"plsc.ScalarSubcoreMesh; got {m!r}.")
   in_leaves, _ = tree_flatten(tuple(args), is_leaf=lambda x: isinstance(x, Ref))
-  tpu, machine = launch.new_launch(kname, params)
-  chip = machine.chip
   in_bufs, passed = [], set()
   for i, a in enumerate(in_leaves):
     if isinstance(a, Ref):
@@ -132,19 +130,28 @@ def _run(body, kname, out_type, mesh, scratch_types, params, args):
       for (i, _), r in zip(vmem_outs, mem_refs):
         sync_copy(r, Ref(out_hbm[i]))
 
-    scoped(with_out_mem, [t for _, t in vmem_outs], {}, "outputs")
+    launch.with_barrier_semaphore(
+        params, lambda: scoped(with_out_mem, [t for _, t in vmem_outs], {}, "outputs"))
 
-  programs = []
-  for b, m in zip(bodies, meshes):
-    for core in _make_cores(machine, m, params, kname):
-      programs.append((core, functools.partial(program, b)))
-  machine.run(programs)
-  launch.finish_launch(tpu, machine)
+  def build(machine, chip_index):
+    for r in in_bufs:
+      r.buf.chip = chip_index
+    for b in out_hbm:
+      b.chip = chip_index
+    machine.register_hbm(chip_index, [r.buf for r in in_bufs] + out_hbm)
+    programs = []
+    for b, m in zip(bodies, meshes):
+      for core in _make_cores(machine, chip_index, m, params, kname):
+        programs.append((core, functools.partial(program, b)))
+    return programs
+
+  launch.execute(kname, build)
   return tree_unflatten(out_td, [b.storage for b in out_hbm])
 
 
-def _make_cores(machine, mesh, params, kname):
+def _make_cores(machine, chip_index, mesh, params, kname):
   chip = machine.chip
+  env = machine.chip_axis_env(chip_index)
   if isinstance(mesh, TensorCoreMesh):
     n = chip.num_tensorcores_per_device if mesh.num_cores is None else mesh.num_cores
     if n > chip.num_tensorcores_per_device or n < 1:
@@ -152,7 +159,7 @@ def _make_cores(machine, mesh, params, kname):
           f"TensorCoreMesh(num_cores={n}) for kernel '{kname}': {chip.name} has "
           f"{chip.num_tensorcores_per_device} TensorCore(s) per device"
           + (" (7x exposes each TensorCore as its own device)" if chip.name == "7x" else "") + ".")
-    cores = [machine.add_core(0, c, {mesh.axis_name: (c, n)}, params) for c in range(n)]
+    cores = [machine.add_core(chip_index, c, {**env, mesh.axis_name: (c, n)}, params) for c in range(n)]
     for c in cores:
       c.mesh_axes = [(mesh.axis_name, n)]
     return cores
@@ -162,16 +169,16 @@ def _make_cores(machine, mesh, params, kname):
     cores = []
     for c in range(nc):
       for s in range(ns):
-        core = machine.add_sparse_subcore(0, c, s, {mesh.core_axis_name: (c, nc),
-                                                    mesh.subcore_axis_name: (s, ns)}, params)
+        core = machine.add_sparse_subcore(chip_index, c, s, {**env, mesh.core_axis_name: (c, nc),
+                                                             mesh.subcore_axis_name: (s, ns)}, params)
         core.mesh_axes = [(mesh.core_axis_name, nc), (mesh.subcore_axis_name, ns)]
         core.core_id_base = SC_BASE
         cores.append(core)
     return cores
   cores = []
   for c in range(mesh.num_cores):
-    core = machine.add_sparse_subcore(0, c, 0, {mesh.axis_name: (c, mesh.num_cores)}, params,
-                                      scalar=True)
+    core = machine.add_sparse_subcore(chip_index, c, 0, {**env, mesh.axis_name: (c, mesh.num_cores)},
+                                      params, scalar=True)
     core.mesh_axes = [(mesh.axis_name, mesh.num_cores)]
     core.core_id_base = SCALAR_BASE
     cores.append(core)

@@ -1,12 +1,17 @@
 """Host side of a launch (L5): operands to HBM buffers, outputs back to NumPy, one report per launch."""
 from __future__ import annotations
 
+import contextvars
+
 import numpy as np
 
 from palace._src import dtypes as dt
-from palace._src.core import Buffer, CompilerParams, MemoryRef, MemorySpace, ShapeDtypeStruct
+from palace._src import executor
+from palace._src.core import (Buffer, CompilerParams, MemoryRef, MemorySpace, SemaphoreType,
+                              ShapeDtypeStruct)
 from palace._src.errors import ShapeError, UsageError
 from palace._src.lang.array import Array
+from palace._src.lang.primitives import scoped
 from palace._src.lang.refs import Ref
 from palace._src.sim.machine import active_tpu
 
@@ -69,13 +74,44 @@ def out_struct(o, name: str):
                    f"pltpu.VMEM(shape, dtype).")
 
 
-def new_launch(name: str, params: CompilerParams):
+_spmd: contextvars.ContextVar = contextvars.ContextVar("palace_spmd_chip", default=None)
+
+
+def spmd_context():
+  """The (group, chip index) of the shard_map program running in this thread, or None."""
+  return _spmd.get()
+
+
+def set_spmd_context(ctx):
+  return _spmd.set(ctx)
+
+
+def execute(kname: str, build, grid_steps: int = 0) -> None:
+  """Run one launch. `build(machine, chip_index) -> [(core, fn)]` adds this chip's cores and returns
+  their programs. Outside shard_map the launch runs on chip 0 alone; inside, every chip's thread
+  reaches the same launch and one machine runs the whole pod (see spmd.py)."""
+  ctx = _spmd.get()
+  if ctx is not None:
+    ctx[0].collective_launch(ctx[1], kname, build, grid_steps)
+    return
   tpu = active_tpu()
-  machine = tpu.new_machine(name)
-  return tpu, machine
+  machine = tpu.new_machine(kname)
+  machine.run(build(machine, 0))
+  machine.grid_steps = grid_steps
+  tpu.reports.append(machine.finish())
 
 
-def finish_launch(tpu, machine):
-  report = machine.finish()
-  tpu.reports.append(report)
-  return report
+def with_barrier_semaphore(params: CompilerParams, fn):
+  """Allocate the barrier semaphore selected by CompilerParams(collective_id=...) around fn()."""
+  if params.collective_id is None:
+    return fn()
+
+  def body(sem):
+    ex = executor.current()
+    ex.barrier_sem = sem
+    try:
+      return fn()
+    finally:
+      ex.barrier_sem = None
+
+  return scoped(body, (SemaphoreType.BARRIER,), {}, "barrier_semaphore")

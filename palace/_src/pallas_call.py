@@ -108,16 +108,13 @@ def _call(kernel, kname, out_shape, grid, grid_spec, aliases, params, args):
       raise ShapeError(f"input_output_aliases {{{a_in}: {a_out}}}: input {src.dtype}{list(src.shape)} "
                        f"and output {ob.dtype}{list(ob.shape)} must have the same shape and dtype.")
     ob.storage = src.copy()
-  tpu, machine = launch.new_launch(kname, params)
-  core_points = megacore_split(machine.chip, grid, params.dimension_semantics, kname)
-  cores = [machine.add_core(0, c, {}, params) for c in range(len(core_points))]
-  _check_vmem(cores[0], kname, in_maps + out_maps, grid_spec.scratch_shapes)
-  pre_bufs = [launch.hbm_input(a, f"scalar_prefetch[{i}]") for i, a in enumerate(pre_arrays)]
-  in_bufs = [launch.hbm_input(a, f"args[{i + nsp}]") for i, a in enumerate(in_arrays)]
   scratch = grid_spec.scratch_shapes
   scratch_is_dict = isinstance(scratch, dict)
 
-  def program(points):
+  def program(points, pre_bufs, in_bufs):
+    launch.with_barrier_semaphore(params, functools.partial(_program, points, pre_bufs, in_bufs))
+
+  def _program(points, pre_bufs, in_bufs):
     smem_types = [MemoryRef(a.shape, a.dtype, MemorySpace.SMEM) for a in pre_arrays]
     smem_in = [(k, m) for k, m in enumerate(in_maps) if m.space == MemorySpace.SMEM]
     smem_out = [(k, m) for k, m in enumerate(out_maps) if m.space == MemorySpace.SMEM]
@@ -152,9 +149,18 @@ def _call(kernel, kname, out_shape, grid, grid_spec, aliases, params, args):
                   [m.name for _, m in smem_in + smem_out])
     scoped(with_smem, smem_types, {}, "smem", names=smem_names)
 
-  machine.run([(c, functools.partial(program, pts)) for c, pts in zip(cores, core_points)])
-  machine.grid_steps = _num_points(grid)
-  launch.finish_launch(tpu, machine)
+  def build(machine, chip_index):
+    core_points = megacore_split(machine.chip, grid, params.dimension_semantics, kname)
+    env = machine.chip_axis_env(chip_index)
+    cores = [machine.add_core(chip_index, c, env, params) for c in range(len(core_points))]
+    _check_vmem(cores[0], kname, in_maps + out_maps, grid_spec.scratch_shapes)
+    pre_bufs = [launch.hbm_input(a, f"scalar_prefetch[{i}]", chip_index)
+                for i, a in enumerate(pre_arrays)]
+    in_bufs = [launch.hbm_input(a, f"args[{i + nsp}]", chip_index) for i, a in enumerate(in_arrays)]
+    machine.register_hbm(chip_index, pre_bufs + in_bufs + out_bufs)
+    return [(c, functools.partial(program, pts, pre_bufs, in_bufs)) for c, pts in zip(cores, core_points)]
+
+  launch.execute(kname, build, _num_points(grid))
   results = [b.storage for b in out_bufs]
   return tree_unflatten(out_td, results)
 

@@ -150,6 +150,16 @@ def sync_copy(src_ref, dst_ref, *, add: bool = False) -> None:
   run_scoped(body, SemaphoreType.DMA)
 
 
+def get_barrier_semaphore(tag=None) -> Ref:
+  """The barrier semaphore of this kernel, selected by CompilerParams(collective_id=...)."""
+  ex = executor.current("pltpu.get_barrier_semaphore()")
+  sem = getattr(ex, "barrier_sem", None)
+  if sem is None:
+    raise UsageError("pltpu.get_barrier_semaphore() needs CompilerParams(collective_id=...) on the "
+                     "kernel (pallas_call compiler_params / pl.kernel compiler_params).")
+  return sem
+
+
 # ------------------------------------------------------------------ cores
 def core_barrier(sem, *, core_axis_name: str) -> None:
   """All-to-all barrier across the cores of `core_axis_name`: signal every other core, then wait."""

@@ -19,6 +19,7 @@ from palace._src import executor as executor_mod
 from palace._src import hw
 from palace._src.errors import SyncError, UnsupportedError, UsageError
 from palace._src.sim.dma import Channel, move_data
+from palace._src.sim.ici import Topology
 from palace._src.sim.report import Report
 from palace._src.sim.sparsecore import SC_BASE, SCALAR_BASE, SparseSubcore, sparsecore_channels
 from palace._src.sim.tensorcore import SemSlot, TensorCore
@@ -51,10 +52,11 @@ class _Abort(BaseException):
 
 
 class Machine:
-  def __init__(self, tpu: "VirtualTPU", kernel_name: str, timing_only: bool):
+  def __init__(self, tpu: "VirtualTPU", kernel_name: str, timing_only: bool, num_chips: int = 1):
     self.tpu = tpu
     self.chip = tpu.chip
-    self.num_chips = tpu.num_chips
+    self.num_chips = num_chips
+    self.topology = Topology(tpu.chip, tpu.num_chips, tpu.topology) if num_chips > 1 else None
     self.kernel_name = kernel_name
     self.timing_only = timing_only
     self.dma_policy = DmaPolicy(tpu.dma_policy, tpu.seed + len(tpu.reports))
@@ -100,6 +102,21 @@ class Machine:
           Channel("tc-dma", self.chip.dma_bytes_per_s_per_tc, self.chip.clock_hz), hbm,
           Channel("local", self.chip.vmem_vmem_dma_bytes_per_s, self.chip.clock_hz))
     return ch
+
+  def chip_axis_env(self, chip_index: int) -> dict:
+    """{mesh axis: (coordinate, size)} of a chip for the chip-level (shard_map) axes."""
+    env = {}
+    rest = chip_index
+    for name, size, lvl in reversed(self.axes):
+      if lvl == "chip":
+        env[name] = (rest % size, size)
+        rest //= size
+    return env
+
+  def register_hbm(self, chip_index: int, bufs) -> None:
+    """Make chip `chip_index`'s HBM operands reachable by name from other chips (remote DMA)."""
+    for b in bufs:
+      self.hbm_peers[(chip_index, b.name)] = b
 
   def prune_channels(self) -> None:
     """Drop bandwidth-calendar history that no core can reach any more (bounded memory and time)."""
@@ -241,10 +258,14 @@ class Machine:
 
   # ------------------------------------------------------------------ ICI (multi-chip issue)
   def ici_transfer(self, src_chip, dst_chip, start, nbytes):
-    raise UnsupportedError.feature("remote DMA between chips")
+    s, e, done = self.topology.transfer(src_chip, dst_chip, start, nbytes)
+    self.ici_bytes += nbytes
+    if self.trace.on:
+      self.trace.add((src_chip, 0), "ici", f"to chip {dst_chip}", s, done, {"bytes": nbytes})
+    return s, e, done
 
   def ici_signal_cycle(self, src_chip, dst_chip, now):
-    raise UnsupportedError.feature("remote semaphore signals between chips")
+    return self.topology.signal_cycle(src_chip, dst_chip, now)
 
   # ------------------------------------------------------------------ running cores
   def run(self, programs) -> None:
@@ -423,7 +444,8 @@ class VirtualTPU:
     self.dma_policy = dma_policy
     self.seed = int(seed)
     self.trace = bool(trace)
-    self.topology = topology
+    self.topology = None if topology is None else tuple(topology)
+    Topology(self.chip, self.num_chips, self.topology)  # validate early
     self.detect_races = detect_races
     self.reports: list[Report] = []
     self.debug_output: list[str] = []
@@ -438,8 +460,9 @@ class VirtualTPU:
     self._token = None
     return False
 
-  def new_machine(self, kernel_name: str) -> Machine:
-    return Machine(self, kernel_name, self.timing_only)
+  def new_machine(self, kernel_name: str, num_chips: int = 1) -> Machine:
+    """A fresh machine for one launch: chip 0 only, or the whole pod for an SPMD (shard_map) launch."""
+    return Machine(self, kernel_name, self.timing_only, num_chips)
 
   def __repr__(self):
     return (f"VirtualTPU(chip={self.chip.name!r}, num_chips={self.num_chips}, timing_only="
@@ -453,3 +476,8 @@ def active_tpu() -> VirtualTPU:
   """The VirtualTPU of the innermost `with pl.virtual_tpu(...)`, or a fresh default one (v5e)."""
   tpu = _active.get()
   return tpu if tpu is not None else VirtualTPU(hw.DEFAULT_CHIP)
+
+
+def activate(tpu: VirtualTPU):
+  """Make `tpu` the active VirtualTPU of this thread (shard_map's per-chip threads)."""
+  return _active.set(tpu)

@@ -10,6 +10,8 @@ Time model of the core (cycles of the chip clock):
 """
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
 from palace._src.core import Buffer, MemoryRef, MemorySpace, SemaphoreKind, SemaphoreRefType
@@ -248,9 +250,13 @@ class TensorCore:
                                                                           self.core_id)
       if req.core_index is not None:
         core = req.core_index
+      # the copy lands in the target's buffer and signals the target's semaphore; the issuer's
+      # descriptor keeps naming its own semaphores (its .wait_recv() waits on the local copy)
+      req = copy.copy(req)
       req.dst_buf = m.peer_buffer(req.dst_buf, target_chip, core, self)
       if req.sem_buf is not None:
         req.sem_buf = m.peer_buffer(req.sem_buf, target_chip, core, self)
+      rec.req = req
     kind = direction(req.src_buf.memory_space, req.dst_buf.memory_space)
     chans = self.dma_channels()
     if target_chip != self.chip_index:

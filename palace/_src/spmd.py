@@ -1,0 +1,252 @@
+"""Host-side SPMD over the virtual pod (L5): `pl.make_mesh`, `pl.P`, `pl.shard_map`.
+
+`shard_map(f, mesh, in_specs, out_specs)(*args)` runs `f` once per chip on its shards, each in its own
+host thread. Every kernel launch inside `f` is collective: each chip's thread reaches it, and when all
+have, one machine runs the whole pod (all chips' cores together, so remote DMAs and barriers work),
+one report is recorded, and every thread continues with its own outputs. The chip index is the
+row-major position in the mesh; mesh position i sits at torus position i of the VirtualTPU.
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import numpy as np
+
+from palace._src import launch
+from palace._src.errors import SyncError, UsageError
+from palace._src.sim.machine import activate, active_tpu
+from palace._src.util import tree_flatten, tree_unflatten
+
+
+class PartitionSpec(tuple):
+  """`P('x', None)`: dimension 0 split over mesh axis 'x', dimension 1 replicated."""
+
+  def __new__(cls, *parts):
+    return super().__new__(cls, parts)
+
+  def __repr__(self):
+    return f"P{tuple(self)!r}"
+
+
+P = PartitionSpec
+
+
+@dataclasses.dataclass(frozen=True)
+class Mesh:
+  """A logical mesh of virtual chips: axis names and sizes (row-major chip numbering)."""
+  shape_tuple: tuple
+  axis_names: tuple
+
+  @property
+  def shape(self) -> dict:
+    return dict(zip(self.axis_names, self.shape_tuple))
+
+  @property
+  def size(self) -> int:
+    n = 1
+    for s in self.shape_tuple:
+      n *= s
+    return n
+
+  @property
+  def devices(self):
+    return np.arange(self.size).reshape(self.shape_tuple)
+
+  def coords(self, chip: int) -> dict:
+    out = {}
+    for name, s in reversed(list(zip(self.axis_names, self.shape_tuple))):
+      out[name] = chip % s
+      chip //= s
+    return out
+
+
+def make_mesh(axis_shapes, axis_names, *, devices=None, axis_types=None) -> Mesh:
+  shape = tuple(int(s) for s in axis_shapes)
+  names = tuple(axis_names)
+  if len(shape) != len(names):
+    raise UsageError(f"make_mesh: {len(shape)} axis sizes but {len(names)} axis names.")
+  mesh = Mesh(shape, names)
+  tpu = active_tpu()
+  if mesh.size != tpu.num_chips:
+    raise UsageError(f"make_mesh{shape}: the mesh has {mesh.size} chips but the virtual TPU has "
+                     f"{tpu.num_chips}; use pl.virtual_tpu({tpu.chip.name!r}, num_chips={mesh.size}).")
+  return mesh
+
+
+def _dim_axes(spec, ndim):
+  parts = tuple(spec) + (None,) * (ndim - len(spec))
+  out = []
+  for p in parts[:ndim]:
+    out.append(() if p is None else (p if isinstance(p, tuple) else (p,)))
+  return out
+
+
+def _shard(x, spec, mesh: Mesh, chip: int, what: str):
+  a = np.asarray(x)
+  if spec is None:
+    return a
+  coords = mesh.coords(chip)
+  idx = []
+  for d, axes in enumerate(_dim_axes(spec, a.ndim)):
+    n, k = 1, 0
+    for ax in axes:
+      if ax not in mesh.shape:
+        raise UsageError(f"{what}: PartitionSpec {spec} names axis {ax!r}; the mesh axes are "
+                         f"{mesh.axis_names}.")
+      n *= mesh.shape[ax]
+      k = k * mesh.shape[ax] + coords[ax]
+    if a.shape[d] % n:
+      raise UsageError(f"{what}: dimension {d} of size {a.shape[d]} does not split evenly over "
+                       f"{n} chips ({spec}).")
+    step = a.shape[d] // n
+    idx.append(slice(k * step, (k + 1) * step))
+  return a[tuple(idx)]
+
+
+def _unshard(shards, spec, mesh: Mesh, what: str):
+  first = np.asarray(shards[0])
+  if spec is None:
+    return first
+  axes_per_dim = _dim_axes(spec, first.ndim)
+  out_shape = list(first.shape)
+  for d, axes in enumerate(axes_per_dim):
+    for ax in axes:
+      out_shape[d] *= mesh.shape[ax]
+  out = np.empty(out_shape, first.dtype)
+  for chip, sh in enumerate(shards):
+    coords = mesh.coords(chip)
+    idx = []
+    for d, axes in enumerate(axes_per_dim):
+      k = 0
+      for ax in axes:
+        k = k * mesh.shape[ax] + coords[ax]
+      idx.append(slice(k * first.shape[d], (k + 1) * first.shape[d]))
+    out[tuple(idx)] = sh
+  return out
+
+
+class _Group:
+  """Rendezvous of the chips' threads at each collective kernel launch."""
+
+  def __init__(self, mesh: Mesh, tpu):
+    self.mesh = mesh
+    self.tpu = tpu
+    self.n = mesh.size
+    self.cv = threading.Condition()
+    self.pending = {}
+    self.generation = 0
+    self.error = None
+    self.finished = 0
+
+  def collective_launch(self, chip: int, kname: str, build, grid_steps: int) -> None:
+    with self.cv:
+      if self.error is not None:
+        raise self.error
+      gen = self.generation
+      self.pending[chip] = (kname, build, grid_steps)
+      if len(self.pending) + self.finished < self.n:
+        while self.generation == gen and self.error is None:
+          self.cv.wait()
+        if self.error is not None:
+          raise self.error
+        return
+      if self.finished:
+        self.error = SyncError(f"Chips made different kernel launches in shard_map: {self.finished} "
+                               f"chip(s) returned while others launched '{kname}'.")
+        self.cv.notify_all()
+        raise self.error
+      launches = [self.pending[c] for c in range(self.n)]
+      self.pending = {}
+    names = {k for k, _, _ in launches}
+    try:
+      if len(names) != 1:
+        raise SyncError(f"Chips launched different kernels at the same point of shard_map: "
+                        f"{sorted(names)}; every chip must launch the same kernels in the same order.")
+      machine = self.tpu.new_machine(kname, self.n)
+      machine.axes = [(name, size, "chip") for name, size in zip(self.mesh.axis_names,
+                                                                  self.mesh.shape_tuple)]
+      programs = []
+      for c, (_, b, _) in enumerate(launches):
+        programs += b(machine, c)
+      machine.run(programs)
+      machine.grid_steps = sum(g for _, _, g in launches)
+      self.tpu.reports.append(machine.finish())
+    except BaseException as e:  # noqa: BLE001  every chip's thread re-raises it
+      with self.cv:
+        self.error = e
+        self.cv.notify_all()
+      raise
+    with self.cv:
+      self.generation += 1
+      self.cv.notify_all()
+
+  def done(self) -> None:
+    with self.cv:
+      self.finished += 1
+      if self.pending and len(self.pending) + self.finished == self.n and self.error is None:
+        self.error = SyncError("Chips made different kernel launches in shard_map: some chips "
+                               "returned while others wait in a launch.")
+      self.cv.notify_all()
+
+
+def shard_map(f, *, mesh: Mesh, in_specs, out_specs, check_rep=True, check_vma=True, axis_names=None):
+  """Run `f` once per virtual chip on its shards; kernels launched inside run as one SPMD launch."""
+
+  def run(*args):
+    tpu = active_tpu()
+    if mesh.size != tpu.num_chips:
+      raise UsageError(f"shard_map over a mesh of {mesh.size} chips on a virtual TPU with "
+                       f"{tpu.num_chips}; create both with the same chip count.")
+    specs = in_specs if isinstance(in_specs, (list, tuple)) and not isinstance(in_specs, P) \
+        else (in_specs,) * len(args)
+    if len(specs) != len(args):
+      raise UsageError(f"shard_map: {len(specs)} in_specs for {len(args)} arguments.")
+    shards = [[_shard(a, s, mesh, c, f"args[{i}]") for i, (a, s) in enumerate(zip(args, specs))]
+              for c in range(mesh.size)]
+    group = _Group(mesh, tpu)
+    results = [None] * mesh.size
+    errors = [None] * mesh.size
+
+    def chip_main(c):
+      activate(tpu)
+      launch.set_spmd_context((group, c))
+      try:
+        results[c] = f(*shards[c])
+      except BaseException as e:  # noqa: BLE001
+        errors[c] = e
+        with group.cv:
+          if group.error is None:
+            group.error = e
+          group.cv.notify_all()
+      finally:
+        group.done()
+
+    threads = [threading.Thread(target=chip_main, args=(c,), name=f"palace-chip-{c}", daemon=True)
+               for c in range(mesh.size)]
+    for t in threads:
+      t.start()
+    for t in threads:
+      t.join()
+    for e in errors:
+      if e is not None:
+        raise e
+    leaves0, td = tree_flatten(results[0])
+    per_chip = [tree_flatten(r)[0] for r in results]
+    ospecs = out_specs if isinstance(out_specs, (list, tuple)) and not isinstance(out_specs, P) \
+        else (out_specs,) * len(leaves0)
+    if len(ospecs) != len(leaves0):
+      raise UsageError(f"shard_map: {len(ospecs)} out_specs for {len(leaves0)} outputs.")
+    outs = [_unshard([pc[i] for pc in per_chip], s, mesh, f"outputs[{i}]")
+            for i, s in enumerate(ospecs)]
+    return tree_unflatten(td, outs)
+
+  return run
+
+
+def axis_index_on_host(name) -> int | None:
+  ctx = launch.spmd_context()
+  if ctx is None:
+    return None
+  group, chip = ctx
+  return group.mesh.coords(chip)[name]
