@@ -15,6 +15,8 @@ from __future__ import annotations
 import functools
 import math
 
+import numpy as np
+
 from palace._src import dtypes as dt
 from palace._src.hw import MXU_CLASS_BITS, ChipSpec
 
@@ -60,7 +62,7 @@ def vector_cost(chip: ChipSpec, op_class: str, shape, dtype=None):
   unit = VECTOR_CLASSES[op_class][0]
   bits = 32
   if dtype is not None and unit in ("vld", "vst"):
-    bits = max(1, min(32, dt.bits(dtype)))
+    bits = max(1, min(32, dt.bits(np.dtype(dtype))))
   return _vector_cost(op_class, tuple(shape), bits, _units_per_cycle(chip, unit) if unit else 1)
 
 
@@ -75,6 +77,7 @@ def _vector_cost(op_class: str, shape: tuple, bits: int, per_cycle: int):
 def mxu_class(chip: ChipSpec, lhs_dtype, rhs_dtype) -> str:
   """Cadence class of an MXU op: the narrowest operand decides; unsupported classes fall back to the
   bf16 rate (the compiler upcasts them; modelling assumption)."""
+  lhs_dtype, rhs_dtype = np.dtype(lhs_dtype), np.dtype(rhs_dtype)
   b = min(dt.bits(lhs_dtype), dt.bits(rhs_dtype))
   if b >= 32:
     cls = "f32"

@@ -1,0 +1,189 @@
+"""Exact timelines of tiny kernels, derived by hand from the constants of UNIT_CHIP (helpers.py).
+
+Every expected number below is written as the sum that produces it, so a change in the model shows up
+as a change in one term.
+"""
+import math
+
+import numpy as np
+import pytest
+
+import palace as pl
+import palace.numpy as jnp
+from palace import tpu as pltpu
+from palace._src import hw
+from palace._src.sim import cost
+
+from timing_helpers import ANY_SPEC, UNIT_CHIP
+
+S, ISSUE, SCALAR = 300, 8, 1          # grid step, DMA issue, scalar op (cycles)
+BPC = 1000                            # bytes per cycle (1e12 B/s at 1 GHz)
+LAT_READ, LAT_WRITE, LAT_LOCAL = 100, 50, 20
+
+
+def _events(report, unit):
+  return [(e[2], e[3], e[4]) for e in report.events if e[1] == unit]
+
+
+def test_one_dma_and_wait():
+  def k(x_hbm, o_hbm, buf, sem):
+    c = pltpu.make_async_copy(x_hbm, buf, sem)
+    c.start()
+    c.wait()
+    c2 = pltpu.make_async_copy(buf, o_hbm, sem)
+    c2.start()
+    c2.wait()
+
+  x = np.arange(8 * 128, dtype=np.float32).reshape(8, 128)
+  with pl.virtual_tpu(UNIT_CHIP) as tpu:
+    out = pl.pallas_call(k, out_shape=pl.ShapeDtypeStruct(x.shape, x.dtype), in_specs=[ANY_SPEC],
+                         out_specs=ANY_SPEC,
+                         scratch_shapes=[pltpu.VMEM((8, 128), jnp.float32), pltpu.SemaphoreType.DMA])(x)
+  np.testing.assert_array_equal(out, x)
+  r = tpu.reports[-1]
+  nbytes = 8 * 128 * 4
+  issue1 = S + ISSUE                                          # one grid step, then the DMA issue
+  done1 = math.ceil(issue1 + nbytes / BPC) + LAT_READ         # transfer, then the completion latency
+  issue2 = done1 + SCALAR + ISSUE                             # the wait costs one scalar op
+  done2 = math.ceil(issue2 + nbytes / BPC) + LAT_WRITE
+  assert _events(r, "dma") == [("hbm->vmem", issue1, done1), ("vmem->hbm", issue2, done2)]
+  assert ("grid step", 0, S) in _events(r, "scalar")
+  assert r.device_cycles == done2 + SCALAR == 478
+  assert r.device_time_s == 478e-9
+  assert r.launch_overhead_s == UNIT_CHIP.launch_overhead_s
+  assert r.dma_bytes_by_direction == {"hbm->vmem": nbytes, "vmem->hbm": nbytes}
+  assert r.dma_count == 2 and r.hbm_bytes == 2 * nbytes
+  assert r.unit_busy_cycles["scalar"] == S + 2 * ISSUE
+
+
+def test_local_and_hbm_to_hbm_latencies():
+  def k(x_hbm, o_hbm, vbuf, sbuf, sem):
+    c = pltpu.make_async_copy(x_hbm, o_hbm, sem)        # HBM -> HBM: bytes twice on the HBM channel
+    c.start()
+    c.wait()
+    pltpu.sync_copy(x_hbm, vbuf)
+    c3 = pltpu.make_async_copy(vbuf.at[0], sbuf, sem)   # VMEM -> SMEM on the local channel
+    c3.start()
+    c3.wait()
+
+  x = np.ones((8, 128), np.float32)
+  with pl.virtual_tpu(UNIT_CHIP) as tpu:
+    pl.pallas_call(k, out_shape=pl.ShapeDtypeStruct(x.shape, x.dtype), in_specs=[ANY_SPEC],
+                   out_specs=ANY_SPEC,
+                   scratch_shapes=[pltpu.VMEM((8, 128), jnp.float32), pltpu.SMEM((128,), jnp.float32),
+                                   pltpu.SemaphoreType.DMA])(x)
+  r = tpu.reports[-1]
+  dmas = _events(r, "dma")
+  nbytes = 8 * 128 * 4
+  issue1 = S + ISSUE
+  done1 = math.ceil(issue1 + 2 * nbytes / BPC) + max(LAT_READ, LAT_WRITE)
+  assert dmas[0] == ("hbm->hbm", issue1, done1)
+  assert dmas[1][0] == "hbm->vmem"
+  name, start, end = dmas[2]
+  assert name == "vmem->smem"
+  assert end == math.ceil(start + 128 * 4 / (2 * BPC)) + LAT_LOCAL
+  assert r.dma_count_by_direction == {"hbm->hbm": 1, "hbm->vmem": 1, "vmem->smem": 1}
+
+
+def test_one_matmul():
+  def mm(x_ref, y_ref, o_ref):
+    o_ref[...] = jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
+
+  a = np.ones((128, 128), jnp.bfloat16)
+  with pl.virtual_tpu(UNIT_CHIP) as tpu:
+    pl.pallas_call(mm, out_shape=pl.ShapeDtypeStruct((128, 128), np.float32))(a, a)
+  r = tpu.reports[-1]
+  in_bytes, out_bytes = 128 * 128 * 2, 128 * 128 * 4
+  # Step 0 fetches both inputs (issue, wait) then runs the body.
+  x_issue = S + ISSUE
+  x_done = math.ceil(x_issue + in_bytes / BPC) + LAT_READ
+  y_issue = x_done + SCALAR + ISSUE
+  y_done = math.ceil(y_issue + in_bytes / BPC) + LAT_READ
+  body = y_done + SCALAR
+  # Loads: a bf16 (128,128) block is 8 packed vregs, 3 loads per cycle -> 3 cycles each.
+  assert _events(r, "vld") == [("load", body, body + 3), ("load", body + 3, body + 6)]
+  # MXU (v5e rules): 1 latch, 128/16 = 8 vmatmuls spread over 4 MXUs -> 2 * cadence 16 = 32 cycles,
+  # plus the first latch, 4 * 128 / 16 = 32 cycles, never hidden. Result after the 131-cycle latency.
+  mxu_busy = 2 * 16 + 32
+  assert _events(r, "mxu") == [("matmul 128x128x128", body + 3, body + 3 + mxu_busy)]
+  result = body + 3 + mxu_busy + 131
+  # The f32 (128,128) store is 16 vregs at 1 per cycle; it ends 2 cycles after the result it streams.
+  store_done = result + 2
+  wb_start = store_done                                       # the write-back waits for the store
+  wb_done = math.ceil(wb_start + out_bytes / BPC) + LAT_WRITE
+  assert _events(r, "dma")[-1] == ("vmem->hbm", wb_start, wb_done)
+  assert r.device_cycles == wb_done + SCALAR
+  assert r.flops == 2 * 128 ** 3
+  assert r.unit_busy_cycles["mxu"] == mxu_busy
+
+
+def test_grid_steps_cost_the_step_overhead_each():
+  def k(o_ref):
+    pass
+
+  with pl.virtual_tpu(UNIT_CHIP) as tpu:
+    pl.pallas_call(k, out_shape=pl.ShapeDtypeStruct((8, 128), np.float32), grid=(5,),
+                   out_specs=ANY_SPEC)()
+  r = tpu.reports[-1]
+  assert [e[1:] for e in _events(r, "scalar")] == [(i * S, (i + 1) * S) for i in range(5)]
+  assert r.device_cycles == 5 * S
+  assert r.grid_steps == 5 and r.bound == "overhead"
+
+
+def test_next_step_waits_for_the_mxu_to_drain():
+  def k(x_ref, o_ref):
+    o_ref[...] = jnp.dot(x_ref[...], x_ref[...], preferred_element_type=jnp.float32)
+
+  a = np.ones((128, 128), jnp.bfloat16)
+  with pl.virtual_tpu(UNIT_CHIP) as tpu:
+    pl.pallas_call(k, out_shape=pl.ShapeDtypeStruct((256, 128), np.float32), grid=(2,),
+                   in_specs=[pl.BlockSpec((128, 128), lambda i: (0, 0))],
+                   out_specs=pl.BlockSpec((128, 128), lambda i: (i, 0)))(a)
+  r = tpu.reports[-1]
+  (_, mxu_start, mxu_end), = _events(r, "mxu")[:1]
+  steps = [e for e in _events(r, "scalar") if e[0] == "grid step"]
+  # step 1 starts when step 0's last result is stored: MXU end + latency + store latency.
+  assert steps[1][1] == mxu_end + 131 + 2
+
+
+def test_matmul_cadence_rules():
+  v5e, v6e, v4 = hw.get_chip("v5e"), hw.get_chip("v6e"), hw.get_chip("v4")
+  bf16, f32, i8 = jnp.bfloat16, np.float32, np.int8
+  fp8 = jnp.float8_e4m3fn
+  # v5e (512,1024)@(1024,1024): 64 latches of 128x128, 512/16 = 32 vmatmuls each, over 4 MXUs.
+  assert cost.matmul_cycles(v5e, 512, 1024, 1024, 1, bf16, bf16) == (64 * 32 // 4 * 16 + 32, 131)
+  # int8: 32 rows per vmatmul, cadence 16 -> twice the rate; latch 4*128/32 = 16; int latency 121.
+  assert cost.matmul_cycles(v5e, 512, 1024, 1024, 1, i8, i8) == (64 * 16 // 4 * 16 + 16, 121)
+  # f32: 8 rows, cadence 8 -> the bf16 rate; latch 2*128/8 = 32.
+  assert cost.matmul_cycles(v5e, 512, 1024, 1024, 1, f32, f32) == (64 * 64 // 4 * 8 + 32, 131)
+  # fp8 on v5e: 32 rows at cadence 32 -> the bf16 rate (no fp8 speed-up).
+  assert cost.matmul_cycles(v5e, 512, 1024, 1024, 1, fp8, fp8)[0] == 64 * 16 // 4 * 32 + 16
+  # v6e: 256-wide MXU, 2 MXUs, cadence 8: 16 latches of 32 vmatmuls; latch 4*256/16 = 64.
+  assert cost.matmul_cycles(v6e, 512, 1024, 1024, 1, bf16, bf16) == (16 * 32 // 2 * 8 + 64, 192)
+  # v4: int8 has no speed-up (cadence 32 for 32 rows).
+  assert cost.matmul_cycles(v4, 512, 1024, 1024, 1, i8, i8)[0] == 64 * 16 // 4 * 32 + 16
+  # One vmatmul per latch (16 latches, 4 per MXU): the 32-cycle latch shows beyond the 16 cycles of
+  # vmatmul between latches, and +4 cycles per chained vmatmul (MRB reuse hazard).
+  assert cost.matmul_cycles(v5e, 16, 512, 512, 1, bf16, bf16)[0] == 4 * 16 + 32 + 3 * (32 - 16) + 4 * 4
+  # A (128,128) weight is padded to the MXU: the same cycles for K = N = 100.
+  assert cost.matmul_cycles(v5e, 128, 100, 100, 1, bf16, bf16) == cost.matmul_cycles(
+      v5e, 128, 128, 128, 1, bf16, bf16)
+
+
+def test_peaks_follow_from_the_cadence():
+  for name, cls, peak in [("v5e", "bf16", 196.6e12), ("v5e", "int8", 393.2e12), ("v5p", "bf16", 458.8e12),
+                          ("v6e", "bf16", 917.5e12), ("7x", "fp8", 1992.3e12), ("v4", "bf16", 275.3e12)]:
+    assert hw.get_chip(name).peak_flops_per_s(cls) == pytest.approx(peak, rel=2e-3), name
+
+
+def test_vector_costs_count_padded_tiles():
+  v5e, v4 = hw.get_chip("v5e"), hw.get_chip("v4")
+  assert cost.vector_cost(v5e, "cheap", (1, 1)) == ("vpu", 1, 2)          # padded to one (8,128) tile
+  assert cost.vector_cost(v5e, "cheap", (64, 128))[1] == 8 // 4          # 8 tiles, 4 ALUs per lane
+  assert cost.vector_cost(v4, "cheap", (64, 128))[1] == 8 // 2           # 2 ALUs per lane on v4
+  assert cost.vector_cost(v5e, "store", (32, 128), jnp.bfloat16)[1] == 2  # (16,128) packed bf16 vregs
+  assert cost.vector_cost(v5e, "store", (32, 128), np.float32)[1] == 4
+  assert cost.vector_cost(v5e, "load", (96, 128), np.float32)[1] == 12 // 3
+  assert cost.vector_cost(v5e, "reduce_lane", (64, 128))[0] == "xlu"
+  assert cost.vector_cost(v5e, "transcendental", (64, 128))[0] == "eup"
+  assert cost.vector_cost(v5e, "free", (64, 128)) == (None, 0, 0)
