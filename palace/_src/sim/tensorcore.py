@@ -348,9 +348,11 @@ class TensorCore:
       return
     for idx in np.ndindex(*buf.shape) if buf.shape else [()]:
       slot = self.machine.slots.get((id(buf), idx))
-      if slot is not None and slot.value != 0:
+      # arrivals not yet applied by a wait (signals, DMA byte counts) count too
+      value = None if slot is None else slot.value + sum(p[2] for p in slot.pending)
+      if value:
         raise SyncError(
-            f"Semaphore {buf.name}{list(idx) if idx else ''} ({buf.sem_kind}) is {slot.value}, not 0, "
+            f"Semaphore {buf.name}{list(idx) if idx else ''} ({buf.sem_kind}) is {value}, not 0, "
             f"{when} on chip {self.chip_index} core {self.core_id} in kernel '{self.kernel_name}'. "
             f"Every signal (and every DMA's byte count) must be waited for; check the matching "
             f"semaphore_wait / .wait() calls.")
