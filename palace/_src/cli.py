@@ -307,8 +307,8 @@ def _int_list(ctx, param, value):
 @click.option("--k", "k", default=4096, show_default=True, help="Contraction size.")
 @click.option("--dtype", default="bfloat16", show_default=True, type=click.Choice(DTYPES))
 @click.option("--chip", default="v5e", show_default=True, help="Chip preset (v4, v5e, v5p, v6e, 7x).")
-@click.option("--bm", callback=_int_list, help="Candidate bm values, e.g. 256,512 (default: powers of "
-              "two from 128 to 2048 dividing m).")
+@click.option("--bm", callback=_int_list, help="Candidate bm values, e.g. 256,512 (default: the powers "
+              "of two from max(128, m/16) to 2048 that divide m).")
 @click.option("--bk", callback=_int_list, help="Candidate bk values (default as for bm).")
 @click.option("--bn", callback=_int_list, help="Candidate bn values (default as for bm).")
 @click.option("--top", default=15, show_default=True, help="Rows of the ranking to show.")
@@ -321,7 +321,9 @@ def tune_matmul(m, n, k, dtype, chip, bm, bk, bn, top, json_path):
   console = _console()
   d = _np_dtype(dtype)
   spec = hw.get_chip(chip)
-  cands = {"bm": bm or block_candidates(m), "bk": bk or block_candidates(k), "bn": bn or block_candidates(n)}
+  cands = {"bm": bm or block_candidates(m, lo=max(128, m // 16)),
+           "bk": bk or block_candidates(k, lo=max(128, k // 16)),
+           "bn": bn or block_candidates(n, lo=max(128, n // 16))}
   x, y = np.zeros((m, k), d), np.zeros((k, n), d)
   total = len(cands["bm"]) * len(cands["bk"]) * len(cands["bn"])
   console.print(f"tuning matmul {dtype}[{m},{k}] @ {dtype}[{k},{n}] on {spec.name}: {total} configurations "

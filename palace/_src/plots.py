@@ -9,7 +9,7 @@ from __future__ import annotations
 _UNITS = ("scalar", "dma", "mxu", "vpu", "eup", "xlu", "vld", "vst", "ici")
 _COLORS = {"scalar": "#7f7f7f", "dma": "#1f77b4", "mxu": "#d62728", "vpu": "#2ca02c", "eup": "#9467bd",
            "xlu": "#8c564b", "vld": "#17becf", "vst": "#bcbd22", "ici": "#ff7f0e"}
-TIMELINE_WIDTH_PX, ROOFLINE_SIZE_PX = 1600, (1200, 800)
+TIMELINE_WIDTH_PX, TIMELINE_MAX_HEIGHT_PX, ROOFLINE_SIZE_PX = 1600, 2400, (1200, 800)
 
 
 def _figure(width_px: int, height_px: int, dpi: int = 100):
@@ -100,11 +100,16 @@ def plot_roofline(reports, path, labels=None, size_px=ROOFLINE_SIZE_PX) -> str:
 
 def timeline_png(report, path) -> str:
   """The report's timeline PNG: the timing model's `Report.plot_timeline` if present, else ours."""
+  lanes = len({(tid, unit) for tid, unit, *_ in report.events})
+  height = min(120 + 60 * max(lanes, 1), TIMELINE_MAX_HEIGHT_PX)  # SparseCore: 64 subcores x units
   own = getattr(report, "plot_timeline", None)
   if callable(own):
-    own(path)
+    try:
+      own(path, width_px=TIMELINE_WIDTH_PX, height_px=height)
+    except TypeError:  # a plot_timeline without size parameters
+      own(path)
     return str(path)
-  return plot_timeline(report, path)
+  return plot_timeline(report, path, height_px=height)
 
 
 def roofline_png(reports, path, labels=None) -> str:
