@@ -364,7 +364,12 @@ def _full(shape, fill_value, dtype, api: str):
   shape = _shape_arg(shape)
   d = _dtype_arg(dtype, api) if dtype is not None else dt.result_type(dtype_of(fill_value))
   ex = executor.maybe_current()
-  data = None if (ex is not None and ex.timing_only and shape) else np.full(shape, _np(fill_value), d)
+  if ex is None:
+    data = np.full(shape, _np(fill_value), d)
+  elif ex.timing_only and shape:
+    data = None
+  else:  # values are immutable: a read-only broadcast view costs nothing until it is stored
+    data = np.broadcast_to(np.asarray(_np(fill_value), d), shape)
   return _out(data, shape, d, ready_of(fill_value), "cheap", False)
 
 
@@ -640,7 +645,7 @@ def _finish_matmul(a, b, data, out_shape, out_d, m, k, n, batch):
     if dt.is_int(out_d) and data.dtype.kind == "f":
       data = np.rint(data).astype(np.int64).astype(out_d)
     else:
-      data = data.astype(out_d)
+      data = data.astype(out_d, copy=False)
   ex = executor.maybe_current()
   if ex is None:
     return data

@@ -13,7 +13,7 @@ import numpy as np
 from palace._src import dtypes as dt
 from palace._src import executor
 from palace._src.core import SemaphoreRefType, MemoryRef
-from palace._src.errors import MemorySpaceError, UsageError
+from palace._src.errors import MemorySpaceError, PalaceError, UsageError
 from palace._src.lang.array import Array, concrete_int, concrete_value
 from palace._src.lang.refs import Ref
 from palace._src.util import tree_flatten, tree_unflatten, user_frame_summary
@@ -170,11 +170,21 @@ def scoped(f, types, kw_types, prefix: str, shared: bool = False, names=None):
   try:
     pos = tree_unflatten(pos_td, [None if b is None else Ref(b) for b in pos_bufs])
     kws = tree_unflatten(kw_td, [None if b is None else Ref(b) for b in kw_bufs])
-    return f(*pos, **kws)
-  finally:
+    result = f(*pos, **kws)
+  except BaseException:
+    # Unwinding after an error: free quietly, so the end-of-scope checks (semaphores left nonzero by the
+    # interrupted kernel, DMAs in flight) do not hide the error that caused them.
     for b in reversed(pos_bufs + kw_bufs):
       if b is not None:
-        ex.free(b)
+        try:
+          ex.free(b)
+        except PalaceError:
+          pass
+    raise
+  for b in reversed(pos_bufs + kw_bufs):
+    if b is not None:
+      ex.free(b)
+  return result
 
 
 def with_scoped(*types, collective_axes=(), **kw_types):
