@@ -25,8 +25,10 @@ def ragged_gather(table, indices, offsets, *, max_rows):
       pl.kernel, mesh=pltpu.TensorCoreMesh("core", num_cores=1),
       out_type=(pl.ShapeDtypeStruct((n_groups, max_rows, d), dtype),
                 pl.ShapeDtypeStruct((n_groups, d), jnp.float32)),
-      scratch_types=dict(idx=pltpu.SMEM(indices.shape, jnp.int32), off=pltpu.SMEM(offsets.shape, jnp.int32),
-                         rows=pltpu.VMEM((2, max_rows, d), dtype), sums=pltpu.VMEM((n_groups, d), jnp.float32),
+      scratch_types=dict(idx=pltpu.SMEM(indices.shape, jnp.int32),
+                         off=pltpu.SMEM(offsets.shape, jnp.int32),
+                         rows=pltpu.VMEM((2, max_rows, d), dtype),
+                         sums=pltpu.VMEM((n_groups, d), jnp.float32),
                          gather_sem=pltpu.SemaphoreType.DMA, write_sems=pltpu.SemaphoreType.DMA((2,))))
   def gather_kernel(idx_hbm, off_hbm, table_hbm, out_hbm, sums_hbm, *, idx, off, rows, sums, gather_sem,
                     write_sems):

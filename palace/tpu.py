@@ -3,7 +3,8 @@ from palace._src.core import (ARBITRARY, CORE_PARALLEL, PARALLEL, SUBCORE_PARALL
                               GridDimensionSemantics, MemorySpace, PrefetchScalarGridSpec,
                               SemaphoreType, TensorCoreMesh)
 from palace._src.lang.tpu_primitives import (AsyncCopyDescriptor, async_copy, async_remote_copy,
-                                             bitcast, core_barrier, get_barrier_semaphore, load, make_async_copy, make_async_remote_copy,
+                                             bitcast, core_barrier, get_barrier_semaphore, load,
+                                             make_async_copy, make_async_remote_copy,
                                              prng_random_bits, prng_seed, roll, run_on_first_core,
                                              store, sync_copy)
 from palace._src.pipeline import PipelineStep, emit_pipeline, emit_pipeline_with_allocations

@@ -151,8 +151,9 @@ def test_wait_without_start_deadlocks():
   def k(x_hbm, o_hbm, buf, sem):
     pltpu.make_async_copy(x_hbm, buf, sem).wait()
 
-  with pytest.raises(pl.SyncError, match=r"(?s)Deadlock in kernel 'k'.*waits at test_dma_semaphores.py:\d+ for DMA "
-                                          r"args\[0\] -> scratch\[0\]: needs 4096, has 0"):
+  with pytest.raises(pl.SyncError, match=r"(?s)Deadlock in kernel 'k'.*waits at "
+                                          r"test_dma_semaphores.py:\d+ for DMA args\[0\] -> "
+                                          r"scratch\[0\]: needs 4096, has 0"):
     k(np.zeros((8, 128), np.float32))
 
 
@@ -384,12 +385,14 @@ def test_smem_scalars_drive_ref_views_and_dmas(rng):
     # dynamic start on a ref load, on a view of a view, and on a store
     out[...] = buf[pl.ds(r2, 16), pl.ds(c0, 128)]
     out.at[pl.ds(r2, 8)][pl.ds(0, 4), :] = buf.at[pl.ds(16, 16)].at[pl.ds(r2, 4)][:, 0:128]
+    out[r2 + 14] = buf[r1 - 30, pl.ds(c0, 128)]       # integer indices from SMEM scalars
     pltpu.sync_copy(out, o_hbm)
 
   got = k(starts, x)
   buf = np.concatenate([x[8:24], x[40:56]])
   ref = buf[1:17, 128:256].copy()
   ref[1:5] = buf[17:21, 0:128]
+  ref[15] = buf[10, 128:256]
   np.testing.assert_array_equal(got, ref)
 
 
