@@ -448,3 +448,23 @@ def test_emit_pipeline_outside_a_kernel():
   p = pltpu.emit_pipeline(lambda *a: None, grid=(4,), in_specs=[spec], out_specs=[spec])
   with pytest.raises(pl.UsageError, match=r"an emit_pipeline pipeline was called outside a kernel body"):
     p(None, None)
+
+
+def test_inside_pallas_call_with_core_axis(rng):
+  """emit_pipeline over pl.ANY operands of a pallas_call; core_axis=0 gives each program of the
+  enclosing grid its share of the pipeline grid."""
+  x = rng.standard_normal((512, 128)).astype(np.float32)
+
+  def kernel(x_hbm, o_hbm):
+    def body(x_ref, o_ref):
+      o_ref[...] = x_ref[...] + pl.program_id(0).astype(F32)
+    spec = _spec((64, 128), lambda i: (i, 0))
+    pltpu.emit_pipeline(body, grid=(8,), in_specs=[spec], out_specs=[spec], core_axis=0,
+                        dimension_semantics=(pltpu.PARALLEL,))(x_hbm, o_hbm)
+
+  any_spec = pl.BlockSpec(memory_space=pl.ANY)
+  with pl.virtual_tpu("v5e") as tpu:
+    out = pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct(x.shape, F32), grid=(2,),
+                         in_specs=[any_spec], out_specs=any_spec)(x)
+  np.testing.assert_array_equal(out, x + _rows(np.arange(8), 64))
+  assert tpu.reports[-1].dma_count == 16   # each block fetched and written back once in total

@@ -291,3 +291,14 @@ def test_frozen_ref_cannot_be_passed(rng):
   pl.freeze(r)
   with pytest.raises(pl.UsageError, match=r"frozen or freed"):
     pl.kernel(_add_one_in_place, out_type=(), mesh=MESH)(r)
+
+
+def test_new_ref_dtype_and_memory_space_rules():
+  r = pl.new_ref(np.arange(4.0))                       # float64 narrows to float32, as JAX without x64
+  assert r.dtype == np.float32
+  r.addupdate(np.ones(4, np.float32))
+  np.testing.assert_array_equal(pl.freeze(r), np.arange(4.0, dtype=np.float32) + 1)
+  with pytest.raises(pl.UsageError, match=r"memory_space=vmem\) on the host: only HBM/ANY refs"):
+    pl.new_ref(np.zeros(4, np.float32), memory_space=pltpu.VMEM)
+  with pytest.raises(pl.UsageError, match=r"pl.empty_ref expects a ShapeDtypeStruct"):
+    pl.empty_ref(3)
