@@ -377,3 +377,45 @@ def test_unknown_chip():
 def test_wrong_compiler_params_type():
   with pytest.raises(pl.UsageError, match=r"compiler_params must be a pltpu\.CompilerParams"):
     pl.pallas_call(lambda o: None, out_shape=pl.ShapeDtypeStruct((8, 128), F32), compiler_params=object())
+
+
+def test_tracing_error_names_grid_point_and_kernel_line():
+  def kernel(x_ref, o_ref):
+    if x_ref[0, 0] > 0:
+      pass
+
+  pat = (r"Converting to a Python bool of a runtime value palace\.Array\(shape=\(\), dtype=bool\) at grid "
+         r"point \(1,\) on chip 0 core 0 in kernel 'kernel'.*\(test_language_errors\.py:\d+\)")
+  with pytest.raises(pl.TracingError, match=pat):
+    _call(kernel, grid=(2,), in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))])(X[:, :128] + 1)
+
+
+def test_closing_over_numpy_array_in_an_op():
+  const = np.ones((8, 128), F32)
+
+  def kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[...] + const
+
+  with pytest.raises(pl.UsageError, match=r"NumPy array of shape \(8, 128\): kernels cannot close over array "
+                                          r"constants.*pass the array as an input"):
+    _call(kernel)(X[:8, :128])
+
+
+def test_weak_int_out_of_range_for_array_dtype():
+  def kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[...] + 300
+
+  with pytest.raises(pl.ShapeError, match=r"Python int 300 is out of range for int8: a weak Python scalar "
+                                          r"takes the dtype of the array"):
+    _call(kernel, out_dtype=np.int8)(np.zeros((8, 128), np.int8))
+
+
+@pytest.mark.parametrize("value,pat", [(1.5, r"Python float 1\.5 into outputs\[0\] block of dtype int32"),
+                                       (2 ** 40, r"Python int 1099511627776 into outputs\[0\] block of "
+                                                 r"dtype int32.*out of range")])
+def test_scalar_store_that_does_not_fit_the_ref(value, pat):
+  def kernel(o_ref):
+    o_ref[...] = value
+
+  with pytest.raises(pl.ShapeError, match=pat):
+    _call(kernel, out_dtype=np.int32)()

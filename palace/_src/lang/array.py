@@ -9,7 +9,8 @@ import numpy as np
 
 from palace._src import dtypes as dt
 from palace._src import executor
-from palace._src.errors import ShapeError, TracingError
+from palace._src.errors import ShapeError, TracingError, UsageError
+from palace._src.util import user_frame_summary
 
 
 class Array:
@@ -44,10 +45,12 @@ class Array:
 
   # ---- trace-time conversions are errors ----
   def _concrete_error(self, what):
+    ex = executor.maybe_current()
+    where = f" {ex.where()}" if ex is not None else ""
     return TracingError(
-        f"{what} of a runtime value {self!r} is not allowed in a kernel: in Pallas this value is only "
-        f"known on the TPU. Use pl.when(cond) / lax.cond / jnp.where for control flow and "
-        f"lax.fori_loop for loops.")
+        f"{what} of a runtime value {self!r}{where} is not allowed in a kernel: in Pallas this value is "
+        f"only known on the TPU. Use pl.when(cond) / lax.cond / jnp.where for control flow and "
+        f"lax.fori_loop for loops. ({user_frame_summary()})")
 
   def __bool__(self):
     raise self._concrete_error("Converting to a Python bool")
@@ -117,6 +120,13 @@ def dtype_of(x) -> np.dtype | int | float | bool:
     return x.dtype
   if isinstance(x, (bool, int, float)):
     return x
-  if isinstance(x, (np.ndarray, np.generic)):
+  if isinstance(x, np.generic):
+    return dt.canonicalize(x.dtype)
+  if isinstance(x, np.ndarray):
+    if x.ndim and executor.maybe_current() is not None:
+      raise UsageError(
+          f"Kernel operand is a NumPy array of shape {x.shape}: kernels cannot close over array "
+          f"constants (Pallas captures them as constants); pass the array as an input. "
+          f"({user_frame_summary()})")
     return dt.canonicalize(x.dtype)
   raise ShapeError(f"Unsupported operand of type {type(x).__name__} in a kernel operation.")

@@ -83,7 +83,13 @@ def _np(x, d: np.dtype | None = None):
     return v
   if d is None:
     return np.asarray(x)
-  return np.asarray(x, dtype=d)
+  try:
+    return np.asarray(x, dtype=d)
+  except OverflowError:
+    raise ShapeError(f"Python int {x} is out of range for {d}: a weak Python scalar takes the dtype of the "
+                     f"array it meets (JAX raises OverflowError too); expected a value that fits {d}. Use "
+                     f"an explicit jnp.int32(...) or widen the array with .astype(jnp.int32). "
+                     f"({user_frame_summary()})") from None
 
 
 def _out(data, shape, dtype, ready, op_class, any_array):

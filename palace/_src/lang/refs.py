@@ -294,7 +294,16 @@ def _coerce_store(view: Ref, value, timing_only: bool):
     if isinstance(value, np.generic) and dt.canonicalize(value.dtype) != d:
       raise ShapeError(f"Cannot store a {value.dtype} scalar into {view.origin()} of dtype {d}"
                        f"{_where()}; cast it first. ({user_frame_summary()})")
-    vshape, data, ready = (), np.asarray(value, dtype=d), 0
+    if type(value) is float and not dt.is_float(d):
+      raise ShapeError(f"Cannot store the Python float {value!r} into {view.origin()} of dtype {d}"
+                       f"{_where()}: stores require the ref's dtype; expected an int. "
+                       f"({user_frame_summary()})")
+    try:
+      data = np.asarray(value, dtype=d)
+    except OverflowError:
+      raise ShapeError(f"Cannot store the Python int {value!r} into {view.origin()} of dtype {d}"
+                       f"{_where()}: out of range for {d}. ({user_frame_summary()})") from None
+    vshape, ready = (), 0
   elif isinstance(value, np.ndarray):
     raise UsageError(f"Storing a NumPy array into {view.origin()} inside a kernel: kernels cannot close "
                      f"over array constants; pass the array as an input instead.")
