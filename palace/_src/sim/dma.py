@@ -6,10 +6,11 @@ Timing model (all in cycles of the chip clock):
   * Each TensorCore has a DMA channel (bandwidth `dma_bytes_per_s_per_tc`); every chip has one HBM
     channel (`hbm_bytes_per_s_per_device`) shared by all its cores. A copy touching HBM runs at the rate
     both still have free (bandwidth calendars, sim/bandwidth.py): one stream behaves FIFO, overlapping
-    streams from several cores share. HBM->HBM copies count their bytes twice on the HBM channel. Copies between VMEM and SMEM (or VMEM and VMEM)
-    use the core's local channel (`vmem_vmem_dma_bytes_per_s`).
-  * The completion (semaphore signal) lands one direction-specific latency after the transfer ends, rounded
-    up to a whole cycle: HBM->VMEM/SMEM `dma_hbm_to_vmem_latency_ns`, VMEM/SMEM->HBM
+    streams from several cores share. HBM->HBM copies count their bytes twice on the HBM channel.
+    Copies between VMEM and SMEM (or VMEM and VMEM) use the core's local channel
+    (`vmem_vmem_dma_bytes_per_s`).
+  * The completion (semaphore signal) lands one direction-specific latency after the transfer ends,
+    rounded up to a whole cycle: HBM->VMEM/SMEM `dma_hbm_to_vmem_latency_ns`, VMEM/SMEM->HBM
     `dma_vmem_to_hbm_latency_ns`, HBM->HBM the larger of the two, local `dma_local_latency_cycles`.
 Reservations are greedy in issue order, a simplification of the processor sharing in [xla-cost]: the
 aggregate bandwidth and the finishing time of the last transfer are the same; only the order of
@@ -61,8 +62,8 @@ def transfer_timing(chip, tc_channel: Channel, hbm_channel: Channel, local_chann
   if cls == "local":
     s, e = local_channel.reserve(start, nbytes)
     return s, e, math.ceil(e) + chip.dma_local_latency_cycles
-  s0, end = reserve([(tc_channel, 1.0), (hbm_channel, 2.0 if cls == "hbm->hbm" else 1.0)], start, nbytes)
-
+  hbm_share = 2.0 if cls == "hbm->hbm" else 1.0   # HBM->HBM reads and writes every byte
+  s0, end = reserve([(tc_channel, 1.0), (hbm_channel, hbm_share)], start, nbytes)
   lat_ns = {"read": chip.dma_hbm_to_vmem_latency_ns, "write": chip.dma_vmem_to_hbm_latency_ns,
             "hbm->hbm": chip.dma_hbm_to_hbm_latency_ns}[cls]
   return s0, end, math.ceil(end) + chip.ns_to_cycles(lat_ns)
