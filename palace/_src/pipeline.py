@@ -27,6 +27,7 @@ from palace._src.errors import (BlockSpecError, OutOfBoundsError, SyncError, Uns
 from palace._src.lang.array import concrete_int
 from palace._src.lang.primitives import (_scalar, axis_index, axis_size, num_programs, program_id,
                                          run_scoped)
+from palace._src.lang.indexed import IndexedRef
 from palace._src.lang.refs import Ref, Slice
 from palace._src.lang.tpu_primitives import AsyncCopyDescriptor, sync_copy
 from palace._src.util import tree_flatten, tree_unflatten
@@ -342,7 +343,7 @@ def _spec_entries(specs) -> tuple:
 
 
 def _is_ref_leaf(x) -> bool:
-  return isinstance(x, Ref) or type(x).__name__ == "IndexedRef"
+  return isinstance(x, (Ref, IndexedRef))
 
 
 def _operands(entries, ref_entries, what: str):
