@@ -278,12 +278,28 @@ def test_closing_over_scalars_works(rng):
 def test_closing_over_a_non_scalar_array_is_an_error(rng):
   table = np.ones((8, 128), np.float32)
 
-  def body(o_hbm):
-    o_hbm.shape, table.shape
+  def body(o_hbm, buf):
+    buf[...] = jnp.zeros((8, 128), jnp.float32) + table
+    pltpu.sync_copy(buf, o_hbm)
 
   with pytest.raises(pl.UsageError, match=r"captures a non-scalar array constant of shape \(8, 128\).*"
                                           r"only close over scalars and refs"):
-    pl.kernel(body, out_type=pl.ShapeDtypeStruct((8, 128), jnp.float32), mesh=MESH)()
+    pl.kernel(body, out_type=pl.ShapeDtypeStruct((8, 128), jnp.float32), mesh=MESH,
+              scratch_types=[pltpu.VMEM((8, 128), jnp.float32)])()
+
+
+_GLOBAL_TABLE = np.ones((8, 128), np.float32)
+
+
+def test_using_a_global_non_scalar_array_is_an_error(rng):
+  def body(o_hbm, buf):
+    buf[...] = jnp.zeros((8, 128), jnp.float32) + _GLOBAL_TABLE
+    pltpu.sync_copy(buf, o_hbm)
+
+  with pytest.raises(pl.UsageError, match=r"NumPy array of shape \(8, 128\): kernels cannot close over "
+                                          r"array constants"):
+    pl.kernel(body, out_type=pl.ShapeDtypeStruct((8, 128), jnp.float32), mesh=MESH,
+              scratch_types=[pltpu.VMEM((8, 128), jnp.float32)])()
 
 
 def test_frozen_ref_cannot_be_passed(rng):
