@@ -400,8 +400,8 @@ def _collective_matmul(ctx, part):
   chunk = m // chips * k * bf16.itemsize
   ici = (chips - 1) * (chunk / chip.ici_link_bytes_per_s_one_way + chip.ici_hop_latency_ns * 1e-9)
   mxu = 2 * m * k * (n // chips) / chip.peak_flops_per_s("bf16")
+  _save(ctx, part, blocking, "collective_matmul_blocking")
   _save(ctx, part, overlapped, "collective_matmul_overlapped")
-  part.files.append(blocking.to_perfetto(ctx["out"] / "collective_matmul_blocking.trace.json"))
   part.reports = [blocking, overlapped]
   part.detail = (f"{chips} x {chip.name}, bf16 [{m},{k}] @ [{k},{n}]: blocking {_us(blocking.device_time_s)}, "
                  f"overlapped {_us(overlapped.device_time_s)} (ring all-gather alone >= {_us(ici)}, "
