@@ -75,7 +75,7 @@ class Array:
   def __hash__(self):
     raise TypeError("palace.Array is unhashable")
 
-  # Operators (`+`, `@`, `.astype`, `.T`, `.sum`, ...) are bound by `numpy_ops` when it is imported,
+  # Operators (`+`, `.astype`, `.T`, `.sum`, ...; `@` in `numpy_linalg`) are bound when those are imported,
   # which `refs` (the only producer of Arrays) always does.
 
 

@@ -7,11 +7,11 @@ from palace._src import dtypes as dt
 from palace._src.lang import numpy_ops as jnp
 from palace._src.errors import UnsupportedError
 from palace._src.lang.array import Array
+from palace._src.lang.numpy_linalg import dot_general  # noqa: F401
 from palace._src.lang.tpu_primitives import bitcast
 from palace._src.lang.primitives import (axis_index, axis_size, cond, fori_loop, switch,  # noqa: F401
                                          while_loop)
 
-dot_general = jnp.dot_general
 
 
 def select(pred, on_true, on_false):

@@ -14,7 +14,7 @@ from palace._src import dtypes as dt
 from palace._src import executor
 from palace._src.core import Buffer, MemorySpace, is_hbm
 from palace._src.errors import MemorySpaceError, OutOfBoundsError, ShapeError, UsageError
-from palace._src.lang import numpy_ops  # noqa: F401  (binds Array operators)
+from palace._src.lang import numpy_linalg, numpy_ops  # noqa: F401  (bind Array operators)
 from palace._src.lang.array import Array, concrete_int
 from palace._src.lang.indexed import is_index_source, make_indexed
 from palace._src.util import prod, user_frame_summary
@@ -223,10 +223,10 @@ class Ref:
     ex.store(self.buf, view._np_index, view.shape, data, ready)
 
   def get(self, idx=()):
-    return self[idx if idx != () else ...]
+    return self[... if isinstance(idx, tuple) and not idx else idx]
 
   def set(self, idx, value):
-    self[idx if idx != () else ...] = value
+    self[... if isinstance(idx, tuple) and not idx else idx] = value
 
   def swap(self, value, idx=...):
     old = self[idx]

@@ -1,0 +1,136 @@
+"""`palace.numpy` matmuls (L4a): dot, matmul, einsum, dot_general (also `lax.dot_general`), outer, `@`.
+
+Numerics: float operands go through float32 BLAS (products of bf16/fp8 are exact in float32, sums
+accumulate in float32 like the MXU); integer operands through float32 or float64 BLAS, whichever keeps
+every partial sum exact, then cast to the int32 (or requested) result. Each call is charged to the MXU
+through the executor.
+"""
+from __future__ import annotations
+
+import builtins
+
+import numpy as np
+
+from palace._src import dtypes as dt
+from palace._src import executor
+from palace._src.errors import ShapeError, UsageError
+from palace._src.lang.array import Array, dtype_of, ready_of
+from palace._src.lang.numpy_ops import _dtype_arg, _has_data, _np, multiply, reshape, transpose
+
+
+def _mxu_operands(a, b, k: int):
+  """NumPy operands for an exact matmul on the host BLAS: float32 for floats (bf16/fp8 products are
+  exact in f32), float32 or float64 for integers so that sums of K products stay exact."""
+  da, db = a.dtype, b.dtype
+  if dt.is_float(da) or dt.is_float(db):
+    wide = np.float64 if (da == np.float64 or db == np.float64) else np.float32
+    return _np(a, np.dtype(wide)), _np(b, np.dtype(wide))
+  bound = (1 << (dt.bits(da) - 1)) * (1 << (dt.bits(db) - 1)) * builtins.max(k, 1)
+  wide = np.dtype(np.float32) if bound < (1 << 24) else np.dtype(np.float64)
+  return _np(a, wide), _np(b, wide)
+
+
+def _finish_matmul(a, b, data, out_shape, out_d, m, k, n, batch):
+  if data is not None:
+    if dt.is_int(out_d) and data.dtype.kind == "f":
+      data = np.rint(data).astype(np.int64).astype(out_d)
+    else:
+      data = data.astype(out_d, copy=False)
+  ex = executor.maybe_current()
+  if ex is None:
+    return data
+  ready = ex.matmul(m, k, n, batch, a.dtype, b.dtype, ready_of(a, b))
+  return Array(None if ex.timing_only else data, tuple(out_shape), out_d, ready)
+
+
+def _as_array(x):
+  if isinstance(x, Array):
+    return x
+  v = np.asarray(x)
+  return Array(v, v.shape, dtype_of(v), 0)
+
+
+def _matmul_dtype(a, b, preferred_element_type):
+  if preferred_element_type is not None:
+    return _dtype_arg(preferred_element_type, "preferred_element_type")
+  return dt.result_type(a.dtype, b.dtype)
+
+
+def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
+  """`lax.dot_general`: ((lhs_contract, rhs_contract), (lhs_batch, rhs_batch))."""
+  a, b = _as_array(lhs), _as_array(rhs)
+  (lc, rc), (lb, rb) = dimension_numbers
+  lc, rc, lb, rb = (tuple(int(x) % nd for x in t) for t, nd in
+                    ((lc, a.ndim), (rc, b.ndim), (lb, a.ndim), (rb, b.ndim)))
+  for i, j in zip(lc, rc):
+    if a.shape[i] != b.shape[j]:
+      raise ShapeError(f"dot_general contracting dimensions differ: lhs {a.shape} dim {i} vs rhs "
+                       f"{b.shape} dim {j}.")
+  lf = [i for i in range(a.ndim) if i not in lc and i not in lb]
+  rf = [i for i in range(b.ndim) if i not in rc and i not in rb]
+  bsz = int(np.prod([a.shape[i] for i in lb])) if lb else 1
+  m = int(np.prod([a.shape[i] for i in lf])) if lf else 1
+  n = int(np.prod([b.shape[i] for i in rf])) if rf else 1
+  k = int(np.prod([a.shape[i] for i in lc])) if lc else 1
+  out_shape = [a.shape[i] for i in lb] + [a.shape[i] for i in lf] + [b.shape[i] for i in rf]
+  out_d = _matmul_dtype(a, b, preferred_element_type)
+  data = None
+  ex = executor.maybe_current()
+  if not (ex is not None and ex.timing_only) and _has_data(a, b):
+    va, vb = _mxu_operands(a, b, k)
+    va = np.transpose(va, list(lb) + lf + list(lc)).reshape(bsz, m, k)
+    vb = np.transpose(vb, list(rb) + list(rc) + rf).reshape(bsz, k, n)
+    data = np.matmul(va, vb).reshape(out_shape)
+  return _finish_matmul(a, b, data, out_shape, out_d, m, k, n, bsz)
+
+
+def dot(a, b, *, precision=None, preferred_element_type=None):
+  a, b = _as_array(a), _as_array(b)
+  if a.ndim == 0 or b.ndim == 0:
+    return multiply(a, b)
+  if b.ndim == 1:
+    return dot_general(a, b, (((a.ndim - 1,), (0,)), ((), ())), precision, preferred_element_type)
+  return dot_general(a, b, (((a.ndim - 1,), (b.ndim - 2,)), ((), ())), precision,
+                     preferred_element_type)
+
+
+def matmul(a, b, *, precision=None, preferred_element_type=None):
+  a, b = _as_array(a), _as_array(b)
+  if a.ndim <= 2 and b.ndim <= 2:
+    return dot(a, b, precision=precision, preferred_element_type=preferred_element_type)
+  if a.ndim != b.ndim or a.shape[:-2] != b.shape[:-2]:
+    raise ShapeError(f"matmul of {a.shape} and {b.shape}: batch dims must match in kernels.")
+  nb = a.ndim - 2
+  return dot_general(a, b, (((a.ndim - 1,), (nb,)), (tuple(range(nb)), tuple(range(nb)))), precision,
+                     preferred_element_type)
+
+
+def einsum(spec, *operands, precision=None, preferred_element_type=None, optimize=None):
+  spec = spec.replace(" ", "")
+  if "..." in spec or len(operands) != 2 or "->" not in spec:
+    raise UsageError(f"jnp.einsum in kernels supports two operands with an explicit output ('ij,jk->ik');"
+                     f" got {spec!r}.")
+  ins, out = spec.split("->")
+  sa, sb = ins.split(",")
+  a, b = _as_array(operands[0]), _as_array(operands[1])
+  batch = [c for c in sa if c in sb and c in out]
+  contract = [c for c in sa if c in sb and c not in out]
+  res = dot_general(a, b, ((tuple(sa.index(c) for c in contract), tuple(sb.index(c) for c in contract)),
+                           (tuple(sa.index(c) for c in batch), tuple(sb.index(c) for c in batch))),
+                    precision, preferred_element_type)
+  produced = batch + [c for c in sa if c not in sb] + [c for c in sb if c not in sa]
+  if produced != list(out):
+    res = transpose(res, [produced.index(c) for c in out])
+  return res
+
+
+def outer(a, b):
+  return multiply(reshape(a, (-1, 1)), reshape(b, (1, -1)))
+
+
+def _rev_matmul(self, other):
+  return matmul(other, self)
+
+
+Array.__matmul__ = matmul
+Array.__rmatmul__ = _rev_matmul
