@@ -4,7 +4,13 @@
 host thread. Every kernel launch inside `f` is collective: each chip's thread reaches it, and when all
 have, one machine runs the whole pod (all chips' cores together, so remote DMAs and barriers work),
 one report is recorded, and every thread continues with its own outputs. The chip index is the
-row-major position in the mesh; mesh position i sits at torus position i of the VirtualTPU.
+row-major position in the mesh; mesh position i sits at torus position `mesh.device_ids[i]` of the
+VirtualTPU. `make_mesh` lays a 1-D mesh over a 2-D/3-D torus along a ring of neighbouring chips (as
+JAX's device meshes do), so ring collectives take one hop per step; other meshes are row-major.
+
+Memory: each chip's shard of a sharded input is a view of the caller's array (one copy of the data);
+a replicated input is copied once per extra replica (each chip owns its copy, as on hardware);
+replicated outputs are taken from the first replica.
 """
 from __future__ import annotations
 
@@ -15,6 +21,7 @@ import numpy as np
 
 from palace._src import launch
 from palace._src.errors import SyncError, UsageError
+from palace._src.sim.ici import Topology
 from palace._src.sim.machine import activate, active_tpu
 from palace._src.util import tree_flatten, tree_unflatten
 
@@ -37,6 +44,7 @@ class Mesh:
   """A logical mesh of virtual chips: axis names and sizes (row-major chip numbering)."""
   shape_tuple: tuple
   axis_names: tuple
+  device_ids: tuple = None   # torus position of each mesh position (row-major); None: identity
 
   @property
   def shape(self) -> dict:
@@ -51,7 +59,8 @@ class Mesh:
 
   @property
   def devices(self):
-    return np.arange(self.size).reshape(self.shape_tuple)
+    ids = self.device_ids if self.device_ids is not None else range(self.size)
+    return np.array(ids).reshape(self.shape_tuple)
 
   def coords(self, chip: int) -> dict:
     out = {}
@@ -66,12 +75,20 @@ def make_mesh(axis_shapes, axis_names, *, devices=None, axis_types=None) -> Mesh
   names = tuple(axis_names)
   if len(shape) != len(names):
     raise UsageError(f"make_mesh: {len(shape)} axis sizes but {len(names)} axis names.")
-  mesh = Mesh(shape, names)
   tpu = active_tpu()
-  if mesh.size != tpu.num_chips:
-    raise UsageError(f"make_mesh{shape}: the mesh has {mesh.size} chips but the virtual TPU has "
-                     f"{tpu.num_chips}; use pl.virtual_tpu({tpu.chip.name!r}, num_chips={mesh.size}).")
-  return mesh
+  size = int(np.prod(shape))
+  if size != tpu.num_chips:
+    raise UsageError(f"make_mesh{shape}: the mesh has {size} chips but the virtual TPU has "
+                     f"{tpu.num_chips}; use pl.virtual_tpu({tpu.chip.name!r}, num_chips={size}).")
+  if devices is not None:
+    ids = tuple(int(d) for d in np.asarray(devices).reshape(-1))
+    if sorted(ids) != list(range(size)):
+      raise UsageError(f"make_mesh{shape}: devices {ids} must list each of the {size} chips once.")
+  elif sum(1 for s in shape if s > 1) == 1:
+    ids = tuple(Topology(tpu.chip, tpu.num_chips, tpu.topology).ring_order())
+  else:
+    ids = tuple(range(size))
+  return Mesh(shape, names, None if ids == tuple(range(size)) else ids)
 
 
 def _dim_axes(spec, ndim):
@@ -82,8 +99,21 @@ def _dim_axes(spec, ndim):
   return out
 
 
+def _first_replica(spec, mesh: Mesh, chip: int, ndim: int) -> bool:
+  """Whether `chip` is the first chip holding its shard (coordinate 0 on every axis not in spec)."""
+  used = set() if spec is None else {ax for axes in _dim_axes(spec, ndim) for ax in axes}
+  return all(c == 0 for ax, c in mesh.coords(chip).items() if ax not in used)
+
+
 def _shard(x, spec, mesh: Mesh, chip: int, what: str):
+  """Chip `chip`'s shard: a view of `x` on the first replica, a private copy on the others (kernels
+  may write their inputs; chips must not share storage)."""
   a = np.asarray(x)
+  out = _shard_view(a, spec, mesh, chip, what)
+  return out if _first_replica(spec, mesh, chip, a.ndim) else out.copy()
+
+
+def _shard_view(a, spec, mesh: Mesh, chip: int, what: str):
   if spec is None:
     return a
   coords = mesh.coords(chip)
@@ -113,8 +143,12 @@ def _unshard(shards, spec, mesh: Mesh, what: str):
   for d, axes in enumerate(axes_per_dim):
     for ax in axes:
       out_shape[d] *= mesh.shape[ax]
+  if out_shape == list(first.shape):
+    return first
   out = np.empty(out_shape, first.dtype)
   for chip, sh in enumerate(shards):
+    if not _first_replica(spec, mesh, chip, first.ndim):
+      continue
     coords = mesh.coords(chip)
     idx = []
     for d, axes in enumerate(axes_per_dim):
@@ -164,6 +198,8 @@ class _Group:
         raise SyncError(f"Chips launched different kernels at the same point of shard_map: "
                         f"{sorted(names)}; every chip must launch the same kernels in the same order.")
       machine = self.tpu.new_machine(kname, self.n)
+      if self.mesh.device_ids is not None:
+        machine.topology.place(self.mesh.device_ids)
       machine.axes = [(name, size, "chip") for name, size in zip(self.mesh.axis_names,
                                                                   self.mesh.shape_tuple)]
       programs = []

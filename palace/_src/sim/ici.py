@@ -5,7 +5,11 @@ has a wraparound link only where real slices have one: on v5e/v6e only on an axi
 v4/v5p/7x only when every axis is a multiple of 4 (full cubes) [SB-tpus]. Routing is dimension-order
 (axis 0 first), taking the shorter way round on wrapped axes. Every directed link is a bandwidth
 calendar at the one-way link bandwidth; a transfer crosses all links of its route at once (cut-through)
-and lands `hops x ici_hop_latency_ns` after its last byte leaves.
+and lands `hops x ici_hop_latency_ns` after its last byte leaves. Transfers are not charged to the
+chips' DMA engines or HBM (ICI links are 10-20x slower than HBM; modelling simplification).
+
+Chips are addressed by logical id (mesh position); `placement[i]` is the torus position of logical
+chip i (identity unless the launcher sets it, e.g. a 1-D mesh laid out along `ring_order()`).
 """
 from __future__ import annotations
 
@@ -52,7 +56,19 @@ class Topology:
     self.link_bytes_per_s = chip.ici_link_bytes_per_s_one_way
     self.hop_latency_ns = chip.ici_hop_latency_ns
     self.clock_hz = chip.clock_hz
+    self.num_chips = num_chips
     self.links = {}
+    self.placement = None
+    self._routes = {}
+
+  def place(self, placement) -> None:
+    """Logical chip i sits at torus position placement[i]."""
+    placement = tuple(int(p) for p in placement)
+    if sorted(placement) != list(range(self.num_chips)):
+      raise UsageError(f"device placement {placement} is not a permutation of the "
+                       f"{self.num_chips} chips.")
+    self.placement = None if placement == tuple(range(self.num_chips)) else placement
+    self._routes = {}
 
   def coords(self, chip: int) -> tuple:
     out = []
@@ -88,6 +104,34 @@ class Topology:
         path.append((a, self.index(cur)))
     return path
 
+  def ring_order(self) -> list:
+    """Torus positions in an order where consecutive chips (and the last and the first) are
+    neighbours, when the torus allows it (a Hamiltonian cycle; JAX's device meshes order 1-D axes
+    the same way). A single axis keeps its order (a ring only if it wraps); an odd x odd grid without
+    wraparound has no such cycle and keeps row-major order."""
+    axes = [ax for ax, s in enumerate(self.shape) if s > 1]
+    if len(axes) <= 1:
+      return list(range(self.num_chips))
+    rows = self.shape[axes[0]]
+    path = _snake([self.shape[ax] for ax in axes[1:]])
+    cells = [[(r,) + p for p in path] for r in range(rows)]   # rows x len(path) grid of neighbours
+    if rows % 2 and len(path) % 2:
+      return list(range(self.num_chips))
+    if rows % 2:  # make the row count even: walk the grid transposed
+      cells = [list(col) for col in zip(*cells)]
+    cycle = []
+    for r, row in enumerate(cells):
+      cycle += row[1:] if r % 2 == 0 else row[:0:-1]
+    cycle += [row[0] for row in reversed(cells)]
+    out = []
+    for cell in cycle:
+      coords = [0] * len(self.shape)
+      for ax, c in zip(axes, cell):
+        coords[ax] = c
+      out.append(self.index(coords))
+    i = out.index(0)
+    return out[i:] + out[:i]
+
   def link(self, a: int, b: int) -> Channel:
     ch = self.links.get((a, b))
     if ch is None:
@@ -97,13 +141,41 @@ class Topology:
   def hop_latency_cycles(self) -> float:
     return self.hop_latency_ns * 1e-9 * self.clock_hz
 
+  def _links(self, src: int, dst: int) -> list:
+    """[(link channel, 1.0)] on the route between logical chips src and dst (cached)."""
+    key = (src, dst)
+    links = self._routes.get(key)
+    if links is None:
+      p = self.placement
+      path = self.route(src, dst) if p is None else self.route(p[src], p[dst])
+      links = self._routes[key] = [(self.link(a, b), 1.0) for a, b in path]
+    return links
+
+  def hops(self, src: int, dst: int) -> int:
+    return len(self._links(src, dst))
+
   def transfer(self, src: int, dst: int, start: float, nbytes: int):
-    """(first byte, last byte, landing) cycles of a copy from chip src to chip dst."""
-    path = self.route(src, dst)
-    if not path:
+    """(first byte, last byte, landing) cycles of a copy from logical chip src to dst."""
+    links = self._links(src, dst)
+    if not links:
       return start, start, start
-    s, e = reserve([(self.link(a, b), 1.0) for a, b in path], start, nbytes)
-    return s, e, e + len(path) * self.hop_latency_cycles()
+    s, e = reserve(links, start, nbytes)
+    return s, e, e + len(links) * self.hop_latency_cycles()
 
   def signal_cycle(self, src: int, dst: int, now: float) -> float:
-    return now + len(self.route(src, dst)) * self.hop_latency_cycles()
+    return now + len(self._links(src, dst)) * self.hop_latency_cycles()
+
+  def prune(self, before: float) -> None:
+    for ch in self.links.values():
+      ch.prune(before)
+
+
+def _snake(sizes) -> list:
+  """Boustrophedon order of the cells of a grid: consecutive cells are neighbours."""
+  if not sizes:
+    return [()]
+  sub = _snake(sizes[1:])
+  out = []
+  for i in range(sizes[0]):
+    out += [(i,) + c for c in (sub if i % 2 == 0 else sub[::-1])]
+  return out
