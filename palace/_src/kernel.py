@@ -85,7 +85,7 @@ def _run(body, kname, out_type, mesh, scratch_types, params, args):
     if not isinstance(m, (TensorCoreMesh, VectorSubcoreMesh, ScalarSubcoreMesh)):
       raise UsageError(f"pl.kernel mesh must be a pltpu.TensorCoreMesh, plsc.VectorSubcoreMesh or "
                        f"plsc.ScalarSubcoreMesh; got {m!r}.")
-  in_leaves, _ = tree_flatten(tuple(args), is_leaf=lambda x: isinstance(x, Ref))
+  in_leaves, in_td = tree_flatten(tuple(args), is_leaf=lambda x: isinstance(x, Ref))
   in_bufs, passed = [], set()
   for i, a in enumerate(in_leaves):
     if isinstance(a, Ref):
@@ -118,7 +118,12 @@ def _run(body, kname, out_type, mesh, scratch_types, params, args):
         out_refs[i] = r
 
       def with_scratch(*scr, **kw_scr):
-        res = body(*in_bufs, *out_refs, *scr, **kw_scr)
+        # as in JAX: inputs keep their pytree structure; a sequence out_type is splatted, any other
+        # out_type (one struct, a dict, ...) is passed as one argument
+        ins = tree_unflatten(in_td, in_bufs)
+        outs = tree_unflatten(out_td, out_refs)
+        outs = tuple(outs) if isinstance(out_type, (list, tuple)) else (outs,)
+        res = body(*ins, *outs, *scr, **kw_scr)
         if res is not None:
           raise UsageError(f"Kernel '{kname}' returned {type(res).__name__}; pl.kernel bodies must "
                            f"return None and write their results to output refs.")

@@ -46,7 +46,7 @@ def test_single_specs_and_pytrees_of_refs(rng):
 
   @functools.partial(pl.kernel, mesh=MESH, out_type={"s": pl.ShapeDtypeStruct(a.shape, F32),
                                                      "d": pl.ShapeDtypeStruct(a.shape, F32)})
-  def k(a_hbm, b_hbm, d_hbm, s_hbm):
+  def k(a_hbm, b_hbm, outs_hbm):
     def body(ins, outs):
       x, y = ins
       outs["s"][...] = x[...] + y[...]
@@ -54,7 +54,7 @@ def test_single_specs_and_pytrees_of_refs(rng):
     spec = _spec((64, 128), lambda i: (i, 0))
     # one spec broadcast over a pytree operand; a dict of specs for a dict operand
     pltpu.emit_pipeline(body, grid=(4,), in_specs=spec, out_specs={"s": spec, "d": spec})(
-        (a_hbm, b_hbm), {"s": s_hbm, "d": d_hbm})
+        (a_hbm, b_hbm), outs_hbm)
 
   out = k(a, b)
   np.testing.assert_array_equal(out["s"], a + b)

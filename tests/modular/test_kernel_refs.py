@@ -67,20 +67,36 @@ def test_hbm_ref_has_no_vector_access(rng):
     k(_x(rng))
 
 
-def test_out_type_pytree_of_structs(rng):
-  x = _x(rng)
+def test_out_type_dict_is_one_argument_and_inputs_keep_their_structure(rng):
+  x, y = _x(rng), _x(rng)
 
   @functools.partial(pl.kernel, mesh=MESH,
                      out_type={"a": pl.ShapeDtypeStruct(SHAPE, jnp.float32),
                                "b": (pl.ShapeDtypeStruct(SHAPE, jnp.float32),)})
-  def k(x_hbm, a_hbm, b_hbm):
-    _double_body(x_hbm, a_hbm)
-    pltpu.sync_copy(x_hbm, b_hbm)
+  def k(ins, outs):
+    _double_body(ins["x"], outs["a"])
+    pltpu.sync_copy(ins["y"][0], outs["b"][0])
 
-  out = k(x)
+  out = k({"x": x, "y": [y]})
   assert set(out) == {"a", "b"} and isinstance(out["b"], tuple)
   np.testing.assert_array_equal(out["a"], x * 2)
-  np.testing.assert_array_equal(out["b"][0], x)
+  np.testing.assert_array_equal(out["b"][0], y)
+
+
+def test_out_type_sequence_is_splatted(rng):
+  x = _x(rng)
+
+  @functools.partial(pl.kernel, mesh=MESH, out_type=[pl.ShapeDtypeStruct(SHAPE, jnp.float32),
+                                                     (pl.ShapeDtypeStruct(SHAPE, jnp.float32),) * 2])
+  def k(x_hbm, a_hbm, bc):
+    _double_body(x_hbm, a_hbm)
+    pltpu.sync_copy(x_hbm, bc[0])
+    pltpu.sync_copy(x_hbm, bc[1])
+
+  a, (b, c) = k(x)
+  np.testing.assert_array_equal(a, x * 2)
+  np.testing.assert_array_equal(b, x)
+  np.testing.assert_array_equal(c, x)
 
 
 @pytest.mark.parametrize("space", ["vmem", "smem"])
