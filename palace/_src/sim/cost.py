@@ -52,9 +52,14 @@ def vreg_tiles(shape, bits: int = 32) -> int:
   return max(1, lead * math.ceil(shape[-2] / (8 * pack)) * math.ceil(shape[-1] / 128))
 
 
+_THROUGHPUT_FIELD = {"vpu": "vpu_alus_per_lane", "xlu": "num_xlus", "vld": "vld_per_cycle",
+                     "vst": "vst_per_cycle"}
+
+
 def _units_per_cycle(chip: ChipSpec, unit: str) -> int:
-  return {"vpu": chip.vpu_alus_per_lane, "xlu": chip.num_xlus, "vld": chip.vld_per_cycle,
-          "vst": chip.vst_per_cycle}.get(unit, 1)
+  """Tile-ops a unit retires per cycle (the EUP: one)."""
+  field = _THROUGHPUT_FIELD.get(unit)
+  return 1 if field is None else getattr(chip, field)
 
 
 def vector_cost(chip: ChipSpec, op_class: str, shape, dtype=None):
