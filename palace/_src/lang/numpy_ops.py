@@ -164,8 +164,11 @@ def _elementwise(fn, op_class: str, result: str = "same", name: str = ""):
     ex = executor.maybe_current()
     if not (ex is not None and ex.timing_only and shape) and _has_data(*args):
       cd = _compute_dtype(rt)
-      with np.errstate(all="ignore"):
+      if ex is not None:  # kernels run under np.errstate(all="ignore") set once per core (sim)
         data = fn(*[_np(a, cd) for a in args])
+      else:
+        with np.errstate(all="ignore"):
+          data = fn(*[_np(a, cd) for a in args])
       if data.dtype != out_dtype:
         data = data.astype(out_dtype)
     return _out(data, shape, out_dtype, ready_of(*args), op_class, _is_arr(*args))

@@ -73,6 +73,22 @@ class Channel:
     return reserve([(self, 1.0)], start, nbytes)
 
 
+def _append_tail(c: Channel, t: float, end: float, rate: float) -> None:
+  """Add `rate` on [t, end) to a channel with nothing reserved after its last breakpoint <= t."""
+  times, used = c.times, c.used
+  base = used[-1]
+  if times[-1] < t - _EPS:
+    times.append(t)
+    used.append(base + rate)
+  else:
+    used[-1] = base + rate
+    if len(used) > 1 and abs(used[-2] - used[-1]) <= _EPS:  # merge with the previous segment
+      del times[-1]
+      del used[-1]
+  times.append(end)
+  used.append(base)
+
+
 def reserve(channels, start: float, nbytes: float) -> tuple[float, float]:
   """Reserve `nbytes` through every channel of `channels` = [(channel, weight)] from `start` on; a
   channel with weight w carries w bytes per byte of the transfer (HBM->HBM copies: 2). Returns
@@ -83,6 +99,20 @@ def reserve(channels, start: float, nbytes: float) -> tuple[float, float]:
   if remaining <= 0:
     return t, t
   while True:
+    tail = True
+    for c, _ in channels:
+      if c.times[-1] > t + _EPS:
+        tail = False
+        break
+    if tail:  # nothing reserved from t on: run at the best free rate until done (fast path)
+      avail = min((c.bytes_per_cycle - c.used[-1]) / w for c, w in channels)
+      if avail > _EPS:
+        if first is None:
+          first = t
+        end = t + remaining / avail
+        for c, w in channels:
+          _append_tail(c, t, end, avail * w)
+        break
     avail = min(c.free_at(t) / w for c, w in channels)
     nxt = min(c.next_break(t) for c, _ in channels)
     if avail <= _EPS:

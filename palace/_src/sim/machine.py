@@ -15,6 +15,8 @@ import contextvars
 import random
 import threading
 
+import numpy as np
+
 from palace._src import executor as executor_mod
 from palace._src import hw
 from palace._src.errors import SyncError, UnsupportedError, UsageError
@@ -274,7 +276,8 @@ class Machine:
       core, fn = programs[0]
       token = executor_mod.set_current(core)
       try:
-        fn()
+        with np.errstate(all="ignore"):  # TPU arithmetic never warns: inf/nan flow through silently
+          fn()
       finally:
         executor_mod.reset_current(token)
       return
@@ -380,7 +383,8 @@ class _Scheduler:
     if not self.aborted:
       executor_mod.set_current(core)
       try:
-        fn()
+        with np.errstate(all="ignore"):
+          fn()
       except _Abort:
         pass
       except BaseException as e:  # noqa: BLE001  re-raised by the launching thread
