@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 import itertools
 
 from palace._src import launch
@@ -29,7 +30,48 @@ def _flatten_specs(specs, n: int, what: str):
     leaves = leaves * n
   if len(leaves) != n:
     raise UsageError(f"pallas_call {what} has {len(leaves)} BlockSpecs but there are {n} operands.")
-  return [BlockSpec() if x is None else x for x in leaves]
+  # a `no_block_spec` leaf is the raw HBM ref (pallas-api.md 3.1); None is the default whole-VMEM spec
+  return [BlockSpec() if x is None else BlockSpec(memory_space=MemorySpace.ANY) if x is no_block_spec else x
+          for x in leaves]
+
+
+def _check_call(fn, nargs: int, kwargs, describe) -> None:
+  """Raise a UsageError (instead of a bare TypeError mid-launch) when `fn` cannot take the arguments."""
+  try:
+    sig = inspect.signature(fn)
+  except (TypeError, ValueError):
+    return
+  try:
+    sig.bind(*range(nargs), **dict.fromkeys(kwargs, 0))
+  except TypeError as e:
+    raise UsageError(describe(e)) from None
+
+
+def _check_arities(kernel, kname, grid, nsp, specs, maps, n_in, n_out, scratch):
+  for s, m in zip(specs, maps):
+    if isinstance(s, BlockSpec) and s.index_map is not None:
+      _check_call(s.index_map, len(grid) + nsp, (), lambda e, m=m: (
+          f"index_map of {m.name} cannot be called with the grid indices: the grid {grid} has {len(grid)} "
+          f"axes{f' plus {nsp} scalar-prefetch refs' if nsp else ''}, so it gets {len(grid) + nsp} "
+          f"arguments ({e}); expected e.g. lambda {', '.join('ijklmn'[:len(grid)]) or ''}"
+          f"{', *prefetch_refs' if nsp else ''}: (...)."))
+  kw = tuple(scratch) if isinstance(scratch, dict) else ()
+  n_scr = 0 if kw else len(tuple(scratch))
+  _check_call(kernel, nsp + n_in + n_out + n_scr, kw, lambda e: (
+      f"Kernel '{kname}' cannot take the refs pallas_call passes: {nsp} scalar-prefetch + {n_in} input + "
+      f"{n_out} output + {n_scr} scratch positional refs"
+      + (f" and scratch keywords {list(kw)}" if kw else "")
+      + f" ({e}); expected kernel(*prefetch_refs, *in_refs, *out_refs, *scratch_refs)."))
+
+
+def _returns_none(kernel, kname):
+  @functools.wraps(kernel)
+  def body(*args, **kwargs):
+    r = kernel(*args, **kwargs)
+    if r is not None:
+      raise UsageError(f"Kernel '{kname}' returned a value of type {type(r).__name__}; a Pallas kernel "
+                       f"must return None and write its results into the output refs (o_ref[...] = value).")
+  return body
 
 
 def _is_type_leaf(x):
@@ -92,6 +134,9 @@ def _call(kernel, kname, out_shape, grid, grid_spec, aliases, params, args):
     if space in (MemorySpace.VMEM, MemorySpace.SMEM) and (s is no_block_spec or s.block_shape is None):
       s = BlockSpec(memory_space=space)
     out_maps.append(canonicalize(s, shape, dtype, f"outputs[{i}]", n_idx_args))
+  _check_arities(kernel, kname, grid, nsp, in_specs + out_specs, in_maps + out_maps, len(in_maps),
+                 len(out_maps), grid_spec.scratch_shapes)
+  kernel = _returns_none(kernel, kname)
   # HBM buffers
   all_in = pre_arrays + in_arrays
   out_bufs = []

@@ -422,3 +422,31 @@ def test_scalar_store_that_does_not_fit_the_ref(value, pat):
 
   with pytest.raises(pl.ShapeError, match=pat):
     _call(kernel, out_dtype=np.int32)()
+
+
+def test_kernel_must_return_none():
+  def kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[...]
+    return o_ref[...]
+
+  with pytest.raises(pl.UsageError, match=r"Kernel 'kernel' returned a value of type Array; a Pallas kernel "
+                                          r"must return None"):
+    _call(kernel)(X[:8, :128])
+
+
+def test_kernel_arity_mismatch_lists_the_refs():
+  def kernel(x_ref, o_ref):
+    pass
+
+  pat = (r"Kernel 'kernel' cannot take the refs pallas_call passes: 1 scalar-prefetch \+ 1 input \+ 1 output "
+         r"\+ 1 scratch positional refs")
+  with pytest.raises(pl.UsageError, match=pat):
+    _call(kernel, grid_spec=pltpu.PrefetchScalarGridSpec(
+        1, grid=(1,), scratch_shapes=[pltpu.VMEM((8, 128), F32)]))(np.zeros(2, np.int32), X)
+
+
+def test_index_map_arity_mismatch():
+  pat = (r"index_map of args\[0\] cannot be called with the grid indices: the grid \(2, 3\) has 2 axes, "
+         r"so it gets 2 arguments")
+  with pytest.raises(pl.UsageError, match=pat):
+    _call(lambda x, o: None, grid=(2, 3), in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))])(X)

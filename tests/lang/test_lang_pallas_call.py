@@ -360,3 +360,25 @@ def test_default_scoped_vmem_limit_depends_on_chip():
   with pl.virtual_tpu("v5e"):
     with pytest.raises(pl.ResourceError, match=r"VMEM over capacity .* \(v5e\)"):
       call(big)
+
+
+def test_no_block_spec_leaf_is_a_raw_hbm_ref(x):
+  seen = []
+
+  def kernel(x_hbm, y_ref, o_ref):
+    seen.append((x_hbm.memory_space, x_hbm.shape, y_ref.memory_space))
+    pltpu.sync_copy(x_hbm.at[pl.ds(8, 8)], o_ref)
+    o_ref[...] += y_ref[...]
+
+  out = pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct((8, 256), np.float32),
+                       in_specs=[pl.no_block_spec, pl.BlockSpec((8, 256), lambda: (0, 0))])(x, x)
+  assert seen == [(pl.ANY, (64, 256), pltpu.VMEM)]
+  np.testing.assert_array_equal(out, x[8:16] + x[0:8])
+
+
+def test_lookahead_pipeline_mode_gives_identical_results(x):
+  mode = pl.Buffered(3, use_lookahead=True)
+  out = pl.pallas_call(_double, out_shape=pl.ShapeDtypeStruct(x.shape, x.dtype), grid=(8,),
+                       in_specs=[pl.BlockSpec((8, 256), lambda i: (i // 2, 0), pipeline_mode=mode)],
+                       out_specs=pl.BlockSpec((8, 256), lambda i: (i, 0)))(x)
+  np.testing.assert_array_equal(out, np.repeat(x[:32].reshape(4, 8, 256), 2, axis=0).reshape(64, 256) * 2)
