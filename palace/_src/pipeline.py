@@ -512,6 +512,10 @@ def _setup(refs, in_entries, out_entries, grid):
   outs, out_tds = _operands(out_entries, refs[n_in:], "out_specs")
   in_maps = [_mapping(s, r, f"in_specs[{i}]") for i, (s, r) in enumerate(ins)]
   out_maps = [_mapping(s, r, f"out_specs[{i}]") for i, (s, r) in enumerate(outs)]
+  for m in out_maps:
+    if m.use_lookahead:
+      raise UsageError(f"Output buffering does not support lookahead: the out spec of {m.name} has "
+                       f"pl.Buffered(use_lookahead=True); lookahead only prefetches inputs.")
   for m in in_maps + out_maps:
     if m.index_map is not None:
       nargs = _positional_arity(m.index_map)

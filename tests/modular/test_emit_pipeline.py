@@ -468,3 +468,12 @@ def test_inside_pallas_call_with_core_axis(rng):
                          in_specs=[any_spec], out_specs=any_spec)(x)
   np.testing.assert_array_equal(out, x + _rows(np.arange(8), 64))
   assert tpu.reports[-1].dma_count == 16   # each block fetched and written back once in total
+
+
+def test_output_lookahead_is_an_error():
+  spec = _spec((64, 128), lambda i: (i, 0))
+  ahead = pl.BlockSpec((64, 128), lambda i: (i, 0), pipeline_mode=pl.Buffered(2, use_lookahead=True))
+  with pytest.raises(pl.UsageError, match=r"Output buffering does not support lookahead: the out spec "
+                                          r"of outputs\[0\]"):
+    _run_pipeline_kernel(lambda: pltpu.emit_pipeline(lambda *a: None, grid=(4,), in_specs=[spec],
+                                                     out_specs=[ahead]))
