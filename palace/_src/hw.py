@@ -148,6 +148,8 @@ _COMMON_SOURCES = _mp(
     vst_per_cycle="[SB-tpus] appendix A (1 vreg store per cycle)",
     ici_link_bytes_per_s_one_way="[SB-tpus]", ici_hop_latency_ns="[SB-shard] ~1 us per hop",
     ici_dims="[gcp-*] topology", ici_wraparound_min_axis="[SB-tpus]",
+    sparsecore="[tpu_info] SparseCoreInfo and docs/pallas/tpu/sparsecore.md (cores, subcores, lanes, "
+               "TileSpmem, DMA granule); vmem_shared_bytes is a modelling assumption",
     grid_step_overhead_cycles="calibrated on tpu-hardware.md section 7 (v5e matmul table)",
     dma_issue_cycles="modelling assumption: one DMA request per cycle [SB-tpus] plus address "
                      "arithmetic (the sum with the step overhead is what section 7 fixes)",

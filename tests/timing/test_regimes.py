@@ -83,5 +83,5 @@ def test_every_constant_has_a_source():
   import dataclasses
   for chip in hw.CHIPS.values():
     for f in dataclasses.fields(chip):
-      if f.name not in ("name", "sources", "sparsecore"):
+      if f.name not in ("name", "sources"):
         assert chip.sources.get(f.name), f"{chip.name}.{f.name} has no source"
