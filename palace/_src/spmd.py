@@ -160,6 +160,10 @@ def _unshard(shards, spec, mesh: Mesh, what: str):
   return out
 
 
+class _PeerFailed(BaseException):
+  """Unwinds a chip's thread after another chip's failure (shard_map re-raises the original once)."""
+
+
 class _Group:
   """Rendezvous of the chips' threads at each collective kernel launch."""
 
@@ -176,14 +180,14 @@ class _Group:
   def collective_launch(self, chip: int, kname: str, build, grid_steps: int) -> None:
     with self.cv:
       if self.error is not None:
-        raise self.error
+        raise _PeerFailed()
       gen = self.generation
       self.pending[chip] = (kname, build, grid_steps)
       if len(self.pending) + self.finished < self.n:
         while self.generation == gen and self.error is None:
           self.cv.wait()
         if self.error is not None:
-          raise self.error
+          raise _PeerFailed()
         return
       if self.finished:
         self.error = SyncError(f"Chips made different kernel launches in shard_map: {self.finished} "
@@ -242,15 +246,15 @@ def shard_map(f, *, mesh: Mesh, in_specs, out_specs, check_rep=True, check_vma=T
               for c in range(mesh.size)]
     group = _Group(mesh, tpu)
     results = [None] * mesh.size
-    errors = [None] * mesh.size
 
     def chip_main(c):
       activate(tpu)
       launch.set_spmd_context((group, c))
       try:
         results[c] = f(*shards[c])
+      except _PeerFailed:
+        pass
       except BaseException as e:  # noqa: BLE001
-        errors[c] = e
         with group.cv:
           if group.error is None:
             group.error = e
@@ -264,9 +268,8 @@ def shard_map(f, *, mesh: Mesh, in_specs, out_specs, check_rep=True, check_vma=T
       t.start()
     for t in threads:
       t.join()
-    for e in errors:
-      if e is not None:
-        raise e
+    if group.error is not None:
+      raise group.error
     leaves0, td = tree_flatten(results[0])
     per_chip = [tree_flatten(r)[0] for r in results]
     ospecs = out_specs if isinstance(out_specs, (list, tuple)) and not isinstance(out_specs, P) \
