@@ -6,6 +6,7 @@ import pytest
 
 import palace as pl
 import palace.numpy as jnp
+from palace import lax
 from palace import tpu as pltpu
 
 MESH = pltpu.TensorCoreMesh("core", num_cores=1)
@@ -346,7 +347,7 @@ def test_core_axis_name_splits_the_grid_across_cores(rng, grid, expect):
   @functools.partial(pl.kernel, mesh=mesh, out_type=(pl.ShapeDtypeStruct(x.shape, F32),
                                                      pl.ShapeDtypeStruct((n * 64, 128), jnp.int32)))
   def k(x_hbm, o_hbm, who_hbm):
-    core = jax_axis_index("core")
+    core = lax.axis_index("core")
 
     def body(x_ref, o_ref, w_ref):
       o_ref[...] = x_ref[...] + pl.program_id(0).astype(F32)
@@ -361,11 +362,6 @@ def test_core_axis_name_splits_the_grid_across_cores(rng, grid, expect):
   for c, blocks in enumerate(expect):
     for b in blocks:
       assert (who[b * 64:(b + 1) * 64] == c).all()
-
-
-def jax_axis_index(name):
-  from palace import lax
-  return lax.axis_index(name)
 
 
 def test_split_without_parallel_dims_is_an_error(rng):
