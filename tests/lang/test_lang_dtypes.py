@@ -171,3 +171,25 @@ def test_ml_dtypes_names_are_reexported():
   s = pl.ShapeDtypeStruct((2, 3), "bfloat16")
   assert s.shape == (2, 3) and s.dtype == jnp.bfloat16
   assert pltpu.VMEM((8, 128), jnp.int8).dtype == np.int8
+
+
+PAIR_DTYPES = [jnp.float32, jnp.bfloat16, jnp.float8_e4m3fn, jnp.float8_e5m2, jnp.int8, jnp.int16, jnp.int32,
+               jnp.uint8, jnp.uint32, jnp.bool_]
+
+
+def test_promotion_is_symmetric_and_matches_in_kernel_ops():
+  for a in PAIR_DTYPES:
+    for b in PAIR_DTYPES:
+      try:
+        ab = jnp.promote_types(a, b)
+      except pl.ShapeError:
+        with pytest.raises(pl.ShapeError, match="Type promotion error"):
+          jnp.promote_types(b, a)
+        continue
+      assert jnp.promote_types(b, a) == ab, (a, b)
+      assert jnp.result_type(np.zeros(2, a), np.zeros(2, b)) == ab
+      # a type never demotes: both operands convert to the result exactly or the lattice says so
+      assert ab in (np.dtype(a), np.dtype(b), jnp.int16, jnp.int32, jnp.float32), (a, b, ab)
+  assert jnp.result_type(np.zeros(2, jnp.bfloat16), 1.0) == jnp.bfloat16
+  assert jnp.result_type(np.zeros(2, jnp.int8), 1.0) == jnp.float32
+  assert jnp.result_type(1, 2.0) == jnp.float32 and jnp.result_type(1) == jnp.int32

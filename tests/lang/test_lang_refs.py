@@ -177,3 +177,27 @@ def test_smem_scratch_with_dynamic_ds():
     acc[t] += (i + 1) * 10
     ref.append(acc[t])
   np.testing.assert_array_equal(out, ref)
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.data())
+def test_ds_windows_match_numpy_slicing(data):
+  n = data.draw(st.integers(1, 16))
+  src = data.draw(st.integers(0, 16 - n))
+  dst = data.draw(st.integers(0, 16 - n))
+  col = data.draw(st.sampled_from([0, 128]))
+  starts = np.array([src, dst], np.int32)
+  x = np.arange(16 * 256, dtype=np.float32).reshape(16, 256)
+
+  def kernel(s_ref, x_ref, o_ref):
+    o_ref[...] = jnp.zeros_like(o_ref)
+    o_ref.at[pl.ds(s_ref[1], n)][:, pl.ds(col, 128)] = x_ref[pl.ds(s_ref[0], n), pl.ds(col, 128)] + 1.0
+
+  out = pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct(x.shape, x.dtype),
+                       grid_spec=pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=1, grid=(1,)))(starts, x)
+  ref = np.zeros_like(x)
+  ref[dst:dst + n, col:col + 128] = x[src:src + n, col:col + 128] + 1
+  np.testing.assert_array_equal(out, ref)

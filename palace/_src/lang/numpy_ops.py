@@ -341,6 +341,18 @@ def astype(x, dtype):
   return _out(data, _shape_of(x), d, ready_of(x), "cheap", _is_arr(x))
 
 
+def promote_types(a, b) -> np.dtype:
+  """`jnp.promote_types`: JAX's (x64-disabled) promotion of two dtypes."""
+  return dt.result_type(dt.canonicalize(a), dt.canonicalize(b))
+
+
+def result_type(*args) -> np.dtype:
+  """`jnp.result_type` of arrays, dtypes and (weak) Python scalars."""
+  return dt.result_type(*[a if isinstance(a, (bool, int, float)) else
+                          dtype_of(a) if isinstance(a, (Array, np.ndarray, np.generic)) else dt.canonicalize(a)
+                          for a in args])
+
+
 def asarray(x, dtype=None):
   if isinstance(x, Array):
     return x if dtype is None else astype(x, dtype)
