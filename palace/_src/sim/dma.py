@@ -33,19 +33,27 @@ _SPACE_LABEL = {MemorySpace.ANY: "hbm", MemorySpace.HBM: "hbm", MemorySpace.VMEM
 class DmaRecord:
   """One in-flight copy."""
   __slots__ = ("req", "seq", "issue_cycle", "start_cycle", "done_cycle", "read_done_cycle", "moved",
-               "core", "applied", "src_applied")
+               "core", "applied", "src_applied", "hbm_sides")
 
   def __init__(self, req, seq, core):
     self.req, self.seq, self.core = req, seq, core
+    self.hbm_sides = 0
     self.moved = False
     self.applied = False
     self.src_applied = req.src_sem_buf is None
     self.issue_cycle = self.start_cycle = self.done_cycle = self.read_done_cycle = 0
 
 
+_DIRECTIONS: dict = {}
+
+
 def direction(src_space: MemorySpace, dst_space: MemorySpace) -> str:
   """'hbm->vmem', 'vmem->hbm', 'hbm->hbm', 'vmem->smem', 'smem->vmem', 'vmem->vmem', 'hbm->smem', ..."""
-  return f"{_SPACE_LABEL.get(src_space, 'vmem')}->{_SPACE_LABEL.get(dst_space, 'vmem')}"
+  key = (src_space, dst_space)
+  kind = _DIRECTIONS.get(key)
+  if kind is None:
+    kind = _DIRECTIONS[key] = f"{_SPACE_LABEL.get(src_space, 'vmem')}->{_SPACE_LABEL.get(dst_space, 'vmem')}"
+  return kind
 
 
 def _timing_class(kind: str) -> str:
@@ -55,18 +63,41 @@ def _timing_class(kind: str) -> str:
   return "write" if dst == "hbm" else "local"
 
 
+_CLASS = {}           # kind -> timing class (memo of a pure function)
+_HBM_SIDES = {"read": 1, "write": 1, "hbm->hbm": 2, "local": 0}
+
+
+def hbm_sides(kind: str) -> int:
+  """How many ends of a copy of this kind touch HBM (for the report's HBM traffic)."""
+  cls = _CLASS.get(kind) or _CLASS.setdefault(kind, _timing_class(kind))
+  return _HBM_SIDES[cls]
+
+
+def _latency_cycles(chip, cls: str) -> int:
+  if cls == "local":
+    return chip.dma_local_latency_cycles
+  lat_ns = {"read": chip.dma_hbm_to_vmem_latency_ns, "write": chip.dma_vmem_to_hbm_latency_ns,
+            "hbm->hbm": chip.dma_hbm_to_hbm_latency_ns}[cls]
+  return chip.ns_to_cycles(lat_ns)
+
+
+_LATENCY: dict = {}   # (id(chip), class) -> (chip, cycles): memo of a pure function of frozen specs
+
+
 def transfer_timing(chip, tc_channel: Channel, hbm_channel: Channel, local_channel: Channel,
                     start: float, nbytes: int, kind: str) -> tuple[float, float, int]:
   """(transfer start, transfer end, completion) cycles of one copy; `kind` from `direction`."""
-  cls = _timing_class(kind) if kind not in ("local", "hbm->hbm") else kind
+  cls = _CLASS.get(kind) or _CLASS.setdefault(kind, _timing_class(kind))
+  hit = _LATENCY.get((id(chip), cls))
+  if hit is None or hit[0] is not chip:
+    hit = _LATENCY[(id(chip), cls)] = (chip, _latency_cycles(chip, cls))
+  lat = hit[1]
   if cls == "local":
     s, e = local_channel.reserve(start, nbytes)
-    return s, e, math.ceil(e) + chip.dma_local_latency_cycles
+    return s, e, math.ceil(e) + lat
   hbm_share = 2.0 if cls == "hbm->hbm" else 1.0   # HBM->HBM reads and writes every byte
   s0, end = reserve([(tc_channel, 1.0), (hbm_channel, hbm_share)], start, nbytes)
-  lat_ns = {"read": chip.dma_hbm_to_vmem_latency_ns, "write": chip.dma_vmem_to_hbm_latency_ns,
-            "hbm->hbm": chip.dma_hbm_to_hbm_latency_ns}[cls]
-  return s0, end, math.ceil(end) + chip.ns_to_cycles(lat_ns)
+  return s0, end, math.ceil(end) + lat
 
 
 def _add(cur, data):

@@ -144,12 +144,9 @@ class Machine:
     return s
 
   def add_arrival(self, buf, index, cycle, amount, rec, src=False) -> None:
-    if rec is not None:
-      self.dma_count += 0 if src else 1
-      if not src:
-        from_hbm = rec.req.src_buf.memory_space.value in ("any", "hbm")
-        to_hbm = rec.req.dst_buf.memory_space.value in ("any", "hbm")
-        self.hbm_bytes += rec.req.nbytes * (int(from_hbm) + int(to_hbm))
+    if rec is not None and not src:
+      self.dma_count += 1
+      self.hbm_bytes += rec.req.nbytes * rec.hbm_sides
     if buf is None:
       return
     self.slot(buf, index).pending.append((cycle, self.next_seq(), amount, rec, src))

@@ -17,7 +17,7 @@ import numpy as np
 from palace._src.core import Buffer, MemoryRef, MemorySpace, SemaphoreKind, SemaphoreRefType
 from palace._src.errors import ResourceError, SyncError, UsageError
 from palace._src.sim import cost
-from palace._src.sim.dma import DmaRecord, direction, move_data, transfer_timing
+from palace._src.sim.dma import DmaRecord, direction, hbm_sides, move_data, transfer_timing
 from palace._src.util import fmt_bytes, user_site
 
 _SENTINEL = {np.dtype(np.int32): np.iinfo(np.int32).min, np.dtype(np.int16): np.iinfo(np.int16).min,
@@ -266,6 +266,7 @@ class TensorCore:
     else:
       s, e, done = transfer_timing(self.chip, *chans, start, req.nbytes, kind)
       read_done = e
+      rec.hbm_sides = hbm_sides(kind)
     rec.start_cycle, rec.done_cycle, rec.read_done_cycle = s, done, read_done
     if done > self.horizon:
       self.horizon = done
