@@ -10,10 +10,11 @@ ROOFLINE_SIZE_PX = (1200, 800)
 
 
 def _figure(width_px: int, height_px: int, dpi: int):
-  import matplotlib
-  matplotlib.use("Agg", force=False)
+  from matplotlib.backends.backend_agg import FigureCanvasAgg  # Agg, without touching pyplot state
   from matplotlib.figure import Figure
-  return Figure(figsize=(width_px / dpi, height_px / dpi), dpi=dpi)
+  fig = Figure(figsize=(width_px / dpi, height_px / dpi), dpi=dpi)
+  FigureCanvasAgg(fig)
+  return fig
 
 
 def plot_roofline(reports, path, labels=None, width_px: int = ROOFLINE_SIZE_PX[0],

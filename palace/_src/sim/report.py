@@ -131,8 +131,7 @@ class Report:
   def plot_timeline(self, path, width_px: int = 1600, height_px: int | None = None, dpi: int = 100):
     """Save a PNG of the timeline: one lane per (chip, core, unit) with the modelled busy intervals.
     The image is exactly width_px x height_px (default height: 60 px per lane + 120). Returns the path."""
-    import matplotlib
-    matplotlib.use("Agg", force=False)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # Agg, without touching pyplot state
     from matplotlib.figure import Figure
     lanes = {}
     for (chip, core), unit, _, start, end, _ in self.events:
@@ -142,6 +141,7 @@ class Report:
     if height_px is None:
       height_px = 120 + 60 * max(len(order), 1)
     fig = Figure(figsize=(width_px / dpi, height_px / dpi), dpi=dpi)
+    FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     us = 1e6 / self.chip.clock_hz
     for row, key in enumerate(order):
