@@ -126,7 +126,8 @@ _COMMON_SOURCES = _mp(
     hbm_bytes_per_s_per_device="[gcp-*] spec sheets; 7x [SB-tpus] per chip / 2 devices",
     dma_bytes_per_s_per_tc="[xla-pinfo] HBM->VMEM DMA bandwidth per TC; v5e capped at its HBM peak "
                            "(the [xla-pinfo] v5e row is suspect, tpu-hardware.md 2.1); v4: HBM / 2 TCs "
-                           "(modelling assumption)",
+                           "(modelling assumption, by analogy with v5p whose per-TC figure is about "
+                           "half its HBM bandwidth)",
     vmem_vmem_dma_bytes_per_s="modelling assumption: local DMAs at 4x HBM bandwidth (VMEM itself is "
                               "~22x HBM [SB-tpus]; the DMA engine, not VMEM, is assumed to limit)",
     dma_hbm_to_vmem_latency_ns="[xla-pinfo]; v5e calibrated on tpu-hardware.md section 7 (upper bound "
