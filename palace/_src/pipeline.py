@@ -367,8 +367,6 @@ def _operands(entries, ref_entries, what: str):
 
 
 def _mapping(spec, ref: Ref, what: str) -> BlockMapping:
-  if spec is None or spec is no_block_spec:
-    spec = BlockSpec(memory_space=MemorySpace.ANY)
   name = ref.origin()
   try:
     return canonicalize(spec, ref.shape, ref.dtype, name, 0)
@@ -427,11 +425,12 @@ def emit_pipeline(body, *, grid, in_specs=(), out_specs=(), tiling=None, core_ax
   Runs `body(*in_blocks, *out_blocks, *scratches)` for every point of `grid` with the BlockSpec
   semantics of pallas_call: blocks are copied HBM->VMEM into scoped buffers with DMAs and DMA
   semaphores (double-buffered by default, `pl.Buffered(n)` per spec), outputs are written back when
-  their block index changes. Specs with `memory_space=pl.ANY`/`pltpu.HBM`, `None` or
-  `pl.no_block_spec` pass the ref itself; a ref already in VMEM is windowed by views, not copied.
-  `pl.program_id` in the body is the pipeline's grid index. `no_pipelining=True` waits every copy at
-  once. With `core_axis_name` (a mesh axis) or `core_axis` (an enclosing grid axis) the grid is split
-  across cores along its first divisible PARALLEL dimension.
+  their block index changes. Specs with `memory_space=pltpu.HBM` (or `pl.ANY`) pass the ref itself; a
+  `pl.no_block_spec` (or None) entry removes the operand from the pipeline and the body gets None for
+  it; a ref already in VMEM is windowed by views, not copied. `pl.program_id` in the body is the
+  pipeline's grid index. `no_pipelining=True` waits every copy at once. With `core_axis_name` (a mesh
+  axis) or `core_axis` (an enclosing grid axis) the grid is split across cores along its first
+  divisible PARALLEL dimension; program_id stays the global index, num_programs is this core's share.
 
   Example:
     >>> def kernel(x_hbm, o_hbm):
@@ -455,19 +454,22 @@ def emit_pipeline(body, *, grid, in_specs=(), out_specs=(), tiling=None, core_ax
   def pipeline(*refs, scratches=None, allocations=None):
     ex = executor.current("an emit_pipeline pipeline")
     setup = _setup(refs, in_entries, out_entries, grid)
-    in_maps, out_maps, in_refs, out_refs, in_tds, out_tds = setup
+    in_maps, out_maps, in_refs, out_refs, in_tds, out_tds, keep = setup
     num_cores, core_id = _core_info(core_axis, core_axis_name)
     ranges = _partition(grid, semantics, num_cores, core_id)
     points = list(itertools.product(*ranges))
+    local_grid = tuple(len(r) for r in ranges)
     scr = () if scratches is None else tuple(scratches) if isinstance(scratches, (list, tuple)) \
         else (scratches,)
-    n_in = len(in_refs)
     step = [0]
 
     def run_body(*blocks):
-      ins = _rebuild(in_tds, blocks[:n_in])
-      outs = _rebuild(out_tds, blocks[n_in:n_in + len(out_refs)])
-      extra = blocks[n_in + len(out_refs):]
+      it = iter(blocks)
+      flat = [next(it) if k else None for k in keep]   # dropped operands (no_block_spec) are None
+      extra = tuple(it)
+      n_in_leaves = sum(td.num_leaves for td in in_tds)
+      ins = _rebuild(in_tds, flat[:n_in_leaves])
+      outs = _rebuild(out_tds, flat[n_in_leaves:])
       lead = ()
       if _explicit_indices:
         idx = tuple(_scalar_index(v) for v in ex.grid_stack[-1][0])
@@ -481,7 +483,7 @@ def emit_pipeline(body, *, grid, in_specs=(), out_specs=(), tiling=None, core_ax
 
     if not points:
       return None
-    run_pipeline(run_body, grid, in_maps, out_maps, in_refs, out_refs, tail_args=scr,
+    run_pipeline(run_body, local_grid, in_maps, out_maps, in_refs, out_refs, tail_args=scr,
                  points=points, sync=no_pipelining, allocations=allocations, smem_blocks=True)
     return None
 
@@ -510,8 +512,11 @@ def _setup(refs, in_entries, out_entries, grid):
                      f"called with {len(refs)} ref(s); call it as pipeline(*in_refs, *out_refs).")
   ins, in_tds = _operands(in_entries, refs[:n_in], "in_specs")
   outs, out_tds = _operands(out_entries, refs[n_in:], "out_specs")
-  in_maps = [_mapping(s, r, f"in_specs[{i}]") for i, (s, r) in enumerate(ins)]
-  out_maps = [_mapping(s, r, f"out_specs[{i}]") for i, (s, r) in enumerate(outs)]
+  keep = [not _dropped(sp) for sp, _ in ins + outs]
+  in_maps = [_mapping(s, r, f"in_specs[{i}]") for i, (s, r) in enumerate(ins) if not _dropped(s)]
+  out_maps = [_mapping(s, r, f"out_specs[{i}]") for i, (s, r) in enumerate(outs) if not _dropped(s)]
+  ins = [(s, r) for s, r in ins if not _dropped(s)]
+  outs = [(s, r) for s, r in outs if not _dropped(s)]
   for m in out_maps:
     if m.use_lookahead:
       raise UsageError(f"Output buffering does not support lookahead: the out spec of {m.name} has "
@@ -523,7 +528,11 @@ def _setup(refs, in_entries, out_entries, grid):
         raise BlockSpecError(f"index_map of {m.name} takes {nargs} argument(s) but the pipeline grid "
                              f"{grid} has {len(grid)} dimension(s); emit_pipeline index maps receive "
                              f"only the grid indices (close over refs for scalar data).")
-  return in_maps, out_maps, [r for _, r in ins], [r for _, r in outs], in_tds, out_tds
+  return in_maps, out_maps, [r for _, r in ins], [r for _, r in outs], in_tds, out_tds, keep
+
+
+def _dropped(spec) -> bool:
+  return spec is None or spec is no_block_spec
 
 
 def _positional_arity(f):
@@ -547,7 +556,7 @@ def emit_pipeline_with_allocations(body, *, grid, in_specs=(), out_specs=()):
   in_entries, out_entries, g = pipeline._specs
 
   def make_allocations(*refs):
-    in_maps, out_maps, in_refs, out_refs, _, _ = _setup(refs, in_entries, out_entries, g)
+    in_maps, out_maps, in_refs, out_refs, _, _, _ = _setup(refs, in_entries, out_entries, g)
     return tuple(allocation_types(in_maps, out_maps, in_refs, out_refs, smem_blocks=True))
 
   return pipeline, make_allocations

@@ -120,23 +120,23 @@ def test_no_pipelining_is_synchronous_and_equal(rng):
   assert r_sync.device_cycles > r_piped.device_cycles
 
 
-def test_no_block_spec_and_any_specs_pass_raw_refs(rng):
+def test_hbm_and_any_specs_pass_raw_refs_and_no_block_spec_gives_none(rng):
   x = rng.standard_normal((256, 128)).astype(np.float32)
   seen = []
 
   @_kernel(x.shape, scratch_types=[pltpu.VMEM((8, 128), F32)])
   def k(x_hbm, o_hbm, small):
-    def body(x_ref, raw_x, raw_o, o_ref):
-      seen.append((raw_x.memory_space, raw_o.memory_space, raw_x.shape, x_ref.memory_space))
+    def body(x_ref, raw_x, raw_o, dropped, o_ref):
+      seen.append((raw_x.memory_space, raw_o.memory_space, raw_x.shape, x_ref.memory_space, dropped))
       pltpu.sync_copy(raw_x.at[pl.ds(0, 8)], small)     # the raw HBM ref, DMA'd by hand
       o_ref[...] = x_ref[...] + small[0:1, :]
     spec = _spec((64, 128), lambda i: (i, 0))
-    pltpu.emit_pipeline(body, grid=(4,), in_specs=[spec, pl.no_block_spec,
-                                                   pl.BlockSpec(memory_space=pltpu.HBM)],
-                        out_specs=[spec])(x_hbm, x_hbm, o_hbm, o_hbm)
+    pltpu.emit_pipeline(body, grid=(4,), in_specs=[spec, pl.BlockSpec(memory_space=pltpu.HBM),
+                                                   pl.BlockSpec(memory_space=pl.ANY), pl.no_block_spec],
+                        out_specs=[spec])(x_hbm, x_hbm, o_hbm, x_hbm, o_hbm)
 
   np.testing.assert_array_equal(k(x), x + x[0:1])
-  assert seen[0] == (pl.ANY, pl.ANY, (256, 128), pltpu.VMEM)
+  assert seen[0] == (pl.ANY, pl.ANY, (256, 128), pltpu.VMEM, None)
 
 
 def test_vmem_source_is_aliased_not_copied(rng):
@@ -350,8 +350,8 @@ def test_core_axis_name_splits_the_grid_across_cores(rng, grid, expect):
     core = lax.axis_index("core")
 
     def body(x_ref, o_ref, w_ref):
-      o_ref[...] = x_ref[...] + pl.program_id(0).astype(F32)
-      w_ref[...] = jnp.full(w_ref.shape, core, jnp.int32)
+      o_ref[...] = x_ref[...] + pl.program_id(0).astype(F32)   # the global grid index
+      w_ref[...] = jnp.full(w_ref.shape, core * 10 + pl.num_programs(0), jnp.int32)  # this core's share
     spec = _spec((64, 128), lambda i: (i, 0))
     pltpu.emit_pipeline(body, grid=grid, in_specs=[spec], out_specs=[spec, spec], core_axis_name="core",
                         dimension_semantics=("parallel",))(x_hbm, o_hbm, who_hbm)
@@ -361,7 +361,7 @@ def test_core_axis_name_splits_the_grid_across_cores(rng, grid, expect):
   np.testing.assert_array_equal(out, x + _rows(np.arange(n), 64))
   for c, blocks in enumerate(expect):
     for b in blocks:
-      assert (who[b * 64:(b + 1) * 64] == c).all()
+      assert (who[b * 64:(b + 1) * 64] == c * 10 + len(blocks)).all()
 
 
 def test_split_without_parallel_dims_is_an_error(rng):
