@@ -216,3 +216,32 @@ def test_host_side_functions_return_numpy_with_jax_defaults():
   assert jnp.float32(3).dtype == np.float32 and jnp.bfloat16(1.5).dtype == jnp.bfloat16
   assert np.dtype(jnp.bfloat16).name == "bfloat16" and jnp.finfo(jnp.bfloat16).bits == 16
   assert jnp.iinfo(jnp.int8).max == 127
+
+
+@pytest.mark.parametrize("src,want", [(jnp.int8, jnp.int32), (jnp.int16, jnp.int32), (jnp.uint8, jnp.uint32),
+                                      (jnp.bool_, jnp.int32), (jnp.int32, jnp.int32)], ids=str)
+def test_integer_sums_promote_like_jax(src, want):
+  i = (np.arange(16 * 128).reshape(16, 128) % 100).astype(src)
+  d, shape = dtype_in_kernel(lambda v: jnp.sum(v, axis=1), i)
+  assert (d, shape) == (np.dtype(want), (16,))
+  out, _ = apply(lambda v: jnp.sum(v, axis=1, keepdims=True), i, out_shape=(16, 1), out_dtype=want)
+  np.testing.assert_array_equal(out, i.astype(np.int64).sum(1, keepdims=True))   # no int8 wrap-around
+
+
+def test_cumsum(rng):
+  v = rng.integers(-50, 50, (8, 128)).astype(np.int8)
+  out, d = apply(lambda a: jnp.cumsum(a, axis=1), v, out_dtype=np.int32)
+  assert d == np.int32
+  np.testing.assert_array_equal(out, np.cumsum(v.astype(np.int64), axis=1))
+  f = rng.standard_normal((8, 128)).astype(np.float32)
+  out, _ = apply(lambda a: jnp.cumsum(a).reshape(8, 128), f)
+  np.testing.assert_allclose(out, np.cumsum(f).reshape(8, 128), rtol=1e-4, atol=1e-4)
+
+
+def test_narrow_float_to_int_saturates_and_maps_nan_to_zero():
+  x = np.array([np.nan, 1e4, -1e4, 2.5, -2.5, np.inf, -np.inf, 100.0] * 16, np.float32).reshape(1, 128)
+  x = np.repeat(x, 8, 0).astype(jnp.bfloat16)
+  out, _ = apply(lambda a: a.astype(jnp.int8), x, out_dtype=jnp.int8)
+  np.testing.assert_array_equal(out[0, :8], [0, 127, -128, 2, -2, 127, -128, 100])
+  out, _ = apply(lambda a: a.astype(jnp.uint8), x, out_dtype=jnp.uint8)
+  np.testing.assert_array_equal(out[0, :8], [0, 255, 0, 2, 0, 255, 0, 100])

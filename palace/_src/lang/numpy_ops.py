@@ -330,13 +330,13 @@ def astype(x, dtype):
   data = None
   if _has_data(x):
     v = _np(x)
-    if dt.is_int(d) and v.dtype.kind == "f":
+    if dt.is_int(d) and dt.is_float(v.dtype):
+      if v.dtype.itemsize < 4:
+        v = v.astype(_F32)
       v = np.nan_to_num(v, nan=0)  # TPU float->int conversion: NaN -> 0, saturating
       info = np.iinfo(d) if d not in (dt.int4, dt.uint4) else None
       if info is not None:
         v = np.clip(v, info.min, info.max)
-    elif dt.is_int(d) and dt.is_float(v.dtype) and v.dtype.itemsize < 4:
-      v = v.astype(_F32)
     data = v.astype(d)
   return _out(data, _shape_of(x), d, ready_of(x), "cheap", _is_arr(x))
 
@@ -467,8 +467,8 @@ def _reduction(npfn, name, result="same"):
       out_d = dt.bool_
     elif dtype is not None:
       out_d = _dtype_arg(dtype, f"jnp.{name}")
-    elif name in ("sum", "prod") and in_d == dt.bool_:
-      out_d = dt.int32
+    elif name in ("sum", "prod") and (in_d == dt.bool_ or dt.is_int(in_d)):
+      out_d = _promoted_int(in_d)   # JAX promote_integers: narrow ints (and bool) sum in 32 bits
     elif name == "mean" and not dt.is_float(in_d):
       out_d = _F32
     else:
@@ -504,12 +504,26 @@ any = _reduction(np.any, "any", "bool")  # noqa: A001
 all = _reduction(np.all, "all", "bool")  # noqa: A001
 
 
+def _promoted_int(d: np.dtype) -> np.dtype:
+  return dt.uint32 if d.kind == "u" or d == dt.uint4 else dt.int32
+
+
 def cumsum(a, axis=None, dtype=None):
-  v = _np(a)
-  ax = -1 if axis is None else axis
-  data = None if v is None else np.cumsum(v, axis=ax).astype(dtype or a.dtype)
-  return _out(data, _shape_of(a), dt.canonicalize(dtype or a.dtype), ready_of(a), "reduce_lane",
-              _is_arr(a))
+  """`jnp.cumsum` (axis=None scans the flattened array); narrow ints accumulate in 32 bits like JAX."""
+  if axis is None:
+    a = ravel(a)
+    axis = 0
+  in_d = dtype_of(a) if isinstance(a, Array) else _default_dtype(a)
+  if dtype is not None:
+    out_d = _dtype_arg(dtype, "jnp.cumsum")
+  elif dt.is_int(in_d) or in_d == dt.bool_:
+    out_d = _promoted_int(in_d)
+  else:
+    out_d = in_d
+  data = None
+  if _has_data(a):
+    data = np.cumsum(_np(a, _compute_dtype(out_d)), axis=axis).astype(out_d, copy=False)
+  return _out(data, _shape_of(a), out_d, ready_of(a), "reduce_lane", _is_arr(a))
 
 
 # ------------------------------------------------------------------------------- shape ops
