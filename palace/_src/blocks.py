@@ -92,7 +92,12 @@ def canonicalize(spec, shape, dtype, name: str, num_index_args: int,
   for (kind, size, _), s in zip(dims, shape):
     if size <= 0:
       raise BlockSpecError(f"Block shape for {name} (= {tuple(block_shape)}) has a non-positive size.")
-  _check_tiling(dims, shape, dtype, name)
+  if space == MemorySpace.VMEM:
+    if not shape:
+      raise BlockSpecError(
+          f"Block shape for {name} (= ()) is rank 0; expected rank >= 1, TPU VMEM blocks are vectors. "
+          f"Pass the scalar as shape (1,) or keep it in SMEM with pl.BlockSpec(memory_space=pltpu.SMEM).")
+    _check_tiling(dims, shape, dtype, name)
   index_map = spec.index_map
   if index_map is None:
     rank = len(shape)

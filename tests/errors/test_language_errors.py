@@ -450,3 +450,9 @@ def test_index_map_arity_mismatch():
          r"so it gets 2 arguments")
   with pytest.raises(pl.UsageError, match=pat):
     _call(lambda x, o: None, grid=(2, 3), in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))])(X)
+
+
+def test_rank0_vmem_block():
+  with pytest.raises(pl.BlockSpecError, match=r"Block shape for args\[0\] \(= \(\)\) is rank 0; expected rank "
+                                              r">= 1.*pltpu\.SMEM"):
+    _call(lambda x, o: None)(np.float32(3))

@@ -382,3 +382,13 @@ def test_lookahead_pipeline_mode_gives_identical_results(x):
                        in_specs=[pl.BlockSpec((8, 256), lambda i: (i // 2, 0), pipeline_mode=mode)],
                        out_specs=pl.BlockSpec((8, 256), lambda i: (i, 0)))(x)
   np.testing.assert_array_equal(out, np.repeat(x[:32].reshape(4, 8, 256), 2, axis=0).reshape(64, 256) * 2)
+
+
+def test_rank0_scalars_in_smem():
+  def kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[...] * 2 + 1
+
+  smem = pl.BlockSpec(memory_space=pltpu.SMEM)
+  out = pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct((), np.int32), in_specs=[smem],
+                       out_specs=smem)(np.int32(20))
+  assert out.shape == () and out == 41
