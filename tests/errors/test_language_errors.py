@@ -456,3 +456,20 @@ def test_rank0_vmem_block():
   with pytest.raises(pl.BlockSpecError, match=r"Block shape for args\[0\] \(= \(\)\) is rank 0; expected rank "
                                               r">= 1.*pltpu\.SMEM"):
     _call(lambda x, o: None)(np.float32(3))
+
+
+def test_incompatible_operand_shapes():
+  def kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[...] + x_ref[0:4, 0:64]
+
+  with pytest.raises(pl.ShapeError, match=r"Incompatible shapes for jnp\.add at grid point \(\) .*: \(8, 128\), "
+                                          r"\(4, 64\); expected shapes that broadcast"):
+    _call(kernel)(X[:8, :128])
+
+
+def test_value_index_out_of_bounds():
+  def kernel(x_ref, o_ref):
+    o_ref[0] = x_ref[...][8]
+
+  with pytest.raises(pl.OutOfBoundsError, match=r"Index \(8,\) out of bounds for a value of shape \(8, 128\)"):
+    _call(kernel)(X[:8, :128])

@@ -17,7 +17,7 @@ import numpy as np
 
 from palace._src import dtypes as dt
 from palace._src import executor
-from palace._src.errors import ShapeError, UsageError
+from palace._src.errors import OutOfBoundsError, ShapeError, UsageError
 from palace._src.lang.array import Array, dtype_of, ready_of
 from palace._src.util import user_frame_summary
 
@@ -156,7 +156,7 @@ def _elementwise(fn, op_class: str, result: str = "same", name: str = ""):
       rt = dt.result_type(*[dtype_of(a) for a in args])
       shape = None
     if shape is None:
-      shape = np.broadcast_shapes(*[_shape_of(a) for a in args])
+      shape = _broadcast_shapes(op.__name__, args)
     if result == "float" and not dt.is_float(rt):
       rt = _F32
     out_dtype = dt.bool_ if result == "bool" else rt
@@ -176,6 +176,17 @@ def _elementwise(fn, op_class: str, result: str = "same", name: str = ""):
   op.__name__ = name or getattr(fn, "__name__", "op")
   op.__doc__ = f"Elementwise `{op.__name__}` (cost class: {op_class})."
   return op
+
+
+def _broadcast_shapes(name: str, args) -> tuple:
+  shapes = [_shape_of(a) for a in args]
+  try:
+    return np.broadcast_shapes(*shapes)
+  except ValueError:
+    ex = executor.maybe_current()
+    raise ShapeError(f"Incompatible shapes for jnp.{name}{' ' + ex.where() if ex else ''}: "
+                     f"{', '.join(str(s) for s in shapes)}; expected shapes that broadcast (equal, or 1, in "
+                     f"each trailing dim). ({user_frame_summary()})") from None
 
 
 def _weak_promotes(args, strong: np.dtype) -> bool:
@@ -307,7 +318,7 @@ def where(condition, x=None, y=None):
   if x is None or y is None:
     raise UsageError("jnp.where(condition) with one argument has a data-dependent shape; pass x and y.")
   rt = dt.result_type(dtype_of(x), dtype_of(y))
-  shape = np.broadcast_shapes(_shape_of(condition), _shape_of(x), _shape_of(y))
+  shape = _broadcast_shapes("where", (condition, x, y))
   data = None
   ex = executor.maybe_current()
   if not (ex is not None and ex.timing_only and shape) and _has_data(condition, x, y):
@@ -700,7 +711,11 @@ def _array_getitem(self, idx):
     if isinstance(i, Array):
       raise UsageError("Indexing a value with a runtime index is not supported in kernels; store the "
                        "value in a ref and index the ref with pl.ds(start, size).")
-  probe = np.broadcast_to(np.zeros((), np.int8), self.shape)[idx]
+  try:
+    probe = np.broadcast_to(np.zeros((), np.int8), self.shape)[idx]
+  except IndexError as e:
+    raise OutOfBoundsError(f"Index {idx!r} out of bounds for a value of shape {self.shape}: {e}. "
+                           f"({user_frame_summary()})") from None
   return _shape_op(self, lambda v: v[idx], probe.shape, "xlu")
 
 
