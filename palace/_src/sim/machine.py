@@ -174,12 +174,14 @@ class Machine:
     return None
 
   def _apply(self, rec, src: bool) -> None:
+    # a copy's source side completes only once its data has been read (the sender may reuse the
+    # buffer after .wait_send()), so the data moves at the first of the two completions
+    if not rec.moved:
+      move_data(rec.req)
+      rec.moved = True
     if src:
       rec.src_applied = True
     else:
-      if not rec.moved:
-        move_data(rec.req)
-        rec.moved = True
       rec.applied = True
     if rec.applied and rec.src_applied:
       self.inflight.pop(rec.seq, None)
