@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import time
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +16,7 @@ import numpy as np
 from palace._src import hw
 from palace._src.autotune import autotune, format_config
 from palace._src.cli import _progress, _table, _us
-from palace._src.errors import PalaceError, ResourceError
+from palace._src.errors import ResourceError
 
 
 # ------------------------------------------------------------------ kernels used by demo and tune
@@ -440,9 +441,12 @@ def run_demo(console, out: Path, *, quick: bool = False, chip="v5e") -> int:
     console.rule(name.replace("_", " "), style="dim")
     try:
       part = fn(ctx)
-    except (PalaceError, AssertionError, NotImplementedError) as e:
+    except Exception as e:  # noqa: BLE001  a broken part is reported, the tour goes on, exit status 1
       part = _Part(name, "")
-      part.status, part.detail = "failed", f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+      msg = (str(e).splitlines() or [""])[0][:160]
+      where = traceback.extract_tb(e.__traceback__)[-1]
+      part.status = "failed"
+      part.detail = f"{type(e).__name__}: {msg} ({Path(where.filename).name}:{where.lineno})"
       console.print(f"[red]{name} failed:[/] {escape(part.detail)}")
     if part.status == "not built yet":
       console.print(f"[yellow]{part.name}: not built yet[/] ({escape(part.detail)})")
