@@ -202,6 +202,8 @@ def _call(kernel, kname, out_shape, grid, grid_spec, aliases, params, args):
     pre_bufs = [launch.hbm_input(a, f"scalar_prefetch[{i}]", chip_index)
                 for i, a in enumerate(pre_arrays)]
     in_bufs = [launch.hbm_input(a, f"args[{i + nsp}]", chip_index) for i, a in enumerate(in_arrays)]
+    for b in out_bufs:
+      b.chip = chip_index  # each chip's outputs live on it (remote DMAs to chip 0 found the sender's own)
     machine.register_hbm(chip_index, pre_bufs + in_bufs + out_bufs)
     return [(c, functools.partial(program, pts, pre_bufs, in_bufs)) for c, pts in zip(cores, core_points)]
 
