@@ -594,7 +594,7 @@ def broadcast_to(a, shape):
     raise ShapeError(f"Cannot broadcast shape {_shape_of(a)} to {shape}.") from None
   if not isinstance(a, Array):
     a = asarray(a)
-  return _shape_op(a, lambda v: np.broadcast_to(v, shape).copy(), shape, "broadcast")
+  return _shape_op(a, lambda v: np.broadcast_to(v, shape), shape, "broadcast")  # values are immutable
 
 
 def expand_dims(a, axis):
