@@ -30,6 +30,15 @@ class SyncError(PalaceError, RuntimeError):
   """Semaphores, DMAs, deadlocks and revisit-order violations."""
 
 
+class RaceError(SyncError):
+  """Two accesses to the same data, at least one a write, that no semaphore wait, DMA wait or barrier
+  orders (`pl.virtual_tpu(..., detect_races=True)`)."""
+
+
+class UninitializedReadError(PalaceError, ValueError):
+  """A read of memory that was never written (`pl.virtual_tpu(..., uninitialized="raise")`)."""
+
+
 class TracingError(PalaceError, TypeError):
   """A runtime-dependent value used where real Pallas needs a trace-time constant."""
 

@@ -43,6 +43,21 @@ class AsyncCopyDescriptor:
     self.is_remote = is_remote
     self._req = None
     self._site = site  # None: the user's line is captured at .start()
+    self._unused = None  # the executor that tracks this descriptor until it is started or waited
+
+  def _track_unused(self):
+    """make_async_copy descriptors must be started or waited (checked at kernel end, with this site)."""
+    ex = executor.maybe_current()
+    if ex is not None and getattr(ex, "unused_dmas", None) is not None:
+      ex.unused_dmas[id(self)] = (user_site(), f"{self.src_ref.origin()} -> {self.dst_ref.origin()}",
+                                  self)
+      self._unused = ex
+    return self
+
+  def _used(self):
+    if self._unused is not None:
+      self._unused.unused_dmas.pop(id(self), None)
+      self._unused = None
 
   def _request(self, ex, add=False) -> DmaRequest:
     sem_buf = sem_idx = None
@@ -65,11 +80,13 @@ class AsyncCopyDescriptor:
     ex = executor.current("AsyncCopyDescriptor.start()")
     if self.sem is None:
       raise UsageError("This DMA has no semaphore; pass one to make_async_copy or use pltpu.sync_copy.")
+    self._used()
     self._req = self._request(ex, add)
     ex.dma_start(self._req)
     return self
 
   def _req_for_wait(self, ex):
+    self._used()
     return self._req if self._req is not None else self._request(ex)
 
   def wait(self):
@@ -115,7 +132,7 @@ def _indexed_request(ex, req, src, dst) -> None:
 
 
 def make_async_copy(src_ref, dst_ref, sem=None, *, src_sem=None) -> AsyncCopyDescriptor:
-  return AsyncCopyDescriptor(src_ref, dst_ref, sem, src_sem)
+  return AsyncCopyDescriptor(src_ref, dst_ref, sem, src_sem)._track_unused()
 
 
 def async_copy(src_ref, dst_ref, sem=None, *, src_sem=None, priority: int = 0,
@@ -127,7 +144,8 @@ def make_async_remote_copy(src_ref, dst_ref, send_sem, recv_sem, device_id, devi
   if device_id is None:
     raise UsageError("make_async_remote_copy needs device_id (a tuple of mesh coordinates or a dict "
                      "of the axes that change).")
-  return AsyncCopyDescriptor(src_ref, dst_ref, recv_sem, send_sem, device_id=device_id, is_remote=True)
+  return AsyncCopyDescriptor(src_ref, dst_ref, recv_sem, send_sem, device_id=device_id,
+                             is_remote=True)._track_unused()
 
 
 def async_remote_copy(src_ref, dst_ref, send_sem, recv_sem, device_id, device_id_type=None):

@@ -22,6 +22,7 @@ from palace._src import hw
 from palace._src.errors import SyncError, UnsupportedError, UsageError
 from palace._src.sim.dma import Channel, move_data
 from palace._src.sim.ici import Topology
+from palace._src.sim.races import KernelChecks, make_checks
 from palace._src.sim.report import Report
 from palace._src.sim.sparsecore import SC_BASE, SCALAR_BASE, SparseSubcore, sparsecore_channels
 from palace._src.sim.tensorcore import SemSlot, TensorCore
@@ -33,7 +34,9 @@ DMA_POLICIES = ("eager", "on_wait", "random")
 
 class DmaPolicy:
   """When a DMA's data moves: at start (eager), when its semaphore is waited (on_wait), or a seeded
-  coin flip per DMA (random). Race-free kernels give bit-identical results under all three."""
+  coin flip per DMA (random). Race-free kernels give bit-identical results under all three. `random` also
+  picks the next core to run at random among the runnable ones (seeded), so the modelled times of a
+  multi-core kernel can differ from the clock-ordered schedule of eager/on_wait."""
 
   def __init__(self, name: str, seed: int):
     if name not in DMA_POLICIES:
@@ -77,6 +80,15 @@ class Machine:
     self.hbm_peers = {}         # (chip, operand name) -> Buffer
     self.shared_buffers = {}    # (chip, allocation key) -> Buffer shared by the cores of a chip
     self._sched = None
+    self.checks = make_checks(self)   # opt-in bug checks (races, uninitialised reads); None by default
+    self._unchecked = None
+
+  def unchecked_checks(self):
+    """The checks of a core running with disable_bounds_checks=True (clips out-of-bounds accesses)."""
+    if self._unchecked is None:
+      base = self.checks if self.checks is not None else KernelChecks(None, None, False)
+      self._unchecked = base.with_unchecked()
+    return self._unchecked
 
   # ------------------------------------------------------------------ construction
   def add_core(self, chip_index: int, core_id: int, axis_env: dict, params) -> TensorCore:
@@ -149,11 +161,16 @@ class Machine:
       self.hbm_bytes += rec.req.nbytes * rec.hbm_sides
     if buf is None:
       return
-    self.slot(buf, index).pending.append((cycle, self.next_seq(), amount, rec, src))
+    seq = self.next_seq()
+    self.slot(buf, index).pending.append((cycle, seq, amount, rec, src))
+    if self.checks is not None:
+      self.checks.arrival(seq, rec, src)
 
   def settle(self, slot: SemSlot, value: int):
     """Cycle at which `slot` reaches `value`, applying just enough pending arrivals; None if it can't."""
     if slot.value >= value:
+      if self.checks is not None:
+        self.checks.acquire(slot, ())
       return 0
     if not slot.pending:
       return None
@@ -170,6 +187,8 @@ class Machine:
           t = cycle if cycle > t else t
           if rec is not None:
             self._apply(rec, src)
+        if self.checks is not None:
+          self.checks.acquire(slot, applied)
         return t
     return None
 
@@ -179,6 +198,8 @@ class Machine:
     if not rec.moved:
       move_data(rec.req)
       rec.moved = True
+      if self.checks is not None:
+        self.checks.moved(rec.req)
     if src:
       rec.src_applied = True
     else:
@@ -343,6 +364,8 @@ class Machine:
         busy[u] = max(busy.get(u, 0), v)
       vmem_peak = max(vmem_peak, c.vmem_peak)
       flops += c.flops
+    if self.checks is not None:
+      self.checks.finish()
     events = self.trace.events
     return Report(self.kernel_name, self.chip, self.num_chips, int(round(end)), flops, self.hbm_bytes,
                   busy, vmem_peak, self.grid_steps, self.dma_count, events, self.ici_bytes,
@@ -402,10 +425,15 @@ class _Scheduler:
 
   def pick(self):
     best = None
+    runnable = [] if self.m.dma_policy.name == "random" else None
     for core, st in self.state.items():
       if st in ("ready", "running") or (st == "blocked" and self.m._can_resume(core)):
+        if runnable is not None:
+          runnable.append(core)
         if best is None or (core.now, core.tid) < (best.now, best.tid):
           best = core
+    if runnable is not None and len(runnable) > 1:  # randomised schedule (seeded): any runnable core
+      return runnable[self.m.dma_policy.rng.randrange(len(runnable))]
     return best
 
   def switch_from(self, core) -> None:
@@ -432,11 +460,17 @@ class _Scheduler:
 
 
 class VirtualTPU:
-  """A virtual TPU system: `with pl.virtual_tpu("v5e") as tpu: ...; tpu.reports[-1]`."""
+  """A virtual TPU system: `with pl.virtual_tpu("v5e") as tpu: ...; tpu.reports[-1]`.
+
+  Bug checks (docs in sim/races.py): `detect_races=True` runs a happens-before race detector over every
+  load, store, DMA, semaphore and barrier (RaceError); `uninitialized="raise"` makes the first read of
+  never-written scratch or output memory raise UninitializedReadError (default "nan": it reads as NaN or
+  an int sentinel). Deadlocks, DMAs in flight or semaphores non-zero at the end, unused DMA descriptors,
+  out-of-bounds accesses and non-consecutive output revisits are always checked."""
 
   def __init__(self, chip="v5e", num_chips: int = 1, *, timing_only: bool = False,
                dma_policy: str = "eager", seed: int = 0, trace: bool = True, topology=None,
-               detect_races: bool = False):
+               detect_races: bool = False, uninitialized: str = "nan"):
     self.chip = hw.get_chip(chip)
     if int(num_chips) < 1:
       raise UsageError(f"num_chips must be >= 1; got {num_chips}.")
@@ -449,7 +483,11 @@ class VirtualTPU:
     self.trace = bool(trace)
     self.topology = None if topology is None else tuple(topology)
     Topology(self.chip, self.num_chips, self.topology)  # validate early
-    self.detect_races = detect_races
+    self.detect_races = bool(detect_races)
+    if uninitialized not in ("nan", "raise"):
+      raise UsageError(f"uninitialized={uninitialized!r}: expected 'nan' (never-written memory reads as NaN "
+                       f"or an int sentinel) or 'raise' (the first such read raises).")
+    self.uninitialized = uninitialized
     self.reports: list[Report] = []
     self.debug_output: list[str] = []
     self._token = None

@@ -94,6 +94,8 @@ class SparseSubcore(TensorCore):
                 and not getattr(c, "scalar", True))
     self.now += self.chip.scalar_op_cycles
     slot.pending.append((self.now, m.next_seq(), 1, None, False))
+    if m.checks is not None:  # the barrier releases this subcore's clock (race detection)
+      m.checks.arrival(slot.pending[-1][1], None, False)
     target = self.barrier_gen * peers
     while True:
       t = m.settle(slot, target)

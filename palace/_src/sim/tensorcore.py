@@ -18,7 +18,7 @@ from palace._src.core import Buffer, MemoryRef, MemorySpace, SemaphoreKind, Sema
 from palace._src.errors import ResourceError, SyncError, UsageError
 from palace._src.sim import cost
 from palace._src.sim.dma import DmaRecord, direction, hbm_sides, move_data, transfer_timing
-from palace._src.util import fmt_bytes, user_site
+from palace._src.util import fmt_bytes, fmt_site, user_site
 
 _SENTINEL = {np.dtype(np.int32): np.iinfo(np.int32).min, np.dtype(np.int16): np.iinfo(np.int16).min,
              np.dtype(np.int8): np.iinfo(np.int8).min}
@@ -45,6 +45,8 @@ class TensorCore:
     self.timing_only = machine.timing_only
     self.bounds_checks = not params.disable_bounds_checks
     self.semaphore_checks = not params.disable_semaphore_checks
+    self.checks = machine.checks if self.bounds_checks else machine.unchecked_checks()
+    self.unused_dmas = {}     # descriptors made but never started nor waited: key -> (site, text, desc)
     self.grid_stack = []
     self.kernel_name = machine.kernel_name
     self.now = 0
@@ -119,6 +121,10 @@ class TensorCore:
 
   # ------------------------------------------------------------------ memory
   def load(self, buf: Buffer, index, shape, site=None):
+    if self.checks is not None:
+      alt = self.checks.load(self, buf, index, shape)
+      if alt is not None:
+        buf, index = alt
     space = buf.memory_space
     if not shape or space == MemorySpace.SMEM:
       self.now += self.chip.scalar_op_cycles
@@ -134,6 +140,10 @@ class TensorCore:
     return np.array(buf.storage[index], copy=True), ready
 
   def store(self, buf: Buffer, index, shape, data, ready: int) -> None:
+    if self.checks is not None:
+      alt = self.checks.store(self, buf, index, shape, data)
+      if alt is not None:
+        index, data = alt
     if buf.storage is not None and data is not None:
       buf.storage[index] = data
     if not shape or buf.memory_space == MemorySpace.SMEM:
@@ -221,6 +231,8 @@ class TensorCore:
 
   def free(self, buf: Buffer) -> None:
     self.named_buffers.pop(buf.key, None)
+    if self.checks is not None:
+      self.checks.free(buf)
     if buf.core is not self:
       return  # a shared allocation owned by another core
     info = self.live.pop(id(buf), None)
@@ -257,6 +269,8 @@ class TensorCore:
       if req.sem_buf is not None:
         req.sem_buf = m.peer_buffer(req.sem_buf, target_chip, core, self)
       rec.req = req
+    if self.checks is not None:
+      req = self.checks.dma_start(self, rec)
     kind = direction(req.src_buf.memory_space, req.dst_buf.memory_space)
     chans = self.dma_channels()
     if target_chip != self.chip_index:
@@ -278,6 +292,8 @@ class TensorCore:
     elif m.dma_policy.move_at_start(rec):
       move_data(req)
       rec.moved = True
+      if self.checks is not None:
+        self.checks.moved(req)
     m.add_arrival(req.sem_buf, req.sem_index, done, req.nbytes, rec)
     if req.src_sem_buf is not None:
       m.add_arrival(req.src_sem_buf, req.src_sem_index, read_done, req.nbytes, rec, src=True)
@@ -361,5 +377,12 @@ class TensorCore:
   def finish(self) -> int:
     for buf in list(self.sem_buffers):
       self._check_sem_zero(buf, "at kernel end")
+    if self.unused_dmas:
+      site, text = min((v[0], v[1]) for v in self.unused_dmas.values())
+      raise SyncError(
+          f"Kernel '{self.kernel_name}' made {len(self.unused_dmas)} DMA descriptor(s) that were never "
+          f"started nor waited on chip {self.chip_index} core {self.core_id}: {text} made at "
+          f"{fmt_site(site)}. Call .start() and .wait() on it, or remove it (JAX logs 'AsyncCopyDescriptor "
+          f"was not used').")
     end = max(self.now, self.horizon, *self.unit_free.values())
     return end
