@@ -161,3 +161,20 @@ def test_switch_and_axis_helpers_outside_mesh_raise():
   assert out[0, 0] == 7 and out[8, 0] == 9
   with pytest.raises(pl.UsageError, match=r"lax.axis_index\('x'\): unknown axis 'x'"):
     pl.pallas_call(lambda o: lax.axis_index("x"), out_shape=pl.ShapeDtypeStruct((8, 128), jnp.int32))()
+
+
+def test_dynamic_slice_and_update_slice_on_values(rng):
+  x = rng.standard_normal((16, 256)).astype(np.float32)
+  starts = np.array([3, 128, 14], np.int32)
+
+  def kernel(s_ref, x_ref, o_ref):
+    v = x_ref[...]
+    piece = lax.dynamic_slice(v, (s_ref[0], s_ref[1]), (4, 128))
+    clamped = lax.dynamic_slice(v, (s_ref[2], 0), (4, 128))        # start 14 clamps to 12, like XLA
+    o_ref[...] = lax.dynamic_update_slice(jnp.zeros_like(v), piece + clamped, (s_ref[0], 0))
+
+  out = pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct(x.shape, x.dtype),
+                       grid_spec=pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=1, grid=(1,)))(starts, x)
+  ref = np.zeros_like(x)
+  ref[3:7, :128] = x[3:7, 128:] + x[12:16, :128]
+  np.testing.assert_array_equal(out, ref)

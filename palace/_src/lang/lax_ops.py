@@ -5,8 +5,8 @@ import numpy as np
 
 from palace._src import dtypes as dt
 from palace._src.lang import numpy_ops as jnp
-from palace._src.errors import UnsupportedError
-from palace._src.lang.array import Array
+from palace._src.errors import ShapeError
+from palace._src.lang.array import Array, concrete_int
 from palace._src.lang.numpy_linalg import dot_general  # noqa: F401
 from palace._src.lang.tpu_primitives import bitcast
 from palace._src.lang.primitives import (axis_index, axis_size, cond, fori_loop, switch,  # noqa: F401
@@ -93,5 +93,37 @@ def broadcast_in_dim(x, shape, broadcast_dimensions):
   return jnp.broadcast_to(jnp.reshape(x, s), shape)
 
 
+def _clamped_starts(x, start_indices, sizes, api):
+  shape = x.shape
+  if len(start_indices) != len(shape) or len(sizes) != len(shape):
+    raise ShapeError(f"{api}: {len(start_indices)} start indices and {len(sizes)} sizes for an operand of "
+                     f"rank {len(shape)}; expected one of each per dimension.")
+  starts = []
+  for s, size, dim in zip(start_indices, sizes, shape):
+    if not 0 <= size <= dim:
+      raise ShapeError(f"{api}: slice size {size} does not fit dimension {dim} of shape {shape}.")
+    v = concrete_int(s, f"{api} start")
+    starts.append(0 if v < 0 else dim - size if v > dim - size else v)  # XLA clamps starts
+  return starts
+
+
 def dynamic_slice(x, start_indices, slice_sizes):
-  raise UnsupportedError.feature("lax.dynamic_slice on values", "Index a ref with pl.ds(start, size).")
+  """`lax.dynamic_slice` of a value (starts may be runtime scalars; clamped into bounds like XLA)."""
+  sizes = tuple(int(s) for s in slice_sizes)
+  starts = _clamped_starts(x, start_indices, sizes, "lax.dynamic_slice")
+  idx = tuple(slice(s, s + n) for s, n in zip(starts, sizes))
+  return jnp._shape_op(x, lambda v: v[idx], sizes, "xlu")
+
+
+def dynamic_update_slice(x, update, start_indices):
+  """`lax.dynamic_update_slice`: x with `update` written at (clamped) `start_indices`."""
+  if update.dtype != x.dtype:
+    raise ShapeError(f"lax.dynamic_update_slice: update dtype {update.dtype} differs from operand dtype "
+                     f"{x.dtype}; expected equal dtypes.")
+  starts = _clamped_starts(x, start_indices, tuple(update.shape), "lax.dynamic_update_slice")
+  idx = tuple(slice(s, s + n) for s, n in zip(starts, update.shape))
+  data = None
+  if jnp._has_data(x, update):
+    data = np.array(jnp._np(x), copy=True)
+    data[idx] = jnp._np(update)
+  return jnp._out(data, tuple(x.shape), x.dtype, jnp.ready_of(x, update), "xlu", jnp._is_arr(x, update))
