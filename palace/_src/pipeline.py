@@ -39,7 +39,8 @@ _PIPELINE_SITE = ("<pipeline of BlockSpec'd operands>", 0)
 class _Op:
   """Pipeline state of one operand."""
   __slots__ = ("m", "hbm", "slots", "sems", "is_out", "blocks", "cur", "cur_slot", "fetched",
-               "next_slot", "pending_wb", "written", "squeezed", "sem_views", "mode", "nbuf")
+               "next_slot", "pending_wb", "written", "squeezed", "sem_views", "mode", "nbuf",
+               "bounds_checks")
 
   def __init__(self, m: BlockMapping, hbm: Ref, is_out: bool):
     self.m, self.hbm, self.is_out = m, hbm, is_out
@@ -52,6 +53,7 @@ class _Op:
     self.written = set()
     self.squeezed = frozenset(d for d, (k, _, _) in enumerate(m.dims) if k == SQUEEZED)
     self.sem_views = ()
+    self.bounds_checks = executor.current().bounds_checks
 
 
 def _copy_views(op: _Op, offsets, slot: int):
@@ -88,15 +90,17 @@ def _block_offsets(op: _Op, step: int, point, index_args, where) -> tuple:
     return hit
   m = op.m
   idx = m.index_map(*point, *index_args)
-  if not isinstance(idx, (tuple, list)):
-    idx = (idx,)
+  if type(idx) is not tuple:
+    idx = tuple(idx) if isinstance(idx, list) else (idx,)
   if len(idx) != len(m.dims):
     raise OutOfBoundsError(f"index_map of {m.name} returned {len(idx)} indices {tuple(idx)!r} for an "
                            f"array of rank {len(m.dims)} at grid point {point}; expected one per dim.")
-  idx = tuple(concrete_int(i, f"index_map result for {m.name}") for i in idx)
+  for i in idx:
+    if type(i) is not int:  # runtime scalars (SMEM reads, program ids): make them concrete
+      idx = tuple(concrete_int(i, f"index_map result for {m.name}") for i in idx)
+      break
   offsets = m.offsets(idx)
-  ex = executor.current()
-  if ex.bounds_checks:
+  if op.bounds_checks:
     for d, ((kind, size, pad), off, dim) in enumerate(zip(m.dims, offsets, m.array_shape)):
       limit_lo = -pad if kind == ELEMENT else 0
       if off < limit_lo or off >= dim + (pad if kind == ELEMENT else 0):
@@ -240,7 +244,13 @@ def _steps_inner(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_arg
     point = points[s]
     ex.grid_stack[-1] = (point, grid)
     ex.grid_step()
-    # ---- inputs: prefetch ahead, then wait the current block
+    # ---- inputs: start every missing current block first (the prologue issues all of step 0's
+    # copies before waiting any), then per input wait the current block and prefetch ahead
+    for o in ops_in:
+      if o.mode == _BUFFERED and s not in o.fetched:
+        cur = _block_offsets(o, s, point, index_args, "")
+        if s == 0 or cur != o.cur:
+          _start_fetch(o, s, cur)
     for k, o in enumerate(ops_in):
       if o.mode == _RAW:
         continue

@@ -94,12 +94,13 @@ def test_one_matmul():
     pl.pallas_call(mm, out_shape=pl.ShapeDtypeStruct((128, 128), np.float32))(a, a)
   r = tpu.reports[-1]
   in_bytes, out_bytes = 128 * 128 * 2, 128 * 128 * 4
-  # Step 0 fetches both inputs (issue, wait) then runs the body.
+  # Step 0 issues both input copies back to back (they share the DMA channel FIFO), then waits them.
   x_issue = S + ISSUE
-  x_done = math.ceil(x_issue + in_bytes / BPC) + LAT_READ
-  y_issue = x_done + SCALAR + ISSUE
-  y_done = math.ceil(y_issue + in_bytes / BPC) + LAT_READ
-  body = y_done + SCALAR
+  y_issue = x_issue + ISSUE
+  x_end = x_issue + in_bytes / BPC
+  x_done = math.ceil(x_end) + LAT_READ
+  y_done = math.ceil(max(y_issue, x_end) + in_bytes / BPC) + LAT_READ
+  body = max(x_done + SCALAR, y_done) + SCALAR
   # Loads: a bf16 (128,128) block is 8 packed vregs, 3 loads per cycle -> 3 cycles each.
   assert _events(r, "vld") == [("load", body, body + 3), ("load", body + 3, body + 6)]
   # MXU (v5e rules): 1 latch, 128/16 = 8 vmatmuls spread over 4 MXUs -> 2 * cadence 16 = 32 cycles,

@@ -15,6 +15,7 @@ from palace._src import dtypes as dt
 from palace._src import executor
 from palace._src.errors import ShapeError, UsageError
 from palace._src.lang.array import Array, dtype_of, ready_of
+from palace._src.util import prod
 from palace._src.lang.numpy_ops import _dtype_arg, _has_data, _np, multiply, reshape, transpose
 
 
@@ -68,10 +69,10 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
                        f"{b.shape} dim {j}.")
   lf = [i for i in range(a.ndim) if i not in lc and i not in lb]
   rf = [i for i in range(b.ndim) if i not in rc and i not in rb]
-  bsz = int(np.prod([a.shape[i] for i in lb])) if lb else 1
-  m = int(np.prod([a.shape[i] for i in lf])) if lf else 1
-  n = int(np.prod([b.shape[i] for i in rf])) if rf else 1
-  k = int(np.prod([a.shape[i] for i in lc])) if lc else 1
+  bsz = prod(a.shape[i] for i in lb)
+  m = prod(a.shape[i] for i in lf)
+  n = prod(b.shape[i] for i in rf)
+  k = prod(a.shape[i] for i in lc)
   out_shape = [a.shape[i] for i in lb] + [a.shape[i] for i in lf] + [b.shape[i] for i in rf]
   out_d = _matmul_dtype(a, b, preferred_element_type)
   data = None
