@@ -1,0 +1,22 @@
+"""JAX interop (L6 helper): run modules written for JAX Pallas on palace; JAX arrays in and out.
+
+`load_module` / `run_pallas_file` need no JAX. `jax_callable` and JAX-array outputs need JAX installed.
+"""
+from palace._src.compat.host import MissingNameError
+from palace._src.compat.interop import jax_callable
+from palace._src.compat.loader import load_module, run_path
+
+
+def run_pallas_file(path, chip="v5e", num_chips: int = 1, argv=None, **tpu_kwargs):
+  """Run a JAX Pallas script as `__main__` on a fresh `pl.virtual_tpu(chip, num_chips)`.
+
+  Its `import jax ...` lines give palace (see load_module). Returns the VirtualTPU, whose `.reports`
+  hold one report per kernel launch."""
+  from palace._src.sim.machine import VirtualTPU
+  tpu = VirtualTPU(chip, num_chips, **tpu_kwargs)
+  with tpu:
+    run_path(path, "__main__", argv)
+  return tpu
+
+
+__all__ = ["MissingNameError", "jax_callable", "load_module", "run_pallas_file", "run_path"]

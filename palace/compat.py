@@ -1,0 +1,7 @@
+"""`palace.compat`: run modules written for JAX Pallas on palace (re-exports only).
+
+    mod = palace.compat.load_module("kernels.py")     # its `import jax...` lines resolve to palace
+    tpu = palace.compat.run_pallas_file("script.py", chip="v5e")
+"""
+from palace._src.compat import (MissingNameError, jax_callable, load_module, run_pallas_file,  # noqa: F401
+                                run_path)
