@@ -245,3 +245,20 @@ def test_narrow_float_to_int_saturates_and_maps_nan_to_zero():
   np.testing.assert_array_equal(out[0, :8], [0, 127, -128, 2, -2, 127, -128, 100])
   out, _ = apply(lambda a: a.astype(jnp.uint8), x, out_dtype=jnp.uint8)
   np.testing.assert_array_equal(out[0, :8], [0, 255, 0, 2, 0, 255, 0, 100])
+
+
+def test_value_at_updates(y):
+  def fn(v):
+    w = v.at[0].set(1.0).at[1:3, :64].add(10.0).at[3].multiply(v[4])
+    w = w.at[5].min(0.0).at[6].max(jnp.zeros((128,), jnp.float32))
+    assert w.at[7].get().shape == (128,)
+    return w
+
+  out, _ = apply(fn, y)
+  ref = y.copy()
+  ref[0] = 1
+  ref[1:3, :64] += 10
+  ref[3] *= y[4]
+  ref[5] = np.minimum(ref[5], 0)
+  ref[6] = np.maximum(ref[6], 0)
+  np.testing.assert_array_equal(out, ref)
