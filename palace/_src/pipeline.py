@@ -5,12 +5,16 @@ of DMA and compute, the skipped copies for unchanged blocks and the revisit beha
 the DMA and semaphore model, not out of special cases in the simulator. `pallas_call` and
 `emit_pipeline` both run on `run_pipeline`.
 
-Schedule per input (buffer_count b): at step s, blocks for steps s+1 .. s+b-1 whose index changes are
-fetched into free slots (b=1: fetched at the step that needs them), then the block of step s is waited.
-Per output: a changed block takes the next slot (after waiting the write-back that last used it); the
-block is written back when the next step's index differs or at the last step; all write-backs are waited
-at the end. Ragged edge blocks copy only their in-bounds part: padding reads whatever the slot held
-(NaN for fresh floats) and out-of-bounds writes are dropped, as on TPU.
+Schedule per input (buffer_count b): at step s, every input whose block is not in flight yet starts it
+(the prologue issues all of step 0's copies before waiting any); then per input the block of step s is
+waited and blocks for steps s+1 .. s+b-1 whose index changes are fetched into free slots (b=1: fetched
+at the step that needs them). Per output: a changed block takes the next slot (after waiting the
+write-back that last used it); the block is written back when the next step's index differs or at the
+last step; all write-backs are waited at the end. Ragged edge blocks copy only their in-bounds part:
+padding reads whatever the slot held (NaN for fresh floats) and out-of-bounds writes are dropped, as on
+TPU. Operands whose source already lives in the block's memory (VMEM, or SMEM for emit_pipeline) are
+windowed by views instead of copied; HBM/ANY specs hand the body the ref itself; `sync`
+(no_pipelining) waits every copy as soon as it is started.
 """
 from __future__ import annotations
 
