@@ -40,6 +40,8 @@ class _ScalarType(type):
     return hash(cls.dtype)
 
   def __getattr__(cls, name):
+    if name.startswith("_"):  # numpy probes protocols (__array_interface__, _type_, ...) on dtype-likes
+      raise AttributeError(name)
     return getattr(cls.dtype, name)
 
   def __repr__(cls):
