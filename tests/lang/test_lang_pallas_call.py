@@ -205,7 +205,6 @@ def test_scratch_persists_across_steps_and_starts_as_nan(x):
 
     acc_ref[...] += x_ref[...]
     cnt_ref[0] = cnt_ref[0] + 1
-    pltpu.sync_copy(x_ref, o_ref.at[...]) if False else None
 
     @pl.when(i == pl.num_programs(0) - 1)
     def _():
