@@ -44,7 +44,7 @@ class _Op:
   """Pipeline state of one operand."""
   __slots__ = ("m", "hbm", "slots", "sems", "is_out", "blocks", "cur", "cur_slot", "fetched",
                "next_slot", "pending_wb", "written", "squeezed", "sem_views", "mode", "nbuf",
-               "bounds_checks")
+               "bounds_checks", "views")
 
   def __init__(self, m: BlockMapping, hbm: Ref, is_out: bool):
     self.m, self.hbm, self.is_out = m, hbm, is_out
@@ -58,10 +58,22 @@ class _Op:
     self.squeezed = frozenset(d for d, (k, _, _) in enumerate(m.dims) if k == SQUEEZED)
     self.sem_views = ()
     self.bounds_checks = executor.current().bounds_checks
+    self.views = {}
 
 
 def _copy_views(op: _Op, offsets, slot: int):
-  """(hbm view, vmem view) for the in-bounds part of the block at `offsets` (None if none is)."""
+  """(hbm view, vmem view) for the in-bounds part of the block at `offsets` (None if none is);
+  cached per (block, slot): revisited blocks (matmul operands) reuse their views."""
+  key = (offsets, slot)
+  hit = op.views.get(key)
+  if hit is None:
+    if len(op.views) > 4096:
+      op.views.clear()
+    hit = op.views[key] = (_make_copy_views(op, offsets, slot),)
+  return hit[0]
+
+
+def _make_copy_views(op: _Op, offsets, slot: int):
   m = op.m
   starts, sizes, vstarts = [], [], []
   ragged = False

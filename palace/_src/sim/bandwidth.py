@@ -100,12 +100,15 @@ def reserve(channels, start: float, nbytes: float) -> tuple[float, float]:
     return t, t
   while True:
     tail = True
-    for c, _ in channels:
+    avail = float("inf")
+    for c, w in channels:
       if c.times[-1] > t + _EPS:
         tail = False
         break
+      a = (c.bytes_per_cycle - c.used[-1]) / w
+      if a < avail:
+        avail = a
     if tail:  # nothing reserved from t on: run at the best free rate until done (fast path)
-      avail = min((c.bytes_per_cycle - c.used[-1]) / w for c, w in channels)
       if avail > _EPS:
         if first is None:
           first = t

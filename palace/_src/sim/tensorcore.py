@@ -71,6 +71,10 @@ class TensorCore:
     self.tid = (chip_index, core_id)
     self.blocked_on = None
     self.alloc_seq = 0
+    self._chans = None        # this core's DMA channels (resolved at the first copy)
+    self._eager = machine.dma_policy.name == "eager"
+    self._vcost = {}          # memo of cost.vector_cost / matmul_cycles for this launch
+    self._mcost = {}
     self.share_group = (chip_index,)   # cores that see the same shared allocations
     self.vmem_shared_limit = self.chip.vmem_bytes  # TensorCores: VMEM_SHARED is modelled as VMEM
     self.dma_granule_bytes = 0
@@ -103,16 +107,29 @@ class TensorCore:
       self.trace.add(self.tid, unit, what, start, end)
     return done
 
+  def _vector_cost(self, op_class: str, shape, dtype=None):
+    """cost.vector_cost, memoised per core (a pure function of the chip and the arguments)."""
+    key = (op_class, shape, dtype)
+    hit = self._vcost.get(key)
+    if hit is None:
+      hit = self._vcost[key] = cost.vector_cost(self.chip, op_class, shape, dtype)
+    return hit
+
   def vector_op(self, op_class: str, shape, dtype, ready: int) -> int:
-    unit, busy, lat = cost.vector_cost(self.chip, op_class, shape)
+    unit, busy, lat = self._vector_cost(op_class, shape)
     if unit is None:
       return ready
     return self._issue(unit, busy, lat, ready, op_class)
 
   def matmul(self, m, k, n, batch, lhs_dtype, rhs_dtype, ready: int) -> int:
-    busy, lat = cost.matmul_cycles(self.chip, m, k, n, batch, lhs_dtype, rhs_dtype)
-    self.flops += cost.matmul_flops(m, k, n, batch)
-    return self._issue("mxu", busy, lat, ready, f"matmul {m}x{k}x{n}")
+    key = (m, k, n, batch, lhs_dtype, rhs_dtype)
+    hit = self._mcost.get(key)
+    if hit is None:
+      hit = self._mcost[key] = (*cost.matmul_cycles(self.chip, m, k, n, batch, lhs_dtype, rhs_dtype),
+                                cost.matmul_flops(m, k, n, batch), f"matmul {m}x{k}x{n}")
+    busy, lat, flops, label = hit
+    self.flops += flops
+    return self._issue("mxu", busy, lat, ready, label)
 
   def scalar_op(self, ready: int = 0) -> int:
     self.now += self.chip.scalar_op_cycles
@@ -133,7 +150,7 @@ class TensorCore:
       if data is not None and not isinstance(data, np.ndarray):
         data = np.asarray(data)
       return (data if data is None or data.shape == () else data.copy()), ready
-    ready = self._issue("vld", *cost.vector_cost(self.chip, "load", shape, buf.dtype)[1:],
+    ready = self._issue("vld", *self._vector_cost("load", shape, buf.dtype)[1:],
                         buf.ready_cycle, "load")
     if self.timing_only or buf.storage is None:
       return None, ready
@@ -150,7 +167,7 @@ class TensorCore:
       self.now += self.chip.scalar_op_cycles
       done = self.now if self.now > ready else ready
     else:
-      unit, busy, lat = cost.vector_cost(self.chip, "store", shape, buf.dtype)
+      unit, busy, lat = self._vector_cost("store", shape, buf.dtype)
       done = self._issue(unit, busy, lat, ready, "store")
     if done > buf.ready_cycle:
       buf.ready_cycle = done
@@ -272,7 +289,9 @@ class TensorCore:
     if self.checks is not None:
       req = self.checks.dma_start(self, rec)
     kind = direction(req.src_buf.memory_space, req.dst_buf.memory_space)
-    chans = self.dma_channels()
+    chans = self._chans
+    if chans is None:
+      chans = self._chans = self.dma_channels()
     if target_chip != self.chip_index:
       s, e, done = m.ici_transfer(self.chip_index, target_chip, start, req.nbytes)
       read_done = e
@@ -289,7 +308,7 @@ class TensorCore:
       self.trace.add(self.tid, "dma", kind, s, done, {"copy": req, "bytes": req.nbytes})
     if self.timing_only and req.dst_buf.memory_space != MemorySpace.SMEM:
       rec.moved = True  # timing only: payloads are skipped; only scalar (SMEM) data moves
-    elif m.dma_policy.move_at_start(rec):
+    elif self._eager or m.dma_policy.move_at_start(rec):
       move_data(req)
       rec.moved = True
       if self.checks is not None:
@@ -300,7 +319,8 @@ class TensorCore:
     m.inflight[rec.seq] = rec
     if m.dma_count & 1023 == 0:
       m.prune_channels()
-    m.maybe_yield(self)
+    if m._sched is not None:
+      m.maybe_yield(self)
 
   def dma_wait(self, req, which: str = "recv") -> None:
     if which == "send":
