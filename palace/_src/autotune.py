@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import re
 from typing import Any, Callable, Iterable
 
 from palace._src.errors import BlockSpecError, PalaceError, ResourceError, UsageError
@@ -51,6 +52,19 @@ class Trial:
     return f"{type(self.error).__name__}: {str(self.error).splitlines()[0]}"
 
 
+  @property
+  def short_reason(self) -> str:
+    """`reason` in a few words: for VMEM, the requested and available bytes."""
+    if self.ok:
+      return ""
+    msg = str(self.error).splitlines()[0]
+    req = re.search(r"([\d.]+ [KMG]?i?B) requested", msg)
+    lim = re.search(r"limit leaves ([\d.]+ [KMG]?i?B)", msg)
+    if req and lim:
+      return f"{type(self.error).__name__}: VMEM {req.group(1)} requested, {lim.group(1)} available"
+    return f"{type(self.error).__name__}: {msg[:100]}"
+
+
 @dataclasses.dataclass
 class AutotuneResult:
   """Trials in evaluation order; `ranking` sorts the kept ones by modelled time, rejected ones last."""
@@ -89,7 +103,7 @@ class AutotuneResult:
         lines.append(f"  {rank:>3}. {format_config(t.config):<32} {t.time_s * 1e6:>12,.1f} us "
                      f"({t.time_s / best:5.2f}x)  {t.report.bound}")
       else:
-        lines.append(f"    -  {format_config(t.config):<32} rejected: {t.reason[:90]}")
+        lines.append(f"    -  {format_config(t.config):<32} rejected: {t.short_reason}")
     return "\n".join(lines)
 
 

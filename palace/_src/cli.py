@@ -294,7 +294,7 @@ def _print_ranking(console, res, top, ref_t, ref_bound, flops):
     from rich.text import Text
     rj = _table(f"{len(res.rejected)} rejected", [("config", "left"), ("reason", "left")])
     for tr in res.rejected[:top]:
-      rj.add_row(format_config(tr.config), Text(tr.reason[:120]))
+      rj.add_row(format_config(tr.config), Text(tr.short_reason))
     if len(res.rejected) > top:
       rj.add_row("...", f"{len(res.rejected) - top} more")
     console.print(rj)
