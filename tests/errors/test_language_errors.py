@@ -473,3 +473,12 @@ def test_value_index_out_of_bounds():
 
   with pytest.raises(pl.OutOfBoundsError, match=r"Index \(8,\) out of bounds for a value of shape \(8, 128\)"):
     _call(kernel)(X[:8, :128])
+
+
+def test_float_value_as_ref_index():
+  def kernel(x_ref, o_ref):
+    o_ref[0] = x_ref[x_ref[0, 0]]
+
+  with pytest.raises(pl.ShapeError, match=r"Invalid index: got palace\.Array\(shape=\(\), dtype=float32\); "
+                                          r"expected an integer scalar"):
+    _call(kernel)(X[:8, :128])

@@ -89,11 +89,16 @@ def concrete_value(x, what: str = "value"):
 
 
 def concrete_int(x, what: str = "index") -> int:
+  if type(x) is int:
+    return x
+  if isinstance(x, Array) and (x.shape or x.dtype.kind not in "iub"):
+    raise ShapeError(f"Invalid {what}: got {x!r}; expected an integer scalar (e.g. a value read from an "
+                     f"SMEM ref or pl.program_id). ({user_frame_summary()})")
   v = concrete_value(x, what)
   try:
     return int(v)
   except TypeError as e:
-    raise ShapeError(f"{what} must be a scalar integer; got {x!r}.") from e
+    raise ShapeError(f"Invalid {what}: got {x!r}; expected an integer scalar.") from e
 
 
 def ready_of(*xs) -> int:
