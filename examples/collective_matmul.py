@@ -124,15 +124,16 @@ def overlapped(x, y, mesh):
       writes = []
       for s in range(n_chips):
         cur, nxt = s % 2, (s + 1) % 2
-        copy = pltpu.make_async_remote_copy(x_slots.at[cur], x_slots.at[nxt], send_sem.at[cur],
-                                            recv_sem.at[nxt], device_id={AXIS: right})
-        if s < n_chips - 1:
+        last = s == n_chips - 1
+        if not last:
+          copy = pltpu.make_async_remote_copy(x_slots.at[cur], x_slots.at[nxt], send_sem.at[cur],
+                                              recv_sem.at[nxt], device_id={AXIS: right})
           if s >= 1:
             pl.semaphore_wait(credit, 1)   # the right neighbour is done with its slot `nxt`
           copy.start()
         row = lax.rem(me + n_chips - s, n_chips)
         _matmul_block(x_slots[cur], y_vmem, o_vmem, out_sems, o_hbm, row, m, writes)
-        if s < n_chips - 1:
+        if not last:
           copy.wait_send()
           if s <= n_chips - 3:
             pl.semaphore_signal(credit, 1, device_id={AXIS: left})  # my slot `cur` is free again

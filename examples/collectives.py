@@ -51,8 +51,10 @@ def _ring_all_gather_body(o_hbm, send_sem, recv_sem, n, rows):
     copy.wait_send()
 
 
-def ring_all_gather(x, mesh):
-  """Unidirectional ring all-gather of the row shards of x (one per chip); every chip ends with x."""
+def ring_all_gather(x, mesh, *, check=None):
+  """Unidirectional ring all-gather of the row shards of x (one per chip); every chip ends with x.
+  Returns every chip's copy stacked (out_specs=P('x')); with `check` (the expected array) each chip
+  compares its copy with it and one copy is returned (out_specs=P(): the result is replicated)."""
   n = mesh.shape[AXIS]
   rows = x.shape[0] // n
 
@@ -66,9 +68,15 @@ def ring_all_gather(x, mesh):
       pltpu.sync_copy(x_hbm, o_hbm.at[pl.ds(me * rows, rows)])
       _ring_all_gather_body(o_hbm, send_sem, recv_sem, n, rows)
 
-    return ring_all_gather_kernel(xs)
+    out = ring_all_gather_kernel(xs)
+    if check is not None:   # in slices: 64 chips' threads compare at once without big temporaries
+      for i in range(0, out.shape[0], rows):
+        if not np.array_equal(out[i:i + rows], check[i:i + rows]):
+          raise AssertionError(f"block {i // rows} of a chip's gathered array differs from the input")
+    return out
 
-  return pl.shard_map(per_chip, mesh=mesh, in_specs=pl.P(AXIS), out_specs=pl.P(AXIS))(x)
+  return pl.shard_map(per_chip, mesh=mesh, in_specs=pl.P(AXIS),
+                      out_specs=pl.P(AXIS) if check is None else pl.P())(x)
 
 
 def bidirectional_all_gather(x, mesh):
