@@ -35,6 +35,44 @@ def _flatten_specs(specs, n: int, what: str):
           for x in leaves]
 
 
+def _absent_entries(kernel, nsp, args, in_specs, out_shape, out_specs, scratch):
+  """JAX treats a None operand, output or scratch entry as an empty pytree: its in_specs/out_specs
+  entry is dropped and the kernel gets None at its position (paged_attention's optional scales,
+  flash_attention's optional residual outputs). Returns (kernel, in_specs, out_specs, scratch)."""
+  def top(tree):
+    return list(tree) if isinstance(tree, (list, tuple)) else None
+
+  ins, outs, scr = top(args), top(out_shape), top(scratch)
+  if not any(e is None for e in (ins or []) + (outs or []) + (scr or [])):
+    return kernel, in_specs, out_specs, scratch
+
+  def drop(specs, entries):
+    if entries is None or not isinstance(specs, (list, tuple)) or len(specs) != len(entries):
+      return specs
+    return type(specs)(sp for sp, e in zip(specs, entries) if e is not None)
+
+  is_sds = lambda x: hasattr(x, "shape")  # noqa: E731
+  slots = [1] * nsp                    # per kernel position group: its ref count, or None if absent
+  slots += [None if a is None else len(tree_flatten(a)[0]) for a in (ins or [])]
+  slots += ([None if o is None else len(tree_flatten(o, is_leaf=is_sds)[0]) for o in outs] if outs is not None
+            else [len(tree_flatten(out_shape, is_leaf=is_sds)[0])])
+  slots += [None if t is None else 1 for t in scr] if scr is not None else []
+
+  def with_nones(*refs, **kw):
+    pos, k = [], 0
+    for n in slots:
+      if n is None:
+        pos.append(None)
+      else:
+        pos += refs[k:k + n]
+        k += n
+    return kernel(*pos, *refs[k:], **kw)
+
+  with_nones.__name__ = getattr(kernel, "__name__", "kernel")
+  kept_scratch = type(scratch)(t for t in scratch if t is not None) if scr is not None else scratch
+  return with_nones, drop(in_specs, ins), drop(out_specs, outs), kept_scratch
+
+
 def _check_call(fn, nargs: int, kwargs, describe) -> None:
   """Raise a UsageError (instead of a bare TypeError mid-launch) when `fn` cannot take the arguments."""
   try:
@@ -124,8 +162,10 @@ def _call(kernel, kname, out_shape, grid, grid_spec, aliases, params, args):
   pre_arrays = [launch.to_host_array(a, f"scalar_prefetch[{i}]") for i, a in enumerate(pre_leaves)]
   in_arrays = [launch.to_host_array(a, f"args[{i + nsp}]") for i, a in enumerate(in_leaves)]
   n_idx_args = nsp
-  in_specs = _flatten_specs(grid_spec.in_specs, len(in_arrays), "in_specs")
-  out_specs = _flatten_specs(grid_spec.out_specs, len(out_leaves), "out_specs")
+  kernel, in_specs, out_specs, scratch = _absent_entries(
+      kernel, nsp, args[nsp:], grid_spec.in_specs, out_shape, grid_spec.out_specs, grid_spec.scratch_shapes)
+  in_specs = _flatten_specs(in_specs, len(in_arrays), "in_specs")
+  out_specs = _flatten_specs(out_specs, len(out_leaves), "out_specs")
   in_maps = [canonicalize(s, a.shape, a.dtype, f"args[{i + nsp}]", n_idx_args)
              for i, (s, a) in enumerate(zip(in_specs, in_arrays))]
   outs = [launch.out_struct(o, f"out_shape[{i}]") for i, o in enumerate(out_leaves)]
@@ -135,7 +175,7 @@ def _call(kernel, kname, out_shape, grid, grid_spec, aliases, params, args):
       s = BlockSpec(memory_space=space)
     out_maps.append(canonicalize(s, shape, dtype, f"outputs[{i}]", n_idx_args))
   _check_arities(kernel, kname, grid, nsp, in_specs + out_specs, in_maps + out_maps, len(in_maps),
-                 len(out_maps), grid_spec.scratch_shapes)
+                 len(out_maps), scratch)
   kernel = _returns_none(kernel, kname)
   # HBM buffers
   all_in = pre_arrays + in_arrays
@@ -153,7 +193,6 @@ def _call(kernel, kname, out_shape, grid, grid_spec, aliases, params, args):
       raise ShapeError(f"input_output_aliases {{{a_in}: {a_out}}}: input {src.dtype}{list(src.shape)} "
                        f"and output {ob.dtype}{list(ob.shape)} must have the same shape and dtype.")
     ob.storage = src.copy()
-  scratch = grid_spec.scratch_shapes
   scratch_is_dict = isinstance(scratch, dict)
 
   def program(points, pre_bufs, in_bufs):
@@ -198,7 +237,7 @@ def _call(kernel, kname, out_shape, grid, grid_spec, aliases, params, args):
     core_points = megacore_split(machine.chip, grid, params.dimension_semantics, kname)
     env = machine.chip_axis_env(chip_index)
     cores = [machine.add_core(chip_index, c, env, params) for c in range(len(core_points))]
-    _check_vmem(cores[0], kname, in_maps + out_maps, grid_spec.scratch_shapes)
+    _check_vmem(cores[0], kname, in_maps + out_maps, scratch)
     pre_bufs = [launch.hbm_input(a, f"scalar_prefetch[{i}]", chip_index)
                 for i, a in enumerate(pre_arrays)]
     in_bufs = [launch.hbm_input(a, f"args[{i + nsp}]", chip_index) for i, a in enumerate(in_arrays)]
@@ -261,9 +300,14 @@ def _check_vmem(core, kname, maps, scratch):
   total = sum(b for _, b in rows)
   if total > core.vmem_limit:
     detail = " + ".join(r for r, _ in rows)
+    chip = core.chip
+    need = -(-(total + chip.internal_scratch_bytes) // 2**20) * 2**20   # whole MiB
+    fix = (f"or raise CompilerParams(vmem_limit_bytes=...) to at least {need} ({fmt_bytes(need)}; "
+           f"{chip.name} has {fmt_bytes(chip.vmem_bytes)} of VMEM)" if need <= chip.vmem_bytes else
+           f"raising vmem_limit_bytes cannot help: {chip.name} has only {fmt_bytes(chip.vmem_bytes)} of VMEM")
     raise ResourceError(
-        f"VMEM over capacity for kernel '{kname}' on chip 0 core 0 ({core.chip.name}): "
+        f"VMEM over capacity for kernel '{kname}' on chip 0 core 0 ({chip.name}): "
         f"{fmt_bytes(total)} requested ({detail}) but the scoped VMEM limit leaves "
-        f"{fmt_bytes(core.vmem_limit)} (limit {fmt_bytes(core.vmem_limit + core.chip.internal_scratch_bytes)}"
-        f" minus {fmt_bytes(core.chip.internal_scratch_bytes)} Mosaic internal scratch). Reduce block "
-        f"sizes or pipeline buffer_count, or raise CompilerParams(vmem_limit_bytes=...).")
+        f"{fmt_bytes(core.vmem_limit)} (limit {fmt_bytes(core.vmem_limit + chip.internal_scratch_bytes)}"
+        f" minus {fmt_bytes(chip.internal_scratch_bytes)} Mosaic internal scratch). Reduce block "
+        f"sizes or pipeline buffer_count (pl.Buffered(1) for blocks that do not change), {fix}.")

@@ -306,7 +306,8 @@ def test_vmem_over_scoped_limit_shows_arithmetic_and_fix():
   x = np.zeros((2048, 1024), F32)   # 8 MiB blocks
   pat = (r"VMEM over capacity for kernel 'kernel' on chip 0 core 0 \(v5e\): 32\.00 MiB requested "
          r"\(args\[0\] 2 x 8\.00 MiB block float32\[2048, 1024\] \+ outputs\[0\] 2 x 8\.00 MiB block .*\) "
-         r"but the scoped VMEM limit leaves 15\.93 MiB .*raise CompilerParams\(vmem_limit_bytes=\.\.\.\)")
+         r"but the scoped VMEM limit leaves 15\.93 MiB .*raise CompilerParams\(vmem_limit_bytes=\.\.\.\) to at "
+         r"least 34603008 \(33\.00 MiB; v5e has 128\.00 MiB of VMEM\)")
   with pytest.raises(pl.ResourceError, match=pat) as e:
     with pl.virtual_tpu("v5e"):
       pl.pallas_call(lambda x_ref, o_ref: None, out_shape=pl.ShapeDtypeStruct(x.shape, F32), name="kernel")(x)
@@ -482,3 +483,11 @@ def test_float_value_as_ref_index():
   with pytest.raises(pl.ShapeError, match=r"Invalid index: got palace\.Array\(shape=\(\), dtype=float32\); "
                                           r"expected an integer scalar"):
     _call(kernel)(X[:8, :128])
+
+
+def test_vmem_over_physical_capacity_says_limit_cannot_help():
+  x = np.zeros((2048, 1024), F32)
+  with pytest.raises(pl.ResourceError, match=r"\(v4\): 32\.00 MiB requested .*raising vmem_limit_bytes cannot "
+                                             r"help: v4 has only 16\.00 MiB of VMEM"):
+    with pl.virtual_tpu("v4"):
+      pl.pallas_call(lambda x_ref, o_ref: None, out_shape=pl.ShapeDtypeStruct(x.shape, F32))(x)
