@@ -35,8 +35,8 @@ def run(chips=64, shard_kib=1024, chip="v5e", check=True):
   roof = EX["roofline_s"](tpu.chip, "ring all-gather", chips, rows * 128 * 4)
   rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
   held = chips * (chips + 1) * rows * 128 * 4   # every chip's shard and gathered copy
-  return {"chips": chips, "wall_s": wall, "cpu_s": cpu, "rss_bytes": rss, "held_bytes": held, "modelled_s": r.device_time_s,
-          "roofline_s": roof, "dmas": r.dma_count, "ici_bytes": r.ici_bytes}
+  return {"chips": chips, "wall_s": wall, "cpu_s": cpu, "rss_bytes": rss, "held_bytes": held,
+          "modelled_s": r.device_time_s, "roofline_s": roof, "dmas": r.dma_count, "ici_bytes": r.ici_bytes}
 
 
 def _cpu_s():

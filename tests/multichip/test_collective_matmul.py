@@ -97,7 +97,7 @@ def test_sparsecore_signals_the_tensorcore_with_core_index():
 
   with pl.virtual_tpu("v5p") as tpu:
     k = pl.kernel([tc_body, sc_body],
-                  out_type=(pl.ShapeDtypeStruct((8, 128), jnp.int32), pl.ShapeDtypeStruct((8, 128), jnp.int32)),
+                  out_type=(pl.ShapeDtypeStruct((8, 128), jnp.int32),) * 2,
                   mesh=[pltpu.TensorCoreMesh("tc", 1),
                         plsc.VectorSubcoreMesh(core_axis_name="c", subcore_axis_name="s", num_cores=1,
                                                num_subcores=1)],

@@ -139,7 +139,8 @@ def test_bandwidth_bound_transfers_scale_with_bytes():
       @functools.partial(pl.kernel, out_type=pl.ShapeDtypeStruct((rows, 128), np.float32),
                          mesh=pltpu.TensorCoreMesh("core", 1), scratch_types=[pltpu.SemaphoreType.DMA] * 2)
       def k(x_hbm, o_hbm, s, r):
-        c = pltpu.make_async_remote_copy(x_hbm, o_hbm, s, r, device_id={"x": lax.rem(lax.axis_index("x") + 1, 2)})
+        c = pltpu.make_async_remote_copy(x_hbm, o_hbm, s, r,
+                                         device_id={"x": lax.rem(lax.axis_index("x") + 1, 2)})
         c.start()
         c.wait()
       return k(xs)
