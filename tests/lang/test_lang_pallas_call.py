@@ -391,3 +391,22 @@ def test_rank0_scalars_in_smem():
   out = pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct((), np.int32), in_specs=[smem],
                        out_specs=smem)(np.int32(20))
   assert out.shape == () and out == 41
+
+
+def test_semaphore_scratch_persists_across_steps():
+  def kernel(o_ref, sem):
+    i = pl.program_id(0)
+    o_ref[...] = jnp.zeros(o_ref.shape, jnp.int32) + pl.semaphore_read(sem)
+
+    @pl.when(i < 2)
+    def _():
+      pl.semaphore_signal(sem, i + 5)          # carried over to the next grid step
+
+    @pl.when(i > 0)
+    def _():
+      pl.semaphore_wait(sem, i + 4)            # consume what the previous step signalled
+
+  out = pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct((24, 128), jnp.int32), grid=(3,),
+                       out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+                       scratch_shapes=[pltpu.SemaphoreType.REGULAR])()
+  np.testing.assert_array_equal(out[::8, 0], [0, 5, 6])
