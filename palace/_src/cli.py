@@ -58,7 +58,11 @@ def _us(s: float) -> str:
 
 
 class _Group(click.Group):
-  """Turns PalaceErrors into a one-line message and exit status 2."""
+  """Lists the commands tour-first; turns PalaceErrors into a message and exit status 2."""
+
+  def list_commands(self, ctx):
+    order = ("demo", "run", "tune", "chips")
+    return sorted(self.commands, key=lambda n: (order.index(n) if n in order else len(order), n))
 
   def invoke(self, ctx):
     try:
