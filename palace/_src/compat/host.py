@@ -115,7 +115,7 @@ class custom_vjp:  # noqa: N801  (JAX's name)
   """`jax.custom_vjp`: forward only. Calling it runs `fun`; `defvjp(fwd, bwd)` stores the rules but
   palace has no autodiff, so `jax.grad`/`jax.vjp` are not provided."""
 
-  def __init__(self, fun, nondiff_argnums=()):
+  def __init__(self, fun, nondiff_argnums=(), nondiff_argnames=()):
     functools.update_wrapper(self, fun)
     self.fun = fun
     self.nondiff_argnums = tuple(nondiff_argnums)
@@ -131,7 +131,7 @@ class custom_vjp:  # noqa: N801  (JAX's name)
     return self if obj is None else functools.partial(self, obj)
 
 
-def custom_jvp(fun, nondiff_argnums=()):
+def custom_jvp(fun, nondiff_argnums=(), nondiff_argnames=()):
   """`jax.custom_jvp`: forward only (see custom_vjp)."""
   f = custom_vjp(fun, nondiff_argnums)
   f.defjvp = lambda jvp, symbolic_zeros=False: None
@@ -175,11 +175,20 @@ def named_scope(name):
 
 
 def ensure_compile_time_eval():
-  return contextlib.nullcontext()
+  return _NullContext()
+
+
+class _NullContext(contextlib.ContextDecorator):
+  def __enter__(self):
+    return self
+
+  def __exit__(self, *exc):
+    return False
 
 
 def default_matmul_precision(precision):
-  return contextlib.nullcontext()
+  """A no-op context manager / decorator (palace matmuls are always float32-accurate)."""
+  return _NullContext()
 
 
 def debug_print(fmt: str, *args, ordered=False, **kwargs):

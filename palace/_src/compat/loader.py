@@ -91,7 +91,7 @@ class World:
       mod.__package__ = name
     else:
       mod.__package__ = name.rpartition(".")[0]
-    mod.__palace_compat__ = True
+    mod.__palace_compat__ = self   # the World: .modules["jax"] is the shim this module sees
     self.modules[name] = mod
     return mod
 

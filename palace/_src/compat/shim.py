@@ -23,7 +23,6 @@ from palace._src import executor, spmd
 from palace._src.compat import host
 from palace._src.core import CostEstimate
 from palace._src.errors import UnsupportedError, UsageError
-from palace._src.lang import numpy_ops as jnp_ops
 from palace._src.lang import primitives as prims
 
 
@@ -91,8 +90,24 @@ _NP_HOST = ("pad", "split", "array_split", "linspace", "take", "take_along_axis"
             "ptp", "trace", "cross", "inner", "tensordot", "vdot", "cumulative_sum", "ceil_divide")
 
 
+def _repeat(a, repeats, axis=None, *, total_repeat_length=None):
+  """jnp.repeat; on the host `total_repeat_length` pads with the last element or truncates (as JAX)."""
+  if total_repeat_length is None or executor.maybe_current() is not None:
+    return _pjnp.repeat(a, repeats, axis=axis)
+  a = np.asarray(a)
+  if axis is None:
+    a, axis = a.ravel(), 0
+  out = np.repeat(a, np.asarray(repeats), axis=axis)
+  n = int(total_repeat_length)
+  if out.shape[axis] >= n:
+    return np.take(out, np.arange(n), axis=axis)
+  last = np.take(out, [-1], axis=axis) if out.shape[axis] else np.zeros_like(np.take(a, [0], axis=axis))
+  pad = np.repeat(last, n - out.shape[axis], axis=axis)
+  return np.concatenate([out, pad], axis=axis)
+
+
 def _jnp_names() -> dict:
-  names = {}
+  names = {"repeat": _repeat}
   for n in _NP_HOST:
     if not hasattr(_pjnp, n) and hasattr(np, n):
       names[n] = _host_only(n, getattr(np, n))
@@ -156,10 +171,10 @@ def _axis_index(axis_name):
 
 def _lax_names() -> dict:
   def dot(a, b, precision=None, preferred_element_type=None):
-    return jnp_ops.dot(a, b, precision=precision, preferred_element_type=preferred_element_type)
+    return _pjnp.dot(a, b, precision=precision, preferred_element_type=preferred_element_type)
 
   def clamp(lo, x, hi):
-    return jnp_ops.minimum(jnp_ops.maximum(x, lo), hi)
+    return _pjnp.minimum(_pjnp.maximum(x, lo), hi)
 
   def integer_pow(x, y):
     out = x
@@ -169,16 +184,16 @@ def _lax_names() -> dict:
 
   return dict(dot=dot, clamp=clamp, integer_pow=integer_pow, Precision=Precision,
               axis_size=_axis_size, axis_index=_axis_index, stop_gradient=lambda x: x,
-              optimization_barrier=lambda x: x, pow=jnp_ops.power, sign=jnp_ops.sign,
-              floor=jnp_ops.floor, ceil=jnp_ops.ceil, round=jnp_ops.round, is_finite=jnp_ops.isfinite,
-              transpose=lambda x, permutation: jnp_ops.transpose(x, permutation),
-              reshape=lambda x, new_sizes, dimensions=None: jnp_ops.reshape(x, tuple(new_sizes)),
-              squeeze=lambda x, dimensions: jnp_ops.squeeze(x, tuple(dimensions)),
-              expand_dims=lambda x, dimensions: jnp_ops.expand_dims(x, tuple(dimensions)),
-              concatenate=lambda operands, dimension: jnp_ops.concatenate(operands, dimension),
-              cumsum=lambda x, axis=0, reverse=False: jnp_ops.cumsum(x, axis=axis),
-              argmax=lambda x, axis, index_dtype: jnp_ops.argmax(x, axis=axis),
-              argmin=lambda x, axis, index_dtype: jnp_ops.argmin(x, axis=axis),
+              optimization_barrier=lambda x: x, pow=_pjnp.power, sign=_pjnp.sign,
+              floor=_pjnp.floor, ceil=_pjnp.ceil, round=_pjnp.round, is_finite=_pjnp.isfinite,
+              transpose=lambda x, permutation: _pjnp.transpose(x, permutation),
+              reshape=lambda x, new_sizes, dimensions=None: _pjnp.reshape(x, tuple(new_sizes)),
+              squeeze=lambda x, dimensions: _pjnp.squeeze(x, tuple(dimensions)),
+              expand_dims=lambda x, dimensions: _pjnp.expand_dims(x, tuple(dimensions)),
+              concatenate=lambda operands, dimension: _pjnp.concatenate(operands, dimension),
+              cumsum=lambda x, axis=0, reverse=False: _pjnp.cumsum(x, axis=axis),
+              argmax=lambda x, axis, index_dtype: _pjnp.argmax(x, axis=axis),
+              argmin=lambda x, axis, index_dtype: _pjnp.argmin(x, axis=axis),
               population_count=None)
 
 
