@@ -10,7 +10,9 @@ schedule (tpu-hardware.md section 6): bytes through the busiest link / one-way l
 the critical path x hop latency (~1 us). A ring all-gather of N shards of B bytes takes N-1 steps of
 B bytes and one hop each; the bidirectional ring halves the steps (both directions of every link carry
 (N-1)/2 shards); reduce-scatter moves the same bytes as all-gather; all-reduce = reduce-scatter +
-all-gather = 2x. Run: python examples/collectives.py
+all-gather = 2x. The rooflines assume one hop between ring neighbours, as on the layouts printed here
+(an odd chip count on a line without wraparound pays extra hops for the step that closes the ring).
+Run: python examples/collectives.py
 """
 import functools
 import math
