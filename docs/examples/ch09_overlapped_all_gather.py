@@ -73,7 +73,8 @@ def main():
       z = collective_matmul(x, y, overlap=overlap)
     assert np.max(np.abs(z.astype(np.float32) - want) / (np.abs(want) + 1)) < 2e-2
     times[overlap] = tpu.reports[-1].device_time_s
-  print(f"blocking all-gather then matmul: {times[False] * 1e6:.1f} us; overlapped: {times[True] * 1e6:.1f} us")
+  print(f"blocking all-gather then matmul: {times[False] * 1e6:.1f} us; "
+        f"overlapped: {times[True] * 1e6:.1f} us")
   assert times[True] < times[False]
 
 

@@ -101,11 +101,14 @@ _CHIP_ROWS = (  # (figure, source field, formatter)
     ("peak int8 per device", "vmatmul_cadence_cycles",
      lambda c: f"{c.peak_flops_per_s('int8') / 1e12:,.0f} TOP/s" if c.peak_flops_per_s("int8") else "-"),
     ("VMEM per TensorCore", "vmem_bytes", lambda c: f"{c.vmem_bytes >> 20} MiB"),
-    ("default scoped VMEM", "default_scoped_vmem_bytes", lambda c: f"{c.default_scoped_vmem_bytes >> 20} MiB"),
+    ("default scoped VMEM", "default_scoped_vmem_bytes",
+     lambda c: f"{c.default_scoped_vmem_bytes >> 20} MiB"),
     ("SMEM", "smem_bytes", lambda c: f"{c.smem_bytes / 2**20:g} MiB"),
     ("HBM per device", "hbm_bytes_per_device", lambda c: f"{c.hbm_bytes_per_device / 1e9:.1f} GB"),
-    ("HBM bandwidth", "hbm_bytes_per_s_per_device", lambda c: f"{c.hbm_bytes_per_s_per_device / 1e9:,.0f} GB/s"),
-    ("DMA HBM->VMEM per TC", "dma_bytes_per_s_per_tc", lambda c: f"{c.dma_bytes_per_s_per_tc / 1e9:,.0f} GB/s"),
+    ("HBM bandwidth", "hbm_bytes_per_s_per_device",
+     lambda c: f"{c.hbm_bytes_per_s_per_device / 1e9:,.0f} GB/s"),
+    ("DMA HBM->VMEM per TC", "dma_bytes_per_s_per_tc",
+     lambda c: f"{c.dma_bytes_per_s_per_tc / 1e9:,.0f} GB/s"),
     ("ICI per link, one way", "ici_link_bytes_per_s_one_way",
      lambda c: f"{c.ici_link_bytes_per_s_one_way / 1e9:.0f} GB/s ({c.ici_dims}D)"),
     ("SparseCores x subcores", "sparsecore",
@@ -182,8 +185,8 @@ def run(file, script_args, chip, num_chips, timing_only, trace, trace_dir, timel
     sys.argv, sys.path[:] = old_argv, old_path
   reports = tpu.reports
   if not reports and status == 0:
-    console.print(f"[yellow]{escape(file)} launched no kernel on palace run's virtual TPU[/] (kernels inside the "
-                  f"script's own `pl.virtual_tpu(...)` blocks are reported by the script).")
+    console.print(f"[yellow]{escape(file)} launched no kernel on palace run's virtual TPU[/] (kernels "
+                  f"inside the script's own `pl.virtual_tpu(...)` blocks are reported by the script).")
   elif reports:
     _print_launches(console, reports, max_reports)
     if trace:

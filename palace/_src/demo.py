@@ -404,7 +404,8 @@ def _collective_matmul(ctx, part):
   _save(ctx, part, blocking, "collective_matmul_blocking")
   _save(ctx, part, overlapped, "collective_matmul_overlapped")
   part.reports = [blocking, overlapped]
-  part.detail = (f"{chips} x {chip.name}, bf16 [{m},{k}] @ [{k},{n}]: blocking {_us(blocking.device_time_s)}, "
+  part.detail = (f"{chips} x {chip.name}, bf16 [{m},{k}] @ [{k},{n}]: "
+                 f"blocking {_us(blocking.device_time_s)}, "
                  f"overlapped {_us(overlapped.device_time_s)} (ring all-gather alone >= {_us(ici)}, "
                  f"MXU per chip {_us(mxu)}); max rel. error {err:.1e}")
   t = _table(f"all-gather + matmul on {chips} virtual {chip.name} chips (ring over ICI)",
@@ -429,7 +430,8 @@ def run_demo(console, out: Path, *, quick: bool = False, chip="v5e") -> int:
   spec = hw.get_chip(chip)
   out.mkdir(parents=True, exist_ok=True)
   console.rule(f"[bold]palace demo[/] {'(quick) ' if quick else ''}on a virtual TPU {spec.name}")
-  console.print(f"{spec.name}: {spec.clock_hz / 1e9:.2f} GHz, {spec.num_tensorcores_per_device} TensorCore(s), "
+  console.print(f"{spec.name}: {spec.clock_hz / 1e9:.2f} GHz, "
+                f"{spec.num_tensorcores_per_device} TensorCore(s), "
                 f"{spec.num_mxus} MXUs of {spec.mxu_size}x{spec.mxu_size}, "
                 f"{spec.peak_flops_per_s('bf16') / 1e12:.0f} TFLOP/s bf16, "
                 f"{spec.hbm_bytes_per_s_per_device / 1e9:.0f} GB/s HBM, {spec.vmem_bytes >> 20} MiB VMEM "
