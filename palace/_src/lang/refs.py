@@ -238,6 +238,9 @@ class Ref:
 
   # ---- host access (mutable refs created by pl.new_ref) ----
   def _host_get(self, idx):
+    if self.buf.core is not None:
+      raise UsageError(f"{self.buf.name} ({self.buf.memory_space}) belongs to a kernel's core; it can "
+                       f"only be read inside that kernel.")
     if self.buf.storage is None:
       raise UsageError(f"{self.buf.name} has been frozen or freed; it can no longer be read.")
     view = self._view(idx)
@@ -273,11 +276,18 @@ class Ref:
   def reshape(self, *shape) -> "Ref":
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
       shape = tuple(shape[0])
-    if not self._full:
-      raise UsageError("Ref.reshape is only supported on whole refs in palace.")
     if int(np.prod(shape)) != self.size:
-      raise ShapeError(f"Cannot reshape {self.buf.name} of shape {self.shape} to {tuple(shape)}.")
-    storage = None if self.buf.storage is None else self.buf.storage.reshape(shape)
+      raise ShapeError(f"Cannot reshape {self.origin()} of shape {self.shape} to {tuple(shape)}.")
+    if self._full:
+      storage = None if self.buf.storage is None else self.buf.storage.reshape(shape)
+      return Ref(dataclasses.replace(self.buf, storage=storage, shape=tuple(shape)))
+    # a view (e.g. `bufs.at[slot].reshape(...)`): allowed when it is contiguous, so the result aliases it
+    probe = np.empty(self.buf.shape, np.int8)[self._np_index] if self.buf.storage is None else \
+        self.buf.storage[self._np_index]
+    if probe.shape != tuple(self.shape) or not probe.flags.c_contiguous:
+      raise UsageError(f"Ref.reshape of the view {self.origin()}: palace reshapes only contiguous views "
+                       f"(leading-dimension slices of a ref).")
+    storage = None if self.buf.storage is None else probe.reshape(shape)
     return Ref(dataclasses.replace(self.buf, storage=storage, shape=tuple(shape)))
 
 
