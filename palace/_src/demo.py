@@ -160,8 +160,8 @@ def _part_matmul(ctx):
   ref_t, ref_bound, flops = roofline_reference(spec, s, s, s, bf16)
   published = _PUBLISHED_V5E_4096 if (spec.name == "v5e" and s == 4096) else {}
   t = _table(f"bf16 matmul {s}x{s}x{s} on {spec.name}: block-size sweep (timing-only runs)",
-             ["bm", "bk", "bn", "grid steps", "device time", "TFLOP/s", "% of peak", ("bound", "left"),
-              "+ dispatch"] + (["published v5e"] if published else []))
+             ["bm", "bk", "bn", "steps", "device time", "TFLOP/s", "% peak", ("bound", "left"),
+              "+ dispatch"] + (["real v5e"] if published else []))
   best = res.best
   for tr in res.trials:
     c = tr.config
@@ -169,12 +169,12 @@ def _part_matmul(ctx):
     pub = [_us(published[key]) if key in published else ""] if published else []
     if not tr.ok:
       why = "over VMEM" if isinstance(tr.error, ResourceError) else "tiling"
-      t.add_row(*map(str, key), "", "", "", "", f"rejected: {why}", "", *pub, style="dim")
+      t.add_row(*map(str, key), "", why, "", "", "rejected", "", *pub, style="dim")
       continue
     rr = tr.report
     t.add_row(*map(str, key), f"{rr.grid_steps:,}", _us(rr.device_time_s),
               f"{flops / rr.device_time_s / 1e12:,.1f}", f"{100 * rr.peak_fraction:.1f}",
-              rr.bound + (" (best)" if tr is best else ""), _us(rr.total_time_s), *pub,
+              rr.bound + (" *" if tr is best else ""), _us(rr.total_time_s), *pub,
               style="bold" if tr is best else None)
   t.add_row("XLA-style", "roofline", "", "", _us(ref_t), f"{flops / ref_t / 1e12:,.1f}",
             f"{100 * flops / ref_t / spec.peak_flops_per_s('bf16'):.1f}", ref_bound,
@@ -183,7 +183,9 @@ def _part_matmul(ctx):
   console.print(t)
   console.print(f"roofline reference = max(2mnk / peak = {_us(flops / spec.peak_flops_per_s('bf16'))}, "
                 f"bytes / HBM BW = {_us(3 * s * s * 2 / spec.hbm_bytes_per_s_per_device)}); "
-                f"'+ dispatch' adds the modelled host launch overhead of {_us(spec.launch_overhead_s)}.")
+                f"'+ dispatch' adds the modelled host launch overhead of {_us(spec.launch_overhead_s)}"
+                + ("; 'real v5e': published wall times incl. dispatch (tpu-hardware.md section 7)"
+                   if published else "") + "; * = fastest.")
   ctx["points"].append((f"matmul {s}^3 best", best.report))
   worst = max((tr for tr in res.trials if tr.ok), key=lambda tr: tr.time_s)
   ctx["points"].append((f"matmul {s}^3 {format_config(worst.config)}", worst.report))
