@@ -22,8 +22,10 @@ import dataclasses
 import inspect
 import itertools
 
+import numpy as np
+
 from palace._src import executor
-from palace._src.blocks import ELEMENT, SQUEEZED, BlockMapping, canonicalize
+from palace._src.blocks import BLOCKED, ELEMENT, SQUEEZED, BlockMapping, canonicalize
 from palace._src.core import (PARALLEL, BlockSpec, MemoryRef, MemorySpace, SemaphoreType,
                               canonical_semantics, no_block_spec)
 from palace._src.errors import (BlockSpecError, OutOfBoundsError, SyncError, UnsupportedError,
@@ -44,7 +46,7 @@ class _Op:
   """Pipeline state of one operand."""
   __slots__ = ("m", "hbm", "slots", "sems", "is_out", "blocks", "cur", "cur_slot", "fetched",
                "next_slot", "pending_wb", "written", "squeezed", "sem_views", "mode", "nbuf",
-               "bounds_checks", "views")
+               "bounds_checks", "views", "all_blocks")
 
   def __init__(self, m: BlockMapping, hbm: Ref, is_out: bool):
     self.m, self.hbm, self.is_out = m, hbm, is_out
@@ -59,6 +61,7 @@ class _Op:
     self.sem_views = ()
     self.bounds_checks = executor.current().bounds_checks
     self.views = {}
+    self.all_blocks = None  # every step's offsets, when the index map vectorises
 
 
 def _copy_views(op: _Op, offsets, slot: int):
@@ -100,7 +103,44 @@ def _make_copy_views(op: _Op, offsets, slot: int):
   return hbm, Ref.window(op.slots[slot].buf, vstarts, vsizes)
 
 
+def _vectorised_offsets(op: _Op, points):
+  """Element offsets of every step at once, or None. Index maps are traced functions in Pallas, so
+  they work on arrays: one call with the whole grid's index columns replaces one call per step. It
+  runs with no executor set (plain NumPy, nothing charged to the core). Maps that need per-step
+  evaluation (reading refs, Python control flow on indices) raise here and fall back; so does any
+  out-of-bounds block, whose error is then raised by the per-step path with its grid point."""
+  m = op.m
+  if len(points) < 8:
+    return None
+  cols = [np.fromiter((p[d] for p in points), np.int64, len(points)) for d in range(len(points[0]))]
+  token = executor.set_current(None)
+  try:
+    idx = m.index_map(*cols)
+  except Exception:  # noqa: BLE001  not vectorisable: evaluate per step
+    return None
+  finally:
+    executor.reset_current(token)
+  if type(idx) is not tuple:
+    idx = tuple(idx) if isinstance(idx, list) else (idx,)
+  if len(idx) != len(m.dims):
+    return None
+  n = len(points)
+  offs = []
+  for (kind, size, pad), i, dim in zip(m.dims, idx, m.array_shape):
+    if not isinstance(i, (int, np.integer, np.ndarray)) or np.ndim(i) > 1:
+      return None
+    i = np.broadcast_to(np.asarray(i, np.int64), (n,))
+    off = i * size if kind == BLOCKED else (i - pad if kind == ELEMENT else i)
+    lo, hi = (-pad, dim + pad) if kind == ELEMENT else (0, dim)
+    if op.bounds_checks and ((off < lo).any() or (off >= hi).any()):
+      return None
+    offs.append(off.tolist())
+  return list(zip(*offs))
+
+
 def _block_offsets(op: _Op, step: int, point, index_args, where) -> tuple:
+  if op.all_blocks is not None:
+    return op.all_blocks[step]
   hit = op.blocks.get(step)
   if hit is not None:
     return hit
@@ -176,6 +216,10 @@ def run_pipeline(body, grid, in_maps, out_maps, in_refs, out_refs, *, lead_args=
     o.mode = _mode(o.m, o.hbm, smem_blocks)
     o.nbuf = 0 if t is None else len(t[0])
   piped = [o for o in ops if o.mode == _BUFFERED]
+  if not index_args:
+    for o in ops:
+      if o.mode != _RAW:
+        o.all_blocks = _vectorised_offsets(o, points)
 
   def with_buffers(*allocs, rename=True):
     for o, (slots, sems) in zip(piped, allocs):
