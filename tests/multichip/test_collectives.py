@@ -151,3 +151,14 @@ def test_replicated_inputs_are_private_per_chip():
     out = pl.shard_map(per_chip, mesh=_mesh(2), in_specs=pl.P(), out_specs=pl.P("x"))(x.copy())
   assert np.isnan(out[:8]).all()
   np.testing.assert_array_equal(out[8:], x)
+
+
+def test_a_failing_kernel_raises_once_from_shard_map():
+  """Every chip's thread stops; the caller sees the original error once (not one frame chain per chip)."""
+  n = 8
+  x = np.ones((n * 8, 128), np.float32)
+  with pl.virtual_tpu("v5e", num_chips=n), pytest.raises(pl.SyncError, match="Deadlock") as info:
+    pl.shard_map(_handshake_kernel(n, skip_signal_from=3), mesh=_mesh(n), in_specs=pl.P("x"),
+                 out_specs=pl.P("x"))(x)
+  frames = [f.name for f in __import__("traceback").extract_tb(info.value.__traceback__)]
+  assert frames.count("collective_launch") == 1

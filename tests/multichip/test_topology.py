@@ -145,3 +145,31 @@ def test_remote_copy_from_a_sparsecore_vector_subcore():
   np.testing.assert_array_equal(out, np.concatenate([x[subcores:], x[:subcores]]))
   ici = [e for e in tpu.reports[-1].events if e[1] == "dma" and e[2] == "ici"]
   assert len(ici) == n * subcores and all(e[0][1] >= 64 for e in ici)   # issued by SC subcores
+
+
+def test_two_d_mesh_routes_dimension_order_with_exact_hop_latencies():
+  """A (4, 4) mesh on a v5e 4x4 slice (no wraparound): (0, 0) -> (2, 3) is 2 + 3 hops."""
+  def per_chip(xs):
+    @functools.partial(pl.kernel, out_type=pl.ShapeDtypeStruct((ROWS, 128), np.float32),
+                       mesh=pltpu.TensorCoreMesh("core", 1), scratch_types=[pltpu.SemaphoreType.DMA] * 2)
+    def k(x_hbm, o_hbm, s, r):
+      me = (lax.axis_index("x"), lax.axis_index("y"))
+
+      @pl.when((me[0] == 0) & (me[1] == 0))
+      def _():
+        c = pltpu.make_async_remote_copy(x_hbm, o_hbm, s, r, device_id={"x": 2, "y": 3})
+        c.start()
+        c.wait_send()
+
+      @pl.when((me[0] == 2) & (me[1] == 3))
+      def _():
+        pltpu.make_async_remote_copy(x_hbm, o_hbm, s, r, device_id=(0, 0)).wait_recv()
+    return k(xs)
+
+  x = np.arange(16 * ROWS * 128, dtype=np.float32).reshape(4 * ROWS, 4 * 128)
+  with pl.virtual_tpu("v5e", num_chips=16, topology=(4, 4)) as tpu:
+    mesh = pl.make_mesh((4, 4), ("x", "y"))
+    out = pl.shard_map(per_chip, mesh=mesh, in_specs=pl.P("x", "y"), out_specs=pl.P("x", "y"))(x)
+  np.testing.assert_array_equal(out[2 * ROWS:3 * ROWS, 3 * 128:], x[:ROWS, :128])
+  (ev,) = [e for e in tpu.reports[-1].events if e[1] == "ici"]
+  assert ev[4] - ev[3] == pytest.approx(_expected("v5e", 5), abs=1e-6)
