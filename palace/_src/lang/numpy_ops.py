@@ -68,11 +68,13 @@ dtype = np.dtype
 _F32 = dt.float32
 
 
+_FLOATS = frozenset({dt.float32, dt.bfloat16, dt.float16, dt.float8_e4m3fn, dt.float8_e5m2})
+_COMPUTE = {dt.bfloat16: _F32, dt.float16: _F32, dt.float8_e4m3fn: _F32, dt.float8_e5m2: _F32}
+
+
 def _compute_dtype(d: np.dtype) -> np.dtype:
   """Arithmetic dtype for result dtype d: narrow floats go through float32."""
-  if dt.is_float(d) and d.itemsize < 4:
-    return _F32
-  return d
+  return _COMPUTE.get(d, d)
 
 
 def _np(x, d: np.dtype | None = None):
@@ -137,43 +139,51 @@ def _elementwise(fn, op_class: str, result: str = "same", name: str = ""):
   """Build an n-ary elementwise op. result: same | bool | float | int."""
 
   def op(*args):
-    shape = None
-    strong = None
-    same = True
+    # One pass over the operands: shapes/dtypes for the fast path, readiness and data presence.
+    shape = strong = None
+    same = has_data = True
+    any_array = False
+    ready = 0
     for a in args:
-      if type(a) is Array:
+      ta = type(a)
+      if ta is Array:
+        any_array = True
+        if a._data is None:
+          has_data = False
+        if a._ready > ready:
+          ready = a._ready
         if shape is None:
-          shape = a.shape
-        elif a.shape != shape:
+          shape, strong = a.shape, a.dtype
+        elif a.shape != shape or a.dtype != strong:
           same = False
-        if strong is None:
-          strong = a.dtype
-        elif a.dtype != strong:
-          same = False
-      elif type(a) is not int and type(a) is not float and type(a) is not bool:
+      elif ta is not int and ta is not float and ta is not bool:
         same = False
-    if same and strong is not None and not _weak_promotes(args, strong):
+        if isinstance(a, Array):
+          any_array = True
+          has_data = has_data and a._data is not None
+          ready = a._ready if a._ready > ready else ready
+    if same and strong is not None and (strong in _FLOATS or not _weak_promotes(args, strong)):
       rt = strong
     else:
       rt = dt.result_type(*[dtype_of(a) for a in args])
-      shape = None
-    if shape is None:
       shape = _broadcast_shapes(op.__name__, args)
-    if result == "float" and not dt.is_float(rt):
+    if result == "float" and rt not in _FLOATS:
       rt = _F32
     out_dtype = dt.bool_ if result == "bool" else rt
     data = None
     ex = executor.maybe_current()
-    if not (ex is not None and ex.timing_only and shape) and _has_data(*args):
-      cd = _compute_dtype(rt)
+    if has_data and not (ex is not None and ex.timing_only and shape):
+      cd = _COMPUTE.get(rt, rt)
+      vals = [(a._data if a._data.dtype == cd else a._data.astype(cd)) if type(a) is Array else _np(a, cd)
+              for a in args]
       if ex is not None:  # kernels run under np.errstate(all="ignore") set once per core (sim)
-        data = fn(*[_np(a, cd) for a in args])
+        data = fn(*vals)
       else:
         with np.errstate(all="ignore"):
-          data = fn(*[_np(a, cd) for a in args])
+          data = fn(*vals)
       if data.dtype != out_dtype:
         data = data.astype(out_dtype)
-    return _out(data, shape, out_dtype, ready_of(*args), op_class, _is_arr(*args))
+    return _out(data, shape, out_dtype, ready, op_class, any_array)
 
   op.__name__ = name or getattr(fn, "__name__", "op")
   op.__doc__ = f"Elementwise `{op.__name__}` (cost class: {op_class})."
