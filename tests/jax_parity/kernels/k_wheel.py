@@ -3,7 +3,11 @@
 import jax
 import numpy as np
 from jax.experimental.pallas.ops.tpu import all_gather
+from jax.experimental.pallas.ops.tpu import flash_attention
 from jax.experimental.pallas.ops.tpu import matmul
+from jax.experimental.pallas.ops.tpu import megablox
+from jax.experimental.pallas.ops.tpu import paged_attention
+from jax.experimental.pallas.ops.tpu import splash_attention
 
 NUM_DEVICES = 4
 
@@ -38,3 +42,39 @@ def case_wheel_all_gather_hbm():
     xs = jax.device_put(x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x")))
     return all_gather.all_gather(xs, mesh=mesh, axis_name="x", memory_space=jax.experimental.pallas.ANY)
   return run, (_ints((NUM_DEVICES * 8, 256), 53),), None
+
+
+def _normal(*shape, seed):
+  return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def case_wheel_flash_attention_causal():
+  q, k, v = (_normal(1, 2, 256, 128, seed=s) for s in (54, 55, 56))
+  return (lambda a, b, c: flash_attention.flash_attention(a, b, c, causal=True, sm_scale=0.125)), (q, k, v), \
+      (1e-5, 1e-5)
+
+
+def case_wheel_paged_attention():
+  q = _normal(2, 4, 128, seed=57)
+  kp, vp = _normal(2, 8, 16, 128, seed=58), _normal(2, 8, 16, 128, seed=59)
+  lengths = np.array([37, 64], np.int32)
+  idx = np.array([[0, 1, 2, 3], [4, 5, 6, 7]], np.int32)
+  return (lambda *a: paged_attention.paged_attention(*a, pages_per_compute_block=2)), \
+      (q, kp, vp, lengths, idx), (1e-5, 1e-5)
+
+
+def case_wheel_megablox_gmm():
+  lhs, rhs = _ints((512, 256), 60), _ints((3, 256, 128), 61)
+  sizes = np.array([128, 256, 128], np.int32)
+  return (lambda a, b, c: megablox.gmm(a, b, c, np.float32, (128, 128, 128))), (lhs, rhs, sizes), None
+
+
+def case_wheel_splash_attention_causal():
+  heads, seq = 2, 256
+  mask = splash_attention.MultiHeadMask([splash_attention.CausalMask((seq, seq)) for _ in range(heads)])
+  bs = splash_attention.BlockSizes(block_q=128, block_kv=128, block_kv_compute=128, block_q_dkv=128,
+                                   block_kv_dkv=128, block_kv_dkv_compute=128, block_q_dq=128,
+                                   block_kv_dq=128)
+  kernel = splash_attention.make_splash_mha_single_device(mask, block_sizes=bs)
+  q, k, v = (_normal(heads, seq, 128, seed=s) for s in (62, 63, 64))
+  return kernel, (q, k, v), (1e-5, 1e-5)
