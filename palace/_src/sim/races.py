@@ -26,7 +26,9 @@ reshape (each view is its own buffer).
 Uninitialised reads (`uninitialized="raise"`): a byte mask per tracked allocation (core scratch, and
 `outputs[...]` HBM buffers that still hold the NaN/sentinel fill). Stores and DMA data movement copy
 definedness like valgrind; a load of a never-written element raises UninitializedReadError, and so does
-the end of a launch that leaves elements of an output unwritten.
+the end of a launch that leaves elements of an output unwritten. Exception: a pipeline's input block
+(`args[i] block`) may be read with its ragged padding unwritten (as long as part of the window was
+copied in): JAX defines that padding as garbage that the kernel masks.
 
 Unchecked accesses (`disable_bounds_checks=True`, as on hardware): the out-of-bounds part of a load reads
 garbage (NaN for floats, the int sentinel for ints), the out-of-bounds part of a store is dropped, and a
@@ -117,7 +119,9 @@ class KernelChecks:
     if self.init is not None:
       self.init.moved(req)
 
-  def free(self, buf) -> None:
+  def free(self, core, buf) -> None:
+    if core.machine.shared_buffers.get((core.share_group, buf.key)) is buf:
+      return  # shared scratch lives until every core that uses it is done
     if self.races is not None:
       self.races.shadows.pop(id(buf), None)
     if self.init is not None:
@@ -522,6 +526,8 @@ class InitTracker:
     m = mv[index] if index else mv
     if m.all():
       return
+    if buf.name.endswith(" block") and not buf.name.startswith("outputs[") and m.any():
+      return  # the padding of a ragged input block: garbage by definition, masked by the kernel
     bad = np.argwhere(m.min(axis=-1) == 0)
     first = tuple(int(i) for i in bad[0]) if bad.size else ()
     region = _region(buf.shape, index)

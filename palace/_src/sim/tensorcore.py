@@ -249,7 +249,7 @@ class TensorCore:
   def free(self, buf: Buffer) -> None:
     self.named_buffers.pop(buf.key, None)
     if self.checks is not None:
-      self.checks.free(buf)
+      self.checks.free(self, buf)
     if buf.core is not self:
       return  # a shared allocation owned by another core
     info = self.live.pop(id(buf), None)
