@@ -300,29 +300,32 @@ def _steps_inner(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_arg
                  index_args, sync):
   kernel_refs_in = [o.hbm if o.mode == _RAW else None for o in ops_in]
   kernel_refs_out = [o.hbm if o.mode == _RAW else None for o in ops_out]
+  ins = [(k, o) for k, o in enumerate(ops_in) if o.mode != _RAW]
+  outs = [(k, o) for k, o in enumerate(ops_out) if o.mode != _RAW]
+  buffered_in = [o for _, o in ins if o.mode == _BUFFERED]
+  buffered_out = [o for _, o in outs if o.mode == _BUFFERED]
+  per_step = [o for _, o in ins + outs if o.all_blocks is None]
+  grid_stack = ex.grid_stack
+  last = n - 1
   for s in range(n):
     point = points[s]
-    ex.grid_stack[-1] = (point, grid)
+    grid_stack[-1] = (point, grid)
     ex.grid_step()
     # ---- inputs: start every missing current block first (the prologue issues all of step 0's
     # copies before waiting any), then per input wait the current block and prefetch ahead
-    for o in ops_in:
-      if o.mode == _BUFFERED and s not in o.fetched:
-        cur = _block_offsets(o, s, point, index_args, "")
+    for o in buffered_in:
+      if s not in o.fetched:
+        cur = o.all_blocks[s] if o.all_blocks is not None else _block_offsets(o, s, point, index_args, "")
         if s == 0 or cur != o.cur:
           _start_fetch(o, s, cur)
-    for k, o in enumerate(ops_in):
-      if o.mode == _RAW:
-        continue
-      cur = _block_offsets(o, s, point, index_args, "")
+    for k, o in ins:
+      cur = o.all_blocks[s] if o.all_blocks is not None else _block_offsets(o, s, point, index_args, "")
       if o.mode == _ALIAS:
         if s == 0 or cur != o.cur:
           o.cur = cur
           kernel_refs_in[k] = _alias_view(o, cur, point)
         continue
       if s == 0 or cur != o.cur:
-        if s not in o.fetched:
-          _start_fetch(o, s, cur)
         slot, desc = o.fetched.pop(s)
         if desc is not None:
           desc.wait()
@@ -330,17 +333,16 @@ def _steps_inner(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_arg
         kernel_refs_in[k] = o.slots[slot]
       prev = cur
       for t in range(s + 1, min(n, s + o.nbuf)):
-        nxt = _block_offsets(o, t, points[t], index_args, "")
+        nxt = o.all_blocks[t] if o.all_blocks is not None else \
+            _block_offsets(o, t, points[t], index_args, "")
         if nxt != prev and t not in o.fetched:
           _start_fetch(o, t, nxt)
         prev = nxt
         if not o.m.use_lookahead:
           break
     # ---- outputs: pick the slot for this step's block
-    for k, o in enumerate(ops_out):
-      if o.mode == _RAW:
-        continue
-      cur = _block_offsets(o, s, point, index_args, "")
+    for k, o in outs:
+      cur = o.all_blocks[s] if o.all_blocks is not None else _block_offsets(o, s, point, index_args, "")
       if o.mode == _ALIAS:
         if s == 0 or cur != o.cur:
           o.cur = cur
@@ -362,25 +364,22 @@ def _steps_inner(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_arg
         kernel_refs_out[k] = o.slots[slot]
     body(*lead_args, *kernel_refs_in, *kernel_refs_out, *tail_args, **tail_kwargs)
     # ---- outputs: write back blocks that change next step (or at the end)
-    for o in ops_out:
-      if o.mode != _BUFFERED:
-        continue
-      last = s == n - 1
-      if not last:
-        nxt = _block_offsets(o, s + 1, points[s + 1], index_args, "")
-      if last or nxt != o.cur:
-        o.written.add(o.cur)
-        views = _copy_views(o, o.cur, o.cur_slot)
-        if views is not None:
-          desc = AsyncCopyDescriptor(views[1], views[0], o.sem_views[o.cur_slot], site=_PIPELINE_SITE)
-          desc.start()
-          if sync:
-            desc.wait()
-          else:
-            o.pending_wb[o.cur_slot] = desc
-    for o in ops_in:
-      o.blocks.pop(s, None)
-    for o in ops_out:
+    for o in buffered_out:
+      if s != last:
+        nxt = o.all_blocks[s + 1] if o.all_blocks is not None else \
+            _block_offsets(o, s + 1, points[s + 1], index_args, "")
+        if nxt == o.cur:
+          continue
+      o.written.add(o.cur)
+      views = _copy_views(o, o.cur, o.cur_slot)
+      if views is not None:
+        desc = AsyncCopyDescriptor(views[1], views[0], o.sem_views[o.cur_slot], site=_PIPELINE_SITE)
+        desc.start()
+        if sync:
+          desc.wait()
+        else:
+          o.pending_wb[o.cur_slot] = desc
+    for o in per_step:
       o.blocks.pop(s, None)
   for o in ops_out:
     for desc in o.pending_wb.values():

@@ -52,6 +52,10 @@ class DmaPolicy:
     return self.rng.random() < 0.5
 
 
+def _arrival_order(p):
+  return p[0], p[1]
+
+
 class _Abort(BaseException):
   """Unwinds the threads of a failed launch."""
 
@@ -172,9 +176,21 @@ class Machine:
       if self.checks is not None:
         self.checks.acquire(slot, ())
       return 0
-    if not slot.pending:
+    pending = slot.pending
+    if not pending:
       return None
-    slot.pending.sort(key=lambda p: (p[0], p[1]))
+    if len(pending) == 1:  # the common case: one copy or signal in flight on this semaphore
+      cycle, _, amount, rec, src = pending[0]
+      if slot.value + amount < value:
+        return None
+      del pending[0]
+      slot.value += amount
+      if rec is not None:
+        self._apply(rec, src)
+      if self.checks is not None:
+        self.checks.acquire(slot, [(cycle, _, amount, rec, src)])
+      return cycle
+    pending.sort(key=_arrival_order)
     total = slot.value
     for j, p in enumerate(slot.pending):
       total += p[2]
