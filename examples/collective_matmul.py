@@ -157,8 +157,7 @@ def sparsecore_driven(x, y, mesh):
   scratch = [pltpu.SemaphoreType.DMA, pltpu.SemaphoreType.DMA, pltpu.SemaphoreType.REGULAR]
 
   def tc_body(x_hbm, y_hbm, o_hbm, xg_hbm, send_sem, recv_sem, landed):
-    me, right, left = _ring(n_chips)
-    _handshake(left, right)
+    me = lax.axis_index(AXIS)
 
     def body(x_slots, y_vmem, o_vmem, load_sems, out_sems):
       load_y = pltpu.make_async_copy(y_hbm, y_vmem, out_sems.at[1])
@@ -189,6 +188,7 @@ def sparsecore_driven(x, y, mesh):
 
   def sc_body(x_hbm, y_hbm, o_hbm, xg_hbm, send_sem, recv_sem, landed):
     me, right, left = _ring(n_chips)
+    _handshake(left, right)   # with the neighbours' SparseCore subcores: they are running this kernel
     for s in range(n_chips - 1):
       row = lax.rem(me + n_chips - s, n_chips) * m
       src = x_hbm if s == 0 else xg_hbm.at[pl.ds(row, m)]
