@@ -127,3 +127,7 @@ def dynamic_update_slice(x, update, start_indices):
     data = np.array(jnp._np(x), copy=True)
     data[idx] = jnp._np(update)
   return jnp._out(data, tuple(x.shape), x.dtype, jnp.ready_of(x, update), "xlu", jnp._is_arr(x, update))
+
+
+__all__ = sorted(n for n in globals() if not n.startswith("_") and n not in
+                 {"annotations", "np", "dt", "jnp", "Array", "ShapeError", "concrete_int"})

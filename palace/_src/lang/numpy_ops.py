@@ -783,3 +783,8 @@ class _ValueAt:
 
 
 _bind_methods()
+
+
+_PRIVATE_IMPORTS = {"annotations", "builtins", "math", "ml_dtypes", "np", "dt", "executor", "Array",
+                    "OutOfBoundsError", "ShapeError", "UsageError", "dtype_of", "ready_of", "user_frame_summary"}
+__all__ = sorted(n for n in globals() if not n.startswith("_") and n not in _PRIVATE_IMPORTS)
