@@ -151,7 +151,7 @@ def _run(body, kname, out_type, mesh, scratch_types, params, args):
     return programs
 
   launch.execute(kname, build)
-  return tree_unflatten(out_td, [b.storage for b in out_hbm])
+  return launch.like_inputs(tree_unflatten(out_td, [b.storage for b in out_hbm]), args)
 
 
 def _make_cores(machine, chip_index, mesh, params, kname):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextvars
+import sys
 
 import numpy as np
 
@@ -14,6 +15,7 @@ from palace._src.lang.array import Array
 from palace._src.lang.primitives import scoped
 from palace._src.lang.refs import Ref
 from palace._src.sim.machine import active_tpu
+from palace._src.util import tree_flatten, tree_map
 
 _INT_FILL = {np.dtype(np.int32): np.iinfo(np.int32).min, np.dtype(np.int16): np.iinfo(np.int16).min,
              np.dtype(np.int8): np.iinfo(np.int8).min}
@@ -40,13 +42,29 @@ def to_host_array(x, name: str) -> np.ndarray:
     raise UsageError(f"{name} is a mutable ref: pass refs to pl.kernel (mutated in place) or close "
                      f"over them; pallas_call takes arrays (use input_output_aliases to update in place).")
   if hasattr(x, "__jax_array__") or type(x).__module__.startswith("jax"):
-    x = np.asarray(x)
+    try:
+      x = np.asarray(x)
+    except Exception as e:  # noqa: BLE001  jax's TracerArrayConversionError & co.
+      if "Tracer" not in type(e).__name__:
+        raise
+      raise UsageError(f"{name} is a JAX tracer: palace kernels run eagerly on concrete arrays. Inside "
+                       f"jax.jit, wrap the palace function with pl.jax_callable(f).") from None
   a = np.asarray(x)
   d = dt.canonicalize(a.dtype)
   if d != a.dtype:
     a = a.astype(d)
   dt.check_kernel_dtype(a.dtype, name)
   return a
+
+
+def like_inputs(out, args):
+  """Kernel results as jax.Arrays when an input was a jax.Array (the caller uses JAX), else NumPy."""
+  jax = sys.modules.get("jax")
+  if jax is None or not hasattr(jax, "Array"):
+    return out
+  if not any(isinstance(x, jax.Array) for x in tree_flatten(args)[0]):
+    return out
+  return tree_map(lambda a: jax.numpy.asarray(a) if isinstance(a, np.ndarray) else a, out)
 
 
 def hbm_input(a: np.ndarray, name: str, chip: int = 0) -> Buffer:

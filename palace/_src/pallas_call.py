@@ -248,7 +248,7 @@ def _call(kernel, kname, out_shape, grid, grid_spec, aliases, params, args):
 
   launch.execute(kname, build, _num_points(grid))
   results = [b.storage for b in out_bufs]
-  return tree_unflatten(out_td, results)
+  return launch.like_inputs(tree_unflatten(out_td, results), args)
 
 
 def megacore_split(chip, grid, semantics, kname):
