@@ -7,8 +7,9 @@ from palace._src.core import (ANY, BlockSpec, Blocked, BoundedSlice, Buffered, C
                               CostEstimate, Element, GridSpec, MemoryRef, MemorySpace,
                               ShapeDtypeStruct, Squeezed, no_block_spec, squeezed)
 from palace._src.errors import (BlockSpecError, MemorySpaceError, OutOfBoundsError, PalaceError,
-                                ResourceError, ShapeError, SyncError, TracingError, UnsupportedError,
-                                UsageError)
+                                RaceError, ResourceError, ShapeError, SyncError, TracingError,
+                                UninitializedReadError, UnsupportedError, UsageError)
+from palace._src.explore import ScheduleReport, explore_schedules
 from palace._src.lang.array import Array
 from palace._src.lang.primitives import (debug_print, loop, multiple_of, num_programs, program_id,
                                          run_scoped, semaphore_read, semaphore_signal, semaphore_wait,
@@ -22,6 +23,7 @@ from palace._src.lang.host_refs import empty_ref, free_ref, freeze, new_ref
 from palace._src.sim.machine import VirtualTPU
 from palace._src.sim.report import Report
 from palace._src.util import align_to, cdiv, next_power_of_2
+from palace._src.compat.interop import jax_callable  # last: compat's shim reads the names above
 
 dslice = ds
 virtual_tpu = VirtualTPU
