@@ -53,6 +53,9 @@ def narrowed(d: np.dtype) -> np.dtype:
 
 def check_kernel_dtype(dtype, what: str, hint: str = "") -> np.dtype:
   d = np.dtype(dtype)
+  if d.kind == "c":
+    raise ShapeError(f"Unsupported dtype for {what}: {d}; expected a real type, TPU kernels have no complex "
+                     f"numbers. Split into real and imaginary float32 parts.")
   if d in _64BIT:
     raise ShapeError(f"Unsupported dtype for {what}: {d}; expected a 32-bit or narrower type, TPUs have "
                      f"no 64-bit types. Use {_CANON_64.get(d, float32)}." + (f" {hint}" if hint else ""))

@@ -302,15 +302,21 @@ def test_grid_spec_and_grid_together():
 
 
 # ---------------------------------------------------------------- resources
+def _two_step_copy(x, block):
+  return pl.pallas_call(lambda x_ref, o_ref: None, out_shape=pl.ShapeDtypeStruct(x.shape, F32), grid=(2,),
+                        in_specs=[pl.BlockSpec(block, lambda i: (i, 0))],
+                        out_specs=pl.BlockSpec(block, lambda i: (i, 0)), name="kernel")(x)
+
+
 def test_vmem_over_scoped_limit_shows_arithmetic_and_fix():
-  x = np.zeros((2048, 1024), F32)   # 8 MiB blocks
+  x = np.zeros((4096, 1024), F32)   # two 8 MiB blocks, double-buffered
   pat = (r"VMEM over capacity for kernel 'kernel' on chip 0 core 0 \(v5e\): 32\.00 MiB requested "
          r"\(args\[0\] 2 x 8\.00 MiB block float32\[2048, 1024\] \+ outputs\[0\] 2 x 8\.00 MiB block .*\) "
-         r"but the scoped VMEM limit leaves 15\.93 MiB .*raise CompilerParams\(vmem_limit_bytes=\.\.\.\) to at "
-         r"least 34603008 \(33\.00 MiB; v5e has 128\.00 MiB of VMEM\)")
+         r"but the scoped VMEM limit leaves 15\.93 MiB .*raise CompilerParams\(vmem_limit_bytes=\.\.\.\) "
+         r"to at least 34603008 \(33\.00 MiB; v5e has 128\.00 MiB of VMEM\)")
   with pytest.raises(pl.ResourceError, match=pat) as e:
     with pl.virtual_tpu("v5e"):
-      pl.pallas_call(lambda x_ref, o_ref: None, out_shape=pl.ShapeDtypeStruct(x.shape, F32), name="kernel")(x)
+      _two_step_copy(x, (2048, 1024))
   assert isinstance(e.value, MemoryError)
 
 
@@ -454,8 +460,9 @@ def test_index_map_arity_mismatch():
 
 
 def test_rank0_vmem_block():
-  with pytest.raises(pl.BlockSpecError, match=r"Block shape for args\[0\] \(= \(\)\) is rank 0; expected rank "
-                                              r">= 1.*pltpu\.SMEM"):
+  pat = (r"Block shape for args\[0\] \(= \(\)\) is rank 0; expected rank "
+         r">= 1.*pltpu\.SMEM")
+  with pytest.raises(pl.BlockSpecError, match=pat):
     _call(lambda x, o: None)(np.float32(3))
 
 
@@ -463,8 +470,9 @@ def test_incompatible_operand_shapes():
   def kernel(x_ref, o_ref):
     o_ref[...] = x_ref[...] + x_ref[0:4, 0:64]
 
-  with pytest.raises(pl.ShapeError, match=r"Incompatible shapes for jnp\.add at grid point \(\) .*: \(8, 128\), "
-                                          r"\(4, 64\); expected shapes that broadcast"):
+  pat = (r"Incompatible shapes for jnp\.add at grid point \(\) .*: \(8, 128\), "
+         r"\(4, 64\); expected shapes that broadcast")
+  with pytest.raises(pl.ShapeError, match=pat):
     _call(kernel)(X[:8, :128])
 
 
@@ -472,7 +480,8 @@ def test_value_index_out_of_bounds():
   def kernel(x_ref, o_ref):
     o_ref[0] = x_ref[...][8]
 
-  with pytest.raises(pl.OutOfBoundsError, match=r"Index \(8,\) out of bounds for a value of shape \(8, 128\)"):
+  pat = (r"Index \(8,\) out of bounds for a value of shape \(8, 128\)")
+  with pytest.raises(pl.OutOfBoundsError, match=pat):
     _call(kernel)(X[:8, :128])
 
 
@@ -486,8 +495,28 @@ def test_float_value_as_ref_index():
 
 
 def test_vmem_over_physical_capacity_says_limit_cannot_help():
-  x = np.zeros((2048, 1024), F32)
-  with pytest.raises(pl.ResourceError, match=r"\(v4\): 32\.00 MiB requested .*raising vmem_limit_bytes cannot "
-                                             r"help: v4 has only 16\.00 MiB of VMEM"):
+  x = np.zeros((4096, 1024), F32)
+  pat = (r"\(v4\): 32\.00 MiB requested .*raising vmem_limit_bytes cannot "
+         r"help: v4 has only 16\.00 MiB of VMEM")
+  with pytest.raises(pl.ResourceError, match=pat):
     with pl.virtual_tpu("v4"):
-      pl.pallas_call(lambda x_ref, o_ref: None, out_shape=pl.ShapeDtypeStruct(x.shape, F32))(x)
+      _two_step_copy(x, (2048, 1024))
+
+
+def test_scratch_entry_must_be_an_allocation_type():
+  pat = (r"scratch\[1\] = ShapeDtypeStruct\(shape=\(8, 128\), dtype=float32\) is "
+         r"not an allocation type; use pltpu\.VMEM\(shape, dtype\)")
+  with pytest.raises(pl.UsageError, match=pat):
+    _call(lambda o, a, b: None,
+          scratch_shapes=[pltpu.VMEM((8, 128), F32), pl.ShapeDtypeStruct((8, 128), F32)])()
+
+
+def test_buffered_needs_a_buffer():
+  with pytest.raises(pl.UsageError, match=r"pl\.Buffered\(buffer_count=0\): expected at least 1 buffer"):
+    pl.Buffered(0)
+
+
+def test_unsupported_operand_dtype():
+  pat = (r"Unsupported dtype for args\[0\]: complex128; expected a real type")
+  with pytest.raises(pl.ShapeError, match=pat):
+    _call(lambda x, o: None)(np.zeros((8, 128), np.complex128))

@@ -349,10 +349,10 @@ def test_virtual_tpu_selects_chip_and_default_is_documented(x):
 
 def test_default_scoped_vmem_limit_depends_on_chip():
   # 2 x 12 MiB blocks fit the 32 MiB default of v6e but not the 16 MiB default of v5e
-  big = np.zeros((3072, 1024), np.float32)
-  call = pl.pallas_call(_copy, out_shape=pl.ShapeDtypeStruct((8, 1024), np.float32),
-                        in_specs=[pl.BlockSpec((3072, 1024), lambda: (0, 0))],
-                        out_specs=pl.BlockSpec((8, 1024), lambda: (0, 0)))
+  big = np.zeros((6144, 1024), np.float32)
+  call = pl.pallas_call(_copy, out_shape=pl.ShapeDtypeStruct((8, 1024), np.float32), grid=(2,),
+                        in_specs=[pl.BlockSpec((3072, 1024), lambda i: (i, 0))],
+                        out_specs=pl.BlockSpec((8, 1024), lambda i: (0, 0)))
   with pl.virtual_tpu("v6e"):
     with pytest.raises(pl.ShapeError):   # the shapes differ; only reached when VMEM fits
       call(big)
