@@ -67,9 +67,11 @@ def jax_callable(f, out_shape=None, *, tpu=None, vmap_method=None):
     t_leaves, t_td = tree_flatten(types)
 
     def host(*host_args):
-      ctx = run_tpu if run_tpu is not None else VirtualTPU()
-      with ctx:
+      token = _active.set(run_tpu if run_tpu is not None else VirtualTPU())
+      try:           # not `with run_tpu:`, which may be active in this very thread already
         res = f(*[np.asarray(a) for a in host_args])
+      finally:
+        _active.reset(token)
       r_leaves, r_td = tree_flatten(res)
       if len(r_leaves) != len(t_leaves):
         raise UsageError(f"pl.jax_callable({getattr(f, '__name__', 'f')}): returned {len(r_leaves)} "
