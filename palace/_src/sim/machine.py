@@ -354,7 +354,7 @@ class Machine:
       buf, index, value, slot, dma, site = c.blocked_on
       what = f"DMA {dma.describe}" if dma is not None else f"semaphore {buf.name}"
       rows.append(f"chip {c.chip_index} core {c.core_id} waits at {fmt_site(site)} for {what}: "
-                  f"needs {value}, has {slot.value}" +
+                  f"needs {value}, has {slot.value + sum(p[2] for p in slot.pending)}" +
                   (f" ({fmt_bytes(value)} of DMA data)" if dma is not None else "") +
                   ("" if not c.grid_stack else f" at grid point {c.grid_stack[-1][0]}"))
     return SyncError(f"Deadlock in kernel '{self.kernel_name}': no core can make progress.\n  " +

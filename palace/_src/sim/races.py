@@ -113,6 +113,8 @@ class KernelChecks:
       rec.req = _clip_dma(rec.req)
     if self.races is not None:
       self.races.dma_start(core, rec)
+    if self.init is not None:
+      self.init._view(rec.req.dst_buf)  # start tracking the destination before any data lands in it
     return rec.req
 
   def moved(self, req) -> None:
@@ -454,28 +456,27 @@ def _describe(m, buf, a: _Acc) -> str:
 
 
 def _race_error(m, buf, o: _Acc, n: _Acc) -> RaceError:
-  if o.dma is not None and n.dma is not None:
-    hint = ("Two DMAs touch the same data concurrently: wait for the first (.wait()) before starting the "
-            "second, or give them disjoint buffers.")
-  elif o.dma is not None and o.kind == "r":
+  if o.dma is not None and o.kind == "r":
     hint = ("The copy may still be reading its source: wait for it (.wait(), or .wait_send() for a remote "
             "copy) before overwriting the source.")
-  elif o.dma is not None:
-    remote = o.tid != n.tid
+  elif o.dma is not None and not (n.dma is not None and n.kind != "r"):
     hint = ("The copy's data lands at its completion: " +
             ("it is a copy from another core/chip, so wait for it with .wait_recv() (its receive "
-             "semaphore) before touching the destination." if remote else
+             "semaphore) before touching the destination." if o.tid != n.tid else
              "wait for it (.wait()) before touching its destination."))
+  elif o.dma is not None:
+    hint = ("Two DMAs write the same data concurrently: wait for the first (.wait()) before starting the "
+            "second, or give them disjoint destinations.")
   elif n.dma is not None:
     hint = ("The DMA was started on another core without waiting for that access: signal a semaphore "
             "after the access and wait on it before starting the copy (or use a barrier).")
   else:
     hint = ("Two cores access the same data with no synchronisation between them: order them with a "
             "semaphore signal/wait or a barrier, or give each core its own block.")
-  where = "" if buf.memory_space in (MemorySpace.ANY, MemorySpace.HBM) else \
-      f", {buf.memory_space} of chip {buf.chip}" + (f" core {buf.core.core_id}" if buf.core else "")
+  where = str(buf.memory_space) if buf.core is None else \
+      f"{buf.memory_space} of chip {buf.chip} core {buf.core.core_id}"
   return RaceError(
-      f"Data race in kernel '{m.kernel_name}' on {buf.name} ({buf.memory_space}{where}):\n"
+      f"Data race in kernel '{m.kernel_name}' on {buf.name} ({where}):\n"
       f"  first:  {_describe(m, buf, o)}\n  second: {_describe(m, buf, n)}\n"
       f"Neither access is ordered before the other by a semaphore wait, DMA wait or barrier. {hint}")
 

@@ -388,11 +388,14 @@ class TensorCore:
       # arrivals not yet applied by a wait (signals, DMA byte counts) count too
       value = None if slot is None else slot.value + sum(p[2] for p in slot.pending)
       if value:
+        dma = next((p[3] for p in slot.pending if p[3] is not None), None)
         raise SyncError(
             f"Semaphore {buf.name}{list(idx) if idx else ''} ({buf.sem_kind}) is {value}, not 0, "
-            f"{when} on chip {self.chip_index} core {self.core_id} in kernel '{self.kernel_name}'. "
-            f"Every signal (and every DMA's byte count) must be waited for; check the matching "
-            f"semaphore_wait / .wait() calls.")
+            f"{when} on chip {self.chip_index} core {self.core_id} in kernel '{self.kernel_name}'. " +
+            ("" if dma is None else f"DMA {dma.req.describe} started at {fmt_site(dma.req.site)} was "
+             f"never waited: did you forget .wait()? ") +
+            "Every signal (and every DMA's byte count) must be waited for; check the matching "
+            "semaphore_wait / .wait() calls.")
 
   def finish(self) -> int:
     for buf in list(self.sem_buffers):
