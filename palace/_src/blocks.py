@@ -103,8 +103,9 @@ def canonicalize(spec, shape, dtype, name: str, num_index_args: int,
     rank = len(shape)
     index_map = lambda *args: (0,) * rank  # noqa: E731
   n = int(mode.buffer_count)
-  if space == MemorySpace.SMEM:
-    n = 1
+  whole = all(k == BLOCKED and sz == dim for (k, sz, _), dim in zip(dims, shape))
+  if space == MemorySpace.SMEM or (whole and spec.pipeline_mode is None):
+    n = 1  # a block that covers the whole array is fetched once: one buffer ([xla-cost] VMEM rule)
   return BlockMapping(name, shape, dtype, dims, index_map, space, n, bool(mode.use_lookahead))
 
 

@@ -160,9 +160,11 @@ def _block_offsets(op: _Op, step: int, point, index_args, where) -> tuple:
     for d, ((kind, size, pad), off, dim) in enumerate(zip(m.dims, offsets, m.array_shape)):
       limit_lo = -pad if kind == ELEMENT else 0
       if off < limit_lo or off >= dim + (pad if kind == ELEMENT else 0):
+        ex = executor.current()
         raise OutOfBoundsError(
-            f"Block index out of bounds for {m.name} (shape {m.array_shape}) at grid point {point} "
-            f"{where}: index_map returned {idx}, i.e. element offset {off} in dim {d} of size {dim}. "
+            f"Block index out of bounds for {m.name} (shape {m.array_shape}) at grid point {point}"
+            f"{' ' + where if where else ''} on chip {ex.chip_index} core {ex.core_id}: index_map "
+            f"returned {idx}, i.e. element offset {off} in dim {d} of size {dim}. "
             f"Check the index_map and the grid.")
   op.blocks[step] = offsets
   return offsets
