@@ -155,7 +155,10 @@ def chips(sources):
               help="Write one Perfetto trace per launch into this folder.")
 @click.option("--timeline", type=click.Path(dir_okay=False), help="Write the last launch's timeline PNG.")
 @click.option("--max-reports", default=10, show_default=True, help="Print at most this many full reports.")
-def run(file, script_args, chip, num_chips, timing_only, trace, trace_dir, timeline, max_reports):
+@click.option("--jax", "jax_source", is_flag=True,
+              help="FILE is written for JAX Pallas: its `import jax...` lines get palace (palace.compat).")
+def run(file, script_args, chip, num_chips, timing_only, trace, trace_dir, timeline, max_reports,
+        jax_source=False):
   """Run FILE.py on a virtual TPU and print the report of every kernel launch.
 
   The script runs as `__main__` inside `pl.virtual_tpu(CHIP)`; kernels it launches outside any
@@ -173,7 +176,11 @@ def run(file, script_args, chip, num_chips, timing_only, trace, trace_dir, timel
   status = 0
   try:
     with tpu:
-      runpy.run_path(path, run_name="__main__")
+      if jax_source:
+        from palace._src.compat import run_path
+        run_path(path, "__main__", script_args)
+      else:
+        runpy.run_path(path, run_name="__main__")
   except SystemExit as e:
     status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
   except PalaceError as e:
