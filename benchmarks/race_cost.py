@@ -1,0 +1,96 @@
+"""Cost of the opt-in bug checks: a 2048^3 f32 tiled matmul (512 blocks) with and without
+`detect_races=True` (and `uninitialized="raise"`), plus a step-bound kernel (grid 4096, (8, 128) blocks)
+where the per-access bookkeeping is not hidden behind NumPy matmuls.
+
+Prints wall-time ratios (best of several runs, so a busy machine does not dominate) on v5e (one core) and
+v5p (megacore: two cores, so access records are kept and compared across cores).
+Run: .venv/bin/python benchmarks/race_cost.py [size] [block]
+"""
+import sys
+import time
+
+import numpy as np
+
+import palace as pl
+import palace.numpy as jnp
+from palace import tpu as pltpu
+
+
+def _mm_kernel(x_ref, y_ref, z_ref, acc_ref):
+  @pl.when(pl.program_id(2) == 0)
+  def _():
+    acc_ref[...] = jnp.zeros_like(acc_ref)
+
+  acc_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
+
+  @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
+  def _():
+    z_ref[...] = acc_ref[...].astype(z_ref.dtype)
+
+
+def matmul(x, y, b):
+  """The benchmarks/matmul_vs_numpy.py kernel: grid (m/b, n/b, k/b), reduction axis last."""
+  m, k = x.shape
+  n = y.shape[1]
+  return pl.pallas_call(
+      _mm_kernel, out_shape=pl.ShapeDtypeStruct((m, n), x.dtype), grid=(m // b, n // b, k // b),
+      in_specs=[pl.BlockSpec((b, b), lambda i, j, k: (i, k)), pl.BlockSpec((b, b), lambda i, j, k: (k, j))],
+      out_specs=pl.BlockSpec((b, b), lambda i, j, k: (i, j)),
+      scratch_shapes=[pltpu.VMEM((b, b), jnp.float32)],
+      compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary")))(x, y)
+
+
+def _best(fn, reps):
+  best = float("inf")
+  for _ in range(reps):
+    t0 = time.perf_counter()
+    fn()
+    best = min(best, time.perf_counter() - t0)
+  return best
+
+
+def _timed(chip, fn, reps, **checks):
+  def run():
+    with pl.virtual_tpu(chip, trace=False, **checks):
+      fn()
+  return _best(run, reps)
+
+
+def _step_kernel(n=4096):
+  x = np.ones((8 * n, 128), np.float32)
+  f = pl.pallas_call(lambda x_ref, o_ref: o_ref.__setitem__(..., x_ref[...] * 2.0),
+                     out_shape=pl.ShapeDtypeStruct(x.shape, x.dtype), grid=(n,),
+                     in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+                     out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)))
+  return lambda: f(x)
+
+
+def main():
+  size = int(sys.argv[1]) if len(sys.argv) > 1 else 2048
+  block = int(sys.argv[2]) if len(sys.argv) > 2 else 512
+  rng = np.random.default_rng(0)
+  x = rng.standard_normal((size, size)).astype(np.float32)
+  y = rng.standard_normal((size, size)).astype(np.float32)
+  mm = lambda: matmul(x, y, block)  # noqa: E731
+  with pl.virtual_tpu("v5e", detect_races=True):
+    np.testing.assert_allclose(matmul(x, y, block), x @ y, rtol=2e-3, atol=2e-3)
+  rows = []
+  for chip in ("v5e", "v5p"):
+    base = _timed(chip, mm, 3)
+    races = _timed(chip, mm, 3, detect_races=True)
+    both = _timed(chip, mm, 3, detect_races=True, uninitialized="raise")
+    rows.append((f"matmul {size}^3 f32, {block} blocks", chip, base, races, both))
+  step = _step_kernel()
+  base = _timed("v5e", step, 2)
+  races = _timed("v5e", step, 2, detect_races=True)
+  both = _timed("v5e", step, 2, detect_races=True, uninitialized="raise")
+  rows.append(("elementwise, grid 4096, (8,128) blocks", "v5e", base, races, both))
+  print(f"{'kernel':42s} {'chip':5s} {'default s':>10s} {'races s':>9s} {'ratio':>6s} "
+        f"{'+uninit s':>10s} {'ratio':>6s}")
+  for name, chip, b, r, u in rows:
+    print(f"{name:42s} {chip:5s} {b:10.3f} {r:9.3f} {r / b:6.2f} {u:10.3f} {u / b:6.2f}")
+  print(f"detect_races=True cost on the {size}^3 matmul (v5e): {rows[0][3] / rows[0][2]:.2f}x wall time")
+
+
+if __name__ == "__main__":
+  main()
