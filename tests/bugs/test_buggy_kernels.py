@@ -305,8 +305,8 @@ def test_protocol_semaphore_left_nonzero():
     pl.semaphore_signal(sem, 1, device_id={"core": 1 - c})   # BUG: nobody waits
 
   with pl.virtual_tpu("v5p"), pytest.raises(
-      pl.SyncError, match=r"Semaphore scratch\[0\] \(regular\) is 1, not 0, at the end of its run_scoped region "
-                          r"on chip 0 core \d"):
+      pl.SyncError, match=r"Semaphore scratch\[0\] \(regular\) is 1, not 0, at the end of its "
+                          r"run_scoped region on chip 0 core \d"):
     k(X)
 
 
@@ -364,8 +364,8 @@ def test_bounds_dma_window_on_the_second_core():
     pltpu.sync_copy(buf, o_hbm.at[pl.ds(c * 8, 8)])
 
   with pl.virtual_tpu("v5p"), pytest.raises(
-      pl.OutOfBoundsError, match=r"Slice \[12:20\] out of bounds for axis 0 of args\[0\] \(shape \(16, 128\), "
-                                 r"any\) on chip 0 core 1"):
+      pl.OutOfBoundsError, match=r"Slice \[12:20\] out of bounds for axis 0 of args\[0\] \(shape "
+                                 r"\(16, 128\), any\) on chip 0 core 1"):
     k(X)
 
 
