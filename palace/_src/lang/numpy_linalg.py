@@ -11,6 +11,7 @@ import builtins
 
 import numpy as np
 
+from palace._src import blas
 from palace._src import dtypes as dt
 from palace._src import executor
 from palace._src.errors import ShapeError, UsageError
@@ -81,7 +82,7 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     va, vb = _mxu_operands(a, b, k)
     va = np.transpose(va, list(lb) + lf + list(lc)).reshape(bsz, m, k)
     vb = np.transpose(vb, list(rb) + list(rc) + rf).reshape(bsz, k, n)
-    data = np.matmul(va, vb).reshape(out_shape)
+    data = blas.matmul(va, vb).reshape(out_shape)
   return _finish_matmul(a, b, data, out_shape, out_d, m, k, n, bsz)
 
 
