@@ -520,3 +520,12 @@ def test_unsupported_operand_dtype():
   pat = (r"Unsupported dtype for args\[0\]: complex128; expected a real type")
   with pytest.raises(pl.ShapeError, match=pat):
     _call(lambda x, o: None)(np.zeros((8, 128), np.complex128))
+
+
+def test_integer_to_negative_power():
+  def kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[...] ** -1
+
+  pat = r"Invalid operands for jnp\.power at grid point \(\) .*negative integer powers"
+  with pytest.raises(pl.ShapeError, match=pat):
+    _call(kernel, out_dtype=np.int32)(np.ones((8, 128), np.int32))

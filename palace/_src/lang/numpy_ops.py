@@ -17,7 +17,7 @@ import numpy as np
 
 from palace._src import dtypes as dt
 from palace._src import executor
-from palace._src.errors import OutOfBoundsError, ShapeError, UsageError
+from palace._src.errors import ShapeError, UsageError
 from palace._src.lang.array import Array, dtype_of, ready_of
 from palace._src.util import user_frame_summary
 
@@ -176,11 +176,16 @@ def _elementwise(fn, op_class: str, result: str = "same", name: str = ""):
       cd = _COMPUTE.get(rt, rt)
       vals = [(a._data if a._data.dtype == cd else a._data.astype(cd)) if type(a) is Array else _np(a, cd)
               for a in args]
-      if ex is not None:  # kernels run under np.errstate(all="ignore") set once per core (sim)
-        data = fn(*vals)
-      else:
-        with np.errstate(all="ignore"):
+      try:
+        if ex is not None:  # kernels run under np.errstate(all="ignore") set once per core (sim)
           data = fn(*vals)
+        else:
+          with np.errstate(all="ignore"):
+            data = fn(*vals)
+      except ValueError as e:  # e.g. integers to negative integer powers (JAX rejects them too)
+        raise ShapeError(f"Invalid operands for jnp.{op.__name__}{' ' + ex.where() if ex else ''}: {e} "
+                         f"(dtypes {', '.join(str(dtype_of(a)) for a in args)}). "
+                         f"({user_frame_summary()})") from None
       if data.dtype != out_dtype:
         data = data.astype(out_dtype)
     return _out(data, shape, out_dtype, ready, op_class, any_array)
@@ -714,77 +719,12 @@ def _bind_methods():
   Array.flatten = ravel
   for red in (sum, prod, max, min, mean, argmax, argmin, any, all):
     setattr(Array, red.__name__, red)
-  Array.__getitem__ = _array_getitem
-  Array.at = property(lambda self: _ValueAt(self))
-
-
-def _static_index(shape, idx):
-  """(idx as a tuple, shape of x[idx]) for a static index; runtime indices and bad ones are errors."""
-  if not isinstance(idx, tuple):
-    idx = (idx,)
-  for i in idx:
-    if isinstance(i, Array):
-      raise UsageError("Indexing a value with a runtime index is not supported in kernels; store the "
-                       "value in a ref and index the ref with pl.ds(start, size), or use lax.dynamic_slice.")
-  try:
-    probe = np.broadcast_to(np.zeros((), np.int8), shape)[idx]
-  except IndexError as e:
-    raise OutOfBoundsError(f"Index {idx!r} out of bounds for a value of shape {shape}: {e}. "
-                           f"({user_frame_summary()})") from None
-  return idx, probe.shape
-
-
-def _array_getitem(self, idx):
-  """Static indexing of a value (slices, ints, None, Ellipsis); dynamic indices need refs + pl.ds."""
-  idx, shape = _static_index(self.shape, idx)
-  return _shape_op(self, lambda v: v[idx], shape, "xlu")
-
-
-class _ValueAt:
-  """`x.at[idx].set(v)` / `.add` / `.multiply` / `.min` / `.max` / `.get()` with a static index."""
-  __slots__ = ("_x", "_idx")
-
-  def __init__(self, x, idx=None):
-    self._x, self._idx = x, idx
-
-  def __getitem__(self, idx):
-    return _ValueAt(self._x, idx)
-
-  def get(self):
-    return self._x[self._idx]
-
-  def _update(self, value, fn):
-    x = self._x
-    idx, shape = _static_index(x.shape, self._idx)
-    _broadcast_shapes("at[].set", (value, np.empty(shape, np.int8)))
-    data = None
-    if _has_data(x, value):
-      cd = _compute_dtype(x.dtype)
-      data = np.array(_np(x, cd), copy=True)
-      upd = _np(value, cd)
-      data[idx] = upd if fn is None else fn(data[idx], upd)
-      data = data.astype(x.dtype, copy=False)
-    return _out(data, x.shape, x.dtype, ready_of(x, value), "cheap", True)
-
-  def set(self, value):
-    return self._update(value, None)
-
-  def add(self, value):
-    return self._update(value, np.add)
-
-  def multiply(self, value):
-    return self._update(value, np.multiply)
-
-  def min(self, value):  # noqa: A003
-    return self._update(value, np.minimum)
-
-  def max(self, value):  # noqa: A003
-    return self._update(value, np.maximum)
 
 
 _bind_methods()
 
 
 _PRIVATE_IMPORTS = {"annotations", "builtins", "math", "ml_dtypes", "np", "dt", "executor", "Array",
-                    "OutOfBoundsError", "ShapeError", "UsageError", "dtype_of", "ready_of", "user_frame_summary"}
+                    "ShapeError", "UsageError", "dtype_of", "ready_of",
+                    "user_frame_summary"}
 __all__ = sorted(n for n in globals() if not n.startswith("_") and n not in _PRIVATE_IMPORTS)

@@ -14,7 +14,7 @@ from palace._src import dtypes as dt
 from palace._src import executor
 from palace._src.core import Buffer, MemorySpace, is_hbm
 from palace._src.errors import MemorySpaceError, OutOfBoundsError, ShapeError, UsageError
-from palace._src.lang import numpy_linalg, numpy_ops  # noqa: F401  (bind Array operators)
+from palace._src.lang import numpy_indexing, numpy_linalg, numpy_ops  # noqa: F401  (bind Array operators)
 from palace._src.lang.array import Array, concrete_int
 from palace._src.lang.indexed import is_index_source, make_indexed
 from palace._src.util import prod, user_frame_summary

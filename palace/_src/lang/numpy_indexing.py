@@ -1,0 +1,81 @@
+"""Indexing palace values (L4a): `x[idx]` and `x.at[idx].set(...)` with static indices.
+
+Runtime indices belong on refs (`ref[pl.ds(i, n)]`) or in `lax.dynamic_slice`.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from palace._src.errors import OutOfBoundsError, UsageError
+from palace._src.lang.array import Array, ready_of
+from palace._src.lang.numpy_ops import (_broadcast_shapes, _compute_dtype, _has_data, _np, _out,
+                                        _shape_op)
+from palace._src.util import user_frame_summary
+
+
+def _static_index(shape, idx):
+  """(idx as a tuple, shape of x[idx]) for a static index; runtime indices and bad ones are errors."""
+  if not isinstance(idx, tuple):
+    idx = (idx,)
+  for i in idx:
+    if isinstance(i, Array):
+      raise UsageError("Indexing a value with a runtime index is not supported in kernels; store the "
+                       "value in a ref and index the ref with pl.ds(start, size), or use lax.dynamic_slice.")
+  try:
+    probe = np.broadcast_to(np.zeros((), np.int8), shape)[idx]
+  except IndexError as e:
+    raise OutOfBoundsError(f"Index {idx!r} out of bounds for a value of shape {shape}: {e}. "
+                           f"({user_frame_summary()})") from None
+  return idx, probe.shape
+
+
+def _array_getitem(self, idx):
+  """Static indexing of a value (slices, ints, None, Ellipsis); dynamic indices need refs + pl.ds."""
+  idx, shape = _static_index(self.shape, idx)
+  return _shape_op(self, lambda v: v[idx], shape, "xlu")
+
+
+class _ValueAt:
+  """`x.at[idx].set(v)` / `.add` / `.multiply` / `.min` / `.max` / `.get()` with a static index."""
+  __slots__ = ("_x", "_idx")
+
+  def __init__(self, x, idx=None):
+    self._x, self._idx = x, idx
+
+  def __getitem__(self, idx):
+    return _ValueAt(self._x, idx)
+
+  def get(self):
+    return self._x[self._idx]
+
+  def _update(self, value, fn):
+    x = self._x
+    idx, shape = _static_index(x.shape, self._idx)
+    _broadcast_shapes("at[].set", (value, np.empty(shape, np.int8)))
+    data = None
+    if _has_data(x, value):
+      cd = _compute_dtype(x.dtype)
+      data = np.array(_np(x, cd), copy=True)
+      upd = _np(value, cd)
+      data[idx] = upd if fn is None else fn(data[idx], upd)
+      data = data.astype(x.dtype, copy=False)
+    return _out(data, x.shape, x.dtype, ready_of(x, value), "cheap", True)
+
+  def set(self, value):
+    return self._update(value, None)
+
+  def add(self, value):
+    return self._update(value, np.add)
+
+  def multiply(self, value):
+    return self._update(value, np.multiply)
+
+  def min(self, value):  # noqa: A003
+    return self._update(value, np.minimum)
+
+  def max(self, value):  # noqa: A003
+    return self._update(value, np.maximum)
+
+
+Array.__getitem__ = _array_getitem
+Array.at = property(lambda self: _ValueAt(self))
