@@ -529,3 +529,19 @@ def test_integer_to_negative_power():
   pat = r"Invalid operands for jnp\.power at grid point \(\) .*negative integer powers"
   with pytest.raises(pl.ShapeError, match=pat):
     _call(kernel, out_dtype=np.int32)(np.ones((8, 128), np.int32))
+
+
+@pytest.mark.parametrize("use", ["when", "cond", "while"])
+def test_vector_conditions(use):
+  def kernel(x_ref, o_ref):
+    c = x_ref[...] > 0
+    if use == "when":
+      pl.when(c)(lambda: None)
+    elif use == "cond":
+      lax.cond(c, lambda: None, lambda: None)
+    else:
+      lax.while_loop(lambda s: c, lambda s: s, 0)
+
+  pat = r"A condition must be a scalar; got shape \(8, 128\) at grid point.*jnp\.any"
+  with pytest.raises(pl.UsageError, match=pat):
+    _call(kernel)(X[:8, :128])

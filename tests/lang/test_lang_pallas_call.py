@@ -410,3 +410,12 @@ def test_semaphore_scratch_persists_across_steps():
                        out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
                        scratch_shapes=[pltpu.SemaphoreType.REGULAR])()
   np.testing.assert_array_equal(out[::8, 0], [0, 5, 6])
+
+
+def test_index_maps_may_use_jnp_and_lax_on_grid_indices(x):
+  from palace import lax
+  out = pl.pallas_call(_copy, out_shape=pl.ShapeDtypeStruct((40, 256), np.float32), grid=(5,),
+                       in_specs=[pl.BlockSpec((8, 256), lambda i: (jnp.minimum(i, 2) + lax.rem(i, 2), 0))],
+                       out_specs=pl.BlockSpec((8, 256), lambda i: (i, 0)))(x)
+  rows = [min(i, 2) + i % 2 for i in range(5)]
+  np.testing.assert_array_equal(out, np.concatenate([x[8 * r:8 * r + 8] for r in rows]))

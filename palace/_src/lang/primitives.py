@@ -60,7 +60,10 @@ def _truth(cond) -> bool:
   if type(v) is np.bool_:
     return bool(v)
   if np.ndim(v) != 0:
-    raise UsageError(f"A condition must be a scalar; got shape {np.shape(v)}.")
+    where = f" {ex.where()}" if ex is not None else ""
+    raise UsageError(f"A condition must be a scalar; got shape {np.shape(v)}{where}. pl.when / lax.cond / "
+                     f"lax.while_loop branch on one bool: reduce with jnp.any / jnp.all, or select "
+                     f"elementwise with jnp.where. ({user_frame_summary()})")
   return bool(v)
 
 
