@@ -56,7 +56,7 @@ def make_checks(machine):
   """The machine-wide checks of a launch, or None (the default: nothing to do)."""
   tpu = machine.tpu
   races = bool(getattr(tpu, "detect_races", False))
-  uninit = getattr(tpu, "uninitialized", "nan") == "raise"
+  uninit = getattr(tpu, "uninitialized", "nan") == "raise" and not machine.timing_only  # needs data
   if not (races or uninit):
     return None
   return KernelChecks(RaceDetector(machine) if races else None,
