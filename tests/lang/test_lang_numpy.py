@@ -262,3 +262,25 @@ def test_value_at_updates(y):
   ref[5] = np.minimum(ref[5], 0)
   ref[6] = np.maximum(ref[6], 0)
   np.testing.assert_array_equal(out, ref)
+
+
+def _busy(kernel, *xs, out_shape=(8, 128)):
+  with pl.virtual_tpu("v5e") as tpu:
+    pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct(out_shape, np.float32))(*xs)
+  return tpu.reports[-1].unit_busy_cycles
+
+
+def test_every_op_is_charged_to_its_unit(y):
+  def base(x_ref, o_ref):
+    o_ref[...] = x_ref[:8]
+
+  def with_ops(x_ref, o_ref):
+    v = x_ref[...]
+    e = jnp.exp(v)                                   # EUP
+    s = jnp.sum(e, axis=-1, keepdims=True)           # cross-lane (XLU)
+    t = (e + v) * 2.0                                # VPU
+    m = jnp.dot(v[:8], jnp.ones((128, 128), jnp.float32), preferred_element_type=jnp.float32)   # MXU
+    o_ref[...] = t[:8] + s[:8] + m
+
+  b, w = _busy(base, y), _busy(with_ops, y)
+  assert w["eup"] > b["eup"] and w["xlu"] > b["xlu"] and w["vpu"] >= b["vpu"] + 2 and w["mxu"] > b["mxu"] == 0
