@@ -17,8 +17,10 @@ want_jax=${PALACE_JAX_TESTS:-$([ $# -eq 0 ] && echo 1 || echo 0)}
 # ---- JAX parity suite (jax 0.12 needs Python >= 3.12; palace's own venv stays JAX-free)
 JAX_VERSION=0.12.0.1
 jax_py=""
-for c in ${JAX_PYTHON:-} python3.13 python3.12 $(ls -d "$(pyenv root 2>/dev/null || echo /nonexistent)"/versions/3.1[23]*/bin/python3 2>/dev/null); do
-  if command -v "$c" >/dev/null 2>&1 && "$c" -c 'import sys; assert sys.version_info >= (3, 12)' 2>/dev/null; then
+pyenv_pys=$(ls -d "$(pyenv root 2>/dev/null || echo /none)"/versions/3.1[23]*/bin/python3 2>/dev/null || true)
+for c in ${JAX_PYTHON:-} python3.13 python3.12 $pyenv_pys; do
+  if command -v "$c" >/dev/null 2>&1 \
+      && "$c" -c 'import sys; assert sys.version_info >= (3, 12)' 2>/dev/null; then
     jax_py=$c; break
   fi
 done
@@ -27,7 +29,8 @@ if [ -z "$jax_py" ]; then
   exit 0
 fi
 [ -x .venv-jax/bin/python ] || "$jax_py" -m venv .venv-jax
-if ! .venv-jax/bin/python -c "import jax, palace, pytest, xdist; assert jax.__version__ == '$JAX_VERSION'" 2>/dev/null; then
+jax_ok="import jax, palace, pytest, xdist; assert jax.__version__ == '$JAX_VERSION'"
+if ! .venv-jax/bin/python -c "$jax_ok" 2>/dev/null; then
   .venv-jax/bin/python -m pip install -q --upgrade pip >/dev/null
   .venv-jax/bin/python -m pip install -q "jax==$JAX_VERSION" pytest pytest-xdist
   .venv-jax/bin/python -m pip install -q -e .

@@ -65,7 +65,8 @@ def case_smem_block_spec():
   s = np.array([3.0, -1.0], np.float32)
   x = _ints((64, 128), 23)
   f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
-                     in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM), pl.BlockSpec((64, 128), lambda: (0, 0))],
+                     in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM),
+                               pl.BlockSpec((64, 128), lambda: (0, 0))],
                      out_specs=pl.BlockSpec((64, 128), lambda: (0, 0)))
   return f, (s, x), None
 
