@@ -28,7 +28,8 @@ Uninitialised reads (`uninitialized="raise"`): a byte mask per tracked allocatio
 definedness like valgrind; a load of a never-written element raises UninitializedReadError, and so does
 the end of a launch that leaves elements of an output unwritten. Exception: a pipeline's input block
 (`args[i] block`) may be read with its ragged padding unwritten (as long as part of the window was
-copied in): JAX defines that padding as garbage that the kernel masks.
+copied in): JAX defines that padding as garbage that the kernel masks. SparseCore subcore scratch is not
+tracked (its scatter/compress vector ops write memory without telling the machine).
 
 Unchecked accesses (`disable_bounds_checks=True`, as on hardware): the out-of-bounds part of a load reads
 garbage (NaN for floats, the int sentinel for ints), the out-of-bounds part of a store is dropped, and a
@@ -350,7 +351,7 @@ class RaceDetector:
     req = rec.req
     start_vc = self._release(core)
     st = self.dmas[rec.seq] = _Dma(start_vc)
-    grid, what = _grid(core), f"DMA {req.describe}"
+    grid, what = _grid(core), req   # described only in an error message
     clock = start_vc[core.tid]
     src = _region(req.src_buf.shape, req.src_indices if req.src_indices is not None else req.src_index)
     dst = _region(req.dst_buf.shape, req.dst_indices if req.dst_indices is not None else req.dst_index)
@@ -380,7 +381,8 @@ class RaceDetector:
             continue
           o.stamp = stamp
           if _before(o, vc):
-            if (kind == "w" or o.kind == kind) and _covers(acc.region, o.region):
+            if ((kind == "w" or o.kind == kind) and _covers(acc.region, o.region)) or \
+                _before(o, self._min_vc()):   # covered by this access, or every core is past it
               o.dead = dirty = True
             continue
           if (kind == "r" and o.kind == "r") or (kind == "a" and o.kind == "a"):
@@ -450,8 +452,9 @@ def _describe(m, buf, a: _Acc) -> str:
   if a.dma is None:
     return text + f"a {a.what} at {fmt_site(a.site)} on {_who(m, a.tid, a.grid)}"
   side = "source" if a.kind == "r" else "destination"
+  what = f"DMA {a.what.describe}"
   state = "its completion was not yet awaited" if not a.obs else "awaited later"
-  return (text + f"{a.what} (the copy's {side}), started at {fmt_site(a.site)} on {_who(m, a.tid, a.grid)}; "
+  return (text + f"{what} (the copy's {side}), started at {fmt_site(a.site)} on {_who(m, a.tid, a.grid)}; "
           f"{state}")
 
 
@@ -509,6 +512,8 @@ class InitTracker:
   def _fresh(buf, root):
     if buf.memory_space == MemorySpace.SEMAPHORE:
       return None, buf.name, False
+    if getattr(buf.core, "sc_index", None) is not None:
+      return None, buf.name, False  # SparseCore vector ops (store_scatter, ...) write storage directly
     if buf.core is not None:
       return np.zeros(root.nbytes, np.uint8), buf.name, False
     if buf.name.startswith("outputs[") and _all_fill(root):
