@@ -119,7 +119,7 @@ def _jnp_names() -> dict:
       promote_types=lambda a, b: dt.canonicalize(np.promote_types(np.dtype(a), np.dtype(b))),
       result_type=lambda *xs: dt.canonicalize(np.result_type(*[np.asarray(x) if not isinstance(
           x, (type, np.dtype, str)) else np.dtype(x) for x in xs])),
-      shape=np.shape, ndim=np.ndim, size=np.size, array=_pjnp.asarray,
+      shape=np.shape, ndim=np.ndim, size=np.size, array=_pjnp.asarray, ndarray=host.Array,
       int64=np.int64, float64=np.float64, uint64=np.uint64, complex64=np.complex64,
       float8_e4m3b11fnuz=dt.float8_e4m3b11fnuz if hasattr(dt, "float8_e4m3b11fnuz") else None,
   )
