@@ -193,3 +193,14 @@ def test_promotion_is_symmetric_and_matches_in_kernel_ops():
   assert jnp.result_type(np.zeros(2, jnp.bfloat16), 1.0) == jnp.bfloat16
   assert jnp.result_type(np.zeros(2, jnp.int8), 1.0) == jnp.float32
   assert jnp.result_type(1, 2.0) == jnp.float32 and jnp.result_type(1) == jnp.int32
+
+
+def test_issubdtype_knows_tpu_types():
+  for d in (jnp.float32, jnp.bfloat16, jnp.float8_e4m3fn, jnp.float8_e5m2):
+    assert jnp.issubdtype(d, jnp.floating) and jnp.issubdtype(d, jnp.inexact)
+    assert not jnp.issubdtype(d, jnp.integer)
+  for d in (jnp.int8, jnp.int32):
+    assert jnp.issubdtype(d, jnp.signedinteger) and not jnp.issubdtype(d, jnp.floating)
+  assert jnp.issubdtype(jnp.uint8, jnp.unsignedinteger) and not jnp.issubdtype(jnp.uint8, jnp.signedinteger)
+  assert jnp.issubdtype(jnp.bfloat16, jnp.bfloat16) and not jnp.issubdtype(jnp.bfloat16, jnp.float32)
+  assert not jnp.issubdtype(jnp.bool_, jnp.integer)

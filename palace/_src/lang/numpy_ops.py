@@ -369,6 +369,26 @@ def astype(x, dtype):
   return _out(data, _shape_of(x), d, ready_of(x), "cheap", _is_arr(x))
 
 
+floating, inexact, number, integer = np.floating, np.inexact, np.number, np.integer
+signedinteger, unsignedinteger = np.signedinteger, np.unsignedinteger
+
+
+_ABSTRACT = (np.floating, np.inexact, np.number, np.integer, np.signedinteger, np.unsignedinteger, np.generic)
+
+
+def issubdtype(arg1, arg2) -> bool:
+  """`jnp.issubdtype`, with bfloat16 and fp8 as floating and int4/uint4 as integers (as in JAX)."""
+  d = dt.canonicalize(arg1, keep_64bit=True)
+  if arg2 not in _ABSTRACT:
+    return d == dt.canonicalize(arg2, keep_64bit=True)
+  if dt.is_float(d):
+    return arg2 in (np.floating, np.inexact, np.number, np.generic)
+  if d in (dt.int4, dt.uint4):
+    return arg2 in (np.integer, np.number, np.generic,
+                    np.signedinteger if d == dt.int4 else np.unsignedinteger)
+  return np.issubdtype(d, arg2)
+
+
 def promote_types(a, b) -> np.dtype:
   """`jnp.promote_types`: JAX's (x64-disabled) promotion of two dtypes."""
   return dt.result_type(dt.canonicalize(a), dt.canonicalize(b))
