@@ -48,3 +48,13 @@ def test_matmul_bf16_accumulates_in_f32(rng):
   z = matmul(x, y, 128, 128, 128, jnp.float32)
   ref = x.astype(np.float32) @ y.astype(np.float32)
   np.testing.assert_allclose(z, ref, rtol=1e-6, atol=1e-4)
+
+
+def test_matmul_example_runs(capsys):
+  import runpy
+  import pathlib
+  runpy.run_path(str(pathlib.Path(__file__).resolve().parent.parent / "examples" / "matmul.py"),
+                 run_name="__main__")
+  out = capsys.readouterr().out
+  assert "bf16 matmul 1024x1024x1024 on a virtual TPU v5e" in out
+  assert out.count("compute") >= 1
