@@ -284,6 +284,27 @@ def test_deadlock_barrier_across_chips_missing_a_signal():
     _shard(n, per_chip, x)
 
 
+def test_deadlock_polling_loop_that_nothing_can_end():
+  @_kernel(out_shape=(8, 128), mesh=pltpu.TensorCoreMesh("core", 2),
+           scratch_types=[pltpu.SemaphoreType.REGULAR, pltpu.SemaphoreType.REGULAR])
+  def k(o_hbm, flag, other):
+    c = lax.axis_index("core")
+
+    @pl.when(c == 0)
+    def _():
+      lax.while_loop(lambda n: pl.semaphore_read(flag) < 1, lambda n: n + 1, 0)   # spins forever
+
+    @pl.when(c == 1)
+    def _():
+      pl.semaphore_wait(other, 1)        # BUG: waits instead of signalling core 0's flag
+
+  with pl.virtual_tpu("v5p"), pytest.raises(
+      pl.SyncError, match=r"(?s)Deadlock.*chip 0 core 0 waits at test_buggy_kernels.py:\d+ for semaphore "
+                          r"scratch\[0\] to change from 0 \(polled with semaphore_read 1000 times\).*chip 0 "
+                          r"core 1 waits at .* for semaphore scratch\[1\]: needs 1, has 0"):
+    k()
+
+
 # ====================================================================== end-of-kernel protocol
 def test_protocol_dma_in_flight_at_kernel_end():
   @_kernel(scratch_types=[pltpu.SemaphoreType.DMA])

@@ -207,6 +207,34 @@ def test_remote_core_copy_waited_on_the_receiving_core():
     np.testing.assert_allclose(k(X), X[0:8, 0:128] + 1)
 
 
+def test_polling_handoff_with_semaphore_read():
+  @_kernel((8, 128), mesh=pltpu.TensorCoreMesh("core", 2), scratch_types=[pltpu.SemaphoreType.REGULAR])
+  def k(o_hbm, flag):
+    c = lax.axis_index("core")
+
+    @pl.when(c == 1)
+    def _():
+      def body(buf):
+        buf[...] = jnp.full((8, 128), 7.0, F32)
+        pltpu.sync_copy(buf, o_hbm)
+      pl.run_scoped(body, pltpu.VMEM((8, 128), F32))
+      pl.semaphore_signal(flag, 1, device_id={"core": 0})
+
+    @pl.when(c == 0)
+    def _():
+      lax.while_loop(lambda n: pl.semaphore_read(flag) < 1, lambda n: n + 1, 0)
+      pl.semaphore_wait(flag, 1)         # consumes the signal: ordered after core 1's copy
+
+      def body(buf):
+        pltpu.sync_copy(o_hbm, buf)
+        buf[...] = buf[...] + 1
+        pltpu.sync_copy(buf, o_hbm)
+      pl.run_scoped(body, pltpu.VMEM((8, 128), F32))
+
+  with _checked("v5p"):
+    np.testing.assert_array_equal(k(), np.full((8, 128), 8.0, np.float32))
+
+
 # ====================================================================== several chips
 def _ring_all_gather(n, bidirectional=False):
   def per_chip(xs):

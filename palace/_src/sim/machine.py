@@ -338,6 +338,16 @@ class Machine:
         sched.switch_from(core)
         return
 
+  def stuck_cores(self, core):
+    """The other unfinished cores if none of them can run (all blocked for good), else None."""
+    sched = self._sched
+    if sched is None:
+      return []
+    others = [c for c, st in sched.state.items() if c is not core and st != "done"]
+    if any(sched.state[c] != "blocked" or self._can_resume(c) for c in others):
+      return None
+    return others
+
   def _can_resume(self, core) -> bool:
     if callable(core.blocked_on[0]):
       return core.blocked_on[0]()

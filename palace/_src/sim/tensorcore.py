@@ -46,6 +46,7 @@ class TensorCore:
     self.bounds_checks = not params.disable_bounds_checks
     self.semaphore_checks = not params.disable_semaphore_checks
     self.checks = machine.checks if self.bounds_checks else machine.unchecked_checks()
+    self._poll, self._polls = None, 0   # semaphore_read polling (livelock detection)
     self.unused_dmas = {}     # descriptors made but never started nor waited: key -> (site, text, desc)
     self.grid_stack = []
     self.kernel_name = machine.kernel_name
@@ -366,9 +367,21 @@ class TensorCore:
     self.now += self.chip.scalar_op_cycles
 
   def sem_read(self, buf, index) -> int:
-    slot = self.machine.slot(buf, index)
+    m = self.machine
+    slot = m.slot(buf, index)
     self.now += self.chip.scalar_op_cycles
-    return slot.value + sum(p[2] for p in slot.pending if p[0] <= self.now)
+    m.maybe_yield(self)  # a polling loop lets the cores it waits for run
+    value = slot.value + sum(p[2] for p in slot.pending if p[0] <= self.now)
+    key = (id(slot), value)
+    self._polls = self._polls + 1 if self._poll == key else 0
+    self._poll = key
+    if self._polls >= 1000 and not slot.pending:
+      stuck = m.stuck_cores(self)
+      if stuck is not None:   # nothing can change the value: a livelock, reported as a deadlock
+        self.blocked_on = (lambda: False, f"semaphore {buf.name} to change from {value} (polled with "
+                           f"semaphore_read {self._polls} times)", user_site())
+        raise m.deadlock_error([self] + stuck)
+    return value
 
   def grid_step(self) -> None:
     # In-order VLIW issue with no software pipelining across grid steps (modelling assumption): the
