@@ -116,3 +116,29 @@ def test_disable_bounds_checks_clips_loads_stores_and_dmas_instead_of_crashing()
   with pl.virtual_tpu("v5e"):
     out = _unchecked_kernel(40)(X)        # nothing in bounds: the copy moves nothing
   np.testing.assert_array_equal(out, np.full((8, 128), -1.0, np.float32))
+
+
+def test_disable_bounds_checks_skips_out_of_bounds_rows_of_an_indexed_dma():
+  from palace import tpu_sc as plsc
+  table = np.arange(16 * 128, dtype=np.float32).reshape(16, 128)
+  idx = np.array([1, 20, 3, -2, 5, 6, 7, 0], np.int32)
+
+  def run(params):
+    mesh = plsc.VectorSubcoreMesh(core_axis_name="core", subcore_axis_name="subcore", num_cores=1,
+                                  num_subcores=1)
+
+    @functools.partial(pl.kernel, out_type=pl.ShapeDtypeStruct((8, 128), np.float32), mesh=mesh,
+                       scratch_types=[pltpu.VMEM((8,), jnp.int32), pltpu.VMEM((8, 128), F32)],
+                       compiler_params=params)
+    def gather(table_hbm, idx_hbm, out_hbm, idx_vmem, rows_vmem):
+      pltpu.sync_copy(idx_hbm, idx_vmem)
+      rows_vmem[...] = jnp.full((8, 128), -1.0, F32)
+      pltpu.sync_copy(table_hbm.at[idx_vmem], rows_vmem)
+      pltpu.sync_copy(rows_vmem, out_hbm)
+    return gather(table, idx)
+
+  with pl.virtual_tpu("v6e"), pytest.raises(pl.OutOfBoundsError, match=r"index 20 is out of bounds"):
+    run(None)
+  with pl.virtual_tpu("v6e", detect_races=True):
+    out = run(pltpu.CompilerParams(disable_bounds_checks=True))
+  np.testing.assert_array_equal(out[:, 0], [128, -1, 384, -1, 640, 768, 896, 0])

@@ -34,7 +34,7 @@ tracked (its scatter/compress vector ops write memory without telling the machin
 Unchecked accesses (`disable_bounds_checks=True`, as on hardware): the out-of-bounds part of a load reads
 garbage (NaN for floats, the int sentinel for ints), the out-of-bounds part of a store is dropped, and a
 DMA moves only the elements that are in bounds on both sides (the rest of the destination keeps its old
-contents). Indexed (SparseCore) DMAs are not clipped.
+contents); an indexed (SparseCore) DMA skips the entries whose row is out of bounds.
 """
 from __future__ import annotations
 
@@ -667,7 +667,7 @@ def _garbage_buffer(buf, shape, clip):
 def _clip_dma(req):
   """The request restricted to the elements in bounds on both sides (a copy; the original is kept)."""
   if req.src_indices is not None or req.dst_indices is not None:
-    return req
+    return _clip_indexed(req)
   sd, dd = _clip_dims(req.src_buf.shape, req.src_index), _clip_dims(req.dst_buf.shape, req.dst_index)
   if sd is None and dd is None:
     return req
@@ -684,6 +684,27 @@ def _clip_dma(req):
     return req
   req.src_index = _rebuild(sd, ranges)
   req.dst_index = _rebuild(dd, ranges)
+  return req
+
+
+def _clip_indexed(req):
+  """Drop the index entries of an indexed (gather/scatter) DMA whose row is out of bounds."""
+  gather = req.src_indices is not None
+  fancy = req.src_indices if gather else req.dst_indices
+  rows = np.asarray(fancy[0])
+  ok = (rows >= 0) & (rows < (req.src_buf if gather else req.dst_buf).shape[0])
+  if ok.all():
+    return req
+  req = copy.copy(req)
+  pos = np.nonzero(req.mask)[0] if req.mask is not None else np.arange(rows.shape[0])
+  mask = np.zeros(rows.shape[0] if req.mask is None else req.mask.shape[0], bool)
+  mask[pos[ok]] = True
+  fancy = (rows[ok],) + tuple(fancy[1:])
+  if gather:
+    req.src_indices = fancy
+  else:
+    req.dst_indices = fancy
+  req.mask = mask
   return req
 
 
