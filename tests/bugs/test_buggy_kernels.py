@@ -401,6 +401,21 @@ def test_bounds_index_map_past_the_array():
     f(X)
 
 
+def test_bounds_chip_dependent_slice_in_shard_map():
+  def per_chip(xs):
+    @_kernel(out_shape=(8, 128), scratch_types=[pltpu.VMEM((8, 128), F32)])
+    def k(x_hbm, o_hbm, buf):
+      me = lax.axis_index("x")
+      pltpu.sync_copy(x_hbm.at[pl.ds(me * 4, 8)], buf)   # BUG: rows 4:12 of an 8-row shard on chip 1
+      pltpu.sync_copy(buf, o_hbm)
+    return k(xs)
+
+  with pl.virtual_tpu("v5e", num_chips=2), pytest.raises(
+      pl.OutOfBoundsError, match=r"Slice \[4:12\] out of bounds for axis 0 of args\[0\] \(shape \(8, 128\), "
+                                 r"any\) on chip 1 core 0"):
+    _shard(2, per_chip, X)
+
+
 # ====================================================================== uninitialised memory
 def _acc_call(init: bool):
   def body(x_ref, o_ref):
@@ -444,6 +459,31 @@ def test_uninitialised_scratch_row_read_on_a_second_core():
       pl.UninitializedReadError, match=r"never-written data in scratch\[0\]\[0:8, 0:128\] \(vmem\) on chip 0 "
                                        r"core 1"):
     k(X)
+
+
+def test_uninitialised_receive_slot_read_on_another_chip():
+  n = 2
+
+  def per_chip(xs):
+    @_kernel(out_shape=(8, 128), scratch_types=[pltpu.VMEM((2, 8, 128), F32), pltpu.SemaphoreType.DMA,
+                                                pltpu.SemaphoreType.DMA],
+             compiler_params=pltpu.CompilerParams(collective_id=0))
+    def k(x_hbm, o_hbm, slots, send, recv):
+      me = lax.axis_index("x")
+      barrier = pltpu.get_barrier_semaphore()
+      pl.semaphore_signal(barrier, 1, device_id={"x": 1 - me})
+      pl.semaphore_wait(barrier, 1)
+      copy = pltpu.make_async_remote_copy(x_hbm, slots.at[0], send, recv, device_id={"x": 1 - me})
+      copy.start()
+      copy.wait()
+      slots[0] = slots[1] * 2              # BUG: the neighbour's data landed in slot 0
+      pltpu.sync_copy(slots.at[0], o_hbm)
+    return k(xs)
+
+  with pl.virtual_tpu("v5e", num_chips=n, uninitialized="raise"), pytest.raises(
+      pl.UninitializedReadError, match=r"never-written data in scratch\[0\]\[1, 0:8, 0:128\] \(vmem\) on "
+                                       r"chip \d core 0 in kernel 'k' at test_buggy_kernels.py:\d+"):
+    _shard(n, per_chip, X)
 
 
 def test_uninitialised_output_rows_left_unwritten():
