@@ -80,9 +80,12 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
   ex = executor.maybe_current()
   if not (ex is not None and ex.timing_only) and _has_data(a, b):
     va, vb = _mxu_operands(a, b, k)
-    va = np.transpose(va, list(lb) + lf + list(lc)).reshape(bsz, m, k)
-    vb = np.transpose(vb, list(rb) + list(rc) + rf).reshape(bsz, k, n)
-    data = blas.matmul(va, vb).reshape(out_shape)
+    if a.ndim == 2 and b.ndim == 2 and not lb and lc == (1,) and rc == (0,):
+      data = blas.matmul(va, vb)  # the plain (m,k)@(k,n) product: no relayout
+    else:
+      va = np.transpose(va, list(lb) + lf + list(lc)).reshape(bsz, m, k)
+      vb = np.transpose(vb, list(rb) + list(rc) + rf).reshape(bsz, k, n)
+      data = blas.matmul(va, vb).reshape(out_shape)
   return _finish_matmul(a, b, data, out_shape, out_d, m, k, n, bsz)
 
 
