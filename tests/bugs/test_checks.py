@@ -142,3 +142,18 @@ def test_disable_bounds_checks_skips_out_of_bounds_rows_of_an_indexed_dma():
   with pl.virtual_tpu("v6e", detect_races=True):
     out = run(pltpu.CompilerParams(disable_bounds_checks=True))
   np.testing.assert_array_equal(out[:, 0], [128, -1, 384, -1, 640, 768, 896, 0])
+
+
+def test_check_options_are_validated_and_work_in_timing_only_runs():
+  with pytest.raises(pl.UsageError, match=r"uninitialized='zero'.*'nan'.*'raise'"):
+    pl.virtual_tpu("v5e", uninitialized="zero")
+  f = pl.pallas_call(lambda x_ref, o_ref: o_ref.__setitem__(..., x_ref[...] * 2),
+                     out_shape=pl.ShapeDtypeStruct(X.shape, X.dtype), grid=(2,),
+                     in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+                     out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+                     compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)))
+  with pl.virtual_tpu("v5p", timing_only=True, detect_races=True, uninitialized="raise") as tpu:
+    f(X)
+  assert tpu.reports[-1].timing_only
+  with pl.virtual_tpu("v5p", timing_only=True, detect_races=True), pytest.raises(pl.RaceError):
+    _two_cores_same_block(X)
