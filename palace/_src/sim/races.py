@@ -344,8 +344,10 @@ class RaceDetector:
     vc = self._vc(core)
     scalar = not shape or buf.memory_space == MemorySpace.SMEM
     what = f"{'scalar' if scalar else 'vector'} {'load' if kind == 'r' else 'store'}"
-    acc = _Acc(kind, region, core.tid, vc[core.tid], None, None, user_site(), what, _grid(core))
-    self._check_add(buf, acc, vc, len(self.m.cores) > 1)
+    keep = len(self.m.cores) > 1   # one core: its own accesses are ordered, only DMAs can race them
+    acc = _Acc(kind, region, core.tid, vc[core.tid], None, None, user_site() if keep else None, what,
+               _grid(core))
+    self._check_add(buf, acc, vc, keep)
 
   def dma_start(self, core, rec) -> None:
     req = rec.req
@@ -388,6 +390,8 @@ class RaceDetector:
           if (kind == "r" and o.kind == "r") or (kind == "a" and o.kind == "a"):
             continue
           if _overlap(o.region, acc.region):
+            if acc.site is None:
+              acc.site = user_site()   # still in the accessing call: the user's line
             raise _race_error(self.m, buf, o, acc)
         if dirty or len(lst) > _COMPACT_AT:
           mvc = self._min_vc() if len(lst) > _COMPACT_AT else None
