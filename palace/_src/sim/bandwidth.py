@@ -116,8 +116,16 @@ def reserve(channels, start: float, nbytes: float) -> tuple[float, float]:
         for c, w in channels:
           _append_tail(c, t, end, avail * w)
         break
-    avail = min(c.free_at(t) / w for c, w in channels)
-    nxt = min(c.next_break(t) for c, _ in channels)
+    avail = nxt = float("inf")
+    for c, w in channels:
+      times = c.times
+      i = bisect.bisect_right(times, t) - 1
+      a = (c.bytes_per_cycle - (c.used[i] if i >= 0 else 0.0)) / w
+      if a < avail:
+        avail = a
+      j = bisect.bisect_right(times, t + _EPS)
+      if j < len(times) and times[j] < nxt:
+        nxt = times[j]
     if avail <= _EPS:
       if nxt == float("inf"):
         raise AssertionError("a channel is over-subscribed forever")
