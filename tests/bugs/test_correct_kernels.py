@@ -222,14 +222,14 @@ def test_polling_handoff_with_semaphore_read():
 
     @pl.when(c == 0)
     def _():
-      lax.while_loop(lambda n: pl.semaphore_read(flag) < 1, lambda n: n + 1, 0)
-      pl.semaphore_wait(flag, 1)         # consumes the signal: ordered after core 1's copy
+      lax.while_loop(lambda n: pl.semaphore_read(flag) < 1, lambda n: n + 1, 0)  # sees core 1's signal
 
       def body(buf):
         pltpu.sync_copy(o_hbm, buf)
         buf[...] = buf[...] + 1
         pltpu.sync_copy(buf, o_hbm)
       pl.run_scoped(body, pltpu.VMEM((8, 128), F32))
+      pl.semaphore_wait(flag, 1)         # consume the signal (semaphores end at 0)
 
   with _checked("v5p"):
     np.testing.assert_array_equal(k(), np.full((8, 128), 8.0, np.float32))

@@ -20,8 +20,8 @@ Every vector/scalar load and store, and every DMA's source read and destination 
 region (per-dimension ranges, or a row set for indexed DMAs) of a buffer. Two accesses conflict when their
 regions overlap, at least one writes (DMA add-writes commute with each other) and neither happens before
 the other; the first conflict raises RaceError naming both accesses. Not tracked: SparseCore vector
-gathers/scatters (`plsc.load_gather`, ...), polling with `semaphore_read`, aliases made by Ref.bitcast /
-reshape (each view is its own buffer).
+gathers/scatters (`plsc.load_gather`, ...), aliases made by Ref.bitcast / reshape (each view is its own
+buffer). A `semaphore_read` acquires the arrivals it can see, like a wait that consumes nothing.
 
 Uninitialised reads (`uninitialized="raise"`): a byte mask per tracked allocation (core scratch, and
 `outputs[...]` HBM buffers that still hold the NaN/sentinel fill). Stores and DMA data movement copy
@@ -138,6 +138,10 @@ class KernelChecks:
   def acquire(self, slot, applied) -> None:
     if self.races is not None:
       self.races.acquire(slot, applied)
+
+  def peek(self, slot, now) -> None:
+    if self.races is not None:
+      self.races.acquire(slot, [p for p in slot.pending if p[0] <= now], consume=False)
 
   def finish(self) -> None:
     if self.init is not None:
@@ -412,19 +416,21 @@ class RaceDetector:
     if core is not None:
       self.arrivals[seq] = (self._release(core), None, False)
 
-  def acquire(self, slot, applied) -> None:
+  def acquire(self, slot, applied, consume: bool = True) -> None:
+    """A wait (or, consume=False, a semaphore_read) that saw the `applied` arrivals of `slot`."""
     core = executor_mod.maybe_current()
     if core is None:
       return
     svc = self.slot_vcs.get(id(slot))
     if svc is None:
       svc = self.slot_vcs[id(slot)] = {}
+    vc0 = self._vc(core)
     dmas = []
     for p in applied:
-      ent = self.arrivals.pop(p[1], None)
+      ent = self.arrivals.pop(p[1], None) if consume else self.arrivals.get(p[1])
       if ent is None:
         continue
-      _join(svc, ent[0])
+      _join(svc if consume else vc0, ent[0])
       if ent[1] is not None:
         dmas.append((ent[1], ent[2]))
     vc = self._vc(core)

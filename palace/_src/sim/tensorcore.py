@@ -372,6 +372,8 @@ class TensorCore:
     self.now += self.chip.scalar_op_cycles
     m.maybe_yield(self)  # a polling loop lets the cores it waits for run
     value = slot.value + sum(p[2] for p in slot.pending if p[0] <= self.now)
+    if self.checks is not None:
+      self.checks.peek(slot, self.now)
     key = (id(slot), value)
     self._polls = self._polls + 1 if self._poll == key else 0
     self._poll = key
