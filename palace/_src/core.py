@@ -278,6 +278,19 @@ class Buffer:
   ready_cycle: int = 0        # when the last vector store to it finishes (timing model)
   sem_kind: SemaphoreKind | None = None
   key: tuple | None = None    # (name, allocation number) on its core: the "same" buffer on other cores
+  readers: list | None = None  # weakrefs to values holding zero-copy views of `storage`
+  aliased: bool = False       # storage shared with a bitcast/reshape view: loads always copy
+
+  def detach_readers(self) -> None:
+    """Before any write to `storage`: values read from it without a copy get their own copy now,
+    so a value never changes after it was read (copy on write)."""
+    readers = self.readers
+    if readers:
+      for r in readers:
+        value = r()
+        if value is not None and value._data is not None and value._data.base is not None:
+          value._data = value._data.copy()
+      readers.clear()
 
   @property
   def nbytes(self) -> int:

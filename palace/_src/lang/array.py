@@ -14,7 +14,7 @@ from palace._src.util import user_frame_summary
 
 
 class Array:
-  __slots__ = ("_data", "shape", "dtype", "_ready")
+  __slots__ = ("_data", "shape", "dtype", "_ready", "__weakref__")
   __array_priority__ = 1000  # so `np_array + Array` defers to Array
 
   def __init__(self, data, shape, dtype, ready=0):

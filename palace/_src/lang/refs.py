@@ -7,6 +7,7 @@ loads through the executor and returns an Array; `ref[...] = v` stores.
 from __future__ import annotations
 
 import dataclasses
+import weakref
 
 import numpy as np
 
@@ -211,7 +212,16 @@ class Ref:
     view = self if (idx is Ellipsis or (isinstance(idx, tuple) and not idx)) else self._view(idx)
     view._check_access("Load", not view.shape)
     data, ready = ex.load(self.buf, view._np_index, view.shape)
-    return Array(data, view.shape, self.buf.dtype, ready)
+    value = Array(data, view.shape, self.buf.dtype, ready)
+    if data is not None and data.base is not None and data.ndim:
+      # a zero-copy view of the buffer: the next write to the buffer detaches it (copy on write)
+      buf = self.buf
+      if buf.readers is None:
+        buf.readers = []
+      elif len(buf.readers) > 64:
+        buf.readers = [r for r in buf.readers if r() is not None]
+      buf.readers.append(weakref.ref(value))
+    return value
 
   def __setitem__(self, idx, value):
     ex = executor.maybe_current()
@@ -251,6 +261,7 @@ class Ref:
       raise UsageError(f"{self.buf.name} has been frozen or freed; it can no longer be written.")
     view = self._view(idx)
     v = np.asarray(value)
+    self.buf.detach_readers()
     try:
       self.buf.storage[view._np_index] = v.astype(self.buf.dtype, copy=False)
     except ValueError as e:
@@ -270,8 +281,7 @@ class Ref:
         raise UsageError("bitcast between widths needs data")
       storage = self.buf.storage.view(d)
       shape = storage.shape
-    nb = dataclasses.replace(self.buf, storage=storage, shape=shape, dtype=d)
-    return Ref(nb)
+    return Ref(self._alias(storage=storage, shape=shape, dtype=d))
 
   def reshape(self, *shape) -> "Ref":
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
@@ -280,7 +290,7 @@ class Ref:
       raise ShapeError(f"Cannot reshape {self.origin()} of shape {self.shape} to {tuple(shape)}.")
     if self._full:
       storage = None if self.buf.storage is None else self.buf.storage.reshape(shape)
-      return Ref(dataclasses.replace(self.buf, storage=storage, shape=tuple(shape)))
+      return Ref(self._alias(storage=storage, shape=tuple(shape)))
     # a view (e.g. `bufs.at[slot].reshape(...)`): allowed when it is contiguous, so the result aliases it
     probe = np.empty(self.buf.shape, np.int8)[self._np_index] if self.buf.storage is None else \
         self.buf.storage[self._np_index]
@@ -288,7 +298,14 @@ class Ref:
       raise UsageError(f"Ref.reshape of the view {self.origin()}: palace reshapes only contiguous views "
                        f"(leading-dimension slices of a ref).")
     storage = None if self.buf.storage is None else probe.reshape(shape)
-    return Ref(dataclasses.replace(self.buf, storage=storage, shape=tuple(shape)))
+    return Ref(self._alias(storage=storage, shape=tuple(shape)))
+
+  def _alias(self, **changes) -> Buffer:
+    """A buffer sharing this one's storage (bitcast/reshape views). Both sides then copy on load,
+    since a write through one is invisible to the other's copy-on-write bookkeeping."""
+    self.buf.detach_readers()
+    self.buf.aliased = True
+    return dataclasses.replace(self.buf, readers=None, aliased=True, **changes)
 
 
 def _coerce_store(view: Ref, value, timing_only: bool):

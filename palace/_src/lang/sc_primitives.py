@@ -83,6 +83,7 @@ def _scatter(ref: Ref, indices, x, mask, add: bool):
     idx = tuple(i[m] if isinstance(i, np.ndarray) else i for i in idx)
     vals = vals[m]
   if ref.buf.storage is not None:
+    ref.buf.detach_readers()
     if add:
       np.add.at(ref.buf.storage, idx, vals)
     else:
@@ -120,6 +121,7 @@ def store_compressed(ref: Ref, x, *, mask):
   m = _mask(mask, vals.shape[0])
   packed = vals[m]
   if ref.buf.storage is not None:
+    ref.buf.detach_readers()
     view = ref.buf.storage[ref._np_index]
     flat = view.reshape(-1).copy()
     flat[:packed.size] = packed
@@ -132,6 +134,7 @@ def addupdate_compressed(ref: Ref, x, *, mask):
   m = _mask(mask, vals.shape[0])
   packed = vals[m]
   if ref.buf.storage is not None:
+    ref.buf.detach_readers()
     view = ref.buf.storage[ref._np_index]
     view.reshape(-1)[:packed.size] += packed.astype(view.dtype)
   _charge(vals.shape, ref.dtype, ready_of(x), "store")
@@ -213,6 +216,7 @@ def fetch_and_add(x_ref: Ref, value, *, subcore_id):
   ex = executor.current("plsc.fetch_and_add()")
   target = ex.peer_subcore_buffer(x_ref.buf, concrete_int(subcore_id, "subcore_id"))
   old = target.storage[x_ref._np_index].copy()
+  target.detach_readers()
   target.storage[x_ref._np_index] = old + np.asarray(concrete_value(value), target.dtype)
   ex.scalar_op()
   return Array(np.asarray(old), (), x_ref.dtype, ex.now)

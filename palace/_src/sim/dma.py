@@ -114,6 +114,8 @@ def move_data(req) -> None:
   src, dst = req.src_buf.storage, req.dst_buf.storage
   if src is None or dst is None:
     return
+  if req.dst_buf.readers:
+    req.dst_buf.detach_readers()
   data = src[req.src_indices] if req.src_indices is not None else src[req.src_index]
   if req.dst_indices is not None:
     if req.mask is not None:

@@ -155,7 +155,11 @@ class TensorCore:
                         buf.ready_cycle, "load")
     if self.timing_only or buf.storage is None:
       return None, ready
-    return np.array(buf.storage[index], copy=True), ready
+    if buf.aliased:
+      return np.array(buf.storage[index], copy=True), ready
+    view = buf.storage[index]  # zero-copy: writers detach it first (Buffer.detach_readers)
+    view.flags.writeable = False
+    return view, ready
 
   def store(self, buf: Buffer, index, shape, data, ready: int) -> None:
     if self.checks is not None:
@@ -163,6 +167,8 @@ class TensorCore:
       if alt is not None:
         index, data = alt
     if buf.storage is not None and data is not None:
+      if buf.readers:
+        buf.detach_readers()
       buf.storage[index] = data
     if not shape or buf.memory_space == MemorySpace.SMEM:
       self.now += self.chip.scalar_op_cycles

@@ -1,0 +1,67 @@
+"""Loads are zero-copy views of VMEM; a value must still never change after it was read."""
+import functools
+
+import numpy as np
+
+import palace as pl
+import palace.numpy as jnp
+from palace import tpu as pltpu
+
+
+def _run(body, *args, policy="eager"):
+  out = pl.ShapeDtypeStruct((4, 8, 128), np.float32)
+  k = pl.kernel(body, out_type=out, mesh=pltpu.TensorCoreMesh("core", 1),
+                scratch_types=[pltpu.VMEM((8, 128), jnp.float32), pltpu.SemaphoreType.DMA])
+  with pl.virtual_tpu("v5e", dma_policy=policy):
+    return k(*args)
+
+
+def test_value_survives_stores_dma_and_sync_copy_into_its_buffer():
+  x = np.arange(8 * 128, dtype=np.float32).reshape(8, 128)
+
+  def body(x_hbm, o_hbm, buf, sem):
+    buf[...] = jnp.ones((8, 128), jnp.float32)
+    before = buf[...]                     # a view of buf
+    row = buf[2]                          # a view of one row
+    buf[...] = jnp.zeros((8, 128), jnp.float32) + 7.0   # vector store into the viewed buffer
+    after_store = buf[...]
+    pltpu.sync_copy(x_hbm, buf)           # DMA into the viewed buffer
+    buf[1] = buf[0] * 0 - 1.0             # partial store
+    buf[...] = before + row               # the old values, not the new ones
+    pltpu.sync_copy(buf, o_hbm.at[0])
+    buf[...] = after_store
+    pltpu.sync_copy(buf, o_hbm.at[1])
+    c = pltpu.make_async_copy(x_hbm, buf, sem)
+    c.start()
+    c.wait()
+    v = buf[...]
+    pltpu.sync_copy(buf, o_hbm.at[2])
+    buf[...] = v * 2                      # read-modify-write of the same buffer
+    pltpu.sync_copy(buf, o_hbm.at[3])
+
+  for policy in ("eager", "on_wait", "random"):
+    out = _run(body, x, policy=policy)
+    np.testing.assert_array_equal(out[0], np.full((8, 128), 2.0, np.float32))
+    np.testing.assert_array_equal(out[1], np.full((8, 128), 7.0, np.float32))
+    np.testing.assert_array_equal(out[2], x)
+    np.testing.assert_array_equal(out[3], 2 * x)
+
+
+def test_accumulator_pattern_reads_the_old_value():
+  def kernel(x_ref, o_ref, acc_ref):
+    @pl.when(pl.program_id(0) == 0)
+    def _():
+      acc_ref[...] = jnp.zeros_like(acc_ref)
+    old = acc_ref[...]
+    acc_ref[...] += x_ref[...]
+    o_ref[...] = old                      # the value before this step's update
+
+  x = np.arange(4 * 8 * 128, dtype=np.float32).reshape(4 * 8, 128)
+  f = pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct((4 * 8, 128), np.float32), grid=(4,),
+                     in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+                     out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+                     scratch_shapes=[pltpu.VMEM((8, 128), jnp.float32)])
+  out = f(x).reshape(4, 8, 128)
+  blocks = x.reshape(4, 8, 128)
+  expected = np.concatenate([np.zeros((1, 8, 128), np.float32), np.cumsum(blocks, axis=0)[:-1]])
+  np.testing.assert_array_equal(out, expected)
