@@ -115,29 +115,31 @@ def load_expanded(ref: Ref, *, mask):
   return Array(out, out.shape, ref.dtype, _charge(out.shape, ref.dtype, ref.buf.ready_cycle, "load"))
 
 
-def store_compressed(ref: Ref, x, *, mask):
-  """The masked lanes of x are packed to the front of ref."""
+def _compressed(ref: Ref, x, mask, add: bool) -> None:
+  """Pack the masked lanes of x to the front of ref, storing or (add) accumulating them."""
   vals = _vals(x)
   m = _mask(mask, vals.shape[0])
   packed = vals[m]
   if ref.buf.storage is not None:
     ref.buf.detach_readers()
     view = ref.buf.storage[ref._np_index]
-    flat = view.reshape(-1).copy()
-    flat[:packed.size] = packed
+    flat = view.reshape(-1).copy()  # the view may be strided: work on a flat copy, write it back
+    if add:
+      flat[:packed.size] += packed.astype(view.dtype)
+    else:
+      flat[:packed.size] = packed
     view[...] = flat.reshape(view.shape)
   _charge(vals.shape, ref.dtype, ready_of(x), "store")
 
 
+def store_compressed(ref: Ref, x, *, mask):
+  """The masked lanes of x are packed to the front of ref."""
+  _compressed(ref, x, mask, add=False)
+
+
 def addupdate_compressed(ref: Ref, x, *, mask):
-  vals = _vals(x)
-  m = _mask(mask, vals.shape[0])
-  packed = vals[m]
-  if ref.buf.storage is not None:
-    ref.buf.detach_readers()
-    view = ref.buf.storage[ref._np_index]
-    view.reshape(-1)[:packed.size] += packed.astype(view.dtype)
-  _charge(vals.shape, ref.dtype, ready_of(x), "store")
+  """The masked lanes of x are packed to the front of ref and added to what is there."""
+  _compressed(ref, x, mask, add=True)
 
 
 def _vector_result(x, data, dtype=None, op="cheap"):
