@@ -32,10 +32,10 @@ from palace._src.errors import (BlockSpecError, OutOfBoundsError, SyncError, Uns
                                 UsageError)
 from palace._src.lang.array import concrete_int
 from palace._src.lang.primitives import (_scalar, axis_index, axis_size, num_programs, program_id,
-                                         run_scoped)
+                                         run_scoped, sem_target)
 from palace._src.lang.indexed import IndexedRef
 from palace._src.lang.refs import Ref, Slice
-from palace._src.lang.tpu_primitives import AsyncCopyDescriptor, sync_copy
+from palace._src.lang.tpu_primitives import _start_trusted, sync_copy
 from palace._src.util import tree_flatten, tree_unflatten
 
 
@@ -46,7 +46,7 @@ class _Op:
   """Pipeline state of one operand."""
   __slots__ = ("m", "hbm", "slots", "sems", "is_out", "blocks", "cur", "cur_slot", "fetched",
                "next_slot", "pending_wb", "written", "squeezed", "sem_views", "mode", "nbuf",
-               "bounds_checks", "views", "all_blocks")
+               "bounds_checks", "views", "all_blocks", "sem_targets", "simple")
 
   def __init__(self, m: BlockMapping, hbm: Ref, is_out: bool):
     self.m, self.hbm, self.is_out = m, hbm, is_out
@@ -62,10 +62,13 @@ class _Op:
     self.bounds_checks = executor.current().bounds_checks
     self.views = {}
     self.all_blocks = None  # every step's offsets, when the index map vectorises
+    self.sem_targets = ()   # per slot: (semaphore buffer, index) of sem_views[slot]
+    # no squeezed dims and a whole-array source: block views are plain windows (the fast path)
+    self.simple = not self.squeezed and isinstance(hbm, Ref) and hbm._full
 
 
 def _copy_views(op: _Op, offsets, slot: int):
-  """(hbm view, vmem view) for the in-bounds part of the block at `offsets` (None if none is);
+  """(hbm view, vmem view, bytes) for the in-bounds part of the block at `offsets` (None if none is);
   cached per (block, slot): revisited blocks (matmul operands) reuse their views."""
   key = (offsets, slot)
   hit = op.views.get(key)
@@ -78,6 +81,14 @@ def _copy_views(op: _Op, offsets, slot: int):
 
 def _make_copy_views(op: _Op, offsets, slot: int):
   m = op.m
+  if op.simple:
+    vmem = op.slots[slot]
+    sizes = vmem.shape
+    for off, size, dim in zip(offsets, sizes, m.array_shape):
+      if off < 0 or off + size > dim:
+        break
+    else:  # the whole block is in bounds: a plain window of the source
+      return Ref.window(op.hbm.buf, offsets, sizes), vmem, vmem.nbytes
   starts, sizes, vstarts = [], [], []
   ragged = False
   for (kind, size, _), off, dim in zip(m.dims, offsets, m.array_shape):
@@ -98,9 +109,9 @@ def _make_copy_views(op: _Op, offsets, slot: int):
       op.hbm.at[tuple(st if d in op.squeezed else Slice(st, sz)
                       for d, (st, sz) in enumerate(zip(starts, sizes)))]
   if not ragged:
-    return hbm, op.slots[slot]
+    return hbm, op.slots[slot], hbm.nbytes
   vsizes = [sz for d, sz in enumerate(sizes) if d not in op.squeezed]
-  return hbm, Ref.window(op.slots[slot].buf, vstarts, vsizes)
+  return hbm, Ref.window(op.slots[slot].buf, vstarts, vsizes), hbm.nbytes
 
 
 def _vectorised_offsets(op: _Op, points):
@@ -230,6 +241,7 @@ def run_pipeline(body, grid, in_maps, out_maps, in_refs, out_refs, *, lead_args=
         for r in slots:  # errors on the kernel's block refs name the operand (args[0], outputs[1])
           r.buf.name = f"{o.m.name} block"
       o.sem_views = [sems.at[i] for i in range(o.nbuf)]
+      o.sem_targets = [sem_target(v, "DMA semaphore") for v in o.sem_views]
     _steps(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tail_kwargs or {},
            index_args, sync)
 
@@ -273,14 +285,15 @@ def _steps(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tai
     ex.grid_stack.pop()
 
 
-def _start_fetch(op: _Op, step: int, offsets):
+def _start_fetch(ex, op: _Op, step: int, offsets):
   slot = op.next_slot
   op.next_slot = (slot + 1) % op.nbuf
   views = _copy_views(op, offsets, slot)
   desc = None
   if views is not None:
-    desc = AsyncCopyDescriptor(views[0], views[1], op.sem_views[slot], site=_PIPELINE_SITE)
-    desc.start()
+    sem_buf, sem_idx = op.sem_targets[slot]
+    desc = _start_trusted(ex, views[0], views[1], op.sem_views[slot], sem_buf, sem_idx, views[2],
+                          _PIPELINE_SITE)
   op.fetched[step] = (slot, desc)
 
 
@@ -319,7 +332,7 @@ def _steps_inner(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_arg
       if s not in o.fetched:
         cur = o.all_blocks[s] if o.all_blocks is not None else _block_offsets(o, s, point, index_args, "")
         if s == 0 or cur != o.cur:
-          _start_fetch(o, s, cur)
+          _start_fetch(ex, o, s, cur)
     for k, o in ins:
       cur = o.all_blocks[s] if o.all_blocks is not None else _block_offsets(o, s, point, index_args, "")
       if o.mode == _ALIAS:
@@ -338,7 +351,7 @@ def _steps_inner(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_arg
         nxt = o.all_blocks[t] if o.all_blocks is not None else \
             _block_offsets(o, t, points[t], index_args, "")
         if nxt != prev and t not in o.fetched:
-          _start_fetch(o, t, nxt)
+          _start_fetch(ex, o, t, nxt)
         prev = nxt
         if not o.m.use_lookahead:
           break
@@ -375,8 +388,9 @@ def _steps_inner(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_arg
       o.written.add(o.cur)
       views = _copy_views(o, o.cur, o.cur_slot)
       if views is not None:
-        desc = AsyncCopyDescriptor(views[1], views[0], o.sem_views[o.cur_slot], site=_PIPELINE_SITE)
-        desc.start()
+        sem_buf, sem_idx = o.sem_targets[o.cur_slot]
+        desc = _start_trusted(ex, views[1], views[0], o.sem_views[o.cur_slot], sem_buf, sem_idx,
+                              views[2], _PIPELINE_SITE)
         if sync:
           desc.wait()
         else:

@@ -88,6 +88,12 @@ class Ref:
     The caller has bounds-checked it; used by pipelines on every step, so it skips validation."""
     self = cls.__new__(cls)
     self.buf = buf
+    if not squeezed:
+      self.shape = sizes = tuple(sizes)
+      self.dims = tuple([(st, sz, 1) for st, sz in zip(starts, sizes)])
+      self._full = sizes == buf.shape and not any(starts)
+      self._np_index = () if self._full else tuple([slice(st, st + sz) for st, sz in zip(starts, sizes)])
+      return self
     dims, shape, npi = [], [], []
     for d, (st, sz) in enumerate(zip(starts, sizes)):
       if d in squeezed:

@@ -17,7 +17,7 @@ import numpy as np
 from palace._src.core import Buffer, MemoryRef, MemorySpace, SemaphoreKind, SemaphoreRefType
 from palace._src.errors import ResourceError, SyncError, UsageError
 from palace._src.sim import cost
-from palace._src.sim.dma import DmaRecord, direction, hbm_sides, move_data, transfer_timing
+from palace._src.sim.dma import DmaRecord, move_data, plan, planned_timing
 from palace._src.util import fmt_bytes, fmt_site, user_site
 
 _SENTINEL = {np.dtype(np.int32): np.iinfo(np.int32).min, np.dtype(np.int16): np.iinfo(np.int16).min,
@@ -73,6 +73,7 @@ class TensorCore:
     self.blocked_on = None
     self.alloc_seq = 0
     self._chans = None        # this core's DMA channels (resolved at the first copy)
+    self._dma_plans = {}      # (src space, dst space) -> dma.plan
     self._eager = machine.dma_policy.name == "eager"
     self._vcost = {}          # memo of cost.vector_cost / matmul_cycles for this launch
     self._mcost = {}
@@ -273,13 +274,15 @@ class TensorCore:
 
   # ------------------------------------------------------------------ DMA
   def dma_start(self, req) -> None:
-    self.now += self.chip.dma_issue_cycles
-    self.unit_busy["scalar"] += self.chip.dma_issue_cycles
+    issue = self.chip.dma_issue_cycles
+    now = self.now = self.now + issue
+    self.unit_busy["scalar"] += issue
     m = self.machine
-    rec = DmaRecord(req, m.next_seq(), self)
-    rec.issue_cycle = self.now
+    m._seq += 1
+    rec = DmaRecord(req, m._seq, self)
+    rec.issue_cycle = now
     src_ready = req.src_buf.ready_cycle
-    start = self.now if self.now > src_ready else src_ready
+    start = now if now > src_ready else src_ready
     target_chip = self.chip_index
     if req.device_id is not None or req.core_index is not None:
       target_chip, core = req.device_id if req.device_id is not None else (self.chip_index,
@@ -295,7 +298,12 @@ class TensorCore:
       rec.req = req
     if self.checks is not None:
       req = self.checks.dma_start(self, rec)
-    kind = direction(req.src_buf.memory_space, req.dst_buf.memory_space)
+    dst_space = req.dst_buf.memory_space
+    key = (req.src_buf.memory_space, dst_space)
+    p = self._dma_plans.get(key)
+    if p is None:
+      p = self._dma_plans[key] = plan(self.chip, *key)
+    kind = p[0]
     chans = self._chans
     if chans is None:
       chans = self._chans = self.dma_channels()
@@ -304,16 +312,16 @@ class TensorCore:
       read_done = e
       kind = "ici"
     else:
-      s, e, done = transfer_timing(self.chip, *chans, start, req.nbytes, kind)
-      read_done = e
-      rec.hbm_sides = hbm_sides(kind)
+      s, read_done, done = planned_timing(p, chans, start, req.nbytes)
+      rec.hbm_sides = p[4]
     rec.start_cycle, rec.done_cycle, rec.read_done_cycle = s, done, read_done
     if done > self.horizon:
       self.horizon = done
-    self.trace.count_dma(kind, req.nbytes)
-    if self.trace.on:
-      self.trace.add(self.tid, "dma", kind, s, done, {"copy": req, "bytes": req.nbytes})
-    if self.timing_only and req.dst_buf.memory_space != MemorySpace.SMEM:
+    trace = self.trace
+    trace.count_dma(kind, req.nbytes)
+    if trace.on:
+      trace.add(self.tid, "dma", kind, s, done, {"copy": req, "bytes": req.nbytes})
+    if self.timing_only and dst_space != MemorySpace.SMEM:
       rec.moved = True  # timing only: payloads are skipped; only scalar (SMEM) data moves
     elif self._eager or m.dma_policy.move_at_start(rec):
       move_data(req)
