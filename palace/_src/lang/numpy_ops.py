@@ -66,6 +66,9 @@ ndarray = Array
 dtype = np.dtype
 
 _F32 = dt.float32
+_I32 = dt.int32
+_I32_MIN, _I32_MAX = -2**31, 2**31 - 1
+_current_ex = executor._current.get  # executor.maybe_current without a Python frame
 
 
 _FLOATS = frozenset({dt.float32, dt.bfloat16, dt.float16, dt.float8_e4m3fn, dt.float8_e5m2})
@@ -138,7 +141,24 @@ def _has_data(*xs):
 def _elementwise(fn, op_class: str, result: str = "same", name: str = ""):
   """Build an n-ary elementwise op. result: same | bool | float | int."""
 
+  scalar_fast = result in ("same", "bool")
+
   def op(*args):
+    if scalar_fast and len(args) == 2:
+      # int32 scalar with a weak Python int (pl.program_id(i) == 0): the general path's steps, inlined
+      a, b = args
+      if type(a) is Array and type(b) is int and a.shape == () and a.dtype == _I32 and \
+          a._data is not None and _I32_MIN <= b <= _I32_MAX:
+        ex = _current_ex()
+        try:
+          data = None if ex is None else fn(a._data, np.asarray(b, dtype=_I32))
+        except ValueError:  # invalid operands: the general path raises the error
+          data = None
+        if data is not None:
+          out_dtype = dt.bool_ if result == "bool" else _I32
+          if data.dtype != out_dtype:
+            data = data.astype(out_dtype)
+          return Array(data, (), out_dtype, ex.scalar_op(a._ready))
     # One pass over the operands: shapes/dtypes for the fast path, readiness and data presence.
     shape = strong = None
     same = has_data = True

@@ -197,6 +197,8 @@ class Ref:
   # ---- loads and stores ----
   def _check_access(self, what: str, scalar: bool):
     space = self.buf.memory_space
+    if space is _VMEM:
+      return
     if is_hbm(space):
       raise MemorySpaceError(
           f"{what} of {self.buf.name} ({space}) from the vector unit{_where()}: buffers in HBM/ANY "
@@ -212,16 +214,17 @@ class Ref:
           f"({user_frame_summary()})")
 
   def __getitem__(self, idx):
-    ex = executor.maybe_current()
+    ex = _current_ex()
     if ex is None:
       return self._host_get(idx)
     view = self if (idx is Ellipsis or (isinstance(idx, tuple) and not idx)) else self._view(idx)
-    view._check_access("Load", not view.shape)
-    data, ready = ex.load(self.buf, view._np_index, view.shape)
-    value = Array(data, view.shape, self.buf.dtype, ready)
+    buf = self.buf
+    if buf.memory_space is not _VMEM:
+      view._check_access("Load", not view.shape)
+    data, ready = ex.load(buf, view._np_index, view.shape)
+    value = Array(data, view.shape, buf.dtype, ready)
     if data is not None and data.base is not None and data.ndim:
       # a zero-copy view of the buffer: the next write to the buffer detaches it (copy on write)
-      buf = self.buf
       if buf.readers is None:
         buf.readers = []
       elif len(buf.readers) > 64:
@@ -230,12 +233,16 @@ class Ref:
     return value
 
   def __setitem__(self, idx, value):
-    ex = executor.maybe_current()
+    ex = _current_ex()
     if ex is None:
       return self._host_set(idx, value)
     view = self if (idx is Ellipsis or (isinstance(idx, tuple) and not idx)) else self._view(idx)
-    view._check_access("Store", not view.shape)
-    data, ready = _coerce_store(view, value, ex.timing_only)
+    if self.buf.memory_space is not _VMEM:
+      view._check_access("Store", not view.shape)
+    if type(value) is Array and value.shape == view.shape and value.dtype == self.buf.dtype:
+      data, ready = (None if ex.timing_only and view.shape else value._data), value._ready
+    else:
+      data, ready = _coerce_store(view, value, ex.timing_only)
     ex.store(self.buf, view._np_index, view.shape, data, ready)
 
   def get(self, idx=()):
@@ -312,6 +319,10 @@ class Ref:
     self.buf.detach_readers()
     self.buf.aliased = True
     return dataclasses.replace(self.buf, readers=None, aliased=True, **changes)
+
+
+_VMEM = MemorySpace.VMEM
+_current_ex = executor._current.get  # executor.maybe_current without a Python frame
 
 
 def _coerce_store(view: Ref, value, timing_only: bool):
