@@ -19,6 +19,7 @@ from palace._src.lang.refs import Ref
 from palace._src.util import tree_flatten, tree_unflatten, user_frame_summary
 
 _I32 = dt.int32
+_current_ex = executor._current.get  # executor.maybe_current without a Python frame
 
 
 def _scalar(v: int, ready: int = 0) -> Array:
@@ -28,7 +29,9 @@ def _scalar(v: int, ready: int = 0) -> Array:
 # ------------------------------------------------------------------ grid queries
 def program_id(axis: int) -> Array:
   """Index of the current grid point along `axis` (an int32 scalar known only at run time)."""
-  ex = executor.current("pl.program_id()")
+  ex = _current_ex()
+  if ex is None:
+    ex = executor.current("pl.program_id()")
   if not ex.grid_stack:
     raise UsageError("pl.program_id() has no grid here: pl.kernel bodies have no grid (use "
                      "lax.axis_index for mesh positions); it is valid in pallas_call and emit_pipeline "
@@ -36,7 +39,7 @@ def program_id(axis: int) -> Array:
   idx, sizes = ex.grid_stack[-1]
   if not -len(idx) <= axis < len(idx):
     raise UsageError(f"pl.program_id({axis}): the grid has {len(idx)} axes {tuple(sizes)}.")
-  return _scalar(idx[axis], ex.now)
+  return Array(np.int32(idx[axis]), (), _I32, ex.now)
 
 
 def num_programs(axis: int) -> int:
@@ -51,11 +54,13 @@ def num_programs(axis: int) -> int:
 
 # ------------------------------------------------------------------ control flow
 def _truth(cond) -> bool:
-  ex = executor.maybe_current()
+  ex = _current_ex()
   if ex is not None:
     ex.scalar_op()
   if type(cond) is bool:
     return cond
+  if type(cond) is Array and type(cond._data) is np.bool_:
+    return bool(cond._data)
   v = concrete_value(cond, "condition")
   if type(v) is np.bool_:
     return bool(v)

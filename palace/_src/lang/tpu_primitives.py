@@ -91,7 +91,7 @@ class AsyncCopyDescriptor:
 
   def wait(self):
     ex = executor.current("AsyncCopyDescriptor.wait()")
-    req = self._req_for_wait(ex)
+    req = self._req if self._unused is None and self._req is not None else self._req_for_wait(ex)
     if self.src_sem is not None and self.is_remote:
       ex.dma_wait(req, "send")
     ex.dma_wait(req, "recv")

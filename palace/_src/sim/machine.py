@@ -167,8 +167,12 @@ class Machine:
       self.hbm_bytes += rec.req.nbytes * rec.hbm_sides
     if buf is None:
       return
-    seq = self.next_seq()
-    self.slot(buf, index).pending.append((cycle, seq, amount, rec, src))
+    self._seq = seq = self._seq + 1
+    key = (id(buf), index)
+    slot = self.slots.get(key)
+    if slot is None:
+      slot = self.slots[key] = SemSlot()
+    slot.pending.append((cycle, seq, amount, rec, src))
     if self.checks is not None:
       self.checks.arrival(seq, rec, src)
 

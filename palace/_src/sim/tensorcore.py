@@ -363,8 +363,10 @@ class TensorCore:
 
   def sem_wait(self, buf, index, value: int, decrement: bool = True, dma=None) -> None:
     value = int(value)
-    slot = self.machine.slot(buf, index)
     m = self.machine
+    slot = m.slots.get((id(buf), index))
+    if slot is None:
+      slot = m.slot(buf, index)
     while True:
       t = m.settle(slot, value)
       if t is not None:
