@@ -152,23 +152,60 @@ def reserve(channels, start: float, nbytes: float) -> tuple[float, float]:
 
 
 def reserve2(a: Channel, wa: float, b: Channel, wb: float, start: float, nbytes: float):
-  """reserve([(a, wa), (b, wb)], start, nbytes) with the same arithmetic, inlined for the common case
-  of two channels with nothing reserved from `start` on (a stream of copies on one core)."""
+  """reserve([(a, wa), (b, wb)], start, nbytes) for two channels (a DMA engine and HBM), unrolled:
+  the same steps in the same order, so the same floating-point results."""
+  if nbytes <= 0:
+    return reserve([(a, wa), (b, wb)], start, nbytes)
   t = float(start)
-  if nbytes <= 0 or a.times[-1] > t + _EPS or b.times[-1] > t + _EPS:
-    return reserve([(a, wa), (b, wb)], start, nbytes)
-  avail = (a.bytes_per_cycle - a.used[-1]) / wa
-  ab = (b.bytes_per_cycle - b.used[-1]) / wb
-  if ab < avail:
-    avail = ab
-  if not avail > _EPS:
-    return reserve([(a, wa), (b, wb)], start, nbytes)
-  end = t + float(nbytes) / avail
-  _append_tail(a, t, end, avail * wa)
-  _append_tail(b, t, end, avail * wb)
+  remaining = float(nbytes)
+  first = None
+  inf = float("inf")
+  bisect_right = bisect.bisect_right
+  while True:
+    ta, tb = a.times, b.times
+    if ta[-1] <= t + _EPS and tb[-1] <= t + _EPS:  # nothing reserved from t on (fast path)
+      avail = inf
+      x = (a.bytes_per_cycle - a.used[-1]) / wa
+      if x < avail:
+        avail = x
+      x = (b.bytes_per_cycle - b.used[-1]) / wb
+      if x < avail:
+        avail = x
+      if avail > _EPS:
+        if first is None:
+          first = t
+        end = t + remaining / avail
+        _append_tail(a, t, end, avail * wa)
+        _append_tail(b, t, end, avail * wb)
+        break
+    avail = nxt = inf
+    for c, w, times in ((a, wa, ta), (b, wb, tb)):
+      i = bisect_right(times, t) - 1
+      x = (c.bytes_per_cycle - (c.used[i] if i >= 0 else 0.0)) / w
+      if x < avail:
+        avail = x
+      j = bisect_right(times, t + _EPS)
+      if j < len(times) and times[j] < nxt:
+        nxt = times[j]
+    if avail <= _EPS:
+      if nxt == inf:
+        raise AssertionError("a channel is over-subscribed forever")
+      t = nxt
+      continue
+    if first is None:
+      first = t
+    end = t + remaining / avail
+    if end <= nxt + _EPS:
+      a.add(t, end, avail * wa)
+      b.add(t, end, avail * wb)
+      break
+    a.add(t, nxt, avail * wa)
+    b.add(t, nxt, avail * wb)
+    remaining -= avail * (nxt - t)
+    t = nxt
   for c, w in ((a, wa), (b, wb)):
-    c.busy_cycles += end - t
+    c.busy_cycles += end - first
     c.bytes += int(nbytes * w)
     if end > c.free_cycle:
       c.free_cycle = end
-  return t, end
+  return first, end
