@@ -35,7 +35,7 @@ from palace._src.lang.primitives import (_scalar, axis_index, axis_size, num_pro
                                          run_scoped, sem_target)
 from palace._src.lang.indexed import IndexedRef
 from palace._src.lang.refs import Ref, Slice
-from palace._src.lang.tpu_primitives import _start_trusted, sync_copy
+from palace._src.lang.tpu_primitives import _start_trusted_request, _wait_trusted, sync_copy
 from palace._src.util import tree_flatten, tree_unflatten
 
 
@@ -51,11 +51,11 @@ class _Op:
   def __init__(self, m: BlockMapping, hbm: Ref, is_out: bool):
     self.m, self.hbm, self.is_out = m, hbm, is_out
     self.blocks = {}        # step -> element offsets (cached index-map results)
-    self.fetched = {}       # step -> (slot, descriptor or None)
+    self.fetched = {}       # step -> (slot, DMA request or None)
     self.next_slot = 0
     self.cur = None
     self.cur_slot = 0
-    self.pending_wb = {}    # slot -> descriptor
+    self.pending_wb = {}    # slot -> DMA request
     self.written = set()
     self.squeezed = frozenset(d for d, (k, _, _) in enumerate(m.dims) if k == SQUEEZED)
     self.sem_views = ()
@@ -292,8 +292,7 @@ def _start_fetch(ex, op: _Op, step: int, offsets):
   desc = None
   if views is not None:
     sem_buf, sem_idx = op.sem_targets[slot]
-    desc = _start_trusted(ex, views[0], views[1], op.sem_views[slot], sem_buf, sem_idx, views[2],
-                          _PIPELINE_SITE)
+    desc = _start_trusted_request(ex, views[0], views[1], sem_buf, sem_idx, views[2], _PIPELINE_SITE)
   op.fetched[step] = (slot, desc)
 
 
@@ -343,7 +342,7 @@ def _steps_inner(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_arg
       if s == 0 or cur != o.cur:
         slot, desc = o.fetched.pop(s)
         if desc is not None:
-          desc.wait()
+          _wait_trusted(ex, desc)
         o.cur, o.cur_slot = cur, slot
         kernel_refs_in[k] = o.slots[slot]
       prev = cur
@@ -374,7 +373,7 @@ def _steps_inner(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_arg
         o.next_slot = (slot + 1) % o.nbuf
         wb = o.pending_wb.pop(slot, None)
         if wb is not None:
-          wb.wait()
+          _wait_trusted(ex, wb)
         o.cur, o.cur_slot = cur, slot
         kernel_refs_out[k] = o.slots[slot]
     body(*lead_args, *kernel_refs_in, *kernel_refs_out, *tail_args, **tail_kwargs)
@@ -389,17 +388,17 @@ def _steps_inner(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_arg
       views = _copy_views(o, o.cur, o.cur_slot)
       if views is not None:
         sem_buf, sem_idx = o.sem_targets[o.cur_slot]
-        desc = _start_trusted(ex, views[1], views[0], o.sem_views[o.cur_slot], sem_buf, sem_idx,
-                              views[2], _PIPELINE_SITE)
+        desc = _start_trusted_request(ex, views[1], views[0], sem_buf, sem_idx, views[2],
+                                      _PIPELINE_SITE)
         if sync:
-          desc.wait()
+          _wait_trusted(ex, desc)
         else:
           o.pending_wb[o.cur_slot] = desc
     for o in per_step:
       o.blocks.pop(s, None)
   for o in ops_out:
     for desc in o.pending_wb.values():
-      desc.wait()
+      _wait_trusted(ex, desc)
     o.pending_wb.clear()
 
 

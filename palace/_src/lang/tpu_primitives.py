@@ -111,21 +111,20 @@ class AsyncCopyDescriptor:
   wait_read = wait_send
 
 
-def _start_trusted(ex, src, dst, sem, sem_buf, sem_idx, nbytes, site) -> AsyncCopyDescriptor:
+def _start_trusted_request(ex, src, dst, sem_buf, sem_idx, nbytes, site) -> DmaRequest:
   """Start a local DMA built by library code (the pipeline), skipping what the caller guarantees:
-  plain refs of equal shape and dtype, one resolved DMA semaphore slot (`sem_buf`, `sem_idx` of
-  `sem`), `nbytes` = src.nbytes, a fixed `site`. Same request and semantics as .start()."""
-  d = _new_descriptor(AsyncCopyDescriptor)
-  d.src_ref, d.dst_ref, d.sem, d._site = src, dst, sem, site
-  d.src_sem = d.device_id = d.core_index = d._unused = None
-  d.is_remote = False
-  d._req = req = DmaRequest(src.buf, src._np_index, dst.buf, dst._np_index, src.shape, sem_buf, sem_idx,
-                            None, (), False, None, None, site, (src, dst), nbytes)
+  plain refs of equal shape and dtype, one resolved DMA semaphore slot (`sem_buf`, `sem_idx`),
+  `nbytes` = src.nbytes, a fixed `site`. The same request as AsyncCopyDescriptor.start() builds;
+  returns it for `_wait_trusted`."""
+  req = DmaRequest(src.buf, src._np_index, dst.buf, dst._np_index, src.shape, sem_buf, sem_idx, None,
+                   (), False, None, None, site, (src, dst), nbytes)
   ex.dma_start(req)
-  return d
+  return req
 
 
-_new_descriptor = object.__new__
+def _wait_trusted(ex, req: DmaRequest) -> None:
+  """.wait() of a copy started by `_start_trusted_request` (local, one semaphore)."""
+  ex.dma_wait(req, "recv")
 
 
 def _indexed_request(ex, req, src, dst) -> None:

@@ -11,13 +11,15 @@ Time model of the core (cycles of the chip clock):
 from __future__ import annotations
 
 import copy
+import math
 
 import numpy as np
 
 from palace._src.core import Buffer, MemoryRef, MemorySpace, SemaphoreKind, SemaphoreRefType
 from palace._src.errors import ResourceError, SyncError, UsageError
 from palace._src.sim import cost
-from palace._src.sim.dma import DmaRecord, move_data, plan, planned_timing
+from palace._src.sim.bandwidth import reserve2
+from palace._src.sim.dma import DmaRecord, move_data, plan
 from palace._src.util import fmt_bytes, fmt_site, user_site
 
 _SENTINEL = {np.dtype(np.int32): np.iinfo(np.int32).min, np.dtype(np.int16): np.iinfo(np.int16).min,
@@ -73,7 +75,7 @@ class TensorCore:
     self.blocked_on = None
     self.alloc_seq = 0
     self._chans = None        # this core's DMA channels (resolved at the first copy)
-    self._dma_plans = {}      # (src space, dst space) -> dma.plan
+    self._dma_plans = {}      # (id(src space), id(dst space)) -> dma.plan
     self._eager = machine.dma_policy.name == "eager"
     self._vcost = {}          # memo of cost.vector_cost / matmul_cycles for this launch
     self._mcost = {}
@@ -299,10 +301,11 @@ class TensorCore:
     if self.checks is not None:
       req = self.checks.dma_start(self, rec)
     dst_space = req.dst_buf.memory_space
-    key = (req.src_buf.memory_space, dst_space)
+    src_space = req.src_buf.memory_space
+    key = (id(src_space), id(dst_space))   # enum members are singletons; Enum.__hash__ is Python code
     p = self._dma_plans.get(key)
     if p is None:
-      p = self._dma_plans[key] = plan(self.chip, *key)
+      p = self._dma_plans[key] = plan(self.chip, src_space, dst_space)
     kind = p[0]
     chans = self._chans
     if chans is None:
@@ -312,13 +315,21 @@ class TensorCore:
       read_done = e
       kind = "ici"
     else:
-      s, read_done, done = planned_timing(p, chans, start, req.nbytes)
+      if p[1]:
+        s, read_done = chans[2].reserve(start, req.nbytes)
+      else:
+        s, read_done = reserve2(chans[0], 1.0, chans[1], p[2], start, req.nbytes)
+      done = math.ceil(read_done) + p[3]   # = dma.planned_timing, inlined
       rec.hbm_sides = p[4]
     rec.start_cycle, rec.done_cycle, rec.read_done_cycle = s, done, read_done
     if done > self.horizon:
       self.horizon = done
     trace = self.trace
-    trace.count_dma(kind, req.nbytes)
+    stats = trace.events.stats   # = trace.count_dma(kind, req.nbytes), inlined
+    per_kind = stats["dma_bytes"]
+    per_kind[kind] = per_kind.get(kind, 0) + int(req.nbytes)
+    per_kind = stats["dma_count"]
+    per_kind[kind] = per_kind.get(kind, 0) + 1
     if trace.on:
       trace.add(self.tid, "dma", kind, s, done, {"copy": req, "bytes": req.nbytes})
     if self.timing_only and dst_space != MemorySpace.SMEM:
