@@ -46,7 +46,8 @@ class _Op:
   """Pipeline state of one operand."""
   __slots__ = ("m", "hbm", "slots", "sems", "is_out", "blocks", "cur", "cur_slot", "fetched",
                "next_slot", "pending_wb", "written", "squeezed", "sem_views", "mode", "nbuf",
-               "bounds_checks", "views", "all_blocks", "sem_targets", "simple")
+               "bounds_checks", "views", "all_blocks", "sem_targets", "simple", "whole_blocks",
+               "block_nbytes")
 
   def __init__(self, m: BlockMapping, hbm: Ref, is_out: bool):
     self.m, self.hbm, self.is_out = m, hbm, is_out
@@ -65,6 +66,10 @@ class _Op:
     self.sem_targets = ()   # per slot: (semaphore buffer, index) of sem_views[slot]
     # no squeezed dims and a whole-array source: block views are plain windows (the fast path)
     self.simple = not self.squeezed and isinstance(hbm, Ref) and hbm._full
+    # ...and every block is whole: blocked dims that divide the array, offsets bounds-checked
+    self.whole_blocks = self.simple and self.bounds_checks and all(
+        kind == BLOCKED and dim % size == 0 for (kind, size, _), dim in zip(m.dims, m.array_shape))
+    self.block_nbytes = m.block_bytes
 
 
 def _copy_views(op: _Op, offsets, slot: int):
@@ -81,6 +86,9 @@ def _copy_views(op: _Op, offsets, slot: int):
 
 def _make_copy_views(op: _Op, offsets, slot: int):
   m = op.m
+  if op.whole_blocks:
+    vmem = op.slots[slot]
+    return Ref.window(op.hbm.buf, offsets, vmem.shape), vmem, op.block_nbytes
   if op.simple:
     vmem = op.slots[slot]
     sizes = vmem.shape

@@ -107,8 +107,13 @@ class TensorCore:
       self.compute_done = done
       if done > self.horizon:
         self.horizon = done
-    if self.trace.on:
-      self.trace.add(self.tid, unit, what, start, end)
+    trace = self.trace
+    if trace.on:
+      ev = trace.events
+      if len(ev) < trace.cap:   # = trace.add, inlined (the hottest trace site)
+        ev.append((self.tid, unit, what, start, end, None))
+      else:
+        trace.add(self.tid, unit, what, start, end)
     return done
 
   def _vector_cost(self, op_class: str, shape, dtype=None):
@@ -331,7 +336,11 @@ class TensorCore:
     per_kind = stats["dma_count"]
     per_kind[kind] = per_kind.get(kind, 0) + 1
     if trace.on:
-      trace.add(self.tid, "dma", kind, s, done, {"copy": req, "bytes": req.nbytes})
+      ev = trace.events
+      if len(ev) < trace.cap:   # = trace.add, inlined
+        ev.append((self.tid, "dma", kind, s, done, {"copy": req, "bytes": req.nbytes}))
+      else:
+        trace.add(self.tid, "dma", kind, s, done, {"copy": req, "bytes": req.nbytes})
     if self.timing_only and dst_space != MemorySpace.SMEM:
       rec.moved = True  # timing only: payloads are skipped; only scalar (SMEM) data moves
     elif self._eager or m.dma_policy.move_at_start(rec):
@@ -418,8 +427,13 @@ class TensorCore:
     start = self.now if self.now > self.compute_done else self.compute_done
     self.now = start + self.chip.grid_step_overhead_cycles
     self.unit_busy["scalar"] += self.chip.grid_step_overhead_cycles
-    if self.trace.on:
-      self.trace.add(self.tid, "scalar", "grid step", start, self.now)
+    trace = self.trace
+    if trace.on:
+      ev = trace.events
+      if len(ev) < trace.cap:   # = trace.add, inlined
+        ev.append((self.tid, "scalar", "grid step", start, self.now, None))
+      else:
+        trace.add(self.tid, "scalar", "grid step", start, self.now)
 
   # ------------------------------------------------------------------ end of kernel
   def _check_sem_zero(self, buf, when: str) -> None:
