@@ -100,7 +100,7 @@ def _np(x, d: np.dtype | None = None):
 
 def _out(data, shape, dtype, ready, op_class, any_array):
   """Wrap a result: an Array charged to the core inside a kernel, NumPy data on the host."""
-  ex = executor.maybe_current()
+  ex = _current_ex()
   if ex is None:
     if any_array:
       raise UsageError("A palace.Array was used outside its kernel.")
@@ -191,7 +191,7 @@ def _elementwise(fn, op_class: str, result: str = "same", name: str = ""):
       rt = _F32
     out_dtype = dt.bool_ if result == "bool" else rt
     data = None
-    ex = executor.maybe_current()
+    ex = _current_ex()
     if has_data and not (ex is not None and ex.timing_only and shape):
       cd = _COMPUTE.get(rt, rt)
       vals = [(a._data if a._data.dtype == cd else a._data.astype(cd)) if type(a) is Array else _np(a, cd)
