@@ -47,7 +47,7 @@ class _Op:
   __slots__ = ("m", "hbm", "slots", "sems", "is_out", "blocks", "cur", "cur_slot", "fetched",
                "next_slot", "pending_wb", "written", "squeezed", "sem_views", "mode", "nbuf",
                "bounds_checks", "views", "all_blocks", "sem_targets", "simple", "whole_blocks",
-               "block_nbytes")
+               "block_nbytes", "reuse_views")
 
   def __init__(self, m: BlockMapping, hbm: Ref, is_out: bool):
     self.m, self.hbm, self.is_out = m, hbm, is_out
@@ -70,11 +70,14 @@ class _Op:
     self.whole_blocks = self.simple and self.bounds_checks and all(
         kind == BLOCKED and dim % size == 0 for (kind, size, _), dim in zip(m.dims, m.array_shape))
     self.block_nbytes = m.block_bytes
+    self.reuse_views = True  # False when no block is visited twice: caching views would only cost
 
 
 def _copy_views(op: _Op, offsets, slot: int):
   """(hbm view, vmem view, bytes) for the in-bounds part of the block at `offsets` (None if none is);
   cached per (block, slot): revisited blocks (matmul operands) reuse their views."""
+  if not op.reuse_views:
+    return _make_copy_views(op, offsets, slot)
   key = (offsets, slot)
   hit = op.views.get(key)
   if hit is None:
@@ -241,6 +244,8 @@ def run_pipeline(body, grid, in_maps, out_maps, in_refs, out_refs, *, lead_args=
     for o in ops:
       if o.mode != _RAW:
         o.all_blocks = _vectorised_offsets(o, points)
+        if o.all_blocks is not None and len(set(o.all_blocks)) == len(o.all_blocks):
+          o.reuse_views = False
 
   def with_buffers(*allocs, rename=True):
     for o, (slots, sems) in zip(piped, allocs):
