@@ -29,27 +29,59 @@ def _blas_controllers():
   return _controllers
 
 
+_kernel_threads = []  # BLAS thread counts saved by enclosing launches (process-wide, like BLAS)
+
+
 @contextlib.contextmanager
-def single_threaded():
+def kernel_mode():
+  """Around a launch: BLAS on one thread, so block-sized products pay no switching per call; the
+  few large products switch up to the saved count (see `matmul`)."""
   ctrls = _blas_controllers()
   saved = [c.num_threads for c in ctrls]
+  _kernel_threads.append(saved)
   for c in ctrls:
     if c.num_threads != 1:
       c.set_num_threads(1)
   try:
     yield
   finally:
+    _kernel_threads.pop()
     for c, n in zip(ctrls, saved):
-      if n != 1:
+      if c.num_threads != n:
         c.set_num_threads(n)
 
 
+@contextlib.contextmanager
+def _threads(counts):
+  ctrls = _blas_controllers()
+  now = [c.num_threads for c in ctrls]
+  for c, n in zip(ctrls, counts):
+    if c.num_threads != n:
+      c.set_num_threads(n)
+  try:
+    yield
+  finally:
+    for c, n in zip(ctrls, now):
+      if c.num_threads != n:
+        c.set_num_threads(n)
+
+
+def single_threaded():
+  return _threads([1] * len(_blas_controllers()))
+
+
 def matmul(a, b):
-  """np.matmul, single-threaded below SMALL_MATMUL_FLOPS."""
+  """np.matmul on one BLAS thread below SMALL_MATMUL_FLOPS, on the usual threads above it."""
   m, k = a.shape[-2], a.shape[-1]
   n = b.shape[-1]
   batch = a.size // (m * k) if m * k else 1
-  if 2 * batch * m * k * n < SMALL_MATMUL_FLOPS and _blas_controllers():
+  small = 2 * batch * m * k * n < SMALL_MATMUL_FLOPS
+  if _kernel_threads:  # inside a launch BLAS already runs on one thread
+    if small or not _blas_controllers():
+      return np.matmul(a, b)
+    with _threads(_kernel_threads[-1]):
+      return np.matmul(a, b)
+  if small and _blas_controllers():
     with single_threaded():
       return np.matmul(a, b)
   return np.matmul(a, b)

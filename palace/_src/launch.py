@@ -7,7 +7,7 @@ import sys
 import numpy as np
 
 from palace._src import dtypes as dt
-from palace._src import executor
+from palace._src import blas, executor
 from palace._src.core import (Buffer, CompilerParams, MemoryRef, MemorySpace, SemaphoreType,
                               ShapeDtypeStruct)
 from palace._src.errors import ShapeError, UsageError
@@ -114,7 +114,8 @@ def execute(kname: str, build, grid_steps: int = 0) -> None:
     return
   tpu = active_tpu()
   machine = tpu.new_machine(kname)
-  machine.run(build(machine, 0))
+  with blas.kernel_mode():
+    machine.run(build(machine, 0))
   machine.grid_steps = grid_steps
   tpu.reports.append(machine.finish())
 

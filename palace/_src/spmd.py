@@ -19,7 +19,7 @@ import threading
 
 import numpy as np
 
-from palace._src import launch
+from palace._src import blas, launch
 from palace._src.errors import SyncError, UsageError
 from palace._src.sim.ici import Topology
 from palace._src.sim.machine import activate, active_tpu
@@ -209,7 +209,8 @@ class _Group:
       programs = []
       for c, (_, b, _) in enumerate(launches):
         programs += b(machine, c)
-      machine.run(programs)
+      with blas.kernel_mode():
+        machine.run(programs)
       machine.grid_steps = sum(g for _, _, g in launches)
       self.tpu.reports.append(machine.finish())
     except BaseException as e:  # noqa: BLE001  every chip's thread re-raises it

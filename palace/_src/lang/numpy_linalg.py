@@ -20,12 +20,21 @@ from palace._src.util import prod
 from palace._src.lang.numpy_ops import _dtype_arg, _has_data, _np, multiply, reshape, transpose
 
 
+def _f32(x):
+  """Operand as float32; bfloat16 widens by a 16-bit shift (bit-identical to astype, faster)."""
+  if x.dtype == dt.bfloat16 and x._data is not None:
+    return (x._data.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+  return _np(x, np.dtype(np.float32))
+
+
 def _mxu_operands(a, b, k: int):
   """NumPy operands for an exact matmul on the host BLAS: float32 for floats (bf16/fp8 products are
   exact in f32), float32 or float64 for integers so that sums of K products stay exact."""
   da, db = a.dtype, b.dtype
   if dt.is_float(da) or dt.is_float(db):
     wide = np.float64 if (da == np.float64 or db == np.float64) else np.float32
+    if wide is np.float32:
+      return _f32(a), _f32(b)
     return _np(a, np.dtype(wide)), _np(b, np.dtype(wide))
   bound = (1 << (dt.bits(da) - 1)) * (1 << (dt.bits(db) - 1)) * builtins.max(k, 1)
   wide = np.dtype(np.float32) if bound < (1 << 24) else np.dtype(np.float64)
