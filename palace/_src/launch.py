@@ -71,6 +71,13 @@ def hbm_input(a: np.ndarray, name: str, chip: int = 0) -> Buffer:
   return Buffer(a, a.shape, a.dtype, MemorySpace.ANY, name, None, chip)
 
 
+def eager_output_init() -> bool:
+  """Whether outputs must be filled with the uninitialised value before the launch: on timing-only
+  machines (no data moves, outputs stay deterministic) and when never-written reads are checked."""
+  tpu = active_tpu()
+  return tpu.timing_only or getattr(tpu, "uninitialized", "nan") != "nan"
+
+
 def uninitialized(shape, dtype) -> np.ndarray:
   if dt.is_float(dtype):
     return np.full(shape, np.nan, dtype)

@@ -5,8 +5,10 @@ import functools
 import inspect
 import itertools
 
+import numpy as np
+
 from palace._src import launch
-from palace._src.blocks import canonicalize
+from palace._src.blocks import BLOCKED, SQUEEZED, canonicalize
 from palace._src.core import (CORE_PARALLEL, PARALLEL, BlockSpec, GridSpec, MemoryRef, MemorySpace,
                               SemaphoreRefType, canonical_semantics, no_block_spec)
 from palace._src.errors import ResourceError, ShapeError, UsageError
@@ -180,9 +182,15 @@ def _call(kernel, kname, out_shape, grid, grid_spec, aliases, params, args):
   # HBM buffers
   all_in = pre_arrays + in_arrays
   out_bufs = []
+  aliased_outs = set(aliases.values())
+  lazy = set() if launch.eager_output_init() else \
+      {i for i, m in enumerate(out_maps) if m.pipelined and i not in aliased_outs and _tileable(m)}
   for i, (shape, dtype, _) in enumerate(outs):
-    storage = launch.uninitialized(shape, dtype)
+    # Pipelined outputs start as np.empty and only blocks never written back are filled afterwards
+    # (same result as filling everything first, without touching every page twice).
+    storage = np.empty(shape, dtype) if i in lazy else launch.uninitialized(shape, dtype)
     out_bufs.append(Buffer(storage, shape, dtype, MemorySpace.ANY, f"outputs[{i}]"))
+  written = {}
   for a_in, a_out in aliases.items():
     if not (0 <= a_in < len(all_in) and 0 <= a_out < len(out_bufs)):
       raise UsageError(f"input_output_aliases {{{a_in}: {a_out}}} refers to a missing operand; there "
@@ -220,7 +228,8 @@ def _call(kernel, kname, out_shape, grid, grid_spec, aliases, params, args):
 
       def with_scratch(*scr, **kw_scr):
         run_pipeline(kernel, grid, in_maps, out_maps, in_refs, out_refs, lead_args=tuple(pre_tree),
-                     tail_args=scr, tail_kwargs=kw_scr, index_args=tuple(pre_tree), points=points)
+                     tail_args=scr, tail_kwargs=kw_scr, index_args=tuple(pre_tree), points=points,
+                     written=written)
 
       if scratch_is_dict:
         scoped(with_scratch, (), scratch, "scratch")
@@ -246,9 +255,34 @@ def _call(kernel, kname, out_shape, grid, grid_spec, aliases, params, args):
     machine.register_hbm(chip_index, pre_bufs + in_bufs + out_bufs)
     return [(c, functools.partial(program, pts, pre_bufs, in_bufs)) for c, pts in zip(cores, core_points)]
 
-  launch.execute(kname, build, _num_points(grid))
+  try:
+    launch.execute(kname, build, _num_points(grid))
+  finally:
+    for i in lazy:
+      _fill_unwritten(out_bufs[i].storage, out_maps[i], written.get(i, set()))
   results = [b.storage for b in out_bufs]
   return launch.like_inputs(tree_unflatten(out_td, results), args)
+
+
+def _tileable(m) -> bool:
+  """Blocks of this output tile its array (Blocked / squeezed dims), so unwritten ones are findable."""
+  return all(kind in (BLOCKED, SQUEEZED) for kind, _, _ in m.dims)
+
+
+def _fill_unwritten(storage, m, written) -> None:
+  """Give every element outside the written-back blocks the uninitialised value (NaN / int min)."""
+  counts = [-(-dim // size) if kind == BLOCKED else dim
+            for (kind, size, _), dim in zip(m.dims, m.array_shape)]
+  done = np.zeros(counts, bool)
+  for offs in written:
+    done[tuple(off // size if kind == BLOCKED else off
+               for (kind, size, _), off in zip(m.dims, offs))] = True
+  if done.all():
+    return
+  fill = launch.uninitialized((), storage.dtype)
+  for blk in zip(*np.nonzero(~done)):
+    storage[tuple(slice(b * size, (b + 1) * size) if kind == BLOCKED else b
+                  for (kind, size, _), b in zip(m.dims, blk))] = fill
 
 
 def megacore_split(chip, grid, semantics, kname):

@@ -221,12 +221,13 @@ def allocation_types(in_maps, out_maps, in_refs, out_refs, *, sync=False, smem_b
 
 def run_pipeline(body, grid, in_maps, out_maps, in_refs, out_refs, *, lead_args=(), tail_args=(),
                  tail_kwargs=None, index_args=(), points=None, sync=False, allocations=None,
-                 smem_blocks=False):
+                 smem_blocks=False, written=None):
   """Run `body(*lead, *in_blocks, *out_blocks, *tail, **tail_kwargs)` over the grid, pipelined.
 
   `points`: the grid points to visit (default: all, row-major); `sync`: every copy is waited at once
   (no_pipelining); `allocations`: buffers from `allocation_types` allocated by the caller (reused
-  across pipelines); `smem_blocks`: SMEM BlockSpecs are windowed like VMEM ones (emit_pipeline)."""
+  across pipelines); `smem_blocks`: SMEM BlockSpecs are windowed like VMEM ones (emit_pipeline);
+  `written`: a dict that receives, per output index, the element offsets of the blocks written back."""
   ex = executor.current("a pipeline")
   grid = tuple(int(g) for g in grid)
   if points is None:
@@ -257,6 +258,10 @@ def run_pipeline(body, grid, in_maps, out_maps, in_refs, out_refs, *, lead_args=
       o.sem_targets = [sem_target(v, "DMA semaphore") for v in o.sem_views]
     _steps(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tail_kwargs or {},
            index_args, sync)
+    if written is not None:  # which output blocks were written back (for lazy output init)
+      for k, o in enumerate(ops_out):
+        if o.mode == _BUFFERED:
+          written.setdefault(k, set()).update(o.written)
 
   if not n:
     return

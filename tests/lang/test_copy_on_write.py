@@ -65,3 +65,22 @@ def test_accumulator_pattern_reads_the_old_value():
   blocks = x.reshape(4, 8, 128)
   expected = np.concatenate([np.zeros((1, 8, 128), np.float32), np.cumsum(blocks, axis=0)[:-1]])
   np.testing.assert_array_equal(out, expected)
+
+
+def test_output_blocks_never_written_back_read_as_uninitialised():
+  # grid covers only the first 3 of 5 row blocks (the last one ragged); the rest must read NaN / int min
+  def kernel(x_ref, o_ref, i_ref):
+    o_ref[...] = x_ref[...] + 1.0
+    i_ref[...] = jnp.full(i_ref.shape, 7, jnp.int32)
+
+  x = np.zeros((36, 128), np.float32)
+  f = pl.pallas_call(kernel, grid=(3,),
+                     out_shape=(pl.ShapeDtypeStruct((36, 128), np.float32),
+                                pl.ShapeDtypeStruct((36, 128), np.int32)),
+                     in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+                     out_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))] * 2)
+  out, ints = f(x)
+  np.testing.assert_array_equal(out[:24], 1.0)
+  assert np.isnan(out[24:]).all()
+  np.testing.assert_array_equal(ints[:24], 7)
+  np.testing.assert_array_equal(ints[24:], np.iinfo(np.int32).min)
