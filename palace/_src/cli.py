@@ -192,8 +192,7 @@ def run(file, script_args, chip, num_chips, timing_only, trace, trace_dir, timel
     sys.argv, sys.path[:] = old_argv, old_path
   reports = tpu.reports
   if not reports and status == 0:
-    console.print(f"[yellow]{escape(file)} launched no kernel on palace run's virtual TPU[/] (kernels "
-                  f"inside the script's own `pl.virtual_tpu(...)` blocks are reported by the script).")
+    console.print(f"[yellow]{escape(file)} launched no kernel.[/]")
   elif reports:
     _print_launches(console, reports, max_reports)
     if trace:

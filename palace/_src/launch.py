@@ -124,7 +124,7 @@ def execute(kname: str, build, grid_steps: int = 0) -> None:
   with blas.kernel_mode():
     machine.run(build(machine, 0))
   machine.grid_steps = grid_steps
-  tpu.reports.append(machine.finish())
+  tpu.record(machine.finish())
 
 
 def with_barrier_semaphore(params: CompilerParams, fn):

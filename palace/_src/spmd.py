@@ -212,7 +212,7 @@ class _Group:
       with blas.kernel_mode():
         machine.run(programs)
       machine.grid_steps = sum(g for _, _, g in launches)
-      self.tpu.reports.append(machine.finish())
+      self.tpu.record(machine.finish())
     except BaseException as e:  # noqa: BLE001  every chip's thread re-raises it
       with self.cv:
         self.error = e

@@ -341,7 +341,9 @@ def test_virtual_tpu_selects_chip_and_default_is_documented(x):
     with pl.virtual_tpu("v4") as inner:
       call(x)
     call(x)
-  assert [len(outer.reports), len(inner.reports)] == [1, 1]
+  # a nested context's launches are recorded there and in every enclosing context
+  assert [len(outer.reports), len(inner.reports)] == [2, 1]
+  assert [r.chip.name for r in outer.reports] == ["v4", "v6e"]
   assert hw.DEFAULT_CHIP == "v5e"
   from palace._src.sim.machine import active_tpu
   assert active_tpu().chip.name == "v5e"

@@ -540,13 +540,23 @@ class VirtualTPU:
     self._token = None
 
   def __enter__(self):
+    self._parent = _active.get()
     self._token = _active.set(self)
     return self
 
   def __exit__(self, *exc):
     _active.reset(self._token)
     self._token = None
+    self._parent = None
     return False
+
+  def record(self, report) -> None:
+    """Keep a launch's report here and in every enclosing `virtual_tpu` context: the launches of a
+    nested context (a script's own `with pl.virtual_tpu(...)` under `palace run`) count for both."""
+    self.reports.append(report)
+    parent = getattr(self, "_parent", None)
+    if parent is not None and parent is not self:
+      parent.record(report)
 
   def new_machine(self, kernel_name: str, num_chips: int = 1) -> Machine:
     """A fresh machine for one launch: chip 0 only, or the whole pod for an SPMD (shard_map) launch."""
