@@ -415,7 +415,8 @@ class Machine:
       self.checks.finish()
     events = self.trace.events
     return Report(self.kernel_name, self.chip, self.num_chips, int(round(end)), flops, self.hbm_bytes,
-                  busy, vmem_peak, self.grid_steps, self.dma_count, events, self.ici_bytes,
+                  busy, vmem_peak, sum(c.steps for c in self.cores) or self.grid_steps,
+                  self.dma_count, events, self.ici_bytes,
                   self.timing_only)
 
 

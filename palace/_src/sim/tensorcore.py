@@ -74,6 +74,7 @@ class TensorCore:
     self.tid = (chip_index, core_id)
     self.blocked_on = None
     self.alloc_seq = 0
+    self.steps = 0            # grid steps run on this core (pallas_call and emit_pipeline)
     self._chans = None        # this core's DMA channels (resolved at the first copy)
     self._dma_plans = {}      # (id(src space), id(dst space)) -> dma.plan
     self._eager = machine.dma_policy.name == "eager"
@@ -434,6 +435,7 @@ class TensorCore:
   def grid_step(self) -> None:
     # In-order VLIW issue with no software pipelining across grid steps (modelling assumption): the
     # next step's bundles issue after this step's last vector/MXU result, then the step overhead.
+    self.steps += 1
     start = self.now if self.now > self.compute_done else self.compute_done
     self.now = start + self.chip.grid_step_overhead_cycles
     self.unit_busy["scalar"] += self.chip.grid_step_overhead_cycles
