@@ -9,7 +9,7 @@ from palace._src.core import SemaphoreType
 from palace._src.errors import ShapeError, UsageError
 from palace._src.executor import DmaRequest
 from palace._src.lang import numpy_ops as jnp
-from palace._src.lang.array import Array, concrete_value, ready_of
+from palace._src.lang.array import concrete_value, ready_of
 from palace._src.lang.primitives import (axis_index, axis_size, resolve_device_id, run_scoped,
                                          sem_target, semaphore_signal, semaphore_wait)
 from palace._src.lang.indexed import IndexedRef

@@ -22,7 +22,7 @@ import math
 
 import numpy as np
 
-from palace._src.core import MemorySpace, is_hbm
+from palace._src.core import MemorySpace
 from palace._src.sim.bandwidth import Channel, reserve, reserve2  # noqa: F401  (Channel re-exported)
 
 _SPACE_LABEL = {MemorySpace.ANY: "hbm", MemorySpace.HBM: "hbm", MemorySpace.VMEM: "vmem",

@@ -20,12 +20,12 @@ import numpy as np
 
 from palace._src import executor as executor_mod
 from palace._src import hw
-from palace._src.errors import SyncError, UnsupportedError, UsageError
+from palace._src.errors import SyncError, UsageError
 from palace._src.sim.dma import Channel, move_data
 from palace._src.sim.ici import Topology
 from palace._src.sim.races import KernelChecks, make_checks
 from palace._src.sim.report import Report
-from palace._src.sim.sparsecore import SC_BASE, SCALAR_BASE, SparseSubcore, sparsecore_channels
+from palace._src.sim.sparsecore import SC_BASE, SCALAR_BASE, SparseSubcore
 from palace._src.sim.tensorcore import SemSlot, TensorCore
 from palace._src.sim.trace import Trace
 from palace._src.util import fmt_bytes, fmt_site, user_site

@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 
-from palace._src.core import Buffer, MemoryRef, MemorySpace, SemaphoreKind, SemaphoreRefType
+from palace._src.core import Buffer, MemoryRef, MemorySpace, SemaphoreRefType
 from palace._src.errors import ResourceError, SyncError, UsageError
 from palace._src.sim import cost
 from palace._src.sim.bandwidth import reserve2
