@@ -1,7 +1,7 @@
 """`from palace import tpu as pltpu`: TPU-specific Pallas names (re-exports only)."""
 from palace._src.core import (ARBITRARY, CORE_PARALLEL, PARALLEL, SUBCORE_PARALLEL, CompilerParams,
-                              GridDimensionSemantics, MemorySpace, PrefetchScalarGridSpec,
-                              SemaphoreType, TensorCoreMesh)
+                              GridDimensionSemantics, InterpretParams, MemorySpace,
+                              PrefetchScalarGridSpec, SemaphoreType, TensorCoreMesh)
 from palace._src.lang.tpu_primitives import (AsyncCopyDescriptor, async_copy, async_remote_copy,
                                              bitcast, core_barrier, get_barrier_semaphore, load,
                                              make_async_copy, make_async_remote_copy,

@@ -240,6 +240,28 @@ class CompilerParams:
 
 
 @dataclasses.dataclass(frozen=True)
+class InterpretParams:
+  """`pltpu.InterpretParams`: JAX's TPU-interpreter options. palace always runs kernels on its virtual
+  TPU; passed as `interpret=` it adjusts that launch: `detect_races`, `dma_execution_mode` ('eager' /
+  'on_wait' DMA policies), `random_seed` (the machine's seed), `uninitialized_memory` ('nan' only: palace
+  never zero-fills) and `out_of_bounds_reads` ('raise', palace's default). Other fields are accepted and
+  ignored (they tune JAX's interpreter itself)."""
+  detect_races: bool = False
+  on_race: str = "raise"
+  out_of_bounds_reads: str = "raise"
+  skip_floating_point_ops: bool = False
+  uninitialized_memory: str = "nan"
+  num_cores_or_threads: int = 1
+  vector_clock_size: int | None = None
+  logging_mode: object = None
+  dma_execution_mode: str = "on_wait"
+  random_seed: int | None = None
+  grid_point_recorder: object = None
+  allow_hbm_allocation_in_run_scoped: bool = False
+  buffer_bounds: str = "logical"
+
+
+@dataclasses.dataclass(frozen=True)
 class CostEstimate:
   flops: int
   transcendentals: int

@@ -1,6 +1,7 @@
 """Host side of a launch (L5): operands to HBM buffers, outputs back to NumPy, one report per launch."""
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import sys
 
@@ -8,13 +9,13 @@ import numpy as np
 
 from palace._src import dtypes as dt
 from palace._src import blas, executor
-from palace._src.core import (Buffer, CompilerParams, MemoryRef, MemorySpace, SemaphoreType,
-                              ShapeDtypeStruct)
-from palace._src.errors import ShapeError, UsageError
+from palace._src.core import (Buffer, CompilerParams, InterpretParams, MemoryRef, MemorySpace,
+                              SemaphoreType, ShapeDtypeStruct)
+from palace._src.errors import ShapeError, UnsupportedError, UsageError
 from palace._src.lang.array import Array
 from palace._src.lang.primitives import scoped
 from palace._src.lang.refs import Ref
-from palace._src.sim.machine import active_tpu
+from palace._src.sim.machine import VirtualTPU, active_tpu
 from palace._src.util import tree_flatten, tree_map
 
 _INT_FILL = {np.dtype(np.int32): np.iinfo(np.int32).min, np.dtype(np.int16): np.iinfo(np.int16).min,
@@ -125,6 +126,30 @@ def execute(kname: str, build, grid_steps: int = 0) -> None:
     machine.run(build(machine, 0))
   machine.grid_steps = grid_steps
   tpu.record(machine.finish())
+
+
+@contextlib.contextmanager
+def interpret_context(interpret):
+  """`interpret=pltpu.InterpretParams(...)` on a launch: run it on a VirtualTPU like the active one
+  with the matching options (its report is recorded in the active context too)."""
+  if not isinstance(interpret, InterpretParams):
+    yield
+    return
+  if interpret.uninitialized_memory != "nan":
+    raise UnsupportedError.feature(
+        f"InterpretParams(uninitialized_memory={interpret.uninitialized_memory!r})",
+        "Never-written memory reads as NaN (floats) or the int minimum; pl.virtual_tpu(..., "
+        "uninitialized='raise') catches such reads.")
+  parent = active_tpu()
+  policy = interpret.dma_execution_mode if interpret.dma_execution_mode in ("eager", "on_wait") \
+      else parent.dma_policy
+  child = VirtualTPU(parent.chip, parent.num_chips, timing_only=parent.timing_only, dma_policy=policy,
+                     seed=parent.seed if interpret.random_seed is None else interpret.random_seed,
+                     trace=parent.trace, topology=parent.topology,
+                     detect_races=interpret.detect_races or parent.detect_races,
+                     uninitialized=parent.uninitialized)
+  with child:
+    yield
 
 
 def with_barrier_semaphore(params: CompilerParams, fn):
