@@ -84,3 +84,26 @@ def test_output_blocks_never_written_back_read_as_uninitialised():
   assert np.isnan(out[24:]).all()
   np.testing.assert_array_equal(ints[:24], 7)
   np.testing.assert_array_equal(ints[24:], np.iinfo(np.int32).min)
+
+
+def test_one_value_stored_into_two_buffers_keeps_them_independent():
+  @functools.partial(pl.kernel, out_type=pl.ShapeDtypeStruct((3, 8, 128), np.float32),
+                     mesh=pltpu.TensorCoreMesh("core", 1),
+                     scratch_types=[pltpu.VMEM((8, 128), jnp.float32), pltpu.VMEM((8, 128), jnp.float32)])
+  def k(o_hbm, a, b):
+    v = jnp.arange(8 * 128, dtype=jnp.float32).reshape(8, 128) * 1.0
+    a[...] = v
+    b[...] = v
+    a[0] = a[0] * 0 - 5.0            # a partial write to a changes neither b nor v
+    pltpu.sync_copy(a, o_hbm.at[0])
+    pltpu.sync_copy(b, o_hbm.at[1])
+    b[...] = v + 0.0
+    pltpu.sync_copy(b, o_hbm.at[2])
+
+  out = k()
+  ref = np.arange(8 * 128, dtype=np.float32).reshape(8, 128)
+  changed = ref.copy()
+  changed[0] = -5.0
+  np.testing.assert_array_equal(out[0], changed)
+  np.testing.assert_array_equal(out[1], ref)
+  np.testing.assert_array_equal(out[2], ref)
