@@ -30,9 +30,28 @@ _CANON_64 = {np.dtype(np.float64): float32, np.dtype(np.int64): int32,
              np.dtype(np.uint64): uint32}
 
 
+_CANON_MEMO: dict = {}  # (dtype argument, keep_64bit) -> np.dtype: memo of a pure function
+
+
 def canonicalize(dtype, keep_64bit: bool = False) -> np.dtype:
   """dtype as given by a user (str, type, np.dtype) -> np.dtype, with 64-bit mapped to 32-bit (as JAX
   does without x64) unless `keep_64bit` (allocation types keep it so the kernel can reject it)."""
+  try:
+    hit = _CANON_MEMO.get((dtype, keep_64bit))
+  except TypeError:  # unhashable argument
+    hit = None
+  if hit is not None:
+    return hit
+  d = _canonicalize(dtype, keep_64bit)
+  try:
+    if len(_CANON_MEMO) < 256:
+      _CANON_MEMO[(dtype, keep_64bit)] = d
+  except TypeError:
+    pass
+  return d
+
+
+def _canonicalize(dtype, keep_64bit: bool) -> np.dtype:
   if isinstance(dtype, str) and dtype == "bfloat16":
     return bfloat16
   try:
