@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import weakref
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -300,19 +301,49 @@ class Buffer:
   ready_cycle: int = 0        # when the last vector store to it finishes (timing model)
   sem_kind: SemaphoreKind | None = None
   key: tuple | None = None    # (name, allocation number) on its core: the "same" buffer on other cores
-  readers: list | None = None  # weakrefs to values holding zero-copy views of `storage`
+  readers: list | None = None  # weakrefs to values (and borrowing buffers) viewing `storage`
   aliased: bool = False       # storage shared with a bitcast/reshape view: loads always copy
+  borrowed: object = None     # the buffer whose storage this one views after a whole-buffer DMA
 
   def detach_readers(self) -> None:
     """Before any write to `storage`: values read from it without a copy get their own copy now,
-    so a value never changes after it was read (copy on write)."""
+    so a value never changes after it was read (copy on write); buffers that borrowed it by DMA
+    take their own copy; and if this buffer borrows another's storage, it copies it first."""
     readers = self.readers
     if readers:
       for r in readers:
         value = r()
-        if value is not None and value._data is not None and value._data.base is not None:
+        if value is None:
+          continue
+        if isinstance(value, Buffer):
+          if value.borrowed is self:
+            value.unborrow()
+        elif value._data is not None and value._data.base is not None:
           value._data = value._data.copy()
       readers.clear()
+    if self.borrowed is not None:
+      self.unborrow()
+
+  def unborrow(self) -> None:
+    """Stop viewing the lender's storage: take a private, writable copy."""
+    self.borrowed = None
+    self.detach_readers()
+    self.storage = np.array(self.storage, copy=True)
+
+  def borrow(self, lender: "Buffer", view) -> None:
+    """A whole-buffer copy from `lender` done by viewing its storage (read-only) instead of copying;
+    any later write to either side makes this buffer take its own copy first."""
+    ro = view.view()
+    ro.flags.writeable = False
+    self.storage = ro
+    self.borrowed = lender
+    readers = lender.readers
+    if readers is None:
+      readers = lender.readers = []
+    elif len(readers) > 64:
+      readers[:] = [r for r in readers if r() is not None and
+                    (not isinstance(r(), Buffer) or r().borrowed is lender)]
+    readers.append(weakref.ref(self))
 
   @property
   def nbytes(self) -> int:

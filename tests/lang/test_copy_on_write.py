@@ -107,3 +107,49 @@ def test_one_value_stored_into_two_buffers_keeps_them_independent():
   np.testing.assert_array_equal(out[0], changed)
   np.testing.assert_array_equal(out[1], ref)
   np.testing.assert_array_equal(out[2], ref)
+
+
+def test_borrowed_dma_blocks_never_write_through_to_hbm():
+  """A whole-buffer HBM->VMEM copy may view HBM instead of copying: writes to the VMEM buffer, and
+  writes to the HBM source while the buffer still views it, must both behave like real copies."""
+  x = np.arange(2 * 8 * 128, dtype=np.float32).reshape(2, 8, 128)
+  x_before = x.copy()
+
+  @functools.partial(pl.kernel, out_type=pl.ShapeDtypeStruct((3, 8, 128), np.float32),
+                     mesh=pltpu.TensorCoreMesh("core", 1),
+                     scratch_types=[pltpu.VMEM((8, 128), jnp.float32), pltpu.VMEM((8, 128), jnp.float32)])
+  def k(x_hbm, o_hbm, a, b):
+    pltpu.sync_copy(x_hbm.at[0], a)          # a views x[0] (no copy)
+    v = a[...]
+    a[1] = a[1] * 0.0                        # write to a: a takes its own copy first
+    pltpu.sync_copy(a, o_hbm.at[0])
+    pltpu.sync_copy(x_hbm.at[1], b)          # b views x[1]
+    pltpu.sync_copy(o_hbm.at[0], x_hbm.at[1])  # write the HBM source while b views it
+    pltpu.sync_copy(b, o_hbm.at[1])          # b still holds the old x[1]
+    b[...] = v                               # v is still the old x[0]
+    pltpu.sync_copy(b, o_hbm.at[2])
+
+  ref_in = pl.new_ref(x)
+  out = k(ref_in)
+  changed = x_before[0].copy()
+  changed[1] = 0.0
+  np.testing.assert_array_equal(out[0], changed)
+  np.testing.assert_array_equal(out[1], x_before[1])
+  np.testing.assert_array_equal(out[2], x_before[0])
+  after = pl.freeze(ref_in)
+  np.testing.assert_array_equal(after[0], x_before[0])     # never written through a borrowed view
+  np.testing.assert_array_equal(after[1], changed)         # the explicit HBM write landed
+
+
+def test_kernel_writing_its_input_block_leaves_the_input_array_alone():
+  def kernel(x_ref, o_ref):
+    x_ref[...] = x_ref[...] + 1.0            # legal on TPU: the block is a VMEM copy
+    o_ref[...] = x_ref[...] * 2.0
+
+  x = np.ones((64, 128), np.float32)
+  f = pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct(x.shape, x.dtype), grid=(8,),
+                     in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+                     out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)))
+  out = f(x)
+  np.testing.assert_array_equal(out, 4.0)
+  np.testing.assert_array_equal(x, 1.0)

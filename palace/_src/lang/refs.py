@@ -243,7 +243,18 @@ class Ref:
       data, ready = (None if ex.timing_only and view.shape else value._data), value._ready
     else:
       data, ready = _coerce_store(view, value, ex.timing_only)
-    ex.store(self.buf, view._np_index, view.shape, data, ready)
+    buf = self.buf
+    ex.store(buf, view._np_index, view.shape, data, ready)
+    if data is not None and buf.storage is data:
+      # the buffer adopted the value's array (no copy): the value now reads it through a read-only
+      # view and is detached (copied) before the next write, like a load (copy on write)
+      ro = data.view()
+      ro.flags.writeable = False
+      if type(value) is Array:
+        value._data = ro
+        if buf.readers is None:
+          buf.readers = []
+        buf.readers.append(weakref.ref(value))
 
   def get(self, idx=()):
     return self[... if isinstance(idx, tuple) and not idx else idx]

@@ -124,16 +124,27 @@ def _add(cur, data):
   return (cur.astype(np.float32) + data.astype(np.float32)).astype(cur.dtype)  # bf16 / fp8
 
 
-def move_data(req) -> None:
+def move_data(req, borrow: bool = False) -> None:
   """Perform the copy on the NumPy storages (called once per DMA, at the policy's chosen moment).
 
   Indexed copies (SparseCore): `src_indices` gathers rows, `dst_indices` scatters them (np.add.at for
-  add=True, so repeated indices accumulate); `mask` drops ignored index entries on the dense side."""
+  add=True, so repeated indices accumulate); `mask` drops ignored index entries on the dense side.
+  `borrow`: a plain copy of a whole VMEM buffer may view the source instead (Buffer.borrow)."""
   src, dst = req.src_buf.storage, req.dst_buf.storage
   if src is None or dst is None:
     return
-  if req.dst_buf.readers:
-    req.dst_buf.detach_readers()
+  dst_buf = req.dst_buf
+  if (borrow and req.dst_index == () and not req.add and req.src_indices is None and
+      req.dst_indices is None and req.mask is None and not dst_buf.aliased and
+      dst_buf.memory_space is MemorySpace.VMEM and not req.src_buf.aliased):
+    view = src[req.src_index]
+    if view.shape == dst.shape and view.dtype == dst.dtype:
+      dst_buf.borrowed = None  # the old storage is not written: its readers keep valid views
+      dst_buf.borrow(req.src_buf, view)
+      return
+  if dst_buf.readers or dst_buf.borrowed is not None:
+    dst_buf.detach_readers()
+    dst = dst_buf.storage  # unborrowing replaced it with a private copy
   data = src[req.src_indices] if req.src_indices is not None else src[req.src_index]
   if req.dst_indices is not None:
     if req.mask is not None:

@@ -175,10 +175,20 @@ class TensorCore:
       alt = self.checks.store(self, buf, index, shape, data)
       if alt is not None:
         index, data = alt
-    if buf.storage is not None and data is not None:
-      if buf.readers:
-        buf.detach_readers()
-      buf.storage[index] = data
+    storage = buf.storage
+    if storage is not None and data is not None:
+      if (index == () and data.base is None and self.checks is None and not buf.aliased
+          and type(data) is np.ndarray and data.dtype == storage.dtype and data.shape == storage.shape
+          and data.flags.writeable and data.flags.c_contiguous):
+        # a whole-buffer store of a fresh result: adopt the array instead of copying it. The old
+        # memory is not written, so views of it (loads, a lender's storage) stay valid; the stored
+        # value is made a copy-on-write reader by Ref.__setitem__.
+        buf.borrowed = None
+        buf.storage = data
+      else:
+        if buf.readers or buf.borrowed is not None:
+          buf.detach_readers()
+        buf.storage[index] = data
     if not shape or buf.memory_space == MemorySpace.SMEM:
       self.now += self.chip.scalar_op_cycles
       done = self.now if self.now > ready else ready
@@ -345,7 +355,7 @@ class TensorCore:
     if self.timing_only and dst_space != MemorySpace.SMEM:
       rec.moved = True  # timing only: payloads are skipped; only scalar (SMEM) data moves
     elif self._eager or m.dma_policy.move_at_start(rec):
-      move_data(req)
+      move_data(req, borrow=self.checks is None)  # the checkers track storage identity: no borrowing
       rec.moved = True
       if self.checks is not None:
         self.checks.moved(req)
