@@ -304,6 +304,7 @@ class Buffer:
   readers: list | None = None  # weakrefs to values (and borrowing buffers) viewing `storage`
   aliased: bool = False       # storage shared with a bitcast/reshape view: loads always copy
   borrowed: object = None     # the buffer whose storage this one views after a whole-buffer DMA
+  lenders: list | None = None  # buffers whose reader lists hold this one
 
   def detach_readers(self) -> None:
     """Before any write to `storage`: values read from it without a copy get their own copy now,
@@ -318,6 +319,8 @@ class Buffer:
         if isinstance(value, Buffer):
           if value.borrowed is self:
             value.unborrow()
+          if value.lenders:
+            value.lenders = [known for known in value.lenders if known is not self]
         elif value._data is not None and value._data.base is not None:
           value._data = value._data.copy()
       readers.clear()
@@ -337,12 +340,14 @@ class Buffer:
     ro.flags.writeable = False
     self.storage = ro
     self.borrowed = lender
+    if self.lenders is None:
+      self.lenders = []
+    if any(known is lender for known in self.lenders):
+      return  # already on the lender's reader list (the entry is checked against `borrowed`)
+    self.lenders.append(lender)
     readers = lender.readers
     if readers is None:
       readers = lender.readers = []
-    elif len(readers) > 64:
-      readers[:] = [r for r in readers if r() is not None and
-                    (not isinstance(r(), Buffer) or r().borrowed is lender)]
     readers.append(weakref.ref(self))
 
   @property
