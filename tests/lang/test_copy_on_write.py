@@ -109,9 +109,11 @@ def test_one_value_stored_into_two_buffers_keeps_them_independent():
   np.testing.assert_array_equal(out[2], ref)
 
 
-def test_borrowed_dma_blocks_never_write_through_to_hbm():
+def test_borrowed_dma_blocks_never_write_through_to_hbm(monkeypatch):
   """A whole-buffer HBM->VMEM copy may view HBM instead of copying: writes to the VMEM buffer, and
   writes to the HBM source while the buffer still views it, must both behave like real copies."""
+  from palace._src.sim import dma
+  monkeypatch.setattr(dma, "_BORROW_MIN_BYTES", 0)  # borrow even these small blocks
   x = np.arange(2 * 8 * 128, dtype=np.float32).reshape(2, 8, 128)
   x_before = x.copy()
 
@@ -141,7 +143,10 @@ def test_borrowed_dma_blocks_never_write_through_to_hbm():
   np.testing.assert_array_equal(after[1], changed)         # the explicit HBM write landed
 
 
-def test_kernel_writing_its_input_block_leaves_the_input_array_alone():
+def test_kernel_writing_its_input_block_leaves_the_input_array_alone(monkeypatch):
+  from palace._src.sim import dma
+  monkeypatch.setattr(dma, "_BORROW_MIN_BYTES", 0)
+
   def kernel(x_ref, o_ref):
     x_ref[...] = x_ref[...] + 1.0            # legal on TPU: the block is a VMEM copy
     o_ref[...] = x_ref[...] * 2.0

@@ -124,6 +124,9 @@ def _add(cur, data):
   return (cur.astype(np.float32) + data.astype(np.float32)).astype(cur.dtype)  # bf16 / fp8
 
 
+_BORROW_MIN_BYTES = 64 * 1024  # below this a plain copy is cheaper than the borrowing bookkeeping
+
+
 def move_data(req, borrow: bool = False) -> None:
   """Perform the copy on the NumPy storages (called once per DMA, at the policy's chosen moment).
 
@@ -134,7 +137,8 @@ def move_data(req, borrow: bool = False) -> None:
   if src is None or dst is None:
     return
   dst_buf = req.dst_buf
-  if (borrow and req.dst_index == () and not req.add and req.src_indices is None and
+  if (borrow and dst.nbytes >= _BORROW_MIN_BYTES and req.dst_index == () and not req.add and
+      req.src_indices is None and
       req.dst_indices is None and req.mask is None and not dst_buf.aliased and
       dst_buf.memory_space is MemorySpace.VMEM and not req.src_buf.aliased):
     view = src[req.src_index]
