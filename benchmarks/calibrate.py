@@ -18,8 +18,9 @@ import numpy as np
 
 import palace as pl
 import palace.numpy as jnp
-from palace import tpu as pltpu
 from palace._src import hw
+
+from benchmarks.kernels import tiled_matmul
 
 # tpu-hardware.md section 7: (m = k = n, bm, bk, bn, measured wall ms, grid steps)
 TABLE = (
@@ -32,38 +33,11 @@ XLA_TABLE = ((4096, 0.82729), (8192, 6.04715))
 ERROR_BUDGET = 0.10
 
 
-def matmul_kernel(x_ref, y_ref, z_ref, acc_ref):
-  @pl.when(pl.program_id(2) == 0)
-  def _():
-    acc_ref[...] = jnp.zeros_like(acc_ref)
-
-  acc_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
-
-  @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
-  def _():
-    z_ref[...] = acc_ref[...].astype(z_ref.dtype)
-
-
-def matmul(x, y, bm, bk, bn):
-  m, k = x.shape
-  n = y.shape[1]
-  return pl.pallas_call(
-      matmul_kernel,
-      out_shape=pl.ShapeDtypeStruct((m, n), x.dtype),
-      grid=(m // bm, n // bn, k // bk),
-      in_specs=[pl.BlockSpec((bm, bk), lambda i, j, k: (i, k)),
-                pl.BlockSpec((bk, bn), lambda i, j, k: (k, j))],
-      out_specs=pl.BlockSpec((bm, bn), lambda i, j, k: (i, j)),
-      scratch_shapes=[pltpu.VMEM((bm, bn), jnp.float32)],
-      compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary")),
-  )(x, y)
-
-
 def run_config(chip, m, bm, bk, bn):
   """The report of one tutorial configuration (timing only: no math, no payloads)."""
   x = np.ones((m, m), jnp.bfloat16)
   with pl.virtual_tpu(chip, timing_only=True, trace=False) as tpu:
-    matmul(x, x, bm, bk, bn)
+    tiled_matmul(x, x, bm, bk, bn)
   return tpu.reports[-1]
 
 

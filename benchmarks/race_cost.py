@@ -4,59 +4,25 @@ where the per-access bookkeeping is not hidden behind NumPy matmuls.
 
 Prints wall-time ratios (best of several runs, so a busy machine does not dominate) on v5e (one core) and
 v5p (megacore: two cores, so access records are kept and compared across cores).
-Run: OPENBLAS_NUM_THREADS=1 .venv/bin/python benchmarks/race_cost.py [size] [block]
+Run from the repo root: OPENBLAS_NUM_THREADS=1 .venv/bin/python -m benchmarks.race_cost [size] [block]
 (single-threaded BLAS keeps the ratio stable on a busy machine). Measured on the 2-vCPU dev box: matmul
 1.07x (v5e) / 0.99x (v5p) with detect_races, 1.2-1.3x adding uninitialized="raise"; the step-bound
 kernel 2.2x / 3.0x (about 60 us of bookkeeping per grid step: two DMAs, a load and a store).
 """
 import sys
-import time
 
 import numpy as np
 
 import palace as pl
-import palace.numpy as jnp
-from palace import tpu as pltpu
 
-
-def _mm_kernel(x_ref, y_ref, z_ref, acc_ref):
-  @pl.when(pl.program_id(2) == 0)
-  def _():
-    acc_ref[...] = jnp.zeros_like(acc_ref)
-
-  acc_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
-
-  @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
-  def _():
-    z_ref[...] = acc_ref[...].astype(z_ref.dtype)
-
-
-def matmul(x, y, b):
-  """The benchmarks/matmul_vs_numpy.py kernel: grid (m/b, n/b, k/b), reduction axis last."""
-  m, k = x.shape
-  n = y.shape[1]
-  return pl.pallas_call(
-      _mm_kernel, out_shape=pl.ShapeDtypeStruct((m, n), x.dtype), grid=(m // b, n // b, k // b),
-      in_specs=[pl.BlockSpec((b, b), lambda i, j, k: (i, k)), pl.BlockSpec((b, b), lambda i, j, k: (k, j))],
-      out_specs=pl.BlockSpec((b, b), lambda i, j, k: (i, j)),
-      scratch_shapes=[pltpu.VMEM((b, b), jnp.float32)],
-      compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary")))(x, y)
-
-
-def _best(fn, reps):
-  best = float("inf")
-  for _ in range(reps):
-    t0 = time.perf_counter()
-    fn()
-    best = min(best, time.perf_counter() - t0)
-  return best
+from benchmarks.kernels import best_of, tiled_matmul
 
 
 def _timed(chip, fn, reps, **checks):
   def run():
     with pl.virtual_tpu(chip, trace=False, **checks):
       fn()
-  return _best(run, reps)
+  return best_of(run, reps)[0]
 
 
 def _step_kernel(n=4096):
@@ -74,9 +40,9 @@ def main():
   rng = np.random.default_rng(0)
   x = rng.standard_normal((size, size)).astype(np.float32)
   y = rng.standard_normal((size, size)).astype(np.float32)
-  mm = lambda: matmul(x, y, block)  # noqa: E731
+  mm = lambda: tiled_matmul(x, y, block)  # noqa: E731
   with pl.virtual_tpu("v5e", detect_races=True):
-    np.testing.assert_allclose(matmul(x, y, block), x @ y, rtol=2e-3, atol=2e-3)
+    np.testing.assert_allclose(tiled_matmul(x, y, block), x @ y, rtol=2e-3, atol=2e-3)
   rows = []
   for chip in ("v5e", "v5p"):
     base = _timed(chip, mm, 3)

@@ -9,25 +9,15 @@ from __future__ import annotations
 import pathlib
 import subprocess
 import sys
-import time
 
 import numpy as np
 
 import palace as pl
 import palace.numpy as jnp
-from palace import tpu as pltpu
+
+from benchmarks.kernels import best_of, tiled_matmul
 
 JAX_TPU_INTERPRET_STEP_S = 1.8e-3   # JAX TPU interpret mode, trivial copy kernel, per grid step (issue 10)
-
-
-def _best(fn, repeat=3):
-  best = float("inf")
-  out = None
-  for _ in range(repeat):
-    t0 = time.perf_counter()
-    out = fn()
-    best = min(best, time.perf_counter() - t0)
-  return best, out
 
 
 def _copy_kernel(x_ref, o_ref):
@@ -44,35 +34,15 @@ def step_overhead(n=4096):
     with pl.virtual_tpu("v5e"):
       return f(x)
 
-  t, y = _best(run)
+  t, y = best_of(run)
   assert (y == 2).all()
   return t / n
 
 
-def _mm_kernel(x_ref, y_ref, z_ref, acc_ref):
-  @pl.when(pl.program_id(2) == 0)
-  def _():
-    acc_ref[...] = jnp.zeros_like(acc_ref)
-
-  acc_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
-
-  @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
-  def _():
-    z_ref[...] = acc_ref[...].astype(z_ref.dtype)
-
-
 def matmul(x, y, b, **tpu_kw):
-  m, k = x.shape
-  n = y.shape[1]
-  f = pl.pallas_call(
-      _mm_kernel, out_shape=pl.ShapeDtypeStruct((m, n), x.dtype), grid=(m // b, n // b, k // b),
-      in_specs=[pl.BlockSpec((b, b), lambda i, j, k: (i, k)), pl.BlockSpec((b, b), lambda i, j, k: (k, j))],
-      out_specs=pl.BlockSpec((b, b), lambda i, j, k: (i, j)),
-      scratch_shapes=[pltpu.VMEM((b, b), jnp.float32)],
-      compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary"),
-                                           vmem_limit_bytes=64 * 2**20))
+  """The tutorial matmul with b-blocks on a v5e; (result, its report)."""
   with pl.virtual_tpu("v5e", **tpu_kw) as tpu:
-    return f(x, y), tpu.reports[-1]
+    return tiled_matmul(x, y, b, vmem_limit_bytes=64 * 2**20), tpu.reports[-1]
 
 
 _RSS_SNIPPET = """
@@ -106,18 +76,18 @@ def main():
                "<= 40 us"))
   x32 = rng.standard_normal((2048, 2048), dtype=np.float32)
   y32 = rng.standard_normal((2048, 2048), dtype=np.float32)
-  t_np, _ = _best(lambda: x32 @ y32)
+  t_np, _ = best_of(lambda: x32 @ y32)
   for name, dtype in (("f32", np.float32), ("bf16", jnp.bfloat16)):
     x, y = x32.astype(dtype), y32.astype(dtype)
-    t, (z, _) = _best(lambda: matmul(x, y, 512))
+    t, (z, _) = best_of(lambda: matmul(x, y, 512))
     rows.append((f"2048^3 {name} matmul, 512 blocks", f"{t:.3f} s",
                  f"{t / t_np:.2f}x NumPy f32 x @ y ({t_np:.3f} s)", "<= 1.5x"))
   xb, yb = x32.astype(jnp.bfloat16), y32.astype(jnp.bfloat16)
-  t, _ = _best(lambda: matmul(xb, yb, 128), repeat=1)
+  t, _ = best_of(lambda: matmul(xb, yb, 128), reps=1)
   rows.append(("2048^3 bf16 matmul, 128 blocks (4096 steps)", f"{t:.3f} s",
                f"{t / t_np:.1f}x NumPy f32", "<= 0.5 s"))
   xt = np.ones((8192, 8192), jnp.bfloat16)
-  t, (_, rep) = _best(lambda: matmul(xt, xt, 128, timing_only=True, trace=False), repeat=1)
+  t, (_, rep) = best_of(lambda: matmul(xt, xt, 128, timing_only=True, trace=False), reps=1)
   steps = rep.grid_steps
   rows.append((f"timing_only matmul, {steps:,} steps", f"{t:.2f} s",
                f"{steps / t * 60 / 1e6:.2f} M steps/min", ">= 1 M steps/min"))
