@@ -71,11 +71,12 @@ def test_cross_core_handoff_ordered_by_semaphore():
   with pl.virtual_tpu("v5p") as tpu:
     y = handoff(x)
   np.testing.assert_array_equal(y, (x + 1) * 10)
-  # core 1 cannot finish before core 0 signalled: its end is after core 0's signal
+  # core 1 waits for core 0's signal, sent after core 0's last copy, then copies twice itself: its
+  # timeline ends after core 0's
   ends = {}
   for (chip, core), unit, name, start, end, args in tpu.reports[-1].events:
     ends[core] = max(ends.get(core, 0), end)
-  assert ends[1] > ends[0] * 0.5
+  assert ends[1] > ends[0]
 
 
 def test_deadlock_names_every_core():
