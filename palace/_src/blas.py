@@ -70,7 +70,7 @@ def single_threaded():
   return _threads([1] * len(_blas_controllers()))
 
 
-def matmul(a, b):
+def matmul(a, b, out=None):
   """np.matmul on one BLAS thread below SMALL_MATMUL_FLOPS, on the usual threads above it."""
   m, k = a.shape[-2], a.shape[-1]
   n = b.shape[-1]
@@ -78,10 +78,10 @@ def matmul(a, b):
   small = 2 * batch * m * k * n < SMALL_MATMUL_FLOPS
   if _kernel_threads:  # inside a launch BLAS already runs on one thread
     if small or not _blas_controllers():
-      return np.matmul(a, b)
+      return np.matmul(a, b, out=out)
     with _threads(_kernel_threads[-1]):
-      return np.matmul(a, b)
+      return np.matmul(a, b, out=out)
   if small and _blas_controllers():
     with single_threaded():
-      return np.matmul(a, b)
-  return np.matmul(a, b)
+      return np.matmul(a, b, out=out)
+  return np.matmul(a, b, out=out)

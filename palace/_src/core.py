@@ -290,7 +290,11 @@ class Buffer:
   """One allocation on the virtual machine: NumPy storage plus where it lives.
 
   `storage` is None in timing-only mode for vector memories. `name` is the origin path used in errors
-  (`args[0]`, `outputs[1]`, `scratch[2]`)."""
+  (`args[0]`, `outputs[1]`, `scratch[2]`).
+
+  A whole-buffer store may leave a deferred value instead of numbers (`pending`, an object with
+  `compute_into(out)`: the language side's matmul sums, see lang/deferred.py). Reading `storage`
+  computes it first, so code that only uses `storage` never sees it; assigning `storage` drops it."""
   storage: Any
   shape: tuple
   dtype: np.dtype
@@ -305,6 +309,7 @@ class Buffer:
   aliased: bool = False       # storage shared with a bitcast/reshape view: loads always copy
   borrowed: object = None     # the buffer whose storage this one views after a whole-buffer DMA
   lenders: list | None = None  # buffers whose reader lists hold this one
+  pending: object = None      # a deferred whole-buffer value (storage is computed on first read)
 
   def detach_readers(self) -> None:
     """Before any write to `storage`: values read from it without a copy get their own copy now,
@@ -353,3 +358,34 @@ class Buffer:
   @property
   def nbytes(self) -> int:
     return prod(self.shape) * self.dtype.itemsize
+
+  def defer(self, value) -> None:
+    """A whole-buffer store of a deferred value: keep it instead of computing it. The old storage is
+    not written, so values and buffers viewing it stay valid (like an adopted store)."""
+    self.borrowed = None
+    self._storage = None
+    self.pending = value
+
+  def materialize(self) -> None:
+    """Compute the pending value into fresh storage."""
+    value = self.pending
+    self.pending = None
+    out = np.empty(self.shape, self.dtype)
+    value.compute_into(out)
+    self._storage = out
+
+
+def _get_storage(buf):
+  if buf.pending is not None:
+    buf.materialize()
+  return buf._storage
+
+
+def _set_storage(buf, value):
+  buf.pending = None
+  buf._storage = value
+
+
+# A property added after the dataclass is built, so `Buffer(storage, ...)` and
+# `dataclasses.replace(buf, storage=...)` keep working while reads can compute a pending value.
+Buffer.storage = property(_get_storage, _set_storage, doc="The NumPy storage (computing a pending value).")

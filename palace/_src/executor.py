@@ -20,6 +20,8 @@ class Executor(Protocol):
   chip_index: int
   core_id: int
   axis_env: dict            # mesh axis name -> (index, size)
+  deferred_values: bool     # whole-buffer stores may keep deferred values (load then returns them)
+  host_cache: dict          # per-launch host caches owned by the language side (lang/deferred.py)
 
   # values and compute
   def load(self, buf, index, shape, site=None): ...          # -> (np data | None, ready_cycle)

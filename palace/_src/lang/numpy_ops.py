@@ -18,7 +18,9 @@ import numpy as np
 from palace._src import dtypes as dt
 from palace._src import executor
 from palace._src.errors import ShapeError, UsageError
+from palace._src.lang import deferred
 from palace._src.lang.array import Array, dtype_of, ready_of
+from palace._src.lang.deferred import Deferred
 from palace._src.util import user_frame_summary
 
 
@@ -259,7 +261,18 @@ def _int_only(fn, name):
   return f
 
 
-add = _elementwise(np.add, "cheap", name="add")
+_add = _elementwise(np.add, "cheap", name="add")
+
+
+def add(x1, x2):
+  if type(x1) is Deferred or type(x2) is Deferred:  # a matmul sum grows without being computed
+    later = deferred.add(_current_ex(), x1, x2)
+    if later is not None:
+      return later
+  return _add(x1, x2)
+
+
+add.__doc__ = _add.__doc__
 subtract = _elementwise(np.subtract, "cheap", name="subtract")
 multiply = _elementwise(np.multiply, "cheap", name="multiply")
 true_divide = divide = _elementwise(np.true_divide, "medium", "float", name="divide")
@@ -375,6 +388,10 @@ def astype(x, dtype):
   d = _dtype_arg(dtype, "astype")
   if isinstance(x, Array) and x.dtype == d:
     return x
+  if type(x) is Deferred:
+    later = deferred.astype(_current_ex(), x, d)
+    if later is not None:
+      return later
   data = None
   if _has_data(x):
     v = _np(x)
@@ -459,6 +476,10 @@ def _full(shape, fill_value, dtype, api: str):
   elif ex.timing_only and shape:
     data = None
   else:  # values are immutable: a read-only broadcast view costs nothing until it is stored
+    if type(fill_value) in (int, float) and fill_value == 0 and d == _F32:
+      later = deferred.zeros(ex, shape)  # an accumulator's zero start, kept symbolic
+      if later is not None:
+        return later
     data = np.broadcast_to(np.asarray(_np(fill_value), d), shape)
   return _out(data, shape, d, ready_of(fill_value), "cheap", False)
 
@@ -765,6 +786,7 @@ _bind_methods()
 
 
 _PRIVATE_IMPORTS = {"annotations", "builtins", "math", "ml_dtypes", "np", "dt", "executor", "Array",
+                    "deferred", "Deferred",
                     "ShapeError", "UsageError", "dtype_of", "ready_of",
                     "user_frame_summary"}
 __all__ = sorted(n for n in globals() if not n.startswith("_") and n not in _PRIVATE_IMPORTS)

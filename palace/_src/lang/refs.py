@@ -17,6 +17,7 @@ from palace._src.core import Buffer, MemorySpace, is_hbm
 from palace._src.errors import MemorySpaceError, OutOfBoundsError, ShapeError, UsageError
 from palace._src.lang import numpy_indexing, numpy_linalg, numpy_ops  # noqa: F401  (bind Array operators)
 from palace._src.lang.array import Array, concrete_int
+from palace._src.lang.deferred import Deferred
 from palace._src.lang.indexed import is_index_source, make_indexed
 from palace._src.util import prod, user_frame_summary
 
@@ -222,14 +223,21 @@ class Ref:
     if buf.memory_space is not _VMEM:
       view._check_access("Load", not view.shape)
     data, ready = ex.load(buf, view._np_index, view.shape)
+    if type(data) is Deferred:
+      return data._again(ready)
     value = Array(data, view.shape, buf.dtype, ready)
     if data is not None and data.base is not None and data.ndim:
-      # a zero-copy view of the buffer: the next write to the buffer detaches it (copy on write)
-      if buf.readers is None:
-        buf.readers = []
-      elif len(buf.readers) > 64:
-        buf.readers = [r for r in buf.readers if r() is not None]
-      buf.readers.append(weakref.ref(value))
+      # a zero-copy view of the buffer: the next write to the buffer detaches it (copy on write). If
+      # the buffer borrows another's storage, the view is that storage: the lenders watch it too, so a
+      # write to them still detaches it after this buffer stops borrowing (next DMA, store or free).
+      ref = weakref.ref(value)
+      while buf is not None:
+        if buf.readers is None:
+          buf.readers = []
+        elif len(buf.readers) > 64:
+          buf.readers = [r for r in buf.readers if r() is not None]
+        buf.readers.append(ref)
+        buf = buf.borrowed
     return value
 
   def __setitem__(self, idx, value):
@@ -241,11 +249,15 @@ class Ref:
       view._check_access("Store", not view.shape)
     if type(value) is Array and value.shape == view.shape and value.dtype == self.buf.dtype:
       data, ready = (None if ex.timing_only and view.shape else value._data), value._ready
+    elif (type(value) is Deferred and view._np_index == () and value.shape == view.shape
+          and value.dtype == self.buf.dtype and self.buf.memory_space is _VMEM and not self.buf.aliased
+          and ex.deferred_values):
+      data, ready = value, value._ready  # the buffer keeps the deferred sum (lang/deferred.py)
     else:
       data, ready = _coerce_store(view, value, ex.timing_only)
     buf = self.buf
     ex.store(buf, view._np_index, view.shape, data, ready)
-    if data is not None and buf.storage is data:
+    if type(data) is np.ndarray and buf.storage is data:
       # the buffer adopted the value's array (no copy): the value now reads it through a read-only
       # view and is detached (copied) before the next write, like a load (copy on write)
       ro = data.view()

@@ -133,10 +133,25 @@ def move_data(req, borrow: bool = False) -> None:
   Indexed copies (SparseCore): `src_indices` gathers rows, `dst_indices` scatters them (np.add.at for
   add=True, so repeated indices accumulate); `mask` drops ignored index entries on the dense side.
   `borrow`: a plain copy of a whole VMEM buffer may view the source instead (Buffer.borrow)."""
-  src, dst = req.src_buf.storage, req.dst_buf.storage
+  dst_buf = req.dst_buf
+  plain = not req.add and req.src_indices is None and req.dst_indices is None and req.mask is None
+  if plain and dst_buf.pending is not None and req.dst_index == ():
+    dst_buf.storage = np.empty(dst_buf.shape, dst_buf.dtype)  # overwritten whole: drop the old value
+  pending = req.src_buf.pending
+  if pending is not None and plain and req.src_index == () and dst_buf is not req.src_buf:
+    dst = dst_buf.storage
+    if dst is None:
+      return
+    if dst_buf.readers or dst_buf.borrowed is not None:
+      dst_buf.detach_readers()
+      dst = dst_buf.storage
+    out = dst[req.dst_index]
+    if out.shape == req.src_buf.shape and out.dtype == req.src_buf.dtype:
+      pending.compute_into(out)  # a deferred value goes straight to its destination
+      return
+  src, dst = req.src_buf.storage, dst_buf.storage
   if src is None or dst is None:
     return
-  dst_buf = req.dst_buf
   if (borrow and dst.nbytes >= _BORROW_MIN_BYTES and req.dst_index == () and not req.add and
       req.src_indices is None and
       req.dst_indices is None and req.mask is None and not dst_buf.aliased and

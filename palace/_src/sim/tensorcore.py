@@ -26,6 +26,21 @@ _SENTINEL = {np.dtype(np.int32): np.iinfo(np.int32).min, np.dtype(np.int16): np.
              np.dtype(np.int8): np.iinfo(np.int8).min}
 
 
+_LAZY_FILL_BYTES = 64 * 1024  # VMEM buffers this large start with a pending fill instead of one
+
+
+class _Fill:
+  """The uninitialised contents of a fresh VMEM buffer (NaN / int sentinel) as a pending value: written
+  only if something reads the buffer before a whole-buffer store or DMA replaces it."""
+  __slots__ = ("value",)
+
+  def __init__(self, value):
+    self.value = value
+
+  def compute_into(self, out) -> None:
+    out.fill(self.value)
+
+
 class SemSlot:
   """Arrivals on one semaphore element: applied `value` plus pending (cycle, seq, amount, dma)."""
   __slots__ = ("value", "pending")
@@ -48,6 +63,9 @@ class TensorCore:
     self.bounds_checks = not params.disable_bounds_checks
     self.semaphore_checks = not params.disable_semaphore_checks
     self.checks = machine.checks if self.bounds_checks else machine.unchecked_checks()
+    # whole-buffer stores may leave deferred values (lang/deferred.py) unless a checker follows storage
+    self.deferred_values = self.checks is None and not self.timing_only
+    self.host_cache = {}      # the language side's host caches for this launch (opaque to the machine)
     self._poll, self._polls = None, 0   # semaphore_read polling (livelock detection)
     self.unused_dmas = {}     # descriptors made but never started nor waited: key -> (site, text, desc)
     self.grid_stack = []
@@ -162,6 +180,9 @@ class TensorCore:
       return (data if data is None or data.shape == () else data.copy()), ready
     ready = self._issue("vld", *self._vector_cost("load", shape, buf.dtype)[1:],
                         buf.ready_cycle, "load")
+    pending = buf.pending
+    if pending is not None and index == () and type(pending) is not _Fill:
+      return pending, ready  # a deferred value read whole stays deferred (Buffer.pending)
     if self.timing_only or buf.storage is None:
       return None, ready
     if buf.aliased:
@@ -175,7 +196,14 @@ class TensorCore:
       alt = self.checks.store(self, buf, index, shape, data)
       if alt is not None:
         index, data = alt
-    storage = buf.storage
+    if index == () and data is not None and type(data) is not np.ndarray and \
+        hasattr(data, "compute_into"):
+      buf.defer(data)  # the language side checked: whole VMEM buffer, same shape and dtype
+      storage = data = None
+    else:
+      if index == () and buf.pending is not None:
+        buf.storage = np.empty(buf.shape, buf.dtype)  # overwritten whole: never compute the old value
+      storage = buf.storage
     if storage is not None and data is not None:
       if (index == () and data.base is None and self.checks is None and not buf.aliased
           and type(data) is np.ndarray and data.dtype == storage.dtype and data.shape == storage.shape
@@ -252,17 +280,26 @@ class TensorCore:
             f"> {fmt_bytes(self.chip.smem_bytes)} on {self.chip.name}. Keep SMEM for scalars and small "
             f"index tables; move arrays to VMEM.")
       self.smem_used += nbytes
-    storage = self._fresh_storage(mem_type.shape, mem_type.dtype, space)
-    buf = Buffer(storage, mem_type.shape, mem_type.dtype, space, name, self, self.chip_index)
+    if space == MemorySpace.VMEM and self.deferred_values and nbytes >= _LAZY_FILL_BYTES:
+      # the uninitialised value is written only if something reads the buffer before overwriting it
+      buf = Buffer(None, mem_type.shape, mem_type.dtype, space, name, self, self.chip_index)
+      buf.defer(_Fill(self._fill_value(mem_type.dtype)))
+    else:
+      storage = self._fresh_storage(mem_type.shape, mem_type.dtype, space)
+      buf = Buffer(storage, mem_type.shape, mem_type.dtype, space, name, self, self.chip_index)
     self.live[id(buf)] = (name, nbytes, space)
     return buf
 
   def _fresh_storage(self, shape, dtype, space):
     if self.timing_only and space != MemorySpace.SMEM:
       return None
+    return np.full(shape, self._fill_value(dtype), dtype)
+
+  @staticmethod
+  def _fill_value(dtype):
     if dtype.kind == "f" or str(dtype) in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
-      return np.full(shape, np.nan, dtype)  # uninitialised scratch reads as NaN (floats)
-    return np.full(shape, _SENTINEL.get(dtype, 0), dtype)
+      return np.nan  # uninitialised scratch reads as NaN (floats)
+    return _SENTINEL.get(dtype, 0)
 
   def _vmem_message(self, name, nbytes) -> str:
     rows = "; ".join(f"{n} {fmt_bytes(b)}" for n, b, s in self.live.values()

@@ -1,0 +1,282 @@
+"""Deferred matmul sums (L4a): `acc + jnp.dot(a, b)` kept as `c + sum_k a_k @ b_k` until it is read.
+
+Why. A K-tiled matmul kernel adds one block product per grid step into a float32 accumulator:
+`acc_ref[...] += jnp.dot(x_ref[...], y_ref[...])`. Done eagerly on the host that is one mid-size BLAS
+call, one full-block add and one store per step, and many mid-size GEMMs are far slower than one
+large one (2048^3 f32 on this kind of machine: 64 block GEMMs of 512^3 take 1.6x one `x @ y`; 16 GEMMs
+of 512x2048x512 take 1.17x). So a large enough product is not computed when issued: `jnp.dot` returns a
+`Deferred` value, adding it to a float32 array or another `Deferred` extends the sum, and storing it
+into a whole VMEM buffer leaves it there (`Buffer.pending`). The sum is computed when anything needs its
+numbers: a lang op reading `_data`, a partial load or store, a DMA out of the buffer (which computes it
+straight into the destination, e.g. the HBM output block) or the end of the launch. When the K operands
+are adjacent views of one array (blocks DMA'd from HBM are borrowed views of it, `dma.move_data`) the
+panel `[a_0 a_1 ...]` is that array's view and the whole sum is one GEMM with no copy.
+
+Semantics. A `Deferred` is a value like any `Array`: it never changes after it is made. Its operands
+are `Array`s, which copy on write (`Buffer.detach_readers`), so later writes to the buffers they were
+read from do not reach it. Results equal the eager ones up to float32 summation order (one BLAS call
+sums over the whole K, as the MXU accumulates in float32); integer and float64 products are never
+deferred. Timing is untouched: every op charges the executor exactly as the eager path does; only the
+host arithmetic moves. Off when a checker (race detection, uninitialised-read tracking) runs, since
+those follow storage identity (`Executor.deferred_values`).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from palace._src import blas
+from palace._src import dtypes as dt
+from palace._src.lang.array import Array
+
+_F32 = np.dtype(np.float32)
+_OPERAND_DTYPES = (np.dtype(np.float32), np.dtype(dt.bfloat16))
+_ENDS = (np.dtype(np.float32), np.dtype(dt.bfloat16), np.dtype(np.float16))
+
+MIN_FLOPS = 2 * 256 * 256 * 256   # smaller products gain nothing from merging (128-blocks: 16 tiny GEMMs
+                                  # cost about what one 128x2048x128 GEMM plus the panel copies does)
+ZEROS_MIN_BYTES = 64 * 1024       # zero matrices at least this large start as empty sums
+MAX_TERMS = 64                    # then the sum is computed and becomes the next one's addend
+MAX_TERM_BYTES = 64 * 2**20       # operand bytes a sum may keep alive (copies, when not borrowed views)
+
+
+class Deferred(Array):
+  """`base + sum(a @ b for a, b in terms)` in float32, cast to `dtype` when computed.
+
+  `_data` is left unset until the value is needed: reading it computes the sum once (`__getattr__`)."""
+  __slots__ = ("_terms", "_base", "_term_bytes", "_cache")
+
+  def __init__(self, terms, base, shape, dtype, ready, term_bytes, cache):
+    self._terms = terms          # tuple of (Array, Array); None once computed
+    self._base = base            # float32 Array or None (zero)
+    self._term_bytes = term_bytes
+    self._cache = cache          # the core's HostCache (widened panels, scratch) or None
+    self.shape = shape
+    self.dtype = dtype
+    self._ready = ready
+
+  def __getattr__(self, name):
+    if name != "_data":
+      raise AttributeError(name)
+    out = np.empty(self.shape, self.dtype)
+    self.compute_into(out)
+    self._data = out
+    self._terms = self._base = None
+    return out
+
+  def compute_into(self, out: np.ndarray) -> None:
+    """Write the value into `out` (an array or view of this shape and dtype): the machine calls this
+    for a buffer holding the value, with `out` its new storage or a DMA's destination view."""
+    if self._terms is None:
+      np.copyto(out, self._data)
+      return
+    if not self._terms:
+      if self._base is None:
+        out.fill(0)
+      else:
+        np.copyto(out, self._base._data, casting="unsafe")
+      return
+    cache = self._cache
+    acc = out if out.dtype == _F32 else (np.empty(self.shape, _F32) if cache is None else
+                                         cache.scratch(self.shape))
+    a_panel = _panel([a for a, _ in self._terms], 1, cache)
+    b_panel = _panel([b for _, b in self._terms], 0, cache)
+    blas.matmul(a_panel, b_panel, out=acc)
+    if self._base is not None:
+      np.add(acc, self._base._data, out=acc)
+    if acc is not out:
+      np.copyto(out, acc, casting="unsafe")
+
+  def _again(self, ready: int):
+    """The same value read back from a buffer at `ready`."""
+    if self._terms is None:
+      view = self._data.view()
+      view.flags.writeable = False
+      return Array(view, self.shape, self.dtype, ready)
+    return Deferred(self._terms, self._base, self.shape, self.dtype, ready, self._term_bytes,
+                    self._cache)
+
+
+def deferrable(ex, a, b, out_dtype) -> bool:
+  """Whether `jnp.dot(a, b)` (2-D, at least MIN_FLOPS) is computed later on this executor."""
+  return (out_dtype == _F32 and type(a) is Array and type(b) is Array
+          and getattr(ex, "deferred_values", False) and a.dtype in _OPERAND_DTYPES
+          and b.dtype in _OPERAND_DTYPES and a._data is not None and b._data is not None)
+
+
+def product(ex, a, b, ready: int) -> Deferred:
+  """`a @ b` (float32) as a Deferred ready at `ready` (the MXU charge is the caller's)."""
+  return Deferred(((a, b),), None, (a.shape[0], b.shape[1]), _F32, ready,
+                  a._data.nbytes + b._data.nbytes, HostCache.of(ex))
+
+
+def zeros(ex, shape):
+  """A float32 zero matrix as an empty sum (nothing written until it is read), or None when too small
+  to matter or not deferrable here."""
+  if (len(shape) != 2 or shape[0] * shape[1] * 4 < ZEROS_MIN_BYTES
+      or not getattr(ex, "deferred_values", False)):
+    return None
+  ready = ex.vector_op("cheap", shape, _F32, 0)
+  return Deferred((), None, shape, _F32, ready, 0, HostCache.of(ex))
+
+
+def add(ex, x, y):
+  """x + y as a Deferred when one side is a float32 Deferred sum and the other a float32 array of the
+  same shape (or another such sum); None when the eager add should run."""
+  d, other = (x, y) if type(x) is Deferred else (y, x)
+  if d.dtype != _F32 or d._terms is None or ex is None or not getattr(ex, "deferred_values", False):
+    return None
+  to = type(other)
+  if to is Deferred:
+    if (other.dtype != _F32 or other.shape != d.shape or other._terms is None
+        or (d._base is not None and other._base is not None)):
+      return None
+    terms, base = d._terms + other._terms, d._base if d._base is not None else other._base
+    nbytes = d._term_bytes + other._term_bytes
+  elif to is Array and other.dtype == _F32 and other.shape == d.shape and d._base is None:
+    if other._data is None:
+      return None
+    terms, base, nbytes = d._terms, other, d._term_bytes
+  else:
+    return None
+  if len(terms) > MAX_TERMS or nbytes > MAX_TERM_BYTES:
+    if to is not Deferred or other._base is not None or len(other._terms) > MAX_TERMS // 2:
+      return None
+    # compute the sum so far and start a new one on it (bounded memory, still one GEMM per piece)
+    terms, base, nbytes = other._terms, Array(d._data, d.shape, _F32, d._ready), other._term_bytes
+  ready = ex.vector_op("cheap", d.shape, _F32, d._ready if d._ready > other._ready else other._ready)
+  return Deferred(terms, base, d.shape, _F32, ready, nbytes, d._cache)
+
+
+def astype(ex, x, dtype):
+  """A float32 sum cast to bf16/f16 stays deferred (the cast happens once, when it is computed)."""
+  if (x._terms is None or x.dtype != _F32 or dtype not in _ENDS or ex is None
+      or not getattr(ex, "deferred_values", False)):
+    return None
+  ready = ex.vector_op("cheap", x.shape, dtype, x._ready)
+  return Deferred(x._terms, x._base, x.shape, dtype, ready, x._term_bytes, x._cache)
+
+
+# ------------------------------------------------------------------------------- operand panels
+def _root(a: np.ndarray) -> np.ndarray:
+  while isinstance(a.base, np.ndarray):
+    a = a.base
+  return a
+
+
+def _panel(arrays, axis: int, cache) -> np.ndarray:
+  """The operands joined along `axis` (1: [a_0 a_1 ...], 0: [b_0; b_1; ...]) as one float32 matrix.
+
+  Adjacent views of one array (the usual case: blocks of an HBM operand) are joined by viewing the
+  span they tile, without a copy (bf16 spans are widened once and cached, see HostCache); otherwise
+  the blocks are copied into a fresh panel."""
+  datas = [x._data for x in arrays]
+  joined = datas[0] if len(datas) == 1 else _adjacent_span(datas, axis)
+  if joined is not None:
+    if joined.dtype == _F32:
+      return joined
+    if cache is not None and joined.dtype == dt.bfloat16:
+      return cache.widened(joined, _root(datas[0]), arrays)
+    return _as_f32(joined)
+  other = 1 - axis
+  shape = [datas[0].shape[other]] * 2
+  shape[axis] = sum(d.shape[axis] for d in datas)
+  out = np.empty(shape, _F32)
+  at = 0
+  for d in datas:
+    w = d.shape[axis]
+    dst = out[:, at:at + w] if axis == 1 else out[at:at + w]
+    if d.dtype == dt.bfloat16:   # widen in place: bf16 bits are the high half of the float32
+      bits = dst.view(np.uint32)
+      np.copyto(bits, d.view(np.uint16))
+      bits <<= 16
+    else:
+      np.copyto(dst, d, casting="unsafe")
+    at += w
+  return out
+
+
+def _as_f32(d: np.ndarray) -> np.ndarray:
+  if d.dtype == _F32:
+    return d
+  if d.dtype == dt.bfloat16:
+    wide = d.view(np.uint16).astype(np.uint32)
+    wide <<= 16
+    return wide.view(np.float32)
+  return d.astype(_F32)
+
+
+def _adjacent_span(datas, axis: int):
+  """A view covering datas[0], datas[1], ... laid end to end along `axis` in one array's memory, or None.
+
+  Each element of the span is an element of one of the views (same strides, same extent across
+  `axis`, each view starting where the previous one ends), so the view reads only their memory."""
+  first = datas[0]
+  root = _root(first)
+  strides, dtype = first.strides, first.dtype
+  other = 1 - axis
+  across = first.shape[other]
+  step = strides[axis]
+  addr = first.__array_interface__["data"][0]
+  total = 0
+  for d in datas:
+    if (d.strides != strides or d.dtype != dtype or d.shape[other] != across or d.ndim != 2
+        or d.__array_interface__["data"][0] != addr + total * step or _root(d) is not root):
+      return None
+    total += d.shape[axis]
+  shape = (across, total) if axis == 1 else (total, across)
+  return np.lib.stride_tricks.as_strided(first, shape=shape, strides=strides, writeable=False)
+
+
+def _addr(d: np.ndarray) -> int:
+  return d.__array_interface__["data"][0]
+
+
+class HostCache:
+  """Per-core host memory for deferred sums during one launch: float32 copies of bf16 operand spans and
+  a scratch array per shape (fresh pages cost more than the arithmetic: widening a 512x2048 span into
+  new memory takes ~0.85 ms, into warm memory ~0.2 ms).
+
+  A widened span is reused while the values it was made from still view the same memory: they are
+  copy-on-write readers of every buffer they were read through (Ref.__getitem__), so any write to that
+  memory detaches them (their `_data` moves) and the entry stops matching. Entries are kept in use
+  order up to MAX_BYTES."""
+  MAX_BYTES = 64 * 2**20
+
+  def __init__(self):
+    self._spans = {}   # (id of root, address, shape, strides) -> (float32 array, guards, nbytes)
+    self._bytes = 0
+    self._scratch = {}
+
+  @staticmethod
+  def of(ex):
+    store = getattr(ex, "host_cache", None)
+    if store is None:
+      return None
+    cache = store.get("deferred")
+    if cache is None:
+      cache = store["deferred"] = HostCache()
+    return cache
+
+  def scratch(self, shape) -> np.ndarray:
+    buf = self._scratch.get(shape)
+    if buf is None:
+      buf = self._scratch[shape] = np.empty(shape, _F32)
+    return buf
+
+  def widened(self, span: np.ndarray, root: np.ndarray, arrays) -> np.ndarray:
+    key = (id(root), _addr(span), span.shape, span.strides)
+    hit = self._spans.pop(key, None)
+    if hit is not None:
+      if all(type(g) is Array and g._data is not None and _addr(g._data) == a for g, a in hit[1]):
+        self._spans[key] = hit   # most recently used last
+        return hit[0]
+      self._bytes -= hit[2]
+    wide = _as_f32(span)
+    wide.flags.writeable = False
+    guards = tuple((x, _addr(x._data)) for x in arrays)
+    self._spans[key] = (wide, guards, wide.nbytes)
+    self._bytes += wide.nbytes
+    while self._bytes > self.MAX_BYTES and len(self._spans) > 1:
+      oldest = next(iter(self._spans))
+      self._bytes -= self._spans.pop(oldest)[2]
+    return wide

@@ -1,0 +1,249 @@
+"""Deferred matmul sums (lang/deferred.py): same values and same modelled time as computing every product
+when issued; one GEMM per accumulated output block; correct under copy on write and aliasing."""
+import types
+
+import numpy as np
+import pytest
+
+import palace as pl
+import palace.numpy as jnp
+from palace import tpu as pltpu
+from palace._src.lang import deferred
+from palace._src.sim import tensorcore
+
+
+def _matmul_kernel(x_ref, y_ref, z_ref, acc_ref):
+  @pl.when(pl.program_id(2) == 0)
+  def _():
+    acc_ref[...] = jnp.zeros_like(acc_ref)
+
+  acc_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
+
+  @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
+  def _():
+    z_ref[...] = acc_ref[...].astype(z_ref.dtype)
+
+
+def _tiled(x, y, b):
+  m, k = x.shape
+  n = y.shape[1]
+  return pl.pallas_call(
+      _matmul_kernel, out_shape=pl.ShapeDtypeStruct((m, n), x.dtype), grid=(m // b, n // b, k // b),
+      in_specs=[pl.BlockSpec((b, b), lambda i, j, kk: (i, kk)),
+                pl.BlockSpec((b, b), lambda i, j, kk: (kk, j))],
+      out_specs=pl.BlockSpec((b, b), lambda i, j, kk: (i, j)),
+      scratch_shapes=[pltpu.VMEM((b, b), jnp.float32)],
+      compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary")),
+  )(x, y)
+
+
+@pytest.fixture
+def gemms(monkeypatch):
+  """Records the BLAS calls made by deferred sums (not those of products computed when issued)."""
+  calls = []
+  real = deferred.blas.matmul
+
+  def counting(a, b, out=None):
+    calls.append((a.shape, b.shape))
+    return real(a, b, out=out)
+
+  monkeypatch.setattr(deferred, "blas", types.SimpleNamespace(matmul=counting))
+  return calls
+
+
+@pytest.fixture
+def defer_everything(monkeypatch):
+  """Thresholds at zero, so small test kernels take the deferred paths."""
+  monkeypatch.setattr(deferred, "MIN_FLOPS", 0)
+  monkeypatch.setattr(deferred, "ZEROS_MIN_BYTES", 0)
+  monkeypatch.setattr(tensorcore, "_LAZY_FILL_BYTES", 0)
+
+
+def _run_tiled(x, y, b, **tpu_kw):
+  with pl.virtual_tpu("v5e", **tpu_kw) as tpu:
+    z = _tiled(x, y, b)
+  return z, tpu.reports[-1]
+
+
+def test_k_sum_is_one_gemm_per_output_block_with_the_same_timeline(gemms, monkeypatch, rng):
+  x = rng.standard_normal((512, 768), dtype=np.float32)
+  y = rng.standard_normal((768, 512), dtype=np.float32)
+  z, rep = _run_tiled(x, y, 256)
+  assert gemms == [((256, 768), (768, 256))] * 4     # 2x2 output blocks, K = 3 blocks merged
+  np.testing.assert_allclose(z, x @ y, rtol=1e-5, atol=1e-4)
+  monkeypatch.setattr(deferred, "MIN_FLOPS", float("inf"))   # every product computed when issued
+  z_eager, rep_eager = _run_tiled(x, y, 256)
+  assert len(gemms) == 4
+  np.testing.assert_allclose(z, z_eager, rtol=1e-5, atol=1e-4)
+  assert rep.device_cycles == rep_eager.device_cycles
+  assert rep.unit_busy_cycles == rep_eager.unit_busy_cycles
+
+
+def test_bf16_operands_widen_each_span_once_and_round_once(gemms, monkeypatch, rng):
+  widened = []
+  real = deferred._as_f32
+  monkeypatch.setattr(deferred, "_as_f32", lambda d: widened.append(d.shape) or real(d))
+  x = rng.standard_normal((512, 512), dtype=np.float32).astype(jnp.bfloat16)
+  y = rng.standard_normal((512, 512), dtype=np.float32).astype(jnp.bfloat16)
+  z, _ = _run_tiled(x, y, 256)
+  assert z.dtype == jnp.bfloat16
+  exact = x.astype(np.float32) @ y.astype(np.float32)
+  np.testing.assert_array_equal(z, exact.astype(jnp.bfloat16))   # f32 sum, one rounding
+  assert len(gemms) == 4
+  assert sorted(widened) == [(256, 512)] * 2 + [(512, 256)] * 2   # 2 row spans + 2 column spans
+
+
+def test_no_deferral_while_checkers_follow_storage(gemms, rng):
+  x = rng.standard_normal((512, 512), dtype=np.float32)
+  z, _ = _run_tiled(x, x, 256, detect_races=True)
+  assert gemms == []
+  np.testing.assert_allclose(z, x @ x, rtol=1e-5, atol=1e-4)
+
+
+def test_deferred_values_in_other_ops_partial_access_and_dmas(defer_everything, gemms, rng):
+  a = rng.standard_normal((16, 128), dtype=np.float32)
+  b = rng.standard_normal((128, 128), dtype=np.float32)
+
+  def body(a_hbm, b_hbm, o_hbm, av, bv, acc, tmp):
+    pltpu.sync_copy(a_hbm, av)
+    pltpu.sync_copy(b_hbm, bv)
+    p = jnp.dot(av[...], bv[...], preferred_element_type=jnp.float32)
+    acc[...] = jnp.zeros((16, 128), jnp.float32)
+    acc[...] += p
+    acc[...] = acc[...] + p                        # 2 a @ b, still one deferred sum
+    pltpu.sync_copy(acc, o_hbm.at[0])              # DMA straight out of the deferred buffer
+    tmp[...] = acc[...]
+    tmp[0:8] = jnp.full((8, 128), 5.0, jnp.float32)  # partial store computes the value first
+    pltpu.sync_copy(tmp, o_hbm.at[1])
+    o2 = p + p + p                                 # Deferred + Deferred
+    tmp[...] = jnp.maximum(o2, 0.0)                # any other op reads the numbers
+    pltpu.sync_copy(tmp, o_hbm.at[2])
+    tmp[...] = acc[...] * 0.0 + jnp.sum(p, axis=0, keepdims=True)
+    pltpu.sync_copy(tmp, o_hbm.at[3])
+    tmp[...] = jnp.dot(acc[...], bv[...], preferred_element_type=jnp.float32)  # a sum as an operand
+    pltpu.sync_copy(tmp, o_hbm.at[4])
+    tmp[...] = acc[...].astype(jnp.bfloat16).astype(jnp.float32)
+    pltpu.sync_copy(tmp, o_hbm.at[5])
+
+  k = pl.kernel(body, out_type=pl.ShapeDtypeStruct((6, 16, 128), np.float32),
+                mesh=pltpu.TensorCoreMesh("core", 1),
+                scratch_types=[pltpu.VMEM((16, 128), jnp.float32), pltpu.VMEM((128, 128), jnp.float32),
+                               pltpu.VMEM((16, 128), jnp.float32), pltpu.VMEM((16, 128), jnp.float32)])
+  with pl.virtual_tpu("v5e"):
+    out = k(a, b)
+  p = a @ b
+  tol = dict(rtol=1e-5, atol=1e-4)
+  np.testing.assert_allclose(out[0], 2 * p, **tol)
+  np.testing.assert_allclose(out[1][8:], 2 * p[8:], **tol)
+  np.testing.assert_array_equal(out[1][:8], 5.0)
+  np.testing.assert_allclose(out[2], np.maximum(3 * p, 0), **tol)
+  np.testing.assert_allclose(out[3], np.broadcast_to(p.sum(0), (16, 128)), rtol=1e-4, atol=1e-3)
+  np.testing.assert_allclose(out[4], (2 * p) @ b, rtol=1e-4, atol=1e-2)
+  np.testing.assert_allclose(out[5], (2 * p).astype(jnp.bfloat16).astype(np.float32), rtol=1e-2)
+  assert gemms, "the kernel should have taken the deferred paths"
+
+
+def test_long_k_sums_are_computed_in_bounded_pieces(defer_everything, gemms, rng):
+  n_k = deferred.MAX_TERMS + 6
+  x = rng.standard_normal((8, 128 * n_k), dtype=np.float32)
+  y = rng.standard_normal((128 * n_k, 128), dtype=np.float32)
+  f = pl.pallas_call(
+      _matmul_kernel, out_shape=pl.ShapeDtypeStruct((8, 128), np.float32), grid=(1, 1, n_k),
+      in_specs=[pl.BlockSpec((8, 128), lambda i, j, kk: (i, kk)),
+                pl.BlockSpec((128, 128), lambda i, j, kk: (kk, j))],
+      out_specs=pl.BlockSpec((8, 128), lambda i, j, kk: (i, j)),
+      scratch_shapes=[pltpu.VMEM((8, 128), jnp.float32)])
+  with pl.virtual_tpu("v5e"):
+    z = f(x, y)
+  np.testing.assert_allclose(z, x @ y, rtol=1e-4, atol=1e-3)
+  assert [b[0] for _, b in gemms] == [128 * deferred.MAX_TERMS, 128 * 6]   # two bounded pieces
+
+
+def test_output_accumulated_in_place_through_an_alias(defer_everything, rng):
+  x = rng.standard_normal((256, 256), dtype=np.float32)
+  c = rng.standard_normal((256, 256), dtype=np.float32)
+
+  def kernel(x_ref, y_ref, c_ref, o_ref):
+    @pl.when(pl.program_id(2) == 0)
+    def _():
+      o_ref[...] = c_ref[...]
+    o_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
+
+  spec = lambda f: pl.BlockSpec((128, 128), f)   # noqa: E731
+  f = pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct((256, 256), np.float32), grid=(2, 2, 2),
+                     in_specs=[spec(lambda i, j, k: (i, k)), spec(lambda i, j, k: (k, j)),
+                               spec(lambda i, j, k: (i, j))],
+                     out_specs=spec(lambda i, j, k: (i, j)), input_output_aliases={2: 0})
+  with pl.virtual_tpu("v5e"):
+    z = f(x, x, c)
+  np.testing.assert_allclose(z, c + x @ x, rtol=1e-5, atol=1e-4)
+
+
+def test_widened_spans_are_not_reused_after_the_operand_changes(defer_everything, rng):
+  # bf16 blocks of 64 KiB are borrowed views of HBM; the second product must see the new x
+  x1 = rng.standard_normal((256, 128), dtype=np.float32).astype(jnp.bfloat16)
+  x2 = rng.standard_normal((256, 128), dtype=np.float32).astype(jnp.bfloat16)
+  y = rng.standard_normal((128, 128), dtype=np.float32).astype(jnp.bfloat16)
+
+  def body(x1_hbm, x2_hbm, y_hbm, o_hbm, w_hbm, xv, yv, acc):
+    pltpu.sync_copy(x1_hbm, w_hbm)
+    pltpu.sync_copy(y_hbm, yv)
+    for step, src in enumerate((None, x2_hbm)):
+      if src is not None:
+        pltpu.sync_copy(src, w_hbm)          # the operand changes between the two products
+      pltpu.sync_copy(w_hbm, xv)
+      acc[...] = jnp.dot(xv[...], yv[...], preferred_element_type=jnp.float32)
+      pltpu.sync_copy(acc, o_hbm.at[step])
+
+  k = pl.kernel(body, out_type=(pl.ShapeDtypeStruct((2, 256, 128), np.float32),
+                                pl.ShapeDtypeStruct((256, 128), jnp.bfloat16)),
+                mesh=pltpu.TensorCoreMesh("core", 1),
+                scratch_types=[pltpu.VMEM((256, 128), jnp.bfloat16), pltpu.VMEM((128, 128), jnp.bfloat16),
+                               pltpu.VMEM((256, 128), jnp.float32)])
+  with pl.virtual_tpu("v5e"):
+    out, _ = k(x1, x2, y)
+  f32 = lambda v: v.astype(np.float32)   # noqa: E731
+  np.testing.assert_array_equal(out[0], f32(x1) @ f32(y))
+  np.testing.assert_array_equal(out[1], f32(x2) @ f32(y))
+
+
+def test_value_read_through_a_borrowed_block_survives_a_write_to_its_old_lender(rng):
+  # av borrows a's storage (whole-buffer DMA >= 64 KiB), v views it; av then borrows b's storage, and
+  # a is overwritten: v must keep a's old values
+  a = rng.standard_normal((128, 128), dtype=np.float32)
+  b = rng.standard_normal((128, 128), dtype=np.float32)
+  c = rng.standard_normal((128, 128), dtype=np.float32)
+
+  def body(a_in, b_in, c_in, o_hbm, a_hbm, av, tmp):
+    pltpu.sync_copy(a_in, a_hbm)
+    pltpu.sync_copy(a_hbm, av)
+    v = av[...]
+    pltpu.sync_copy(b_in, av)
+    pltpu.sync_copy(c_in, a_hbm)
+    tmp[...] = v + av[...]
+    pltpu.sync_copy(tmp, o_hbm)
+
+  k = pl.kernel(body, out_type=(pl.ShapeDtypeStruct((128, 128), np.float32),
+                                pl.ShapeDtypeStruct((128, 128), np.float32)),
+                mesh=pltpu.TensorCoreMesh("core", 1),
+                scratch_types=[pltpu.VMEM((128, 128), jnp.float32), pltpu.VMEM((128, 128), jnp.float32)])
+  with pl.virtual_tpu("v5e"):
+    out, a_final = k(a, b, c)
+  np.testing.assert_array_equal(out, a + b)
+  np.testing.assert_array_equal(a_final, c)
+
+
+def test_large_fresh_scratch_still_reads_as_uninitialised(defer_everything):
+  def body(o_f, o_i, f_buf, i_buf):
+    f_buf[0:8] = jnp.ones((8, 128), jnp.float32)
+    pltpu.sync_copy(f_buf, o_f)
+    pltpu.sync_copy(i_buf, o_i)
+
+  k = pl.kernel(body, out_type=(pl.ShapeDtypeStruct((256, 128), np.float32),
+                                pl.ShapeDtypeStruct((256, 128), np.int32)),
+                mesh=pltpu.TensorCoreMesh("core", 1),
+                scratch_types=[pltpu.VMEM((256, 128), jnp.float32), pltpu.VMEM((256, 128), jnp.int32)])
+  with pl.virtual_tpu("v5e"):
+    f, i = k()
+  assert (f[:8] == 1).all() and np.isnan(f[8:]).all()
+  assert (i == np.iinfo(np.int32).min).all()
