@@ -126,6 +126,15 @@ def execute(kname: str, build, grid_steps: int = 0) -> None:
     machine.run(build(machine, 0))
   machine.grid_steps = grid_steps
   tpu.record(machine.finish())
+  release_host_caches(machine)
+
+
+def release_host_caches(machine) -> None:
+  """End of a launch: the language side's per-core host caches give their memory back (hostmem)."""
+  for core in machine.cores:
+    for cache in core.host_cache.values():
+      cache.release()
+    core.host_cache.clear()
 
 
 @contextlib.contextmanager

@@ -213,6 +213,7 @@ class _Group:
         machine.run(programs)
       machine.grid_steps = sum(g for _, _, g in launches)
       self.tpu.record(machine.finish())
+      launch.release_host_caches(machine)
     except BaseException as e:  # noqa: BLE001  every chip's thread re-raises it
       with self.cv:
         self.error = e

@@ -81,8 +81,16 @@ def test_k_sum_is_one_gemm_per_output_block_with_the_same_timeline(gemms, monkey
 
 def test_bf16_operands_widen_each_span_once_and_round_once(gemms, monkeypatch, rng):
   widened = []
-  real = deferred._as_f32
-  monkeypatch.setattr(deferred, "_as_f32", lambda d: widened.append(d.shape) or real(d))
+  real = deferred.HostCache.widened
+
+  def widening(cache, span, root, arrays):
+    before = len(cache._spans)
+    out = real(cache, span, root, arrays)
+    if len(cache._spans) > before:
+      widened.append(span.shape)
+    return out
+
+  monkeypatch.setattr(deferred.HostCache, "widened", widening)
   x = rng.standard_normal((512, 512), dtype=np.float32).astype(jnp.bfloat16)
   y = rng.standard_normal((512, 512), dtype=np.float32).astype(jnp.bfloat16)
   z, _ = _run_tiled(x, y, 256)
@@ -247,3 +255,20 @@ def test_large_fresh_scratch_still_reads_as_uninitialised(defer_everything):
     f, i = k()
   assert (f[:8] == 1).all() and np.isnan(f[8:]).all()
   assert (i == np.iinfo(np.int32).min).all()
+
+
+def test_host_arrays_are_recycled_only_when_nobody_holds_them():
+  from palace._src import hostmem
+  a, b = hostmem.take((3, 5), np.float32), hostmem.take((3, 5), np.float32)
+  kept = b[1:]                        # a view keeps b's memory in use
+  owned = [a, b]
+  del a, b
+  hostmem.give_back(owned)
+  assert owned == []
+  c = hostmem.take((3, 5), np.float32)
+  d = hostmem.take((3, 5), np.float32)
+  assert c.flags.writeable and not np.shares_memory(d, kept) and not np.shares_memory(c, kept)
+  kept[...] = 1.0
+  c[...] = 2.0
+  d[...] = 3.0
+  assert (kept == 1.0).all()

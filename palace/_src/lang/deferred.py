@@ -22,13 +22,16 @@ those follow storage identity (`Executor.deferred_values`).
 """
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
-from palace._src import blas
+from palace._src import blas, hostmem
 from palace._src import dtypes as dt
 from palace._src.lang.array import Array
 
 _F32 = np.dtype(np.float32)
+_SHIFT = np.uint32(16)
 _OPERAND_DTYPES = (np.dtype(np.float32), np.dtype(dt.bfloat16))
 _ENDS = (np.dtype(np.float32), np.dtype(dt.bfloat16), np.dtype(np.float16))
 
@@ -198,10 +201,8 @@ def _panel(arrays, axis: int, cache) -> np.ndarray:
 def _as_f32(d: np.ndarray) -> np.ndarray:
   if d.dtype == _F32:
     return d
-  if d.dtype == dt.bfloat16:
-    wide = d.view(np.uint16).astype(np.uint32)
-    wide <<= 16
-    return wide.view(np.float32)
+  if d.dtype == dt.bfloat16:   # bf16 bits are the high half of the float32: one widening pass
+    return np.left_shift(d.view(np.uint16), _SHIFT, dtype=np.uint32).view(np.float32)
   return d.astype(_F32)
 
 
@@ -246,6 +247,12 @@ class HostCache:
     self._spans = {}   # (id of root, address, shape, strides) -> (float32 array, guards, nbytes)
     self._bytes = 0
     self._scratch = {}
+    self._owned = []   # arrays from hostmem, handed back when this cache goes (end of the launch)
+    self._finalizer = weakref.finalize(self, _release, self._spans, self._scratch, self._owned)
+
+  def release(self) -> None:
+    """End of the launch (launch.release_host_caches): give the arrays back to hostmem."""
+    self._finalizer()
 
   @staticmethod
   def of(ex):
@@ -260,7 +267,8 @@ class HostCache:
   def scratch(self, shape) -> np.ndarray:
     buf = self._scratch.get(shape)
     if buf is None:
-      buf = self._scratch[shape] = np.empty(shape, _F32)
+      buf = self._scratch[shape] = hostmem.take(shape, _F32)
+      self._owned.append(buf)
     return buf
 
   def widened(self, span: np.ndarray, root: np.ndarray, arrays) -> np.ndarray:
@@ -271,7 +279,9 @@ class HostCache:
         self._spans[key] = hit   # most recently used last
         return hit[0]
       self._bytes -= hit[2]
-    wide = _as_f32(span)
+    wide = hostmem.take(span.shape, _F32)
+    np.left_shift(span.view(np.uint16), _SHIFT, out=wide.view(np.uint32), dtype=np.uint32)
+    self._owned.append(wide)
     wide.flags.writeable = False
     guards = tuple((x, _addr(x._data)) for x in arrays)
     self._spans[key] = (wide, guards, wide.nbytes)
@@ -280,3 +290,9 @@ class HostCache:
       oldest = next(iter(self._spans))
       self._bytes -= self._spans.pop(oldest)[2]
     return wide
+
+
+def _release(spans: dict, scratch: dict, owned: list) -> None:
+  spans.clear()
+  scratch.clear()
+  hostmem.give_back(owned)
