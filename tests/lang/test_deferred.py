@@ -272,3 +272,20 @@ def test_host_arrays_are_recycled_only_when_nobody_holds_them():
   c[...] = 2.0
   d[...] = 3.0
   assert (kept == 1.0).all()
+
+
+def test_lax_dot_general_and_matmul_operator_defer_like_dot(defer_everything, gemms, rng):
+  from palace import lax
+  x = rng.standard_normal((16, 256), dtype=np.float32)
+  y = rng.standard_normal((256, 128), dtype=np.float32)
+
+  def kernel(x_ref, y_ref, o_ref):
+    a = lax.dot_general(x_ref[:, 0:128], y_ref[0:128, :], (((1,), (0,)), ((), ())),
+                        preferred_element_type=jnp.float32)
+    o_ref[...] = a + x_ref[:, 128:256] @ y_ref[128:256, :]
+
+  f = pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct((16, 128), np.float32))
+  with pl.virtual_tpu("v5e"):
+    z = f(x, y)
+  np.testing.assert_allclose(z, x @ y, rtol=1e-5, atol=1e-4)
+  assert gemms == [((16, 256), (256, 128))]   # the two halves of K are adjacent views: one GEMM

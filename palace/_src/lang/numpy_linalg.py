@@ -82,6 +82,9 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     if a.shape[i] != b.shape[j]:
       raise ShapeError(f"dot_general contracting dimensions differ: lhs {a.shape} dim {i} vs rhs "
                        f"{b.shape} dim {j}.")
+  if a.ndim == 2 and b.ndim == 2 and not lb and lc == (1,) and rc == (0,) and \
+      a.shape[1] == b.shape[0] and executor.maybe_current() is not None:
+    return dot(a, b, preferred_element_type=preferred_element_type)  # the plain product (may defer)
   lf = [i for i in range(a.ndim) if i not in lc and i not in lb]
   rf = [i for i in range(b.ndim) if i not in rc and i not in rb]
   bsz = prod(a.shape[i] for i in lb)
