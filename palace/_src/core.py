@@ -309,7 +309,8 @@ class Buffer:
   aliased: bool = False       # storage shared with a bitcast/reshape view: loads always copy
   borrowed: object = None     # the buffer whose storage this one views after a whole-buffer DMA
   lenders: list | None = None  # buffers whose reader lists hold this one
-  pending: object = None      # a deferred whole-buffer value (storage is computed on first read)
+  pending: object = dataclasses.field(default=None, init=False)  # a deferred whole-buffer value
+  # (storage is computed on first read); not an __init__ field, so dataclasses.replace never copies it
 
   def detach_readers(self) -> None:
     """Before any write to `storage`: values read from it without a copy get their own copy now,
