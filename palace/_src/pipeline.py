@@ -28,6 +28,7 @@ from palace._src import executor
 from palace._src.blocks import BLOCKED, ELEMENT, SQUEEZED, BlockMapping, canonicalize
 from palace._src.core import (PARALLEL, BlockSpec, MemoryRef, MemorySpace, SemaphoreType,
                               canonical_semantics, no_block_spec)
+from palace._src.executor import DmaRequest
 from palace._src.errors import (BlockSpecError, OutOfBoundsError, SyncError, UnsupportedError,
                                 UsageError)
 from palace._src.lang.array import concrete_int
@@ -35,7 +36,7 @@ from palace._src.lang.primitives import (_scalar, axis_index, axis_size, num_pro
                                          run_scoped, sem_target)
 from palace._src.lang.indexed import IndexedRef
 from palace._src.lang.refs import Ref, Slice
-from palace._src.lang.tpu_primitives import _start_trusted_request, _wait_trusted, sync_copy
+from palace._src.lang.tpu_primitives import sync_copy
 from palace._src.util import tree_flatten, tree_unflatten
 
 
@@ -47,7 +48,7 @@ class _Op:
   __slots__ = ("m", "hbm", "slots", "sems", "is_out", "blocks", "cur", "cur_slot", "fetched",
                "next_slot", "pending_wb", "written", "squeezed", "sem_views", "mode", "nbuf",
                "bounds_checks", "views", "all_blocks", "sem_targets", "simple", "whole_blocks",
-               "block_nbytes", "reuse_views")
+               "block_nbytes", "reuse_views", "block_is_array")
 
   def __init__(self, m: BlockMapping, hbm: Ref, is_out: bool):
     self.m, self.hbm, self.is_out = m, hbm, is_out
@@ -70,21 +71,57 @@ class _Op:
     self.whole_blocks = self.simple and self.bounds_checks and all(
         kind == BLOCKED and dim % size == 0 for (kind, size, _), dim in zip(m.dims, m.array_shape))
     self.block_nbytes = m.block_bytes
+    self.block_is_array = self.whole_blocks and tuple(m.block_shape) == tuple(hbm.buf.shape)
     self.reuse_views = True  # False when no block is visited twice: caching views would only cost
 
 
-def _copy_views(op: _Op, offsets, slot: int):
-  """(hbm view, vmem view, bytes) for the in-bounds part of the block at `offsets` (None if none is);
-  cached per (block, slot): revisited blocks (matmul operands) reuse their views."""
-  if not op.reuse_views:
-    return _make_copy_views(op, offsets, slot)
-  key = (offsets, slot)
-  hit = op.views.get(key)
-  if hit is None:
-    if len(op.views) > 4096:
-      op.views.clear()
-    hit = op.views[key] = (_make_copy_views(op, offsets, slot),)
-  return hit[0]
+class _WindowLabel:
+  """Names a whole block of a pipelined operand's source in messages and traces, as the view
+  Ref.window(buf, offsets, shape) would, without building that view on every step."""
+  __slots__ = ("buf", "offsets", "shape")
+
+  def __init__(self, buf, offsets, shape):
+    self.buf, self.offsets, self.shape = buf, offsets, shape
+
+  def origin(self) -> str:
+    return Ref.window(self.buf, self.offsets, self.shape).origin()
+
+
+def _request(op: _Op, offsets, slot: int, to_hbm: bool):
+  """The DMA request copying the block at `offsets` into slot `slot` (or back, `to_hbm`), or None
+  when no part of the block is in bounds: what AsyncCopyDescriptor.start() builds for the same views,
+  semaphore and site. Cached per (block, slot) when blocks are revisited (matmul operands): a request
+  is never modified once built, so one object can serve every copy of the same block."""
+  if op.reuse_views:
+    key = (offsets, slot)
+    hit = op.views.get(key)
+    if hit is None:
+      if len(op.views) > 4096:
+        op.views.clear()
+      hit = op.views[key] = (_make_request(op, offsets, slot, to_hbm),)
+    return hit[0]
+  return _make_request(op, offsets, slot, to_hbm)
+
+
+def _make_request(op: _Op, offsets, slot: int, to_hbm: bool):
+  sem_buf, sem_idx = op.sem_targets[slot]
+  if op.whole_blocks:   # = Ref.window(op.hbm.buf, offsets, vmem.shape), only its NumPy index built
+    vmem = op.slots[slot]
+    buf = op.hbm.buf
+    shape = vmem.shape
+    idx = () if op.block_is_array else tuple([slice(o, o + z) for o, z in zip(offsets, shape)])
+    label = _WindowLabel(buf, offsets, shape)
+    if to_hbm:
+      return DmaRequest(vmem.buf, vmem._np_index, buf, idx, shape, sem_buf, sem_idx, None, (), False,
+                        None, None, _PIPELINE_SITE, (vmem, label), op.block_nbytes)
+    return DmaRequest(buf, idx, vmem.buf, vmem._np_index, shape, sem_buf, sem_idx, None, (), False,
+                      None, None, _PIPELINE_SITE, (label, vmem), op.block_nbytes)
+  views = _make_copy_views(op, offsets, slot)
+  if views is None:
+    return None
+  src, dst = (views[1], views[0]) if to_hbm else (views[0], views[1])
+  return DmaRequest(src.buf, src._np_index, dst.buf, dst._np_index, src.shape, sem_buf, sem_idx, None,
+                    (), False, None, None, _PIPELINE_SITE, (src, dst), views[2])
 
 
 def _make_copy_views(op: _Op, offsets, slot: int):
@@ -305,13 +342,11 @@ def _steps(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tai
 
 def _start_fetch(ex, op: _Op, step: int, offsets):
   slot = op.next_slot
-  op.next_slot = (slot + 1) % op.nbuf
-  views = _copy_views(op, offsets, slot)
-  desc = None
-  if views is not None:
-    sem_buf, sem_idx = op.sem_targets[slot]
-    desc = _start_trusted_request(ex, views[0], views[1], sem_buf, sem_idx, views[2], _PIPELINE_SITE)
-  op.fetched[step] = (slot, desc)
+  op.next_slot = slot + 1 if slot + 1 < op.nbuf else 0
+  req = _request(op, offsets, slot, False)
+  if req is not None:
+    ex.dma_start(req)
+  op.fetched[step] = (slot, req)
 
 
 def _alias_view(op: _Op, offsets, point) -> Ref:
@@ -360,7 +395,7 @@ def _steps_inner(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_arg
       if s == 0 or cur != o.cur:
         slot, desc = o.fetched.pop(s)
         if desc is not None:
-          _wait_trusted(ex, desc)
+          ex.dma_wait(desc, "recv")
         o.cur, o.cur_slot = cur, slot
         kernel_refs_in[k] = o.slots[slot]
       prev = cur
@@ -391,7 +426,7 @@ def _steps_inner(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_arg
         o.next_slot = (slot + 1) % o.nbuf
         wb = o.pending_wb.pop(slot, None)
         if wb is not None:
-          _wait_trusted(ex, wb)
+          ex.dma_wait(wb, "recv")
         o.cur, o.cur_slot = cur, slot
         kernel_refs_out[k] = o.slots[slot]
     body(*lead_args, *kernel_refs_in, *kernel_refs_out, *tail_args, **tail_kwargs)
@@ -403,20 +438,18 @@ def _steps_inner(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_arg
         if nxt == o.cur:
           continue
       o.written.add(o.cur)
-      views = _copy_views(o, o.cur, o.cur_slot)
-      if views is not None:
-        sem_buf, sem_idx = o.sem_targets[o.cur_slot]
-        desc = _start_trusted_request(ex, views[1], views[0], sem_buf, sem_idx, views[2],
-                                      _PIPELINE_SITE)
+      desc = _request(o, o.cur, o.cur_slot, True)
+      if desc is not None:
+        ex.dma_start(desc)
         if sync:
-          _wait_trusted(ex, desc)
+          ex.dma_wait(desc, "recv")
         else:
           o.pending_wb[o.cur_slot] = desc
     for o in per_step:
       o.blocks.pop(s, None)
   for o in ops_out:
     for desc in o.pending_wb.values():
-      _wait_trusted(ex, desc)
+      ex.dma_wait(desc, "recv")
     o.pending_wb.clear()
 
 

@@ -35,13 +35,15 @@ class DmaRecord:
   __slots__ = ("req", "seq", "issue_cycle", "start_cycle", "done_cycle", "read_done_cycle", "moved",
                "core", "applied", "src_applied", "hbm_sides")
 
-  def __init__(self, req, seq, core):
+  def __init__(self, req, seq, core, issue_cycle=0, start_cycle=0, done_cycle=0, read_done_cycle=0,
+               hbm_sides=0):
     self.req, self.seq, self.core = req, seq, core
-    self.hbm_sides = 0
+    self.hbm_sides = hbm_sides
     self.moved = False
     self.applied = False
     self.src_applied = req.src_sem_buf is None
-    self.issue_cycle = self.start_cycle = self.done_cycle = self.read_done_cycle = 0
+    self.issue_cycle, self.start_cycle = issue_cycle, start_cycle
+    self.done_cycle, self.read_done_cycle = done_cycle, read_done_cycle
 
 
 _DIRECTIONS: dict = {}
@@ -134,7 +136,26 @@ def move_data(req, borrow: bool = False) -> None:
   add=True, so repeated indices accumulate); `mask` drops ignored index entries on the dense side.
   `borrow`: a plain copy of a whole VMEM buffer may view the source instead (Buffer.borrow)."""
   dst_buf = req.dst_buf
+  src_buf = req.src_buf
   plain = not req.add and req.src_indices is None and req.dst_indices is None and req.mask is None
+  if plain and dst_buf.pending is None and src_buf.pending is None:
+    # a plain copy with no deferred value on either side: the steps below, on the raw storages
+    src, dst = src_buf._storage, dst_buf._storage
+    if src is None or dst is None:
+      return
+    dst_index = req.dst_index
+    if (borrow and dst_index == () and dst.nbytes >= _BORROW_MIN_BYTES and not dst_buf.aliased and
+        dst_buf.memory_space is MemorySpace.VMEM and not src_buf.aliased):
+      view = src[req.src_index]
+      if view.shape == dst.shape and view.dtype == dst.dtype:
+        dst_buf.borrowed = None
+        dst_buf.borrow(src_buf, view)
+        return
+    if dst_buf.readers or dst_buf.borrowed is not None:
+      dst_buf.detach_readers()
+      dst = dst_buf._storage
+    dst[dst_index] = src[req.src_index]
+    return
   if plain and dst_buf.pending is not None and req.dst_index == ():
     dst_buf.storage = np.empty(dst_buf.shape, dst_buf.dtype)  # overwritten whole: drop the old value
   pending = req.src_buf.pending

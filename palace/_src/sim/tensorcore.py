@@ -22,6 +22,7 @@ from palace._src.sim.bandwidth import reserve2
 from palace._src.sim.dma import DmaRecord, move_data, plan
 from palace._src.util import fmt_bytes, fmt_site, user_site
 
+_SMEM = MemorySpace.SMEM
 _SENTINEL = {np.dtype(np.int32): np.iinfo(np.int32).min, np.dtype(np.int16): np.iinfo(np.int16).min,
              np.dtype(np.int8): np.iinfo(np.int8).min}
 
@@ -95,6 +96,8 @@ class TensorCore:
     self.steps = 0            # grid steps run on this core (pallas_call and emit_pipeline)
     self._chans = None        # this core's DMA channels (resolved at the first copy)
     self._dma_plans = {}      # (id(src space), id(dst space)) -> dma.plan
+    self._dma_issue = self.chip.dma_issue_cycles
+    self._dma_stats = None    # the trace's (dma_bytes, dma_count) counters
     self._eager = machine.dma_policy.name == "eager"
     self._vcost = {}          # memo of cost.vector_cost / matmul_cycles for this launch
     self._mcost = {}
@@ -329,6 +332,75 @@ class TensorCore:
 
   # ------------------------------------------------------------------ DMA
   def dma_start(self, req) -> None:
+    if req.device_id is not None or req.core_index is not None or self.checks is not None:
+      return self._dma_start_general(req)
+    # a local copy with no checker (the common case): the general path's steps, in the same order
+    issue = self._dma_issue
+    now = self.now = self.now + issue
+    self.unit_busy["scalar"] += issue
+    m = self.machine
+    m._seq = seq = m._seq + 1
+    src_buf, dst_buf = req.src_buf, req.dst_buf
+    src_ready = src_buf.ready_cycle
+    start = now if now > src_ready else src_ready
+    dst_space = dst_buf.memory_space
+    key = (id(src_buf.memory_space), id(dst_space))  # enum members are singletons
+    p = self._dma_plans.get(key)
+    if p is None:
+      p = self._dma_plans[key] = plan(self.chip, src_buf.memory_space, dst_space)
+    kind = p[0]
+    chans = self._chans
+    if chans is None:
+      chans = self._chans = self.dma_channels()
+    nbytes = req.nbytes
+    if p[1]:
+      s, read_done = chans[2].reserve(start, nbytes)
+    else:
+      s, read_done = reserve2(chans[0], 1.0, chans[1], p[2], start, nbytes)
+    done = math.ceil(read_done) + p[3]   # = dma.planned_timing, inlined
+    rec = DmaRecord(req, seq, self, now, s, done, read_done, p[4])
+    if done > self.horizon:
+      self.horizon = done
+    stats = self._dma_stats
+    if stats is None:
+      stats = self._dma_stats = (self.trace.events.stats["dma_bytes"],
+                                 self.trace.events.stats["dma_count"])
+    per_kind = stats[0]   # = trace.count_dma(kind, nbytes), inlined
+    per_kind[kind] = per_kind.get(kind, 0) + int(nbytes)
+    per_kind = stats[1]
+    per_kind[kind] = per_kind.get(kind, 0) + 1
+    trace = self.trace
+    if trace.on:
+      ev = trace.events
+      if len(ev) < trace.cap:   # = trace.add, inlined
+        ev.append((self.tid, "dma", kind, s, done, {"copy": req, "bytes": nbytes}))
+      else:
+        trace.add(self.tid, "dma", kind, s, done, {"copy": req, "bytes": nbytes})
+    if self.timing_only and dst_space is not _SMEM:
+      rec.moved = True  # timing only: payloads are skipped; only scalar (SMEM) data moves
+    elif self._eager or m.dma_policy.move_at_start(rec):
+      move_data(req, borrow=True)
+      rec.moved = True
+    # = m.add_arrival(req.sem_buf, req.sem_index, done, nbytes, rec), inlined (no checker)
+    m.dma_count += 1
+    m.hbm_bytes += nbytes * p[4]
+    sem_buf = req.sem_buf
+    if sem_buf is not None:
+      m._seq = seq2 = m._seq + 1
+      key = (id(sem_buf), req.sem_index)
+      slot = m.slots.get(key)
+      if slot is None:
+        slot = m.slots[key] = SemSlot()
+      slot.pending.append((done, seq2, nbytes, rec, False))
+    if req.src_sem_buf is not None:
+      m.add_arrival(req.src_sem_buf, req.src_sem_index, read_done, nbytes, rec, src=True)
+    m.inflight[seq] = rec
+    if m.dma_count & 1023 == 0:
+      m.prune_channels()
+    if m._sched is not None:
+      m.maybe_yield(self)
+
+  def _dma_start_general(self, req) -> None:
     issue = self.chip.dma_issue_cycles
     now = self.now = self.now + issue
     self.unit_busy["scalar"] += issue
@@ -408,8 +480,38 @@ class TensorCore:
   def dma_wait(self, req, which: str = "recv") -> None:
     if which == "send":
       self.sem_wait(req.src_sem_buf, req.src_sem_index, req.nbytes, True, dma=req)
-    else:
-      self.sem_wait(req.sem_buf, req.sem_index, req.nbytes, True, dma=req)
+      return
+    buf, index = req.sem_buf, req.sem_index
+    m = self.machine
+    slot = m.slots.get((id(buf), index))
+    if slot is not None and m.checks is None:
+      pending = slot.pending
+      value = int(req.nbytes)
+      if len(pending) == 1 and slot.value < value <= slot.value + pending[0][2]:
+        # = sem_wait for its common case (the copy's own arrival satisfies the wait), inlined
+        p = pending.pop()
+        slot.value += p[2]
+        rec = p[3]
+        if rec is not None:
+          if p[4] or rec.req.src_sem_buf is not None:
+            m._apply(rec, p[4])
+          else:   # = m._apply(rec, False) for a copy with no source semaphore, inlined
+            if not rec.moved:
+              move_data(rec.req)
+              rec.moved = True
+            rec.applied = True
+            m.inflight.pop(rec.seq, None)
+        t = p[0]
+        now = self.now
+        if t > now:
+          trace = self.trace
+          if trace.on:
+            trace.add(self.tid, "scalar", f"wait {buf.name}", now, t)
+          now = t
+        slot.value -= value
+        self.now = now + self.chip.scalar_op_cycles
+        return
+    self.sem_wait(buf, index, req.nbytes, True, dma=req)
 
   # ------------------------------------------------------------------ semaphores
   def sem_signal(self, buf, index, inc: int, device_id=None, core_index=None) -> None:
