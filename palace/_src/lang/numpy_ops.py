@@ -196,8 +196,15 @@ def _elementwise(fn, op_class: str, result: str = "same", name: str = ""):
     ex = _current_ex()
     if has_data and not (ex is not None and ex.timing_only and shape):
       cd = _COMPUTE.get(rt, rt)
-      vals = [(a._data if a._data.dtype == cd else a._data.astype(cd)) if type(a) is Array else _np(a, cd)
-              for a in args]
+      if len(args) == 2:  # the list below, unrolled for binary ops
+        a, b = args
+        vals = ((a._data if a._data.dtype == cd else a._data.astype(cd)) if type(a) is Array
+                else _np(a, cd),
+                (b._data if b._data.dtype == cd else b._data.astype(cd)) if type(b) is Array
+                else _np(b, cd))
+      else:
+        vals = [(a._data if a._data.dtype == cd else a._data.astype(cd)) if type(a) is Array
+                else _np(a, cd) for a in args]
       try:
         if ex is not None:  # kernels run under np.errstate(all="ignore") set once per core (sim)
           data = fn(*vals)
@@ -210,7 +217,15 @@ def _elementwise(fn, op_class: str, result: str = "same", name: str = ""):
                          f"({user_frame_summary()})") from None
       if data.dtype != out_dtype:
         data = data.astype(out_dtype)
-    return _out(data, shape, out_dtype, ready, op_class, any_array)
+    if ex is None:
+      return _out(data, shape, out_dtype, ready, op_class, any_array)
+    if shape:  # = _out(...) inside a kernel, inlined
+      if ex.timing_only:
+        data = None
+      ready = ex.vector_op(op_class, shape, out_dtype, ready)
+    else:
+      ready = ex.scalar_op(ready)
+    return Array(data, shape, out_dtype, ready)
 
   op.__name__ = name or getattr(fn, "__name__", "op")
   op.__doc__ = f"Elementwise `{op.__name__}` (cost class: {op_class})."

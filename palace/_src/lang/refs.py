@@ -257,7 +257,7 @@ class Ref:
       data, ready = _coerce_store(view, value, ex.timing_only)
     buf = self.buf
     ex.store(buf, view._np_index, view.shape, data, ready)
-    if type(data) is np.ndarray and buf.storage is data:
+    if type(data) is np.ndarray and (buf._storage if buf.pending is None else buf.storage) is data:
       # the buffer adopted the value's array (no copy): the value now reads it through a read-only
       # view and is detached (copied) before the next write, like a load (copy on write)
       ro = data.view()

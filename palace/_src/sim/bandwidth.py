@@ -15,6 +15,7 @@ from __future__ import annotations
 import bisect
 
 _EPS = 1e-9
+_INF = float("inf")
 
 
 class Channel:
@@ -157,6 +158,52 @@ def reserve2(a: Channel, wa: float, b: Channel, wb: float, start: float, nbytes:
   if nbytes <= 0:
     return reserve([(a, wa), (b, wb)], start, nbytes)
   t = float(start)
+  ta, tb = a.times, b.times
+  if ta[-1] <= t + _EPS and tb[-1] <= t + _EPS and a is not b:
+    # nothing reserved from t on (the fast path of the first loop iteration below), with _append_tail
+    # and the bookkeeping unrolled: the same arithmetic in the same order
+    ua, ub = a.used, b.used
+    base_a, base_b = ua[-1], ub[-1]
+    avail = _INF
+    x = (a.bytes_per_cycle - base_a) / wa
+    if x < avail:
+      avail = x
+    x = (b.bytes_per_cycle - base_b) / wb
+    if x < avail:
+      avail = x
+    if avail > _EPS:
+      end = t + float(nbytes) / avail
+      rate = avail * wa
+      if ta[-1] < t - _EPS:
+        ta.append(t)
+        ua.append(base_a + rate)
+      else:
+        ua[-1] = base_a + rate
+        if len(ua) > 1 and abs(ua[-2] - ua[-1]) <= _EPS:
+          del ta[-1]
+          del ua[-1]
+      ta.append(end)
+      ua.append(base_a)
+      rate = avail * wb
+      if tb[-1] < t - _EPS:
+        tb.append(t)
+        ub.append(base_b + rate)
+      else:
+        ub[-1] = base_b + rate
+        if len(ub) > 1 and abs(ub[-2] - ub[-1]) <= _EPS:
+          del tb[-1]
+          del ub[-1]
+      tb.append(end)
+      ub.append(base_b)
+      a.busy_cycles += end - t
+      a.bytes += int(nbytes * wa)
+      if end > a.free_cycle:
+        a.free_cycle = end
+      b.busy_cycles += end - t
+      b.bytes += int(nbytes * wb)
+      if end > b.free_cycle:
+        b.free_cycle = end
+      return t, end
   remaining = float(nbytes)
   first = None
   inf = float("inf")

@@ -147,10 +147,32 @@ class TensorCore:
     return hit
 
   def vector_op(self, op_class: str, shape, dtype, ready: int) -> int:
-    unit, busy, lat = self._vector_cost(op_class, shape)
+    key = (op_class, shape, None)   # = self._issue(*self._vector_cost(op_class, shape), ...), inlined
+    hit = self._vcost.get(key)
+    if hit is None:
+      hit = self._vcost[key] = cost.vector_cost(self.chip, op_class, shape, None)
+    unit, busy, lat = hit
     if unit is None:
       return ready
-    return self._issue(unit, busy, lat, ready, op_class)
+    unit_free = self.unit_free
+    now = self.now
+    free = unit_free[unit]
+    start = self.now = now if now > free else free
+    end = unit_free[unit] = start + busy
+    self.unit_busy[unit] += busy
+    done = (end if end > ready else ready) + lat
+    if done > self.compute_done:
+      self.compute_done = done
+      if done > self.horizon:
+        self.horizon = done
+    trace = self.trace
+    if trace.on:
+      ev = trace.events
+      if len(ev) < trace.cap:
+        ev.append((self.tid, unit, op_class, start, end, None))
+      else:
+        trace.add(self.tid, unit, op_class, start, end)
+    return done
 
   def matmul(self, m, k, n, batch, lhs_dtype, rhs_dtype, ready: int) -> int:
     key = (m, k, n, batch, lhs_dtype, rhs_dtype)
@@ -181,16 +203,41 @@ class TensorCore:
       if data is not None and not isinstance(data, np.ndarray):
         data = np.asarray(data)
       return (data if data is None or data.shape == () else data.copy()), ready
-    ready = self._issue("vld", *self._vector_cost("load", shape, buf.dtype)[1:],
-                        buf.ready_cycle, "load")
+    key = ("load", shape, buf.dtype)   # = self._issue("vld", *self._vector_cost(...)[1:], ...), inlined
+    hit = self._vcost.get(key)
+    if hit is None:
+      hit = self._vcost[key] = cost.vector_cost(self.chip, "load", shape, buf.dtype)
+    unit_free = self.unit_free
+    now = self.now
+    free = unit_free["vld"]
+    start = self.now = now if now > free else free
+    end = unit_free["vld"] = start + hit[1]
+    self.unit_busy["vld"] += hit[1]
+    ready = buf.ready_cycle
+    ready = (end if end > ready else ready) + hit[2]
+    if ready > self.compute_done:
+      self.compute_done = ready
+      if ready > self.horizon:
+        self.horizon = ready
+    trace = self.trace
+    if trace.on:
+      ev = trace.events
+      if len(ev) < trace.cap:
+        ev.append((self.tid, "vld", "load", start, end, None))
+      else:
+        trace.add(self.tid, "vld", "load", start, end)
     pending = buf.pending
-    if pending is not None and index == () and type(pending) is not _Fill:
-      return pending, ready  # a deferred value read whole stays deferred (Buffer.pending)
-    if self.timing_only or buf.storage is None:
+    if pending is not None:
+      if index == () and type(pending) is not _Fill:
+        return pending, ready  # a deferred value read whole stays deferred (Buffer.pending)
+      storage = buf.storage
+    else:
+      storage = buf._storage
+    if self.timing_only or storage is None:
       return None, ready
     if buf.aliased:
-      return np.array(buf.storage[index], copy=True), ready
-    view = buf.storage[index]  # zero-copy: writers detach it first (Buffer.detach_readers)
+      return np.array(storage[index], copy=True), ready
+    view = storage[index]  # zero-copy: writers detach it first (Buffer.detach_readers)
     view.flags.writeable = False
     return view, ready
 
@@ -204,13 +251,16 @@ class TensorCore:
       buf.defer(data)  # the language side checked: whole VMEM buffer, same shape and dtype
       storage = data = None
     else:
-      if index == () and buf.pending is not None:
-        buf.storage = np.empty(buf.shape, buf.dtype)  # overwritten whole: never compute the old value
-      storage = buf.storage
+      if buf.pending is not None:
+        if index == ():
+          buf.storage = np.empty(buf.shape, buf.dtype)  # overwritten whole: never compute the old value
+        storage = buf.storage
+      else:
+        storage = buf._storage
     if storage is not None and data is not None:
       if (index == () and data.base is None and self.checks is None and not buf.aliased
           and type(data) is np.ndarray and data.dtype == storage.dtype and data.shape == storage.shape
-          and data.flags.writeable and data.flags.c_contiguous):
+          and (flags := data.flags).writeable and flags.c_contiguous):
         # a whole-buffer store of a fresh result: adopt the array instead of copying it. The old
         # memory is not written, so views of it (loads, a lender's storage) stay valid; the stored
         # value is made a copy-on-write reader by Ref.__setitem__.
@@ -219,13 +269,35 @@ class TensorCore:
       else:
         if buf.readers or buf.borrowed is not None:
           buf.detach_readers()
-        buf.storage[index] = data
-    if not shape or buf.memory_space == MemorySpace.SMEM:
+          storage = buf.storage
+        storage[index] = data
+    if not shape or buf.memory_space is _SMEM:
       self.now += self.chip.scalar_op_cycles
       done = self.now if self.now > ready else ready
     else:
-      unit, busy, lat = self._vector_cost("store", shape, buf.dtype)
-      done = self._issue(unit, busy, lat, ready, "store")
+      key = ("store", shape, buf.dtype)   # = self._issue(*self._vector_cost(...), ...), inlined
+      hit = self._vcost.get(key)
+      if hit is None:
+        hit = self._vcost[key] = cost.vector_cost(self.chip, "store", shape, buf.dtype)
+      unit, busy, lat = hit
+      unit_free = self.unit_free
+      now = self.now
+      free = unit_free[unit]
+      start = self.now = now if now > free else free
+      end = unit_free[unit] = start + busy
+      self.unit_busy[unit] += busy
+      done = (end if end > ready else ready) + lat
+      if done > self.compute_done:
+        self.compute_done = done
+        if done > self.horizon:
+          self.horizon = done
+      trace = self.trace
+      if trace.on:
+        ev = trace.events
+        if len(ev) < trace.cap:
+          ev.append((self.tid, unit, "store", start, end, None))
+        else:
+          trace.add(self.tid, unit, "store", start, end)
     if done > buf.ready_cycle:
       buf.ready_cycle = done
 
