@@ -343,7 +343,11 @@ def _steps(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tai
 def _start_fetch(ex, op: _Op, step: int, offsets):
   slot = op.next_slot
   op.next_slot = slot + 1 if slot + 1 < op.nbuf else 0
-  req = _request(op, offsets, slot, False)
+  if op.reuse_views:   # = _request(op, offsets, slot, False), inlined
+    hit = op.views.get((offsets, slot))
+    req = hit[0] if hit is not None else _request(op, offsets, slot, False)
+  else:
+    req = _make_request(op, offsets, slot, False)
   if req is not None:
     ex.dma_start(req)
   op.fetched[step] = (slot, req)
@@ -372,12 +376,19 @@ def _steps_inner(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_arg
   buffered_in = [o for _, o in ins if o.mode == _BUFFERED]
   buffered_out = [o for _, o in outs if o.mode == _BUFFERED]
   per_step = [o for _, o in ins + outs if o.all_blocks is None]
+  # per input: (index, op, blocks of every step or None, alias?, how many steps ahead to prefetch)
+  in_plan = [(k, o, o.all_blocks, o.mode == _ALIAS,
+              0 if o.mode == _ALIAS else min(o.nbuf - 1, 1 if not o.m.use_lookahead else o.nbuf))
+             for k, o in ins]
+  out_plan = [(k, o, o.all_blocks, o.mode == _ALIAS) for k, o in outs]
   grid_stack = ex.grid_stack
+  grid_step = ex.grid_step
+  dma_start, dma_wait = ex.dma_start, ex.dma_wait
   last = n - 1
   for s in range(n):
     point = points[s]
     grid_stack[-1] = (point, grid)
-    ex.grid_step()
+    grid_step()
     # ---- inputs: start every missing current block first (the prologue issues all of step 0's
     # copies before waiting any), then per input wait the current block and prefetch ahead
     for o in buffered_in:
@@ -385,9 +396,9 @@ def _steps_inner(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_arg
         cur = o.all_blocks[s] if o.all_blocks is not None else _block_offsets(o, s, point, index_args, "")
         if s == 0 or cur != o.cur:
           _start_fetch(ex, o, s, cur)
-    for k, o in ins:
-      cur = o.all_blocks[s] if o.all_blocks is not None else _block_offsets(o, s, point, index_args, "")
-      if o.mode == _ALIAS:
+    for k, o, blocks, alias, ahead in in_plan:
+      cur = blocks[s] if blocks is not None else _block_offsets(o, s, point, index_args, "")
+      if alias:
         if s == 0 or cur != o.cur:
           o.cur = cur
           kernel_refs_in[k] = _alias_view(o, cur, point)
@@ -395,22 +406,26 @@ def _steps_inner(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_arg
       if s == 0 or cur != o.cur:
         slot, desc = o.fetched.pop(s)
         if desc is not None:
-          ex.dma_wait(desc, "recv")
+          dma_wait(desc, "recv")
         o.cur, o.cur_slot = cur, slot
         kernel_refs_in[k] = o.slots[slot]
-      prev = cur
-      for t in range(s + 1, min(n, s + o.nbuf)):
-        nxt = o.all_blocks[t] if o.all_blocks is not None else \
-            _block_offsets(o, t, points[t], index_args, "")
-        if nxt != prev and t not in o.fetched:
-          _start_fetch(ex, o, t, nxt)
-        prev = nxt
-        if not o.m.use_lookahead:
-          break
+      if ahead == 1:   # double buffering: only the next step's block
+        t = s + 1
+        if t < n:
+          nxt = blocks[t] if blocks is not None else _block_offsets(o, t, points[t], index_args, "")
+          if nxt != cur and t not in o.fetched:
+            _start_fetch(ex, o, t, nxt)
+      elif ahead:      # lookahead: every changed block that fits the free slots
+        prev = cur
+        for t in range(s + 1, min(n, s + o.nbuf)):
+          nxt = blocks[t] if blocks is not None else _block_offsets(o, t, points[t], index_args, "")
+          if nxt != prev and t not in o.fetched:
+            _start_fetch(ex, o, t, nxt)
+          prev = nxt
     # ---- outputs: pick the slot for this step's block
-    for k, o in outs:
-      cur = o.all_blocks[s] if o.all_blocks is not None else _block_offsets(o, s, point, index_args, "")
-      if o.mode == _ALIAS:
+    for k, o, blocks, alias in out_plan:
+      cur = blocks[s] if blocks is not None else _block_offsets(o, s, point, index_args, "")
+      if alias:
         if s == 0 or cur != o.cur:
           o.cur = cur
           kernel_refs_out[k] = _alias_view(o, cur, point)
@@ -423,10 +438,10 @@ def _steps_inner(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_arg
               f"again non-consecutively, so the pipeline would overwrite it and lose data. Put the "
               f"reduction axis last in the grid (mark it 'arbitrary') so revisits are consecutive.")
         slot = o.next_slot
-        o.next_slot = (slot + 1) % o.nbuf
+        o.next_slot = slot + 1 if slot + 1 < o.nbuf else 0
         wb = o.pending_wb.pop(slot, None)
         if wb is not None:
-          ex.dma_wait(wb, "recv")
+          dma_wait(wb, "recv")
         o.cur, o.cur_slot = cur, slot
         kernel_refs_out[k] = o.slots[slot]
     body(*lead_args, *kernel_refs_in, *kernel_refs_out, *tail_args, **tail_kwargs)
@@ -440,16 +455,16 @@ def _steps_inner(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_arg
       o.written.add(o.cur)
       desc = _request(o, o.cur, o.cur_slot, True)
       if desc is not None:
-        ex.dma_start(desc)
+        dma_start(desc)
         if sync:
-          ex.dma_wait(desc, "recv")
+          dma_wait(desc, "recv")
         else:
           o.pending_wb[o.cur_slot] = desc
     for o in per_step:
       o.blocks.pop(s, None)
   for o in ops_out:
     for desc in o.pending_wb.values():
-      ex.dma_wait(desc, "recv")
+      dma_wait(desc, "recv")
     o.pending_wb.clear()
 
 
