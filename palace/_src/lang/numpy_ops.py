@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import builtins
 import math
+import operator as _operator
 
 import ml_dtypes
 import numpy as np
@@ -140,10 +141,15 @@ def _has_data(*xs):
 
 
 # ------------------------------------------------------------------------------- elementwise
+_PY_COMPARE = {np.equal: _operator.eq, np.not_equal: _operator.ne, np.less: _operator.lt,
+               np.less_equal: _operator.le, np.greater: _operator.gt, np.greater_equal: _operator.ge}
+
+
 def _elementwise(fn, op_class: str, result: str = "same", name: str = ""):
   """Build an n-ary elementwise op. result: same | bool | float | int."""
 
   scalar_fast = result in ("same", "bool")
+  py_compare = _PY_COMPARE.get(fn) if result == "bool" else None
 
   def op(*args):
     if scalar_fast and len(args) == 2:
@@ -152,6 +158,10 @@ def _elementwise(fn, op_class: str, result: str = "same", name: str = ""):
       if type(a) is Array and type(b) is int and a.shape == () and a.dtype == _I32 and \
           a._data is not None and _I32_MIN <= b <= _I32_MAX:
         ex = _current_ex()
+        if py_compare is not None and ex is not None:
+          # both values are exact int32s: Python's comparison gives the ufunc's np.bool_ result
+          return Array(np.True_ if py_compare(int(a._data), b) else np.False_, (), dt.bool_,
+                       ex.scalar_op(a._ready))
         try:
           data = None if ex is None else fn(a._data, np.asarray(b, dtype=_I32))
         except ValueError:  # invalid operands: the general path raises the error

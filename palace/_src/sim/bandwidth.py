@@ -206,7 +206,7 @@ def reserve2(a: Channel, wa: float, b: Channel, wb: float, start: float, nbytes:
       return t, end
   remaining = float(nbytes)
   first = None
-  inf = float("inf")
+  inf = _INF
   bisect_right = bisect.bisect_right
   while True:
     ta, tb = a.times, b.times
@@ -222,18 +222,32 @@ def reserve2(a: Channel, wa: float, b: Channel, wb: float, start: float, nbytes:
         if first is None:
           first = t
         end = t + remaining / avail
-        _append_tail(a, t, end, avail * wa)
-        _append_tail(b, t, end, avail * wb)
+        for c, rate in ((a, avail * wa), (b, avail * wb)):   # = _append_tail(c, t, end, rate), inlined
+          times, used = c.times, c.used
+          base = used[-1]
+          if times[-1] < t - _EPS:
+            times.append(t)
+            used.append(base + rate)
+          else:
+            used[-1] = base + rate
+            if len(used) > 1 and abs(used[-2] - used[-1]) <= _EPS:
+              del times[-1]
+              del used[-1]
+          times.append(end)
+          used.append(base)
         break
-    avail = nxt = inf
-    for c, w, times in ((a, wa, ta), (b, wb, tb)):
-      i = bisect_right(times, t) - 1
-      x = (c.bytes_per_cycle - (c.used[i] if i >= 0 else 0.0)) / w
-      if x < avail:
-        avail = x
-      j = bisect_right(times, t + _EPS)
-      if j < len(times) and times[j] < nxt:
-        nxt = times[j]
+    # = for c, w, times in ((a, wa, ta), (b, wb, tb)): ..., unrolled
+    i = bisect_right(ta, t) - 1
+    avail = (a.bytes_per_cycle - (a.used[i] if i >= 0 else 0.0)) / wa
+    j = bisect_right(ta, t + _EPS)
+    nxt = ta[j] if j < len(ta) else inf
+    i = bisect_right(tb, t) - 1
+    x = (b.bytes_per_cycle - (b.used[i] if i >= 0 else 0.0)) / wb
+    if x < avail:
+      avail = x
+    j = bisect_right(tb, t + _EPS)
+    if j < len(tb) and tb[j] < nxt:
+      nxt = tb[j]
     if avail <= _EPS:
       if nxt == inf:
         raise AssertionError("a channel is over-subscribed forever")
