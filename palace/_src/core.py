@@ -311,6 +311,8 @@ class Buffer:
   lenders: list | None = None  # buffers whose reader lists hold this one
   pending: object = dataclasses.field(default=None, init=False)  # a deferred whole-buffer value
   # (storage is computed on first read); not an __init__ field, so dataclasses.replace never copies it
+  _ro: object = dataclasses.field(default=None, init=False, repr=False)  # a read-only view of the
+  # current storage (loads index it: a view of a read-only view is read-only); reset with `storage`
 
   def detach_readers(self) -> None:
     """Before any write to `storage`: values read from it without a copy get their own copy now,
@@ -364,7 +366,7 @@ class Buffer:
     """A whole-buffer store of a deferred value: keep it instead of computing it. The old storage is
     not written, so values and buffers viewing it stay valid (like an adopted store)."""
     self.borrowed = None
-    self._storage = None
+    self._storage = self._ro = None
     self.pending = value
 
   def materialize(self) -> None:
@@ -374,6 +376,7 @@ class Buffer:
     out = np.empty(self.shape, self.dtype)
     value.compute_into(out)
     self._storage = out
+    self._ro = None
 
 
 def _get_storage(buf):
@@ -383,7 +386,7 @@ def _get_storage(buf):
 
 
 def _set_storage(buf, value):
-  buf.pending = None
+  buf.pending = buf._ro = None
   buf._storage = value
 
 

@@ -262,6 +262,7 @@ class Ref:
       # view and is detached (copied) before the next write, like a load (copy on write)
       ro = data.view()
       ro.flags.writeable = False
+      buf._ro = ro   # the buffer's read-only view of its new storage (Buffer._ro), for later loads
       if type(value) is Array:
         value._data = ro
         if buf.readers is None:

@@ -236,18 +236,33 @@ def reserve2(a: Channel, wa: float, b: Channel, wb: float, start: float, nbytes:
           times.append(end)
           used.append(base)
         break
-    # = for c, w, times in ((a, wa, ta), (b, wb, tb)): ..., unrolled
-    i = bisect_right(ta, t) - 1
-    avail = (a.bytes_per_cycle - (a.used[i] if i >= 0 else 0.0)) / wa
-    j = bisect_right(ta, t + _EPS)
-    nxt = ta[j] if j < len(ta) else inf
-    i = bisect_right(tb, t) - 1
-    x = (b.bytes_per_cycle - (b.used[i] if i >= 0 else 0.0)) / wb
-    if x < avail:
-      avail = x
-    j = bisect_right(tb, t + _EPS)
-    if j < len(tb) and tb[j] < nxt:
-      nxt = tb[j]
+    # = for c, w, times in ((a, wa, ta), (b, wb, tb)): ..., unrolled. A copy queued behind the last
+    # reservation starts inside the second-to-last segment: its bisections are known (no probing of
+    # the long, cache-cold calendar lists)
+    n = len(ta)
+    if n > 1 and ta[-2] <= t and t + _EPS < ta[-1]:
+      avail = (a.bytes_per_cycle - a.used[n - 2]) / wa
+      nxt = ta[n - 1]
+    else:
+      i = bisect_right(ta, t) - 1
+      avail = (a.bytes_per_cycle - (a.used[i] if i >= 0 else 0.0)) / wa
+      j = bisect_right(ta, t + _EPS)
+      nxt = ta[j] if j < n else inf
+    n = len(tb)
+    if n > 1 and tb[-2] <= t and t + _EPS < tb[-1]:
+      x = (b.bytes_per_cycle - b.used[n - 2]) / wb
+      if x < avail:
+        avail = x
+      if tb[n - 1] < nxt:
+        nxt = tb[n - 1]
+    else:
+      i = bisect_right(tb, t) - 1
+      x = (b.bytes_per_cycle - (b.used[i] if i >= 0 else 0.0)) / wb
+      if x < avail:
+        avail = x
+      j = bisect_right(tb, t + _EPS)
+      if j < n and tb[j] < nxt:
+        nxt = tb[j]
     if avail <= _EPS:
       if nxt == inf:
         raise AssertionError("a channel is over-subscribed forever")

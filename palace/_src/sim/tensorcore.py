@@ -237,8 +237,13 @@ class TensorCore:
       return None, ready
     if buf.aliased:
       return np.array(storage[index], copy=True), ready
-    view = storage[index]  # zero-copy: writers detach it first (Buffer.detach_readers)
-    view.flags.writeable = False
+    ro = buf._ro   # zero-copy: writers detach the view first (Buffer.detach_readers)
+    if ro is None:
+      ro = buf._ro = storage.view()
+      ro.flags.writeable = False
+    view = ro[index]   # read-only, as a view of a read-only view
+    if view.base is None:   # (an index that copies)
+      view.flags.writeable = False
     return view, ready
 
   def store(self, buf: Buffer, index, shape, data, ready: int) -> None:
