@@ -77,7 +77,7 @@ class DmaRequest:
   """
   __slots__ = ("src_buf", "src_index", "dst_buf", "dst_index", "shape", "sem_buf", "sem_index",
                "src_sem_buf", "src_sem_index", "add", "device_id", "core_index", "site", "labels",
-               "nbytes", "src_indices", "dst_indices", "mask")
+               "nbytes", "src_indices", "dst_indices", "mask", "fast")
 
   def __init__(self, src_buf, src_index, dst_buf, dst_index, shape, sem_buf=None, sem_index=(),
                src_sem_buf=None, src_sem_index=(), add=False, device_id=None, core_index=None,
@@ -88,6 +88,7 @@ class DmaRequest:
     self.device_id, self.core_index, self.site, self.labels = device_id, core_index, site, labels
     self.nbytes, self.src_indices, self.dst_indices = nbytes, src_indices, dst_indices
     self.mask = None  # indexed DMAs: which index entries are used (None: all)
+    self.fast = None  # the executor's per-request cache (sim/tensorcore.py dma_start)
 
   @property
   def describe(self) -> str:

@@ -171,34 +171,44 @@ def _elementwise(fn, op_class: str, result: str = "same", name: str = ""):
           if data.dtype != out_dtype:
             data = data.astype(out_dtype)
           return Array(data, (), out_dtype, ex.scalar_op(a._ready))
-    # One pass over the operands: shapes/dtypes for the fast path, readiness and data presence.
-    shape = strong = None
-    same = has_data = True
-    any_array = False
-    ready = 0
-    for a in args:
-      ta = type(a)
-      if ta is Array:
-        any_array = True
-        if a._data is None:
-          has_data = False
-        if a._ready > ready:
-          ready = a._ready
-        if shape is None:
-          shape, strong = a.shape, a.dtype
-        elif a.shape != shape or a.dtype != strong:
-          same = False
-      elif ta is not int and ta is not float and ta is not bool:
-        same = False
-        if isinstance(a, Array):
-          any_array = True
-          has_data = has_data and a._data is not None
-          ready = a._ready if a._ready > ready else ready
-    if same and strong is not None and (strong in _FLOATS or not _weak_promotes(args, strong)):
-      rt = strong
+    if len(args) == 2 and type(args[0]) is Array and type(args[1]) is Array and \
+        args[0].shape == args[1].shape and args[0].dtype == args[1].dtype:
+      # two Arrays of one shape and dtype (acc + dot): the pass below, whose result type is theirs
+      a, b = args
+      shape, rt, any_array = a.shape, a.dtype, True
+      has_data = a._data is not None and b._data is not None
+      ready = a._ready if a._ready > 0 else 0
+      if b._ready > ready:
+        ready = b._ready
     else:
-      rt = dt.result_type(*[dtype_of(a) for a in args])
-      shape = _broadcast_shapes(op.__name__, args)
+      # One pass over the operands: shapes/dtypes for the fast path, readiness and data presence.
+      shape = strong = None
+      same = has_data = True
+      any_array = False
+      ready = 0
+      for a in args:
+        ta = type(a)
+        if ta is Array:
+          any_array = True
+          if a._data is None:
+            has_data = False
+          if a._ready > ready:
+            ready = a._ready
+          if shape is None:
+            shape, strong = a.shape, a.dtype
+          elif a.shape != shape or a.dtype != strong:
+            same = False
+        elif ta is not int and ta is not float and ta is not bool:
+          same = False
+          if isinstance(a, Array):
+            any_array = True
+            has_data = has_data and a._data is not None
+            ready = a._ready if a._ready > ready else ready
+      if same and strong is not None and (strong in _FLOATS or not _weak_promotes(args, strong)):
+        rt = strong
+      else:
+        rt = dt.result_type(*[dtype_of(a) for a in args])
+        shape = _broadcast_shapes(op.__name__, args)
     if result == "float" and rt not in _FLOATS:
       rt = _F32
     out_dtype = dt.bool_ if result == "bool" else rt

@@ -269,8 +269,8 @@ class TensorCore:
         # a whole-buffer store of a fresh result: adopt the array instead of copying it. The old
         # memory is not written, so views of it (loads, a lender's storage) stay valid; the stored
         # value is made a copy-on-write reader by Ref.__setitem__.
-        buf.borrowed = None
-        buf.storage = data
+        buf.borrowed = buf.pending = buf._ro = None   # = buf.storage = data, inlined
+        buf._storage = data
       else:
         if buf.readers or buf.borrowed is not None:
           buf.detach_readers()
@@ -421,10 +421,15 @@ class TensorCore:
     src_ready = src_buf.ready_cycle
     start = now if now > src_ready else src_ready
     dst_space = dst_buf.memory_space
-    key = (id(src_buf.memory_space), id(dst_space))  # enum members are singletons
-    p = self._dma_plans.get(key)
-    if p is None:
-      p = self._dma_plans[key] = plan(self.chip, src_buf.memory_space, dst_space)
+    fast = req.fast   # (this core, plan, semaphore slot) of a request started here before
+    if fast is not None and fast[0] is self:
+      p, slot = fast[1], fast[2]
+    else:
+      key = (id(src_buf.memory_space), id(dst_space))  # enum members are singletons
+      p = self._dma_plans.get(key)
+      if p is None:
+        p = self._dma_plans[key] = plan(self.chip, src_buf.memory_space, dst_space)
+      slot = None
     kind = p[0]
     chans = self._chans
     if chans is None:
@@ -464,10 +469,12 @@ class TensorCore:
     sem_buf = req.sem_buf
     if sem_buf is not None:
       m._seq = seq2 = m._seq + 1
-      key = (id(sem_buf), req.sem_index)
-      slot = m.slots.get(key)
-      if slot is None:
-        slot = m.slots[key] = SemSlot()
+      if slot is None:   # machine slots live as long as the launch: cache it on the request
+        key = (id(sem_buf), req.sem_index)
+        slot = m.slots.get(key)
+        if slot is None:
+          slot = m.slots[key] = SemSlot()
+        req.fast = (self, p, slot)
       slot.pending.append((done, seq2, nbytes, rec, False))
     if req.src_sem_buf is not None:
       m.add_arrival(req.src_sem_buf, req.src_sem_index, read_done, nbytes, rec, src=True)
