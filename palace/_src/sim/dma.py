@@ -151,9 +151,12 @@ def move_data(req, borrow: bool = False) -> None:
         dst_buf.borrowed = None
         dst_buf.borrow(src_buf, view)
         return
-    if dst_buf.readers or dst_buf.borrowed is not None:
+    readers = dst_buf.readers
+    if dst_buf.borrowed is not None or (readers and (len(readers) > 1 or readers[0]() is not None)):
       dst_buf.detach_readers()
       dst = dst_buf._storage
+    elif readers:   # = detach_readers() when the one value that read the buffer is gone
+      readers.clear()
     dst[dst_index] = src[req.src_index]
     return
   if plain and dst_buf.pending is not None and req.dst_index == ():

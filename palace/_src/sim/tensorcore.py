@@ -567,7 +567,8 @@ class TensorCore:
       return
     buf, index = req.sem_buf, req.sem_index
     m = self.machine
-    slot = m.slots.get((id(buf), index))
+    fast = req.fast   # set by dma_start: (this core, plan, the slot of (buf, index))
+    slot = fast[2] if fast is not None and fast[0] is self else m.slots.get((id(buf), index))
     if slot is not None and m.checks is None:
       pending = slot.pending
       value = int(req.nbytes)
