@@ -369,10 +369,11 @@ def _alias_view(op: _Op, offsets, point) -> Ref:
 
 def _steps_inner(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tail_kwargs,
                  index_args, sync):
-  kernel_refs_in = [o.hbm if o.mode == _RAW else None for o in ops_in]
-  kernel_refs_out = [o.hbm if o.mode == _RAW else None for o in ops_out]
-  ins = [(k, o) for k, o in enumerate(ops_in) if o.mode != _RAW]
-  outs = [(k, o) for k, o in enumerate(ops_out) if o.mode != _RAW]
+  # the body's positional arguments, updated in place: lead, input blocks, output blocks, tail
+  call_args = [*lead_args, *[o.hbm if o.mode == _RAW else None for o in ops_in + ops_out], *tail_args]
+  base_in, base_out = len(lead_args), len(lead_args) + len(ops_in)
+  ins = [(base_in + k, o) for k, o in enumerate(ops_in) if o.mode != _RAW]
+  outs = [(base_out + k, o) for k, o in enumerate(ops_out) if o.mode != _RAW]
   buffered_in = [o for _, o in ins if o.mode == _BUFFERED]
   buffered_out = [o for _, o in outs if o.mode == _BUFFERED]
   per_step = [o for _, o in ins + outs if o.all_blocks is None]
@@ -401,14 +402,14 @@ def _steps_inner(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_arg
       if alias:
         if s == 0 or cur != o.cur:
           o.cur = cur
-          kernel_refs_in[k] = _alias_view(o, cur, point)
+          call_args[k] = _alias_view(o, cur, point)
         continue
       if s == 0 or cur != o.cur:
         slot, desc = o.fetched.pop(s)
         if desc is not None:
           dma_wait(desc, "recv")
         o.cur, o.cur_slot = cur, slot
-        kernel_refs_in[k] = o.slots[slot]
+        call_args[k] = o.slots[slot]
       if ahead == 1:   # double buffering: only the next step's block
         t = s + 1
         if t < n:
@@ -428,7 +429,7 @@ def _steps_inner(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_arg
       if alias:
         if s == 0 or cur != o.cur:
           o.cur = cur
-          kernel_refs_out[k] = _alias_view(o, cur, point)
+          call_args[k] = _alias_view(o, cur, point)
         continue
       if s == 0 or cur != o.cur:
         if cur in o.written:
@@ -443,8 +444,11 @@ def _steps_inner(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_arg
         if wb is not None:
           dma_wait(wb, "recv")
         o.cur, o.cur_slot = cur, slot
-        kernel_refs_out[k] = o.slots[slot]
-    body(*lead_args, *kernel_refs_in, *kernel_refs_out, *tail_args, **tail_kwargs)
+        call_args[k] = o.slots[slot]
+    if tail_kwargs:
+      body(*call_args, **tail_kwargs)
+    else:
+      body(*call_args)
     # ---- outputs: write back blocks that change next step (or at the end)
     for o in buffered_out:
       if s != last:

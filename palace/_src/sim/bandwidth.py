@@ -158,106 +158,72 @@ def reserve2(a: Channel, wa: float, b: Channel, wb: float, start: float, nbytes:
   if nbytes <= 0:
     return reserve([(a, wa), (b, wb)], start, nbytes)
   t = float(start)
-  ta, tb = a.times, b.times
-  if ta[-1] <= t + _EPS and tb[-1] <= t + _EPS and a is not b:
-    # nothing reserved from t on (the fast path of the first loop iteration below), with _append_tail
-    # and the bookkeeping unrolled: the same arithmetic in the same order
-    ua, ub = a.used, b.used
-    base_a, base_b = ua[-1], ub[-1]
-    avail = _INF
-    x = (a.bytes_per_cycle - base_a) / wa
-    if x < avail:
-      avail = x
-    x = (b.bytes_per_cycle - base_b) / wb
-    if x < avail:
-      avail = x
-    if avail > _EPS:
-      end = t + float(nbytes) / avail
-      rate = avail * wa
-      if ta[-1] < t - _EPS:
-        ta.append(t)
-        ua.append(base_a + rate)
-      else:
-        ua[-1] = base_a + rate
-        if len(ua) > 1 and abs(ua[-2] - ua[-1]) <= _EPS:
-          del ta[-1]
-          del ua[-1]
-      ta.append(end)
-      ua.append(base_a)
-      rate = avail * wb
-      if tb[-1] < t - _EPS:
-        tb.append(t)
-        ub.append(base_b + rate)
-      else:
-        ub[-1] = base_b + rate
-        if len(ub) > 1 and abs(ub[-2] - ub[-1]) <= _EPS:
-          del tb[-1]
-          del ub[-1]
-      tb.append(end)
-      ub.append(base_b)
-      a.busy_cycles += end - t
-      a.bytes += int(nbytes * wa)
-      if end > a.free_cycle:
-        a.free_cycle = end
-      b.busy_cycles += end - t
-      b.bytes += int(nbytes * wb)
-      if end > b.free_cycle:
-        b.free_cycle = end
-      return t, end
   remaining = float(nbytes)
   first = None
   inf = _INF
   bisect_right = bisect.bisect_right
+  ta, tb = a.times, b.times   # (lists are only ever changed in place)
+  ua, ub = a.used, b.used
   while True:
-    ta, tb = a.times, b.times
     if ta[-1] <= t + _EPS and tb[-1] <= t + _EPS:  # nothing reserved from t on (fast path)
       avail = inf
-      x = (a.bytes_per_cycle - a.used[-1]) / wa
+      x = (a.bytes_per_cycle - ua[-1]) / wa
       if x < avail:
         avail = x
-      x = (b.bytes_per_cycle - b.used[-1]) / wb
+      x = (b.bytes_per_cycle - ub[-1]) / wb
       if x < avail:
         avail = x
       if avail > _EPS:
         if first is None:
           first = t
         end = t + remaining / avail
-        for c, rate in ((a, avail * wa), (b, avail * wb)):   # = _append_tail(c, t, end, rate), inlined
-          times, used = c.times, c.used
-          base = used[-1]
-          if times[-1] < t - _EPS:
-            times.append(t)
-            used.append(base + rate)
-          else:
-            used[-1] = base + rate
-            if len(used) > 1 and abs(used[-2] - used[-1]) <= _EPS:
-              del times[-1]
-              del used[-1]
-          times.append(end)
-          used.append(base)
+        # = _append_tail(a, t, end, avail * wa); _append_tail(b, t, end, avail * wb), inlined
+        rate = avail * wa
+        base = ua[-1]
+        if ta[-1] < t - _EPS:
+          ta.append(t)
+          ua.append(base + rate)
+        else:
+          ua[-1] = base + rate
+          if len(ua) > 1 and abs(ua[-2] - ua[-1]) <= _EPS:
+            del ta[-1]
+            del ua[-1]
+        ta.append(end)
+        ua.append(base)
+        rate = avail * wb
+        base = ub[-1]
+        if tb[-1] < t - _EPS:
+          tb.append(t)
+          ub.append(base + rate)
+        else:
+          ub[-1] = base + rate
+          if len(ub) > 1 and abs(ub[-2] - ub[-1]) <= _EPS:
+            del tb[-1]
+            del ub[-1]
+        tb.append(end)
+        ub.append(base)
         break
     # = for c, w, times in ((a, wa, ta), (b, wb, tb)): ..., unrolled. A copy queued behind the last
-    # reservation starts inside the second-to-last segment: its bisections are known (no probing of
-    # the long, cache-cold calendar lists)
+    # reservation starts inside the second-to-last segment: its bisections are known
     n = len(ta)
     if n > 1 and ta[-2] <= t and t + _EPS < ta[-1]:
-      avail = (a.bytes_per_cycle - a.used[n - 2]) / wa
+      avail = (a.bytes_per_cycle - ua[n - 2]) / wa
       nxt = ta[n - 1]
     else:
       i = bisect_right(ta, t) - 1
-      avail = (a.bytes_per_cycle - (a.used[i] if i >= 0 else 0.0)) / wa
+      avail = (a.bytes_per_cycle - (ua[i] if i >= 0 else 0.0)) / wa
       j = bisect_right(ta, t + _EPS)
       nxt = ta[j] if j < n else inf
     n = len(tb)
     if n > 1 and tb[-2] <= t and t + _EPS < tb[-1]:
-      x = (b.bytes_per_cycle - b.used[n - 2]) / wb
+      x = (b.bytes_per_cycle - ub[n - 2]) / wb
       if x < avail:
         avail = x
       if tb[n - 1] < nxt:
         nxt = tb[n - 1]
     else:
       i = bisect_right(tb, t) - 1
-      x = (b.bytes_per_cycle - (b.used[i] if i >= 0 else 0.0)) / wb
+      x = (b.bytes_per_cycle - (ub[i] if i >= 0 else 0.0)) / wb
       if x < avail:
         avail = x
       j = bisect_right(tb, t + _EPS)
@@ -279,9 +245,13 @@ def reserve2(a: Channel, wa: float, b: Channel, wb: float, start: float, nbytes:
     b.add(t, nxt, avail * wb)
     remaining -= avail * (nxt - t)
     t = nxt
-  for c, w in ((a, wa), (b, wb)):
-    c.busy_cycles += end - first
-    c.bytes += int(nbytes * w)
-    if end > c.free_cycle:
-      c.free_cycle = end
+  # = for c, w in ((a, wa), (b, wb)): bookkeeping, unrolled
+  a.busy_cycles += end - first
+  a.bytes += int(nbytes * wa)
+  if end > a.free_cycle:
+    a.free_cycle = end
+  b.busy_cycles += end - first
+  b.bytes += int(nbytes * wb)
+  if end > b.free_cycle:
+    b.free_cycle = end
   return first, end
