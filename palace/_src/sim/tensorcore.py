@@ -591,7 +591,11 @@ class TensorCore:
         if t > now:
           trace = self.trace
           if trace.on:
-            trace.add(self.tid, "scalar", f"wait {buf.name}", now, t)
+            ev = trace.events
+            if len(ev) < trace.cap:   # = trace.add, inlined
+              ev.append((self.tid, "scalar", f"wait {buf.name}", now, t, None))
+            else:
+              trace.add(self.tid, "scalar", f"wait {buf.name}", now, t)
           now = t
         slot.value -= value
         self.now = now + self.chip.scalar_op_cycles
