@@ -345,7 +345,7 @@ class Buffer:
     """A whole-buffer copy from `lender` done by viewing its storage (read-only) instead of copying;
     any later write to either side makes this buffer take its own copy first."""
     ro = view.view()
-    ro.flags.writeable = False
+    ro.setflags(write=False)
     self.storage = ro
     self.borrowed = lender
     if self.lenders is None:

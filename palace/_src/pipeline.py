@@ -109,7 +109,12 @@ def _make_request(op: _Op, offsets, slot: int, to_hbm: bool):
     vmem = op.slots[slot]
     buf = op.hbm.buf
     shape = vmem.shape
-    idx = () if op.block_is_array else tuple([slice(o, o + z) for o, z in zip(offsets, shape)])
+    if op.block_is_array:
+      idx = ()
+    elif len(shape) == 2:
+      idx = (slice(offsets[0], offsets[0] + shape[0]), slice(offsets[1], offsets[1] + shape[1]))
+    else:
+      idx = tuple([slice(o, o + z) for o, z in zip(offsets, shape)])
     label = _WindowLabel(buf, offsets, shape)
     if to_hbm:
       return DmaRequest(vmem.buf, vmem._np_index, buf, idx, shape, sem_buf, sem_idx, None, (), False,
@@ -457,7 +462,11 @@ def _steps_inner(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_arg
         if nxt == o.cur:
           continue
       o.written.add(o.cur)
-      desc = _request(o, o.cur, o.cur_slot, True)
+      if o.reuse_views:   # = _request(o, o.cur, o.cur_slot, True), inlined
+        hit = o.views.get((o.cur, o.cur_slot))
+        desc = hit[0] if hit is not None else _request(o, o.cur, o.cur_slot, True)
+      else:
+        desc = _make_request(o, o.cur, o.cur_slot, True)
       if desc is not None:
         dma_start(desc)
         if sync:

@@ -261,7 +261,7 @@ class Ref:
       # the buffer adopted the value's array (no copy): the value now reads it through a read-only
       # view and is detached (copied) before the next write, like a load (copy on write)
       ro = data.view()
-      ro.flags.writeable = False
+      ro.setflags(write=False)
       buf._ro = ro   # the buffer's read-only view of its new storage (Buffer._ro), for later loads
       if type(value) is Array:
         value._data = ro

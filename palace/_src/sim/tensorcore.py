@@ -240,7 +240,7 @@ class TensorCore:
     ro = buf._ro   # zero-copy: writers detach the view first (Buffer.detach_readers)
     if ro is None:
       ro = buf._ro = storage.view()
-      ro.flags.writeable = False
+      ro.setflags(write=False)
     view = ro[index]   # read-only, as a view of a read-only view
     if view.base is None:   # (an index that copies)
       view.flags.writeable = False
