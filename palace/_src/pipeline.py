@@ -48,7 +48,7 @@ class _Op:
   __slots__ = ("m", "hbm", "slots", "sems", "is_out", "blocks", "cur", "cur_slot", "fetched",
                "next_slot", "pending_wb", "written", "squeezed", "sem_views", "mode", "nbuf",
                "bounds_checks", "views", "all_blocks", "sem_targets", "simple", "whole_blocks",
-               "block_nbytes", "reuse_views", "block_is_array")
+               "block_nbytes", "reuse_views", "block_is_array", "full_slices")
 
   def __init__(self, m: BlockMapping, hbm: Ref, is_out: bool):
     self.m, self.hbm, self.is_out = m, hbm, is_out
@@ -72,19 +72,24 @@ class _Op:
         kind == BLOCKED and dim % size == 0 for (kind, size, _), dim in zip(m.dims, m.array_shape))
     self.block_nbytes = m.block_bytes
     self.block_is_array = self.whole_blocks and tuple(m.block_shape) == tuple(hbm.buf.shape)
+    # whole blocks spanning a whole dim always index it with the same slice
+    self.full_slices = tuple(slice(0, dim) if size == dim else None
+                             for (_, size, _), dim in zip(m.dims, m.array_shape))
     self.reuse_views = True  # False when no block is visited twice: caching views would only cost
 
 
-class _WindowLabel:
-  """Names a whole block of a pipelined operand's source in messages and traces, as the view
-  Ref.window(buf, offsets, shape) would, without building that view on every step."""
-  __slots__ = ("buf", "offsets", "shape")
+class _BlockLabels:
+  """The (source, destination) labels of a whole-block pipeline copy, as DmaRequest.describe reads
+  them: the slot ref and the view Ref.window(buf, offsets, shape) of the operand, which is built only
+  when a message or trace export asks for it."""
+  __slots__ = ("buf", "offsets", "shape", "vmem", "to_hbm")
 
-  def __init__(self, buf, offsets, shape):
-    self.buf, self.offsets, self.shape = buf, offsets, shape
+  def __init__(self, buf, offsets, shape, vmem, to_hbm):
+    self.buf, self.offsets, self.shape, self.vmem, self.to_hbm = buf, offsets, shape, vmem, to_hbm
 
-  def origin(self) -> str:
-    return Ref.window(self.buf, self.offsets, self.shape).origin()
+  def __iter__(self):
+    hbm = Ref.window(self.buf, self.offsets, self.shape)
+    return iter((self.vmem, hbm) if self.to_hbm else (hbm, self.vmem))
 
 
 def _request(op: _Op, offsets, slot: int, to_hbm: bool):
@@ -112,15 +117,17 @@ def _make_request(op: _Op, offsets, slot: int, to_hbm: bool):
     if op.block_is_array:
       idx = ()
     elif len(shape) == 2:
-      idx = (slice(offsets[0], offsets[0] + shape[0]), slice(offsets[1], offsets[1] + shape[1]))
+      full = op.full_slices
+      idx = (full[0] or slice(offsets[0], offsets[0] + shape[0]),
+             full[1] or slice(offsets[1], offsets[1] + shape[1]))
     else:
       idx = tuple([slice(o, o + z) for o, z in zip(offsets, shape)])
-    label = _WindowLabel(buf, offsets, shape)
+    labels = _BlockLabels(buf, offsets, shape, vmem, to_hbm)
     if to_hbm:
       return DmaRequest(vmem.buf, vmem._np_index, buf, idx, shape, sem_buf, sem_idx, None, (), False,
-                        None, None, _PIPELINE_SITE, (vmem, label), op.block_nbytes)
+                        None, None, _PIPELINE_SITE, labels, op.block_nbytes)
     return DmaRequest(buf, idx, vmem.buf, vmem._np_index, shape, sem_buf, sem_idx, None, (), False,
-                      None, None, _PIPELINE_SITE, (label, vmem), op.block_nbytes)
+                      None, None, _PIPELINE_SITE, labels, op.block_nbytes)
   views = _make_copy_views(op, offsets, slot)
   if views is None:
     return None

@@ -267,6 +267,8 @@ class Ref:
         value._data = ro
         if buf.readers is None:
           buf.readers = []
+        elif len(buf.readers) > 64:   # (as in __getitem__: drop the values that are gone)
+          buf.readers = [r for r in buf.readers if r() is not None]
         buf.readers.append(weakref.ref(value))
 
   def get(self, idx=()):

@@ -98,6 +98,7 @@ class TensorCore:
     self._dma_plans = {}      # (id(src space), id(dst space)) -> dma.plan
     self._dma_issue = self.chip.dma_issue_cycles
     self._dma_stats = None    # the trace's (dma_bytes, dma_count) counters
+    self._dma_fast = {}       # (src space, dst space, semaphore) ids -> (self, plan, slot)
     self._eager = machine.dma_policy.name == "eager"
     self._vcost = {}          # memo of cost.vector_cost / matmul_cycles for this launch
     self._mcost = {}
@@ -421,15 +422,16 @@ class TensorCore:
     src_ready = src_buf.ready_cycle
     start = now if now > src_ready else src_ready
     dst_space = dst_buf.memory_space
-    fast = req.fast   # (this core, plan, semaphore slot) of a request started here before
-    if fast is not None and fast[0] is self:
-      p, slot = fast[1], fast[2]
-    else:
-      key = (id(src_buf.memory_space), id(dst_space))  # enum members are singletons
-      p = self._dma_plans.get(key)
-      if p is None:
-        p = self._dma_plans[key] = plan(self.chip, src_buf.memory_space, dst_space)
-      slot = None
+    fast = req.fast   # (this core, plan, semaphore slot or None): per request, shared per key
+    if fast is None or fast[0] is not self:
+      sem_buf = req.sem_buf
+      key = (id(src_buf.memory_space), id(dst_space), id(sem_buf), req.sem_index)
+      fast = self._dma_fast.get(key)
+      if fast is None:
+        fast = self._dma_fast[key] = (self, self._dma_plan(src_buf.memory_space, dst_space),
+                                      None if sem_buf is None else m.slot(sem_buf, req.sem_index))
+      req.fast = fast
+    p, slot = fast[1], fast[2]
     kind = p[0]
     chans = self._chans
     if chans is None:
@@ -466,15 +468,8 @@ class TensorCore:
     # = m.add_arrival(req.sem_buf, req.sem_index, done, nbytes, rec), inlined (no checker)
     m.dma_count += 1
     m.hbm_bytes += nbytes * p[4]
-    sem_buf = req.sem_buf
-    if sem_buf is not None:
-      m._seq = seq2 = m._seq + 1
-      if slot is None:   # machine slots live as long as the launch: cache it on the request
-        key = (id(sem_buf), req.sem_index)
-        slot = m.slots.get(key)
-        if slot is None:
-          slot = m.slots[key] = SemSlot()
-        req.fast = (self, p, slot)
+    if slot is not None:   # (the machine's slot of req.sem_buf, req.sem_index: slots live as long
+      m._seq = seq2 = m._seq + 1   # as the launch, so `fast` may hold it)
       slot.pending.append((done, seq2, nbytes, rec, False))
     if req.src_sem_buf is not None:
       m.add_arrival(req.src_sem_buf, req.src_sem_index, read_done, nbytes, rec, src=True)
@@ -510,11 +505,7 @@ class TensorCore:
     if self.checks is not None:
       req = self.checks.dma_start(self, rec)
     dst_space = req.dst_buf.memory_space
-    src_space = req.src_buf.memory_space
-    key = (id(src_space), id(dst_space))   # enum members are singletons; Enum.__hash__ is Python code
-    p = self._dma_plans.get(key)
-    if p is None:
-      p = self._dma_plans[key] = plan(self.chip, src_space, dst_space)
+    p = self._dma_plan(req.src_buf.memory_space, dst_space)
     kind = p[0]
     chans = self._chans
     if chans is None:
@@ -560,6 +551,13 @@ class TensorCore:
       m.prune_channels()
     if m._sched is not None:
       m.maybe_yield(self)
+
+  def _dma_plan(self, src_space, dst_space) -> tuple:
+    key = (id(src_space), id(dst_space))   # enum members are singletons; Enum.__hash__ is Python code
+    p = self._dma_plans.get(key)
+    if p is None:
+      p = self._dma_plans[key] = plan(self.chip, src_space, dst_space)
+    return p
 
   def dma_wait(self, req, which: str = "recv") -> None:
     if which == "send":
