@@ -97,6 +97,8 @@ class TensorCore:
     self._chans = None        # this core's DMA channels (resolved at the first copy)
     self._dma_plans = {}      # (id(src space), id(dst space)) -> dma.plan
     self._dma_issue = self.chip.dma_issue_cycles
+    self._scalar_cycles = self.chip.scalar_op_cycles
+    self._step_cycles = self.chip.grid_step_overhead_cycles
     self._dma_stats = None    # the trace's (dma_bytes, dma_count) counters
     self._dma_fast = {}       # (src space, dst space, semaphore) ids -> (self, plan, slot)
     self._eager = machine.dma_policy.name == "eager"
@@ -186,9 +188,10 @@ class TensorCore:
     return self._issue("mxu", busy, lat, ready, label)
 
   def scalar_op(self, ready: int = 0) -> int:
-    self.now += self.chip.scalar_op_cycles
-    self.unit_busy["scalar"] += self.chip.scalar_op_cycles
-    return self.now if self.now > ready else ready
+    cycles = self._scalar_cycles
+    now = self.now = self.now + cycles
+    self.unit_busy["scalar"] += cycles
+    return now if now > ready else ready
 
   # ------------------------------------------------------------------ memory
   def load(self, buf: Buffer, index, shape, site=None):
@@ -596,7 +599,7 @@ class TensorCore:
               trace.add(self.tid, "scalar", f"wait {buf.name}", now, t)
           now = t
         slot.value -= value
-        self.now = now + self.chip.scalar_op_cycles
+        self.now = now + self._scalar_cycles
         return
     self.sem_wait(buf, index, req.nbytes, True, dma=req)
 
@@ -673,8 +676,9 @@ class TensorCore:
     # next step's bundles issue after this step's last vector/MXU result, then the step overhead.
     self.steps += 1
     start = self.now if self.now > self.compute_done else self.compute_done
-    self.now = start + self.chip.grid_step_overhead_cycles
-    self.unit_busy["scalar"] += self.chip.grid_step_overhead_cycles
+    cycles = self._step_cycles
+    self.now = start + cycles
+    self.unit_busy["scalar"] += cycles
     trace = self.trace
     if trace.on:
       ev = trace.events
