@@ -96,7 +96,8 @@ def _request(op: _Op, offsets, slot: int, to_hbm: bool):
   """The DMA request copying the block at `offsets` into slot `slot` (or back, `to_hbm`), or None
   when no part of the block is in bounds: what AsyncCopyDescriptor.start() builds for the same views,
   semaphore and site. Cached per (block, slot) when blocks are revisited (matmul operands): a request
-  is never modified once built, so one object can serve every copy of the same block."""
+  is never modified once built (only the executor's `fast` cache on it is filled in), so one object
+  can serve every copy of the same block."""
   if op.reuse_views:
     key = (offsets, slot)
     hit = op.views.get(key)
