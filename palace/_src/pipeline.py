@@ -427,8 +427,17 @@ def _steps_inner(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_arg
         t = s + 1
         if t < n:
           nxt = blocks[t] if blocks is not None else _block_offsets(o, t, points[t], index_args, "")
-          if nxt != cur and t not in o.fetched:
-            _start_fetch(ex, o, t, nxt)
+          if nxt != cur and t not in o.fetched:   # = _start_fetch(ex, o, t, nxt), inlined
+            slot = o.next_slot
+            o.next_slot = slot + 1 if slot + 1 < o.nbuf else 0
+            if o.reuse_views:
+              hit = o.views.get((nxt, slot))
+              desc = hit[0] if hit is not None else _request(o, nxt, slot, False)
+            else:
+              desc = _make_request(o, nxt, slot, False)
+            if desc is not None:
+              dma_start(desc)
+            o.fetched[t] = (slot, desc)
       elif ahead:      # lookahead: every changed block that fits the free slots
         prev = cur
         for t in range(s + 1, min(n, s + o.nbuf)):

@@ -185,7 +185,25 @@ class TensorCore:
                                 cost.matmul_flops(m, k, n, batch), f"matmul {m}x{k}x{n}")
     busy, lat, flops, label = hit
     self.flops += flops
-    return self._issue("mxu", busy, lat, ready, label)
+    unit_free = self.unit_free   # = self._issue("mxu", busy, lat, ready, label), inlined
+    now = self.now
+    free = unit_free["mxu"]
+    start = self.now = now if now > free else free
+    end = unit_free["mxu"] = start + busy
+    self.unit_busy["mxu"] += busy
+    done = (end if end > ready else ready) + lat
+    if done > self.compute_done:
+      self.compute_done = done
+      if done > self.horizon:
+        self.horizon = done
+    trace = self.trace
+    if trace.on:
+      ev = trace.events
+      if len(ev) < trace.cap:
+        ev.append((self.tid, "mxu", label, start, end, None))
+      else:
+        trace.add(self.tid, "mxu", label, start, end)
+    return done
 
   def scalar_op(self, ready: int = 0) -> int:
     cycles = self._scalar_cycles
