@@ -111,22 +111,6 @@ class AsyncCopyDescriptor:
   wait_read = wait_send
 
 
-def _start_trusted_request(ex, src, dst, sem_buf, sem_idx, nbytes, site) -> DmaRequest:
-  """Start a local DMA built by library code (the pipeline), skipping what the caller guarantees:
-  plain refs of equal shape and dtype, one resolved DMA semaphore slot (`sem_buf`, `sem_idx`),
-  `nbytes` = src.nbytes, a fixed `site`. The same request as AsyncCopyDescriptor.start() builds;
-  returns it for `_wait_trusted`."""
-  req = DmaRequest(src.buf, src._np_index, dst.buf, dst._np_index, src.shape, sem_buf, sem_idx, None,
-                   (), False, None, None, site, (src, dst), nbytes)
-  ex.dma_start(req)
-  return req
-
-
-def _wait_trusted(ex, req: DmaRequest) -> None:
-  """.wait() of a copy started by `_start_trusted_request` (local, one semaphore)."""
-  ex.dma_wait(req, "recv")
-
-
 def _indexed_request(ex, req, src, dst) -> None:
   """Resolve the rows of an indexed (gather/scatter) DMA when it is issued (SparseCore)."""
   if isinstance(src, IndexedRef) and isinstance(dst, IndexedRef):
