@@ -289,3 +289,35 @@ def test_lax_dot_general_and_matmul_operator_defer_like_dot(defer_everything, ge
     z = f(x, y)
   np.testing.assert_allclose(z, x @ y, rtol=1e-5, atol=1e-4)
   assert gemms == [((16, 256), (256, 128))]   # the two halves of K are adjacent views: one GEMM
+
+
+def test_emit_pipeline_matmul_defers(gemms, rng):
+  x = rng.standard_normal((512, 1024), dtype=np.float32)
+  y = rng.standard_normal((1024, 512), dtype=np.float32)
+
+  def body(x_hbm, y_hbm, z_hbm):
+    def with_acc(acc_ref):
+      def step(xb, yb, zb):
+        _matmul_kernel(xb, yb, zb, acc_ref)
+      pltpu.emit_pipeline(step, grid=(2, 2, 4),
+                          in_specs=[pl.BlockSpec((256, 256), lambda i, j, kk: (i, kk)),
+                                    pl.BlockSpec((256, 256), lambda i, j, kk: (kk, j))],
+                          out_specs=[pl.BlockSpec((256, 256), lambda i, j, kk: (i, j))])(x_hbm, y_hbm, z_hbm)
+    pl.run_scoped(with_acc, pltpu.VMEM((256, 256), jnp.float32))
+
+  k = pl.kernel(body, out_type=pl.ShapeDtypeStruct((512, 512), np.float32),
+                mesh=pltpu.TensorCoreMesh("core", num_cores=1))
+  with pl.virtual_tpu("v5e"):
+    z = k(x, y)
+  np.testing.assert_allclose(z, x @ y, rtol=1e-5, atol=1e-3)
+  assert gemms == [((256, 1024), (1024, 256))] * 4
+
+
+def test_megacore_split_defers_on_each_core(gemms, rng):
+  x = rng.standard_normal((1024, 512), dtype=np.float32)
+  y = rng.standard_normal((512, 512), dtype=np.float32)
+  with pl.virtual_tpu("v5p") as tpu:          # two TensorCores share the "parallel" i axis
+    z = _tiled(x, y, 256)
+  np.testing.assert_allclose(z, x @ y, rtol=1e-5, atol=1e-3)
+  assert gemms == [((256, 512), (512, 256))] * 8
+  assert tpu.reports[-1].grid_steps == 4 * 2 * 2
