@@ -325,7 +325,10 @@ class Buffer:
         if value is None:
           continue
         if isinstance(value, Buffer):
-          if value.borrowed is self:
+          # a borrower registered here views this storage: directly (`borrowed is self`) or through a
+          # buffer that has since stopped borrowing it (a stale chain; the memory decides)
+          if value.borrowed is self or (value.borrowed is not None and
+                                        _may_overlap(value._storage, self._storage)):
             value.unborrow()
           if value.lenders:
             value.lenders = [known for known in value.lenders if known is not self]
@@ -350,13 +353,26 @@ class Buffer:
     self.borrowed = lender
     if self.lenders is None:
       self.lenders = []
-    if any(known is lender for known in self.lenders):
-      return  # already on the lender's reader list (the entry is checked against `borrowed`)
-    self.lenders.append(lender)
-    readers = lender.readers
-    if readers is None:
-      readers = lender.readers = []
-    readers.append(weakref.ref(self))
+    # Watch the lender and, if it borrows too, the buffers whose memory it views: whichever of them is
+    # written later (even after the lender itself has moved on to other storage) detaches this one.
+    # `borrowed` links of buffers that moved on are stale and may even form a cycle: bounded walk.
+    owner, hops = lender, 0
+    while owner is not None and owner is not self and hops < 8:
+      if not any(known is owner for known in self.lenders):   # else already on its reader list
+        self.lenders.append(owner)
+        readers = owner.readers
+        if readers is None:
+          readers = owner.readers = []
+        readers.append(weakref.ref(self))
+      owner = owner.borrowed
+      hops += 1
+
+  def owners(self) -> list:
+    """The buffers whose memory this buffer's (borrowed) storage views right now."""
+    storage = self._storage
+    if self.borrowed is None or storage is None or not self.lenders:
+      return []
+    return [b for b in self.lenders if _may_overlap(b._storage, storage)]
 
   @property
   def nbytes(self) -> int:
@@ -377,6 +393,10 @@ class Buffer:
     value.compute_into(out)
     self._storage = out
     self._ro = None
+
+
+def _may_overlap(a, b) -> bool:
+  return a is not None and b is not None and np.may_share_memory(a, b)
 
 
 def _get_storage(buf):

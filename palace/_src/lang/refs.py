@@ -228,16 +228,15 @@ class Ref:
     value = Array(data, view.shape, buf.dtype, ready)
     if data is not None and data.base is not None and data.ndim:
       # a zero-copy view of the buffer: the next write to the buffer detaches it (copy on write). If
-      # the buffer borrows another's storage, the view is that storage: the lenders watch it too, so a
+      # the buffer borrows another's storage, the view is that memory: its owners watch it too, so a
       # write to them still detaches it after this buffer stops borrowing (next DMA, store or free).
       ref = weakref.ref(value)
-      while buf is not None:
-        if buf.readers is None:
-          buf.readers = []
-        elif len(buf.readers) > 64:
-          buf.readers = [r for r in buf.readers if r() is not None]
-        buf.readers.append(ref)
-        buf = buf.borrowed
+      for b in [buf] + buf.owners() if buf.borrowed is not None else (buf,):
+        if b.readers is None:
+          b.readers = []
+        elif len(b.readers) > 64:
+          b.readers = [r for r in b.readers if r() is not None]
+        b.readers.append(ref)
     return value
 
   def __setitem__(self, idx, value):
