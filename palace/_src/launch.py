@@ -138,7 +138,7 @@ def release_host_caches(machine) -> None:
 
 
 @contextlib.contextmanager
-def interpret_context(interpret):
+def interpret_context(interpret, kname: str = "kernel"):
   """`interpret=pltpu.InterpretParams(...)` on a launch: run it on a VirtualTPU like the active one
   with the matching options (its report is recorded in the active context too)."""
   if not isinstance(interpret, InterpretParams):
@@ -147,8 +147,9 @@ def interpret_context(interpret):
   if interpret.uninitialized_memory != "nan":
     raise UnsupportedError.feature(
         f"InterpretParams(uninitialized_memory={interpret.uninitialized_memory!r})",
-        "Never-written memory reads as NaN (floats) or the int minimum; pl.virtual_tpu(..., "
-        "uninitialized='raise') catches such reads.")
+        f"(interpret= of kernel '{kname}') Never-written memory reads as NaN "
+        f"(floats) or the int minimum; drop the option, or use pl.virtual_tpu(..., uninitialized="
+        f"'raise') to catch such reads.")
   parent = active_tpu()
   policy = interpret.dma_execution_mode if interpret.dma_execution_mode in ("eager", "on_wait") \
       else parent.dma_policy

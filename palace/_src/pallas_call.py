@@ -145,7 +145,7 @@ def pallas_call(kernel, out_shape, *, grid_spec=None, grid=(), in_specs=no_block
 
   @functools.wraps(kernel)
   def call(*args):
-    with launch.interpret_context(interpret):
+    with launch.interpret_context(interpret, kname):
       return _call(kernel, kname, out_shape, g, grid_spec, aliases, params, args)
 
   return call

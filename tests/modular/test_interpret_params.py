@@ -38,5 +38,6 @@ def test_detect_races_from_interpret_params_and_report_reaches_the_active_contex
 
 
 def test_zero_initialised_memory_is_not_supported():
-  with pytest.raises(pl.UnsupportedError, match="uninitialized_memory='zero'"):
+  with pytest.raises(pl.UnsupportedError,
+                     match=r"uninitialized_memory='zero'.*of kernel '_racy'"):
     _kernel(pltpu.InterpretParams(uninitialized_memory="zero"))(np.ones((8, 128), np.float32))
