@@ -176,6 +176,38 @@ def test_race_remote_core_copy_read_before_wait():
     k(X)
 
 
+def _subcore_scatter_gather(barrier: bool):
+  """Each of two vector subcores scatters its id into lane s of a shared vector, then gathers the
+  other's lane (reversed order); without plsc.subcore_barrier() the gather races the other scatter."""
+  from palace import tpu_sc as plsc
+  lanes = 8
+  mesh = plsc.VectorSubcoreMesh(core_axis_name="c", subcore_axis_name="s", num_cores=1, num_subcores=2)
+
+  @functools.partial(pl.kernel, out_type=pl.ShapeDtypeStruct((2, lanes), np.int32), mesh=mesh,
+                     scratch_types=[pltpu.VMEM((lanes,), jnp.int32),
+                                    pltpu.VMEM_SHARED((lanes,), jnp.int32)])
+  def k(o_hbm, tmp, shared):
+    s = lax.axis_index("s")
+    lane = jnp.zeros((lanes,), jnp.int32) + s
+    plsc.store_scatter(shared, [lane], lane + 100, mask=jnp.arange(lanes, dtype=jnp.int32) == 0)
+    if barrier:
+      plsc.subcore_barrier()
+    tmp[...] = plsc.load_gather(shared, [1 - lane])   # BUG without the barrier
+    pltpu.sync_copy(tmp, o_hbm.at[s])
+
+  return k
+
+
+def test_race_subcore_gathers_what_another_subcore_scatters_before_the_barrier():
+  with pl.virtual_tpu("v5p", detect_races=True), pytest.raises(
+      pl.RaceError, match=r"(?s)(?=.*read of scratch\[1\]\[rows \[1\]\] by a vector load)"
+                          r"(?=.*write of scratch\[1\]\[rows \[1\]\] by a vector store).*Two cores"):
+    _subcore_scatter_gather(barrier=False)()
+  with pl.virtual_tpu("v5p", detect_races=True):
+    out = _subcore_scatter_gather(barrier=True)()
+  np.testing.assert_array_equal(out, [[101] * 8, [100] * 8])
+
+
 # ====================================================================== races: several chips
 def _remote_kernel(n, bug):
   def per_chip(xs):

@@ -64,6 +64,7 @@ def load_gather(ref: Ref, indices, *, mask=None):
   """out[i] = ref[indices[0][i], indices[1][i], ...] (0 where masked off)."""
   idx = _idx_tuple(ref, indices)
   n = idx[-1].shape[0] if hasattr(idx[-1], "shape") else 1
+  executor.current("plsc.load_gather()").note_access(ref.buf, idx, "r", (n,))
   data = ref.buf.storage[idx] if ref.buf.storage is not None else np.zeros(n, ref.dtype)
   m = _mask(mask, data.shape[0])
   if m is not None:
@@ -82,6 +83,7 @@ def _scatter(ref: Ref, indices, x, mask, add: bool):
   if m is not None:
     idx = tuple(i[m] if isinstance(i, np.ndarray) else i for i in idx)
     vals = vals[m]
+  executor.current("a SparseCore scatter").note_access(ref.buf, idx, "w", vals.shape)
   if ref.buf.storage is not None:
     ref.buf.detach_readers()
     if add:
@@ -108,6 +110,7 @@ def addupdate(ref, x):
 def load_expanded(ref: Ref, *, mask):
   """The i-th True lane of `mask` gets ref[i]; other lanes are 0."""
   m = _mask(mask, ref.shape[0])
+  executor.current("plsc.load_expanded()").note_access(ref.buf, ref._np_index, "r", ref.shape)
   src = ref.buf.storage[ref._np_index] if ref.buf.storage is not None else np.zeros(ref.shape, ref.dtype)
   out = np.zeros(ref.shape, ref.dtype)
   k = int(m.sum())
@@ -120,6 +123,7 @@ def _compressed(ref: Ref, x, mask, add: bool) -> None:
   vals = _vals(x)
   m = _mask(mask, vals.shape[0])
   packed = vals[m]
+  executor.current("a SparseCore compressed store").note_access(ref.buf, ref._np_index, "w", ref.shape)
   if ref.buf.storage is not None:
     ref.buf.detach_readers()
     view = ref.buf.storage[ref._np_index]

@@ -328,6 +328,14 @@ class TensorCore:
     if done > buf.ready_cycle:
       buf.ready_cycle = done
 
+  def note_access(self, buf: Buffer, index, kind: str, shape) -> None:
+    """A read ('r') or write ('w') of `buf[index]` the language side performs itself (SparseCore
+    vector gathers, scatters, expanded loads and compressed stores): shown to the race detector like
+    a vector load or store. `index` may hold index arrays."""
+    checks = self.checks
+    if checks is not None and checks.races is not None:
+      checks.races.access(self, buf, index, kind, shape)
+
   def dma_channels(self):
     return self.machine.channels(self.chip_index, self.core_id)
 
