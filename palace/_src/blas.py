@@ -29,19 +29,18 @@ def _blas_controllers():
   return _controllers
 
 
-_kernel_threads = []  # BLAS thread counts saved by enclosing launches (process-wide, like BLAS)
+_kernel_threads = []  # per enclosing launch: [saved counts, counts set now] (process-wide, like BLAS)
 
 
 @contextlib.contextmanager
 def kernel_mode():
-  """Around a launch: BLAS on one thread, so block-sized products pay no switching per call; the
-  few large products switch up to the saved count (see `matmul`)."""
+  """Around a launch: each product runs on the thread count of its size class (one thread below
+  SMALL_MATMUL_FLOPS, the saved count above), switching only when the class changes, so a kernel of
+  block-sized products switches once and one of large products never. The saved counts come back
+  at the end. (Switching around every large product cost up to 2x on kernels run in core threads.)"""
   ctrls = _blas_controllers()
   saved = [c.num_threads for c in ctrls]
-  _kernel_threads.append(saved)
-  for c in ctrls:
-    if c.num_threads != 1:
-      c.set_num_threads(1)
+  _kernel_threads.append([saved, list(saved)])
   try:
     yield
   finally:
@@ -76,11 +75,16 @@ def matmul(a, b, out=None):
   n = b.shape[-1]
   batch = a.size // (m * k) if m * k else 1
   small = 2 * batch * m * k * n < SMALL_MATMUL_FLOPS
-  if _kernel_threads:  # inside a launch BLAS already runs on one thread
-    if small or not _blas_controllers():
-      return np.matmul(a, b, out=out)
-    with _threads(_kernel_threads[-1]):
-      return np.matmul(a, b, out=out)
+  if _kernel_threads:  # inside a launch: switch only when the size class changes
+    ctrls = _blas_controllers()
+    if ctrls:
+      state = _kernel_threads[-1]
+      want = [1] * len(ctrls) if small else state[0]
+      if state[1] != want:
+        for c, w in zip(ctrls, want):
+          c.set_num_threads(w)
+        state[1] = list(want)
+    return np.matmul(a, b, out=out)
   if small and _blas_controllers():
     with single_threaded():
       return np.matmul(a, b, out=out)
