@@ -122,10 +122,14 @@ class TensorCore:
 
   # ------------------------------------------------------------------ compute
   def _issue(self, unit: str, busy: int, latency: int, ready: int, what: str) -> int:
-    start = self.now if self.now > self.unit_free[unit] else self.unit_free[unit]
-    self.now = start
-    end = start + busy
-    self.unit_free[unit] = end
+    """Issue `busy` cycles on `unit` (in order after its previous op); the result is ready `latency`
+    cycles after it ends, or at `ready` if its operands come later. The one issue model of every
+    vector, MXU, load and store op."""
+    unit_free = self.unit_free
+    now = self.now
+    free = unit_free[unit]
+    start = self.now = now if now > free else free
+    end = unit_free[unit] = start + busy
     self.unit_busy[unit] += busy
     done = (end if end > ready else ready) + latency
     if done > self.compute_done:
@@ -150,32 +154,14 @@ class TensorCore:
     return hit
 
   def vector_op(self, op_class: str, shape, dtype, ready: int) -> int:
-    key = (op_class, shape, None)   # = self._issue(*self._vector_cost(op_class, shape), ...), inlined
+    key = (op_class, shape, None)   # = self._vector_cost(op_class, shape), inlined
     hit = self._vcost.get(key)
     if hit is None:
       hit = self._vcost[key] = cost.vector_cost(self.chip, op_class, shape, None)
     unit, busy, lat = hit
     if unit is None:
       return ready
-    unit_free = self.unit_free
-    now = self.now
-    free = unit_free[unit]
-    start = self.now = now if now > free else free
-    end = unit_free[unit] = start + busy
-    self.unit_busy[unit] += busy
-    done = (end if end > ready else ready) + lat
-    if done > self.compute_done:
-      self.compute_done = done
-      if done > self.horizon:
-        self.horizon = done
-    trace = self.trace
-    if trace.on:
-      ev = trace.events
-      if len(ev) < trace.cap:
-        ev.append((self.tid, unit, op_class, start, end, None))
-      else:
-        trace.add(self.tid, unit, op_class, start, end)
-    return done
+    return self._issue(unit, busy, lat, ready, op_class)
 
   def matmul(self, m, k, n, batch, lhs_dtype, rhs_dtype, ready: int) -> int:
     key = (m, k, n, batch, lhs_dtype, rhs_dtype)
@@ -185,25 +171,7 @@ class TensorCore:
                                 cost.matmul_flops(m, k, n, batch), f"matmul {m}x{k}x{n}")
     busy, lat, flops, label = hit
     self.flops += flops
-    unit_free = self.unit_free   # = self._issue("mxu", busy, lat, ready, label), inlined
-    now = self.now
-    free = unit_free["mxu"]
-    start = self.now = now if now > free else free
-    end = unit_free["mxu"] = start + busy
-    self.unit_busy["mxu"] += busy
-    done = (end if end > ready else ready) + lat
-    if done > self.compute_done:
-      self.compute_done = done
-      if done > self.horizon:
-        self.horizon = done
-    trace = self.trace
-    if trace.on:
-      ev = trace.events
-      if len(ev) < trace.cap:
-        ev.append((self.tid, "mxu", label, start, end, None))
-      else:
-        trace.add(self.tid, "mxu", label, start, end)
-    return done
+    return self._issue("mxu", busy, lat, ready, label)
 
   def scalar_op(self, ready: int = 0) -> int:
     cycles = self._scalar_cycles
@@ -225,29 +193,10 @@ class TensorCore:
       if data is not None and not isinstance(data, np.ndarray):
         data = np.asarray(data)
       return (data if data is None or data.shape == () else data.copy()), ready
-    key = ("load", shape, buf.dtype)   # = self._issue("vld", *self._vector_cost(...)[1:], ...), inlined
-    hit = self._vcost.get(key)
+    hit = self._vcost.get(("load", shape, buf.dtype))
     if hit is None:
-      hit = self._vcost[key] = cost.vector_cost(self.chip, "load", shape, buf.dtype)
-    unit_free = self.unit_free
-    now = self.now
-    free = unit_free["vld"]
-    start = self.now = now if now > free else free
-    end = unit_free["vld"] = start + hit[1]
-    self.unit_busy["vld"] += hit[1]
-    ready = buf.ready_cycle
-    ready = (end if end > ready else ready) + hit[2]
-    if ready > self.compute_done:
-      self.compute_done = ready
-      if ready > self.horizon:
-        self.horizon = ready
-    trace = self.trace
-    if trace.on:
-      ev = trace.events
-      if len(ev) < trace.cap:
-        ev.append((self.tid, "vld", "load", start, end, None))
-      else:
-        trace.add(self.tid, "vld", "load", start, end)
+      hit = self._vector_cost("load", shape, buf.dtype)
+    ready = self._issue("vld", hit[1], hit[2], buf.ready_cycle, "load")
     pending = buf.pending
     if pending is not None:
       if index == () and type(pending) is not _Fill:
@@ -302,29 +251,10 @@ class TensorCore:
       self.now += self.chip.scalar_op_cycles
       done = self.now if self.now > ready else ready
     else:
-      key = ("store", shape, buf.dtype)   # = self._issue(*self._vector_cost(...), ...), inlined
-      hit = self._vcost.get(key)
+      hit = self._vcost.get(("store", shape, buf.dtype))
       if hit is None:
-        hit = self._vcost[key] = cost.vector_cost(self.chip, "store", shape, buf.dtype)
-      unit, busy, lat = hit
-      unit_free = self.unit_free
-      now = self.now
-      free = unit_free[unit]
-      start = self.now = now if now > free else free
-      end = unit_free[unit] = start + busy
-      self.unit_busy[unit] += busy
-      done = (end if end > ready else ready) + lat
-      if done > self.compute_done:
-        self.compute_done = done
-        if done > self.horizon:
-          self.horizon = done
-      trace = self.trace
-      if trace.on:
-        ev = trace.events
-        if len(ev) < trace.cap:
-          ev.append((self.tid, unit, "store", start, end, None))
-        else:
-          trace.add(self.tid, unit, "store", start, end)
+        hit = self._vector_cost("store", shape, buf.dtype)
+      done = self._issue(hit[0], hit[1], hit[2], ready, "store")
     if done > buf.ready_cycle:
       buf.ready_cycle = done
 
