@@ -449,6 +449,32 @@ def test_bounds_chip_dependent_slice_in_shard_map():
 
 
 # ====================================================================== uninitialised memory
+def _subcore_gather_unwritten(write_lanes: int):
+  """A vector subcore scatters into the first `write_lanes` lanes of a scratch vector, then gathers
+  all 8 lanes: with fewer than 8 written the gather reads garbage."""
+  from palace import tpu_sc as plsc
+  mesh = plsc.VectorSubcoreMesh(core_axis_name="c", subcore_axis_name="s", num_cores=1, num_subcores=1)
+
+  @functools.partial(pl.kernel, out_type=pl.ShapeDtypeStruct((8,), np.int32), mesh=mesh,
+                     scratch_types=[pltpu.VMEM((8,), jnp.int32), pltpu.VMEM((8,), jnp.int32)])
+  def k(o_hbm, vec, tmp):
+    lanes = jnp.arange(8, dtype=jnp.int32)
+    plsc.store_scatter(vec, [lanes], lanes * 10, mask=lanes < write_lanes)
+    tmp[...] = plsc.load_gather(vec, [7 - lanes])     # BUG when write_lanes < 8
+    pltpu.sync_copy(tmp, o_hbm)
+
+  return k
+
+
+def test_uninitialised_lanes_read_by_a_sparsecore_gather():
+  with pl.virtual_tpu("v5p", uninitialized="raise"), pytest.raises(
+      pl.UninitializedReadError, match=r"Read of never-written data in scratch\[0\]\[rows \[0, 1, 2, 3\]\.\.\.\] "
+                                       r"\(vmem\) on chip 0 SparseCore 0 vector subcore 0.*element \(0,\) of the loaded window \(and 1 more\)"):
+    _subcore_gather_unwritten(6)()
+  with pl.virtual_tpu("v5p", uninitialized="raise"):
+    np.testing.assert_array_equal(_subcore_gather_unwritten(8)(), [70, 60, 50, 40, 30, 20, 10, 0])
+
+
 def _acc_call(init: bool):
   def body(x_ref, o_ref):
     if init:

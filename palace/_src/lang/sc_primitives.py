@@ -221,6 +221,8 @@ def fetch_and_add(x_ref: Ref, value, *, subcore_id):
   SparseCore; returns the old value."""
   ex = executor.current("plsc.fetch_and_add()")
   target = ex.peer_subcore_buffer(x_ref.buf, concrete_int(subcore_id, "subcore_id"))
+  ex.note_access(target, x_ref._np_index, "r", (), atomic=True)
+  ex.note_access(target, x_ref._np_index, "w", (), atomic=True)
   old = target.storage[x_ref._np_index].copy()
   target.detach_readers()
   target.storage[x_ref._np_index] = old + np.asarray(concrete_value(value), target.dtype)

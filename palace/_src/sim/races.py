@@ -522,8 +522,6 @@ class InitTracker:
   def _fresh(buf, root):
     if buf.memory_space == MemorySpace.SEMAPHORE:
       return None, buf.name, False
-    if getattr(buf.core, "sc_index", None) is not None:
-      return None, buf.name, False  # SparseCore vector ops (store_scatter, ...) write storage directly
     if buf.core is not None:
       return np.zeros(root.nbytes, np.uint8), buf.name, False
     if buf.name.startswith("outputs[") and _all_fill(root):

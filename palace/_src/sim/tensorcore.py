@@ -258,13 +258,21 @@ class TensorCore:
     if done > buf.ready_cycle:
       buf.ready_cycle = done
 
-  def note_access(self, buf: Buffer, index, kind: str, shape) -> None:
+  def note_access(self, buf: Buffer, index, kind: str, shape, atomic: bool = False) -> None:
     """A read ('r') or write ('w') of `buf[index]` the language side performs itself (SparseCore
-    vector gathers, scatters, expanded loads and compressed stores): shown to the race detector like
-    a vector load or store. `index` may hold index arrays."""
+    vector gathers, scatters, expanded loads, compressed stores, fetch_and_add): shown to the race
+    detector like a vector load or store (not for `atomic` updates) and to the uninitialised-read
+    tracker. `index` may hold index arrays."""
     checks = self.checks
-    if checks is not None and checks.races is not None:
+    if checks is None:
+      return
+    if checks.races is not None and not atomic:
       checks.races.access(self, buf, index, kind, shape)
+    if checks.init is not None:
+      if kind == "r":
+        checks.init.check_read(self, buf, index)
+      else:
+        checks.init.mark(buf, index)
 
   def dma_channels(self):
     return self.machine.channels(self.chip_index, self.core_id)
