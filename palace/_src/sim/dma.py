@@ -138,56 +138,41 @@ def move_data(req, borrow: bool = False) -> None:
   dst_buf = req.dst_buf
   src_buf = req.src_buf
   plain = not req.add and req.src_indices is None and req.dst_indices is None and req.mask is None
-  if plain and dst_buf.pending is None and src_buf.pending is None:
-    # a plain copy with no deferred value on either side: the steps below, on the raw storages
-    src, dst = src_buf._storage, dst_buf._storage
-    if src is None or dst is None:
-      return
-    dst_index = req.dst_index
-    if (borrow and dst_index == () and dst.nbytes >= _BORROW_MIN_BYTES and not dst_buf.aliased and
-        dst_buf.memory_space is MemorySpace.VMEM and not src_buf.aliased):
-      view = src[req.src_index]
-      if view.shape == dst.shape and view.dtype == dst.dtype:
-        dst_buf.borrowed = None
-        dst_buf.borrow(src_buf, view)
-        return
-    readers = dst_buf.readers
-    if dst_buf.borrowed is not None or (readers and (len(readers) > 1 or readers[0]() is not None)):
-      dst_buf.detach_readers()
-      dst = dst_buf._storage
-    elif readers:   # = detach_readers() when the one value that read the buffer is gone
-      readers.clear()
-    dst[dst_index] = src[req.src_index]
-    return
-  if plain and dst_buf.pending is not None and req.dst_index == ():
+  if dst_buf.pending is not None and plain and req.dst_index == ():
     dst_buf.storage = np.empty(dst_buf.shape, dst_buf.dtype)  # overwritten whole: drop the old value
-  pending = req.src_buf.pending
-  if pending is not None and plain and req.src_index == () and dst_buf is not req.src_buf:
+  pending = src_buf.pending
+  if pending is not None and plain and req.src_index == () and dst_buf is not src_buf:
     dst = dst_buf.storage
     if dst is None:
       return
     if dst_buf.readers or dst_buf.borrowed is not None:
       dst_buf.detach_readers()
-      dst = dst_buf.storage
+      dst = dst_buf._storage
     out = dst[req.dst_index]
-    if out.shape == req.src_buf.shape and out.dtype == req.src_buf.dtype:
+    if out.shape == src_buf.shape and out.dtype == src_buf.dtype:
       pending.compute_into(out)  # a deferred value goes straight to its destination
       return
-  src, dst = req.src_buf.storage, dst_buf.storage
+  # raw storages when nothing is pending (the common case; `storage` would compute a pending value)
+  src = src_buf._storage if src_buf.pending is None else src_buf.storage
+  dst = dst_buf._storage if dst_buf.pending is None else dst_buf.storage
   if src is None or dst is None:
     return
-  if (borrow and dst.nbytes >= _BORROW_MIN_BYTES and req.dst_index == () and not req.add and
-      req.src_indices is None and
-      req.dst_indices is None and req.mask is None and not dst_buf.aliased and
-      dst_buf.memory_space is MemorySpace.VMEM and not req.src_buf.aliased):
+  if (plain and borrow and req.dst_index == () and dst.nbytes >= _BORROW_MIN_BYTES and
+      not dst_buf.aliased and dst_buf.memory_space is MemorySpace.VMEM and not src_buf.aliased):
     view = src[req.src_index]
     if view.shape == dst.shape and view.dtype == dst.dtype:
       dst_buf.borrowed = None  # the old storage is not written: its readers keep valid views
-      dst_buf.borrow(req.src_buf, view)
+      dst_buf.borrow(src_buf, view)
       return
-  if dst_buf.readers or dst_buf.borrowed is not None:
+  readers = dst_buf.readers
+  if dst_buf.borrowed is not None or (readers and (len(readers) > 1 or readers[0]() is not None)):
     dst_buf.detach_readers()
-    dst = dst_buf.storage  # unborrowing replaced it with a private copy
+    dst = dst_buf._storage  # unborrowing replaced it with a private copy
+  elif readers:   # = detach_readers() when the one value that read the buffer is gone
+    readers.clear()
+  if plain:
+    dst[req.dst_index] = src[req.src_index]
+    return
   data = src[req.src_indices] if req.src_indices is not None else src[req.src_index]
   if req.dst_indices is not None:
     if req.mask is not None:
