@@ -360,12 +360,20 @@ class Buffer:
     while owner is not None and owner is not self and hops < 8:
       if not any(known is owner for known in self.lenders):   # else already on its reader list
         self.lenders.append(owner)
-        readers = owner.readers
-        if readers is None:
-          readers = owner.readers = []
-        readers.append(weakref.ref(self))
+        owner.add_reader(weakref.ref(self))
       owner = owner.borrowed
       hops += 1
+
+  def add_reader(self, ref) -> None:
+    """Register a weakref to a value viewing this storage (copy on write); dead entries are dropped
+    once the list passes 64, so a buffer read every grid step keeps a short list."""
+    readers = self.readers
+    if readers is None:
+      self.readers = [ref]
+      return
+    if len(readers) > 64:
+      readers = self.readers = [r for r in readers if r() is not None]
+    readers.append(ref)
 
   def owners(self) -> list:
     """The buffers whose memory this buffer's (borrowed) storage views right now."""

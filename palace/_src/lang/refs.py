@@ -231,12 +231,10 @@ class Ref:
       # the buffer borrows another's storage, the view is that memory: its owners watch it too, so a
       # write to them still detaches it after this buffer stops borrowing (next DMA, store or free).
       ref = weakref.ref(value)
-      for b in [buf] + buf.owners() if buf.borrowed is not None else (buf,):
-        if b.readers is None:
-          b.readers = []
-        elif len(b.readers) > 64:
-          b.readers = [r for r in b.readers if r() is not None]
-        b.readers.append(ref)
+      buf.add_reader(ref)
+      if buf.borrowed is not None:
+        for owner in buf.owners():
+          owner.add_reader(ref)
     return value
 
   def __setitem__(self, idx, value):
@@ -264,11 +262,7 @@ class Ref:
       buf._ro = ro   # the buffer's read-only view of its new storage (Buffer._ro), for later loads
       if type(value) is Array:
         value._data = ro
-        if buf.readers is None:
-          buf.readers = []
-        elif len(buf.readers) > 64:   # (as in __getitem__: drop the values that are gone)
-          buf.readers = [r for r in buf.readers if r() is not None]
-        buf.readers.append(weakref.ref(value))
+        buf.add_reader(weakref.ref(value))
 
   def get(self, idx=()):
     return self[... if isinstance(idx, tuple) and not idx else idx]
