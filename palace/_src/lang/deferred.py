@@ -31,7 +31,6 @@ from palace._src import dtypes as dt
 from palace._src.lang.array import Array
 
 _F32 = np.dtype(np.float32)
-_SHIFT = np.uint32(16)
 _OPERAND_DTYPES = (np.dtype(np.float32), np.dtype(dt.bfloat16))
 _ENDS = (np.dtype(np.float32), np.dtype(dt.bfloat16), np.dtype(np.float16))
 
@@ -188,10 +187,8 @@ def _panel(arrays, axis: int, cache) -> np.ndarray:
   for d in datas:
     w = d.shape[axis]
     dst = out[:, at:at + w] if axis == 1 else out[at:at + w]
-    if d.dtype == dt.bfloat16:   # widen in place: bf16 bits are the high half of the float32
-      bits = dst.view(np.uint32)
-      np.copyto(bits, d.view(np.uint16))
-      bits <<= 16
+    if d.dtype == dt.bfloat16:
+      dt.bf16_to_f32(d, out=dst)
     else:
       np.copyto(dst, d, casting="unsafe")
     at += w
@@ -201,8 +198,8 @@ def _panel(arrays, axis: int, cache) -> np.ndarray:
 def _as_f32(d: np.ndarray) -> np.ndarray:
   if d.dtype == _F32:
     return d
-  if d.dtype == dt.bfloat16:   # bf16 bits are the high half of the float32: one widening pass
-    return np.left_shift(d.view(np.uint16), _SHIFT, dtype=np.uint32).view(np.float32)
+  if d.dtype == dt.bfloat16:
+    return dt.bf16_to_f32(d)
   return d.astype(_F32)
 
 
@@ -280,7 +277,7 @@ class HostCache:
         return hit[0]
       self._bytes -= hit[2]
     wide = hostmem.take(span.shape, _F32)
-    np.left_shift(span.view(np.uint16), _SHIFT, out=wide.view(np.uint32), dtype=np.uint32)
+    dt.bf16_to_f32(span, out=wide)
     self._owned.append(wide)
     wide.flags.writeable = False
     guards = tuple((x, _addr(x._data)) for x in arrays)

@@ -22,13 +22,9 @@ from palace._src.lang.numpy_ops import _dtype_arg, _has_data, _np, multiply, res
 
 
 def _f32(x):
-  """Operand as float32; bfloat16 widens by a 16-bit shift (bit-identical to astype, 2x faster). The
-  shift is in place: `u32 << 16` would allocate a second array, and fresh pages cost more than the
-  shift (415 vs 36 us for a 512x512 block)."""
+  """Operand as float32 (bfloat16 by dtypes.bf16_to_f32)."""
   if x.dtype == dt.bfloat16 and x._data is not None:
-    wide = x._data.view(np.uint16).astype(np.uint32)
-    wide <<= 16
-    return wide.view(np.float32)
+    return dt.bf16_to_f32(x._data)
   return _np(x, np.dtype(np.float32))
 
 
