@@ -5,20 +5,9 @@ import pytest
 import palace as pl
 import palace.numpy as jnp
 from palace import tpu as pltpu
+from matmul_kernel import matmul_kernel as _matmul_kernel
 
 BF16 = np.dtype(jnp.bfloat16)
-
-
-def _matmul_kernel(x_ref, y_ref, z_ref, acc_ref):
-  @pl.when(pl.program_id(2) == 0)
-  def _():
-    acc_ref[...] = jnp.zeros_like(acc_ref)
-
-  acc_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
-
-  @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
-  def _():
-    z_ref[...] = acc_ref[...].astype(z_ref.dtype)
 
 
 def make_matmul(m, k, n, *, bm, bk, bn):

@@ -7,20 +7,9 @@ import palace as pl
 import palace.numpy as jnp
 from palace import lax
 from palace import tpu as pltpu
+from matmul_kernel import matmul_kernel as _matmul_kernel
 
 BF16 = jnp.bfloat16
-
-
-def _matmul_kernel(x_ref, y_ref, z_ref, acc_ref):
-  @pl.when(pl.program_id(2) == 0)
-  def _():
-    acc_ref[...] = jnp.zeros_like(acc_ref)
-
-  acc_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=acc_ref.dtype)
-
-  @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
-  def _():
-    z_ref[...] = acc_ref[...].astype(z_ref.dtype)
 
 
 def matmul(x, y, *, bm=128, bk=128, bn=128, acc_dtype=jnp.float32, out_dtype=None):

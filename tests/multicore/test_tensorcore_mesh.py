@@ -8,6 +8,7 @@ import palace as pl
 import palace.numpy as jnp
 from palace import lax
 from palace import tpu as pltpu
+from matmul_kernel import matmul_kernel as _mm_kernel
 
 
 def _halves_kernel(x_hbm, o_hbm):
@@ -114,18 +115,6 @@ def test_core_barrier_and_run_on_first_core():
   with pl.virtual_tpu("v5p"):
     y = k()
   np.testing.assert_array_equal(y, np.full((8, 128), 4.0, np.float32))
-
-
-def _mm_kernel(x_ref, y_ref, z_ref, acc_ref):
-  @pl.when(pl.program_id(2) == 0)
-  def _():
-    acc_ref[...] = jnp.zeros_like(acc_ref)
-
-  acc_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
-
-  @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
-  def _():
-    z_ref[...] = acc_ref[...].astype(z_ref.dtype)
 
 
 def _mm(x, sem, b=256):

@@ -7,6 +7,7 @@ import palace as pl
 import palace.numpy as jnp
 from palace import tpu as pltpu
 from palace._src import hw
+from matmul_kernel import matmul_kernel
 
 # A v5e with round numbers so that timelines can be derived by hand: 1 GHz, 1000 B/cycle, 100-cycle
 # HBM->VMEM and 50-cycle VMEM->HBM latency, 300-cycle grid step, 8-cycle DMA issue, 1-cycle scalar op.
@@ -17,18 +18,6 @@ UNIT_CHIP = dataclasses.replace(
     dma_issue_cycles=8, scalar_op_cycles=1)
 
 ANY_SPEC = pl.BlockSpec(memory_space=pl.ANY)
-
-
-def matmul_kernel(x_ref, y_ref, z_ref, acc_ref):
-  @pl.when(pl.program_id(2) == 0)
-  def _():
-    acc_ref[...] = jnp.zeros_like(acc_ref)
-
-  acc_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
-
-  @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
-  def _():
-    z_ref[...] = acc_ref[...].astype(z_ref.dtype)
 
 
 def matmul(x, y, bm, bk, bn):
