@@ -43,7 +43,8 @@ def kernel(body=_NOT_GIVEN, out_type=(), *, mesh, scratch_types=(), compiler_par
 
   @functools.wraps(body)
   def call(*args):
-    with launch.interpret_context(interpret, kname):
+    launch.check_interpret(interpret, kname)
+    with launch.interpret_context(interpret):
       return _run(body, kname, out_type, mesh, scratch_types, params, args)
 
   return call

@@ -16,7 +16,7 @@ from palace._src.lang.array import Array
 from palace._src.lang.primitives import scoped
 from palace._src.lang.refs import Ref
 from palace._src.sim.machine import VirtualTPU, active_tpu
-from palace._src.util import tree_flatten, tree_map
+from palace._src.util import tree_flatten, tree_map, user_frame_summary
 
 _INT_FILL = {np.dtype(np.int32): np.iinfo(np.int32).min, np.dtype(np.int16): np.iinfo(np.int16).min,
              np.dtype(np.int8): np.iinfo(np.int8).min}
@@ -137,19 +137,23 @@ def release_host_caches(machine) -> None:
     core.host_cache.clear()
 
 
+def check_interpret(interpret, kname: str) -> None:
+  """Reject the InterpretParams options palace cannot honour (called by the launch, before it runs)."""
+  if isinstance(interpret, InterpretParams) and interpret.uninitialized_memory != "nan":
+    raise UnsupportedError.feature(
+        f"InterpretParams(uninitialized_memory={interpret.uninitialized_memory!r})",
+        f"(interpret= of kernel '{kname}', called at {user_frame_summary()}) Never-written memory reads "
+        f"as NaN (floats) or the int minimum; drop the option, or use pl.virtual_tpu(..., "
+        f"uninitialized='raise') to catch such reads.")
+
+
 @contextlib.contextmanager
-def interpret_context(interpret, kname: str = "kernel"):
+def interpret_context(interpret):
   """`interpret=pltpu.InterpretParams(...)` on a launch: run it on a VirtualTPU like the active one
   with the matching options (its report is recorded in the active context too)."""
   if not isinstance(interpret, InterpretParams):
     yield
     return
-  if interpret.uninitialized_memory != "nan":
-    raise UnsupportedError.feature(
-        f"InterpretParams(uninitialized_memory={interpret.uninitialized_memory!r})",
-        f"(interpret= of kernel '{kname}') Never-written memory reads as NaN "
-        f"(floats) or the int minimum; drop the option, or use pl.virtual_tpu(..., uninitialized="
-        f"'raise') to catch such reads.")
   parent = active_tpu()
   policy = interpret.dma_execution_mode if interpret.dma_execution_mode in ("eager", "on_wait") \
       else parent.dma_policy

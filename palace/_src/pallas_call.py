@@ -145,7 +145,8 @@ def pallas_call(kernel, out_shape, *, grid_spec=None, grid=(), in_specs=no_block
 
   @functools.wraps(kernel)
   def call(*args):
-    with launch.interpret_context(interpret, kname):
+    launch.check_interpret(interpret, kname)
+    with launch.interpret_context(interpret):
       return _call(kernel, kname, out_shape, g, grid_spec, aliases, params, args)
 
   return call

@@ -39,5 +39,6 @@ def test_detect_races_from_interpret_params_and_report_reaches_the_active_contex
 
 def test_zero_initialised_memory_is_not_supported():
   with pytest.raises(pl.UnsupportedError,
-                     match=r"uninitialized_memory='zero'.*of kernel '_racy'"):
+                     match=r"uninitialized_memory='zero'.*of kernel '_racy', called at "
+                           r"test_interpret_params.py:\d+\) .*drop the option"):
     _kernel(pltpu.InterpretParams(uninitialized_memory="zero"))(np.ones((8, 128), np.float32))
