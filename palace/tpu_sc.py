@@ -5,4 +5,4 @@ from palace._src.lang.sc_primitives import (addupdate, addupdate_compressed, add
                                             cummax, cumsum, fetch_and_add, load_expanded, load_gather,
                                             parallel_loop, sort_key_val, store_compressed,
                                             store_scatter, subcore_barrier)
-from palace._src.sparsecore import ScalarSubcoreMesh, VectorSubcoreMesh, get_sparse_core_info
+from palace._src.launch.sc_mesh import ScalarSubcoreMesh, VectorSubcoreMesh, get_sparse_core_info

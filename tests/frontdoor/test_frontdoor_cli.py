@@ -14,8 +14,8 @@ from click.testing import CliRunner  # noqa: E402
 from palace import tpu as pltpu  # noqa: E402
 from palace import tpu_sc as plsc  # noqa: E402
 import palace as pl  # noqa: E402
-from palace._src.cli import main  # noqa: E402
-from palace._src.plots import (ROOFLINE_SIZE_PX, TIMELINE_MAX_HEIGHT_PX, TIMELINE_WIDTH_PX,  # noqa: E402
+from palace._src.tools.cli import main  # noqa: E402
+from palace._src.tools.pngs import (ROOFLINE_SIZE_PX, TIMELINE_MAX_HEIGHT_PX, TIMELINE_WIDTH_PX,  # noqa: E402
                                 png_size)
 
 ADD_SCRIPT = '''

@@ -6,7 +6,7 @@ pytest.importorskip("matplotlib")
 
 import palace as pl  # noqa: E402
 import palace.numpy as jnp  # noqa: E402
-from palace._src import plots  # noqa: E402
+from palace._src.tools import pngs as plots  # noqa: E402
 
 
 def _report(rows=256):

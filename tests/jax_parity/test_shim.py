@@ -205,7 +205,7 @@ def test_cli_run_jax_flag():
   pytest.importorskip("rich")
   from click.testing import CliRunner
 
-  from palace._src.cli import main
+  from palace._src.tools.cli import main
   r = CliRunner().invoke(main, ["run", "--jax", "--chip", "v6e", str(HERE / "jax_script.py"), "x"])
   assert r.exit_code == 0, r.output
   assert "jax_script ok __main__" in r.output and "add_one" in r.output

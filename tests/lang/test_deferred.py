@@ -48,6 +48,11 @@ def defer_everything(monkeypatch):
   monkeypatch.setattr(tensorcore, "_LAZY_FILL_BYTES", 0)
 
 
+def _small_ints(rng, shape):
+  """Integer-valued float32 data in [-8, 8]: bf16-exact, and products sum exactly in float32."""
+  return rng.integers(-8, 9, size=shape).astype(np.float32)
+
+
 def _run_tiled(x, y, b, **tpu_kw):
   with pl.virtual_tpu("v5e", **tpu_kw) as tpu:
     z = _tiled(x, y, b)
@@ -80,12 +85,13 @@ def test_bf16_operands_widen_each_span_once_and_round_once(gemms, monkeypatch, r
     return out
 
   monkeypatch.setattr(deferred.HostCache, "widened", widening)
-  x = rng.standard_normal((512, 512), dtype=np.float32).astype(jnp.bfloat16)
-  y = rng.standard_normal((512, 512), dtype=np.float32).astype(jnp.bfloat16)
+  # small integers: every partial sum is exact in float32 whatever the host BLAS's summation order
+  x = _small_ints(rng, (512, 512)).astype(jnp.bfloat16)
+  y = _small_ints(rng, (512, 512)).astype(jnp.bfloat16) / 64   # exact in bf16, sums are not
   z, _ = _run_tiled(x, y, 256)
   assert z.dtype == jnp.bfloat16
-  exact = x.astype(np.float32) @ y.astype(np.float32)
-  np.testing.assert_array_equal(z, exact.astype(jnp.bfloat16))   # f32 sum, one rounding
+  exact = x.astype(np.float64) @ y.astype(np.float64)
+  np.testing.assert_array_equal(z, exact.astype(np.float32).astype(jnp.bfloat16))   # f32 sum, one rounding
   assert len(gemms) == 4
   assert sorted(widened) == [(256, 512)] * 2 + [(512, 256)] * 2   # 2 row spans + 2 column spans
 
@@ -178,9 +184,9 @@ def test_output_accumulated_in_place_through_an_alias(defer_everything, rng):
 
 def test_widened_spans_are_not_reused_after_the_operand_changes(defer_everything, rng):
   # bf16 blocks of 64 KiB are borrowed views of HBM; the second product must see the new x
-  x1 = rng.standard_normal((256, 128), dtype=np.float32).astype(jnp.bfloat16)
-  x2 = rng.standard_normal((256, 128), dtype=np.float32).astype(jnp.bfloat16)
-  y = rng.standard_normal((128, 128), dtype=np.float32).astype(jnp.bfloat16)
+  x1 = _small_ints(rng, (256, 128)).astype(jnp.bfloat16)   # integer products: exact on any BLAS
+  x2 = _small_ints(rng, (256, 128)).astype(jnp.bfloat16)
+  y = _small_ints(rng, (128, 128)).astype(jnp.bfloat16)
 
   def body(x1_hbm, x2_hbm, y_hbm, o_hbm, w_hbm, xv, yv, acc):
     pltpu.sync_copy(x1_hbm, w_hbm)
@@ -199,9 +205,9 @@ def test_widened_spans_are_not_reused_after_the_operand_changes(defer_everything
                                pltpu.VMEM((256, 128), jnp.float32)])
   with pl.virtual_tpu("v5e"):
     out, _ = k(x1, x2, y)
-  f32 = lambda v: v.astype(np.float32)   # noqa: E731
-  np.testing.assert_array_equal(out[0], f32(x1) @ f32(y))
-  np.testing.assert_array_equal(out[1], f32(x2) @ f32(y))
+  f64 = lambda v: v.astype(np.float64)   # noqa: E731
+  np.testing.assert_array_equal(out[0], f64(x1) @ f64(y))
+  np.testing.assert_array_equal(out[1], f64(x2) @ f64(y))
 
 
 def test_value_read_through_a_borrowed_block_survives_a_write_to_its_old_lender(rng):

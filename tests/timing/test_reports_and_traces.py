@@ -6,7 +6,7 @@ import numpy as np
 import palace as pl
 import palace.numpy as jnp
 from palace import tpu as pltpu
-from palace._src.sim.plots import plot_roofline
+from palace._src.sim.report_plots import plot_roofline
 
 from timing_helpers import run_add, run_matmul
 

@@ -25,7 +25,7 @@ from palace._src.sim.dma import Channel, move_data
 from palace._src.sim.ici import Topology
 from palace._src.sim.races import KernelChecks, make_checks
 from palace._src.sim.report import Report
-from palace._src.sim.sparsecore import SC_BASE, SCALAR_BASE, SparseSubcore
+from palace._src.sim.subcore import SC_BASE, SCALAR_BASE, SparseSubcore
 from palace._src.sim.tensorcore import SemSlot, TensorCore
 from palace._src.sim.trace import Trace
 from palace._src.util import fmt_bytes, fmt_site, user_site

@@ -5,10 +5,10 @@ import functools
 
 import numpy as np
 
-from palace._src import launch
+from palace._src.launch import host as launch
 from palace._src.core import Buffer, MemoryRef, MemorySpace, SemaphoreRefType, TensorCoreMesh
-from palace._src.sim.sparsecore import SC_BASE, SCALAR_BASE
-from palace._src.sparsecore import ScalarSubcoreMesh, VectorSubcoreMesh, check_for_chip
+from palace._src.sim.subcore import SC_BASE, SCALAR_BASE
+from palace._src.launch.sc_mesh import ScalarSubcoreMesh, VectorSubcoreMesh, check_for_chip
 from palace._src.errors import UsageError
 from palace._src.lang.primitives import scoped
 from palace._src.lang.refs import Ref

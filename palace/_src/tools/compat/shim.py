@@ -19,8 +19,9 @@ from palace import numpy as _pjnp
 from palace import tpu as _ptpu
 from palace import tpu_sc as _psc
 from palace._src import dtypes as dt
-from palace._src import executor, spmd
-from palace._src.compat import host
+from palace._src import executor
+from palace._src.launch import spmd
+from palace._src.tools.compat import host
 from palace._src.core import CostEstimate
 from palace._src.errors import UnsupportedError, UsageError
 from palace._src.lang import primitives as prims
@@ -151,7 +152,7 @@ def _axis_size(axis_name):
 
 
 def _spmd_mesh():
-  from palace._src import launch
+  from palace._src.launch import host as launch
   ctx = launch.spmd_context()
   return None if ctx is None else ctx[0].mesh
 
@@ -159,7 +160,7 @@ def _spmd_mesh():
 def _axis_index(axis_name):
   mesh = _spmd_mesh() if executor.maybe_current() is None else None
   if mesh is not None:
-    from palace._src import launch
+    from palace._src.launch import host as launch
     coords = mesh.coords(launch.spmd_context()[1])
     names = axis_name if isinstance(axis_name, (tuple, list)) else (axis_name,)
     lin = 0

@@ -37,7 +37,7 @@ def roofline_png(reports, path, labels=None) -> str:
   """Every report with FLOPs as a point under its chip's roofline, ROOFLINE_SIZE_PX. Reports at the
   same position share one point and one label. Returns path."""
   _need_matplotlib()
-  from palace._src.sim.plots import plot_roofline
+  from palace._src.sim.report_plots import plot_roofline
   reports = list(reports)
   labels = list(labels) if labels is not None else [r.kernel_name for r in reports]
   points = {}

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 
 from palace._src import hw
-from palace._src.autotune import autotune, format_config
-from palace._src.cli import _progress, _table, _us
+from palace._src.tools.autotune import autotune, format_config
+from palace._src.tools.console import fmt_us, progress, table
 from palace._src.errors import ResourceError
 
 
@@ -114,7 +114,7 @@ def _save(ctx, part, report, stem):
   """Trace + timeline of `report` into the output folder; registers it for the roofline."""
   out = ctx["out"]
   part.files.append(report.to_perfetto(out / f"{stem}.trace.json"))
-  from palace._src.plots import timeline_png
+  from palace._src.tools.pngs import timeline_png
   part.files.append(timeline_png(report, out / f"{stem}.timeline.png"))
   ctx["points"].append((stem, report))
 
@@ -140,7 +140,7 @@ def _part_matmul(ctx):
   err = _rel_err(z, x.astype(np.float32) @ y.astype(np.float32))
   r = tpu.reports[-1]
   console.print(f"bf16 matmul {m}^3 with {format_config(blocks)}: max rel. error vs NumPy {err:.1e}, "
-                f"modelled {_us(r.device_time_s)} ({100 * r.peak_fraction:.0f}% of peak, {r.bound}-bound)")
+                f"modelled {fmt_us(r.device_time_s)} ({100 * r.peak_fraction:.0f}% of peak, {r.bound}-bound)")
   if err > 2e-2:
     raise AssertionError(f"matmul result differs from NumPy (max rel. error {err:.2e})")
   _save(ctx, part, r, "matmul")
@@ -153,44 +153,44 @@ def _part_matmul(ctx):
     cfgs = [(128, 128, 128), (256, 256, 256), (512, 1024, 1024), (1024, 1024, 1024)]
   cfgs = [dict(bm=a, bk=b, bn=c) for a, b, c in cfgs]
   xs = np.zeros((s, s), bf16)
-  with _progress(console) as prog:
+  with progress(console) as prog:
     task = prog.add_task(f"sweep {s}^3", total=len(cfgs))
     res = autotune(lambda c: make_matmul(s, s, s, bf16, **c), cfgs, (xs, xs), chip=spec,
                    progress=lambda d, n, tr: prog.update(task, completed=d))
   ref_t, ref_bound, flops = roofline_reference(spec, s, s, s, bf16)
   published = _PUBLISHED_V5E_4096 if (spec.name == "v5e" and s == 4096) else {}
-  t = _table(f"bf16 matmul {s}x{s}x{s} on {spec.name}: block-size sweep (timing-only runs)",
+  t = table(f"bf16 matmul {s}x{s}x{s} on {spec.name}: block-size sweep (timing-only runs)",
              ["bm", "bk", "bn", "steps", "device time", "TFLOP/s", "% peak", ("bound", "left"),
               "+ dispatch"] + (["real v5e"] if published else []))
   best = res.best
   for tr in res.trials:
     c = tr.config
     key = (c["bm"], c["bk"], c["bn"])
-    pub = [_us(published[key]) if key in published else ""] if published else []
+    pub = [fmt_us(published[key]) if key in published else ""] if published else []
     if not tr.ok:
       why = "over VMEM" if isinstance(tr.error, ResourceError) else "tiling"
       t.add_row(*map(str, key), "", why, "", "", "rejected", "", *pub, style="dim")
       continue
     rr = tr.report
-    t.add_row(*map(str, key), f"{rr.grid_steps:,}", _us(rr.device_time_s),
+    t.add_row(*map(str, key), f"{rr.grid_steps:,}", fmt_us(rr.device_time_s),
               f"{flops / rr.device_time_s / 1e12:,.1f}", f"{100 * rr.peak_fraction:.1f}",
-              rr.bound + (" *" if tr is best else ""), _us(rr.total_time_s), *pub,
+              rr.bound + (" *" if tr is best else ""), fmt_us(rr.total_time_s), *pub,
               style="bold" if tr is best else None)
-  t.add_row("XLA-style", "roofline", "", "", _us(ref_t), f"{flops / ref_t / 1e12:,.1f}",
+  t.add_row("XLA-style", "roofline", "", "", fmt_us(ref_t), f"{flops / ref_t / 1e12:,.1f}",
             f"{100 * flops / ref_t / spec.peak_flops_per_s('bf16'):.1f}", ref_bound,
-            _us(ref_t + spec.launch_overhead_s), *([_us(published["xla"])] if published else []),
+            fmt_us(ref_t + spec.launch_overhead_s), *([fmt_us(published["xla"])] if published else []),
             style="cyan")
   console.print(t)
-  console.print(f"roofline reference = max(2mnk / peak = {_us(flops / spec.peak_flops_per_s('bf16'))}, "
-                f"bytes / HBM BW = {_us(3 * s * s * 2 / spec.hbm_bytes_per_s_per_device)}); "
-                f"'+ dispatch' adds the modelled host launch overhead of {_us(spec.launch_overhead_s)}"
+  console.print(f"roofline reference = max(2mnk / peak = {fmt_us(flops / spec.peak_flops_per_s('bf16'))}, "
+                f"bytes / HBM BW = {fmt_us(3 * s * s * 2 / spec.hbm_bytes_per_s_per_device)}); "
+                f"'+ dispatch' adds the modelled host launch overhead of {fmt_us(spec.launch_overhead_s)}"
                 + ("; 'real v5e': published wall times incl. dispatch (tpu-hardware.md section 7)"
                    if published else "") + "; * = fastest.")
   ctx["points"].append((f"matmul {s}^3 best", best.report))
   worst = max((tr for tr in res.trials if tr.ok), key=lambda tr: tr.time_s)
   ctx["points"].append((f"matmul {s}^3 {format_config(worst.config)}", worst.report))
   part.reports = [r, best.report]
-  part.detail = (f"best {format_config(best.config)}: {_us(best.time_s)} "
+  part.detail = (f"best {format_config(best.config)}: {fmt_us(best.time_s)} "
                  f"({100 * best.report.peak_fraction:.0f}% of peak)")
   return part
 
@@ -215,7 +215,7 @@ def _part_pipeline(ctx):
   r = tpu.reports[-1]
   _save(ctx, part, r, "pipeline_matmul")
   part.reports = [r]
-  part.detail = (f"{_us(r.device_time_s)} vs {_us(ref.device_time_s)} for pallas_call "
+  part.detail = (f"{fmt_us(r.device_time_s)} vs {fmt_us(ref.device_time_s)} for pallas_call "
                  f"(same blocks); max rel. error {err:.1e}")
   ctx["console"].print(f"pl.kernel + emit_pipeline matmul {m}^3: {part.detail}")
   return part
@@ -263,8 +263,8 @@ def _part_ragged(ctx):
   _save(ctx, part, r, "ragged_gather")
   part.reports = [r]
   ideal = r.hbm_bytes / ctx["chip"].hbm_bytes_per_s_per_device
-  part.detail = (f"{groups} groups of <= {block} rows x {width} f32: {_us(r.device_time_s)} "
-                 f"(HBM roofline {_us(ideal)}, {r.bound}-bound); exact vs NumPy")
+  part.detail = (f"{groups} groups of <= {block} rows x {width} f32: {fmt_us(r.device_time_s)} "
+                 f"(HBM roofline {fmt_us(ideal)}, {r.bound}-bound); exact vs NumPy")
   ctx["console"].print(f"ragged gather: {part.detail}")
   return part
 
@@ -304,7 +304,7 @@ def _part_sparsecore(ctx):
   r = tpu.reports[-1]
   _save(ctx, part, r, "sc_gather")
   part.reports = [r]
-  part.detail = f"{n} rows by {workers} vector subcores on {chip.name}: {_us(r.device_time_s)}; exact"
+  part.detail = f"{n} rows by {workers} vector subcores on {chip.name}: {fmt_us(r.device_time_s)}; exact"
   ctx["console"].print(f"SparseCore gather: {part.detail}")
   return part
 
@@ -407,16 +407,16 @@ def _collective_matmul(ctx, part):
   _save(ctx, part, overlapped, "collective_matmul_overlapped")
   part.reports = [blocking, overlapped]
   part.detail = (f"{chips} x {chip.name}, bf16 [{m},{k}] @ [{k},{n}]: "
-                 f"blocking {_us(blocking.device_time_s)}, "
-                 f"overlapped {_us(overlapped.device_time_s)} (ring all-gather alone >= {_us(ici)}, "
-                 f"MXU per chip {_us(mxu)}); max rel. error {err:.1e}")
-  t = _table(f"all-gather + matmul on {chips} virtual {chip.name} chips (ring over ICI)",
+                 f"blocking {fmt_us(blocking.device_time_s)}, "
+                 f"overlapped {fmt_us(overlapped.device_time_s)} (ring all-gather alone >= {fmt_us(ici)}, "
+                 f"MXU per chip {fmt_us(mxu)}); max rel. error {err:.1e}")
+  t = table(f"all-gather + matmul on {chips} virtual {chip.name} chips (ring over ICI)",
              [("variant", "left"), "device time", "ICI traffic", ("bound", "left")])
   for name, r in (("blocking: all-gather, then matmul", blocking),
                   ("overlapped: forward chunk s while multiplying it", overlapped)):
-    t.add_row(name, _us(r.device_time_s), f"{r.ici_bytes / 2**20:,.2f} MiB", r.bound)
-  t.add_row("ICI roofline: (N-1) x (chunk / link BW + hop latency)", _us(ici), "", "", style="cyan")
-  t.add_row("MXU roofline per chip: 2 m k n/N / peak", _us(mxu), "", "", style="cyan")
+    t.add_row(name, fmt_us(r.device_time_s), f"{r.ici_bytes / 2**20:,.2f} MiB", r.bound)
+  t.add_row("ICI roofline: (N-1) x (chunk / link BW + hop latency)", fmt_us(ici), "", "", style="cyan")
+  t.add_row("MXU roofline per chip: 2 m k n/N / peak", fmt_us(mxu), "", "", style="cyan")
   ctx["console"].print(t)
   return part
 
@@ -458,10 +458,10 @@ def run_demo(console, out: Path, *, quick: bool = False, chip="v5e") -> int:
   console.rule("summary", style="dim")
   files = []
   if ctx["points"]:
-    from palace._src.plots import roofline_png
+    from palace._src.tools.pngs import roofline_png
     files.append(roofline_png([r for _, r in ctx["points"]], out / "roofline.png",
                               labels=[lab for lab, _ in ctx["points"]]))
-  t = _table("the tour", [("part", "left"), ("status", "left"), ("what it shows", "left"),
+  t = table("the tour", [("part", "left"), ("status", "left"), ("what it shows", "left"),
                           ("result", "left")])
   colors = {"ran": "green", "not built yet": "yellow", "failed": "red"}
   for p in parts:

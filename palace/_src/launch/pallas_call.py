@@ -7,7 +7,7 @@ import itertools
 
 import numpy as np
 
-from palace._src import launch
+from palace._src.launch import host as launch
 from palace._src.blocks import BLOCKED, SQUEEZED, canonicalize
 from palace._src.core import (CORE_PARALLEL, PARALLEL, BlockSpec, GridSpec, MemoryRef, MemorySpace,
                               SemaphoreRefType, canonical_semantics, no_block_spec)

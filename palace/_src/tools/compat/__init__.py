@@ -2,9 +2,9 @@
 
 `load_module` / `run_pallas_file` need no JAX. `jax_callable` and JAX-array outputs need JAX installed.
 """
-from palace._src.compat.host import MissingNameError
-from palace._src.compat.interop import jax_callable
-from palace._src.compat.loader import load_module, run_path
+from palace._src.tools.compat.host import MissingNameError
+from palace._src.tools.compat.interop import jax_callable
+from palace._src.tools.compat.loader import load_module, run_path
 
 
 def run_pallas_file(path, chip="v5e", num_chips: int = 1, argv=None, **tpu_kwargs):

@@ -19,7 +19,8 @@ import threading
 
 import numpy as np
 
-from palace._src import blas, launch
+from palace._src import blas
+from palace._src.launch import host as launch
 from palace._src.errors import SyncError, UsageError
 from palace._src.sim.ici import Topology
 from palace._src.sim.machine import activate, active_tpu

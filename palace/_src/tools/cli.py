@@ -6,7 +6,6 @@ limit (any PalaceError) prints its message and exits with status 2, without a tr
 from __future__ import annotations
 
 import json
-import os
 import runpy
 import sys
 import time
@@ -17,44 +16,11 @@ import click
 import numpy as np
 
 from palace._src import hw
-from palace._src.autotune import autotune, block_candidates, format_config
+from palace._src.tools.autotune import autotune, block_candidates, format_config
 from palace._src.errors import PalaceError, UsageError
+from palace._src.tools.console import fmt_us, make_console, progress, table
 
 DTYPES = ("bfloat16", "float32", "int8")
-
-
-# ------------------------------------------------------------------ console helpers
-def _console():
-  from rich.console import Console
-  return Console(highlight=False, soft_wrap=False, width=max(100, min(160, _term_width())))
-
-
-def _term_width() -> int:
-  try:
-    return os.get_terminal_size().columns
-  except OSError:
-    return 120
-
-
-def _progress(console):
-  from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn)
-  return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console, transient=True)
-
-
-def _table(title, columns, **kw):
-  from rich.table import Table
-  t = Table(title=title, title_justify="left", **kw)
-  for c in columns:
-    if isinstance(c, tuple):
-      t.add_column(c[0], justify=c[1])
-    else:
-      t.add_column(c, justify="right")
-  return t
-
-
-def _us(s: float) -> str:
-  return f"{s * 1e6:,.1f} us" if s < 1e-2 else f"{s * 1e3:,.3f} ms"
 
 
 class _Group(click.Group):
@@ -124,11 +90,11 @@ _CHIP_ROWS = (  # (figure, source field, formatter)
 def chips(sources):
   """List the chip presets with their key figures (and the sources of those figures)."""
   from rich.text import Text
-  console = _console()
+  console = make_console()
   presets = list(hw.CHIPS.values())
-  t = _table("TPU presets (device = what JAX calls a device; TC = TensorCore)",
+  t = table("TPU presets (device = what JAX calls a device; TC = TensorCore)",
              [("figure", "left")] + [c.name for c in presets])
-  src = _table("Sources of the figures (tags: see docs/timing-model.md and tpu-hardware.md)",
+  src = table("Sources of the figures (tags: see docs/timing-model.md and tpu-hardware.md)",
                [("figure", "left"), ("source", "left")])
   for label, field, fmt in _CHIP_ROWS:
     t.add_row(label, *[fmt(c) for c in presets])
@@ -167,7 +133,7 @@ def run(file, script_args, chip, num_chips, timing_only, trace, trace_dir, timel
   """
   import palace as pl
   from rich.markup import escape
-  console = _console()
+  console = make_console()
   tpu = pl.virtual_tpu(chip, num_chips, timing_only=timing_only)
   path = str(Path(file).resolve())
   old_argv, old_path = sys.argv, list(sys.path)
@@ -177,7 +143,7 @@ def run(file, script_args, chip, num_chips, timing_only, trace, trace_dir, timel
   try:
     with tpu:
       if jax_source:
-        from palace._src.compat import run_path
+        from palace._src.tools.compat import run_path
         run_path(path, "__main__", script_args)
       else:
         runpy.run_path(path, run_name="__main__")
@@ -203,19 +169,19 @@ def run(file, script_args, chip, num_chips, timing_only, trace, trace_dir, timel
         r.to_perfetto(Path(trace_dir) / f"{i:03d}_{r.kernel_name}.trace.json")
       console.print(f"{len(reports)} trace(s) in {trace_dir}/")
     if timeline:
-      from palace._src.plots import timeline_png
+      from palace._src.tools.pngs import timeline_png
       console.print(f"timeline of the last launch: {timeline_png(reports[-1], timeline)}")
   if status:
     sys.exit(status)
 
 
 def _print_launches(console, reports, max_reports):
-  t = _table(f"{len(reports)} launch(es)", ["#", ("kernel", "left"), ("chip", "left"), "device time",
+  t = table(f"{len(reports)} launch(es)", ["#", ("kernel", "left"), ("chip", "left"), "device time",
                                             "TFLOP/s", "% peak", "HBM GB/s", ("bound", "left"),
                                             "VMEM peak", "steps"])
   for i, r in enumerate(reports):
     t.add_row(str(i), r.kernel_name, r.chip.name + (f" x{r.num_chips}" if r.num_chips > 1 else ""),
-              _us(r.device_time_s), f"{r.flops_per_s / 1e12:,.2f}", f"{100 * r.peak_fraction:.1f}",
+              fmt_us(r.device_time_s), f"{r.flops_per_s / 1e12:,.2f}", f"{100 * r.peak_fraction:.1f}",
               f"{r.hbm_bytes_per_s / 1e9:,.1f}", r.bound, f"{r.vmem_peak_bytes / 2**20:.2f} MiB",
               f"{r.grid_steps:,}")
   console.print(t)
@@ -257,8 +223,8 @@ def tune_matmul(m, n, k, dtype, chip, bm, bk, bn, top, json_path):
 
   Example: palace tune matmul --m 4096 --n 4096 --k 4096 --dtype bfloat16 --chip v5e
   """
-  from palace._src.demo import make_matmul, roofline_reference
-  console = _console()
+  from palace._src.tools.demo import make_matmul, roofline_reference
+  console = make_console()
   d = _np_dtype(dtype)
   spec = hw.get_chip(chip)
   cands = {"bm": bm or block_candidates(m, lo=max(128, m // 16)),
@@ -269,7 +235,7 @@ def tune_matmul(m, n, k, dtype, chip, bm, bk, bn, top, json_path):
   console.print(f"tuning matmul {dtype}[{m},{k}] @ {dtype}[{k},{n}] on {spec.name}: {total} configurations "
                 f"(timing-only runs)")
   t0 = time.perf_counter()
-  with _progress(console) as prog:
+  with progress(console) as prog:
     task = prog.add_task("evaluating", total=total)
 
     def tick(done, total, trial):
@@ -278,7 +244,7 @@ def tune_matmul(m, n, k, dtype, chip, bm, bk, bn, top, json_path):
     res = autotune(lambda c: make_matmul(m, k, n, d, **c), cands, (x, y), chip=spec, progress=tick)
   ref_t, ref_bound, flops = roofline_reference(spec, m, k, n, d)
   _print_ranking(console, res, top, ref_t, ref_bound, flops)
-  console.print(f"best: [bold]{format_config(res.best_config)}[/] at {_us(res.best.time_s)} "
+  console.print(f"best: [bold]{format_config(res.best_config)}[/] at {fmt_us(res.best.time_s)} "
                 f"({ref_t / res.best.time_s * 100:.1f}% of the roofline reference); "
                 f"{time.perf_counter() - t0:.1f} s of tuning")
   if json_path:
@@ -291,21 +257,21 @@ def tune_matmul(m, n, k, dtype, chip, bm, bk, bn, top, json_path):
 
 def _print_ranking(console, res, top, ref_t, ref_bound, flops):
   kept = [t for t in res.ranking if t.ok]
-  t = _table(f"{len(kept)} of {len(res.trials)} configurations fit on {res.chip} (best {min(top, len(kept))} "
+  t = table(f"{len(kept)} of {len(res.trials)} configurations fit on {res.chip} (best {min(top, len(kept))} "
              f"shown)", ["rank", "bm", "bk", "bn", "grid steps", "device time", "TFLOP/s", "% of peak",
                          "vs best", ("bound", "left")])
   for rank, tr in enumerate(kept[:top], 1):
     r = tr.report
     c = tr.config
-    t.add_row(str(rank), str(c["bm"]), str(c["bk"]), str(c["bn"]), f"{r.grid_steps:,}", _us(r.device_time_s),
+    t.add_row(str(rank), str(c["bm"]), str(c["bk"]), str(c["bn"]), f"{r.grid_steps:,}", fmt_us(r.device_time_s),
               f"{flops / r.device_time_s / 1e12:,.1f}", f"{100 * r.peak_fraction:.1f}",
               f"{tr.time_s / kept[0].time_s:.2f}x", r.bound)
-  t.add_row("-", "", "", "", "", _us(ref_t), f"{flops / ref_t / 1e12:,.1f}", "", "",
+  t.add_row("-", "", "", "", "", fmt_us(ref_t), f"{flops / ref_t / 1e12:,.1f}", "", "",
             f"{ref_bound} (XLA-style roofline reference)", style="dim")
   console.print(t)
   if res.rejected:
     from rich.text import Text
-    rj = _table(f"{len(res.rejected)} rejected", [("config", "left"), ("reason", "left")])
+    rj = table(f"{len(res.rejected)} rejected", [("config", "left"), ("reason", "left")])
     for tr in res.rejected[:top]:
       rj.add_row(format_config(tr.config), Text(tr.short_reason))
     if len(res.rejected) > top:
@@ -326,7 +292,7 @@ def demo(quick, out_dir, chip):
   ragged gather; a SparseCore gather; the collective matmul on 8 chips. Parts whose capability is not
   built yet are listed as such. Writes Perfetto traces (open in ui.perfetto.dev) and PNG plots.
   """
-  from palace._src.demo import run_demo
-  failed = run_demo(_console(), Path(out_dir), quick=quick, chip=chip)
+  from palace._src.tools.demo import run_demo
+  failed = run_demo(make_console(), Path(out_dir), quick=quick, chip=chip)
   if failed:
     sys.exit(1)

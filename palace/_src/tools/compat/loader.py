@@ -17,7 +17,7 @@ import sys
 import types
 from pathlib import Path
 
-from palace._src.compat import shim
+from palace._src.tools.compat import shim
 from palace._src.errors import UnsupportedError, UsageError
 
 _OPS = "jax.experimental.pallas.ops"
