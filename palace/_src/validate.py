@@ -1,0 +1,91 @@
+"""Validation of user parameters (L0): the one place each kind of parameter is checked.
+
+Every public entry point converts its integers, shapes, flags and names through these helpers, so a
+non-integer is never truncated, a negative dimension never reaches NumPy and every message names the
+parameter and says what to pass instead. `what` is the parameter as the user wrote it
+(e.g. "grid[0] of pallas_call(kernel)"); `hint` is appended as the fix.
+
+Integers: Python ints, NumPy integer scalars and 0-d integer arrays (JAX's too, through `__index__`) are
+integers; bools, floats (even 2.0), strings and None are not.
+"""
+from __future__ import annotations
+
+import operator
+
+from palace._src.errors import UsageError
+
+
+def _kind(value) -> str:
+  t = type(value)
+  mod = t.__module__
+  name = t.__name__ if mod in ("builtins", None) else f"{mod.split('.')[0]}.{t.__name__}"
+  return f"{value!r} ({name})"
+
+
+def is_integer(value) -> bool:
+  """Whether `value` is an integer scalar (not a bool, not a float however integral)."""
+  if isinstance(value, bool):
+    return False
+  if isinstance(value, int):
+    return True
+  dtype = getattr(value, "dtype", None)
+  if dtype is not None:
+    if getattr(value, "shape", None) not in ((), None) or getattr(dtype, "kind", "") not in "iu":
+      return False
+  elif isinstance(value, float) or not hasattr(value, "__index__"):
+    return False
+  try:
+    operator.index(value)
+  except TypeError:
+    return False
+  return True
+
+
+def as_int(value, what: str, *, min_value: int | None = None, max_value: int | None = None,
+           hint: str = "", error=UsageError) -> int:
+  """`value` as a Python int, or `error` naming `what`, the value and its type, and the fix."""
+  if not is_integer(value):
+    fix = hint or "pass an integer (an int or an integer NumPy/JAX scalar; floats are never truncated)."
+    raise error(f"{what} must be an integer; got {_kind(value)}. Fix: {fix}")
+  v = operator.index(value)
+  if min_value is not None and v < min_value:
+    fix = hint or f"pass an integer >= {min_value}."
+    raise error(f"{what} must be >= {min_value}; got {v}. Fix: {fix}")
+  if max_value is not None and v > max_value:
+    fix = hint or f"pass an integer <= {max_value}."
+    raise error(f"{what} must be <= {max_value}; got {v}. Fix: {fix}")
+  return v
+
+
+def as_dims(shape, what: str, *, allow_none: bool = False, hint: str = "", error=UsageError) -> tuple:
+  """A shape as a tuple of non-negative ints (`None` entries kept when `allow_none`, e.g. squeezed)."""
+  if is_integer(shape):
+    shape = (shape,)
+  if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
+    fix = hint or "pass a tuple of non-negative integers, e.g. (128, 256)."
+    raise error(f"{what} must be a tuple of dimensions; got {_kind(shape)}. Fix: {fix}")
+  out = []
+  for i, d in enumerate(tuple(shape)):
+    if d is None and allow_none:
+      out.append(None)
+      continue
+    out.append(as_int(d, f"{what}[{i}]", min_value=0, hint=hint, error=error))
+  return tuple(out)
+
+
+def as_bool(value, what: str, *, hint: str = "", error=UsageError) -> bool:
+  """A flag: True/False (or a NumPy bool); anything else (1, "yes", None) is an error."""
+  if isinstance(value, bool):
+    return value
+  if type(value).__name__ == "bool_" and type(value).__module__ == "numpy":
+    return bool(value)
+  fix = hint or "pass True or False."
+  raise error(f"{what} must be a bool; got {_kind(value)}. Fix: {fix}")
+
+
+def as_name(value, what: str, *, hint: str = "", error=UsageError) -> str:
+  """A non-empty string name (mesh axes, chips, kernels)."""
+  if isinstance(value, str) and value:
+    return value
+  fix = hint or "pass a non-empty string."
+  raise error(f"{what} must be a non-empty string; got {_kind(value)}. Fix: {fix}")
