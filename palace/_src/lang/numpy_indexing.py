@@ -8,8 +8,8 @@ import numpy as np
 
 from palace._src.errors import OutOfBoundsError, UsageError
 from palace._src.lang.array import Array, ready_of
-from palace._src.lang.numpy_ops import (_broadcast_shapes, _compute_dtype, _has_data, _np, _out,
-                                        _shape_op)
+from palace._src.lang.numpy_base import _broadcast_shapes, _compute_dtype, _has_data, _np, _out
+from palace._src.lang.numpy_shape import _shape_op
 from palace._src.util import user_frame_summary
 
 

@@ -11,7 +11,7 @@ import numpy as np
 from palace._src import dtypes as dt
 from palace._src import executor
 from palace._src.errors import OutOfBoundsError, ShapeError, UsageError
-from palace._src.lang import numpy_ops as jnp
+from palace._src.lang.numpy_base import _out
 from palace._src.lang.array import Array, concrete_int, concrete_value, ready_of
 from palace._src.lang.primitives import loop
 from palace._src.lang.refs import Ref
@@ -148,7 +148,7 @@ def addupdate_compressed(ref: Ref, x, *, mask):
 
 def _vector_result(x, data, dtype=None, op="cheap"):
   d = dt.canonicalize(dtype) if dtype is not None else x.dtype
-  return jnp._out(np.asarray(data, d), tuple(np.shape(data)), d, ready_of(x), op, True)
+  return _out(np.asarray(data, d), tuple(np.shape(data)), d, ready_of(x), op, True)
 
 
 def cumsum(x, *, mask=None):

@@ -9,6 +9,7 @@ from palace._src.core import SemaphoreType
 from palace._src.errors import ShapeError, UsageError
 from palace._src.executor import DmaRequest
 from palace._src.lang import numpy_ops as jnp
+from palace._src.lang.numpy_base import _out
 from palace._src.lang.array import concrete_value, ready_of
 from palace._src.lang.primitives import (axis_index, axis_size, resolve_device_id, run_scoped,
                                          sem_target, semaphore_signal, semaphore_wait)
@@ -243,7 +244,7 @@ def bitcast(x, ty, dim: int = -2):
   if x._data is not None:
     moved = np.ascontiguousarray(np.moveaxis(x._data, ax, -1))
     data = np.moveaxis(moved.view(d), -1, ax)
-  return jnp._out(data, tuple(new), d, ready_of(x), "free", True)
+  return _out(data, tuple(new), d, ready_of(x), "free", True)
 
 
 # ------------------------------------------------------------------ PRNG (per-core, deterministic)
@@ -282,4 +283,4 @@ def prng_random_bits(shape):
     raise UsageError("pltpu.prng_random_bits() before pltpu.prng_seed(): seed the generator first.")
   shape = tuple(int(s) for s in shape)
   data = gen.bits(shape)
-  return jnp._out(data, shape, dt.int32, 0, "cheap", True)
+  return _out(data, shape, dt.int32, 0, "cheap", True)
