@@ -5,6 +5,7 @@ import numpy as np
 
 from palace._src import dtypes as dt
 from palace._src import executor
+from palace._src.executor import OpClass
 from palace._src.lang import deferred
 from palace._src.lang.array import dtype_of, ready_of
 from palace._src.lang.numpy_base import _F32, _dtype_arg, _np, _out, _shape_arg, _shape_of
@@ -30,7 +31,7 @@ def _full(shape, fill_value, dtype, api: str):
       if later is not None:
         return later
     data = np.broadcast_to(np.asarray(_np(fill_value), d), shape)
-  return _out(data, shape, d, ready_of(fill_value), "cheap", False)
+  return _out(data, shape, d, ready_of(fill_value), OpClass.CHEAP, False)
 
 
 def zeros(shape, dtype=None):
@@ -62,7 +63,7 @@ def arange(start, stop=None, step=1, dtype=None):
     start, stop = 0, start
   d = _dtype_arg(dtype, "jnp.arange") if dtype is not None else dt.result_type(start, stop, step)
   data = np.arange(start, stop, step).astype(d)
-  return _out(data, data.shape, d, 0, "cheap", False)
+  return _out(data, data.shape, d, 0, OpClass.CHEAP, False)
 
 
 def iota(dtype, size):
@@ -71,7 +72,7 @@ def iota(dtype, size):
 
 def eye(n, m=None, dtype=None):
   data = np.eye(n, m, dtype=_dtype_arg(dtype or _F32, "jnp.eye"))
-  return _out(data, data.shape, data.dtype, 0, "cheap", False)
+  return _out(data, data.shape, data.dtype, 0, OpClass.CHEAP, False)
 
 
 __all__ = sorted(n for n in globals() if not n.startswith("_") and n not in _IMPORTED)

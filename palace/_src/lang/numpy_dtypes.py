@@ -7,6 +7,7 @@ import ml_dtypes
 import numpy as np
 
 from palace._src import dtypes as dt
+from palace._src.executor import OpClass
 from palace._src.lang import deferred
 from palace._src.lang.array import Array, dtype_of, ready_of
 from palace._src.lang.deferred import Deferred
@@ -80,7 +81,7 @@ def astype(x, dtype):
       if info is not None:
         v = np.clip(v, info.min, info.max)
     data = v.astype(d)
-  return _out(data, _shape_of(x), d, ready_of(x), "cheap", _is_arr(x))
+  return _out(data, _shape_of(x), d, ready_of(x), OpClass.CHEAP, _is_arr(x))
 
 
 floating, inexact, number, integer = np.floating, np.inexact, np.number, np.integer
@@ -121,7 +122,7 @@ def asarray(x, dtype=None):
   if isinstance(x, Array):
     return x if dtype is None else astype(x, dtype)
   d = _dtype_arg(dtype, "jnp.asarray") if dtype is not None else _default_dtype(x)
-  return _out(np.asarray(x, dtype=d), np.shape(x), d, 0, "cheap", False)
+  return _out(np.asarray(x, dtype=d), np.shape(x), d, 0, OpClass.CHEAP, False)
 
 
 array = asarray

@@ -12,6 +12,7 @@ import numpy as np
 
 from palace._src import dtypes as dt
 from palace._src import executor
+from palace._src.executor import OpClass
 from palace._src.errors import ShapeError, UsageError
 from palace._src.lang import deferred
 from palace._src.lang.array import Array, dtype_of, ready_of
@@ -144,7 +145,7 @@ def _int_only(fn, name):
   return f
 
 
-_add = _elementwise(np.add, "cheap", name="add")
+_add = _elementwise(np.add, OpClass.CHEAP, name="add")
 
 
 def add(x1, x2):
@@ -156,29 +157,29 @@ def add(x1, x2):
 
 
 add.__doc__ = _add.__doc__
-subtract = _elementwise(np.subtract, "cheap", name="subtract")
-multiply = _elementwise(np.multiply, "cheap", name="multiply")
-true_divide = divide = _elementwise(np.true_divide, "medium", "float", name="divide")
-maximum = _elementwise(np.maximum, "cheap", name="maximum")
-minimum = _elementwise(np.minimum, "cheap", name="minimum")
-power = _elementwise(np.power, "medium", name="power")
-arctan2 = _elementwise(np.arctan2, "transcendental", "float", name="arctan2")
-equal = _elementwise(np.equal, "cheap", "bool", name="equal")
-not_equal = _elementwise(np.not_equal, "cheap", "bool", name="not_equal")
-less = _elementwise(np.less, "cheap", "bool", name="less")
-less_equal = _elementwise(np.less_equal, "cheap", "bool", name="less_equal")
-greater = _elementwise(np.greater, "cheap", "bool", name="greater")
-greater_equal = _elementwise(np.greater_equal, "cheap", "bool", name="greater_equal")
-logical_and = _elementwise(np.logical_and, "cheap", "bool", name="logical_and")
-logical_or = _elementwise(np.logical_or, "cheap", "bool", name="logical_or")
-logical_xor = _elementwise(np.logical_xor, "cheap", "bool", name="logical_xor")
-logical_not = _elementwise(np.logical_not, "cheap", "bool", name="logical_not")
-bitwise_and = _int_only(_elementwise(np.bitwise_and, "cheap", name="bitwise_and"), "bitwise_and")
-bitwise_or = _int_only(_elementwise(np.bitwise_or, "cheap", name="bitwise_or"), "bitwise_or")
-bitwise_xor = _int_only(_elementwise(np.bitwise_xor, "cheap", name="bitwise_xor"), "bitwise_xor")
-bitwise_not = invert = _int_only(_elementwise(np.invert, "cheap", name="invert"), "invert")
-left_shift = _int_only(_elementwise(np.left_shift, "cheap", name="left_shift"), "left_shift")
-right_shift = _int_only(_elementwise(np.right_shift, "cheap", name="right_shift"), "right_shift")
+subtract = _elementwise(np.subtract, OpClass.CHEAP, name="subtract")
+multiply = _elementwise(np.multiply, OpClass.CHEAP, name="multiply")
+true_divide = divide = _elementwise(np.true_divide, OpClass.MEDIUM, "float", name="divide")
+maximum = _elementwise(np.maximum, OpClass.CHEAP, name="maximum")
+minimum = _elementwise(np.minimum, OpClass.CHEAP, name="minimum")
+power = _elementwise(np.power, OpClass.MEDIUM, name="power")
+arctan2 = _elementwise(np.arctan2, OpClass.TRANSCENDENTAL, "float", name="arctan2")
+equal = _elementwise(np.equal, OpClass.CHEAP, "bool", name="equal")
+not_equal = _elementwise(np.not_equal, OpClass.CHEAP, "bool", name="not_equal")
+less = _elementwise(np.less, OpClass.CHEAP, "bool", name="less")
+less_equal = _elementwise(np.less_equal, OpClass.CHEAP, "bool", name="less_equal")
+greater = _elementwise(np.greater, OpClass.CHEAP, "bool", name="greater")
+greater_equal = _elementwise(np.greater_equal, OpClass.CHEAP, "bool", name="greater_equal")
+logical_and = _elementwise(np.logical_and, OpClass.CHEAP, "bool", name="logical_and")
+logical_or = _elementwise(np.logical_or, OpClass.CHEAP, "bool", name="logical_or")
+logical_xor = _elementwise(np.logical_xor, OpClass.CHEAP, "bool", name="logical_xor")
+logical_not = _elementwise(np.logical_not, OpClass.CHEAP, "bool", name="logical_not")
+bitwise_and = _int_only(_elementwise(np.bitwise_and, OpClass.CHEAP, name="bitwise_and"), "bitwise_and")
+bitwise_or = _int_only(_elementwise(np.bitwise_or, OpClass.CHEAP, name="bitwise_or"), "bitwise_or")
+bitwise_xor = _int_only(_elementwise(np.bitwise_xor, OpClass.CHEAP, name="bitwise_xor"), "bitwise_xor")
+bitwise_not = invert = _int_only(_elementwise(np.invert, OpClass.CHEAP, name="invert"), "invert")
+left_shift = _int_only(_elementwise(np.left_shift, OpClass.CHEAP, name="left_shift"), "left_shift")
+right_shift = _int_only(_elementwise(np.right_shift, OpClass.CHEAP, name="right_shift"), "right_shift")
 
 
 def _floor_div(a, b):
@@ -194,38 +195,38 @@ def _mod(a, b):
   return np.remainder(a, b)
 
 
-floor_divide = _elementwise(_floor_div, "medium", name="floor_divide")
-remainder = mod = _elementwise(_mod, "medium", name="remainder")
+floor_divide = _elementwise(_floor_div, OpClass.MEDIUM, name="floor_divide")
+remainder = mod = _elementwise(_mod, OpClass.MEDIUM, name="remainder")
 
-negative = _elementwise(np.negative, "cheap", name="negative")
-positive = _elementwise(np.positive, "cheap", name="positive")
-abs = absolute = _elementwise(np.abs, "cheap", name="abs")  # noqa: A001
-sign = _elementwise(np.sign, "cheap", name="sign")
-square = _elementwise(np.square, "cheap", name="square")
-floor = _elementwise(np.floor, "cheap", "float", name="floor")
-ceil = _elementwise(np.ceil, "cheap", "float", name="ceil")
-round = _elementwise(np.round, "cheap", "float", name="round")  # noqa: A001
-trunc = _elementwise(np.trunc, "cheap", "float", name="trunc")
-exp = _elementwise(np.exp, "transcendental", "float", name="exp")
-exp2 = _elementwise(np.exp2, "transcendental", "float", name="exp2")
-expm1 = _elementwise(np.expm1, "transcendental", "float", name="expm1")
-log = _elementwise(np.log, "transcendental", "float", name="log")
-log2 = _elementwise(np.log2, "transcendental", "float", name="log2")
-log1p = _elementwise(np.log1p, "transcendental", "float", name="log1p")
-tanh = _elementwise(np.tanh, "transcendental", "float", name="tanh")
-sqrt = _elementwise(np.sqrt, "transcendental", "float", name="sqrt")
-rsqrt = _elementwise(lambda x: 1.0 / np.sqrt(x), "transcendental", "float", name="rsqrt")
-reciprocal = _elementwise(np.reciprocal, "transcendental", "float", name="reciprocal")
-sin = _elementwise(np.sin, "expensive", "float", name="sin")
-cos = _elementwise(np.cos, "expensive", "float", name="cos")
-tan = _elementwise(np.tan, "expensive", "float", name="tan")
-arctan = _elementwise(np.arctan, "expensive", "float", name="arctan")
-sinh = _elementwise(np.sinh, "transcendental", "float", name="sinh")
-cosh = _elementwise(np.cosh, "transcendental", "float", name="cosh")
-isnan = _elementwise(np.isnan, "cheap", "bool", name="isnan")
-isinf = _elementwise(np.isinf, "cheap", "bool", name="isinf")
-isfinite = _elementwise(np.isfinite, "cheap", "bool", name="isfinite")
-logistic = _elementwise(lambda x: 1.0 / (1.0 + np.exp(-x)), "transcendental", "float", name="logistic")
+negative = _elementwise(np.negative, OpClass.CHEAP, name="negative")
+positive = _elementwise(np.positive, OpClass.CHEAP, name="positive")
+abs = absolute = _elementwise(np.abs, OpClass.CHEAP, name="abs")  # noqa: A001
+sign = _elementwise(np.sign, OpClass.CHEAP, name="sign")
+square = _elementwise(np.square, OpClass.CHEAP, name="square")
+floor = _elementwise(np.floor, OpClass.CHEAP, "float", name="floor")
+ceil = _elementwise(np.ceil, OpClass.CHEAP, "float", name="ceil")
+round = _elementwise(np.round, OpClass.CHEAP, "float", name="round")  # noqa: A001
+trunc = _elementwise(np.trunc, OpClass.CHEAP, "float", name="trunc")
+exp = _elementwise(np.exp, OpClass.TRANSCENDENTAL, "float", name="exp")
+exp2 = _elementwise(np.exp2, OpClass.TRANSCENDENTAL, "float", name="exp2")
+expm1 = _elementwise(np.expm1, OpClass.TRANSCENDENTAL, "float", name="expm1")
+log = _elementwise(np.log, OpClass.TRANSCENDENTAL, "float", name="log")
+log2 = _elementwise(np.log2, OpClass.TRANSCENDENTAL, "float", name="log2")
+log1p = _elementwise(np.log1p, OpClass.TRANSCENDENTAL, "float", name="log1p")
+tanh = _elementwise(np.tanh, OpClass.TRANSCENDENTAL, "float", name="tanh")
+sqrt = _elementwise(np.sqrt, OpClass.TRANSCENDENTAL, "float", name="sqrt")
+rsqrt = _elementwise(lambda x: 1.0 / np.sqrt(x), OpClass.TRANSCENDENTAL, "float", name="rsqrt")
+reciprocal = _elementwise(np.reciprocal, OpClass.TRANSCENDENTAL, "float", name="reciprocal")
+sin = _elementwise(np.sin, OpClass.EXPENSIVE, "float", name="sin")
+cos = _elementwise(np.cos, OpClass.EXPENSIVE, "float", name="cos")
+tan = _elementwise(np.tan, OpClass.EXPENSIVE, "float", name="tan")
+arctan = _elementwise(np.arctan, OpClass.EXPENSIVE, "float", name="arctan")
+sinh = _elementwise(np.sinh, OpClass.TRANSCENDENTAL, "float", name="sinh")
+cosh = _elementwise(np.cosh, OpClass.TRANSCENDENTAL, "float", name="cosh")
+isnan = _elementwise(np.isnan, OpClass.CHEAP, "bool", name="isnan")
+isinf = _elementwise(np.isinf, OpClass.CHEAP, "bool", name="isinf")
+isfinite = _elementwise(np.isfinite, OpClass.CHEAP, "bool", name="isfinite")
+logistic = _elementwise(lambda x: 1.0 / (1.0 + np.exp(-x)), OpClass.TRANSCENDENTAL, "float", name="logistic")
 
 
 def _erf(x):
@@ -243,7 +244,7 @@ def _erf(x):
   return (np.sign(v) * np.where(a < 0.5, near, far)).astype(x.dtype)
 
 
-erf = _elementwise(_erf, "transcendental", "float", name="erf")
+erf = _elementwise(_erf, OpClass.TRANSCENDENTAL, "float", name="erf")
 
 
 def where(condition, x=None, y=None):
@@ -256,7 +257,7 @@ def where(condition, x=None, y=None):
   ex = executor.maybe_current()
   if not (ex is not None and ex.timing_only and shape) and _has_data(condition, x, y):
     data = np.where(_np(condition, dt.bool_), _np(x, rt), _np(y, rt))
-  return _out(data, shape, rt, ready_of(condition, x, y), "cheap", _is_arr(condition, x, y))
+  return _out(data, shape, rt, ready_of(condition, x, y), OpClass.CHEAP, _is_arr(condition, x, y))
 
 
 def clip(x, min=None, max=None):  # noqa: A002

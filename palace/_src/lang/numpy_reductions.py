@@ -9,6 +9,7 @@ import numpy as np
 
 from palace._src import dtypes as dt
 from palace._src import executor
+from palace._src.executor import OpClass
 from palace._src.errors import ShapeError
 from palace._src.lang.array import Array, dtype_of, ready_of
 from palace._src.lang.numpy_base import (_F32, _compute_dtype, _default_dtype, _dtype_arg, _has_data, _is_arr,
@@ -20,10 +21,10 @@ _IMPORTED = frozenset(globals())  # names above are imports, not this module's A
 
 def _reduce_class(axes, ndim):
   if ndim >= 1 and (ndim - 1) in axes:
-    return "reduce_lane"
+    return OpClass.REDUCE_LANE
   if ndim >= 2 and (ndim - 2) in axes:
-    return "reduce_sublane"
-  return "cheap"
+    return OpClass.REDUCE_SUBLANE
+  return OpClass.CHEAP
 
 
 def _reduction(npfn, name, result="same"):
@@ -93,7 +94,7 @@ def cumsum(a, axis=None, dtype=None):
   data = None
   if _has_data(a):
     data = np.cumsum(_np(a, _compute_dtype(out_d)), axis=axis).astype(out_d, copy=False)
-  return _out(data, _shape_of(a), out_d, ready_of(a), "reduce_lane", _is_arr(a))
+  return _out(data, _shape_of(a), out_d, ready_of(a), OpClass.REDUCE_LANE, _is_arr(a))
 
 
 __all__ = sorted(n for n in globals() if not n.startswith("_") and n not in _IMPORTED)

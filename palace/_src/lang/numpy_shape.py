@@ -10,6 +10,7 @@ import numpy as np
 
 from palace._src import dtypes as dt
 from palace._src import executor
+from palace._src.executor import OpClass
 from palace._src.errors import ShapeError
 from palace._src.lang.array import Array, dtype_of, ready_of
 from palace._src.lang.numpy_base import (_default_dtype, _has_data, _is_arr, _norm_axes, _np, _out,
@@ -19,7 +20,7 @@ from palace._src.lang.numpy_dtypes import asarray
 _IMPORTED = frozenset(globals())  # names above are imports, not this module's API
 
 
-def _shape_op(a, fn, out_shape, op_class="cheap"):
+def _shape_op(a, fn, out_shape, op_class=OpClass.CHEAP):
   data = None
   ex = executor.maybe_current()
   if not (ex is not None and ex.timing_only) and _has_data(a):
@@ -42,7 +43,7 @@ def reshape(a, *shape, order="C"):
     raise ShapeError(f"Cannot reshape an array of shape {src} into shape {tuple(shape)}.")
   # Merging/splitting leading dims is free; touching the last two dims needs the XLU.
   free = len(src) >= 2 and len(shape) >= 2 and src[-1] == shape[-1] and src[-2] == shape[-2]
-  return _shape_op(a, lambda v: v.reshape(shape), shape, "free" if free else "xlu")
+  return _shape_op(a, lambda v: v.reshape(shape), shape, OpClass.FREE if free else OpClass.XLU)
 
 
 def transpose(a, axes=None):
@@ -50,7 +51,7 @@ def transpose(a, axes=None):
   axes = tuple(reversed(range(nd))) if axes is None else tuple(int(x) % nd for x in axes)
   out_shape = tuple(_shape_of(a)[i] for i in axes)
   minor = nd >= 2 and axes[-2:] != (nd - 2, nd - 1)
-  return _shape_op(a, lambda v: np.transpose(v, axes), out_shape, "xlu" if minor else "free")
+  return _shape_op(a, lambda v: np.transpose(v, axes), out_shape, OpClass.XLU if minor else OpClass.FREE)
 
 
 def swapaxes(a, axis1, axis2):
@@ -75,7 +76,7 @@ def broadcast_to(a, shape):
     raise ShapeError(f"Cannot broadcast shape {_shape_of(a)} to {shape}.") from None
   if not isinstance(a, Array):
     a = asarray(a)
-  return _shape_op(a, lambda v: np.broadcast_to(v, shape), shape, "broadcast")  # values are immutable
+  return _shape_op(a, lambda v: np.broadcast_to(v, shape), shape, OpClass.BROADCAST)  # values are immutable
 
 
 def expand_dims(a, axis):
@@ -83,14 +84,14 @@ def expand_dims(a, axis):
   axes = (axis,) if isinstance(axis, int) else tuple(axis)
   for ax in sorted(x % (len(s) + len(axes)) for x in axes):
     s.insert(ax, 1)
-  return _shape_op(a, lambda v: v.reshape(s), s, "free")
+  return _shape_op(a, lambda v: v.reshape(s), s, OpClass.FREE)
 
 
 def squeeze(a, axis=None):
   s = _shape_of(a)
   axes = tuple(i for i, n in enumerate(s) if n == 1) if axis is None else _norm_axes(axis, len(s))
   out = [n for i, n in enumerate(s) if i not in axes]
-  return _shape_op(a, lambda v: v.reshape(out), out, "free")
+  return _shape_op(a, lambda v: v.reshape(out), out, OpClass.FREE)
 
 
 def ravel(a):
@@ -112,7 +113,7 @@ def concatenate(arrays, axis=0):
   ex = executor.maybe_current()
   if not (ex is not None and ex.timing_only) and _has_data(*arrays):
     data = np.concatenate([_np(a, rt) for a in arrays], axis=ax)
-  return _out(data, tuple(out_shape), rt, ready_of(*arrays), "cheap", _is_arr(*arrays))
+  return _out(data, tuple(out_shape), rt, ready_of(*arrays), OpClass.CHEAP, _is_arr(*arrays))
 
 
 def _any_mismatch(s, ref, ax):
@@ -129,7 +130,7 @@ def tile(a, reps):
   full_reps = (1,) * (len(s) - len(reps)) + reps if len(reps) < len(s) else reps
   s2 = (1,) * (len(full_reps) - len(s)) + tuple(s)
   out = tuple(x * r for x, r in zip(s2, full_reps))
-  return _shape_op(a, lambda v: np.tile(v, reps), out, "cheap")
+  return _shape_op(a, lambda v: np.tile(v, reps), out, OpClass.CHEAP)
 
 
 def repeat(a, repeats, axis=None):
@@ -139,18 +140,18 @@ def repeat(a, repeats, axis=None):
   else:
     out = list(s)
     out[axis % len(s)] *= repeats
-  return _shape_op(a, lambda v: np.repeat(v, repeats, axis=axis), out, "xlu")
+  return _shape_op(a, lambda v: np.repeat(v, repeats, axis=axis), out, OpClass.XLU)
 
 
 def roll(a, shift, axis=None):
   shift_v = int(shift._data) if isinstance(shift, Array) else int(shift)
   nd = len(_shape_of(a))
-  cls = "xlu" if axis is not None and axis % builtins.max(nd, 1) >= nd - 2 else "cheap"
+  cls = OpClass.XLU if axis is not None and axis % builtins.max(nd, 1) >= nd - 2 else OpClass.CHEAP
   return _shape_op(a, lambda v: np.roll(v, shift_v, axis=axis), _shape_of(a), cls)
 
 
 def flip(a, axis=None):
-  return _shape_op(a, lambda v: np.flip(v, axis=axis), _shape_of(a), "xlu")
+  return _shape_op(a, lambda v: np.flip(v, axis=axis), _shape_of(a), OpClass.XLU)
 
 
 __all__ = sorted(n for n in globals() if not n.startswith("_") and n not in _IMPORTED)

@@ -239,16 +239,13 @@ def resolve_device_id(ex, device_id):
   """device_id (tuple of mesh coords, dict of changed axes, or int) -> a core/chip address dict."""
   if device_id is None:
     return None
-  resolve = getattr(ex, "resolve_device_id", None)
-  if resolve is None:
-    raise UsageError("device_id is only meaningful on a multi-core or multi-chip machine.")
   if isinstance(device_id, dict):
     device_id = {k: concrete_int(v, "device_id") for k, v in device_id.items()}
   elif isinstance(device_id, (tuple, list)):
     device_id = tuple(concrete_int(v, "device_id") for v in device_id)
   else:
     device_id = concrete_int(device_id, "device_id")
-  return resolve(device_id)
+  return ex.resolve_device_id(device_id)
 
 
 # ------------------------------------------------------------------ mesh axes

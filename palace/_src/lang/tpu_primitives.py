@@ -7,9 +7,10 @@ from palace._src import dtypes as dt
 from palace._src import executor
 from palace._src.core import SemaphoreType
 from palace._src.errors import ShapeError, UsageError
-from palace._src.executor import DmaRequest
+from palace._src.executor import DmaRequest, OpClass
 from palace._src.lang import numpy_ops as jnp
 from palace._src.lang.numpy_base import _out
+from palace._src.lang import context
 from palace._src.lang.array import concrete_value, ready_of
 from palace._src.lang.primitives import (axis_index, axis_size, resolve_device_id, run_scoped,
                                          sem_target, semaphore_signal, semaphore_wait)
@@ -49,7 +50,7 @@ class AsyncCopyDescriptor:
   def _track_unused(self):
     """make_async_copy descriptors must be started or waited (checked at kernel end, with this site)."""
     ex = executor.maybe_current()
-    if ex is not None and getattr(ex, "unused_dmas", None) is not None:
+    if ex is not None:
       ex.unused_dmas[id(self)] = (user_site(), f"{self.src_ref.origin()} -> {self.dst_ref.origin()}",
                                   self)
       self._unused = ex
@@ -128,7 +129,7 @@ def _indexed_request(ex, req, src, dst) -> None:
   req.mask = mask
   used = int(mask.sum()) if mask is not None else side.n
   row_bytes = side.nbytes // max(side.n, 1)
-  granule = getattr(ex, "dma_granule_bytes", 0) or 1
+  granule = ex.dma_granule_bytes or 1
   req.nbytes = used * (-(-row_bytes // granule) * granule)
 
 
@@ -171,8 +172,7 @@ def sync_copy(src_ref, dst_ref, *, add: bool = False) -> None:
 
 def get_barrier_semaphore(tag=None) -> Ref:
   """The barrier semaphore of this kernel, selected by CompilerParams(collective_id=...)."""
-  ex = executor.current("pltpu.get_barrier_semaphore()")
-  sem = getattr(ex, "barrier_sem", None)
+  sem = context.current("pltpu.get_barrier_semaphore()").barrier_sem
   if sem is None:
     raise UsageError("pltpu.get_barrier_semaphore() needs CompilerParams(collective_id=...) on the "
                      "kernel (pallas_call compiler_params / pl.kernel compiler_params).")
@@ -244,7 +244,7 @@ def bitcast(x, ty, dim: int = -2):
   if x._data is not None:
     moved = np.ascontiguousarray(np.moveaxis(x._data, ax, -1))
     data = np.moveaxis(moved.view(d), -1, ax)
-  return _out(data, tuple(new), d, ready_of(x), "free", True)
+  return _out(data, tuple(new), d, ready_of(x), OpClass.FREE, True)
 
 
 # ------------------------------------------------------------------ PRNG (per-core, deterministic)
@@ -272,15 +272,14 @@ def prng_seed(*seeds) -> None:
   s = 0
   for v in seeds:
     s = (s * 1_000_003 + int(concrete_value(v))) & 0xFFFFFFFFFFFFFFFF
-  ex.prng = _Prng(s)
+  context.current("pltpu.prng_seed()").prng = _Prng(s)
   ex.scalar_op()
 
 
 def prng_random_bits(shape):
-  ex = executor.current("pltpu.prng_random_bits()")
-  gen = getattr(ex, "prng", None)
+  gen = context.current("pltpu.prng_random_bits()").prng
   if gen is None:
     raise UsageError("pltpu.prng_random_bits() before pltpu.prng_seed(): seed the generator first.")
   shape = tuple(int(s) for s in shape)
   data = gen.bits(shape)
-  return _out(data, shape, dt.int32, 0, "cheap", True)
+  return _out(data, shape, dt.int32, 0, OpClass.CHEAP, True)

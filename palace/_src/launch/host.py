@@ -8,10 +8,11 @@ import sys
 import numpy as np
 
 from palace._src import dtypes as dt
-from palace._src import blas, executor
+from palace._src import blas
 from palace._src.core import (Buffer, CompilerParams, InterpretParams, MemoryRef, MemorySpace,
                               SemaphoreType, ShapeDtypeStruct)
 from palace._src.errors import ShapeError, UnsupportedError, UsageError
+from palace._src.lang import context
 from palace._src.lang.array import Array
 from palace._src.lang.primitives import scoped
 from palace._src.lang.refs import Ref
@@ -166,17 +167,28 @@ def interpret_context(interpret):
     yield
 
 
+def core_program(fn):
+  """The program one core runs: `fn()` inside a fresh KernelContext (the language's per-kernel state)."""
+  def program():
+    token = context.enter(context.KernelContext())
+    try:
+      fn()
+    finally:
+      context.leave(token)
+  return program
+
+
 def with_barrier_semaphore(params: CompilerParams, fn):
   """Allocate the barrier semaphore selected by CompilerParams(collective_id=...) around fn()."""
   if params.collective_id is None:
     return fn()
 
   def body(sem):
-    ex = executor.current()
-    ex.barrier_sem = sem
+    ctx = context.current()
+    ctx.barrier_sem = sem
     try:
       return fn()
     finally:
-      ex.barrier_sem = None
+      ctx.barrier_sem = None
 
   return scoped(body, (SemaphoreType.BARRIER,), {}, "barrier_semaphore")

@@ -149,7 +149,7 @@ def _run(body, kname, out_type, mesh, scratch_types, params, args):
     programs = []
     for b, m in zip(bodies, meshes):
       for core in _make_cores(machine, chip_index, m, params, kname):
-        programs.append((core, functools.partial(program, b)))
+        programs.append((core, launch.core_program(functools.partial(program, b))))
     return programs
 
   launch.execute(kname, build)

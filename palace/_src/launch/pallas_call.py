@@ -255,7 +255,8 @@ def _call(kernel, kname, out_shape, grid, grid_spec, aliases, params, args):
     for b in out_bufs:
       b.chip = chip_index  # each chip's outputs live on it (remote DMAs to chip 0 found the sender's own)
     machine.register_hbm(chip_index, pre_bufs + in_bufs + out_bufs)
-    return [(c, functools.partial(program, pts, pre_bufs, in_bufs)) for c, pts in zip(cores, core_points)]
+    return [(c, launch.core_program(functools.partial(program, pts, pre_bufs, in_bufs)))
+            for c, pts in zip(cores, core_points)]
 
   try:
     launch.execute(kname, build, _num_points(grid))
