@@ -34,8 +34,8 @@ from palace._src.core import (PARALLEL, BlockSpec, MemoryRef, MemorySpace, Semap
 from palace._src.errors import (BlockSpecError, OutOfBoundsError, SyncError, UnsupportedError,
                                 UsageError)
 from palace._src.lang.array import concrete_int
-from palace._src.lang.primitives import (_scalar, axis_index, axis_size, num_programs, program_id,
-                                         run_scoped, sem_target)
+from palace._src.lang.primitives import (_scalar, axis_index, axis_size, close_scope, num_programs,
+                                         open_scope, program_id, sem_target)
 from palace._src.lang.indexed import IndexedRef
 from palace._src.lang.refs import Ref, Slice
 from palace._src.lang.tpu_primitives import AsyncCopyDescriptor, prepare_window_copy, sync_copy
@@ -297,27 +297,36 @@ def run_pipeline(body, grid, in_maps, out_maps, in_refs, out_refs, *, lead_args=
         if o.all_blocks is not None and len(set(o.all_blocks)) == len(o.all_blocks):
           o.reuse_views = False
 
-  def with_buffers(*allocs, rename=True):
+  if not n:
+    return
+  if allocations is not None:   # the caller's buffers (emit_pipeline_with_allocations)
+    allocs, bufs = _check_allocations(allocations, types, ops), None
+  else:                         # = pl.run_scoped(..., *types) around the steps
+    allocs, _, bufs = open_scope(ex, [t for t in types if t is not None], {}, "run_scoped")
+  try:
     for o, (slots, sems) in zip(piped, allocs):
       o.slots, o.sems = list(slots), sems
-      if rename:
+      if bufs is not None:
         for r in slots:  # errors on the kernel's block refs name the operand (args[0], outputs[1])
           r.buf.name = f"{o.m.name} block"
       o.sem_views = [sems.at[i] for i in range(o.nbuf)]
       o.sem_targets = [sem_target(v, "DMA semaphore") for v in o.sem_views]
-    _steps(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tail_kwargs or {},
-           index_args, sync)
+    ex.grid_stack.append((points[0], grid))
+    try:
+      _steps(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tail_kwargs or {},
+             index_args, sync)
+    finally:
+      ex.grid_stack.pop()
     if written is not None:  # which output blocks were written back (for lazy output init)
       for k, o in enumerate(ops_out):
         if o.mode == _BUFFERED:
           written.setdefault(k, set()).update(o.written)
-
-  if not n:
-    return
-  if allocations is not None:
-    with_buffers(*_check_allocations(allocations, types, ops), rename=False)
-    return
-  run_scoped(with_buffers, *[t for t in types if t is not None])
+  except BaseException:
+    if bufs is not None:
+      close_scope(ex, bufs, quiet=True)
+    raise
+  if bufs is not None:
+    close_scope(ex, bufs)
 
 
 def _check_allocations(allocations, types, ops):
@@ -340,16 +349,6 @@ def _check_allocations(allocations, types, ops):
                        f"pl.run_scoped(run, make_allocations(*refs)) for the same refs.")
     out.append(a)
   return out
-
-
-def _steps(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tail_kwargs, index_args,
-           sync):
-  ex.grid_stack.append((points[0], grid))
-  try:
-    _steps_inner(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tail_kwargs,
-                 index_args, sync)
-  finally:
-    ex.grid_stack.pop()
 
 
 def _start_fetch(op: _Op, step: int, offsets) -> None:
@@ -376,8 +375,10 @@ def _alias_view(op: _Op, offsets, point) -> Ref:
         f"of it, so every block must be in bounds. Pick a block shape that divides the array.") from e
 
 
-def _steps_inner(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tail_kwargs,
-                 index_args, sync):
+def _steps(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tail_kwargs, index_args,
+           sync):
+  """The step loop (the hottest path of a launch): per grid point, start/wait the block copies, call
+  the body, write changed output blocks back."""
   # the body's positional arguments, updated in place: lead, input blocks, output blocks, tail
   call_args = [*lead_args, *[o.hbm if o.mode == _RAW else None for o in ops_in + ops_out], *tail_args]
   base_in, base_out = len(lead_args), len(lead_args) + len(ops_in)
