@@ -9,6 +9,7 @@ Function-local imports run only after every module is loaded, so they cannot cre
 they are exempt from the cycle check but must still follow the layer table."""
 import ast
 import pathlib
+import re
 
 import pytest
 
@@ -168,6 +169,25 @@ def test_imports_follow_the_layer_table(path):
     if theirs not in MAY_IMPORT[mine]:
       bad.append(f"line {line}: {m} ({theirs})")
   assert not bad, f"{path.relative_to(SRC)} ({mine}) imports {bad}; see LAYOUT.md's layer table"
+
+
+def test_layout_md_lists_every_module_with_its_layer():
+  """Each row of LAYOUT.md's table names a layer; every module's file must appear in a row of its layer."""
+  text = (SRC.parent / "LAYOUT.md").read_text()
+  rows = {}
+  for line in text.splitlines():
+    cells = [c.strip() for c in line.strip().strip("|").split("|")]
+    if len(cells) >= 3 and re.fullmatch(r"L\d[ab]?", cells[1]):
+      rows.setdefault(cells[1], []).append(cells[0] + " " + cells[2])
+  missing = []
+  for path in sorted(SRC.rglob("*.py")):
+    layer = _layer(path)
+    if layer == "pkg" or path.name == "__init__.py" and layer != "L6":
+      continue
+    stem = path.stem if layer != "L6" else path.name
+    if not any(re.search(rf"(?<![\w.]){re.escape(stem)}(?![\w])", r) for r in rows.get(layer, [])):
+      missing.append(f"{path.relative_to(SRC)} ({layer})")
+  assert not missing, f"LAYOUT.md's table does not list {missing} in their layer's row"
 
 
 def test_no_module_level_import_cycles():
