@@ -59,8 +59,9 @@ def test_language_uses_only_declared_executor_members(path):
 def test_language_never_probes_the_executor_with_getattr(path):
   tree = ast.parse(path.read_text())
   for node in ast.walk(tree):
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr") \
-        and node.args and isinstance(node.args[0], ast.Name) and node.args[0].id == "ex":
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+        and node.func.id in ("getattr", "hasattr") and node.args \
+        and isinstance(node.args[0], ast.Name) and node.args[0].id == "ex":
       raise AssertionError(f"{path.name}:{node.lineno} probes the executor with {node.func.id}: declare the "
                            f"member in executor.Executor instead")
 
@@ -124,7 +125,8 @@ def test_sparse_subcore_implements_the_sparsecore_protocol():
 def test_fetch_and_add_on_a_tensorcore_is_a_usage_error():
   # it used to fail with a bare AttributeError (peer_subcore_buffer exists only on SparseCores)
   @functools.partial(pl.kernel, out_type=pl.ShapeDtypeStruct((8, 128), np.float32),
-                     mesh=pltpu.TensorCoreMesh("core", num_cores=1), scratch_types=[pltpu.SMEM((1,), jnp.int32)])
+                     mesh=pltpu.TensorCoreMesh("core", num_cores=1),
+                     scratch_types=[pltpu.SMEM((1,), jnp.int32)])
   def k(o_hbm, counter):
     plsc.fetch_and_add(counter, 1, subcore_id=0)
 

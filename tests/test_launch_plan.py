@@ -67,7 +67,8 @@ def test_a_mesh_body_that_returns_a_value_is_an_error():
   def body(x_hbm, o_hbm):
     return 1
 
-  f = pl.kernel(body, out_type=pl.ShapeDtypeStruct(X.shape, X.dtype), mesh=pltpu.TensorCoreMesh("c", num_cores=1))
+  f = pl.kernel(body, out_type=pl.ShapeDtypeStruct(X.shape, X.dtype),
+                mesh=pltpu.TensorCoreMesh("c", num_cores=1))
   with pl.virtual_tpu("v5e"):
     with pytest.raises(UsageError, match="Kernel 'body' returned int; pl.kernel bodies must return None"):
       f(X)

@@ -22,7 +22,8 @@ from palace._src.executor import OpClass as _C
 from palace._src.hw import MXU_CLASS_BITS, ChipSpec
 
 # op class (executor.OpClass: the language's names for kinds of vector work) -> (unit, unit-ops per
-# 32-bit (8,128) tile, result latency cycles). Modelling assumptions built on [details] cost classes and [SB-tpus] appendix A (see the module docstring).
+# 32-bit (8,128) tile, result latency cycles). Modelling assumptions built on [details] cost classes
+# and [SB-tpus] appendix A (see the module docstring).
 VECTOR_CLASSES = {
     _C.CHEAP: ("vpu", 1, 2),            # + - * max min where compare cast: 1-cycle issue, 2 latency
     _C.BROADCAST: ("vpu", 1, 2),

@@ -76,7 +76,8 @@ class SparseSubcore(TensorCore):
     for s in shape:
       n *= s
     width = self.lanes * dt.packing(dtype if hasattr(dtype, "itemsize") else dt.int32)
-    per = {_C.MEDIUM: 4, _C.TRANSCENDENTAL: 4, _C.EXPENSIVE: 16, _C.REDUCE_LANE: 2, _C.XLU: 2}.get(op_class, 1)
+    per = {_C.MEDIUM: 4, _C.TRANSCENDENTAL: 4, _C.EXPENSIVE: 16, _C.REDUCE_LANE: 2,
+           _C.XLU: 2}.get(op_class, 1)
     busy = max(1, math.ceil(n / width)) * per
     unit = "vld" if op_class == _C.LOAD else ("vst" if op_class == _C.STORE else "vpu")
     return self._issue(unit, busy, 2, ready, op_class)
