@@ -23,7 +23,7 @@ from palace._src.lang.host_refs import empty_ref, free_ref, freeze, new_ref
 from palace._src.sim.machine import VirtualTPU
 from palace._src.sim.report import Report
 from palace._src.util import align_to, cdiv, next_power_of_2
-from palace._src.tools.compat.interop import jax_callable  # last: compat's shim reads the names above
+from palace._src.tools.compat.interop import jax_callable
 
 dslice = ds
 virtual_tpu = VirtualTPU

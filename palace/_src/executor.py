@@ -1,7 +1,18 @@
 """The executor interface (L3): everything a running kernel may ask of the machine.
 
-Language ops (`palace/_src/lang/*`) call `current()`; the virtual TPU (`palace/_src/sim/`) implements the
-protocol. Nothing else connects the two sides: `pallas_call`/`kernel` set the context variable.
+Language ops (`palace/_src/lang/*`) and the pipeline call `current()` and use only the members declared
+on `Executor` (and, on SparseCore subcores, `SparseCoreExecutor`); the virtual TPU (`palace/_src/sim/`)
+implements them. Nothing else connects the two sides: the launch (`palace/_src/launch/run.py`) builds
+the machine, whose scheduler sets the context variable for each core it runs.
+
+What the protocol does NOT hold: the language's own per-kernel state (the barrier semaphore, the PRNG)
+lives in `lang/context.KernelContext`, which the launch creates for each core program; the machine never
+sees it. Two slots are owned by the language but kept on the executor, declared here: `host_cache`
+(host memory pools released by the launch) and `unused_dmas` (descriptors made but never used, which
+the machine reports at kernel end after its semaphore checks).
+
+Op cost classes (`OpClass`) are the vocabulary of `vector_op`: the language names the kind of work, the
+machine maps each class to units and cycles (sim/cost.py `VECTOR_CLASSES`; SparseCores: sim/subcore.py).
 """
 from __future__ import annotations
 
@@ -11,38 +22,76 @@ from typing import Any, Protocol
 from palace._src.errors import UsageError
 
 
+class OpClass:
+  """Cost classes of vector ops (the `op_class` of `Executor.vector_op`). Values are the names the
+  machine's cost tables and trace labels use."""
+  CHEAP = "cheap"                    # + - * max min where compare cast
+  BROADCAST = "broadcast"            # broadcast_to
+  MEDIUM = "medium"                  # divide, pow, integer div/mod
+  TRANSCENDENTAL = "transcendental"  # exp, log, tanh, sqrt, rsqrt, erf (the EUP)
+  EXPENSIVE = "expensive"            # sin, cos, tan, arctan (polynomials on the VPU)
+  REDUCE_SUBLANE = "reduce_sublane"  # reductions over the second-minor dim
+  REDUCE_LANE = "reduce_lane"        # reductions / scans over the last dim
+  XLU = "xlu"                        # minor-dim transposes, relayouts, rolls, gathers
+  LOAD = "load"                      # vreg loads (packed tiles)
+  STORE = "store"                    # vreg stores (packed tiles)
+  FREE = "free"                      # leading-dim reshapes and transposes, bitcasts: no work
+  ALL = (CHEAP, BROADCAST, MEDIUM, TRANSCENDENTAL, EXPENSIVE, REDUCE_SUBLANE, REDUCE_LANE, XLU, LOAD,
+         STORE, FREE)
+
+
 class Executor(Protocol):
-  chip: Any                 # hw.ChipSpec
-  timing_only: bool
-  bounds_checks: bool
-  grid_stack: list          # language-managed: [(indices tuple, sizes tuple), ...] innermost last
-  now: int                  # the core's issue clock (cycles)
+  """One core of the virtual machine as a kernel body sees it."""
+  # identity and configuration (read only for the language)
+  chip: Any                 # hw.ChipSpec of the machine
   chip_index: int
   core_id: int
-  axis_env: dict            # mesh axis name -> (index, size)
+  kernel_name: str
+  timing_only: bool         # no data moves: values carry shapes and ready cycles only
+  bounds_checks: bool       # CompilerParams(disable_bounds_checks=False)
   deferred_values: bool     # whole-buffer stores may keep deferred values (load then returns them)
+  axis_env: dict            # mesh axis name -> (index, size)
+  dma_granule_bytes: int    # indexed DMAs move whole granules of this many bytes (0: byte-exact)
+  sparsecore: Any           # this executor as a SparseCoreExecutor on SparseCore subcores, else None
+  # set by the launch before the core runs (launch/run.py; the pallas_call VMEM check reads vmem_limit)
+  vmem_limit: int           # bytes of scoped VMEM left to the kernel (the limit minus internal scratch)
+  mesh_axes: list           # [(axis name, size)] of the core-level mesh (pl.kernel), for device_id
+  core_id_base: int         # core id of mesh position 0 (SparseCore subcores are numbered apart)
+  # state the language manages on the core
+  grid_stack: list          # [(indices tuple, sizes tuple), ...] innermost last (pipelines)
+  now: int                  # the core's issue clock (cycles)
   host_cache: dict          # per-launch host caches owned by the language side (lang/deferred.py)
+  unused_dmas: dict         # id(descriptor) -> (site, text, descriptor), reported at kernel end
 
   # values and compute
   def load(self, buf, index, shape, site=None): ...          # -> (np data | None, ready_cycle)
   def store(self, buf, index, shape, data, ready: int) -> None: ...
   def note_access(self, buf, index, kind: str, shape, atomic: bool = False) -> None: ...  # by lang
-  def vector_op(self, op_class: str, shape, dtype, ready: int) -> int: ...
+  def vector_op(self, op_class: str, shape, dtype, ready: int) -> int: ...   # op_class: an OpClass
   def matmul(self, m: int, k: int, n: int, batch: int, lhs_dtype, rhs_dtype, ready: int) -> int: ...
   def scalar_op(self, ready: int = 0) -> int: ...
   # memory
-  def alloc(self, mem_type, name: str, shared: bool = False): ...  # -> core.Buffer
+  def alloc(self, mem_type, name: str, shared: bool = False): ...  # -> Buffer
   def free(self, buf) -> None: ...
   # DMA and semaphores
-  def dma_start(self, desc) -> None: ...
-  def dma_wait(self, desc, which: str) -> None: ...
+  def dma_start(self, desc) -> None: ...                     # desc: a DmaRequest
+  def dma_wait(self, desc, which: str) -> None: ...          # which: "recv" | "send"
   def sem_signal(self, buf, index, inc: int, device_id=None, core_index=None) -> None: ...
   def sem_wait(self, buf, index, value: int, decrement: bool = True) -> None: ...
   def sem_read(self, buf, index) -> int: ...
+  def resolve_device_id(self, device_id) -> dict: ...        # mesh coordinates -> a core/chip address
   # bookkeeping
   def grid_step(self) -> None: ...
   def where(self) -> str: ...
   def debug_print(self, text: str) -> None: ...
+
+
+class SparseCoreExecutor(Executor, Protocol):
+  """A SparseCore vector or scalar subcore (`Executor.sparsecore` is the executor itself)."""
+  scalar: bool              # a scalar subcore (no TileSpmem, no vector unit)
+
+  def subcore_barrier(self) -> None: ...                    # all vector subcores of this SparseCore
+  def peer_subcore_buffer(self, buf, subcore: int): ...      # the same allocation on another subcore
 
 
 _current: contextvars.ContextVar = contextvars.ContextVar("palace_executor", default=None)

@@ -1,8 +1,11 @@
 """Software pipelining of BlockSpec'd operands (L5, library code).
 
-Built only from language primitives (run_scoped, make_async_copy/.start/.wait, grid_step): the overlap
-of DMA and compute, the skipped copies for unchanged blocks and the revisit behaviour all come out of
-the DMA and semaphore model, not out of special cases in the simulator. `pallas_call` and
+Built only from language primitives (run_scoped, grid_step, and the DMA primitives of
+lang/tpu_primitives.py: each block copy is a `PreparedCopy`, made once by `prepare_window_copy` (whole
+blocks) or `AsyncCopyDescriptor.prepare()` (ragged and squeezed blocks) and then only started and
+waited, cached per (block, slot) when blocks are revisited). The overlap of DMA and compute, the
+skipped copies for unchanged blocks and the revisit behaviour all come out of the DMA and semaphore
+model, not out of special cases in the simulator. `pallas_call` and
 `emit_pipeline` both run on `run_pipeline`.
 
 Schedule per input (buffer_count b): at step s, every input whose block is not in flight yet starts it
@@ -28,15 +31,14 @@ from palace._src import executor
 from palace._src.blocks import BLOCKED, ELEMENT, SQUEEZED, BlockMapping, canonicalize
 from palace._src.core import (PARALLEL, BlockSpec, MemoryRef, MemorySpace, SemaphoreType,
                               canonical_semantics, no_block_spec)
-from palace._src.executor import DmaRequest
 from palace._src.errors import (BlockSpecError, OutOfBoundsError, SyncError, UnsupportedError,
                                 UsageError)
 from palace._src.lang.array import concrete_int
-from palace._src.lang.primitives import (_scalar, axis_index, axis_size, num_programs, program_id,
-                                         run_scoped, sem_target)
+from palace._src.lang.primitives import (_scalar, axis_index, axis_size, close_scope, num_programs,
+                                         open_scope, program_id, sem_target)
 from palace._src.lang.indexed import IndexedRef
 from palace._src.lang.refs import Ref, Slice
-from palace._src.lang.tpu_primitives import sync_copy
+from palace._src.lang.tpu_primitives import AsyncCopyDescriptor, prepare_window_copy, sync_copy
 from palace._src.util import tree_flatten, tree_unflatten
 
 
@@ -48,7 +50,7 @@ class _Op:
   __slots__ = ("m", "hbm", "slots", "sems", "is_out", "blocks", "cur", "cur_slot", "fetched",
                "next_slot", "pending_wb", "written", "squeezed", "sem_views", "mode", "nbuf",
                "bounds_checks", "views", "all_blocks", "sem_targets", "simple", "whole_blocks",
-               "block_nbytes", "reuse_views", "block_is_array", "full_slices")
+               "block_nbytes", "reuse_views", "block_is_array", "full_slices", "ex")
 
   def __init__(self, m: BlockMapping, hbm: Ref, is_out: bool):
     self.m, self.hbm, self.is_out = m, hbm, is_out
@@ -61,7 +63,8 @@ class _Op:
     self.written = set()
     self.squeezed = frozenset(d for d, (k, _, _) in enumerate(m.dims) if k == SQUEEZED)
     self.sem_views = ()
-    self.bounds_checks = executor.current().bounds_checks
+    self.ex = executor.current()  # the core the pipeline runs on (its copies are prepared for it)
+    self.bounds_checks = self.ex.bounds_checks
     self.views = {}
     self.all_blocks = None  # every step's offsets, when the index map vectorises
     self.sem_targets = ()   # per slot: (semaphore buffer, index) of sem_views[slot]
@@ -92,25 +95,24 @@ class _BlockLabels:
     return iter((self.vmem, hbm) if self.to_hbm else (hbm, self.vmem))
 
 
-def _request(op: _Op, offsets, slot: int, to_hbm: bool):
-  """The DMA request copying the block at `offsets` into slot `slot` (or back, `to_hbm`), or None
-  when no part of the block is in bounds: what AsyncCopyDescriptor.start() builds for the same views,
-  semaphore and site. Cached per (block, slot) when blocks are revisited (matmul operands): a request
-  is never modified once built (only the executor's `fast` cache on it is filled in), so one object
-  can serve every copy of the same block."""
+def _copy(op: _Op, offsets, slot: int, to_hbm: bool):
+  """The prepared copy (lang/tpu_primitives.PreparedCopy) of the block at `offsets` into slot `slot`
+  (or back, `to_hbm`), or None when no part of the block is in bounds: the copy make_async_copy would
+  make for the same views, semaphore and site. Cached per (block, slot) when blocks are revisited
+  (matmul operands): a prepared copy is never modified once built (only the executor's `fast` cache on
+  its request is filled in), so one object serves every copy of the same block."""
   if op.reuse_views:
     key = (offsets, slot)
     hit = op.views.get(key)
     if hit is None:
       if len(op.views) > 4096:
         op.views.clear()
-      hit = op.views[key] = (_make_request(op, offsets, slot, to_hbm),)
+      hit = op.views[key] = (_prepare(op, offsets, slot, to_hbm),)
     return hit[0]
-  return _make_request(op, offsets, slot, to_hbm)
+  return _prepare(op, offsets, slot, to_hbm)
 
 
-def _make_request(op: _Op, offsets, slot: int, to_hbm: bool):
-  sem_buf, sem_idx = op.sem_targets[slot]
+def _prepare(op: _Op, offsets, slot: int, to_hbm: bool):
   if op.whole_blocks:   # = Ref.window(op.hbm.buf, offsets, vmem.shape), only its NumPy index built
     vmem = op.slots[slot]
     buf = op.hbm.buf
@@ -125,23 +127,20 @@ def _make_request(op: _Op, offsets, slot: int, to_hbm: bool):
       idx = tuple([slice(o, o + z) for o, z in zip(offsets, shape)])
     labels = _BlockLabels(buf, offsets, shape, vmem, to_hbm)
     if to_hbm:
-      return DmaRequest(vmem.buf, vmem._np_index, buf, idx, shape, sem_buf, sem_idx, None, (), False,
-                        None, None, _PIPELINE_SITE, labels, op.block_nbytes)
-    return DmaRequest(buf, idx, vmem.buf, vmem._np_index, shape, sem_buf, sem_idx, None, (), False,
-                      None, None, _PIPELINE_SITE, labels, op.block_nbytes)
+      return prepare_window_copy(vmem.buf, vmem._np_index, buf, idx, shape, op.sem_targets[slot],
+                               nbytes=op.block_nbytes, site=_PIPELINE_SITE, labels=labels)
+    return prepare_window_copy(buf, idx, vmem.buf, vmem._np_index, shape, op.sem_targets[slot],
+                               nbytes=op.block_nbytes, site=_PIPELINE_SITE, labels=labels)
   views = _make_copy_views(op, offsets, slot)
   if views is None:
     return None
   src, dst = (views[1], views[0]) if to_hbm else (views[0], views[1])
-  return DmaRequest(src.buf, src._np_index, dst.buf, dst._np_index, src.shape, sem_buf, sem_idx, None,
-                    (), False, None, None, _PIPELINE_SITE, (src, dst), views[2])
+  return AsyncCopyDescriptor(src, dst, op.sem_views[slot], site=_PIPELINE_SITE).prepare(op.ex)
 
 
 def _make_copy_views(op: _Op, offsets, slot: int):
+  """(operand view, slot view) of the in-bounds part of the block at `offsets`, or None if empty."""
   m = op.m
-  if op.whole_blocks:
-    vmem = op.slots[slot]
-    return Ref.window(op.hbm.buf, offsets, vmem.shape), vmem, op.block_nbytes
   if op.simple:
     vmem = op.slots[slot]
     sizes = vmem.shape
@@ -149,7 +148,7 @@ def _make_copy_views(op: _Op, offsets, slot: int):
       if off < 0 or off + size > dim:
         break
     else:  # the whole block is in bounds: a plain window of the source
-      return Ref.window(op.hbm.buf, offsets, sizes), vmem, vmem.nbytes
+      return Ref.window(op.hbm.buf, offsets, sizes), vmem
   starts, sizes, vstarts = [], [], []
   ragged = False
   for (kind, size, _), off, dim in zip(m.dims, offsets, m.array_shape):
@@ -170,9 +169,9 @@ def _make_copy_views(op: _Op, offsets, slot: int):
       op.hbm.at[tuple(st if d in op.squeezed else Slice(st, sz)
                       for d, (st, sz) in enumerate(zip(starts, sizes)))]
   if not ragged:
-    return hbm, op.slots[slot], hbm.nbytes
+    return hbm, op.slots[slot]
   vsizes = [sz for d, sz in enumerate(sizes) if d not in op.squeezed]
-  return hbm, Ref.window(op.slots[slot].buf, vstarts, vsizes), hbm.nbytes
+  return hbm, Ref.window(op.slots[slot].buf, vstarts, vsizes)
 
 
 def _vectorised_offsets(op: _Op, points):
@@ -298,27 +297,36 @@ def run_pipeline(body, grid, in_maps, out_maps, in_refs, out_refs, *, lead_args=
         if o.all_blocks is not None and len(set(o.all_blocks)) == len(o.all_blocks):
           o.reuse_views = False
 
-  def with_buffers(*allocs, rename=True):
+  if not n:
+    return
+  if allocations is not None:   # the caller's buffers (emit_pipeline_with_allocations)
+    allocs, bufs = _check_allocations(allocations, types, ops), None
+  else:                         # = pl.run_scoped(..., *types) around the steps
+    allocs, _, bufs = open_scope(ex, [t for t in types if t is not None], {}, "run_scoped")
+  try:
     for o, (slots, sems) in zip(piped, allocs):
       o.slots, o.sems = list(slots), sems
-      if rename:
+      if bufs is not None:
         for r in slots:  # errors on the kernel's block refs name the operand (args[0], outputs[1])
           r.buf.name = f"{o.m.name} block"
       o.sem_views = [sems.at[i] for i in range(o.nbuf)]
       o.sem_targets = [sem_target(v, "DMA semaphore") for v in o.sem_views]
-    _steps(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tail_kwargs or {},
-           index_args, sync)
+    ex.grid_stack.append((points[0], grid))
+    try:
+      _steps(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tail_kwargs or {},
+             index_args, sync)
+    finally:
+      ex.grid_stack.pop()
     if written is not None:  # which output blocks were written back (for lazy output init)
       for k, o in enumerate(ops_out):
         if o.mode == _BUFFERED:
           written.setdefault(k, set()).update(o.written)
-
-  if not n:
-    return
-  if allocations is not None:
-    with_buffers(*_check_allocations(allocations, types, ops), rename=False)
-    return
-  run_scoped(with_buffers, *[t for t in types if t is not None])
+  except BaseException:
+    if bufs is not None:
+      close_scope(ex, bufs, quiet=True)
+    raise
+  if bufs is not None:
+    close_scope(ex, bufs)
 
 
 def _check_allocations(allocations, types, ops):
@@ -343,27 +351,14 @@ def _check_allocations(allocations, types, ops):
   return out
 
 
-def _steps(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tail_kwargs, index_args,
-           sync):
-  ex.grid_stack.append((points[0], grid))
-  try:
-    _steps_inner(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tail_kwargs,
-                 index_args, sync)
-  finally:
-    ex.grid_stack.pop()
-
-
-def _start_fetch(ex, op: _Op, step: int, offsets):
+def _start_fetch(op: _Op, step: int, offsets) -> None:
+  """Start the copy of the block at `offsets` (the block of step `step`) into the next free slot."""
   slot = op.next_slot
   op.next_slot = slot + 1 if slot + 1 < op.nbuf else 0
-  if op.reuse_views:   # = _request(op, offsets, slot, False), inlined
-    hit = op.views.get((offsets, slot))
-    req = hit[0] if hit is not None else _request(op, offsets, slot, False)
-  else:
-    req = _make_request(op, offsets, slot, False)
-  if req is not None:
-    ex.dma_start(req)
-  op.fetched[step] = (slot, req)
+  copy = _copy(op, offsets, slot, False)
+  if copy is not None:
+    copy.start()
+  op.fetched[step] = (slot, copy)
 
 
 def _alias_view(op: _Op, offsets, point) -> Ref:
@@ -380,8 +375,10 @@ def _alias_view(op: _Op, offsets, point) -> Ref:
         f"of it, so every block must be in bounds. Pick a block shape that divides the array.") from e
 
 
-def _steps_inner(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tail_kwargs,
-                 index_args, sync):
+def _steps(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tail_kwargs, index_args,
+           sync):
+  """The step loop (the hottest path of a launch): per grid point, start/wait the block copies, call
+  the body, write changed output blocks back."""
   # the body's positional arguments, updated in place: lead, input blocks, output blocks, tail
   call_args = [*lead_args, *[o.hbm if o.mode == _RAW else None for o in ops_in + ops_out], *tail_args]
   base_in, base_out = len(lead_args), len(lead_args) + len(ops_in)
@@ -397,7 +394,6 @@ def _steps_inner(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_arg
   out_plan = [(k, o, o.all_blocks, o.mode == _ALIAS) for k, o in outs]
   grid_stack = ex.grid_stack
   grid_step = ex.grid_step
-  dma_start, dma_wait = ex.dma_start, ex.dma_wait
   last = n - 1
   for s in range(n):
     point = points[s]
@@ -409,7 +405,7 @@ def _steps_inner(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_arg
       if s not in o.fetched:
         cur = o.all_blocks[s] if o.all_blocks is not None else _block_offsets(o, s, point, index_args, "")
         if s == 0 or cur != o.cur:
-          _start_fetch(ex, o, s, cur)
+          _start_fetch(o, s, cur)
     for k, o, blocks, alias, ahead in in_plan:
       cur = blocks[s] if blocks is not None else _block_offsets(o, s, point, index_args, "")
       if alias:
@@ -418,32 +414,23 @@ def _steps_inner(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_arg
           call_args[k] = _alias_view(o, cur, point)
         continue
       if s == 0 or cur != o.cur:
-        slot, desc = o.fetched.pop(s)
-        if desc is not None:
-          dma_wait(desc, "recv")
+        slot, copy = o.fetched.pop(s)
+        if copy is not None:
+          copy.wait()
         o.cur, o.cur_slot = cur, slot
         call_args[k] = o.slots[slot]
       if ahead == 1:   # double buffering: only the next step's block
         t = s + 1
         if t < n:
           nxt = blocks[t] if blocks is not None else _block_offsets(o, t, points[t], index_args, "")
-          if nxt != cur and t not in o.fetched:   # = _start_fetch(ex, o, t, nxt), inlined
-            slot = o.next_slot
-            o.next_slot = slot + 1 if slot + 1 < o.nbuf else 0
-            if o.reuse_views:
-              hit = o.views.get((nxt, slot))
-              desc = hit[0] if hit is not None else _request(o, nxt, slot, False)
-            else:
-              desc = _make_request(o, nxt, slot, False)
-            if desc is not None:
-              dma_start(desc)
-            o.fetched[t] = (slot, desc)
+          if nxt != cur and t not in o.fetched:
+            _start_fetch(o, t, nxt)
       elif ahead:      # lookahead: every changed block that fits the free slots
         prev = cur
         for t in range(s + 1, min(n, s + o.nbuf)):
           nxt = blocks[t] if blocks is not None else _block_offsets(o, t, points[t], index_args, "")
           if nxt != prev and t not in o.fetched:
-            _start_fetch(ex, o, t, nxt)
+            _start_fetch(o, t, nxt)
           prev = nxt
     # ---- outputs: pick the slot for this step's block
     for k, o, blocks, alias in out_plan:
@@ -464,7 +451,7 @@ def _steps_inner(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_arg
         o.next_slot = slot + 1 if slot + 1 < o.nbuf else 0
         wb = o.pending_wb.pop(slot, None)
         if wb is not None:
-          dma_wait(wb, "recv")
+          wb.wait()
         o.cur, o.cur_slot = cur, slot
         call_args[k] = o.slots[slot]
     if tail_kwargs:
@@ -479,22 +466,18 @@ def _steps_inner(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_arg
         if nxt == o.cur:
           continue
       o.written.add(o.cur)
-      if o.reuse_views:   # = _request(o, o.cur, o.cur_slot, True), inlined
-        hit = o.views.get((o.cur, o.cur_slot))
-        desc = hit[0] if hit is not None else _request(o, o.cur, o.cur_slot, True)
-      else:
-        desc = _make_request(o, o.cur, o.cur_slot, True)
-      if desc is not None:
-        dma_start(desc)
+      copy = _copy(o, o.cur, o.cur_slot, True)
+      if copy is not None:
+        copy.start()
         if sync:
-          dma_wait(desc, "recv")
+          copy.wait()
         else:
-          o.pending_wb[o.cur_slot] = desc
+          o.pending_wb[o.cur_slot] = copy
     for o in per_step:
       o.blocks.pop(s, None)
   for o in ops_out:
-    for desc in o.pending_wb.values():
-      dma_wait(desc, "recv")
+    for copy in o.pending_wb.values():
+      copy.wait()
     o.pending_wb.clear()
 
 

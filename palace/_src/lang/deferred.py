@@ -28,6 +28,7 @@ import numpy as np
 
 from palace._src import blas, hostmem
 from palace._src import dtypes as dt
+from palace._src.executor import OpClass
 from palace._src.lang.array import Array
 
 _F32 = np.dtype(np.float32)
@@ -101,7 +102,7 @@ class Deferred(Array):
 def deferrable(ex, a, b, out_dtype) -> bool:
   """Whether `jnp.dot(a, b)` (2-D, at least MIN_FLOPS) is computed later on this executor."""
   return (out_dtype == _F32 and type(a) is Array and type(b) is Array
-          and getattr(ex, "deferred_values", False) and a.dtype in _OPERAND_DTYPES
+          and ex is not None and ex.deferred_values and a.dtype in _OPERAND_DTYPES
           and b.dtype in _OPERAND_DTYPES and a._data is not None and b._data is not None)
 
 
@@ -115,9 +116,9 @@ def zeros(ex, shape):
   """A float32 zero matrix as an empty sum (nothing written until it is read), or None when too small
   to matter or not deferrable here."""
   if (len(shape) != 2 or shape[0] * shape[1] * 4 < ZEROS_MIN_BYTES
-      or not getattr(ex, "deferred_values", False)):
+      or not ex.deferred_values):
     return None
-  ready = ex.vector_op("cheap", shape, _F32, 0)
+  ready = ex.vector_op(OpClass.CHEAP, shape, _F32, 0)
   return Deferred((), None, shape, _F32, ready, 0, HostCache.of(ex))
 
 
@@ -125,7 +126,7 @@ def add(ex, x, y):
   """x + y as a Deferred when one side is a float32 Deferred sum and the other a float32 array of the
   same shape (or another such sum); None when the eager add should run."""
   d, other = (x, y) if type(x) is Deferred else (y, x)
-  if d.dtype != _F32 or d._terms is None or ex is None or not getattr(ex, "deferred_values", False):
+  if d.dtype != _F32 or d._terms is None or ex is None or not ex.deferred_values:
     return None
   to = type(other)
   if to is Deferred:
@@ -145,16 +146,16 @@ def add(ex, x, y):
       return None
     # compute the sum so far and start a new one on it (bounded memory, still one GEMM per piece)
     terms, base, nbytes = other._terms, Array(d._data, d.shape, _F32, d._ready), other._term_bytes
-  ready = ex.vector_op("cheap", d.shape, _F32, d._ready if d._ready > other._ready else other._ready)
+  ready = ex.vector_op(OpClass.CHEAP, d.shape, _F32, d._ready if d._ready > other._ready else other._ready)
   return Deferred(terms, base, d.shape, _F32, ready, nbytes, d._cache)
 
 
 def astype(ex, x, dtype):
   """A float32 sum cast to bf16/f16 stays deferred (the cast happens once, when it is computed)."""
   if (x._terms is None or x.dtype != _F32 or dtype not in _ENDS or ex is None
-      or not getattr(ex, "deferred_values", False)):
+      or not ex.deferred_values):
     return None
-  ready = ex.vector_op("cheap", x.shape, dtype, x._ready)
+  ready = ex.vector_op(OpClass.CHEAP, x.shape, dtype, x._ready)
   return Deferred(x._terms, x._base, x.shape, dtype, ready, x._term_bytes, x._cache)
 
 
@@ -253,7 +254,7 @@ class HostCache:
 
   @staticmethod
   def of(ex):
-    store = getattr(ex, "host_cache", None)
+    store = ex.host_cache
     if store is None:
       return None
     cache = store.get("deferred")

@@ -4,9 +4,13 @@ from __future__ import annotations
 import numpy as np
 
 from palace._src import dtypes as dt
+from palace._src.executor import OpClass
 from palace._src.lang import numpy_ops as jnp
 from palace._src.errors import ShapeError
-from palace._src.lang.array import Array, concrete_int
+from palace._src.lang.array import Array, concrete_int, ready_of
+from palace._src.lang.numpy_base import _dtype_arg, _has_data, _is_arr, _np, _out
+from palace._src.lang.numpy_elementwise import _elementwise
+from palace._src.lang.numpy_shape import _shape_op
 from palace._src.lang.numpy_linalg import dot_general  # noqa: F401
 from palace._src.lang.tpu_primitives import bitcast
 from palace._src.lang.primitives import (axis_index, axis_size, cond, fori_loop, switch,  # noqa: F401
@@ -20,10 +24,10 @@ def select(pred, on_true, on_false):
 
 def broadcasted_iota(dtype, shape, dimension: int):
   shape = tuple(int(s) for s in shape)
-  d = jnp._dtype_arg(dtype, "lax.broadcasted_iota")
+  d = _dtype_arg(dtype, "lax.broadcasted_iota")
   data = np.broadcast_to(np.arange(shape[dimension], dtype=d).reshape(
       [-1 if i == dimension else 1 for i in range(len(shape))]), shape)
-  return jnp._out(data, shape, d, 0, "cheap", False)
+  return _out(data, shape, d, 0, OpClass.CHEAP, False)
 
 
 def iota(dtype, size: int):
@@ -43,8 +47,8 @@ def _trunc_rem(a, b):
   return np.fmod(a, b)
 
 
-div = jnp._elementwise(_trunc_div, "medium", name="div")
-rem = jnp._elementwise(_trunc_rem, "medium", name="rem")
+div = _elementwise(_trunc_div, OpClass.MEDIUM, name="div")
+rem = _elementwise(_trunc_rem, OpClass.MEDIUM, name="rem")
 max = jnp.maximum  # noqa: A001
 min = jnp.minimum  # noqa: A001
 add, sub, mul = jnp.add, jnp.subtract, jnp.multiply
@@ -112,7 +116,7 @@ def dynamic_slice(x, start_indices, slice_sizes):
   sizes = tuple(int(s) for s in slice_sizes)
   starts = _clamped_starts(x, start_indices, sizes, "lax.dynamic_slice")
   idx = tuple(slice(s, s + n) for s, n in zip(starts, sizes))
-  return jnp._shape_op(x, lambda v: v[idx], sizes, "xlu")
+  return _shape_op(x, lambda v: v[idx], sizes, OpClass.XLU)
 
 
 def dynamic_update_slice(x, update, start_indices):
@@ -123,10 +127,10 @@ def dynamic_update_slice(x, update, start_indices):
   starts = _clamped_starts(x, start_indices, tuple(update.shape), "lax.dynamic_update_slice")
   idx = tuple(slice(s, s + n) for s, n in zip(starts, update.shape))
   data = None
-  if jnp._has_data(x, update):
-    data = np.array(jnp._np(x), copy=True)
-    data[idx] = jnp._np(update)
-  return jnp._out(data, tuple(x.shape), x.dtype, jnp.ready_of(x, update), "xlu", jnp._is_arr(x, update))
+  if _has_data(x, update):
+    data = np.array(_np(x), copy=True)
+    data[idx] = _np(update)
+  return _out(data, tuple(x.shape), x.dtype, ready_of(x, update), OpClass.XLU, _is_arr(x, update))
 
 
 __all__ = sorted(n for n in globals() if not n.startswith("_") and n not in

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from palace._src.executor import OpClass
 from palace._src.errors import OutOfBoundsError, UsageError
 from palace._src.lang.array import Array, ready_of
-from palace._src.lang.numpy_ops import (_broadcast_shapes, _compute_dtype, _has_data, _np, _out,
-                                        _shape_op)
+from palace._src.lang.numpy_base import _broadcast_shapes, _compute_dtype, _has_data, _np, _out
+from palace._src.lang.numpy_shape import _shape_op
 from palace._src.util import user_frame_summary
 
 
@@ -32,7 +33,7 @@ def _static_index(shape, idx):
 def _array_getitem(self, idx):
   """Static indexing of a value (slices, ints, None, Ellipsis); dynamic indices need refs + pl.ds."""
   idx, shape = _static_index(self.shape, idx)
-  return _shape_op(self, lambda v: v[idx], shape, "xlu")
+  return _shape_op(self, lambda v: v[idx], shape, OpClass.XLU)
 
 
 class _ValueAt:
@@ -59,7 +60,7 @@ class _ValueAt:
       upd = _np(value, cd)
       data[idx] = upd if fn is None else fn(data[idx], upd)
       data = data.astype(x.dtype, copy=False)
-    return _out(data, x.shape, x.dtype, ready_of(x, value), "cheap", True)
+    return _out(data, x.shape, x.dtype, ready_of(x, value), OpClass.CHEAP, True)
 
   def set(self, value):
     return self._update(value, None)

@@ -18,7 +18,9 @@ from palace._src.errors import ShapeError, UsageError
 from palace._src.lang import deferred
 from palace._src.lang.array import Array, dtype_of, ready_of
 from palace._src.util import prod
-from palace._src.lang.numpy_ops import _dtype_arg, _has_data, _np, multiply, reshape, transpose
+from palace._src.lang.numpy_base import _dtype_arg, _has_data, _np
+from palace._src.lang.numpy_elementwise import multiply
+from palace._src.lang.numpy_shape import reshape, transpose
 
 
 def _f32(x):

@@ -173,26 +173,45 @@ def run_scoped(f, *types, collective_axes=(), **kw_types):
 def scoped(f, types, kw_types, prefix: str, shared: bool = False, names=None):
   """run_scoped with a name prefix (`scratch`, `run_scoped`, ...) or explicit names for the buffers."""
   ex = executor.current("pl.run_scoped()")
+  pos, kws, bufs = open_scope(ex, types, kw_types, prefix, shared, names)
+  try:
+    result = f(*pos, **kws)
+  except BaseException:
+    close_scope(ex, bufs, quiet=True)
+    raise
+  close_scope(ex, bufs)
+  return result
+
+
+def open_scope(ex, types, kw_types, prefix: str, shared: bool = False, names=None):
+  """The allocation half of `scoped`, for code that cannot pass a callback (the launch runner):
+  (positional refs, keyword refs, buffers to hand to `close_scope`)."""
   pos_bufs, pos_td = _alloc_tree(ex, tuple(types), prefix, shared, names)
   kw_bufs, kw_td = _alloc_tree(ex, dict(kw_types), prefix, shared)
+  bufs = pos_bufs + kw_bufs
   try:
     pos = tree_unflatten(pos_td, [None if b is None else Ref(b) for b in pos_bufs])
     kws = tree_unflatten(kw_td, [None if b is None else Ref(b) for b in kw_bufs])
-    result = f(*pos, **kws)
   except BaseException:
-    # Unwinding after an error: free quietly, so the end-of-scope checks (semaphores left nonzero by the
-    # interrupted kernel, DMAs in flight) do not hide the error that caused them.
-    for b in reversed(pos_bufs + kw_bufs):
-      if b is not None:
-        try:
-          ex.free(b)
-        except PalaceError:
-          pass
+    close_scope(ex, bufs, quiet=True)
     raise
-  for b in reversed(pos_bufs + kw_bufs):
-    if b is not None:
+  return pos, kws, bufs
+
+
+def close_scope(ex, bufs, quiet: bool = False) -> None:
+  """Free a scope's buffers, last allocated first. `quiet`: unwinding after an error, so the
+  end-of-scope checks (semaphores left nonzero by the interrupted kernel, DMAs in flight) do not hide
+  the error that caused them."""
+  for b in reversed(bufs):
+    if b is None:
+      continue
+    if not quiet:
       ex.free(b)
-  return result
+      continue
+    try:
+      ex.free(b)
+    except PalaceError:
+      pass
 
 
 def with_scoped(*types, collective_axes=(), **kw_types):
@@ -239,16 +258,13 @@ def resolve_device_id(ex, device_id):
   """device_id (tuple of mesh coords, dict of changed axes, or int) -> a core/chip address dict."""
   if device_id is None:
     return None
-  resolve = getattr(ex, "resolve_device_id", None)
-  if resolve is None:
-    raise UsageError("device_id is only meaningful on a multi-core or multi-chip machine.")
   if isinstance(device_id, dict):
     device_id = {k: concrete_int(v, "device_id") for k, v in device_id.items()}
   elif isinstance(device_id, (tuple, list)):
     device_id = tuple(concrete_int(v, "device_id") for v in device_id)
   else:
     device_id = concrete_int(device_id, "device_id")
-  return resolve(device_id)
+  return ex.resolve_device_id(device_id)
 
 
 # ------------------------------------------------------------------ mesh axes

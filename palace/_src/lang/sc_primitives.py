@@ -10,8 +10,9 @@ import numpy as np
 
 from palace._src import dtypes as dt
 from palace._src import executor
+from palace._src.executor import OpClass
 from palace._src.errors import OutOfBoundsError, ShapeError, UsageError
-from palace._src.lang import numpy_ops as jnp
+from palace._src.lang.numpy_base import _out
 from palace._src.lang.array import Array, concrete_int, concrete_value, ready_of
 from palace._src.lang.primitives import loop
 from palace._src.lang.refs import Ref
@@ -45,7 +46,7 @@ def _idx_tuple(ref: Ref, indices):
   return tuple(full)
 
 
-def _charge(ref_or_shape, dtype, ready, op="cheap"):
+def _charge(ref_or_shape, dtype, ready, op=OpClass.CHEAP):
   ex = executor.current("a SparseCore op")
   shape = ref_or_shape if isinstance(ref_or_shape, tuple) else ref_or_shape.shape
   return ex.vector_op(op, shape, dtype, ready)
@@ -70,7 +71,7 @@ def load_gather(ref: Ref, indices, *, mask=None):
   if m is not None:
     data = np.where(m, data, np.zeros((), ref.dtype))
   ready = _charge(data.shape, ref.dtype, max(ready_of(*(indices if isinstance(indices, (list, tuple))
-                                                        else [indices])), ref.buf.ready_cycle), "load")
+                                                        else [indices])), ref.buf.ready_cycle), OpClass.LOAD)
   return Array(np.asarray(data, ref.dtype).copy(), data.shape, ref.dtype, ready)
 
 
@@ -90,7 +91,7 @@ def _scatter(ref: Ref, indices, x, mask, add: bool):
       np.add.at(ref.buf.storage, idx, vals)
     else:
       ref.buf.storage[idx] = vals
-  done = _charge(vals.shape, ref.dtype, ready_of(x), "store")
+  done = _charge(vals.shape, ref.dtype, ready_of(x), OpClass.STORE)
   ref.buf.ready_cycle = max(ref.buf.ready_cycle, done)
 
 
@@ -115,7 +116,7 @@ def load_expanded(ref: Ref, *, mask):
   out = np.zeros(ref.shape, ref.dtype)
   k = int(m.sum())
   out[m] = np.asarray(src).reshape(-1)[:k]
-  return Array(out, out.shape, ref.dtype, _charge(out.shape, ref.dtype, ref.buf.ready_cycle, "load"))
+  return Array(out, out.shape, ref.dtype, _charge(out.shape, ref.dtype, ref.buf.ready_cycle, OpClass.LOAD))
 
 
 def _compressed(ref: Ref, x, mask, add: bool) -> None:
@@ -133,7 +134,7 @@ def _compressed(ref: Ref, x, mask, add: bool) -> None:
     else:
       flat[:packed.size] = packed
     view[...] = flat.reshape(view.shape)
-  _charge(vals.shape, ref.dtype, ready_of(x), "store")
+  _charge(vals.shape, ref.dtype, ready_of(x), OpClass.STORE)
 
 
 def store_compressed(ref: Ref, x, *, mask):
@@ -146,9 +147,9 @@ def addupdate_compressed(ref: Ref, x, *, mask):
   _compressed(ref, x, mask, add=True)
 
 
-def _vector_result(x, data, dtype=None, op="cheap"):
+def _vector_result(x, data, dtype=None, op=OpClass.CHEAP):
   d = dt.canonicalize(dtype) if dtype is not None else x.dtype
-  return jnp._out(np.asarray(data, d), tuple(np.shape(data)), d, ready_of(x), op, True)
+  return _out(np.asarray(data, d), tuple(np.shape(data)), d, ready_of(x), op, True)
 
 
 def cumsum(x, *, mask=None):
@@ -156,7 +157,7 @@ def cumsum(x, *, mask=None):
   m = _mask(mask, v.shape[0])
   if m is not None:
     v = np.where(m, v, 0)
-  return _vector_result(x, np.cumsum(v).astype(x.dtype), op="reduce_lane")
+  return _vector_result(x, np.cumsum(v).astype(x.dtype), op=OpClass.REDUCE_LANE)
 
 
 def cummax(x, *, mask=None):
@@ -165,7 +166,7 @@ def cummax(x, *, mask=None):
   if m is not None:
     low = np.finfo(v.dtype).min if v.dtype.kind == "f" else np.iinfo(v.dtype).min
     v = np.where(m, v, low)
-  return _vector_result(x, np.maximum.accumulate(v), op="reduce_lane")
+  return _vector_result(x, np.maximum.accumulate(v), op=OpClass.REDUCE_LANE)
 
 
 def sort_key_val(keys, values, *, mask=None, descending=False):
@@ -177,8 +178,8 @@ def sort_key_val(keys, values, *, mask=None, descending=False):
     order = np.lexsort((order_keys, ~m))
   else:
     order = np.argsort(order_keys, kind="stable")
-  ks = _vector_result(keys, k[order], op="xlu")
-  vs = _vector_result(values, v[order], op="xlu")
+  ks = _vector_result(keys, k[order], op=OpClass.XLU)
+  vs = _vector_result(values, v[order], op=OpClass.XLU)
   if m is None:
     return ks, vs
   return ks, vs, _vector_result(keys, m[order], dtype=dt.bool_)
@@ -187,14 +188,14 @@ def sort_key_val(keys, values, *, mask=None, descending=False):
 def all_reduce_population_count(x, *, reduce: int = 1):
   """Number of True lanes, in every lane of an int32 vector (an all-reduce across lanes)."""
   v = _vals(x).astype(bool)
-  return _vector_result(x, np.full(v.shape, int(v.sum()), np.int32), dtype=dt.int32, op="reduce_lane")
+  return _vector_result(x, np.full(v.shape, int(v.sum()), np.int32), dtype=dt.int32, op=OpClass.REDUCE_LANE)
 
 
 def all_reduce_ffs(x, *, reduce: int = 1):
   """Index of the first True lane (the lane count if none), in every lane."""
   v = _vals(x).astype(bool)
   first = int(np.argmax(v)) if v.any() else v.shape[0]
-  return _vector_result(x, np.full(v.shape, first, np.int32), dtype=dt.int32, op="reduce_lane")
+  return _vector_result(x, np.full(v.shape, first, np.int32), dtype=dt.int32, op=OpClass.REDUCE_LANE)
 
 
 def bitcast(x, dtype):
@@ -203,12 +204,11 @@ def bitcast(x, dtype):
 
 def subcore_barrier() -> None:
   """Barrier across the vector subcores of this SparseCore."""
-  ex = executor.current("plsc.subcore_barrier()")
-  barrier = getattr(ex, "subcore_barrier", None)
-  if barrier is None:
+  sc = executor.current("plsc.subcore_barrier()").sparsecore
+  if sc is None:
     raise UsageError("plsc.subcore_barrier() is only valid on SparseCore vector subcores "
                      "(a plsc.VectorSubcoreMesh kernel).")
-  barrier()
+  sc.subcore_barrier()
 
 
 def parallel_loop(lower, upper, step=1, *, unroll=1, carry=None):
@@ -220,7 +220,10 @@ def fetch_and_add(x_ref: Ref, value, *, subcore_id):
   """Atomically add `value` to the SMEM scalar `x_ref` of vector subcore `subcore_id` of this
   SparseCore; returns the old value."""
   ex = executor.current("plsc.fetch_and_add()")
-  target = ex.peer_subcore_buffer(x_ref.buf, concrete_int(subcore_id, "subcore_id"))
+  if ex.sparsecore is None:
+    raise UsageError(f"plsc.fetch_and_add() {ex.where()}: it adds to an SMEM scalar of a SparseCore "
+                     f"vector subcore; run it in a plsc.VectorSubcoreMesh kernel.")
+  target = ex.sparsecore.peer_subcore_buffer(x_ref.buf, concrete_int(subcore_id, "subcore_id"))
   ex.note_access(target, x_ref._np_index, "r", (), atomic=True)
   ex.note_access(target, x_ref._np_index, "w", (), atomic=True)
   old = target.storage[x_ref._np_index].copy()

@@ -7,8 +7,10 @@ from palace._src import dtypes as dt
 from palace._src import executor
 from palace._src.core import SemaphoreType
 from palace._src.errors import ShapeError, UsageError
-from palace._src.executor import DmaRequest
+from palace._src.executor import DmaRequest, OpClass
 from palace._src.lang import numpy_ops as jnp
+from palace._src.lang.numpy_base import _out
+from palace._src.lang import context
 from palace._src.lang.array import concrete_value, ready_of
 from palace._src.lang.primitives import (axis_index, axis_size, resolve_device_id, run_scoped,
                                          sem_target, semaphore_signal, semaphore_wait)
@@ -20,6 +22,40 @@ from palace._src.util import tree_flatten, user_site
 def _check_ref(x, what):
   if not isinstance(x, (Ref, IndexedRef)):
     raise UsageError(f"DMA {what} must be a ref (or a ref view `.at[...]`); got {type(x).__name__}.")
+
+
+_current_ex = executor._current.get  # executor.maybe_current without a Python frame
+
+
+class PreparedCopy(DmaRequest):
+  """A DMA validated and resolved once (views, semaphore slots, device id, byte count): the executor's
+  request itself, with the language's start/wait. They only hand this request to the current core, so
+  they are cheap and one prepared copy can be issued again and again (the pipeline re-issues the copy
+  of a revisited block). Made by `AsyncCopyDescriptor.prepare()` and `prepare_window_copy`. It keeps
+  no reference to the core (traces keep requests; they must not keep machines alive)."""
+  __slots__ = ()
+
+  def start(self) -> None:
+    (_current_ex() or executor.current("a DMA start")).dma_start(self)
+
+  def wait(self) -> None:
+    """Until the destination semaphore got this copy's bytes (the data landed)."""
+    (_current_ex() or executor.current("a DMA wait")).dma_wait(self, "recv")
+
+  def wait_send(self) -> None:
+    """Until the source semaphore got this copy's bytes (the data left; remote copies)."""
+    (_current_ex() or executor.current("a DMA wait")).dma_wait(self, "send")
+
+
+def prepare_window_copy(src_buf, src_index, dst_buf, dst_index, shape, sem, *, nbytes: int, site,
+                        labels) -> PreparedCopy:
+  """A local copy between two windows given in resolved form: (buffer, NumPy index) each, with the
+  destination semaphore as a (buffer, index) slot from `sem_target`. For callers that already proved
+  what `make_async_copy` checks (equal shapes and dtypes, in-bounds windows), such as the pipeline,
+  whose block slots are allocated with the block's shape and dtype. `labels` is a (source, destination)
+  pair of ref-like objects with `origin()`, read only when a message names the copy."""
+  return PreparedCopy(src_buf, src_index, dst_buf, dst_index, shape, sem[0], sem[1], None, (), False, None,
+                      None, site, labels, nbytes)
 
 
 class AsyncCopyDescriptor:
@@ -41,14 +77,14 @@ class AsyncCopyDescriptor:
     self.device_id = device_id
     self.core_index = core_index
     self.is_remote = is_remote
-    self._req = None
+    self._prepared = None  # the PreparedCopy of the last .start()
     self._site = site  # None: the user's line is captured at .start()
     self._unused = None  # the executor that tracks this descriptor until it is started or waited
 
   def _track_unused(self):
     """make_async_copy descriptors must be started or waited (checked at kernel end, with this site)."""
     ex = executor.maybe_current()
-    if ex is not None and getattr(ex, "unused_dmas", None) is not None:
+    if ex is not None:
       ex.unused_dmas[id(self)] = (user_site(), f"{self.src_ref.origin()} -> {self.dst_ref.origin()}",
                                   self)
       self._unused = ex
@@ -59,7 +95,11 @@ class AsyncCopyDescriptor:
       self._unused.unused_dmas.pop(id(self), None)
       self._unused = None
 
-  def _request(self, ex, add=False) -> DmaRequest:
+  def prepare(self, ex=None, *, add: bool = False) -> PreparedCopy:
+    """Resolve this copy once for the current core: semaphore slots, the remote device, indexed rows
+    (SparseCore gathers/scatters) and the byte count. The result starts and waits without re-checking."""
+    ex = ex or executor.current("AsyncCopyDescriptor.prepare()")
+    self._used()
     sem_buf = sem_idx = None
     if self.sem is not None:
       sem_buf, sem_idx = sem_target(self.sem, "DMA semaphore")
@@ -68,10 +108,10 @@ class AsyncCopyDescriptor:
       ssb, ssi = sem_target(self.src_sem, "DMA source semaphore")
     dev = resolve_device_id(ex, self.device_id) if self.device_id is not None else None
     src, dst = self.src_ref, self.dst_ref
-    req = DmaRequest(src.buf, None if isinstance(src, IndexedRef) else src._np_index, dst.buf,
-                     None if isinstance(dst, IndexedRef) else dst._np_index, src.shape, sem_buf,
-                     sem_idx, ssb, ssi, add, dev, self.core_index, self._site or user_site(),
-                     (src, dst), src.nbytes)
+    req = PreparedCopy(src.buf, None if isinstance(src, IndexedRef) else src._np_index, dst.buf,
+                       None if isinstance(dst, IndexedRef) else dst._np_index, src.shape, sem_buf,
+                       sem_idx, ssb, ssi, add, dev, self.core_index, self._site or user_site(),
+                       (src, dst), src.nbytes)
     if isinstance(src, IndexedRef) or isinstance(dst, IndexedRef):
       _indexed_request(ex, req, src, dst)
     return req
@@ -81,24 +121,23 @@ class AsyncCopyDescriptor:
     if self.sem is None:
       raise UsageError("This DMA has no semaphore; pass one to make_async_copy or use pltpu.sync_copy.")
     self._used()
-    self._req = self._request(ex, add)
-    ex.dma_start(self._req)
+    self._prepared = self.prepare(ex, add=add)
+    self._prepared.start()
     return self
 
-  def _req_for_wait(self, ex):
+  def _for_wait(self, ex) -> PreparedCopy:
     self._used()
-    return self._req if self._req is not None else self._request(ex)
+    return self._prepared if self._prepared is not None else self.prepare(ex)
 
   def wait(self):
     ex = executor.current("AsyncCopyDescriptor.wait()")
-    req = self._req if self._unused is None and self._req is not None else self._req_for_wait(ex)
+    p = self._prepared if self._unused is None and self._prepared is not None else self._for_wait(ex)
     if self.src_sem is not None and self.is_remote:
-      ex.dma_wait(req, "send")
-    ex.dma_wait(req, "recv")
+      p.wait_send()
+    p.wait()
 
   def wait_recv(self):
-    ex = executor.current("AsyncCopyDescriptor.wait_recv()")
-    ex.dma_wait(self._req_for_wait(ex), "recv")
+    self._for_wait(executor.current("AsyncCopyDescriptor.wait_recv()")).wait()
 
   wait_write = wait_recv
 
@@ -106,7 +145,7 @@ class AsyncCopyDescriptor:
     ex = executor.current("AsyncCopyDescriptor.wait_send()")
     if self.src_sem is None:
       raise UsageError("wait_send() needs a send semaphore (make_async_remote_copy / src_sem=...).")
-    ex.dma_wait(self._req_for_wait(ex), "send")
+    self._for_wait(ex).wait_send()
 
   wait_read = wait_send
 
@@ -127,7 +166,7 @@ def _indexed_request(ex, req, src, dst) -> None:
   req.mask = mask
   used = int(mask.sum()) if mask is not None else side.n
   row_bytes = side.nbytes // max(side.n, 1)
-  granule = getattr(ex, "dma_granule_bytes", 0) or 1
+  granule = ex.dma_granule_bytes or 1
   req.nbytes = used * (-(-row_bytes // granule) * granule)
 
 
@@ -170,8 +209,7 @@ def sync_copy(src_ref, dst_ref, *, add: bool = False) -> None:
 
 def get_barrier_semaphore(tag=None) -> Ref:
   """The barrier semaphore of this kernel, selected by CompilerParams(collective_id=...)."""
-  ex = executor.current("pltpu.get_barrier_semaphore()")
-  sem = getattr(ex, "barrier_sem", None)
+  sem = context.current("pltpu.get_barrier_semaphore()").barrier_sem
   if sem is None:
     raise UsageError("pltpu.get_barrier_semaphore() needs CompilerParams(collective_id=...) on the "
                      "kernel (pallas_call compiler_params / pl.kernel compiler_params).")
@@ -243,7 +281,7 @@ def bitcast(x, ty, dim: int = -2):
   if x._data is not None:
     moved = np.ascontiguousarray(np.moveaxis(x._data, ax, -1))
     data = np.moveaxis(moved.view(d), -1, ax)
-  return jnp._out(data, tuple(new), d, ready_of(x), "free", True)
+  return _out(data, tuple(new), d, ready_of(x), OpClass.FREE, True)
 
 
 # ------------------------------------------------------------------ PRNG (per-core, deterministic)
@@ -271,15 +309,14 @@ def prng_seed(*seeds) -> None:
   s = 0
   for v in seeds:
     s = (s * 1_000_003 + int(concrete_value(v))) & 0xFFFFFFFFFFFFFFFF
-  ex.prng = _Prng(s)
+  context.current("pltpu.prng_seed()").prng = _Prng(s)
   ex.scalar_op()
 
 
 def prng_random_bits(shape):
-  ex = executor.current("pltpu.prng_random_bits()")
-  gen = getattr(ex, "prng", None)
+  gen = context.current("pltpu.prng_random_bits()").prng
   if gen is None:
     raise UsageError("pltpu.prng_random_bits() before pltpu.prng_seed(): seed the generator first.")
   shape = tuple(int(s) for s in shape)
   data = gen.bits(shape)
-  return jnp._out(data, shape, dt.int32, 0, "cheap", True)
+  return _out(data, shape, dt.int32, 0, OpClass.CHEAP, True)

@@ -1,4 +1,5 @@
-"""Host side of a launch (L5): operands to HBM buffers, outputs back to NumPy, one report per launch."""
+"""Host side of a launch (L5): operands to HBM buffers and results back to NumPy or jax.Arrays, output
+fill values, the shard_map context of a launch, interpret= options. Shared by the front ends and run.py."""
 from __future__ import annotations
 
 import contextlib
@@ -8,12 +9,10 @@ import sys
 import numpy as np
 
 from palace._src import dtypes as dt
-from palace._src import blas, executor
 from palace._src.core import (Buffer, CompilerParams, InterpretParams, MemoryRef, MemorySpace,
-                              SemaphoreType, ShapeDtypeStruct)
+                              ShapeDtypeStruct)
 from palace._src.errors import ShapeError, UnsupportedError, UsageError
 from palace._src.lang.array import Array
-from palace._src.lang.primitives import scoped
 from palace._src.lang.refs import Ref
 from palace._src.sim.machine import VirtualTPU, active_tpu
 from palace._src.util import tree_flatten, tree_map, user_frame_summary
@@ -112,23 +111,6 @@ def set_spmd_context(ctx):
   return _spmd.set(ctx)
 
 
-def execute(kname: str, build, grid_steps: int = 0) -> None:
-  """Run one launch. `build(machine, chip_index) -> [(core, fn)]` adds this chip's cores and returns
-  their programs. Outside shard_map the launch runs on chip 0 alone; inside, every chip's thread
-  reaches the same launch and one machine runs the whole pod (see spmd.py)."""
-  ctx = _spmd.get()
-  if ctx is not None:
-    ctx[0].collective_launch(ctx[1], kname, build, grid_steps)
-    return
-  tpu = active_tpu()
-  machine = tpu.new_machine(kname)
-  with blas.kernel_mode():
-    machine.run(build(machine, 0))
-  machine.grid_steps = grid_steps
-  tpu.record(machine.finish())
-  release_host_caches(machine)
-
-
 def release_host_caches(machine) -> None:
   """End of a launch: the language side's per-core host caches give their memory back (hostmem)."""
   for core in machine.cores:
@@ -164,19 +146,3 @@ def interpret_context(interpret):
                      uninitialized=parent.uninitialized)
   with child:
     yield
-
-
-def with_barrier_semaphore(params: CompilerParams, fn):
-  """Allocate the barrier semaphore selected by CompilerParams(collective_id=...) around fn()."""
-  if params.collective_id is None:
-    return fn()
-
-  def body(sem):
-    ex = executor.current()
-    ex.barrier_sem = sem
-    try:
-      return fn()
-    finally:
-      ex.barrier_sem = None
-
-  return scoped(body, (SemaphoreType.BARRIER,), {}, "barrier_semaphore")

@@ -5,15 +5,14 @@ import functools
 
 import numpy as np
 
-from palace._src.launch import host as launch
-from palace._src.core import Buffer, MemoryRef, MemorySpace, SemaphoreRefType, TensorCoreMesh
-from palace._src.sim.subcore import SC_BASE, SCALAR_BASE
-from palace._src.launch.sc_mesh import ScalarSubcoreMesh, VectorSubcoreMesh, check_for_chip
+from palace._src.core import MemoryRef, MemorySpace, SemaphoreRefType, TensorCoreMesh
 from palace._src.errors import UsageError
-from palace._src.lang.primitives import scoped
+from palace._src.launch import host as launch
+from palace._src.launch.plan import ENTRIES, OUTPUT, TREE, LaunchPlan, Operand, Output, Stage
+from palace._src.launch.run import run
+from palace._src.launch.sc_mesh import ScalarSubcoreMesh, VectorSubcoreMesh
 from palace._src.lang.refs import Ref
-from palace._src.lang.tpu_primitives import sync_copy
-from palace._src.util import tree_flatten, tree_unflatten
+from palace._src.util import tree_flatten, tree_unflatten, user_site
 
 _NOT_GIVEN = object()
 
@@ -45,7 +44,8 @@ def kernel(body=_NOT_GIVEN, out_type=(), *, mesh, scratch_types=(), compiler_par
   def call(*args):
     launch.check_interpret(interpret, kname)
     with launch.interpret_context(interpret):
-      return _run(body, kname, out_type, mesh, scratch_types, params, args)
+      plan, operands = _plan([body], kname, out_type, [mesh], scratch_types, params, args)
+      return launch.like_inputs(tree_unflatten(plan.output_tree, run(plan, operands)), args)
 
   return call
 
@@ -58,7 +58,8 @@ def _mpmd_kernel(bodies, out_type, meshes, scratch_types, compiler_params, name)
   kname = name or "_".join(getattr(b, "__name__", "kernel") for b in bodies)
 
   def call(*args):
-    return _run(list(bodies), kname, out_type, list(meshes), scratch_types, params, args)
+    plan, operands = _plan(list(bodies), kname, out_type, list(meshes), scratch_types, params, args)
+    return launch.like_inputs(tree_unflatten(plan.output_tree, run(plan, operands)), args)
 
   return call
 
@@ -80,15 +81,14 @@ def _closure_check(body, passed_bufs, kname):
           f"only close over scalars and refs; pass the array as an input instead.")
 
 
-def _run(body, kname, out_type, mesh, scratch_types, params, args):
-  bodies = body if isinstance(body, list) else [body]
-  meshes = mesh if isinstance(mesh, list) else [mesh]
+def _plan(bodies, kname, out_type, meshes, scratch_types, params, args):
+  """(LaunchPlan, operands) of one call: arrays converted, mutable refs checked, outputs typed."""
   for m in meshes:
     if not isinstance(m, (TensorCoreMesh, VectorSubcoreMesh, ScalarSubcoreMesh)):
       raise UsageError(f"pl.kernel mesh must be a pltpu.TensorCoreMesh, plsc.VectorSubcoreMesh or "
                        f"plsc.ScalarSubcoreMesh; got {m!r}.")
   in_leaves, in_td = tree_flatten(tuple(args), is_leaf=lambda x: isinstance(x, Ref))
-  in_bufs, passed = [], set()
+  values, passed = [], set()
   for i, a in enumerate(in_leaves):
     if isinstance(a, Ref):
       if a.buf.storage is None:
@@ -99,97 +99,27 @@ def _run(body, kname, out_type, mesh, scratch_types, params, args):
       if a.buf.memory_space not in (MemorySpace.ANY, MemorySpace.HBM):
         raise UsageError(f"args[{i}] is a {a.buf.memory_space} ref; only HBM refs exist on the host.")
       passed.add(a.buf)
-      in_bufs.append(a)
+      values.append(a)
     else:
-      arr = launch.to_host_array(a, f"args[{i}]")
-      in_bufs.append(Ref(launch.hbm_input(arr, f"args[{i}]")))
+      values.append(launch.to_host_array(a, f"args[{i}]"))
   for b in bodies:
     _closure_check(b, passed, kname)
   out_leaves, out_td = tree_flatten(out_type, is_leaf=lambda x: hasattr(x, "shape"))
   outs = [launch.out_struct(o, f"out_type[{i}]") for i, o in enumerate(out_leaves)]
-  out_hbm = [Buffer(launch.uninitialized(s, d), s, d, MemorySpace.ANY, f"outputs[{i}]")
-             for i, (s, d, sp) in enumerate(outs)]
-  vmem_outs = [(i, MemoryRef(s, d, sp)) for i, (s, d, sp) in enumerate(outs)
-               if sp in (MemorySpace.VMEM, MemorySpace.SMEM)]
-  scratch_is_dict = isinstance(scratch_types, dict)
-
-  def program(body):
-    def with_out_mem(*mem_refs):
-      out_refs = [Ref(b) for b in out_hbm]
-      for (i, _), r in zip(vmem_outs, mem_refs):
-        out_refs[i] = r
-
-      def with_scratch(*scr, **kw_scr):
-        # as in JAX: inputs keep their pytree structure; a sequence out_type is splatted, any other
-        # out_type (one struct, a dict, ...) is passed as one argument
-        ins = tree_unflatten(in_td, in_bufs)
-        outs = tree_unflatten(out_td, out_refs)
-        outs = tuple(outs) if isinstance(out_type, (list, tuple)) else (outs,)
-        res = body(*ins, *outs, *scr, **kw_scr)
-        if res is not None:
-          raise UsageError(f"Kernel '{kname}' returned {type(res).__name__}; pl.kernel bodies must "
-                           f"return None and write their results to output refs.")
-
-      if scratch_is_dict:
-        scoped(with_scratch, (), scratch_types, "scratch")
-      else:
-        scoped(with_scratch, _as_tuple(scratch_types), {}, "scratch")
-      for (i, _), r in zip(vmem_outs, mem_refs):
-        sync_copy(r, Ref(out_hbm[i]))
-
-    launch.with_barrier_semaphore(
-        params, lambda: scoped(with_out_mem, [t for _, t in vmem_outs], {}, "outputs"))
-
-  def build(machine, chip_index):
-    for r in in_bufs:
-      r.buf.chip = chip_index
-    for b in out_hbm:
-      b.chip = chip_index
-    machine.register_hbm(chip_index, [r.buf for r in in_bufs] + out_hbm)
-    programs = []
-    for b, m in zip(bodies, meshes):
-      for core in _make_cores(machine, chip_index, m, params, kname):
-        programs.append((core, functools.partial(program, b)))
-    return programs
-
-  launch.execute(kname, build)
-  return launch.like_inputs(tree_unflatten(out_td, [b.storage for b in out_hbm]), args)
-
-
-def _make_cores(machine, chip_index, mesh, params, kname):
-  chip = machine.chip
-  env = machine.chip_axis_env(chip_index)
-  if isinstance(mesh, TensorCoreMesh):
-    n = chip.num_tensorcores_per_device if mesh.num_cores is None else mesh.num_cores
-    if n > chip.num_tensorcores_per_device or n < 1:
-      raise UsageError(
-          f"TensorCoreMesh(num_cores={n}) for kernel '{kname}': {chip.name} has "
-          f"{chip.num_tensorcores_per_device} TensorCore(s) per device"
-          + (" (7x exposes each TensorCore as its own device)" if chip.name == "7x" else "") + ".")
-    cores = [machine.add_core(chip_index, c, {**env, mesh.axis_name: (c, n)}, params) for c in range(n)]
-    for c in cores:
-      c.mesh_axes = [(mesh.axis_name, n)]
-    return cores
-  check_for_chip(mesh, chip)
-  if isinstance(mesh, VectorSubcoreMesh):
-    nc, ns = mesh.num_cores, mesh.num_subcores
-    cores = []
-    for c in range(nc):
-      for s in range(ns):
-        core = machine.add_sparse_subcore(chip_index, c, s, {**env, mesh.core_axis_name: (c, nc),
-                                                             mesh.subcore_axis_name: (s, ns)}, params)
-        core.mesh_axes = [(mesh.core_axis_name, nc), (mesh.subcore_axis_name, ns)]
-        core.core_id_base = SC_BASE
-        cores.append(core)
-    return cores
-  cores = []
-  for c in range(mesh.num_cores):
-    core = machine.add_sparse_subcore(chip_index, c, 0, {**env, mesh.axis_name: (c, mesh.num_cores)},
-                                      params, scalar=True)
-    core.mesh_axes = [(mesh.axis_name, mesh.num_cores)]
-    core.core_id_base = SCALAR_BASE
-    cores.append(core)
-  return cores
+  outputs = tuple(Output(f"outputs[{i}]", s, d, sp) for i, (s, d, sp) in enumerate(outs))
+  # outputs typed pltpu.VMEM/SMEM: the body writes a scoped copy, copied to HBM after it
+  staged = [(i, MemoryRef(s, d, sp)) for i, (s, d, sp) in enumerate(outs)
+            if sp in (MemorySpace.VMEM, MemorySpace.SMEM)]
+  staged = tuple(Stage(OUTPUT, i, t, f"outputs[{j}]") for j, (i, t) in enumerate(staged))
+  operands = tuple(Operand(v.buf.name if isinstance(v, Ref) else f"args[{i}]", v.shape, v.dtype)
+                   for i, v in enumerate(values))
+  # as in JAX: inputs keep their pytree structure; a sequence out_type is splatted, any other
+  # out_type (one struct, a dict, ...) is passed as one argument
+  plan = LaunchPlan(kname, user_site(), params, operands, in_td, outputs, out_td,
+                    outputs_as=ENTRIES if isinstance(out_type, (list, tuple)) else TREE, staged=staged,
+                    scratch=scratch_types if isinstance(scratch_types, dict) else _as_tuple(scratch_types),
+                    bodies=tuple(bodies), meshes=tuple(meshes))
+  return plan, values
 
 
 def _as_tuple(x):

@@ -3,21 +3,14 @@ from __future__ import annotations
 
 import functools
 import inspect
-import itertools
 
-import numpy as np
-
+from palace._src.blocks import canonicalize
+from palace._src.core import BlockSpec, GridSpec, MemoryRef, MemorySpace, no_block_spec
+from palace._src.errors import ShapeError, UsageError
 from palace._src.launch import host as launch
-from palace._src.blocks import BLOCKED, SQUEEZED, canonicalize
-from palace._src.core import (CORE_PARALLEL, PARALLEL, BlockSpec, GridSpec, MemoryRef, MemorySpace,
-                              SemaphoreRefType, canonical_semantics, no_block_spec)
-from palace._src.errors import ResourceError, ShapeError, UsageError
-from palace._src.lang.primitives import scoped
-from palace._src.lang.refs import Ref
-from palace._src.lang.tpu_primitives import sync_copy
-from palace._src.pipeline import run_pipeline
-from palace._src.util import fmt_bytes, tree_flatten, tree_unflatten
-from palace._src.core import Buffer
+from palace._src.launch.plan import OPERAND, OUTPUT, LaunchPlan, Operand, Output, Stage
+from palace._src.launch.run import run
+from palace._src.util import tree_flatten, tree_unflatten, user_site
 
 
 def _is_spec_leaf(x):
@@ -114,10 +107,6 @@ def _returns_none(kernel, kname):
   return body
 
 
-def _is_type_leaf(x):
-  return isinstance(x, (MemoryRef, SemaphoreRefType))
-
-
 def pallas_call(kernel, out_shape, *, grid_spec=None, grid=(), in_specs=no_block_spec,
                 out_specs=no_block_spec, scratch_shapes=(), input_output_aliases=None, debug=False,
                 interpret=False, name=None, compiler_params=None, cost_estimate=None, metadata=None,
@@ -147,12 +136,15 @@ def pallas_call(kernel, out_shape, *, grid_spec=None, grid=(), in_specs=no_block
   def call(*args):
     launch.check_interpret(interpret, kname)
     with launch.interpret_context(interpret):
-      return _call(kernel, kname, out_shape, g, grid_spec, aliases, params, args)
+      plan, arrays = _plan(kernel, kname, out_shape, g, grid_spec, aliases, params, args)
+      return launch.like_inputs(tree_unflatten(plan.output_tree, run(plan, arrays)), args)
 
   return call
 
 
-def _call(kernel, kname, out_shape, grid, grid_spec, aliases, params, args):
+def _plan(kernel, kname, out_shape, grid, grid_spec, aliases, params, args):
+  """(LaunchPlan, operand arrays) of one call: operands converted and checked, BlockSpecs canonicalised
+  into block mappings, arities and aliases validated."""
   nsp = grid_spec.num_scalar_prefetch
   if len(args) < nsp:
     raise UsageError(f"pallas_call '{kname}' expects {nsp} scalar-prefetch operands; got {len(args)}.")
@@ -165,185 +157,43 @@ def _call(kernel, kname, out_shape, grid, grid_spec, aliases, params, args):
       raise UsageError(f"pallas_call '{kname}': grid {grid} has a negative size.")
   pre_arrays = [launch.to_host_array(a, f"scalar_prefetch[{i}]") for i, a in enumerate(pre_leaves)]
   in_arrays = [launch.to_host_array(a, f"args[{i + nsp}]") for i, a in enumerate(in_leaves)]
-  n_idx_args = nsp
   kernel, in_specs, out_specs, scratch = _absent_entries(
       kernel, nsp, args[nsp:], grid_spec.in_specs, out_shape, grid_spec.out_specs, grid_spec.scratch_shapes)
   in_specs = _flatten_specs(in_specs, len(in_arrays), "in_specs")
   out_specs = _flatten_specs(out_specs, len(out_leaves), "out_specs")
-  in_maps = [canonicalize(s, a.shape, a.dtype, f"args[{i + nsp}]", n_idx_args)
+  in_maps = [canonicalize(s, a.shape, a.dtype, f"args[{i + nsp}]", nsp)
              for i, (s, a) in enumerate(zip(in_specs, in_arrays))]
   outs = [launch.out_struct(o, f"out_shape[{i}]") for i, o in enumerate(out_leaves)]
   out_maps = []
   for i, (s, (shape, dtype, space)) in enumerate(zip(out_specs, outs)):
     if space in (MemorySpace.VMEM, MemorySpace.SMEM) and (s is no_block_spec or s.block_shape is None):
       s = BlockSpec(memory_space=space)
-    out_maps.append(canonicalize(s, shape, dtype, f"outputs[{i}]", n_idx_args))
+    out_maps.append(canonicalize(s, shape, dtype, f"outputs[{i}]", nsp))
   _check_arities(kernel, kname, grid, nsp, in_specs + out_specs, in_maps + out_maps, len(in_maps),
                  len(out_maps), scratch)
-  kernel = _returns_none(kernel, kname)
-  # HBM buffers
-  all_in = pre_arrays + in_arrays
-  out_bufs = []
-  aliased_outs = set(aliases.values())
-  lazy = set() if launch.eager_output_init() else \
-      {i for i, m in enumerate(out_maps) if m.pipelined and i not in aliased_outs and _tileable(m)}
-  for i, (shape, dtype, _) in enumerate(outs):
-    # Pipelined outputs start as np.empty and only blocks never written back are filled afterwards
-    # (same result as filling everything first, without touching every page twice).
-    storage = np.empty(shape, dtype) if i in lazy else launch.uninitialized(shape, dtype)
-    out_bufs.append(Buffer(storage, shape, dtype, MemorySpace.ANY, f"outputs[{i}]"))
-  written = {}
+  arrays = pre_arrays + in_arrays
+  operands = [Operand(f"scalar_prefetch[{i}]", a.shape, a.dtype) for i, a in enumerate(pre_arrays)]
+  operands += [Operand(f"args[{i + nsp}]", a.shape, a.dtype) for i, a in enumerate(in_arrays)]
+  outputs = [Output(f"outputs[{i}]", shape, dtype, space) for i, (shape, dtype, space) in enumerate(outs)]
   for a_in, a_out in aliases.items():
-    if not (0 <= a_in < len(all_in) and 0 <= a_out < len(out_bufs)):
+    if not (0 <= a_in < len(operands) and 0 <= a_out < len(outputs)):
       raise UsageError(f"input_output_aliases {{{a_in}: {a_out}}} refers to a missing operand; there "
-                       f"are {len(all_in)} inputs and {len(out_bufs)} outputs.")
-    src = all_in[a_in]
-    ob = out_bufs[a_out]
+                       f"are {len(operands)} inputs and {len(outputs)} outputs.")
+    src, ob = operands[a_in], outputs[a_out]
     if src.shape != ob.shape or src.dtype != ob.dtype:
       raise ShapeError(f"input_output_aliases {{{a_in}: {a_out}}}: input {src.dtype}{list(src.shape)} "
                        f"and output {ob.dtype}{list(ob.shape)} must have the same shape and dtype.")
-    ob.storage = src.copy()
-  scratch_is_dict = isinstance(scratch, dict)
-
-  def program(points, pre_bufs, in_bufs):
-    launch.with_barrier_semaphore(params, functools.partial(_program, points, pre_bufs, in_bufs))
-
-  def _program(points, pre_bufs, in_bufs):
-    smem_types = [MemoryRef(a.shape, a.dtype, MemorySpace.SMEM) for a in pre_arrays]
-    smem_in = [(k, m) for k, m in enumerate(in_maps) if m.space == MemorySpace.SMEM]
-    smem_out = [(k, m) for k, m in enumerate(out_maps) if m.space == MemorySpace.SMEM]
-    smem_types += [MemoryRef(m.array_shape, m.dtype, MemorySpace.SMEM) for _, m in smem_in + smem_out]
-
-    def with_smem(*smem_refs):
-      pre_refs = list(smem_refs[:len(pre_arrays)])
-      for r, b in zip(pre_refs, pre_bufs):
-        sync_copy(Ref(b), r)
-      in_refs = [Ref(b) for b in in_bufs]
-      out_refs = [Ref(b) for b in out_bufs]
-      rest = smem_refs[len(pre_arrays):]
-      for (k, _), r in zip(smem_in, rest):
-        sync_copy(in_refs[k], r)
-        in_refs[k] = r
-      for (k, _), r in zip(smem_out, rest[len(smem_in):]):
-        out_refs[k] = r
-      pre_tree = tree_unflatten(pre_td, pre_refs)
-
-      def with_scratch(*scr, **kw_scr):
-        run_pipeline(kernel, grid, in_maps, out_maps, in_refs, out_refs, lead_args=tuple(pre_tree),
-                     tail_args=scr, tail_kwargs=kw_scr, index_args=tuple(pre_tree), points=points,
-                     written=written)
-
-      if scratch_is_dict:
-        scoped(with_scratch, (), scratch, "scratch")
-      else:
-        scoped(with_scratch, tuple(scratch), {}, "scratch")
-      for (k, _), r in zip(smem_out, rest[len(smem_in):]):
-        sync_copy(r, Ref(out_bufs[k]))
-
-    smem_names = ([f"scalar_prefetch[{i}]" for i in range(len(pre_arrays))] +
-                  [m.name for _, m in smem_in + smem_out])
-    scoped(with_smem, smem_types, {}, "smem", names=smem_names)
-
-  def build(machine, chip_index):
-    core_points = megacore_split(machine.chip, grid, params.dimension_semantics, kname)
-    env = machine.chip_axis_env(chip_index)
-    cores = [machine.add_core(chip_index, c, env, params) for c in range(len(core_points))]
-    _check_vmem(cores[0], kname, in_maps + out_maps, scratch)
-    pre_bufs = [launch.hbm_input(a, f"scalar_prefetch[{i}]", chip_index)
-                for i, a in enumerate(pre_arrays)]
-    in_bufs = [launch.hbm_input(a, f"args[{i + nsp}]", chip_index) for i, a in enumerate(in_arrays)]
-    for b in out_bufs:
-      b.chip = chip_index  # each chip's outputs live on it (remote DMAs to chip 0 found the sender's own)
-    machine.register_hbm(chip_index, pre_bufs + in_bufs + out_bufs)
-    return [(c, functools.partial(program, pts, pre_bufs, in_bufs)) for c, pts in zip(cores, core_points)]
-
-  try:
-    launch.execute(kname, build, _num_points(grid))
-  finally:
-    for i in lazy:
-      _fill_unwritten(out_bufs[i].storage, out_maps[i], written.get(i, set()))
-  results = [b.storage for b in out_bufs]
-  return launch.like_inputs(tree_unflatten(out_td, results), args)
-
-
-def _tileable(m) -> bool:
-  """Blocks of this output tile its array (Blocked / squeezed dims), so unwritten ones are findable."""
-  return all(kind in (BLOCKED, SQUEEZED) for kind, _, _ in m.dims)
-
-
-def _fill_unwritten(storage, m, written) -> None:
-  """Give every element outside the written-back blocks the uninitialised value (NaN / int min)."""
-  counts = [-(-dim // size) if kind == BLOCKED else dim
-            for (kind, size, _), dim in zip(m.dims, m.array_shape)]
-  done = np.zeros(counts, bool)
-  for offs in written:
-    done[tuple(off // size if kind == BLOCKED else off
-               for (kind, size, _), off in zip(m.dims, offs))] = True
-  if done.all():
-    return
-  fill = launch.uninitialized((), storage.dtype)
-  for blk in zip(*np.nonzero(~done)):
-    storage[tuple(slice(b * size, (b + 1) * size) if kind == BLOCKED else b
-                  for (kind, size, _), b in zip(m.dims, blk))] = fill
-
-
-def megacore_split(chip, grid, semantics, kname):
-  """Grid points per TensorCore. On megacore chips (v4, v5p) the first 'parallel'/'core_parallel' axis
-  of the leading run of such axes is split into contiguous ranges, one per core (uneven when it does
-  not divide); 'arbitrary' axes stay on one core. Elsewhere every point runs on core 0."""
-  points = list(itertools.product(*[range(g) for g in grid]))
-  if semantics is None:
-    return [points]
-  sem = [canonical_semantics(x) for x in semantics]
-  if len(sem) != len(grid):
-    raise UsageError(f"pallas_call '{kname}': dimension_semantics has {len(sem)} entries for a grid of "
-                     f"{len(grid)} axes {grid}.")
-  n = chip.num_tensorcores_per_device
-  if n < 2:
-    return [points]
-  axis = None
-  for a, x in enumerate(sem):
-    if x not in (PARALLEL, CORE_PARALLEL):
-      break
-    if grid[a] >= n:
-      axis = a
-      break
-  if axis is None:
-    return [points]
-  size = grid[axis]
-  bounds = [(c * size) // n for c in range(n + 1)]
-  return [[p for p in points if bounds[c] <= p[axis] < bounds[c + 1]] for c in range(n)]
-
-
-def _num_points(grid) -> int:
-  n = 1
-  for g in grid:
-    n *= g
-  return n
-
-
-def _check_vmem(core, kname, maps, scratch):
-  """Fail before running when the pipeline buffers and scratch exceed the scoped VMEM limit."""
-  rows = []
-  for m in maps:
-    if m.pipelined:
-      rows.append((f"{m.name} {m.buffer_count} x {fmt_bytes(m.block_bytes)} block "
-                   f"{m.dtype}{list(m.block_shape)}", m.buffer_count * m.block_bytes))
-  leaves, _ = tree_flatten(scratch, is_leaf=_is_type_leaf)
-  for i, t in enumerate(leaves):
-    if isinstance(t, MemoryRef) and t.memory_space == MemorySpace.VMEM:
-      rows.append((f"scratch[{i}] {fmt_bytes(t.nbytes)}", t.nbytes))
-  total = sum(b for _, b in rows)
-  if total > core.vmem_limit:
-    detail = " + ".join(r for r, _ in rows)
-    chip = core.chip
-    need = -(-(total + chip.internal_scratch_bytes) // 2**20) * 2**20   # whole MiB
-    fix = (f"or raise CompilerParams(vmem_limit_bytes=...) to at least {need} ({fmt_bytes(need)}; "
-           f"{chip.name} has {fmt_bytes(chip.vmem_bytes)} of VMEM)" if need <= chip.vmem_bytes else
-           f"raising vmem_limit_bytes cannot help: {chip.name} has only {fmt_bytes(chip.vmem_bytes)} of VMEM")
-    raise ResourceError(
-        f"VMEM over capacity for kernel '{kname}' on chip 0 core 0 ({chip.name}): "
-        f"{fmt_bytes(total)} requested ({detail}) but the scoped VMEM limit leaves "
-        f"{fmt_bytes(core.vmem_limit)} (limit {fmt_bytes(core.vmem_limit + chip.internal_scratch_bytes)}"
-        f" minus {fmt_bytes(chip.internal_scratch_bytes)} Mosaic internal scratch). Reduce block "
-        f"sizes or pipeline buffer_count (pl.Buffered(1) for blocks that do not change), {fix}.")
+  # scalar prefetch, then SMEM in/out BlockSpecs: whole arrays staged in SMEM around the pipeline
+  npre = len(pre_arrays)
+  staged = [Stage(OPERAND, i, MemoryRef(a.shape, a.dtype, MemorySpace.SMEM), f"scalar_prefetch[{i}]")
+            for i, a in enumerate(pre_arrays)]
+  staged += [Stage(OPERAND, npre + k, MemoryRef(m.array_shape, m.dtype, MemorySpace.SMEM), m.name)
+             for k, m in enumerate(in_maps) if m.space == MemorySpace.SMEM]
+  staged += [Stage(OUTPUT, k, MemoryRef(m.array_shape, m.dtype, MemorySpace.SMEM), m.name)
+             for k, m in enumerate(out_maps) if m.space == MemorySpace.SMEM]
+  plan = LaunchPlan(kname, user_site(), params, tuple(operands), pre_td, tuple(outputs), out_td,
+                    aliases=dict(aliases), staged=tuple(staged),
+                    scratch=scratch if isinstance(scratch, dict) else tuple(scratch),
+                    bodies=(_returns_none(kernel, kname),), grid=grid, in_maps=tuple(in_maps),
+                    out_maps=tuple(out_maps))
+  return plan, arrays

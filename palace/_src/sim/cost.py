@@ -18,22 +18,24 @@ import math
 import numpy as np
 
 from palace._src import dtypes as dt
+from palace._src.executor import OpClass as _C
 from palace._src.hw import MXU_CLASS_BITS, ChipSpec
 
-# op class -> (unit, unit-ops per 32-bit (8,128) tile, result latency cycles). Modelling assumptions
-# built on [details] cost classes and [SB-tpus] appendix A (see the module docstring).
+# op class (executor.OpClass: the language's names for kinds of vector work) -> (unit, unit-ops per
+# 32-bit (8,128) tile, result latency cycles). Modelling assumptions built on [details] cost classes
+# and [SB-tpus] appendix A (see the module docstring).
 VECTOR_CLASSES = {
-    "cheap": ("vpu", 1, 2),            # + - * max min where compare cast: 1-cycle issue, 2 latency
-    "broadcast": ("vpu", 1, 2),
-    "medium": ("vpu", 4, 8),           # divide / pow / integer div: a few VPU ops (Newton steps)
-    "transcendental": ("eup", 1, 16),  # exp / log / tanh / rsqrt: one EUP push per tile
-    "expensive": ("vpu", 16, 16),      # sin / cos: a polynomial on the VPU ([details]: expensive)
-    "reduce_sublane": ("vpu", 1, 4),   # second-minor reductions: in-lane shuffles, ~1 cycle per roll
-    "reduce_lane": ("xlu", 2, 32),     # last-dim reductions: cross-lane unit, "slow and fairly expensive"
-    "xlu": ("xlu", 2, 32),             # minor-dim transposes, relayouts, rolls
-    "load": ("vld", 1, 4),             # vreg loads (packed tiles)
-    "store": ("vst", 1, 2),            # vreg stores (packed tiles)
-    "free": (None, 0, 0),              # leading-dim reshapes / transposes
+    _C.CHEAP: ("vpu", 1, 2),            # + - * max min where compare cast: 1-cycle issue, 2 latency
+    _C.BROADCAST: ("vpu", 1, 2),
+    _C.MEDIUM: ("vpu", 4, 8),           # divide / pow / integer div: a few VPU ops (Newton steps)
+    _C.TRANSCENDENTAL: ("eup", 1, 16),  # exp / log / tanh / rsqrt: one EUP push per tile
+    _C.EXPENSIVE: ("vpu", 16, 16),      # sin / cos: a polynomial on the VPU ([details]: expensive)
+    _C.REDUCE_SUBLANE: ("vpu", 1, 4),   # second-minor reductions: in-lane shuffles, ~1 cycle per roll
+    _C.REDUCE_LANE: ("xlu", 2, 32),     # last-dim reductions: cross-lane unit, "slow and fairly expensive"
+    _C.XLU: ("xlu", 2, 32),             # minor-dim transposes, relayouts, rolls
+    _C.LOAD: ("vld", 1, 4),             # vreg loads (packed tiles)
+    _C.STORE: ("vst", 1, 2),            # vreg stores (packed tiles)
+    _C.FREE: (None, 0, 0),              # leading-dim reshapes / transposes
 }
 
 UNITS = ("scalar", "vld", "vst", "vpu", "eup", "xlu", "mxu")

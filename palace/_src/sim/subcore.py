@@ -16,6 +16,7 @@ import math
 
 from palace._src import dtypes as dt
 from palace._src.core import MemorySpace
+from palace._src.executor import OpClass as _C
 from palace._src.errors import UnsupportedError, UsageError
 from palace._src.sim.dma import Channel
 from palace._src.sim.tensorcore import SemSlot, TensorCore
@@ -49,6 +50,7 @@ class SparseSubcore(TensorCore):
     self.share_group = (chip_index, "sc", sc_index)
     self.label = f"sc{sc_index} scalar" if scalar else f"sc{sc_index} subcore {subcore}"
     self.barrier_gen = 0
+    self.sparsecore = self    # the SparseCore sub-protocol (executor.SparseCoreExecutor)
 
   def alloc(self, mem_type, name: str, shared: bool = False):
     """Scalar subcores have no TileSpmem: in an MPMD kernel their VMEM scratch entries are None."""
@@ -68,15 +70,16 @@ class SparseSubcore(TensorCore):
         f" in kernel '{self.kernel_name}'"
 
   def vector_op(self, op_class: str, shape, dtype, ready: int) -> int:
-    if op_class == "free":
+    if op_class == _C.FREE:
       return ready
     n = 1
     for s in shape:
       n *= s
     width = self.lanes * dt.packing(dtype if hasattr(dtype, "itemsize") else dt.int32)
-    per = {"medium": 4, "transcendental": 4, "expensive": 16, "reduce_lane": 2, "xlu": 2}.get(op_class, 1)
+    per = {_C.MEDIUM: 4, _C.TRANSCENDENTAL: 4, _C.EXPENSIVE: 16, _C.REDUCE_LANE: 2,
+           _C.XLU: 2}.get(op_class, 1)
     busy = max(1, math.ceil(n / width)) * per
-    unit = "vld" if op_class == "load" else ("vst" if op_class == "store" else "vpu")
+    unit = "vld" if op_class == _C.LOAD else ("vst" if op_class == _C.STORE else "vpu")
     return self._issue(unit, busy, 2, ready, op_class)
 
   def subcore_barrier(self) -> None:

@@ -110,6 +110,7 @@ class TensorCore:
     self.label = f"core {core_id}"
     self.mesh_axes = []       # [(axis name, size)] of the core-level mesh this core runs in
     self.core_id_base = 0     # core id of mesh position 0 (SparseCore subcores are numbered apart)
+    self.sparsecore = None    # executor.SparseCoreExecutor on SparseCore subcores
     self.named_buffers = {}   # key -> Buffer, to find "the same" buffer on another core or chip
 
   # ------------------------------------------------------------------ messages

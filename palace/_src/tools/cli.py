@@ -143,7 +143,7 @@ def run(file, script_args, chip, num_chips, timing_only, trace, trace_dir, timel
   try:
     with tpu:
       if jax_source:
-        from palace._src.tools.compat import run_path
+        from palace._src.tools.compat.loader import run_path
         run_path(path, "__main__", script_args)
       else:
         runpy.run_path(path, run_name="__main__")

@@ -1,0 +1,147 @@
+"""Shared helpers of `palace.numpy` (L4a): operand conversion, result wrapping, dtype arguments.
+
+Every op of the topic modules (numpy_dtypes, numpy_elementwise, numpy_creation, numpy_reductions,
+numpy_shape, numpy_indexing, numpy_linalg) ends in `_out`: inside a kernel the result is an `Array`
+charged to the virtual core through the executor (`vector_op` / `scalar_op`); on the host (no kernel
+running) it is plain NumPy data with JAX's dtype defaults (int32 / float32).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from palace._src import dtypes as dt
+from palace._src import executor
+from palace._src.errors import ShapeError, UsageError
+from palace._src.lang.array import Array
+from palace._src.util import user_frame_summary
+
+_F32 = dt.float32
+_I32 = dt.int32
+_I32_MIN, _I32_MAX = -2**31, 2**31 - 1
+_current_ex = executor._current.get  # executor.maybe_current without a Python frame
+
+
+_FLOATS = frozenset({dt.float32, dt.bfloat16, dt.float16, dt.float8_e4m3fn, dt.float8_e5m2})
+_COMPUTE = {dt.bfloat16: _F32, dt.float16: _F32, dt.float8_e4m3fn: _F32, dt.float8_e5m2: _F32}
+
+
+def _compute_dtype(d: np.dtype) -> np.dtype:
+  """Arithmetic dtype for result dtype d: narrow floats go through float32."""
+  return _COMPUTE.get(d, d)
+
+
+def _np(x, d: np.dtype | None = None):
+  """Operand -> NumPy value (in dtype d if given)."""
+  if isinstance(x, Array):
+    v = x._data
+    if d is not None and v is not None and v.dtype != d:
+      v = v.astype(d)
+    return v
+  if d is None:
+    return np.asarray(x)
+  try:
+    return np.asarray(x, dtype=d)
+  except OverflowError:
+    raise ShapeError(f"Python int {x} is out of range for {d}: a weak Python scalar takes the dtype of the "
+                     f"array it meets (JAX raises OverflowError too); expected a value that fits {d}. Use "
+                     f"an explicit jnp.int32(...) or widen the array with .astype(jnp.int32). "
+                     f"({user_frame_summary()})") from None
+
+
+def _out(data, shape, dtype, ready, op_class, any_array):
+  """Wrap a result: an Array charged to the core inside a kernel, NumPy data on the host."""
+  ex = _current_ex()
+  if ex is None:
+    if any_array:
+      raise UsageError("A palace.Array was used outside its kernel.")
+    return np.asarray(data, dtype=dtype) if data is not None else np.zeros(shape, dtype)
+  if ex.timing_only and shape:
+    data = None
+  if shape:
+    ready = ex.vector_op(op_class, shape, dtype, ready)
+  else:
+    ready = ex.scalar_op(ready)
+  return Array(data, shape, dtype, ready)
+
+
+def _shape_of(x):
+  if isinstance(x, Array):
+    return x.shape
+  if isinstance(x, (bool, int, float)):
+    return ()
+  shape = getattr(x, "shape", None)
+  return tuple(shape) if shape is not None else np.shape(x)
+
+
+def _is_arr(*xs):
+  for x in xs:
+    if isinstance(x, Array):
+      return True
+  return False
+
+
+def _has_data(*xs):
+  for x in xs:
+    if isinstance(x, Array) and x._data is None:
+      return False
+  return True
+
+
+
+def _broadcast_shapes(name: str, args) -> tuple:
+  shapes = [_shape_of(a) for a in args]
+  try:
+    return np.broadcast_shapes(*shapes)
+  except ValueError:
+    ex = executor.maybe_current()
+    raise ShapeError(f"Incompatible shapes for jnp.{name}{' ' + ex.where() if ex else ''}: "
+                     f"{', '.join(str(s) for s in shapes)}; expected shapes that broadcast (equal, or 1, in "
+                     f"each trailing dim). ({user_frame_summary()})") from None
+
+
+def _weak_promotes(args, strong: np.dtype) -> bool:
+  """True when a weak Python scalar changes the result type (float with ints/bool, int with bool)."""
+  if dt.is_float(strong):
+    return False
+  for a in args:
+    if type(a) is float or (type(a) is int and strong == dt.bool_):
+      return True
+  return False
+
+
+def _dtype_arg(dtype, api: str) -> np.dtype:
+  """A user-supplied dtype: 64-bit types are an error inside a kernel and narrowed (as JAX does without
+  x64) on the host."""
+  d = dt.canonicalize(dtype, keep_64bit=True)
+  if dt.is_64bit(d):
+    ex = executor.maybe_current()
+    if ex is None:
+      return dt.narrowed(d)
+    raise ShapeError(f"Unsupported dtype for {api} {ex.where()}: {d}; expected a 32-bit or narrower "
+                     f"type, TPUs have no 64-bit types. Use {dt.narrowed(d)}. ({user_frame_summary()})")
+  return d
+
+
+def _default_dtype(x):
+  if isinstance(x, (np.ndarray, np.generic)):
+    return dt.canonicalize(x.dtype)
+  return dt.canonicalize(np.asarray(x).dtype)
+
+
+def _shape_arg(shape):
+  if isinstance(shape, (int, np.integer)):
+    return (int(shape),)
+  return tuple(int(s) for s in shape)
+
+
+def _norm_axes(axis, ndim):
+  if axis is None:
+    return tuple(range(ndim))
+  axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+  out = []
+  for a in axes:
+    a = int(a)
+    if not -ndim <= a < ndim:
+      raise ShapeError(f"Reduction axis {a} is out of range for an array of rank {ndim}.")
+    out.append(a % ndim)
+  return tuple(sorted(out))

@@ -1,0 +1,131 @@
+"""`palace.numpy` dtypes (L4a): the scalar types (jnp.float32 & co.), dtype queries and conversions."""
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import numpy as np
+
+from palace._src import dtypes as dt
+from palace._src.executor import OpClass
+from palace._src.lang import deferred
+from palace._src.lang.array import Array, dtype_of, ready_of
+from palace._src.lang.deferred import Deferred
+from palace._src.lang.numpy_base import (_F32, _current_ex, _default_dtype, _dtype_arg, _has_data, _is_arr,
+                                         _np, _out, _shape_of)
+
+_IMPORTED = frozenset(globals())  # names above are imports, not this module's API
+
+
+class _ScalarType(type):
+  """`jnp.float32` & co.: usable wherever a dtype is (np.dtype(jnp.float32), ==, dtype=...) and callable
+  like JAX's scalar types: `jnp.float32(x)` is `jnp.asarray(x, jnp.float32)`."""
+
+  def __call__(cls, x):
+    return asarray(x, cls.dtype)
+
+  def __eq__(cls, other):
+    try:
+      return cls.dtype == np.dtype(other)
+    except TypeError:
+      return NotImplemented
+
+  def __hash__(cls):
+    return hash(cls.dtype)
+
+  def __getattr__(cls, name):
+    if name.startswith("_"):  # numpy probes protocols (__array_interface__, _type_, ...) on dtype-likes
+      raise AttributeError(name)
+    return getattr(cls.dtype, name)
+
+  def __repr__(cls):
+    return f"jnp.{cls.dtype.name}"
+
+
+def _scalar_type(d: np.dtype) -> _ScalarType:
+  return _ScalarType(d.name, (), {"dtype": d})
+
+
+
+# dtype names re-exported by palace.numpy
+float32, bfloat16, float16 = _scalar_type(dt.float32), _scalar_type(dt.bfloat16), _scalar_type(dt.float16)
+float8_e4m3fn, float8_e5m2 = _scalar_type(dt.float8_e4m3fn), _scalar_type(dt.float8_e5m2)
+int8, int16, int32 = _scalar_type(dt.int8), _scalar_type(dt.int16), _scalar_type(dt.int32)
+uint8, uint16, uint32 = _scalar_type(dt.uint8), _scalar_type(dt.uint16), _scalar_type(dt.uint32)
+int4, uint4, bool_ = _scalar_type(dt.int4), _scalar_type(dt.uint4), _scalar_type(dt.bool_)
+float64, int64 = _scalar_type(np.dtype(np.float64)), _scalar_type(np.dtype(np.int64))
+finfo, iinfo = ml_dtypes.finfo, ml_dtypes.iinfo
+pi, e, inf, nan = math.pi, math.e, math.inf, math.nan
+newaxis = None
+ndarray = Array
+dtype = np.dtype
+
+
+
+def astype(x, dtype):
+  d = _dtype_arg(dtype, "astype")
+  if isinstance(x, Array) and x.dtype == d:
+    return x
+  if type(x) is Deferred:
+    later = deferred.astype(_current_ex(), x, d)
+    if later is not None:
+      return later
+  data = None
+  if _has_data(x):
+    v = _np(x)
+    if dt.is_int(d) and dt.is_float(v.dtype):
+      if v.dtype.itemsize < 4:
+        v = v.astype(_F32)
+      v = np.nan_to_num(v, nan=0)  # TPU float->int conversion: NaN -> 0, saturating
+      info = np.iinfo(d) if d not in (dt.int4, dt.uint4) else None
+      if info is not None:
+        v = np.clip(v, info.min, info.max)
+    data = v.astype(d)
+  return _out(data, _shape_of(x), d, ready_of(x), OpClass.CHEAP, _is_arr(x))
+
+
+floating, inexact, number, integer = np.floating, np.inexact, np.number, np.integer
+signedinteger, unsignedinteger = np.signedinteger, np.unsignedinteger
+
+
+_ABSTRACT = (np.floating, np.inexact, np.number, np.integer, np.signedinteger, np.unsignedinteger, np.generic)
+
+
+def issubdtype(arg1, arg2) -> bool:
+  """`jnp.issubdtype`, with bfloat16 and fp8 as floating and int4/uint4 as integers (as in JAX)."""
+  d = dt.canonicalize(arg1, keep_64bit=True)
+  if arg2 not in _ABSTRACT:
+    return d == dt.canonicalize(arg2, keep_64bit=True)
+  if dt.is_float(d):
+    return arg2 in (np.floating, np.inexact, np.number, np.generic)
+  if d in (dt.int4, dt.uint4):
+    return arg2 in (np.integer, np.number, np.generic,
+                    np.signedinteger if d == dt.int4 else np.unsignedinteger)
+  return np.issubdtype(d, arg2)
+
+
+def promote_types(a, b) -> np.dtype:
+  """`jnp.promote_types`: JAX's (x64-disabled) promotion of two dtypes."""
+  return dt.result_type(dt.canonicalize(a), dt.canonicalize(b))
+
+
+def result_type(*args) -> np.dtype:
+  """`jnp.result_type` of arrays, dtypes and (weak) Python scalars."""
+  def one(a):
+    if isinstance(a, (bool, int, float)):
+      return a
+    return dtype_of(a) if isinstance(a, (Array, np.ndarray, np.generic)) else dt.canonicalize(a)
+  return dt.result_type(*[one(a) for a in args])
+
+
+def asarray(x, dtype=None):
+  if isinstance(x, Array):
+    return x if dtype is None else astype(x, dtype)
+  d = _dtype_arg(dtype, "jnp.asarray") if dtype is not None else _default_dtype(x)
+  return _out(np.asarray(x, dtype=d), np.shape(x), d, 0, OpClass.CHEAP, False)
+
+
+array = asarray
+
+
+__all__ = sorted(n for n in globals() if not n.startswith("_") and n not in _IMPORTED)

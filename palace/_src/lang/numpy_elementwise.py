@@ -1,0 +1,271 @@
+"""`palace.numpy` elementwise ops (L4a): arithmetic, comparisons, logic, bit ops, math functions, where.
+
+Numerics: narrow floats (bf16, f16, fp8) are computed in float32 and rounded once per op, which equals
+native bf16 arithmetic for + - * / and sqrt.
+"""
+from __future__ import annotations
+
+import math
+import operator as _operator
+
+import numpy as np
+
+from palace._src import dtypes as dt
+from palace._src import executor
+from palace._src.executor import OpClass
+from palace._src.errors import ShapeError, UsageError
+from palace._src.lang import deferred
+from palace._src.lang.array import Array, dtype_of, ready_of
+from palace._src.lang.deferred import Deferred
+from palace._src.lang.numpy_base import (_COMPUTE, _F32, _FLOATS, _I32, _I32_MAX, _I32_MIN, _broadcast_shapes,
+                                         _current_ex, _has_data, _is_arr, _np, _out, _weak_promotes)
+from palace._src.util import user_frame_summary
+
+_IMPORTED = frozenset(globals())  # names above are imports, not this module's API
+
+
+_PY_COMPARE = {np.equal: _operator.eq, np.not_equal: _operator.ne, np.less: _operator.lt,
+               np.less_equal: _operator.le, np.greater: _operator.gt, np.greater_equal: _operator.ge}
+
+
+def _elementwise(fn, op_class: str, result: str = "same", name: str = ""):
+  """Build an n-ary elementwise op. result: same | bool | float | int."""
+
+  scalar_fast = result in ("same", "bool")
+  py_compare = _PY_COMPARE.get(fn) if result == "bool" else None
+
+  def op(*args):
+    if scalar_fast and len(args) == 2:
+      # int32 scalar with a weak Python int (pl.program_id(i) == 0): the general path's steps, inlined
+      a, b = args
+      if type(a) is Array and type(b) is int and a.shape == () and a.dtype == _I32 and \
+          a._data is not None and _I32_MIN <= b <= _I32_MAX:
+        ex = _current_ex()
+        if py_compare is not None and ex is not None:
+          # both values are exact int32s: Python's comparison gives the ufunc's np.bool_ result
+          return Array(np.True_ if py_compare(int(a._data), b) else np.False_, (), dt.bool_,
+                       ex.scalar_op(a._ready))
+        try:
+          data = None if ex is None else fn(a._data, np.asarray(b, dtype=_I32))
+        except ValueError:  # invalid operands: the general path raises the error
+          data = None
+        if data is not None:
+          out_dtype = dt.bool_ if result == "bool" else _I32
+          if data.dtype != out_dtype:
+            data = data.astype(out_dtype)
+          return Array(data, (), out_dtype, ex.scalar_op(a._ready))
+    if len(args) == 2 and type(args[0]) is Array and type(args[1]) is Array and \
+        args[0].shape == args[1].shape and args[0].dtype == args[1].dtype:
+      # two Arrays of one shape and dtype (acc + dot): the pass below, whose result type is theirs
+      a, b = args
+      shape, rt, any_array = a.shape, a.dtype, True
+      has_data = a._data is not None and b._data is not None
+      ready = a._ready if a._ready > 0 else 0
+      if b._ready > ready:
+        ready = b._ready
+    else:
+      # One pass over the operands: shapes/dtypes for the fast path, readiness and data presence.
+      shape = strong = None
+      same = has_data = True
+      any_array = False
+      ready = 0
+      for a in args:
+        ta = type(a)
+        if ta is Array:
+          any_array = True
+          if a._data is None:
+            has_data = False
+          if a._ready > ready:
+            ready = a._ready
+          if shape is None:
+            shape, strong = a.shape, a.dtype
+          elif a.shape != shape or a.dtype != strong:
+            same = False
+        elif ta is not int and ta is not float and ta is not bool:
+          same = False
+          if isinstance(a, Array):
+            any_array = True
+            has_data = has_data and a._data is not None
+            ready = a._ready if a._ready > ready else ready
+      if same and strong is not None and (strong in _FLOATS or not _weak_promotes(args, strong)):
+        rt = strong
+      else:
+        rt = dt.result_type(*[dtype_of(a) for a in args])
+        shape = _broadcast_shapes(op.__name__, args)
+    if result == "float" and rt not in _FLOATS:
+      rt = _F32
+    out_dtype = dt.bool_ if result == "bool" else rt
+    data = None
+    ex = _current_ex()
+    if has_data and not (ex is not None and ex.timing_only and shape):
+      cd = _COMPUTE.get(rt, rt)
+      if len(args) == 2:  # the list below, unrolled for binary ops
+        a, b = args
+        vals = ((a._data if a._data.dtype == cd else a._data.astype(cd)) if type(a) is Array
+                else _np(a, cd),
+                (b._data if b._data.dtype == cd else b._data.astype(cd)) if type(b) is Array
+                else _np(b, cd))
+      else:
+        vals = [(a._data if a._data.dtype == cd else a._data.astype(cd)) if type(a) is Array
+                else _np(a, cd) for a in args]
+      try:
+        if ex is not None:  # kernels run under np.errstate(all="ignore") set once per core (sim)
+          data = fn(*vals)
+        else:
+          with np.errstate(all="ignore"):
+            data = fn(*vals)
+      except ValueError as e:  # e.g. integers to negative integer powers (JAX rejects them too)
+        raise ShapeError(f"Invalid operands for jnp.{op.__name__}{' ' + ex.where() if ex else ''}: {e} "
+                         f"(dtypes {', '.join(str(dtype_of(a)) for a in args)}). "
+                         f"({user_frame_summary()})") from None
+      if data.dtype != out_dtype:
+        data = data.astype(out_dtype)
+    if ex is None:
+      return _out(data, shape, out_dtype, ready, op_class, any_array)
+    if shape:  # = _out(...) inside a kernel, inlined
+      if ex.timing_only:
+        data = None
+      ready = ex.vector_op(op_class, shape, out_dtype, ready)
+    else:
+      ready = ex.scalar_op(ready)
+    return Array(data, shape, out_dtype, ready)
+
+  op.__name__ = name or getattr(fn, "__name__", "op")
+  op.__doc__ = f"Elementwise `{op.__name__}` (cost class: {op_class})."
+  return op
+
+
+def _int_only(fn, name):
+  def f(*args):
+    for a in args:
+      d = dtype_of(a)
+      if isinstance(d, np.dtype) and dt.is_float(d):
+        raise ShapeError(f"{name} requires integer or bool operands; got {d}.")
+    return fn(*args)
+  return f
+
+
+_add = _elementwise(np.add, OpClass.CHEAP, name="add")
+
+
+def add(x1, x2):
+  if type(x1) is Deferred or type(x2) is Deferred:  # a matmul sum grows without being computed
+    later = deferred.add(_current_ex(), x1, x2)
+    if later is not None:
+      return later
+  return _add(x1, x2)
+
+
+add.__doc__ = _add.__doc__
+subtract = _elementwise(np.subtract, OpClass.CHEAP, name="subtract")
+multiply = _elementwise(np.multiply, OpClass.CHEAP, name="multiply")
+true_divide = divide = _elementwise(np.true_divide, OpClass.MEDIUM, "float", name="divide")
+maximum = _elementwise(np.maximum, OpClass.CHEAP, name="maximum")
+minimum = _elementwise(np.minimum, OpClass.CHEAP, name="minimum")
+power = _elementwise(np.power, OpClass.MEDIUM, name="power")
+arctan2 = _elementwise(np.arctan2, OpClass.TRANSCENDENTAL, "float", name="arctan2")
+equal = _elementwise(np.equal, OpClass.CHEAP, "bool", name="equal")
+not_equal = _elementwise(np.not_equal, OpClass.CHEAP, "bool", name="not_equal")
+less = _elementwise(np.less, OpClass.CHEAP, "bool", name="less")
+less_equal = _elementwise(np.less_equal, OpClass.CHEAP, "bool", name="less_equal")
+greater = _elementwise(np.greater, OpClass.CHEAP, "bool", name="greater")
+greater_equal = _elementwise(np.greater_equal, OpClass.CHEAP, "bool", name="greater_equal")
+logical_and = _elementwise(np.logical_and, OpClass.CHEAP, "bool", name="logical_and")
+logical_or = _elementwise(np.logical_or, OpClass.CHEAP, "bool", name="logical_or")
+logical_xor = _elementwise(np.logical_xor, OpClass.CHEAP, "bool", name="logical_xor")
+logical_not = _elementwise(np.logical_not, OpClass.CHEAP, "bool", name="logical_not")
+bitwise_and = _int_only(_elementwise(np.bitwise_and, OpClass.CHEAP, name="bitwise_and"), "bitwise_and")
+bitwise_or = _int_only(_elementwise(np.bitwise_or, OpClass.CHEAP, name="bitwise_or"), "bitwise_or")
+bitwise_xor = _int_only(_elementwise(np.bitwise_xor, OpClass.CHEAP, name="bitwise_xor"), "bitwise_xor")
+bitwise_not = invert = _int_only(_elementwise(np.invert, OpClass.CHEAP, name="invert"), "invert")
+left_shift = _int_only(_elementwise(np.left_shift, OpClass.CHEAP, name="left_shift"), "left_shift")
+right_shift = _int_only(_elementwise(np.right_shift, OpClass.CHEAP, name="right_shift"), "right_shift")
+
+
+def _floor_div(a, b):
+  if a.dtype.kind in "iu":
+    with np.errstate(all="ignore"):
+      return np.floor_divide(a, np.where(b == 0, 1, b))
+  return np.floor_divide(a, b)
+
+
+def _mod(a, b):
+  if a.dtype.kind in "iu":
+    return np.remainder(a, np.where(b == 0, 1, b))
+  return np.remainder(a, b)
+
+
+floor_divide = _elementwise(_floor_div, OpClass.MEDIUM, name="floor_divide")
+remainder = mod = _elementwise(_mod, OpClass.MEDIUM, name="remainder")
+
+negative = _elementwise(np.negative, OpClass.CHEAP, name="negative")
+positive = _elementwise(np.positive, OpClass.CHEAP, name="positive")
+abs = absolute = _elementwise(np.abs, OpClass.CHEAP, name="abs")  # noqa: A001
+sign = _elementwise(np.sign, OpClass.CHEAP, name="sign")
+square = _elementwise(np.square, OpClass.CHEAP, name="square")
+floor = _elementwise(np.floor, OpClass.CHEAP, "float", name="floor")
+ceil = _elementwise(np.ceil, OpClass.CHEAP, "float", name="ceil")
+round = _elementwise(np.round, OpClass.CHEAP, "float", name="round")  # noqa: A001
+trunc = _elementwise(np.trunc, OpClass.CHEAP, "float", name="trunc")
+exp = _elementwise(np.exp, OpClass.TRANSCENDENTAL, "float", name="exp")
+exp2 = _elementwise(np.exp2, OpClass.TRANSCENDENTAL, "float", name="exp2")
+expm1 = _elementwise(np.expm1, OpClass.TRANSCENDENTAL, "float", name="expm1")
+log = _elementwise(np.log, OpClass.TRANSCENDENTAL, "float", name="log")
+log2 = _elementwise(np.log2, OpClass.TRANSCENDENTAL, "float", name="log2")
+log1p = _elementwise(np.log1p, OpClass.TRANSCENDENTAL, "float", name="log1p")
+tanh = _elementwise(np.tanh, OpClass.TRANSCENDENTAL, "float", name="tanh")
+sqrt = _elementwise(np.sqrt, OpClass.TRANSCENDENTAL, "float", name="sqrt")
+rsqrt = _elementwise(lambda x: 1.0 / np.sqrt(x), OpClass.TRANSCENDENTAL, "float", name="rsqrt")
+reciprocal = _elementwise(np.reciprocal, OpClass.TRANSCENDENTAL, "float", name="reciprocal")
+sin = _elementwise(np.sin, OpClass.EXPENSIVE, "float", name="sin")
+cos = _elementwise(np.cos, OpClass.EXPENSIVE, "float", name="cos")
+tan = _elementwise(np.tan, OpClass.EXPENSIVE, "float", name="tan")
+arctan = _elementwise(np.arctan, OpClass.EXPENSIVE, "float", name="arctan")
+sinh = _elementwise(np.sinh, OpClass.TRANSCENDENTAL, "float", name="sinh")
+cosh = _elementwise(np.cosh, OpClass.TRANSCENDENTAL, "float", name="cosh")
+isnan = _elementwise(np.isnan, OpClass.CHEAP, "bool", name="isnan")
+isinf = _elementwise(np.isinf, OpClass.CHEAP, "bool", name="isinf")
+isfinite = _elementwise(np.isfinite, OpClass.CHEAP, "bool", name="isfinite")
+logistic = _elementwise(lambda x: 1.0 / (1.0 + np.exp(-x)), OpClass.TRANSCENDENTAL, "float", name="logistic")
+
+
+def _erf(x):
+  """Vectorised erf in float64: Taylor series for |x| < 0.5, Abramowitz-Stegun 7.1.26 (abs error
+  1.5e-7, relative error < 3e-7 there) beyond; below float32 rounding everywhere."""
+  v = np.asarray(x, np.float64)
+  a = np.abs(v)
+  t = 1.0 / (1.0 + 0.3275911 * a)
+  poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+  far = 1.0 - poly * np.exp(-a * a)
+  v2 = v * v
+  near = a * (1.0 + v2 * (-1 / 3 + v2 * (1 / 10 + v2 * (-1 / 42 + v2 * (1 / 216 + v2 * (-1 / 1320 + v2
+                                                                                      / 9360))))))
+  near *= 2.0 / math.sqrt(math.pi)
+  return (np.sign(v) * np.where(a < 0.5, near, far)).astype(x.dtype)
+
+
+erf = _elementwise(_erf, OpClass.TRANSCENDENTAL, "float", name="erf")
+
+
+def where(condition, x=None, y=None):
+  """`jnp.where(c, x, y)` (the one-argument form is not available in kernels)."""
+  if x is None or y is None:
+    raise UsageError("jnp.where(condition) with one argument has a data-dependent shape; pass x and y.")
+  rt = dt.result_type(dtype_of(x), dtype_of(y))
+  shape = _broadcast_shapes("where", (condition, x, y))
+  data = None
+  ex = executor.maybe_current()
+  if not (ex is not None and ex.timing_only and shape) and _has_data(condition, x, y):
+    data = np.where(_np(condition, dt.bool_), _np(x, rt), _np(y, rt))
+  return _out(data, shape, rt, ready_of(condition, x, y), OpClass.CHEAP, _is_arr(condition, x, y))
+
+
+def clip(x, min=None, max=None):  # noqa: A002
+  if min is not None:
+    x = maximum(x, min)
+  if max is not None:
+    x = minimum(x, max)
+  return x
+
+
+__all__ = sorted(n for n in globals() if not n.startswith("_") and n not in _IMPORTED)

@@ -1,0 +1,100 @@
+"""`palace.numpy` reductions (L4a): sum, prod, max, min, mean, argmax, argmin, any, all, cumsum.
+
+Cost class by reduced axis: the last (lane) axis goes through the XLU, the second-minor (sublane) axis
+stays on the VPU, leading axes are plain elementwise work.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from palace._src import dtypes as dt
+from palace._src import executor
+from palace._src.executor import OpClass
+from palace._src.errors import ShapeError
+from palace._src.lang.array import Array, dtype_of, ready_of
+from palace._src.lang.numpy_base import (_F32, _compute_dtype, _default_dtype, _dtype_arg, _has_data, _is_arr,
+                                         _norm_axes, _np, _out, _shape_of)
+from palace._src.lang.numpy_shape import ravel
+
+_IMPORTED = frozenset(globals())  # names above are imports, not this module's API
+
+
+def _reduce_class(axes, ndim):
+  if ndim >= 1 and (ndim - 1) in axes:
+    return OpClass.REDUCE_LANE
+  if ndim >= 2 and (ndim - 2) in axes:
+    return OpClass.REDUCE_SUBLANE
+  return OpClass.CHEAP
+
+
+def _reduction(npfn, name, result="same"):
+  def op(a, axis=None, keepdims=False, dtype=None, **kw):
+    shape = _shape_of(a)
+    axes = _norm_axes(axis, len(shape))
+    in_d = dtype_of(a) if isinstance(a, Array) else _default_dtype(a)
+    if result == "index":
+      out_d = dt.int32
+    elif result == "bool":
+      out_d = dt.bool_
+    elif dtype is not None:
+      out_d = _dtype_arg(dtype, f"jnp.{name}")
+    elif name in ("sum", "prod") and (in_d == dt.bool_ or dt.is_int(in_d)):
+      out_d = _promoted_int(in_d)   # JAX promote_integers: narrow ints (and bool) sum in 32 bits
+    elif name == "mean" and not dt.is_float(in_d):
+      out_d = _F32
+    else:
+      out_d = in_d
+    out_shape = tuple((1 if i in axes else s) for i, s in enumerate(shape)) if keepdims else \
+        tuple(s for i, s in enumerate(shape) if i not in axes)
+    data = None
+    ex = executor.maybe_current()
+    if not (ex is not None and ex.timing_only and out_shape) and _has_data(a):
+      v = _np(a, _compute_dtype(out_d) if result == "same" else None)
+      with np.errstate(all="ignore"):
+        if result == "index":
+          if len(axes) != 1:
+            raise ShapeError(f"jnp.{name} takes a single axis; got axis={axis}.")
+          data = npfn(v, axis=axes[0], keepdims=keepdims)
+        else:
+          data = npfn(v, axis=axes, keepdims=keepdims)
+      data = np.asarray(data).astype(out_d, copy=False)
+    return _out(data, out_shape, out_d, ready_of(a), _reduce_class(axes, len(shape)), _is_arr(a))
+
+  op.__name__ = name
+  return op
+
+
+sum = _reduction(np.sum, "sum")  # noqa: A001
+prod = _reduction(np.prod, "prod")
+max = amax = _reduction(np.max, "max")  # noqa: A001
+min = amin = _reduction(np.min, "min")  # noqa: A001
+mean = _reduction(np.mean, "mean")
+argmax = _reduction(np.argmax, "argmax", "index")
+argmin = _reduction(np.argmin, "argmin", "index")
+any = _reduction(np.any, "any", "bool")  # noqa: A001
+all = _reduction(np.all, "all", "bool")  # noqa: A001
+
+
+def _promoted_int(d: np.dtype) -> np.dtype:
+  return dt.uint32 if d.kind == "u" or d == dt.uint4 else dt.int32
+
+
+def cumsum(a, axis=None, dtype=None):
+  """`jnp.cumsum` (axis=None scans the flattened array); narrow ints accumulate in 32 bits like JAX."""
+  if axis is None:
+    a = ravel(a)
+    axis = 0
+  in_d = dtype_of(a) if isinstance(a, Array) else _default_dtype(a)
+  if dtype is not None:
+    out_d = _dtype_arg(dtype, "jnp.cumsum")
+  elif dt.is_int(in_d) or in_d == dt.bool_:
+    out_d = _promoted_int(in_d)
+  else:
+    out_d = in_d
+  data = None
+  if _has_data(a):
+    data = np.cumsum(_np(a, _compute_dtype(out_d)), axis=axis).astype(out_d, copy=False)
+  return _out(data, _shape_of(a), out_d, ready_of(a), OpClass.REDUCE_LANE, _is_arr(a))
+
+
+__all__ = sorted(n for n in globals() if not n.startswith("_") and n not in _IMPORTED)

@@ -1,0 +1,157 @@
+"""`palace.numpy` shape ops (L4a): reshape, transpose, broadcast, concatenate, tile, repeat, roll, flip.
+
+Leading-dim reshapes and transposes are free; anything touching the two minor dims is XLU work.
+"""
+from __future__ import annotations
+
+import builtins
+
+import numpy as np
+
+from palace._src import dtypes as dt
+from palace._src import executor
+from palace._src.executor import OpClass
+from palace._src.errors import ShapeError
+from palace._src.lang.array import Array, dtype_of, ready_of
+from palace._src.lang.numpy_base import (_default_dtype, _has_data, _is_arr, _norm_axes, _np, _out,
+                                         _shape_arg, _shape_of)
+from palace._src.lang.numpy_dtypes import asarray
+
+_IMPORTED = frozenset(globals())  # names above are imports, not this module's API
+
+
+def _shape_op(a, fn, out_shape, op_class=OpClass.CHEAP):
+  data = None
+  ex = executor.maybe_current()
+  if not (ex is not None and ex.timing_only) and _has_data(a):
+    data = fn(_np(a))
+  d = a.dtype if isinstance(a, Array) else _default_dtype(a)
+  return _out(data, tuple(out_shape), d, ready_of(a), op_class, _is_arr(a))
+
+
+def reshape(a, *shape, order="C"):
+  if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
+    shape = tuple(shape[0])
+  src = _shape_of(a)
+  n = int(np.prod(src))
+  shape = list(int(s) for s in shape)
+  if -1 in shape:
+    k = shape.index(-1)
+    rest = int(np.prod([s for i, s in enumerate(shape) if i != k]))
+    shape[k] = n // builtins.max(rest, 1)
+  if int(np.prod(shape)) != n:
+    raise ShapeError(f"Cannot reshape an array of shape {src} into shape {tuple(shape)}.")
+  # Merging/splitting leading dims is free; touching the last two dims needs the XLU.
+  free = len(src) >= 2 and len(shape) >= 2 and src[-1] == shape[-1] and src[-2] == shape[-2]
+  return _shape_op(a, lambda v: v.reshape(shape), shape, OpClass.FREE if free else OpClass.XLU)
+
+
+def transpose(a, axes=None):
+  nd = len(_shape_of(a))
+  axes = tuple(reversed(range(nd))) if axes is None else tuple(int(x) % nd for x in axes)
+  out_shape = tuple(_shape_of(a)[i] for i in axes)
+  minor = nd >= 2 and axes[-2:] != (nd - 2, nd - 1)
+  return _shape_op(a, lambda v: np.transpose(v, axes), out_shape, OpClass.XLU if minor else OpClass.FREE)
+
+
+def swapaxes(a, axis1, axis2):
+  nd = len(_shape_of(a))
+  perm = list(range(nd))
+  perm[axis1], perm[axis2] = perm[axis2], perm[axis1]
+  return transpose(a, perm)
+
+
+def moveaxis(a, source, destination):
+  nd = len(_shape_of(a))
+  perm = [i for i in range(nd) if i != source % nd]
+  perm.insert(destination % nd, source % nd)
+  return transpose(a, perm)
+
+
+def broadcast_to(a, shape):
+  shape = _shape_arg(shape)
+  try:
+    np.broadcast_shapes(_shape_of(a), shape)
+  except ValueError:
+    raise ShapeError(f"Cannot broadcast shape {_shape_of(a)} to {shape}.") from None
+  if not isinstance(a, Array):
+    a = asarray(a)
+  return _shape_op(a, lambda v: np.broadcast_to(v, shape), shape, OpClass.BROADCAST)  # values are immutable
+
+
+def expand_dims(a, axis):
+  s = list(_shape_of(a))
+  axes = (axis,) if isinstance(axis, int) else tuple(axis)
+  for ax in sorted(x % (len(s) + len(axes)) for x in axes):
+    s.insert(ax, 1)
+  return _shape_op(a, lambda v: v.reshape(s), s, OpClass.FREE)
+
+
+def squeeze(a, axis=None):
+  s = _shape_of(a)
+  axes = tuple(i for i, n in enumerate(s) if n == 1) if axis is None else _norm_axes(axis, len(s))
+  out = [n for i, n in enumerate(s) if i not in axes]
+  return _shape_op(a, lambda v: v.reshape(out), out, OpClass.FREE)
+
+
+def ravel(a):
+  return reshape(a, -1)
+
+
+def concatenate(arrays, axis=0):
+  arrays = list(arrays)
+  rt = dt.result_type(*[dtype_of(a) for a in arrays])
+  shapes = [_shape_of(a) for a in arrays]
+  nd = len(shapes[0])
+  ax = axis % nd
+  for s in shapes:
+    if len(s) != nd or _any_mismatch(s, shapes[0], ax):
+      raise ShapeError(f"jnp.concatenate: shapes {shapes} differ outside axis {axis}.")
+  out_shape = list(shapes[0])
+  out_shape[ax] = builtins.sum(s[ax] for s in shapes)
+  data = None
+  ex = executor.maybe_current()
+  if not (ex is not None and ex.timing_only) and _has_data(*arrays):
+    data = np.concatenate([_np(a, rt) for a in arrays], axis=ax)
+  return _out(data, tuple(out_shape), rt, ready_of(*arrays), OpClass.CHEAP, _is_arr(*arrays))
+
+
+def _any_mismatch(s, ref, ax):
+  return builtins.any(a != b for i, (a, b) in enumerate(zip(s, ref)) if i != ax)
+
+
+def stack(arrays, axis=0):
+  return concatenate([expand_dims(a, axis) for a in arrays], axis=axis)
+
+
+def tile(a, reps):
+  reps = _shape_arg(reps)
+  s = _shape_of(a)
+  full_reps = (1,) * (len(s) - len(reps)) + reps if len(reps) < len(s) else reps
+  s2 = (1,) * (len(full_reps) - len(s)) + tuple(s)
+  out = tuple(x * r for x, r in zip(s2, full_reps))
+  return _shape_op(a, lambda v: np.tile(v, reps), out, OpClass.CHEAP)
+
+
+def repeat(a, repeats, axis=None):
+  s = list(_shape_of(a))
+  if axis is None:
+    out = [int(np.prod(s)) * repeats]
+  else:
+    out = list(s)
+    out[axis % len(s)] *= repeats
+  return _shape_op(a, lambda v: np.repeat(v, repeats, axis=axis), out, OpClass.XLU)
+
+
+def roll(a, shift, axis=None):
+  shift_v = int(shift._data) if isinstance(shift, Array) else int(shift)
+  nd = len(_shape_of(a))
+  cls = OpClass.XLU if axis is not None and axis % builtins.max(nd, 1) >= nd - 2 else OpClass.CHEAP
+  return _shape_op(a, lambda v: np.roll(v, shift_v, axis=axis), _shape_of(a), cls)
+
+
+def flip(a, axis=None):
+  return _shape_op(a, lambda v: np.flip(v, axis=axis), _shape_of(a), OpClass.XLU)
+
+
+__all__ = sorted(n for n in globals() if not n.startswith("_") and n not in _IMPORTED)

@@ -1,0 +1,114 @@
+"""The launch plan (L5): everything one kernel launch needs, as flat data, built by a front end.
+
+`pl.pallas_call` (launch/pallas_call.py) and `pl.kernel` (launch/kernel.py) validate the user's call and
+build a `LaunchPlan`; `launch/run.py`'s `run(plan, operands)` runs every plan the same way. A new front
+end (the JAX one, issue 17, from a jaxpr) only has to fill in these fields.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from palace._src.core import CompilerParams, MemoryRef, MemorySpace
+
+OPERAND, OUTPUT = "operand", "output"
+LEAVES, TREE, ENTRIES = "leaves", "tree", "entries"
+
+
+@dataclasses.dataclass(frozen=True)
+class Operand:
+  """One input leaf. `name` names its HBM buffer in messages (`args[2]`, `scalar_prefetch[0]`)."""
+  name: str
+  shape: tuple
+  dtype: np.dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class Output:
+  """One output leaf: an HBM array of `shape`/`dtype`, named `name` (`outputs[0]`). `memory_space`
+  is where the body sees it (ANY: the HBM ref itself; VMEM/SMEM: a staged copy, see `Stage`)."""
+  name: str
+  shape: tuple
+  dtype: np.dtype
+  memory_space: MemorySpace = MemorySpace.ANY
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+  """A scoped VMEM/SMEM copy of an operand or output around the body on every core: operands are
+  copied in before the body (scalar prefetch, SMEM BlockSpecs) and the body gets the copy; outputs are
+  copied back to HBM after it (pl.kernel outputs typed pltpu.VMEM/SMEM, SMEM out BlockSpecs)."""
+  kind: str                 # OPERAND | OUTPUT
+  index: int                # into LaunchPlan.operands / .outputs
+  type: MemoryRef           # the scoped allocation
+  name: str                 # the allocation's name in messages
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchPlan:
+  """One kernel launch, ready to run. Fields:
+
+  kernel_name   the name in reports, traces and messages.
+  site          (file, line) of the user's call that built the plan (`util.user_site()`).
+  params        the `pltpu.CompilerParams` (dimension_semantics, vmem_limit_bytes, collective_id, ...).
+  operands      input leaves in order; `run` receives one HBM value per entry (a NumPy array, or a
+                mutable `Ref` that the launch updates in place).
+  operand_tree  how the body receives the operands. Mesh launches: the body's leading positional
+                arguments are `tree_unflatten(operand_tree, refs)` (a tuple, splatted). Grid launches:
+                the treedef of the scalar-prefetch arguments only: they are the first
+                `operand_tree.num_leaves` operands, passed first and to every index map; each remaining
+                operand is a leaf with a block mapping in `in_maps`.
+  outputs       output leaves in order; `run` returns one NumPy array per entry.
+  output_tree   the treedef the front end rebuilds its result with (and the body's output arguments).
+  outputs_as    how the body receives the output refs: LEAVES (one positional argument each),
+                ENTRIES (the `output_tree` sequence splatted) or TREE (the whole tree as one argument).
+  aliases       {operand index: output index}: the output starts as a copy of the operand
+                (input_output_aliases), so its unwritten parts keep the input.
+  staged        `Stage`s: scoped memory-space copies of operands/outputs made around the body.
+  scratch       scratch allocation types: a tuple (positional refs after the outputs) or a dict
+                (keyword refs).
+  bodies        the kernel functions. Grid launches: one, run by the pipeline once per grid point.
+                Mesh launches: one per mesh (MPMD), each run once per core of its mesh; must return None.
+  meshes        None for a grid launch (its TensorCores come from the megacore split of `grid` under
+                `params.dimension_semantics`); else one TensorCoreMesh / VectorSubcoreMesh /
+                ScalarSubcoreMesh per body.
+  grid          grid launches: the grid sizes (a tuple of ints).
+  in_maps       grid launches: one `blocks.BlockMapping` per non-prefetch operand (BlockSpec ->
+                block shape, index map, memory space, buffer count); the pipeline turns them into DMAs.
+  out_maps      grid launches: one BlockMapping per output.
+  """
+  kernel_name: str
+  site: tuple
+  params: CompilerParams
+  operands: tuple
+  operand_tree: Any
+  outputs: tuple
+  output_tree: Any
+  outputs_as: str = LEAVES
+  aliases: dict = dataclasses.field(default_factory=dict)
+  staged: tuple = ()
+  scratch: Any = ()
+  bodies: tuple = ()
+  meshes: tuple | None = None
+  grid: tuple | None = None
+  in_maps: tuple = ()
+  out_maps: tuple = ()
+
+  @property
+  def is_grid(self) -> bool:
+    return self.meshes is None
+
+  @property
+  def num_prefetch(self) -> int:
+    """Grid launches: how many leading operands are scalar-prefetch leaves."""
+    return self.operand_tree.num_leaves if self.is_grid else 0
+
+  @property
+  def num_points(self) -> int:
+    n = 1
+    for g in self.grid or ():
+      n *= g
+    return n if self.is_grid else 0
+

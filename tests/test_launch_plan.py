@@ -1,0 +1,131 @@
+"""One flat launch plan (launch/plan.py) run by one function (launch/run.py): hand-built plans run like
+the front ends' (what the JAX front end will do), and a kernel body runs a few frames below the call."""
+import sys
+
+import numpy as np
+import pytest
+
+import palace as pl
+from palace import tpu as pltpu
+from palace._src.blocks import canonicalize
+from palace._src.core import BlockSpec, CompilerParams, MemorySpace, TensorCoreMesh
+from palace._src.errors import UsageError
+from palace._src.launch.plan import ENTRIES, LEAVES, LaunchPlan, Operand, Output
+from palace._src.launch.run import run
+from palace._src.util import tree_flatten
+
+X = np.arange(16 * 128, dtype=np.float32).reshape(16, 128)
+
+
+def _grid_plan(body):
+  spec = BlockSpec((8, 128), lambda i: (i, 0))
+  m_in = canonicalize(spec, X.shape, X.dtype, "args[0]", 0)
+  m_out = canonicalize(spec, X.shape, X.dtype, "outputs[0]", 0)
+  _, no_prefetch = tree_flatten(())
+  _, one_output = tree_flatten(0)
+  return LaunchPlan("hand_grid", ("test", 0), CompilerParams(), (Operand("args[0]", X.shape, X.dtype),),
+                    no_prefetch, (Output("outputs[0]", X.shape, X.dtype),), one_output, outputs_as=LEAVES,
+                    bodies=(body,), grid=(2,), in_maps=(m_in,), out_maps=(m_out,))
+
+
+def _double(x_ref, o_ref):
+  o_ref[...] = x_ref[...] * 2.0
+
+
+def test_a_hand_built_grid_plan_runs_like_pallas_call():
+  with pl.virtual_tpu("v5e") as tpu:
+    (out,) = run(_grid_plan(_double), [X])
+    ref = pl.pallas_call(_double, out_shape=pl.ShapeDtypeStruct(X.shape, X.dtype), grid=(2,),
+                         in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+                         out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)))(X)
+  np.testing.assert_array_equal(out, 2 * X)
+  np.testing.assert_array_equal(ref, 2 * X)
+  hand, front = tpu.reports[-2:]
+  assert hand.kernel_name == "hand_grid"
+  assert hand.device_cycles == front.device_cycles and hand.grid_steps == front.grid_steps == 2
+
+
+def test_a_hand_built_mesh_plan_runs_like_pl_kernel():
+  def body(x_hbm, o_hbm):
+    pltpu.sync_copy(x_hbm, o_hbm)
+
+  _, args_tree = tree_flatten((X,))
+  _, outs_tree = tree_flatten([0])
+  plan = LaunchPlan("hand_mesh", ("test", 0), CompilerParams(), (Operand("args[0]", X.shape, X.dtype),),
+                    args_tree, (Output("outputs[0]", X.shape, X.dtype),), outs_tree, outputs_as=ENTRIES,
+                    bodies=(body,), meshes=(TensorCoreMesh("core", num_cores=1),))
+  with pl.virtual_tpu("v5e") as tpu:
+    (out,) = run(plan, [X])
+    ref = pl.kernel(body, out_type=[pl.ShapeDtypeStruct(X.shape, X.dtype)],
+                    mesh=pltpu.TensorCoreMesh("core", num_cores=1))(X)
+  np.testing.assert_array_equal(out, X)
+  np.testing.assert_array_equal(ref[0], X)
+  assert tpu.reports[-2].device_cycles == tpu.reports[-1].device_cycles
+
+
+def test_a_mesh_body_that_returns_a_value_is_an_error():
+  def body(x_hbm, o_hbm):
+    return 1
+
+  f = pl.kernel(body, out_type=pl.ShapeDtypeStruct(X.shape, X.dtype),
+                mesh=pltpu.TensorCoreMesh("c", num_cores=1))
+  with pl.virtual_tpu("v5e"):
+    with pytest.raises(UsageError, match="Kernel 'body' returned int; pl.kernel bodies must return None"):
+      f(X)
+
+
+def test_front_ends_record_the_call_site_in_their_plan(monkeypatch):
+  from palace._src.launch import kernel as kernel_mod
+  from palace._src.launch import pallas_call as pallas_mod
+  plans = []
+
+  def spy(plan, operands):
+    plans.append(plan)
+    return [np.zeros(o.shape, o.dtype) for o in plan.outputs]
+
+  monkeypatch.setattr(pallas_mod, "run", spy)
+  monkeypatch.setattr(kernel_mod, "run", spy)
+  out = pl.ShapeDtypeStruct(X.shape, X.dtype)
+  with pl.virtual_tpu("v5e"):
+    mesh = pltpu.TensorCoreMesh("c", num_cores=1)
+    pl.pallas_call(_double, out_shape=out)(X)
+    line = sys._getframe().f_lineno - 1
+    pl.kernel(lambda x, o: None, out_type=out, mesh=mesh)(X)
+  assert [p.site for p in plans] == [(__file__, line), (__file__, line + 2)]
+  assert plans[0].is_grid and not plans[1].is_grid
+  assert plans[0].in_maps[0].space == MemorySpace.VMEM
+
+
+def _depth_below(marker: str) -> int:
+  f, n = sys._getframe(2), 0
+  while f.f_code.co_name != marker:
+    n += 1
+    f = f.f_back
+  return n
+
+
+def test_kernel_bodies_run_a_few_frames_below_the_call():
+  """Before the flat plan: 19 frames (pallas_call) and 12 (pl.kernel); now 8 and 5."""
+  depth = {}
+
+  def grid_body(x_ref, o_ref):
+    depth["pallas_call"] = _depth_below("launch_pallas_call")
+    o_ref[...] = x_ref[...]
+
+  def mesh_body(x_hbm, o_hbm):
+    depth["pl.kernel"] = _depth_below("launch_kernel")
+    pltpu.sync_copy(x_hbm, o_hbm)
+
+  def launch_pallas_call():
+    pl.pallas_call(grid_body, out_shape=pl.ShapeDtypeStruct(X.shape, X.dtype), grid=(2,),
+                   in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+                   out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)))(X)
+
+  def launch_kernel():
+    pl.kernel(mesh_body, out_type=pl.ShapeDtypeStruct(X.shape, X.dtype),
+              mesh=pltpu.TensorCoreMesh("c", num_cores=1))(X)
+
+  with pl.virtual_tpu("v5e"):
+    launch_pallas_call()
+    launch_kernel()
+  assert depth == {"pallas_call": 8, "pl.kernel": 5}
