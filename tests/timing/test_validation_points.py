@@ -30,3 +30,19 @@ def test_gmm_tiles_fit_the_default_scoped_vmem():
       assert vmem <= chip.default_scoped_vmem_bytes - chip.internal_scratch_bytes
   assert gmm_tiles(hw.get_chip("v6e"), 3072, 2048) == (3072, 2048)  # whole K and N fit in 32 MiB
   assert gmm_tiles(hw.get_chip("v5p"), 3072, 2048) == (3072, 512)   # 16 MiB: N shrinks first
+
+
+def test_grouped_matmul_tile_m_ordering_with_the_measured_kernels_buffering():
+  # tokamax PR 1221 (65536, 128, 3072, 512): 1.59 on 7x, 1.29 on v6e, 1.05 on v5p. With the measured
+  # kernel's structure (RHS triple-buffered with lookahead, tiles at 90% of VMEM), 256-row tiles pay off
+  # on the 256-wide MXUs and hardly matter on v5p's 128-wide ones.
+  from benchmarks.validate import tokamax_like_gmm_ratio
+  shape = (65536, 128, 3072, 512)
+  r7x, rv6e, rv5p = (tokamax_like_gmm_ratio(c, *shape) for c in ("7x", "v6e", "v5p"))
+  assert r7x > rv6e > 1.15
+  assert abs(rv5p - 1.05) < 0.1 and rv5p < 1.1
+
+
+def test_the_measured_kernels_tiles_keep_k_and_n_whole_at_90_percent_of_vmem():
+  v5p = hw.get_chip("v5p")
+  assert gmm_tiles(v5p, 3072, 2048, vmem_limit_bytes=int(0.9 * v5p.vmem_bytes), rhs_buffers=3) == (3072, 2048)
