@@ -14,6 +14,7 @@ import dataclasses
 from types import MappingProxyType
 
 from palace._src.errors import UsageError
+from palace._src.validate import as_int
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
@@ -67,6 +68,12 @@ class ChipSpec:
   vld_per_cycle: int = 3                    # vreg loads per cycle
   vst_per_cycle: int = 1                    # vreg stores per cycle
   dma_local_latency_cycles: int = 64        # VMEM<->SMEM/VMEM copy completion latency
+  # MXU operand pairs Mosaic rejects on this chip: ((lhs class, rhs class), ...) -> compile error
+  mxu_rejected_operand_classes: frozenset = frozenset()
+  # selectable clocks (P-states, index -> Hz); empty when the chip has one clock. `p_state` is the
+  # index `clock_hz` comes from (None: no P-states)
+  p_state_clocks_hz: tuple = ()
+  p_state: "int | None" = None
   sources: MappingProxyType = dataclasses.field(compare=False, repr=False, default_factory=dict)
 
   # ---- derived figures ----
@@ -116,7 +123,17 @@ def _mp(**kw):
 
 _COMMON_SOURCES = _mp(
     clock_hz="[SB-tpus][xla-pinfo]; v4 derived from the [gcp-v4] peak (tpu-hardware.md 1.3); "
-             "7x default P-state 3 (1.9 GHz) [xla-pinfo]",
+             "7x: P-state 7 (2.2 GHz) [xla-pinfo], the clock of the published 1.15e15 bf16 FLOP/s "
+             "per logical device ([gcp-7x] 2307 TF per chip, [tpu_info] 2.31e15 per chip) that "
+             "Google's 7x kernel benchmarks use for MFU; other P-states via "
+             "pl.virtual_tpu('7x', p_state=...)",
+    p_state_clocks_hz="[xla-pinfo] 7x P-states 0-7 = 1.6, 1.7, 1.8, 1.9, 2.0, 2.05, 2.1, 2.2 GHz "
+                      "(default P-state 3 of the cost-model benchmarks); v4/v5e/v5p/v6e have none",
+    p_state="index into p_state_clocks_hz that clock_hz is (7x preset: 7, see clock_hz)",
+    mxu_rejected_operand_classes="jax-ml/jax issue 37367: int8 x int8 -> int32 in a pallas_call fails "
+                                 "to compile on TPU v4 ('Unsupported matmul RHS type on target: "
+                                 "vector<128x128xi8>'); [tpu_info] is_matmul_supported has no "
+                                 "integer LHS on v4 (f32/bf16 LHS only). None known on other chips",
     num_tensorcores_per_device="[tpu_info]; 7x: one TC per logical device [tpu_info]",
     megacore="[details] megacore on v4 and v5p only",
     vmem_bytes="[tpu_info] vmem_capacity_bytes", smem_bytes="[tpu_info] smem_capacity_bytes",
@@ -176,6 +193,7 @@ V4 = ChipSpec(
     mxu_size=128, num_mxus=4, vmatmul_cadence_cycles=_mp(f32=8, bf16=16, int8=32),
     latch_cadence_cycles=_mp(f32=2, bf16=4, int8=4), mxu_latency_cycles=_mp(f32=131, bf16=131, int8=121),
     supported_mxu_classes=frozenset({"f32", "bf16", "int8"}), sublanes=8, lanes=128, vpu_alus_per_lane=2,
+    mxu_rejected_operand_classes=frozenset({("int8", "int8")}),
     sparsecore=None, ici_link_bytes_per_s_one_way=4.5e10, ici_hop_latency_ns=1000, ici_dims=3,
     ici_wraparound_min_axis=4, grid_step_overhead_cycles=_STEP_OVERHEAD_CYCLES,
     dma_issue_cycles=_DMA_ISSUE_CYCLES, scalar_op_cycles=1, launch_overhead_s=_LAUNCH_OVERHEAD_S,
@@ -215,8 +233,10 @@ V6E = dataclasses.replace(
     sparsecore=SparseCoreSpec(2, 16, 8, 256 * KiB, 8 * MiB, 32),
     ici_link_bytes_per_s_one_way=9e10, ici_dims=2, ici_wraparound_min_axis=16)
 
+_7X_P_STATE_CLOCKS_HZ = (1.6e9, 1.7e9, 1.8e9, 1.9e9, 2.0e9, 2.05e9, 2.1e9, 2.2e9)  # [xla-pinfo]
+
 V7X = dataclasses.replace(
-    V5E, name="7x", clock_hz=1.9e9, num_tensorcores_per_device=1, vmem_bytes=64 * MiB,
+    V5E, name="7x", clock_hz=_7X_P_STATE_CLOCKS_HZ[7], p_state_clocks_hz=_7X_P_STATE_CLOCKS_HZ, p_state=7, num_tensorcores_per_device=1, vmem_bytes=64 * MiB,
     default_scoped_vmem_bytes=32 * MiB, hbm_bytes_per_device=103_000_000_000,
     hbm_bytes_per_s_per_device=3.7e12, dma_bytes_per_s_per_tc=3.207e12, vmem_vmem_dma_bytes_per_s=14.8e12,
     dma_hbm_to_vmem_latency_ns=692, dma_vmem_to_hbm_latency_ns=594, mxu_size=256, num_mxus=2,
@@ -230,6 +250,23 @@ CHIPS = MappingProxyType({c.name: c for c in (V4, V5E, V5P, V6E, V7X)})
 _ALIASES = {"v5litepod": "v5e", "v5lite": "v5e", "v6": "v6e", "trillium": "v6e", "v7x": "7x",
             "tpu7x": "7x", "ironwood": "7x", "v7": "7x"}
 DEFAULT_CHIP = "v5e"
+
+
+def with_p_state(chip: ChipSpec, p_state) -> ChipSpec:
+  """`chip` clocked at P-state `p_state` (an index into `chip.p_state_clocks_hz`). Everything counted
+  in cycles (cadences, step overhead) keeps its cycle count; times in ns (DMA latencies) and bytes/s
+  stay in real time."""
+  if not chip.p_state_clocks_hz:
+    raise UsageError(f"p_state={p_state!r}: chip {chip.name} has a single clock "
+                     f"({chip.clock_hz / 1e9:g} GHz) and no P-states; drop p_state= (P-states exist "
+                     f"on: {', '.join(c.name for c in CHIPS.values() if c.p_state_clocks_hz)}).")
+  n = len(chip.p_state_clocks_hz)
+  p = as_int(p_state, "p_state")
+  if not 0 <= p < n:
+    clocks = ", ".join(f"{i}: {f / 1e9:g} GHz" for i, f in enumerate(chip.p_state_clocks_hz))
+    raise UsageError(f"p_state={p} is not a P-state of chip {chip.name}; expected an integer 0-{n - 1} "
+                     f"({clocks}).")
+  return dataclasses.replace(chip, clock_hz=chip.p_state_clocks_hz[p], p_state=p)
 
 
 def get_chip(name: "str | ChipSpec") -> ChipSpec:

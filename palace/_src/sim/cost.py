@@ -19,7 +19,7 @@ import numpy as np
 
 from palace._src import dtypes as dt
 from palace._src.executor import OpClass as _C
-from palace._src.hw import MXU_CLASS_BITS, ChipSpec
+from palace._src.hw import CHIPS, MXU_CLASS_BITS, ChipSpec
 
 # op class (executor.OpClass: the language's names for kinds of vector work) -> (unit, unit-ops per
 # 32-bit (8,128) tile, result latency cycles). Modelling assumptions built on [details] cost classes
@@ -97,6 +97,41 @@ def mxu_class(chip: ChipSpec, lhs_dtype, rhs_dtype) -> str:
   if cls not in chip.supported_mxu_classes or cls not in chip.vmatmul_cadence_cycles:
     cls = "bf16"
   return cls
+
+
+def _operand_class(dtype) -> str:
+  """MXU class of one operand: f32 (32-bit and wider), bf16 (16-bit), int8 / fp8 (8-bit and narrower)."""
+  b = dt.bits(dtype)
+  if b >= 32:
+    return "f32"
+  if b == 16:
+    return "bf16"
+  return "fp8" if dt.is_float(dtype) else "int8"
+
+
+def mxu_operand_error(chip: ChipSpec, lhs_dtype, rhs_dtype) -> "str | None":
+  """Why the chip's compiler rejects an (lhs, rhs) matmul, or None: `chip.mxu_rejected_operand_classes`
+  (hardware data with its source, e.g. int8 x int8 on TPU v4, jax-ml/jax issue 37367)."""
+  lhs_dtype, rhs_dtype = np.dtype(lhs_dtype), np.dtype(rhs_dtype)
+  pair = (_operand_class(lhs_dtype), _operand_class(rhs_dtype))
+  if pair not in chip.mxu_rejected_operand_classes:
+    return None
+  ok = sorted(c.name for c in _chips_accepting(pair))
+  return (f"matmul of {lhs_dtype.name} x {rhs_dtype.name} operands does not compile on TPU {chip.name}: "
+          f"Mosaic rejects {pair[0]} x {pair[1]} products there ('Unsupported matmul RHS type on "
+          f"target: vector<...x{_mlir_type(rhs_dtype)}>', ChipSpec.mxu_rejected_operand_classes). "
+          f"Fix: widen the operands to bfloat16 (exact for int8 values), or run on "
+          f"{', '.join(ok) or 'another chip'}.")
+
+
+def _chips_accepting(pair):
+  return [c for c in CHIPS.values() if pair not in c.mxu_rejected_operand_classes
+          and (pair[0] != "int8" or "int8" in c.supported_mxu_classes)]
+
+
+def _mlir_type(dtype) -> str:
+  kind = "f" if dt.is_float(dtype) else ("ui" if dtype.kind == "u" else "i")
+  return f"{kind}{dt.bits(dtype)}"
 
 
 def matmul_cycles(chip: ChipSpec, m: int, k: int, n: int, batch: int, lhs_dtype, rhs_dtype):

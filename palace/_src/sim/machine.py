@@ -514,12 +514,15 @@ class VirtualTPU:
   load, store, DMA, semaphore and barrier (RaceError); `uninitialized="raise"` makes the first read of
   never-written scratch or output memory raise UninitializedReadError (default "nan": it reads as NaN or
   an int sentinel). Deadlocks, DMAs in flight or semaphores non-zero at the end, unused DMA descriptors,
-  out-of-bounds accesses and non-consecutive output revisits are always checked."""
+  out-of-bounds accesses and non-consecutive output revisits are always checked. `p_state=` selects a
+  clock of a chip with P-states (7x: 0-7 = 1.6-2.2 GHz; the preset is P-state 7, the published peak)."""
 
   def __init__(self, chip="v5e", num_chips: int = 1, *, timing_only: bool = False,
                dma_policy: str = "eager", seed: int = 0, trace: bool = True, topology=None,
-               detect_races: bool = False, uninitialized: str = "nan"):
+               detect_races: bool = False, uninitialized: str = "nan", p_state=None):
     self.chip = hw.get_chip(chip)
+    if p_state is not None:  # a P-state of a chip with several clocks (7x): hw.with_p_state
+      self.chip = hw.with_p_state(self.chip, p_state)
     if int(num_chips) < 1:
       raise UsageError(f"num_chips must be >= 1; got {num_chips}.")
     self.num_chips = int(num_chips)

@@ -16,7 +16,7 @@ import math
 import numpy as np
 
 from palace._src.core import Buffer, MemoryRef, MemorySpace, SemaphoreRefType
-from palace._src.errors import ResourceError, SyncError, UsageError
+from palace._src.errors import ResourceError, SyncError, UnsupportedError, UsageError
 from palace._src.sim import cost
 from palace._src.sim.bandwidth import reserve2
 from palace._src.sim.dma import DmaRecord, move_data, plan
@@ -168,6 +168,9 @@ class TensorCore:
     key = (m, k, n, batch, lhs_dtype, rhs_dtype)
     hit = self._mcost.get(key)
     if hit is None:
+      bad = cost.mxu_operand_error(self.chip, lhs_dtype, rhs_dtype)
+      if bad is not None:
+        raise UnsupportedError(f"{fmt_site(user_site())}: {bad} ({self.where()})")
       hit = self._mcost[key] = (*cost.matmul_cycles(self.chip, m, k, n, batch, lhs_dtype, rhs_dtype),
                                 cost.matmul_flops(m, k, n, batch), f"matmul {m}x{k}x{n}")
     busy, lat, flops, label = hit

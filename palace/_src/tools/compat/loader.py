@@ -101,11 +101,20 @@ class World:
     if run_name is not None:
       mod.__name__ = run_name
     code = compile(src, str(file), "exec")
+    # dataclasses resolves string annotations (`from __future__ import annotations`) through
+    # sys.modules[cls.__module__] while the class body runs: the module is visible there during its own
+    # execution only, and only under a name nothing else holds (the real JAX's modules stay untouched).
+    transient = mod.__name__ not in sys.modules
+    if transient:
+      sys.modules[mod.__name__] = mod
     try:
       exec(code, mod.__dict__)  # noqa: S102  (loading the user's module is the point)
     except BaseException:
       self.modules.pop(name, None)
       raise
+    finally:
+      if transient and sys.modules.get(mod.__name__) is mod:
+        del sys.modules[mod.__name__]
     return mod
 
 
