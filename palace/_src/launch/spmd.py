@@ -107,11 +107,11 @@ def _first_replica(spec, mesh: Mesh, chip: int, ndim: int) -> bool:
 
 
 def _shard(x, spec, mesh: Mesh, chip: int, what: str):
-  """Chip `chip`'s shard: a view of `x` on the first replica, a private copy on the others (kernels
-  may write their inputs; chips must not share storage)."""
-  a = np.asarray(x)
-  out = _shard_view(a, spec, mesh, chip, what)
-  return out if _first_replica(spec, mesh, chip, a.ndim) else out.copy()
+  """Chip `chip`'s shard: a read-only view of `x`, like an immutable JAX array. Replicas share it: a
+  kernel writing its input writes a private copy (copy on write, launch.host.hbm_input)."""
+  out = _shard_view(np.asarray(x), spec, mesh, chip, what).view()
+  out.setflags(write=False)
+  return out
 
 
 def _shard_view(a, spec, mesh: Mesh, chip: int, what: str):
