@@ -17,7 +17,7 @@ import ml_dtypes
 import numpy as np
 
 from palace._src import dtypes as dt
-from palace._src import executor
+from palace._src import executor, validate
 from palace._src.errors import ShapeError, UsageError
 from palace._src.lang import deferred
 from palace._src.lang.array import Array, dtype_of, ready_of
@@ -493,9 +493,7 @@ def _default_dtype(x):
 
 # ------------------------------------------------------------------------------- creation
 def _shape_arg(shape):
-  if isinstance(shape, (int, np.integer)):
-    return (int(shape),)
-  return tuple(int(s) for s in shape)
+  return validate.as_dims(shape, "shape", error=ShapeError)
 
 
 def full(shape, fill_value, dtype=None):
@@ -564,10 +562,10 @@ def eye(n, m=None, dtype=None):
 def _norm_axes(axis, ndim):
   if axis is None:
     return tuple(range(ndim))
-  axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+  axes = (axis,) if not isinstance(axis, (tuple, list)) else tuple(axis)
   out = []
   for a in axes:
-    a = int(a)
+    a = validate.as_int(a, "axis", error=ShapeError)
     if not -ndim <= a < ndim:
       raise ShapeError(f"Reduction axis {a} is out of range for an array of rank {ndim}.")
     out.append(a % ndim)
@@ -667,7 +665,8 @@ def reshape(a, *shape, order="C"):
     shape = tuple(shape[0])
   src = _shape_of(a)
   n = int(np.prod(src))
-  shape = list(int(s) for s in shape)
+  shape = [validate.as_int(s, f"reshape shape[{i}]", min_value=-1, error=ShapeError)
+           for i, s in enumerate(shape)]
   if -1 in shape:
     k = shape.index(-1)
     rest = int(np.prod([s for i, s in enumerate(shape) if i != k]))
@@ -681,7 +680,8 @@ def reshape(a, *shape, order="C"):
 
 def transpose(a, axes=None):
   nd = len(_shape_of(a))
-  axes = tuple(reversed(range(nd))) if axes is None else tuple(int(x) % nd for x in axes)
+  axes = tuple(reversed(range(nd))) if axes is None else \
+      tuple(validate.as_int(x, "transpose axes", error=ShapeError) % nd for x in axes)
   out_shape = tuple(_shape_of(a)[i] for i in axes)
   minor = nd >= 2 and axes[-2:] != (nd - 2, nd - 1)
   return _shape_op(a, lambda v: np.transpose(v, axes), out_shape, "xlu" if minor else "free")
@@ -767,6 +767,7 @@ def tile(a, reps):
 
 
 def repeat(a, repeats, axis=None):
+  repeats = validate.as_int(repeats, "jnp.repeat repeats", min_value=0, error=ShapeError)
   s = list(_shape_of(a))
   if axis is None:
     out = [int(np.prod(s)) * repeats]
@@ -777,7 +778,8 @@ def repeat(a, repeats, axis=None):
 
 
 def roll(a, shift, axis=None):
-  shift_v = int(shift._data) if isinstance(shift, Array) else int(shift)
+  shift_v = int(shift._data) if isinstance(shift, Array) else \
+      validate.as_int(shift, "jnp.roll shift", error=ShapeError)
   nd = len(_shape_of(a))
   cls = "xlu" if axis is not None and axis % builtins.max(nd, 1) >= nd - 2 else "cheap"
   return _shape_op(a, lambda v: np.roll(v, shift_v, axis=axis), _shape_of(a), cls)

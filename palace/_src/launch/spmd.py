@@ -19,7 +19,7 @@ import threading
 
 import numpy as np
 
-from palace._src import blas
+from palace._src import blas, validate
 from palace._src.launch import host as launch
 from palace._src.errors import SyncError, UsageError
 from palace._src.sim.ici import Topology
@@ -72,7 +72,7 @@ class Mesh:
 
 
 def make_mesh(axis_shapes, axis_names, *, devices=None, axis_types=None) -> Mesh:
-  shape = tuple(int(s) for s in axis_shapes)
+  shape = validate.as_dims(axis_shapes, "make_mesh axis_shapes")
   names = tuple(axis_names)
   if len(shape) != len(names):
     raise UsageError(f"make_mesh: {len(shape)} axis sizes but {len(names)} axis names.")
@@ -82,7 +82,7 @@ def make_mesh(axis_shapes, axis_names, *, devices=None, axis_types=None) -> Mesh
     raise UsageError(f"make_mesh{shape}: the mesh has {size} chips but the virtual TPU has "
                      f"{tpu.num_chips}; use pl.virtual_tpu({tpu.chip.name!r}, num_chips={size}).")
   if devices is not None:
-    ids = tuple(int(d) for d in np.asarray(devices).reshape(-1))
+    ids = tuple(validate.as_int(d, "make_mesh devices") for d in np.asarray(devices).reshape(-1))
     if sorted(ids) != list(range(size)):
       raise UsageError(f"make_mesh{shape}: devices {ids} must list each of the {size} chips once.")
   elif sum(1 for s in shape if s > 1) == 1:

@@ -19,7 +19,7 @@ import threading
 import numpy as np
 
 from palace._src import executor as executor_mod
-from palace._src import hw
+from palace._src import hw, validate
 from palace._src.errors import SyncError, UsageError
 from palace._src.sim.dma import Channel, move_data
 from palace._src.sim.ici import Topology
@@ -520,14 +520,12 @@ class VirtualTPU:
                dma_policy: str = "eager", seed: int = 0, trace: bool = True, topology=None,
                detect_races: bool = False, uninitialized: str = "nan"):
     self.chip = hw.get_chip(chip)
-    if int(num_chips) < 1:
-      raise UsageError(f"num_chips must be >= 1; got {num_chips}.")
-    self.num_chips = int(num_chips)
+    self.num_chips = validate.as_int(num_chips, "pl.virtual_tpu(num_chips)", min_value=1)
     self.timing_only = bool(timing_only)
     if dma_policy not in DMA_POLICIES:
       raise UsageError(f"dma_policy={dma_policy!r}: expected one of {DMA_POLICIES}.")
     self.dma_policy = dma_policy
-    self.seed = int(seed)
+    self.seed = validate.as_int(seed, "pl.virtual_tpu(seed)")
     self.trace = bool(trace)
     self.topology = None if topology is None else tuple(topology)
     Topology(self.chip, self.num_chips, self.topology)  # validate early

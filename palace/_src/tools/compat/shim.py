@@ -19,7 +19,7 @@ from palace import numpy as _pjnp
 from palace import tpu as _ptpu
 from palace import tpu_sc as _psc
 from palace._src import dtypes as dt
-from palace._src import executor
+from palace._src import executor, validate
 from palace._src.launch import spmd
 from palace._src.tools.compat import host
 from palace._src.core import CostEstimate
@@ -99,7 +99,7 @@ def _repeat(a, repeats, axis=None, *, total_repeat_length=None):
   if axis is None:
     a, axis = a.ravel(), 0
   out = np.repeat(a, np.asarray(repeats), axis=axis)
-  n = int(total_repeat_length)
+  n = validate.as_int(total_repeat_length, "jnp.repeat(total_repeat_length)", min_value=0)
   if out.shape[axis] >= n:
     return np.take(out, np.arange(n), axis=axis)
   last = np.take(out, [-1], axis=axis) if out.shape[axis] else np.zeros_like(np.take(a, [0], axis=axis))
@@ -179,7 +179,9 @@ def _lax_names() -> dict:
 
   def integer_pow(x, y):
     out = x
-    for _ in range(int(y) - 1):
+    for _ in range(validate.as_int(
+        y, "lax.integer_pow exponent", min_value=1,
+        hint="pass an integer >= 1 (for y < 1 write 1 / x**n or jnp.ones_like(x)).") - 1):
       out = out * x
     return out
 
