@@ -575,6 +575,11 @@ def active_tpu() -> VirtualTPU:
   return tpu if tpu is not None else VirtualTPU(hw.DEFAULT_CHIP)
 
 
+def explicit_tpu() -> VirtualTPU | None:
+  """The VirtualTPU of the innermost `with pl.virtual_tpu(...)`, or None outside any."""
+  return _active.get()
+
+
 def activate(tpu: VirtualTPU):
   """Make `tpu` the active VirtualTPU of this thread (shard_map's per-chip threads)."""
   return _active.set(tpu)
