@@ -6,13 +6,14 @@ forward function, `random` is deterministic but not bit-compatible with JAX's Th
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import inspect
 
 import numpy as np
 
 from palace._src import dtypes as dt
-from palace._src import executor, validate
+from palace._src import executor, util, validate
 from palace._src.core import ShapeDtypeStruct as _PalaceSDS
 from palace._src.errors import UnsupportedError, UsageError
 from palace._src.lang import numpy_ops as pjnp
@@ -236,21 +237,24 @@ def default_backend():
 
 
 # ------------------------------------------------------------------ tree_util
-_REGISTERED = {}
-
-
+# Registrations go to palace's pytree registry (util.py), so pallas_call / pl.kernel operands and
+# jax.tree_util calls of the loaded module see the same nodes.
 def register_pytree_node(cls, flatten, unflatten, flatten_with_keys=None):
-  _REGISTERED[cls] = (flatten, unflatten)
-  return cls
+  return util.register_pytree_node(cls, flatten, unflatten)
 
 
 def register_pytree_node_class(cls):
-  register_pytree_node(cls, lambda x: x.tree_flatten(), cls.tree_unflatten)
-  return cls
+  return util.register_pytree_node(cls, lambda x: x.tree_flatten(), cls.tree_unflatten)
 
 
 def register_dataclass(cls, data_fields=None, meta_fields=None, drop_fields=()):
-  return cls
+  return util.register_dataclass(cls, data_fields, meta_fields, drop_fields)
+
+
+def static_field(**kwargs):
+  """`jax.tree.static()`: a dataclass field that register_dataclass treats as static metadata."""
+  metadata = {**(kwargs.pop("metadata", None) or {}), "static": True}
+  return dataclasses.field(metadata=metadata, **kwargs)
 
 
 class Partial(functools.partial):

@@ -279,7 +279,8 @@ def build_shim() -> dict:
   add("jax.random", (), dict(host.RANDOM))
   add("jax.tree_util", (), dict(host.TREE))
   add("jax.tree", (), dict(map=host.tree_map, flatten=host.tree_flatten, unflatten=host.tree_unflatten,
-                           leaves=host.tree_leaves, structure=host.TREE["tree_structure"]))
+                           leaves=host.tree_leaves, structure=host.TREE["tree_structure"],
+                           static=host.static_field))
   add("jax.sharding", (), _sharding_names())
   add("jax.typing", (), dict(DTypeLike=Any, ArrayLike=Any))
   add("jax.debug", (), dict(print=host.debug_print, callback=lambda f, *a, **k: f(*a, **k)))
