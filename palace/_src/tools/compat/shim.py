@@ -112,14 +112,13 @@ def _jnp_names() -> dict:
   for n in _NP_HOST:
     if not hasattr(_pjnp, n) and hasattr(np, n):
       names[n] = _host_only(n, getattr(np, n))
+  # dtype predicates and promotion are palace.numpy's (JAX's rules for every TPU dtype: bfloat16 and
+  # fp8 are floating, int4 an integer; tests/jax_parity/test_dtype_parity.py compares them with JAX)
   names.update(
-      issubdtype=lambda a, b: np.issubdtype(np.dtype(a) if not isinstance(a, type) or
-                                            not issubclass(a, np.generic) else a, b),
+      issubdtype=_pjnp.issubdtype, promote_types=_pjnp.promote_types, result_type=_pjnp.result_type,
+      finfo=_pjnp.finfo, iinfo=_pjnp.iinfo, generic=np.generic, bool_=dt.bool_,
       floating=np.floating, integer=np.integer, signedinteger=np.signedinteger,
       unsignedinteger=np.unsignedinteger, inexact=np.inexact, number=np.number,
-      promote_types=lambda a, b: dt.canonicalize(np.promote_types(np.dtype(a), np.dtype(b))),
-      result_type=lambda *xs: dt.canonicalize(np.result_type(*[np.asarray(x) if not isinstance(
-          x, (type, np.dtype, str)) else np.dtype(x) for x in xs])),
       shape=np.shape, ndim=np.ndim, size=np.size, array=_pjnp.asarray, ndarray=host.Array,
       int64=np.int64, float64=np.float64, uint64=np.uint64, complex64=np.complex64,
       float8_e4m3b11fnuz=dt.float8_e4m3b11fnuz if hasattr(dt, "float8_e4m3b11fnuz") else None,
@@ -246,7 +245,8 @@ def _dtypes_names() -> dict:
 
   return dict(itemsize_bits=itemsize_bits, bfloat16=dt.bfloat16, float0=np.dtype([("f", np.void, 0)]),
               canonicalize_dtype=lambda d, allow_extended_dtype=False: dt.canonicalize(np.dtype(d)),
-              issubdtype=np.issubdtype, finfo=_pjnp.finfo, iinfo=_pjnp.iinfo,
+              issubdtype=_pjnp.issubdtype, finfo=_pjnp.finfo, iinfo=_pjnp.iinfo,
+              result_type=_pjnp.result_type, promote_types=_pjnp.promote_types,
               is_weakly_typed=lambda x: isinstance(x, (int, float)))
 
 
