@@ -189,12 +189,15 @@ class GridSpec:
   scratch_shapes: Any = ()
   num_scalar_prefetch: int = 0
 
+  def __post_init__(self):
+    object.__setattr__(self, "num_scalar_prefetch", validate.as_int(
+        self.num_scalar_prefetch, f"{type(self).__name__}(num_scalar_prefetch)", min_value=0))
+
 
 class PrefetchScalarGridSpec(GridSpec):
   def __init__(self, num_scalar_prefetch, grid=(), in_specs=no_block_spec, out_specs=no_block_spec,
                scratch_shapes=()):
-    super().__init__(grid, in_specs, out_specs, scratch_shapes, validate.as_int(
-        num_scalar_prefetch, "PrefetchScalarGridSpec(num_scalar_prefetch)", min_value=0))
+    super().__init__(grid, in_specs, out_specs, scratch_shapes, num_scalar_prefetch)
 
 
 class GridDimensionSemantics(enum.Enum):

@@ -78,6 +78,7 @@ def test_virtual_tpu_ints(kw, what):
     (lambda: pltpu.SMEM((2.0,), np.int32), "pltpu.SMEM\\(shape\\)\\[0\\]"),
     (lambda: pltpu.SemaphoreType.DMA((2.5,)), "SemaphoreType.DMA\\(shape\\)\\[0\\]"),
     (lambda: pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=1.0, grid=(1,)), "num_scalar_prefetch"),
+    (lambda: pl.GridSpec(grid=(1,), num_scalar_prefetch=0.5), "GridSpec\\(num_scalar_prefetch\\)"),
     (lambda: pltpu.TensorCoreMesh("core", 1.0), "TensorCoreMesh\\(num_cores\\)"),
     (lambda: pl.ds(0.5, 8), "pl.ds start"),
     (lambda: pl.ds(0, 8.0), "pl.ds size"),
