@@ -3,6 +3,13 @@
 A Ref is a Buffer plus a view: one entry per buffer dimension, either an int (that dimension is indexed
 away) or a (start, size, stride) window. `ref.at[...]` composes views without touching data; `ref[...]`
 loads through the executor and returns an Array; `ref[...] = v` stores.
+
+Every index is bounds-checked, each form in one place: ints (negative ones count from the end, as in
+NumPy), `pl.ds(start, size, stride)` (start >= 0 and the window inside the axis) and static Python
+slices (validate.static_slice: legal negative bounds keep NumPy's meaning, but a bound outside
+[-size, size] is an OutOfBoundsError instead of NumPy's silent clipping; JAX rejects an out-of-range
+start too but clamps a stop beyond the end, which palace rejects as well, since the shortened window
+is almost always a kernel bug). Indices must be integers: floats and bools are errors, never truncated.
 """
 from __future__ import annotations
 
