@@ -4,8 +4,8 @@ OpenBLAS (NumPy's BLAS) runs every product on all its threads. For kernel-block-
 costs more than it saves, and on a busy machine it collapses: a 128^3 product measured 27 us idle but
 4.6 ms per grid step with other processes on the cores, against 0.3 ms single-threaded. So products
 below `SMALL_MATMUL_FLOPS` run with one BLAS thread; large ones keep NumPy's setting. The switch uses
-threadpoolctl's handle on the loaded BLAS when threadpoolctl is installed (the `perf`, `test` and `cli`
-extras include it); without it palace leaves BLAS threading alone.
+threadpoolctl's handle on the loaded BLAS (a core dependency); should it be missing or unable to
+inspect the BLAS, palace leaves BLAS threading alone.
 """
 from __future__ import annotations
 

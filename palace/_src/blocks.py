@@ -10,6 +10,7 @@ import dataclasses
 from typing import Callable
 
 from palace._src import dtypes as dt
+from palace._src import validate
 from palace._src.core import (BlockSpec, Blocked, BoundedSlice, Buffered, Element, MemorySpace,
                               Squeezed, is_hbm, no_block_spec)
 from palace._src.errors import BlockSpecError, UnsupportedError
@@ -50,16 +51,17 @@ class BlockMapping:
     return tuple(out)
 
 
-def _dim(entry, array_dim: int):
+def _dim(entry, array_dim: int, what: str):
   if entry is None or isinstance(entry, Squeezed):
     return (SQUEEZED, 1, 0)
   if isinstance(entry, Blocked):
-    return (BLOCKED, int(entry.block_size), 0)
+    return (BLOCKED, validate.as_int(entry.block_size, f"{what} pl.Blocked size", min_value=0), 0)
   if isinstance(entry, Element):
-    return (ELEMENT, int(entry.block_size), int(entry.padding[0]))
+    return (ELEMENT, validate.as_int(entry.block_size, f"{what} pl.Element size", min_value=0),
+            validate.as_int(entry.padding[0], f"{what} pl.Element padding", min_value=0))
   if isinstance(entry, BoundedSlice):
     raise UnsupportedError.feature("pl.BoundedSlice block dims")
-  return (BLOCKED, int(entry), 0)
+  return (BLOCKED, validate.as_int(entry, what, min_value=0), 0)
 
 
 def canonicalize(spec, shape, dtype, name: str, num_index_args: int,
@@ -88,7 +90,8 @@ def canonicalize(spec, shape, dtype, name: str, num_index_args: int,
   if len(block_shape) != len(shape):
     raise BlockSpecError(f"Block shape for {name} (= {tuple(block_shape)}) must have the same number "
                          f"of dimensions as the array shape {shape}.")
-  dims = tuple(_dim(e, s) for e, s in zip(block_shape, shape))
+  dims = tuple(_dim(e, s, f"block_shape[{d}] of {name}")
+               for d, (e, s) in enumerate(zip(block_shape, shape)))
   for (kind, size, _), s in zip(dims, shape):
     if size <= 0:
       raise BlockSpecError(f"Block shape for {name} (= {tuple(block_shape)}) has a non-positive size.")
@@ -102,7 +105,7 @@ def canonicalize(spec, shape, dtype, name: str, num_index_args: int,
   if index_map is None:
     rank = len(shape)
     index_map = lambda *args: (0,) * rank  # noqa: E731
-  n = int(mode.buffer_count)
+  n = mode.buffer_count   # an int >= 1 (pl.Buffered checks it)
   whole = all(k == BLOCKED and sz == dim for (k, sz, _), dim in zip(dims, shape))
   if space == MemorySpace.SMEM or (whole and spec.pipeline_mode is None):
     n = 1  # a block that covers the whole array is fetched once: one buffer ([xla-cost] VMEM rule)

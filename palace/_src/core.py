@@ -12,6 +12,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from palace._src import dtypes as dt
+from palace._src import validate
 from palace._src.errors import UsageError
 from palace._src.util import prod
 
@@ -30,7 +31,8 @@ class MemorySpace(enum.Enum):
     return self.value
 
   def __call__(self, shape, dtype) -> "MemoryRef":
-    return MemoryRef(tuple(int(s) for s in shape), dt.canonicalize(dtype, keep_64bit=True), self)
+    return MemoryRef(validate.as_dims(shape, f"pltpu.{self.name}(shape)"),
+                     dt.canonicalize(dtype, keep_64bit=True), self)
 
   def like(self, x) -> "MemoryRef":
     return self(x.shape, x.dtype)
@@ -52,7 +54,7 @@ class ShapeDtypeStruct:
   dtype: Any
 
   def __init__(self, shape, dtype, **_ignored):
-    object.__setattr__(self, "shape", tuple(int(s) for s in shape))
+    object.__setattr__(self, "shape", validate.as_dims(shape, "pl.ShapeDtypeStruct shape"))
     object.__setattr__(self, "dtype", dt.canonicalize(dtype))
 
   @property
@@ -98,8 +100,7 @@ class SemaphoreRefType:
   shape: tuple = ()
 
   def __call__(self, shape):
-    return SemaphoreRefType(self.kind, tuple(int(s) for s in (shape if isinstance(shape, (tuple, list))
-                                                              else (shape,))))
+    return SemaphoreRefType(self.kind, validate.as_dims(shape, f"pltpu.SemaphoreType.{self.kind.name}(shape)"))
 
   def __matmul__(self, mesh):
     return self
@@ -151,8 +152,11 @@ class Buffered:
   use_lookahead: bool = False
 
   def __post_init__(self):
-    if int(self.buffer_count) < 1:
-      raise UsageError(f"pl.Buffered(buffer_count={self.buffer_count}): expected at least 1 buffer.")
+    object.__setattr__(self, "buffer_count", validate.as_int(
+        self.buffer_count, "pl.Buffered(buffer_count)", min_value=1,
+        hint="pass an integer number of buffers >= 1 (1 = no double buffering)."))
+    object.__setattr__(self, "use_lookahead", validate.as_bool(
+        self.use_lookahead, "pl.Buffered(use_lookahead)"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,11 +189,15 @@ class GridSpec:
   scratch_shapes: Any = ()
   num_scalar_prefetch: int = 0
 
+  def __post_init__(self):
+    object.__setattr__(self, "num_scalar_prefetch", validate.as_int(
+        self.num_scalar_prefetch, f"{type(self).__name__}(num_scalar_prefetch)", min_value=0))
+
 
 class PrefetchScalarGridSpec(GridSpec):
   def __init__(self, num_scalar_prefetch, grid=(), in_specs=no_block_spec, out_specs=no_block_spec,
                scratch_shapes=()):
-    super().__init__(grid, in_specs, out_specs, scratch_shapes, int(num_scalar_prefetch))
+    super().__init__(grid, in_specs, out_specs, scratch_shapes, num_scalar_prefetch)
 
 
 class GridDimensionSemantics(enum.Enum):
@@ -278,7 +286,8 @@ class TensorCoreMesh:
 
   def __init__(self, axis_name: str = "core", num_cores: int | None = None, *, devices=None):
     object.__setattr__(self, "axis_name", axis_name)
-    object.__setattr__(self, "num_cores", None if num_cores is None else int(num_cores))
+    object.__setattr__(self, "num_cores", None if num_cores is None else validate.as_int(
+        num_cores, "pltpu.TensorCoreMesh(num_cores)", min_value=1))
 
   @property
   def shape(self):

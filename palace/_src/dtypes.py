@@ -176,6 +176,10 @@ def result_type(*args) -> np.dtype:
   if strong is None:
     return (bool_, bool_, int32, float32)[weak_kind]
   if weak_kind == 3 and not is_float(strong):
+    if strong in (int4, uint4):
+      raise ShapeError(f"Type promotion error for a {strong} operand and a Python float: JAX has no "
+                       f"implicit promotion path for 4-bit integers. Cast explicitly, e.g. "
+                       f"x.astype(jnp.float32).")
     return float32
   if weak_kind == 2 and strong == bool_:
     return int32

@@ -27,7 +27,7 @@ import itertools
 
 import numpy as np
 
-from palace._src import executor
+from palace._src import executor, validate
 from palace._src.blocks import BLOCKED, ELEMENT, SQUEEZED, BlockMapping, canonicalize
 from palace._src.core import (PARALLEL, BlockSpec, MemoryRef, MemorySpace, SemaphoreType,
                               canonical_semantics, no_block_spec)
@@ -278,7 +278,7 @@ def run_pipeline(body, grid, in_maps, out_maps, in_refs, out_refs, *, lead_args=
   across pipelines); `smem_blocks`: SMEM BlockSpecs are windowed like VMEM ones (emit_pipeline);
   `written`: a dict that receives, per output index, the element offsets of the blocks written back."""
   ex = executor.current("a pipeline")
-  grid = tuple(int(g) for g in grid)
+  grid = validate.as_dims(grid, "the pipeline grid")
   if points is None:
     points = list(itertools.product(*[range(g) for g in grid]))
   n = len(points)

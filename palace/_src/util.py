@@ -1,6 +1,7 @@
 """Small helpers with no palace imports (L0): integer math, pytrees, source locations."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from typing import Any, Callable
@@ -27,7 +28,60 @@ def next_power_of_2(x: int) -> int:
   return 1 if x <= 1 else 1 << (int(x) - 1).bit_length()
 
 
-# ---- pytrees: tuples, lists, dicts (sorted keys), namedtuples and None are nodes; all else leaves. ----
+# ---- pytrees: tuples, lists, dicts (sorted keys), namedtuples, None and registered classes are nodes;
+# all else leaves. Registered classes: `register_pytree_node` / `register_dataclass` (palace's own
+# registry, which the jax shim's tree_util feeds) and, when real JAX is imported, every class registered
+# with `jax.tree_util` (asked one level at a time). Like JAX's, the registry is per process: a type's
+# pytree structure is a property of the type, not state of a run.
+_NODES: dict = {}   # type -> (flatten(x) -> (children, aux), unflatten(aux, children) -> x)
+_NOT_JAX_NODE = ("builtins", "numpy", "jax", "jaxlib", "palace", "ml_dtypes")
+
+
+def register_pytree_node(cls, flatten, unflatten) -> type:
+  """`cls` is a pytree node: `flatten(x) -> (children, aux)`, `unflatten(aux, children) -> x`."""
+  _NODES[cls] = (flatten, unflatten)
+  return cls
+
+
+def register_dataclass(cls, data_fields=None, meta_fields=None, drop_fields=()) -> type:
+  """A dataclass as a pytree node, as `jax.tree_util.register_dataclass`: `data_fields` are children,
+  `meta_fields` static; both default to the dataclass fields (static ones via
+  `field(metadata={"static": True})`), without `drop_fields`."""
+  if (data_fields is None) != (meta_fields is None):
+    raise TypeError("register_dataclass: pass both data_fields and meta_fields, or neither.")
+  if data_fields is None:
+    if not dataclasses.is_dataclass(cls):
+      raise TypeError(f"register_dataclass({cls.__name__}): data_fields and meta_fields are required "
+                      f"for a class that is not a dataclass.")
+    fields = [f for f in dataclasses.fields(cls) if f.name not in drop_fields]
+    data_fields = [f.name for f in fields if not f.metadata.get("static", False)]
+    meta_fields = [f.name for f in fields if f.metadata.get("static", False)]
+  data, meta = tuple(data_fields), tuple(meta_fields)
+
+  def flatten(x):
+    return [getattr(x, f) for f in data], tuple(getattr(x, f) for f in meta)
+
+  def unflatten(aux, children):
+    return cls(**dict(zip(data, children)), **dict(zip(meta, aux)))
+
+  return register_pytree_node(cls, flatten, unflatten)
+
+
+def _jax_node(x):
+  """(children, JAX treedef) when real JAX is imported and registers type(x) as a node, else None."""
+  mod = type(x).__module__ or ""
+  if mod.partition(".")[0] in _NOT_JAX_NODE:
+    return None
+  jax = sys.modules.get("jax")
+  tu = getattr(jax, "tree_util", None) if jax is not None else None
+  if tu is None:
+    return None
+  children, td = tu.tree_flatten(x, is_leaf=lambda y: y is not x)   # one level: x's children
+  if len(children) == 1 and children[0] is x:
+    return None
+  return children, td
+
+
 class TreeDef:
   __slots__ = ("kind", "meta", "children")
 
@@ -49,6 +103,8 @@ class TreeDef:
       return "*"
     if self.kind == "none":
       return "None"
+    if self.kind in ("custom", "jax"):
+      return f"{self.meta[0].__name__}({', '.join(map(repr, self.children))})"
     return f"{self.kind}{self.meta or ''}({', '.join(map(repr, self.children))})"
 
 
@@ -71,6 +127,14 @@ def tree_flatten(tree: Any, is_leaf: Callable[[Any], bool] | None = None):
     if isinstance(x, dict):
       keys = tuple(sorted(x))
       return TreeDef("dict", keys, tuple(rec(x[k]) for k in keys))
+    node = _NODES.get(type(x))
+    if node is not None:
+      children, aux = node[0](x)
+      return TreeDef("custom", (type(x), aux), tuple(rec(c) for c in children))
+    if "jax" in sys.modules:
+      jax_node = _jax_node(x)
+      if jax_node is not None:
+        return TreeDef("jax", (type(x), jax_node[1]), tuple(rec(c) for c in jax_node[0]))
     leaves.append(x)
     return _LEAF
 
@@ -93,6 +157,10 @@ def tree_unflatten(treedef: TreeDef, leaves) -> Any:
       return kids
     if td.kind == "namedtuple":
       return td.meta(*kids)
+    if td.kind == "custom":
+      return _NODES[td.meta[0]][1](td.meta[1], kids)
+    if td.kind == "jax":
+      return sys.modules["jax"].tree_util.tree_unflatten(td.meta[1], kids)
     return dict(zip(td.meta, kids))
 
   return rec(treedef)

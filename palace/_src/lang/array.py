@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from palace._src import dtypes as dt
-from palace._src import executor
+from palace._src import executor, validate
 from palace._src.errors import ShapeError, TracingError, UsageError
 from palace._src.util import user_frame_summary
 
@@ -94,6 +94,13 @@ def concrete_int(x, what: str = "index") -> int:
   if isinstance(x, Array) and (x.shape or x.dtype.kind not in "iub"):
     raise ShapeError(f"Invalid {what}: got {x!r}; expected an integer scalar (e.g. a value read from an "
                      f"SMEM ref or pl.program_id). ({user_frame_summary()})")
+  if not isinstance(x, Array):
+    # a host value: an integer, never a truncated float (index maps, pl.ds starts, loop bounds, ...)
+    if validate.is_integer(x):
+      return int(x)
+    validate.as_int(x, f"{what} ({user_frame_summary()})", error=ShapeError,
+                    hint="pass an integer (an int, an integer NumPy scalar or an integer kernel "
+                         "scalar); floats are never truncated.")
   v = concrete_value(x, what)
   try:
     return int(v)

@@ -5,6 +5,7 @@ import numpy as np
 
 from palace._src import dtypes as dt
 from palace._src.executor import OpClass
+from palace._src import validate
 from palace._src.lang import numpy_ops as jnp
 from palace._src.errors import ShapeError
 from palace._src.lang.array import Array, concrete_int, ready_of
@@ -23,7 +24,8 @@ def select(pred, on_true, on_false):
 
 
 def broadcasted_iota(dtype, shape, dimension: int):
-  shape = tuple(int(s) for s in shape)
+  shape = validate.as_dims(shape, "lax.broadcasted_iota shape", error=ShapeError)
+  dimension = validate.as_int(dimension, "lax.broadcasted_iota dimension", error=ShapeError)
   d = _dtype_arg(dtype, "lax.broadcasted_iota")
   data = np.broadcast_to(np.arange(shape[dimension], dtype=d).reshape(
       [-1 if i == dimension else 1 for i in range(len(shape))]), shape)
@@ -113,7 +115,7 @@ def _clamped_starts(x, start_indices, sizes, api):
 
 def dynamic_slice(x, start_indices, slice_sizes):
   """`lax.dynamic_slice` of a value (starts may be runtime scalars; clamped into bounds like XLA)."""
-  sizes = tuple(int(s) for s in slice_sizes)
+  sizes = validate.as_dims(slice_sizes, "lax.dynamic_slice slice_sizes", error=ShapeError)
   starts = _clamped_starts(x, start_indices, sizes, "lax.dynamic_slice")
   idx = tuple(slice(s, s + n) for s, n in zip(starts, sizes))
   return _shape_op(x, lambda v: v[idx], sizes, OpClass.XLU)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from palace._src import dtypes as dt
-from palace._src import executor
+from palace._src import executor, validate
 from palace._src.errors import ShapeError, UsageError
 from palace._src.lang.array import Array
 from palace._src.util import user_frame_summary
@@ -129,18 +129,16 @@ def _default_dtype(x):
 
 
 def _shape_arg(shape):
-  if isinstance(shape, (int, np.integer)):
-    return (int(shape),)
-  return tuple(int(s) for s in shape)
+  return validate.as_dims(shape, "shape", error=ShapeError)
 
 
 def _norm_axes(axis, ndim):
   if axis is None:
     return tuple(range(ndim))
-  axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+  axes = (axis,) if not isinstance(axis, (tuple, list)) else tuple(axis)
   out = []
   for a in axes:
-    a = int(a)
+    a = validate.as_int(a, "axis", error=ShapeError)
     if not -ndim <= a < ndim:
       raise ShapeError(f"Reduction axis {a} is out of range for an array of rank {ndim}.")
     out.append(a % ndim)

@@ -85,7 +85,7 @@ def astype(x, dtype):
 
 
 floating, inexact, number, integer = np.floating, np.inexact, np.number, np.integer
-signedinteger, unsignedinteger = np.signedinteger, np.unsignedinteger
+signedinteger, unsignedinteger, generic = np.signedinteger, np.unsignedinteger, np.generic
 
 
 _ABSTRACT = (np.floating, np.inexact, np.number, np.integer, np.signedinteger, np.unsignedinteger, np.generic)

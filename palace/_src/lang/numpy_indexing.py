@@ -7,11 +7,17 @@ from __future__ import annotations
 import numpy as np
 
 from palace._src.executor import OpClass
+from palace._src import executor, validate
 from palace._src.errors import OutOfBoundsError, UsageError
 from palace._src.lang.array import Array, ready_of
 from palace._src.lang.numpy_base import _broadcast_shapes, _compute_dtype, _has_data, _np, _out
 from palace._src.lang.numpy_shape import _shape_op
 from palace._src.util import user_frame_summary
+
+
+def _where() -> str:
+  ex = executor.maybe_current()
+  return (" " + ex.where()) if ex is not None else ""
 
 
 def _static_index(shape, idx):
@@ -22,12 +28,46 @@ def _static_index(shape, idx):
     if isinstance(i, Array):
       raise UsageError("Indexing a value with a runtime index is not supported in kernels; store the "
                        "value in a ref and index the ref with pl.ds(start, size), or use lax.dynamic_slice.")
+  _check_static(shape, idx)
   try:
     probe = np.broadcast_to(np.zeros((), np.int8), shape)[idx]
   except IndexError as e:
+    if str(e).startswith("only integers"):
+      raise UsageError(f"Index {idx!r} of a value of shape {shape}: {e}. ({user_frame_summary()})") \
+          from None
     raise OutOfBoundsError(f"Index {idx!r} out of bounds for a value of shape {shape}: {e}. "
                            f"({user_frame_summary()})") from None
   return idx, probe.shape
+
+
+_SIMPLE = (int, np.integer, slice, type(None), type(Ellipsis))
+
+
+def _check_static(shape, idx) -> None:
+  """Slices of a value are bounds-checked like refs' (validate.static_slice: no silent clipping) and
+  non-integer indices are errors; ints are left to NumPy's own check (raised as OutOfBoundsError)."""
+  for i in idx:
+    if type(i).__name__ == "Slice" and hasattr(i, "stride"):
+      raise UsageError(f"Index [{validate.fmt_index(idx)}] of a value of shape {shape}{_where()} at "
+                       f"{user_frame_summary()}: pl.ds indexes refs, not values (as in JAX). Fix: "
+                       f"use a static slice (v[8:16]) or lax.dynamic_slice, or index the ref.")
+    if isinstance(i, (float, np.floating)) or type(i) is bool:
+      raise UsageError(f"Index {i!r} of a value of shape {shape}{_where()} at {user_frame_summary()}: "
+                       f"indices must be integers (floats are never truncated, bools are not masks "
+                       f"here). Fix: pass an int.")
+  if not all(isinstance(i, _SIMPLE) for i in idx):
+    return   # advanced (array) indices: NumPy's rules
+  n_axes = sum(1 for i in idx if i is not None and i is not Ellipsis)
+  axis = 0
+  for i in idx:
+    if i is Ellipsis:
+      axis += len(shape) - n_axes
+    elif i is not None:
+      if type(i) is slice and axis < len(shape):
+        validate.static_slice(i, shape[axis], lambda: f"Index [{validate.fmt_index(idx)}] (axis "
+                              f"{axis} of a value of shape {shape}){_where()} at "
+                              f"{user_frame_summary()}")
+      axis += 1
 
 
 def _array_getitem(self, idx):

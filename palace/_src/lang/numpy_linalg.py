@@ -13,7 +13,7 @@ import numpy as np
 
 from palace._src import blas
 from palace._src import dtypes as dt
-from palace._src import executor
+from palace._src import executor, validate
 from palace._src.errors import ShapeError, UsageError
 from palace._src.lang import deferred
 from palace._src.lang.array import Array, dtype_of, ready_of
@@ -74,7 +74,8 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
   """`lax.dot_general`: ((lhs_contract, rhs_contract), (lhs_batch, rhs_batch))."""
   a, b = _as_array(lhs), _as_array(rhs)
   (lc, rc), (lb, rb) = dimension_numbers
-  lc, rc, lb, rb = (tuple(int(x) % nd for x in t) for t, nd in
+  lc, rc, lb, rb = (tuple(validate.as_int(x, "dot_general dimension_numbers", error=ShapeError) % nd
+                          for x in t) for t, nd in
                     ((lc, a.ndim), (rc, b.ndim), (lb, a.ndim), (rb, b.ndim)))
   for i, j in zip(lc, rc):
     if a.shape[i] != b.shape[j]:

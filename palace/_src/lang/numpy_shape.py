@@ -9,7 +9,7 @@ import builtins
 import numpy as np
 
 from palace._src import dtypes as dt
-from palace._src import executor
+from palace._src import executor, validate
 from palace._src.executor import OpClass
 from palace._src.errors import ShapeError
 from palace._src.lang.array import Array, dtype_of, ready_of
@@ -34,7 +34,8 @@ def reshape(a, *shape, order="C"):
     shape = tuple(shape[0])
   src = _shape_of(a)
   n = int(np.prod(src))
-  shape = list(int(s) for s in shape)
+  shape = [validate.as_int(s, f"reshape shape[{i}]", min_value=-1, error=ShapeError)
+           for i, s in enumerate(shape)]
   if -1 in shape:
     k = shape.index(-1)
     rest = int(np.prod([s for i, s in enumerate(shape) if i != k]))
@@ -48,7 +49,8 @@ def reshape(a, *shape, order="C"):
 
 def transpose(a, axes=None):
   nd = len(_shape_of(a))
-  axes = tuple(reversed(range(nd))) if axes is None else tuple(int(x) % nd for x in axes)
+  axes = tuple(reversed(range(nd))) if axes is None else \
+      tuple(validate.as_int(x, "transpose axes", error=ShapeError) % nd for x in axes)
   out_shape = tuple(_shape_of(a)[i] for i in axes)
   minor = nd >= 2 and axes[-2:] != (nd - 2, nd - 1)
   return _shape_op(a, lambda v: np.transpose(v, axes), out_shape, OpClass.XLU if minor else OpClass.FREE)
@@ -134,6 +136,7 @@ def tile(a, reps):
 
 
 def repeat(a, repeats, axis=None):
+  repeats = validate.as_int(repeats, "jnp.repeat repeats", min_value=0, error=ShapeError)
   s = list(_shape_of(a))
   if axis is None:
     out = [int(np.prod(s)) * repeats]
@@ -144,7 +147,8 @@ def repeat(a, repeats, axis=None):
 
 
 def roll(a, shift, axis=None):
-  shift_v = int(shift._data) if isinstance(shift, Array) else int(shift)
+  shift_v = int(shift._data) if isinstance(shift, Array) else \
+      validate.as_int(shift, "jnp.roll shift", error=ShapeError)
   nd = len(_shape_of(a))
   cls = OpClass.XLU if axis is not None and axis % builtins.max(nd, 1) >= nd - 2 else OpClass.CHEAP
   return _shape_op(a, lambda v: np.roll(v, shift_v, axis=axis), _shape_of(a), cls)

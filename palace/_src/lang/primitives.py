@@ -11,7 +11,7 @@ import functools
 import numpy as np
 
 from palace._src import dtypes as dt
-from palace._src import executor
+from palace._src import executor, validate
 from palace._src.core import SemaphoreRefType, MemoryRef
 from palace._src.errors import MemorySpaceError, PalaceError, UsageError
 from palace._src.lang.array import Array, concrete_int, concrete_value
@@ -37,6 +37,8 @@ def program_id(axis: int) -> Array:
                      "lax.axis_index for mesh positions); it is valid in pallas_call and emit_pipeline "
                      "bodies.")
   idx, sizes = ex.grid_stack[-1]
+  if type(axis) is not int:
+    axis = validate.as_int(axis, "pl.program_id(axis)")
   if not -len(idx) <= axis < len(idx):
     raise UsageError(f"pl.program_id({axis}): the grid has {len(idx)} axes {tuple(sizes)}.")
   return Array(np.int32(idx[axis]), (), _I32, ex.now)
@@ -47,6 +49,7 @@ def num_programs(axis: int) -> int:
   if not ex.grid_stack:
     raise UsageError("pl.num_programs() has no grid here (pl.kernel bodies have no grid).")
   idx, sizes = ex.grid_stack[-1]
+  axis = validate.as_int(axis, "pl.num_programs(axis)")
   if not -len(sizes) <= axis < len(sizes):
     raise UsageError(f"pl.num_programs({axis}): the grid has {len(sizes)} axes {tuple(sizes)}.")
   return int(sizes[axis])
@@ -116,11 +119,12 @@ def while_loop(cond_fun, body_fun, init_val):
 def loop(lower, upper, *, step: int = 1, init_carry=None, unroll=None):
   """Decorator form of a fori_loop: `@pl.loop(0, n) def body(i): ...`."""
   lo, hi = concrete_int(lower, "pl.loop lower"), concrete_int(upper, "pl.loop upper")
+  step = validate.as_int(step, "pl.loop step", min_value=1)
 
   def deco(f):
     ex = executor.maybe_current()
     carry = init_carry
-    for i in range(lo, hi, int(step)):
+    for i in range(lo, hi, step):
       idx = _scalar(i, ex.now) if ex is not None else i
       if ex is not None:
         ex.scalar_op()

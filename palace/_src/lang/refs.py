@@ -3,6 +3,13 @@
 A Ref is a Buffer plus a view: one entry per buffer dimension, either an int (that dimension is indexed
 away) or a (start, size, stride) window. `ref.at[...]` composes views without touching data; `ref[...]`
 loads through the executor and returns an Array; `ref[...] = v` stores.
+
+Every index is bounds-checked, each form in one place: ints (negative ones count from the end, as in
+NumPy), `pl.ds(start, size, stride)` (start >= 0 and the window inside the axis) and static Python
+slices (validate.static_slice: legal negative bounds keep NumPy's meaning, but a bound outside
+[-size, size] is an OutOfBoundsError instead of NumPy's silent clipping; JAX rejects an out-of-range
+start too but clamps a stop beyond the end, which palace rejects as well, since the shortened window
+is almost always a kernel bug). Indices must be integers: floats and bools are errors, never truncated.
 """
 from __future__ import annotations
 
@@ -12,7 +19,7 @@ import weakref
 import numpy as np
 
 from palace._src import dtypes as dt
-from palace._src import executor
+from palace._src import executor, validate
 from palace._src.core import Buffer, MemorySpace, is_hbm
 from palace._src.errors import MemorySpaceError, OutOfBoundsError, ShapeError, UsageError
 from palace._src.lang import numpy_indexing, numpy_linalg, numpy_ops  # noqa: F401  (bind Array operators)
@@ -30,19 +37,27 @@ class Slice:
   stride: int = 1
 
   def __post_init__(self):
-    if isinstance(self.size, Array):
-      raise UsageError("pl.ds size must be a static Python int (only the start may be dynamic).")
-    if int(self.size) < 0:
-      raise UsageError(f"pl.ds size must be >= 0; got {self.size}.")
+    start, size, stride = self.start, self.size, self.stride
+    if (type(size) is int and size >= 0 and type(stride) is int and stride >= 1 and
+        (type(start) is int or type(start) is Array)):
+      return   # the common case, cheap (pl.ds is built on every step of a kernel loop)
+    if isinstance(self.size, Array) or isinstance(self.stride, Array):
+      raise UsageError(f"pl.ds size must be a static Python int (only the start may be dynamic); got "
+                       f"size={self.size!r}, stride={self.stride!r}. ({user_frame_summary()})")
+    hint = "pass an integer; floats are never truncated."
+    if not isinstance(self.start, Array):
+      object.__setattr__(self, "start", validate.as_int(
+          self.start, f"pl.ds start ({user_frame_summary()})", hint=hint))
+    object.__setattr__(self, "size", validate.as_int(
+        self.size, f"pl.ds size ({user_frame_summary()})", min_value=0, hint=hint))
+    object.__setattr__(self, "stride", validate.as_int(
+        self.stride, f"pl.ds stride ({user_frame_summary()})", min_value=1, hint=hint))
 
 
 def ds(start, size=None, stride: int = 1) -> Slice:
   if size is None:
     start, size = 0, start
-  if isinstance(size, Array) or isinstance(stride, Array):
-    raise UsageError(f"pl.ds size must be a static Python int (only the start may be dynamic); got "
-                     f"size={size!r}, stride={stride!r}. ({user_frame_summary()})")
-  return Slice(start, int(size), int(stride))
+  return Slice(start, size, stride)
 
 
 def _where() -> str:
@@ -142,6 +157,12 @@ class Ref:
   def _view(self, idx) -> "Ref":
     return Ref(self.buf, self._compose(idx))
 
+  def _index_site(self, idx, axis: int) -> str:
+    """`x_ref[200:208, :]` (axis 0 of args[0], shape (128, 256), VMEM) at grid point ... line: the
+    place of a bad index, for its error message."""
+    return (f"Index {self.buf.name}[{validate.fmt_index(idx)}] (axis {axis} of {self.origin()}, shape "
+            f"{self.shape}, {self.buf.memory_space}){_where()} at {user_frame_summary()}")
+
   def _compose(self, idx):
     if not isinstance(idx, tuple):
       idx = (idx,)
@@ -163,15 +184,15 @@ class Ref:
       if isinstance(i, Slice):
         s0 = concrete_int(i.start, "pl.ds start")
         sz, st = i.size, i.stride
-      elif isinstance(i, slice):
+      elif type(i) is slice:
         if any(isinstance(v, Array) for v in (i.start, i.stop, i.step)):
           raise UsageError(f"Slicing {self.buf.name} with runtime bounds needs pl.ds(start, size): a "
                            f"Python slice must be static.")
-        s0, stop, st = i.indices(size)
-        sz = max(0, -(-(stop - s0) // st)) if st > 0 else 0
-        if st <= 0:
-          raise UsageError("Negative slice steps are not supported on refs.")
+        s0, sz, st = validate.static_slice(i, size, lambda: self._index_site(idx, axis))
       elif isinstance(i, (Array, int, np.integer)):
+        if type(i) is bool:
+          raise UsageError(f"{self._index_site(idx, axis)}: a bool is not an index. Fix: index with an "
+                           f"integer, a slice or pl.ds (boolean masks are not supported on refs).")
         v = concrete_int(i, "index")
         if isinstance(i, (int, np.integer)) and v < 0:
           v += size

@@ -4,14 +4,14 @@ from __future__ import annotations
 import numpy as np
 
 from palace._src import dtypes as dt
-from palace._src import executor
+from palace._src import executor, validate
 from palace._src.core import SemaphoreType
 from palace._src.errors import ShapeError, UsageError
 from palace._src.executor import DmaRequest, OpClass
 from palace._src.lang import numpy_ops as jnp
 from palace._src.lang.numpy_base import _out
 from palace._src.lang import context
-from palace._src.lang.array import concrete_value, ready_of
+from palace._src.lang.array import concrete_int, concrete_value, ready_of
 from palace._src.lang.primitives import (axis_index, axis_size, resolve_device_id, run_scoped,
                                          sem_target, semaphore_signal, semaphore_wait)
 from palace._src.lang.indexed import IndexedRef
@@ -255,8 +255,9 @@ def roll(x, shift, axis: int, *, stride=None, stride_axis=None):
   """jnp.roll for shift >= 0; with stride, slice i along stride_axis rolls by shift + i * stride."""
   if stride is None:
     return jnp.roll(x, shift, axis=axis)
-  s0 = int(concrete_value(shift))
-  parts = [jnp.roll(_slice_axis(x, stride_axis, i), s0 + i * int(stride), axis)
+  s0 = concrete_int(shift, "pltpu.roll shift")
+  stride = validate.as_int(stride, "pltpu.roll stride")
+  parts = [jnp.roll(_slice_axis(x, stride_axis, i), s0 + i * stride, axis)
            for i in range(x.shape[stride_axis])]
   return jnp.concatenate(parts, axis=stride_axis)
 
@@ -308,7 +309,7 @@ def prng_seed(*seeds) -> None:
   ex = executor.current("pltpu.prng_seed()")
   s = 0
   for v in seeds:
-    s = (s * 1_000_003 + int(concrete_value(v))) & 0xFFFFFFFFFFFFFFFF
+    s = (s * 1_000_003 + concrete_int(v, "pltpu.prng_seed seed")) & 0xFFFFFFFFFFFFFFFF
   context.current("pltpu.prng_seed()").prng = _Prng(s)
   ex.scalar_op()
 
@@ -317,6 +318,6 @@ def prng_random_bits(shape):
   gen = context.current("pltpu.prng_random_bits()").prng
   if gen is None:
     raise UsageError("pltpu.prng_random_bits() before pltpu.prng_seed(): seed the generator first.")
-  shape = tuple(int(s) for s in shape)
+  shape = validate.as_dims(shape, "pltpu.prng_random_bits shape")
   data = gen.bits(shape)
   return _out(data, shape, dt.int32, 0, OpClass.CHEAP, True)

@@ -67,8 +67,34 @@ def like_inputs(out, args):
   return tree_map(lambda a: jax.numpy.asarray(a) if isinstance(a, np.ndarray) else a, out)
 
 
+class _CallersArray:
+  """The lender of an input buffer's storage: the caller's array (see hbm_input). It answers the
+  lender protocol of Buffer.borrow/owners as a buffer that is never written during the launch: no
+  storage of its own to watch, no lender of its own, readers need no registration."""
+  __slots__ = ()
+  borrowed = None
+  _storage = None
+
+  def add_reader(self, ref) -> None:
+    pass
+
+  def __repr__(self):
+    return "<the caller's array>"
+
+
+CALLERS_ARRAY = _CallersArray()
+
+
 def hbm_input(a: np.ndarray, name: str, chip: int = 0) -> Buffer:
-  return Buffer(a, a.shape, a.dtype, MemorySpace.ANY, name, None, chip)
+  """An input operand's HBM buffer, without a copy: it views the caller's array read-only and borrows
+  it (`Buffer.borrowed`), so the first write to the buffer (a DMA into the input ref, a store, an
+  atomic) takes a private copy first (copy on write, Buffer.detach_readers). Inputs behave as JAX
+  arrays: never modified, unless aliased (`input_output_aliases` writes a copy that is returned)."""
+  ro = a.view()
+  ro.setflags(write=False)
+  buf = Buffer(ro, a.shape, a.dtype, MemorySpace.ANY, name, None, chip)
+  buf.borrowed = CALLERS_ARRAY
+  return buf
 
 
 def eager_output_init() -> bool:

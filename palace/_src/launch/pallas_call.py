@@ -7,6 +7,7 @@ import inspect
 from palace._src.blocks import canonicalize
 from palace._src.core import BlockSpec, GridSpec, MemoryRef, MemorySpace, no_block_spec
 from palace._src.errors import ShapeError, UsageError
+from palace._src import validate
 from palace._src.launch import host as launch
 from palace._src.launch.plan import OPERAND, OUTPUT, LaunchPlan, Operand, Output, Stage
 from palace._src.launch.run import run
@@ -126,8 +127,7 @@ def pallas_call(kernel, out_shape, *, grid_spec=None, grid=(), in_specs=no_block
                        "not both.")
   else:
     grid_spec = GridSpec(grid, in_specs, out_specs, scratch_shapes)
-  g = grid_spec.grid
-  g = (g,) if isinstance(g, int) else tuple(g)
+  g = grid_spec.grid   # checked per call (validate.as_dims in _call)
   params = launch.check_params(compiler_params, "pallas_call")
   kname = name or getattr(kernel, "__name__", "kernel")
   aliases = dict(input_output_aliases or {})
@@ -151,10 +151,8 @@ def _plan(kernel, kname, out_shape, grid, grid_spec, aliases, params, args):
   pre_leaves, pre_td = tree_flatten(tuple(args[:nsp]))
   in_leaves, _ = tree_flatten(tuple(args[nsp:]))
   out_leaves, out_td = tree_flatten(out_shape, is_leaf=lambda x: hasattr(x, "shape"))
-  grid = tuple(int(x) for x in grid)
-  for gsz in grid:
-    if gsz < 0:
-      raise UsageError(f"pallas_call '{kname}': grid {grid} has a negative size.")
+  grid = validate.as_dims(grid, f"grid of pallas_call '{kname}'",
+                          hint="pass a tuple of non-negative integers, e.g. grid=(4, 2).")
   pre_arrays = [launch.to_host_array(a, f"scalar_prefetch[{i}]") for i, a in enumerate(pre_leaves)]
   in_arrays = [launch.to_host_array(a, f"args[{i + nsp}]") for i, a in enumerate(in_leaves)]
   kernel, in_specs, out_specs, scratch = _absent_entries(

@@ -205,7 +205,7 @@ def _mesh_cores(machine, chip_index, mesh, params, kname):
     for c in cores:
       c.mesh_axes = [(mesh.axis_name, n)]
     return cores
-  check_for_chip(mesh, chip)
+  mesh = check_for_chip(mesh, chip)   # sizes of a mesh built before pl.virtual_tpu: this chip's
   if isinstance(mesh, VectorSubcoreMesh):
     nc, ns = mesh.num_cores, mesh.num_subcores
     cores = []

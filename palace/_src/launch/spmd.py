@@ -19,11 +19,11 @@ import threading
 
 import numpy as np
 
-from palace._src import blas
+from palace._src import blas, validate
 from palace._src.launch import host as launch
 from palace._src.errors import SyncError, UsageError
 from palace._src.sim.ici import Topology
-from palace._src.sim.machine import activate, active_tpu
+from palace._src.sim.machine import activate, active_tpu, explicit_tpu
 from palace._src.util import tree_flatten, tree_unflatten
 
 
@@ -46,6 +46,22 @@ class Mesh:
   shape_tuple: tuple
   axis_names: tuple
   device_ids: tuple = None   # torus position of each mesh position (row-major); None: identity
+  placed: bool = True        # False: built before any pl.virtual_tpu; laid out on the pod at use
+
+  def placed_on(self, tpu) -> "Mesh":
+    """This mesh checked against (and, when built before any pl.virtual_tpu, laid out on) the pod of
+    `tpu`: meshes can be built ahead, as in JAX, and are checked when a launch uses them."""
+    size = self.size
+    if size != tpu.num_chips:
+      raise UsageError(f"make_mesh{self.shape_tuple}: the mesh has {size} chips but the virtual TPU "
+                       f"has {tpu.num_chips}; use pl.virtual_tpu({tpu.chip.name!r}, num_chips={size}).")
+    if self.placed:
+      return self
+    if sum(1 for s in self.shape_tuple if s > 1) == 1:
+      ids = tuple(Topology(tpu.chip, tpu.num_chips, tpu.topology).ring_order())
+    else:
+      ids = tuple(range(size))
+    return Mesh(self.shape_tuple, self.axis_names, None if ids == tuple(range(size)) else ids)
 
   @property
   def shape(self) -> dict:
@@ -72,24 +88,21 @@ class Mesh:
 
 
 def make_mesh(axis_shapes, axis_names, *, devices=None, axis_types=None) -> Mesh:
-  shape = tuple(int(s) for s in axis_shapes)
+  shape = validate.as_dims(axis_shapes, "make_mesh axis_shapes")
   names = tuple(axis_names)
   if len(shape) != len(names):
     raise UsageError(f"make_mesh: {len(shape)} axis sizes but {len(names)} axis names.")
-  tpu = active_tpu()
   size = int(np.prod(shape))
-  if size != tpu.num_chips:
-    raise UsageError(f"make_mesh{shape}: the mesh has {size} chips but the virtual TPU has "
-                     f"{tpu.num_chips}; use pl.virtual_tpu({tpu.chip.name!r}, num_chips={size}).")
   if devices is not None:
-    ids = tuple(int(d) for d in np.asarray(devices).reshape(-1))
+    ids = tuple(validate.as_int(d, "make_mesh devices") for d in np.asarray(devices).reshape(-1))
     if sorted(ids) != list(range(size)):
       raise UsageError(f"make_mesh{shape}: devices {ids} must list each of the {size} chips once.")
-  elif sum(1 for s in shape if s > 1) == 1:
-    ids = tuple(Topology(tpu.chip, tpu.num_chips, tpu.topology).ring_order())
+    mesh = Mesh(shape, names, None if ids == tuple(range(size)) else ids)
   else:
-    ids = tuple(range(size))
-  return Mesh(shape, names, None if ids == tuple(range(size)) else ids)
+    mesh = Mesh(shape, names, None, placed=False)
+  tpu = explicit_tpu()
+  # inside pl.virtual_tpu: checked and laid out now; before it: when a shard_map uses it
+  return mesh if tpu is None else mesh.placed_on(tpu)
 
 
 def _dim_axes(spec, ndim):
@@ -107,11 +120,11 @@ def _first_replica(spec, mesh: Mesh, chip: int, ndim: int) -> bool:
 
 
 def _shard(x, spec, mesh: Mesh, chip: int, what: str):
-  """Chip `chip`'s shard: a view of `x` on the first replica, a private copy on the others (kernels
-  may write their inputs; chips must not share storage)."""
-  a = np.asarray(x)
-  out = _shard_view(a, spec, mesh, chip, what)
-  return out if _first_replica(spec, mesh, chip, a.ndim) else out.copy()
+  """Chip `chip`'s shard: a read-only view of `x`, like an immutable JAX array. Replicas share it: a
+  kernel writing its input writes a private copy (copy on write, launch.host.hbm_input)."""
+  out = _shard_view(np.asarray(x), spec, mesh, chip, what).view()
+  out.setflags(write=False)
+  return out
 
 
 def _shard_view(a, spec, mesh: Mesh, chip: int, what: str):
@@ -236,11 +249,17 @@ class _Group:
 def shard_map(f, *, mesh: Mesh, in_specs, out_specs, check_rep=True, check_vma=True, axis_names=None):
   """Run `f` once per virtual chip on its shards; kernels launched inside run as one SPMD launch."""
 
+  if not isinstance(mesh, Mesh):
+    raise UsageError(f"shard_map(mesh={mesh!r}): expected a mesh from pl.make_mesh(axis_shapes, "
+                     f"axis_names).")
+  built = mesh
+
   def run(*args):
     tpu = active_tpu()
-    if mesh.size != tpu.num_chips:
-      raise UsageError(f"shard_map over a mesh of {mesh.size} chips on a virtual TPU with "
+    if built.size != tpu.num_chips:
+      raise UsageError(f"shard_map over a mesh of {built.size} chips on a virtual TPU with "
                        f"{tpu.num_chips}; create both with the same chip count.")
+    mesh = built.placed_on(tpu)
     specs = in_specs if isinstance(in_specs, (list, tuple)) and not isinstance(in_specs, P) \
         else (in_specs,) * len(args)
     if len(specs) != len(args):

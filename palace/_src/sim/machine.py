@@ -19,7 +19,7 @@ import threading
 import numpy as np
 
 from palace._src import executor as executor_mod
-from palace._src import hw
+from palace._src import hw, validate
 from palace._src.errors import SyncError, UsageError
 from palace._src.sim.dma import Channel, move_data
 from palace._src.sim.ici import Topology
@@ -523,14 +523,12 @@ class VirtualTPU:
     self.chip = hw.get_chip(chip)
     if p_state is not None:  # a P-state of a chip with several clocks (7x): hw.with_p_state
       self.chip = hw.with_p_state(self.chip, p_state)
-    if int(num_chips) < 1:
-      raise UsageError(f"num_chips must be >= 1; got {num_chips}.")
-    self.num_chips = int(num_chips)
+    self.num_chips = validate.as_int(num_chips, "pl.virtual_tpu(num_chips)", min_value=1)
     self.timing_only = bool(timing_only)
     if dma_policy not in DMA_POLICIES:
       raise UsageError(f"dma_policy={dma_policy!r}: expected one of {DMA_POLICIES}.")
     self.dma_policy = dma_policy
-    self.seed = int(seed)
+    self.seed = validate.as_int(seed, "pl.virtual_tpu(seed)")
     self.trace = bool(trace)
     self.topology = None if topology is None else tuple(topology)
     Topology(self.chip, self.num_chips, self.topology)  # validate early
@@ -578,6 +576,11 @@ def active_tpu() -> VirtualTPU:
   """The VirtualTPU of the innermost `with pl.virtual_tpu(...)`, or a fresh default one (v5e)."""
   tpu = _active.get()
   return tpu if tpu is not None else VirtualTPU(hw.DEFAULT_CHIP)
+
+
+def explicit_tpu() -> VirtualTPU | None:
+  """The VirtualTPU of the innermost `with pl.virtual_tpu(...)`, or None outside any."""
+  return _active.get()
 
 
 def activate(tpu: VirtualTPU):

@@ -63,6 +63,28 @@ def case_wheel_paged_attention():
       (q, kp, vp, lengths, idx), (1e-5, 1e-5)
 
 
+def _paged_gqa(ratio, seed):
+  """paged_attention in f32 with grouped queries (`ratio` query heads per KV head). The kernel casts
+  K and V to bfloat16 after loading them (its MultiPageAsyncCopyDescriptor dequantizes to bf16 by
+  default), in JAX's interpret mode and on a TPU alike: against an f32 reference it is off by bf16
+  rounding (~4e-2), against the same kernel in JAX it agrees to f32 summation-order noise. docs/compat.md"""
+  kv_heads, page, head_dim = 2, 16, 128
+  q = _normal(2, kv_heads * ratio, head_dim, seed=seed)
+  kp, vp = (_normal(kv_heads, 8, page, head_dim, seed=seed + s) for s in (1, 2))
+  lengths = np.array([37, 64], np.int32)
+  idx = np.array([[3, 1, 0, 2], [4, 6, 5, 7]], np.int32)
+  return (lambda *a: paged_attention.paged_attention(*a, pages_per_compute_block=2)), \
+      (q, kp, vp, lengths, idx), (1e-5, 1e-5)
+
+
+def case_wheel_paged_attention_f32_gqa4():
+  return _paged_gqa(4, 70)
+
+
+def case_wheel_paged_attention_f32_gqa8():
+  return _paged_gqa(8, 73)
+
+
 def case_wheel_megablox_gmm():
   lhs, rhs = _ints((512, 256), 60), _ints((3, 256, 128), 61)
   sizes = np.array([128, 256, 128], np.int32)

@@ -6,13 +6,14 @@ forward function, `random` is deterministic but not bit-compatible with JAX's Th
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import inspect
 
 import numpy as np
 
 from palace._src import dtypes as dt
-from palace._src import executor
+from palace._src import executor, util, validate
 from palace._src.core import ShapeDtypeStruct as _PalaceSDS
 from palace._src.errors import UnsupportedError, UsageError
 from palace._src.lang import numpy_ops as pjnp
@@ -236,21 +237,24 @@ def default_backend():
 
 
 # ------------------------------------------------------------------ tree_util
-_REGISTERED = {}
-
-
+# Registrations go to palace's pytree registry (util.py), so pallas_call / pl.kernel operands and
+# jax.tree_util calls of the loaded module see the same nodes.
 def register_pytree_node(cls, flatten, unflatten, flatten_with_keys=None):
-  _REGISTERED[cls] = (flatten, unflatten)
-  return cls
+  return util.register_pytree_node(cls, flatten, unflatten)
 
 
 def register_pytree_node_class(cls):
-  register_pytree_node(cls, lambda x: x.tree_flatten(), cls.tree_unflatten)
-  return cls
+  return util.register_pytree_node(cls, lambda x: x.tree_flatten(), cls.tree_unflatten)
 
 
 def register_dataclass(cls, data_fields=None, meta_fields=None, drop_fields=()):
-  return cls
+  return util.register_dataclass(cls, data_fields, meta_fields, drop_fields)
+
+
+def static_field(**kwargs):
+  """`jax.tree.static()`: a dataclass field that register_dataclass treats as static metadata."""
+  metadata = {**(kwargs.pop("metadata", None) or {}), "static": True}
+  return dataclasses.field(metadata=metadata, **kwargs)
 
 
 class Partial(functools.partial):
@@ -327,7 +331,7 @@ def _key_words(key) -> np.ndarray:
 
 def PRNGKey(seed) -> np.ndarray:  # noqa: N802 (JAX's name)
   """A uint32[2] key. palace's streams are deterministic but differ from JAX's Threefry streams."""
-  s = int(seed) & 0xFFFFFFFFFFFFFFFF
+  s = validate.as_int(seed, "jax.random.PRNGKey(seed)") & 0xFFFFFFFFFFFFFFFF
   return np.array([s >> 32, s & 0xFFFFFFFF], np.uint32)
 
 
@@ -339,17 +343,17 @@ def _gen(k) -> np.random.Generator:
 
 
 def split(k, num: int = 2) -> np.ndarray:
-  return _gen(k).integers(0, 2**32, size=(int(num), 2), dtype=np.uint32)
+  return _gen(k).integers(0, 2**32, size=(validate.as_int(num, "jax.random.split(num)", min_value=0), 2), dtype=np.uint32)
 
 
 def fold_in(k, data) -> np.ndarray:
   w = _key_words(k)
-  return _gen(np.array([w[0] ^ (int(data) & 0xFFFFFFFF), w[1]], np.uint32)).integers(
+  return _gen(np.array([w[0] ^ (validate.as_int(data, "jax.random.fold_in(data)") & 0xFFFFFFFF), w[1]], np.uint32)).integers(
       0, 2**32, size=(2,), dtype=np.uint32)
 
 
 def _shape(shape):
-  return (int(shape),) if np.ndim(shape) == 0 else tuple(int(s) for s in shape)
+  return validate.as_dims(shape, "jax.random shape")
 
 
 def _float_dtype(dtype):
@@ -386,7 +390,8 @@ def bernoulli(k, p=0.5, shape=None):
 
 def permutation(k, x, axis=0, independent=False):
   if np.ndim(x) == 0:
-    return _gen(k).permutation(int(x)).astype(np.int32)
+    return _gen(k).permutation(validate.as_int(x, "jax.random.permutation(x)", min_value=0)).astype(
+        np.int32)
   return _gen(k).permutation(np.asarray(x), axis=axis)
 
 

@@ -7,6 +7,12 @@ How the isolation works: the module's source is compiled and executed in a fresh
 still get the real JAX if it is installed. Kernels that ship inside the jax wheel import their siblings
 as `jax.experimental.pallas.ops.tpu.<...>`: those are loaded from the wheel's source files through the
 same importer (the files are found without importing JAX).
+
+Loaded modules behave like imported ones: the user's own modules (the loaded file's package, or its
+directory for a plain file, like a script's directory on sys.path) are loaded through the same shim when
+the module imports them, absolutely (`import helpers`, `from mypkg import util`) or relatively
+(`from . import util`); the module is in `sys.modules` while its top level runs (dataclasses, enum and
+typing look classes' modules up there), and its code is compiled with its own `__future__` flags.
 """
 from __future__ import annotations
 
@@ -21,14 +27,18 @@ from palace._src.tools.compat import shim
 from palace._src.errors import UnsupportedError, UsageError
 
 _OPS = "jax.experimental.pallas.ops"
+_MISSING = object()
 
 
 class World:
   """One load: the shim table plus every jax-wheel source module loaded through it."""
 
-  def __init__(self, jax_root: Path | None):
+  def __init__(self, jax_root: Path | None, user_root: Path | None = None, user_top: str | None = None):
     self.modules: dict = shim.build_shim()
     self.jax_root = jax_root
+    # the user's own modules: under user_root, in the package user_top (None: any module file there,
+    # as for a script's directory)
+    self.user_root, self.user_top = user_root, user_top
     b = dict(builtins.__dict__)
     b["__import__"] = self.import_
     self.builtins = b
@@ -37,24 +47,46 @@ class World:
   def import_(self, name, globals=None, locals=None, fromlist=(), level=0):
     if level:
       pkg = (globals or {}).get("__package__") or ""
-      if not pkg.startswith("jax"):
+      if not pkg.startswith("jax") and self.user_file(pkg) is None:
         return builtins.__import__(name, globals, locals, fromlist, level)
       name = importlib.util.resolve_name("." * level + name, pkg) if name else \
           importlib.util.resolve_name("." * level, pkg)
-    if name != "jax" and not name.startswith("jax."):
+    is_jax = name == "jax" or name.startswith("jax.")
+    if not is_jax and self.user_file(name) is None:
       return builtins.__import__(name, globals, locals, fromlist, 0)
     mod = self.get(name)
     if fromlist:
       for f in fromlist:
-        if f != "*" and f not in mod.__dict__ and name.startswith(_OPS):
-          self.get(f"{name}.{f}")
+        if f != "*" and f not in mod.__dict__ and (name.startswith(_OPS) or not is_jax):
+          sub = f"{name}.{f}"
+          if is_jax or self.user_file(sub) is not None:
+            self.get(sub)
       return mod
-    return self.get("jax")
+    return self.get(name.partition(".")[0])
+
+  def user_file(self, name: str) -> Path | None:
+    """The source file of the user's own module `name` (under user_root), or None."""
+    if self.user_root is None or not name or name == "jax" or name.startswith("jax."):
+      return None
+    if self.user_top is not None and name.partition(".")[0] != self.user_top:
+      return None
+    base = self.user_root.joinpath(*name.split("."))
+    for f in (base / "__init__.py", base.with_suffix(".py")):
+      if f.is_file():
+        return f
+    return None
 
   def get(self, name: str):
     if name in self.modules:
       return self.modules[name]
     parent, _, child = name.rpartition(".")
+    f = self.user_file(name)
+    if f is not None:   # the user's own module: through this shim too (parents first, as imports do)
+      pmod = self.get(parent) if parent else None
+      mod = self.modules.get(name) or self.exec_file(name, f, package=f.name == "__init__.py")
+      if pmod is not None:
+        setattr(pmod, child, mod)
+      return mod
     if name == _OPS or name.startswith(_OPS + "."):
       pmod = self.get(parent)
       mod = self._load_wheel_module(name)
@@ -100,21 +132,23 @@ class World:
     mod = self.new_module(name, file, package)
     if run_name is not None:
       mod.__name__ = run_name
-    code = compile(src, str(file), "exec")
-    # dataclasses resolves string annotations (`from __future__ import annotations`) through
-    # sys.modules[cls.__module__] while the class body runs: the module is visible there during its own
-    # execution only, and only under a name nothing else holds (the real JAX's modules stay untouched).
-    transient = mod.__name__ not in sys.modules
-    if transient:
-      sys.modules[mod.__name__] = mod
+    # dont_inherit: the module's own `from __future__` lines only (not this file's annotations flag)
+    code = compile(src, str(file), "exec", dont_inherit=True)
+    key = mod.__name__
+    before = sys.modules.get(key, _MISSING)
+    sys.modules[key] = mod   # while its top level runs, as importing does (dataclasses look it up)
     try:
       exec(code, mod.__dict__)  # noqa: S102  (loading the user's module is the point)
     except BaseException:
       self.modules.pop(name, None)
       raise
     finally:
-      if transient and sys.modules.get(mod.__name__) is mod:
-        del sys.modules[mod.__name__]
+      # then the entry goes again: later real imports of `jax...` or of this name get the real module
+      if sys.modules.get(key) is mod:
+        if before is _MISSING:
+          del sys.modules[key]
+        else:
+          sys.modules[key] = before
     return mod
 
 
@@ -184,9 +218,32 @@ def load_module(path_or_name):
     ...   out = mm.matmul(x, y, block_shape=(128, 128))
   """
   f, name, root = _resolve(path_or_name)
-  world = World(root)
+  if root is not None:   # a jax-wheel kernel: its siblings come from the jax sources
+    world = World(root)
+  else:
+    name, user_root, user_top = _user_package(f, name)
+    world = World(None, user_root, user_top)
   package = f.name == "__init__.py"
-  return world.exec_file(name, f, package=package)
+  parent, _, child = name.rpartition(".")
+  pmod = world.get(parent) if parent and world.user_file(parent) is not None else None
+  mod = world.exec_file(name, f, package=package)   # its packages ran first, as an import does
+  if pmod is not None:
+    setattr(pmod, child, mod)
+  return mod
+
+
+def _user_package(f: Path, name: str) -> tuple[str, Path, str | None]:
+  """(module name, root directory, top-level package or None) of a user's module file: a file in a
+  package (directories with __init__.py) is named and resolved as importing it would; a plain file
+  sees its directory's modules, as a script does."""
+  d = f.parent
+  parts = [] if f.name == "__init__.py" else [f.stem]
+  while (d / "__init__.py").is_file() and d.parent != d:
+    parts.insert(0, d.name)
+    d = d.parent
+  if len(parts) <= 1 and f.name != "__init__.py":
+    return name if "." in name else f.stem, f.parent, None
+  return ".".join(parts), d, parts[0]
 
 
 def run_path(path, run_name: str = "__main__", argv=None):
@@ -197,7 +254,8 @@ def run_path(path, run_name: str = "__main__", argv=None):
   p = Path(path).resolve()
   if not p.is_file():
     raise UsageError(f"palace.compat.run_path({path!r}): no such file.")
-  world = World(_root_of(p))
+  root = _root_of(p)
+  world = World(root) if root is not None else World(None, p.parent, None)
   old_argv, old_path = sys.argv, list(sys.path)
   sys.argv = [str(p), *(argv or ())]
   sys.path.insert(0, str(p.parent))

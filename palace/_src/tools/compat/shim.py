@@ -19,7 +19,7 @@ from palace import numpy as _pjnp
 from palace import tpu as _ptpu
 from palace import tpu_sc as _psc
 from palace._src import dtypes as dt
-from palace._src import executor
+from palace._src import executor, validate
 from palace._src.launch import spmd
 from palace._src.tools.compat import host
 from palace._src.core import CostEstimate
@@ -99,7 +99,7 @@ def _repeat(a, repeats, axis=None, *, total_repeat_length=None):
   if axis is None:
     a, axis = a.ravel(), 0
   out = np.repeat(a, np.asarray(repeats), axis=axis)
-  n = int(total_repeat_length)
+  n = validate.as_int(total_repeat_length, "jnp.repeat(total_repeat_length)", min_value=0)
   if out.shape[axis] >= n:
     return np.take(out, np.arange(n), axis=axis)
   last = np.take(out, [-1], axis=axis) if out.shape[axis] else np.zeros_like(np.take(a, [0], axis=axis))
@@ -112,14 +112,13 @@ def _jnp_names() -> dict:
   for n in _NP_HOST:
     if not hasattr(_pjnp, n) and hasattr(np, n):
       names[n] = _host_only(n, getattr(np, n))
+  # dtype predicates and promotion are palace.numpy's (JAX's rules for every TPU dtype: bfloat16 and
+  # fp8 are floating, int4 an integer; tests/jax_parity/test_dtype_parity.py compares them with JAX)
   names.update(
-      issubdtype=lambda a, b: np.issubdtype(np.dtype(a) if not isinstance(a, type) or
-                                            not issubclass(a, np.generic) else a, b),
+      issubdtype=_pjnp.issubdtype, promote_types=_pjnp.promote_types, result_type=_pjnp.result_type,
+      finfo=_pjnp.finfo, iinfo=_pjnp.iinfo, generic=np.generic, bool_=dt.bool_,
       floating=np.floating, integer=np.integer, signedinteger=np.signedinteger,
       unsignedinteger=np.unsignedinteger, inexact=np.inexact, number=np.number,
-      promote_types=lambda a, b: dt.canonicalize(np.promote_types(np.dtype(a), np.dtype(b))),
-      result_type=lambda *xs: dt.canonicalize(np.result_type(*[np.asarray(x) if not isinstance(
-          x, (type, np.dtype, str)) else np.dtype(x) for x in xs])),
       shape=np.shape, ndim=np.ndim, size=np.size, array=_pjnp.asarray, ndarray=host.Array,
       int64=np.int64, float64=np.float64, uint64=np.uint64, complex64=np.complex64,
       float8_e4m3b11fnuz=dt.float8_e4m3b11fnuz if hasattr(dt, "float8_e4m3b11fnuz") else None,
@@ -179,7 +178,9 @@ def _lax_names() -> dict:
 
   def integer_pow(x, y):
     out = x
-    for _ in range(int(y) - 1):
+    for _ in range(validate.as_int(
+        y, "lax.integer_pow exponent", min_value=1,
+        hint="pass an integer >= 1 (for y < 1 write 1 / x**n or jnp.ones_like(x)).") - 1):
       out = out * x
     return out
 
@@ -244,7 +245,8 @@ def _dtypes_names() -> dict:
 
   return dict(itemsize_bits=itemsize_bits, bfloat16=dt.bfloat16, float0=np.dtype([("f", np.void, 0)]),
               canonicalize_dtype=lambda d, allow_extended_dtype=False: dt.canonicalize(np.dtype(d)),
-              issubdtype=np.issubdtype, finfo=_pjnp.finfo, iinfo=_pjnp.iinfo,
+              issubdtype=_pjnp.issubdtype, finfo=_pjnp.finfo, iinfo=_pjnp.iinfo,
+              result_type=_pjnp.result_type, promote_types=_pjnp.promote_types,
               is_weakly_typed=lambda x: isinstance(x, (int, float)))
 
 
@@ -277,7 +279,8 @@ def build_shim() -> dict:
   add("jax.random", (), dict(host.RANDOM))
   add("jax.tree_util", (), dict(host.TREE))
   add("jax.tree", (), dict(map=host.tree_map, flatten=host.tree_flatten, unflatten=host.tree_unflatten,
-                           leaves=host.tree_leaves, structure=host.TREE["tree_structure"]))
+                           leaves=host.tree_leaves, structure=host.TREE["tree_structure"],
+                           static=host.static_field))
   add("jax.sharding", (), _sharding_names())
   add("jax.typing", (), dict(DTypeLike=Any, ArrayLike=Any))
   add("jax.debug", (), dict(print=host.debug_print, callback=lambda f, *a, **k: f(*a, **k)))
