@@ -29,7 +29,7 @@ if [ -z "$jax_py" ]; then
   exit 0
 fi
 [ -x .venv-jax/bin/python ] || "$jax_py" -m venv .venv-jax
-jax_ok="import jax, palace, pytest, xdist; assert jax.__version__ == '$JAX_VERSION'"
+jax_ok="import jax, palace, pytest, xdist, threadpoolctl; assert jax.__version__ == '$JAX_VERSION'"
 if ! .venv-jax/bin/python -c "$jax_ok" 2>/dev/null; then
   .venv-jax/bin/python -m pip install -q --upgrade pip >/dev/null
   .venv-jax/bin/python -m pip install -q "jax==$JAX_VERSION" pytest pytest-xdist
