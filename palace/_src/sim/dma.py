@@ -23,7 +23,6 @@ import math
 import numpy as np
 
 from palace._src.core import MemorySpace
-from palace._src.sim.bandwidth import Channel, reserve, reserve2  # noqa: F401  (Channel re-exported)
 
 _SPACE_LABEL = {MemorySpace.ANY: "hbm", MemorySpace.HBM: "hbm", MemorySpace.VMEM: "vmem",
                 MemorySpace.VMEM_SHARED: "vmem", MemorySpace.CMEM: "vmem", MemorySpace.SMEM: "smem",
@@ -83,41 +82,13 @@ def _latency_cycles(chip, cls: str) -> int:
   return chip.ns_to_cycles(lat_ns)
 
 
-_LATENCY: dict = {}   # (id(chip), class) -> (chip, cycles): memo of a pure function of frozen specs
-
-
-def transfer_timing(chip, tc_channel: Channel, hbm_channel: Channel, local_channel: Channel,
-                    start: float, nbytes: int, kind: str) -> tuple[float, float, int]:
-  """(transfer start, transfer end, completion) cycles of one copy; `kind` from `direction`."""
-  cls = _CLASS.get(kind) or _CLASS.setdefault(kind, _timing_class(kind))
-  hit = _LATENCY.get((id(chip), cls))
-  if hit is None or hit[0] is not chip:
-    hit = _LATENCY[(id(chip), cls)] = (chip, _latency_cycles(chip, cls))
-  lat = hit[1]
-  if cls == "local":
-    s, e = local_channel.reserve(start, nbytes)
-    return s, e, math.ceil(e) + lat
-  hbm_share = 2.0 if cls == "hbm->hbm" else 1.0   # HBM->HBM reads and writes every byte
-  s0, end = reserve([(tc_channel, 1.0), (hbm_channel, hbm_share)], start, nbytes)
-  return s0, end, math.ceil(end) + lat
-
-
 def plan(chip, src_space: MemorySpace, dst_space: MemorySpace) -> tuple:
   """(kind, local?, HBM weight, completion latency cycles, HBM sides) of a copy between two memory
-  spaces: what `transfer_timing` derives per call, computed once per core and direction."""
+  spaces, computed once per core and direction."""
   kind = direction(src_space, dst_space)
   cls = _CLASS.get(kind) or _CLASS.setdefault(kind, _timing_class(kind))
   return kind, cls == "local", 2.0 if cls == "hbm->hbm" else 1.0, _latency_cycles(chip, cls), \
       _HBM_SIDES[cls]
-
-
-def planned_timing(p: tuple, chans, start: float, nbytes: int) -> tuple[float, float, int]:
-  """transfer_timing for a `plan`: same reservations, same results."""
-  if p[1]:
-    s, e = chans[2].reserve(start, nbytes)
-    return s, e, math.ceil(e) + p[3]
-  s0, end = reserve2(chans[0], 1.0, chans[1], p[2], start, nbytes)
-  return s0, end, math.ceil(end) + p[3]
 
 
 def _add(cur, data):

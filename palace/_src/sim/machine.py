@@ -21,7 +21,8 @@ import numpy as np
 from palace._src import executor as executor_mod
 from palace._src import hw
 from palace._src.errors import SyncError, UsageError
-from palace._src.sim.dma import Channel, move_data
+from palace._src.sim.bandwidth import Channel
+from palace._src.sim.dma import move_data
 from palace._src.sim.ici import Topology
 from palace._src.sim.races import KernelChecks, make_checks
 from palace._src.sim.report import Report
@@ -139,11 +140,15 @@ class Machine:
       self.hbm_peers[(chip_index, b.name)] = b
 
   def prune_channels(self) -> None:
-    """Drop bandwidth-calendar history that no core can reach any more (bounded memory and time)."""
+    """Drop bandwidth-calendar history that no core can reach any more (bounded memory and time): every
+    later reservation, on a DMA channel, HBM or an ICI link, starts at or after its issuing core's clock,
+    and clocks only move forward, so nothing before the slowest clock can be reserved again."""
     horizon = min(c.now for c in self.cores) if self.cores else 0
     for chans in self._chans.values():
       for ch in chans:
         ch.prune(horizon)
+    if self.topology is not None:
+      self.topology.prune(horizon)
 
   def next_seq(self) -> int:
     self._seq += 1
@@ -301,11 +306,12 @@ class Machine:
     return chip, (me.core_id_base + core if core_axes else me.core_id)
 
   # ------------------------------------------------------------------ ICI (multi-chip issue)
-  def ici_transfer(self, src_chip, dst_chip, start, nbytes):
-    s, e, done = self.topology.transfer(src_chip, dst_chip, start, nbytes)
+  def ici_transfer(self, core, dst_chip, start, nbytes):
+    """Reserve the ICI route of a copy issued by `core` (its trace row shows the transfer)."""
+    s, e, done = self.topology.transfer(core.chip_index, dst_chip, start, nbytes)
     self.ici_bytes += nbytes
     if self.trace.on:
-      self.trace.add((src_chip, 0), "ici", f"to chip {dst_chip}", s, done, {"bytes": nbytes})
+      self.trace.add(core.tid, "ici", f"to chip {dst_chip}", s, done, {"bytes": nbytes})
     return s, e, done
 
   def ici_signal_cycle(self, src_chip, dst_chip, now):

@@ -2,7 +2,8 @@
 
 Geometry per chip comes from hw.SparseCoreSpec ([tpu_info], docs/pallas/tpu/sparsecore.md): SparseCores
 per device, 16 vector subcores each with its own VMEM (TileSpmem), a shared VMEM (Spmem) per SparseCore,
-SIMD lanes per subcore and a DMA granule. Cost model (modelling assumptions, not fitted):
+SIMD lanes per subcore and a DMA granule. Cost model (modelling assumptions, not fitted; the vector op
+table is sim/cost.py's SPARSECORE_VECTOR_OPS):
   * a vector op costs one cycle per (lanes * packing) elements on the subcore's VPU; there is no MXU;
   * indexed DMAs move whole granules per row (the request's byte count is rounded per row);
   * each SparseCore's DMA engines share one channel at the chip's HBM bandwidth, and all cores of a
@@ -12,12 +13,10 @@ scalar subcore of SparseCore c is SCALAR_BASE + c.
 """
 from __future__ import annotations
 
-import math
-
-from palace._src import dtypes as dt
 from palace._src.core import MemorySpace
 from palace._src.errors import UnsupportedError, UsageError
-from palace._src.sim.dma import Channel
+from palace._src.sim import cost
+from palace._src.sim.bandwidth import Channel
 from palace._src.sim.tensorcore import SemSlot, TensorCore
 from palace._src.util import user_site
 
@@ -68,16 +67,10 @@ class SparseSubcore(TensorCore):
         f" in kernel '{self.kernel_name}'"
 
   def vector_op(self, op_class: str, shape, dtype, ready: int) -> int:
-    if op_class == "free":
+    unit, busy, lat = cost.sparsecore_vector_cost(self.lanes, op_class, shape, dtype)
+    if unit is None:
       return ready
-    n = 1
-    for s in shape:
-      n *= s
-    width = self.lanes * dt.packing(dtype if hasattr(dtype, "itemsize") else dt.int32)
-    per = {"medium": 4, "transcendental": 4, "expensive": 16, "reduce_lane": 2, "xlu": 2}.get(op_class, 1)
-    busy = max(1, math.ceil(n / width)) * per
-    unit = "vld" if op_class == "load" else ("vst" if op_class == "store" else "vpu")
-    return self._issue(unit, busy, 2, ready, op_class)
+    return self._issue(unit, busy, lat, ready, op_class)
 
   def subcore_barrier(self) -> None:
     """Wait until every vector subcore of this SparseCore reached its barrier of the same number."""

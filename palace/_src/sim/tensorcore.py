@@ -478,7 +478,7 @@ class TensorCore:
     if chans is None:
       chans = self._chans = self.dma_channels()
     if target_chip != self.chip_index:
-      s, e, done = m.ici_transfer(self.chip_index, target_chip, start, req.nbytes)
+      s, e, done = m.ici_transfer(self, target_chip, start, req.nbytes)
       read_done = e
       kind = "ici"
     else:
