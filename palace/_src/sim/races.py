@@ -141,7 +141,7 @@ class KernelChecks:
 
   def peek(self, slot, now) -> None:
     if self.races is not None:
-      self.races.acquire(slot, [p for p in slot.pending if p[0] <= now], consume=False)
+      self.races.acquire(slot, [a for a in slot.pending if a.cycle <= now], consume=False)
 
   def finish(self) -> None:
     if self.init is not None:
@@ -310,7 +310,7 @@ class RaceDetector:
     self.shadows = {}     # id(buf) -> _Shadow
     self.dmas = {}        # DMA record seq -> _Dma
     self.arrivals = {}    # semaphore arrival seq -> (released clock, _Dma or None, source side?)
-    self.slot_vcs = {}    # id(SemSlot) -> join of the clocks of its applied arrivals
+    self.slot_vcs = {}    # id(sync.Semaphore) -> join of the clocks of its applied arrivals
     self.stamp = 0
     self.gen = 0
     self._min = (-1, None)
@@ -426,8 +426,8 @@ class RaceDetector:
       svc = self.slot_vcs[id(slot)] = {}
     vc0 = self._vc(core)
     dmas = []
-    for p in applied:
-      ent = self.arrivals.pop(p[1], None) if consume else self.arrivals.get(p[1])
+    for a in applied:
+      ent = self.arrivals.pop(a.seq, None) if consume else self.arrivals.get(a.seq)
       if ent is None:
         continue
       _join(svc if consume else vc0, ent[0])

@@ -17,18 +17,12 @@ from palace._src.core import MemorySpace
 from palace._src.errors import UnsupportedError, UsageError
 from palace._src.sim import cost
 from palace._src.sim.bandwidth import Channel
-from palace._src.sim.tensorcore import SemSlot, TensorCore
+from palace._src.sim.sync import SemaphoreWait
+from palace._src.sim.tensorcore import TensorCore
 from palace._src.util import user_site
 
 SC_BASE = 64
 SCALAR_BASE = 1024
-
-
-class _BarrierName:
-  name = "subcore barrier"
-
-
-_BARRIER = _BarrierName()
 
 
 class SparseSubcore(TensorCore):
@@ -78,25 +72,20 @@ class SparseSubcore(TensorCore):
       raise UnsupportedError("plsc.subcore_barrier() on a scalar subcore: it synchronises the vector "
                              "subcores of a SparseCore (use a VectorSubcoreMesh).")
     m = self.machine
-    key = ("subcore_barrier", self.share_group)
-    slot = m.slots.get(key)
-    if slot is None:
-      slot = m.slots[key] = SemSlot()
+    sems = m.sems
+    sem = sems.keyed(("subcore_barrier", self.share_group))
     self.barrier_gen += 1
     peers = sum(1 for c in m.cores if getattr(c, "share_group", None) == self.share_group
                 and not getattr(c, "scalar", True))
     self.now += self.chip.scalar_op_cycles
-    slot.pending.append((self.now, m.next_seq(), 1, None, False))
-    if m.checks is not None:  # the barrier releases this subcore's clock (race detection)
-      m.checks.arrival(slot.pending[-1][1], None, False)
+    sems.arrive(sem, self.now, 1)   # (releases this subcore's clock for race detection)
     target = self.barrier_gen * peers
-    while True:
-      t = m.settle(slot, target)
-      if t is not None:
-        break
-      self.blocked_on = (_BARRIER, (), target, slot, None, user_site())
-      m.block(self)
+    t = sems.settle(sem, target)
+    while t is None:
+      self.blocked_on = SemaphoreWait("subcore barrier", target, sem, None, user_site())
+      m.sched.block(self)
       self.blocked_on = None
+      t = sems.settle(sem, target)
     self.now = max(self.now, t)
 
   def peer_subcore_buffer(self, buf, subcore: int):

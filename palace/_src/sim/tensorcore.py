@@ -20,7 +20,7 @@ from palace._src.errors import ResourceError, SyncError, UsageError
 from palace._src.sim import cost
 from palace._src.sim.bandwidth import reserve2
 from palace._src.sim.dma import DmaRecord, move_data, plan
-from palace._src.util import fmt_bytes, fmt_site, user_site
+from palace._src.util import fmt_bytes, fmt_site
 
 _SMEM = MemorySpace.SMEM
 _SENTINEL = {np.dtype(np.int32): np.iinfo(np.int32).min, np.dtype(np.int16): np.iinfo(np.int16).min,
@@ -40,15 +40,6 @@ class _Fill:
 
   def compute_into(self, out) -> None:
     out.fill(self.value)
-
-
-class SemSlot:
-  """Arrivals on one semaphore element: applied `value` plus pending (cycle, seq, amount, dma)."""
-  __slots__ = ("value", "pending")
-
-  def __init__(self):
-    self.value = 0
-    self.pending = []
 
 
 class TensorCore:
@@ -396,7 +387,7 @@ class TensorCore:
       fast = self._dma_fast.get(key)
       if fast is None:
         fast = self._dma_fast[key] = (self, self._dma_plan(src_buf.memory_space, dst_space),
-                                      None if sem_buf is None else m.slot(sem_buf, req.sem_index))
+                                      None if sem_buf is None else m.sems.slot(sem_buf, req.sem_index))
       req.fast = fast
     p, slot = fast[1], fast[2]
     kind = p[0]
@@ -432,19 +423,17 @@ class TensorCore:
     elif self._eager or m.dma_policy.move_at_start(rec):
       move_data(req, borrow=True)
       rec.moved = True
-    # = m.add_arrival(req.sem_buf, req.sem_index, done, nbytes, rec), inlined (no checker)
     m.dma_count += 1
     m.hbm_bytes += nbytes * p[4]
-    if slot is not None:   # (the machine's slot of req.sem_buf, req.sem_index: slots live as long
-      m._seq = seq2 = m._seq + 1   # as the launch, so `fast` may hold it)
-      slot.pending.append((done, seq2, nbytes, rec, False))
+    sems = m.sems
+    if slot is not None:   # (the machine's semaphore of req.sem_buf, req.sem_index: it lives as long
+      sems.arrive(slot, done, nbytes, rec)   # as the launch, so `fast` may hold it)
     if req.src_sem_buf is not None:
-      m.add_arrival(req.src_sem_buf, req.src_sem_index, read_done, nbytes, rec, src=True)
+      sems.arrive(sems.slot(req.src_sem_buf, req.src_sem_index), read_done, nbytes, rec, True)
     m.inflight[seq] = rec
     if m.dma_count & 1023 == 0:
       m.prune_channels()
-    if m._sched is not None:
-      m.maybe_yield(self)
+    m.sched.maybe_yield(self)
 
   def _dma_start_general(self, req) -> None:
     issue = self.chip.dma_issue_cycles
@@ -510,14 +499,17 @@ class TensorCore:
       rec.moved = True
       if self.checks is not None:
         self.checks.moved(req)
-    m.add_arrival(req.sem_buf, req.sem_index, done, req.nbytes, rec)
+    m.dma_count += 1
+    m.hbm_bytes += req.nbytes * rec.hbm_sides
+    sems = m.sems
+    if req.sem_buf is not None:
+      sems.arrive(sems.slot(req.sem_buf, req.sem_index), done, req.nbytes, rec)
     if req.src_sem_buf is not None:
-      m.add_arrival(req.src_sem_buf, req.src_sem_index, read_done, req.nbytes, rec, src=True)
+      sems.arrive(sems.slot(req.src_sem_buf, req.src_sem_index), read_done, req.nbytes, rec, True)
     m.inflight[rec.seq] = rec
     if m.dma_count & 1023 == 0:
       m.prune_channels()
-    if m._sched is not None:
-      m.maybe_yield(self)
+    m.sched.maybe_yield(self)
 
   def _dma_plan(self, src_space, dst_space) -> tuple:
     key = (id(src_space), id(dst_space))   # enum members are singletons; Enum.__hash__ is Python code
@@ -527,45 +519,13 @@ class TensorCore:
     return p
 
   def dma_wait(self, req, which: str = "recv") -> None:
+    sems = self.machine.sems
     if which == "send":
-      self.sem_wait(req.src_sem_buf, req.src_sem_index, req.nbytes, True, dma=req)
+      sems.wait(self, req.src_sem_buf, req.src_sem_index, int(req.nbytes), True, req)
       return
-    buf, index = req.sem_buf, req.sem_index
-    m = self.machine
-    fast = req.fast   # set by dma_start: (this core, plan, the slot of (buf, index))
-    slot = fast[2] if fast is not None and fast[0] is self else m.slots.get((id(buf), index))
-    if slot is not None and m.checks is None:
-      pending = slot.pending
-      value = int(req.nbytes)
-      if len(pending) == 1 and slot.value < value <= slot.value + pending[0][2]:
-        # = sem_wait for its common case (the copy's own arrival satisfies the wait), inlined
-        p = pending.pop()
-        slot.value += p[2]
-        rec = p[3]
-        if rec is not None:
-          if p[4] or rec.req.src_sem_buf is not None:
-            m._apply(rec, p[4])
-          else:   # = m._apply(rec, False) for a copy with no source semaphore, inlined
-            if not rec.moved:
-              move_data(rec.req)
-              rec.moved = True
-            rec.applied = True
-            m.inflight.pop(rec.seq, None)
-        t = p[0]
-        now = self.now
-        if t > now:
-          trace = self.trace
-          if trace.on:
-            ev = trace.events
-            if len(ev) < trace.cap:   # = trace.add, inlined
-              ev.append((self.tid, "scalar", f"wait {buf.name}", now, t, None))
-            else:
-              trace.add(self.tid, "scalar", f"wait {buf.name}", now, t)
-          now = t
-        slot.value -= value
-        self.now = now + self._scalar_cycles
-        return
-    self.sem_wait(buf, index, req.nbytes, True, dma=req)
+    fast = req.fast   # set by dma_start: (this core, plan, the semaphore of (sem_buf, sem_index))
+    sems.wait(self, req.sem_buf, req.sem_index, int(req.nbytes), True, req,
+              fast[2] if fast is not None and fast[0] is self else None)
 
   # ------------------------------------------------------------------ semaphores
   def sem_signal(self, buf, index, inc: int, device_id=None, core_index=None) -> None:
@@ -578,62 +538,19 @@ class TensorCore:
     at = self.now
     if chip != self.chip_index:
       at = self.machine.ici_signal_cycle(self.chip_index, chip, self.now)
-    self.machine.add_arrival(target, index, at, int(inc), None)
-    self.machine.maybe_yield(self)
+    sems = self.machine.sems
+    sems.arrive(sems.slot(target, index), at, int(inc))
+    self.machine.sched.maybe_yield(self)
 
   def resolve_device_id(self, device_id):
     """A device_id (dict of changed axes, tuple of coordinates, or int) -> (chip, core)."""
     return self.machine.resolve_device_id(self, device_id)
 
   def sem_wait(self, buf, index, value: int, decrement: bool = True, dma=None) -> None:
-    value = int(value)
-    m = self.machine
-    slot = m.slots.get((id(buf), index))
-    if slot is None:
-      slot = m.slot(buf, index)
-    pending = slot.pending
-    if m.checks is None and len(pending) == 1 and slot.value < value <= slot.value + pending[0][2]:
-      # = m.settle(slot, value) for its common case (one arrival in flight satisfies the wait), inlined
-      p = pending.pop()
-      slot.value += p[2]
-      if p[3] is not None:
-        m._apply(p[3], p[4])
-      t = p[0]
-    else:
-      t = None
-    while t is None:
-      t = m.settle(slot, value)
-      if t is not None:
-        break
-      self.blocked_on = (buf, index, value, slot, dma, user_site())
-      m.block(self)
-      self.blocked_on = None
-    if t > self.now:
-      if self.trace.on:
-        self.trace.add(self.tid, "scalar", f"wait {buf.name}", self.now, t)
-      self.now = t
-    if decrement:
-      slot.value -= value
-    self.now += self.chip.scalar_op_cycles
+    self.machine.sems.wait(self, buf, index, int(value), decrement, dma)
 
   def sem_read(self, buf, index) -> int:
-    m = self.machine
-    slot = m.slot(buf, index)
-    self.now += self.chip.scalar_op_cycles
-    m.maybe_yield(self)  # a polling loop lets the cores it waits for run
-    value = slot.value + sum(p[2] for p in slot.pending if p[0] <= self.now)
-    if self.checks is not None:
-      self.checks.peek(slot, self.now)
-    key = (id(slot), value)
-    self._polls = self._polls + 1 if self._poll == key else 0
-    self._poll = key
-    if self._polls >= 1000 and not slot.pending:
-      stuck = m.stuck_cores(self)
-      if stuck is not None:   # nothing can change the value: a livelock, reported as a deadlock
-        self.blocked_on = (lambda: False, f"semaphore {buf.name} to change from {value} (polled with "
-                           f"semaphore_read {self._polls} times)", user_site())
-        raise m.deadlock_error([self] + stuck)
-    return value
+    return self.machine.sems.read(self, buf, index)
 
   def grid_step(self) -> None:
     # In-order VLIW issue with no software pipelining across grid steps (modelling assumption): the
@@ -653,21 +570,8 @@ class TensorCore:
 
   # ------------------------------------------------------------------ end of kernel
   def _check_sem_zero(self, buf, when: str) -> None:
-    if not self.semaphore_checks:
-      return
-    for idx in np.ndindex(*buf.shape) if buf.shape else [()]:
-      slot = self.machine.slots.get((id(buf), idx))
-      # arrivals not yet applied by a wait (signals, DMA byte counts) count too
-      value = None if slot is None else slot.value + sum(p[2] for p in slot.pending)
-      if value:
-        dma = next((p[3] for p in slot.pending if p[3] is not None), None)
-        raise SyncError(
-            f"Semaphore {buf.name}{list(idx) if idx else ''} ({buf.sem_kind}) is {value}, not 0, "
-            f"{when} on chip {self.chip_index} core {self.core_id} in kernel '{self.kernel_name}'. " +
-            ("" if dma is None else f"DMA {dma.req.describe} started at {fmt_site(dma.req.site)} was "
-             f"never waited: did you forget .wait()? ") +
-            "Every signal (and every DMA's byte count) must be waited for; check the matching "
-            "semaphore_wait / .wait() calls.")
+    if self.semaphore_checks:
+      self.machine.sems.check_zero(self, buf, when)
 
   def finish(self) -> int:
     for buf in list(self.sem_buffers):
