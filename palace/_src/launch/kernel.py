@@ -6,7 +6,8 @@ import functools
 import numpy as np
 
 from palace._src.launch import host as launch
-from palace._src.core import Buffer, MemoryRef, MemorySpace, SemaphoreRefType, TensorCoreMesh
+from palace._src.core import MemoryRef, MemorySpace, SemaphoreRefType, TensorCoreMesh
+from palace._src.sim.memory import Buffer
 from palace._src.sim.subcore import SC_BASE, SCALAR_BASE
 from palace._src.launch.sc_mesh import ScalarSubcoreMesh, VectorSubcoreMesh, check_for_chip
 from palace._src.errors import UsageError

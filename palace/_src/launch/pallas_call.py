@@ -17,7 +17,7 @@ from palace._src.lang.refs import Ref
 from palace._src.lang.tpu_primitives import sync_copy
 from palace._src.pipeline import run_pipeline
 from palace._src.util import fmt_bytes, tree_flatten, tree_unflatten
-from palace._src.core import Buffer
+from palace._src.sim.memory import Buffer
 
 
 def _is_spec_leaf(x):

@@ -1,4 +1,4 @@
-"""DMA engines: transfer timing and data movement (L4b).
+"""DMA engines: transfer timing (L4b); the data of a copy moves in sim/memory.py (`memory.copy`).
 
 Timing model (all in cycles of the chip clock):
   * A copy is issued by the scalar core at `issue` (after `dma_issue_cycles` of scalar work) and cannot
@@ -19,8 +19,6 @@ completions can differ.
 from __future__ import annotations
 
 import math
-
-import numpy as np
 
 from palace._src.core import MemorySpace
 
@@ -89,75 +87,6 @@ def plan(chip, src_space: MemorySpace, dst_space: MemorySpace) -> tuple:
   cls = _CLASS.get(kind) or _CLASS.setdefault(kind, _timing_class(kind))
   return kind, cls == "local", 2.0 if cls == "hbm->hbm" else 1.0, _latency_cycles(chip, cls), \
       _HBM_SIDES[cls]
-
-
-def _add(cur, data):
-  if cur.dtype.kind == "f" and cur.dtype.itemsize >= 4 or cur.dtype.kind in "iu":
-    return cur + data.astype(cur.dtype, copy=False)
-  return (cur.astype(np.float32) + data.astype(np.float32)).astype(cur.dtype)  # bf16 / fp8
-
-
-_BORROW_MIN_BYTES = 64 * 1024  # below this a plain copy is cheaper than the borrowing bookkeeping
-
-
-def move_data(req, borrow: bool = False) -> None:
-  """Perform the copy on the NumPy storages (called once per DMA, at the policy's chosen moment).
-
-  Indexed copies (SparseCore): `src_indices` gathers rows, `dst_indices` scatters them (np.add.at for
-  add=True, so repeated indices accumulate); `mask` drops ignored index entries on the dense side.
-  `borrow`: a plain copy of a whole VMEM buffer may view the source instead (Buffer.borrow)."""
-  dst_buf = req.dst_buf
-  src_buf = req.src_buf
-  plain = not req.add and req.src_indices is None and req.dst_indices is None and req.mask is None
-  if dst_buf.pending is not None and plain and req.dst_index == ():
-    dst_buf.storage = np.empty(dst_buf.shape, dst_buf.dtype)  # overwritten whole: drop the old value
-  pending = src_buf.pending
-  if pending is not None and plain and req.src_index == () and dst_buf is not src_buf:
-    dst = dst_buf.storage
-    if dst is None:
-      return
-    if dst_buf.readers or dst_buf.borrowed is not None:
-      dst_buf.detach_readers()
-      dst = dst_buf._storage
-    out = dst[req.dst_index]
-    if out.shape == src_buf.shape and out.dtype == src_buf.dtype:
-      pending.compute_into(out)  # a deferred value goes straight to its destination
-      return
-  # raw storages when nothing is pending (the common case; `storage` would compute a pending value)
-  src = src_buf._storage if src_buf.pending is None else src_buf.storage
-  dst = dst_buf._storage if dst_buf.pending is None else dst_buf.storage
-  if src is None or dst is None:
-    return
-  if (plain and borrow and req.dst_index == () and dst.nbytes >= _BORROW_MIN_BYTES and
-      not dst_buf.aliased and dst_buf.memory_space is MemorySpace.VMEM and not src_buf.aliased):
-    view = src[req.src_index]
-    if view.shape == dst.shape and view.dtype == dst.dtype:
-      dst_buf.borrowed = None  # the old storage is not written: its readers keep valid views
-      dst_buf.borrow(src_buf, view)
-      return
-  readers = dst_buf.readers
-  if dst_buf.borrowed is not None or (readers and (len(readers) > 1 or readers[0]() is not None)):
-    dst_buf.detach_readers()
-    dst = dst_buf._storage  # unborrowing replaced it with a private copy
-  elif readers:   # = detach_readers() when the one value that read the buffer is gone
-    readers.clear()
-  if plain:
-    dst[req.dst_index] = src[req.src_index]
-    return
-  data = src[req.src_indices] if req.src_indices is not None else src[req.src_index]
-  if req.dst_indices is not None:
-    if req.mask is not None:
-      data = data[req.mask]
-    if req.add:
-      np.add.at(dst, req.dst_indices, data.astype(dst.dtype, copy=False))
-    else:
-      dst[req.dst_indices] = data
-    return
-  if req.mask is not None:
-    view = dst[req.dst_index]
-    view[req.mask] = _add(view[req.mask], data) if req.add else data
-    return
-  dst[req.dst_index] = _add(dst[req.dst_index], data) if req.add else data
 
 
 def bytes_of(shape, itemsize: int) -> int:

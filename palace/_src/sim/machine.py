@@ -19,7 +19,7 @@ from palace._src import executor as executor_mod
 from palace._src import hw
 from palace._src.errors import SyncError, UsageError
 from palace._src.sim.bandwidth import Channel
-from palace._src.sim.dma import move_data
+from palace._src.sim import memory
 from palace._src.sim.ici import Topology
 from palace._src.sim.races import KernelChecks, make_checks
 from palace._src.sim.report import Report
@@ -150,7 +150,7 @@ class Machine:
     completes only once its data has been read (the sender may reuse the buffer after .wait_send()),
     so the data moves at the first of the two completions."""
     if not rec.moved:
-      move_data(rec.req)
+      memory.copy(rec.req)
       rec.moved = True
       if self.checks is not None:
         self.checks.moved(rec.req)

@@ -47,6 +47,7 @@ import numpy as np
 from palace._src import executor as executor_mod
 from palace._src.core import MemorySpace
 from palace._src.errors import RaceError, UninitializedReadError
+from palace._src.sim import memory
 from palace._src.util import fmt_site, user_site
 
 _NBUCKETS = 64       # buckets along dim 0 per buffer: an access only meets records in its buckets
@@ -601,12 +602,7 @@ def _all_fill(a) -> bool:
   return False
 
 
-def _fill_value(dtype):
-  if dtype.kind == "f" or str(dtype) in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
-    return np.nan
-  if dtype.kind == "i" and dtype.itemsize <= 4:
-    return np.iinfo(dtype).min
-  return 0
+_fill_value = memory.fill_value
 
 
 def _sentinel_text(dtype) -> str:

@@ -13,33 +13,15 @@ from __future__ import annotations
 import copy
 import math
 
-import numpy as np
-
-from palace._src.core import Buffer, MemoryRef, MemorySpace, SemaphoreRefType
+from palace._src.core import MemoryRef, MemorySpace, SemaphoreRefType
 from palace._src.errors import ResourceError, SyncError, UsageError
-from palace._src.sim import cost
+from palace._src.sim import cost, memory
 from palace._src.sim.bandwidth import reserve2
-from palace._src.sim.dma import DmaRecord, move_data, plan
+from palace._src.sim.dma import DmaRecord, plan
+from palace._src.sim.memory import Buffer
 from palace._src.util import fmt_bytes, fmt_site
 
 _SMEM = MemorySpace.SMEM
-_SENTINEL = {np.dtype(np.int32): np.iinfo(np.int32).min, np.dtype(np.int16): np.iinfo(np.int16).min,
-             np.dtype(np.int8): np.iinfo(np.int8).min}
-
-
-_LAZY_FILL_BYTES = 64 * 1024  # VMEM buffers this large start with a pending fill instead of one
-
-
-class _Fill:
-  """The uninitialised contents of a fresh VMEM buffer (NaN / int sentinel) as a pending value: written
-  only if something reads the buffer before a whole-buffer store or DMA replaces it."""
-  __slots__ = ("value",)
-
-  def __init__(self, value):
-    self.value = value
-
-  def compute_into(self, out) -> None:
-    out.fill(self.value)
 
 
 class TensorCore:
@@ -176,68 +158,22 @@ class TensorCore:
       alt = self.checks.load(self, buf, index, shape)
       if alt is not None:
         buf, index = alt
-    space = buf.memory_space
-    if not shape or space == MemorySpace.SMEM:
+    if not shape or buf.memory_space is _SMEM:
       self.now += self.chip.scalar_op_cycles
       ready = self.now if self.now > buf.ready_cycle else buf.ready_cycle
-      data = None if buf.storage is None else buf.storage[index]
-      if data is not None and not isinstance(data, np.ndarray):
-        data = np.asarray(data)
-      return (data if data is None or data.shape == () else data.copy()), ready
+      return memory.read_scalar(buf, index), ready
     hit = self._vcost.get(("load", shape, buf.dtype))
     if hit is None:
       hit = self._vector_cost("load", shape, buf.dtype)
     ready = self._issue("vld", hit[1], hit[2], buf.ready_cycle, "load")
-    pending = buf.pending
-    if pending is not None:
-      if index == () and type(pending) is not _Fill:
-        return pending, ready  # a deferred value read whole stays deferred (Buffer.pending)
-      storage = buf.storage
-    else:
-      storage = buf._storage
-    if self.timing_only or storage is None:
-      return None, ready
-    if buf.aliased:
-      return np.array(storage[index], copy=True), ready
-    ro = buf._ro   # zero-copy: writers detach the view first (Buffer.detach_readers)
-    if ro is None:
-      ro = buf._ro = storage.view()
-      ro.setflags(write=False)
-    view = ro[index]   # read-only, as a view of a read-only view
-    if view.base is None:   # (an index that copies)
-      view.flags.writeable = False
-    return view, ready
+    return memory.read(buf, index, self.timing_only), ready
 
   def store(self, buf: Buffer, index, shape, data, ready: int) -> None:
     if self.checks is not None:
       alt = self.checks.store(self, buf, index, shape, data)
       if alt is not None:
         index, data = alt
-    if index == () and data is not None and type(data) is not np.ndarray and \
-        hasattr(data, "compute_into"):
-      buf.defer(data)  # the language side checked: whole VMEM buffer, same shape and dtype
-      storage = data = None
-    else:
-      if buf.pending is not None:
-        if index == ():
-          buf.storage = np.empty(buf.shape, buf.dtype)  # overwritten whole: never compute the old value
-        storage = buf.storage
-      else:
-        storage = buf._storage
-    if storage is not None and data is not None:
-      if (index == () and data.base is None and self.checks is None and not buf.aliased
-          and type(data) is np.ndarray and data.dtype == storage.dtype and data.shape == storage.shape
-          and (flags := data.flags).writeable and flags.c_contiguous):
-        # a whole-buffer store of a fresh result: adopt the array instead of copying it. The old
-        # memory is not written, so views of it (loads, a lender's storage) stay valid; the stored
-        # value is made a copy-on-write reader by Ref.__setitem__.
-        buf.borrowed = buf.pending = buf._ro = None   # = buf.storage = data, inlined
-        buf._storage = data
-      else:
-        if buf.readers or buf.borrowed is not None:
-          buf.detach_readers()
-          storage = buf.storage
-        storage[index] = data
+    memory.write(buf, index, data, self.checks is None)
     if not shape or buf.memory_space is _SMEM:
       self.now += self.chip.scalar_op_cycles
       done = self.now if self.now > ready else ready
@@ -290,9 +226,8 @@ class TensorCore:
 
   def _alloc(self, mem_type, name: str) -> Buffer:
     if isinstance(mem_type, SemaphoreRefType):
-      storage = np.zeros(mem_type.shape, np.int32)
-      buf = Buffer(storage, mem_type.shape, np.dtype(np.int32), MemorySpace.SEMAPHORE, name, self,
-                   self.chip_index, sem_kind=mem_type.kind)
+      buf = memory.new_buffer(mem_type.shape, None, MemorySpace.SEMAPHORE, name, self, self.chip_index,
+                              self.timing_only, False, sem_kind=mem_type.kind)
       self.sem_buffers.append(buf)
       return buf
     if not isinstance(mem_type, MemoryRef):
@@ -319,26 +254,11 @@ class TensorCore:
             f"> {fmt_bytes(self.chip.smem_bytes)} on {self.chip.name}. Keep SMEM for scalars and small "
             f"index tables; move arrays to VMEM.")
       self.smem_used += nbytes
-    if space == MemorySpace.VMEM and self.deferred_values and nbytes >= _LAZY_FILL_BYTES:
-      # the uninitialised value is written only if something reads the buffer before overwriting it
-      buf = Buffer(None, mem_type.shape, mem_type.dtype, space, name, self, self.chip_index)
-      buf.defer(_Fill(self._fill_value(mem_type.dtype)))
-    else:
-      storage = self._fresh_storage(mem_type.shape, mem_type.dtype, space)
-      buf = Buffer(storage, mem_type.shape, mem_type.dtype, space, name, self, self.chip_index)
+    # (large VMEM buffers: the uninitialised fill is written only if read before being overwritten)
+    buf = memory.new_buffer(mem_type.shape, mem_type.dtype, space, name, self, self.chip_index,
+                            self.timing_only, self.deferred_values)
     self.live[id(buf)] = (name, nbytes, space)
     return buf
-
-  def _fresh_storage(self, shape, dtype, space):
-    if self.timing_only and space != MemorySpace.SMEM:
-      return None
-    return np.full(shape, self._fill_value(dtype), dtype)
-
-  @staticmethod
-  def _fill_value(dtype):
-    if dtype.kind == "f" or str(dtype) in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
-      return np.nan  # uninitialised scratch reads as NaN (floats)
-    return _SENTINEL.get(dtype, 0)
 
   def _vmem_message(self, name, nbytes) -> str:
     rows = "; ".join(f"{n} {fmt_bytes(b)}" for n, b, s in self.live.values()
@@ -421,7 +341,7 @@ class TensorCore:
     if self.timing_only and dst_space is not _SMEM:
       rec.moved = True  # timing only: payloads are skipped; only scalar (SMEM) data moves
     elif self._eager or m.dma_policy.move_at_start(rec):
-      move_data(req, borrow=True)
+      memory.copy(req, borrow=True)
       rec.moved = True
     m.dma_count += 1
     m.hbm_bytes += nbytes * p[4]
@@ -495,7 +415,7 @@ class TensorCore:
     if self.timing_only and dst_space != MemorySpace.SMEM:
       rec.moved = True  # timing only: payloads are skipped; only scalar (SMEM) data moves
     elif self._eager or m.dma_policy.move_at_start(rec):
-      move_data(req, borrow=self.checks is None)  # the checkers track storage identity: no borrowing
+      memory.copy(req, borrow=self.checks is None)  # the checkers track storage identity: no borrowing
       rec.moved = True
       if self.checks is not None:
         self.checks.moved(req)
