@@ -7,7 +7,7 @@ import numpy as np
 
 from palace._src.launch import host as launch
 from palace._src.core import MemoryRef, MemorySpace, SemaphoreRefType, TensorCoreMesh
-from palace._src.sim.memory import Buffer
+from palace._src.sim import memory
 from palace._src.sim.subcore import SC_BASE, SCALAR_BASE
 from palace._src.launch.sc_mesh import ScalarSubcoreMesh, VectorSubcoreMesh, check_for_chip
 from palace._src.errors import UsageError
@@ -108,8 +108,8 @@ def _run(body, kname, out_type, mesh, scratch_types, params, args):
     _closure_check(b, passed, kname)
   out_leaves, out_td = tree_flatten(out_type, is_leaf=lambda x: hasattr(x, "shape"))
   outs = [launch.out_struct(o, f"out_type[{i}]") for i, o in enumerate(out_leaves)]
-  out_hbm = [Buffer(launch.uninitialized(s, d), s, d, MemorySpace.ANY, f"outputs[{i}]")
-             for i, (s, d, sp) in enumerate(outs)]
+  timing_only = launch.active_tpu().timing_only
+  out_hbm = [memory.hbm_output(s, d, f"outputs[{i}]", timing_only) for i, (s, d, sp) in enumerate(outs)]
   vmem_outs = [(i, MemoryRef(s, d, sp)) for i, (s, d, sp) in enumerate(outs)
                if sp in (MemorySpace.VMEM, MemorySpace.SMEM)]
   scratch_is_dict = isinstance(scratch_types, dict)

@@ -17,7 +17,7 @@ from palace._src.lang.refs import Ref
 from palace._src.lang.tpu_primitives import sync_copy
 from palace._src.pipeline import run_pipeline
 from palace._src.util import fmt_bytes, tree_flatten, tree_unflatten
-from palace._src.sim.memory import Buffer
+from palace._src.sim import memory
 
 
 def _is_spec_leaf(x):
@@ -187,11 +187,11 @@ def _call(kernel, kname, out_shape, grid, grid_spec, aliases, params, args):
   aliased_outs = set(aliases.values())
   lazy = set() if launch.eager_output_init() else \
       {i for i, m in enumerate(out_maps) if m.pipelined and i not in aliased_outs and _tileable(m)}
+  timing_only = launch.active_tpu().timing_only
   for i, (shape, dtype, _) in enumerate(outs):
     # Pipelined outputs start as np.empty and only blocks never written back are filled afterwards
     # (same result as filling everything first, without touching every page twice).
-    storage = np.empty(shape, dtype) if i in lazy else launch.uninitialized(shape, dtype)
-    out_bufs.append(Buffer(storage, shape, dtype, MemorySpace.ANY, f"outputs[{i}]"))
+    out_bufs.append(memory.hbm_output(shape, dtype, f"outputs[{i}]", timing_only, lazy=i in lazy))
   written = {}
   for a_in, a_out in aliases.items():
     if not (0 <= a_in < len(all_in) and 0 <= a_out < len(out_bufs)):
@@ -202,7 +202,7 @@ def _call(kernel, kname, out_shape, grid, grid_spec, aliases, params, args):
     if src.shape != ob.shape or src.dtype != ob.dtype:
       raise ShapeError(f"input_output_aliases {{{a_in}: {a_out}}}: input {src.dtype}{list(src.shape)} "
                        f"and output {ob.dtype}{list(ob.shape)} must have the same shape and dtype.")
-    ob.storage = src.copy()
+    memory.alias_input(ob, src, timing_only)
   scratch_is_dict = isinstance(scratch, dict)
 
   def program(points, pre_bufs, in_bufs):

@@ -233,6 +233,32 @@ def new_buffer(shape, dtype, space, name, core, chip: int, timing_only: bool, la
   return Buffer(storage, shape, dtype, space, name, core, chip)
 
 
+def hbm_output(shape, dtype, name: str, timing_only: bool, lazy: bool = False) -> Buffer:
+  """An output operand in HBM, holding the uninitialised fill. `lazy`: np.empty storage (the launch fills
+  the blocks no write-back reached afterwards). On a timing-only machine no data reaches HBM, so the
+  output is shape and dtype only: its storage is a read-only broadcast of the fill value, which takes
+  no host memory whatever the shape."""
+  dtype = np.dtype(dtype)
+  if timing_only:
+    storage = np.broadcast_to(np.asarray(fill_value(dtype), dtype), shape)
+  elif lazy:
+    storage = np.empty(shape, dtype)
+  else:
+    storage = np.full(shape, fill_value(dtype), dtype)
+  return Buffer(storage, tuple(shape), dtype, MemorySpace.ANY, name)
+
+
+def alias_input(out: Buffer, src: np.ndarray, timing_only: bool) -> None:
+  """`input_output_aliases`: the output starts as the input's values (a private copy; on a timing-only
+  machine a read-only view, since nothing writes HBM there)."""
+  if timing_only:
+    view = src.view()
+    view.setflags(write=False)
+    out.storage = view
+  else:
+    out.storage = src.copy()
+
+
 # ------------------------------------------------------------------ loads and stores
 def read_scalar(buf: Buffer, index):
   """The data of a scalar (or SMEM) load: a copy, or None without storage."""
