@@ -19,7 +19,7 @@ from palace._src.errors import SyncError
 from palace._src.sim import sync
 from palace._src.sim.trace import Trace
 
-from timing_helpers import ANY_SPEC, UNIT_CHIP
+from timing_helpers import UNIT_CHIP
 
 SCALAR = 1   # UNIT_CHIP.scalar_op_cycles
 

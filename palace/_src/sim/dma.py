@@ -80,13 +80,26 @@ def _latency_cycles(chip, cls: str) -> int:
   return chip.ns_to_cycles(lat_ns)
 
 
-def plan(chip, src_space: MemorySpace, dst_space: MemorySpace) -> tuple:
-  """(kind, local?, HBM weight, completion latency cycles, HBM sides) of a copy between two memory
-  spaces, computed once per core and direction."""
+class CopyPlan:
+  """How one core times a copy between two memory spaces (computed once per core and direction):
+  its `kind` ('hbm->vmem', ...), the `channels` it crosses as [(channel, bytes per byte)] (the core's
+  DMA engine and the chip's HBM, HBM->HBM weighing 2 there; or the core's local channel), the
+  completion latency and how many of its ends touch HBM (for the report's HBM traffic)."""
+  __slots__ = ("kind", "channels", "latency_cycles", "hbm_sides")
+
+  def __init__(self, kind: str, channels: list, latency_cycles: int, hbm_sides: int):
+    self.kind, self.channels = kind, channels
+    self.latency_cycles, self.hbm_sides = latency_cycles, hbm_sides
+
+
+def plan(chip, src_space: MemorySpace, dst_space: MemorySpace, chans) -> CopyPlan:
+  """The CopyPlan of a copy from `src_space` to `dst_space` on a core whose channels are `chans` =
+  (DMA engine, HBM, local)."""
   kind = direction(src_space, dst_space)
   cls = _CLASS.get(kind) or _CLASS.setdefault(kind, _timing_class(kind))
-  return kind, cls == "local", 2.0 if cls == "hbm->hbm" else 1.0, _latency_cycles(chip, cls), \
-      _HBM_SIDES[cls]
+  channels = [(chans[2], 1.0)] if cls == "local" else \
+      [(chans[0], 1.0), (chans[1], 2.0 if cls == "hbm->hbm" else 1.0)]   # HBM->HBM: read + write
+  return CopyPlan(kind, channels, _latency_cycles(chip, cls), _HBM_SIDES[cls])
 
 
 def bytes_of(shape, itemsize: int) -> int:

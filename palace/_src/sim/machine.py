@@ -21,7 +21,7 @@ from palace._src.errors import SyncError, UsageError
 from palace._src.sim.bandwidth import Channel
 from palace._src.sim import memory
 from palace._src.sim.ici import Topology
-from palace._src.sim.races import KernelChecks, make_checks
+from palace._src.sim.checks import make_checks
 from palace._src.sim.report import Report
 from palace._src.sim.subcore import SC_BASE, SCALAR_BASE, SparseSubcore
 from palace._src.sim.sync import ConditionWait, Scheduler, Semaphores, Solo
@@ -75,7 +75,7 @@ class Machine:
     self.axes = []              # [(axis name, size, "chip" | "core")], set by the launcher
     self.hbm_peers = {}         # (chip, operand name) -> Buffer
     self.shared_buffers = {}    # (chip, allocation key) -> Buffer shared by the cores of a chip
-    self.checks = make_checks(self)   # opt-in bug checks (races, uninitialised reads); None by default
+    self.checks = make_checks(self)   # opt-in bug checks (races, uninitialised reads); NO_CHECKS by default
     self.sems = Semaphores(self, self.checks)   # every semaphore element of the launch (sim/sync.py)
     self.sched = Solo(self)     # the core scheduler (a sync.Scheduler while a multi-core launch runs)
     self._unchecked = None
@@ -83,8 +83,7 @@ class Machine:
   def unchecked_checks(self):
     """The checks of a core running with disable_bounds_checks=True (clips out-of-bounds accesses)."""
     if self._unchecked is None:
-      base = self.checks if self.checks is not None else KernelChecks(None, None, False)
-      self._unchecked = base.with_unchecked()
+      self._unchecked = self.checks.with_unchecked()
     return self._unchecked
 
   # ------------------------------------------------------------------ construction
@@ -152,8 +151,7 @@ class Machine:
     if not rec.moved:
       memory.copy(rec.req)
       rec.moved = True
-      if self.checks is not None:
-        self.checks.moved(rec.req)
+      self.checks.moved(rec.req)
     if src:
       rec.src_applied = True
     else:
@@ -292,8 +290,7 @@ class Machine:
         busy[u] = max(busy.get(u, 0), v)
       vmem_peak = max(vmem_peak, c.vmem_peak)
       flops += c.flops
-    if self.checks is not None:
-      self.checks.finish()
+    self.checks.finish()
     events = self.trace.events
     return Report(self.kernel_name, self.chip, self.num_chips, int(round(end)), flops, self.hbm_bytes,
                   busy, vmem_peak, sum(c.steps for c in self.cores) or self.grid_steps,

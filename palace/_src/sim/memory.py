@@ -19,7 +19,6 @@ A timing-only machine keeps no storage for vector memories: their buffers are sh
 from __future__ import annotations
 
 import dataclasses
-import math
 import weakref
 from typing import Any, Protocol
 

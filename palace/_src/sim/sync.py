@@ -32,6 +32,7 @@ import numpy as np
 
 from palace._src import executor as executor_mod
 from palace._src.errors import SyncError
+from palace._src.sim.checks import NO_CHECKS
 from palace._src.util import fmt_bytes, fmt_site, user_site
 
 LIVELOCK_POLLS = 1000   # semaphore_read calls seeing the same value before a livelock is reported
@@ -116,28 +117,14 @@ def _never() -> bool:
   return False
 
 
-class NoSyncChecks:
-  """The synchronisation hooks of the bug checks (sim/races.py's KernelChecks) when none run."""
-  __slots__ = ()
-
-  def arrival(self, seq, dma, src) -> None:
-    pass
-
-  def acquire(self, sem, applied) -> None:
-    pass
-
-  def peek(self, sem, now) -> None:
-    pass
-
-
 class Semaphores:
   """The semaphore elements of one launch, keyed by (id(buffer), index) (or a barrier's own key), and
-  the one implementation of signal, settle, wait, read and check-zero. `checks`: the machine's
-  KernelChecks (told of every arrival and acquire), or a NoSyncChecks."""
+  the one implementation of signal, settle, wait, read and check-zero. `checks`: the machine's bug
+  checks (sim/checks.py), told of every arrival and acquire."""
 
-  def __init__(self, machine, checks=None):
+  def __init__(self, machine, checks=NO_CHECKS):
     self.machine = machine
-    self.checks = NoSyncChecks() if checks is None else checks
+    self.checks = checks
     self.slots = {}
 
   def slot(self, buf, index) -> Semaphore:

@@ -11,17 +11,31 @@ Time model of the core (cycles of the chip clock):
 from __future__ import annotations
 
 import copy
+import functools
 import math
 
 from palace._src.core import MemoryRef, MemorySpace, SemaphoreRefType
 from palace._src.errors import ResourceError, SyncError, UsageError
 from palace._src.sim import cost, memory
-from palace._src.sim.bandwidth import reserve2
+from palace._src.sim.bandwidth import reserve
 from palace._src.sim.dma import DmaRecord, plan
 from palace._src.sim.memory import Buffer
 from palace._src.util import fmt_bytes, fmt_site
 
 _SMEM = MemorySpace.SMEM
+
+
+class _Memo(dict):
+  """A memo of a pure function of its key's items (cost rules of one chip): misses compute and keep."""
+  __slots__ = ("fn",)
+
+  def __init__(self, fn):
+    super().__init__()
+    self.fn = fn
+
+  def __missing__(self, key):
+    value = self[key] = self.fn(*key)
+    return value
 
 
 class TensorCore:
@@ -38,7 +52,7 @@ class TensorCore:
     self.semaphore_checks = not params.disable_semaphore_checks
     self.checks = machine.checks if self.bounds_checks else machine.unchecked_checks()
     # whole-buffer stores may leave deferred values (lang/deferred.py) unless a checker follows storage
-    self.deferred_values = self.checks is None and not self.timing_only
+    self.deferred_values = not self.checks.active and not self.timing_only
     self.host_cache = {}      # the language side's host caches for this launch (opaque to the machine)
     self._poll, self._polls = None, 0   # semaphore_read polling (livelock detection)
     self.unused_dmas = {}     # descriptors made but never started nor waited: key -> (site, text, desc)
@@ -68,15 +82,13 @@ class TensorCore:
     self.alloc_seq = 0
     self.steps = 0            # grid steps run on this core (pallas_call and emit_pipeline)
     self._chans = None        # this core's DMA channels (resolved at the first copy)
-    self._dma_plans = {}      # (id(src space), id(dst space)) -> dma.plan
     self._dma_issue = self.chip.dma_issue_cycles
     self._scalar_cycles = self.chip.scalar_op_cycles
     self._step_cycles = self.chip.grid_step_overhead_cycles
-    self._dma_stats = None    # the trace's (dma_bytes, dma_count) counters
-    self._dma_fast = {}       # (src space, dst space, semaphore) ids -> (self, plan, slot)
+    self._dma_fast = {}       # (src space, dst space, semaphore) ids -> (self, CopyPlan, semaphore)
     self._eager = machine.dma_policy.name == "eager"
-    self._vcost = {}          # memo of cost.vector_cost / matmul_cycles for this launch
-    self._mcost = {}
+    self._vcost = _Memo(functools.partial(cost.vector_cost, self.chip))   # (op class, shape, dtype) ->
+    self._mcost = {}          # (unit, busy, latency); (m, k, n, batch, dtypes) -> MXU charge
     self.share_group = (chip_index,)   # cores that see the same shared allocations
     self.vmem_shared_limit = self.chip.vmem_bytes  # TensorCores: VMEM_SHARED is modelled as VMEM
     self.dma_granule_bytes = 0
@@ -111,27 +123,11 @@ class TensorCore:
         self.horizon = done
     trace = self.trace
     if trace.on:
-      ev = trace.events
-      if len(ev) < trace.cap:   # = trace.add, inlined (the hottest trace site)
-        ev.append((self.tid, unit, what, start, end, None))
-      else:
-        trace.add(self.tid, unit, what, start, end)
+      trace.add(self.tid, unit, what, start, end)
     return done
 
-  def _vector_cost(self, op_class: str, shape, dtype=None):
-    """cost.vector_cost, memoised per core (a pure function of the chip and the arguments)."""
-    key = (op_class, shape, dtype)
-    hit = self._vcost.get(key)
-    if hit is None:
-      hit = self._vcost[key] = cost.vector_cost(self.chip, op_class, shape, dtype)
-    return hit
-
   def vector_op(self, op_class: str, shape, dtype, ready: int) -> int:
-    key = (op_class, shape, None)   # = self._vector_cost(op_class, shape), inlined
-    hit = self._vcost.get(key)
-    if hit is None:
-      hit = self._vcost[key] = cost.vector_cost(self.chip, op_class, shape, None)
-    unit, busy, lat = hit
+    unit, busy, lat = self._vcost[(op_class, shape, None)]   # (arithmetic is costed in 32-bit tiles)
     if unit is None:
       return ready
     return self._issue(unit, busy, lat, ready, op_class)
@@ -154,34 +150,28 @@ class TensorCore:
 
   # ------------------------------------------------------------------ memory
   def load(self, buf: Buffer, index, shape, site=None):
-    if self.checks is not None:
-      alt = self.checks.load(self, buf, index, shape)
-      if alt is not None:
-        buf, index = alt
+    alt = self.checks.load(self, buf, index, shape)
+    if alt is not None:
+      buf, index = alt
     if not shape or buf.memory_space is _SMEM:
       self.now += self.chip.scalar_op_cycles
       ready = self.now if self.now > buf.ready_cycle else buf.ready_cycle
       return memory.read_scalar(buf, index), ready
-    hit = self._vcost.get(("load", shape, buf.dtype))
-    if hit is None:
-      hit = self._vector_cost("load", shape, buf.dtype)
-    ready = self._issue("vld", hit[1], hit[2], buf.ready_cycle, "load")
+    unit, busy, lat = self._vcost[("load", shape, buf.dtype)]
+    ready = self._issue(unit, busy, lat, buf.ready_cycle, "load")
     return memory.read(buf, index, self.timing_only), ready
 
   def store(self, buf: Buffer, index, shape, data, ready: int) -> None:
-    if self.checks is not None:
-      alt = self.checks.store(self, buf, index, shape, data)
-      if alt is not None:
-        index, data = alt
-    memory.write(buf, index, data, self.checks is None)
+    alt = self.checks.store(self, buf, index, shape, data)
+    if alt is not None:
+      index, data = alt
+    memory.write(buf, index, data, not self.checks.active)
     if not shape or buf.memory_space is _SMEM:
       self.now += self.chip.scalar_op_cycles
       done = self.now if self.now > ready else ready
     else:
-      hit = self._vcost.get(("store", shape, buf.dtype))
-      if hit is None:
-        hit = self._vector_cost("store", shape, buf.dtype)
-      done = self._issue(hit[0], hit[1], hit[2], ready, "store")
+      unit, busy, lat = self._vcost[("store", shape, buf.dtype)]
+      done = self._issue(unit, busy, lat, ready, "store")
     if done > buf.ready_cycle:
       buf.ready_cycle = done
 
@@ -191,7 +181,7 @@ class TensorCore:
     detector like a vector load or store (not for `atomic` updates) and to the uninitialised-read
     tracker. `index` may hold index arrays."""
     checks = self.checks
-    if checks is None:
+    if not checks.active:
       return
     if checks.races is not None and not atomic:
       checks.races.access(self, buf, index, kind, shape)
@@ -270,8 +260,7 @@ class TensorCore:
 
   def free(self, buf: Buffer) -> None:
     self.named_buffers.pop(buf.key, None)
-    if self.checks is not None:
-      self.checks.free(self, buf)
+    self.checks.free(self, buf)
     if buf.core is not self:
       return  # a shared allocation owned by another core
     info = self.live.pop(id(buf), None)
@@ -288,66 +277,56 @@ class TensorCore:
 
   # ------------------------------------------------------------------ DMA
   def dma_start(self, req) -> None:
-    if req.device_id is not None or req.core_index is not None or self.checks is not None:
-      return self._dma_start_general(req)
-    # a local copy with no checker (the common case): the general path's steps, in the same order
+    """Issue a copy (the one path for local, remote and checked copies): one DMA issue on the scalar
+    core; the transfer starts once its source's last store is done and is timed on the channels of
+    its CopyPlan (or the ICI route to another chip); its data moves now or when waited (the DMA
+    policy; in memory.copy); its completion and source side arrive on their semaphores (sim/sync.py)."""
     issue = self._dma_issue
     now = self.now = self.now + issue
     self.unit_busy["scalar"] += issue
     m = self.machine
     m._seq = seq = m._seq + 1
-    src_buf, dst_buf = req.src_buf, req.dst_buf
-    src_ready = src_buf.ready_cycle
+    rec = DmaRecord(req, seq, self, now)
+    src_ready = req.src_buf.ready_cycle
     start = now if now > src_ready else src_ready
-    dst_space = dst_buf.memory_space
-    fast = req.fast   # (this core, plan, semaphore slot or None): per request, shared per key
-    if fast is None or fast[0] is not self:
-      sem_buf = req.sem_buf
-      key = (id(src_buf.memory_space), id(dst_space), id(sem_buf), req.sem_index)
-      fast = self._dma_fast.get(key)
-      if fast is None:
-        fast = self._dma_fast[key] = (self, self._dma_plan(src_buf.memory_space, dst_space),
-                                      None if sem_buf is None else m.sems.slot(sem_buf, req.sem_index))
-      req.fast = fast
-    p, slot = fast[1], fast[2]
-    kind = p[0]
-    chans = self._chans
-    if chans is None:
-      chans = self._chans = self.dma_channels()
+    target_chip = self.chip_index
+    if req.device_id is not None or req.core_index is not None:
+      target_chip, req = self._remote(req)
+      rec.req = req
+    checks = self.checks
+    if checks.active:
+      req = checks.dma_start(self, rec)
     nbytes = req.nbytes
-    if p[1]:
-      s, read_done = chans[2].reserve(start, nbytes)
+    fast = req.fast   # (this core, CopyPlan, destination semaphore or None): per request, shared per key
+    if fast is None or fast[0] is not self:
+      fast = req.fast = self._prepared(req)
+    p, slot = fast[1], fast[2]
+    if target_chip != self.chip_index:
+      s, read_done, done = m.ici_transfer(self, target_chip, start, nbytes)
+      kind = "ici"
     else:
-      s, read_done = reserve2(chans[0], 1.0, chans[1], p[2], start, nbytes)
-    done = math.ceil(read_done) + p[3]   # = dma.planned_timing, inlined
-    rec = DmaRecord(req, seq, self, now, s, done, read_done, p[4])
+      s, read_done = reserve(p.channels, start, nbytes)
+      done = math.ceil(read_done) + p.latency_cycles
+      kind = p.kind
+      rec.hbm_sides = p.hbm_sides
+    rec.start_cycle, rec.done_cycle, rec.read_done_cycle = s, done, read_done
     if done > self.horizon:
       self.horizon = done
-    stats = self._dma_stats
-    if stats is None:
-      stats = self._dma_stats = (self.trace.events.stats["dma_bytes"],
-                                 self.trace.events.stats["dma_count"])
-    per_kind = stats[0]   # = trace.count_dma(kind, nbytes), inlined
-    per_kind[kind] = per_kind.get(kind, 0) + int(nbytes)
-    per_kind = stats[1]
-    per_kind[kind] = per_kind.get(kind, 0) + 1
     trace = self.trace
+    trace.count_dma(kind, nbytes)
     if trace.on:
-      ev = trace.events
-      if len(ev) < trace.cap:   # = trace.add, inlined
-        ev.append((self.tid, "dma", kind, s, done, {"copy": req, "bytes": nbytes}))
-      else:
-        trace.add(self.tid, "dma", kind, s, done, {"copy": req, "bytes": nbytes})
-    if self.timing_only and dst_space is not _SMEM:
+      trace.add(self.tid, "dma", kind, s, done, {"copy": req, "bytes": nbytes})
+    if self.timing_only and req.dst_buf.memory_space is not _SMEM:
       rec.moved = True  # timing only: payloads are skipped; only scalar (SMEM) data moves
     elif self._eager or m.dma_policy.move_at_start(rec):
-      memory.copy(req, borrow=True)
+      memory.copy(req, borrow=not checks.active)  # the checkers track storage identity: no borrowing
       rec.moved = True
+      checks.moved(req)
     m.dma_count += 1
-    m.hbm_bytes += nbytes * p[4]
+    m.hbm_bytes += nbytes * rec.hbm_sides
     sems = m.sems
-    if slot is not None:   # (the machine's semaphore of req.sem_buf, req.sem_index: it lives as long
-      sems.arrive(slot, done, nbytes, rec)   # as the launch, so `fast` may hold it)
+    if slot is not None:
+      sems.arrive(slot, done, nbytes, rec)
     if req.src_sem_buf is not None:
       sems.arrive(sems.slot(req.src_sem_buf, req.src_sem_index), read_done, nbytes, rec, True)
     m.inflight[seq] = rec
@@ -355,88 +334,36 @@ class TensorCore:
       m.prune_channels()
     m.sched.maybe_yield(self)
 
-  def _dma_start_general(self, req) -> None:
-    issue = self.chip.dma_issue_cycles
-    now = self.now = self.now + issue
-    self.unit_busy["scalar"] += issue
+  def _remote(self, req):
+    """(target chip, the request as it lands there) of a copy to another core or chip: it lands in the
+    target's buffer and signals the target's semaphore; the issuer's descriptor keeps naming its own
+    semaphores (its .wait_recv() waits on the local copy)."""
     m = self.machine
-    m._seq += 1
-    rec = DmaRecord(req, m._seq, self)
-    rec.issue_cycle = now
-    src_ready = req.src_buf.ready_cycle
-    start = now if now > src_ready else src_ready
-    target_chip = self.chip_index
-    if req.device_id is not None or req.core_index is not None:
-      target_chip, core = req.device_id if req.device_id is not None else (self.chip_index,
-                                                                          self.core_id)
-      if req.core_index is not None:
-        core = req.core_index
-      # the copy lands in the target's buffer and signals the target's semaphore; the issuer's
-      # descriptor keeps naming its own semaphores (its .wait_recv() waits on the local copy)
-      req = copy.copy(req)
-      req.dst_buf = m.peer_buffer(req.dst_buf, target_chip, core, self)
-      if req.sem_buf is not None:
-        req.sem_buf = m.peer_buffer(req.sem_buf, target_chip, core, self)
-      rec.req = req
-    if self.checks is not None:
-      req = self.checks.dma_start(self, rec)
-    dst_space = req.dst_buf.memory_space
-    p = self._dma_plan(req.src_buf.memory_space, dst_space)
-    kind = p[0]
-    chans = self._chans
-    if chans is None:
-      chans = self._chans = self.dma_channels()
-    if target_chip != self.chip_index:
-      s, e, done = m.ici_transfer(self, target_chip, start, req.nbytes)
-      read_done = e
-      kind = "ici"
-    else:
-      if p[1]:
-        s, read_done = chans[2].reserve(start, req.nbytes)
-      else:
-        s, read_done = reserve2(chans[0], 1.0, chans[1], p[2], start, req.nbytes)
-      done = math.ceil(read_done) + p[3]   # = dma.planned_timing, inlined
-      rec.hbm_sides = p[4]
-    rec.start_cycle, rec.done_cycle, rec.read_done_cycle = s, done, read_done
-    if done > self.horizon:
-      self.horizon = done
-    trace = self.trace
-    stats = trace.events.stats   # = trace.count_dma(kind, req.nbytes), inlined
-    per_kind = stats["dma_bytes"]
-    per_kind[kind] = per_kind.get(kind, 0) + int(req.nbytes)
-    per_kind = stats["dma_count"]
-    per_kind[kind] = per_kind.get(kind, 0) + 1
-    if trace.on:
-      ev = trace.events
-      if len(ev) < trace.cap:   # = trace.add, inlined
-        ev.append((self.tid, "dma", kind, s, done, {"copy": req, "bytes": req.nbytes}))
-      else:
-        trace.add(self.tid, "dma", kind, s, done, {"copy": req, "bytes": req.nbytes})
-    if self.timing_only and dst_space != MemorySpace.SMEM:
-      rec.moved = True  # timing only: payloads are skipped; only scalar (SMEM) data moves
-    elif self._eager or m.dma_policy.move_at_start(rec):
-      memory.copy(req, borrow=self.checks is None)  # the checkers track storage identity: no borrowing
-      rec.moved = True
-      if self.checks is not None:
-        self.checks.moved(req)
-    m.dma_count += 1
-    m.hbm_bytes += req.nbytes * rec.hbm_sides
-    sems = m.sems
+    target_chip, core = req.device_id if req.device_id is not None else (self.chip_index, self.core_id)
+    if req.core_index is not None:
+      core = req.core_index
+    req = copy.copy(req)
+    req.fast = None
+    req.dst_buf = m.peer_buffer(req.dst_buf, target_chip, core, self)
     if req.sem_buf is not None:
-      sems.arrive(sems.slot(req.sem_buf, req.sem_index), done, req.nbytes, rec)
-    if req.src_sem_buf is not None:
-      sems.arrive(sems.slot(req.src_sem_buf, req.src_sem_index), read_done, req.nbytes, rec, True)
-    m.inflight[rec.seq] = rec
-    if m.dma_count & 1023 == 0:
-      m.prune_channels()
-    m.sched.maybe_yield(self)
+      req.sem_buf = m.peer_buffer(req.sem_buf, target_chip, core, self)
+    return target_chip, req
 
-  def _dma_plan(self, src_space, dst_space) -> tuple:
-    key = (id(src_space), id(dst_space))   # enum members are singletons; Enum.__hash__ is Python code
-    p = self._dma_plans.get(key)
-    if p is None:
-      p = self._dma_plans[key] = plan(self.chip, src_space, dst_space)
-    return p
+  def _prepared(self, req) -> tuple:
+    """(this core, CopyPlan, destination semaphore) of a request, shared by every request with the
+    same spaces and semaphore (enum members are singletons and Enum.__hash__ is Python code: ids)."""
+    sem_buf = req.sem_buf
+    src_space, dst_space = req.src_buf.memory_space, req.dst_buf.memory_space
+    key = (id(src_space), id(dst_space), id(sem_buf), req.sem_index)
+    fast = self._dma_fast.get(key)
+    if fast is None:
+      chans = self._chans
+      if chans is None:
+        chans = self._chans = self.dma_channels()
+      fast = self._dma_fast[key] = (self, plan(self.chip, src_space, dst_space, chans),
+                                    None if sem_buf is None else self.machine.sems.slot(sem_buf,
+                                                                                          req.sem_index))
+    return fast
 
   def dma_wait(self, req, which: str = "recv") -> None:
     sems = self.machine.sems
@@ -482,11 +409,7 @@ class TensorCore:
     self.unit_busy["scalar"] += cycles
     trace = self.trace
     if trace.on:
-      ev = trace.events
-      if len(ev) < trace.cap:   # = trace.add, inlined
-        ev.append((self.tid, "scalar", "grid step", start, self.now, None))
-      else:
-        trace.add(self.tid, "scalar", "grid step", start, self.now)
+      trace.add(self.tid, "scalar", "grid step", start, self.now)
 
   # ------------------------------------------------------------------ end of kernel
   def _check_sem_zero(self, buf, when: str) -> None:
