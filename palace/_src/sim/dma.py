@@ -1,4 +1,5 @@
-"""DMA engines: transfer timing (L4b); the data of a copy moves in sim/memory.py (`memory.copy`).
+"""DMA engines (L4b): where a copy is issued and timed (`DmaEngine.start`); its data moves in
+sim/memory.py (`memory.copy`), its completion arrives on a semaphore in sim/sync.py.
 
 Timing model (all in cycles of the chip clock):
   * A copy is issued by the scalar core at `issue` (after `dma_issue_cycles` of scalar work) and cannot
@@ -18,9 +19,12 @@ completions can differ.
 """
 from __future__ import annotations
 
+import copy
 import math
 
 from palace._src.core import MemorySpace
+from palace._src.sim import memory
+from palace._src.sim.bandwidth import reserve
 
 _SPACE_LABEL = {MemorySpace.ANY: "hbm", MemorySpace.HBM: "hbm", MemorySpace.VMEM: "vmem",
                 MemorySpace.VMEM_SHARED: "vmem", MemorySpace.CMEM: "vmem", MemorySpace.SMEM: "smem",
@@ -43,6 +47,7 @@ class DmaRecord:
     self.done_cycle, self.read_done_cycle = done_cycle, read_done_cycle
 
 
+_SMEM = MemorySpace.SMEM
 _DIRECTIONS: dict = {}
 
 
@@ -104,3 +109,104 @@ def plan(chip, src_space: MemorySpace, dst_space: MemorySpace, chans) -> CopyPla
 
 def bytes_of(shape, itemsize: int) -> int:
   return int(math.prod(shape)) * itemsize
+
+
+class DmaEngine:
+  """The DMA issue of one core: plans per (spaces, semaphore), the core's channels, the start path."""
+  __slots__ = ("core", "machine", "issue_cycles", "eager", "chans", "prepared")
+
+  def __init__(self, core):
+    self.core = core
+    self.machine = core.machine
+    self.issue_cycles = core.chip.dma_issue_cycles
+    self.eager = core.machine.dma_policy.name == "eager"
+    self.chans = None        # the core's (DMA engine, HBM, local) channels, resolved at the first copy
+    self.prepared = {}       # (src space, dst space, semaphore) ids -> (core, CopyPlan, semaphore)
+
+  def start(self, req) -> None:
+    """Issue a copy (the one path for local, remote and checked copies): one DMA issue on the scalar
+    core; the transfer starts once its source's last store is done and is timed on the channels of
+    its CopyPlan (or the ICI route to another chip); its data moves now or when waited (the DMA
+    policy; memory.copy); its completion and source side arrive on their semaphores (sim/sync.py)."""
+    core = self.core
+    issue = self.issue_cycles
+    now = core.now = core.now + issue
+    core.unit_busy["scalar"] += issue
+    m = self.machine
+    m._seq = seq = m._seq + 1
+    rec = DmaRecord(req, seq, core, now)
+    src_ready = req.src_buf.ready_cycle
+    start = now if now > src_ready else src_ready
+    target_chip = core.chip_index
+    if req.device_id is not None or req.core_index is not None:
+      target_chip, req = self._remote(req)
+      rec.req = req
+    checks = core.checks
+    if checks.active:
+      req = checks.dma_start(core, rec)
+    nbytes = req.nbytes
+    fast = req.fast   # (this core, CopyPlan, destination semaphore or None): per request, shared per key
+    if fast is None or fast[0] is not core:
+      fast = req.fast = self._prepared(req)
+    p, slot = fast[1], fast[2]
+    if target_chip != core.chip_index:
+      s, read_done, done = m.ici_transfer(core, target_chip, start, nbytes)
+      kind = "ici"
+    else:
+      s, read_done = reserve(p.channels, start, nbytes)
+      done = math.ceil(read_done) + p.latency_cycles
+      kind = p.kind
+      rec.hbm_sides = p.hbm_sides
+    rec.start_cycle, rec.done_cycle, rec.read_done_cycle = s, done, read_done
+    if done > core.horizon:
+      core.horizon = done
+    trace = core.trace
+    trace.count_dma(kind, nbytes)
+    if trace.on:
+      trace.add(core.tid, "dma", kind, s, done, {"copy": req, "bytes": nbytes})
+    if core.timing_only and req.dst_buf.memory_space is not _SMEM:
+      rec.moved = True  # timing only: payloads are skipped; only scalar (SMEM) data moves
+    elif self.eager or m.dma_policy.move_at_start(rec):
+      memory.copy(req, borrow=not checks.active)  # the checkers track storage identity: no borrowing
+      rec.moved = True
+      checks.moved(req)
+    m.dma_count += 1
+    m.hbm_bytes += nbytes * rec.hbm_sides
+    sems = m.sems
+    if slot is not None:
+      sems.arrive(slot, done, nbytes, rec)
+    if req.src_sem_buf is not None:
+      sems.arrive(sems.slot(req.src_sem_buf, req.src_sem_index), read_done, nbytes, rec, True)
+    m.inflight[seq] = rec
+    if m.dma_count & 1023 == 0:
+      m.prune_channels()
+    m.sched.maybe_yield(core)
+
+  def _remote(self, req):
+    """(target chip, the request as it lands there) of a copy to another core or chip: it lands in the
+    target's buffer and signals the target's semaphore; the issuer's descriptor keeps naming its own
+    semaphores (its .wait_recv() waits on the local copy)."""
+    core, m = self.core, self.machine
+    target_chip, target = req.device_id if req.device_id is not None else (core.chip_index, core.core_id)
+    if req.core_index is not None:
+      target = req.core_index
+    req = copy.copy(req)
+    req.fast = None
+    req.dst_buf = m.peer_buffer(req.dst_buf, target_chip, target, core)
+    if req.sem_buf is not None:
+      req.sem_buf = m.peer_buffer(req.sem_buf, target_chip, target, core)
+    return target_chip, req
+
+  def _prepared(self, req) -> tuple:
+    """(core, CopyPlan, destination semaphore) of a request, shared by every request with the same
+    spaces and semaphore (enum members are singletons and Enum.__hash__ is Python code: ids)."""
+    sem_buf = req.sem_buf
+    src_space, dst_space = req.src_buf.memory_space, req.dst_buf.memory_space
+    key = (id(src_space), id(dst_space), id(sem_buf), req.sem_index)
+    fast = self.prepared.get(key)
+    if fast is None:
+      if self.chans is None:
+        self.chans = self.core.dma_channels()
+      sem = None if sem_buf is None else self.machine.sems.slot(sem_buf, req.sem_index)
+      fast = self.prepared[key] = (self.core, plan(self.core.chip, src_space, dst_space, self.chans), sem)
+    return fast

@@ -24,8 +24,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from palace._src.core import MemorySpace, SemaphoreKind
-from palace._src.util import prod
+from palace._src.core import MemoryRef, MemorySpace, SemaphoreKind
+from palace._src.errors import ResourceError, UsageError
+from palace._src.util import fmt_bytes, prod
 
 _SMEM = MemorySpace.SMEM
 _VMEM = MemorySpace.VMEM
@@ -256,6 +257,84 @@ def alias_input(out: Buffer, src: np.ndarray, timing_only: bool) -> None:
     out.storage = view
   else:
     out.storage = src.copy()
+
+
+# ------------------------------------------------------------------ capacity
+def scoped_vmem_limit(chip, vmem_limit_bytes, kernel_name: str) -> int:
+  """VMEM a TensorCore's allocations may use: CompilerParams(vmem_limit_bytes) or the chip's default
+  scoped limit, minus Mosaic's internal scratch."""
+  if vmem_limit_bytes is not None and vmem_limit_bytes > chip.vmem_bytes:
+    raise ResourceError(
+        f"vmem_limit_bytes={vmem_limit_bytes} ({fmt_bytes(vmem_limit_bytes)}) for kernel '{kernel_name}' "
+        f"exceeds the physical VMEM of {chip.name} ({fmt_bytes(chip.vmem_bytes)} per TensorCore). "
+        f"Lower vmem_limit_bytes or the block sizes.")
+  return (vmem_limit_bytes or chip.default_scoped_vmem_bytes) - chip.internal_scratch_bytes
+
+
+class Allocator:
+  """One core's memories: capacity checks and accounting of scoped VMEM, shared VMEM and SMEM, and
+  the live allocations (for the breakdown in over-capacity errors)."""
+
+  def __init__(self, core, vmem_limit: int, vmem_shared_limit: int, smem_limit: int):
+    self.core = core
+    self.vmem_limit = vmem_limit
+    self.vmem_shared_limit = vmem_shared_limit
+    self.smem_limit = smem_limit
+    self.vmem_used = self.vmem_peak = self.smem_used = 0
+    self.live = {}            # id(buf) -> (name, bytes, space)
+
+  def allocate(self, mem_type, name: str) -> Buffer:
+    core = self.core
+    if not isinstance(mem_type, MemoryRef):
+      raise UsageError(f"Cannot allocate {name}: {mem_type!r} is not a memory type; use pltpu.VMEM(shape,"
+                       f" dtype), pltpu.SMEM(...) or pltpu.SemaphoreType.")
+    space = mem_type.memory_space
+    nbytes = mem_type.nbytes
+    if space == MemorySpace.VMEM_SHARED:
+      if nbytes > self.vmem_shared_limit:
+        raise ResourceError(
+            f"VMEM_SHARED over capacity for {name} {core.where()}: {fmt_bytes(nbytes)} requested but "
+            f"the shared VMEM holds {fmt_bytes(self.vmem_shared_limit)}. Use smaller buffers.")
+    elif space in (MemorySpace.VMEM, MemorySpace.ANY):
+      space = MemorySpace.VMEM
+      if self.vmem_used + nbytes > self.vmem_limit:
+        raise ResourceError(self._vmem_message(name, nbytes))
+      self.vmem_used += nbytes
+      self.vmem_peak = max(self.vmem_peak, self.vmem_used)
+    elif space == MemorySpace.SMEM:
+      if self.smem_used + nbytes > self.smem_limit:
+        raise ResourceError(
+            f"SMEM over capacity for {name} on chip {core.chip_index} core {core.core_id} in kernel "
+            f"'{core.kernel_name}': {fmt_bytes(self.smem_used)} in use + {fmt_bytes(nbytes)} requested "
+            f"> {fmt_bytes(self.smem_limit)} on {core.chip.name}. Keep SMEM for scalars and small "
+            f"index tables; move arrays to VMEM.")
+      self.smem_used += nbytes
+    # (large VMEM buffers: the uninitialised fill is written only if read before being overwritten)
+    buf = new_buffer(mem_type.shape, mem_type.dtype, space, name, core, core.chip_index, core.timing_only,
+                     core.deferred_values)
+    self.live[id(buf)] = (name, nbytes, space)
+    return buf
+
+  def release(self, buf: Buffer) -> bool:
+    """Give `buf`'s capacity back; False if it was not allocated here (semaphores, shared buffers)."""
+    info = self.live.pop(id(buf), None)
+    if info is None:
+      return False
+    _, nbytes, space = info
+    if space in (MemorySpace.VMEM, MemorySpace.VMEM_SHARED):
+      self.vmem_used -= nbytes
+    elif space == MemorySpace.SMEM:
+      self.smem_used -= nbytes
+    return True
+
+  def _vmem_message(self, name, nbytes) -> str:
+    core = self.core
+    rows = "; ".join(f"{n} {fmt_bytes(b)}" for n, b, s in self.live.values()
+                     if s in (MemorySpace.VMEM, MemorySpace.VMEM_SHARED))
+    return (f"VMEM over capacity on chip {core.chip_index} core {core.core_id} in kernel "
+            f"'{core.kernel_name}': {name} needs {fmt_bytes(nbytes)} but {fmt_bytes(self.vmem_used)} of "
+            f"the {fmt_bytes(self.vmem_limit)} scoped limit is in use ({rows or 'nothing else'}). "
+            f"Reduce block sizes or buffer counts, or raise CompilerParams(vmem_limit_bytes=...).")
 
 
 # ------------------------------------------------------------------ loads and stores

@@ -37,8 +37,8 @@ class SparseSubcore(TensorCore):
     self.scalar = scalar
     self.lanes = spec.num_lanes
     self.dma_granule_bytes = spec.dma_granule_bytes
-    self.vmem_limit = 0 if scalar else spec.vmem_bytes_per_subcore
-    self.vmem_shared_limit = spec.vmem_shared_bytes
+    self.memory.vmem_limit = 0 if scalar else spec.vmem_bytes_per_subcore   # TileSpmem
+    self.memory.vmem_shared_limit = spec.vmem_shared_bytes                  # Spmem
     self.share_group = (chip_index, "sc", sc_index)
     self.label = f"sc{sc_index} scalar" if scalar else f"sc{sc_index} subcore {subcore}"
     self.barrier_gen = 0

@@ -1,4 +1,8 @@
-"""One TensorCore of the virtual TPU: implements the executor protocol (L4b).
+"""One TensorCore of the virtual TPU: the executor the language talks to, and the issue model (L4b).
+
+The core owns its clock and units and delegates the rest: storage and capacity to sim/memory.py (an
+`Allocator`, `memory.read` / `write`), copies to sim/dma.py (its `DmaEngine`), semaphores and waits to
+sim/sync.py (the machine's `Semaphores` and scheduler), bug checks to sim/checks.py.
 
 Time model of the core (cycles of the chip clock):
   * `now` is the in-order issue point of the scalar core. Every vector op issues at or after `now` and
@@ -10,17 +14,14 @@ Time model of the core (cycles of the chip clock):
 """
 from __future__ import annotations
 
-import copy
 import functools
-import math
 
-from palace._src.core import MemoryRef, MemorySpace, SemaphoreRefType
-from palace._src.errors import ResourceError, SyncError, UsageError
+from palace._src.core import MemorySpace, SemaphoreRefType
+from palace._src.errors import SyncError
 from palace._src.sim import cost, memory
-from palace._src.sim.bandwidth import reserve
-from palace._src.sim.dma import DmaRecord, plan
+from palace._src.sim.dma import DmaEngine
 from palace._src.sim.memory import Buffer
-from palace._src.util import fmt_bytes, fmt_site
+from palace._src.util import fmt_site
 
 _SMEM = MemorySpace.SMEM
 
@@ -64,33 +65,22 @@ class TensorCore:
     self.horizon = 0
     self.compute_done = 0     # latest result of any vector/MXU op (drained at grid-step boundaries)
     self.flops = 0
-    limit = params.vmem_limit_bytes
-    if limit is not None and limit > self.chip.vmem_bytes:
-      raise ResourceError(
-          f"vmem_limit_bytes={limit} ({fmt_bytes(limit)}) for kernel '{self.kernel_name}' exceeds the "
-          f"physical VMEM of {self.chip.name} ({fmt_bytes(self.chip.vmem_bytes)} per TensorCore). "
-          f"Lower vmem_limit_bytes or the block sizes.")
-    self.vmem_limit = (limit or self.chip.default_scoped_vmem_bytes) - self.chip.internal_scratch_bytes
-    self.vmem_used = 0
-    self.vmem_peak = 0
-    self.smem_used = 0
+    # this core's memories (capacity, live allocations; VMEM_SHARED is modelled as VMEM on a TensorCore)
+    self.memory = memory.Allocator(self, memory.scoped_vmem_limit(self.chip, params.vmem_limit_bytes,
+                                                                  self.kernel_name),
+                                   self.chip.vmem_bytes, self.chip.smem_bytes)
     self.sem_buffers = []
-    self.live = {}            # id(buf) -> what (for the allocation breakdown in errors)
     self.trace = machine.trace
     self.tid = (chip_index, core_id)
     self.blocked_on = None
     self.alloc_seq = 0
     self.steps = 0            # grid steps run on this core (pallas_call and emit_pipeline)
-    self._chans = None        # this core's DMA channels (resolved at the first copy)
-    self._dma_issue = self.chip.dma_issue_cycles
+    self.dma = DmaEngine(self)  # this core's DMA issue, timing and data movement (sim/dma.py)
     self._scalar_cycles = self.chip.scalar_op_cycles
     self._step_cycles = self.chip.grid_step_overhead_cycles
-    self._dma_fast = {}       # (src space, dst space, semaphore) ids -> (self, CopyPlan, semaphore)
-    self._eager = machine.dma_policy.name == "eager"
     self._vcost = _Memo(functools.partial(cost.vector_cost, self.chip))   # (op class, shape, dtype) ->
     self._mcost = {}          # (unit, busy, latency); (m, k, n, batch, dtypes) -> MXU charge
     self.share_group = (chip_index,)   # cores that see the same shared allocations
-    self.vmem_shared_limit = self.chip.vmem_bytes  # TensorCores: VMEM_SHARED is modelled as VMEM
     self.dma_granule_bytes = 0
     self.label = f"core {core_id}"
     self.mesh_axes = []       # [(axis name, size)] of the core-level mesh this core runs in
@@ -220,150 +210,29 @@ class TensorCore:
                               self.timing_only, False, sem_kind=mem_type.kind)
       self.sem_buffers.append(buf)
       return buf
-    if not isinstance(mem_type, MemoryRef):
-      raise UsageError(f"Cannot allocate {name}: {mem_type!r} is not a memory type; use pltpu.VMEM(shape,"
-                       f" dtype), pltpu.SMEM(...) or pltpu.SemaphoreType.")
-    space = mem_type.memory_space
-    nbytes = mem_type.nbytes
-    if space == MemorySpace.VMEM_SHARED:
-      if nbytes > self.vmem_shared_limit:
-        raise ResourceError(
-            f"VMEM_SHARED over capacity for {name} {self.where()}: {fmt_bytes(nbytes)} requested but "
-            f"the shared VMEM holds {fmt_bytes(self.vmem_shared_limit)}. Use smaller buffers.")
-    elif space in (MemorySpace.VMEM, MemorySpace.ANY):
-      space = MemorySpace.VMEM
-      if self.vmem_used + nbytes > self.vmem_limit:
-        raise ResourceError(self._vmem_message(name, nbytes))
-      self.vmem_used += nbytes
-      self.vmem_peak = max(self.vmem_peak, self.vmem_used)
-    elif space == MemorySpace.SMEM:
-      if self.smem_used + nbytes > self.chip.smem_bytes:
-        raise ResourceError(
-            f"SMEM over capacity for {name} on chip {self.chip_index} core {self.core_id} in kernel "
-            f"'{self.kernel_name}': {fmt_bytes(self.smem_used)} in use + {fmt_bytes(nbytes)} requested "
-            f"> {fmt_bytes(self.chip.smem_bytes)} on {self.chip.name}. Keep SMEM for scalars and small "
-            f"index tables; move arrays to VMEM.")
-      self.smem_used += nbytes
-    # (large VMEM buffers: the uninitialised fill is written only if read before being overwritten)
-    buf = memory.new_buffer(mem_type.shape, mem_type.dtype, space, name, self, self.chip_index,
-                            self.timing_only, self.deferred_values)
-    self.live[id(buf)] = (name, nbytes, space)
-    return buf
+    return self.memory.allocate(mem_type, name)
 
-  def _vmem_message(self, name, nbytes) -> str:
-    rows = "; ".join(f"{n} {fmt_bytes(b)}" for n, b, s in self.live.values()
-                     if s in (MemorySpace.VMEM, MemorySpace.VMEM_SHARED))
-    return (f"VMEM over capacity on chip {self.chip_index} core {self.core_id} in kernel "
-            f"'{self.kernel_name}': {name} needs {fmt_bytes(nbytes)} but {fmt_bytes(self.vmem_used)} of "
-            f"the {fmt_bytes(self.vmem_limit)} scoped limit is in use ({rows or 'nothing else'}). "
-            f"Reduce block sizes or buffer counts, or raise CompilerParams(vmem_limit_bytes=...).")
+  @property
+  def vmem_limit(self) -> int:
+    """The scoped VMEM this core's allocations may use (bytes)."""
+    return self.memory.vmem_limit
+
+  @property
+  def vmem_peak(self) -> int:
+    return self.memory.vmem_peak
 
   def free(self, buf: Buffer) -> None:
     self.named_buffers.pop(buf.key, None)
     self.checks.free(self, buf)
     if buf.core is not self:
       return  # a shared allocation owned by another core
-    info = self.live.pop(id(buf), None)
-    if info is None:
-      if buf.sem_kind is not None:
-        self._check_sem_zero(buf, "at the end of its run_scoped region")
-        self.sem_buffers.remove(buf)
-      return
-    _, nbytes, space = info
-    if space in (MemorySpace.VMEM, MemorySpace.VMEM_SHARED):
-      self.vmem_used -= nbytes
-    elif space == MemorySpace.SMEM:
-      self.smem_used -= nbytes
+    if not self.memory.release(buf) and buf.sem_kind is not None:
+      self._check_sem_zero(buf, "at the end of its run_scoped region")
+      self.sem_buffers.remove(buf)
 
   # ------------------------------------------------------------------ DMA
   def dma_start(self, req) -> None:
-    """Issue a copy (the one path for local, remote and checked copies): one DMA issue on the scalar
-    core; the transfer starts once its source's last store is done and is timed on the channels of
-    its CopyPlan (or the ICI route to another chip); its data moves now or when waited (the DMA
-    policy; in memory.copy); its completion and source side arrive on their semaphores (sim/sync.py)."""
-    issue = self._dma_issue
-    now = self.now = self.now + issue
-    self.unit_busy["scalar"] += issue
-    m = self.machine
-    m._seq = seq = m._seq + 1
-    rec = DmaRecord(req, seq, self, now)
-    src_ready = req.src_buf.ready_cycle
-    start = now if now > src_ready else src_ready
-    target_chip = self.chip_index
-    if req.device_id is not None or req.core_index is not None:
-      target_chip, req = self._remote(req)
-      rec.req = req
-    checks = self.checks
-    if checks.active:
-      req = checks.dma_start(self, rec)
-    nbytes = req.nbytes
-    fast = req.fast   # (this core, CopyPlan, destination semaphore or None): per request, shared per key
-    if fast is None or fast[0] is not self:
-      fast = req.fast = self._prepared(req)
-    p, slot = fast[1], fast[2]
-    if target_chip != self.chip_index:
-      s, read_done, done = m.ici_transfer(self, target_chip, start, nbytes)
-      kind = "ici"
-    else:
-      s, read_done = reserve(p.channels, start, nbytes)
-      done = math.ceil(read_done) + p.latency_cycles
-      kind = p.kind
-      rec.hbm_sides = p.hbm_sides
-    rec.start_cycle, rec.done_cycle, rec.read_done_cycle = s, done, read_done
-    if done > self.horizon:
-      self.horizon = done
-    trace = self.trace
-    trace.count_dma(kind, nbytes)
-    if trace.on:
-      trace.add(self.tid, "dma", kind, s, done, {"copy": req, "bytes": nbytes})
-    if self.timing_only and req.dst_buf.memory_space is not _SMEM:
-      rec.moved = True  # timing only: payloads are skipped; only scalar (SMEM) data moves
-    elif self._eager or m.dma_policy.move_at_start(rec):
-      memory.copy(req, borrow=not checks.active)  # the checkers track storage identity: no borrowing
-      rec.moved = True
-      checks.moved(req)
-    m.dma_count += 1
-    m.hbm_bytes += nbytes * rec.hbm_sides
-    sems = m.sems
-    if slot is not None:
-      sems.arrive(slot, done, nbytes, rec)
-    if req.src_sem_buf is not None:
-      sems.arrive(sems.slot(req.src_sem_buf, req.src_sem_index), read_done, nbytes, rec, True)
-    m.inflight[seq] = rec
-    if m.dma_count & 1023 == 0:
-      m.prune_channels()
-    m.sched.maybe_yield(self)
-
-  def _remote(self, req):
-    """(target chip, the request as it lands there) of a copy to another core or chip: it lands in the
-    target's buffer and signals the target's semaphore; the issuer's descriptor keeps naming its own
-    semaphores (its .wait_recv() waits on the local copy)."""
-    m = self.machine
-    target_chip, core = req.device_id if req.device_id is not None else (self.chip_index, self.core_id)
-    if req.core_index is not None:
-      core = req.core_index
-    req = copy.copy(req)
-    req.fast = None
-    req.dst_buf = m.peer_buffer(req.dst_buf, target_chip, core, self)
-    if req.sem_buf is not None:
-      req.sem_buf = m.peer_buffer(req.sem_buf, target_chip, core, self)
-    return target_chip, req
-
-  def _prepared(self, req) -> tuple:
-    """(this core, CopyPlan, destination semaphore) of a request, shared by every request with the
-    same spaces and semaphore (enum members are singletons and Enum.__hash__ is Python code: ids)."""
-    sem_buf = req.sem_buf
-    src_space, dst_space = req.src_buf.memory_space, req.dst_buf.memory_space
-    key = (id(src_space), id(dst_space), id(sem_buf), req.sem_index)
-    fast = self._dma_fast.get(key)
-    if fast is None:
-      chans = self._chans
-      if chans is None:
-        chans = self._chans = self.dma_channels()
-      fast = self._dma_fast[key] = (self, plan(self.chip, src_space, dst_space, chans),
-                                    None if sem_buf is None else self.machine.sems.slot(sem_buf,
-                                                                                          req.sem_index))
-    return fast
+    self.dma.start(req)
 
   def dma_wait(self, req, which: str = "recv") -> None:
     sems = self.machine.sems
