@@ -133,6 +133,38 @@ class Buffer:
       owner = owner.borrowed
       hops += 1
 
+  def watch(self, value) -> None:
+    """A load returned `value` (an object whose `_data` is a zero-copy view of this storage): register it
+    as a copy-on-write reader. If this buffer borrows another's storage, the view is that memory: its
+    owners watch the value too, so a write to them still detaches it after this buffer stops borrowing
+    (next DMA, store or free)."""
+    ref = weakref.ref(value)
+    self.add_reader(ref)
+    if self.borrowed is not None:
+      for owner in self.owners():
+        owner.add_reader(ref)
+
+  def stored(self, data, value) -> None:
+    """After a store of `data` (from `value`, or None when it is not a language array): if the buffer
+    adopted the array (memory.write), the value now reads it through a read-only view and is detached
+    (copied) before the next write, like a load (copy on write)."""
+    if type(data) is not np.ndarray or (self._storage if self.pending is None else self.storage) is not data:
+      return
+    ro = data.view()
+    ro.setflags(write=False)
+    self._ro = ro   # the buffer's read-only view of its new storage, for later loads
+    if value is not None:
+      value._data = ro
+      self.add_reader(weakref.ref(value))
+
+  def alias(self, **changes) -> "Buffer":
+    """A buffer sharing this one's storage (bitcast/reshape views, `changes` = the new storage, shape,
+    dtype). Both sides then copy on load, since a write through one is invisible to the other's
+    copy-on-write bookkeeping."""
+    self.detach_readers()
+    self.aliased = True
+    return dataclasses.replace(self, readers=None, aliased=True, **changes)
+
   def add_reader(self, ref) -> None:
     """Register a weakref to a value viewing this storage (copy on write); dead entries are dropped
     once the list passes 64, so a buffer read every grid step keeps a short list."""
