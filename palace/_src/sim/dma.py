@@ -147,7 +147,12 @@ class DmaEngine:
     nbytes = req.nbytes
     fast = req.fast   # (this core, CopyPlan, destination semaphore or None): per request, shared per key
     if fast is None or fast[0] is not core:
-      fast = req.fast = self._prepared(req)
+      # (enum members are singletons and Enum.__hash__ is Python code: the key holds ids)
+      key = (id(req.src_buf.memory_space), id(req.dst_buf.memory_space), id(req.sem_buf), req.sem_index)
+      fast = self.prepared.get(key)
+      if fast is None:
+        fast = self._prepare(req, key)
+      req.fast = fast
     p, slot = fast[1], fast[2]
     if target_chip != core.chip_index:
       s, read_done, done = m.ici_transfer(core, target_chip, start, nbytes)
@@ -197,16 +202,12 @@ class DmaEngine:
       req.sem_buf = m.peer_buffer(req.sem_buf, target_chip, target, core)
     return target_chip, req
 
-  def _prepared(self, req) -> tuple:
-    """(core, CopyPlan, destination semaphore) of a request, shared by every request with the same
-    spaces and semaphore (enum members are singletons and Enum.__hash__ is Python code: ids)."""
-    sem_buf = req.sem_buf
-    src_space, dst_space = req.src_buf.memory_space, req.dst_buf.memory_space
-    key = (id(src_space), id(dst_space), id(sem_buf), req.sem_index)
-    fast = self.prepared.get(key)
-    if fast is None:
-      if self.chans is None:
-        self.chans = self.core.dma_channels()
-      sem = None if sem_buf is None else self.machine.sems.slot(sem_buf, req.sem_index)
-      fast = self.prepared[key] = (self.core, plan(self.core.chip, src_space, dst_space, self.chans), sem)
+  def _prepare(self, req, key) -> tuple:
+    """(core, CopyPlan, destination semaphore) of a request, kept under `key` for every request with the
+    same spaces and semaphore."""
+    if self.chans is None:
+      self.chans = self.core.dma_channels()
+    sem = None if req.sem_buf is None else self.machine.sems.slot(req.sem_buf, req.sem_index)
+    fast = self.prepared[key] = (self.core, plan(self.core.chip, req.src_buf.memory_space,
+                                                 req.dst_buf.memory_space, self.chans), sem)
     return fast

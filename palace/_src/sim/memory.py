@@ -49,11 +49,6 @@ class PendingValue(Protocol):
   def compute_into(self, out: np.ndarray) -> None: ...
 
 
-def is_pending(data) -> bool:
-  """Whether a stored `data` is a PendingValue rather than an array (or None)."""
-  return data is not None and type(data) is not np.ndarray and hasattr(data, "compute_into")
-
-
 @dataclasses.dataclass(eq=False)
 class Buffer:
   """One allocation on the virtual machine: NumPy storage plus where it lives.
@@ -410,8 +405,8 @@ def write(buf: Buffer, index, data, adopt: bool) -> None:
   """A store of `data` (array, PendingValue or None) into `buf[index]`. `adopt`: a whole-buffer store
   of a fresh, writable, contiguous array of the buffer's dtype may keep that array as the new storage
   (no checker follows storage identity)."""
-  if index == () and is_pending(data):
-    buf.defer(data)  # the language side checked: whole VMEM buffer, same shape and dtype
+  if index == () and data is not None and type(data) is not np.ndarray and hasattr(data, "compute_into"):
+    buf.defer(data)  # a PendingValue; the language side checked: whole VMEM buffer, same shape and dtype
     return
   if buf.pending is not None:
     if index == ():
