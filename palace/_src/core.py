@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import weakref
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -294,139 +293,10 @@ class TensorCoreMesh:
     return {self.axis_name: self.num_cores}
 
 
-@dataclasses.dataclass(eq=False)
-class Buffer:
-  """One allocation on the virtual machine: NumPy storage plus where it lives.
-
-  `storage` is None in timing-only mode for vector memories. `name` is the origin path used in errors
-  (`args[0]`, `outputs[1]`, `scratch[2]`).
-
-  A whole-buffer store may leave a deferred value instead of numbers (`pending`, an object with
-  `compute_into(out)`: the language side's matmul sums, see lang/deferred.py). Reading `storage`
-  computes it first, so code that only uses `storage` never sees it; assigning `storage` drops it."""
-  storage: Any
-  shape: tuple
-  dtype: np.dtype
-  memory_space: MemorySpace
-  name: str
-  core: Any = None            # the owning core (sim object) for VMEM/SMEM/semaphores; None for HBM
-  chip: int = 0
-  ready_cycle: int = 0        # when the last vector store to it finishes (timing model)
-  sem_kind: SemaphoreKind | None = None
-  key: tuple | None = None    # (name, allocation number) on its core: the "same" buffer on other cores
-  readers: list | None = None  # weakrefs to values (and borrowing buffers) viewing `storage`
-  aliased: bool = False       # storage shared with a bitcast/reshape view: loads always copy
-  borrowed: object = None     # the buffer whose storage this one views after a whole-buffer DMA
-  lenders: list | None = None  # buffers whose reader lists hold this one
-  pending: object = dataclasses.field(default=None, init=False)  # a deferred whole-buffer value
-  # (storage is computed on first read); not an __init__ field, so dataclasses.replace never copies it
-  _ro: object = dataclasses.field(default=None, init=False, repr=False)  # a read-only view of the
-  # current storage (loads index it: a view of a read-only view is read-only); reset with `storage`
-
-  def detach_readers(self) -> None:
-    """Before any write to `storage`: values read from it without a copy get their own copy now,
-    so a value never changes after it was read (copy on write); buffers that borrowed it by DMA
-    take their own copy; and if this buffer borrows another's storage, it copies it first."""
-    readers = self.readers
-    if readers:
-      for r in readers:
-        value = r()
-        if value is None:
-          continue
-        if isinstance(value, Buffer):
-          # a borrower registered here views this storage: directly (`borrowed is self`) or through a
-          # buffer that has since stopped borrowing it (a stale chain; the memory decides)
-          if value.borrowed is self or (value.borrowed is not None and
-                                        _may_overlap(value._storage, self._storage)):
-            value.unborrow()
-          if value.lenders:
-            value.lenders = [known for known in value.lenders if known is not self]
-        elif value._data is not None and value._data.base is not None:
-          value._data = value._data.copy()
-      readers.clear()
-    if self.borrowed is not None:
-      self.unborrow()
-
-  def unborrow(self) -> None:
-    """Stop viewing the lender's storage: take a private, writable copy."""
-    self.borrowed = None
-    self.detach_readers()
-    self.storage = np.array(self.storage, copy=True)
-
-  def borrow(self, lender: "Buffer", view) -> None:
-    """A whole-buffer copy from `lender` done by viewing its storage (read-only) instead of copying;
-    any later write to either side makes this buffer take its own copy first."""
-    ro = view.view()
-    ro.setflags(write=False)
-    self.storage = ro
-    self.borrowed = lender
-    if self.lenders is None:
-      self.lenders = []
-    # Watch the lender and, if it borrows too, the buffers whose memory it views: whichever of them is
-    # written later (even after the lender itself has moved on to other storage) detaches this one.
-    # `borrowed` links of buffers that moved on are stale and may even form a cycle: bounded walk.
-    owner, hops = lender, 0
-    while owner is not None and owner is not self and hops < 8:
-      if not any(known is owner for known in self.lenders):   # else already on its reader list
-        self.lenders.append(owner)
-        owner.add_reader(weakref.ref(self))
-      owner = owner.borrowed
-      hops += 1
-
-  def add_reader(self, ref) -> None:
-    """Register a weakref to a value viewing this storage (copy on write); dead entries are dropped
-    once the list passes 64, so a buffer read every grid step keeps a short list."""
-    readers = self.readers
-    if readers is None:
-      self.readers = [ref]
-      return
-    if len(readers) > 64:
-      readers = self.readers = [r for r in readers if r() is not None]
-    readers.append(ref)
-
-  def owners(self) -> list:
-    """The buffers whose memory this buffer's (borrowed) storage views right now."""
-    storage = self._storage
-    if self.borrowed is None or storage is None or not self.lenders:
-      return []
-    return [b for b in self.lenders if _may_overlap(b._storage, storage)]
-
-  @property
-  def nbytes(self) -> int:
-    return prod(self.shape) * self.dtype.itemsize
-
-  def defer(self, value) -> None:
-    """A whole-buffer store of a deferred value: keep it instead of computing it. The old storage is
-    not written, so values and buffers viewing it stay valid (like an adopted store)."""
-    self.borrowed = None
-    self._storage = self._ro = None
-    self.pending = value
-
-  def materialize(self) -> None:
-    """Compute the pending value into fresh storage."""
-    value = self.pending
-    self.pending = None
-    out = np.empty(self.shape, self.dtype)
-    value.compute_into(out)
-    self._storage = out
-    self._ro = None
-
-
-def _may_overlap(a, b) -> bool:
-  return a is not None and b is not None and np.may_share_memory(a, b)
-
-
-def _get_storage(buf):
-  if buf.pending is not None:
-    buf.materialize()
-  return buf._storage
-
-
-def _set_storage(buf, value):
-  buf.pending = buf._ro = None
-  buf._storage = value
-
-
-# A property added after the dataclass is built, so `Buffer(storage, ...)` and
-# `dataclasses.replace(buf, storage=...)` keep working while reads can compute a pending value.
-Buffer.storage = property(_get_storage, _set_storage, doc="The NumPy storage (computing a pending value).")
+def __getattr__(name):
+  # `Buffer` lives with its storage rules in sim/memory.py. The language side (which never imports the
+  # simulator) names it here, for host refs and annotations; loaded on first use (no import cycle).
+  if name == "Buffer":
+    from palace._src.sim.memory import Buffer
+    return Buffer
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

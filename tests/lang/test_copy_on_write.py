@@ -112,8 +112,8 @@ def test_one_value_stored_into_two_buffers_keeps_them_independent():
 def test_borrowed_dma_blocks_never_write_through_to_hbm(monkeypatch):
   """A whole-buffer HBM->VMEM copy may view HBM instead of copying: writes to the VMEM buffer, and
   writes to the HBM source while the buffer still views it, must both behave like real copies."""
-  from palace._src.sim import dma
-  monkeypatch.setattr(dma, "_BORROW_MIN_BYTES", 0)  # borrow even these small blocks
+  from palace._src.sim import memory
+  monkeypatch.setattr(memory, "BORROW_MIN_BYTES", 0)  # borrow even these small blocks
   x = np.arange(2 * 8 * 128, dtype=np.float32).reshape(2, 8, 128)
   x_before = x.copy()
 
@@ -144,8 +144,8 @@ def test_borrowed_dma_blocks_never_write_through_to_hbm(monkeypatch):
 
 
 def test_kernel_writing_its_input_block_leaves_the_input_array_alone(monkeypatch):
-  from palace._src.sim import dma
-  monkeypatch.setattr(dma, "_BORROW_MIN_BYTES", 0)
+  from palace._src.sim import memory
+  monkeypatch.setattr(memory, "BORROW_MIN_BYTES", 0)
 
   def kernel(x_ref, o_ref):
     x_ref[...] = x_ref[...] + 1.0            # legal on TPU: the block is a VMEM copy

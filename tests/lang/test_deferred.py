@@ -9,7 +9,7 @@ import palace as pl
 import palace.numpy as jnp
 from palace import tpu as pltpu
 from palace._src.lang import deferred
-from palace._src.sim import tensorcore
+from palace._src.sim import memory
 from matmul_kernel import matmul_kernel as _matmul_kernel
 
 
@@ -45,7 +45,7 @@ def defer_everything(monkeypatch):
   """Thresholds at zero, so small test kernels take the deferred paths."""
   monkeypatch.setattr(deferred, "MIN_FLOPS", 0)
   monkeypatch.setattr(deferred, "ZEROS_MIN_BYTES", 0)
-  monkeypatch.setattr(tensorcore, "_LAZY_FILL_BYTES", 0)
+  monkeypatch.setattr(memory, "LAZY_FILL_BYTES", 0)
 
 
 def _small_ints(rng, shape):

@@ -173,3 +173,57 @@ def test_two_d_mesh_routes_dimension_order_with_exact_hop_latencies():
   np.testing.assert_array_equal(out[2 * ROWS:3 * ROWS, 3 * 128:], x[:ROWS, :128])
   (ev,) = [e for e in tpu.reports[-1].events if e[1] == "ici"]
   assert ev[4] - ev[3] == pytest.approx(_expected("v5e", 5), abs=1e-6)
+
+
+def test_ici_events_are_charged_to_the_issuing_core():
+  """The ICI trace row of a remote copy is the issuing core's (SparseCore subcores are >= 64), not
+  core 0's; the transfer times themselves do not depend on the row."""
+  from palace import tpu_sc as plsc
+  import palace.numpy as jnp
+  n, subcores, lanes = 2, 2, 8
+
+  def per_chip(xs):
+    mesh = plsc.VectorSubcoreMesh(core_axis_name="c", subcore_axis_name="s", num_cores=1,
+                                  num_subcores=subcores)
+
+    @functools.partial(pl.kernel, out_type=pl.ShapeDtypeStruct((subcores, lanes), jnp.int32), mesh=mesh,
+                       scratch_types=[pltpu.VMEM((lanes,), jnp.int32), pltpu.VMEM((lanes,), jnp.int32),
+                                      pltpu.SemaphoreType.DMA, pltpu.SemaphoreType.DMA])
+    def k(x_hbm, o_hbm, mine, got, send_sem, recv_sem):
+      s = lax.axis_index("s")
+      pltpu.sync_copy(x_hbm.at[s], mine)
+      c = pltpu.make_async_remote_copy(mine, got, send_sem, recv_sem,
+                                       device_id={"x": lax.rem(lax.axis_index("x") + 1, n)})
+      c.start()
+      c.wait()
+      pltpu.sync_copy(got, o_hbm.at[s])
+    return k(xs)
+
+  x = np.arange(n * subcores * lanes, dtype=np.int32).reshape(n * subcores, lanes)
+  with pl.virtual_tpu("v5p", num_chips=n) as tpu:
+    pl.shard_map(per_chip, mesh=pl.make_mesh((n,), ("x",)), in_specs=pl.P("x"), out_specs=pl.P("x"))(x)
+  events = tpu.reports[-1].events
+  ici = sorted(e[0] for e in events if e[1] == "ici")
+  dma = sorted(e[0] for e in events if e[1] == "dma" and e[2] == "ici")
+  assert len(ici) == n * subcores and ici == dma and all(core >= 64 for _, core in ici)
+
+
+def test_prune_forgets_ici_link_history_behind_every_core():
+  """Machine.prune_channels also prunes the ICI link calendars (they grew for the whole run), keeping
+  the segment that holds the slowest core's clock, so later reservations see the same usage."""
+  from palace._src.sim.machine import VirtualTPU
+  m = VirtualTPU("v5e", num_chips=2).new_machine("k", num_chips=2)
+
+  class _Core:
+    now = 0
+  core = _Core()
+  m.cores.append(core)
+  for i in range(5):
+    m.topology.transfer(0, 1, i * 10_000, 4096)
+  link = m.topology.link(0, 1)
+  before = list(zip(link.times, link.used))
+  core.now = 30_000.0
+  m.prune_channels()
+  kept = list(zip(link.times, link.used))
+  assert len(kept) < len(before) and kept == before[-len(kept):]
+  assert link.times[0] <= core.now < link.times[1]

@@ -6,10 +6,11 @@ call, one full-block add and one store per step, and many mid-size GEMMs are far
 large one (2048^3 f32 on this kind of machine: 64 block GEMMs of 512^3 take 1.6x one `x @ y`; 16 GEMMs
 of 512x2048x512 take 1.17x). So a large enough product is not computed when issued: `jnp.dot` returns a
 `Deferred` value, adding it to a float32 array or another `Deferred` extends the sum, and storing it
-into a whole VMEM buffer leaves it there (`Buffer.pending`). The sum is computed when anything needs its
+into a whole VMEM buffer leaves it there (`Buffer.pending`: a `Deferred` implements the machine's
+PendingValue protocol, sim/memory.py, by `compute_into(out)`). The sum is computed when anything needs its
 numbers: a lang op reading `_data`, a partial load or store, a DMA out of the buffer (which computes it
 straight into the destination, e.g. the HBM output block) or the end of the launch. When the K operands
-are adjacent views of one array (blocks DMA'd from HBM are borrowed views of it, `dma.move_data`) the
+are adjacent views of one array (blocks DMA'd from HBM are borrowed views of it, `memory.copy`) the
 panel `[a_0 a_1 ...]` is that array's view and the whole sum is one GEMM with no copy.
 
 Semantics. A `Deferred` is a value like any `Array`: it never changes after it is made. Its operands

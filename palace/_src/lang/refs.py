@@ -14,7 +14,6 @@ is almost always a kernel bug). Indices must be integers: floats and bools are e
 from __future__ import annotations
 
 import dataclasses
-import weakref
 
 import numpy as np
 
@@ -248,14 +247,7 @@ class Ref:
       return data._again(ready)
     value = Array(data, view.shape, buf.dtype, ready)
     if data is not None and data.base is not None and data.ndim:
-      # a zero-copy view of the buffer: the next write to the buffer detaches it (copy on write). If
-      # the buffer borrows another's storage, the view is that memory: its owners watch it too, so a
-      # write to them still detaches it after this buffer stops borrowing (next DMA, store or free).
-      ref = weakref.ref(value)
-      buf.add_reader(ref)
-      if buf.borrowed is not None:
-        for owner in buf.owners():
-          owner.add_reader(ref)
+      buf.watch(value)   # a zero-copy view of the buffer: detached by its next write (copy on write)
     return value
 
   def __setitem__(self, idx, value):
@@ -275,15 +267,8 @@ class Ref:
       data, ready = _coerce_store(view, value, ex.timing_only)
     buf = self.buf
     ex.store(buf, view._np_index, view.shape, data, ready)
-    if type(data) is np.ndarray and (buf._storage if buf.pending is None else buf.storage) is data:
-      # the buffer adopted the value's array (no copy): the value now reads it through a read-only
-      # view and is detached (copied) before the next write, like a load (copy on write)
-      ro = data.view()
-      ro.setflags(write=False)
-      buf._ro = ro   # the buffer's read-only view of its new storage (Buffer._ro), for later loads
-      if type(value) is Array:
-        value._data = ro
-        buf.add_reader(weakref.ref(value))
+    if type(data) is np.ndarray:
+      buf.stored(data, value if type(value) is Array else None)   # (an adopted array: copy on write)
 
   def get(self, idx=()):
     return self[... if isinstance(idx, tuple) and not idx else idx]
@@ -354,11 +339,8 @@ class Ref:
     return Ref(self._alias(storage=storage, shape=tuple(shape)))
 
   def _alias(self, **changes) -> Buffer:
-    """A buffer sharing this one's storage (bitcast/reshape views). Both sides then copy on load,
-    since a write through one is invisible to the other's copy-on-write bookkeeping."""
-    self.buf.detach_readers()
-    self.buf.aliased = True
-    return dataclasses.replace(self.buf, readers=None, aliased=True, **changes)
+    """A buffer sharing this one's storage (bitcast/reshape views): Buffer.alias."""
+    return self.buf.alias(**changes)
 
 
 _VMEM = MemorySpace.VMEM

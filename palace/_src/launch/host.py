@@ -9,12 +9,13 @@ import sys
 import numpy as np
 
 from palace._src import dtypes as dt
-from palace._src.core import (Buffer, CompilerParams, InterpretParams, MemoryRef, MemorySpace,
+from palace._src.core import (CompilerParams, InterpretParams, MemoryRef, MemorySpace,
                               ShapeDtypeStruct)
 from palace._src.errors import ShapeError, UnsupportedError, UsageError
 from palace._src.lang.array import Array
 from palace._src.lang.refs import Ref
 from palace._src.sim.machine import VirtualTPU, active_tpu
+from palace._src.sim.memory import Buffer
 from palace._src.util import tree_flatten, tree_map, user_frame_summary
 
 _INT_FILL = {np.dtype(np.int32): np.iinfo(np.int32).min, np.dtype(np.int16): np.iinfo(np.int16).min,

@@ -21,7 +21,7 @@ import numpy as np
 
 from palace._src import blas, executor
 from palace._src.blocks import BLOCKED, SQUEEZED
-from palace._src.core import (CORE_PARALLEL, PARALLEL, Buffer, MemoryRef, MemorySpace, SemaphoreRefType,
+from palace._src.core import (CORE_PARALLEL, PARALLEL, MemoryRef, MemorySpace, SemaphoreRefType,
                               SemaphoreType, TensorCoreMesh, canonical_semantics)
 from palace._src.errors import ResourceError, UsageError
 from palace._src.launch import host
@@ -32,6 +32,7 @@ from palace._src.lang.primitives import close_scope, open_scope
 from palace._src.lang.refs import Ref
 from palace._src.lang.tpu_primitives import sync_copy
 from palace._src.pipeline import run_pipeline
+from palace._src.sim import memory
 from palace._src.sim.machine import active_tpu
 from palace._src.sim.subcore import SC_BASE, SCALAR_BASE
 from palace._src.util import fmt_bytes, tree_flatten, tree_unflatten
@@ -67,14 +68,14 @@ class _Launch:
     aliased = set(plan.aliases.values())
     self.lazy = set() if not plan.is_grid or host.eager_output_init() else {
         i for i, m in enumerate(plan.out_maps) if m.pipelined and i not in aliased and _tileable(m)}
-    self.out_bufs = []
-    for i, o in enumerate(plan.outputs):
-      # Pipelined outputs start as np.empty and only blocks never written back are filled afterwards
-      # (same result as filling everything first, without touching every page twice).
-      storage = np.empty(o.shape, o.dtype) if i in self.lazy else host.uninitialized(o.shape, o.dtype)
-      self.out_bufs.append(Buffer(storage, o.shape, o.dtype, MemorySpace.ANY, o.name))
+    timing_only = active_tpu().timing_only
+    # Pipelined outputs start as np.empty and only blocks never written back are filled afterwards
+    # (same result as filling everything first, without touching every page twice); on a timing-only
+    # machine outputs are shape and dtype only (memory.hbm_output).
+    self.out_bufs = [memory.hbm_output(o.shape, o.dtype, o.name, timing_only, lazy=i in self.lazy)
+                     for i, o in enumerate(plan.outputs)]
     for a_in, a_out in plan.aliases.items():
-      self.out_bufs[a_out].storage = operands[a_in].copy()
+      memory.alias_input(self.out_bufs[a_out], operands[a_in], timing_only)
     self.written = {}   # output index -> element offsets of the blocks written back (all cores)
 
   def build(self, machine, chip_index: int) -> list:

@@ -169,3 +169,25 @@ def roofline_time_s(chip: ChipSpec, flops: float, hbm_bytes: float, num_chips: i
   """max(FLOPs / bf16 peak, bytes / HBM bandwidth) ([SB-roof])."""
   return max(flops / (chip.peak_flops_per_s("bf16") * num_chips),
              hbm_bytes / (chip.hbm_bytes_per_s_per_device * num_chips))
+
+
+# ------------------------------------------------------------------ SparseCore vector subcores
+# op class -> subcore VPU ops per (lanes * packing)-element chunk; classes not listed cost 1. Modelling
+# assumptions (sim/subcore.py's docstring): no public per-op figures exist for SparseCore subcores.
+SPARSECORE_VECTOR_OPS = {_C.MEDIUM: 4, _C.TRANSCENDENTAL: 4, _C.EXPENSIVE: 16, _C.REDUCE_LANE: 2, _C.XLU: 2}
+SPARSECORE_VECTOR_LATENCY_CYCLES = 2   # result latency of every subcore vector op (assumption)
+
+
+def sparsecore_vector_cost(lanes: int, op_class: str, shape, dtype=None):
+  """(unit, busy cycles, latency cycles) of one vector op on a SparseCore subcore with `lanes` SIMD
+  lanes: one cycle per (lanes * packing) elements times the op's ops per chunk; loads and stores
+  occupy the load / store slots, everything else the VPU; leading-dim reshapes ('free') cost nothing."""
+  if op_class == _C.FREE:
+    return None, 0, 0
+  n = 1
+  for s in shape:
+    n *= s
+  width = lanes * dt.packing(dtype if hasattr(dtype, "itemsize") else dt.int32)
+  busy = max(1, math.ceil(n / width)) * SPARSECORE_VECTOR_OPS.get(op_class, 1)
+  unit = "vld" if op_class == _C.LOAD else ("vst" if op_class == _C.STORE else "vpu")
+  return unit, busy, SPARSECORE_VECTOR_LATENCY_CYCLES

@@ -1,4 +1,5 @@
-"""DMA engines: transfer timing and data movement (L4b).
+"""DMA engines (L4b): where a copy is issued and timed (`DmaEngine.start`); its data moves in
+sim/memory.py (`memory.copy`), its completion arrives on a semaphore in sim/sync.py.
 
 Timing model (all in cycles of the chip clock):
   * A copy is issued by the scalar core at `issue` (after `dma_issue_cycles` of scalar work) and cannot
@@ -18,12 +19,12 @@ completions can differ.
 """
 from __future__ import annotations
 
+import copy
 import math
 
-import numpy as np
-
 from palace._src.core import MemorySpace
-from palace._src.sim.bandwidth import Channel, reserve, reserve2  # noqa: F401  (Channel re-exported)
+from palace._src.sim import memory
+from palace._src.sim.bandwidth import reserve
 
 _SPACE_LABEL = {MemorySpace.ANY: "hbm", MemorySpace.HBM: "hbm", MemorySpace.VMEM: "vmem",
                 MemorySpace.VMEM_SHARED: "vmem", MemorySpace.CMEM: "vmem", MemorySpace.SMEM: "smem",
@@ -46,6 +47,7 @@ class DmaRecord:
     self.done_cycle, self.read_done_cycle = done_cycle, read_done_cycle
 
 
+_SMEM = MemorySpace.SMEM
 _DIRECTIONS: dict = {}
 
 
@@ -83,111 +85,129 @@ def _latency_cycles(chip, cls: str) -> int:
   return chip.ns_to_cycles(lat_ns)
 
 
-_LATENCY: dict = {}   # (id(chip), class) -> (chip, cycles): memo of a pure function of frozen specs
+class CopyPlan:
+  """How one core times a copy between two memory spaces (computed once per core and direction):
+  its `kind` ('hbm->vmem', ...), the `channels` it crosses as [(channel, bytes per byte)] (the core's
+  DMA engine and the chip's HBM, HBM->HBM weighing 2 there; or the core's local channel), the
+  completion latency and how many of its ends touch HBM (for the report's HBM traffic)."""
+  __slots__ = ("kind", "channels", "latency_cycles", "hbm_sides")
+
+  def __init__(self, kind: str, channels: list, latency_cycles: int, hbm_sides: int):
+    self.kind, self.channels = kind, channels
+    self.latency_cycles, self.hbm_sides = latency_cycles, hbm_sides
 
 
-def transfer_timing(chip, tc_channel: Channel, hbm_channel: Channel, local_channel: Channel,
-                    start: float, nbytes: int, kind: str) -> tuple[float, float, int]:
-  """(transfer start, transfer end, completion) cycles of one copy; `kind` from `direction`."""
-  cls = _CLASS.get(kind) or _CLASS.setdefault(kind, _timing_class(kind))
-  hit = _LATENCY.get((id(chip), cls))
-  if hit is None or hit[0] is not chip:
-    hit = _LATENCY[(id(chip), cls)] = (chip, _latency_cycles(chip, cls))
-  lat = hit[1]
-  if cls == "local":
-    s, e = local_channel.reserve(start, nbytes)
-    return s, e, math.ceil(e) + lat
-  hbm_share = 2.0 if cls == "hbm->hbm" else 1.0   # HBM->HBM reads and writes every byte
-  s0, end = reserve([(tc_channel, 1.0), (hbm_channel, hbm_share)], start, nbytes)
-  return s0, end, math.ceil(end) + lat
-
-
-def plan(chip, src_space: MemorySpace, dst_space: MemorySpace) -> tuple:
-  """(kind, local?, HBM weight, completion latency cycles, HBM sides) of a copy between two memory
-  spaces: what `transfer_timing` derives per call, computed once per core and direction."""
+def plan(chip, src_space: MemorySpace, dst_space: MemorySpace, chans) -> CopyPlan:
+  """The CopyPlan of a copy from `src_space` to `dst_space` on a core whose channels are `chans` =
+  (DMA engine, HBM, local)."""
   kind = direction(src_space, dst_space)
   cls = _CLASS.get(kind) or _CLASS.setdefault(kind, _timing_class(kind))
-  return kind, cls == "local", 2.0 if cls == "hbm->hbm" else 1.0, _latency_cycles(chip, cls), \
-      _HBM_SIDES[cls]
-
-
-def planned_timing(p: tuple, chans, start: float, nbytes: int) -> tuple[float, float, int]:
-  """transfer_timing for a `plan`: same reservations, same results."""
-  if p[1]:
-    s, e = chans[2].reserve(start, nbytes)
-    return s, e, math.ceil(e) + p[3]
-  s0, end = reserve2(chans[0], 1.0, chans[1], p[2], start, nbytes)
-  return s0, end, math.ceil(end) + p[3]
-
-
-def _add(cur, data):
-  if cur.dtype.kind == "f" and cur.dtype.itemsize >= 4 or cur.dtype.kind in "iu":
-    return cur + data.astype(cur.dtype, copy=False)
-  return (cur.astype(np.float32) + data.astype(np.float32)).astype(cur.dtype)  # bf16 / fp8
-
-
-_BORROW_MIN_BYTES = 64 * 1024  # below this a plain copy is cheaper than the borrowing bookkeeping
-
-
-def move_data(req, borrow: bool = False) -> None:
-  """Perform the copy on the NumPy storages (called once per DMA, at the policy's chosen moment).
-
-  Indexed copies (SparseCore): `src_indices` gathers rows, `dst_indices` scatters them (np.add.at for
-  add=True, so repeated indices accumulate); `mask` drops ignored index entries on the dense side.
-  `borrow`: a plain copy of a whole VMEM buffer may view the source instead (Buffer.borrow)."""
-  dst_buf = req.dst_buf
-  src_buf = req.src_buf
-  plain = not req.add and req.src_indices is None and req.dst_indices is None and req.mask is None
-  if dst_buf.pending is not None and plain and req.dst_index == ():
-    dst_buf.storage = np.empty(dst_buf.shape, dst_buf.dtype)  # overwritten whole: drop the old value
-  pending = src_buf.pending
-  if pending is not None and plain and req.src_index == () and dst_buf is not src_buf:
-    dst = dst_buf.storage
-    if dst is None:
-      return
-    if dst_buf.readers or dst_buf.borrowed is not None:
-      dst_buf.detach_readers()
-      dst = dst_buf._storage
-    out = dst[req.dst_index]
-    if out.shape == src_buf.shape and out.dtype == src_buf.dtype:
-      pending.compute_into(out)  # a deferred value goes straight to its destination
-      return
-  # raw storages when nothing is pending (the common case; `storage` would compute a pending value)
-  src = src_buf._storage if src_buf.pending is None else src_buf.storage
-  dst = dst_buf._storage if dst_buf.pending is None else dst_buf.storage
-  if src is None or dst is None:
-    return
-  if (plain and borrow and req.dst_index == () and dst.nbytes >= _BORROW_MIN_BYTES and
-      not dst_buf.aliased and dst_buf.memory_space is MemorySpace.VMEM and not src_buf.aliased):
-    view = src[req.src_index]
-    if view.shape == dst.shape and view.dtype == dst.dtype:
-      dst_buf.borrowed = None  # the old storage is not written: its readers keep valid views
-      dst_buf.borrow(src_buf, view)
-      return
-  readers = dst_buf.readers
-  if dst_buf.borrowed is not None or (readers and (len(readers) > 1 or readers[0]() is not None)):
-    dst_buf.detach_readers()
-    dst = dst_buf._storage  # unborrowing replaced it with a private copy
-  elif readers:   # = detach_readers() when the one value that read the buffer is gone
-    readers.clear()
-  if plain:
-    dst[req.dst_index] = src[req.src_index]
-    return
-  data = src[req.src_indices] if req.src_indices is not None else src[req.src_index]
-  if req.dst_indices is not None:
-    if req.mask is not None:
-      data = data[req.mask]
-    if req.add:
-      np.add.at(dst, req.dst_indices, data.astype(dst.dtype, copy=False))
-    else:
-      dst[req.dst_indices] = data
-    return
-  if req.mask is not None:
-    view = dst[req.dst_index]
-    view[req.mask] = _add(view[req.mask], data) if req.add else data
-    return
-  dst[req.dst_index] = _add(dst[req.dst_index], data) if req.add else data
+  channels = [(chans[2], 1.0)] if cls == "local" else \
+      [(chans[0], 1.0), (chans[1], 2.0 if cls == "hbm->hbm" else 1.0)]   # HBM->HBM: read + write
+  return CopyPlan(kind, channels, _latency_cycles(chip, cls), _HBM_SIDES[cls])
 
 
 def bytes_of(shape, itemsize: int) -> int:
   return int(math.prod(shape)) * itemsize
+
+
+class DmaEngine:
+  """The DMA issue of one core: plans per (spaces, semaphore), the core's channels, the start path."""
+  __slots__ = ("core", "machine", "issue_cycles", "eager", "chans", "prepared")
+
+  def __init__(self, core):
+    self.core = core
+    self.machine = core.machine
+    self.issue_cycles = core.chip.dma_issue_cycles
+    self.eager = core.machine.dma_policy.name == "eager"
+    self.chans = None        # the core's (DMA engine, HBM, local) channels, resolved at the first copy
+    self.prepared = {}       # (src space, dst space, semaphore) ids -> (core, CopyPlan, semaphore)
+
+  def start(self, req) -> None:
+    """Issue a copy (the one path for local, remote and checked copies): one DMA issue on the scalar
+    core; the transfer starts once its source's last store is done and is timed on the channels of
+    its CopyPlan (or the ICI route to another chip); its data moves now or when waited (the DMA
+    policy; memory.copy); its completion and source side arrive on their semaphores (sim/sync.py)."""
+    core = self.core
+    issue = self.issue_cycles
+    now = core.now = core.now + issue
+    core.unit_busy["scalar"] += issue
+    m = self.machine
+    m._seq = seq = m._seq + 1
+    rec = DmaRecord(req, seq, core, now)
+    src_ready = req.src_buf.ready_cycle
+    start = now if now > src_ready else src_ready
+    target_chip = core.chip_index
+    if req.device_id is not None or req.core_index is not None:
+      target_chip, req = self._remote(req)
+      rec.req = req
+    checks = core.checks
+    if checks.active:
+      req = checks.dma_start(core, rec)
+    nbytes = req.nbytes
+    fast = req.fast   # (this core, CopyPlan, destination semaphore or None): per request, shared per key
+    if fast is None or fast[0] is not core:
+      # (enum members are singletons and Enum.__hash__ is Python code: the key holds ids)
+      key = (id(req.src_buf.memory_space), id(req.dst_buf.memory_space), id(req.sem_buf), req.sem_index)
+      fast = self.prepared.get(key)
+      if fast is None:
+        fast = self._prepare(req, key)
+      req.fast = fast
+    p, slot = fast[1], fast[2]
+    if target_chip != core.chip_index:
+      s, read_done, done = m.ici_transfer(core, target_chip, start, nbytes)
+      kind = "ici"
+    else:
+      s, read_done = reserve(p.channels, start, nbytes)
+      done = math.ceil(read_done) + p.latency_cycles
+      kind = p.kind
+      rec.hbm_sides = p.hbm_sides
+    rec.start_cycle, rec.done_cycle, rec.read_done_cycle = s, done, read_done
+    if done > core.horizon:
+      core.horizon = done
+    trace = core.trace
+    trace.count_dma(kind, nbytes)
+    if trace.on:
+      trace.add(core.tid, "dma", kind, s, done, {"copy": req, "bytes": nbytes})
+    if core.timing_only and req.dst_buf.memory_space is not _SMEM:
+      rec.moved = True  # timing only: payloads are skipped; only scalar (SMEM) data moves
+    elif self.eager or m.dma_policy.move_at_start(rec):
+      memory.copy(req, borrow=not checks.active)  # the checkers track storage identity: no borrowing
+      rec.moved = True
+      checks.moved(req)
+    m.dma_count += 1
+    m.hbm_bytes += nbytes * rec.hbm_sides
+    sems = m.sems
+    if slot is not None:
+      sems.arrive(slot, done, nbytes, rec)
+    if req.src_sem_buf is not None:
+      sems.arrive(sems.slot(req.src_sem_buf, req.src_sem_index), read_done, nbytes, rec, True)
+    m.inflight[seq] = rec
+    if m.dma_count & 1023 == 0:
+      m.prune_channels()
+    m.sched.maybe_yield(core)
+
+  def _remote(self, req):
+    """(target chip, the request as it lands there) of a copy to another core or chip: it lands in the
+    target's buffer and signals the target's semaphore; the issuer's descriptor keeps naming its own
+    semaphores (its .wait_recv() waits on the local copy)."""
+    core, m = self.core, self.machine
+    target_chip, target = req.device_id if req.device_id is not None else (core.chip_index, core.core_id)
+    if req.core_index is not None:
+      target = req.core_index
+    req = copy.copy(req)
+    req.fast = None
+    req.dst_buf = m.peer_buffer(req.dst_buf, target_chip, target, core)
+    if req.sem_buf is not None:
+      req.sem_buf = m.peer_buffer(req.sem_buf, target_chip, target, core)
+    return target_chip, req
+
+  def _prepare(self, req, key) -> tuple:
+    """(core, CopyPlan, destination semaphore) of a request, kept under `key` for every request with the
+    same spaces and semaphore."""
+    if self.chans is None:
+      self.chans = self.core.dma_channels()
+    sem = None if req.sem_buf is None else self.machine.sems.slot(req.sem_buf, req.sem_index)
+    fast = self.prepared[key] = (self.core, plan(self.core.chip, req.src_buf.memory_space,
+                                                 req.dst_buf.memory_space, self.chans), sem)
+    return fast

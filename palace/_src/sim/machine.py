@@ -4,31 +4,30 @@
 launch. Each launch builds a fresh `Machine`; nothing survives between launches except HBM contents
 that the caller owns (inputs, outputs, mutable refs).
 
-Cores run as cooperating threads of which exactly one runs at a time. A core runs until it blocks on a
-semaphore that no pending arrival can satisfy; the scheduler then resumes the runnable core with the
-earliest local clock (ties: lowest chip, then core). When every unfinished core is blocked, the launch
-fails with a deadlock error naming each core, what it waits for and where.
+Semaphores, waits and the scheduler that runs the cores (earliest clock first, each to its next
+blocking wait) are sim/sync.py's.
 """
 from __future__ import annotations
 
 import contextvars
 import gc
 import random
-import threading
 
 import numpy as np
 
 from palace._src import executor as executor_mod
 from palace._src import hw, validate
 from palace._src.errors import SyncError, UsageError
-from palace._src.sim.dma import Channel, move_data
+from palace._src.sim.bandwidth import Channel
+from palace._src.sim import memory
 from palace._src.sim.ici import Topology
-from palace._src.sim.races import KernelChecks, make_checks
+from palace._src.sim.checks import make_checks
 from palace._src.sim.report import Report
 from palace._src.sim.subcore import SC_BASE, SCALAR_BASE, SparseSubcore
-from palace._src.sim.tensorcore import SemSlot, TensorCore
+from palace._src.sim.sync import ConditionWait, Scheduler, Semaphores, Solo
+from palace._src.sim.tensorcore import TensorCore
 from palace._src.sim.trace import Trace
-from palace._src.util import fmt_bytes, fmt_site, user_site
+from palace._src.util import fmt_site, user_site
 
 DMA_POLICIES = ("eager", "on_wait", "random")
 _GC_YOUNG_THRESHOLD = 50_000  # cyclic-GC young-generation threshold while a launch runs (see Machine.run)
@@ -54,14 +53,6 @@ class DmaPolicy:
     return self.rng.random() < 0.5
 
 
-def _arrival_order(p):
-  return p[0], p[1]
-
-
-class _Abort(BaseException):
-  """Unwinds the threads of a failed launch."""
-
-
 class Machine:
   def __init__(self, tpu: "VirtualTPU", kernel_name: str, timing_only: bool, num_chips: int = 1):
     self.tpu = tpu
@@ -72,8 +63,7 @@ class Machine:
     self.timing_only = timing_only
     self.dma_policy = DmaPolicy(tpu.dma_policy, tpu.seed + len(tpu.reports))
     self.trace = Trace(on=tpu.trace)
-    self.slots = {}
-    self.inflight = {}
+    self.inflight = {}          # seq -> DmaRecord of every copy not completed on both sides
     self._seq = 0
     self.cores = []
     self._chans = {}
@@ -85,15 +75,15 @@ class Machine:
     self.axes = []              # [(axis name, size, "chip" | "core")], set by the launcher
     self.hbm_peers = {}         # (chip, operand name) -> Buffer
     self.shared_buffers = {}    # (chip, allocation key) -> Buffer shared by the cores of a chip
-    self._sched = None
-    self.checks = make_checks(self)   # opt-in bug checks (races, uninitialised reads); None by default
+    self.checks = make_checks(self)   # opt-in bug checks (races, uninitialised reads); NO_CHECKS by default
+    self.sems = Semaphores(self, self.checks)   # every semaphore element of the launch (sim/sync.py)
+    self.sched = Solo(self)     # the core scheduler (a sync.Scheduler while a multi-core launch runs)
     self._unchecked = None
 
   def unchecked_checks(self):
     """The checks of a core running with disable_bounds_checks=True (clips out-of-bounds accesses)."""
     if self._unchecked is None:
-      base = self.checks if self.checks is not None else KernelChecks(None, None, False)
-      self._unchecked = base.with_unchecked()
+      self._unchecked = self.checks.with_unchecked()
     return self._unchecked
 
   # ------------------------------------------------------------------ construction
@@ -139,89 +129,29 @@ class Machine:
       self.hbm_peers[(chip_index, b.name)] = b
 
   def prune_channels(self) -> None:
-    """Drop bandwidth-calendar history that no core can reach any more (bounded memory and time)."""
+    """Drop bandwidth-calendar history that no core can reach any more (bounded memory and time): every
+    later reservation, on a DMA channel, HBM or an ICI link, starts at or after its issuing core's clock,
+    and clocks only move forward, so nothing before the slowest clock can be reserved again."""
     horizon = min(c.now for c in self.cores) if self.cores else 0
     for chans in self._chans.values():
       for ch in chans:
         ch.prune(horizon)
-
-  def next_seq(self) -> int:
-    self._seq += 1
-    return self._seq
+    if self.topology is not None:
+      self.topology.prune(horizon)
 
   def debug_print(self, text: str) -> None:
     self.tpu.debug_output.append(text)
     print(text)
 
-  # ------------------------------------------------------------------ semaphores
-  def slot(self, buf, index) -> SemSlot:
-    key = (id(buf), index)
-    s = self.slots.get(key)
-    if s is None:
-      s = self.slots[key] = SemSlot()
-    return s
-
-  def add_arrival(self, buf, index, cycle, amount, rec, src=False) -> None:
-    if rec is not None and not src:
-      self.dma_count += 1
-      self.hbm_bytes += rec.req.nbytes * rec.hbm_sides
-    if buf is None:
-      return
-    self._seq = seq = self._seq + 1
-    key = (id(buf), index)
-    slot = self.slots.get(key)
-    if slot is None:
-      slot = self.slots[key] = SemSlot()
-    slot.pending.append((cycle, seq, amount, rec, src))
-    if self.checks is not None:
-      self.checks.arrival(seq, rec, src)
-
-  def settle(self, slot: SemSlot, value: int):
-    """Cycle at which `slot` reaches `value`, applying just enough pending arrivals; None if it can't."""
-    if slot.value >= value:
-      if self.checks is not None:
-        self.checks.acquire(slot, ())
-      return 0
-    pending = slot.pending
-    if not pending:
-      return None
-    if len(pending) == 1:  # the common case: one copy or signal in flight on this semaphore
-      cycle, _, amount, rec, src = pending[0]
-      if slot.value + amount < value:
-        return None
-      del pending[0]
-      slot.value += amount
-      if rec is not None:
-        self._apply(rec, src)
-      if self.checks is not None:
-        self.checks.acquire(slot, [(cycle, _, amount, rec, src)])
-      return cycle
-    pending.sort(key=_arrival_order)
-    total = slot.value
-    for j, p in enumerate(slot.pending):
-      total += p[2]
-      if total >= value:
-        applied = slot.pending[:j + 1]
-        del slot.pending[:j + 1]
-        t = 0
-        for cycle, _, amount, rec, src in applied:
-          slot.value += amount
-          t = cycle if cycle > t else t
-          if rec is not None:
-            self._apply(rec, src)
-        if self.checks is not None:
-          self.checks.acquire(slot, applied)
-        return t
-    return None
-
-  def _apply(self, rec, src: bool) -> None:
-    # a copy's source side completes only once its data has been read (the sender may reuse the
-    # buffer after .wait_send()), so the data moves at the first of the two completions
+  # ------------------------------------------------------------------ DMA completion
+  def dma_arrived(self, rec, src: bool) -> None:
+    """A wait applied copy `rec`'s completion (`src`: of its source side). A copy's source side
+    completes only once its data has been read (the sender may reuse the buffer after .wait_send()),
+    so the data moves at the first of the two completions."""
     if not rec.moved:
-      move_data(rec.req)
+      memory.copy(rec.req)
       rec.moved = True
-      if self.checks is not None:
-        self.checks.moved(rec.req)
+      self.checks.moved(rec.req)
     if src:
       rec.src_applied = True
     else:
@@ -247,12 +177,12 @@ class Machine:
     for c in self.cores:
       if c.chip_index == chip and c.core_id == core_id:
         peer = c.named_buffers.get(buf.key)
-        if peer is None and self._sched is not None and self._sched.state.get(c) != "done" and \
-            c.alloc_seq < buf.key[1]:
+        if peer is None and not self.sched.finished(c) and c.alloc_seq < buf.key[1]:
           # the peer has not reached this allocation yet: wait for it (scratch is per-core state)
-          me.blocked_on = (lambda: buf.key in c.named_buffers or self._sched.state.get(c) == "done",
-                           f"{buf.name} to be allocated on chip {chip} core {core_id}", user_site())
-          self.block(me)
+          me.blocked_on = ConditionWait(lambda: buf.key in c.named_buffers or self.sched.finished(c),
+                                        f"{buf.name} to be allocated on chip {chip} core {core_id}",
+                                        user_site())
+          self.sched.block(me)
           me.blocked_on = None
           peer = c.named_buffers.get(buf.key)
         if peer is None:
@@ -301,11 +231,12 @@ class Machine:
     return chip, (me.core_id_base + core if core_axes else me.core_id)
 
   # ------------------------------------------------------------------ ICI (multi-chip issue)
-  def ici_transfer(self, src_chip, dst_chip, start, nbytes):
-    s, e, done = self.topology.transfer(src_chip, dst_chip, start, nbytes)
+  def ici_transfer(self, core, dst_chip, start, nbytes):
+    """Reserve the ICI route of a copy issued by `core` (its trace row shows the transfer)."""
+    s, e, done = self.topology.transfer(core.chip_index, dst_chip, start, nbytes)
     self.ici_bytes += nbytes
     if self.trace.on:
-      self.trace.add((src_chip, 0), "ici", f"to chip {dst_chip}", s, done, {"bytes": nbytes})
+      self.trace.add(core.tid, "ici", f"to chip {dst_chip}", s, done, {"bytes": nbytes})
     return s, e, done
 
   def ici_signal_cycle(self, src_chip, dst_chip, now):
@@ -338,59 +269,7 @@ class Machine:
       finally:
         executor_mod.reset_current(token)
       return
-    _Scheduler(self, programs).run()
-
-  def block(self, core) -> None:
-    """Called by a core whose wait cannot be satisfied yet."""
-    sched = self._sched
-    if sched is None:
-      raise self.deadlock_error([core])
-    sched.state[core] = "blocked"
-    sched.switch_from(core)
-
-  def maybe_yield(self, core) -> None:
-    """Let a core with an earlier clock run first (keeps shared channels close to time order)."""
-    sched = self._sched
-    if sched is None:
-      return
-    for c, st in sched.state.items():
-      if st == "ready" and c is not core and (c.now, c.tid) < (core.now, core.tid):
-        sched.state[core] = "ready"
-        sched.switch_from(core)
-        return
-
-  def stuck_cores(self, core):
-    """The other unfinished cores if none of them can run (all blocked for good), else None."""
-    sched = self._sched
-    if sched is None:
-      return []
-    others = [c for c, st in sched.state.items() if c is not core and st != "done"]
-    if any(sched.state[c] != "blocked" or self._can_resume(c) for c in others):
-      return None
-    return others
-
-  def _can_resume(self, core) -> bool:
-    if callable(core.blocked_on[0]):
-      return core.blocked_on[0]()
-    buf, index, value, slot, dma, site = core.blocked_on
-    return slot.value + sum(p[2] for p in slot.pending) >= value
-
-  def deadlock_error(self, cores) -> SyncError:
-    rows = []
-    for c in cores:
-      if callable(c.blocked_on[0]):
-        rows.append(f"chip {c.chip_index} core {c.core_id} waits at {fmt_site(c.blocked_on[2])} for "
-                    f"{c.blocked_on[1]}")
-        continue
-      buf, index, value, slot, dma, site = c.blocked_on
-      what = f"DMA {dma.describe}" if dma is not None else f"semaphore {buf.name}"
-      rows.append(f"chip {c.chip_index} core {c.core_id} waits at {fmt_site(site)} for {what}: "
-                  f"needs {value}, has {slot.value + sum(p[2] for p in slot.pending)}" +
-                  (f" ({fmt_bytes(value)} of DMA data)" if dma is not None else "") +
-                  ("" if not c.grid_stack else f" at grid point {c.grid_stack[-1][0]}"))
-    return SyncError(f"Deadlock in kernel '{self.kernel_name}': no core can make progress.\n  " +
-                     "\n  ".join(rows) + "\nEvery wait needs a matching signal or DMA start; check the "
-                     "semaphore and byte counts.")
+    Scheduler(self, programs).run()
 
   # ------------------------------------------------------------------ end of launch
   def finish(self) -> Report:
@@ -411,100 +290,12 @@ class Machine:
         busy[u] = max(busy.get(u, 0), v)
       vmem_peak = max(vmem_peak, c.vmem_peak)
       flops += c.flops
-    if self.checks is not None:
-      self.checks.finish()
+    self.checks.finish()
     events = self.trace.events
     return Report(self.kernel_name, self.chip, self.num_chips, int(round(end)), flops, self.hbm_bytes,
                   busy, vmem_peak, sum(c.steps for c in self.cores) or self.grid_steps,
                   self.dma_count, events, self.ici_bytes,
                   self.timing_only)
-
-
-class _Scheduler:
-  """Runs one thread per core with exactly one running at a time. Control passes by direct handoff
-  (a semaphore per core) when the running core blocks, yields or finishes; the next core is the
-  runnable one with the earliest clock (ties: chip, then core)."""
-
-  def __init__(self, machine: Machine, programs):
-    self.m = machine
-    self.programs = programs
-    self.state = {core: "ready" for core, _ in programs}
-    self.wake = {core: threading.Semaphore(0) for core, _ in programs}
-    self.error = None
-    self.aborted = False
-
-  def run(self) -> None:
-    self.m._sched = self
-    threads = [threading.Thread(target=self._thread, args=(core, fn), daemon=True,
-                                name=f"palace-core-{core.tid}") for core, fn in self.programs]
-    for t in threads:
-      t.start()
-    first = self.pick()
-    self.state[first] = "running"
-    self.wake[first].release()
-    for t in threads:
-      t.join()
-    self.m._sched = None
-    if self.error is not None:
-      raise self.error
-
-  def _thread(self, core, fn) -> None:
-    self.wake[core].acquire()
-    if not self.aborted:
-      executor_mod.set_current(core)
-      try:
-        with np.errstate(all="ignore"):
-          fn()
-      except _Abort:
-        pass
-      except BaseException as e:  # noqa: BLE001  re-raised by the launching thread
-        self.fail(e)
-    self.state[core] = "done"
-    if not self.aborted:
-      self.switch_from(core)
-
-  def fail(self, error) -> None:
-    if self.error is None:
-      self.error = error
-    self.aborted = True
-    for c, st in self.state.items():
-      if st != "done":
-        self.wake[c].release()
-
-  def pick(self):
-    best = None
-    runnable = [] if self.m.dma_policy.name == "random" else None
-    for core, st in self.state.items():
-      if st in ("ready", "running") or (st == "blocked" and self.m._can_resume(core)):
-        if runnable is not None:
-          runnable.append(core)
-        if best is None or (core.now, core.tid) < (best.now, best.tid):
-          best = core
-    if runnable is not None and len(runnable) > 1:  # randomised schedule (seeded): any runnable core
-      return runnable[self.m.dma_policy.rng.randrange(len(runnable))]
-    return best
-
-  def switch_from(self, core) -> None:
-    """Hand control to the next core; return when `core` is scheduled again (if it is not done)."""
-    nxt = self.pick()
-    if nxt is None:
-      blocked = [c for c, st in self.state.items() if st == "blocked"]
-      if blocked:
-        self.fail(self.m.deadlock_error(blocked))
-        if self.state[core] != "done":
-          raise _Abort()
-      return
-    if nxt is core:
-      self.state[core] = "running"
-      return
-    self.state[nxt] = "running"
-    self.wake[nxt].release()
-    if self.state[core] == "done":
-      return
-    self.wake[core].acquire()
-    if self.aborted:
-      raise _Abort()
-    self.state[core] = "running"
 
 
 class VirtualTPU:

@@ -2,7 +2,8 @@
 
 Geometry per chip comes from hw.SparseCoreSpec ([tpu_info], docs/pallas/tpu/sparsecore.md): SparseCores
 per device, 16 vector subcores each with its own VMEM (TileSpmem), a shared VMEM (Spmem) per SparseCore,
-SIMD lanes per subcore and a DMA granule. Cost model (modelling assumptions, not fitted):
+SIMD lanes per subcore and a DMA granule. Cost model (modelling assumptions, not fitted; the vector op
+table is sim/cost.py's SPARSECORE_VECTOR_OPS):
   * a vector op costs one cycle per (lanes * packing) elements on the subcore's VPU; there is no MXU;
   * indexed DMAs move whole granules per row (the request's byte count is rounded per row);
   * each SparseCore's DMA engines share one channel at the chip's HBM bandwidth, and all cores of a
@@ -12,25 +13,17 @@ scalar subcore of SparseCore c is SCALAR_BASE + c.
 """
 from __future__ import annotations
 
-import math
-
-from palace._src import dtypes as dt
 from palace._src.core import MemorySpace
 from palace._src.executor import OpClass as _C
 from palace._src.errors import UnsupportedError, UsageError
-from palace._src.sim.dma import Channel
-from palace._src.sim.tensorcore import SemSlot, TensorCore
+from palace._src.sim import cost
+from palace._src.sim.bandwidth import Channel
+from palace._src.sim.sync import SemaphoreWait
+from palace._src.sim.tensorcore import TensorCore
 from palace._src.util import user_site
 
 SC_BASE = 64
 SCALAR_BASE = 1024
-
-
-class _BarrierName:
-  name = "subcore barrier"
-
-
-_BARRIER = _BarrierName()
 
 
 class SparseSubcore(TensorCore):
@@ -45,8 +38,8 @@ class SparseSubcore(TensorCore):
     self.scalar = scalar
     self.lanes = spec.num_lanes
     self.dma_granule_bytes = spec.dma_granule_bytes
-    self.vmem_limit = 0 if scalar else spec.vmem_bytes_per_subcore
-    self.vmem_shared_limit = spec.vmem_shared_bytes
+    self.memory.vmem_limit = 0 if scalar else spec.vmem_bytes_per_subcore   # TileSpmem
+    self.memory.vmem_shared_limit = spec.vmem_shared_bytes                  # Spmem
     self.share_group = (chip_index, "sc", sc_index)
     self.label = f"sc{sc_index} scalar" if scalar else f"sc{sc_index} subcore {subcore}"
     self.barrier_gen = 0
@@ -70,17 +63,10 @@ class SparseSubcore(TensorCore):
         f" in kernel '{self.kernel_name}'"
 
   def vector_op(self, op_class: str, shape, dtype, ready: int) -> int:
-    if op_class == _C.FREE:
+    unit, busy, lat = cost.sparsecore_vector_cost(self.lanes, op_class, shape, dtype)
+    if unit is None:
       return ready
-    n = 1
-    for s in shape:
-      n *= s
-    width = self.lanes * dt.packing(dtype if hasattr(dtype, "itemsize") else dt.int32)
-    per = {_C.MEDIUM: 4, _C.TRANSCENDENTAL: 4, _C.EXPENSIVE: 16, _C.REDUCE_LANE: 2,
-           _C.XLU: 2}.get(op_class, 1)
-    busy = max(1, math.ceil(n / width)) * per
-    unit = "vld" if op_class == _C.LOAD else ("vst" if op_class == _C.STORE else "vpu")
-    return self._issue(unit, busy, 2, ready, op_class)
+    return self._issue(unit, busy, lat, ready, op_class)
 
   def subcore_barrier(self) -> None:
     """Wait until every vector subcore of this SparseCore reached its barrier of the same number."""
@@ -88,25 +74,20 @@ class SparseSubcore(TensorCore):
       raise UnsupportedError("plsc.subcore_barrier() on a scalar subcore: it synchronises the vector "
                              "subcores of a SparseCore (use a VectorSubcoreMesh).")
     m = self.machine
-    key = ("subcore_barrier", self.share_group)
-    slot = m.slots.get(key)
-    if slot is None:
-      slot = m.slots[key] = SemSlot()
+    sems = m.sems
+    sem = sems.keyed(("subcore_barrier", self.share_group))
     self.barrier_gen += 1
     peers = sum(1 for c in m.cores if getattr(c, "share_group", None) == self.share_group
                 and not getattr(c, "scalar", True))
     self.now += self.chip.scalar_op_cycles
-    slot.pending.append((self.now, m.next_seq(), 1, None, False))
-    if m.checks is not None:  # the barrier releases this subcore's clock (race detection)
-      m.checks.arrival(slot.pending[-1][1], None, False)
+    sems.arrive(sem, self.now, 1)   # (releases this subcore's clock for race detection)
     target = self.barrier_gen * peers
-    while True:
-      t = m.settle(slot, target)
-      if t is not None:
-        break
-      self.blocked_on = (_BARRIER, (), target, slot, None, user_site())
-      m.block(self)
+    t = sems.settle(sem, target)
+    while t is None:
+      self.blocked_on = SemaphoreWait("subcore barrier", target, sem, None, user_site())
+      m.sched.block(self)
       self.blocked_on = None
+      t = sems.settle(sem, target)
     self.now = max(self.now, t)
 
   def peer_subcore_buffer(self, buf, subcore: int):

@@ -20,26 +20,31 @@ class EventLog(list):
 
 class Trace:
   """Events (tid=(chip, core), unit, name, start_cycle, end_cycle, args); capped to bound memory."""
-  __slots__ = ("on", "events", "cap", "dropped")
+  __slots__ = ("on", "events", "cap", "dropped", "_dma_bytes", "_dma_count")
 
   def __init__(self, on: bool = True, cap: int = 200_000):
     self.on = on
     self.events = EventLog()
     self.cap = cap
     self.dropped = 0
+    self._dma_bytes = self.events.stats["dma_bytes"]
+    self._dma_count = self.events.stats["dma_count"]
 
   def add(self, tid, unit, name, start, end, args=None):
-    if len(self.events) >= self.cap:
-      self.dropped += 1
-      if self.dropped == 1:
-        self.events.append((tid, "scalar", "trace truncated (event cap reached)", start, start, None))
+    """Record one event (the only way events are made); past `cap`, one truncation marker."""
+    events = self.events
+    if len(events) < self.cap:
+      events.append((tid, unit, name, start, end, args))
       return
-    self.events.append((tid, unit, name, start, end, args))
+    self.dropped += 1
+    if self.dropped == 1:
+      events.append((tid, "scalar", "trace truncated (event cap reached)", start, start, None))
 
   def count_dma(self, kind: str, nbytes: int) -> None:
-    st = self.events.stats
-    st["dma_bytes"][kind] = st["dma_bytes"].get(kind, 0) + int(nbytes)
-    st["dma_count"][kind] = st["dma_count"].get(kind, 0) + 1
+    per_kind = self._dma_bytes
+    per_kind[kind] = per_kind.get(kind, 0) + int(nbytes)
+    per_kind = self._dma_count
+    per_kind[kind] = per_kind.get(kind, 0) + 1
 
 
 def thread_id(core, unit: str) -> int:

@@ -1,0 +1,501 @@
+"""Memory of the virtual TPU (L4b): buffers and every rule about their storage.
+
+This is the one module that touches a buffer's NumPy storage: allocation (with the uninitialised
+NaN / int-sentinel fill, possibly pending), loads, stores, DMA data movement, and the rules that let them
+skip copies while values never change after they are made:
+  * copy-on-write readers: a load returns a read-only view of the storage; the value is registered as a
+    reader (weakref) and the next write to the buffer first gives every live reader its own copy
+    (`Buffer.detach_readers`);
+  * adopted stores: a whole-buffer store of a fresh array keeps that array as the new storage (`write`);
+  * borrowed views: a whole-buffer DMA of a large block may view the source instead of copying it
+    (`Buffer.borrow`); a later write to either side copies first;
+  * pending values: a whole-buffer store may leave a value that is computed only when something needs
+    its numbers (`Buffer.pending`, the PendingValue protocol below): a partial load or store, a DMA out
+    of the buffer (computed straight into the destination) or reading `storage`. Fresh VMEM buffers
+    start with a pending `Fill`; the language's deferred matmul sums (lang/deferred.py) are the other
+    implementation.
+A timing-only machine keeps no storage for vector memories: their buffers are shape and dtype only.
+"""
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from typing import Any, Protocol
+
+import numpy as np
+
+from palace._src.core import MemoryRef, MemorySpace, SemaphoreKind
+from palace._src.errors import ResourceError, UsageError
+from palace._src.util import fmt_bytes, prod
+
+_SMEM = MemorySpace.SMEM
+_VMEM = MemorySpace.VMEM
+
+
+class PendingValue(Protocol):
+  """What a pending (lazy) value must offer the machine (structural: lang/deferred.py's `Deferred`
+  implements it without importing this module).
+
+  * materialise: `compute_into(out)` writes the value into `out`, an array (or a view, e.g. a DMA
+    destination block) of the buffer's shape and dtype. The machine calls it at most once per store,
+    when something needs the numbers; it must not keep `out`.
+  * slice: a partial load or store of a buffer holding a pending value materialises it first (the
+    buffer's `storage`); a whole-buffer load returns the value itself (the language then keeps it).
+  * detach: the value never changes after it was made (its inputs copy on write); a whole-buffer
+    overwrite of the buffer drops it uncomputed.
+  A store hands the machine a pending value only for a whole VMEM buffer of the same shape and dtype
+  (the language checks this)."""
+
+  def compute_into(self, out: np.ndarray) -> None: ...
+
+
+@dataclasses.dataclass(eq=False)
+class Buffer:
+  """One allocation on the virtual machine: NumPy storage plus where it lives.
+
+  `storage` is None in timing-only mode for vector memories. `name` is the origin path used in errors
+  (`args[0]`, `outputs[1]`, `scratch[2]`).
+
+  A whole-buffer store may leave a pending value instead of numbers (`pending`, a PendingValue). Reading
+  `storage` computes it first, so code that only uses `storage` never sees it; assigning `storage`
+  drops it."""
+  storage: Any
+  shape: tuple
+  dtype: np.dtype
+  memory_space: MemorySpace
+  name: str
+  core: Any = None            # the owning core (sim object) for VMEM/SMEM/semaphores; None for HBM
+  chip: int = 0
+  ready_cycle: int = 0        # when the last vector store to it finishes (timing model)
+  sem_kind: SemaphoreKind | None = None
+  key: tuple | None = None    # (name, allocation number) on its core: the "same" buffer on other cores
+  readers: list | None = None  # weakrefs to values (and borrowing buffers) viewing `storage`
+  aliased: bool = False       # storage shared with a bitcast/reshape view: loads always copy
+  borrowed: object = None     # the buffer whose storage this one views after a whole-buffer DMA
+  lenders: list | None = None  # buffers whose reader lists hold this one
+  pending: object = dataclasses.field(default=None, init=False)  # a deferred whole-buffer value
+  # (storage is computed on first read); not an __init__ field, so dataclasses.replace never copies it
+  _ro: object = dataclasses.field(default=None, init=False, repr=False)  # a read-only view of the
+  # current storage (loads index it: a view of a read-only view is read-only); reset with `storage`
+
+  def detach_readers(self) -> None:
+    """Before any write to `storage`: values read from it without a copy get their own copy now,
+    so a value never changes after it was read (copy on write); buffers that borrowed it by DMA
+    take their own copy; and if this buffer borrows another's storage, it copies it first."""
+    readers = self.readers
+    if readers:
+      for r in readers:
+        value = r()
+        if value is None:
+          continue
+        if isinstance(value, Buffer):
+          # a borrower registered here views this storage: directly (`borrowed is self`) or through a
+          # buffer that has since stopped borrowing it (a stale chain; the memory decides)
+          if value.borrowed is self or (value.borrowed is not None and
+                                        _may_overlap(value._storage, self._storage)):
+            value.unborrow()
+          if value.lenders:
+            value.lenders = [known for known in value.lenders if known is not self]
+        elif value._data is not None and value._data.base is not None:
+          value._data = value._data.copy()
+      readers.clear()
+    if self.borrowed is not None:
+      self.unborrow()
+
+  def unborrow(self) -> None:
+    """Stop viewing the lender's storage: take a private, writable copy."""
+    self.borrowed = None
+    self.detach_readers()
+    self.storage = np.array(self.storage, copy=True)
+
+  def borrow(self, lender: "Buffer", view) -> None:
+    """A whole-buffer copy from `lender` done by viewing its storage (read-only) instead of copying;
+    any later write to either side makes this buffer take its own copy first."""
+    ro = view.view()
+    ro.setflags(write=False)
+    self.storage = ro
+    self.borrowed = lender
+    if self.lenders is None:
+      self.lenders = []
+    # Watch the lender and, if it borrows too, the buffers whose memory it views: whichever of them is
+    # written later (even after the lender itself has moved on to other storage) detaches this one.
+    # `borrowed` links of buffers that moved on are stale and may even form a cycle: bounded walk.
+    owner, hops = lender, 0
+    while owner is not None and owner is not self and hops < 8:
+      if not any(known is owner for known in self.lenders):   # else already on its reader list
+        self.lenders.append(owner)
+        owner.add_reader(weakref.ref(self))
+      owner = owner.borrowed
+      hops += 1
+
+  def watch(self, value) -> None:
+    """A load returned `value` (an object whose `_data` is a zero-copy view of this storage): register it
+    as a copy-on-write reader. If this buffer borrows another's storage, the view is that memory: its
+    owners watch the value too, so a write to them still detaches it after this buffer stops borrowing
+    (next DMA, store or free)."""
+    ref = weakref.ref(value)
+    self.add_reader(ref)
+    if self.borrowed is not None:
+      for owner in self.owners():
+        owner.add_reader(ref)
+
+  def stored(self, data, value) -> None:
+    """After a store of `data` (from `value`, or None when it is not a language array): if the buffer
+    adopted the array (memory.write), the value now reads it through a read-only view and is detached
+    (copied) before the next write, like a load (copy on write)."""
+    if type(data) is not np.ndarray or (self._storage if self.pending is None else self.storage) is not data:
+      return
+    ro = data.view()
+    ro.setflags(write=False)
+    self._ro = ro   # the buffer's read-only view of its new storage, for later loads
+    if value is not None:
+      value._data = ro
+      self.add_reader(weakref.ref(value))
+
+  def alias(self, **changes) -> "Buffer":
+    """A buffer sharing this one's storage (bitcast/reshape views, `changes` = the new storage, shape,
+    dtype). Both sides then copy on load, since a write through one is invisible to the other's
+    copy-on-write bookkeeping."""
+    self.detach_readers()
+    self.aliased = True
+    return dataclasses.replace(self, readers=None, aliased=True, **changes)
+
+  def add_reader(self, ref) -> None:
+    """Register a weakref to a value viewing this storage (copy on write); dead entries are dropped
+    once the list passes 64, so a buffer read every grid step keeps a short list."""
+    readers = self.readers
+    if readers is None:
+      self.readers = [ref]
+      return
+    if len(readers) > 64:
+      readers = self.readers = [r for r in readers if r() is not None]
+    readers.append(ref)
+
+  def owners(self) -> list:
+    """The buffers whose memory this buffer's (borrowed) storage views right now."""
+    storage = self._storage
+    if self.borrowed is None or storage is None or not self.lenders:
+      return []
+    return [b for b in self.lenders if _may_overlap(b._storage, storage)]
+
+  @property
+  def nbytes(self) -> int:
+    return prod(self.shape) * self.dtype.itemsize
+
+  def defer(self, value) -> None:
+    """A whole-buffer store of a deferred value: keep it instead of computing it. The old storage is
+    not written, so values and buffers viewing it stay valid (like an adopted store)."""
+    self.borrowed = None
+    self._storage = self._ro = None
+    self.pending = value
+
+  def materialize(self) -> None:
+    """Compute the pending value into fresh storage."""
+    value = self.pending
+    self.pending = None
+    out = np.empty(self.shape, self.dtype)
+    value.compute_into(out)
+    self._storage = out
+    self._ro = None
+
+
+def _may_overlap(a, b) -> bool:
+  return a is not None and b is not None and np.may_share_memory(a, b)
+
+
+def _get_storage(buf):
+  if buf.pending is not None:
+    buf.materialize()
+  return buf._storage
+
+
+def _set_storage(buf, value):
+  buf.pending = buf._ro = None
+  buf._storage = value
+
+
+# A property added after the dataclass is built, so `Buffer(storage, ...)` and
+# `dataclasses.replace(buf, storage=...)` keep working while reads can compute a pending value.
+Buffer.storage = property(_get_storage, _set_storage, doc="The NumPy storage (computing a pending value).")
+
+
+# ------------------------------------------------------------------ allocation
+_SENTINEL = {np.dtype(np.int32): np.iinfo(np.int32).min, np.dtype(np.int16): np.iinfo(np.int16).min,
+             np.dtype(np.int8): np.iinfo(np.int8).min}
+LAZY_FILL_BYTES = 64 * 1024  # VMEM buffers this large start with a pending fill instead of one
+
+
+def fill_value(dtype):
+  """The value never-written memory reads as: NaN for floats, the type's minimum for 8-32 bit ints."""
+  if dtype.kind == "f" or str(dtype) in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
+    return np.nan
+  return _SENTINEL.get(dtype, 0)
+
+
+class Fill:
+  """The uninitialised contents of a fresh VMEM buffer (NaN / int sentinel) as a pending value: written
+  only if something reads the buffer before a whole-buffer store or DMA replaces it."""
+  __slots__ = ("value",)
+
+  def __init__(self, value):
+    self.value = value
+
+  def compute_into(self, out) -> None:
+    out.fill(self.value)
+
+
+def new_buffer(shape, dtype, space, name, core, chip: int, timing_only: bool, lazy_fill: bool,
+               sem_kind=None) -> Buffer:
+  """A fresh allocation: semaphores start at zero; a timing-only machine keeps no storage for vector
+  memories (only SMEM data moves there); otherwise the uninitialised fill, left pending for large VMEM
+  buffers when `lazy_fill` (no checker follows storage identity)."""
+  if sem_kind is not None:
+    return Buffer(np.zeros(shape, np.int32), shape, np.dtype(np.int32), MemorySpace.SEMAPHORE, name, core,
+                  chip, sem_kind=sem_kind)
+  if space is _VMEM and lazy_fill and not timing_only and prod(shape) * dtype.itemsize >= LAZY_FILL_BYTES:
+    buf = Buffer(None, shape, dtype, space, name, core, chip)
+    buf.defer(Fill(fill_value(dtype)))
+    return buf
+  storage = None if timing_only and space is not _SMEM else np.full(shape, fill_value(dtype), dtype)
+  return Buffer(storage, shape, dtype, space, name, core, chip)
+
+
+def hbm_output(shape, dtype, name: str, timing_only: bool, lazy: bool = False) -> Buffer:
+  """An output operand in HBM, holding the uninitialised fill. `lazy`: np.empty storage (the launch fills
+  the blocks no write-back reached afterwards). On a timing-only machine no data reaches HBM, so the
+  output is shape and dtype only: its storage is a read-only broadcast of the fill value, which takes
+  no host memory whatever the shape."""
+  dtype = np.dtype(dtype)
+  if timing_only:
+    storage = np.broadcast_to(np.asarray(fill_value(dtype), dtype), shape)
+  elif lazy:
+    storage = np.empty(shape, dtype)
+  else:
+    storage = np.full(shape, fill_value(dtype), dtype)
+  return Buffer(storage, tuple(shape), dtype, MemorySpace.ANY, name)
+
+
+def alias_input(out: Buffer, src: np.ndarray, timing_only: bool) -> None:
+  """`input_output_aliases`: the output starts as the input's values (a private copy; on a timing-only
+  machine a read-only view, since nothing writes HBM there)."""
+  if timing_only:
+    view = src.view()
+    view.setflags(write=False)
+    out.storage = view
+  else:
+    out.storage = src.copy()
+
+
+# ------------------------------------------------------------------ capacity
+def scoped_vmem_limit(chip, vmem_limit_bytes, kernel_name: str) -> int:
+  """VMEM a TensorCore's allocations may use: CompilerParams(vmem_limit_bytes) or the chip's default
+  scoped limit, minus Mosaic's internal scratch."""
+  if vmem_limit_bytes is not None and vmem_limit_bytes > chip.vmem_bytes:
+    raise ResourceError(
+        f"vmem_limit_bytes={vmem_limit_bytes} ({fmt_bytes(vmem_limit_bytes)}) for kernel '{kernel_name}' "
+        f"exceeds the physical VMEM of {chip.name} ({fmt_bytes(chip.vmem_bytes)} per TensorCore). "
+        f"Lower vmem_limit_bytes or the block sizes.")
+  return (vmem_limit_bytes or chip.default_scoped_vmem_bytes) - chip.internal_scratch_bytes
+
+
+class Allocator:
+  """One core's memories: capacity checks and accounting of scoped VMEM, shared VMEM and SMEM, and
+  the live allocations (for the breakdown in over-capacity errors)."""
+
+  def __init__(self, core, vmem_limit: int, vmem_shared_limit: int, smem_limit: int):
+    self.core = core
+    self.vmem_limit = vmem_limit
+    self.vmem_shared_limit = vmem_shared_limit
+    self.smem_limit = smem_limit
+    self.vmem_used = self.vmem_peak = self.smem_used = 0
+    self.live = {}            # id(buf) -> (name, bytes, space)
+
+  def allocate(self, mem_type, name: str) -> Buffer:
+    core = self.core
+    if not isinstance(mem_type, MemoryRef):
+      raise UsageError(f"Cannot allocate {name}: {mem_type!r} is not a memory type; use pltpu.VMEM(shape,"
+                       f" dtype), pltpu.SMEM(...) or pltpu.SemaphoreType.")
+    space = mem_type.memory_space
+    nbytes = mem_type.nbytes
+    if space == MemorySpace.VMEM_SHARED:
+      if nbytes > self.vmem_shared_limit:
+        raise ResourceError(
+            f"VMEM_SHARED over capacity for {name} {core.where()}: {fmt_bytes(nbytes)} requested but "
+            f"the shared VMEM holds {fmt_bytes(self.vmem_shared_limit)}. Use smaller buffers.")
+    elif space in (MemorySpace.VMEM, MemorySpace.ANY):
+      space = MemorySpace.VMEM
+      if self.vmem_used + nbytes > self.vmem_limit:
+        raise ResourceError(self._vmem_message(name, nbytes))
+      self.vmem_used += nbytes
+      self.vmem_peak = max(self.vmem_peak, self.vmem_used)
+    elif space == MemorySpace.SMEM:
+      if self.smem_used + nbytes > self.smem_limit:
+        raise ResourceError(
+            f"SMEM over capacity for {name} on chip {core.chip_index} core {core.core_id} in kernel "
+            f"'{core.kernel_name}': {fmt_bytes(self.smem_used)} in use + {fmt_bytes(nbytes)} requested "
+            f"> {fmt_bytes(self.smem_limit)} on {core.chip.name}. Keep SMEM for scalars and small "
+            f"index tables; move arrays to VMEM.")
+      self.smem_used += nbytes
+    # (large VMEM buffers: the uninitialised fill is written only if read before being overwritten)
+    buf = new_buffer(mem_type.shape, mem_type.dtype, space, name, core, core.chip_index, core.timing_only,
+                     core.deferred_values)
+    self.live[id(buf)] = (name, nbytes, space)
+    return buf
+
+  def release(self, buf: Buffer) -> bool:
+    """Give `buf`'s capacity back; False if it was not allocated here (semaphores, shared buffers)."""
+    info = self.live.pop(id(buf), None)
+    if info is None:
+      return False
+    _, nbytes, space = info
+    if space in (MemorySpace.VMEM, MemorySpace.VMEM_SHARED):
+      self.vmem_used -= nbytes
+    elif space == MemorySpace.SMEM:
+      self.smem_used -= nbytes
+    return True
+
+  def _vmem_message(self, name, nbytes) -> str:
+    core = self.core
+    rows = "; ".join(f"{n} {fmt_bytes(b)}" for n, b, s in self.live.values()
+                     if s in (MemorySpace.VMEM, MemorySpace.VMEM_SHARED))
+    return (f"VMEM over capacity on chip {core.chip_index} core {core.core_id} in kernel "
+            f"'{core.kernel_name}': {name} needs {fmt_bytes(nbytes)} but {fmt_bytes(self.vmem_used)} of "
+            f"the {fmt_bytes(self.vmem_limit)} scoped limit is in use ({rows or 'nothing else'}). "
+            f"Reduce block sizes or buffer counts, or raise CompilerParams(vmem_limit_bytes=...).")
+
+
+# ------------------------------------------------------------------ loads and stores
+def read_scalar(buf: Buffer, index):
+  """The data of a scalar (or SMEM) load: a copy, or None without storage."""
+  storage = buf.storage
+  if storage is None:
+    return None
+  data = storage[index]
+  if not isinstance(data, np.ndarray):
+    return np.asarray(data)
+  return data if data.shape == () else data.copy()
+
+
+def read(buf: Buffer, index, timing_only: bool):
+  """The data of a vector load of `buf[index]`: a read-only view of the storage (the caller registers
+  the value as a copy-on-write reader), a copy for aliased buffers, the pending value itself when read
+  whole, or None (timing only / no storage)."""
+  pending = buf.pending
+  if pending is not None:
+    if index == () and type(pending) is not Fill:
+      return pending   # a pending value read whole stays pending
+    storage = buf.storage
+  else:
+    storage = buf._storage
+  if timing_only or storage is None:
+    return None
+  if buf.aliased:
+    return np.array(storage[index], copy=True)
+  ro = buf._ro   # zero-copy: writers detach the view first (Buffer.detach_readers)
+  if ro is None:
+    ro = buf._ro = storage.view()
+    ro.setflags(write=False)
+  view = ro[index]   # read-only, as a view of a read-only view
+  if view.base is None:   # (an index that copies)
+    view.flags.writeable = False
+  return view
+
+
+def write(buf: Buffer, index, data, adopt: bool) -> None:
+  """A store of `data` (array, PendingValue or None) into `buf[index]`. `adopt`: a whole-buffer store
+  of a fresh, writable, contiguous array of the buffer's dtype may keep that array as the new storage
+  (no checker follows storage identity)."""
+  if index == () and data is not None and type(data) is not np.ndarray and hasattr(data, "compute_into"):
+    buf.defer(data)  # a PendingValue; the language side checked: whole VMEM buffer, same shape and dtype
+    return
+  if buf.pending is not None:
+    if index == ():
+      buf.storage = np.empty(buf.shape, buf.dtype)  # overwritten whole: never compute the old value
+    storage = buf.storage
+  else:
+    storage = buf._storage
+  if storage is None or data is None:
+    return
+  if (adopt and index == () and data.base is None and not buf.aliased and type(data) is np.ndarray
+      and data.dtype == storage.dtype and data.shape == storage.shape
+      and (flags := data.flags).writeable and flags.c_contiguous):
+    # adopt the array instead of copying it. The old memory is not written, so views of it (loads, a
+    # lender's storage) stay valid; the stored value is made a copy-on-write reader by Ref.__setitem__.
+    buf.borrowed = None
+    buf.storage = data
+    return
+  if buf.readers or buf.borrowed is not None:
+    buf.detach_readers()
+    storage = buf.storage
+  storage[index] = data
+
+
+# ------------------------------------------------------------------ DMA data movement
+def _add(cur, data):
+  if cur.dtype.kind == "f" and cur.dtype.itemsize >= 4 or cur.dtype.kind in "iu":
+    return cur + data.astype(cur.dtype, copy=False)
+  return (cur.astype(np.float32) + data.astype(np.float32)).astype(cur.dtype)  # bf16 / fp8
+
+
+BORROW_MIN_BYTES = 64 * 1024   # below this a plain copy is cheaper than the borrowing bookkeeping
+
+
+def copy(req, borrow: bool = False) -> None:
+  """Perform the copy on the NumPy storages (called once per DMA, at the policy's chosen moment).
+
+  Indexed copies (SparseCore): `src_indices` gathers rows, `dst_indices` scatters them (np.add.at for
+  add=True, so repeated indices accumulate); `mask` drops ignored index entries on the dense side.
+  `borrow`: a plain copy of a whole VMEM buffer may view the source instead (Buffer.borrow). A pending
+  value copied whole goes straight to its destination (PendingValue.compute_into)."""
+  dst_buf = req.dst_buf
+  src_buf = req.src_buf
+  plain = not req.add and req.src_indices is None and req.dst_indices is None and req.mask is None
+  if dst_buf.pending is not None and plain and req.dst_index == ():
+    dst_buf.storage = np.empty(dst_buf.shape, dst_buf.dtype)  # overwritten whole: drop the old value
+  pending = src_buf.pending
+  if pending is not None and plain and req.src_index == () and dst_buf is not src_buf:
+    dst = dst_buf.storage
+    if dst is None:
+      return
+    if dst_buf.readers or dst_buf.borrowed is not None:
+      dst_buf.detach_readers()
+      dst = dst_buf._storage
+    out = dst[req.dst_index]
+    if out.shape == src_buf.shape and out.dtype == src_buf.dtype:
+      pending.compute_into(out)
+      return
+  # raw storages when nothing is pending (the common case; `storage` would compute a pending value)
+  src = src_buf._storage if src_buf.pending is None else src_buf.storage
+  dst = dst_buf._storage if dst_buf.pending is None else dst_buf.storage
+  if src is None or dst is None:
+    return
+  if (plain and borrow and req.dst_index == () and dst.nbytes >= BORROW_MIN_BYTES and
+      not dst_buf.aliased and dst_buf.memory_space is MemorySpace.VMEM and not src_buf.aliased):
+    view = src[req.src_index]
+    if view.shape == dst.shape and view.dtype == dst.dtype:
+      dst_buf.borrowed = None  # the old storage is not written: its readers keep valid views
+      dst_buf.borrow(src_buf, view)
+      return
+  readers = dst_buf.readers
+  if dst_buf.borrowed is not None or (readers and (len(readers) > 1 or readers[0]() is not None)):
+    dst_buf.detach_readers()
+    dst = dst_buf._storage  # unborrowing replaced it with a private copy
+  elif readers:   # = detach_readers() when the one value that read the buffer is gone
+    readers.clear()
+  if plain:
+    dst[req.dst_index] = src[req.src_index]
+    return
+  data = src[req.src_indices] if req.src_indices is not None else src[req.src_index]
+  if req.dst_indices is not None:
+    if req.mask is not None:
+      data = data[req.mask]
+    if req.add:
+      np.add.at(dst, req.dst_indices, data.astype(dst.dtype, copy=False))
+    else:
+      dst[req.dst_indices] = data
+    return
+  if req.mask is not None:
+    view = dst[req.dst_index]
+    view[req.mask] = _add(view[req.mask], data) if req.add else data
+    return
+  dst[req.dst_index] = _add(dst[req.dst_index], data) if req.add else data
