@@ -19,7 +19,7 @@ from palace._src.lang.numpy_ops import broadcast_to
 from palace._src.launch.pallas_call import pallas_call
 from palace._src.launch.kernel import kernel
 from palace._src.launch.spmd import Mesh, P, PartitionSpec, make_mesh, shard_map
-from palace._src.lang.host_refs import empty_ref, free_ref, freeze, new_ref
+from palace._src.launch.host_refs import empty_ref, free_ref, freeze, new_ref
 from palace._src.sim.machine import VirtualTPU
 from palace._src.sim.report import Report
 from palace._src.util import align_to, cdiv, next_power_of_2

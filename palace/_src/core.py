@@ -291,12 +291,3 @@ class TensorCoreMesh:
   @property
   def shape(self):
     return {self.axis_name: self.num_cores}
-
-
-def __getattr__(name):
-  # `Buffer` lives with its storage rules in sim/memory.py. The language side (which never imports the
-  # simulator) names it here, for host refs and annotations; loaded on first use (no import cycle).
-  if name == "Buffer":
-    from palace._src.sim.memory import Buffer
-    return Buffer
-  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

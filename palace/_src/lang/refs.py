@@ -19,7 +19,7 @@ import numpy as np
 
 from palace._src import dtypes as dt
 from palace._src import executor, validate
-from palace._src.core import Buffer, MemorySpace, is_hbm
+from palace._src.core import MemorySpace, is_hbm
 from palace._src.errors import MemorySpaceError, OutOfBoundsError, ShapeError, UsageError
 from palace._src.lang import numpy_indexing, numpy_linalg, numpy_ops  # noqa: F401  (bind Array operators)
 from palace._src.lang.array import Array, concrete_int
@@ -81,7 +81,7 @@ class Ref:
   """A mutable view of a buffer (VMEM, SMEM, HBM/ANY, semaphores)."""
   __slots__ = ("buf", "dims", "shape", "_np_index", "_full")
 
-  def __init__(self, buf: Buffer, dims=None):
+  def __init__(self, buf: "Buffer", dims=None):
     self.buf = buf
     if dims is None:
       self.dims = tuple((0, s, 1) for s in buf.shape)
@@ -98,7 +98,7 @@ class Ref:
         for d in dims)
 
   @classmethod
-  def window(cls, buf: Buffer, starts, sizes, squeezed=()) -> "Ref":
+  def window(cls, buf: "Buffer", starts, sizes, squeezed=()) -> "Ref":
     """A unit-stride view at element `starts` with `sizes` (dims in `squeezed` are indexed away).
     The caller has bounds-checked it; used by pipelines on every step, so it skips validation."""
     self = cls.__new__(cls)
@@ -338,7 +338,7 @@ class Ref:
     storage = None if self.buf.storage is None else probe.reshape(shape)
     return Ref(self._alias(storage=storage, shape=tuple(shape)))
 
-  def _alias(self, **changes) -> Buffer:
+  def _alias(self, **changes) -> "Buffer":
     """A buffer sharing this one's storage (bitcast/reshape views): Buffer.alias."""
     return self.buf.alias(**changes)
 
@@ -391,5 +391,5 @@ def _coerce_store(view: Ref, value, timing_only: bool):
   return data, ready
 
 
-def ref_for(buf: Buffer) -> Ref:
+def ref_for(buf: "Buffer") -> Ref:
   return Ref(buf)

@@ -1,4 +1,4 @@
-"""Mutable refs on the host (L4a): `pl.new_ref`, `pl.empty_ref`, `pl.freeze`, `pl.free_ref`.
+"""Mutable refs on the host (L5: they own HBM buffers, sim/memory.py): `pl.new_ref`, `pl.empty_ref`, `pl.freeze`, `pl.free_ref`.
 
 A host ref owns an HBM buffer. Passing it to `pl.kernel` hands that very buffer to the kernel, which
 mutates it in place (no copy, no output). `freeze` returns the final value and invalidates the ref.
@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from palace._src import dtypes as dt
-from palace._src.core import Buffer, MemoryRef, MemorySpace, ShapeDtypeStruct
+from palace._src.core import MemoryRef, MemorySpace, ShapeDtypeStruct
+from palace._src.sim.memory import Buffer
 from palace._src.errors import UsageError
 from palace._src.lang.refs import Ref
 
