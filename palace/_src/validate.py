@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import operator
 
-from palace._src.errors import UsageError
+from palace._src.errors import OutOfBoundsError, ResourceError, UsageError
 
 
 def _kind(value) -> str:
@@ -89,3 +89,114 @@ def as_name(value, what: str, *, hint: str = "", error=UsageError) -> str:
     return value
   fix = hint or "pass a non-empty string."
   raise error(f"{what} must be a non-empty string; got {_kind(value)}. Fix: {fix}")
+
+
+def static_slice(s: slice, size: int, what) -> tuple[int, int, int]:
+  """A static Python slice of an axis of `size` elements as (start, length, step), with NumPy's meaning
+  for legal negative bounds (`x[-8:]`) but no clipping: a bound outside [-size, size] is an
+  `OutOfBoundsError` (NumPy would silently shorten the slice; `x[200:208]` of 128 rows is empty there).
+  Bounds and step must be integers (never truncated); the step must be positive (refs and TPU vectors
+  have no reversed views). `what` (a string, or a callable giving it, only called for the message)
+  names the index and its place. The index path is hot: plain in-range ints cost a few compares."""
+  start, stop, step = s.start, s.stop, s.step
+  if ((start is None or (type(start) is int and -size <= start <= size)) and
+      (stop is None or (type(stop) is int and -size <= stop <= size)) and
+      (step is None or (type(step) is int and step > 0))):
+    s0, stop_, st = s.indices(size)
+    return s0, (stop_ - s0 + st - 1) // st if stop_ > s0 else 0, st
+  where = what() if callable(what) else what
+  for name, v in (("start", start), ("stop", stop), ("step", step)):
+    if v is not None and not is_integer(v):
+      raise UsageError(f"{where}: slice {name} {_kind(v)} is not an integer. Fix: use integer bounds "
+                       f"(floats are never truncated).")
+  if step is not None and operator.index(step) <= 0:
+    raise UsageError(f"{where}: slice step {operator.index(step)} is not positive; refs and kernel "
+                     f"values support only forward slices. Fix: slice forward and reverse the result "
+                     f"with jnp.flip.")
+  for name, v in (("start", start), ("stop", stop)):
+    if v is not None and not -size <= operator.index(v) <= size:
+      raise OutOfBoundsError(
+          f"{where}: slice {name} {operator.index(v)} is outside an axis of {size} elements "
+          f"(bounds must lie in -{size}..{size}; NumPy would clip the slice silently). Fix: keep the "
+          f"slice inside the block, e.g. [{max(0, size - 8)}:{size}] for its last 8 of {size}.")
+  return static_slice(slice(*(None if v is None else operator.index(v) for v in (start, stop, step))),
+                      size, where)
+
+
+def fmt_index(idx) -> str:
+  """An index as the user wrote it, for messages: `200:208, :`, `pl.ds(0, 8)`, `...`."""
+  if not isinstance(idx, tuple):
+    idx = (idx,)
+  parts = []
+  for i in idx:
+    if type(i) is slice:
+      parts.append(":".join(["" if v is None else str(v) for v in (i.start, i.stop)] +
+                            ([] if i.step is None else [str(i.step)])))
+    elif i is Ellipsis:
+      parts.append("...")
+    elif type(i).__name__ == "Slice" and hasattr(i, "stride"):   # pl.ds
+      parts.append(f"pl.ds({i.start!r}, {i.size}" + (f", {i.stride})" if i.stride != 1 else ")"))
+    else:
+      parts.append(repr(i))
+  return ", ".join(parts)
+
+
+# Grids: Mosaic grid indices are int32, and palace walks every point of a launch in order (the
+# list of points is built up front and each point runs the kernel body once in Python). More points
+# than MAX_GRID_POINTS would take gigabytes and hours; such a launch is rejected with a fix.
+INT32_MAX = 2**31 - 1
+MAX_GRID_POINTS = 2**22
+
+
+def as_grid(grid, what: str, error=UsageError) -> tuple:
+  """A grid as a tuple of non-negative ints, each at most int32's maximum (Mosaic's grid index type),
+  with at most MAX_GRID_POINTS points in all."""
+  dims = as_dims(grid, what, hint="pass a tuple of non-negative integers, e.g. grid=(4, 8).",
+                 error=error)
+  for i, d in enumerate(dims):
+    if d > INT32_MAX:
+      raise error(f"{what}[{i}] = {d} exceeds the int32 grid index range of Mosaic (max {INT32_MAX}). "
+                  f"Fix: use larger blocks so the grid has fewer steps, or split the axis in two.")
+  points = 1
+  for d in dims:
+    points *= d
+  if points > MAX_GRID_POINTS:
+    raise ResourceError(
+        f"{what} = {dims} has {points:,} grid points; palace runs at most {MAX_GRID_POINTS:,} "
+        f"(2**22) per launch (each point runs the kernel body once). Fix: use larger blocks so the grid "
+        f"has fewer steps, or time a smaller grid with the same block shapes and scale the result.")
+  return dims
+
+
+def as_choice(value, what: str, choices, *, hint: str = "", error=UsageError):
+  """One of `choices` (compared with ==), or an error listing them."""
+  try:
+    if value in choices:
+      return value
+  except TypeError:   # an unhashable value tested against a set
+    pass
+  fix = hint or f"pass one of {', '.join(repr(c) for c in choices)}."
+  raise error(f"{what} must be one of {', '.join(repr(c) for c in choices)}; got {_kind(value)}. Fix: {fix}")
+
+
+def as_callable(value, what: str, *, hint: str = "", error=UsageError):
+  """A callable (kernel bodies, index maps, shard_map functions)."""
+  if callable(value):
+    return value
+  fix = hint or "pass a function."
+  raise error(f"{what} must be callable; got {_kind(value)}. Fix: {fix}")
+
+
+def check_call(fn, nargs: int, kwargs, describe, error=UsageError) -> None:
+  """Raise `error(describe(e))` (instead of a bare TypeError in the middle of a launch) when `fn`
+  cannot be called with `nargs` positional arguments and the keywords `kwargs`. Functions whose
+  signature Python cannot read (some builtins) are not checked."""
+  import inspect
+  try:
+    sig = inspect.signature(fn)
+  except (TypeError, ValueError):
+    return
+  try:
+    sig.bind(*range(nargs), **dict.fromkeys(kwargs, 0))
+  except TypeError as e:
+    raise error(describe(e)) from None

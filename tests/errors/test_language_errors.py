@@ -512,7 +512,7 @@ def test_scratch_entry_must_be_an_allocation_type():
 
 
 def test_buffered_needs_a_buffer():
-  with pytest.raises(pl.UsageError, match=r"pl\.Buffered\(buffer_count=0\): expected at least 1 buffer"):
+  with pytest.raises(pl.UsageError, match=r"pl\.Buffered\(buffer_count\) must be >= 1; got 0"):
     pl.Buffered(0)
 
 

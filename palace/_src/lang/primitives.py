@@ -11,6 +11,7 @@ import functools
 import numpy as np
 
 from palace._src import dtypes as dt
+from palace._src import validate
 from palace._src import executor
 from palace._src.core import SemaphoreRefType, MemoryRef
 from palace._src.errors import MemorySpaceError, PalaceError, UsageError
@@ -167,7 +168,24 @@ def run_scoped(f, *types, collective_axes=(), **kw_types):
   """Allocate `types` (VMEM/SMEM/semaphores) for the duration of `f(*refs, **kw_refs)`.
 
   With `collective_axes`, the cores that differ only along those axes share one allocation."""
-  return scoped(f, types, kw_types, "run_scoped", bool(collective_axes))
+  validate.as_callable(f, "pl.run_scoped(f)", hint="pass the body as the first argument: "
+                       "pl.run_scoped(lambda buf: ..., pltpu.VMEM((8, 128), jnp.float32)).")
+  validate.check_call(f, len(types), kw_types, lambda e: (
+      f"pl.run_scoped body {getattr(f, '__name__', f)!r} cannot take the {len(types)} positional ref(s)"
+      f"{f' and keyword refs {sorted(kw_types)}' if kw_types else ''} it allocates ({e}). Fix: give the "
+      f"body one parameter per allocation type, in order."))
+  axes = (collective_axes,) if isinstance(collective_axes, str) else tuple(collective_axes)
+  if axes:
+    ex = executor.current("pl.run_scoped()")
+    known = [n for n, _ in getattr(ex, "mesh_axes", ())] + list(getattr(ex, "axis_env", {}))
+    for a in axes:
+      if a not in known:
+        raise UsageError(f"pl.run_scoped(collective_axes={collective_axes!r}): {a!r} is not an axis of "
+                         f"the kernel's mesh (axes here: {known or 'none'}). Fix: name an axis of the "
+                         f"pl.kernel mesh, e.g. collective_axes={known[0]!r}." if known else
+                         f"pl.run_scoped(collective_axes={collective_axes!r}): {a!r} is not an axis of the "
+                         f"kernel's mesh (this kernel runs on no named mesh). Fix: drop collective_axes.")
+  return scoped(f, types, kw_types, "run_scoped", bool(axes))
 
 
 def scoped(f, types, kw_types, prefix: str, shared: bool = False, names=None):

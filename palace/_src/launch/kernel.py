@@ -5,6 +5,7 @@ import functools
 
 import numpy as np
 
+from palace._src import validate
 from palace._src.launch import host as launch
 from palace._src.core import Buffer, MemoryRef, MemorySpace, SemaphoreRefType, TensorCoreMesh
 from palace._src.sim.subcore import SC_BASE, SCALAR_BASE
@@ -107,11 +108,21 @@ def _run(body, kname, out_type, mesh, scratch_types, params, args):
     _closure_check(b, passed, kname)
   out_leaves, out_td = tree_flatten(out_type, is_leaf=lambda x: hasattr(x, "shape"))
   outs = [launch.out_struct(o, f"out_type[{i}]") for i, o in enumerate(out_leaves)]
+  launch.check_hbm(kname, {r.buf.name: r.buf for r in in_bufs},
+                   {f"outputs[{i}]": o for i, o in enumerate(outs)}, scratch_types)
   out_hbm = [Buffer(launch.uninitialized(s, d), s, d, MemorySpace.ANY, f"outputs[{i}]")
              for i, (s, d, sp) in enumerate(outs)]
   vmem_outs = [(i, MemoryRef(s, d, sp)) for i, (s, d, sp) in enumerate(outs)
                if sp in (MemorySpace.VMEM, MemorySpace.SMEM)]
   scratch_is_dict = isinstance(scratch_types, dict)
+  n_outs = len(out_type) if isinstance(out_type, (list, tuple)) else 1
+  n_scr = 0 if scratch_is_dict else len(_as_tuple(scratch_types))
+  kw = tuple(scratch_types) if scratch_is_dict else ()
+  for b in bodies:
+    validate.check_call(b, len(args) + n_outs + n_scr, kw, lambda e: (
+        f"Kernel '{kname}' cannot take the refs pl.kernel passes: {len(args)} input + {n_outs} output + "
+        f"{n_scr} scratch positional refs" + (f" and scratch keywords {list(kw)}" if kw else "") +
+        f" ({e}). Fix: define it as body(*input_refs, *output_refs, *scratch_refs), one parameter each."))
 
   def program(body):
     def with_out_mem(*mem_refs):

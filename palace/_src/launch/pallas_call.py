@@ -2,11 +2,11 @@
 from __future__ import annotations
 
 import functools
-import inspect
 import itertools
 
 import numpy as np
 
+from palace._src import validate
 from palace._src.launch import host as launch
 from palace._src.blocks import BLOCKED, SQUEEZED, canonicalize
 from palace._src.core import (CORE_PARALLEL, PARALLEL, BlockSpec, GridSpec, MemoryRef, MemorySpace,
@@ -75,16 +75,7 @@ def _absent_entries(kernel, nsp, args, in_specs, out_shape, out_specs, scratch):
   return with_nones, drop(in_specs, ins), drop(out_specs, outs), kept_scratch
 
 
-def _check_call(fn, nargs: int, kwargs, describe) -> None:
-  """Raise a UsageError (instead of a bare TypeError mid-launch) when `fn` cannot take the arguments."""
-  try:
-    sig = inspect.signature(fn)
-  except (TypeError, ValueError):
-    return
-  try:
-    sig.bind(*range(nargs), **dict.fromkeys(kwargs, 0))
-  except TypeError as e:
-    raise UsageError(describe(e)) from None
+_check_call = validate.check_call
 
 
 def _check_arities(kernel, kname, grid, nsp, specs, maps, n_in, n_out, scratch):
@@ -141,7 +132,7 @@ def pallas_call(kernel, out_shape, *, grid_spec=None, grid=(), in_specs=no_block
   g = (g,) if isinstance(g, int) else tuple(g)
   params = launch.check_params(compiler_params, "pallas_call")
   kname = name or getattr(kernel, "__name__", "kernel")
-  aliases = dict(input_output_aliases or {})
+  aliases = launch.check_aliases(input_output_aliases, kname)
 
   @functools.wraps(kernel)
   def call(*args):
@@ -159,10 +150,7 @@ def _call(kernel, kname, out_shape, grid, grid_spec, aliases, params, args):
   pre_leaves, pre_td = tree_flatten(tuple(args[:nsp]))
   in_leaves, _ = tree_flatten(tuple(args[nsp:]))
   out_leaves, out_td = tree_flatten(out_shape, is_leaf=lambda x: hasattr(x, "shape"))
-  grid = tuple(int(x) for x in grid)
-  for gsz in grid:
-    if gsz < 0:
-      raise UsageError(f"pallas_call '{kname}': grid {grid} has a negative size.")
+  grid = validate.as_grid(grid, f"pallas_call '{kname}' grid")
   pre_arrays = [launch.to_host_array(a, f"scalar_prefetch[{i}]") for i, a in enumerate(pre_leaves)]
   in_arrays = [launch.to_host_array(a, f"args[{i + nsp}]") for i, a in enumerate(in_leaves)]
   n_idx_args = nsp
@@ -173,6 +161,8 @@ def _call(kernel, kname, out_shape, grid, grid_spec, aliases, params, args):
   in_maps = [canonicalize(s, a.shape, a.dtype, f"args[{i + nsp}]", n_idx_args)
              for i, (s, a) in enumerate(zip(in_specs, in_arrays))]
   outs = [launch.out_struct(o, f"out_shape[{i}]") for i, o in enumerate(out_leaves)]
+  launch.check_hbm(kname, {f"args[{i}]": a for i, a in enumerate(pre_arrays + in_arrays)},
+                   {f"outputs[{i}]": o for i, o in enumerate(outs)}, scratch)
   out_maps = []
   for i, (s, (shape, dtype, space)) in enumerate(zip(out_specs, outs)):
     if space in (MemorySpace.VMEM, MemorySpace.SMEM) and (s is no_block_spec or s.block_shape is None):

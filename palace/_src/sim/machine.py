@@ -19,10 +19,10 @@ import threading
 import numpy as np
 
 from palace._src import executor as executor_mod
-from palace._src import hw
+from palace._src import hw, validate
 from palace._src.errors import SyncError, UsageError
 from palace._src.sim.dma import Channel, move_data
-from palace._src.sim.ici import Topology
+from palace._src.sim.ici import Topology, check_topology
 from palace._src.sim.races import KernelChecks, make_checks
 from palace._src.sim.report import Report
 from palace._src.sim.subcore import SC_BASE, SCALAR_BASE, SparseSubcore
@@ -519,45 +519,64 @@ class VirtualTPU:
   def __init__(self, chip="v5e", num_chips: int = 1, *, timing_only: bool = False,
                dma_policy: str = "eager", seed: int = 0, trace: bool = True, topology=None,
                detect_races: bool = False, uninitialized: str = "nan"):
+    if not isinstance(chip, hw.ChipSpec):
+      validate.as_name(chip, "pl.virtual_tpu(chip)", hint=f"pass a chip name: {', '.join(hw.CHIPS)}.")
     self.chip = hw.get_chip(chip)
-    if int(num_chips) < 1:
-      raise UsageError(f"num_chips must be >= 1; got {num_chips}.")
-    self.num_chips = int(num_chips)
-    self.timing_only = bool(timing_only)
-    if dma_policy not in DMA_POLICIES:
-      raise UsageError(f"dma_policy={dma_policy!r}: expected one of {DMA_POLICIES}.")
-    self.dma_policy = dma_policy
-    self.seed = int(seed)
-    self.trace = bool(trace)
-    self.topology = None if topology is None else tuple(topology)
+    self.num_chips = validate.as_int(num_chips, "pl.virtual_tpu(num_chips)", min_value=1)
+    pod = self.chip.max_pod_devices
+    if self.num_chips > pod:
+      raise UsageError(
+          f"pl.virtual_tpu({self.chip.name!r}, num_chips={self.num_chips}): the largest {self.chip.name} "
+          f"pod (ICI domain) has {pod} devices. Fix: pass num_chips <= {pod}, or model a multi-pod "
+          f"system as separate launches per pod.")
+    self.timing_only = validate.as_bool(timing_only, "pl.virtual_tpu(timing_only)")
+    self.dma_policy = validate.as_choice(dma_policy, "pl.virtual_tpu(dma_policy)", DMA_POLICIES)
+    self.seed = validate.as_int(seed, "pl.virtual_tpu(seed)")
+    self.trace = validate.as_bool(trace, "pl.virtual_tpu(trace)")
+    self.topology = None if topology is None else check_topology(self.chip, self.num_chips, topology)
     Topology(self.chip, self.num_chips, self.topology)  # validate early
-    self.detect_races = bool(detect_races)
-    if uninitialized not in ("nan", "raise"):
-      raise UsageError(f"uninitialized={uninitialized!r}: expected 'nan' (never-written memory reads as NaN "
-                       f"or an int sentinel) or 'raise' (the first such read raises).")
+    self.detect_races = validate.as_bool(detect_races, "pl.virtual_tpu(detect_races)")
+    if not isinstance(uninitialized, str) or uninitialized not in ("nan", "raise"):
+      raise UsageError(f"pl.virtual_tpu(uninitialized={uninitialized!r}): expected 'nan' (never-written "
+                       f"memory reads as NaN or an int sentinel) or 'raise' (the first such read raises). "
+                       f"Fix: pass one of those two strings.")
     self.uninitialized = uninitialized
     self.reports: list[Report] = []
     self.debug_output: list[str] = []
-    self._token = None
+    self._parent = None
 
   def __enter__(self):
-    self._parent = _active.get()
-    self._token = _active.set(self)
+    # Entered contexts form a stack per thread/context: (tpu, what was active before it). Re-entering
+    # the same object, nesting and out-of-order exits all leave the right TPU active (never a stale one).
+    stack = _entered.get()
+    if not any(t is self for t, _ in stack):
+      self._parent = _active.get()
+    _entered.set(stack + ((self, _active.get()),))
+    _active.set(self)
     return self
 
   def __exit__(self, *exc):
-    _active.reset(self._token)
-    self._token = None
-    self._parent = None
+    stack = list(_entered.get())
+    k = max((i for i, (t, _) in enumerate(stack) if t is self), default=None)
+    if k is None:   # exited more often than entered: nothing of this object is active
+      return False
+    _, prior = stack.pop(k)
+    if k < len(stack):   # an inner context is still open: it inherits what was active before this one
+      stack[k] = (stack[k][0], prior)
+    _entered.set(tuple(stack))
+    _active.set(stack[-1][0] if stack else prior)
+    if not any(t is self for t, _ in stack):
+      self._parent = None
     return False
 
   def record(self, report) -> None:
     """Keep a launch's report here and in every enclosing `virtual_tpu` context: the launches of a
     nested context (a script's own `with pl.virtual_tpu(...)` under `palace run`) count for both."""
-    self.reports.append(report)
-    parent = getattr(self, "_parent", None)
-    if parent is not None and parent is not self:
-      parent.record(report)
+    seen, tpu = [], self
+    while tpu is not None and not any(tpu is t for t in seen):   # each context once (no cycles)
+      tpu.reports.append(report)
+      seen.append(tpu)
+      tpu = tpu._parent
 
   def new_machine(self, kernel_name: str, num_chips: int = 1) -> Machine:
     """A fresh machine for one launch: chip 0 only, or the whole pod for an SPMD (shard_map) launch."""
@@ -569,12 +588,18 @@ class VirtualTPU:
 
 
 _active: contextvars.ContextVar = contextvars.ContextVar("palace_virtual_tpu", default=None)
+_entered: contextvars.ContextVar = contextvars.ContextVar("palace_virtual_tpu_stack", default=())
 
 
 def active_tpu() -> VirtualTPU:
   """The VirtualTPU of the innermost `with pl.virtual_tpu(...)`, or a fresh default one (v5e)."""
   tpu = _active.get()
   return tpu if tpu is not None else VirtualTPU(hw.DEFAULT_CHIP)
+
+
+def explicit_tpu() -> VirtualTPU | None:
+  """The VirtualTPU of the innermost `with pl.virtual_tpu(...)`, or None outside any."""
+  return _active.get()
 
 
 def activate(tpu: VirtualTPU):

@@ -20,7 +20,7 @@ from palace._src.errors import ResourceError, SyncError, UsageError
 from palace._src.sim import cost
 from palace._src.sim.bandwidth import reserve2
 from palace._src.sim.dma import DmaRecord, move_data, plan
-from palace._src.util import fmt_bytes, fmt_site, user_site
+from palace._src.util import fmt_bytes, fmt_site, prod, user_site
 
 _SMEM = MemorySpace.SMEM
 _SENTINEL = {np.dtype(np.int32): np.iinfo(np.int32).min, np.dtype(np.int16): np.iinfo(np.int16).min,
@@ -299,6 +299,15 @@ class TensorCore:
 
   def _alloc(self, mem_type, name: str) -> Buffer:
     if isinstance(mem_type, SemaphoreRefType):
+      count = prod(mem_type.shape)
+      in_use = sum(prod(b.shape) for b in self.sem_buffers)
+      cap = self.chip.semaphores_per_core
+      if in_use + count > cap:
+        raise ResourceError(
+            f"Semaphores over capacity for {name} {self.where()}: {in_use} in use + {count} requested "
+            f"{mem_type.kind} semaphores > {cap} per core on {self.chip.name}. Fix: reuse semaphores "
+            f"(one per in-flight DMA slot, e.g. SemaphoreType.DMA((2,)) for double buffering) instead of "
+            f"one per copy.")
       storage = np.zeros(mem_type.shape, np.int32)
       buf = Buffer(storage, mem_type.shape, np.dtype(np.int32), MemorySpace.SEMAPHORE, name, self,
                    self.chip_index, sem_kind=mem_type.kind)
