@@ -233,7 +233,8 @@ def canonical_semantics(x) -> GridDimensionSemantics:
     return x if isinstance(x, GridDimensionSemantics) else GridDimensionSemantics(str(x))
   except ValueError:
     raise UsageError(f"dimension_semantics entry {x!r}: expected one of "
-                     f"{[s.value for s in GridDimensionSemantics]}.") from None
+                     f"{[s.value for s in GridDimensionSemantics]}. Fix: use 'parallel' for independent "
+                     f"grid axes and 'arbitrary' for axes carrying state (accumulation).") from None
 
 
 @dataclasses.dataclass(frozen=True)
