@@ -252,8 +252,9 @@ def get_chip(name: "str | ChipSpec") -> ChipSpec:
   """A preset by name (or alias), or a ChipSpec passed through (e.g. a dataclasses.replace variant)."""
   if isinstance(name, ChipSpec):
     return name
-  key = str(name).lower().replace("tpu", "").replace(" ", "").strip("_-") or DEFAULT_CHIP
+  key = str(name).lower().replace("tpu", "").replace(" ", "").strip("_-")
   key = _ALIASES.get(key, key)
   if key not in CHIPS:
-    raise UsageError(f"Unknown TPU chip {name!r}; expected one of {', '.join(CHIPS)}.")
+    raise UsageError(f"Unknown TPU chip {name!r}; expected one of {', '.join(CHIPS)}. Fix: pass one of "
+                     f"those names (aliases such as 'v5litepod', 'trillium', 'ironwood' work too).")
   return CHIPS[key]

@@ -186,12 +186,15 @@ def _call(kernel, kname, out_shape, grid, grid_spec, aliases, params, args):
   for a_in, a_out in aliases.items():
     if not (0 <= a_in < len(all_in) and 0 <= a_out < len(out_bufs)):
       raise UsageError(f"input_output_aliases {{{a_in}: {a_out}}} refers to a missing operand; there "
-                       f"are {len(all_in)} inputs and {len(out_bufs)} outputs.")
+                       f"are {len(all_in)} inputs and {len(out_bufs)} outputs. Fix: use input indices "
+                       f"0..{len(all_in) - 1} (scalar-prefetch operands first) and output indices "
+                       f"0..{len(out_bufs) - 1}.")
     src = all_in[a_in]
     ob = out_bufs[a_out]
     if src.shape != ob.shape or src.dtype != ob.dtype:
       raise ShapeError(f"input_output_aliases {{{a_in}: {a_out}}}: input {src.dtype}{list(src.shape)} "
-                       f"and output {ob.dtype}{list(ob.shape)} must have the same shape and dtype.")
+                       f"and output {ob.dtype}{list(ob.shape)} must have the same shape and dtype. Fix: "
+                       f"make out_shape[{a_out}] match the input, or drop the alias.")
     ob.storage = src.copy()
   scratch_is_dict = isinstance(scratch, dict)
 

@@ -305,7 +305,7 @@ def shard_map(f, *, mesh: Mesh, in_specs, out_specs, check_rep=True, check_vma=T
       t.join()
     if group.error is not None:
       raise group.error
-    if results[0] is None and out_specs not in (None, (), []):
+    if results[0] is None and (isinstance(out_specs, P) or out_specs not in (None, (), [])):
       raise UsageError(f"shard_map function {getattr(f, '__name__', f)!r} returned None but out_specs="
                        f"{out_specs!r} describes outputs. Fix: return the per-chip results, or pass "
                        f"out_specs=() for a function without outputs.")

@@ -572,11 +572,19 @@ class VirtualTPU:
   def record(self, report) -> None:
     """Keep a launch's report here and in every enclosing `virtual_tpu` context: the launches of a
     nested context (a script's own `with pl.virtual_tpu(...)` under `palace run`) count for both."""
-    seen, tpu = [], self
-    while tpu is not None and not any(tpu is t for t in seen):   # each context once (no cycles)
-      tpu.reports.append(report)
-      seen.append(tpu)
-      tpu = tpu._parent
+    stack = [t for t, _ in reversed(_entered.get())]
+    if any(t is self for t in stack):   # the contexts open in this thread, innermost first
+      chain = stack
+    else:                               # a shard_map chip thread: the entered TPU and its parents
+      chain, tpu = [], self
+      while tpu is not None and not any(tpu is t for t in chain):
+        chain.append(tpu)
+        tpu = tpu._parent
+    seen = []
+    for tpu in [self] + chain:
+      if not any(tpu is t for t in seen):   # each context once, however often it was entered
+        tpu.reports.append(report)
+        seen.append(tpu)
 
   def new_machine(self, kernel_name: str, num_chips: int = 1) -> Machine:
     """A fresh machine for one launch: chip 0 only, or the whole pod for an SPMD (shard_map) launch."""
