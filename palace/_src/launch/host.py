@@ -32,14 +32,15 @@ def check_params(params, api: str) -> CompilerParams:
     raise UsageError(f"{api}: compiler_params={params!r}; pass a pltpu.CompilerParams(...).")
   if not isinstance(params, CompilerParams):
     raise UsageError(f"{api}: compiler_params must be a pltpu.CompilerParams for TPU; got "
-                     f"{type(params).__name__}.")
+                     f"{type(params).__name__}. Fix: pass pltpu.CompilerParams(...) or None.")
   return params
 
 
 def to_host_array(x, name: str) -> np.ndarray:
   """A kernel operand as a NumPy array with a TPU dtype (64-bit narrowed as JAX does without x64)."""
   if isinstance(x, Array):
-    raise UsageError(f"{name} is a palace.Array from inside a kernel; kernel values cannot leave it.")
+    raise UsageError(f"{name} is a palace.Array from inside a kernel; kernel values cannot leave it. "
+                     f"Fix: store it into an output ref (o_ref[...] = value) and use the kernel's result.")
   if isinstance(x, Ref):
     raise UsageError(f"{name} is a mutable ref: pass refs to pl.kernel (mutated in place) or close "
                      f"over them; pallas_call takes arrays (use input_output_aliases to update in place).")
@@ -98,7 +99,7 @@ def out_struct(o, name: str):
     dt.check_kernel_dtype(d, name)
     return tuple(o.shape), d, MemorySpace.ANY
   raise UsageError(f"{name} = {o!r}: expected a pl.ShapeDtypeStruct or a memory type like "
-                   f"pltpu.VMEM(shape, dtype).")
+                   f"pltpu.VMEM(shape, dtype). Fix: pass e.g. pl.ShapeDtypeStruct((8, 128), jnp.float32).")
 
 
 _spmd: contextvars.ContextVar = contextvars.ContextVar("palace_spmd_chip", default=None)

@@ -54,7 +54,7 @@ def kernel(body=_NOT_GIVEN, out_type=(), *, mesh, scratch_types=(), compiler_par
 def _mpmd_kernel(bodies, out_type, meshes, scratch_types, compiler_params, name):
   if not isinstance(meshes, (list, tuple)) or len(meshes) != len(bodies):
     raise UsageError(f"MPMD pl.kernel needs one mesh per body; got {len(bodies)} bodies and mesh="
-                     f"{meshes!r}.")
+                     f"{meshes!r}. Fix: pass mesh=[mesh_0, mesh_1, ...], one per body.")
   params = launch.check_params(compiler_params, "pl.kernel")
   kname = name or "_".join(getattr(b, "__name__", "kernel") for b in bodies)
 
@@ -87,18 +87,22 @@ def _run(body, kname, out_type, mesh, scratch_types, params, args):
   for m in meshes:
     if not isinstance(m, (TensorCoreMesh, VectorSubcoreMesh, ScalarSubcoreMesh)):
       raise UsageError(f"pl.kernel mesh must be a pltpu.TensorCoreMesh, plsc.VectorSubcoreMesh or "
-                       f"plsc.ScalarSubcoreMesh; got {m!r}.")
+                       f"plsc.ScalarSubcoreMesh; got {m!r}. Fix: pass e.g. "
+                       f"mesh=pltpu.TensorCoreMesh('core', num_cores=1).")
   in_leaves, in_td = tree_flatten(tuple(args), is_leaf=lambda x: isinstance(x, Ref))
   in_bufs, passed = [], set()
   for i, a in enumerate(in_leaves):
     if isinstance(a, Ref):
       if a.buf.storage is None:
-        raise UsageError(f"args[{i}] of kernel '{kname}' is a frozen or freed ref.")
+        raise UsageError(f"args[{i}] of kernel '{kname}' is a frozen or freed ref. Fix: pass a live "
+                         f"ref (pl.new_ref(...)) or the frozen array itself.")
       if a.buf in passed:
         raise UsageError(f"args[{i}] of kernel '{kname}': the same ref is passed twice; each mutable "
-                         f"ref may be passed once (it is updated in place).")
+                         f"ref may be passed once (it is updated in place). Fix: pass it once and "
+                         f"use it for both roles in the body.")
       if a.buf.memory_space not in (MemorySpace.ANY, MemorySpace.HBM):
-        raise UsageError(f"args[{i}] is a {a.buf.memory_space} ref; only HBM refs exist on the host.")
+        raise UsageError(f"args[{i}] is a {a.buf.memory_space} ref; only HBM refs exist on the host. "
+                         f"Fix: pass arrays or pl.new_ref(...) refs (HBM).")
       passed.add(a.buf)
       in_bufs.append(a)
     else:

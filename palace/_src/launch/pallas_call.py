@@ -31,7 +31,10 @@ def _flatten_specs(specs, n: int, what: str):
   if len(leaves) == 1 and n != 1 and not isinstance(specs, (list, tuple, dict)):
     leaves = leaves * n
   if len(leaves) != n:
-    raise UsageError(f"pallas_call {what} has {len(leaves)} BlockSpecs but there are {n} operands.")
+    raise UsageError(f"pallas_call {what} has {len(leaves)} BlockSpecs but there are {n} "
+                     f"operands. Fix: give {what} one BlockSpec per "
+                     f"{'input (after the scalar-prefetch operands)' if what == 'in_specs' else 'output of out_shape'}"
+                     f", in order (None for the whole array in VMEM).")
   # a `no_block_spec` leaf is the raw HBM ref (pallas-api.md 3.1); None is the default whole-VMEM spec
   return [BlockSpec() if x is None else BlockSpec(memory_space=MemorySpace.ANY) if x is no_block_spec else x
           for x in leaves]
@@ -121,7 +124,9 @@ def pallas_call(kernel, out_shape, *, grid_spec=None, grid=(), in_specs=no_block
     >>> f = pl.pallas_call(add_kernel, out_shape=pl.ShapeDtypeStruct((8, 128), jnp.float32))
   """
   if unsupported:
-    raise UsageError(f"pallas_call got unexpected keyword(s) {sorted(unsupported)}.")
+    raise UsageError(f"pallas_call got unexpected keyword(s) {sorted(unsupported)}. Fix: check the "
+                     f"spelling; the keywords are grid_spec, grid, in_specs, out_specs, scratch_shapes, "
+                     f"input_output_aliases, compiler_params, interpret, name, cost_estimate, debug, metadata.")
   if grid_spec is not None:
     if grid != () or in_specs is not no_block_spec or out_specs is not no_block_spec or scratch_shapes:
       raise UsageError("pallas_call: pass either grid_spec or grid/in_specs/out_specs/scratch_shapes, "
@@ -146,7 +151,8 @@ def pallas_call(kernel, out_shape, *, grid_spec=None, grid=(), in_specs=no_block
 def _call(kernel, kname, out_shape, grid, grid_spec, aliases, params, args):
   nsp = grid_spec.num_scalar_prefetch
   if len(args) < nsp:
-    raise UsageError(f"pallas_call '{kname}' expects {nsp} scalar-prefetch operands; got {len(args)}.")
+    raise UsageError(f"pallas_call '{kname}' expects {nsp} scalar-prefetch operands; got {len(args)} "
+                     f"operands in all. Fix: pass the scalar-prefetch arrays first, then the inputs.")
   pre_leaves, pre_td = tree_flatten(tuple(args[:nsp]))
   in_leaves, _ = tree_flatten(tuple(args[nsp:]))
   out_leaves, out_td = tree_flatten(out_shape, is_leaf=lambda x: hasattr(x, "shape"))
@@ -290,7 +296,7 @@ def megacore_split(chip, grid, semantics, kname):
   sem = [canonical_semantics(x) for x in semantics]
   if len(sem) != len(grid):
     raise UsageError(f"pallas_call '{kname}': dimension_semantics has {len(sem)} entries for a grid of "
-                     f"{len(grid)} axes {grid}.")
+                     f"{len(grid)} axes {grid}. Fix: give one entry per grid axis.")
   n = chip.num_tensorcores_per_device
   if n < 2:
     return [points]

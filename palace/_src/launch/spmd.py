@@ -98,7 +98,8 @@ def make_mesh(axis_shapes, axis_names, *, devices=None, axis_types=None) -> Mesh
   shape = tuple(int(s) for s in axis_shapes)
   names = tuple(axis_names)
   if len(shape) != len(names):
-    raise UsageError(f"make_mesh: {len(shape)} axis sizes but {len(names)} axis names.")
+    raise UsageError(f"make_mesh: {len(shape)} axis sizes but {len(names)} axis names. Fix: give one "
+                     f"name per axis size, e.g. pl.make_mesh((2, 4), ('x', 'y')).")
   tpu = active_tpu()
   size = int(np.prod(shape))
   if size != tpu.num_chips:
@@ -107,7 +108,8 @@ def make_mesh(axis_shapes, axis_names, *, devices=None, axis_types=None) -> Mesh
   if devices is not None:
     ids = tuple(int(d) for d in np.asarray(devices).reshape(-1))
     if sorted(ids) != list(range(size)):
-      raise UsageError(f"make_mesh{shape}: devices {ids} must list each of the {size} chips once.")
+      raise UsageError(f"make_mesh{shape}: devices {ids} must list each of the {size} chips once. "
+                       f"Fix: pass a permutation of range({size}), or omit devices.")
   elif sum(1 for s in shape if s > 1) == 1:
     ids = tuple(Topology(tpu.chip, tpu.num_chips, tpu.topology).ring_order())
   else:
@@ -150,7 +152,7 @@ def _shard_view(a, spec, mesh: Mesh, chip: int, what: str):
     for ax in axes:
       if ax not in mesh.shape:
         raise UsageError(f"{what}: PartitionSpec {spec} names axis {ax!r}; the mesh axes are "
-                         f"{mesh.axis_names}.")
+                         f"{mesh.axis_names}. Fix: name only mesh axes in the PartitionSpec.")
       n *= mesh.shape[ax]
       k = k * mesh.shape[ax] + coords[ax]
     if a.shape[d] % n:
@@ -227,7 +229,8 @@ class _Group:
     try:
       if len(names) != 1:
         raise SyncError(f"Chips launched different kernels at the same point of shard_map: "
-                        f"{sorted(names)}; every chip must launch the same kernels in the same order.")
+                        f"{sorted(names)}; every chip must launch the same kernels in the same order. "
+                        f"Fix: make the launches independent of the chip index (branch inside the kernel).")
       machine = self.tpu.new_machine(kname, self.n)
       if self.mesh.device_ids is not None:
         machine.topology.place(self.mesh.device_ids)

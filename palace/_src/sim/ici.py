@@ -85,7 +85,7 @@ class Topology:
     placement = tuple(int(p) for p in placement)
     if sorted(placement) != list(range(self.num_chips)):
       raise UsageError(f"device placement {placement} is not a permutation of the "
-                       f"{self.num_chips} chips.")
+                       f"{self.num_chips} chips. Fix: list each chip index 0..{self.num_chips - 1} once.")
     self.placement = None if placement == tuple(range(self.num_chips)) else placement
     self._routes = {}
 

@@ -42,7 +42,7 @@ class DmaPolicy:
 
   def __init__(self, name: str, seed: int):
     if name not in DMA_POLICIES:
-      raise UsageError(f"dma_policy={name!r}: expected one of {DMA_POLICIES}.")
+      raise UsageError(f"dma_policy={name!r}: expected one of {DMA_POLICIES}. Fix: pass one of those.")
     self.name = name
     self.rng = random.Random(seed)
 

@@ -89,7 +89,8 @@ class AutotuneResult:
         return t
     reasons = "; ".join(f"{format_config(t.config)}: {t.reason}" for t in self.trials[:3])
     raise UsageError(f"autotune on {self.chip}: all {len(self.trials)} configurations were rejected "
-                     f"({reasons}{'; ...' if len(self.trials) > 3 else ''}).")
+                     f"({reasons}{'; ...' if len(self.trials) > 3 else ''}). Fix: try smaller blocks (or a "
+                     f"chip with more VMEM) so that some configuration fits.")
 
   @property
   def best_config(self):

@@ -109,7 +109,7 @@ def main():
 def _np_dtype(name: str):
   import palace.numpy as jnp
   if name not in DTYPES:
-    raise UsageError(f"--dtype {name!r}: expected one of {', '.join(DTYPES)}.")
+    raise UsageError(f"--dtype {name!r}: expected one of {', '.join(DTYPES)}. Fix: pass one of those.")
   return {"bfloat16": np.dtype(jnp.bfloat16), "float32": np.dtype(np.float32),
           "int8": np.dtype(np.int8)}[name]
 
