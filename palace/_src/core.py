@@ -55,6 +55,8 @@ class ShapeDtypeStruct:
 
   def __init__(self, shape, dtype, **_ignored):
     object.__setattr__(self, "shape", validate.as_dims(shape, "pl.ShapeDtypeStruct shape"))
+    if dtype is None:
+      raise UsageError("pl.ShapeDtypeStruct dtype is None. Fix: pass a dtype, e.g. jnp.float32.")
     object.__setattr__(self, "dtype", dt.canonicalize(dtype))
 
   @property

@@ -177,3 +177,29 @@ def test_known_collective_axis_runs():
     pl.run_scoped(lambda buf: None, pltpu.VMEM_SHARED((8, 128), jnp.float32), collective_axes="core")
     pltpu.sync_copy(x, o)
   np.testing.assert_array_equal(pl.kernel(k, out_type=SDS, mesh=TC)(X), X)
+
+
+# ------------------------------------------------------------------ None operands
+@pytest.mark.parametrize("args,n_specs,bad", [((None,), 1, 0), ((X, None), 2, 1), ((None, X), 2, 0)])
+def test_none_operand_with_a_block_spec(args, n_specs, bad):
+  # None is an empty pytree (JAX): its in_specs entry used to be dropped silently
+  spec = pl.BlockSpec((8, 128), lambda: (0, 0))
+  f = pl.pallas_call(lambda *refs: None, SDS, in_specs=[spec] * n_specs)
+  raises(lambda: f(*args), pl.UsageError, rf"pallas_call args\[{bad}\] is None but in_specs\[{bad}\] is a BlockSpec",
+         "Fix: pass an array, or None as its in_specs entry")
+
+
+def test_none_operand_with_none_spec_reaches_the_kernel_as_none():
+  seen = []
+
+  def k(a, b, o):
+    seen.append(b)
+    o[...] = a[...]
+  spec = pl.BlockSpec((8, 128), lambda: (0, 0))
+  np.testing.assert_array_equal(pl.pallas_call(k, SDS, in_specs=[spec, None], out_specs=spec)(X, None), X)
+  assert seen == [None]
+
+
+def test_shape_dtype_struct_without_dtype():
+  raises(lambda: pl.ShapeDtypeStruct((8, 128), None), pl.UsageError, "ShapeDtypeStruct dtype is None",
+         "Fix: pass a dtype")

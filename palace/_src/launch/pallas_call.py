@@ -51,9 +51,15 @@ def _absent_entries(kernel, nsp, args, in_specs, out_shape, out_specs, scratch):
   if not any(e is None for e in (ins or []) + (outs or []) + (scr or [])):
     return kernel, in_specs, out_specs, scratch
 
-  def drop(specs, entries):
+  def drop(specs, entries, what="in_specs", names="args"):
     if entries is None or not isinstance(specs, (list, tuple)) or len(specs) != len(entries):
       return specs
+    for i, (sp, e) in enumerate(zip(specs, entries)):
+      if e is None and isinstance(sp, BlockSpec):
+        raise UsageError(
+            f"pallas_call {names}[{i + (nsp if what == 'in_specs' else 0)}] is None but {what}[{i}] is a "
+            f"BlockSpec: None is an empty pytree (no operand; the kernel gets None there), so it has no "
+            f"block. Fix: pass an array, or None as its {what} entry for an absent operand.")
     return type(specs)(sp for sp, e in zip(specs, entries) if e is not None)
 
   is_sds = lambda x: hasattr(x, "shape")  # noqa: E731
@@ -75,7 +81,7 @@ def _absent_entries(kernel, nsp, args, in_specs, out_shape, out_specs, scratch):
 
   with_nones.__name__ = getattr(kernel, "__name__", "kernel")
   kept_scratch = type(scratch)(t for t in scratch if t is not None) if scr is not None else scratch
-  return with_nones, drop(in_specs, ins), drop(out_specs, outs), kept_scratch
+  return with_nones, drop(in_specs, ins), drop(out_specs, outs, "out_specs", "out_shape"), kept_scratch
 
 
 _check_call = validate.check_call
