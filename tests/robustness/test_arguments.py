@@ -243,3 +243,60 @@ def test_run_scoped_body_arity(call, why):
 @pytest.mark.parametrize("body", [None, 5, VM])
 def test_run_scoped_body_not_callable(body):
   raises(_scoped_kernel(body, VM), pl.UsageError, r"pl\.run_scoped\(f\) must be callable")
+
+
+# ------------------------------------------------------------------ more front ends
+def _in_kernel(body, scratch=()):
+  return lambda: pl.kernel(body, out_type=SDS, mesh=TC1, scratch_types=scratch)(X)
+
+
+@pytest.mark.parametrize("body,why", [
+    (lambda i: 0, "too many positional arguments"), (lambda: 0, "too many positional arguments"),
+    (lambda i, c, extra: c, "missing a required argument")])
+def test_fori_loop_body_arity(body, why):
+  from palace import lax
+  raises(_in_kernel(lambda x, o: (lax.fori_loop(0, 2, body, 0), None)[1]), pl.UsageError,
+         r"lax\.fori_loop body '<lambda>' cannot be called as body\(i, carry\) \(" + why,
+         "Fix: define it with two parameters")
+
+
+@pytest.mark.parametrize("body,n_out,why", [
+    (lambda a, b: None, 0, "1 input \\+ 0 output block refs"),
+    (lambda a: None, 1, "1 input \\+ 1 output block refs"),
+    (lambda a, b, c: None, 1, "1 input \\+ 1 output block refs")])
+def test_emit_pipeline_body_arity(body, n_out, why):
+  spec = pl.BlockSpec((8, 128), lambda i: (0, 0))
+
+  def k(x, o):
+    pltpu.emit_pipeline(body, grid=(1,), in_specs=[spec], out_specs=[spec] * n_out)(x, *([o] * n_out))
+  raises(_in_kernel(k), pl.UsageError, "emit_pipeline body '<lambda>' cannot take the refs it is given: " + why,
+         "Fix: define it as body")
+
+
+@pytest.mark.parametrize("fmt,args", [("{} {}", (1,)), ("{x}", (1,)), ("{0} {2}", (1, 2)), ("{:q}", (1,))])
+def test_debug_print_format_mismatch(fmt, args):
+  raises(_in_kernel(lambda x, o: pl.debug_print(fmt, *args)), pl.UsageError,
+         r"pl\.debug_print\(.*\) with \d value\(s\): the format does not match", "one positional")
+
+
+@pytest.mark.parametrize("grid_spec", [5, "grid", (1,), pl.BlockSpec()])
+def test_grid_spec_type(grid_spec):
+  raises(lambda: pl.pallas_call(_copy, SDS, grid_spec=grid_spec), pl.UsageError,
+         "pallas_call grid_spec must be a pl.GridSpec")
+
+
+@pytest.mark.parametrize("cost", [5, "cheap", {"flops": 1}])
+def test_cost_estimate_type(cost):
+  raises(lambda: pl.pallas_call(_copy, SDS, cost_estimate=cost), pl.UsageError,
+         "pallas_call cost_estimate must be a pl.CostEstimate")
+
+
+@pytest.mark.parametrize("interpret", ["yes", 1, pltpu.CompilerParams()])
+def test_interpret_type(interpret):
+  raises(lambda: pl.pallas_call(_copy, SDS, interpret=interpret)(X), pl.UsageError,
+         "interpret= of kernel '_copy' must be a bool or pltpu.InterpretParams")
+
+
+@pytest.mark.parametrize("fn", [5, None, "f"])
+def test_explore_schedules_fn(fn):
+  raises(lambda: pl.explore_schedules(fn), pl.UsageError, r"explore_schedules\(fn\) must be callable")

@@ -96,6 +96,9 @@ def switch(index, branches, *operands):
 
 def fori_loop(lower, upper, body_fun, init_val, *, unroll=None):
   lo, hi = concrete_int(lower, "fori_loop lower"), concrete_int(upper, "fori_loop upper")
+  validate.check_call(body_fun, 2, (), lambda e: (
+      f"lax.fori_loop body {getattr(body_fun, '__name__', body_fun)!r} cannot be called as "
+      f"body(i, carry) ({e}). Fix: define it with two parameters and return the new carry."))
   ex = executor.maybe_current()
   carry = init_val
   for i in range(lo, hi):
@@ -141,7 +144,12 @@ def multiple_of(x, values):
 def debug_print(fmt: str, *args) -> None:
   ex = executor.current("pl.debug_print()")
   vals = [concrete_value(a) for a in args]
-  text = fmt.format(*vals) if "{" in fmt else " ".join([fmt] + [str(v) for v in vals])
+  try:
+    text = fmt.format(*vals) if "{" in fmt else " ".join([fmt] + [str(v) for v in vals])
+  except (IndexError, KeyError, ValueError) as e:
+    raise UsageError(f"pl.debug_print({fmt!r}, ...) with {len(vals)} value(s): the format does not match "
+                     f"({type(e).__name__}: {e}) at {user_frame_summary()}. Fix: use one positional {{}} "
+                     f"per value passed.") from None
   ex.debug_print(text)
 
 

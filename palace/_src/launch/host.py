@@ -141,6 +141,10 @@ def release_host_caches(machine) -> None:
 
 def check_interpret(interpret, kname: str) -> None:
   """Reject the InterpretParams options palace cannot honour (called by the launch, before it runs)."""
+  if not isinstance(interpret, (bool, InterpretParams)) and interpret is not None:
+    raise UsageError(f"interpret= of kernel '{kname}' must be a bool or pltpu.InterpretParams; got "
+                     f"{interpret!r}. Fix: pass interpret=True (palace always runs on its virtual TPU) or "
+                     f"pltpu.InterpretParams(...).")
   if isinstance(interpret, InterpretParams) and interpret.uninitialized_memory != "nan":
     raise UnsupportedError.feature(
         f"InterpretParams(uninitialized_memory={interpret.uninitialized_memory!r})",

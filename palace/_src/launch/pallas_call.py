@@ -9,7 +9,7 @@ import numpy as np
 from palace._src import validate
 from palace._src.launch import host as launch
 from palace._src.blocks import BLOCKED, SQUEEZED, canonicalize
-from palace._src.core import (CORE_PARALLEL, PARALLEL, BlockSpec, GridSpec, MemoryRef, MemorySpace,
+from palace._src.core import (CORE_PARALLEL, PARALLEL, BlockSpec, CostEstimate, GridSpec, MemoryRef, MemorySpace,
                               SemaphoreRefType, canonical_semantics, no_block_spec)
 from palace._src.errors import ResourceError, ShapeError, UsageError
 from palace._src.lang.primitives import scoped
@@ -133,6 +133,13 @@ def pallas_call(kernel, out_shape, *, grid_spec=None, grid=(), in_specs=no_block
     raise UsageError(f"pallas_call got unexpected keyword(s) {sorted(unsupported)}. Fix: check the "
                      f"spelling; the keywords are grid_spec, grid, in_specs, out_specs, scratch_shapes, "
                      f"input_output_aliases, compiler_params, interpret, name, cost_estimate, debug, metadata.")
+  if grid_spec is not None and not isinstance(grid_spec, GridSpec):
+    raise UsageError(f"pallas_call grid_spec must be a pl.GridSpec or pltpu.PrefetchScalarGridSpec; got "
+                     f"{grid_spec!r}. Fix: pass grid_spec=pltpu.PrefetchScalarGridSpec(...), or grid=, "
+                     f"in_specs=, out_specs= directly.")
+  if cost_estimate is not None and not isinstance(cost_estimate, CostEstimate):
+    raise UsageError(f"pallas_call cost_estimate must be a pl.CostEstimate; got {cost_estimate!r}. Fix: "
+                     f"pass pl.CostEstimate(flops=..., transcendentals=..., bytes_accessed=...) or None.")
   if grid_spec is not None:
     if grid != () or in_specs is not no_block_spec or out_specs is not no_block_spec or scratch_shapes:
       raise UsageError("pallas_call: pass either grid_spec or grid/in_specs/out_specs/scratch_shapes, "
