@@ -156,3 +156,11 @@ def test_skipped_core_barrier_names_the_stuck_core(skip_on, stuck):
     raises(lambda: _barrier_kernel(skip_on)(X), pl.SyncError,
            rf"Core {stuck} of axis 'core' is stuck in pltpu.core_barrier\(core_axis_name='core'\) at "
            rf"test_messages.py:\d+", "do not put it under pl.when")
+
+
+@pytest.mark.parametrize("chip,n", [("v5e", 2), ("v6e", 4), ("v5p", 3), ("7x", 2)])
+def test_tensorcore_mesh_larger_than_the_chip(chip, n):
+  f = pl.kernel(_copy, out_type=SDS, mesh=pltpu.TensorCoreMesh("core", num_cores=n))
+  with pl.virtual_tpu(chip):
+    raises(lambda: f(X), pl.UsageError, rf"TensorCoreMesh\(num_cores={n}\) for kernel '_copy': {chip} has",
+           "Fix: pass num_cores=")

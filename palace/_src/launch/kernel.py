@@ -180,7 +180,9 @@ def _make_cores(machine, chip_index, mesh, params, kname):
       raise UsageError(
           f"TensorCoreMesh(num_cores={n}) for kernel '{kname}': {chip.name} has "
           f"{chip.num_tensorcores_per_device} TensorCore(s) per device"
-          + (" (7x exposes each TensorCore as its own device)" if chip.name == "7x" else "") + ".")
+          + (" (7x exposes each TensorCore as its own device)" if chip.name == "7x" else "")
+          + f". Fix: pass num_cores={chip.num_tensorcores_per_device} or fewer (or omit it for all of them), "
+          f"or use a megacore chip (v4, v5p) for 2.")
     cores = [machine.add_core(chip_index, c, {**env, mesh.axis_name: (c, n)}, params) for c in range(n)]
     for c in cores:
       c.mesh_axes = [(mesh.axis_name, n)]
