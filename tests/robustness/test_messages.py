@@ -164,3 +164,34 @@ def test_tensorcore_mesh_larger_than_the_chip(chip, n):
   with pl.virtual_tpu(chip):
     raises(lambda: f(X), pl.UsageError, rf"TensorCoreMesh\(num_cores={n}\) for kernel '_copy': {chip} has",
            "Fix: pass num_cores=")
+
+
+@pytest.mark.parametrize("call,cls,why,fix", [
+    (lambda: pl.empty_ref((8, 128)), pl.UsageError, "pl.empty_ref expects a ShapeDtypeStruct", "Fix: pass"),
+    (lambda: pl.freeze(X), pl.UsageError, "pl.freeze expects a live mutable ref", "Fix: pass a ref"),
+    (lambda: pl.new_ref(X, memory_space=pltpu.VMEM), pl.UsageError, r"pl\.new_ref\(memory_space=vmem\) on the host",
+     "Fix: drop memory_space"),
+])
+def test_host_ref_messages(call, cls, why, fix):
+  raises(call, cls, why, fix)
+
+
+def _values_kernel(fn):
+  def k(x, o):
+    fn(x[...])
+  return lambda: pl.kernel(lambda x, o: pl.run_scoped(lambda v: (pltpu.sync_copy(x, v), k(v, o)),
+                                                       pltpu.VMEM((8, 128), jnp.float32)),
+                           out_type=SDS, mesh=TC1)(X)
+
+
+@pytest.mark.parametrize("fn,why,fix", [
+    (lambda v: jnp.dot(v, v), r"dot_general contracting dimensions differ: lhs \(8, 128\) dim 1",
+     "Fix: transpose an operand"),
+    (lambda v: jnp.einsum("ij,kj", v, v), "jnp.einsum in kernels supports two operands", "Fix: write the subscripts"),
+    (lambda v: lax.dynamic_slice(v, (0, 0), (16, 128)), "slice size 16 does not fit dimension 8",
+     "Fix: use a slice size between 0 and 8"),
+    (lambda v: lax.dynamic_update_slice(v, v.astype(jnp.bfloat16), (0, 0)), "update dtype bfloat16 differs",
+     r"Fix: cast the update with \.astype\(float32\)"),
+])
+def test_kernel_value_messages(fn, why, fix):
+  raises(_values_kernel(fn), pl.ShapeError if "einsum" not in why else pl.UsageError, why, fix)
