@@ -70,7 +70,8 @@ def canonicalize(spec, shape, dtype, name: str, num_index_args: int,
   if spec is no_block_spec or spec is None:
     spec = BlockSpec(memory_space=None)
   if not isinstance(spec, BlockSpec):
-    raise BlockSpecError(f"The spec for {name} is {spec!r}; expected a pl.BlockSpec.")
+    raise BlockSpecError(f"The spec for {name} is {spec!r}; expected a pl.BlockSpec. Fix: pass "
+                         f"pl.BlockSpec(block_shape, index_map) (or None for the whole array in VMEM).")
   space = spec.memory_space
   if space is None:
     space = default_space
@@ -81,7 +82,8 @@ def canonicalize(spec, shape, dtype, name: str, num_index_args: int,
     if spec.block_shape is not None and tuple(spec.block_shape) != shape:
       raise BlockSpecError(
           f"Block shape for {name} (= {tuple(spec.block_shape)}) must equal the array shape {shape} "
-          f"for a pl.ANY / pltpu.HBM operand: those get the whole HBM ref with no windowing.")
+          f"for a pl.ANY / pltpu.HBM operand: those get the whole HBM ref with no windowing. Fix: drop "
+          f"block_shape (pl.BlockSpec(memory_space=pl.ANY)), or use VMEM to get blocks.")
     return BlockMapping(name, shape, dtype, tuple((BLOCKED, s, 0) for s in shape), None,
                         MemorySpace.ANY, 1, False)
   if space not in (MemorySpace.VMEM, MemorySpace.SMEM):
@@ -89,12 +91,14 @@ def canonicalize(spec, shape, dtype, name: str, num_index_args: int,
   block_shape = spec.block_shape if spec.block_shape is not None else shape
   if len(block_shape) != len(shape):
     raise BlockSpecError(f"Block shape for {name} (= {tuple(block_shape)}) must have the same number "
-                         f"of dimensions as the array shape {shape}.")
+                         f"of dimensions as the array shape {shape}. Fix: give one block dimension per array "
+                         f"dimension ({len(shape)}), using None or pl.squeezed for size-1 ones.")
   dims = tuple(_dim(e, s, f"block_shape[{d}] of {name}")
                for d, (e, s) in enumerate(zip(block_shape, shape)))
   for (kind, size, _), s in zip(dims, shape):
     if size <= 0:
-      raise BlockSpecError(f"Block shape for {name} (= {tuple(block_shape)}) has a non-positive size.")
+      raise BlockSpecError(f"Block shape for {name} (= {tuple(block_shape)}) has a non-positive size. "
+                           f"Fix: every block dimension must be >= 1 (None for a squeezed size-1 dimension).")
   if space == MemorySpace.VMEM:
     if not shape:
       raise BlockSpecError(
@@ -125,7 +129,7 @@ def _check_tiling(dims, shape, dtype, name):
       raise BlockSpecError(
           f"Block shape for {name} (= ({b},)) is not a valid rank-1 TPU block for an array of shape "
           f"{shape} and dtype {dtype}: expected the full length {a}, a multiple of 1024, or a power of "
-          f"2 >= {min_pow2}.")
+          f"2 >= {min_pow2}. Fix: use one of those block lengths.")
     return
   bad = []
   for pos, unit in ((-1, 128), (-2, 8)):

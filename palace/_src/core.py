@@ -12,7 +12,7 @@ import numpy as np
 
 from palace._src import dtypes as dt
 from palace._src import validate
-from palace._src.errors import UsageError
+from palace._src.errors import BlockSpecError, UsageError
 from palace._src.util import prod
 
 
@@ -54,6 +54,8 @@ class ShapeDtypeStruct:
 
   def __init__(self, shape, dtype, **_ignored):
     object.__setattr__(self, "shape", validate.as_dims(shape, "pl.ShapeDtypeStruct shape"))
+    if dtype is None:
+      raise UsageError("pl.ShapeDtypeStruct dtype is None. Fix: pass a dtype, e.g. jnp.float32.")
     object.__setattr__(self, "dtype", dt.canonicalize(dtype))
 
   @property
@@ -166,6 +168,21 @@ class BlockSpec:
   memory_space: MemorySpace | None = None
 
   def __init__(self, block_shape=None, index_map=None, pipeline_mode=None, *, memory_space=None):
+    if block_shape is not None and (isinstance(block_shape, (str, bytes)) or
+                                    not hasattr(block_shape, "__iter__")):
+      raise BlockSpecError(f"pl.BlockSpec(block_shape) must be a tuple of block dimensions; got "
+                           f"{block_shape!r}. Fix: pass e.g. pl.BlockSpec((128, 256), lambda i, j: (i, j)), "
+                           f"with None or pl.squeezed for dimensions of size 1 that are dropped.")
+    if index_map is not None and not callable(index_map):
+      raise BlockSpecError(f"pl.BlockSpec(index_map) must be a function of the grid indices returning "
+                           f"block indices; got {index_map!r}. Fix: pass e.g. lambda i, j: (i, j).")
+    if pipeline_mode is not None and not isinstance(pipeline_mode, Buffered):
+      raise BlockSpecError(f"pl.BlockSpec(pipeline_mode) must be a pl.Buffered(n); got {pipeline_mode!r}. "
+                           f"Fix: pass pipeline_mode=pl.Buffered(1) (or 2, 3, ...).")
+    if memory_space is not None and not isinstance(memory_space, MemorySpace):
+      raise BlockSpecError(f"pl.BlockSpec(memory_space) must be a memory space such as pltpu.VMEM, "
+                           f"pltpu.SMEM or pl.ANY; got {memory_space!r}. Fix: pass memory_space=pltpu.SMEM "
+                           f"(or VMEM, ANY).")
     object.__setattr__(self, "block_shape", None if block_shape is None else tuple(block_shape))
     object.__setattr__(self, "index_map", index_map)
     object.__setattr__(self, "pipeline_mode", pipeline_mode)
@@ -196,7 +213,8 @@ class GridSpec:
 class PrefetchScalarGridSpec(GridSpec):
   def __init__(self, num_scalar_prefetch, grid=(), in_specs=no_block_spec, out_specs=no_block_spec,
                scratch_shapes=()):
-    super().__init__(grid, in_specs, out_specs, scratch_shapes, num_scalar_prefetch)
+    super().__init__(grid, in_specs, out_specs, scratch_shapes, validate.as_int(
+        num_scalar_prefetch, "PrefetchScalarGridSpec(num_scalar_prefetch)", min_value=0))
 
 
 class GridDimensionSemantics(enum.Enum):
@@ -220,7 +238,8 @@ def canonical_semantics(x) -> GridDimensionSemantics:
     return x if isinstance(x, GridDimensionSemantics) else GridDimensionSemantics(str(x))
   except ValueError:
     raise UsageError(f"dimension_semantics entry {x!r}: expected one of "
-                     f"{[s.value for s in GridDimensionSemantics]}.") from None
+                     f"{[s.value for s in GridDimensionSemantics]}. Fix: use 'parallel' for independent "
+                     f"grid axes and 'arbitrary' for axes carrying state (accumulation).") from None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -242,6 +261,30 @@ class CompilerParams:
   needs_layout_passes: bool = True
   fuse_transposed_lhs_in_matmul: bool = False
   opt_level: int | None = None
+
+  def __post_init__(self):
+    what = "pltpu.CompilerParams"
+    if self.vmem_limit_bytes is not None:
+      object.__setattr__(self, "vmem_limit_bytes", validate.as_int(
+          self.vmem_limit_bytes, f"{what}(vmem_limit_bytes)", min_value=1,
+          hint="pass a byte count, e.g. vmem_limit_bytes=64 * 2**20, or None for the chip's default."))
+    for field in ("collective_id", "internal_scratch_in_bytes", "opt_level"):
+      v = getattr(self, field)
+      if v is not None:
+        object.__setattr__(self, field, validate.as_int(v, f"{what}({field})", min_value=0))
+    if self.dimension_semantics is not None:
+      ds = self.dimension_semantics
+      if isinstance(ds, (str, GridDimensionSemantics)) or not hasattr(ds, "__iter__"):
+        raise UsageError(f"{what}(dimension_semantics) must be a sequence with one entry per grid axis; "
+                         f"got {ds!r}. Fix: pass e.g. dimension_semantics=('parallel', 'arbitrary').")
+      object.__setattr__(self, "dimension_semantics", tuple(canonical_semantics(x) for x in ds))
+    for field in ("disable_bounds_checks", "disable_semaphore_checks", "skip_device_barrier",
+                  "allow_collective_id_without_custom_barrier", "shape_invariant_numerics",
+                  "needs_layout_passes", "fuse_transposed_lhs_in_matmul"):
+      validate.as_bool(getattr(self, field), f"{what}({field})")
+    if self.flags is not None and not isinstance(self.flags, dict):
+      raise UsageError(f"{what}(flags) must be a dict of Mosaic flags; got {self.flags!r}. Fix: pass "
+                       f"e.g. flags={{'xla_tpu_...': True}} or leave it None.")
 
   def replace(self, **kw) -> "CompilerParams":
     return dataclasses.replace(self, **kw)
@@ -284,7 +327,8 @@ class TensorCoreMesh:
   num_cores: int | None = None
 
   def __init__(self, axis_name: str = "core", num_cores: int | None = None, *, devices=None):
-    object.__setattr__(self, "axis_name", axis_name)
+    object.__setattr__(self, "axis_name", validate.as_name(axis_name, "pltpu.TensorCoreMesh(axis_name)",
+                                                           hint='pass a mesh axis name, e.g. "core".'))
     object.__setattr__(self, "num_cores", None if num_cores is None else validate.as_int(
         num_cores, "pltpu.TensorCoreMesh(num_cores)", min_value=1))
 

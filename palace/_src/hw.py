@@ -75,6 +75,9 @@ class ChipSpec:
   p_state_clocks_hz: tuple = ()
   p_state: "int | None" = None
   sources: MappingProxyType = dataclasses.field(compare=False, repr=False, default_factory=dict)
+  # largest pod (ICI domain) in devices; the presets set it below, with its source in _LIMIT_SOURCES
+  max_pod_devices: int = 4096
+  semaphores_per_core: int = 4096   # live semaphores one core may allocate (see _LIMIT_SOURCES)
 
   # ---- derived figures ----
   def rows_per_vmatmul(self, lhs_bits: int) -> int:
@@ -246,6 +249,19 @@ V7X = dataclasses.replace(
     sparsecore=SparseCoreSpec(2, 16, 16, 512 * KiB, 8 * MiB, 32),
     ici_link_bytes_per_s_one_way=9e10, ici_dims=3, ici_wraparound_min_axis=4)
 
+# Limits a launch is checked against (no timing effect), set apart from the presets above.
+_LIMIT_SOURCES = _mp(
+    max_pod_devices="tpu-hardware.md 1.1 'Pod / largest ICI domain': v4 4096 [gcp-v4][SB-tpus], v5e 256 "
+                    "[gcp-v5e], v5p 8960 [SB-tpus], v6e 256 [gcp-v6e], 7x 9216 chips [gcp-7x] = 18432 "
+                    "logical devices (one TensorCore each)",
+    semaphores_per_core="modelling assumption: no public figure for the semaphore memory; 4096 is "
+                        "above any known kernel's needs (ragged paged attention uses a few hundred) and "
+                        "rejects runaway allocations like 100,000 DMA semaphores",
+)
+V4, V5E, V5P, V6E, V7X = (
+    dataclasses.replace(c, max_pod_devices=n, sources=MappingProxyType({**c.sources, **_LIMIT_SOURCES}))
+    for c, n in ((V4, 4096), (V5E, 256), (V5P, 8960), (V6E, 256), (V7X, 18432)))
+
 CHIPS = MappingProxyType({c.name: c for c in (V4, V5E, V5P, V6E, V7X)})
 _ALIASES = {"v5litepod": "v5e", "v5lite": "v5e", "v6": "v6e", "trillium": "v6e", "v7x": "7x",
             "tpu7x": "7x", "ironwood": "7x", "v7": "7x"}
@@ -273,8 +289,9 @@ def get_chip(name: "str | ChipSpec") -> ChipSpec:
   """A preset by name (or alias), or a ChipSpec passed through (e.g. a dataclasses.replace variant)."""
   if isinstance(name, ChipSpec):
     return name
-  key = str(name).lower().replace("tpu", "").replace(" ", "").strip("_-") or DEFAULT_CHIP
+  key = str(name).lower().replace("tpu", "").replace(" ", "").strip("_-")
   key = _ALIASES.get(key, key)
   if key not in CHIPS:
-    raise UsageError(f"Unknown TPU chip {name!r}; expected one of {', '.join(CHIPS)}.")
+    raise UsageError(f"Unknown TPU chip {name!r}; expected one of {', '.join(CHIPS)}. Fix: pass one of "
+                     f"those names (aliases such as 'v5litepod', 'trillium', 'ironwood' work too).")
   return CHIPS[key]

@@ -638,6 +638,13 @@ def emit_pipeline(body, *, grid, in_specs=(), out_specs=(), tiling=None, core_ax
         idx = tuple(_scalar_index(v) for v in ex.grid_stack[-1][0])
         lead = (PipelineStep(idx, _scalar_index(step[0])),)
       step[0] += 1
+      if step[0] == 1:   # the first step checks the body's arity (not every step: it is a hot path)
+        validate.check_call(body, len(lead) + len(ins) + len(outs) + len(extra), (), lambda e: (
+            f"The emit_pipeline body {getattr(body, '__name__', body)!r} cannot take the refs it is "
+            f"given: {len(ins)} input + {len(outs)} output block refs"
+            + (" after the PipelineStep" if lead else "") + (f" + {len(extra)} extra" if extra else "")
+            + f" ({e}). Fix: define it as body(*in_refs, *out_refs), one parameter per BlockSpec of "
+            f"in_specs and out_specs."))
       res = body(*lead, *ins, *outs, *extra)
       if res is not None:
         raise UsageError(f"The emit_pipeline body {getattr(body, '__name__', body)!r} returned "

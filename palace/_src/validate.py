@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import operator
 
-from palace._src.errors import OutOfBoundsError, UsageError
+from palace._src.errors import OutOfBoundsError, ResourceError, UsageError
 
 
 def _kind(value) -> str:
@@ -139,3 +139,64 @@ def fmt_index(idx) -> str:
     else:
       parts.append(repr(i))
   return ", ".join(parts)
+
+
+# Grids: Mosaic grid indices are int32, and palace walks every point of a launch in order (the
+# list of points is built up front and each point runs the kernel body once in Python). More points
+# than MAX_GRID_POINTS would take gigabytes and hours; such a launch is rejected with a fix.
+INT32_MAX = 2**31 - 1
+MAX_GRID_POINTS = 2**22
+
+
+def as_grid(grid, what: str, error=UsageError) -> tuple:
+  """A grid as a tuple of non-negative ints, each at most int32's maximum (Mosaic's grid index type),
+  with at most MAX_GRID_POINTS points in all."""
+  dims = as_dims(grid, what, hint="pass a tuple of non-negative integers, e.g. grid=(4, 8).",
+                 error=error)
+  for i, d in enumerate(dims):
+    if d > INT32_MAX:
+      raise error(f"{what}[{i}] = {d} exceeds the int32 grid index range of Mosaic (max {INT32_MAX}). "
+                  f"Fix: use larger blocks so the grid has fewer steps, or split the axis in two.")
+  points = 1
+  for d in dims:
+    points *= d
+  if points > MAX_GRID_POINTS:
+    raise ResourceError(
+        f"{what} = {dims} has {points:,} grid points; palace runs at most {MAX_GRID_POINTS:,} "
+        f"(2**22) per launch (each point runs the kernel body once). Fix: use larger blocks so the grid "
+        f"has fewer steps, or time a smaller grid with the same block shapes and scale the result.")
+  return dims
+
+
+def as_choice(value, what: str, choices, *, hint: str = "", error=UsageError):
+  """One of `choices` (compared with ==), or an error listing them."""
+  try:
+    if value in choices:
+      return value
+  except TypeError:   # an unhashable value tested against a set
+    pass
+  fix = hint or f"pass one of {', '.join(repr(c) for c in choices)}."
+  raise error(f"{what} must be one of {', '.join(repr(c) for c in choices)}; got {_kind(value)}. Fix: {fix}")
+
+
+def as_callable(value, what: str, *, hint: str = "", error=UsageError):
+  """A callable (kernel bodies, index maps, shard_map functions)."""
+  if callable(value):
+    return value
+  fix = hint or "pass a function."
+  raise error(f"{what} must be callable; got {_kind(value)}. Fix: {fix}")
+
+
+def check_call(fn, nargs: int, kwargs, describe, error=UsageError) -> None:
+  """Raise `error(describe(e))` (instead of a bare TypeError in the middle of a launch) when `fn`
+  cannot be called with `nargs` positional arguments and the keywords `kwargs`. Functions whose
+  signature Python cannot read (some builtins) are not checked."""
+  import inspect
+  try:
+    sig = inspect.signature(fn)
+  except (TypeError, ValueError):
+    return
+  try:
+    sig.bind(*range(nargs), **dict.fromkeys(kwargs, 0))
+  except TypeError as e:
+    raise error(describe(e)) from None

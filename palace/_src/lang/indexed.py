@@ -40,7 +40,8 @@ class IndexedRef:
     else:
       self.source, self.ignored = idx, None
     if base.ndim < 1:
-      raise UsageError(f"Indexed access of {base.origin()}: the ref needs a major dimension.")
+      raise UsageError(f"Indexed access of {base.origin()}: the ref needs a major dimension. Fix: "
+                     f"reshape the ref to at least rank 1 (.reshape(1, ...)).")
     self.base = base
     # minor-dim slicing is applied to a row view to validate it and get the window per row
     self.rest_view = base.at[(0,) + tuple(rest)] if rest else base.at[0]
@@ -82,7 +83,8 @@ class IndexedRef:
     mask = None if self.ignored is None else vals != self.ignored
     d0 = self.base.dims[0]
     if type(d0) is int:
-      raise UsageError(f"Indexed access of {self.base.origin()}: its major dimension is indexed away.")
+      raise UsageError(f"Indexed access of {self.base.origin()}: its major dimension is indexed away. "
+                     f"Fix: index the major dimension with the index vector, not an int.")
     used = vals if mask is None else vals[mask]
     if ex.bounds_checks and used.size and (used.min() < 0 or used.max() >= d0[1]):
       bad = int(used[(used < 0) | (used >= d0[1])][0])
@@ -101,5 +103,6 @@ def make_indexed(base, idx):
   if not isinstance(idx, tuple):
     idx = (idx,)
   if executor.maybe_current() is None:
-    raise UsageError("Indexed ref views exist only inside kernels (as SparseCore DMA operands).")
+    raise UsageError("Indexed ref views exist only inside kernels (as SparseCore DMA operands). Fix: index the "
+                     "ref inside the kernel body.")
   return IndexedRef(base, idx[0], idx[1:])

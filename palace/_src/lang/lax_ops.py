@@ -107,7 +107,8 @@ def _clamped_starts(x, start_indices, sizes, api):
   starts = []
   for s, size, dim in zip(start_indices, sizes, shape):
     if not 0 <= size <= dim:
-      raise ShapeError(f"{api}: slice size {size} does not fit dimension {dim} of shape {shape}.")
+      raise ShapeError(f"{api}: slice size {size} does not fit dimension {dim} of shape {shape}. "
+                       f"Fix: use a slice size between 0 and {dim}.")
     v = concrete_int(s, f"{api} start")
     starts.append(0 if v < 0 else dim - size if v > dim - size else v)  # XLA clamps starts
   return starts
@@ -125,7 +126,7 @@ def dynamic_update_slice(x, update, start_indices):
   """`lax.dynamic_update_slice`: x with `update` written at (clamped) `start_indices`."""
   if update.dtype != x.dtype:
     raise ShapeError(f"lax.dynamic_update_slice: update dtype {update.dtype} differs from operand dtype "
-                     f"{x.dtype}; expected equal dtypes.")
+                     f"{x.dtype}; expected equal dtypes. Fix: cast the update with .astype({x.dtype}).")
   starts = _clamped_starts(x, start_indices, tuple(update.shape), "lax.dynamic_update_slice")
   idx = tuple(slice(s, s + n) for s, n in zip(starts, update.shape))
   data = None

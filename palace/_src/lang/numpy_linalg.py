@@ -80,7 +80,8 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
   for i, j in zip(lc, rc):
     if a.shape[i] != b.shape[j]:
       raise ShapeError(f"dot_general contracting dimensions differ: lhs {a.shape} dim {i} vs rhs "
-                       f"{b.shape} dim {j}.")
+                       f"{b.shape} dim {j}. Fix: transpose an operand or choose matching "
+                     f"contracting dimensions.")
   if a.ndim == 2 and b.ndim == 2 and not lb and lc == (1,) and rc == (0,) and \
       a.shape[1] == b.shape[0] and executor.maybe_current() is not None:
     return dot(a, b, preferred_element_type=preferred_element_type)  # the plain product (may defer)
@@ -134,7 +135,8 @@ def matmul(a, b, *, precision=None, preferred_element_type=None):
   if a.ndim <= 2 and b.ndim <= 2:
     return dot(a, b, precision=precision, preferred_element_type=preferred_element_type)
   if a.ndim != b.ndim or a.shape[:-2] != b.shape[:-2]:
-    raise ShapeError(f"matmul of {a.shape} and {b.shape}: batch dims must match in kernels.")
+    raise ShapeError(f"matmul of {a.shape} and {b.shape}: batch dims must match in kernels. Fix: "
+                     f"broadcast the operands to the same batch shape first (jnp.broadcast_to).")
   nb = a.ndim - 2
   return dot_general(a, b, (((a.ndim - 1,), (nb,)), (tuple(range(nb)), tuple(range(nb)))), precision,
                      preferred_element_type)
@@ -144,7 +146,7 @@ def einsum(spec, *operands, precision=None, preferred_element_type=None, optimiz
   spec = spec.replace(" ", "")
   if "..." in spec or len(operands) != 2 or "->" not in spec:
     raise UsageError(f"jnp.einsum in kernels supports two operands with an explicit output ('ij,jk->ik');"
-                     f" got {spec!r}.")
+                     f" got {spec!r}. Fix: write the subscripts with '->', or use jnp.dot / lax.dot_general.")
   ins, out = spec.split("->")
   sa, sb = ins.split(",")
   a, b = _as_array(operands[0]), _as_array(operands[1])

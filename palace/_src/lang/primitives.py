@@ -98,6 +98,9 @@ def switch(index, branches, *operands):
 
 def fori_loop(lower, upper, body_fun, init_val, *, unroll=None):
   lo, hi = concrete_int(lower, "fori_loop lower"), concrete_int(upper, "fori_loop upper")
+  validate.check_call(body_fun, 2, (), lambda e: (
+      f"lax.fori_loop body {getattr(body_fun, '__name__', body_fun)!r} cannot be called as "
+      f"body(i, carry) ({e}). Fix: define it with two parameters and return the new carry."))
   ex = executor.maybe_current()
   carry = init_val
   for i in range(lo, hi):
@@ -144,7 +147,12 @@ def multiple_of(x, values):
 def debug_print(fmt: str, *args) -> None:
   ex = executor.current("pl.debug_print()")
   vals = [concrete_value(a) for a in args]
-  text = fmt.format(*vals) if "{" in fmt else " ".join([fmt] + [str(v) for v in vals])
+  try:
+    text = fmt.format(*vals) if "{" in fmt else " ".join([fmt] + [str(v) for v in vals])
+  except (IndexError, KeyError, ValueError) as e:
+    raise UsageError(f"pl.debug_print({fmt!r}, ...) with {len(vals)} value(s): the format does not match "
+                     f"({type(e).__name__}: {e}) at {user_frame_summary()}. Fix: use one positional {{}} "
+                     f"per value passed.") from None
   ex.debug_print(text)
 
 
@@ -171,7 +179,24 @@ def run_scoped(f, *types, collective_axes=(), **kw_types):
   """Allocate `types` (VMEM/SMEM/semaphores) for the duration of `f(*refs, **kw_refs)`.
 
   With `collective_axes`, the cores that differ only along those axes share one allocation."""
-  return scoped(f, types, kw_types, "run_scoped", bool(collective_axes))
+  validate.as_callable(f, "pl.run_scoped(f)", hint="pass the body as the first argument: "
+                       "pl.run_scoped(lambda buf: ..., pltpu.VMEM((8, 128), jnp.float32)).")
+  validate.check_call(f, len(types), kw_types, lambda e: (
+      f"pl.run_scoped body {getattr(f, '__name__', f)!r} cannot take the {len(types)} positional ref(s)"
+      f"{f' and keyword refs {sorted(kw_types)}' if kw_types else ''} it allocates ({e}). Fix: give the "
+      f"body one parameter per allocation type, in order."))
+  axes = (collective_axes,) if isinstance(collective_axes, str) else tuple(collective_axes)
+  if axes:
+    ex = executor.current("pl.run_scoped()")
+    known = [n for n, _ in getattr(ex, "mesh_axes", ())] + list(getattr(ex, "axis_env", {}))
+    for a in axes:
+      if a not in known:
+        raise UsageError(f"pl.run_scoped(collective_axes={collective_axes!r}): {a!r} is not an axis of "
+                         f"the kernel's mesh (axes here: {known or 'none'}). Fix: name an axis of the "
+                         f"pl.kernel mesh, e.g. collective_axes={known[0]!r}." if known else
+                         f"pl.run_scoped(collective_axes={collective_axes!r}): {a!r} is not an axis of the "
+                         f"kernel's mesh (this kernel runs on no named mesh). Fix: drop collective_axes.")
+  return scoped(f, types, kw_types, "run_scoped", bool(axes))
 
 
 def scoped(f, types, kw_types, prefix: str, shared: bool = False, names=None):

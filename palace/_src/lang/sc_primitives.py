@@ -36,7 +36,8 @@ def _idx_tuple(ref: Ref, indices):
     ex = executor.current()
     if ex.bounds_checks and v.size and (v.min() < 0 or v.max() >= ref.shape[d]):
       raise OutOfBoundsError(f"Gather/scatter index out of bounds for dim {d} of {ref.origin()} "
-                             f"(size {ref.shape[d]}) {ex.where()}: got {int(v.max())} / {int(v.min())}.")
+                             f"(size {ref.shape[d]}) {ex.where()}: got {int(v.max())} / {int(v.min())}. Fix: keep "
+                          f"indices in 0..{ref.shape[d] - 1} (clip them, or mask the lanes).")
     dim = ref.dims[[i for i, x in enumerate(ref.dims) if type(x) is tuple][d]]
     out.append(dim[0] + v * dim[2])
   full = []
@@ -57,7 +58,8 @@ def _mask(mask, n):
     return None
   m = _vals(mask).astype(bool)
   if m.shape != (n,):
-    raise ShapeError(f"mask of shape {m.shape} does not match a vector of {n} lanes.")
+    raise ShapeError(f"mask of shape {m.shape} does not match a vector of {n} lanes. Fix: pass a "
+                     f"bool mask of shape ({n},).")
   return m
 
 
@@ -79,7 +81,8 @@ def _scatter(ref: Ref, indices, x, mask, add: bool):
   idx = _idx_tuple(ref, indices)
   vals = np.asarray(_vals(x), ref.dtype) if not isinstance(x, Array) or x.dtype == ref.dtype else None
   if vals is None:
-    raise ShapeError(f"Cannot scatter {x.dtype} values into {ref.origin()} of dtype {ref.dtype}.")
+    raise ShapeError(f"Cannot scatter {x.dtype} values into {ref.origin()} of dtype {ref.dtype}. Fix: "
+                     f"cast the values with .astype({ref.dtype}).")
   m = _mask(mask, vals.shape[0])
   if m is not None:
     idx = tuple(i[m] if isinstance(i, np.ndarray) else i for i in idx)
@@ -207,7 +210,8 @@ def subcore_barrier() -> None:
   sc = executor.current("plsc.subcore_barrier()").sparsecore
   if sc is None:
     raise UsageError("plsc.subcore_barrier() is only valid on SparseCore vector subcores "
-                     "(a plsc.VectorSubcoreMesh kernel).")
+                     "(a plsc.VectorSubcoreMesh kernel). Fix: on TensorCores use "
+                     "pltpu.core_barrier.")
   sc.subcore_barrier()
 
 

@@ -6,7 +6,7 @@ import numpy as np
 from palace._src import dtypes as dt
 from palace._src import executor, validate
 from palace._src.core import SemaphoreType
-from palace._src.errors import ShapeError, UsageError
+from palace._src.errors import ShapeError, SyncError, UsageError
 from palace._src.executor import DmaRequest, OpClass
 from palace._src.lang import numpy_ops as jnp
 from palace._src.lang.numpy_base import _out
@@ -16,7 +16,7 @@ from palace._src.lang.primitives import (axis_index, axis_size, resolve_device_i
                                          sem_target, semaphore_signal, semaphore_wait)
 from palace._src.lang.indexed import IndexedRef
 from palace._src.lang.refs import Ref
-from palace._src.util import tree_flatten, user_site
+from palace._src.util import tree_flatten, user_frame_summary, user_site
 
 
 def _check_ref(x, what):
@@ -221,10 +221,19 @@ def core_barrier(sem, *, core_axis_name: str) -> None:
   """All-to-all barrier across the cores of `core_axis_name`: signal every other core, then wait."""
   n = axis_size(core_axis_name)
   me = concrete_value(axis_index(core_axis_name))
-  for j in range(n):
-    if j != me:
-      semaphore_signal(sem, 1, device_id={core_axis_name: j})
-  semaphore_wait(sem, n - 1)
+  try:
+    for j in range(n):
+      if j != me:
+        semaphore_signal(sem, 1, device_id={core_axis_name: j})
+    semaphore_wait(sem, n - 1)
+  except SyncError as e:
+    # a peer that skipped the barrier shows up as its semaphore gone (it finished) or a deadlock:
+    # report the core stuck in the barrier, which is what the user wrote
+    raise SyncError(
+        f"Core {me} of axis {core_axis_name!r} is stuck in pltpu.core_barrier(core_axis_name="
+        f"{core_axis_name!r}) at {user_frame_summary()}: not every core of the axis reached the barrier "
+        f"({e}). Fix: every core of {core_axis_name!r} must call core_barrier the same number of times; "
+        f"do not put it under pl.when or a core-dependent loop.") from None
 
 
 def run_on_first_core(core_axis_name: str):

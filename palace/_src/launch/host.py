@@ -11,12 +11,13 @@ import numpy as np
 from palace._src import dtypes as dt
 from palace._src.core import (CompilerParams, InterpretParams, MemoryRef, MemorySpace,
                               ShapeDtypeStruct)
-from palace._src.errors import ShapeError, UnsupportedError, UsageError
+from palace._src import validate
+from palace._src.errors import ResourceError, ShapeError, UnsupportedError, UsageError
 from palace._src.lang.array import Array
 from palace._src.lang.refs import Ref
 from palace._src.sim.machine import VirtualTPU, active_tpu
 from palace._src.sim.memory import Buffer
-from palace._src.util import tree_flatten, tree_map, user_frame_summary
+from palace._src.util import fmt_bytes, prod, tree_flatten, tree_map, user_frame_summary
 
 _INT_FILL = {np.dtype(np.int32): np.iinfo(np.int32).min, np.dtype(np.int16): np.iinfo(np.int16).min,
              np.dtype(np.int8): np.iinfo(np.int8).min}
@@ -31,14 +32,15 @@ def check_params(params, api: str) -> CompilerParams:
     raise UsageError(f"{api}: compiler_params={params!r}; pass a pltpu.CompilerParams(...).")
   if not isinstance(params, CompilerParams):
     raise UsageError(f"{api}: compiler_params must be a pltpu.CompilerParams for TPU; got "
-                     f"{type(params).__name__}.")
+                     f"{type(params).__name__}. Fix: pass pltpu.CompilerParams(...) or None.")
   return params
 
 
 def to_host_array(x, name: str) -> np.ndarray:
   """A kernel operand as a NumPy array with a TPU dtype (64-bit narrowed as JAX does without x64)."""
   if isinstance(x, Array):
-    raise UsageError(f"{name} is a palace.Array from inside a kernel; kernel values cannot leave it.")
+    raise UsageError(f"{name} is a palace.Array from inside a kernel; kernel values cannot leave it. "
+                     f"Fix: store it into an output ref (o_ref[...] = value) and use the kernel's result.")
   if isinstance(x, Ref):
     raise UsageError(f"{name} is a mutable ref: pass refs to pl.kernel (mutated in place) or close "
                      f"over them; pallas_call takes arrays (use input_output_aliases to update in place).")
@@ -123,7 +125,7 @@ def out_struct(o, name: str):
     dt.check_kernel_dtype(d, name)
     return tuple(o.shape), d, MemorySpace.ANY
   raise UsageError(f"{name} = {o!r}: expected a pl.ShapeDtypeStruct or a memory type like "
-                   f"pltpu.VMEM(shape, dtype).")
+                   f"pltpu.VMEM(shape, dtype). Fix: pass e.g. pl.ShapeDtypeStruct((8, 128), jnp.float32).")
 
 
 _spmd: contextvars.ContextVar = contextvars.ContextVar("palace_spmd_chip", default=None)
@@ -148,6 +150,10 @@ def release_host_caches(machine) -> None:
 
 def check_interpret(interpret, kname: str) -> None:
   """Reject the InterpretParams options palace cannot honour (called by the launch, before it runs)."""
+  if not isinstance(interpret, (bool, InterpretParams)) and interpret is not None:
+    raise UsageError(f"interpret= of kernel '{kname}' must be a bool or pltpu.InterpretParams; got "
+                     f"{interpret!r}. Fix: pass interpret=True (palace always runs on its virtual TPU) or "
+                     f"pltpu.InterpretParams(...).")
   if isinstance(interpret, InterpretParams) and interpret.uninitialized_memory != "nan":
     raise UnsupportedError.feature(
         f"InterpretParams(uninitialized_memory={interpret.uninitialized_memory!r})",
@@ -173,3 +179,51 @@ def interpret_context(interpret):
                      uninitialized=parent.uninitialized)
   with child:
     yield
+
+
+def check_aliases(aliases, kname: str) -> dict:
+  """`input_output_aliases` as {input index: output index} of ints; an output aliased by two inputs is
+  an error (the output could only hold one of them). Range and shape checks follow in the launch."""
+  if aliases is None:
+    return {}
+  what = f"input_output_aliases of pallas_call '{kname}'"
+  if not isinstance(aliases, dict):
+    raise UsageError(f"{what} must be a dict {{input index: output index}}; got {type(aliases).__name__}"
+                     f" {aliases!r}. Fix: pass e.g. input_output_aliases={{0: 0}}.")
+  out = {}
+  seen = {}
+  for k, v in aliases.items():
+    i = validate.as_int(k, f"{what}: key {k!r}", min_value=0,
+                        hint="keys are input operand indices (ints, counting scalar-prefetch operands).")
+    o = validate.as_int(v, f"{what}: value for input {i}", min_value=0,
+                        hint="values are output indices (ints) into the flattened out_shape.")
+    if o in seen:
+      raise UsageError(f"{what}: inputs {seen[o]} and {i} are both aliased to output {o}; an output can "
+                       f"alias one input only. Fix: alias each output to at most one input.")
+    seen[o] = i
+    out[i] = o
+  return out
+
+
+def check_hbm(kname: str, arrays, outs, scratch) -> None:
+  """HBM capacity of the active chip for one launch: `arrays` {name: host array} (inputs), `outs`
+  {name: (shape, dtype, space)}, `scratch` the scratch types (HBM / ANY ones count). Called before any
+  output is allocated, so a launch that cannot fit fails with the numbers instead of allocating host
+  memory (timing_only too)."""
+  sizes = [(name, a.nbytes) for name, a in arrays.items()]
+  sizes += [(name, prod(shape) * np.dtype(dtype).itemsize) for name, (shape, dtype, space) in outs.items()
+            if space in (MemorySpace.ANY, MemorySpace.HBM)]
+  leaves = tree_flatten(scratch, is_leaf=lambda x: isinstance(x, MemoryRef))[0]
+  sizes += [(f"scratch[{i}]", t.nbytes) for i, t in enumerate(leaves)
+            if isinstance(t, MemoryRef) and t.memory_space in (MemorySpace.ANY, MemorySpace.HBM)]
+  chip = active_tpu().chip
+  total = sum(n for _, n in sizes)
+  cap = chip.hbm_bytes_per_device
+  if total <= cap:
+    return
+  name, big = max(sizes, key=lambda r: r[1])
+  raise ResourceError(
+      f"HBM over capacity for kernel '{kname}' on {chip.name}: {name} alone is {fmt_bytes(big)} and the "
+      f"launch's {len(sizes)} HBM operands total {fmt_bytes(total)}, but one {chip.name} device has "
+      f"{fmt_bytes(cap)} of HBM ({cap:,} bytes). Fix: shrink {name} (or tile the problem over several "
+      f"launches), shard it over chips with shard_map, or use a chip with more HBM (v5p, 7x).")

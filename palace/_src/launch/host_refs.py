@@ -29,7 +29,8 @@ def new_ref(init_val, *, memory_space=None, kind=None, pin=False) -> Ref:
   """A mutable HBM buffer initialised with a copy of `init_val`."""
   if memory_space not in (None, MemorySpace.ANY, MemorySpace.HBM):
     raise UsageError(f"pl.new_ref(memory_space={memory_space}) on the host: only HBM/ANY refs can be "
-                     f"created outside a kernel.")
+                     f"created outside a kernel. Fix: drop memory_space (HBM), or allocate VMEM/SMEM inside the "
+                     f"kernel with pl.run_scoped.")
   a = _host_array(init_val)
   return Ref(Buffer(a, a.shape, a.dtype, MemorySpace.ANY, _name(a)))
 
@@ -37,7 +38,8 @@ def new_ref(init_val, *, memory_space=None, kind=None, pin=False) -> Ref:
 def empty_ref(ty, memory_space=None, pin=False) -> Ref:
   """An uninitialised mutable HBM buffer of a ShapeDtypeStruct's shape and dtype (floats read NaN)."""
   if not isinstance(ty, (ShapeDtypeStruct, MemoryRef)) and not hasattr(ty, "shape"):
-    raise UsageError(f"pl.empty_ref expects a ShapeDtypeStruct; got {ty!r}.")
+    raise UsageError(f"pl.empty_ref expects a ShapeDtypeStruct; got {ty!r}. Fix: pass "
+                     f"pl.ShapeDtypeStruct(shape, dtype).")
   d = dt.check_kernel_dtype(dt.canonicalize(ty.dtype), "pl.empty_ref")
   fill = np.nan if dt.is_float(d) else 0
   a = np.full(tuple(ty.shape), fill, d)
@@ -47,7 +49,8 @@ def empty_ref(ty, memory_space=None, pin=False) -> Ref:
 def freeze(ref: Ref) -> np.ndarray:
   """The final value of a host ref; the ref becomes invalid."""
   if not isinstance(ref, Ref) or ref.buf.storage is None:
-    raise UsageError(f"pl.freeze expects a live mutable ref; got {ref!r}.")
+    raise UsageError(f"pl.freeze expects a live mutable ref; got {ref!r}. Fix: pass a ref from "
+                     f"pl.new_ref / pl.empty_ref that was not frozen or freed yet.")
   value = ref.buf.storage if ref._full else ref.buf.storage[ref._np_index].copy()
   ref.buf.storage = None
   return value

@@ -5,6 +5,7 @@ import functools
 
 import numpy as np
 
+from palace._src import validate
 from palace._src.core import MemoryRef, MemorySpace, SemaphoreRefType, TensorCoreMesh
 from palace._src.errors import UsageError
 from palace._src.launch import host as launch
@@ -53,7 +54,7 @@ def kernel(body=_NOT_GIVEN, out_type=(), *, mesh, scratch_types=(), compiler_par
 def _mpmd_kernel(bodies, out_type, meshes, scratch_types, compiler_params, name):
   if not isinstance(meshes, (list, tuple)) or len(meshes) != len(bodies):
     raise UsageError(f"MPMD pl.kernel needs one mesh per body; got {len(bodies)} bodies and mesh="
-                     f"{meshes!r}.")
+                     f"{meshes!r}. Fix: pass mesh=[mesh_0, mesh_1, ...], one per body.")
   params = launch.check_params(compiler_params, "pl.kernel")
   kname = name or "_".join(getattr(b, "__name__", "kernel") for b in bodies)
 
@@ -86,18 +87,22 @@ def _plan(bodies, kname, out_type, meshes, scratch_types, params, args):
   for m in meshes:
     if not isinstance(m, (TensorCoreMesh, VectorSubcoreMesh, ScalarSubcoreMesh)):
       raise UsageError(f"pl.kernel mesh must be a pltpu.TensorCoreMesh, plsc.VectorSubcoreMesh or "
-                       f"plsc.ScalarSubcoreMesh; got {m!r}.")
+                       f"plsc.ScalarSubcoreMesh; got {m!r}. Fix: pass e.g. "
+                       f"mesh=pltpu.TensorCoreMesh('core', num_cores=1).")
   in_leaves, in_td = tree_flatten(tuple(args), is_leaf=lambda x: isinstance(x, Ref))
   values, passed = [], set()
   for i, a in enumerate(in_leaves):
     if isinstance(a, Ref):
       if a.buf.storage is None:
-        raise UsageError(f"args[{i}] of kernel '{kname}' is a frozen or freed ref.")
+        raise UsageError(f"args[{i}] of kernel '{kname}' is a frozen or freed ref. Fix: pass a live "
+                         f"ref (pl.new_ref(...)) or the frozen array itself.")
       if a.buf in passed:
         raise UsageError(f"args[{i}] of kernel '{kname}': the same ref is passed twice; each mutable "
-                         f"ref may be passed once (it is updated in place).")
+                         f"ref may be passed once (it is updated in place). Fix: pass it once and "
+                         f"use it for both roles in the body.")
       if a.buf.memory_space not in (MemorySpace.ANY, MemorySpace.HBM):
-        raise UsageError(f"args[{i}] is a {a.buf.memory_space} ref; only HBM refs exist on the host.")
+        raise UsageError(f"args[{i}] is a {a.buf.memory_space} ref; only HBM refs exist on the host. "
+                         f"Fix: pass arrays or pl.new_ref(...) refs (HBM).")
       passed.add(a.buf)
       values.append(a)
     else:
@@ -106,6 +111,18 @@ def _plan(bodies, kname, out_type, meshes, scratch_types, params, args):
     _closure_check(b, passed, kname)
   out_leaves, out_td = tree_flatten(out_type, is_leaf=lambda x: hasattr(x, "shape"))
   outs = [launch.out_struct(o, f"out_type[{i}]") for i, o in enumerate(out_leaves)]
+  launch.check_hbm(kname, {(v.buf.name if isinstance(v, Ref) else f"args[{i}]"): (v.buf if isinstance(v, Ref) else v)
+                           for i, v in enumerate(values)},
+                   {f"outputs[{i}]": o for i, o in enumerate(outs)}, scratch_types)
+  scratch_is_dict = isinstance(scratch_types, dict)
+  n_outs = len(out_type) if isinstance(out_type, (list, tuple)) else 1
+  n_scr = 0 if scratch_is_dict else len(_as_tuple(scratch_types))
+  kw = tuple(scratch_types) if scratch_is_dict else ()
+  for b in bodies:
+    validate.check_call(b, len(args) + n_outs + n_scr, kw, lambda e: (
+        f"Kernel '{kname}' cannot take the refs pl.kernel passes: {len(args)} input + {n_outs} output + "
+        f"{n_scr} scratch positional refs" + (f" and scratch keywords {list(kw)}" if kw else "") +
+        f" ({e}). Fix: define it as body(*input_refs, *output_refs, *scratch_refs), one parameter each."))
   outputs = tuple(Output(f"outputs[{i}]", s, d, sp) for i, (s, d, sp) in enumerate(outs))
   # outputs typed pltpu.VMEM/SMEM: the body writes a scoped copy, copied to HBM after it
   staged = [(i, MemoryRef(s, d, sp)) for i, (s, d, sp) in enumerate(outs)

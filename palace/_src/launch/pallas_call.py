@@ -2,10 +2,9 @@
 from __future__ import annotations
 
 import functools
-import inspect
 
 from palace._src.blocks import canonicalize
-from palace._src.core import BlockSpec, GridSpec, MemoryRef, MemorySpace, no_block_spec
+from palace._src.core import BlockSpec, CostEstimate, GridSpec, MemoryRef, MemorySpace, no_block_spec
 from palace._src.errors import ShapeError, UsageError
 from palace._src import validate
 from palace._src.launch import host as launch
@@ -25,7 +24,10 @@ def _flatten_specs(specs, n: int, what: str):
   if len(leaves) == 1 and n != 1 and not isinstance(specs, (list, tuple, dict)):
     leaves = leaves * n
   if len(leaves) != n:
-    raise UsageError(f"pallas_call {what} has {len(leaves)} BlockSpecs but there are {n} operands.")
+    raise UsageError(f"pallas_call {what} has {len(leaves)} BlockSpecs but there are {n} "
+                     f"operands. Fix: give {what} one BlockSpec per "
+                     f"{'input (after the scalar-prefetch operands)' if what == 'in_specs' else 'output of out_shape'}"
+                     f", in order (None for the whole array in VMEM).")
   # a `no_block_spec` leaf is the raw HBM ref (pallas-api.md 3.1); None is the default whole-VMEM spec
   return [BlockSpec() if x is None else BlockSpec(memory_space=MemorySpace.ANY) if x is no_block_spec else x
           for x in leaves]
@@ -42,9 +44,15 @@ def _absent_entries(kernel, nsp, args, in_specs, out_shape, out_specs, scratch):
   if not any(e is None for e in (ins or []) + (outs or []) + (scr or [])):
     return kernel, in_specs, out_specs, scratch
 
-  def drop(specs, entries):
+  def drop(specs, entries, what="in_specs", names="args"):
     if entries is None or not isinstance(specs, (list, tuple)) or len(specs) != len(entries):
       return specs
+    for i, (sp, e) in enumerate(zip(specs, entries)):
+      if e is None and isinstance(sp, BlockSpec):
+        raise UsageError(
+            f"pallas_call {names}[{i + (nsp if what == 'in_specs' else 0)}] is None but {what}[{i}] is a "
+            f"BlockSpec: None is an empty pytree (no operand; the kernel gets None there), so it has no "
+            f"block. Fix: pass an array, or None as its {what} entry for an absent operand.")
     return type(specs)(sp for sp, e in zip(specs, entries) if e is not None)
 
   is_sds = lambda x: hasattr(x, "shape")  # noqa: E731
@@ -66,19 +74,10 @@ def _absent_entries(kernel, nsp, args, in_specs, out_shape, out_specs, scratch):
 
   with_nones.__name__ = getattr(kernel, "__name__", "kernel")
   kept_scratch = type(scratch)(t for t in scratch if t is not None) if scr is not None else scratch
-  return with_nones, drop(in_specs, ins), drop(out_specs, outs), kept_scratch
+  return with_nones, drop(in_specs, ins), drop(out_specs, outs, "out_specs", "out_shape"), kept_scratch
 
 
-def _check_call(fn, nargs: int, kwargs, describe) -> None:
-  """Raise a UsageError (instead of a bare TypeError mid-launch) when `fn` cannot take the arguments."""
-  try:
-    sig = inspect.signature(fn)
-  except (TypeError, ValueError):
-    return
-  try:
-    sig.bind(*range(nargs), **dict.fromkeys(kwargs, 0))
-  except TypeError as e:
-    raise UsageError(describe(e)) from None
+_check_call = validate.check_call
 
 
 def _check_arities(kernel, kname, grid, nsp, specs, maps, n_in, n_out, scratch):
@@ -120,7 +119,16 @@ def pallas_call(kernel, out_shape, *, grid_spec=None, grid=(), in_specs=no_block
     >>> f = pl.pallas_call(add_kernel, out_shape=pl.ShapeDtypeStruct((8, 128), jnp.float32))
   """
   if unsupported:
-    raise UsageError(f"pallas_call got unexpected keyword(s) {sorted(unsupported)}.")
+    raise UsageError(f"pallas_call got unexpected keyword(s) {sorted(unsupported)}. Fix: check the "
+                     f"spelling; the keywords are grid_spec, grid, in_specs, out_specs, scratch_shapes, "
+                     f"input_output_aliases, compiler_params, interpret, name, cost_estimate, debug, metadata.")
+  if grid_spec is not None and not isinstance(grid_spec, GridSpec):
+    raise UsageError(f"pallas_call grid_spec must be a pl.GridSpec or pltpu.PrefetchScalarGridSpec; got "
+                     f"{grid_spec!r}. Fix: pass grid_spec=pltpu.PrefetchScalarGridSpec(...), or grid=, "
+                     f"in_specs=, out_specs= directly.")
+  if cost_estimate is not None and not isinstance(cost_estimate, CostEstimate):
+    raise UsageError(f"pallas_call cost_estimate must be a pl.CostEstimate; got {cost_estimate!r}. Fix: "
+                     f"pass pl.CostEstimate(flops=..., transcendentals=..., bytes_accessed=...) or None.")
   if grid_spec is not None:
     if grid != () or in_specs is not no_block_spec or out_specs is not no_block_spec or scratch_shapes:
       raise UsageError("pallas_call: pass either grid_spec or grid/in_specs/out_specs/scratch_shapes, "
@@ -130,7 +138,7 @@ def pallas_call(kernel, out_shape, *, grid_spec=None, grid=(), in_specs=no_block
   g = grid_spec.grid   # checked per call (validate.as_dims in _call)
   params = launch.check_params(compiler_params, "pallas_call")
   kname = name or getattr(kernel, "__name__", "kernel")
-  aliases = dict(input_output_aliases or {})
+  aliases = launch.check_aliases(input_output_aliases, kname)
 
   @functools.wraps(kernel)
   def call(*args):
@@ -147,12 +155,12 @@ def _plan(kernel, kname, out_shape, grid, grid_spec, aliases, params, args):
   into block mappings, arities and aliases validated."""
   nsp = grid_spec.num_scalar_prefetch
   if len(args) < nsp:
-    raise UsageError(f"pallas_call '{kname}' expects {nsp} scalar-prefetch operands; got {len(args)}.")
+    raise UsageError(f"pallas_call '{kname}' expects {nsp} scalar-prefetch operands; got {len(args)} "
+                     f"operands in all. Fix: pass the scalar-prefetch arrays first, then the inputs.")
   pre_leaves, pre_td = tree_flatten(tuple(args[:nsp]))
   in_leaves, _ = tree_flatten(tuple(args[nsp:]))
   out_leaves, out_td = tree_flatten(out_shape, is_leaf=lambda x: hasattr(x, "shape"))
-  grid = validate.as_dims(grid, f"grid of pallas_call '{kname}'",
-                          hint="pass a tuple of non-negative integers, e.g. grid=(4, 2).")
+  grid = validate.as_grid(grid, f"pallas_call '{kname}' grid")
   pre_arrays = [launch.to_host_array(a, f"scalar_prefetch[{i}]") for i, a in enumerate(pre_leaves)]
   in_arrays = [launch.to_host_array(a, f"args[{i + nsp}]") for i, a in enumerate(in_leaves)]
   kernel, in_specs, out_specs, scratch = _absent_entries(
@@ -162,6 +170,8 @@ def _plan(kernel, kname, out_shape, grid, grid_spec, aliases, params, args):
   in_maps = [canonicalize(s, a.shape, a.dtype, f"args[{i + nsp}]", nsp)
              for i, (s, a) in enumerate(zip(in_specs, in_arrays))]
   outs = [launch.out_struct(o, f"out_shape[{i}]") for i, o in enumerate(out_leaves)]
+  launch.check_hbm(kname, {f"args[{i}]": a for i, a in enumerate(pre_arrays + in_arrays)},
+                   {f"outputs[{i}]": o for i, o in enumerate(outs)}, scratch)
   out_maps = []
   for i, (s, (shape, dtype, space)) in enumerate(zip(out_specs, outs)):
     if space in (MemorySpace.VMEM, MemorySpace.SMEM) and (s is no_block_spec or s.block_shape is None):
@@ -176,11 +186,14 @@ def _plan(kernel, kname, out_shape, grid, grid_spec, aliases, params, args):
   for a_in, a_out in aliases.items():
     if not (0 <= a_in < len(operands) and 0 <= a_out < len(outputs)):
       raise UsageError(f"input_output_aliases {{{a_in}: {a_out}}} refers to a missing operand; there "
-                       f"are {len(operands)} inputs and {len(outputs)} outputs.")
+                       f"are {len(operands)} inputs and {len(outputs)} outputs. Fix: use input indices "
+                       f"0..{len(operands) - 1} (scalar-prefetch operands first) and output indices "
+                       f"0..{len(outputs) - 1}.")
     src, ob = operands[a_in], outputs[a_out]
     if src.shape != ob.shape or src.dtype != ob.dtype:
       raise ShapeError(f"input_output_aliases {{{a_in}: {a_out}}}: input {src.dtype}{list(src.shape)} "
-                       f"and output {ob.dtype}{list(ob.shape)} must have the same shape and dtype.")
+                       f"and output {ob.dtype}{list(ob.shape)} must have the same shape and dtype. Fix: "
+                       f"make out_shape[{a_out}] match the input, or drop the alias.")
   # scalar prefetch, then SMEM in/out BlockSpecs: whole arrays staged in SMEM around the pipeline
   npre = len(pre_arrays)
   staged = [Stage(OPERAND, i, MemoryRef(a.shape, a.dtype, MemorySpace.SMEM), f"scalar_prefetch[{i}]")

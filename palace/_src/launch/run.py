@@ -173,7 +173,7 @@ def megacore_split(chip, grid, semantics, kname):
   sem = [canonical_semantics(x) for x in semantics]
   if len(sem) != len(grid):
     raise UsageError(f"pallas_call '{kname}': dimension_semantics has {len(sem)} entries for a grid of "
-                     f"{len(grid)} axes {grid}.")
+                     f"{len(grid)} axes {grid}. Fix: give one entry per grid axis.")
   n = chip.num_tensorcores_per_device
   if n < 2:
     return [points]
@@ -201,7 +201,9 @@ def _mesh_cores(machine, chip_index, mesh, params, kname):
       raise UsageError(
           f"TensorCoreMesh(num_cores={n}) for kernel '{kname}': {chip.name} has "
           f"{chip.num_tensorcores_per_device} TensorCore(s) per device"
-          + (" (7x exposes each TensorCore as its own device)" if chip.name == "7x" else "") + ".")
+          + (" (7x exposes each TensorCore as its own device)" if chip.name == "7x" else "")
+          + f". Fix: pass num_cores={chip.num_tensorcores_per_device} or fewer (or omit it for all of them), "
+          f"or use a megacore chip (v4, v5p) for 2.")
     cores = [machine.add_core(chip_index, c, {**env, mesh.axis_name: (c, n)}, params) for c in range(n)]
     for c in cores:
       c.mesh_axes = [(mesh.axis_name, n)]

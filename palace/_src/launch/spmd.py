@@ -31,6 +31,15 @@ class PartitionSpec(tuple):
   """`P('x', None)`: dimension 0 split over mesh axis 'x', dimension 1 replicated."""
 
   def __new__(cls, *parts):
+    seen = []
+    for i, p in enumerate(parts):
+      for ax in (p if isinstance(p, tuple) else () if p is None else (p,)):
+        validate.as_name(ax, f"P{parts!r} entry {i}", hint="each entry is None, a mesh axis name, or a "
+                         "tuple of axis names, e.g. P('x', None) or P(('x', 'y'),).")
+        if ax in seen:
+          raise UsageError(f"P{parts!r} uses mesh axis {ax!r} twice; an axis can split one dimension "
+                           f"only. Fix: name each mesh axis at most once, e.g. P({ax!r}, None).")
+        seen.append(ax)
     return super().__new__(cls, parts)
 
   def __repr__(self):
@@ -63,6 +72,20 @@ class Mesh:
       ids = tuple(range(size))
     return Mesh(self.shape_tuple, self.axis_names, None if ids == tuple(range(size)) else ids)
 
+  def __post_init__(self):
+    hint = "pass distinct non-empty axis names, e.g. pl.make_mesh((2, 4), ('x', 'y'))."
+    for i, n in enumerate(self.axis_names):
+      validate.as_name(n, f"mesh axis_names[{i}]", hint=hint)
+    dup = sorted({n for n in self.axis_names if self.axis_names.count(n) > 1})
+    if dup:
+      raise UsageError(f"mesh axis_names {self.axis_names} repeat {dup}; every mesh axis needs its own "
+                       f"name. Fix: {hint}")
+    validate.as_dims(self.shape_tuple, "mesh axis sizes", hint="pass positive chip counts per axis.")
+    for i, n in enumerate(self.shape_tuple):
+      if n < 1:
+        raise UsageError(f"mesh axis {self.axis_names[i]!r} has size {n}. Fix: every mesh axis has at "
+                         f"least one chip.")
+
   @property
   def shape(self) -> dict:
     return dict(zip(self.axis_names, self.shape_tuple))
@@ -91,13 +114,17 @@ def make_mesh(axis_shapes, axis_names, *, devices=None, axis_types=None) -> Mesh
   shape = validate.as_dims(axis_shapes, "make_mesh axis_shapes")
   names = tuple(axis_names)
   if len(shape) != len(names):
-    raise UsageError(f"make_mesh: {len(shape)} axis sizes but {len(names)} axis names.")
+    raise UsageError(f"make_mesh: {len(shape)} axis sizes but {len(names)} axis names. Fix: give one "
+                     f"name per axis size, e.g. pl.make_mesh((2, 4), ('x', 'y')).")
+  tpu = active_tpu()
   size = int(np.prod(shape))
   if devices is not None:
     ids = tuple(validate.as_int(d, "make_mesh devices") for d in np.asarray(devices).reshape(-1))
     if sorted(ids) != list(range(size)):
-      raise UsageError(f"make_mesh{shape}: devices {ids} must list each of the {size} chips once.")
-    mesh = Mesh(shape, names, None if ids == tuple(range(size)) else ids)
+      raise UsageError(f"make_mesh{shape}: devices {ids} must list each of the {size} chips once. "
+                       f"Fix: pass a permutation of range({size}), or omit devices.")
+  elif sum(1 for s in shape if s > 1) == 1:
+    ids = tuple(Topology(tpu.chip, tpu.num_chips, tpu.topology).ring_order())
   else:
     mesh = Mesh(shape, names, None, placed=False)
   tpu = explicit_tpu()
@@ -105,7 +132,10 @@ def make_mesh(axis_shapes, axis_names, *, devices=None, axis_types=None) -> Mesh
   return mesh if tpu is None else mesh.placed_on(tpu)
 
 
-def _dim_axes(spec, ndim):
+def _dim_axes(spec, ndim, what: str = "operand"):
+  if len(spec) > ndim:
+    raise UsageError(f"{what}: PartitionSpec {spec} has {len(spec)} entries but the value has {ndim} "
+                     f"dimension(s). Fix: give at most one entry per dimension (None for replicated ones).")
   parts = tuple(spec) + (None,) * (ndim - len(spec))
   out = []
   for p in parts[:ndim]:
@@ -132,12 +162,12 @@ def _shard_view(a, spec, mesh: Mesh, chip: int, what: str):
     return a
   coords = mesh.coords(chip)
   idx = []
-  for d, axes in enumerate(_dim_axes(spec, a.ndim)):
+  for d, axes in enumerate(_dim_axes(spec, a.ndim, what)):
     n, k = 1, 0
     for ax in axes:
       if ax not in mesh.shape:
         raise UsageError(f"{what}: PartitionSpec {spec} names axis {ax!r}; the mesh axes are "
-                         f"{mesh.axis_names}.")
+                         f"{mesh.axis_names}. Fix: name only mesh axes in the PartitionSpec.")
       n *= mesh.shape[ax]
       k = k * mesh.shape[ax] + coords[ax]
     if a.shape[d] % n:
@@ -152,7 +182,7 @@ def _unshard(shards, spec, mesh: Mesh, what: str):
   first = np.asarray(shards[0])
   if spec is None:
     return first
-  axes_per_dim = _dim_axes(spec, first.ndim)
+  axes_per_dim = _dim_axes(spec, first.ndim, what)
   out_shape = list(first.shape)
   for d, axes in enumerate(axes_per_dim):
     for ax in axes:
@@ -214,7 +244,8 @@ class _Group:
     try:
       if len(names) != 1:
         raise SyncError(f"Chips launched different kernels at the same point of shard_map: "
-                        f"{sorted(names)}; every chip must launch the same kernels in the same order.")
+                        f"{sorted(names)}; every chip must launch the same kernels in the same order. "
+                        f"Fix: make the launches independent of the chip index (branch inside the kernel).")
       machine = self.tpu.new_machine(kname, self.n)
       if self.mesh.device_ids is not None:
         machine.topology.place(self.mesh.device_ids)
@@ -248,6 +279,11 @@ class _Group:
 
 def shard_map(f, *, mesh: Mesh, in_specs, out_specs, check_rep=True, check_vma=True, axis_names=None):
   """Run `f` once per virtual chip on its shards; kernels launched inside run as one SPMD launch."""
+  validate.as_callable(f, "shard_map(f)")
+  if not isinstance(mesh, Mesh):
+    raise UsageError(f"shard_map(mesh=...) must be a mesh from pl.make_mesh; got {mesh!r} "
+                     f"({type(mesh).__name__}). Fix: mesh = pl.make_mesh((n,), ('x',)) inside "
+                     f"pl.virtual_tpu(chip, num_chips=n).")
 
   if not isinstance(mesh, Mesh):
     raise UsageError(f"shard_map(mesh={mesh!r}): expected a mesh from pl.make_mesh(axis_shapes, "
@@ -263,7 +299,8 @@ def shard_map(f, *, mesh: Mesh, in_specs, out_specs, check_rep=True, check_vma=T
     specs = in_specs if isinstance(in_specs, (list, tuple)) and not isinstance(in_specs, P) \
         else (in_specs,) * len(args)
     if len(specs) != len(args):
-      raise UsageError(f"shard_map: {len(specs)} in_specs for {len(args)} arguments.")
+      raise UsageError(f"shard_map: {len(specs)} in_specs for {len(args)} arguments. Fix: give one "
+                       f"PartitionSpec per argument (or one P for all of them).")
     shards = [[_shard(a, s, mesh, c, f"args[{i}]") for i, (a, s) in enumerate(zip(args, specs))]
               for c in range(mesh.size)]
     group = _Group(mesh, tpu)
@@ -292,12 +329,17 @@ def shard_map(f, *, mesh: Mesh, in_specs, out_specs, check_rep=True, check_vma=T
       t.join()
     if group.error is not None:
       raise group.error
+    if results[0] is None and (isinstance(out_specs, P) or out_specs not in (None, (), [])):
+      raise UsageError(f"shard_map function {getattr(f, '__name__', f)!r} returned None but out_specs="
+                       f"{out_specs!r} describes outputs. Fix: return the per-chip results, or pass "
+                       f"out_specs=() for a function without outputs.")
     leaves0, td = tree_flatten(results[0])
     per_chip = [tree_flatten(r)[0] for r in results]
     ospecs = out_specs if isinstance(out_specs, (list, tuple)) and not isinstance(out_specs, P) \
         else (out_specs,) * len(leaves0)
     if len(ospecs) != len(leaves0):
-      raise UsageError(f"shard_map: {len(ospecs)} out_specs for {len(leaves0)} outputs.")
+      raise UsageError(f"shard_map: {len(ospecs)} out_specs for {len(leaves0)} outputs. Fix: give "
+                       f"one PartitionSpec per output the function returns (or one P for all).")
     outs = [_unshard([pc[i] for pc in per_chip], s, mesh, f"outputs[{i}]")
             for i, s in enumerate(ospecs)]
     return tree_unflatten(td, outs)

@@ -16,22 +16,48 @@ from __future__ import annotations
 import itertools
 
 from palace._src.errors import UsageError
+from palace._src.validate import as_dims
 from palace._src.sim.bandwidth import Channel, reserve
 
 
 def default_shape(num_chips: int, dims: int) -> tuple:
-  """The most cube-like factorisation of num_chips into `dims` axes (largest first)."""
-  best = None
-  for shape in itertools.product(*[range(1, num_chips + 1)] * dims):
-    p = 1
-    for s in shape:
-      p *= s
-    if p != num_chips or list(shape) != sorted(shape, reverse=True):
-      continue
-    score = max(shape) - min(shape)
-    if best is None or score < best[0]:
-      best = (score, shape)
-  return best[1]
+  """The most cube-like factorisation of num_chips into `dims` axes (largest first). Walks divisors
+  only, so it is quick for any pod size."""
+  def shapes(n, k, cap):   # non-increasing k-tuples of divisors with product n, entries <= cap
+    if k == 1:
+      if n <= cap:
+        yield (n,)
+      return
+    for d in range(min(n, cap), 0, -1):
+      if n % d == 0 and d ** k >= n:
+        for rest in shapes(n // d, k - 1, d):
+          yield (d,) + rest
+
+  return min(shapes(num_chips, dims, num_chips), key=lambda s: (max(s) - min(s), s))
+
+
+def check_topology(chip, num_chips: int, shape) -> tuple:
+  """A user topology: a non-empty tuple of positive ints, at most the chip's torus rank, whose product
+  is num_chips."""
+  hint = (f"pass a tuple of positive chip counts per torus axis whose product is num_chips, e.g. "
+          f"topology={default_shape(num_chips, chip.ici_dims) if num_chips > 1 else (1,) * chip.ici_dims}.")
+  shape = as_dims(shape, "pl.virtual_tpu(topology)", hint=hint)
+  if not shape:
+    raise UsageError(f"pl.virtual_tpu(topology) is empty. Fix: {hint}")
+  for i, s in enumerate(shape):
+    if s < 1:
+      raise UsageError(f"pl.virtual_tpu(topology)[{i}] is {s}; every torus axis has at least one chip. "
+                       f"Fix: {hint}")
+  if len(shape) > chip.ici_dims:
+    raise UsageError(f"pl.virtual_tpu(topology) {shape} has {len(shape)} axes but {chip.name} has a "
+                     f"{chip.ici_dims}-D torus. Fix: {hint}")
+  p = 1
+  for s in shape:
+    p *= s
+  if p != num_chips:
+    raise UsageError(f"pl.virtual_tpu(topology) {shape} has {p} chips but num_chips={num_chips}. "
+                     f"Fix: {hint}")
+  return shape
 
 
 class Topology:
@@ -39,14 +65,7 @@ class Topology:
     dims = chip.ici_dims
     if shape is None:
       shape = default_shape(num_chips, dims) if num_chips > 1 else (1,) * dims
-    shape = tuple(int(s) for s in shape)
-    p = 1
-    for s in shape:
-      p *= s
-    if p != num_chips:
-      raise UsageError(f"topology {shape} has {p} chips but num_chips={num_chips}.")
-    if len(shape) > dims:
-      raise UsageError(f"{chip.name} has a {dims}-D torus; topology {shape} has {len(shape)} axes.")
+    shape = check_topology(chip, num_chips, shape)
     self.shape = shape + (1,) * (dims - len(shape))
     if dims == 3:
       cube = all(s % chip.ici_wraparound_min_axis == 0 for s in self.shape)
@@ -66,7 +85,7 @@ class Topology:
     placement = tuple(int(p) for p in placement)
     if sorted(placement) != list(range(self.num_chips)):
       raise UsageError(f"device placement {placement} is not a permutation of the "
-                       f"{self.num_chips} chips.")
+                       f"{self.num_chips} chips. Fix: list each chip index 0..{self.num_chips - 1} once.")
     self.placement = None if placement == tuple(range(self.num_chips)) else placement
     self._routes = {}
 

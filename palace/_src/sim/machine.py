@@ -20,7 +20,7 @@ from palace._src import hw, validate
 from palace._src.errors import SyncError, UsageError
 from palace._src.sim.bandwidth import Channel
 from palace._src.sim import memory
-from palace._src.sim.ici import Topology
+from palace._src.sim.ici import Topology, check_topology
 from palace._src.sim.checks import make_checks
 from palace._src.sim.report import Report
 from palace._src.sim.subcore import SC_BASE, SCALAR_BASE, SparseSubcore
@@ -41,7 +41,7 @@ class DmaPolicy:
 
   def __init__(self, name: str, seed: int):
     if name not in DMA_POLICIES:
-      raise UsageError(f"dma_policy={name!r}: expected one of {DMA_POLICIES}.")
+      raise UsageError(f"dma_policy={name!r}: expected one of {DMA_POLICIES}. Fix: pass one of those.")
     self.name = name
     self.rng = random.Random(seed)
 
@@ -311,45 +311,74 @@ class VirtualTPU:
   def __init__(self, chip="v5e", num_chips: int = 1, *, timing_only: bool = False,
                dma_policy: str = "eager", seed: int = 0, trace: bool = True, topology=None,
                detect_races: bool = False, uninitialized: str = "nan", p_state=None):
+    if not isinstance(chip, hw.ChipSpec):
+      validate.as_name(chip, "pl.virtual_tpu(chip)", hint=f"pass a chip name: {', '.join(hw.CHIPS)}.")
     self.chip = hw.get_chip(chip)
     if p_state is not None:  # a P-state of a chip with several clocks (7x): hw.with_p_state
       self.chip = hw.with_p_state(self.chip, p_state)
     self.num_chips = validate.as_int(num_chips, "pl.virtual_tpu(num_chips)", min_value=1)
-    self.timing_only = bool(timing_only)
-    if dma_policy not in DMA_POLICIES:
-      raise UsageError(f"dma_policy={dma_policy!r}: expected one of {DMA_POLICIES}.")
-    self.dma_policy = dma_policy
+    pod = self.chip.max_pod_devices
+    if self.num_chips > pod:
+      raise UsageError(
+          f"pl.virtual_tpu({self.chip.name!r}, num_chips={self.num_chips}): the largest {self.chip.name} "
+          f"pod (ICI domain) has {pod} devices. Fix: pass num_chips <= {pod}, or model a multi-pod "
+          f"system as separate launches per pod.")
+    self.timing_only = validate.as_bool(timing_only, "pl.virtual_tpu(timing_only)")
+    self.dma_policy = validate.as_choice(dma_policy, "pl.virtual_tpu(dma_policy)", DMA_POLICIES)
     self.seed = validate.as_int(seed, "pl.virtual_tpu(seed)")
-    self.trace = bool(trace)
-    self.topology = None if topology is None else tuple(topology)
+    self.trace = validate.as_bool(trace, "pl.virtual_tpu(trace)")
+    self.topology = None if topology is None else check_topology(self.chip, self.num_chips, topology)
     Topology(self.chip, self.num_chips, self.topology)  # validate early
-    self.detect_races = bool(detect_races)
-    if uninitialized not in ("nan", "raise"):
-      raise UsageError(f"uninitialized={uninitialized!r}: expected 'nan' (never-written memory reads as NaN "
-                       f"or an int sentinel) or 'raise' (the first such read raises).")
+    self.detect_races = validate.as_bool(detect_races, "pl.virtual_tpu(detect_races)")
+    if not isinstance(uninitialized, str) or uninitialized not in ("nan", "raise"):
+      raise UsageError(f"pl.virtual_tpu(uninitialized={uninitialized!r}): expected 'nan' (never-written "
+                       f"memory reads as NaN or an int sentinel) or 'raise' (the first such read raises). "
+                       f"Fix: pass one of those two strings.")
     self.uninitialized = uninitialized
     self.reports: list[Report] = []
     self.debug_output: list[str] = []
-    self._token = None
+    self._parent = None
 
   def __enter__(self):
-    self._parent = _active.get()
-    self._token = _active.set(self)
+    # Entered contexts form a stack per thread/context: (tpu, what was active before it). Re-entering
+    # the same object, nesting and out-of-order exits all leave the right TPU active (never a stale one).
+    stack = _entered.get()
+    if not any(t is self for t, _ in stack):
+      self._parent = _active.get()
+    _entered.set(stack + ((self, _active.get()),))
+    _active.set(self)
     return self
 
   def __exit__(self, *exc):
-    _active.reset(self._token)
-    self._token = None
-    self._parent = None
+    stack = list(_entered.get())
+    k = max((i for i, (t, _) in enumerate(stack) if t is self), default=None)
+    if k is None:   # exited more often than entered: nothing of this object is active
+      return False
+    _, prior = stack.pop(k)
+    if k < len(stack):   # an inner context is still open: it inherits what was active before this one
+      stack[k] = (stack[k][0], prior)
+    _entered.set(tuple(stack))
+    _active.set(stack[-1][0] if stack else prior)
+    if not any(t is self for t, _ in stack):
+      self._parent = None
     return False
 
   def record(self, report) -> None:
     """Keep a launch's report here and in every enclosing `virtual_tpu` context: the launches of a
     nested context (a script's own `with pl.virtual_tpu(...)` under `palace run`) count for both."""
-    self.reports.append(report)
-    parent = getattr(self, "_parent", None)
-    if parent is not None and parent is not self:
-      parent.record(report)
+    stack = [t for t, _ in reversed(_entered.get())]
+    if any(t is self for t in stack):   # the contexts open in this thread, innermost first
+      chain = stack
+    else:                               # a shard_map chip thread: the entered TPU and its parents
+      chain, tpu = [], self
+      while tpu is not None and not any(tpu is t for t in chain):
+        chain.append(tpu)
+        tpu = tpu._parent
+    seen = []
+    for tpu in [self] + chain:
+      if not any(tpu is t for t in seen):   # each context once, however often it was entered
+        tpu.reports.append(report)
+        seen.append(tpu)
 
   def new_machine(self, kernel_name: str, num_chips: int = 1) -> Machine:
     """A fresh machine for one launch: chip 0 only, or the whole pod for an SPMD (shard_map) launch."""
@@ -361,6 +390,7 @@ class VirtualTPU:
 
 
 _active: contextvars.ContextVar = contextvars.ContextVar("palace_virtual_tpu", default=None)
+_entered: contextvars.ContextVar = contextvars.ContextVar("palace_virtual_tpu_stack", default=())
 
 
 def active_tpu() -> VirtualTPU:

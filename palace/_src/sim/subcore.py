@@ -14,7 +14,6 @@ scalar subcore of SparseCore c is SCALAR_BASE + c.
 from __future__ import annotations
 
 from palace._src.core import MemorySpace
-from palace._src.executor import OpClass as _C
 from palace._src.errors import UnsupportedError, UsageError
 from palace._src.sim import cost
 from palace._src.sim.bandwidth import Channel

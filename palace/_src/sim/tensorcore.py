@@ -17,11 +17,11 @@ from __future__ import annotations
 import functools
 
 from palace._src.core import MemorySpace, SemaphoreRefType
-from palace._src.errors import SyncError, UnsupportedError
+from palace._src.errors import ResourceError, SyncError, UnsupportedError
 from palace._src.sim import cost, memory
 from palace._src.sim.dma import DmaEngine
 from palace._src.sim.memory import Buffer
-from palace._src.util import fmt_site, user_site
+from palace._src.util import fmt_site, prod, user_site
 
 _SMEM = MemorySpace.SMEM
 
@@ -210,6 +210,15 @@ class TensorCore:
 
   def _alloc(self, mem_type, name: str) -> Buffer:
     if isinstance(mem_type, SemaphoreRefType):
+      count = prod(mem_type.shape)
+      in_use = sum(prod(b.shape) for b in self.sem_buffers)
+      cap = self.chip.semaphores_per_core
+      if in_use + count > cap:
+        raise ResourceError(
+            f"Semaphores over capacity for {name} {self.where()}: {in_use} in use + {count} requested "
+            f"{mem_type.kind} semaphores > {cap} per core on {self.chip.name}. Fix: reuse semaphores "
+            f"(one per in-flight DMA slot, e.g. SemaphoreType.DMA((2,)) for double buffering) instead of "
+            f"one per copy.")
       buf = memory.new_buffer(mem_type.shape, None, MemorySpace.SEMAPHORE, name, self, self.chip_index,
                               self.timing_only, False, sem_kind=mem_type.kind)
       self.sem_buffers.append(buf)

@@ -13,6 +13,7 @@ import math
 import re
 from typing import Any, Callable, Iterable
 
+from palace._src import validate
 from palace._src.errors import BlockSpecError, PalaceError, ResourceError, UsageError
 from palace._src.sim.machine import VirtualTPU
 
@@ -88,7 +89,8 @@ class AutotuneResult:
         return t
     reasons = "; ".join(f"{format_config(t.config)}: {t.reason}" for t in self.trials[:3])
     raise UsageError(f"autotune on {self.chip}: all {len(self.trials)} configurations were rejected "
-                     f"({reasons}{'; ...' if len(self.trials) > 3 else ''}).")
+                     f"({reasons}{'; ...' if len(self.trials) > 3 else ''}). Fix: try smaller blocks (or a "
+                     f"chip with more VMEM) so that some configuration fits.")
 
   @property
   def best_config(self):
@@ -108,9 +110,17 @@ class AutotuneResult:
 
 
 def _expand(configs) -> list:
+  hint = ("pass a list of configurations ([{'bm': 256}, {'bm': 512}]) or a dict of lists whose product "
+          "is taken ({'bm': [256, 512], 'bn': [512, 1024]}).")
   if isinstance(configs, dict):  # {"bm": [..], "bn": [..]} -> cartesian product, in key order
     keys = list(configs)
+    for k in keys:
+      if isinstance(configs[k], (str, bytes)) or not hasattr(configs[k], "__iter__"):
+        raise UsageError(f"autotune configs[{k!r}] = {configs[k]!r} is not a list of values. Fix: {hint}")
     return [dict(zip(keys, vals)) for vals in itertools.product(*(list(configs[k]) for k in keys))]
+  if isinstance(configs, (str, bytes)) or not hasattr(configs, "__iter__"):
+    raise UsageError(f"autotune configs = {configs!r} ({type(configs).__name__}) is not a collection of "
+                     f"configurations. Fix: {hint}")
   return list(configs)
 
 
@@ -139,9 +149,11 @@ def autotune(make_call: Callable, configs: Iterable | dict, args=(), *, chip="v5
     >>> res.best_config
     {'bm': 512, 'bk': 1024, 'bn': 1024}
   """
+  validate.as_callable(make_call, "autotune(make_call)", hint="pass a function config -> callable, "
+                       "e.g. lambda c: make_matmul(**c).")
   cfgs = _expand(configs)
   if not cfgs:
-    raise UsageError("autotune got no configurations to evaluate.")
+    raise UsageError("autotune got no configurations to evaluate. Fix: pass at least one configuration.")
   args = tuple(args) if isinstance(args, (list, tuple)) else (args,)
   trials = []
   chip_name = None
@@ -150,7 +162,11 @@ def autotune(make_call: Callable, configs: Iterable | dict, args=(), *, chip="v5
     chip_name = tpu.chip.name
     try:
       with tpu:
-        make_call(cfg)(*args)
+        fn = make_call(cfg)
+        validate.as_callable(fn, f"autotune: make_call({format_config(cfg)})", hint=(
+            "make_call(config) must return the function to time, e.g. a pl.pallas_call(...) built "
+            "from the config."))
+        fn(*args)
     except reject as e:
       trial = Trial(i, cfg, None, e)
     else:

@@ -6,6 +6,7 @@ limit (any PalaceError) prints its message and exits with status 2, without a tr
 from __future__ import annotations
 
 import json
+import os
 import runpy
 import sys
 import time
@@ -36,6 +37,63 @@ class _Group(click.Group):
     except PalaceError as e:
       click.echo(f"palace: error: {type(e).__name__}: {e}", err=True)
       ctx.exit(2)
+    except ImportError as e:   # an optional module of the `cli` extra (matplotlib for the PNGs)
+      if (e.name or "").split(".")[0] not in ("click", "rich", "matplotlib"):
+        raise
+      click.echo(f"palace: error: this needs {e.name!r}, part of the 'cli' extra. Fix: pip install "
+                 f"'palace[cli]'", err=True)
+      ctx.exit(2)
+
+  def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+    """click's main, except that a usage mistake (a bad number, an unknown option or command, an
+    unwritable output path) is one line on stderr and exit status 2, like a PalaceError."""
+    try:
+      rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+    except click.exceptions.UsageError as e:
+      cmd = e.ctx.command_path if e.ctx is not None else "palace"
+      click.echo(f"palace: error: {e.format_message()} (see '{cmd} -h')", err=True)
+      sys.exit(2)
+    except click.exceptions.ClickException as e:
+      click.echo(f"palace: error: {e.format_message()}", err=True)
+      sys.exit(2 if e.exit_code == 1 else e.exit_code)
+    except click.exceptions.Abort:
+      click.echo("palace: aborted", err=True)
+      sys.exit(1)
+    if not standalone_mode:
+      return rv
+    sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _out_file(ctx, param, value):
+  """An output path option: checked by opening it for appending before anything runs (a missing
+  folder, a folder given as the file, no permission: one line and exit 2, not a traceback at the end)."""
+  if value is None:
+    return None
+  path = Path(value)
+  if path.is_dir():
+    raise click.BadParameter(f"{value!r} is a folder; pass a file path, e.g. {path / 'out.json'}")
+  existed = path.exists()
+  try:
+    with open(path, "a"):
+      pass
+  except OSError as e:
+    raise click.BadParameter(f"cannot write {value!r} ({e.strerror}); pass a path in a folder that "
+                             f"exists and that you can write to") from None
+  if not existed:
+    path.unlink()
+  return value
+
+
+def _out_dir(ctx, param, value):
+  """An output folder option: created now (with its parents), so an unwritable one fails up front."""
+  if value is None:
+    return None
+  try:
+    Path(value).mkdir(parents=True, exist_ok=True)
+  except OSError as e:
+    raise click.BadParameter(f"cannot create the folder {value!r} ({e.strerror}); pass a folder you can "
+                             f"write to") from None
+  return value
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -51,7 +109,7 @@ def main():
 def _np_dtype(name: str):
   import palace.numpy as jnp
   if name not in DTYPES:
-    raise UsageError(f"--dtype {name!r}: expected one of {', '.join(DTYPES)}.")
+    raise UsageError(f"--dtype {name!r}: expected one of {', '.join(DTYPES)}. Fix: pass one of those.")
   return {"bfloat16": np.dtype(jnp.bfloat16), "float32": np.dtype(np.float32),
           "int8": np.dtype(np.int8)}[name]
 
@@ -114,13 +172,16 @@ def chips(sources):
 @click.argument("file", type=click.Path(exists=True, dir_okay=False))
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--chip", default="v5e", show_default=True, help="Chip preset (v4, v5e, v5p, v6e, 7x).")
-@click.option("--num-chips", default=1, show_default=True, help="Chips in the virtual system.")
+@click.option("--num-chips", default=1, show_default=True, type=click.IntRange(min=1),
+              help="Chips in the virtual system.")
 @click.option("--timing-only", is_flag=True, help="Skip the arithmetic (results are garbage, times are not).")
-@click.option("--trace", type=click.Path(dir_okay=False), help="Write the last launch's Perfetto trace here.")
-@click.option("--trace-dir", type=click.Path(file_okay=False),
+@click.option("--trace", type=click.Path(dir_okay=False), callback=_out_file,
+              help="Write the last launch's Perfetto trace here.")
+@click.option("--trace-dir", type=click.Path(file_okay=False), callback=_out_dir,
               help="Write one Perfetto trace per launch into this folder.")
-@click.option("--timeline", type=click.Path(dir_okay=False), help="Write the last launch's timeline PNG.")
-@click.option("--max-reports", default=10, show_default=True, help="Print at most this many full reports.")
+@click.option("--timeline", type=click.Path(dir_okay=False), callback=_out_file,
+              help="Write the last launch's timeline PNG.")
+@click.option("--max-reports", default=10, show_default=True, type=click.IntRange(min=0), help="Print at most this many full reports.")
 @click.option("--jax", "jax_source", is_flag=True,
               help="FILE is written for JAX Pallas: its `import jax...` lines get palace (palace.compat).")
 def run(file, script_args, chip, num_chips, timing_only, trace, trace_dir, timeline, max_reports,
@@ -201,23 +262,26 @@ def _int_list(ctx, param, value):
   if value is None:
     return None
   try:
-    return [int(v) for v in value.split(",") if v.strip()]
+    out = [int(v) for v in value.split(",") if v.strip()]
   except ValueError:
     raise click.BadParameter(f"expected comma-separated integers, got {value!r}") from None
+  if not out or min(out) < 1:
+    raise click.BadParameter(f"expected comma-separated positive integers (block sizes), got {value!r}")
+  return out
 
 
 @tune.command("matmul")
-@click.option("--m", "m", default=4096, show_default=True, help="Rows of x and of the output.")
-@click.option("--n", "n", default=4096, show_default=True, help="Columns of y and of the output.")
-@click.option("--k", "k", default=4096, show_default=True, help="Contraction size.")
+@click.option("--m", "m", default=4096, show_default=True, type=click.IntRange(min=1), help="Rows of x and of the output.")
+@click.option("--n", "n", default=4096, show_default=True, type=click.IntRange(min=1), help="Columns of y and of the output.")
+@click.option("--k", "k", default=4096, show_default=True, type=click.IntRange(min=1), help="Contraction size.")
 @click.option("--dtype", default="bfloat16", show_default=True, type=click.Choice(DTYPES))
 @click.option("--chip", default="v5e", show_default=True, help="Chip preset (v4, v5e, v5p, v6e, 7x).")
 @click.option("--bm", callback=_int_list, help="Candidate bm values, e.g. 256,512 (default: the powers "
               "of two from max(128, m/16) to 2048 that divide m).")
 @click.option("--bk", callback=_int_list, help="Candidate bk values (default as for bm).")
 @click.option("--bn", callback=_int_list, help="Candidate bn values (default as for bm).")
-@click.option("--top", default=15, show_default=True, help="Rows of the ranking to show.")
-@click.option("--json", "json_path", type=click.Path(dir_okay=False), help="Write the full ranking as JSON.")
+@click.option("--top", default=15, show_default=True, type=click.IntRange(min=1), help="Rows of the ranking to show.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), callback=_out_file, help="Write the full ranking as JSON.")
 def tune_matmul(m, n, k, dtype, chip, bm, bk, bn, top, json_path):
   """Rank (bm, bk, bn) for the tiled pallas_call matmul by modelled time; reject configs that do not fit.
 
@@ -283,7 +347,7 @@ def _print_ranking(console, res, top, ref_t, ref_bound, flops):
 @main.command()
 @click.option("--quick", is_flag=True, help="Smaller shapes and sweep (a few seconds; used by the tests).")
 @click.option("--out", "out_dir", default="palace-out", show_default=True, type=click.Path(file_okay=False),
-              help="Folder for the Perfetto traces and PNG plots.")
+              callback=_out_dir, help="Folder for the Perfetto traces and PNG plots.")
 @click.option("--chip", default="v5e", show_default=True, help="Chip for the TensorCore parts.")
 def demo(quick, out_dir, chip):
   """A guided tour of palace on the virtual TPU, part by part.

@@ -20,6 +20,7 @@ import numpy as np
 from palace._src import validate
 from palace._src.errors import UsageError
 from palace._src.sim.machine import DMA_POLICIES, VirtualTPU
+from palace._src import validate
 from palace._src.util import tree_flatten
 
 
@@ -98,6 +99,8 @@ def explore_schedules(fn, *args, seeds=range(8), chip="v5e", num_chips: int = 1,
   for p in policies:
     if p not in DMA_POLICIES:
       raise UsageError(f"explore_schedules policies={policies!r}: {p!r} is not one of {DMA_POLICIES}.")
+  validate.as_callable(fn, "explore_schedules(fn)", hint="pass the function to run, e.g. "
+                       "pl.explore_schedules(lambda: f(x)).")
   seeds = [validate.as_int(s, f"explore_schedules seeds[{i}]") for i, s in enumerate(seeds)]
   runs = [(p, 0, p) for p in policies] + [("random", s, f"random seed={s}") for s in seeds]
   if not runs:

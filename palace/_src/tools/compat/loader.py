@@ -173,11 +173,18 @@ def _root_of(path: Path) -> Path | None:
 
 def _resolve(path_or_name) -> tuple[Path, str, Path | None]:
   """(file, module name, jax source root) for a path or a dotted module name."""
+  if not isinstance(path_or_name, (str, os.PathLike)) or not os.fspath(path_or_name):
+    raise UsageError(f"palace.compat.load_module({path_or_name!r}): expected a path to a .py file or a "
+                     f"dotted module name under {_OPS}. Fix: pass e.g. 'my_kernels.py'.")
   s = os.fspath(path_or_name)
   p = Path(s)
+  if p.is_dir():
+    raise UsageError(f"palace.compat.load_module({s!r}) is a directory. Fix: pass one of its .py files "
+                     f"(sibling modules it imports are found through it).")
   if s.endswith(".py") or os.sep in s or p.is_file():
     if not p.is_file():
-      raise UsageError(f"palace.compat.load_module({s!r}): no such file.")
+      raise UsageError(f"palace.compat.load_module({s!r}): no such file. Fix: check the path (relative "
+                       f"paths start at the current directory, {os.getcwd()}).")
     return p.resolve(), p.stem, _root_of(p)
   if s == "jax" or s.startswith("jax."):
     if not s.startswith(_OPS + "."):
