@@ -164,7 +164,7 @@ def _grid_call(grid):
 def test_huge_grids_are_rejected_without_building_them(grid, cls, why):
   # grid=(2**31,) used to build a list of every point (gigabytes) before running
   raises(lambda: _grid_call(grid)(np.ones((8, 128), np.float32)), cls,
-         r"pallas_call '_copy' grid.*" + why, "Fix: use larger blocks")
+         r"grid of pallas_call '_copy'.*" + why, "Fix: use larger blocks")
 
 
 def test_grid_limit_is_documented():

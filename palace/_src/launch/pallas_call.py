@@ -160,7 +160,7 @@ def _plan(kernel, kname, out_shape, grid, grid_spec, aliases, params, args):
   pre_leaves, pre_td = tree_flatten(tuple(args[:nsp]))
   in_leaves, _ = tree_flatten(tuple(args[nsp:]))
   out_leaves, out_td = tree_flatten(out_shape, is_leaf=lambda x: hasattr(x, "shape"))
-  grid = validate.as_grid(grid, f"pallas_call '{kname}' grid")
+  grid = validate.as_grid(grid, f"grid of pallas_call '{kname}'")
   pre_arrays = [launch.to_host_array(a, f"scalar_prefetch[{i}]") for i, a in enumerate(pre_leaves)]
   in_arrays = [launch.to_host_array(a, f"args[{i + nsp}]") for i, a in enumerate(in_leaves)]
   kernel, in_specs, out_specs, scratch = _absent_entries(

@@ -116,15 +116,13 @@ def make_mesh(axis_shapes, axis_names, *, devices=None, axis_types=None) -> Mesh
   if len(shape) != len(names):
     raise UsageError(f"make_mesh: {len(shape)} axis sizes but {len(names)} axis names. Fix: give one "
                      f"name per axis size, e.g. pl.make_mesh((2, 4), ('x', 'y')).")
-  tpu = active_tpu()
   size = int(np.prod(shape))
   if devices is not None:
     ids = tuple(validate.as_int(d, "make_mesh devices") for d in np.asarray(devices).reshape(-1))
     if sorted(ids) != list(range(size)):
       raise UsageError(f"make_mesh{shape}: devices {ids} must list each of the {size} chips once. "
                        f"Fix: pass a permutation of range({size}), or omit devices.")
-  elif sum(1 for s in shape if s > 1) == 1:
-    ids = tuple(Topology(tpu.chip, tpu.num_chips, tpu.topology).ring_order())
+    mesh = Mesh(shape, names, None if ids == tuple(range(size)) else ids)
   else:
     mesh = Mesh(shape, names, None, placed=False)
   tpu = explicit_tpu()
