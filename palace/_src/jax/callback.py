@@ -1,0 +1,44 @@
+"""The lowering of one palace-run `pallas_call`: a single host callback for the whole launch.
+
+Before emitting it, the kernel's jaxpr (and its index maps) are checked for primitives the interpreter
+does not cover, so an UnsupportedError is raised while lowering, in the caller's thread, naming the
+primitive and the kernel line. Errors raised later inside the callback (out-of-bounds, races, ...) reach
+the caller wrapped by XLA in a JaxRuntimeError; the Engine keeps the original and `virtual_tpu`'s exit
+re-raises it, so `pytest.raises(pl.OutOfBoundsError)` around the `with` block works.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from palace._src.errors import UnsupportedError
+
+
+def lower_on_palace(ctx, in_nodes, engine, params):
+  import jax  # noqa: PLC0415
+  from jax._src import core as jax_core  # noqa: PLC0415
+  from jax._src.interpreters import mlir  # noqa: PLC0415
+  from palace._src.jax.interpret import check_covered  # noqa: PLC0415
+  from palace._src.jax.launch import check_launch  # noqa: PLC0415
+
+  check_launch(params, ctx.avals_in)
+  check_covered(params["jaxpr"])
+  for bm in params["grid_mapping"].block_mappings:
+    check_covered(bm.index_map_jaxpr.jaxpr)
+  out_avals = params["out_avals"]
+  result_shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in out_avals]
+
+  def host(*arrays):
+    try:
+      outs = engine.run_pallas_call(params, [np.asarray(a) for a in arrays])
+    except BaseException as e:  # noqa: BLE001  kept for virtual_tpu's exit, then XLA wraps it
+      engine.errors.append(e)
+      raise
+    return [np.asarray(o, dtype=a.dtype).reshape(a.shape) for o, a in zip(outs, out_avals)]
+
+  def body(*args):
+    return jax.pure_callback(host, result_shapes, *args)
+
+  if any(isinstance(a, jax_core.ShapedArray) is False for a in ctx.avals_in):
+    raise UnsupportedError("palace.jax: a pallas_call operand that is not an array (a closed-over ref "
+                           "or a hi-type) is not supported yet.")
+  return mlir.lower_fun(body, multiple_results=True)(ctx, *in_nodes)

@@ -1,0 +1,123 @@
+"""JAX's `pallas_call` parameters (kernel jaxpr + GridMapping) -> one palace launch.
+
+`run_pallas_call` is the single adapter between the two worlds: today it builds palace's own
+`pl.pallas_call` (BlockSpecs whose index maps and a kernel body that run the jaxprs through the
+interpreter); when palace's flat `LaunchPlan` (launch/plan.py) lands, only this function changes.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from palace._src import core as pcore
+from palace._src.errors import UnsupportedError
+from palace._src.jax.avals import alloc_type, memory_space
+from palace._src.jax.interpret import eval_closed, eval_jaxpr
+from palace._src.launch.pallas_call import pallas_call
+
+
+def kernel_name(params) -> str:
+  name = params.get("name")
+  if name:
+    return str(name)
+  dbg = getattr(params["jaxpr"], "debug_info", None)
+  return str(getattr(dbg, "func_name", None) or "kernel")
+
+
+def _fail(params, what: str, fix: str = "") -> UnsupportedError:
+  return UnsupportedError(f"palace.jax: pallas_call '{kernel_name(params)}': {what} is not supported "
+                          f"yet." + (f" {fix}" if fix else ""))
+
+
+def check_launch(params, avals_in=()) -> None:
+  """Raise UnsupportedError (at lowering time) for launch features the adapter does not cover."""
+  gm = params["grid_mapping"]
+  if params.get("mesh") is not None:
+    raise _fail(params, "a pallas_call over a mesh (core_map / pl.kernel)")
+  if gm.num_dynamic_grid_bounds:
+    raise _fail(params, "a dynamic grid bound", "Use a static grid size.")
+  if params["jaxpr"].constvars:
+    raise _fail(params, "a kernel that captures constants")
+  if getattr(gm, "vmapped_dims", ()):
+    raise _fail(params, "a vmapped pallas_call (jax.vmap of a kernel)")
+  if any(not isinstance(g, (int, np.integer)) for g in gm.grid):
+    raise _fail(params, f"the grid {gm.grid}")
+  for bm in gm.block_mappings:
+    if bm.transforms:
+      raise _fail(params, f"block transforms {bm.transforms} of {bm.origin}")
+    _block_shape(params, bm)
+
+
+def _block_shape(params, bm):
+  from jax._src.pallas import core as jpc  # noqa: PLC0415
+  out = []
+  for d in bm.block_shape:
+    if isinstance(d, jpc.Blocked):
+      out.append(int(d.block_size))
+    elif isinstance(d, jpc.Squeezed) or d is None:
+      out.append(pcore.squeezed)
+    elif isinstance(d, jpc.Element):
+      out.append(pcore.Element(int(d.block_size), tuple(int(p) for p in d.padding)))
+    elif isinstance(d, jpc.BoundedSlice):
+      raise _fail(params, f"BoundedSlice block dims ({bm.origin})")
+    else:
+      raise _fail(params, f"block dim {d!r} of {bm.origin}")
+  return tuple(out)
+
+
+def _index_map(bm):
+  closed = bm.index_map_jaxpr
+
+  def index_map(*args):
+    return tuple(eval_closed(closed, *args))
+
+  return index_map
+
+
+def _block_spec(params, bm):
+  space = memory_space(getattr(bm.transformed_block_aval, "memory_space", None), None, bm.origin)
+  mode = None
+  if bm.pipeline_mode is not None:
+    mode = pcore.Buffered(int(bm.pipeline_mode.buffer_count))
+  if space in (pcore.MemorySpace.ANY, pcore.MemorySpace.HBM):
+    return pcore.BlockSpec(memory_space=space)
+  return pcore.BlockSpec(_block_shape(params, bm), _index_map(bm), mode, memory_space=space)
+
+
+def _compiler_params(cp):
+  if cp is None:
+    return None
+  fields = {f.name for f in dataclasses.fields(pcore.CompilerParams)}
+  kw = {k: getattr(cp, k) for k in fields if hasattr(cp, k)}
+  sem = kw.get("dimension_semantics")
+  if sem is not None:
+    kw["dimension_semantics"] = tuple(str(getattr(s, "value", s)).lower() if not isinstance(s, str)
+                                      else s.lower() for s in sem)
+  return pcore.CompilerParams(**kw)
+
+
+def run_pallas_call(params, args):
+  """Run one JAX `pallas_call` (its primitive parameters and NumPy operands) on the active palace
+  VirtualTPU; returns the list of NumPy outputs."""
+  check_launch(params)
+  gm = params["grid_mapping"]
+  nsp, n_in, n_out = gm.num_index_operands, gm.num_inputs, gm.num_outputs
+  jaxpr = params["jaxpr"]
+  specs = [_block_spec(params, bm) for bm in gm.block_mappings]
+  in_specs, out_specs = specs[:n_in], specs[n_in:n_in + n_out]
+  scratch = [alloc_type(a, f"scratch[{i}]") for i, a in enumerate(gm.scratch_avals)]
+  out_shape = [pcore.ShapeDtypeStruct(tuple(a.shape), np.dtype(a.dtype)) for a in params["out_avals"]]
+
+  def kernel(*refs):
+    eval_jaxpr(jaxpr, (), *refs)
+
+  kernel.__name__ = kernel_name(params)
+  grid_spec = pcore.PrefetchScalarGridSpec(nsp, tuple(int(g) for g in gm.grid), in_specs, out_specs,
+                                           scratch)
+  call = pallas_call(kernel, out_shape, grid_spec=grid_spec,
+                     input_output_aliases=dict(params.get("input_output_aliases") or ()),
+                     compiler_params=_compiler_params(params.get("compiler_params")),
+                     name=kernel_name(params))
+  outs = call(*args)
+  return list(outs)

@@ -1,0 +1,69 @@
+"""Interpreter rules for control flow and calls: jit/closed calls, custom_jvp/vjp (primal only), cond,
+while, scan (fori_loop), run_scoped. Loops and branches go through palace's own control-flow
+primitives, so their scalar-unit costs are charged as for a palace kernel."""
+from __future__ import annotations
+
+from palace._src.jax.avals import alloc_type
+from palace._src.jax.interpret import eval_closed, eval_jaxpr, rule, unsupported
+from palace._src.lang import primitives as prims
+
+
+@rule("pjit", "jit", "closed_call", "core_call", "remat", "checkpoint", "custom_jvp_call",
+      "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin")
+def _call(eqn, *args):
+  p = eqn.params
+  for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
+    j = p.get(key)
+    if j is not None:
+      break
+  else:
+    raise unsupported(eqn, "no inner jaxpr")
+  return eval_closed(j, *args[len(args) - len(j.invars):])
+
+
+@rule("cond")
+def _cond(eqn, index, *ops):
+  branches = eqn.params["branches"]
+  fns = [lambda *a, b=b: eval_closed(b, *a) for b in branches]
+  return prims.switch(index, fns, *ops)
+
+
+@rule("while")
+def _while(eqn, *args):
+  p = eqn.params
+  cn, bn = int(p["cond_nconsts"]), int(p["body_nconsts"])
+  cconsts, bconsts, init = args[:cn], args[cn:cn + bn], args[cn + bn:]
+  cj, bj = p["cond_jaxpr"], p["body_jaxpr"]
+  out = prims.while_loop(lambda c: eval_closed(cj, *cconsts, *c)[0],
+                         lambda c: tuple(eval_closed(bj, *bconsts, *c)), tuple(init))
+  return list(out)
+
+
+@rule("scan")
+def _scan(eqn, *args):
+  p = eqn.params
+  if "ft_in" in p:  # JAX 0.12: the operand groups (consts, carry, xs) as a flat-tree tuple
+    nc, ncarry = (len(list(g.vals)) for g in p["ft_in"].unpack()[:2])
+  else:
+    nc, ncarry = int(p["num_consts"]), int(p["num_carry"])
+  consts, init, xs = args[:nc], args[nc:nc + ncarry], args[nc + ncarry:]
+  body = p["jaxpr"]
+  if xs or len(body.jaxpr.outvars) != ncarry:
+    raise unsupported(eqn, "scanned inputs or stacked outputs (xs / ys)",
+                      "Only carry-only scans (what lax.fori_loop with static bounds becomes) are covered.")
+  out = prims.fori_loop(0, int(p["length"]), lambda i, c: tuple(eval_closed(body, *consts, *c)),
+                        tuple(init))
+  return list(out)
+
+
+@rule("run_scoped")
+def _run_scoped(eqn, *consts):
+  """The eqn's operands are the body's constvars (closed-over values and refs); its invars are the
+  scoped allocations."""
+  p = eqn.params
+  if any(t for t in (p.get("ref_transforms") or ())):
+    raise unsupported(eqn, "ref_transforms (transformed scoped allocation types)")
+  jaxpr = p["jaxpr"]
+  types = [alloc_type(v.aval, f"run_scoped[{i}]") for i, v in enumerate(jaxpr.invars)]
+  return prims.run_scoped(lambda *refs: eval_jaxpr(jaxpr, consts, *refs), *types,
+                          collective_axes=tuple(p.get("collective_axes") or ()))
