@@ -27,15 +27,14 @@ NOT_YET = {
     **{f"kernel_pipeline-{c}": _MESH for c in (
         "kernel_sync_copy_compute", "kernel_mutable_ref_in_place", "emit_pipeline_add",
         "emit_pipeline_matmul_accumulate", "emit_pipeline_in_pallas_call", "emit_pipeline_squeezed_batch")},
-    "wheel-wheel_flash_attention_causal": "primitive 'tile' is not covered yet",
-    "wheel-wheel_splash_attention_causal": "primitive 'tile' is not covered yet",
     "wheel-wheel_megablox_gmm": "dynamic grid bounds are not covered yet",
 }
 # case -> modelled cycles through palace.jax minus palace's own path (scalar-unit ops, see above)
 SCALAR_EXTRA = {"basic-row_sum_and_max": 28, "basic-softmax": 162, "basic-causal_mask_iota": 4,
                 "basic-fori_loop_in_kernel": 16, "basic-roll_and_integer_ops": 8,
                 "prefetch_alias-prefetch_two_tables_skip_blocks": 2,
-                "prefetch_alias-alias_partial_update": 4, "wheel-wheel_paged_attention": None}
+                "prefetch_alias-alias_partial_update": 4, "wheel-wheel_paged_attention": None,
+                "wheel-wheel_flash_attention_causal": 30, "wheel-wheel_splash_attention_causal": 15}
 
 
 def _id(f, c):

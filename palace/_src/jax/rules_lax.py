@@ -264,3 +264,8 @@ def _cumsum(eqn, x):
   if eqn.params.get("reverse"):
     raise unsupported(eqn, "reverse=True")
   return pjnp.cumsum(x, axis=int(eqn.params["axis"]))
+
+
+@rule("tile")
+def _tile(eqn, x):
+  return pjnp.tile(x, tuple(int(r) for r in eqn.params["reps"]))

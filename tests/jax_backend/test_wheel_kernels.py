@@ -1,0 +1,68 @@
+"""Acceptance 1 (part): the TPU kernels shipped in the jax wheel, from their public functions inside
+jax.jit, on palace, against JAX's pure-jnp references (float64 NumPy where the wheel has none)."""
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+from jax.experimental.pallas.ops.tpu import flash_attention, matmul
+
+import palace.jax as pj
+
+
+def _ints(shape, seed):
+  return np.random.default_rng(seed).integers(-8, 8, shape).astype(np.float32)
+
+
+def test_wheel_matmul_inside_jit_is_exact_on_integer_data():
+  x, y = _ints((256, 512), 0), _ints((512, 384), 1)
+  f = jax.jit(lambda a, b: matmul.matmul(a, b, block_shape=(128, 128), block_k=256) + 1.0)
+  with pj.virtual_tpu("v5e") as tpu:
+    out = np.asarray(f(x, y))
+  np.testing.assert_array_equal(out, x.astype(np.float64) @ y + 1.0)
+  assert len(tpu.reports) == 1 and tpu.reports[0].flops == 2 * 256 * 512 * 384
+
+
+def test_wheel_flash_attention_forward_inside_jit_matches_mha_reference():
+  r = np.random.default_rng(2)
+  q, k, v = (r.standard_normal((1, 2, 256, 128)).astype(np.float32) for _ in range(3))
+  f = jax.jit(lambda a, b, c: flash_attention.flash_attention(a, b, c, causal=True, sm_scale=0.125))
+  with pj.virtual_tpu("v5e") as tpu:
+    out = np.asarray(f(q, k, v))
+  ref = np.asarray(flash_attention.mha_reference(q, k, v, None, causal=True, sm_scale=0.125))
+  np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)   # flash_attention_test's f32 tolerance
+  assert len(tpu.reports) == 1 and tpu.reports[0].device_cycles > 0
+
+
+def test_modelled_time_of_a_jitted_wheel_call():
+  x, y = _ints((512, 512), 3), _ints((512, 512), 4)
+  f = jax.jit(lambda a, b: matmul.matmul(a, b, block_shape=(128, 128), block_k=128))
+  small = pj.device_time(f, x[:256], y)
+  big = pj.device_time(f, x, y)
+  assert small.launches == big.launches == 1
+  assert big.device_cycles > small.device_cycles  # twice the work
+  assert big.reports[0].flops == 2 * small.reports[0].flops
+
+
+def _attention_sum(q, k, v):
+  """Plain-jnp causal attention (mha_reference has no backward of its own)."""
+  s = jnp.einsum("bhqd,bhkd->bhqk", q, k) * 0.125
+  s = jnp.where(jnp.tril(jnp.ones(s.shape[-2:], bool)), s, -1e30)
+  return jnp.einsum("bhqk,bhkd->bhqd", jax.nn.softmax(s, axis=-1), v).sum()
+
+
+def test_wheel_flash_attention_grad_runs_its_custom_vjp_backward_kernels_on_palace():
+  r = np.random.default_rng(5)
+  q, k, v = (r.standard_normal((1, 2, 256, 128)).astype(np.float32) for _ in range(3))
+  bs = flash_attention.BlockSizes(
+      block_q=128, block_k_major=128, block_k=128, block_b=1, block_q_major_dkv=128,
+      block_k_major_dkv=128, block_k_dkv=128, block_q_dkv=128, block_k_major_dq=128, block_k_dq=128,
+      block_q_dq=128)
+  loss = lambda a, b, c: flash_attention.flash_attention(  # noqa: E731
+      a, b, c, causal=True, sm_scale=0.125, block_sizes=bs).sum()
+  with pj.virtual_tpu("v5e") as tpu:
+    got = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
+  want = jax.grad(_attention_sum, argnums=(0, 1, 2))(q, k, v)
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-4)
+  assert [x.kernel_name for x in tpu.reports] == [
+      "_flash_attention_kernel", "_flash_attention_dkv_kernel", "_flash_attention_dq_kernel"]
