@@ -27,7 +27,6 @@ NOT_YET = {
     **{f"kernel_pipeline-{c}": _MESH for c in (
         "kernel_sync_copy_compute", "kernel_mutable_ref_in_place", "emit_pipeline_add",
         "emit_pipeline_matmul_accumulate", "emit_pipeline_in_pallas_call", "emit_pipeline_squeezed_batch")},
-    "wheel-wheel_megablox_gmm": "dynamic grid bounds are not covered yet",
 }
 # case -> modelled cycles through palace.jax minus palace's own path (scalar-unit ops, see above)
 SCALAR_EXTRA = {"basic-row_sum_and_max": 28, "basic-softmax": 162, "basic-causal_mask_iota": 4,

@@ -66,3 +66,33 @@ def test_wheel_flash_attention_grad_runs_its_custom_vjp_backward_kernels_on_pala
     np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-4)
   assert [x.kernel_name for x in tpu.reports] == [
       "_flash_attention_kernel", "_flash_attention_dkv_kernel", "_flash_attention_dq_kernel"]
+
+
+def _gmm_ref(lhs, rhs, sizes):
+  starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+  return jnp.concatenate([lhs[s:s + n] @ rhs[g] for g, (s, n) in enumerate(zip(starts, sizes))])
+
+
+def test_wheel_megablox_gmm_tgmm_and_grad_of_gmm_inside_jit():
+  import sys
+  import jax.experimental.pallas.ops.tpu.megablox.gmm  # noqa: F401  (the module, not the function)
+  from jax.experimental.pallas.ops.tpu import megablox
+  gmm_module = sys.modules["jax.experimental.pallas.ops.tpu.megablox.gmm"]
+  r = np.random.default_rng(6)
+  lhs, rhs = (r.integers(-4, 4, s).astype(np.float32) for s in ((512, 256), (3, 256, 128)))
+  sizes = np.array([128, 256, 128], np.int32)   # dynamic grid bound: the number of active tiles
+  tiling = (128, 128, 128)
+  with pj.virtual_tpu("v5e") as tpu:
+    out = jax.jit(lambda a, b, c: megablox.gmm(a, b, c, jnp.float32, tiling))(lhs, rhs, sizes)
+    dout = r.integers(-4, 4, (512, 128)).astype(np.float32)
+    t = jax.jit(lambda a, b, c: gmm_module.tgmm(a, b, c, jnp.float32, tiling))(lhs.T, dout, sizes)
+    grads = jax.jit(jax.grad(lambda a, b: megablox.gmm(a, b, sizes, jnp.float32, tiling).sum(),
+                             argnums=(0, 1)))(lhs, rhs)
+  np.testing.assert_array_equal(np.asarray(out), np.asarray(_gmm_ref(lhs, rhs, sizes)))
+  starts = [0, 128, 384]
+  np.testing.assert_array_equal(np.asarray(t), np.stack([lhs[s:s + n].T @ dout[s:s + n]
+                                                         for s, n in zip(starts, sizes)]))
+  want = jax.grad(lambda a, b: _gmm_ref(a, b, sizes).sum(), argnums=(0, 1))(lhs, rhs)
+  for g, w in zip(grads, want):
+    np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+  assert len(tpu.reports) == 4   # gmm, tgmm, and the backward's gmm + tgmm

@@ -35,13 +35,12 @@ def check_launch(params, avals_in=()) -> None:
   gm = params["grid_mapping"]
   if params.get("mesh") is not None:
     raise _fail(params, "a pallas_call over a mesh (core_map / pl.kernel)")
-  if gm.num_dynamic_grid_bounds:
-    raise _fail(params, "a dynamic grid bound", "Use a static grid size.")
   if params["jaxpr"].constvars:
     raise _fail(params, "a kernel that captures constants")
   if getattr(gm, "vmapped_dims", ()):
     raise _fail(params, "a vmapped pallas_call (jax.vmap of a kernel)")
-  if any(not isinstance(g, (int, np.integer)) for g in gm.grid):
+  n_dyn = sum(1 for g in gm.grid if not isinstance(g, (int, np.integer)))
+  if n_dyn != gm.num_dynamic_grid_bounds:
     raise _fail(params, f"the grid {gm.grid}")
   for bm in gm.block_mappings:
     if bm.transforms:
@@ -97,12 +96,20 @@ def _compiler_params(cp):
   return pcore.CompilerParams(**kw)
 
 
+def _grid(gm, bounds) -> tuple:
+  """The grid with its dynamic bounds (the launch's leading operands, concrete by now) filled in."""
+  it = iter(bounds)
+  return tuple(int(g) if isinstance(g, (int, np.integer)) else int(np.asarray(next(it))) for g in gm.grid)
+
+
 def run_pallas_call(params, args):
   """Run one JAX `pallas_call` (its primitive parameters and NumPy operands) on the active palace
   VirtualTPU; returns the list of NumPy outputs."""
   check_launch(params)
   gm = params["grid_mapping"]
   nsp, n_in, n_out = gm.num_index_operands, gm.num_inputs, gm.num_outputs
+  grid = _grid(gm, args[:gm.num_dynamic_grid_bounds])
+  args = args[gm.num_dynamic_grid_bounds:]
   jaxpr = params["jaxpr"]
   specs = [_block_spec(params, bm) for bm in gm.block_mappings]
   in_specs, out_specs = specs[:n_in], specs[n_in:n_in + n_out]
@@ -113,8 +120,7 @@ def run_pallas_call(params, args):
     eval_jaxpr(jaxpr, (), *refs)
 
   kernel.__name__ = kernel_name(params)
-  grid_spec = pcore.PrefetchScalarGridSpec(nsp, tuple(int(g) for g in gm.grid), in_specs, out_specs,
-                                           scratch)
+  grid_spec = pcore.PrefetchScalarGridSpec(nsp, grid, in_specs, out_specs, scratch)
   call = pallas_call(kernel, out_shape, grid_spec=grid_spec,
                      input_output_aliases=dict(params.get("input_output_aliases") or ()),
                      compiler_params=_compiler_params(params.get("compiler_params")),
