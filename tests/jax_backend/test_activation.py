@@ -139,3 +139,37 @@ def test_process_wide_switch_from_the_environment(tmp_path):
                      capture_output=True, text=True, timeout=300)
   assert r.returncode == 0, r.stderr[-2000:]
   assert r.stdout.strip() == "ok" and "palace: _matmul_kernel:" in r.stderr
+
+
+def test_get_tpu_info_answers_for_the_active_virtual_chip():
+  with pytest.raises(ValueError, match="Unsupported TPU device kind: cpu"):
+    pltpu.get_tpu_info()
+  with pj.virtual_tpu("v5e"):
+    v5e = pltpu.get_tpu_info()
+  with pj.virtual_tpu("v5p"):
+    v5p = pltpu.get_tpu_info()
+  assert v5e.chip_version == pltpu.ChipVersion.TPU_V5E and v5e.num_cores == 1
+  assert v5p.chip_version == pltpu.ChipVersion.TPU_V5P and v5p.num_cores == 2
+  assert v5e.vmem_capacity_bytes == 128 * 2**20
+
+
+def test_pl_kernel_over_a_tensorcore_mesh_runs_on_palace():
+  mesh = pltpu.TensorCoreMesh(axis_name="core", num_cores=1)
+
+  def run(x):
+    @jax.jit
+    def f(x):
+      @pl.kernel(out_type=jax.ShapeDtypeStruct((64, 128), jnp.float32), mesh=mesh,
+                 scratch_types=[pltpu.VMEM((64, 128), jnp.float32)])
+      def double(x_hbm, o_hbm, buf):
+        pltpu.sync_copy(x_hbm, buf)
+        buf[...] = buf[...] * 2.0 + jax.lax.axis_index("core").astype(jnp.float32)
+        pltpu.sync_copy(buf, o_hbm)
+      return double(x)
+    return f(x)
+
+  x = np.arange(64 * 128, dtype=np.float32).reshape(64, 128)
+  with pj.virtual_tpu("v5e") as tpu:
+    out = run(x)
+  np.testing.assert_array_equal(np.asarray(out), 2 * x)
+  assert [r.kernel_name for r in tpu.reports] == ["double"]

@@ -51,13 +51,12 @@ class Engine:
   def __repr__(self):
     return f"palace.jax.Engine({self.tpu!r})"
 
-  def run_pallas_call(self, params, args):
-    """Host side of one launch: the callback lands here with NumPy operands."""
-    from palace._src.jax.launch import run_pallas_call  # noqa: PLC0415  (imports the interpreter)
+  def run(self, launch_fn, params, args):
+    """Host side of one launch: the callback lands here with NumPy operands, on some XLA thread."""
     from palace._src.sim import machine as _machine  # noqa: PLC0415
     token = activate(self.tpu)
     try:
-      return run_pallas_call(params, args)
+      return launch_fn(params, args)
     finally:
       _machine._active.reset(token)
 
@@ -82,7 +81,21 @@ def install() -> None:
       return lower_on_palace(ctx, in_nodes, engine, params)
     return jax_rule(ctx, *in_nodes, interpret=interpret, **params)
 
+  from jax._src.pallas import mpmd  # noqa: PLC0415
+  jax_mpmd_rule = mpmd._mpmd_map_lowering
+
+  def mpmd_rule(ctx, *in_nodes, interpret, **params):
+    # pl.kernel / core_map: JAX's CPU fallback would call its pallas_call rule directly (and run
+    # JAX's HLO interpreter on an Engine), so the mesh launch is intercepted here
+    engine = interpret if isinstance(interpret, Engine) else _engine_for(interpret)
+    if engine is not None:
+      return lower_on_palace(ctx, in_nodes, engine, params, kind="mpmd_map")
+    return jax_mpmd_rule(ctx, *in_nodes, interpret=interpret, **params)
+
   mlir.register_lowering(jpc.pallas_call_p, rule, platform="cpu")
+  mlir.register_lowering(mpmd.mpmd_map_p, mpmd_rule, platform="cpu")
+  from palace._src.jax.hardware import install_tpu_info  # noqa: PLC0415
+  install_tpu_info(active_engine)
   _installed.append(rule)
 
 

@@ -13,23 +13,34 @@ import numpy as np
 from palace._src.errors import UnsupportedError
 
 
-def lower_on_palace(ctx, in_nodes, engine, params):
+def lower_on_palace(ctx, in_nodes, engine, params, kind: str = "pallas_call"):
+  """Lower one launch (`pallas_call` or `mpmd_map`, i.e. pl.kernel / core_map) to one host callback."""
   import jax  # noqa: PLC0415
   from jax._src import core as jax_core  # noqa: PLC0415
   from jax._src.interpreters import mlir  # noqa: PLC0415
   from palace._src.jax.interpret import check_covered  # noqa: PLC0415
-  from palace._src.jax.launch import check_launch  # noqa: PLC0415
+  from palace._src.jax import launch  # noqa: PLC0415
 
-  check_launch(params, ctx.avals_in)
-  check_covered(params["jaxpr"])
-  for bm in params["grid_mapping"].block_mappings:
-    check_covered(bm.index_map_jaxpr.jaxpr)
+  if any(not isinstance(a, jax_core.ShapedArray) for a in ctx.avals_in):
+    raise UnsupportedError(f"palace.jax: a {kind} operand that is not an array (a closed-over ref "
+                           f"or a hi-type) is not supported yet.")
+  if kind == "pallas_call":
+    launch.check_launch(params)
+    check_covered(params["jaxpr"])
+    for bm in params["grid_mapping"].block_mappings:
+      check_covered(bm.index_map_jaxpr)
+    run = launch.run_pallas_call
+  else:
+    launch.check_mpmd(params)
+    for j in params["jaxprs"]:
+      check_covered(j)
+    run = launch.run_mpmd_map
   out_avals = params["out_avals"]
   result_shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in out_avals]
 
   def host(*arrays):
     try:
-      outs = engine.run_pallas_call(params, [np.asarray(a) for a in arrays])
+      outs = engine.run(run, params, [np.asarray(a) for a in arrays])
     except BaseException as e:  # noqa: BLE001  kept for virtual_tpu's exit, then XLA wraps it
       engine.errors.append(e)
       raise
@@ -38,7 +49,4 @@ def lower_on_palace(ctx, in_nodes, engine, params):
   def body(*args):
     return jax.pure_callback(host, result_shapes, *args)
 
-  if any(isinstance(a, jax_core.ShapedArray) is False for a in ctx.avals_in):
-    raise UnsupportedError("palace.jax: a pallas_call operand that is not an array (a closed-over ref "
-                           "or a hi-type) is not supported yet.")
   return mlir.lower_fun(body, multiple_results=True)(ctx, *in_nodes)

@@ -1,8 +1,10 @@
-"""JAX's `pallas_call` parameters (kernel jaxpr + GridMapping) -> one palace launch.
+"""JAX launch parameters -> one palace launch.
 
-`run_pallas_call` is the single adapter between the two worlds: today it builds palace's own
-`pl.pallas_call` (BlockSpecs whose index maps and a kernel body that run the jaxprs through the
-interpreter); when palace's flat `LaunchPlan` (launch/plan.py) lands, only this function changes.
+`run_pallas_call` (a `pallas_call`: kernel jaxpr + GridMapping) and `run_mpmd_map` (`pl.kernel` /
+`core_map`: kernel jaxpr + mesh) are the only adapters between the two worlds: today they build
+palace's own `pl.pallas_call` / `pl.kernel` (BlockSpecs whose index maps and a kernel body that run
+the jaxprs through the interpreter); when palace's flat `LaunchPlan` (launch/plan.py) lands, only
+these two functions change.
 """
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from palace._src import core as pcore
 from palace._src.errors import UnsupportedError
 from palace._src.jax.avals import alloc_type, memory_space
 from palace._src.jax.interpret import eval_closed, eval_jaxpr
+from palace._src.lang.host_refs import freeze, new_ref
+from palace._src.launch.kernel import kernel as palace_kernel
 from palace._src.launch.pallas_call import pallas_call
 
 
@@ -127,3 +131,50 @@ def run_pallas_call(params, args):
                      name=kernel_name(params))
   outs = call(*args)
   return list(outs)
+
+
+def check_mpmd(params) -> None:
+  """Raise UnsupportedError (at lowering time) for mesh launches the adapter does not cover."""
+  name = params.get("name") or "kernel"
+  if len(params["jaxprs"]) != 1 or params.get("external_meshes"):
+    raise UnsupportedError(f"palace.jax: pl.kernel '{name}' with several (mesh, body) pairs (MPMD) or "
+                           f"external meshes is not supported yet.")
+  mesh = params["meshes"][0]
+  if type(mesh).__name__ != "TensorCoreMesh":
+    raise UnsupportedError(f"palace.jax: pl.kernel '{name}' over a {type(mesh).__name__} is not supported "
+                           f"yet (TensorCoreMesh is).")
+  if params["jaxprs"][0].constvars:
+    raise UnsupportedError(f"palace.jax: pl.kernel '{name}' captures constants; pass them as inputs.")
+
+
+def run_mpmd_map(params, args):
+  """Run one JAX `mpmd_map` (pl.kernel / core_map over a TensorCoreMesh) on the active VirtualTPU.
+  Aliased inputs (JAX mutable refs handed to the kernel, after state discharge) become palace
+  mutable refs that the kernel updates in place; their outputs are those refs' final values."""
+  check_mpmd(params)
+  jaxpr, mesh = params["jaxprs"][0], params["meshes"][0]
+  dbg = getattr(jaxpr, "debug_info", None)
+  name = str(params.get("name") or getattr(dbg, "func_name", None) or "kernel")
+  out_avals = params["out_avals"]
+  n_in, n_out = len(args), len(out_avals)
+  aliases = {int(i): int(o) for i, o in dict(params.get("input_output_aliases") or {}).items()}
+  in_of_out = {o: i for i, o in aliases.items()}
+  scratch = [alloc_type(v.aval, f"scratch[{k}]") for k, v in enumerate(jaxpr.invars[n_in + n_out:])]
+  fresh = [o for o in range(n_out) if o not in in_of_out]
+  out_type = [pcore.ShapeDtypeStruct(tuple(out_avals[o].shape), np.dtype(out_avals[o].dtype))
+              for o in fresh]
+  mutable = {i: new_ref(np.array(args[i])) for i in aliases}
+
+  def body(*refs):
+    ins, outs, scr = refs[:n_in], refs[n_in:n_in + len(fresh)], refs[n_in + len(fresh):]
+    it = iter(outs)
+    all_outs = [ins[in_of_out[o]] if o in in_of_out else next(it) for o in range(n_out)]
+    eval_jaxpr(jaxpr, (), *ins, *all_outs, *scr)
+
+  body.__name__ = name
+  (axis, size), = mesh.shape.items()
+  call = palace_kernel(body, out_type, mesh=pcore.TensorCoreMesh(str(axis), int(size)),
+                       scratch_types=scratch, compiler_params=_compiler_params(params.get("compiler_params")),
+                       name=name)
+  res = iter(call(*[mutable.get(i, a) for i, a in enumerate(args)]))
+  return [freeze(mutable[in_of_out[o]]) if o in in_of_out else next(res) for o in range(n_out)]

@@ -122,6 +122,11 @@ def _multiple_of(eqn, x):
   return prims.multiple_of(x, eqn.params["values"])
 
 
+@rule("axis_index")
+def _axis_index(eqn):
+  return prims.axis_index(eqn.params["axis_name"])
+
+
 # ------------------------------------------------------------------ semaphores
 def _sem(eqn, ref, transforms):
   _check_ref(eqn, ref)
