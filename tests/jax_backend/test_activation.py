@@ -173,3 +173,17 @@ def test_pl_kernel_over_a_tensorcore_mesh_runs_on_palace():
     out = run(x)
   np.testing.assert_array_equal(np.asarray(out), 2 * x)
   assert [r.kernel_name for r in tpu.reports] == ["double"]
+
+
+def test_vmap_of_a_pallas_call_adds_a_grid_axis_the_kernel_does_not_see():
+  def f(x):
+    def kernel(x_ref, o_ref):
+      o_ref[...] = x_ref[...] * 2 + pl.program_id(0).astype(jnp.float32) + 10 * pl.num_programs(0)
+    return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((16, 128), jnp.float32), grid=(2,),
+                          in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+                          out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)))(x)
+  x = np.arange(3 * 16 * 128, dtype=np.float32).reshape(3, 16, 128)
+  with pj.virtual_tpu("v5e") as tpu:
+    out = np.asarray(jax.jit(jax.vmap(f))(x))
+  np.testing.assert_array_equal(out, x * 2 + 20 + np.repeat(np.arange(2), 8)[None, :, None])
+  assert len(tpu.reports) == 1 and tpu.reports[0].grid_steps == 3 * 2

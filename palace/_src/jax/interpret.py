@@ -22,6 +22,9 @@ from palace._src.errors import PalaceError, UnsupportedError
 
 RULES: dict = {}
 _USED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # jaxpr -> vars it reads (a cache)
+# the palace grid axes the kernel's program_id / num_programs axes name (None: the same); a vmapped
+# pallas_call has extra leading grid axes its kernel does not see
+grid_axes: contextvars.ContextVar = contextvars.ContextVar("palace_jax_grid_axes", default=None)
 _used_here: contextvars.ContextVar = contextvars.ContextVar("palace_jax_used_vars", default=None)
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from palace._src import core as pcore
 from palace._src.errors import UnsupportedError
 from palace._src.jax.avals import alloc_type, memory_space
-from palace._src.jax.interpret import eval_closed, eval_jaxpr
+from palace._src.jax.interpret import eval_closed, eval_jaxpr, grid_axes
 from palace._src.lang.host_refs import freeze, new_ref
 from palace._src.launch.kernel import kernel as palace_kernel
 from palace._src.launch.pallas_call import pallas_call
@@ -41,8 +41,6 @@ def check_launch(params, avals_in=()) -> None:
     raise _fail(params, "a pallas_call over a mesh (core_map / pl.kernel)")
   if params["jaxpr"].constvars:
     raise _fail(params, "a kernel that captures constants")
-  if getattr(gm, "vmapped_dims", ()):
-    raise _fail(params, "a vmapped pallas_call (jax.vmap of a kernel)")
   n_dyn = sum(1 for g in gm.grid if not isinstance(g, (int, np.integer)))
   if n_dyn != gm.num_dynamic_grid_bounds:
     raise _fail(params, f"the grid {gm.grid}")
@@ -88,15 +86,22 @@ def _block_spec(params, bm):
   return pcore.BlockSpec(_block_shape(params, bm), _index_map(bm), mode, memory_space=space)
 
 
-def _compiler_params(cp):
+def _compiler_params(cp, grid_rank: int = 0, vmapped=()):
+  """palace CompilerParams from JAX's; vmapped grid dims (jax.vmap) are independent: parallel."""
   if cp is None:
-    return None
+    if not vmapped:
+      return None
+    kw = {"dimension_semantics": tuple("parallel" if d in vmapped else "arbitrary"
+                                       for d in range(grid_rank))}
+    return pcore.CompilerParams(**kw)
   fields = {f.name for f in dataclasses.fields(pcore.CompilerParams)}
   kw = {k: getattr(cp, k) for k in fields if hasattr(cp, k)}
   sem = kw.get("dimension_semantics")
   if sem is not None:
-    kw["dimension_semantics"] = tuple(str(getattr(s, "value", s)).lower() if not isinstance(s, str)
-                                      else s.lower() for s in sem)
+    user = iter(str(getattr(s, "value", s)).lower() if not isinstance(s, str) else s.lower()
+                for s in sem)
+    kw["dimension_semantics"] = tuple("parallel" if d in vmapped else next(user)
+                                      for d in range(grid_rank)) if vmapped else tuple(user)
   return pcore.CompilerParams(**kw)
 
 
@@ -120,14 +125,24 @@ def run_pallas_call(params, args):
   scratch = [alloc_type(a, f"scratch[{i}]") for i, a in enumerate(gm.scratch_avals)]
   out_shape = [pcore.ShapeDtypeStruct(tuple(a.shape), np.dtype(a.dtype)) for a in params["out_avals"]]
 
+  vmapped = tuple(int(d) for d in getattr(gm, "vmapped_dims", ()))
+  user_axes = tuple(d for d in range(len(grid)) if d not in vmapped)
+
   def kernel(*refs):
-    eval_jaxpr(jaxpr, (), *refs)
+    # program_id / num_programs count the user's grid axes only (not the ones jax.vmap added)
+    token = grid_axes.set(user_axes) if vmapped else None
+    try:
+      eval_jaxpr(jaxpr, (), *refs)
+    finally:
+      if token is not None:
+        grid_axes.reset(token)
 
   kernel.__name__ = kernel_name(params)
   grid_spec = pcore.PrefetchScalarGridSpec(nsp, grid, in_specs, out_specs, scratch)
   call = pallas_call(kernel, out_shape, grid_spec=grid_spec,
                      input_output_aliases=dict(params.get("input_output_aliases") or ()),
-                     compiler_params=_compiler_params(params.get("compiler_params")),
+                     compiler_params=_compiler_params(params.get("compiler_params"), len(grid),
+                                                      vmapped),
                      name=kernel_name(params))
   outs = call(*args)
   return list(outs)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from palace._src.jax.interpret import result_unused, rule, unsupported
+from palace._src.jax.interpret import grid_axes, result_unused, rule, unsupported
 from palace._src.lang import primitives as prims
 from palace._src.lang import tpu_primitives as tpu
 from palace._src.lang.refs import Ref, ds
@@ -107,14 +107,20 @@ def _masked_swap(eqn, *flat):
 
 
 # ------------------------------------------------------------------ grid and hints
+def _grid_axis(eqn) -> int:
+  axis = int(eqn.params["axis"])
+  axes = grid_axes.get()
+  return axis if axes is None else axes[axis]
+
+
 @rule("program_id")
 def _program_id(eqn):
-  return prims.program_id(int(eqn.params["axis"]))
+  return prims.program_id(_grid_axis(eqn))
 
 
 @rule("num_programs")
 def _num_programs(eqn):
-  return np.int32(prims.num_programs(int(eqn.params["axis"])))
+  return np.int32(prims.num_programs(_grid_axis(eqn)))
 
 
 @rule("multiple_of")
