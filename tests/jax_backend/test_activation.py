@@ -187,3 +187,18 @@ def test_vmap_of_a_pallas_call_adds_a_grid_axis_the_kernel_does_not_see():
     out = np.asarray(jax.jit(jax.vmap(f))(x))
   np.testing.assert_array_equal(out, x * 2 + 20 + np.repeat(np.arange(2), 8)[None, :, None])
   assert len(tpu.reports) == 1 and tpu.reports[0].grid_steps == 3 * 2
+
+
+def test_jax_own_interpret_mode_still_works_for_pallas_call_and_pl_kernel():
+  """palace's lowering rules hand launches without an engine back to JAX's own rules."""
+  from jax.experimental.pallas import tpu as jpltpu
+  mesh = pltpu.TensorCoreMesh(axis_name="core", num_cores=1)
+  x = np.arange(8 * 128, dtype=np.float32).reshape(8, 128)
+  jpltpu.reset_tpu_interpret_mode_state()
+  with jpltpu.force_tpu_interpret_mode(jpltpu.InterpretParams()):
+    @pl.kernel(out_type=jax.ShapeDtypeStruct((8, 128), jnp.float32), mesh=mesh)  # reads the config
+    def copy(x_hbm, o_hbm):
+      pltpu.sync_copy(x_hbm, o_hbm)
+
+    np.testing.assert_array_equal(np.asarray(jax.jit(copy)(x)), x)
+    np.testing.assert_array_equal(np.asarray(jax.jit(matmul)(X, X)), X @ X)

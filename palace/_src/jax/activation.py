@@ -73,7 +73,8 @@ def install() -> None:
   from jax._src.interpreters import mlir  # noqa: PLC0415
   from jax._src.pallas import pallas_call as jpc  # noqa: PLC0415
   from palace._src.jax.callback import lower_on_palace  # noqa: PLC0415
-  jax_rule = jpc._pallas_call_lowering
+  # JAX's own (platform-independent) rules, as registered: every launch without an engine goes there
+  jax_rule = mlir._lowerings[jpc.pallas_call_p].rule
 
   def rule(ctx, *in_nodes, interpret, **params):
     engine = interpret if isinstance(interpret, Engine) else _engine_for(interpret)
@@ -82,7 +83,7 @@ def install() -> None:
     return jax_rule(ctx, *in_nodes, interpret=interpret, **params)
 
   from jax._src.pallas import mpmd  # noqa: PLC0415
-  jax_mpmd_rule = mpmd._mpmd_map_lowering
+  jax_mpmd_rule = mlir._lowerings[mpmd.mpmd_map_p].rule
 
   def mpmd_rule(ctx, *in_nodes, interpret, **params):
     # pl.kernel / core_map: JAX's CPU fallback would call its pallas_call rule directly (and run
