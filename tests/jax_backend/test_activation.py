@@ -202,3 +202,32 @@ def test_jax_own_interpret_mode_still_works_for_pallas_call_and_pl_kernel():
 
     np.testing.assert_array_equal(np.asarray(jax.jit(copy)(x)), x)
     np.testing.assert_array_equal(np.asarray(jax.jit(matmul)(X, X)), X @ X)
+
+
+def test_shard_map_runs_shard_local_kernels_per_device_and_refuses_communicating_ones():
+  from jax.sharding import PartitionSpec as P
+  mesh = jax.make_mesh((4,), ("x",))
+  x = jax.device_put(np.arange(32 * 128, dtype=np.float32).reshape(32, 128),
+                     jax.sharding.NamedSharding(mesh, P("x")))
+
+  def local(x_ref, o_ref):
+    o_ref[...] = x_ref[...] + 1.0
+
+  def talks(x_ref, o_ref):
+    o_ref[...] = x_ref[...] + jax.lax.axis_index("x").astype(jnp.float32)   # needs the device id
+
+  def sharded(kernel):
+    def per_device(x):
+      return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+    return jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
+                                 check_vma=False))
+
+  with pj.virtual_tpu("v5e", num_chips=4) as tpu:
+    out = np.asarray(sharded(local)(x))
+    line = talks.__code__.co_firstlineno + 1
+    with pytest.raises(ppl.UnsupportedError, match=rf"manual mesh axes \['x'\]\) that communicates "
+                                                   rf"across devices \('axis_index' at "
+                                                   rf"test_activation.py:{line} "):
+      sharded(talks)(x)
+  np.testing.assert_array_equal(out, np.asarray(x) + 1.0)
+  assert [r.kernel_name for r in tpu.reports] == ["local"] * 4   # one one-chip launch per device

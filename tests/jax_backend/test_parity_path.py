@@ -14,12 +14,13 @@ import pytest
 import jax
 import jax_parity_harness as harness
 
+import palace as pl
 import palace.jax as pj
 
 FILES = sorted(p.name for p in harness.KERNELS.glob("k_*.py"))
 CASES = [(f, c) for f in FILES for c in harness.case_names(f)]
 
-_MULTICHIP = "multi-chip (shard_map / axis_index, remote DMAs) through palace.jax is not covered yet"
+_MULTICHIP = "multi-chip (shard_map, remote DMAs) through palace.jax raises UnsupportedError for now"
 NOT_YET = {
     **{f"dma_remote-{c}": _MULTICHIP for c in ("remote_ring_shift", "remote_barrier_and_vmem_send",
                                               "remote_ring_all_reduce", "remote_gather_to_device0")},
@@ -51,7 +52,8 @@ def run_engine(fname, case):
   return jax.tree_util.tree_map(np.asarray, out), tpu
 
 
-PARAMS = [pytest.param(f, c, id=_id(f, c), marks=[pytest.mark.xfail(reason=NOT_YET[_id(f, c)], strict=True)]
+PARAMS = [pytest.param(f, c, id=_id(f, c), marks=[pytest.mark.xfail(
+    reason=NOT_YET[_id(f, c)], strict=True, raises=pl.UnsupportedError)]
                        if _id(f, c) in NOT_YET else []) for f, c in CASES]
 
 

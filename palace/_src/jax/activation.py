@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 
 from palace._src.errors import UsageError
 from palace._src.sim.machine import VirtualTPU, activate
@@ -38,6 +39,7 @@ class Engine:
   def __init__(self, tpu: VirtualTPU):
     self.tpu = tpu
     self.errors: list = []  # exceptions raised inside callbacks, which XLA re-raises wrapped
+    self.lock = threading.Lock()  # one launch at a time (shard_map's devices call back concurrently)
 
   def __bool__(self):
     return True

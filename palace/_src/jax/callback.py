@@ -13,6 +13,42 @@ import numpy as np
 from palace._src.errors import UnsupportedError
 
 
+def _communication(jaxpr, manual):
+  """The first equation of `jaxpr` (or a sub-jaxpr) that talks to other devices, or None."""
+  from palace._src.jax.interpret import sub_jaxprs  # noqa: PLC0415
+  for eqn in jaxpr.eqns:
+    name = eqn.primitive.name
+    if name == "axis_index":
+      axes = eqn.params["axis_name"]
+      if set(axes if isinstance(axes, (tuple, list)) else (axes,)) & manual:
+        return eqn
+    elif name == "get_barrier_semaphore":
+      return eqn
+    elif name == "dma_start" and eqn.params["tree"].unflatten(eqn.invars)[4] is not None:
+      return eqn
+    elif name == "semaphore_signal" and eqn.params["args_tree"].unflatten(eqn.invars)[3] is not None:
+      return eqn
+    for sub in sub_jaxprs(eqn):
+      hit = _communication(sub, manual)
+      if hit is not None:
+        return hit
+  return None
+
+
+def _check_no_communication(params, kind, manual) -> None:
+  """Inside jax.shard_map each device's callback runs its own one-chip launch: right for kernels that
+  keep to their shard, wrong for kernels that talk to other devices, which are refused here."""
+  from palace._src.jax.interpret import source_line  # noqa: PLC0415
+  for jaxpr in (params["jaxpr"],) if kind == "pallas_call" else params["jaxprs"]:
+    eqn = _communication(jaxpr, manual)
+    if eqn is not None:
+      raise UnsupportedError(
+          f"palace.jax: a kernel inside jax.shard_map (manual mesh axes {sorted(map(str, manual))}) "
+          f"that communicates across devices ('{eqn.primitive.name}' at {source_line(eqn)}) is not "
+          f"supported yet: the per-device launches would have to meet in one palace pod launch. "
+          f"Run it under palace's own pl.shard_map for now.")
+
+
 def lower_on_palace(ctx, in_nodes, engine, params, kind: str = "pallas_call"):
   """Lower one launch (`pallas_call` or `mpmd_map`, i.e. pl.kernel / core_map) to one host callback."""
   import jax  # noqa: PLC0415
@@ -21,6 +57,9 @@ def lower_on_palace(ctx, in_nodes, engine, params, kind: str = "pallas_call"):
   from palace._src.jax.interpret import check_covered  # noqa: PLC0415
   from palace._src.jax import launch  # noqa: PLC0415
 
+  manual = frozenset(getattr(ctx.module_context.axis_context, "manual_axes", ()) or ())
+  if manual:
+    _check_no_communication(params, kind, manual)
   if any(not isinstance(a, jax_core.ShapedArray) for a in ctx.avals_in):
     raise UnsupportedError(f"palace.jax: a {kind} operand that is not an array (a closed-over ref "
                            f"or a hi-type) is not supported yet.")
@@ -40,7 +79,8 @@ def lower_on_palace(ctx, in_nodes, engine, params, kind: str = "pallas_call"):
 
   def host(*arrays):
     try:
-      outs = engine.run(run, params, [np.asarray(a) for a in arrays])
+      with engine.lock:  # per-device callbacks of a shard_map may come from several XLA threads
+        outs = engine.run(run, params, [np.asarray(a) for a in arrays])
     except BaseException as e:  # noqa: BLE001  kept for virtual_tpu's exit, then XLA wraps it
       engine.errors.append(e)
       raise

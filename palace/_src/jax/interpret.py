@@ -76,7 +76,7 @@ def unsupported(eqn, what: str = "", fix: str = "", outer=()) -> UnsupportedErro
       " Rewrite that line with covered operations, or run this kernel with JAX's interpret mode."))
 
 
-def _sub_jaxprs(eqn):
+def sub_jaxprs(eqn):
   from jax._src import core as jax_core  # noqa: PLC0415
   for v in eqn.params.values():
     for x in (v if isinstance(v, (tuple, list)) else (v,)):
@@ -89,7 +89,7 @@ def check_covered(jaxpr, outer=()) -> None:
   for eqn in jaxpr.eqns:
     if eqn.primitive.name not in RULES:
       raise unsupported(eqn, outer=outer)
-    for sub in _sub_jaxprs(eqn):
+    for sub in sub_jaxprs(eqn):
       check_covered(sub, (*outer, eqn))
 
 
