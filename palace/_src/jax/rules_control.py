@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from palace._src.jax.avals import alloc_type
 from palace._src.jax.interpret import eval_closed, eval_jaxpr, rule, unsupported
+import palace._src.lang.numpy_ops as pjnp
 from palace._src.lang import primitives as prims
+from palace._src.lang.array import concrete_int
 
 
 @rule("pjit", "jit", "closed_call", "core_call", "remat", "checkpoint", "custom_jvp_call",
@@ -41,19 +43,32 @@ def _while(eqn, *args):
 
 @rule("scan")
 def _scan(eqn, *args):
+  """lax.scan / fori_loop: palace's fori_loop over the carry (charged as a palace loop); scanned
+  inputs are read with x[i] and stacked outputs gathered with jnp.stack, as a kernel would."""
   p = eqn.params
   if "ft_in" in p:  # JAX 0.12: the operand groups (consts, carry, xs) as a flat-tree tuple
     nc, ncarry = (len(list(g.vals)) for g in p["ft_in"].unpack()[:2])
   else:
     nc, ncarry = int(p["num_consts"]), int(p["num_carry"])
   consts, init, xs = args[:nc], args[nc:nc + ncarry], args[nc + ncarry:]
-  body = p["jaxpr"]
-  if xs or len(body.jaxpr.outvars) != ncarry:
-    raise unsupported(eqn, "scanned inputs or stacked outputs (xs / ys)",
-                      "Only carry-only scans (what lax.fori_loop with static bounds becomes) are covered.")
-  out = prims.fori_loop(0, int(p["length"]), lambda i, c: tuple(eval_closed(body, *consts, *c)),
-                        tuple(init))
-  return list(out)
+  body, length, reverse = p["jaxpr"], int(p["length"]), bool(p.get("reverse"))
+  n_ys = len(body.outvars) - ncarry
+  if not xs and not n_ys:
+    return list(prims.fori_loop(0, length, lambda i, c: tuple(eval_closed(body, *consts, *c)),
+                                tuple(init)))
+  ys = [[None] * length for _ in range(n_ys)]
+
+  def step(i, carry):
+    k = length - 1 - concrete_int(i) if reverse else concrete_int(i)
+    out = eval_closed(body, *consts, *carry, *(x[k] for x in xs))
+    for y, v in zip(ys, out[ncarry:]):
+      y[k] = v
+    return tuple(out[:ncarry])
+
+  carry = prims.fori_loop(0, length, step, tuple(init))
+  if length == 0 and n_ys:
+    raise unsupported(eqn, "a zero-length scan with stacked outputs")
+  return [*carry, *(pjnp.stack(y) for y in ys)]
 
 
 @rule("run_scoped")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from palace._src.jax.interpret import grid_axes, result_unused, rule, unsupported
+from palace._src.lang import lax_ops
 from palace._src.lang import primitives as prims
 from palace._src.lang import tpu_primitives as tpu
 from palace._src.lang.refs import Ref, ds
@@ -89,10 +90,11 @@ def _addupdate(eqn, ref, val, *flat):
 def _masked_load(eqn, *flat):
   ref, transforms, mask, other = eqn.params["args_tree"].unflatten(flat)
   _check_ref(eqn, ref)
-  if other is not None:
-    raise unsupported(eqn, "`other=` (a fill value for masked-off elements)")
   r, idx = view(eqn, ref, transforms, last_index=True)
-  return tpu.load(r.at[idx] if idx is not ... else r, mask=mask)
+  val = tpu.load(r.at[idx] if idx is not ... else r, mask=mask)
+  if other is None or mask is None:
+    return val
+  return lax_ops.select(mask, val, other)   # masked-off lanes read `other`
 
 
 @rule("masked_swap")
@@ -238,8 +240,10 @@ def _prng_bits(eqn):
 
 @rule("debug_print")
 def _debug_print(eqn, *args):
+  """pl.debug_print on TPU: `{}` placeholders are filled with the values, else they follow the text
+  (palace's debug_print does the same); the text goes to the VirtualTPU's debug output."""
   p = eqn.params
-  if p.get("has_placeholders"):
-    raise unsupported(eqn, "format placeholders", "Use pl.debug_print('text', x) with {} fields.")
+  if p.get("static_args") or (p.get("in_tree") is not None and p["in_tree"].unflatten(args)[1]):
+    raise unsupported(eqn, "keyword or static format arguments", "Pass the values positionally.")
   prims.debug_print(p["fmt"], *args)
   return []
