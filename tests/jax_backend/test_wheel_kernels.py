@@ -170,3 +170,12 @@ def test_wheel_ragged_paged_attention_mixed_prefill_and_decode():
   want = np.asarray(rpa.ref_ragged_paged_attention(*args, sm_scale=0.1))
   np.testing.assert_allclose(out[:9], want[:9], rtol=1e-5, atol=1e-5)   # the 9 real query tokens
   assert [x.kernel_name for x in tpu.reports] == ["ragged_paged_attention_kernel"]
+
+
+def test_the_example_script_runs(capsys):
+  import runpy
+  from pathlib import Path
+  runpy.run_path(str(Path(__file__).parents[2] / "examples" / "jax" / "wheel_kernels.py"),
+                 run_name="__main__")
+  out = capsys.readouterr().out
+  assert "_flash_attention_dq_kernel" in out and "device_time(attention)" in out
