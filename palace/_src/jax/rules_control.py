@@ -41,6 +41,20 @@ def _while(eqn, *args):
   return list(out)
 
 
+def _is_fori(body, nc: int) -> bool:
+  """Is `body` a fori_loop's scan body: its first carry out is `first carry in + 1`?"""
+  from jax._src import core as jax_core  # noqa: PLC0415
+  if len(body.invars) <= nc or not body.outvars:
+    return False
+  i, out = body.invars[nc], body.outvars[0]
+  for eqn in body.eqns:
+    if eqn.outvars and eqn.outvars[0] is out:
+      a, b = (eqn.invars + [None, None])[:2]
+      return (eqn.primitive.name == "add" and a is i and isinstance(b, jax_core.Literal)
+              and b.val == 1)
+  return False
+
+
 @rule("scan")
 def _scan(eqn, *args):
   """lax.scan / fori_loop: palace's fori_loop over the carry (charged as a palace loop); scanned
@@ -54,6 +68,13 @@ def _scan(eqn, *args):
   body, length, reverse = p["jaxpr"], int(p["length"]), bool(p.get("reverse"))
   n_ys = len(body.outvars) - ncarry
   if not xs and not n_ys:
+    if _is_fori(body, nc):
+      # fori_loop's scan increments its counter itself (`i + 1` in the body): that add is the
+      # loop's scalar cost, which palace's fori_loop would charge a second time
+      carry = tuple(init)
+      for _ in range(length):
+        carry = tuple(eval_closed(body, *consts, *carry))
+      return list(carry)
     return list(prims.fori_loop(0, length, lambda i, c: tuple(eval_closed(body, *consts, *c)),
                                 tuple(init)))
   ys = [[None] * length for _ in range(n_ys)]

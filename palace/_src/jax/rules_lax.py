@@ -167,9 +167,16 @@ def _broadcast_in_dim(eqn, x, *dyn):
   if dyn:
     raise unsupported(eqn, "dynamic shapes")
   p = eqn.params
-  if not shape_of(x):  # a scalar fill (jnp.full / zeros_like): palace's splat, as jnp.full costs it
-    return pjnp.full(tuple(p["shape"]), x, _dtype(x))
-  return lax_ops.broadcast_in_dim(x, tuple(p["shape"]), tuple(p["broadcast_dimensions"]))
+  shape, dims, xshape = tuple(p["shape"]), tuple(p["broadcast_dimensions"]), shape_of(x)
+  # the forms jnp code produces, costed as palace's own ops for them: a scalar fill (jnp.full),
+  # inserting unit dims (keepdims=True: a reshape) and a same-rank broadcast (jnp.broadcast_to)
+  if not xshape:
+    return pjnp.full(shape, x, _dtype(x))
+  if dims == tuple(range(len(shape) - len(xshape), len(shape))) and len(xshape) == len(shape):
+    return pjnp.broadcast_to(x, shape)
+  if int(np.prod(shape)) == int(np.prod(xshape)) and dims == tuple(sorted(dims)):
+    return pjnp.reshape(x, shape)
+  return lax_ops.broadcast_in_dim(x, shape, dims)
 
 
 @rule("reshape")
