@@ -231,3 +231,14 @@ def test_shard_map_runs_shard_local_kernels_per_device_and_refuses_communicating
       sharded(talks)(x)
   np.testing.assert_array_equal(out, np.asarray(x) + 1.0)
   assert [r.kernel_name for r in tpu.reports] == ["local"] * 4   # one one-chip launch per device
+
+
+@pytest.mark.parametrize("chip", ["v4", "v5e", "v5p", "v6e", "7x"])
+def test_every_chip_and_megacore_split_matches_palace_own_path(chip):
+  with pj.virtual_tpu(chip) as tpu:
+    out = jax.jit(matmul)(X, X)
+  with ppl.virtual_tpu(chip) as own:
+    _palace_matmul(X, X)
+  np.testing.assert_array_equal(np.asarray(out), X @ X)
+  assert tpu.reports[0].device_cycles == own.reports[0].device_cycles
+  assert tpu.reports[0].unit_busy_cycles == own.reports[0].unit_busy_cycles
