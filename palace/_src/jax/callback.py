@@ -8,6 +8,8 @@ re-raises it, so `pytest.raises(pl.OutOfBoundsError)` around the `with` block wo
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from palace._src.errors import UnsupportedError
@@ -68,7 +70,7 @@ def lower_on_palace(ctx, in_nodes, engine, params, kind: str = "pallas_call"):
     check_covered(params["jaxpr"])
     for bm in params["grid_mapping"].block_mappings:
       check_covered(bm.index_map_jaxpr)
-    run = launch.run_pallas_call
+    run = functools.partial(launch.run_pallas_call, cache={})   # one palace launch per grid, reused
   else:
     launch.check_mpmd(params)
     for j in params["jaxprs"]:

@@ -111,14 +111,25 @@ def _grid(gm, bounds) -> tuple:
   return tuple(int(g) if isinstance(g, (int, np.integer)) else int(np.asarray(next(it))) for g in gm.grid)
 
 
-def run_pallas_call(params, args):
+def run_pallas_call(params, args, cache=None):
   """Run one JAX `pallas_call` (its primitive parameters and NumPy operands) on the active palace
-  VirtualTPU; returns the list of NumPy outputs."""
+  VirtualTPU; returns the list of NumPy outputs. `cache` (a dict the lowering keeps for its one
+  launch site) holds the palace launch built for each grid, so repeated calls skip rebuilding it."""
+  gm = params["grid_mapping"]
+  grid = _grid(gm, args[:gm.num_dynamic_grid_bounds])
+  call = None if cache is None else cache.get(grid)
+  if call is None:
+    call = _palace_launch(params, grid)
+    if cache is not None:
+      cache[grid] = call
+  return list(call(*args[gm.num_dynamic_grid_bounds:]))
+
+
+def _palace_launch(params, grid):
+  """The palace `pl.pallas_call` for a JAX pallas_call's parameters at one (concrete) grid."""
   check_launch(params)
   gm = params["grid_mapping"]
   nsp, n_in, n_out = gm.num_index_operands, gm.num_inputs, gm.num_outputs
-  grid = _grid(gm, args[:gm.num_dynamic_grid_bounds])
-  args = args[gm.num_dynamic_grid_bounds:]
   jaxpr = params["jaxpr"]
   specs = [_block_spec(params, bm) for bm in gm.block_mappings]
   in_specs, out_specs = specs[:n_in], specs[n_in:n_in + n_out]
@@ -139,13 +150,11 @@ def run_pallas_call(params, args):
 
   kernel.__name__ = kernel_name(params)
   grid_spec = pcore.PrefetchScalarGridSpec(nsp, grid, in_specs, out_specs, scratch)
-  call = pallas_call(kernel, out_shape, grid_spec=grid_spec,
+  return pallas_call(kernel, out_shape, grid_spec=grid_spec,
                      input_output_aliases=dict(params.get("input_output_aliases") or ()),
                      compiler_params=_compiler_params(params.get("compiler_params"), len(grid),
                                                       vmapped),
                      name=kernel_name(params))
-  outs = call(*args)
-  return list(outs)
 
 
 def check_mpmd(params) -> None:
