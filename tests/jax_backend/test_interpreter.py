@@ -65,3 +65,23 @@ def test_integer_ops_select_n_clamp_and_bitcast_convert():
   i = X.astype(np.int64)
   y = np.clip(i * 3 - 2, 1, 9) + i % 3 - i // 2 + i ** 3
   np.testing.assert_array_equal(out, np.where(i > 2, y, -y))
+
+
+def test_element_block_dims_and_scalar_prefetch_index_maps():
+  starts = np.array([5, 0, 17, 3], np.int32)       # element offsets of each step's rows
+  x = (np.arange(64 * 128) % 11).reshape(64, 128).astype(np.float32)
+
+  def kernel(starts_ref, x_ref, o_ref):
+    o_ref[...] = x_ref[...] * 2.0
+
+  f = pl.pallas_call(
+      kernel, out_shape=jax.ShapeDtypeStruct((32, 128), jnp.float32),
+      grid_spec=pltpu.PrefetchScalarGridSpec(
+          num_scalar_prefetch=1, grid=(4,),
+          in_specs=[pl.BlockSpec((pl.Element(8), 128), lambda i, s: (s[i], 0))],
+          out_specs=pl.BlockSpec((8, 128), lambda i, s: (i, 0))))
+  with pj.virtual_tpu("v5e") as tpu:
+    out = np.asarray(jax.jit(f)(starts, x))
+  want = np.concatenate([x[s:s + 8] * 2 for s in starts])
+  np.testing.assert_array_equal(out, want)
+  assert tpu.reports[0].grid_steps == 4
