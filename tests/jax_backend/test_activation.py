@@ -204,7 +204,7 @@ def test_jax_own_interpret_mode_still_works_for_pallas_call_and_pl_kernel():
     np.testing.assert_array_equal(np.asarray(jax.jit(matmul)(X, X)), X @ X)
 
 
-def test_shard_map_runs_shard_local_kernels_per_device_and_refuses_communicating_ones():
+def test_shard_map_shard_local_kernels_run_per_device_and_communicating_ones_as_one_pod_launch():
   from jax.sharding import PartitionSpec as P
   mesh = jax.make_mesh((4,), ("x",))
   x = jax.device_put(np.arange(32 * 128, dtype=np.float32).reshape(32, 128),
@@ -223,14 +223,28 @@ def test_shard_map_runs_shard_local_kernels_per_device_and_refuses_communicating
                                  check_vma=False))
 
   with pj.virtual_tpu("v5e", num_chips=4) as tpu:
-    out = np.asarray(sharded(local)(x))
-    line = talks.__code__.co_firstlineno + 1
-    with pytest.raises(ppl.UnsupportedError, match=rf"manual mesh axes \['x'\]\) that communicates "
-                                                   rf"across devices \('axis_index' at "
-                                                   rf"test_activation.py:{line} "):
-      sharded(talks)(x)
-  np.testing.assert_array_equal(out, np.asarray(x) + 1.0)
-  assert [r.kernel_name for r in tpu.reports] == ["local"] * 4   # one one-chip launch per device
+    a = np.asarray(sharded(local)(x))
+    b = np.asarray(sharded(talks)(x))
+  np.testing.assert_array_equal(a, np.asarray(x) + 1.0)
+  np.testing.assert_array_equal(b, np.asarray(x) + np.repeat(np.arange(4), 8)[:, None])
+  # one one-chip launch per device, then one 4-chip pod launch
+  assert [(r.kernel_name, r.num_chips) for r in tpu.reports] == [("local", 1)] * 4 + [("talks", 4)]
+
+
+def test_a_communicating_kernel_needs_a_virtual_tpu_with_the_mesh_chip_count():
+  from jax.sharding import PartitionSpec as P
+  mesh = jax.make_mesh((4,), ("x",))
+  x = jax.device_put(np.zeros((32, 128), np.float32), jax.sharding.NamedSharding(mesh, P("x")))
+
+  def talks(x_ref, o_ref):
+    o_ref[...] = x_ref[...] + jax.lax.axis_index("x").astype(jnp.float32)
+
+  def per_device(x):
+    return pl.pallas_call(talks, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+  f = jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False))
+  with pj.virtual_tpu("v5e", num_chips=2):
+    with pytest.raises(ppl.UsageError, match=r"the mesh has 4 chips but the virtual TPU has 2"):
+      f(x)
 
 
 @pytest.mark.parametrize("chip", ["v4", "v5e", "v5p", "v6e", "7x"])

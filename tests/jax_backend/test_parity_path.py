@@ -7,7 +7,9 @@ some things as extra ops: a keepdims reduction is a reduction plus a reshape (an
 palace's model). Those are listed in SCALAR_EXTRA with
 their measured counts.
 emit_pipeline cases differ more (JAX's own emit_pipeline is traced into the kernel, palace's own path
-runs palace's pipeline.py: two implementations, two DMA schedules). Cases the interpreter does not cover yet are strict xfails with the reason (they must flip when fixed).
+runs palace's pipeline.py: two implementations, two DMA schedules). The multi-chip cases (remote DMAs, barriers, the wheel's all_gather on 4 host devices) run inside
+jax.shard_map as one palace pod launch and match palace's own pl.shard_map cycle for cycle.
+Cases the interpreter does not cover yet are strict xfails with the reason (they must flip when fixed).
 """
 import numpy as np
 import pytest
@@ -21,12 +23,7 @@ import palace.jax as pj
 FILES = sorted(p.name for p in harness.KERNELS.glob("k_*.py"))
 CASES = [(f, c) for f in FILES for c in harness.case_names(f)]
 
-_MULTICHIP = "multi-chip (shard_map, remote DMAs) through palace.jax raises UnsupportedError for now"
-NOT_YET = {
-    **{f"dma_remote-{c}": _MULTICHIP for c in ("remote_ring_shift", "remote_barrier_and_vmem_send",
-                                              "remote_ring_all_reduce", "remote_gather_to_device0")},
-    "wheel-wheel_all_gather": _MULTICHIP, "wheel-wheel_all_gather_hbm": _MULTICHIP,
-}
+NOT_YET: dict = {}   # every parity case runs now; a new gap goes here as a strict xfail with its reason
 # case -> modelled cycles through palace.jax minus palace's own path (scalar-unit ops, see above)
 SCALAR_EXTRA = {"basic-row_sum_and_max": 26, "basic-softmax": 146, "basic-causal_mask_iota": 4,
                 "basic-roll_and_integer_ops": 8,

@@ -51,6 +51,65 @@ def _check_no_communication(params, kind, manual) -> None:
           f"Run it under palace's own pl.shard_map for now.")
 
 
+def _lower_pod_launch(ctx, in_nodes, engine, params, axis_ctx, manual):
+  """A communicating kernel inside jax.shard_map: each device's callback gets its partition id (its
+  chip: row-major over the mesh, as JAX's axis_index computes it) and the N callbacks, which XLA
+  runs concurrently, meet in one palace pod launch through palace's own shard_map rendezvous
+  (launch/spmd.py), so remote DMAs, barriers and device ids work and are timed as in pl.shard_map."""
+  import jax  # noqa: PLC0415
+  from jax._src import core as jax_core  # noqa: PLC0415
+  from jax._src.interpreters import mlir  # noqa: PLC0415
+  from jax._src.lib.mlir import ir  # noqa: PLC0415
+  from jax._src.lib.mlir.dialects import hlo  # noqa: PLC0415
+  from palace._src.jax import launch  # noqa: PLC0415
+  from palace._src.jax.interpret import check_covered  # noqa: PLC0415
+  from palace._src.launch import host as palace_host, spmd  # noqa: PLC0415
+  from palace._src.sim.machine import activate  # noqa: PLC0415
+
+  mesh = axis_ctx.mesh
+  if set(map(str, mesh.axis_names)) != set(map(str, manual)):
+    raise UnsupportedError(f"palace.jax: a communicating kernel in a shard_map over only some mesh "
+                           f"axes ({sorted(map(str, manual))} of {list(mesh.axis_names)}) is not "
+                           f"supported yet.")
+  launch.check_launch(params)
+  check_covered(params["jaxpr"])
+  for bm in params["grid_mapping"].block_mappings:
+    check_covered(bm.index_map_jaxpr)
+  from palace._src.sim import machine as _machine  # noqa: PLC0415
+  token = activate(engine.tpu)   # palace's make_mesh checks the chip count and picks the ring order
+  try:
+    pmesh = spmd.make_mesh(tuple(mesh.shape.values()), tuple(map(str, mesh.axis_names)))
+  finally:
+    _machine._active.reset(token)
+  group = spmd._Group(pmesh, engine.tpu)   # one rendezvous per launch site, one generation per call
+  out_avals = params["out_avals"]
+  result_shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in out_avals]
+  run = functools.partial(launch.run_pallas_call, cache={})
+
+  def host(chip, *arrays):
+    token = activate(engine.tpu)
+    spmd_token = palace_host.set_spmd_context((group, int(chip)))
+    try:
+      outs = run(params, [np.asarray(a) for a in arrays])
+    except spmd._PeerFailed:
+      raise
+    except BaseException as e:  # noqa: BLE001  kept for virtual_tpu's exit, then XLA wraps it
+      engine.errors.append(e)
+      raise
+    finally:
+      palace_host._spmd.reset(spmd_token)
+      _machine._active.reset(token)
+    return [np.asarray(o, dtype=a.dtype).reshape(a.shape) for o, a in zip(outs, out_avals)]
+
+  def body(chip, *args):
+    return jax.pure_callback(host, result_shapes, chip, *args)
+
+  pid = hlo.convert(ir.RankedTensorType.get([], ir.IntegerType.get_signless(32)), hlo.partition_id())
+  chip_aval = jax_core.ShapedArray((), np.dtype("int32"))
+  sub = ctx.replace(avals_in=(chip_aval, *ctx.avals_in))
+  return mlir.lower_fun(body, multiple_results=True)(sub, pid, *in_nodes)
+
+
 def lower_on_palace(ctx, in_nodes, engine, params, kind: str = "pallas_call"):
   """Lower one launch (`pallas_call` or `mpmd_map`, i.e. pl.kernel / core_map) to one host callback."""
   import jax  # noqa: PLC0415
@@ -59,7 +118,10 @@ def lower_on_palace(ctx, in_nodes, engine, params, kind: str = "pallas_call"):
   from palace._src.jax.interpret import check_covered  # noqa: PLC0415
   from palace._src.jax import launch  # noqa: PLC0415
 
-  manual = frozenset(getattr(ctx.module_context.axis_context, "manual_axes", ()) or ())
+  axis_ctx = ctx.module_context.axis_context
+  manual = frozenset(getattr(axis_ctx, "manual_axes", ()) or ())
+  if manual and kind == "pallas_call" and _communication(params["jaxpr"], manual) is not None:
+    return _lower_pod_launch(ctx, in_nodes, engine, params, axis_ctx, manual)
   if manual:
     _check_no_communication(params, kind, manual)
   if any(not isinstance(a, jax_core.ShapedArray) for a in ctx.avals_in):
