@@ -179,3 +179,17 @@ def test_the_example_script_runs(capsys):
                  run_name="__main__")
   out = capsys.readouterr().out
   assert "_flash_attention_dq_kernel" in out and "device_time(attention)" in out
+
+
+def test_wheel_all_gather_on_4_host_devices_inside_jit_is_one_pod_launch():
+  from jax.experimental.pallas.ops.tpu import all_gather
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  mesh = jax.make_mesh((4,), ("x",))
+  x = np.arange(4 * 16 * 128, dtype=np.float32).reshape(64, 128)
+  xs = jax.device_put(x, NamedSharding(mesh, P("x")))
+  with pj.virtual_tpu("v5e", num_chips=4) as tpu:
+    out = jax.jit(lambda a: all_gather.all_gather(a, mesh=mesh, axis_name="x"))(xs)
+  assert len(out.addressable_shards) == 4
+  for shard in out.addressable_shards:   # every device holds all of x
+    np.testing.assert_array_equal(np.asarray(shard.data), x)
+  assert len(tpu.reports) == 1 and tpu.reports[0].num_chips == 4 and tpu.reports[0].ici_bytes > 0
