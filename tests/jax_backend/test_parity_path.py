@@ -7,8 +7,9 @@ some things as extra ops: a keepdims reduction is a reduction plus a reshape (an
 palace's model). Those are listed in SCALAR_EXTRA with
 their measured counts.
 emit_pipeline cases differ more (JAX's own emit_pipeline is traced into the kernel, palace's own path
-runs palace's pipeline.py: two implementations, two DMA schedules). The multi-chip cases (remote DMAs, barriers, the wheel's all_gather on 4 host devices) run inside
-jax.shard_map as one palace pod launch and match palace's own pl.shard_map cycle for cycle.
+runs palace's pipeline.py: two implementations, two DMA schedules). The multi-chip cases (remote
+DMAs, barriers, the wheel's all_gather on 4 host devices) run inside jax.shard_map as one palace pod
+launch and match palace's own pl.shard_map cycle for cycle.
 Cases the interpreter does not cover yet are strict xfails with the reason (they must flip when fixed).
 """
 import numpy as np
