@@ -1,5 +1,6 @@
 """The jaxpr interpreter's rules on small kernels: each is compared with NumPy on integer-valued data."""
 import numpy as np
+import pytest
 
 import jax
 import jax.numpy as jnp
@@ -85,3 +86,17 @@ def test_element_block_dims_and_scalar_prefetch_index_maps():
   want = np.concatenate([x[s:s + 8] * 2 for s in starts])
   np.testing.assert_array_equal(out, want)
   assert tpu.reports[0].grid_steps == 4
+
+
+def test_a_rule_giving_the_wrong_dtype_is_caught_not_computed(monkeypatch):
+  import palace as ppl
+  import palace.numpy as pjnp
+  from palace._src.jax import interpret
+  monkeypatch.setitem(interpret.RULES, "neg", lambda eqn, x: pjnp.astype(x, jnp.int32))  # a bad rule
+
+  def kernel(x_ref, o_ref):
+    o_ref[...] = -x_ref[...]
+  # raised inside the callback; the context re-raises palace's own error
+  with pytest.raises(ppl.UnsupportedError, match=r"primitive 'neg' .* gave a int32\[8, 128\] value "
+                                                 r"where JAX expects float32\[8, 128\]"):
+    _run(kernel, jax.ShapeDtypeStruct((8, 128), jnp.float32), X)

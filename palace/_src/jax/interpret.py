@@ -19,6 +19,7 @@ import weakref
 import numpy as np
 
 from palace._src.errors import PalaceError, UnsupportedError
+from palace._src.lang.array import Array
 
 RULES: dict = {}
 _USED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # jaxpr -> vars it reads (a cache)
@@ -134,9 +135,30 @@ def _run(jaxpr, env, Literal) -> None:
       raise
     if eqn.primitive.multiple_results:
       for v, x in zip(eqn.outvars, out):
+        _check_type(eqn, v, x)
         env[v] = x
     else:
+      _check_type(eqn, eqn.outvars[0], out)
       env[eqn.outvars[0]] = out
+
+
+def _check_type(eqn, var, x) -> None:
+  """A value must have the shape and dtype JAX typed it with: a palace op that promotes or shapes
+  differently from JAX would otherwise compute something else silently."""
+  if not isinstance(x, Array):
+    # NumPy values: index maps run vectorised over the whole grid (one column per grid axis, int64)
+    # outside the kernel, where palace's pipeline falls back to per-step calls on any error
+    return
+  aval = var.aval
+  shape = getattr(aval, "shape", None)
+  if shape is None or getattr(aval, "inner_aval", None) is not None:
+    return   # refs, tokens
+  xd, xs = x.dtype, tuple(x.shape)
+  if xs != tuple(shape) or np.dtype(xd) != np.dtype(aval.dtype):
+    raise UnsupportedError(
+        f"palace.jax: primitive '{eqn.primitive.name}' (kernel line {source_line(eqn)}) gave a "
+        f"{np.dtype(xd)}{list(xs)} value where JAX expects {np.dtype(aval.dtype)}{list(shape)}; this "
+        f"is a gap in palace's interpreter rule for it (please report), not an error in the kernel.")
 
 
 def eval_closed(jaxpr, *args) -> list:
