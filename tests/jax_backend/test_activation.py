@@ -256,3 +256,30 @@ def test_every_chip_and_megacore_split_matches_palace_own_path(chip):
   np.testing.assert_array_equal(np.asarray(out), X @ X)
   assert tpu.reports[0].device_cycles == own.reports[0].device_cycles
   assert tpu.reports[0].unit_busy_cycles == own.reports[0].unit_busy_cycles
+
+
+def test_pl_kernel_ring_shift_with_remote_dma_inside_shard_map_is_one_pod_launch():
+  from jax.sharding import PartitionSpec as P
+  mesh = jax.make_mesh((4,), ("x",))
+  x = jax.device_put(np.arange(32 * 128, dtype=np.float32).reshape(32, 128),
+                     jax.sharding.NamedSharding(mesh, P("x")))
+
+  def per_device(x):
+    @pl.kernel(out_type=jax.ShapeDtypeStruct(x.shape, x.dtype),
+               mesh=pltpu.TensorCoreMesh(axis_name="core", num_cores=1),
+               scratch_types=[pltpu.VMEM(x.shape, x.dtype), pltpu.VMEM(x.shape, x.dtype),
+                              pltpu.SemaphoreType.DMA, pltpu.SemaphoreType.DMA])
+    def ring(x_hbm, o_hbm, buf, rbuf, send, recv):
+      right = (jax.lax.axis_index("x") + 1) % 4
+      pltpu.sync_copy(x_hbm, buf)
+      copy = pltpu.make_async_remote_copy(buf, rbuf, send, recv, device_id=(right,))
+      copy.start()
+      copy.wait()
+      pltpu.sync_copy(rbuf, o_hbm)
+    return ring(x)
+
+  f = jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False))
+  with pj.virtual_tpu("v5e", num_chips=4) as tpu:
+    out = np.asarray(f(x))
+  np.testing.assert_array_equal(out, np.roll(np.asarray(x).reshape(4, 8, 128), 1, axis=0).reshape(32, 128))
+  assert [(r.kernel_name, r.num_chips, r.ici_bytes) for r in tpu.reports] == [("ring", 4, 4 * 8 * 128 * 4)]

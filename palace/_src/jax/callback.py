@@ -37,21 +37,25 @@ def _communication(jaxpr, manual):
   return None
 
 
-def _check_no_communication(params, kind, manual) -> None:
-  """Inside jax.shard_map each device's callback runs its own one-chip launch: right for kernels that
-  keep to their shard, wrong for kernels that talk to other devices, which are refused here."""
-  from palace._src.jax.interpret import source_line  # noqa: PLC0415
-  for jaxpr in (params["jaxpr"],) if kind == "pallas_call" else params["jaxprs"]:
-    eqn = _communication(jaxpr, manual)
-    if eqn is not None:
-      raise UnsupportedError(
-          f"palace.jax: a kernel inside jax.shard_map (manual mesh axes {sorted(map(str, manual))}) "
-          f"that communicates across devices ('{eqn.primitive.name}' at {source_line(eqn)}) is not "
-          f"supported yet: the per-device launches would have to meet in one palace pod launch. "
-          f"Run it under palace's own pl.shard_map for now.")
+def _check_covered(params, kind) -> None:
+  """Launch features and primitives the adapter and the interpreter cover, checked while lowering."""
+  from palace._src.jax import launch  # noqa: PLC0415
+  from palace._src.jax.interpret import check_covered  # noqa: PLC0415
+  if kind == "pallas_call":
+    launch.check_launch(params)
+    for bm in params["grid_mapping"].block_mappings:
+      check_covered(bm.index_map_jaxpr)
+  else:
+    launch.check_mpmd(params)
+  for j in _kernel_jaxprs(params, kind):
+    check_covered(j)
 
 
-def _lower_pod_launch(ctx, in_nodes, engine, params, axis_ctx, manual):
+def _kernel_jaxprs(params, kind):
+  return (params["jaxpr"],) if kind == "pallas_call" else tuple(params["jaxprs"])
+
+
+def _lower_pod_launch(ctx, in_nodes, engine, params, axis_ctx, manual, kind):
   """A communicating kernel inside jax.shard_map: each device's callback gets its partition id (its
   chip: row-major over the mesh, as JAX's axis_index computes it) and the N callbacks, which XLA
   runs concurrently, meet in one palace pod launch through palace's own shard_map rendezvous
@@ -62,7 +66,6 @@ def _lower_pod_launch(ctx, in_nodes, engine, params, axis_ctx, manual):
   from jax._src.lib.mlir import ir  # noqa: PLC0415
   from jax._src.lib.mlir.dialects import hlo  # noqa: PLC0415
   from palace._src.jax import launch  # noqa: PLC0415
-  from palace._src.jax.interpret import check_covered  # noqa: PLC0415
   from palace._src.launch import host as palace_host, spmd  # noqa: PLC0415
   from palace._src.sim.machine import activate  # noqa: PLC0415
 
@@ -71,10 +74,7 @@ def _lower_pod_launch(ctx, in_nodes, engine, params, axis_ctx, manual):
     raise UnsupportedError(f"palace.jax: a communicating kernel in a shard_map over only some mesh "
                            f"axes ({sorted(map(str, manual))} of {list(mesh.axis_names)}) is not "
                            f"supported yet.")
-  launch.check_launch(params)
-  check_covered(params["jaxpr"])
-  for bm in params["grid_mapping"].block_mappings:
-    check_covered(bm.index_map_jaxpr)
+  _check_covered(params, kind)
   from palace._src.sim import machine as _machine  # noqa: PLC0415
   token = activate(engine.tpu)   # palace's make_mesh checks the chip count and picks the ring order
   try:
@@ -84,7 +84,8 @@ def _lower_pod_launch(ctx, in_nodes, engine, params, axis_ctx, manual):
   group = spmd._Group(pmesh, engine.tpu)   # one rendezvous per launch site, one generation per call
   out_avals = params["out_avals"]
   result_shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in out_avals]
-  run = functools.partial(launch.run_pallas_call, cache={})
+  run = functools.partial(launch.run_pallas_call, cache={}) if kind == "pallas_call" else \
+      launch.run_mpmd_map
 
   def host(chip, *arrays):
     token = activate(engine.tpu)
@@ -115,28 +116,19 @@ def lower_on_palace(ctx, in_nodes, engine, params, kind: str = "pallas_call"):
   import jax  # noqa: PLC0415
   from jax._src import core as jax_core  # noqa: PLC0415
   from jax._src.interpreters import mlir  # noqa: PLC0415
-  from palace._src.jax.interpret import check_covered  # noqa: PLC0415
   from palace._src.jax import launch  # noqa: PLC0415
 
   axis_ctx = ctx.module_context.axis_context
   manual = frozenset(getattr(axis_ctx, "manual_axes", ()) or ())
-  if manual and kind == "pallas_call" and _communication(params["jaxpr"], manual) is not None:
-    return _lower_pod_launch(ctx, in_nodes, engine, params, axis_ctx, manual)
-  if manual:
-    _check_no_communication(params, kind, manual)
+  if manual and any(_communication(j, manual) is not None for j in _kernel_jaxprs(params, kind)):
+    return _lower_pod_launch(ctx, in_nodes, engine, params, axis_ctx, manual, kind)
   if any(not isinstance(a, jax_core.ShapedArray) for a in ctx.avals_in):
     raise UnsupportedError(f"palace.jax: a {kind} operand that is not an array (a closed-over ref "
                            f"or a hi-type) is not supported yet.")
+  _check_covered(params, kind)
   if kind == "pallas_call":
-    launch.check_launch(params)
-    check_covered(params["jaxpr"])
-    for bm in params["grid_mapping"].block_mappings:
-      check_covered(bm.index_map_jaxpr)
     run = functools.partial(launch.run_pallas_call, cache={})   # one palace launch per grid, reused
   else:
-    launch.check_mpmd(params)
-    for j in params["jaxprs"]:
-      check_covered(j)
     run = launch.run_mpmd_map
   out_avals = params["out_avals"]
   result_shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in out_avals]
