@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create .venv (if missing), install palace with its test extras, run the test suite.
 # Then, on a full run (no arguments), the JAX parity suite: if Python >= 3.12 is available, .venv-jax
-# gets jax 0.12 + palace and runs tests/jax_parity against JAX's TPU interpret mode
+# gets jax 0.12 + palace and runs tests/jax_parity against JAX's TPU interpret mode, then tests/jax_backend
+# (real JAX with palace as its Pallas engine)
 # (PALACE_JAX_TESTS=0 skips it, =1 forces it with arguments; JAX_PYTHON picks the interpreter).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,7 +34,9 @@ jax_ok="import jax, palace, pytest, xdist, threadpoolctl; assert jax.__version__
 if ! .venv-jax/bin/python -c "$jax_ok" 2>/dev/null; then
   .venv-jax/bin/python -m pip install -q --upgrade pip >/dev/null
   .venv-jax/bin/python -m pip install -q "jax==$JAX_VERSION" pytest pytest-xdist
-  .venv-jax/bin/python -m pip install -q -e .
+  .venv-jax/bin/python -m pip install -q -e ".[perf]"   # threadpoolctl: see docs/jax.md (BLAS threads)
 fi
 echo "JAX parity suite (tests/jax_parity, jax $JAX_VERSION, $(.venv-jax/bin/python --version)):"
-exec .venv-jax/bin/python -m pytest -n 2 -q tests/jax_parity
+.venv-jax/bin/python -m pytest -n 2 -q tests/jax_parity
+echo "palace as JAX's Pallas engine (tests/jax_backend, palace.jax):"
+exec .venv-jax/bin/python -m pytest -n 2 -q tests/jax_backend

@@ -1,0 +1,8 @@
+"""palace as real JAX's TPU Pallas engine (needs JAX; imported only by `palace.jax`). See docs/jax.md.
+
+Importing it registers palace's CPU lowering of `pallas_call_p` (a registry entry, inert until an
+engine is active) and honours the process-wide switch PALACE_JAX=<chip>[:<num_chips>]."""
+from palace._src.jax.activation import activate_from_env, install
+
+install()
+process_tpu = activate_from_env()  # the VirtualTPU of PALACE_JAX, or None

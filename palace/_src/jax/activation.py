@@ -1,0 +1,162 @@
+"""Activation: how real JAX's TPU `pallas_call`s reach palace (one host callback per launch).
+
+The hook, and why it is safe with jit's compilation cache:
+
+* JAX's `pallas_call` reads `config.pallas_tpu_interpret_mode_context_manager` when it is traced and
+  stores the value as the `interpret` parameter of the `pallas_call` primitive. That config option is
+  part of jit's cache key and trace context. `virtual_tpu(...)` sets it to an `Engine` (a palace
+  VirtualTPU plus options), exactly as `pltpu.force_tpu_interpret_mode` sets it to InterpretParams. A
+  function traced inside the context therefore carries *this* engine in its jaxpr, and a function
+  compiled outside (or under another engine) is a different cache entry: no stale lowering either way.
+  Each `with` builds a new Engine, so entering the context again re-traces (one compile per context).
+* palace registers a CPU-specific lowering for `pallas_call_p` (a registry entry, installed once when
+  `palace.jax` is imported). It lowers a `pallas_call` whose `interpret` is an Engine to ONE
+  `jax.pure_callback` that runs the whole launch on palace; every other `pallas_call` (no engine, GPU
+  interpret params, JAX's own TPU interpret mode) is passed to JAX's own rule unchanged.
+* The callback may run on an XLA thread, so the engine's VirtualTPU is made active there explicitly.
+
+Process-wide switch: `PALACE_JAX=v5e` (optionally `PALACE_JAX=v5e:4` for 4 chips) makes importing
+`palace.jax` install a global engine (`python -m palace.jax prog.py` and `pytest -p palace.jax` import
+it for unmodified programs and test suites).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+
+from palace._src.errors import UsageError
+from palace._src.sim.machine import VirtualTPU, activate
+
+_installed: list = []  # the lowering registration happens once per process (a registry, not state)
+
+
+class Engine:
+  """What a traced `pallas_call` carries as its `interpret` parameter: the virtual TPU to run on.
+
+  Hashes by identity (jit keys on it); truthy, as JAX's `value or interpret` expects."""
+
+  def __init__(self, tpu: VirtualTPU):
+    self.tpu = tpu
+    self.errors: list = []  # exceptions raised inside callbacks, which XLA re-raises wrapped
+    self.lock = threading.Lock()  # one launch at a time (shard_map's devices call back concurrently)
+
+  def __bool__(self):
+    return True
+
+  def __hash__(self):
+    return id(self)
+
+  def __eq__(self, other):
+    return self is other
+
+  def __repr__(self):
+    return f"palace.jax.Engine({self.tpu!r})"
+
+  def run(self, launch_fn, params, args):
+    """Host side of one launch: the callback lands here with NumPy operands, on some XLA thread."""
+    from palace._src.sim import machine as _machine  # noqa: PLC0415
+    token = activate(self.tpu)
+    try:
+      return launch_fn(params, args)
+    finally:
+      _machine._active.reset(token)
+
+
+def _config():
+  from jax._src import config  # noqa: PLC0415
+  return config.pallas_tpu_interpret_mode_context_manager
+
+
+def install() -> None:
+  """Register palace's CPU lowering of `pallas_call_p` (idempotent)."""
+  if _installed:
+    return
+  from jax._src.interpreters import mlir  # noqa: PLC0415
+  from jax._src.pallas import pallas_call as jpc  # noqa: PLC0415
+  from palace._src.jax.callback import lower_on_palace  # noqa: PLC0415
+  # JAX's own (platform-independent) rules, as registered: every launch without an engine goes there
+  jax_rule = mlir._lowerings[jpc.pallas_call_p].rule
+
+  def rule(ctx, *in_nodes, interpret, **params):
+    engine = interpret if isinstance(interpret, Engine) else _engine_for(interpret)
+    if engine is not None:
+      return lower_on_palace(ctx, in_nodes, engine, params)
+    return jax_rule(ctx, *in_nodes, interpret=interpret, **params)
+
+  from jax._src.pallas import mpmd  # noqa: PLC0415
+  jax_mpmd_rule = mlir._lowerings[mpmd.mpmd_map_p].rule
+
+  def mpmd_rule(ctx, *in_nodes, interpret, **params):
+    # pl.kernel / core_map: JAX's CPU fallback would call its pallas_call rule directly (and run
+    # JAX's HLO interpreter on an Engine), so the mesh launch is intercepted here
+    engine = interpret if isinstance(interpret, Engine) else _engine_for(interpret)
+    if engine is not None:
+      return lower_on_palace(ctx, in_nodes, engine, params, kind="mpmd_map")
+    return jax_mpmd_rule(ctx, *in_nodes, interpret=interpret, **params)
+
+  mlir.register_lowering(jpc.pallas_call_p, rule, platform="cpu")
+  mlir.register_lowering(mpmd.mpmd_map_p, mpmd_rule, platform="cpu")
+  from palace._src.jax.hardware import install_tpu_info  # noqa: PLC0415
+  install_tpu_info(active_engine)
+  _installed.append(rule)
+
+
+def _engine_for(interpret):
+  """A `pallas_call` built *outside* the context (`f = pl.pallas_call(...)` at module level reads the
+  config when it is built) but lowered inside it: it runs on the active engine too, if it is a TPU
+  kernel (no interpret mode, or JAX's TPU InterpretParams). Sound with jit's cache, because the config
+  is part of the key of the jit (and of the eager pallas_call's own jit) being lowered."""
+  engine = active_engine()
+  if engine is None:
+    return None
+  if not interpret:
+    return engine
+  from jax._src.pallas.mosaic.interpret.params import InterpretParams  # noqa: PLC0415
+  return engine if isinstance(interpret, InterpretParams) else None
+
+
+@contextlib.contextmanager
+def virtual_tpu(chip="v5e", num_chips: int = 1, **options):
+  """`with palace.jax.virtual_tpu("v5e") as tpu:` runs every TPU `pallas_call` traced inside on palace.
+
+  Takes the options of `pl.virtual_tpu` (timing_only, detect_races, dma_policy, seed, ...). `tpu` is
+  that VirtualTPU: `tpu.reports` gets one report per launch, named after the kernel. Functions jitted
+  outside the context are re-traced inside it (and vice versa); see the module docstring."""
+  install()
+  tpu = VirtualTPU(chip, num_chips, **options)
+  engine = Engine(tpu)
+  cfg = _config()
+  prev = cfg.swap_local(engine)
+  try:
+    with tpu:
+      yield tpu
+  except Exception as e:
+    # XLA wraps an exception raised in the callback in a JaxRuntimeError: raise palace's own error
+    if engine.errors and not isinstance(e, type(engine.errors[-1])):
+      raise engine.errors[-1] from e
+    raise
+  finally:
+    cfg.set_local(prev)
+
+
+def activate_from_env(environ=None):
+  """PALACE_JAX=<chip>[:<num_chips>]: install a process-wide engine; returns its VirtualTPU or None."""
+  spec = (os.environ if environ is None else environ).get("PALACE_JAX", "").strip()
+  if not spec or spec == "0":
+    return None
+  chip, _, n = spec.partition(":")
+  try:
+    num_chips = int(n) if n else 1
+  except ValueError:
+    raise UsageError(f"PALACE_JAX={spec!r}: expected <chip>[:<num_chips>], e.g. 'v5e' or 'v5p:4'.") from None
+  install()
+  tpu = VirtualTPU(chip, num_chips)
+  _config().set_global(Engine(tpu))
+  return tpu
+
+
+def active_engine():
+  """The Engine in effect here (context or process-wide), or None."""
+  v = _config().value
+  return v if isinstance(v, Engine) else None

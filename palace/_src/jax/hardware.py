@@ -1,0 +1,37 @@
+"""Hardware queries for the active virtual chip: `pltpu.get_tpu_info()` (and everything JAX derives from
+it, e.g. emit_pipeline's tiling or `create_tensorcore_mesh`) answers as JAX would on that TPU.
+
+JAX looks a device kind it does not know up in `jax._src.tpu_info.registry`; the host CPU devices'
+kind is "cpu", so palace registers an entry for it that answers for the active engine's chip and, with
+no engine active, raises JAX's own error. `get_tpu_info` is cached per trace context, which includes
+the engine, so each context gets its own answer."""
+from __future__ import annotations
+
+# palace chip name -> JAX ChipVersion member name
+_CHIP_VERSIONS = {"v4": "TPU_V4", "v5e": "TPU_V5E", "v5p": "TPU_V5P", "v6e": "TPU_V6E", "7x": "TPU_7X"}
+
+
+def tpu_info_for(chip):
+  """JAX's TpuInfo (per TensorCore) for a palace ChipSpec."""
+  from jax._src import tpu_info  # noqa: PLC0415
+  from palace._src.errors import UnsupportedError  # noqa: PLC0415
+  name = _CHIP_VERSIONS.get(chip.name)
+  if name is None:
+    raise UnsupportedError(f"palace.jax: no JAX chip version for palace chip {chip.name!r}.")
+  return tpu_info._get_tpu_info_impl(getattr(tpu_info.ChipVersion, name),
+                                     int(chip.num_tensorcores_per_device))
+
+
+def install_tpu_info(active_engine) -> None:
+  from jax._src import tpu_info  # noqa: PLC0415
+
+  def cpu_device_info():
+    engine = active_engine()
+    if engine is None:
+      raise ValueError("Unsupported TPU device kind: cpu. If you are not running on a TPU device, "
+                       "you need to wrap your code in a `jax.sharding.use_abstract_mesh` context "
+                       "manager whose `AbstractMesh` argument specifies the exact TPU version you "
+                       "intend to target (or in `palace.jax.virtual_tpu(...)`).")
+    return tpu_info_for(engine.tpu.chip)
+
+  tpu_info.registry.setdefault("cpu", cpu_device_info)

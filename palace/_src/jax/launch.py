@@ -1,0 +1,204 @@
+"""JAX launch parameters -> one palace launch.
+
+`run_pallas_call` (a `pallas_call`: kernel jaxpr + GridMapping) and `run_mpmd_map` (`pl.kernel` /
+`core_map`: kernel jaxpr + mesh) are the only adapters between the two worlds: today they build
+palace's own `pl.pallas_call` / `pl.kernel` (BlockSpecs whose index maps and a kernel body that run
+the jaxprs through the interpreter); when palace's flat `LaunchPlan` (launch/plan.py) lands, only
+these two functions change.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from palace._src import core as pcore
+from palace._src.errors import UnsupportedError
+from palace._src.jax.avals import alloc_type, memory_space
+from palace._src.jax.interpret import eval_closed, eval_jaxpr, grid_axes
+from palace._src.lang.host_refs import freeze, new_ref
+from palace._src.launch.kernel import kernel as palace_kernel
+from palace._src.launch.pallas_call import pallas_call
+
+
+def kernel_name(params) -> str:
+  name = params.get("name")
+  if name:
+    return str(name)
+  dbg = getattr(params["jaxpr"], "debug_info", None)
+  return str(getattr(dbg, "func_name", None) or "kernel")
+
+
+def _fail(params, what: str, fix: str = "") -> UnsupportedError:
+  return UnsupportedError(f"palace.jax: pallas_call '{kernel_name(params)}': {what} is not supported "
+                          f"yet." + (f" {fix}" if fix else ""))
+
+
+def check_launch(params, avals_in=()) -> None:
+  """Raise UnsupportedError (at lowering time) for launch features the adapter does not cover."""
+  gm = params["grid_mapping"]
+  if params.get("mesh") is not None:
+    raise _fail(params, "a pallas_call over a mesh (core_map / pl.kernel)")
+  if params["jaxpr"].constvars:
+    raise _fail(params, "a kernel that captures constants")
+  n_dyn = sum(1 for g in gm.grid if not isinstance(g, (int, np.integer)))
+  if n_dyn != gm.num_dynamic_grid_bounds:
+    raise _fail(params, f"the grid {gm.grid}")
+  for bm in gm.block_mappings:
+    if bm.transforms:
+      raise _fail(params, f"block transforms {bm.transforms} of {bm.origin}")
+    _block_shape(params, bm)
+
+
+def _block_shape(params, bm):
+  from jax._src.pallas import core as jpc  # noqa: PLC0415
+  out = []
+  for d in bm.block_shape:
+    if isinstance(d, jpc.Blocked):
+      out.append(int(d.block_size))
+    elif isinstance(d, jpc.Squeezed) or d is None:
+      out.append(pcore.squeezed)
+    elif isinstance(d, jpc.Element):
+      out.append(pcore.Element(int(d.block_size), tuple(int(p) for p in d.padding)))
+    elif isinstance(d, jpc.BoundedSlice):
+      raise _fail(params, f"BoundedSlice block dims ({bm.origin})")
+    else:
+      raise _fail(params, f"block dim {d!r} of {bm.origin}")
+  return tuple(out)
+
+
+def _index_map(bm):
+  closed = bm.index_map_jaxpr
+
+  def index_map(*args):
+    return tuple(eval_closed(closed, *args))
+
+  return index_map
+
+
+def _block_spec(params, bm):
+  space = memory_space(getattr(bm.transformed_block_aval, "memory_space", None), None, bm.origin)
+  mode = None
+  if bm.pipeline_mode is not None:
+    mode = pcore.Buffered(int(bm.pipeline_mode.buffer_count))
+  if space in (pcore.MemorySpace.ANY, pcore.MemorySpace.HBM):
+    return pcore.BlockSpec(memory_space=space)
+  return pcore.BlockSpec(_block_shape(params, bm), _index_map(bm), mode, memory_space=space)
+
+
+def _compiler_params(cp, grid_rank: int = 0, vmapped=()):
+  """palace CompilerParams from JAX's; vmapped grid dims (jax.vmap) are independent: parallel."""
+  if cp is None:
+    if not vmapped:
+      return None
+    kw = {"dimension_semantics": tuple("parallel" if d in vmapped else "arbitrary"
+                                       for d in range(grid_rank))}
+    return pcore.CompilerParams(**kw)
+  fields = {f.name for f in dataclasses.fields(pcore.CompilerParams)}
+  kw = {k: getattr(cp, k) for k in fields if hasattr(cp, k)}
+  sem = kw.get("dimension_semantics")
+  if sem is not None:
+    user = iter(str(getattr(s, "value", s)).lower() if not isinstance(s, str) else s.lower()
+                for s in sem)
+    kw["dimension_semantics"] = tuple("parallel" if d in vmapped else next(user)
+                                      for d in range(grid_rank)) if vmapped else tuple(user)
+  return pcore.CompilerParams(**kw)
+
+
+def _grid(gm, bounds) -> tuple:
+  """The grid with its dynamic bounds (the launch's leading operands, concrete by now) filled in."""
+  it = iter(bounds)
+  return tuple(int(g) if isinstance(g, (int, np.integer)) else int(np.asarray(next(it))) for g in gm.grid)
+
+
+def run_pallas_call(params, args, cache=None):
+  """Run one JAX `pallas_call` (its primitive parameters and NumPy operands) on the active palace
+  VirtualTPU; returns the list of NumPy outputs. `cache` (a dict the lowering keeps for its one
+  launch site) holds the palace launch built for each grid, so repeated calls skip rebuilding it."""
+  gm = params["grid_mapping"]
+  grid = _grid(gm, args[:gm.num_dynamic_grid_bounds])
+  call = None if cache is None else cache.get(grid)
+  if call is None:
+    call = _palace_launch(params, grid)
+    if cache is not None:
+      cache[grid] = call
+  return list(call(*args[gm.num_dynamic_grid_bounds:]))
+
+
+def _palace_launch(params, grid):
+  """The palace `pl.pallas_call` for a JAX pallas_call's parameters at one (concrete) grid."""
+  check_launch(params)
+  gm = params["grid_mapping"]
+  nsp, n_in, n_out = gm.num_index_operands, gm.num_inputs, gm.num_outputs
+  jaxpr = params["jaxpr"]
+  specs = [_block_spec(params, bm) for bm in gm.block_mappings]
+  in_specs, out_specs = specs[:n_in], specs[n_in:n_in + n_out]
+  scratch = [alloc_type(a, f"scratch[{i}]") for i, a in enumerate(gm.scratch_avals)]
+  out_shape = [pcore.ShapeDtypeStruct(tuple(a.shape), np.dtype(a.dtype)) for a in params["out_avals"]]
+
+  vmapped = tuple(int(d) for d in getattr(gm, "vmapped_dims", ()))
+  user_axes = tuple(d for d in range(len(grid)) if d not in vmapped)
+
+  def kernel(*refs):
+    # program_id / num_programs count the user's grid axes only (not the ones jax.vmap added)
+    token = grid_axes.set(user_axes) if vmapped else None
+    try:
+      eval_jaxpr(jaxpr, (), *refs)
+    finally:
+      if token is not None:
+        grid_axes.reset(token)
+
+  kernel.__name__ = kernel_name(params)
+  grid_spec = pcore.PrefetchScalarGridSpec(nsp, grid, in_specs, out_specs, scratch)
+  return pallas_call(kernel, out_shape, grid_spec=grid_spec,
+                     input_output_aliases=dict(params.get("input_output_aliases") or ()),
+                     compiler_params=_compiler_params(params.get("compiler_params"), len(grid),
+                                                      vmapped),
+                     name=kernel_name(params))
+
+
+def check_mpmd(params) -> None:
+  """Raise UnsupportedError (at lowering time) for mesh launches the adapter does not cover."""
+  name = params.get("name") or "kernel"
+  if len(params["jaxprs"]) != 1 or params.get("external_meshes"):
+    raise UnsupportedError(f"palace.jax: pl.kernel '{name}' with several (mesh, body) pairs (MPMD) or "
+                           f"external meshes is not supported yet.")
+  mesh = params["meshes"][0]
+  if type(mesh).__name__ != "TensorCoreMesh":
+    raise UnsupportedError(f"palace.jax: pl.kernel '{name}' over a {type(mesh).__name__} is not supported "
+                           f"yet (TensorCoreMesh is).")
+  if params["jaxprs"][0].constvars:
+    raise UnsupportedError(f"palace.jax: pl.kernel '{name}' captures constants; pass them as inputs.")
+
+
+def run_mpmd_map(params, args):
+  """Run one JAX `mpmd_map` (pl.kernel / core_map over a TensorCoreMesh) on the active VirtualTPU.
+  Aliased inputs (JAX mutable refs handed to the kernel, after state discharge) become palace
+  mutable refs that the kernel updates in place; their outputs are those refs' final values."""
+  check_mpmd(params)
+  jaxpr, mesh = params["jaxprs"][0], params["meshes"][0]
+  dbg = getattr(jaxpr, "debug_info", None)
+  name = str(params.get("name") or getattr(dbg, "func_name", None) or "kernel")
+  out_avals = params["out_avals"]
+  n_in, n_out = len(args), len(out_avals)
+  aliases = {int(i): int(o) for i, o in dict(params.get("input_output_aliases") or {}).items()}
+  in_of_out = {o: i for i, o in aliases.items()}
+  scratch = [alloc_type(v.aval, f"scratch[{k}]") for k, v in enumerate(jaxpr.invars[n_in + n_out:])]
+  fresh = [o for o in range(n_out) if o not in in_of_out]
+  out_type = [pcore.ShapeDtypeStruct(tuple(out_avals[o].shape), np.dtype(out_avals[o].dtype))
+              for o in fresh]
+  mutable = {i: new_ref(np.array(args[i])) for i in aliases}
+
+  def body(*refs):
+    ins, outs, scr = refs[:n_in], refs[n_in:n_in + len(fresh)], refs[n_in + len(fresh):]
+    it = iter(outs)
+    all_outs = [ins[in_of_out[o]] if o in in_of_out else next(it) for o in range(n_out)]
+    eval_jaxpr(jaxpr, (), *ins, *all_outs, *scr)
+
+  body.__name__ = name
+  (axis, size), = mesh.shape.items()
+  call = palace_kernel(body, out_type, mesh=pcore.TensorCoreMesh(str(axis), int(size)),
+                       scratch_types=scratch, compiler_params=_compiler_params(params.get("compiler_params")),
+                       name=name)
+  res = iter(call(*[mutable.get(i, a) for i, a in enumerate(args)]))
+  return [freeze(mutable[in_of_out[o]]) if o in in_of_out else next(res) for o in range(n_out)]

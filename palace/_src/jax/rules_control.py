@@ -1,0 +1,105 @@
+"""Interpreter rules for control flow and calls: jit/closed calls, custom_jvp/vjp (primal only), cond,
+while, scan (fori_loop), run_scoped. Loops and branches go through palace's own control-flow
+primitives, so their scalar-unit costs are charged as for a palace kernel."""
+from __future__ import annotations
+
+from palace._src.jax.avals import alloc_type
+from palace._src.jax.interpret import eval_closed, eval_jaxpr, rule, unsupported
+import palace._src.lang.numpy_ops as pjnp
+from palace._src.lang import primitives as prims
+from palace._src.lang.array import concrete_int
+
+
+@rule("pjit", "jit", "closed_call", "core_call", "remat", "checkpoint", "custom_jvp_call",
+      "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin")
+def _call(eqn, *args):
+  p = eqn.params
+  for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
+    j = p.get(key)
+    if j is not None:
+      break
+  else:
+    raise unsupported(eqn, "no inner jaxpr")
+  return eval_closed(j, *args[len(args) - len(j.invars):])
+
+
+@rule("cond")
+def _cond(eqn, index, *ops):
+  branches = eqn.params["branches"]
+  fns = [lambda *a, b=b: eval_closed(b, *a) for b in branches]
+  return prims.switch(index, fns, *ops)
+
+
+@rule("while")
+def _while(eqn, *args):
+  p = eqn.params
+  cn, bn = int(p["cond_nconsts"]), int(p["body_nconsts"])
+  cconsts, bconsts, init = args[:cn], args[cn:cn + bn], args[cn + bn:]
+  cj, bj = p["cond_jaxpr"], p["body_jaxpr"]
+  out = prims.while_loop(lambda c: eval_closed(cj, *cconsts, *c)[0],
+                         lambda c: tuple(eval_closed(bj, *bconsts, *c)), tuple(init))
+  return list(out)
+
+
+def _is_fori(body, nc: int) -> bool:
+  """Is `body` a fori_loop's scan body: its first carry out is `first carry in + 1`?"""
+  from jax._src import core as jax_core  # noqa: PLC0415
+  if len(body.invars) <= nc or not body.outvars:
+    return False
+  i, out = body.invars[nc], body.outvars[0]
+  for eqn in body.eqns:
+    if eqn.outvars and eqn.outvars[0] is out:
+      a, b = (eqn.invars + [None, None])[:2]
+      return (eqn.primitive.name == "add" and a is i and isinstance(b, jax_core.Literal)
+              and b.val == 1)
+  return False
+
+
+@rule("scan")
+def _scan(eqn, *args):
+  """lax.scan / fori_loop: palace's fori_loop over the carry (charged as a palace loop); scanned
+  inputs are read with x[i] and stacked outputs gathered with jnp.stack, as a kernel would."""
+  p = eqn.params
+  if "ft_in" in p:  # JAX 0.12: the operand groups (consts, carry, xs) as a flat-tree tuple
+    nc, ncarry = (len(list(g.vals)) for g in p["ft_in"].unpack()[:2])
+  else:
+    nc, ncarry = int(p["num_consts"]), int(p["num_carry"])
+  consts, init, xs = args[:nc], args[nc:nc + ncarry], args[nc + ncarry:]
+  body, length, reverse = p["jaxpr"], int(p["length"]), bool(p.get("reverse"))
+  n_ys = len(body.outvars) - ncarry
+  if not xs and not n_ys:
+    if _is_fori(body, nc):
+      # fori_loop's scan increments its counter itself (`i + 1` in the body): that add is the
+      # loop's scalar cost, which palace's fori_loop would charge a second time
+      carry = tuple(init)
+      for _ in range(length):
+        carry = tuple(eval_closed(body, *consts, *carry))
+      return list(carry)
+    return list(prims.fori_loop(0, length, lambda i, c: tuple(eval_closed(body, *consts, *c)),
+                                tuple(init)))
+  ys = [[None] * length for _ in range(n_ys)]
+
+  def step(i, carry):
+    k = length - 1 - concrete_int(i) if reverse else concrete_int(i)
+    out = eval_closed(body, *consts, *carry, *(x[k] for x in xs))
+    for y, v in zip(ys, out[ncarry:]):
+      y[k] = v
+    return tuple(out[:ncarry])
+
+  carry = prims.fori_loop(0, length, step, tuple(init))
+  if length == 0 and n_ys:
+    raise unsupported(eqn, "a zero-length scan with stacked outputs")
+  return [*carry, *(pjnp.stack(y) for y in ys)]
+
+
+@rule("run_scoped")
+def _run_scoped(eqn, *consts):
+  """The eqn's operands are the body's constvars (closed-over values and refs); its invars are the
+  scoped allocations."""
+  p = eqn.params
+  if any(t for t in (p.get("ref_transforms") or ())):
+    raise unsupported(eqn, "ref_transforms (transformed scoped allocation types)")
+  jaxpr = p["jaxpr"]
+  types = [alloc_type(v.aval, f"run_scoped[{i}]") for i, v in enumerate(jaxpr.invars)]
+  return prims.run_scoped(lambda *refs: eval_jaxpr(jaxpr, consts, *refs), *types,
+                          collective_axes=tuple(p.get("collective_axes") or ()))

@@ -1,0 +1,278 @@
+"""Interpreter rules for jax.lax primitives: elementwise, comparisons, shapes, reductions, dot_general."""
+from __future__ import annotations
+
+import numpy as np
+
+import palace._src.lang.numpy_ops as pjnp
+from palace._src.jax.interpret import rule, shape_of, unsupported
+from palace._src.lang import lax_ops, numpy_linalg, tpu_primitives
+
+_UNARY = {
+    "neg": pjnp.negative, "abs": pjnp.abs, "sign": pjnp.sign, "floor": pjnp.floor, "ceil": pjnp.ceil,
+    "exp": pjnp.exp, "log": pjnp.log, "tanh": pjnp.tanh, "logistic": pjnp.logistic, "sqrt": pjnp.sqrt,
+    "rsqrt": pjnp.rsqrt, "sin": pjnp.sin, "cos": pjnp.cos, "tan": pjnp.tan, "atan": pjnp.arctan,
+    "sinh": pjnp.sinh, "cosh": pjnp.cosh, "erf": pjnp.erf, "is_finite": pjnp.isfinite,
+    "not": pjnp.invert, "square": pjnp.square, "copy": lambda x: x, "copy_p": lambda x: x,
+    "optimization_barrier": lambda x: x,
+}
+_BINARY = {
+    "add": pjnp.add, "sub": pjnp.subtract, "mul": pjnp.multiply, "max": pjnp.maximum,
+    "min": pjnp.minimum, "pow": pjnp.power, "eq": pjnp.equal, "ne": pjnp.not_equal, "lt": pjnp.less,
+    "le": pjnp.less_equal, "gt": pjnp.greater, "ge": pjnp.greater_equal, "and": pjnp.bitwise_and,
+    "or": pjnp.bitwise_or, "xor": pjnp.bitwise_xor, "shift_left": pjnp.left_shift,
+    "shift_right_arithmetic": pjnp.right_shift, "shift_right_logical": lax_ops.shift_right_logical,
+    "add_any": pjnp.add,
+}
+_BOOL_BINARY = {"and": pjnp.logical_and, "or": pjnp.logical_or, "xor": pjnp.logical_xor}
+
+
+def _dtype(x):
+  return np.dtype(getattr(x, "dtype", None) or np.asarray(x).dtype)
+
+
+def _is_bool(x) -> bool:
+  return _dtype(x) == np.bool_
+
+
+def _unary(fn):
+  def apply(eqn, x):
+    if eqn.primitive.name == "not" and _is_bool(x):
+      return pjnp.logical_not(x)
+    return fn(x)
+  return apply
+
+
+def _binary(fn, name):
+  bool_fn = _BOOL_BINARY.get(name)
+
+  def apply(eqn, x, y):
+    if bool_fn is not None and _is_bool(x):
+      return bool_fn(x, y)
+    return fn(x, y)
+  return apply
+
+
+for _n, _f in _UNARY.items():
+  rule(_n)(_unary(_f))
+for _n, _f in _BINARY.items():
+  rule(_n)(_binary(_f, _n))
+
+
+@rule("div")
+def _div(eqn, x, y):
+  return pjnp.true_divide(x, y) if np.issubdtype(_dtype(x), np.inexact) else lax_ops.div(x, y)
+
+
+@rule("rem")
+def _rem(eqn, x, y):
+  if np.issubdtype(_dtype(x), np.inexact):
+    return pjnp.subtract(x, pjnp.multiply(pjnp.trunc(pjnp.true_divide(x, y)), y))
+  return lax_ops.rem(x, y)
+
+
+@rule("round")
+def _round(eqn, x):
+  method = int(getattr(eqn.params.get("rounding_method"), "value", eqn.params.get("rounding_method", 0)))
+  if method == 1:  # TO_NEAREST_EVEN, NumPy's rounding
+    return pjnp.round(x)
+  # AWAY_FROM_ZERO: sign(x) * floor(|x| + 0.5)
+  return pjnp.multiply(pjnp.sign(x), pjnp.floor(pjnp.add(pjnp.abs(x), np.asarray(0.5, _dtype(x)))))
+
+
+@rule("exp2")
+def _exp2(eqn, x):
+  return pjnp.exp(pjnp.multiply(x, np.asarray(np.log(2.0), _dtype(x))))
+
+
+@rule("log1p")
+def _log1p(eqn, x):
+  return pjnp.log(pjnp.add(x, np.asarray(1, _dtype(x))))
+
+
+@rule("expm1")
+def _expm1(eqn, x):
+  return pjnp.subtract(pjnp.exp(x), np.asarray(1, _dtype(x)))
+
+
+@rule("integer_pow")
+def _integer_pow(eqn, x):
+  y = int(eqn.params["y"])
+  if y == 2:
+    return pjnp.square(x)
+  if y == 1:
+    return x
+  if y < 0:
+    return pjnp.reciprocal(_integer_pow_pos(x, -y))
+  return _integer_pow_pos(x, y) if y else pjnp.ones_like(x)
+
+
+def _integer_pow_pos(x, y):
+  acc = None
+  base = x
+  while y:
+    if y & 1:
+      acc = base if acc is None else pjnp.multiply(acc, base)
+    y >>= 1
+    if y:
+      base = pjnp.multiply(base, base)
+  return acc
+
+
+@rule("reciprocal")
+def _reciprocal(eqn, x):
+  return pjnp.reciprocal(x)
+
+
+@rule("select_n")
+def _select_n(eqn, which, *cases):
+  if len(cases) == 1:
+    return cases[0]
+  if len(cases) == 2:
+    if _is_bool(which):
+      return lax_ops.select(which, cases[1], cases[0])
+    return lax_ops.select(pjnp.not_equal(which, np.asarray(0, _dtype(which))), cases[1], cases[0])
+  out = cases[-1]
+  for i in range(len(cases) - 2, -1, -1):
+    out = lax_ops.select(pjnp.equal(which, np.asarray(i, _dtype(which))), cases[i], out)
+  return out
+
+
+@rule("clamp")
+def _clamp(eqn, lo, x, hi):
+  return pjnp.minimum(pjnp.maximum(x, lo), hi)
+
+
+@rule("convert_element_type")
+def _convert(eqn, x):
+  return lax_ops.convert_element_type(x, eqn.params["new_dtype"])
+
+
+@rule("bitcast_convert_type")
+def _bitcast_convert(eqn, x):
+  new = np.dtype(eqn.params["new_dtype"])
+  if new.itemsize != _dtype(x).itemsize:
+    raise unsupported(eqn, f"a width change {_dtype(x)} -> {new}",
+                      "Only same-width bitcasts are covered (they keep the shape).")
+  return tpu_primitives.bitcast(x, new)
+
+
+@rule("iota")
+def _iota(eqn):
+  p = eqn.params
+  return lax_ops.broadcasted_iota(p["dtype"], tuple(p["shape"]), int(p["dimension"]))
+
+
+@rule("broadcast_in_dim")
+def _broadcast_in_dim(eqn, x, *dyn):
+  if dyn:
+    raise unsupported(eqn, "dynamic shapes")
+  p = eqn.params
+  shape, dims, xshape = tuple(p["shape"]), tuple(p["broadcast_dimensions"]), shape_of(x)
+  # the forms jnp code produces, costed as palace's own ops for them: a scalar fill (jnp.full),
+  # inserting unit dims (keepdims=True: a reshape) and a same-rank broadcast (jnp.broadcast_to)
+  if not xshape:
+    return pjnp.full(shape, x, _dtype(x))
+  if dims == tuple(range(len(shape) - len(xshape), len(shape))) and len(xshape) == len(shape):
+    return pjnp.broadcast_to(x, shape)
+  if int(np.prod(shape)) == int(np.prod(xshape)) and dims == tuple(sorted(dims)):
+    return pjnp.reshape(x, shape)
+  return lax_ops.broadcast_in_dim(x, shape, dims)
+
+
+@rule("reshape")
+def _reshape(eqn, x, *dyn):
+  p = eqn.params
+  if dyn or p.get("dimensions") not in (None, ()):
+    raise unsupported(eqn, "dimensions (a transposing reshape) or dynamic shapes")
+  return pjnp.reshape(x, tuple(p["new_sizes"]))
+
+
+@rule("squeeze")
+def _squeeze(eqn, x):
+  dims = tuple(eqn.params["dimensions"])
+  return pjnp.squeeze(x, axis=dims) if dims else x
+
+
+@rule("expand_dims")
+def _expand_dims(eqn, x):
+  return pjnp.expand_dims(x, tuple(eqn.params["dimensions"]))
+
+
+@rule("transpose")
+def _transpose(eqn, x):
+  return pjnp.transpose(x, tuple(eqn.params["permutation"]))
+
+
+def _reduction(fn):
+  def apply(eqn, x):
+    axes = tuple(int(a) for a in eqn.params["axes"])
+    return fn(x, axis=axes) if axes else x
+  return apply
+
+
+rule("reduce_sum")(_reduction(pjnp.sum))
+rule("reduce_max")(_reduction(pjnp.max))
+rule("reduce_min")(_reduction(pjnp.min))
+rule("reduce_prod")(_reduction(pjnp.prod))
+rule("reduce_and")(_reduction(pjnp.all))
+rule("reduce_or")(_reduction(pjnp.any))
+
+
+def _arg(fn):
+  def apply(eqn, x):
+    axes = tuple(eqn.params["axes"])
+    if len(axes) != 1:
+      raise unsupported(eqn, f"axes={axes}")
+    return lax_ops.convert_element_type(fn(x, axis=int(axes[0])), eqn.params["index_dtype"])
+  return apply
+
+
+rule("argmax")(_arg(pjnp.argmax))
+rule("argmin")(_arg(pjnp.argmin))
+
+
+@rule("dot_general")
+def _dot_general(eqn, lhs, rhs):
+  p = eqn.params
+  pet = p.get("preferred_element_type")
+  return numpy_linalg.dot_general(lhs, rhs, p["dimension_numbers"], preferred_element_type=pet)
+
+
+@rule("concatenate")
+def _concatenate(eqn, *xs):
+  return pjnp.concatenate(list(xs), axis=int(eqn.params["dimension"]))
+
+
+@rule("slice")
+def _slice(eqn, x):
+  p = eqn.params
+  strides = p.get("strides") or (1,) * len(p["start_indices"])
+  return x[tuple(slice(int(a), int(b), int(s)) for a, b, s in
+                 zip(p["start_indices"], p["limit_indices"], strides))]
+
+
+@rule("dynamic_slice")
+def _dynamic_slice(eqn, x, *idx):
+  return lax_ops.dynamic_slice(x, list(idx), tuple(eqn.params["slice_sizes"]))
+
+
+@rule("dynamic_update_slice")
+def _dynamic_update_slice(eqn, x, update, *idx):
+  return lax_ops.dynamic_update_slice(x, update, list(idx))
+
+
+@rule("rev")
+def _rev(eqn, x):
+  return pjnp.flip(x, tuple(eqn.params["dimensions"]))
+
+
+@rule("cumsum")
+def _cumsum(eqn, x):
+  if eqn.params.get("reverse"):
+    raise unsupported(eqn, "reverse=True")
+  return pjnp.cumsum(x, axis=int(eqn.params["axis"]))
+
+
+@rule("tile")
+def _tile(eqn, x):
+  return pjnp.tile(x, tuple(int(r) for r in eqn.params["reps"]))

@@ -1,0 +1,285 @@
+"""palace.jax activation: one host callback per launch, jit's cache never keeps a stale lowering, one
+report per launch named after the kernel, uncovered primitives raise UnsupportedError with the line."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+import palace as ppl
+import palace.jax as pj
+import palace.numpy as pjnp
+from palace import tpu as ptpu
+
+
+def _matmul_kernel(x_ref, y_ref, o_ref, acc_ref):
+  @pl.when(pl.program_id(1) == 0)
+  def _():
+    acc_ref[...] = jnp.zeros_like(acc_ref)
+  acc_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
+  o_ref[...] = acc_ref[...].astype(o_ref.dtype)
+
+
+def matmul(x, y):
+  return pl.pallas_call(
+      _matmul_kernel, out_shape=jax.ShapeDtypeStruct((256, 256), jnp.float32), grid=(2, 2),
+      in_specs=[pl.BlockSpec((128, 128), lambda i, k: (i, k)),
+                pl.BlockSpec((128, 256), lambda i, k: (k, 0))],
+      out_specs=pl.BlockSpec((128, 256), lambda i, k: (i, 0)),
+      scratch_shapes=[pltpu.VMEM((128, 256), jnp.float32)],
+      compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")))(x, y)
+
+
+def _palace_matmul(x, y):
+  def kernel(x_ref, y_ref, o_ref, acc_ref):
+    @ppl.when(ppl.program_id(1) == 0)
+    def _():
+      acc_ref[...] = pjnp.zeros_like(acc_ref)
+    acc_ref[...] += pjnp.dot(x_ref[...], y_ref[...], preferred_element_type=np.float32)
+    o_ref[...] = acc_ref[...].astype(o_ref.dtype)
+  return ppl.pallas_call(
+      kernel, out_shape=ppl.ShapeDtypeStruct((256, 256), np.float32), grid=(2, 2),
+      in_specs=[ppl.BlockSpec((128, 128), lambda i, k: (i, k)),
+                ppl.BlockSpec((128, 256), lambda i, k: (k, 0))],
+      out_specs=ppl.BlockSpec((128, 256), lambda i, k: (i, 0)),
+      scratch_shapes=[ptpu.VMEM((128, 256), np.float32)],
+      compiler_params=ptpu.CompilerParams(dimension_semantics=("parallel", "arbitrary")))(x, y)
+
+
+X = (np.arange(256 * 256) % 7).reshape(256, 256).astype(np.float32)  # integer-valued: exact products
+
+
+def test_jit_and_eager_run_on_palace_with_one_report_per_launch():
+  with pj.virtual_tpu("v5e") as tpu:
+    a = jax.jit(matmul)(X, X)
+    b = matmul(X, X)
+  np.testing.assert_array_equal(np.asarray(a), X @ X)
+  np.testing.assert_array_equal(np.asarray(b), X @ X)
+  assert [r.kernel_name for r in tpu.reports] == ["_matmul_kernel"] * 2
+  with ppl.virtual_tpu("v5e") as own:
+    _palace_matmul(X, X)
+  assert tpu.reports[0].device_cycles == own.reports[0].device_cycles  # same model, same figure
+
+
+def test_one_host_callback_per_launch_in_the_compiled_program():
+  f = jax.jit(lambda x, y: matmul(x, y) + matmul(y, x))
+  with pj.virtual_tpu("v5e") as tpu:
+    hlo = f.lower(X, X).as_text()
+    f(X, X).block_until_ready()
+  assert hlo.count("xla_python_cpu_callback") + hlo.count("xla_ffi_python_cpu_callback") == 2
+  assert len(tpu.reports) == 2
+
+
+def test_jit_cache_never_keeps_a_stale_lowering():
+  f = jax.jit(matmul)
+  with pytest.raises(Exception, match="Only interpret mode is supported on CPU"):
+    f(X, X)                       # outside: JAX's own rule (no TPU on this host)
+  with pj.virtual_tpu("v5e") as t1:
+    f(X, X).block_until_ready()   # compiled outside, re-traced inside
+  with pj.virtual_tpu("v6e") as t2:
+    f(X, X).block_until_ready()   # a new context: its own engine, not t1's
+  assert len(t1.reports) == 1 and len(t2.reports) == 1
+  assert t2.reports[0].chip.name == "v6e"
+  with pytest.raises(Exception, match="Only interpret mode is supported on CPU"):
+    f(X, X)                       # and outside again: not the palace lowering
+
+
+def test_uncovered_primitive_names_it_and_the_kernel_line():
+  def kernel(x_ref, o_ref):
+    o_ref[...] = jnp.cumprod(x_ref[...], axis=0)  # the line the error must name
+  line = kernel.__code__.co_firstlineno + 1
+  f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32))
+  with pj.virtual_tpu("v5e"):
+    with pytest.raises(ppl.UnsupportedError, match=rf"primitive 'cumprod' \(kernel line "
+                                                   rf"test_activation.py:{line} \(\S*kernel\)\)"):
+      jax.jit(f)(np.ones((8, 128), np.float32))
+
+
+def test_runtime_errors_inside_the_callback_keep_their_palace_type():
+  def kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[...]
+  f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((16, 128), jnp.float32), grid=(3,),
+                     in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+                     out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)))
+  with pytest.raises(ppl.OutOfBoundsError, match="grid point"):
+    with pj.virtual_tpu("v5e"):
+      jax.block_until_ready(f(np.ones((16, 128), np.float32)))
+
+
+def test_device_time_counts_the_launches_of_one_call():
+  f = jax.jit(lambda x: matmul(x, x) * 2)
+  t = pj.device_time(f, X)
+  assert t.launches == 1 and t.device_cycles == t.reports[0].device_cycles > 0
+  assert t.total_time_s > t.device_time_s > 0
+
+
+def test_timing_only_and_detect_races_options_reach_the_machine():
+  with pj.virtual_tpu("v5e", timing_only=True, detect_races=True) as tpu:
+    jax.block_until_ready(jax.jit(matmul)(X, X))
+  assert tpu.reports[0].timing_only and tpu.timing_only and tpu.detect_races
+
+
+def test_process_wide_switch_from_the_environment(tmp_path):
+  prog = tmp_path / "prog.py"
+  prog.write_text(
+      "import sys, numpy as np, jax, jax.numpy as jnp\n"
+      f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+      "from test_activation import matmul, X\n"
+      "np.testing.assert_array_equal(np.asarray(jax.jit(matmul)(X, X)), X @ X)\n"
+      "print('ok')\n")
+  env = dict(os.environ, PALACE_JAX="v5e", PYTHONPATH=os.pathsep.join(sys.path))
+  r = subprocess.run([sys.executable, "-m", "palace._src.jax.run", str(prog)], env=env,
+                     capture_output=True, text=True, timeout=300)
+  assert r.returncode == 0, r.stderr[-2000:]
+  assert r.stdout.strip() == "ok" and "palace: _matmul_kernel:" in r.stderr
+
+
+def test_get_tpu_info_answers_for_the_active_virtual_chip():
+  with pytest.raises(ValueError, match="Unsupported TPU device kind: cpu"):
+    pltpu.get_tpu_info()
+  with pj.virtual_tpu("v5e"):
+    v5e = pltpu.get_tpu_info()
+  with pj.virtual_tpu("v5p"):
+    v5p = pltpu.get_tpu_info()
+  assert v5e.chip_version == pltpu.ChipVersion.TPU_V5E and v5e.num_cores == 1
+  assert v5p.chip_version == pltpu.ChipVersion.TPU_V5P and v5p.num_cores == 2
+  assert v5e.vmem_capacity_bytes == 128 * 2**20
+
+
+def test_pl_kernel_over_a_tensorcore_mesh_runs_on_palace():
+  mesh = pltpu.TensorCoreMesh(axis_name="core", num_cores=1)
+
+  def run(x):
+    @jax.jit
+    def f(x):
+      @pl.kernel(out_type=jax.ShapeDtypeStruct((64, 128), jnp.float32), mesh=mesh,
+                 scratch_types=[pltpu.VMEM((64, 128), jnp.float32)])
+      def double(x_hbm, o_hbm, buf):
+        pltpu.sync_copy(x_hbm, buf)
+        buf[...] = buf[...] * 2.0 + jax.lax.axis_index("core").astype(jnp.float32)
+        pltpu.sync_copy(buf, o_hbm)
+      return double(x)
+    return f(x)
+
+  x = np.arange(64 * 128, dtype=np.float32).reshape(64, 128)
+  with pj.virtual_tpu("v5e") as tpu:
+    out = run(x)
+  np.testing.assert_array_equal(np.asarray(out), 2 * x)
+  assert [r.kernel_name for r in tpu.reports] == ["double"]
+
+
+def test_vmap_of_a_pallas_call_adds_a_grid_axis_the_kernel_does_not_see():
+  def f(x):
+    def kernel(x_ref, o_ref):
+      o_ref[...] = x_ref[...] * 2 + pl.program_id(0).astype(jnp.float32) + 10 * pl.num_programs(0)
+    return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((16, 128), jnp.float32), grid=(2,),
+                          in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+                          out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)))(x)
+  x = np.arange(3 * 16 * 128, dtype=np.float32).reshape(3, 16, 128)
+  with pj.virtual_tpu("v5e") as tpu:
+    out = np.asarray(jax.jit(jax.vmap(f))(x))
+  np.testing.assert_array_equal(out, x * 2 + 20 + np.repeat(np.arange(2), 8)[None, :, None])
+  assert len(tpu.reports) == 1 and tpu.reports[0].grid_steps == 3 * 2
+
+
+def test_jax_own_interpret_mode_still_works_for_pallas_call_and_pl_kernel():
+  """palace's lowering rules hand launches without an engine back to JAX's own rules."""
+  from jax.experimental.pallas import tpu as jpltpu
+  mesh = pltpu.TensorCoreMesh(axis_name="core", num_cores=1)
+  x = np.arange(8 * 128, dtype=np.float32).reshape(8, 128)
+  jpltpu.reset_tpu_interpret_mode_state()
+  with jpltpu.force_tpu_interpret_mode(jpltpu.InterpretParams()):
+    @pl.kernel(out_type=jax.ShapeDtypeStruct((8, 128), jnp.float32), mesh=mesh)  # reads the config
+    def copy(x_hbm, o_hbm):
+      pltpu.sync_copy(x_hbm, o_hbm)
+
+    np.testing.assert_array_equal(np.asarray(jax.jit(copy)(x)), x)
+    np.testing.assert_array_equal(np.asarray(jax.jit(matmul)(X, X)), X @ X)
+
+
+def test_shard_map_shard_local_kernels_run_per_device_and_communicating_ones_as_one_pod_launch():
+  from jax.sharding import PartitionSpec as P
+  mesh = jax.make_mesh((4,), ("x",))
+  x = jax.device_put(np.arange(32 * 128, dtype=np.float32).reshape(32, 128),
+                     jax.sharding.NamedSharding(mesh, P("x")))
+
+  def local(x_ref, o_ref):
+    o_ref[...] = x_ref[...] + 1.0
+
+  def talks(x_ref, o_ref):
+    o_ref[...] = x_ref[...] + jax.lax.axis_index("x").astype(jnp.float32)   # needs the device id
+
+  def sharded(kernel):
+    def per_device(x):
+      return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+    return jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
+                                 check_vma=False))
+
+  with pj.virtual_tpu("v5e", num_chips=4) as tpu:
+    a = np.asarray(sharded(local)(x))
+    b = np.asarray(sharded(talks)(x))
+  np.testing.assert_array_equal(a, np.asarray(x) + 1.0)
+  np.testing.assert_array_equal(b, np.asarray(x) + np.repeat(np.arange(4), 8)[:, None])
+  # one one-chip launch per device, then one 4-chip pod launch
+  assert [(r.kernel_name, r.num_chips) for r in tpu.reports] == [("local", 1)] * 4 + [("talks", 4)]
+
+
+def test_a_communicating_kernel_needs_a_virtual_tpu_with_the_mesh_chip_count():
+  from jax.sharding import PartitionSpec as P
+  mesh = jax.make_mesh((4,), ("x",))
+  x = jax.device_put(np.zeros((32, 128), np.float32), jax.sharding.NamedSharding(mesh, P("x")))
+
+  def talks(x_ref, o_ref):
+    o_ref[...] = x_ref[...] + jax.lax.axis_index("x").astype(jnp.float32)
+
+  def per_device(x):
+    return pl.pallas_call(talks, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+  f = jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False))
+  with pj.virtual_tpu("v5e", num_chips=2):
+    with pytest.raises(ppl.UsageError, match=r"the mesh has 4 chips but the virtual TPU has 2"):
+      f(x)
+
+
+@pytest.mark.parametrize("chip", ["v4", "v5e", "v5p", "v6e", "7x"])
+def test_every_chip_and_megacore_split_matches_palace_own_path(chip):
+  with pj.virtual_tpu(chip) as tpu:
+    out = jax.jit(matmul)(X, X)
+  with ppl.virtual_tpu(chip) as own:
+    _palace_matmul(X, X)
+  np.testing.assert_array_equal(np.asarray(out), X @ X)
+  assert tpu.reports[0].device_cycles == own.reports[0].device_cycles
+  assert tpu.reports[0].unit_busy_cycles == own.reports[0].unit_busy_cycles
+
+
+def test_pl_kernel_ring_shift_with_remote_dma_inside_shard_map_is_one_pod_launch():
+  from jax.sharding import PartitionSpec as P
+  mesh = jax.make_mesh((4,), ("x",))
+  x = jax.device_put(np.arange(32 * 128, dtype=np.float32).reshape(32, 128),
+                     jax.sharding.NamedSharding(mesh, P("x")))
+
+  def per_device(x):
+    @pl.kernel(out_type=jax.ShapeDtypeStruct(x.shape, x.dtype),
+               mesh=pltpu.TensorCoreMesh(axis_name="core", num_cores=1),
+               scratch_types=[pltpu.VMEM(x.shape, x.dtype), pltpu.VMEM(x.shape, x.dtype),
+                              pltpu.SemaphoreType.DMA, pltpu.SemaphoreType.DMA])
+    def ring(x_hbm, o_hbm, buf, rbuf, send, recv):
+      right = (jax.lax.axis_index("x") + 1) % 4
+      pltpu.sync_copy(x_hbm, buf)
+      copy = pltpu.make_async_remote_copy(buf, rbuf, send, recv, device_id=(right,))
+      copy.start()
+      copy.wait()
+      pltpu.sync_copy(rbuf, o_hbm)
+    return ring(x)
+
+  f = jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False))
+  with pj.virtual_tpu("v5e", num_chips=4) as tpu:
+    out = np.asarray(f(x))
+  np.testing.assert_array_equal(out, np.roll(np.asarray(x).reshape(4, 8, 128), 1, axis=0).reshape(32, 128))
+  assert [(r.kernel_name, r.num_chips, r.ici_bytes) for r in tpu.reports] == [("ring", 4, 4 * 8 * 128 * 4)]

@@ -1,0 +1,102 @@
+"""The jaxpr interpreter's rules on small kernels: each is compared with NumPy on integer-valued data."""
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from jax._src.pallas import primitives as pallas_primitives  # load(..., other=) is not public
+
+import palace.jax as pj
+
+X = (np.arange(8 * 128) % 5).reshape(8, 128).astype(np.float32)
+
+
+def _run(kernel, out_shape, *args):
+  with pj.virtual_tpu("v5e") as tpu:
+    out = jax.jit(pl.pallas_call(kernel, out_shape=out_shape))(*args)
+  return jax.tree_util.tree_map(np.asarray, out), tpu
+
+
+def test_scan_with_scanned_inputs_stacked_outputs_and_reverse():
+  def kernel(x_ref, ys_ref, c_ref):
+    def body(c, row):
+      c = c + row
+      return c, c * 2
+    c, ys = lax.scan(body, jnp.zeros((128,), jnp.float32), x_ref[...], reverse=True)
+    ys_ref[...] = ys
+    c_ref[...] = jnp.broadcast_to(c, (8, 128))
+  sds = jax.ShapeDtypeStruct((8, 128), jnp.float32)
+  (ys, c), _ = _run(kernel, (sds, sds), X)
+  np.testing.assert_array_equal(ys, np.cumsum(X[::-1], axis=0)[::-1] * 2)
+  np.testing.assert_array_equal(c, np.broadcast_to(X.sum(0), (8, 128)))
+
+
+def test_debug_print_placeholders_go_to_the_virtual_tpu():
+  def kernel(x_ref, o_ref):
+    pl.debug_print("first = {}, second = {}", x_ref[0, 1], x_ref[0, 2].astype(jnp.int32))
+    o_ref[...] = x_ref[...]
+  out, tpu = _run(kernel, jax.ShapeDtypeStruct((8, 128), jnp.float32), X)
+  np.testing.assert_array_equal(out, X)
+  assert tpu.debug_output == ["first = 1.0, second = 2"]
+
+
+def test_masked_load_reads_other_where_the_mask_is_off_and_masked_store():
+  def kernel(x_ref, o_ref):
+    col = lax.broadcasted_iota(jnp.int32, (8, 128), 1)
+    v = pallas_primitives.load(x_ref, (slice(None), slice(None)), mask=col < 64, other=-1.0)
+    o_ref[...] = jnp.zeros_like(o_ref)
+    pltpu.store(o_ref, v + 1.0, mask=col % 2 == 0)
+  out, _ = _run(kernel, jax.ShapeDtypeStruct((8, 128), jnp.float32), X)
+  col = np.arange(128)[None, :]
+  want = np.where(col % 2 == 0, np.where(col < 64, X, -1.0) + 1.0, 0.0)
+  np.testing.assert_array_equal(out, want)
+
+
+def test_integer_ops_select_n_clamp_and_bitcast_convert():
+  def kernel(x_ref, o_ref):
+    i = x_ref[...].astype(jnp.int32)
+    y = lax.clamp(1, i * 3 - 2, 9) + lax.rem(i, 3) - lax.div(i, 2) + (i ** 3)
+    y = jnp.where(i > 2, y, -y)
+    o_ref[...] = lax.bitcast_convert_type(lax.bitcast_convert_type(y, jnp.float32), jnp.int32)
+  out, _ = _run(kernel, jax.ShapeDtypeStruct((8, 128), jnp.int32), X)
+  i = X.astype(np.int64)
+  y = np.clip(i * 3 - 2, 1, 9) + i % 3 - i // 2 + i ** 3
+  np.testing.assert_array_equal(out, np.where(i > 2, y, -y))
+
+
+def test_element_block_dims_and_scalar_prefetch_index_maps():
+  starts = np.array([5, 0, 17, 3], np.int32)       # element offsets of each step's rows
+  x = (np.arange(64 * 128) % 11).reshape(64, 128).astype(np.float32)
+
+  def kernel(starts_ref, x_ref, o_ref):
+    o_ref[...] = x_ref[...] * 2.0
+
+  f = pl.pallas_call(
+      kernel, out_shape=jax.ShapeDtypeStruct((32, 128), jnp.float32),
+      grid_spec=pltpu.PrefetchScalarGridSpec(
+          num_scalar_prefetch=1, grid=(4,),
+          in_specs=[pl.BlockSpec((pl.Element(8), 128), lambda i, s: (s[i], 0))],
+          out_specs=pl.BlockSpec((8, 128), lambda i, s: (i, 0))))
+  with pj.virtual_tpu("v5e") as tpu:
+    out = np.asarray(jax.jit(f)(starts, x))
+  want = np.concatenate([x[s:s + 8] * 2 for s in starts])
+  np.testing.assert_array_equal(out, want)
+  assert tpu.reports[0].grid_steps == 4
+
+
+def test_a_rule_giving_the_wrong_dtype_is_caught_not_computed(monkeypatch):
+  import palace as ppl
+  import palace.numpy as pjnp
+  from palace._src.jax import interpret
+  monkeypatch.setitem(interpret.RULES, "neg", lambda eqn, x: pjnp.astype(x, jnp.int32))  # a bad rule
+
+  def kernel(x_ref, o_ref):
+    o_ref[...] = -x_ref[...]
+  # raised inside the callback; the context re-raises palace's own error
+  with pytest.raises(ppl.UnsupportedError, match=r"primitive 'neg' .* gave a int32\[8, 128\] value "
+                                                 r"where JAX expects float32\[8, 128\]"):
+    _run(kernel, jax.ShapeDtypeStruct((8, 128), jnp.float32), X)
