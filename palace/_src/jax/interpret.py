@@ -169,6 +169,3 @@ def eval_closed(jaxpr, *args) -> list:
 def shape_of(x) -> tuple:
   return tuple(np.shape(x)) if not hasattr(x, "shape") else tuple(x.shape)
 
-
-# the rule modules register themselves on import
-from palace._src.jax import rules_control, rules_lax, rules_state  # noqa: E402,F401

@@ -16,7 +16,7 @@ from palace._src import core as pcore
 from palace._src.errors import UnsupportedError
 from palace._src.jax.avals import alloc_type, memory_space
 from palace._src.jax.interpret import eval_closed, eval_jaxpr, grid_axes
-from palace._src.lang.host_refs import freeze, new_ref
+from palace._src.launch.host_refs import freeze, new_ref
 from palace._src.launch.kernel import kernel as palace_kernel
 from palace._src.launch.pallas_call import pallas_call
 
