@@ -23,7 +23,6 @@ import copy
 import math
 
 from palace._src.core import MemorySpace
-from palace._src.sim import memory
 from palace._src.sim.bandwidth import reserve
 
 _SPACE_LABEL = {MemorySpace.ANY: "hbm", MemorySpace.HBM: "hbm", MemorySpace.VMEM: "vmem",
@@ -172,9 +171,8 @@ class DmaEngine:
     if core.timing_only and req.dst_buf.memory_space is not _SMEM:
       rec.moved = True  # timing only: payloads are skipped; only scalar (SMEM) data moves
     elif self.eager or m.dma_policy.move_at_start(rec):
-      memory.copy(req, borrow=not checks.active)  # the checkers track storage identity: no borrowing
+      checks.move_at_start(req)  # memory.copy (borrowing unless checked) + the checkers' note
       rec.moved = True
-      checks.moved(req)
     m.dma_count += 1
     m.hbm_bytes += nbytes * rec.hbm_sides
     sems = m.sems

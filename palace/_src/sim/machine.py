@@ -19,7 +19,6 @@ from palace._src import executor as executor_mod
 from palace._src import hw, validate
 from palace._src.errors import SyncError, UsageError
 from palace._src.sim.bandwidth import Channel
-from palace._src.sim import memory
 from palace._src.sim.ici import Topology, check_topology
 from palace._src.sim.checks import make_checks
 from palace._src.sim.report import Report
@@ -149,9 +148,8 @@ class Machine:
     completes only once its data has been read (the sender may reuse the buffer after .wait_send()),
     so the data moves at the first of the two completions."""
     if not rec.moved:
-      memory.copy(rec.req)
+      self.checks.move(rec.req)  # memory.copy + the checkers' note
       rec.moved = True
-      self.checks.moved(rec.req)
     if src:
       rec.src_applied = True
     else:
