@@ -31,8 +31,8 @@ from palace._src import executor, validate
 from palace._src.blocks import BLOCKED, ELEMENT, SQUEEZED, BlockMapping, canonicalize
 from palace._src.core import (PARALLEL, BlockSpec, MemoryRef, MemorySpace, SemaphoreType,
                               canonical_semantics, no_block_spec)
-from palace._src.errors import (BlockSpecError, OutOfBoundsError, SyncError, UnsupportedError,
-                                UsageError)
+from palace._src.errors import (BlockSpecError, OutOfBoundsError, PalaceError, SyncError,
+                                UnsupportedError, UsageError)
 from palace._src.lang.array import concrete_int
 from palace._src.lang.primitives import (_scalar, axis_index, axis_size, close_scope, num_programs,
                                          open_scope, program_id, sem_target)
@@ -216,12 +216,23 @@ def _block_offsets(op: _Op, step: int, point, index_args, where) -> tuple:
   if hit is not None:
     return hit
   m = op.m
-  idx = m.index_map(*point, *index_args)
+  try:
+    idx = m.index_map(*point, *index_args)
+  except PalaceError:
+    raise
+  except Exception as e:  # noqa: BLE001  the user's index map failed: say whose and where
+    raise BlockSpecError(
+        f"index_map of {m.name} ({getattr(m.index_map, '__name__', '?')!r}) raised {e!r} at grid point "
+        f"{point}{' ' + where if where else ''} (called as index_map(*grid_indices"
+        f"{', *scalar_prefetch_refs' if index_args else ''})). Fix: make the index map return block "
+        f"indices for every grid point of the launch; the original error is chained below.") from e
   if type(idx) is not tuple:
     idx = tuple(idx) if isinstance(idx, list) else (idx,)
   if len(idx) != len(m.dims):
+    example = ", ".join(["i"] + ["0"] * (len(m.dims) - 1))
     raise OutOfBoundsError(f"index_map of {m.name} returned {len(idx)} indices {tuple(idx)!r} for an "
-                           f"array of rank {len(m.dims)} at grid point {point}; expected one per dim.")
+                           f"array of rank {len(m.dims)} at grid point {point}; expected one per dim. "
+                           f"Fix: return one block index per dimension of {m.name}, e.g. ({example}).")
   for i in idx:
     if type(i) is not int:  # runtime scalars (SMEM reads, program ids): make them concrete
       idx = tuple(concrete_int(i, f"index_map result for {m.name}") for i in idx)

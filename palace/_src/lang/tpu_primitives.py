@@ -19,9 +19,12 @@ from palace._src.lang.refs import Ref
 from palace._src.util import tree_flatten, user_frame_summary, user_site
 
 
-def _check_ref(x, what):
+def _check_ref(x, api, arg):
   if not isinstance(x, (Ref, IndexedRef)):
-    raise UsageError(f"DMA {what} must be a ref (or a ref view `.at[...]`); got {type(x).__name__}.")
+    raise UsageError(f"{api} {arg} must be a ref or a ref view `.at[...]` ({user_frame_summary()}); got "
+                     f"{validate.describe(x)}. Fix: pass a kernel ref (an argument of the kernel body, a "
+                     f"scratch or pl.run_scoped buffer, or a `.at[...]` view of one); arrays reach a "
+                     f"kernel as refs through its operands (pl.ANY specs keep them in HBM).")
 
 
 _current_ex = executor._current.get  # executor.maybe_current without a Python frame
@@ -62,9 +65,9 @@ class AsyncCopyDescriptor:
   """A DMA between two ref views. `.start()` issues it; `.wait()` blocks until its bytes arrived."""
 
   def __init__(self, src_ref, dst_ref, sem, src_sem=None, device_id=None, core_index=None,
-               is_remote=False, site=None):
-    _check_ref(src_ref, "source")
-    _check_ref(dst_ref, "destination")
+               is_remote=False, site=None, api="pltpu.make_async_copy"):
+    _check_ref(src_ref, api, "src_ref")
+    _check_ref(dst_ref, api, "dst_ref")
     if src_ref.shape != dst_ref.shape:
       raise ShapeError(f"DMA shapes differ: {src_ref.origin()} has shape {src_ref.shape} but "
                        f"{dst_ref.origin()} has shape {dst_ref.shape}; a copy needs identical shapes.")
@@ -176,7 +179,8 @@ def make_async_copy(src_ref, dst_ref, sem=None, *, src_sem=None) -> AsyncCopyDes
 
 def async_copy(src_ref, dst_ref, sem=None, *, src_sem=None, priority: int = 0,
                add: bool = False) -> AsyncCopyDescriptor:
-  return AsyncCopyDescriptor(src_ref, dst_ref, sem, src_sem).start(priority, add=add)
+  return AsyncCopyDescriptor(src_ref, dst_ref, sem, src_sem, api="pltpu.async_copy").start(
+      priority, add=add)
 
 
 def make_async_remote_copy(src_ref, dst_ref, send_sem, recv_sem, device_id, device_id_type=None):
@@ -184,7 +188,7 @@ def make_async_remote_copy(src_ref, dst_ref, send_sem, recv_sem, device_id, devi
     raise UsageError("make_async_remote_copy needs device_id (a tuple of mesh coordinates or a dict "
                      "of the axes that change).")
   return AsyncCopyDescriptor(src_ref, dst_ref, recv_sem, send_sem, device_id=device_id,
-                             is_remote=True)._track_unused()
+                             is_remote=True, api="pltpu.make_async_remote_copy")._track_unused()
 
 
 def async_remote_copy(src_ref, dst_ref, send_sem, recv_sem, device_id, device_id_type=None):
@@ -200,7 +204,7 @@ def sync_copy(src_ref, dst_ref, *, add: bool = False) -> None:
 
   def body(sem):
     for s, d in zip(srcs, dsts):
-      c = AsyncCopyDescriptor(s, d, sem)
+      c = AsyncCopyDescriptor(s, d, sem, api="pltpu.sync_copy")
       c.start(add=add)
       c.wait()
 
