@@ -216,14 +216,22 @@ def check_hbm(kname: str, arrays, outs, scratch) -> None:
   leaves = tree_flatten(scratch, is_leaf=lambda x: isinstance(x, MemoryRef))[0]
   sizes += [(f"scratch[{i}]", t.nbytes) for i, t in enumerate(leaves)
             if isinstance(t, MemoryRef) and t.memory_space in (MemorySpace.ANY, MemorySpace.HBM)]
+  check_hbm_sizes(f"kernel '{kname}'", sizes, "the launch's")
+
+
+def check_hbm_sizes(owner: str, sizes, whose: str | None) -> None:
+  """The one HBM capacity check: `sizes` [(name, bytes)] must fit one device of the active chip.
+  `owner` names the launch or host call ("kernel 'k'", "pl.empty_ref"), `whose` the operands
+  ("the launch's"; None for a single buffer)."""
   chip = active_tpu().chip
   total = sum(n for _, n in sizes)
   cap = chip.hbm_bytes_per_device
   if total <= cap:
     return
   name, big = max(sizes, key=lambda r: r[1])
+  amount = (f"{name} is {fmt_bytes(big)}" if whose is None else
+            f"{name} alone is {fmt_bytes(big)} and {whose} {len(sizes)} HBM operands total {fmt_bytes(total)}")
   raise ResourceError(
-      f"HBM over capacity for kernel '{kname}' on {chip.name}: {name} alone is {fmt_bytes(big)} and the "
-      f"launch's {len(sizes)} HBM operands total {fmt_bytes(total)}, but one {chip.name} device has "
+      f"HBM over capacity for {owner} on {chip.name}: {amount}, but one {chip.name} device has "
       f"{fmt_bytes(cap)} of HBM ({cap:,} bytes). Fix: shrink {name} (or tile the problem over several "
       f"launches), shard it over chips with shard_map, or use a chip with more HBM (v5p, 7x).")
