@@ -143,7 +143,7 @@ def test_store_of_closed_over_numpy_array():
   def kernel(o_ref):
     o_ref[...] = const
 
-  with pytest.raises(pl.UsageError, match=r"kernels cannot close over array constants; pass the array as an "
+  with pytest.raises(pl.UsageError, match=r"kernels cannot close over array constants\. Fix: pass the array as an "
                                           r"input"):
     _call(kernel)()
 
@@ -210,7 +210,7 @@ def test_vector_store_to_hbm_output_says_dma():
   def kernel(x_ref, o_ref):
     o_ref[0:8] = x_ref[...]
 
-  with pytest.raises(pl.MemorySpaceError, match=r"Store of outputs\[0\] \(any\).*Copy a block into VMEM"):
+  with pytest.raises(pl.MemorySpaceError, match=r"Store of outputs\[0\] \(any\).*Fix: copy a block into VMEM"):
     _call(kernel, out_specs=pl.BlockSpec(memory_space=pltpu.HBM))(X[:8, :128])
 
 
@@ -235,7 +235,7 @@ def test_semaphore_load():
   def kernel(o_ref, sem):
     sem[...]
 
-  with pytest.raises(pl.MemorySpaceError, match=r"semaphore scratch\[0\]: use pl\.semaphore_read"):
+  with pytest.raises(pl.MemorySpaceError, match=r"semaphore scratch\[0\] at grid point .*: semaphores are not data\. Fix: use pl\.semaphore_read"):
     _call(kernel, scratch_shapes=[pltpu.SemaphoreType.DMA])()
 
 
