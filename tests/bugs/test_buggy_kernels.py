@@ -569,5 +569,5 @@ def test_revisit_of_an_output_block_that_is_not_consecutive():
                      out_specs=pl.BlockSpec((8, 128), lambda k, j: (0, j)))
   with pl.virtual_tpu("v5e"), pytest.raises(
       pl.SyncError, match=r"Revisited block for outputs\[0\] at grid point \(1, 0\) on chip 0 core 0.*"
-                          r"visited again non-consecutively.*Put the reduction axis last"):
+                          r"visited again non-consecutively.*Fix: put the reduction axis last"):
     f(np.ones((16, 256), np.float32))

@@ -349,7 +349,7 @@ def test_non_consecutive_output_revisit():
     o_ref[...] = x_ref[...]
 
   with pytest.raises(pl.SyncError, match=r"Revisited block for outputs\[0\] at grid point \(2,\) on chip 0 "
-                                         r"core 0: .*Put the reduction axis last in the grid") as e:
+                                         r"core 0: .*Fix: put the reduction axis last in the grid") as e:
     _call(kernel, out_shape=(16, 128), grid=(4,), in_specs=[pl.BlockSpec((8, 128), lambda i: (i % 2, 0))],
           out_specs=pl.BlockSpec((8, 128), lambda i: (i % 2, 0)))(X[:, :128])
   assert isinstance(e.value, RuntimeError)
