@@ -505,7 +505,7 @@ def test_vmem_over_physical_capacity_says_limit_cannot_help():
 
 def test_scratch_entry_must_be_an_allocation_type():
   pat = (r"scratch\[1\] = ShapeDtypeStruct\(shape=\(8, 128\), dtype=float32\) is "
-         r"not an allocation type; use pltpu\.VMEM\(shape, dtype\)")
+         r"not an allocation type\. Fix: use pltpu\.VMEM\(shape, dtype\)")
   with pytest.raises(pl.UsageError, match=pat):
     _call(lambda o, a, b: None,
           scratch_shapes=[pltpu.VMEM((8, 128), F32), pl.ShapeDtypeStruct((8, 128), F32)])()
