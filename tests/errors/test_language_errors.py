@@ -57,13 +57,13 @@ def test_python_and_of_runtime_values_raises():
 
 # ---------------------------------------------------------------- 64-bit types inside kernels
 def test_vmem_scratch_float64():
-  with pytest.raises(pl.ShapeError, match=r"dtype for scratch\[1\]: float64.*no 64-bit types\. Use float32"):
+  with pytest.raises(pl.ShapeError, match=r"dtype for scratch\[1\]: float64.*no 64-bit types\. Fix: use float32"):
     _call(lambda o, a, b: None,
           scratch_shapes=[pltpu.VMEM((8, 128), F32), pltpu.VMEM((8, 128), np.float64)])()
 
 
 def test_smem_scratch_int64_in_dict():
-  with pytest.raises(pl.ShapeError, match=r"scratch\['idx'\]: int64.*Use int32"):
+  with pytest.raises(pl.ShapeError, match=r"scratch\['idx'\]: int64.*Fix: use int32"):
     _call(lambda o, *, idx: None, scratch_shapes={"idx": pltpu.SMEM((4,), np.int64)})()
 
 
@@ -98,7 +98,7 @@ def test_fp8_mixing_needs_explicit_cast():
     o_ref[...] = (a + x_ref[...].astype(jnp.bfloat16)).astype(F32)
 
   with pytest.raises(pl.ShapeError, match=r"Type promotion error for operands of dtypes float8_e4m3fn and "
-                                          r"bfloat16.*Cast one operand explicitly"):
+                                          r"bfloat16.*Fix: cast one operand explicitly"):
     _call(kernel)(X[:8, :128])
 
 
