@@ -241,7 +241,7 @@ def test_race_remote_copy_destination_read_before_wait_recv():
   with pl.virtual_tpu("v5e", num_chips=4, detect_races=True), pytest.raises(
       pl.RaceError, match=r"(?s)write of outputs\[0\]\[0:8, 0:128\] by DMA args\[0\] -> outputs\[0\].*"
                           r"chip \d core 0.*read of outputs\[0\]\[0:8, 0:128\] by DMA outputs\[0\] -> "
-                          r"scratch\[0\].*copy from another core/chip, so wait for it with \.wait_recv\(\)"):
+                          r"scratch\[0\].*copy from another core/chip\. Fix: wait for it with \.wait_recv\(\)"):
     _shard(4, _remote_kernel(4, "read_before_recv"), x)
 
 

@@ -29,7 +29,8 @@ def check_params(params, api: str) -> CompilerParams:
   if isinstance(params, dict):
     if set(params) == {"mosaic"} or set(params) == {"mosaic_tpu"}:
       return CompilerParams(**next(iter(params.values())))
-    raise UsageError(f"{api}: compiler_params={params!r}; pass a pltpu.CompilerParams(...).")
+    raise UsageError(f"{api}: compiler_params={params!r} is not compiler parameters. Fix: pass a "
+                     f"pltpu.CompilerParams(...).")
   if not isinstance(params, CompilerParams):
     raise UsageError(f"{api}: compiler_params must be a pltpu.CompilerParams for TPU; got "
                      f"{type(params).__name__}. Fix: pass pltpu.CompilerParams(...) or None.")
@@ -42,8 +43,9 @@ def to_host_array(x, name: str) -> np.ndarray:
     raise UsageError(f"{name} is a palace.Array from inside a kernel; kernel values cannot leave it. "
                      f"Fix: store it into an output ref (o_ref[...] = value) and use the kernel's result.")
   if isinstance(x, Ref):
-    raise UsageError(f"{name} is a mutable ref: pass refs to pl.kernel (mutated in place) or close "
-                     f"over them; pallas_call takes arrays (use input_output_aliases to update in place).")
+    raise UsageError(f"{name} is a mutable ref, and pallas_call takes arrays. Fix: pass refs to pl.kernel "
+                     f"(mutated in place) or close over them, or pass pl.freeze(ref) and use "
+                     f"input_output_aliases to update in place.")
   if hasattr(x, "__jax_array__") or type(x).__module__.startswith("jax"):
     try:
       x = np.asarray(x)
@@ -51,7 +53,7 @@ def to_host_array(x, name: str) -> np.ndarray:
       if "Tracer" not in type(e).__name__:
         raise
       raise UsageError(f"{name} is a JAX tracer: palace kernels run eagerly on concrete arrays. Inside "
-                       f"jax.jit, wrap the palace function with pl.jax_callable(f).") from None
+                       f"jax.jit. Fix: wrap the palace function with pl.jax_callable(f).") from None
   a = np.asarray(x)
   d = dt.canonicalize(a.dtype)
   if d != a.dtype:
@@ -121,7 +123,7 @@ def out_struct(o, name: str):
   if isinstance(o, ShapeDtypeStruct) or (hasattr(o, "shape") and hasattr(o, "dtype")):
     d = dt.canonicalize(o.dtype)
     if np.dtype(o.dtype) != d:
-      raise ShapeError(f"{name} has dtype {np.dtype(o.dtype)}; TPUs have no 64-bit types, use {d}.")
+      raise ShapeError(f"{name} has dtype {np.dtype(o.dtype)}; TPUs have no 64-bit types. Fix: use {d}.")
     dt.check_kernel_dtype(d, name)
     return tuple(o.shape), d, MemorySpace.ANY
   raise UsageError(f"{name} = {o!r}: expected a pl.ShapeDtypeStruct or a memory type like "
@@ -158,7 +160,7 @@ def check_interpret(interpret, kname: str) -> None:
     raise UnsupportedError.feature(
         f"InterpretParams(uninitialized_memory={interpret.uninitialized_memory!r})",
         f"(interpret= of kernel '{kname}', called at {user_frame_summary()}) Never-written memory reads "
-        f"as NaN (floats) or the int minimum; drop the option, or use pl.virtual_tpu(..., "
+        f"as NaN (floats) or the int minimum. Fix: drop the option, or use pl.virtual_tpu(..., "
         f"uninitialized='raise') to catch such reads.")
 
 
