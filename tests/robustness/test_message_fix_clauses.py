@@ -117,8 +117,16 @@ class _Source:
       return None
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
       return [node.value]
-    if isinstance(node, ast.JoinedStr):
-      return ["".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)]
+    if isinstance(node, ast.JoinedStr):   # a named part (`{hint}`) is read where it is assigned
+      out = [""]
+      for v in node.values:
+        part = ["{}"]
+        if isinstance(v, ast.Constant):
+          part = [v.value]
+        elif isinstance(v.value, ast.Name) and v.format_spec is None:
+          part = self.texts(v.value, depth + 1) or ["{}"]
+        out = [a + b for a in out for b in part][:64]
+      return out
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
       left, right = self.texts(node.left, depth + 1), self.texts(node.right, depth + 1)
       if left is None and right is None:
@@ -139,7 +147,8 @@ class _Source:
         return self._union([self.texts(a.body, depth + 1) for a in args])
       builders = self.functions.get(_name(node.func) or "", [])
       if len(builders) == 1:   # a message builder: every value it returns
-        returns = [r.value for r in ast.walk(builders[0]) if isinstance(r, ast.Return) and r.value is not None]
+        returns = [r.value for r in ast.walk(builders[0]) if isinstance(r, ast.Return) and r.value is not None
+                   and not (isinstance(r.value, ast.Constant) and r.value.value is None)]   # "no error"
         return self._union([self.texts(r, depth + 1) for r in returns]) if returns else None
     return None
 
