@@ -225,7 +225,7 @@ def _block_offsets(op: _Op, step: int, point, index_args, where) -> tuple:
         f"index_map of {m.name} ({getattr(m.index_map, '__name__', '?')!r}) raised {e!r} at grid point "
         f"{point}{' ' + where if where else ''} (called as index_map(*grid_indices"
         f"{', *scalar_prefetch_refs' if index_args else ''})). Fix: make the index map return block "
-        f"indices for every grid point of the launch; the original error is chained below.") from e
+        f"indices for every point of its grid; the original error is chained below.") from e
   if type(idx) is not tuple:
     idx = tuple(idx) if isinstance(idx, list) else (idx,)
   if len(idx) != len(m.dims):

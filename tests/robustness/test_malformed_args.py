@@ -89,7 +89,7 @@ def test_index_map_that_raises(grid):
   with pl.virtual_tpu("v5e"):
     raises(lambda: f(X), pl.BlockSpecError,
            r"index_map of args\[0\] \('index_map'\) raised KeyError\('boom'\) at grid point \(1,\)",
-           r"Fix: make the index map return block indices for every grid point")
+           r"Fix: make the index map return block indices for every point of its grid")
 
 
 def test_index_map_that_raises_keeps_cause():
@@ -116,3 +116,18 @@ def test_index_map_raising_a_palace_error_is_not_wrapped():
 def test_pallas_call_out_shape(out):
   raises(lambda: pl.pallas_call(lambda x, o: None, out_shape=out)(X), pl.UsageError,
          r"out_shape(\[0\])? = ", r"Fix: pass e\.g\. pl\.ShapeDtypeStruct")
+
+
+def test_emit_pipeline_index_map_that_raises():
+  def index_map(i):
+    return (0, {}[i])   # KeyError at the first step
+
+  def kernel(x_hbm, o_hbm):
+    pltpu.emit_pipeline(lambda a, b: None, grid=(2,), in_specs=[pl.BlockSpec((8, 128), index_map)],
+                        out_specs=[pl.BlockSpec((8, 128), lambda i: (0, 0))])(x_hbm, o_hbm)
+
+  f = pl.pallas_call(kernel, SDS, in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                     out_specs=pl.BlockSpec(memory_space=pl.ANY))
+  with pl.virtual_tpu("v5e"):
+    raises(lambda: f(X), pl.BlockSpecError, r"index_map of args\[0\] \('index_map'\) raised KeyError\(0\) at "
+           r"grid point \(0,\)", r"Fix: make the index map return block indices for every point of its grid")
