@@ -60,7 +60,8 @@ def _dim(entry, array_dim: int, what: str):
     return (ELEMENT, validate.as_int(entry.block_size, f"{what} pl.Element size", min_value=0),
             validate.as_int(entry.padding[0], f"{what} pl.Element padding", min_value=0))
   if isinstance(entry, BoundedSlice):
-    raise UnsupportedError.feature("pl.BoundedSlice block dims")
+    raise UnsupportedError.feature("pl.BoundedSlice block dims", "Fix: use a full pl.Blocked dimension and "
+                                  "mask the rows past the bound in the kernel.")
   return (BLOCKED, validate.as_int(entry, what, min_value=0), 0)
 
 
@@ -87,7 +88,8 @@ def canonicalize(spec, shape, dtype, name: str, num_index_args: int,
     return BlockMapping(name, shape, dtype, tuple((BLOCKED, s, 0) for s in shape), None,
                         MemorySpace.ANY, 1, False)
   if space not in (MemorySpace.VMEM, MemorySpace.SMEM):
-    raise UnsupportedError.feature(f"BlockSpec memory_space={space}")
+    raise UnsupportedError.feature(f"BlockSpec memory_space={space}", "Fix: use pltpu.VMEM (the default), "
+                                  "pltpu.SMEM, pl.ANY or pltpu.HBM.")
   block_shape = spec.block_shape if spec.block_shape is not None else shape
   if len(block_shape) != len(shape):
     raise BlockSpecError(f"Block shape for {name} (= {tuple(block_shape)}) must have the same number "
@@ -103,7 +105,8 @@ def canonicalize(spec, shape, dtype, name: str, num_index_args: int,
     if not shape:
       raise BlockSpecError(
           f"Block shape for {name} (= ()) is rank 0; expected rank >= 1, TPU VMEM blocks are vectors. "
-          f"Pass the scalar as shape (1,) or keep it in SMEM with pl.BlockSpec(memory_space=pltpu.SMEM).")
+          f"Fix: pass the scalar as shape (1,) or keep it in SMEM with "
+          f"pl.BlockSpec(memory_space=pltpu.SMEM).")
     _check_tiling(dims, shape, dtype, name)
   index_map = spec.index_map
   if index_map is None:
@@ -144,4 +147,4 @@ def _check_tiling(dims, shape, dtype, name):
     raise BlockSpecError(
         f"Block shape for {name} (= {block}) breaks the TPU tiling rule for an array of shape "
         f"{shape}: {what}. The last two block dims must be divisible by 8 and 128 (or equal the "
-        f"array dims); pad the array or pick block sizes like (8k, 128m).")
+        f"array dims). Fix: pad the array or pick block sizes like (8k, 128m).")

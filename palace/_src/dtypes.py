@@ -57,7 +57,7 @@ def _canonicalize(dtype, keep_64bit: bool) -> np.dtype:
   try:
     d = np.dtype(dtype)
   except TypeError as e:
-    raise ShapeError(f"{dtype!r} is not a dtype; expected e.g. jnp.float32 or jnp.bfloat16.") from e
+    raise ShapeError(f"{dtype!r} is not a dtype. Fix: pass a dtype, e.g. jnp.float32 or jnp.bfloat16.") from e
   return d if keep_64bit else _CANON_64.get(d, d)
 
 
@@ -74,13 +74,14 @@ def check_kernel_dtype(dtype, what: str, hint: str = "") -> np.dtype:
   d = np.dtype(dtype)
   if d.kind == "c":
     raise ShapeError(f"Unsupported dtype for {what}: {d}; expected a real type, TPU kernels have no complex "
-                     f"numbers. Split into real and imaginary float32 parts.")
+                     f"numbers. Fix: split it into real and imaginary float32 parts.")
   if d in _64BIT:
     raise ShapeError(f"Unsupported dtype for {what}: {d}; expected a 32-bit or narrower type, TPUs have "
-                     f"no 64-bit types. Use {_CANON_64.get(d, float32)}." + (f" {hint}" if hint else ""))
+                     f"no 64-bit types. Fix: use {_CANON_64.get(d, float32)}." + (f" {hint}" if hint else ""))
   if d not in _SUPPORTED_SET:
     raise ShapeError(f"{what} has dtype {d}, which TPU kernels do not support; expected one of "
-                     f"{', '.join(str(t) for t in SUPPORTED)}.")
+                     f"{', '.join(str(t) for t in SUPPORTED)}. Fix: cast it to one of them (e.g. "
+                     f".astype(jnp.float32)).")
   return d
 
 
@@ -134,7 +135,7 @@ def _promote_pair(a: np.dtype, b: np.dtype) -> np.dtype:
     if x in _FP8 and is_int(y) and y not in _ISOLATED:
       return x
     raise ShapeError(f"Type promotion error for operands of dtypes {a} and {b}: JAX has no implicit "
-                     f"promotion path between them; expected matching dtypes. Cast one operand "
+                     f"promotion path between them; expected matching dtypes. Fix: cast one operand "
                      f"explicitly, e.g. x.astype(jnp.float32).")
   fa, fb = is_float(a), is_float(b)
   if fa and fb:
@@ -172,13 +173,14 @@ def result_type(*args) -> np.dtype:
     elif isinstance(a, float):
       weak_kind = max(weak_kind, 3)
     else:
-      raise ShapeError(f"Unsupported operand type {type(a).__name__} in a kernel operation.")
+      raise ShapeError(f"Unsupported operand type {type(a).__name__} in a kernel operation. Fix: pass "
+                       f"kernel values (loaded from refs), NumPy scalars or Python numbers.")
   if strong is None:
     return (bool_, bool_, int32, float32)[weak_kind]
   if weak_kind == 3 and not is_float(strong):
     if strong in (int4, uint4):
       raise ShapeError(f"Type promotion error for a {strong} operand and a Python float: JAX has no "
-                       f"implicit promotion path for 4-bit integers. Cast explicitly, e.g. "
+                       f"implicit promotion path for 4-bit integers. Fix: cast explicitly, e.g. "
                        f"x.astype(jnp.float32).")
     return float32
   if weak_kind == 2 and strong == bool_:

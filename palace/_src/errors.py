@@ -1,7 +1,10 @@
 """The PalaceError hierarchy (L0).
 
 Every user-facing error subclasses PalaceError and the builtin that fits, so callers can catch either.
-Messages follow: `<what> for <origin> [at grid point ... on chip c core k]: <observed>; expected <expected>. <hint>`.
+Messages follow: `<what> for <origin> [at grid point ... on chip c core k]: <observed>; expected <expected>.
+Fix: <what to do>` -- the fix clause starts with the marker `Fix: ` and an imperative ("use ...", "pass
+...", "make ... a multiple of ..."). tests/robustness/test_message_fix_clauses.py enforces the marker on
+every construction of a PalaceError in palace/_src (with an allow-list for internal errors).
 """
 from __future__ import annotations
 

@@ -100,8 +100,8 @@ _current: contextvars.ContextVar = contextvars.ContextVar("palace_executor", def
 def current(api: str = "this operation"):
   ex = _current.get()
   if ex is None:
-    raise UsageError(f"{api} was called outside a kernel body; call it inside the function passed to "
-                     f"pl.pallas_call or pl.kernel.")
+    raise UsageError(f"{api} was called outside a kernel body. Fix: call it inside the function passed "
+                     f"to pl.pallas_call or pl.kernel.")
   return ex
 
 

@@ -274,14 +274,14 @@ def with_p_state(chip: ChipSpec, p_state) -> ChipSpec:
   stay in real time."""
   if not chip.p_state_clocks_hz:
     raise UsageError(f"p_state={p_state!r}: chip {chip.name} has a single clock "
-                     f"({chip.clock_hz / 1e9:g} GHz) and no P-states; drop p_state= (P-states exist "
+                     f"({chip.clock_hz / 1e9:g} GHz) and no P-states. Fix: drop p_state= (P-states exist "
                      f"on: {', '.join(c.name for c in CHIPS.values() if c.p_state_clocks_hz)}).")
   n = len(chip.p_state_clocks_hz)
   p = as_int(p_state, "p_state")
   if not 0 <= p < n:
     clocks = ", ".join(f"{i}: {f / 1e9:g} GHz" for i, f in enumerate(chip.p_state_clocks_hz))
     raise UsageError(f"p_state={p} is not a P-state of chip {chip.name}; expected an integer 0-{n - 1} "
-                     f"({clocks}).")
+                     f"({clocks}). Fix: pass p_state=0..{n - 1}, or drop it for the default.")
   return dataclasses.replace(chip, clock_hz=chip.p_state_clocks_hz[p], p_state=p)
 
 

@@ -31,8 +31,8 @@ from palace._src import executor, validate
 from palace._src.blocks import BLOCKED, ELEMENT, SQUEEZED, BlockMapping, canonicalize
 from palace._src.core import (PARALLEL, BlockSpec, MemoryRef, MemorySpace, SemaphoreType,
                               canonical_semantics, no_block_spec)
-from palace._src.errors import (BlockSpecError, OutOfBoundsError, SyncError, UnsupportedError,
-                                UsageError)
+from palace._src.errors import (BlockSpecError, OutOfBoundsError, PalaceError, SyncError,
+                                UnsupportedError, UsageError)
 from palace._src.lang.array import concrete_int
 from palace._src.lang.primitives import (_scalar, axis_index, axis_size, close_scope, num_programs,
                                          open_scope, program_id, sem_target)
@@ -216,12 +216,23 @@ def _block_offsets(op: _Op, step: int, point, index_args, where) -> tuple:
   if hit is not None:
     return hit
   m = op.m
-  idx = m.index_map(*point, *index_args)
+  try:
+    idx = m.index_map(*point, *index_args)
+  except PalaceError:
+    raise
+  except Exception as e:  # noqa: BLE001  the user's index map failed: say whose and where
+    raise BlockSpecError(
+        f"index_map of {m.name} ({getattr(m.index_map, '__name__', '?')!r}) raised {e!r} at grid point "
+        f"{point}{' ' + where if where else ''} (called as index_map(*grid_indices"
+        f"{', *scalar_prefetch_refs' if index_args else ''})). Fix: make the index map return block "
+        f"indices for every point of its grid; the original error is chained below.") from e
   if type(idx) is not tuple:
     idx = tuple(idx) if isinstance(idx, list) else (idx,)
   if len(idx) != len(m.dims):
+    example = ", ".join(["i"] + ["0"] * (len(m.dims) - 1))
     raise OutOfBoundsError(f"index_map of {m.name} returned {len(idx)} indices {tuple(idx)!r} for an "
-                           f"array of rank {len(m.dims)} at grid point {point}; expected one per dim.")
+                           f"array of rank {len(m.dims)} at grid point {point}; expected one per dim. "
+                           f"Fix: return one block index per dimension of {m.name}, e.g. ({example}).")
   for i in idx:
     if type(i) is not int:  # runtime scalars (SMEM reads, program ids): make them concrete
       idx = tuple(concrete_int(i, f"index_map result for {m.name}") for i in idx)
@@ -236,7 +247,8 @@ def _block_offsets(op: _Op, step: int, point, index_args, where) -> tuple:
             f"Block index out of bounds for {m.name} (shape {m.array_shape}) at grid point {point}"
             f"{' ' + where if where else ''} on chip {ex.chip_index} core {ex.core_id}: index_map "
             f"returned {idx}, i.e. element offset {off} in dim {d} of size {dim}. "
-            f"Check the index_map and the grid.")
+            f"Fix: check the index_map and the grid"
+            + (f" (dim {d} has blocks 0..{-(-dim // size) - 1} of {size})." if kind == BLOCKED else "."))
   op.blocks[step] = offsets
   return offsets
 
@@ -333,7 +345,7 @@ def _check_allocations(allocations, types, ops):
   allocations = list(allocations)
   if len(allocations) != len(types):
     raise UsageError(f"Pipeline allocations have {len(allocations)} entries but the pipeline has "
-                     f"{len(types)} operands; build them with the make_allocations function that "
+                     f"{len(types)} operands. Fix: build them with the make_allocations function that "
                      f"emit_pipeline_with_allocations returned, for the same refs.")
   out = []
   for k, (a, t, o) in enumerate(zip(allocations, types, ops)):
@@ -345,7 +357,7 @@ def _check_allocations(allocations, types, ops):
     if not ok:
       raise UsageError(f"Pipeline allocations[{k}] for {o.m.name} do not fit: expected "
                        f"{len(t[0])} buffer(s) of {t[0][0].dtype}{list(t[0][0].shape)} and a DMA "
-                       f"semaphore array of shape {t[1].shape}. Allocate them with "
+                       f"semaphore array of shape {t[1].shape}. Fix: allocate them with "
                        f"pl.run_scoped(run, make_allocations(*refs)) for the same refs.")
     out.append(a)
   return out
@@ -372,7 +384,7 @@ def _alias_view(op: _Op, offsets, point) -> Ref:
         f"Block of {op.m.name} at grid point {point} (element offsets {offsets}, block "
         f"{op.m.block_shape}) is not inside the {op.hbm.buf.memory_space} ref it aliases (shape "
         f"{op.m.array_shape}): a pipeline over a source already in {op.hbm.buf.memory_space} uses views "
-        f"of it, so every block must be in bounds. Pick a block shape that divides the array.") from e
+        f"of it, so every block must be in bounds. Fix: pick a block shape that divides the array.") from e
 
 
 def _steps(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tail_kwargs, index_args,
@@ -445,7 +457,7 @@ def _steps(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tai
           raise SyncError(
               f"Revisited block for {o.m.name} at grid point {point} on chip {ex.chip_index} core "
               f"{ex.core_id}: output block at offsets {cur} was written back earlier and is visited "
-              f"again non-consecutively, so the pipeline would overwrite it and lose data. Put the "
+              f"again non-consecutively, so the pipeline would overwrite it and lose data. Fix: put the "
               f"reduction axis last in the grid (mark it 'arbitrary') so revisits are consecutive.")
         slot = o.next_slot
         o.next_slot = slot + 1 if slot + 1 < o.nbuf else 0
@@ -519,11 +531,12 @@ def _operands(entries, ref_entries, what: str):
       specs = specs * len(refs)
     if len(specs) != len(refs):
       raise UsageError(f"emit_pipeline {what}[{i}] has {len(specs)} BlockSpec(s) but its operand is a "
-                       f"pytree of {len(refs)} ref(s); give one spec per ref (or one for all).")
+                       f"pytree of {len(refs)} ref(s). Fix: give one spec per ref (or one for all).")
     for j, r in enumerate(refs):
       if not isinstance(r, Ref):
         raise UsageError(f"emit_pipeline {what}[{i}] operand {j} is a {type(r).__name__}; a pipeline "
-                         f"runs over refs (HBM refs from pl.kernel, VMEM refs, views `.at[...]`).")
+                         f"runs over refs. Fix: pass refs (HBM refs from pl.kernel, VMEM refs, views "
+                         f"`.at[...]`).")
     flat += list(zip(specs, refs))
     tds.append(td)
   return flat, tds
@@ -541,7 +554,7 @@ def _core_info(core_axis, core_axis_name):
   """(number of cores, this core's index) that the pipeline grid is split over."""
   if core_axis is not None and core_axis_name is not None:
     raise UsageError("emit_pipeline: pass only one of core_axis (a grid axis of the enclosing kernel) "
-                     "and core_axis_name (a mesh axis name).")
+                     "and core_axis_name (a mesh axis name). Fix: drop one of them.")
   if core_axis_name is not None:
     return axis_size(core_axis_name), concrete_int(axis_index(core_axis_name), "core index")
   if core_axis is not None:
@@ -565,7 +578,7 @@ def _partition(grid, semantics, num_cores: int, core_id: int):
     raise UnsupportedError(
         f"emit_pipeline cannot split grid {grid} across {num_cores} cores: no grid dimension is "
         f"'parallel' (dimension_semantics={tuple(str(s) for s in semantics) if semantics else None}). "
-        f"Mark the independent dimensions pltpu.PARALLEL.")
+        f"Fix: mark the independent dimensions pltpu.PARALLEL.")
   divisible = [d for d in parallel if grid[d] % num_cores == 0]
   if divisible:
     d = divisible[0]
@@ -605,13 +618,14 @@ def emit_pipeline(body, *, grid, in_specs=(), out_specs=(), tiling=None, core_ax
   grid = (grid,) if not isinstance(grid, (tuple, list)) else tuple(grid)
   grid = tuple(concrete_int(g, "emit_pipeline grid size") for g in grid)
   if any(g <= 0 for g in grid):
-    raise UsageError(f"emit_pipeline grid {grid}: every grid size must be strictly positive.")
+    raise UsageError(f"emit_pipeline grid {grid}: every grid size must be strictly positive. Fix: give "
+                     f"each axis at least one step (skip the pipeline with pl.when for an empty one).")
   semantics = None
   if dimension_semantics is not None:
     semantics = tuple(canonical_semantics(s) for s in dimension_semantics)
     if len(semantics) != len(grid):
       raise UsageError(f"emit_pipeline dimension_semantics has {len(semantics)} entries for the "
-                       f"{len(grid)}-d grid {grid}; give one per grid dimension.")
+                       f"{len(grid)}-d grid {grid}. Fix: give one per grid dimension.")
   in_entries, out_entries = _spec_entries(in_specs), _spec_entries(out_specs)
 
   def pipeline(*refs, scratches=None, allocations=None):
@@ -649,7 +663,7 @@ def emit_pipeline(body, *, grid, in_specs=(), out_specs=(), tiling=None, core_ax
       if res is not None:
         raise UsageError(f"The emit_pipeline body {getattr(body, '__name__', body)!r} returned "
                          f"{type(res).__name__}; pipeline bodies must return None and write outputs "
-                         f"to their output refs.")
+                         f"to their output refs. Fix: drop the return statement.")
 
     if not points:
       return None
@@ -679,7 +693,7 @@ def _setup(refs, in_entries, out_entries, grid):
   n_in, n_out = len(in_entries), len(out_entries)
   if len(refs) != n_in + n_out:
     raise UsageError(f"This pipeline has {n_in} input spec(s) and {n_out} output spec(s) but was "
-                     f"called with {len(refs)} ref(s); call it as pipeline(*in_refs, *out_refs).")
+                     f"called with {len(refs)} ref(s). Fix: call it as pipeline(*in_refs, *out_refs).")
   ins, in_tds = _operands(in_entries, refs[:n_in], "in_specs")
   outs, out_tds = _operands(out_entries, refs[n_in:], "out_specs")
   keep = [not _dropped(sp) for sp, _ in ins + outs]
@@ -690,14 +704,17 @@ def _setup(refs, in_entries, out_entries, grid):
   for m in out_maps:
     if m.use_lookahead:
       raise UsageError(f"Output buffering does not support lookahead: the out spec of {m.name} has "
-                       f"pl.Buffered(use_lookahead=True); lookahead only prefetches inputs.")
+                       f"pl.Buffered(use_lookahead=True); lookahead only prefetches inputs. Fix: drop "
+                       f"use_lookahead from the out spec.")
   for m in in_maps + out_maps:
     if m.index_map is not None:
       nargs = _positional_arity(m.index_map)
       if nargs is not None and nargs != len(grid):
         raise BlockSpecError(f"index_map of {m.name} takes {nargs} argument(s) but the pipeline grid "
                              f"{grid} has {len(grid)} dimension(s); emit_pipeline index maps receive "
-                             f"only the grid indices (close over refs for scalar data).")
+                             f"only the grid indices. Fix: define it as lambda "
+                             f"{', '.join('ijklmn'[:len(grid)])}: (...) and close over refs for "
+                             f"scalar data.")
   return in_maps, out_maps, [r for _, r in ins], [r for _, r in outs], in_tds, out_tds, keep
 
 

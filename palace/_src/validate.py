@@ -19,7 +19,15 @@ def _kind(value) -> str:
   t = type(value)
   mod = t.__module__
   name = t.__name__ if mod in ("builtins", None) else f"{mod.split('.')[0]}.{t.__name__}"
+  shape = getattr(value, "shape", None)
+  if isinstance(shape, tuple) and shape and hasattr(value, "dtype"):   # not the whole array's repr
+    return f"a {name} of shape {shape} and dtype {value.dtype}"
   return f"{value!r} ({name})"
+
+
+def describe(value) -> str:
+  """`value` for a message: its repr and type (`'a' (str)`), or the shape and dtype of an array."""
+  return _kind(value)
 
 
 def is_integer(value) -> bool:

@@ -241,7 +241,7 @@ def test_race_remote_copy_destination_read_before_wait_recv():
   with pl.virtual_tpu("v5e", num_chips=4, detect_races=True), pytest.raises(
       pl.RaceError, match=r"(?s)write of outputs\[0\]\[0:8, 0:128\] by DMA args\[0\] -> outputs\[0\].*"
                           r"chip \d core 0.*read of outputs\[0\]\[0:8, 0:128\] by DMA outputs\[0\] -> "
-                          r"scratch\[0\].*copy from another core/chip, so wait for it with \.wait_recv\(\)"):
+                          r"scratch\[0\].*copy from another core/chip\. Fix: wait for it with \.wait_recv\(\)"):
     _shard(4, _remote_kernel(4, "read_before_recv"), x)
 
 
@@ -569,5 +569,5 @@ def test_revisit_of_an_output_block_that_is_not_consecutive():
                      out_specs=pl.BlockSpec((8, 128), lambda k, j: (0, j)))
   with pl.virtual_tpu("v5e"), pytest.raises(
       pl.SyncError, match=r"Revisited block for outputs\[0\] at grid point \(1, 0\) on chip 0 core 0.*"
-                          r"visited again non-consecutively.*Put the reduction axis last"):
+                          r"visited again non-consecutively.*Fix: put the reduction axis last"):
     f(np.ones((16, 256), np.float32))

@@ -57,13 +57,13 @@ def test_python_and_of_runtime_values_raises():
 
 # ---------------------------------------------------------------- 64-bit types inside kernels
 def test_vmem_scratch_float64():
-  with pytest.raises(pl.ShapeError, match=r"dtype for scratch\[1\]: float64.*no 64-bit types\. Use float32"):
+  with pytest.raises(pl.ShapeError, match=r"dtype for scratch\[1\]: float64.*no 64-bit types\. Fix: use float32"):
     _call(lambda o, a, b: None,
           scratch_shapes=[pltpu.VMEM((8, 128), F32), pltpu.VMEM((8, 128), np.float64)])()
 
 
 def test_smem_scratch_int64_in_dict():
-  with pytest.raises(pl.ShapeError, match=r"scratch\['idx'\]: int64.*Use int32"):
+  with pytest.raises(pl.ShapeError, match=r"scratch\['idx'\]: int64.*Fix: use int32"):
     _call(lambda o, *, idx: None, scratch_shapes={"idx": pltpu.SMEM((4,), np.int64)})()
 
 
@@ -98,7 +98,7 @@ def test_fp8_mixing_needs_explicit_cast():
     o_ref[...] = (a + x_ref[...].astype(jnp.bfloat16)).astype(F32)
 
   with pytest.raises(pl.ShapeError, match=r"Type promotion error for operands of dtypes float8_e4m3fn and "
-                                          r"bfloat16.*Cast one operand explicitly"):
+                                          r"bfloat16.*Fix: cast one operand explicitly"):
     _call(kernel)(X[:8, :128])
 
 
@@ -143,7 +143,7 @@ def test_store_of_closed_over_numpy_array():
   def kernel(o_ref):
     o_ref[...] = const
 
-  with pytest.raises(pl.UsageError, match=r"kernels cannot close over array constants; pass the array as an "
+  with pytest.raises(pl.UsageError, match=r"kernels cannot close over array constants\. Fix: pass the array as an "
                                           r"input"):
     _call(kernel)()
 
@@ -210,7 +210,7 @@ def test_vector_store_to_hbm_output_says_dma():
   def kernel(x_ref, o_ref):
     o_ref[0:8] = x_ref[...]
 
-  with pytest.raises(pl.MemorySpaceError, match=r"Store of outputs\[0\] \(any\).*Copy a block into VMEM"):
+  with pytest.raises(pl.MemorySpaceError, match=r"Store of outputs\[0\] \(any\).*Fix: copy a block into VMEM"):
     _call(kernel, out_specs=pl.BlockSpec(memory_space=pltpu.HBM))(X[:8, :128])
 
 
@@ -235,7 +235,7 @@ def test_semaphore_load():
   def kernel(o_ref, sem):
     sem[...]
 
-  with pytest.raises(pl.MemorySpaceError, match=r"semaphore scratch\[0\]: use pl\.semaphore_read"):
+  with pytest.raises(pl.MemorySpaceError, match=r"semaphore scratch\[0\] at grid point .*: semaphores are not data\. Fix: use pl\.semaphore_read"):
     _call(kernel, scratch_shapes=[pltpu.SemaphoreType.DMA])()
 
 
@@ -349,7 +349,7 @@ def test_non_consecutive_output_revisit():
     o_ref[...] = x_ref[...]
 
   with pytest.raises(pl.SyncError, match=r"Revisited block for outputs\[0\] at grid point \(2,\) on chip 0 "
-                                         r"core 0: .*Put the reduction axis last in the grid") as e:
+                                         r"core 0: .*Fix: put the reduction axis last in the grid") as e:
     _call(kernel, out_shape=(16, 128), grid=(4,), in_specs=[pl.BlockSpec((8, 128), lambda i: (i % 2, 0))],
           out_specs=pl.BlockSpec((8, 128), lambda i: (i % 2, 0)))(X[:, :128])
   assert isinstance(e.value, RuntimeError)
@@ -505,7 +505,7 @@ def test_vmem_over_physical_capacity_says_limit_cannot_help():
 
 def test_scratch_entry_must_be_an_allocation_type():
   pat = (r"scratch\[1\] = ShapeDtypeStruct\(shape=\(8, 128\), dtype=float32\) is "
-         r"not an allocation type; use pltpu\.VMEM\(shape, dtype\)")
+         r"not an allocation type\. Fix: use pltpu\.VMEM\(shape, dtype\)")
   with pytest.raises(pl.UsageError, match=pat):
     _call(lambda o, a, b: None,
           scratch_shapes=[pltpu.VMEM((8, 128), F32), pl.ShapeDtypeStruct((8, 128), F32)])()

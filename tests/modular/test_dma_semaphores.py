@@ -203,7 +203,7 @@ def test_semaphore_array_needs_an_index():
   def k(x_hbm, o_hbm, sems):
     pl.semaphore_signal(sems)
 
-  with pytest.raises(pl.UsageError, match=r"shape \(2,\): select one semaphore with .at\[i\]"):
+  with pytest.raises(pl.UsageError, match=r"shape \(2,\)\. Fix: select one semaphore with .at\[i\]"):
     k(np.zeros((8, 128), np.float32))
 
 

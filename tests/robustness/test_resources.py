@@ -170,3 +170,35 @@ def test_huge_grids_are_rejected_without_building_them(grid, cls, why):
 def test_grid_limit_is_documented():
   assert validate.MAX_GRID_POINTS == 2**22
   assert "MAX_GRID_POINTS" in open(validate.__file__).read()
+
+
+# Host refs (pl.new_ref / pl.empty_ref) are HBM buffers of one device: checked before host memory is
+# allocated, with the message of pallas_call outputs.
+@pytest.mark.parametrize("chip", ["v4", "v5e", "v6e"])
+def test_empty_ref_over_hbm(chip):
+  cap = hw.get_chip(chip).hbm_bytes_per_device
+  n = cap // 4 + 1   # one float32 more than one device's HBM
+  with pl.virtual_tpu(chip):
+    msg = raises(lambda: pl.empty_ref(pl.ShapeDtypeStruct((n,), jnp.float32)), pl.ResourceError,
+                 rf"HBM over capacity for pl\.empty_ref on {chip}: ref\(float32\[{n}\]\) is ", "Fix: shrink ref")
+  assert f"{cap:,} bytes" in msg
+
+
+def test_empty_ref_default_chip_over_hbm():
+  raises(lambda: pl.empty_ref(pl.ShapeDtypeStruct((2**40,), jnp.int8)), pl.ResourceError,
+         r"HBM over capacity for pl\.empty_ref on v5e: ref\(int8\[1099511627776\]\) is 1024\.00 GiB")
+
+
+def test_new_ref_over_hbm_before_the_copy():
+  big = np.broadcast_to(np.float32(1), (17 * 2**28,))   # 17 GiB as a strides-0 view: nothing allocated
+  with pl.virtual_tpu("v5e"):   # 17.2e9 bytes of HBM
+    raises(lambda: pl.new_ref(big), pl.ResourceError, r"HBM over capacity for pl\.new_ref on v5e: "
+           r"ref\(float32\[4563402752\]\) is 17\.00 GiB, but one v5e device has 16\.02 GiB")
+
+
+def test_host_refs_that_fit_still_work():
+  with pl.virtual_tpu("v5e"):
+    r = pl.empty_ref(pl.ShapeDtypeStruct((8, 128), jnp.float32))
+    assert np.isnan(pl.freeze(r)).all()
+    r = pl.new_ref(np.arange(8 * 128, dtype=np.int32).reshape(8, 128))
+    np.testing.assert_array_equal(pl.freeze(r), np.arange(8 * 128).reshape(8, 128))

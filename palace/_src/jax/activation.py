@@ -149,7 +149,8 @@ def activate_from_env(environ=None):
   try:
     num_chips = int(n) if n else 1
   except ValueError:
-    raise UsageError(f"PALACE_JAX={spec!r}: expected <chip>[:<num_chips>], e.g. 'v5e' or 'v5p:4'.") from None
+    raise UsageError(f"PALACE_JAX={spec!r}: expected <chip>[:<num_chips>]. Fix: set it to a chip "
+                     f"name and an optional integer chip count, e.g. 'v5e' or 'v5p:4'.") from None
   install()
   tpu = VirtualTPU(chip, num_chips)
   _config().set_global(Engine(tpu))

@@ -20,7 +20,7 @@ def memory_space(space, default=MemorySpace.VMEM, what: str = "a ref"):
     return default
   if value not in _SPACES:
     raise UnsupportedError(f"palace.jax: memory space {space!r} of {what} is not covered "
-                           f"(covered: {sorted(_SPACES)}).")
+                           f"(covered: {sorted(_SPACES)}). Fix: use one of the covered memory spaces.")
   return _SPACES[value]
 
 

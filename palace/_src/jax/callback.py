@@ -73,7 +73,8 @@ def _lower_pod_launch(ctx, in_nodes, engine, params, axis_ctx, manual, kind):
   if set(map(str, mesh.axis_names)) != set(map(str, manual)):
     raise UnsupportedError(f"palace.jax: a communicating kernel in a shard_map over only some mesh "
                            f"axes ({sorted(map(str, manual))} of {list(mesh.axis_names)}) is not "
-                           f"supported yet.")
+                           f"supported yet. Fix: shard_map over every mesh axis, or run it with JAX's "
+                           f"interpret mode.")
   _check_covered(params, kind)
   from palace._src.sim import machine as _machine  # noqa: PLC0415
   token = activate(engine.tpu)   # palace's make_mesh checks the chip count and picks the ring order
@@ -124,7 +125,7 @@ def lower_on_palace(ctx, in_nodes, engine, params, kind: str = "pallas_call"):
     return _lower_pod_launch(ctx, in_nodes, engine, params, axis_ctx, manual, kind)
   if any(not isinstance(a, jax_core.ShapedArray) for a in ctx.avals_in):
     raise UnsupportedError(f"palace.jax: a {kind} operand that is not an array (a closed-over ref "
-                           f"or a hi-type) is not supported yet.")
+                           f"or a hi-type) is not supported yet. Fix: pass the value as an array operand.")
   _check_covered(params, kind)
   if kind == "pallas_call":
     run = functools.partial(launch.run_pallas_call, cache={})   # one palace launch per grid, reused

@@ -17,7 +17,8 @@ def tpu_info_for(chip):
   from palace._src.errors import UnsupportedError  # noqa: PLC0415
   name = _CHIP_VERSIONS.get(chip.name)
   if name is None:
-    raise UnsupportedError(f"palace.jax: no JAX chip version for palace chip {chip.name!r}.")
+    raise UnsupportedError(f"palace.jax: no JAX chip version for palace chip {chip.name!r}. Fix: use "
+                           f"one of {sorted(_CHIP_VERSIONS)}.")
   return tpu_info._get_tpu_info_impl(getattr(tpu_info.ChipVersion, name),
                                      int(chip.num_tensorcores_per_device))
 

@@ -73,8 +73,8 @@ def unsupported(eqn, what: str = "", fix: str = "", outer=()) -> UnsupportedErro
   detail = f" with {what}" if what else ""
   return UnsupportedError(
       f"palace.jax: primitive '{name}'{detail} (kernel line {source_line(eqn, outer)}) is not covered by "
-      f"palace's jaxpr interpreter yet." + (f" {fix}" if fix else
-      " Rewrite that line with covered operations, or run this kernel with JAX's interpret mode."))
+      f"palace's jaxpr interpreter yet. Fix: " + (fix or "rewrite that line with covered operations, or "
+                                                   "run this kernel with JAX's interpret mode."))
 
 
 def sub_jaxprs(eqn):

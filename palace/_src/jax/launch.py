@@ -31,7 +31,8 @@ def kernel_name(params) -> str:
 
 def _fail(params, what: str, fix: str = "") -> UnsupportedError:
   return UnsupportedError(f"palace.jax: pallas_call '{kernel_name(params)}': {what} is not supported "
-                          f"yet." + (f" {fix}" if fix else ""))
+                          f"yet. Fix: " + (fix or "run this launch with JAX's interpret mode, or call "
+                                                  "palace's own pl.pallas_call outside jax.jit."))
 
 
 def check_launch(params, avals_in=()) -> None:
@@ -162,13 +163,16 @@ def check_mpmd(params) -> None:
   name = params.get("name") or "kernel"
   if len(params["jaxprs"]) != 1 or params.get("external_meshes"):
     raise UnsupportedError(f"palace.jax: pl.kernel '{name}' with several (mesh, body) pairs (MPMD) or "
-                           f"external meshes is not supported yet.")
+                           f"external meshes is not supported yet. Fix: use one TensorCoreMesh body, or call "
+                           f"palace's pl.kernel outside jax.jit.")
   mesh = params["meshes"][0]
   if type(mesh).__name__ != "TensorCoreMesh":
     raise UnsupportedError(f"palace.jax: pl.kernel '{name}' over a {type(mesh).__name__} is not supported "
-                           f"yet (TensorCoreMesh is).")
+                           f"yet (TensorCoreMesh is). Fix: call palace's pl.kernel outside jax.jit for this "
+                           f"mesh.")
   if params["jaxprs"][0].constvars:
-    raise UnsupportedError(f"palace.jax: pl.kernel '{name}' captures constants; pass them as inputs.")
+    raise UnsupportedError(f"palace.jax: pl.kernel '{name}' captures constants. Fix: pass them as "
+                           f"inputs.")
 
 
 def run_mpmd_map(params, args):

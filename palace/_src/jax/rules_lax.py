@@ -152,7 +152,8 @@ def _bitcast_convert(eqn, x):
   new = np.dtype(eqn.params["new_dtype"])
   if new.itemsize != _dtype(x).itemsize:
     raise unsupported(eqn, f"a width change {_dtype(x)} -> {new}",
-                      "Only same-width bitcasts are covered (they keep the shape).")
+                      "bitcast between dtypes of the same width (they keep the shape), the only ones "
+                      "covered.")
   return tpu_primitives.bitcast(x, new)
 
 

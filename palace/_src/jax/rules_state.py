@@ -146,7 +146,7 @@ def _device_id(eqn, device_id, device_id_type):
     return None
   kind = str(getattr(device_id_type, "value", device_id_type) or "mesh").lower()
   if kind != "mesh" and not isinstance(device_id, dict):
-    raise unsupported(eqn, f"device_id_type={device_id_type}", "Use DeviceIdType.MESH device ids.")
+    raise unsupported(eqn, f"device_id_type={device_id_type}", "use DeviceIdType.MESH device ids.")
   return device_id
 
 
@@ -244,6 +244,6 @@ def _debug_print(eqn, *args):
   (palace's debug_print does the same); the text goes to the VirtualTPU's debug output."""
   p = eqn.params
   if p.get("static_args") or (p.get("in_tree") is not None and p["in_tree"].unflatten(args)[1]):
-    raise unsupported(eqn, "keyword or static format arguments", "Pass the values positionally.")
+    raise unsupported(eqn, "keyword or static format arguments", "pass the values positionally.")
   prims.debug_print(p["fmt"], *args)
   return []

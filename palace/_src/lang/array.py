@@ -49,7 +49,7 @@ class Array:
     where = f" {ex.where()}" if ex is not None else ""
     return TracingError(
         f"{what} of a runtime value {self!r}{where} is not allowed in a kernel: in Pallas this value is "
-        f"only known on the TPU. Use pl.when(cond) / lax.cond / jnp.where for control flow and "
+        f"only known on the TPU. Fix: use pl.when(cond) / lax.cond / jnp.where for control flow and "
         f"lax.fori_loop for loops. ({user_frame_summary()})")
 
   def __bool__(self):
@@ -92,8 +92,8 @@ def concrete_int(x, what: str = "index") -> int:
   if type(x) is int:
     return x
   if isinstance(x, Array) and (x.shape or x.dtype.kind not in "iub"):
-    raise ShapeError(f"Invalid {what}: got {x!r}; expected an integer scalar (e.g. a value read from an "
-                     f"SMEM ref or pl.program_id). ({user_frame_summary()})")
+    raise ShapeError(f"Invalid {what}: got {x!r}; expected an integer scalar. Fix: pass a scalar, e.g. a "
+                     f"value read from an SMEM ref or pl.program_id. ({user_frame_summary()})")
   if not isinstance(x, Array):
     # a host value: an integer, never a truncated float (index maps, pl.ds starts, loop bounds, ...)
     if validate.is_integer(x):
@@ -105,7 +105,8 @@ def concrete_int(x, what: str = "index") -> int:
   try:
     return int(v)
   except TypeError as e:
-    raise ShapeError(f"Invalid {what}: got {x!r}; expected an integer scalar.") from e
+    raise ShapeError(f"Invalid {what}: got {x!r}; expected an integer scalar. Fix: pass an integer "
+                     f"(an int or a 0-d integer kernel value). ({user_frame_summary()})") from e
 
 
 def ready_of(*xs) -> int:
@@ -138,7 +139,9 @@ def dtype_of(x) -> np.dtype | int | float | bool:
     if x.ndim and executor.maybe_current() is not None:
       raise UsageError(
           f"Kernel operand is a NumPy array of shape {x.shape}: kernels cannot close over array "
-          f"constants (Pallas captures them as constants); pass the array as an input. "
+          f"constants (Pallas captures them as constants). Fix: pass the array as an input. "
           f"({user_frame_summary()})")
     return dt.canonicalize(x.dtype)
-  raise ShapeError(f"Unsupported operand of type {type(x).__name__} in a kernel operation.")
+  raise ShapeError(f"Unsupported operand of type {type(x).__name__} in a kernel operation "
+                   f"({user_frame_summary()}). Fix: pass kernel values (loaded from refs), NumPy "
+                   f"scalars or Python numbers.")

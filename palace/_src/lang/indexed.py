@@ -90,7 +90,8 @@ class IndexedRef:
       bad = int(used[(used < 0) | (used >= d0[1])][0])
       raise OutOfBoundsError(
           f"Indexed DMA of {self.base.origin()} {ex.where()}: index {bad} is out of bounds for a major "
-          f"dimension of size {d0[1]}. Use plsc.Indices(idx, ignored_value=...) to skip entries.")
+          f"dimension of size {d0[1]}. Fix: keep indices in 0..{d0[1] - 1}, or use "
+          f"plsc.Indices(idx, ignored_value=...) to skip entries.")
     return d0[0] + vals * d0[2], mask
 
   def fancy_index(self, rows, mask):

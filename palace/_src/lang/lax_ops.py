@@ -103,7 +103,8 @@ def _clamped_starts(x, start_indices, sizes, api):
   shape = x.shape
   if len(start_indices) != len(shape) or len(sizes) != len(shape):
     raise ShapeError(f"{api}: {len(start_indices)} start indices and {len(sizes)} sizes for an operand of "
-                     f"rank {len(shape)}; expected one of each per dimension.")
+                     f"rank {len(shape)}; expected one of each per dimension. Fix: pass {len(shape)} start "
+                     f"indices and {len(shape)} sizes.")
   starts = []
   for s, size, dim in zip(start_indices, sizes, shape):
     if not 0 <= size <= dim:

@@ -43,8 +43,8 @@ def _np(x, d: np.dtype | None = None):
     return np.asarray(x, dtype=d)
   except OverflowError:
     raise ShapeError(f"Python int {x} is out of range for {d}: a weak Python scalar takes the dtype of the "
-                     f"array it meets (JAX raises OverflowError too); expected a value that fits {d}. Use "
-                     f"an explicit jnp.int32(...) or widen the array with .astype(jnp.int32). "
+                     f"array it meets (JAX raises OverflowError too); expected a value that fits {d}. "
+                     f"Fix: use an explicit jnp.int32(...) or widen the array with .astype(jnp.int32). "
                      f"({user_frame_summary()})") from None
 
 
@@ -53,7 +53,9 @@ def _out(data, shape, dtype, ready, op_class, any_array):
   ex = _current_ex()
   if ex is None:
     if any_array:
-      raise UsageError("A palace.Array was used outside its kernel.")
+      raise UsageError(f"A palace.Array was used outside its kernel ({user_frame_summary()}). Fix: "
+                       f"compute with kernel values inside the kernel body and return results "
+                       f"through output refs.")
     return np.asarray(data, dtype=dtype) if data is not None else np.zeros(shape, dtype)
   if ex.timing_only and shape:
     data = None
@@ -96,7 +98,8 @@ def _broadcast_shapes(name: str, args) -> tuple:
     ex = executor.maybe_current()
     raise ShapeError(f"Incompatible shapes for jnp.{name}{' ' + ex.where() if ex else ''}: "
                      f"{', '.join(str(s) for s in shapes)}; expected shapes that broadcast (equal, or 1, in "
-                     f"each trailing dim). ({user_frame_summary()})") from None
+                     f"each trailing dim). Fix: reshape or broadcast_to the operands first. "
+                     f"({user_frame_summary()})") from None
 
 
 def _weak_promotes(args, strong: np.dtype) -> bool:
@@ -118,7 +121,7 @@ def _dtype_arg(dtype, api: str) -> np.dtype:
     if ex is None:
       return dt.narrowed(d)
     raise ShapeError(f"Unsupported dtype for {api} {ex.where()}: {d}; expected a 32-bit or narrower "
-                     f"type, TPUs have no 64-bit types. Use {dt.narrowed(d)}. ({user_frame_summary()})")
+                     f"type, TPUs have no 64-bit types. Fix: use {dt.narrowed(d)}. ({user_frame_summary()})")
   return d
 
 
@@ -140,6 +143,7 @@ def _norm_axes(axis, ndim):
   for a in axes:
     a = validate.as_int(a, "axis", error=ShapeError)
     if not -ndim <= a < ndim:
-      raise ShapeError(f"Reduction axis {a} is out of range for an array of rank {ndim}.")
+      raise ShapeError(f"Reduction axis {a} is out of range for an array of rank {ndim}. Fix: pass an axis "
+                       f"in -{ndim}..{ndim - 1}.")
     out.append(a % ndim)
   return tuple(sorted(out))

@@ -116,7 +116,8 @@ def _elementwise(fn, op_class: str, result: str = "same", name: str = ""):
             data = fn(*vals)
       except ValueError as e:  # e.g. integers to negative integer powers (JAX rejects them too)
         raise ShapeError(f"Invalid operands for jnp.{op.__name__}{' ' + ex.where() if ex else ''}: {e} "
-                         f"(dtypes {', '.join(str(dtype_of(a)) for a in args)}). "
+                         f"(dtypes {', '.join(str(dtype_of(a)) for a in args)}). Fix: pass operands JAX "
+                         f"accepts for it (e.g. cast integers to float for negative powers). "
                          f"({user_frame_summary()})") from None
       if data.dtype != out_dtype:
         data = data.astype(out_dtype)
@@ -140,7 +141,8 @@ def _int_only(fn, name):
     for a in args:
       d = dtype_of(a)
       if isinstance(d, np.dtype) and dt.is_float(d):
-        raise ShapeError(f"{name} requires integer or bool operands; got {d}.")
+        raise ShapeError(f"{name} requires integer or bool operands; got {d}. Fix: cast with "
+                       f".astype(jnp.int32), or bitcast floats with pltpu.bitcast.")
     return fn(*args)
   return f
 
@@ -250,7 +252,8 @@ erf = _elementwise(_erf, OpClass.TRANSCENDENTAL, "float", name="erf")
 def where(condition, x=None, y=None):
   """`jnp.where(c, x, y)` (the one-argument form is not available in kernels)."""
   if x is None or y is None:
-    raise UsageError("jnp.where(condition) with one argument has a data-dependent shape; pass x and y.")
+    raise UsageError("jnp.where(condition) with one argument has a data-dependent shape. Fix: pass x "
+                     "and y, jnp.where(condition, x, y).")
   rt = dt.result_type(dtype_of(x), dtype_of(y))
   shape = _broadcast_shapes("where", (condition, x, y))
   data = None

@@ -26,17 +26,19 @@ def _static_index(shape, idx):
     idx = (idx,)
   for i in idx:
     if isinstance(i, Array):
-      raise UsageError("Indexing a value with a runtime index is not supported in kernels; store the "
-                       "value in a ref and index the ref with pl.ds(start, size), or use lax.dynamic_slice.")
+      raise UsageError(f"Indexing a value with a runtime index is not supported in kernels "
+                       f"({user_frame_summary()}). Fix: store the value in a ref and index the ref with "
+                       f"pl.ds(start, size), or use lax.dynamic_slice.")
   _check_static(shape, idx)
   try:
     probe = np.broadcast_to(np.zeros((), np.int8), shape)[idx]
   except IndexError as e:
     if str(e).startswith("only integers"):
-      raise UsageError(f"Index {idx!r} of a value of shape {shape}: {e}. ({user_frame_summary()})") \
+      raise UsageError(f"Index {idx!r} of a value of shape {shape}: {e}. Fix: index with ints, "
+                       f"slices, None or ... ({user_frame_summary()})") \
           from None
-    raise OutOfBoundsError(f"Index {idx!r} out of bounds for a value of shape {shape}: {e}. "
-                           f"({user_frame_summary()})") from None
+    raise OutOfBoundsError(f"Index {idx!r} out of bounds for a value of shape {shape}: {e}. Fix: "
+                           f"keep each index inside its dimension. ({user_frame_summary()})") from None
   return idx, probe.shape
 
 

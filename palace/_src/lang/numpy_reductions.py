@@ -53,7 +53,8 @@ def _reduction(npfn, name, result="same"):
       with np.errstate(all="ignore"):
         if result == "index":
           if len(axes) != 1:
-            raise ShapeError(f"jnp.{name} takes a single axis; got axis={axis}.")
+            raise ShapeError(f"jnp.{name} takes a single axis; got axis={axis}. Fix: pass one int axis (or "
+                               f"reshape to merge the axes first).")
           data = npfn(v, axis=axes[0], keepdims=keepdims)
         else:
           data = npfn(v, axis=axes, keepdims=keepdims)

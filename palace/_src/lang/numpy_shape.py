@@ -41,7 +41,8 @@ def reshape(a, *shape, order="C"):
     rest = int(np.prod([s for i, s in enumerate(shape) if i != k]))
     shape[k] = n // builtins.max(rest, 1)
   if int(np.prod(shape)) != n:
-    raise ShapeError(f"Cannot reshape an array of shape {src} into shape {tuple(shape)}.")
+    raise ShapeError(f"Cannot reshape an array of shape {src} into shape {tuple(shape)}. Fix: pass a "
+                     f"shape with the same number of elements ({int(np.prod(src))}).")
   # Merging/splitting leading dims is free; touching the last two dims needs the XLU.
   free = len(src) >= 2 and len(shape) >= 2 and src[-1] == shape[-1] and src[-2] == shape[-2]
   return _shape_op(a, lambda v: v.reshape(shape), shape, OpClass.FREE if free else OpClass.XLU)
@@ -75,7 +76,8 @@ def broadcast_to(a, shape):
   try:
     np.broadcast_shapes(_shape_of(a), shape)
   except ValueError:
-    raise ShapeError(f"Cannot broadcast shape {_shape_of(a)} to {shape}.") from None
+    raise ShapeError(f"Cannot broadcast shape {_shape_of(a)} to {shape}. Fix: each trailing dim of "
+                     f"the value must equal the target's or be 1; reshape it first.") from None
   if not isinstance(a, Array):
     a = asarray(a)
   return _shape_op(a, lambda v: np.broadcast_to(v, shape), shape, OpClass.BROADCAST)  # values are immutable
@@ -108,7 +110,8 @@ def concatenate(arrays, axis=0):
   ax = axis % nd
   for s in shapes:
     if len(s) != nd or _any_mismatch(s, shapes[0], ax):
-      raise ShapeError(f"jnp.concatenate: shapes {shapes} differ outside axis {axis}.")
+      raise ShapeError(f"jnp.concatenate: shapes {shapes} differ outside axis {axis}. Fix: make every "
+                     f"other dimension equal.")
   out_shape = list(shapes[0])
   out_shape[ax] = builtins.sum(s[ax] for s in shapes)
   data = None

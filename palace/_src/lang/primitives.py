@@ -33,25 +33,28 @@ def program_id(axis: int) -> Array:
   if ex is None:
     ex = executor.current("pl.program_id()")
   if not ex.grid_stack:
-    raise UsageError("pl.program_id() has no grid here: pl.kernel bodies have no grid (use "
-                     "lax.axis_index for mesh positions); it is valid in pallas_call and emit_pipeline "
-                     "bodies.")
+    raise UsageError("pl.program_id() has no grid here: pl.kernel bodies have no grid; it is valid in "
+                     "pallas_call and emit_pipeline bodies. Fix: use lax.axis_index(name) for mesh "
+                     "positions.")
   idx, sizes = ex.grid_stack[-1]
   if type(axis) is not int:
     axis = validate.as_int(axis, "pl.program_id(axis)")
   if not -len(idx) <= axis < len(idx):
-    raise UsageError(f"pl.program_id({axis}): the grid has {len(idx)} axes {tuple(sizes)}.")
+    raise UsageError(f"pl.program_id({axis}): the grid has {len(idx)} axes {tuple(sizes)}. Fix: pass an "
+                     f"axis in 0..{len(idx) - 1} (or -{len(idx)}..-1).")
   return Array(np.int32(idx[axis]), (), _I32, ex.now)
 
 
 def num_programs(axis: int) -> int:
   ex = executor.current("pl.num_programs()")
   if not ex.grid_stack:
-    raise UsageError("pl.num_programs() has no grid here (pl.kernel bodies have no grid).")
+    raise UsageError("pl.num_programs() has no grid here (pl.kernel bodies have no grid). Fix: use "
+                     "lax.axis_size(name) for the size of a mesh axis.")
   idx, sizes = ex.grid_stack[-1]
   axis = validate.as_int(axis, "pl.num_programs(axis)")
   if not -len(sizes) <= axis < len(sizes):
-    raise UsageError(f"pl.num_programs({axis}): the grid has {len(sizes)} axes {tuple(sizes)}.")
+    raise UsageError(f"pl.num_programs({axis}): the grid has {len(sizes)} axes {tuple(sizes)}. Fix: pass "
+                     f"an axis in 0..{len(sizes) - 1} (or -{len(sizes)}..-1).")
   return int(sizes[axis])
 
 
@@ -70,7 +73,7 @@ def _truth(cond) -> bool:
   if np.ndim(v) != 0:
     where = f" {ex.where()}" if ex is not None else ""
     raise UsageError(f"A condition must be a scalar; got shape {np.shape(v)}{where}. pl.when / lax.cond / "
-                     f"lax.while_loop branch on one bool: reduce with jnp.any / jnp.all, or select "
+                     f"lax.while_loop branch on one bool. Fix: reduce with jnp.any / jnp.all, or select "
                      f"elementwise with jnp.where. ({user_frame_summary()})")
   return bool(v)
 
@@ -167,7 +170,7 @@ def _alloc_tree(ex, types, prefix: str, shared: bool = False, names=None):
   bufs = []
   for name, t in zip(names, leaves):
     if not isinstance(t, (MemoryRef, SemaphoreRefType)):
-      raise UsageError(f"{name} = {t!r} is not an allocation type; use pltpu.VMEM(shape, dtype), "
+      raise UsageError(f"{name} = {t!r} is not an allocation type. Fix: use pltpu.VMEM(shape, dtype), "
                        f"pltpu.SMEM(...) or pltpu.SemaphoreType.DMA / .REGULAR.")
     if isinstance(t, MemoryRef):
       dt.check_kernel_dtype(t.dtype, name)
@@ -255,10 +258,11 @@ def with_scoped(*types, collective_axes=(), **kw_types):
 # ------------------------------------------------------------------ semaphores
 def sem_target(sem, api: str):
   if not isinstance(sem, Ref) or sem.buf.sem_kind is None:
-    raise MemorySpaceError(f"{api} needs a semaphore ref (pltpu.SemaphoreType.*); got {sem!r}. "
-                           f"({user_frame_summary()})")
+    raise MemorySpaceError(f"{api} needs a semaphore ref (pltpu.SemaphoreType.*); got "
+                           f"{validate.describe(sem)}. Fix: pass a semaphore from scratch_shapes or "
+                           f"pl.run_scoped(..., pltpu.SemaphoreType.REGULAR). ({user_frame_summary()})")
   if sem.shape != ():
-    raise UsageError(f"{api} on {sem.origin()} of shape {sem.shape}: select one semaphore with "
+    raise UsageError(f"{api} on {sem.origin()} of shape {sem.shape}. Fix: select one semaphore with "
                      f".at[i]. ({user_frame_summary()})")
   return sem.buf, sem._np_index
 
@@ -304,7 +308,8 @@ def axis_index(axis_name) -> Array:
   for n in names:
     if n not in ex.axis_env:
       raise UsageError(f"lax.axis_index({axis_name!r}): unknown axis {n!r}; axes here: "
-                       f"{sorted(ex.axis_env) or 'none (not inside a mesh or shard_map)'}.")
+                       f"{sorted(ex.axis_env) or 'none (not inside a mesh or shard_map)'}. Fix: name an axis "
+                       f"of the enclosing pl.kernel mesh or shard_map.")
     i, s = ex.axis_env[n]
     lin = lin * s + i
   return _scalar(lin, ex.now)
@@ -316,6 +321,8 @@ def axis_size(axis_name) -> int:
   total = 1
   for n in names:
     if n not in ex.axis_env:
-      raise UsageError(f"lax.axis_size({axis_name!r}): unknown axis {n!r}.")
+      raise UsageError(f"lax.axis_size({axis_name!r}): unknown axis {n!r}; axes here: "
+                       f"{sorted(ex.axis_env) or 'none (not inside a mesh or shard_map)'}. Fix: name an "
+                       f"axis of the enclosing pl.kernel mesh or shard_map.")
     total *= ex.axis_env[n][1]
   return total

@@ -42,7 +42,9 @@ class Slice:
       return   # the common case, cheap (pl.ds is built on every step of a kernel loop)
     if isinstance(self.size, Array) or isinstance(self.stride, Array):
       raise UsageError(f"pl.ds size must be a static Python int (only the start may be dynamic); got "
-                       f"size={self.size!r}, stride={self.stride!r}. ({user_frame_summary()})")
+                       f"size={self.size!r}, stride={self.stride!r}. Fix: pass the size as a Python int (e.g. "
+                       f"the block size); a dynamic extent needs a fixed-size window and a mask. "
+                       f"({user_frame_summary()})")
     hint = "pass an integer; floats are never truncated."
     if not isinstance(self.start, Array):
       object.__setattr__(self, "start", validate.as_int(
@@ -168,13 +170,15 @@ class Ref:
     free = [i for i, d in enumerate(self.dims) if not isinstance(d, int)]
     n_ell = sum(1 for i in idx if i is Ellipsis)
     if n_ell > 1:
-      raise UsageError("An index can only have a single ellipsis ('...').")
+      raise UsageError(f"An index of {self.buf.name} can only have a single ellipsis ('...'){_where()}. "
+                         f"Fix: keep one '...' and spell out the other dimensions with ':'.")
     if n_ell:
       k = idx.index(Ellipsis)
       idx = idx[:k] + (slice(None),) * (len(free) - len(idx) + 1) + idx[k + 1:]
     if len(idx) > len(free):
       raise OutOfBoundsError(f"Too many indices for {self.buf.name} of shape {self.shape}: got "
-                             f"{len(idx)}{_where()}.")
+                             f"{len(idx)}{_where()}. Fix: give at most {len(free)} indices, one per "
+                             f"dimension.")
     new = list(self.dims)
     check = executor.maybe_current()
     check = True if check is None else check.bounds_checks
@@ -186,7 +190,8 @@ class Ref:
       elif type(i) is slice:
         if any(isinstance(v, Array) for v in (i.start, i.stop, i.step)):
           raise UsageError(f"Slicing {self.buf.name} with runtime bounds needs pl.ds(start, size): a "
-                           f"Python slice must be static.")
+                           f"Python slice must be static. Fix: use x_ref[pl.ds(start, size)] with a static "
+                           f"size.")
         s0, sz, st = validate.static_slice(i, size, lambda: self._index_site(idx, axis))
       elif isinstance(i, (Array, int, np.integer)):
         if type(i) is bool:
@@ -198,20 +203,22 @@ class Ref:
         if check and not 0 <= v < size:
           raise OutOfBoundsError(
               f"Index {v} out of bounds for axis {axis} of {self.origin()} (shape {self.shape}, "
-              f"{self.buf.memory_space}){_where()}: expected 0 <= index < {size}. "
-              f"({user_frame_summary()})")
+              f"{self.buf.memory_space}){_where()}: expected 0 <= index < {size}. Fix: keep the index "
+              f"in 0..{size - 1}. ({user_frame_summary()})")
         new[pos] = start + v * stride
         continue
       elif isinstance(i, Ref):
         raise UsageError(f"Indexing {self.buf.name} with a ref (indexed DMA) is a SparseCore feature; "
-                         f"use it as the source or destination of pltpu.sync_copy/async_copy.")
+                         f"Fix: use it as the source or destination of pltpu.sync_copy/async_copy.")
       else:
-        raise UsageError(f"Unsupported index {i!r} for {self.buf.name}; use ints, slices or pl.ds.")
+        raise UsageError(f"Unsupported index {i!r} for {self.buf.name}{_where()}. Fix: use ints, slices or "
+                         f"pl.ds.")
       if check and sz > 0 and (s0 < 0 or s0 + (sz - 1) * st >= size):
         raise OutOfBoundsError(
             f"Slice [{s0}:{s0 + sz * st}] out of bounds for axis {axis} of {self.origin()} (shape "
             f"{self.shape}, {self.buf.memory_space}){_where()}: expected 0 <= start and "
-            f"start + size <= {size}. ({user_frame_summary()})")
+            f"start + size <= {size}. Fix: keep the slice inside the {size} elements of axis {axis}. "
+            f"({user_frame_summary()})")
       new[pos] = (start + s0 * stride, sz, stride * st)
     return tuple(new)
 
@@ -223,15 +230,15 @@ class Ref:
     if is_hbm(space):
       raise MemorySpaceError(
           f"{what} of {self.buf.name} ({space}) from the vector unit{_where()}: buffers in HBM/ANY "
-          f"cannot be referenced directly. Copy a block into VMEM with pltpu.sync_copy / "
+          f"cannot be referenced directly. Fix: copy a block into VMEM with pltpu.sync_copy / "
           f"pltpu.async_copy (or use a VMEM BlockSpec). ({user_frame_summary()})")
     if space == MemorySpace.SEMAPHORE:
-      raise MemorySpaceError(f"{what} of semaphore {self.buf.name}: use pl.semaphore_read / "
-                             f"pl.semaphore_signal / pl.semaphore_wait.")
+      raise MemorySpaceError(f"{what} of semaphore {self.buf.name}{_where()}: semaphores are not data. Fix: "
+                             f"use pl.semaphore_read / pl.semaphore_signal / pl.semaphore_wait.")
     if space == MemorySpace.SMEM and not scalar:
       raise MemorySpaceError(
           f"Vector {what.lower()} of {self.origin()} (shape {self.shape}) in SMEM{_where()}: SMEM holds "
-          f"scalars only; index down to a single element (e.g. ref[i, j]) or put the array in VMEM. "
+          f"scalars only. Fix: index down to a single element (e.g. ref[i, j]) or put the array in VMEM. "
           f"({user_frame_summary()})")
 
   def __getitem__(self, idx):
@@ -288,15 +295,18 @@ class Ref:
   def _host_get(self, idx):
     if self.buf.core is not None:
       raise UsageError(f"{self.buf.name} ({self.buf.memory_space}) belongs to a kernel's core; it can "
-                       f"only be read inside that kernel.")
+                       f"only be read inside that kernel. Fix: read it in the kernel body, or return it as an "
+                       f"output.")
     if self.buf.storage is None:
-      raise UsageError(f"{self.buf.name} has been frozen or freed; it can no longer be read.")
+      raise UsageError(f"{self.buf.name} has been frozen or freed; it can no longer be read. Fix: read the "
+                       f"array pl.freeze returned, or make a new ref with pl.new_ref.")
     view = self._view(idx)
     return np.array(self.buf.storage[view._np_index], copy=True)
 
   def _host_set(self, idx, value):
     if self.buf.storage is None:
-      raise UsageError(f"{self.buf.name} has been frozen or freed; it can no longer be written.")
+      raise UsageError(f"{self.buf.name} has been frozen or freed; it can no longer be written. Fix: make "
+                       f"a new ref with pl.new_ref(value).")
     view = self._view(idx)
     v = np.asarray(value)
     self.buf.detach_readers()
@@ -304,19 +314,23 @@ class Ref:
       self.buf.storage[view._np_index] = v.astype(self.buf.dtype, copy=False)
     except ValueError as e:
       raise ShapeError(f"Cannot store a value of shape {v.shape} into {view.origin()} of shape "
-                       f"{view.shape}.") from e
+                       f"{view.shape}. Fix: store a value of shape {view.shape} (or one that broadcasts to "
+                       f"it).") from e
 
   # ---- view transforms ----
   def bitcast(self, dtype) -> "Ref":
     d = dt.canonicalize(dtype)
     if not self._full:
-      raise UsageError("Ref.bitcast is only supported on whole refs in palace.")
+      raise UsageError(f"Ref.bitcast of the view {self.origin()}: palace bitcasts only whole refs. Fix: "
+                       f"bitcast the whole ref, then take the view of the result.")
     if d.itemsize == self.buf.dtype.itemsize:
       storage = None if self.buf.storage is None else self.buf.storage.view(d)
       shape = self.buf.shape
     else:
       if self.buf.storage is None:
-        raise UsageError("bitcast between widths needs data")
+        raise UsageError(f"Ref.bitcast of {self.origin()} to {d} changes the element width, which needs the "
+                         f"ref's data, and this ref has none (timing_only). Fix: bitcast to a dtype of "
+                         f"the same width ({self.buf.dtype.itemsize} bytes), or run with data.")
       storage = self.buf.storage.view(d)
       shape = storage.shape
     return Ref(self._alias(storage=storage, shape=shape, dtype=d))
@@ -325,7 +339,8 @@ class Ref:
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
       shape = tuple(shape[0])
     if int(np.prod(shape)) != self.size:
-      raise ShapeError(f"Cannot reshape {self.origin()} of shape {self.shape} to {tuple(shape)}.")
+      raise ShapeError(f"Cannot reshape {self.origin()} of shape {self.shape} ({self.size} elements) to "
+                       f"{tuple(shape)}. Fix: pass a shape with the same number of elements.")
     if self._full:
       storage = None if self.buf.storage is None else self.buf.storage.reshape(shape)
       return Ref(self._alias(storage=storage, shape=tuple(shape)))
@@ -334,7 +349,8 @@ class Ref:
         self.buf.storage[self._np_index]
     if probe.shape != tuple(self.shape) or not probe.flags.c_contiguous:
       raise UsageError(f"Ref.reshape of the view {self.origin()}: palace reshapes only contiguous views "
-                       f"(leading-dimension slices of a ref).")
+                       f"(leading-dimension slices of a ref). Fix: reshape the whole ref and index the "
+                       f"result.")
     storage = None if self.buf.storage is None else probe.reshape(shape)
     return Ref(self._alias(storage=storage, shape=tuple(shape)))
 
@@ -354,27 +370,29 @@ def _coerce_store(view: Ref, value, timing_only: bool):
     if value.dtype != d:
       raise ShapeError(
           f"Cannot store a value of dtype {value.dtype} into {view.origin()} of dtype {d}{_where()}: "
-          f"stores require the ref's dtype; use .astype({d.name}). ({user_frame_summary()})")
+          f"stores require the ref's dtype. Fix: use .astype({d.name}). ({user_frame_summary()})")
     vshape, data, ready = value.shape, value._data, value._ready
   elif isinstance(value, (bool, int, float, np.generic)):
     if isinstance(value, np.generic) and dt.canonicalize(value.dtype) != d:
       raise ShapeError(f"Cannot store a {value.dtype} scalar into {view.origin()} of dtype {d}"
-                       f"{_where()}; cast it first. ({user_frame_summary()})")
+                       f"{_where()}. Fix: cast it first, e.g. jnp.{d.name}(value). ({user_frame_summary()})")
     if type(value) is float and not dt.is_float(d):
       raise ShapeError(f"Cannot store the Python float {value!r} into {view.origin()} of dtype {d}"
-                       f"{_where()}: stores require the ref's dtype; expected an int. "
-                       f"({user_frame_summary()})")
+                       f"{_where()}: stores require the ref's dtype; expected an int. Fix: store an int, or "
+                       f"round explicitly (int(x), jnp.round). ({user_frame_summary()})")
     try:
       data = np.asarray(value, dtype=d)
     except OverflowError:
       raise ShapeError(f"Cannot store the Python int {value!r} into {view.origin()} of dtype {d}"
-                       f"{_where()}: out of range for {d}. ({user_frame_summary()})") from None
+                       f"{_where()}: out of range for {d}. Fix: store a value that fits {d}, or use a wider "
+                       f"ref. ({user_frame_summary()})") from None
     vshape, ready = (), 0
   elif isinstance(value, np.ndarray):
     raise UsageError(f"Storing a NumPy array into {view.origin()} inside a kernel: kernels cannot close "
-                     f"over array constants; pass the array as an input instead.")
+                     f"over array constants. Fix: pass the array as an input instead.")
   else:
-    raise ShapeError(f"Cannot store a {type(value).__name__} into {view.origin()}.")
+    raise ShapeError(f"Cannot store a {type(value).__name__} into {view.origin()}{_where()}. Fix: store a "
+                     f"kernel value (jnp array), a NumPy scalar or a Python number.")
   if vshape != view.shape:
     try:
       bshape = np.broadcast_shapes(vshape, view.shape)
@@ -383,7 +401,8 @@ def _coerce_store(view: Ref, value, timing_only: bool):
     if bshape != view.shape:
       raise ShapeError(
           f"Cannot store a value of shape {vshape} into {view.origin()} of shape {view.shape}"
-          f"{_where()}: shapes must match or broadcast. ({user_frame_summary()})")
+          f"{_where()}: shapes must match or broadcast. Fix: store a value of shape {view.shape}, or index "
+          f"the ref down to the value's shape. ({user_frame_summary()})")
     if data is not None and not timing_only:
       data = np.broadcast_to(data, view.shape)
   if timing_only and view.shape:

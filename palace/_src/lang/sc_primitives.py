@@ -29,7 +29,7 @@ def _idx_tuple(ref: Ref, indices):
     indices = [indices]
   if len(indices) != ref.ndim:
     raise ShapeError(f"{ref.origin()} has {ref.ndim} dims but {len(indices)} index vectors were given; "
-                     f"pass one 1-D index vector per dimension.")
+                     f"Fix: pass one 1-D index vector per dimension.")
   out = []
   for d, ix in enumerate(indices):
     v = _vals(ix).astype(np.int64)
@@ -226,7 +226,7 @@ def fetch_and_add(x_ref: Ref, value, *, subcore_id):
   ex = executor.current("plsc.fetch_and_add()")
   if ex.sparsecore is None:
     raise UsageError(f"plsc.fetch_and_add() {ex.where()}: it adds to an SMEM scalar of a SparseCore "
-                     f"vector subcore; run it in a plsc.VectorSubcoreMesh kernel.")
+                     f"vector subcore. Fix: run it in a plsc.VectorSubcoreMesh kernel.")
   target = ex.sparsecore.peer_subcore_buffer(x_ref.buf, concrete_int(subcore_id, "subcore_id"))
   ex.note_access(target, x_ref._np_index, "r", (), atomic=True)
   ex.note_access(target, x_ref._np_index, "w", (), atomic=True)

@@ -19,9 +19,12 @@ from palace._src.lang.refs import Ref
 from palace._src.util import tree_flatten, user_frame_summary, user_site
 
 
-def _check_ref(x, what):
+def _check_ref(x, api, arg):
   if not isinstance(x, (Ref, IndexedRef)):
-    raise UsageError(f"DMA {what} must be a ref (or a ref view `.at[...]`); got {type(x).__name__}.")
+    raise UsageError(f"{api} {arg} must be a ref or a ref view `.at[...]` ({user_frame_summary()}); got "
+                     f"{validate.describe(x)}. Fix: pass a kernel ref (an argument of the kernel body, a "
+                     f"scratch or pl.run_scoped buffer, or a `.at[...]` view of one); arrays reach a "
+                     f"kernel as refs through its operands (pl.ANY specs keep them in HBM).")
 
 
 _current_ex = executor._current.get  # executor.maybe_current without a Python frame
@@ -62,15 +65,17 @@ class AsyncCopyDescriptor:
   """A DMA between two ref views. `.start()` issues it; `.wait()` blocks until its bytes arrived."""
 
   def __init__(self, src_ref, dst_ref, sem, src_sem=None, device_id=None, core_index=None,
-               is_remote=False, site=None):
-    _check_ref(src_ref, "source")
-    _check_ref(dst_ref, "destination")
+               is_remote=False, site=None, api="pltpu.make_async_copy"):
+    _check_ref(src_ref, api, "src_ref")
+    _check_ref(dst_ref, api, "dst_ref")
     if src_ref.shape != dst_ref.shape:
       raise ShapeError(f"DMA shapes differ: {src_ref.origin()} has shape {src_ref.shape} but "
-                       f"{dst_ref.origin()} has shape {dst_ref.shape}; a copy needs identical shapes.")
+                       f"{dst_ref.origin()} has shape {dst_ref.shape}; a copy needs identical shapes. Fix: "
+                       f"slice both with .at[...] to the same window shape.")
     if src_ref.dtype != dst_ref.dtype:
       raise ShapeError(f"DMA dtypes differ: {src_ref.origin()} is {src_ref.dtype} but "
-                       f"{dst_ref.origin()} is {dst_ref.dtype}.")
+                       f"{dst_ref.origin()} is {dst_ref.dtype}. Fix: copy between refs of one dtype "
+                       f"(cast after the copy, or bitcast a ref of the same width).")
     self.src_ref, self.dst_ref = src_ref, dst_ref
     self.sem = sem
     self.src_sem = src_sem
@@ -119,7 +124,8 @@ class AsyncCopyDescriptor:
   def start(self, priority: int = 0, *, add: bool = False):  # noqa: D401
     ex = executor.current("AsyncCopyDescriptor.start()")
     if self.sem is None:
-      raise UsageError("This DMA has no semaphore; pass one to make_async_copy or use pltpu.sync_copy.")
+      raise UsageError(f"This DMA has no semaphore ({user_frame_summary()}). Fix: pass one to "
+                       f"make_async_copy, or use pltpu.sync_copy.")
     self._used()
     self._prepared = self.prepare(ex, add=add)
     self._prepared.start()
@@ -144,7 +150,8 @@ class AsyncCopyDescriptor:
   def wait_send(self):
     ex = executor.current("AsyncCopyDescriptor.wait_send()")
     if self.src_sem is None:
-      raise UsageError("wait_send() needs a send semaphore (make_async_remote_copy / src_sem=...).")
+      raise UsageError(f"wait_send() needs a send semaphore ({user_frame_summary()}). Fix: make the copy "
+                       f"with make_async_remote_copy, or pass src_sem=... to make_async_copy.")
     self._for_wait(ex).wait_send()
 
   wait_read = wait_send
@@ -153,7 +160,9 @@ class AsyncCopyDescriptor:
 def _indexed_request(ex, req, src, dst) -> None:
   """Resolve the rows of an indexed (gather/scatter) DMA when it is issued (SparseCore)."""
   if isinstance(src, IndexedRef) and isinstance(dst, IndexedRef):
-    raise UsageError("A DMA can index only one side (gather from or scatter to HBM/VMEM_SHARED).")
+    raise UsageError(f"A DMA can index only one side (gather from or scatter to HBM/VMEM_SHARED) "
+                     f"({user_frame_summary()}). Fix: copy in two steps: gather into a VMEM buffer, "
+                     f"then scatter from it.")
   side = src if isinstance(src, IndexedRef) else dst
   rows, mask = side.rows(ex)
   fancy = side.fancy_index(rows, mask)
@@ -176,15 +185,16 @@ def make_async_copy(src_ref, dst_ref, sem=None, *, src_sem=None) -> AsyncCopyDes
 
 def async_copy(src_ref, dst_ref, sem=None, *, src_sem=None, priority: int = 0,
                add: bool = False) -> AsyncCopyDescriptor:
-  return AsyncCopyDescriptor(src_ref, dst_ref, sem, src_sem).start(priority, add=add)
+  return AsyncCopyDescriptor(src_ref, dst_ref, sem, src_sem, api="pltpu.async_copy").start(
+      priority, add=add)
 
 
 def make_async_remote_copy(src_ref, dst_ref, send_sem, recv_sem, device_id, device_id_type=None):
   if device_id is None:
-    raise UsageError("make_async_remote_copy needs device_id (a tuple of mesh coordinates or a dict "
-                     "of the axes that change).")
+    raise UsageError(f"pltpu.make_async_remote_copy needs device_id ({user_frame_summary()}). Fix: pass "
+                     f"device_id, a tuple of mesh coordinates or a dict of the axes that change.")
   return AsyncCopyDescriptor(src_ref, dst_ref, recv_sem, send_sem, device_id=device_id,
-                             is_remote=True)._track_unused()
+                             is_remote=True, api="pltpu.make_async_remote_copy")._track_unused()
 
 
 def async_remote_copy(src_ref, dst_ref, send_sem, recv_sem, device_id, device_id_type=None):
@@ -196,11 +206,12 @@ def sync_copy(src_ref, dst_ref, *, add: bool = False) -> None:
   srcs, td = tree_flatten(src_ref, is_leaf=lambda x: isinstance(x, Ref))
   dsts, td2 = tree_flatten(dst_ref, is_leaf=lambda x: isinstance(x, Ref))
   if td != td2:
-    raise ShapeError(f"sync_copy: source and destination trees differ ({td} vs {td2}).")
+    raise ShapeError(f"pltpu.sync_copy: source and destination trees differ ({td} vs {td2}) "
+                     f"({user_frame_summary()}). Fix: pass pytrees of refs of the same structure.")
 
   def body(sem):
     for s, d in zip(srcs, dsts):
-      c = AsyncCopyDescriptor(s, d, sem)
+      c = AsyncCopyDescriptor(s, d, sem, api="pltpu.sync_copy")
       c.start(add=add)
       c.wait()
 
@@ -212,7 +223,8 @@ def get_barrier_semaphore(tag=None) -> Ref:
   sem = context.current("pltpu.get_barrier_semaphore()").barrier_sem
   if sem is None:
     raise UsageError("pltpu.get_barrier_semaphore() needs CompilerParams(collective_id=...) on the "
-                     "kernel (pallas_call compiler_params / pl.kernel compiler_params).")
+                     "kernel. Fix: pass compiler_params=pltpu.CompilerParams(collective_id=0) to "
+                     "pallas_call / pl.kernel.")
   return sem
 
 
@@ -285,7 +297,8 @@ def bitcast(x, ty, dim: int = -2):
   new = list(x.shape)
   if (new[ax] * x.dtype.itemsize) % d.itemsize:
     raise ShapeError(f"bitcast {x.dtype}->{d}: dimension {dim} of size {x.shape[ax]} does not convert "
-                     f"to a whole number of {d} elements.")
+                     f"to a whole number of {d} elements. Fix: make that dimension a multiple of "
+                     f"{max(1, d.itemsize // x.dtype.itemsize)}, or bitcast along another one.")
   new[ax] = new[ax] * x.dtype.itemsize // d.itemsize
   data = None
   if x._data is not None:
@@ -326,7 +339,8 @@ def prng_seed(*seeds) -> None:
 def prng_random_bits(shape):
   gen = context.current("pltpu.prng_random_bits()").prng
   if gen is None:
-    raise UsageError("pltpu.prng_random_bits() before pltpu.prng_seed(): seed the generator first.")
+    raise UsageError("pltpu.prng_random_bits() before pltpu.prng_seed(). Fix: seed the generator first "
+                     "with pltpu.prng_seed(seed).")
   shape = validate.as_dims(shape, "pltpu.prng_random_bits shape")
   data = gen.bits(shape)
   return _out(data, shape, dt.int32, 0, OpClass.CHEAP, True)

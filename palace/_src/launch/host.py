@@ -29,7 +29,8 @@ def check_params(params, api: str) -> CompilerParams:
   if isinstance(params, dict):
     if set(params) == {"mosaic"} or set(params) == {"mosaic_tpu"}:
       return CompilerParams(**next(iter(params.values())))
-    raise UsageError(f"{api}: compiler_params={params!r}; pass a pltpu.CompilerParams(...).")
+    raise UsageError(f"{api}: compiler_params={params!r} is not compiler parameters. Fix: pass a "
+                     f"pltpu.CompilerParams(...).")
   if not isinstance(params, CompilerParams):
     raise UsageError(f"{api}: compiler_params must be a pltpu.CompilerParams for TPU; got "
                      f"{type(params).__name__}. Fix: pass pltpu.CompilerParams(...) or None.")
@@ -42,8 +43,9 @@ def to_host_array(x, name: str) -> np.ndarray:
     raise UsageError(f"{name} is a palace.Array from inside a kernel; kernel values cannot leave it. "
                      f"Fix: store it into an output ref (o_ref[...] = value) and use the kernel's result.")
   if isinstance(x, Ref):
-    raise UsageError(f"{name} is a mutable ref: pass refs to pl.kernel (mutated in place) or close "
-                     f"over them; pallas_call takes arrays (use input_output_aliases to update in place).")
+    raise UsageError(f"{name} is a mutable ref, and pallas_call takes arrays. Fix: pass refs to pl.kernel "
+                     f"(mutated in place) or close over them, or pass pl.freeze(ref) and use "
+                     f"input_output_aliases to update in place.")
   if hasattr(x, "__jax_array__") or type(x).__module__.startswith("jax"):
     try:
       x = np.asarray(x)
@@ -51,7 +53,7 @@ def to_host_array(x, name: str) -> np.ndarray:
       if "Tracer" not in type(e).__name__:
         raise
       raise UsageError(f"{name} is a JAX tracer: palace kernels run eagerly on concrete arrays. Inside "
-                       f"jax.jit, wrap the palace function with pl.jax_callable(f).") from None
+                       f"jax.jit. Fix: wrap the palace function with pl.jax_callable(f).") from None
   a = np.asarray(x)
   d = dt.canonicalize(a.dtype)
   if d != a.dtype:
@@ -121,7 +123,7 @@ def out_struct(o, name: str):
   if isinstance(o, ShapeDtypeStruct) or (hasattr(o, "shape") and hasattr(o, "dtype")):
     d = dt.canonicalize(o.dtype)
     if np.dtype(o.dtype) != d:
-      raise ShapeError(f"{name} has dtype {np.dtype(o.dtype)}; TPUs have no 64-bit types, use {d}.")
+      raise ShapeError(f"{name} has dtype {np.dtype(o.dtype)}; TPUs have no 64-bit types. Fix: use {d}.")
     dt.check_kernel_dtype(d, name)
     return tuple(o.shape), d, MemorySpace.ANY
   raise UsageError(f"{name} = {o!r}: expected a pl.ShapeDtypeStruct or a memory type like "
@@ -158,7 +160,7 @@ def check_interpret(interpret, kname: str) -> None:
     raise UnsupportedError.feature(
         f"InterpretParams(uninitialized_memory={interpret.uninitialized_memory!r})",
         f"(interpret= of kernel '{kname}', called at {user_frame_summary()}) Never-written memory reads "
-        f"as NaN (floats) or the int minimum; drop the option, or use pl.virtual_tpu(..., "
+        f"as NaN (floats) or the int minimum. Fix: drop the option, or use pl.virtual_tpu(..., "
         f"uninitialized='raise') to catch such reads.")
 
 
@@ -216,14 +218,22 @@ def check_hbm(kname: str, arrays, outs, scratch) -> None:
   leaves = tree_flatten(scratch, is_leaf=lambda x: isinstance(x, MemoryRef))[0]
   sizes += [(f"scratch[{i}]", t.nbytes) for i, t in enumerate(leaves)
             if isinstance(t, MemoryRef) and t.memory_space in (MemorySpace.ANY, MemorySpace.HBM)]
+  check_hbm_sizes(f"kernel '{kname}'", sizes, "the launch's")
+
+
+def check_hbm_sizes(owner: str, sizes, whose: str | None) -> None:
+  """The one HBM capacity check: `sizes` [(name, bytes)] must fit one device of the active chip.
+  `owner` names the launch or host call ("kernel 'k'", "pl.empty_ref"), `whose` the operands
+  ("the launch's"; None for a single buffer)."""
   chip = active_tpu().chip
   total = sum(n for _, n in sizes)
   cap = chip.hbm_bytes_per_device
   if total <= cap:
     return
   name, big = max(sizes, key=lambda r: r[1])
+  amount = (f"{name} is {fmt_bytes(big)}" if whose is None else
+            f"{name} alone is {fmt_bytes(big)} and {whose} {len(sizes)} HBM operands total {fmt_bytes(total)}")
   raise ResourceError(
-      f"HBM over capacity for kernel '{kname}' on {chip.name}: {name} alone is {fmt_bytes(big)} and the "
-      f"launch's {len(sizes)} HBM operands total {fmt_bytes(total)}, but one {chip.name} device has "
+      f"HBM over capacity for {owner} on {chip.name}: {amount}, but one {chip.name} device has "
       f"{fmt_bytes(cap)} of HBM ({cap:,} bytes). Fix: shrink {name} (or tile the problem over several "
       f"launches), shard it over chips with shard_map, or use a chip with more HBM (v5p, 7x).")

@@ -8,17 +8,28 @@ from __future__ import annotations
 import numpy as np
 
 from palace._src import dtypes as dt
+from palace._src import validate
 from palace._src.core import MemoryRef, MemorySpace, ShapeDtypeStruct
-from palace._src.sim.memory import Buffer
 from palace._src.errors import UsageError
+from palace._src.launch.host import check_hbm_sizes
 from palace._src.lang.refs import Ref
+from palace._src.sim.memory import Buffer
+from palace._src.util import prod
+
+
+def _check_hbm(api: str, shape, dtype) -> None:
+  """A host ref is an HBM buffer of one device of the active chip: checked before host memory is
+  allocated for it, like pallas_call outputs."""
+  name = f"ref({np.dtype(dtype)}{list(shape)})"
+  check_hbm_sizes(api, [(name, prod(shape) * np.dtype(dtype).itemsize)], None)
+
 
 def _host_array(x) -> np.ndarray:
   a = np.asarray(x)
   d = dt.canonicalize(a.dtype)
-  a = a.astype(d) if d != a.dtype else a.copy()
-  dt.check_kernel_dtype(a.dtype, "pl.new_ref value")
-  return a
+  dt.check_kernel_dtype(d, "pl.new_ref value")
+  _check_hbm("pl.new_ref", a.shape, d)
+  return a.astype(d) if d != a.dtype else a.copy()
 
 
 def _name(a: np.ndarray) -> str:
@@ -41,8 +52,10 @@ def empty_ref(ty, memory_space=None, pin=False) -> Ref:
     raise UsageError(f"pl.empty_ref expects a ShapeDtypeStruct; got {ty!r}. Fix: pass "
                      f"pl.ShapeDtypeStruct(shape, dtype).")
   d = dt.check_kernel_dtype(dt.canonicalize(ty.dtype), "pl.empty_ref")
+  shape = validate.as_dims(ty.shape, "pl.empty_ref shape")
+  _check_hbm("pl.empty_ref", shape, d)
   fill = np.nan if dt.is_float(d) else 0
-  a = np.full(tuple(ty.shape), fill, d)
+  a = np.full(shape, fill, d)
   return Ref(Buffer(a, a.shape, a.dtype, MemorySpace.ANY, _name(a)))
 
 

@@ -74,12 +74,13 @@ def _closure_check(body, passed_bufs, kname):
       continue
     if isinstance(v, Ref) and v.buf in passed_bufs:
       raise UsageError(f"Kernel '{kname}' closes over {v.buf.name} and also receives it as an input: "
-                       f"a closed-over ref may not alias a passed-in ref. Pass it once.")
+                       f"a closed-over ref may not alias a passed-in ref. Fix: pass it once (as an "
+                       f"input or by closure).")
     if isinstance(v, np.ndarray) and v.size > 1:
       raise UsageError(
           f"Kernel '{kname}' captures a non-scalar array constant of shape {v.shape} "
           f"({body.__code__.co_filename.rsplit('/', 1)[-1]}:{body.__code__.co_firstlineno}). You can "
-          f"only close over scalars and refs; pass the array as an input instead.")
+          f"only close over scalars and refs. Fix: pass the array as an input instead.")
 
 
 def _plan(bodies, kname, out_type, meshes, scratch_types, params, args):

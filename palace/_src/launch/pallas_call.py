@@ -86,7 +86,7 @@ def _check_arities(kernel, kname, grid, nsp, specs, maps, n_in, n_out, scratch):
       _check_call(s.index_map, len(grid) + nsp, (), lambda e, m=m: (
           f"index_map of {m.name} cannot be called with the grid indices: the grid {grid} has {len(grid)} "
           f"axes{f' plus {nsp} scalar-prefetch refs' if nsp else ''}, so it gets {len(grid) + nsp} "
-          f"arguments ({e}); expected e.g. lambda {', '.join('ijklmn'[:len(grid)]) or ''}"
+          f"arguments ({e}). Fix: define it as lambda {', '.join('ijklmn'[:len(grid)]) or ''}"
           f"{', *prefetch_refs' if nsp else ''}: (...)."))
   kw = tuple(scratch) if isinstance(scratch, dict) else ()
   n_scr = 0 if kw else len(tuple(scratch))
@@ -94,7 +94,7 @@ def _check_arities(kernel, kname, grid, nsp, specs, maps, n_in, n_out, scratch):
       f"Kernel '{kname}' cannot take the refs pallas_call passes: {nsp} scalar-prefetch + {n_in} input + "
       f"{n_out} output + {n_scr} scratch positional refs"
       + (f" and scratch keywords {list(kw)}" if kw else "")
-      + f" ({e}); expected kernel(*prefetch_refs, *in_refs, *out_refs, *scratch_refs)."))
+      + f" ({e}). Fix: define it as kernel(*prefetch_refs, *in_refs, *out_refs, *scratch_refs)."))
 
 
 def _returns_none(kernel, kname):
@@ -103,7 +103,8 @@ def _returns_none(kernel, kname):
     r = kernel(*args, **kwargs)
     if r is not None:
       raise UsageError(f"Kernel '{kname}' returned a value of type {type(r).__name__}; a Pallas kernel "
-                       f"must return None and write its results into the output refs (o_ref[...] = value).")
+                       f"must return None. Fix: write its results into the output refs (o_ref[...] = value) "
+                       f"and drop the return.")
   return body
 
 
@@ -131,8 +132,8 @@ def pallas_call(kernel, out_shape, *, grid_spec=None, grid=(), in_specs=no_block
                      f"pass pl.CostEstimate(flops=..., transcendentals=..., bytes_accessed=...) or None.")
   if grid_spec is not None:
     if grid != () or in_specs is not no_block_spec or out_specs is not no_block_spec or scratch_shapes:
-      raise UsageError("pallas_call: pass either grid_spec or grid/in_specs/out_specs/scratch_shapes, "
-                       "not both.")
+      raise UsageError("pallas_call got both grid_spec and grid/in_specs/out_specs/scratch_shapes. Fix: "
+                       "pass either grid_spec or grid/in_specs/out_specs/scratch_shapes, not both.")
   else:
     grid_spec = GridSpec(grid, in_specs, out_specs, scratch_shapes)
   g = grid_spec.grid   # checked per call (validate.as_dims in _call)

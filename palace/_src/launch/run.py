@@ -144,7 +144,7 @@ def _program(launch: _Launch, in_bufs, body, points) -> None:
       res = body(*tree_unflatten(plan.operand_tree, operands), *out_args, *scr, **kw_scr)
       if res is not None:
         raise UsageError(f"Kernel '{plan.kernel_name}' returned {type(res).__name__}; pl.kernel bodies "
-                         f"must return None and write their results to output refs.")
+                         f"must return None. Fix: write their results to output refs and drop the return.")
     close_scope(ex, scopes.pop())   # scratch
     for s, r in zip(plan.staged, staged):
       if s.kind != OPERAND:
@@ -253,7 +253,7 @@ def _check_vmem(core, kname, maps, scratch):
         f"VMEM over capacity for kernel '{kname}' on chip 0 core 0 ({chip.name}): "
         f"{fmt_bytes(total)} requested ({detail}) but the scoped VMEM limit leaves "
         f"{fmt_bytes(core.vmem_limit)} (limit {fmt_bytes(core.vmem_limit + chip.internal_scratch_bytes)}"
-        f" minus {fmt_bytes(chip.internal_scratch_bytes)} Mosaic internal scratch). Reduce block "
+        f" minus {fmt_bytes(chip.internal_scratch_bytes)} Mosaic internal scratch). Fix: reduce block "
         f"sizes or pipeline buffer_count (pl.Buffered(1) for blocks that do not change), {fix}.")
 
 

@@ -20,7 +20,7 @@ def _spec(chip: ChipSpec | None = None) -> SparseCoreSpec:
   chip = chip or active_tpu().chip
   if chip.sparsecore is None:
     raise UsageError(f"The current TPU ({chip.name}) does not have SparseCores; SparseCore meshes need "
-                     f"v5p, v6e or 7x (select one with pl.virtual_tpu(...)).")
+                     f"v5p, v6e or 7x. Fix: select one with pl.virtual_tpu(\"v5p\") (or v6e, 7x).")
   return chip.sparsecore
 
 
@@ -43,7 +43,9 @@ class VectorSubcoreMesh:
     validate.as_name(self.core_axis_name, "VectorSubcoreMesh(core_axis_name)")
     validate.as_name(self.subcore_axis_name, "VectorSubcoreMesh(subcore_axis_name)")
     if self.core_axis_name == self.subcore_axis_name:
-      raise UsageError("VectorSubcoreMesh needs distinct core and subcore axis names.")
+      raise UsageError(f"VectorSubcoreMesh(core_axis_name={self.core_axis_name!r}, subcore_axis_name="
+                       f"{self.subcore_axis_name!r}) needs distinct core and subcore axis names. Fix: "
+                       f"name them differently, e.g. 'core' and 'subcore'.")
     object.__setattr__(self, "num_cores", _count(self.num_cores, "VectorSubcoreMesh(num_cores)"))
     object.__setattr__(self, "num_subcores", _count(self.num_subcores,
                                                     "VectorSubcoreMesh(num_subcores)"))
@@ -86,11 +88,12 @@ def _resolve(mesh, chip: ChipSpec):
     ns = spec.num_subcores if mesh.num_subcores is None else mesh.num_subcores
     if nc > spec.num_cores or ns > spec.num_subcores:
       raise UsageError(f"VectorSubcoreMesh(num_cores={nc}, num_subcores={ns}) does not fit {chip.name}: "
-                       f"it has {spec.num_cores} SparseCores x {spec.num_subcores} vector subcores.")
+                       f"it has {spec.num_cores} SparseCores x {spec.num_subcores} vector subcores. "
+                       f"Fix: pass num_cores <= {spec.num_cores} and num_subcores <= {spec.num_subcores}.")
     return _with_sizes(mesh, num_cores=nc, num_subcores=ns)
   if nc > spec.num_cores:
     raise UsageError(f"ScalarSubcoreMesh(num_cores={nc}) does not fit {chip.name}: it has "
-                     f"{spec.num_cores} SparseCores.")
+                     f"{spec.num_cores} SparseCores. Fix: pass num_cores <= {spec.num_cores}.")
   return _with_sizes(mesh, num_cores=nc)
 
 

@@ -63,7 +63,7 @@ class Mesh:
     size = self.size
     if size != tpu.num_chips:
       raise UsageError(f"make_mesh{self.shape_tuple}: the mesh has {size} chips but the virtual TPU "
-                       f"has {tpu.num_chips}; use pl.virtual_tpu({tpu.chip.name!r}, num_chips={size}).")
+                       f"has {tpu.num_chips}. Fix: use pl.virtual_tpu({tpu.chip.name!r}, num_chips={size}).")
     if self.placed:
       return self
     if sum(1 for s in self.shape_tuple if s > 1) == 1:
@@ -170,7 +170,8 @@ def _shard_view(a, spec, mesh: Mesh, chip: int, what: str):
       k = k * mesh.shape[ax] + coords[ax]
     if a.shape[d] % n:
       raise UsageError(f"{what}: dimension {d} of size {a.shape[d]} does not split evenly over "
-                       f"{n} chips ({spec}).")
+                       f"{n} chips ({spec}). Fix: make dimension {d} a multiple of {n}, or leave it "
+                       f"unsharded (None in the spec).")
     step = a.shape[d] // n
     idx.append(slice(k * step, (k + 1) * step))
   return a[tuple(idx)]
@@ -233,7 +234,9 @@ class _Group:
         return
       if self.finished:
         self.error = SyncError(f"Chips made different kernel launches in shard_map: {self.finished} "
-                               f"chip(s) returned while others launched '{kname}'.")
+                               f"chip(s) returned while others launched '{kname}'. Fix: make every chip run "
+                               f"the same launches in the same order (no launch under a "
+                               f"chip-dependent condition).")
         self.cv.notify_all()
         raise self.error
       launches = [self.pending[c] for c in range(self.n)]
@@ -271,7 +274,8 @@ class _Group:
       self.finished += 1
       if self.pending and len(self.pending) + self.finished == self.n and self.error is None:
         self.error = SyncError("Chips made different kernel launches in shard_map: some chips "
-                               "returned while others wait in a launch.")
+                               "returned while others wait in a launch. Fix: make every chip run the "
+                               "same launches in the same order.")
       self.cv.notify_all()
 
 
@@ -284,15 +288,15 @@ def shard_map(f, *, mesh: Mesh, in_specs, out_specs, check_rep=True, check_vma=T
                      f"pl.virtual_tpu(chip, num_chips=n).")
 
   if not isinstance(mesh, Mesh):
-    raise UsageError(f"shard_map(mesh={mesh!r}): expected a mesh from pl.make_mesh(axis_shapes, "
-                     f"axis_names).")
+    raise UsageError(f"shard_map(mesh={mesh!r}): expected a mesh. Fix: pass a mesh from "
+                     f"pl.make_mesh(axis_shapes, axis_names).")
   built = mesh
 
   def run(*args):
     tpu = active_tpu()
     if built.size != tpu.num_chips:
       raise UsageError(f"shard_map over a mesh of {built.size} chips on a virtual TPU with "
-                       f"{tpu.num_chips}; create both with the same chip count.")
+                       f"{tpu.num_chips}. Fix: create both with the same chip count.")
     mesh = built.placed_on(tpu)
     specs = in_specs if isinstance(in_specs, (list, tuple)) and not isinstance(in_specs, P) \
         else (in_specs,) * len(args)

@@ -164,13 +164,16 @@ class Machine:
       return buf
     if not (0 <= chip < self.num_chips):
       raise UsageError(f"Remote target chip {chip} is outside the mesh of {self.num_chips} chip(s) in "
-                       f"kernel '{self.kernel_name}' (from chip {me.chip_index} core {me.core_id}).")
+                       f"kernel '{self.kernel_name}' (from chip {me.chip_index} core {me.core_id}). "
+                       f"Fix: target a chip in 0..{self.num_chips - 1} (e.g. wrap ring neighbours with "
+                       f"lax.rem(i + 1, n)), or launch on more chips.")
     if buf.core is None:  # HBM
       if chip == buf.chip:
         return buf
       peer = self.hbm_peers.get((chip, buf.name))
       if peer is None:
-        raise UsageError(f"{buf.name} has no copy on chip {chip} in kernel '{self.kernel_name}'.")
+        raise UsageError(f"{buf.name} has no copy on chip {chip} in kernel '{self.kernel_name}'. Fix: "
+                       f"target a buffer every chip of the launch has (a kernel operand or scratch).")
       return peer
     for c in self.cores:
       if c.chip_index == chip and c.core_id == core_id:
@@ -187,10 +190,13 @@ class Machine:
           raise SyncError(
               f"{buf.name} is not allocated on chip {chip} core {core_id} (target of a remote access "
               f"from chip {me.chip_index} core {me.core_id}) in kernel '{self.kernel_name}': every "
-              f"core must allocate the same scratch in the same order, and it must still be live.")
+              f"core must allocate the same scratch in the same order, and it must still be live. Fix: "
+              f"allocate it outside any core-dependent branch, and keep the pl.run_scoped open until "
+              f"the remote copy was waited.")
         return peer
     raise UsageError(f"Core {core_id} does not exist on chip {chip} in kernel '{self.kernel_name}'; "
-                     f"the kernel runs on {len(self.cores)} core(s).")
+                     f"the kernel runs on {len(self.cores)} core(s). Fix: pass a core index in "
+                     f"0..{len(self.cores) - 1}.")
 
   def resolve_device_id(self, me, device_id):
     """device_id -> (chip, core). Dicts name the axes that change (others: mine); tuples give every
@@ -203,7 +209,7 @@ class Machine:
       for name, v in device_id.items():
         if name not in coords:
           raise UsageError(f"device_id names axis {name!r}, which is not a mesh axis here; axes: "
-                           f"{[n for n, _, _ in all_axes] or 'none'}.")
+                           f"{[n for n, _, _ in all_axes] or 'none'}. Fix: name one of those axes.")
         coords[name] = int(v)
     elif isinstance(device_id, tuple):
       names = [n for n, _ in chip_axes]
@@ -211,7 +217,8 @@ class Machine:
         names += [n for n, _ in core_axes]
       elif len(device_id) != len(chip_axes):
         raise UsageError(f"device_id {device_id} has {len(device_id)} coordinates; the mesh axes are "
-                         f"{[n for n, _ in chip_axes]}.")
+                         f"{[n for n, _ in chip_axes]}. Fix: give one coordinate per mesh axis, or a dict "
+                         f"of the axes that change.")
       coords.update(zip(names, (int(v) for v in device_id)))
     else:
       return int(device_id), me.core_id
@@ -219,7 +226,8 @@ class Machine:
       if not 0 <= coords.get(n, 0) < s:
         raise UsageError(f"device_id coordinate {n}={coords[n]} is outside the mesh axis of size {s} "
                          f"(from chip {me.chip_index} core {me.core_id}); a remote copy or signal to a "
-                         f"chip outside the mesh is an error.")
+                         f"chip outside the mesh is an error. Fix: keep {n} in 0..{s - 1} "
+                         f"(e.g. lax.rem(i + 1, {s}) for a ring neighbour).")
     chip = 0
     for n, s in chip_axes:
       chip = chip * s + coords.get(n, 0)
@@ -276,7 +284,8 @@ class Machine:
       raise SyncError(
           f"Kernel '{self.kernel_name}' ended with {len(self.inflight)} DMA(s) in flight: "
           f"{rec.req.describe} started at {fmt_site(rec.req.site)} on chip {rec.core.chip_index} core "
-          f"{rec.core.core_id}. Did you forget .wait()?")
+          f"{rec.core.core_id}. Did you forget .wait()? Fix: wait for every started copy "
+          f"(copy.wait()) before the kernel body returns.")
     end = 0
     busy = {}
     vmem_peak = 0

@@ -294,7 +294,7 @@ def scoped_vmem_limit(chip, vmem_limit_bytes, kernel_name: str) -> int:
     raise ResourceError(
         f"vmem_limit_bytes={vmem_limit_bytes} ({fmt_bytes(vmem_limit_bytes)}) for kernel '{kernel_name}' "
         f"exceeds the physical VMEM of {chip.name} ({fmt_bytes(chip.vmem_bytes)} per TensorCore). "
-        f"Lower vmem_limit_bytes or the block sizes.")
+        f"Fix: lower vmem_limit_bytes (at most {chip.vmem_bytes}) or the block sizes.")
   return (vmem_limit_bytes or chip.default_scoped_vmem_bytes) - chip.internal_scratch_bytes
 
 
@@ -313,15 +313,15 @@ class Allocator:
   def allocate(self, mem_type, name: str) -> Buffer:
     core = self.core
     if not isinstance(mem_type, MemoryRef):
-      raise UsageError(f"Cannot allocate {name}: {mem_type!r} is not a memory type; use pltpu.VMEM(shape,"
-                       f" dtype), pltpu.SMEM(...) or pltpu.SemaphoreType.")
+      raise UsageError(f"Cannot allocate {name}: {mem_type!r} is not a memory type. Fix: use "
+                       f"pltpu.VMEM(shape, dtype), pltpu.SMEM(...) or pltpu.SemaphoreType.")
     space = mem_type.memory_space
     nbytes = mem_type.nbytes
     if space == MemorySpace.VMEM_SHARED:
       if nbytes > self.vmem_shared_limit:
         raise ResourceError(
             f"VMEM_SHARED over capacity for {name} {core.where()}: {fmt_bytes(nbytes)} requested but "
-            f"the shared VMEM holds {fmt_bytes(self.vmem_shared_limit)}. Use smaller buffers.")
+            f"the shared VMEM holds {fmt_bytes(self.vmem_shared_limit)}. Fix: use smaller buffers.")
     elif space in (MemorySpace.VMEM, MemorySpace.ANY):
       space = MemorySpace.VMEM
       if self.vmem_used + nbytes > self.vmem_limit:
@@ -333,7 +333,7 @@ class Allocator:
         raise ResourceError(
             f"SMEM over capacity for {name} on chip {core.chip_index} core {core.core_id} in kernel "
             f"'{core.kernel_name}': {fmt_bytes(self.smem_used)} in use + {fmt_bytes(nbytes)} requested "
-            f"> {fmt_bytes(self.smem_limit)} on {core.chip.name}. Keep SMEM for scalars and small "
+            f"> {fmt_bytes(self.smem_limit)} on {core.chip.name}. Fix: keep SMEM for scalars and small "
             f"index tables; move arrays to VMEM.")
       self.smem_used += nbytes
     # (large VMEM buffers: the uninitialised fill is written only if read before being overwritten)
@@ -361,7 +361,7 @@ class Allocator:
     return (f"VMEM over capacity on chip {core.chip_index} core {core.core_id} in kernel "
             f"'{core.kernel_name}': {name} needs {fmt_bytes(nbytes)} but {fmt_bytes(self.vmem_used)} of "
             f"the {fmt_bytes(self.vmem_limit)} scoped limit is in use ({rows or 'nothing else'}). "
-            f"Reduce block sizes or buffer counts, or raise CompilerParams(vmem_limit_bytes=...).")
+            f"Fix: reduce block sizes or buffer counts, or raise CompilerParams(vmem_limit_bytes=...).")
 
 
 # ------------------------------------------------------------------ loads and stores

@@ -355,22 +355,22 @@ def _describe(m, buf, a: _Acc) -> str:
 
 def _race_error(m, buf, o: _Acc, n: _Acc) -> RaceError:
   if o.dma is not None and o.kind == "r":
-    hint = ("The copy may still be reading its source: wait for it (.wait(), or .wait_send() for a remote "
-            "copy) before overwriting the source.")
+    hint = ("The copy may still be reading its source. Fix: wait for it (.wait(), or .wait_send() for a "
+            "remote copy) before overwriting the source.")
   elif o.dma is not None and not (n.dma is not None and n.kind != "r"):
-    hint = ("The copy's data lands at its completion: " +
-            ("it is a copy from another core/chip, so wait for it with .wait_recv() (its receive "
+    hint = ("The copy's data lands at its completion. " +
+            ("It is a copy from another core/chip. Fix: wait for it with .wait_recv() (its receive "
              "semaphore) before touching the destination." if o.tid != n.tid else
-             "wait for it (.wait()) before touching its destination."))
+             "Fix: wait for it (.wait()) before touching its destination."))
   elif o.dma is not None:
-    hint = ("Two DMAs write the same data concurrently: wait for the first (.wait()) before starting the "
-            "second, or give them disjoint destinations.")
+    hint = ("Two DMAs write the same data concurrently. Fix: wait for the first (.wait()) before starting "
+            "the second, or give them disjoint destinations.")
   elif n.dma is not None:
-    hint = ("The DMA was started on another core without waiting for that access: signal a semaphore "
-            "after the access and wait on it before starting the copy (or use a barrier).")
+    hint = ("The DMA was started on another core without waiting for that access. Fix: signal a "
+            "semaphore after the access and wait on it before starting the copy (or use a barrier).")
   else:
-    hint = ("Two cores access the same data with no synchronisation between them: order them with a "
-            "semaphore signal/wait or a barrier, or give each core its own block.")
+    hint = ("Two cores access the same data with no synchronisation between them. Fix: order them with "
+            "a semaphore signal/wait or a barrier, or give each core its own block.")
   where = str(buf.memory_space) if buf.core is None else \
       f"{buf.memory_space} of chip {buf.chip} core {buf.core.core_id}"
   return RaceError(

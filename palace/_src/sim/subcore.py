@@ -71,7 +71,7 @@ class SparseSubcore(TensorCore):
     """Wait until every vector subcore of this SparseCore reached its barrier of the same number."""
     if self.scalar:
       raise UnsupportedError("plsc.subcore_barrier() on a scalar subcore: it synchronises the vector "
-                             "subcores of a SparseCore (use a VectorSubcoreMesh).")
+                             "subcores of a SparseCore. Fix: call it in a plsc.VectorSubcoreMesh kernel.")
     m = self.machine
     sems = m.sems
     sem = sems.keyed(("subcore_barrier", self.share_group))
@@ -93,13 +93,13 @@ class SparseSubcore(TensorCore):
     spec = self.machine.chip.sparsecore
     if not 0 <= subcore < spec.num_subcores:
       raise UsageError(f"subcore_id={subcore} {self.where()}: a SparseCore has {spec.num_subcores} "
-                       f"vector subcores.")
+                       f"vector subcores. Fix: pass subcore_id in 0..{spec.num_subcores - 1}.")
     return self.machine.peer_buffer(buf, self.chip_index, SC_BASE + self.sc_index * spec.num_subcores
                                     + subcore, self)
 
   def matmul(self, m, k, n, batch, lhs_dtype, rhs_dtype, ready: int) -> int:
     raise UnsupportedError(
-        f"Matrix multiplication {self.where()}: SparseCores have no MXU. Run matmuls on the "
+        f"Matrix multiplication {self.where()}: SparseCores have no MXU. Fix: run matmuls on the "
         f"TensorCore (an MPMD pl.kernel can combine a TensorCoreMesh body with SparseCore bodies).")
 
 

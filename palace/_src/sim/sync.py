@@ -240,7 +240,7 @@ class Semaphores:
             f"{when} on chip {core.chip_index} core {core.core_id} in kernel '{core.kernel_name}'. " +
             ("" if dma is None else f"DMA {dma.req.describe} started at {fmt_site(dma.req.site)} was "
              f"never waited: did you forget .wait()? ") +
-            "Every signal (and every DMA's byte count) must be waited for; check the matching "
+            "Every signal (and every DMA's byte count) must be waited for. Fix: check the matching "
             "semaphore_wait / .wait() calls.")
 
 
@@ -252,7 +252,7 @@ def deadlock_error(kernel_name: str, cores) -> SyncError:
       row += f" at grid point {c.grid_stack[-1][0]}"
     rows.append(row)
   return SyncError(f"Deadlock in kernel '{kernel_name}': no core can make progress.\n  " +
-                   "\n  ".join(rows) + "\nEvery wait needs a matching signal or DMA start; check the "
+                   "\n  ".join(rows) + "\nEvery wait needs a matching signal or DMA start. Fix: check the "
                    "semaphore and byte counts.")
 
 

@@ -306,7 +306,7 @@ class TensorCore:
       raise SyncError(
           f"Kernel '{self.kernel_name}' made {len(self.unused_dmas)} DMA descriptor(s) that were never "
           f"started nor waited on chip {self.chip_index} core {self.core_id}: {text} made at "
-          f"{fmt_site(site)}. Call .start() and .wait() on it, or remove it (JAX logs 'AsyncCopyDescriptor "
-          f"was not used').")
+          f"{fmt_site(site)}. Fix: call .start() and .wait() on it, or remove it (JAX logs "
+          f"'AsyncCopyDescriptor was not used').")
     end = max(self.now, self.horizon, *self.unit_free.values())
     return end

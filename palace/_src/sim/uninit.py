@@ -76,7 +76,7 @@ class InitTracker:
         f"{fmt_site(user_site())}: element {first} of the loaded window (and {int(bad.shape[0]) - 1} "
         f"more) was never stored to or copied into; expected every element read to be written first. "
         f"Fresh VMEM/SMEM scratch and unwritten output blocks hold garbage on a TPU (NaN or "
-        f"{_sentinel_text(buf.dtype)} in palace); initialise the buffer or copy the data in first.")
+        f"{_sentinel_text(buf.dtype)} in palace). Fix: initialise the buffer or copy the data in first.")
 
   def moved(self, req) -> None:
     dm = self._view(req.dst_buf)
@@ -114,7 +114,7 @@ class InitTracker:
         raise UninitializedReadError(
             f"Kernel '{self.m.kernel_name}' left {int(bad.shape[0])} element(s) of {name} (shape "
             f"{root.shape}) never written, first at index {tuple(int(i) for i in bad[0])}; expected "
-            f"every output element to be written (they would hold garbage on a TPU). Check the grid "
+            f"every output element to be written (they would hold garbage on a TPU). Fix: check the grid "
             f"and the output index_map, or write every element of each output block.")
 
 

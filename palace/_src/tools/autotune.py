@@ -172,7 +172,8 @@ def autotune(make_call: Callable, configs: Iterable | dict, args=(), *, chip="v5
     else:
       if not tpu.reports:
         raise UsageError(f"autotune: config {format_config(cfg)} launched no kernel; make_call(config) "
-                         f"must return a callable that runs pl.pallas_call or pl.kernel.")
+                         f"must return a callable that runs pl.pallas_call or pl.kernel. Fix: return the "
+                         f"launch itself, e.g. lambda: pl.pallas_call(kernel, ...)(x).")
       trial = Trial(i, cfg, _combined(tpu.reports))
     trials.append(trial)
     if progress is not None:

@@ -98,13 +98,15 @@ def explore_schedules(fn, *args, seeds=range(8), chip="v5e", num_chips: int = 1,
   schedules whose outputs differ from the first one. Outputs are compared bit for bit (NaNs equal)."""
   for p in policies:
     if p not in DMA_POLICIES:
-      raise UsageError(f"explore_schedules policies={policies!r}: {p!r} is not one of {DMA_POLICIES}.")
+      raise UsageError(f"explore_schedules policies={policies!r}: {p!r} is not one of {DMA_POLICIES}. "
+                       f"Fix: pass policies from {DMA_POLICIES}.")
   validate.as_callable(fn, "explore_schedules(fn)", hint="pass the function to run, e.g. "
                        "pl.explore_schedules(lambda: f(x)).")
   seeds = [validate.as_int(s, f"explore_schedules seeds[{i}]") for i, s in enumerate(seeds)]
   runs = [(p, 0, p) for p in policies] + [("random", s, f"random seed={s}") for s in seeds]
   if not runs:
-    raise UsageError("explore_schedules needs at least one policy or seed to run.")
+    raise UsageError("explore_schedules needs at least one policy or seed to run. Fix: pass "
+                     "policies=('eager', 'on_wait') or seeds=(0, 1).")
   ref = None
   labels, divergences = [], []
   for policy, seed, label in runs:

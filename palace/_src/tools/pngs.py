@@ -17,7 +17,7 @@ def _need_matplotlib():
   try:
     import matplotlib  # noqa: F401
   except ImportError as e:  # pragma: no cover - depends on the environment
-    raise UsageError("Plots need matplotlib: pip install 'palace[cli]'.") from e
+    raise UsageError("Plots need matplotlib, which is not installed. Fix: pip install 'palace[cli]'.") from e
 
 
 def timeline_height_px(report) -> int:

@@ -93,8 +93,10 @@ def jit(fun=None, *, static_argnums=None, static_argnames=None, donate_argnums=N
         kwargs[k] = tree_map(_canonical, v)
     return fun(*args, **kwargs)
 
-  call.lower = _unsupported("jax.jit(...).lower", "palace runs functions eagerly; nothing is lowered.")
-  call.trace = _unsupported("jax.jit(...).trace", "palace runs functions eagerly; nothing is traced.")
+  call.lower = _unsupported("jax.jit(...).lower", "palace runs functions eagerly; nothing is lowered. "
+                            "Fix: call the function itself.")
+  call.trace = _unsupported("jax.jit(...).trace", "palace runs functions eagerly; nothing is traced. "
+                            "Fix: call the function itself.")
   return call
 
 
@@ -103,7 +105,8 @@ def _check_hashable(fname, what, v):
     hash(v)
   except TypeError:
     raise UsageError(f"jax.jit({fname}): static {what} = {type(v).__name__} is not hashable; JAX "
-                     f"requires hashable static arguments.") from None
+                     f"requires hashable static arguments. Fix: pass a tuple instead of a list (or a "
+                     f"frozen dataclass), or make it a regular argument.") from None
 
 
 def _unsupported(api, hint=""):
@@ -146,13 +149,15 @@ def vmap(fun, in_axes=0, out_axes=0, axis_name=None, axis_size=None, spmd_axis_n
   def call(*args):
     axes = in_axes if isinstance(in_axes, (list, tuple)) else (in_axes,) * len(args)
     if len(axes) != len(args):
-      raise UsageError(f"jax.vmap: {len(axes)} in_axes for {len(args)} arguments.")
+      raise UsageError(f"jax.vmap: {len(axes)} in_axes for {len(args)} arguments. Fix: give one "
+                       f"in_axes entry per argument (None for an unmapped one), or a single int.")
     flat = [tree_flatten(a) for a in args]
     sizes = {np.shape(x)[ax] for (leaves, _), ax in zip(flat, axes) if ax is not None for x in leaves}
     if axis_size is not None:
       sizes.add(axis_size)
     if len(sizes) != 1:
-      raise UsageError(f"jax.vmap: mapped axes have inconsistent sizes {sorted(sizes)}.")
+      raise UsageError(f"jax.vmap: mapped axes have inconsistent sizes {sorted(sizes)}. Fix: map "
+                       f"axes of one size, or mark the others None in in_axes.")
     n = sizes.pop()
     results = []
     for i in range(n):
@@ -325,7 +330,8 @@ def _key_words(key) -> np.ndarray:
   k = np.asarray(key)
   if k.dtype != np.uint32 or k.shape[-1:] != (2,):
     raise UsageError(f"jax.random: expected a key from jax.random.key/PRNGKey (uint32[2]); got "
-                     f"{k.dtype}{list(k.shape)}.")
+                     f"{k.dtype}{list(k.shape)}. Fix: make the key with jax.random.key(seed) or "
+                     f"jax.random.PRNGKey(seed), and split it with jax.random.split.")
   return k
 
 
@@ -359,7 +365,8 @@ def _shape(shape):
 def _float_dtype(dtype):
   d = dt.canonicalize(np.dtype(dtype))
   if not dt.is_float(d):
-    raise UsageError(f"jax.random: dtype must be a float type; got {d}.")
+    raise UsageError(f"jax.random: dtype must be a float type; got {d}. Fix: pass e.g. "
+                     f"dtype=jnp.float32 or jnp.bfloat16.")
   return d
 
 

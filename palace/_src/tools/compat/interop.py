@@ -16,7 +16,8 @@ def _jax():
     import jax  # noqa: PLC0415  (optional dependency)
   except ImportError:
     raise UnsupportedError("pl.jax_callable needs JAX (pip install jax; it needs Python >= 3.12); "
-                           "palace kernels themselves run without it.") from None
+                           "palace kernels themselves run without it. Fix: pip install jax (on Python >= "
+                           "3.12), or call the palace function directly on NumPy arrays.") from None
   return jax
 
 
@@ -75,7 +76,8 @@ def jax_callable(f, out_shape=None, *, tpu=None, vmap_method=None):
       r_leaves, r_td = tree_flatten(res)
       if len(r_leaves) != len(t_leaves):
         raise UsageError(f"pl.jax_callable({getattr(f, '__name__', 'f')}): returned {len(r_leaves)} "
-                         f"arrays; the declared out_shape has {len(t_leaves)}.")
+                         f"arrays; the declared out_shape has {len(t_leaves)}. Fix: declare one out_shape "
+                         f"entry per returned array.")
       return tree_unflatten(t_td, [np.asarray(r, t.dtype) for r, t in zip(r_leaves, t_leaves)])
 
     kw = {} if vmap_method is None else {"vmap_method": vmap_method}

@@ -93,13 +93,14 @@ class World:
       setattr(pmod, child, mod)
       return mod
     raise UnsupportedError(f"`import {name}`: palace's JAX shim (palace.compat.load_module) does not "
-                           f"provide the module `{name}`.")
+                           f"provide the module `{name}`. Fix: import the palace equivalent (palace, "
+                           f"palace.tpu, palace.numpy), or run the file with real JAX.")
 
   def _load_wheel_module(self, name: str):
     root = self.jax_root or _installed_jax_root()
     if root is None:
       raise UnsupportedError(f"`import {name}`: the kernels shipped in the jax wheel are loaded from its "
-                             f"source files, and no jax installation was found; pass the file path to "
+                             f"source files, and no jax installation was found. Fix: pass the file path to "
                              f"palace.compat.load_module instead.")
     rel = Path(*name.split("."))
     pkg_init = root / rel / "__init__.py"
@@ -110,7 +111,8 @@ class World:
     f = root / rel.with_suffix(".py")
     if f.is_file():
       return self.exec_file(name, f)
-    raise UnsupportedError(f"`import {name}`: no such module in the jax sources at {root}.")
+    raise UnsupportedError(f"`import {name}`: no such module in the jax sources at {root}. Fix: check "
+                           f"the module name against that jax version's sources.")
 
   # -------------------------------------------------------------- modules
   def new_module(self, name, file, package=False, path=None):
@@ -189,24 +191,27 @@ def _resolve(path_or_name) -> tuple[Path, str, Path | None]:
   if s == "jax" or s.startswith("jax."):
     if not s.startswith(_OPS + "."):
       raise UsageError(f"palace.compat.load_module({s!r}): only kernel modules under {_OPS} can be "
-                       f"loaded by name from the jax wheel.")
+                       f"loaded by name from the jax wheel. Fix: pass a name under {_OPS}, or a file path.")
     root = _installed_jax_root()
     if root is None:
       raise UsageError(f"palace.compat.load_module({s!r}): jax is not installed, so its kernel files "
-                       f"cannot be found; pass a file path.")
+                       f"cannot be found. Fix: pass a file path (or pip install jax).")
     rel = Path(*s.split("."))
     f = root / rel.with_suffix(".py")
     if not f.is_file():
       f = root / rel / "__init__.py"
     if not f.is_file():
-      raise UsageError(f"palace.compat.load_module({s!r}): no such module in {root}.")
+      raise UsageError(f"palace.compat.load_module({s!r}): no such module in {root}. Fix: check the "
+                       f"module name, or pass a file path.")
     return f, s, root
   try:
     spec = importlib.util.find_spec(s)
   except (ImportError, ValueError) as e:
-    raise UsageError(f"palace.compat.load_module({s!r}): {e}") from None
+    raise UsageError(f"palace.compat.load_module({s!r}): {e}. Fix: pass an importable module name "
+                     f"or a file path.") from None
   if spec is None or not spec.origin or not spec.origin.endswith(".py"):
-    raise UsageError(f"palace.compat.load_module({s!r}): no Python source file found for it.")
+    raise UsageError(f"palace.compat.load_module({s!r}): no Python source file found for it. Fix: "
+                     f"pass the path of the .py file.")
   return Path(spec.origin), s, _root_of(Path(spec.origin))
 
 
@@ -260,7 +265,8 @@ def run_path(path, run_name: str = "__main__", argv=None):
   to [path, *argv] while it runs."""
   p = Path(path).resolve()
   if not p.is_file():
-    raise UsageError(f"palace.compat.run_path({path!r}): no such file.")
+    raise UsageError(f"palace.compat.run_path({path!r}): no such file. Fix: check the path "
+                     f"(relative paths start at {os.getcwd()}).")
   root = _root_of(p)
   world = World(root) if root is not None else World(None, p.parent, None)
   old_argv, old_path = sys.argv, list(sys.path)

@@ -45,7 +45,7 @@ class ShimModule(types.ModuleType):
         pass
     raise host.MissingNameError(
         f"`{self.__name__}.{attr}` is not provided by palace's JAX shim (palace.compat.load_module). "
-        f"Use the palace equivalent if there is one, or report the missing name.")
+        f"Fix: use the palace equivalent if there is one, or report the missing name.")
 
   def __dir__(self):
     out = set(self.__dict__)
@@ -59,7 +59,8 @@ def _host_only(name, fn):
   def f(*args, **kwargs):
     if executor.maybe_current() is not None:
       raise UnsupportedError.feature(f"jnp.{name} inside a kernel",
-                                     "palace provides it only on the host (outside kernels).")
+                                     "palace provides it only on the host (outside kernels). Fix: call it "
+                                     "outside the kernel body and pass the result in.")
     out = fn(*[_to_np(a) for a in args], **{k: _to_np(v) for k, v in kwargs.items()})
     return _narrow(out)
   f.__name__ = name
@@ -145,7 +146,7 @@ def _axis_size(axis_name):
   for a in names:
     if a not in mesh.shape:
       raise UsageError(f"lax.axis_size({axis_name!r}): unknown axis {a!r}; the shard_map mesh has "
-                       f"axes {mesh.axis_names}.")
+                       f"axes {mesh.axis_names}. Fix: name one of those axes.")
     n *= mesh.shape[a]
   return n
 
