@@ -50,7 +50,7 @@ class _Op:
   __slots__ = ("m", "hbm", "slots", "sems", "is_out", "blocks", "cur", "cur_slot", "fetched",
                "next_slot", "pending_wb", "written", "squeezed", "sem_views", "mode", "nbuf",
                "bounds_checks", "views", "all_blocks", "sem_targets", "simple", "whole_blocks",
-               "block_nbytes", "reuse_views", "block_is_array", "full_slices", "ex")
+               "block_nbytes", "prepare", "block_is_array", "full_slices", "ex")
 
   def __init__(self, m: BlockMapping, hbm: Ref, is_out: bool):
     self.m, self.hbm, self.is_out = m, hbm, is_out
@@ -78,7 +78,9 @@ class _Op:
     # whole blocks spanning a whole dim always index it with the same slice
     self.full_slices = tuple(slice(0, dim) if size == dim else None
                              for (_, size, _), dim in zip(m.dims, m.array_shape))
-    self.reuse_views = True  # False when no block is visited twice: caching views would only cost
+    # the prepared copy of a block: cached per (block, slot), or made afresh when no block is visited
+    # twice (caching would only cost)
+    self.prepare = _cached_copy
 
 
 class _BlockLabels:
@@ -95,24 +97,23 @@ class _BlockLabels:
     return iter((self.vmem, hbm) if self.to_hbm else (hbm, self.vmem))
 
 
-def _copy(op: _Op, offsets, slot: int, to_hbm: bool):
-  """The prepared copy (lang/tpu_primitives.PreparedCopy) of the block at `offsets` into slot `slot`
-  (or back, `to_hbm`), or None when no part of the block is in bounds: the copy make_async_copy would
-  make for the same views, semaphore and site. Cached per (block, slot) when blocks are revisited
-  (matmul operands): a prepared copy is never modified once built (only the executor's `fast` cache on
-  its request is filled in), so one object serves every copy of the same block."""
-  if op.reuse_views:
-    key = (offsets, slot)
-    hit = op.views.get(key)
-    if hit is None:
-      if len(op.views) > 4096:
-        op.views.clear()
-      hit = op.views[key] = (_prepare(op, offsets, slot, to_hbm),)
-    return hit[0]
-  return _prepare(op, offsets, slot, to_hbm)
+def _cached_copy(op: _Op, offsets, slot: int, to_hbm: bool):
+  """`_prepare`, cached per (block, slot) for operands whose blocks are revisited (matmul operands): a
+  prepared copy is never modified once built (only the executor's `fast` cache on its request is
+  filled in), so one object serves every copy of the same block."""
+  key = (offsets, slot)
+  hit = op.views.get(key)
+  if hit is None:
+    if len(op.views) > 4096:
+      op.views.clear()
+    hit = op.views[key] = (_prepare(op, offsets, slot, to_hbm),)
+  return hit[0]
 
 
 def _prepare(op: _Op, offsets, slot: int, to_hbm: bool):
+  """The prepared copy (lang/tpu_primitives.PreparedCopy) of the block at `offsets` into slot `slot`
+  (or back, `to_hbm`), or None when no part of the block is in bounds: the copy make_async_copy would
+  make for the same views, semaphore and site. Operands call it through `op.prepare` (cached or not)."""
   if op.whole_blocks:   # = Ref.window(op.hbm.buf, offsets, vmem.shape), only its NumPy index built
     vmem = op.slots[slot]
     buf = op.hbm.buf
@@ -295,7 +296,7 @@ def run_pipeline(body, grid, in_maps, out_maps, in_refs, out_refs, *, lead_args=
       if o.mode != _RAW:
         o.all_blocks = _vectorised_offsets(o, points)
         if o.all_blocks is not None and len(set(o.all_blocks)) == len(o.all_blocks):
-          o.reuse_views = False
+          o.prepare = _prepare
 
   if not n:
     return
@@ -351,13 +352,13 @@ def _check_allocations(allocations, types, ops):
   return out
 
 
-def _start_fetch(op: _Op, step: int, offsets) -> None:
+def _start_fetch(op: _Op, step: int, offsets, dma_start) -> None:
   """Start the copy of the block at `offsets` (the block of step `step`) into the next free slot."""
   slot = op.next_slot
   op.next_slot = slot + 1 if slot + 1 < op.nbuf else 0
-  copy = _copy(op, offsets, slot, False)
+  copy = op.prepare(op, offsets, slot, False)
   if copy is not None:
-    copy.start()
+    dma_start(copy)
   op.fetched[step] = (slot, copy)
 
 
@@ -394,6 +395,9 @@ def _steps(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tai
   out_plan = [(k, o, o.all_blocks, o.mode == _ALIAS) for k, o in outs]
   grid_stack = ex.grid_stack
   grid_step = ex.grid_step
+  # the core's own DMA start / wait, bound once: what PreparedCopy.start() / .wait() call on the
+  # current core (lang/tpu_primitives.py), without looking the core up per copy
+  dma_start, dma_wait = ex.dma_start, ex.dma_wait
   last = n - 1
   for s in range(n):
     point = points[s]
@@ -405,7 +409,7 @@ def _steps(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tai
       if s not in o.fetched:
         cur = o.all_blocks[s] if o.all_blocks is not None else _block_offsets(o, s, point, index_args, "")
         if s == 0 or cur != o.cur:
-          _start_fetch(o, s, cur)
+          _start_fetch(o, s, cur, dma_start)
     for k, o, blocks, alias, ahead in in_plan:
       cur = blocks[s] if blocks is not None else _block_offsets(o, s, point, index_args, "")
       if alias:
@@ -416,7 +420,7 @@ def _steps(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tai
       if s == 0 or cur != o.cur:
         slot, copy = o.fetched.pop(s)
         if copy is not None:
-          copy.wait()
+          dma_wait(copy)
         o.cur, o.cur_slot = cur, slot
         call_args[k] = o.slots[slot]
       if ahead == 1:   # double buffering: only the next step's block
@@ -424,13 +428,13 @@ def _steps(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tai
         if t < n:
           nxt = blocks[t] if blocks is not None else _block_offsets(o, t, points[t], index_args, "")
           if nxt != cur and t not in o.fetched:
-            _start_fetch(o, t, nxt)
+            _start_fetch(o, t, nxt, dma_start)
       elif ahead:      # lookahead: every changed block that fits the free slots
         prev = cur
         for t in range(s + 1, min(n, s + o.nbuf)):
           nxt = blocks[t] if blocks is not None else _block_offsets(o, t, points[t], index_args, "")
           if nxt != prev and t not in o.fetched:
-            _start_fetch(o, t, nxt)
+            _start_fetch(o, t, nxt, dma_start)
           prev = nxt
     # ---- outputs: pick the slot for this step's block
     for k, o, blocks, alias in out_plan:
@@ -451,7 +455,7 @@ def _steps(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tai
         o.next_slot = slot + 1 if slot + 1 < o.nbuf else 0
         wb = o.pending_wb.pop(slot, None)
         if wb is not None:
-          wb.wait()
+          dma_wait(wb)
         o.cur, o.cur_slot = cur, slot
         call_args[k] = o.slots[slot]
     if tail_kwargs:
@@ -466,18 +470,18 @@ def _steps(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tai
         if nxt == o.cur:
           continue
       o.written.add(o.cur)
-      copy = _copy(o, o.cur, o.cur_slot, True)
+      copy = o.prepare(o, o.cur, o.cur_slot, True)
       if copy is not None:
-        copy.start()
+        dma_start(copy)
         if sync:
-          copy.wait()
+          dma_wait(copy)
         else:
           o.pending_wb[o.cur_slot] = copy
     for o in per_step:
       o.blocks.pop(s, None)
   for o in ops_out:
     for copy in o.pending_wb.values():
-      copy.wait()
+      dma_wait(copy)
     o.pending_wb.clear()
 
 

@@ -32,7 +32,9 @@ class PreparedCopy(DmaRequest):
   request itself, with the language's start/wait. They only hand this request to the current core, so
   they are cheap and one prepared copy can be issued again and again (the pipeline re-issues the copy
   of a revisited block). Made by `AsyncCopyDescriptor.prepare()` and `prepare_window_copy`. It keeps
-  no reference to the core (traces keep requests; they must not keep machines alive)."""
+  no reference to the core (traces keep requests; they must not keep machines alive). A loop that
+  issues many copies on one core (the pipeline's step loop) may bind that core's `dma_start` /
+  `dma_wait` once and hand the request to them itself: exactly what `start()` / `wait()` do."""
   __slots__ = ()
 
   def start(self) -> None:

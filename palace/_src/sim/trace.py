@@ -40,11 +40,12 @@ class Trace:
     if self.dropped == 1:
       events.append((tid, "scalar", "trace truncated (event cap reached)", start, start, None))
 
-  def count_dma(self, kind: str, nbytes: int) -> None:
+  def count_dma(self, kind: str, nbytes: int, copies: int = 1) -> None:
+    """`copies` DMAs of `kind` moving `nbytes` in all (kept whether or not tracing is on)."""
     per_kind = self._dma_bytes
     per_kind[kind] = per_kind.get(kind, 0) + int(nbytes)
     per_kind = self._dma_count
-    per_kind[kind] = per_kind.get(kind, 0) + 1
+    per_kind[kind] = per_kind.get(kind, 0) + copies
 
 
 def thread_id(core, unit: str) -> int:
