@@ -50,7 +50,7 @@ class _Op:
   __slots__ = ("m", "hbm", "slots", "sems", "is_out", "blocks", "cur", "cur_slot", "fetched",
                "next_slot", "pending_wb", "written", "squeezed", "sem_views", "mode", "nbuf",
                "bounds_checks", "views", "all_blocks", "sem_targets", "simple", "whole_blocks",
-               "block_nbytes", "prepare", "block_is_array", "full_slices", "ex")
+               "block_nbytes", "prepare", "block_is_array", "full_slices", "ex", "last_copy")
 
   def __init__(self, m: BlockMapping, hbm: Ref, is_out: bool):
     self.m, self.hbm, self.is_out = m, hbm, is_out
@@ -81,20 +81,20 @@ class _Op:
     # the prepared copy of a block: cached per (block, slot), or made afresh when no block is visited
     # twice (caching would only cost)
     self.prepare = _cached_copy
+    self.last_copy = []     # per slot: the last whole-block copy prepared for it (or None)
 
 
-class _BlockLabels:
+class _BlockLabels(tuple):
   """The (source, destination) labels of a whole-block pipeline copy, as DmaRequest.describe reads
   them: the slot ref and the view Ref.window(buf, offsets, shape) of the operand, which is built only
-  when a message or trace export asks for it."""
-  __slots__ = ("buf", "offsets", "shape", "vmem", "to_hbm")
-
-  def __init__(self, buf, offsets, shape, vmem, to_hbm):
-    self.buf, self.offsets, self.shape, self.vmem, self.to_hbm = buf, offsets, shape, vmem, to_hbm
+  when a message or trace export asks for it. Made from the tuple (buf, offsets, shape, vmem, to_hbm)
+  (a tuple subclass: made without a Python-level constructor, once per pipeline copy)."""
+  __slots__ = ()
 
   def __iter__(self):
-    hbm = Ref.window(self.buf, self.offsets, self.shape)
-    return iter((self.vmem, hbm) if self.to_hbm else (hbm, self.vmem))
+    buf, offsets, shape, vmem, to_hbm = tuple.__iter__(self)
+    hbm = Ref.window(buf, offsets, shape)
+    return iter((vmem, hbm) if to_hbm else (hbm, vmem))
 
 
 def _cached_copy(op: _Op, offsets, slot: int, to_hbm: bool):
@@ -126,12 +126,16 @@ def _prepare(op: _Op, offsets, slot: int, to_hbm: bool):
              full[1] or slice(offsets[1], offsets[1] + shape[1]))
     else:
       idx = tuple([slice(o, o + z) for o, z in zip(offsets, shape)])
-    labels = _BlockLabels(buf, offsets, shape, vmem, to_hbm)
+    labels = _BlockLabels((buf, offsets, shape, vmem, to_hbm))
+    like = op.last_copy[slot]   # (same spaces and semaphore: the executor's cache carries over)
     if to_hbm:
-      return prepare_window_copy(vmem.buf, vmem._np_index, buf, idx, shape, op.sem_targets[slot],
-                               nbytes=op.block_nbytes, site=_PIPELINE_SITE, labels=labels)
-    return prepare_window_copy(buf, idx, vmem.buf, vmem._np_index, shape, op.sem_targets[slot],
-                               nbytes=op.block_nbytes, site=_PIPELINE_SITE, labels=labels)
+      req = prepare_window_copy(vmem.buf, vmem._np_index, buf, idx, shape, op.sem_targets[slot],
+                                nbytes=op.block_nbytes, site=_PIPELINE_SITE, labels=labels, like=like)
+    else:
+      req = prepare_window_copy(buf, idx, vmem.buf, vmem._np_index, shape, op.sem_targets[slot],
+                                nbytes=op.block_nbytes, site=_PIPELINE_SITE, labels=labels, like=like)
+    op.last_copy[slot] = req
+    return req
   views = _make_copy_views(op, offsets, slot)
   if views is None:
     return None
@@ -312,6 +316,7 @@ def run_pipeline(body, grid, in_maps, out_maps, in_refs, out_refs, *, lead_args=
           r.buf.name = f"{o.m.name} block"
       o.sem_views = [sems.at[i] for i in range(o.nbuf)]
       o.sem_targets = [sem_target(v, "DMA semaphore") for v in o.sem_views]
+      o.last_copy = [None] * o.nbuf
     ex.grid_stack.append((points[0], grid))
     try:
       _steps(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tail_kwargs or {},

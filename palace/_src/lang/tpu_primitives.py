@@ -50,14 +50,19 @@ class PreparedCopy(DmaRequest):
 
 
 def prepare_window_copy(src_buf, src_index, dst_buf, dst_index, shape, sem, *, nbytes: int, site,
-                        labels) -> PreparedCopy:
+                        labels, like=None) -> PreparedCopy:
   """A local copy between two windows given in resolved form: (buffer, NumPy index) each, with the
   destination semaphore as a (buffer, index) slot from `sem_target`. For callers that already proved
   what `make_async_copy` checks (equal shapes and dtypes, in-bounds windows), such as the pipeline,
   whose block slots are allocated with the block's shape and dtype. `labels` is a (source, destination)
-  pair of ref-like objects with `origin()`, read only when a message names the copy."""
-  return PreparedCopy(src_buf, src_index, dst_buf, dst_index, shape, sem[0], sem[1], None, (), False, None,
-                      None, site, labels, nbytes)
+  pair of ref-like objects with `origin()`, read only when a message names the copy. `like`: an earlier
+  copy between the same memory spaces with the same semaphore (the pipeline's previous copy into the
+  same slot), whose executor cache the new copy shares (DmaRequest.fast)."""
+  req = PreparedCopy(src_buf, src_index, dst_buf, dst_index, shape, sem[0], sem[1], None, (), False, None,
+                     None, site, labels, nbytes)
+  if like is not None:
+    req.fast = like.fast
+  return req
 
 
 class AsyncCopyDescriptor:

@@ -89,15 +89,15 @@ def reserve(channels, start: float, nbytes: float) -> tuple[float, float]:
     return t, t
   bisect_right = bisect.bisect_right
   while True:
-    for c, _ in channels:
-      if c.times[-1] > t + _EPS:
+    avail = _INF   # the best free rate from t on, if nothing is reserved after t on any channel
+    te = t + _EPS
+    for c, w in channels:
+      if c.times[-1] > te:
         break
+      a = (c.bytes_per_cycle - c.used[-1]) / w
+      if a < avail:
+        avail = a
     else:  # nothing reserved from t on: run at the best free rate until done
-      avail = _INF
-      for c, w in channels:
-        a = (c.bytes_per_cycle - c.used[-1]) / w
-        if a < avail:
-          avail = a
       if avail > _EPS:
         if first is None:
           first = t

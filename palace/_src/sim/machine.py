@@ -233,7 +233,7 @@ class Machine:
     s, e, done = self.topology.transfer(core.chip_index, dst_chip, start, nbytes)
     self.ici_bytes += nbytes
     if self.trace.on:
-      self.trace.add(core.tid, "ici", f"to chip {dst_chip}", s, done, {"bytes": nbytes})
+      self.trace.add((core.tid, "ici", f"to chip {dst_chip}", s, done, {"bytes": nbytes}))
     return s, e, done
 
   def ici_signal_cycle(self, src_chip, dst_chip, now):

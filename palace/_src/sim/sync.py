@@ -209,7 +209,7 @@ class Semaphores:
     if t > now:
       trace = core.trace
       if trace.on:
-        trace.add(core.tid, "scalar", f"wait {buf.name}", now, t)
+        trace.add((core.tid, "scalar", f"wait {buf.name}", now, t, None))
       now = t
     if decrement:
       sem.value -= value

@@ -118,7 +118,7 @@ class TensorCore:
         self.horizon = done
     trace = self.trace
     if trace.on:
-      trace.add(self.tid, unit, what, start, end)
+      trace.add((self.tid, unit, what, start, end, None))
     return done
 
   def vector_op(self, op_class: str, shape, dtype, ready: int) -> int:
@@ -292,7 +292,7 @@ class TensorCore:
     self.unit_busy["scalar"] += cycles
     trace = self.trace
     if trace.on:
-      trace.add(self.tid, "scalar", "grid step", start, self.now)
+      trace.add((self.tid, "scalar", "grid step", start, self.now, None))
 
   # ------------------------------------------------------------------ end of kernel
   def _check_sem_zero(self, buf, when: str) -> None:
