@@ -138,7 +138,9 @@ class DmaRequest:
     self.device_id, self.core_index, self.site, self.labels = device_id, core_index, site, labels
     self.nbytes, self.src_indices, self.dst_indices = nbytes, src_indices, dst_indices
     self.mask = None  # indexed DMAs: which index entries are used (None: all)
-    self.fast = None  # the executor's per-request cache (sim/tensorcore.py dma_start)
+    self.fast = None  # the executor's cache (sim/dma.DmaEngine.start); it depends only on the memory
+                      # spaces and the destination semaphore, so a request with the same ones may
+                      # start with another's (lang/tpu_primitives.prepare_window_copy(like=...))
 
   @property
   def describe(self) -> str:

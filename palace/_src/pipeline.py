@@ -50,7 +50,7 @@ class _Op:
   __slots__ = ("m", "hbm", "slots", "sems", "is_out", "blocks", "cur", "cur_slot", "fetched",
                "next_slot", "pending_wb", "written", "squeezed", "sem_views", "mode", "nbuf",
                "bounds_checks", "views", "all_blocks", "sem_targets", "simple", "whole_blocks",
-               "block_nbytes", "reuse_views", "block_is_array", "full_slices", "ex")
+               "block_nbytes", "prepare", "block_is_array", "full_slices", "ex", "last_copy")
 
   def __init__(self, m: BlockMapping, hbm: Ref, is_out: bool):
     self.m, self.hbm, self.is_out = m, hbm, is_out
@@ -78,41 +78,42 @@ class _Op:
     # whole blocks spanning a whole dim always index it with the same slice
     self.full_slices = tuple(slice(0, dim) if size == dim else None
                              for (_, size, _), dim in zip(m.dims, m.array_shape))
-    self.reuse_views = True  # False when no block is visited twice: caching views would only cost
+    # the prepared copy of a block: cached per (block, slot), or made afresh when no block is visited
+    # twice (caching would only cost)
+    self.prepare = _cached_copy
+    self.last_copy = []     # per slot: the last whole-block copy prepared for it (or None)
 
 
-class _BlockLabels:
+class _BlockLabels(tuple):
   """The (source, destination) labels of a whole-block pipeline copy, as DmaRequest.describe reads
   them: the slot ref and the view Ref.window(buf, offsets, shape) of the operand, which is built only
-  when a message or trace export asks for it."""
-  __slots__ = ("buf", "offsets", "shape", "vmem", "to_hbm")
-
-  def __init__(self, buf, offsets, shape, vmem, to_hbm):
-    self.buf, self.offsets, self.shape, self.vmem, self.to_hbm = buf, offsets, shape, vmem, to_hbm
+  when a message or trace export asks for it. Made from the tuple (buf, offsets, shape, vmem, to_hbm)
+  (a tuple subclass: made without a Python-level constructor, once per pipeline copy)."""
+  __slots__ = ()
 
   def __iter__(self):
-    hbm = Ref.window(self.buf, self.offsets, self.shape)
-    return iter((self.vmem, hbm) if self.to_hbm else (hbm, self.vmem))
+    buf, offsets, shape, vmem, to_hbm = tuple.__iter__(self)
+    hbm = Ref.window(buf, offsets, shape)
+    return iter((vmem, hbm) if to_hbm else (hbm, vmem))
 
 
-def _copy(op: _Op, offsets, slot: int, to_hbm: bool):
-  """The prepared copy (lang/tpu_primitives.PreparedCopy) of the block at `offsets` into slot `slot`
-  (or back, `to_hbm`), or None when no part of the block is in bounds: the copy make_async_copy would
-  make for the same views, semaphore and site. Cached per (block, slot) when blocks are revisited
-  (matmul operands): a prepared copy is never modified once built (only the executor's `fast` cache on
-  its request is filled in), so one object serves every copy of the same block."""
-  if op.reuse_views:
-    key = (offsets, slot)
-    hit = op.views.get(key)
-    if hit is None:
-      if len(op.views) > 4096:
-        op.views.clear()
-      hit = op.views[key] = (_prepare(op, offsets, slot, to_hbm),)
-    return hit[0]
-  return _prepare(op, offsets, slot, to_hbm)
+def _cached_copy(op: _Op, offsets, slot: int, to_hbm: bool):
+  """`_prepare`, cached per (block, slot) for operands whose blocks are revisited (matmul operands): a
+  prepared copy is never modified once built (only the executor's `fast` cache on its request is
+  filled in), so one object serves every copy of the same block."""
+  key = (offsets, slot)
+  hit = op.views.get(key)
+  if hit is None:
+    if len(op.views) > 4096:
+      op.views.clear()
+    hit = op.views[key] = (_prepare(op, offsets, slot, to_hbm),)
+  return hit[0]
 
 
 def _prepare(op: _Op, offsets, slot: int, to_hbm: bool):
+  """The prepared copy (lang/tpu_primitives.PreparedCopy) of the block at `offsets` into slot `slot`
+  (or back, `to_hbm`), or None when no part of the block is in bounds: the copy make_async_copy would
+  make for the same views, semaphore and site. Operands call it through `op.prepare` (cached or not)."""
   if op.whole_blocks:   # = Ref.window(op.hbm.buf, offsets, vmem.shape), only its NumPy index built
     vmem = op.slots[slot]
     buf = op.hbm.buf
@@ -125,12 +126,16 @@ def _prepare(op: _Op, offsets, slot: int, to_hbm: bool):
              full[1] or slice(offsets[1], offsets[1] + shape[1]))
     else:
       idx = tuple([slice(o, o + z) for o, z in zip(offsets, shape)])
-    labels = _BlockLabels(buf, offsets, shape, vmem, to_hbm)
+    labels = _BlockLabels((buf, offsets, shape, vmem, to_hbm))
+    like = op.last_copy[slot]   # (same spaces and semaphore: the executor's cache carries over)
     if to_hbm:
-      return prepare_window_copy(vmem.buf, vmem._np_index, buf, idx, shape, op.sem_targets[slot],
-                               nbytes=op.block_nbytes, site=_PIPELINE_SITE, labels=labels)
-    return prepare_window_copy(buf, idx, vmem.buf, vmem._np_index, shape, op.sem_targets[slot],
-                               nbytes=op.block_nbytes, site=_PIPELINE_SITE, labels=labels)
+      req = prepare_window_copy(vmem.buf, vmem._np_index, buf, idx, shape, op.sem_targets[slot],
+                                nbytes=op.block_nbytes, site=_PIPELINE_SITE, labels=labels, like=like)
+    else:
+      req = prepare_window_copy(buf, idx, vmem.buf, vmem._np_index, shape, op.sem_targets[slot],
+                                nbytes=op.block_nbytes, site=_PIPELINE_SITE, labels=labels, like=like)
+    op.last_copy[slot] = req
+    return req
   views = _make_copy_views(op, offsets, slot)
   if views is None:
     return None
@@ -307,7 +312,7 @@ def run_pipeline(body, grid, in_maps, out_maps, in_refs, out_refs, *, lead_args=
       if o.mode != _RAW:
         o.all_blocks = _vectorised_offsets(o, points)
         if o.all_blocks is not None and len(set(o.all_blocks)) == len(o.all_blocks):
-          o.reuse_views = False
+          o.prepare = _prepare
 
   if not n:
     return
@@ -323,6 +328,7 @@ def run_pipeline(body, grid, in_maps, out_maps, in_refs, out_refs, *, lead_args=
           r.buf.name = f"{o.m.name} block"
       o.sem_views = [sems.at[i] for i in range(o.nbuf)]
       o.sem_targets = [sem_target(v, "DMA semaphore") for v in o.sem_views]
+      o.last_copy = [None] * o.nbuf
     ex.grid_stack.append((points[0], grid))
     try:
       _steps(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tail_kwargs or {},
@@ -363,13 +369,13 @@ def _check_allocations(allocations, types, ops):
   return out
 
 
-def _start_fetch(op: _Op, step: int, offsets) -> None:
+def _start_fetch(op: _Op, step: int, offsets, dma_start) -> None:
   """Start the copy of the block at `offsets` (the block of step `step`) into the next free slot."""
   slot = op.next_slot
   op.next_slot = slot + 1 if slot + 1 < op.nbuf else 0
-  copy = _copy(op, offsets, slot, False)
+  copy = op.prepare(op, offsets, slot, False)
   if copy is not None:
-    copy.start()
+    dma_start(copy)
   op.fetched[step] = (slot, copy)
 
 
@@ -406,6 +412,9 @@ def _steps(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tai
   out_plan = [(k, o, o.all_blocks, o.mode == _ALIAS) for k, o in outs]
   grid_stack = ex.grid_stack
   grid_step = ex.grid_step
+  # the core's own DMA start / wait, bound once: what PreparedCopy.start() / .wait() call on the
+  # current core (lang/tpu_primitives.py), without looking the core up per copy
+  dma_start, dma_wait = ex.dma_start, ex.dma_wait
   last = n - 1
   for s in range(n):
     point = points[s]
@@ -417,7 +426,7 @@ def _steps(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tai
       if s not in o.fetched:
         cur = o.all_blocks[s] if o.all_blocks is not None else _block_offsets(o, s, point, index_args, "")
         if s == 0 or cur != o.cur:
-          _start_fetch(o, s, cur)
+          _start_fetch(o, s, cur, dma_start)
     for k, o, blocks, alias, ahead in in_plan:
       cur = blocks[s] if blocks is not None else _block_offsets(o, s, point, index_args, "")
       if alias:
@@ -428,7 +437,7 @@ def _steps(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tai
       if s == 0 or cur != o.cur:
         slot, copy = o.fetched.pop(s)
         if copy is not None:
-          copy.wait()
+          dma_wait(copy)
         o.cur, o.cur_slot = cur, slot
         call_args[k] = o.slots[slot]
       if ahead == 1:   # double buffering: only the next step's block
@@ -436,13 +445,13 @@ def _steps(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tai
         if t < n:
           nxt = blocks[t] if blocks is not None else _block_offsets(o, t, points[t], index_args, "")
           if nxt != cur and t not in o.fetched:
-            _start_fetch(o, t, nxt)
+            _start_fetch(o, t, nxt, dma_start)
       elif ahead:      # lookahead: every changed block that fits the free slots
         prev = cur
         for t in range(s + 1, min(n, s + o.nbuf)):
           nxt = blocks[t] if blocks is not None else _block_offsets(o, t, points[t], index_args, "")
           if nxt != prev and t not in o.fetched:
-            _start_fetch(o, t, nxt)
+            _start_fetch(o, t, nxt, dma_start)
           prev = nxt
     # ---- outputs: pick the slot for this step's block
     for k, o, blocks, alias in out_plan:
@@ -463,7 +472,7 @@ def _steps(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tai
         o.next_slot = slot + 1 if slot + 1 < o.nbuf else 0
         wb = o.pending_wb.pop(slot, None)
         if wb is not None:
-          wb.wait()
+          dma_wait(wb)
         o.cur, o.cur_slot = cur, slot
         call_args[k] = o.slots[slot]
     if tail_kwargs:
@@ -478,18 +487,18 @@ def _steps(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tai
         if nxt == o.cur:
           continue
       o.written.add(o.cur)
-      copy = _copy(o, o.cur, o.cur_slot, True)
+      copy = o.prepare(o, o.cur, o.cur_slot, True)
       if copy is not None:
-        copy.start()
+        dma_start(copy)
         if sync:
-          copy.wait()
+          dma_wait(copy)
         else:
           o.pending_wb[o.cur_slot] = copy
     for o in per_step:
       o.blocks.pop(s, None)
   for o in ops_out:
     for copy in o.pending_wb.values():
-      copy.wait()
+      dma_wait(copy)
     o.pending_wb.clear()
 
 

@@ -113,57 +113,58 @@ _LEAF = TreeDef("leaf", None, ())
 
 def tree_flatten(tree: Any, is_leaf: Callable[[Any], bool] | None = None):
   leaves: list = []
+  return leaves, _flatten(tree, is_leaf, leaves)
 
-  def rec(x):
-    if is_leaf is not None and is_leaf(x):
-      leaves.append(x)
-      return _LEAF
-    if x is None:
-      return TreeDef("none", None, ())
-    if isinstance(x, tuple) and hasattr(x, "_fields"):
-      return TreeDef("namedtuple", type(x), tuple(rec(c) for c in x))
-    if isinstance(x, (tuple, list)):
-      return TreeDef(type(x).__name__, None, tuple(rec(c) for c in x))
-    if isinstance(x, dict):
-      keys = tuple(sorted(x))
-      return TreeDef("dict", keys, tuple(rec(x[k]) for k in keys))
-    node = _NODES.get(type(x))
-    if node is not None:
-      children, aux = node[0](x)
-      return TreeDef("custom", (type(x), aux), tuple(rec(c) for c in children))
-    if "jax" in sys.modules:
-      jax_node = _jax_node(x)
-      if jax_node is not None:
-        return TreeDef("jax", (type(x), jax_node[1]), tuple(rec(c) for c in jax_node[0]))
+
+# (module-level recursion: a nested function that calls itself is a reference cycle, garbage for the
+# cyclic GC at every call, and the pipelines flatten their operands at every step)
+def _flatten(x, is_leaf, leaves: list) -> TreeDef:
+  if is_leaf is not None and is_leaf(x):
     leaves.append(x)
     return _LEAF
-
-  treedef = rec(tree)
-  return leaves, treedef
+  if x is None:
+    return TreeDef("none", None, ())
+  if isinstance(x, tuple) and hasattr(x, "_fields"):
+    return TreeDef("namedtuple", type(x), tuple([_flatten(c, is_leaf, leaves) for c in x]))
+  if isinstance(x, (tuple, list)):
+    return TreeDef(type(x).__name__, None, tuple([_flatten(c, is_leaf, leaves) for c in x]))
+  if isinstance(x, dict):
+    keys = tuple(sorted(x))
+    return TreeDef("dict", keys, tuple([_flatten(x[k], is_leaf, leaves) for k in keys]))
+  node = _NODES.get(type(x))
+  if node is not None:
+    children, aux = node[0](x)
+    return TreeDef("custom", (type(x), aux), tuple([_flatten(c, is_leaf, leaves) for c in children]))
+  if "jax" in sys.modules:
+    jax_node = _jax_node(x)
+    if jax_node is not None:
+      return TreeDef("jax", (type(x), jax_node[1]),
+                     tuple([_flatten(c, is_leaf, leaves) for c in jax_node[0]]))
+  leaves.append(x)
+  return _LEAF
 
 
 def tree_unflatten(treedef: TreeDef, leaves) -> Any:
-  it = iter(leaves)
+  return _unflatten(treedef, iter(leaves))
 
-  def rec(td):
-    if td.kind == "leaf":
-      return next(it)
-    if td.kind == "none":
-      return None
-    kids = [rec(c) for c in td.children]
-    if td.kind == "tuple":
-      return tuple(kids)
-    if td.kind == "list":
-      return kids
-    if td.kind == "namedtuple":
-      return td.meta(*kids)
-    if td.kind == "custom":
-      return _NODES[td.meta[0]][1](td.meta[1], kids)
-    if td.kind == "jax":
-      return sys.modules["jax"].tree_util.tree_unflatten(td.meta[1], kids)
-    return dict(zip(td.meta, kids))
 
-  return rec(treedef)
+def _unflatten(td: TreeDef, it) -> Any:
+  if td.kind == "leaf":
+    return next(it)
+  if td.kind == "none":
+    return None
+  kids = [_unflatten(c, it) for c in td.children]
+  if td.kind == "tuple":
+    return tuple(kids)
+  if td.kind == "list":
+    return kids
+  if td.kind == "namedtuple":
+    return td.meta(*kids)
+  if td.kind == "custom":
+    return _NODES[td.meta[0]][1](td.meta[1], kids)
+  if td.kind == "jax":
+    return sys.modules["jax"].tree_util.tree_unflatten(td.meta[1], kids)
+  return dict(zip(td.meta, kids))
 
 
 def tree_map(f, tree, *rest, is_leaf=None):

@@ -35,7 +35,9 @@ class PreparedCopy(DmaRequest):
   request itself, with the language's start/wait. They only hand this request to the current core, so
   they are cheap and one prepared copy can be issued again and again (the pipeline re-issues the copy
   of a revisited block). Made by `AsyncCopyDescriptor.prepare()` and `prepare_window_copy`. It keeps
-  no reference to the core (traces keep requests; they must not keep machines alive)."""
+  no reference to the core (traces keep requests; they must not keep machines alive). A loop that
+  issues many copies on one core (the pipeline's step loop) may bind that core's `dma_start` /
+  `dma_wait` once and hand the request to them itself: exactly what `start()` / `wait()` do."""
   __slots__ = ()
 
   def start(self) -> None:
@@ -51,14 +53,19 @@ class PreparedCopy(DmaRequest):
 
 
 def prepare_window_copy(src_buf, src_index, dst_buf, dst_index, shape, sem, *, nbytes: int, site,
-                        labels) -> PreparedCopy:
+                        labels, like=None) -> PreparedCopy:
   """A local copy between two windows given in resolved form: (buffer, NumPy index) each, with the
   destination semaphore as a (buffer, index) slot from `sem_target`. For callers that already proved
   what `make_async_copy` checks (equal shapes and dtypes, in-bounds windows), such as the pipeline,
   whose block slots are allocated with the block's shape and dtype. `labels` is a (source, destination)
-  pair of ref-like objects with `origin()`, read only when a message names the copy."""
-  return PreparedCopy(src_buf, src_index, dst_buf, dst_index, shape, sem[0], sem[1], None, (), False, None,
-                      None, site, labels, nbytes)
+  pair of ref-like objects with `origin()`, read only when a message names the copy. `like`: an earlier
+  copy between the same memory spaces with the same semaphore (the pipeline's previous copy into the
+  same slot), whose executor cache the new copy shares (DmaRequest.fast)."""
+  req = PreparedCopy(src_buf, src_index, dst_buf, dst_index, shape, sem[0], sem[1], None, (), False, None,
+                     None, site, labels, nbytes)
+  if like is not None:
+    req.fast = like.fast
+  return req
 
 
 class AsyncCopyDescriptor:

@@ -268,9 +268,10 @@ def _fill_unwritten(storage, m, written) -> None:
   counts = [-(-dim // size) if kind == BLOCKED else dim
             for (kind, size, _), dim in zip(m.dims, m.array_shape)]
   done = np.zeros(counts, bool)
-  for offs in written:
-    done[tuple(off // size if kind == BLOCKED else off
-               for (kind, size, _), off in zip(m.dims, offs))] = True
+  if written:   # block coordinates of every written block, one NumPy op per dim
+    offs = np.array(list(written), np.int64).reshape(len(written), len(m.dims))
+    done[tuple(offs[:, d] // size if kind == BLOCKED else offs[:, d]
+               for d, (kind, size, _) in enumerate(m.dims))] = True
   if done.all():
     return
   fill = host.uninitialized((), storage.dtype)

@@ -21,16 +21,13 @@ _INF = float("inf")
 class Channel:
   """Piecewise-constant bandwidth usage: `times[i]` starts a segment using `used[i]` bytes/cycle; the
   last segment runs to infinity."""
-  __slots__ = ("name", "bytes_per_cycle", "times", "used", "busy_cycles", "bytes", "free_cycle")
+  __slots__ = ("name", "bytes_per_cycle", "times", "used")
 
   def __init__(self, name: str, bytes_per_s: float, clock_hz: float):
     self.name = name
     self.bytes_per_cycle = bytes_per_s / clock_hz
     self.times = [0.0]
     self.used = [0.0]
-    self.busy_cycles = 0.0
-    self.bytes = 0
-    self.free_cycle = 0.0  # end of the last reservation (for reports)
 
   # -- segment helpers
   def _split(self, t: float) -> int:
@@ -89,15 +86,15 @@ def reserve(channels, start: float, nbytes: float) -> tuple[float, float]:
     return t, t
   bisect_right = bisect.bisect_right
   while True:
-    for c, _ in channels:
-      if c.times[-1] > t + _EPS:
+    avail = _INF   # the best free rate from t on, if nothing is reserved after t on any channel
+    te = t + _EPS
+    for c, w in channels:
+      if c.times[-1] > te:
         break
+      a = (c.bytes_per_cycle - c.used[-1]) / w
+      if a < avail:
+        avail = a
     else:  # nothing reserved from t on: run at the best free rate until done
-      avail = _INF
-      for c, w in channels:
-        a = (c.bytes_per_cycle - c.used[-1]) / w
-        if a < avail:
-          avail = a
       if avail > _EPS:
         if first is None:
           first = t
@@ -149,9 +146,4 @@ def reserve(channels, start: float, nbytes: float) -> tuple[float, float]:
       c.add(t, nxt, avail * w)
     remaining -= avail * (nxt - t)
     t = nxt
-  for c, w in channels:
-    c.busy_cycles += end - first
-    c.bytes += int(nbytes * w)
-    if end > c.free_cycle:
-      c.free_cycle = end
   return first, end

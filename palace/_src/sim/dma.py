@@ -88,12 +88,15 @@ class CopyPlan:
   """How one core times a copy between two memory spaces (computed once per core and direction):
   its `kind` ('hbm->vmem', ...), the `channels` it crosses as [(channel, bytes per byte)] (the core's
   DMA engine and the chip's HBM, HBM->HBM weighing 2 there; or the core's local channel), the
-  completion latency and how many of its ends touch HBM (for the report's HBM traffic)."""
-  __slots__ = ("kind", "channels", "latency_cycles", "hbm_sides")
+  completion latency and how many of its ends touch HBM (for the report's HBM traffic). `copies` and
+  `bytes` count the copies timed with it; the machine adds them to the report's per-direction DMA
+  totals when the launch finishes (`Machine.finish`)."""
+  __slots__ = ("kind", "channels", "latency_cycles", "hbm_sides", "copies", "bytes")
 
   def __init__(self, kind: str, channels: list, latency_cycles: int, hbm_sides: int):
     self.kind, self.channels = kind, channels
     self.latency_cycles, self.hbm_sides = latency_cycles, hbm_sides
+    self.copies = self.bytes = 0
 
 
 def plan(chip, src_space: MemorySpace, dst_space: MemorySpace, chans) -> CopyPlan:
@@ -153,28 +156,29 @@ class DmaEngine:
         fast = self._prepare(req, key)
       req.fast = fast
     p, slot = fast[1], fast[2]
+    trace = core.trace
     if target_chip != core.chip_index:
       s, read_done, done = m.ici_transfer(core, target_chip, start, nbytes)
       kind = "ici"
+      trace.count_dma(kind, nbytes)
     else:
       s, read_done = reserve(p.channels, start, nbytes)
       done = math.ceil(read_done) + p.latency_cycles
       kind = p.kind
       rec.hbm_sides = p.hbm_sides
+      p.copies += 1   # (the report's totals per direction and its HBM traffic: Machine.finish)
+      p.bytes += nbytes
     rec.start_cycle, rec.done_cycle, rec.read_done_cycle = s, done, read_done
     if done > core.horizon:
       core.horizon = done
-    trace = core.trace
-    trace.count_dma(kind, nbytes)
     if trace.on:
-      trace.add(core.tid, "dma", kind, s, done, {"copy": req, "bytes": nbytes})
+      trace.add((core.tid, "dma", kind, s, done, {"copy": req, "bytes": nbytes}))
     if core.timing_only and req.dst_buf.memory_space is not _SMEM:
       rec.moved = True  # timing only: payloads are skipped; only scalar (SMEM) data moves
     elif self.eager or m.dma_policy.move_at_start(rec):
       checks.move_at_start(req)  # memory.copy (borrowing unless checked) + the checkers' note
       rec.moved = True
     m.dma_count += 1
-    m.hbm_bytes += nbytes * rec.hbm_sides
     sems = m.sems
     if slot is not None:
       sems.arrive(slot, done, nbytes, rec)
@@ -183,7 +187,9 @@ class DmaEngine:
     m.inflight[seq] = rec
     if m.dma_count & 1023 == 0:
       m.prune_channels()
-    m.sched.maybe_yield(core)
+    sched = m.sched
+    if sched.yields:   # (a single-core launch has no one to yield to)
+      sched.maybe_yield(core)
 
   def _remote(self, req):
     """(target chip, the request as it lands there) of a copy to another core or chip: it lands in the

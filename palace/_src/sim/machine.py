@@ -29,7 +29,6 @@ from palace._src.sim.trace import Trace
 from palace._src.util import fmt_site, user_site
 
 DMA_POLICIES = ("eager", "on_wait", "random")
-_GC_YOUNG_THRESHOLD = 50_000  # cyclic-GC young-generation threshold while a launch runs (see Machine.run)
 
 
 class DmaPolicy:
@@ -242,7 +241,7 @@ class Machine:
     s, e, done = self.topology.transfer(core.chip_index, dst_chip, start, nbytes)
     self.ici_bytes += nbytes
     if self.trace.on:
-      self.trace.add(core.tid, "ici", f"to chip {dst_chip}", s, done, {"bytes": nbytes})
+      self.trace.add((core.tid, "ici", f"to chip {dst_chip}", s, done, {"bytes": nbytes}))
     return s, e, done
 
   def ici_signal_cycle(self, src_chip, dst_chip, now):
@@ -252,18 +251,22 @@ class Machine:
   def run(self, programs) -> None:
     """programs: list of (core, fn); runs each fn with its core as the current executor.
 
-    A launch allocates many short-lived, acyclic objects (requests, views, values) while its trace and
-    caches keep many live ones, so Python's default cyclic-GC cadence (every 700 net allocations)
-    spends a fifth of a small kernel's time re-scanning live objects: the young-generation threshold is
-    raised for the launch and restored after (nothing else about the GC changes)."""
-    old = gc.get_threshold()
-    if old[0] >= _GC_YOUNG_THRESHOLD:
+    Python's cyclic GC is paused while the cores run and resumed after. A launch allocates many
+    short-lived objects (requests, views, values) while its trace and caches keep many live ones, and
+    the collector would re-scan the live ones again and again for nothing: palace's per-step objects
+    form no reference cycles (reference counting frees them), so the cyclic garbage a launch leaves
+    does not grow with its step count (tests/test_launch_gc.py). The collector cost 6% of a small
+    kernel's instructions per grid step even with its young-generation threshold raised to 50,000
+    (callgrind, the copy kernel of benchmarks.speed). A nested launch, or one running while another
+    thread's launch holds the pause, leaves the switch alone; a collector the user switched off stays
+    off."""
+    if not gc.isenabled():
       return self._run(programs)
-    gc.set_threshold(_GC_YOUNG_THRESHOLD, *old[1:])
+    gc.disable()
     try:
       return self._run(programs)
     finally:
-      gc.set_threshold(*old)
+      gc.enable()
 
   def _run(self, programs) -> None:
     if len(programs) == 1:
@@ -293,6 +296,11 @@ class Machine:
     events = []
     for c in self.cores:
       end = max(end, c.finish())
+      for _, p, _ in c.dma.prepared.values():   # the local copies each CopyPlan timed (sim/dma.py)
+        if p.copies:
+          self.trace.count_dma(p.kind, p.bytes, p.copies)
+          self.hbm_bytes += p.bytes * p.hbm_sides
+          p.copies = p.bytes = 0
       for u, v in c.unit_busy.items():
         busy[u] = max(busy.get(u, 0), v)
       vmem_peak = max(vmem_peak, c.vmem_peak)

@@ -149,14 +149,18 @@ class Semaphores:
     m = self.machine
     m._seq = seq = m._seq + 1
     sem.pending.append(Arrival(cycle, seq, amount, dma, src))
-    self.checks.arrival(seq, dma, src)
+    checks = self.checks
+    if checks.active:   # (a launch without checkers makes no hook call per arrival)
+      checks.arrival(seq, dma, src)
 
   def settle(self, sem: Semaphore, value: int):
     """Cycle at which `sem` reaches `value`, applying just enough pending arrivals (module docstring);
     None if the pending arrivals cannot reach it."""
     m = self.machine
+    checks = self.checks
     if sem.value >= value:
-      self.checks.acquire(sem, ())
+      if checks.active:
+        checks.acquire(sem, ())
       return 0
     pending = sem.pending
     if not pending:
@@ -169,7 +173,8 @@ class Semaphores:
       sem.value += a.amount
       if a.dma is not None:
         m.dma_arrived(a.dma, a.src)
-      self.checks.acquire(sem, (a,))
+      if checks.active:
+        checks.acquire(sem, (a,))
       return a.cycle
     pending.sort(key=_order)
     total = sem.value
@@ -184,7 +189,8 @@ class Semaphores:
           t = a.cycle if a.cycle > t else t
           if a.dma is not None:
             m.dma_arrived(a.dma, a.src)
-        self.checks.acquire(sem, applied)
+        if checks.active:
+          checks.acquire(sem, applied)
         return t
     return None
 
@@ -203,18 +209,30 @@ class Semaphores:
     if t > now:
       trace = core.trace
       if trace.on:
-        trace.add(core.tid, "scalar", f"wait {buf.name}", now, t)
+        trace.add((core.tid, "scalar", f"wait {buf.name}", now, t, None))
       now = t
     if decrement:
       sem.value -= value
     core.now = now + core.chip.scalar_op_cycles
+
+  def wait_copy(self, core, req, which: str = "recv") -> None:
+    """`core` waits for DMA `req`: until its destination semaphore got its bytes (`which="recv"`, the
+    data landed) or its source semaphore did ("send", the data left). The core's `dma_wait`."""
+    if which == "send":
+      self.wait(core, req.src_sem_buf, req.src_sem_index, req.nbytes, True, req)
+      return
+    fast = req.fast   # set by DmaEngine.start: (issuing core, plan, the semaphore of (sem_buf, sem_index))
+    self.wait(core, req.sem_buf, req.sem_index, req.nbytes, True, req,
+              fast[2] if fast is not None and fast[0] is core else None)
 
   def read(self, core, buf, index) -> int:
     """`semaphore_read` on `core` (one scalar op; lets earlier cores run first, so polling progresses)."""
     m = self.machine
     sem = self.slot(buf, index)
     core.now += core.chip.scalar_op_cycles
-    m.sched.maybe_yield(core)
+    sched = m.sched
+    if sched.yields:
+      sched.maybe_yield(core)
     value = sem.visible(core.now)
     self.checks.peek(sem, core.now)
     key = (id(sem), value)
@@ -261,7 +279,9 @@ class _Abort(BaseException):
 
 
 class Solo:
-  """The scheduler of a single-core launch: nothing to switch to."""
+  """The scheduler of a single-core launch: nothing to switch to (`yields` False: callers skip
+  `maybe_yield`)."""
+  yields = False
 
   def __init__(self, machine):
     self.machine = machine
@@ -282,6 +302,7 @@ class Solo:
 class Scheduler:
   """Runs one thread per core with exactly one running at a time (module docstring). Control passes
   by direct handoff (a threading.Semaphore per core) when the running core blocks, yields or ends."""
+  yields = True   # callers of maybe_yield check this first (Solo: no call at all)
 
   def __init__(self, machine, programs):
     self.machine = machine

@@ -76,6 +76,10 @@ class TensorCore:
     self.alloc_seq = 0
     self.steps = 0            # grid steps run on this core (pallas_call and emit_pipeline)
     self.dma = DmaEngine(self)  # this core's DMA issue, timing and data movement (sim/dma.py)
+    # Executor.dma_start / dma_wait are the engine's and the semaphores' own bound methods (one call
+    # from the language to the code that does the work, no forwarding frame)
+    self.dma_start = self.dma.start
+    self.dma_wait = functools.partial(machine.sems.wait_copy, self)
     self._scalar_cycles = self.chip.scalar_op_cycles
     self._step_cycles = self.chip.grid_step_overhead_cycles
     self._vcost = _Memo(functools.partial(cost.vector_cost, self.chip))   # (op class, shape, dtype) ->
@@ -114,7 +118,7 @@ class TensorCore:
         self.horizon = done
     trace = self.trace
     if trace.on:
-      trace.add(self.tid, unit, what, start, end)
+      trace.add((self.tid, unit, what, start, end, None))
     return done
 
   def vector_op(self, op_class: str, shape, dtype, ready: int) -> int:
@@ -144,9 +148,11 @@ class TensorCore:
 
   # ------------------------------------------------------------------ memory
   def load(self, buf: Buffer, index, shape, site=None):
-    alt = self.checks.load(self, buf, index, shape)
-    if alt is not None:
-      buf, index = alt
+    checks = self.checks
+    if checks.active:   # (a launch without checkers makes no hook call per access)
+      alt = checks.load(self, buf, index, shape)
+      if alt is not None:
+        buf, index = alt
     if not shape or buf.memory_space is _SMEM:
       self.now += self.chip.scalar_op_cycles
       ready = self.now if self.now > buf.ready_cycle else buf.ready_cycle
@@ -156,10 +162,12 @@ class TensorCore:
     return memory.read(buf, index, self.timing_only), ready
 
   def store(self, buf: Buffer, index, shape, data, ready: int) -> None:
-    alt = self.checks.store(self, buf, index, shape, data)
-    if alt is not None:
-      index, data = alt
-    memory.write(buf, index, data, not self.checks.active)
+    checks = self.checks
+    if checks.active:
+      alt = checks.store(self, buf, index, shape, data)
+      if alt is not None:
+        index, data = alt
+    memory.write(buf, index, data, not checks.active)
     if not shape or buf.memory_space is _SMEM:
       self.now += self.chip.scalar_op_cycles
       done = self.now if self.now > ready else ready
@@ -244,17 +252,8 @@ class TensorCore:
       self.sem_buffers.remove(buf)
 
   # ------------------------------------------------------------------ DMA
-  def dma_start(self, req) -> None:
-    self.dma.start(req)
-
-  def dma_wait(self, req, which: str = "recv") -> None:
-    sems = self.machine.sems
-    if which == "send":
-      sems.wait(self, req.src_sem_buf, req.src_sem_index, int(req.nbytes), True, req)
-      return
-    fast = req.fast   # set by dma_start: (this core, plan, the semaphore of (sem_buf, sem_index))
-    sems.wait(self, req.sem_buf, req.sem_index, int(req.nbytes), True, req,
-              fast[2] if fast is not None and fast[0] is self else None)
+  # dma_start(req) is DmaEngine.start and dma_wait(req, which="recv") is Semaphores.wait_copy, bound to
+  # this core in __init__.
 
   # ------------------------------------------------------------------ semaphores
   def sem_signal(self, buf, index, inc: int, device_id=None, core_index=None) -> None:
@@ -269,7 +268,9 @@ class TensorCore:
       at = self.machine.ici_signal_cycle(self.chip_index, chip, self.now)
     sems = self.machine.sems
     sems.arrive(sems.slot(target, index), at, int(inc))
-    self.machine.sched.maybe_yield(self)
+    sched = self.machine.sched
+    if sched.yields:
+      sched.maybe_yield(self)
 
   def resolve_device_id(self, device_id):
     """A device_id (dict of changed axes, tuple of coordinates, or int) -> (chip, core)."""
@@ -291,7 +292,7 @@ class TensorCore:
     self.unit_busy["scalar"] += cycles
     trace = self.trace
     if trace.on:
-      trace.add(self.tid, "scalar", "grid step", start, self.now)
+      trace.add((self.tid, "scalar", "grid step", start, self.now, None))
 
   # ------------------------------------------------------------------ end of kernel
   def _check_sem_zero(self, buf, when: str) -> None:

@@ -1,6 +1,7 @@
 """Timeline records and Chrome-trace / Perfetto export (L4b)."""
 from __future__ import annotations
 
+import collections
 import json
 
 UNIT_ORDER = ("scalar", "dma", "mxu", "vpu", "eup", "xlu", "vld", "vst", "ici")
@@ -19,32 +20,40 @@ class EventLog(list):
 
 
 class Trace:
-  """Events (tid=(chip, core), unit, name, start_cycle, end_cycle, args); capped to bound memory."""
-  __slots__ = ("on", "events", "cap", "dropped", "_dma_bytes", "_dma_count")
+  """The timeline of one launch. `add((tid, unit, name, start_cycle, end_cycle, args))` records one
+  event (tid = (chip, core); args None or a dict): the only way events are made. It is the append of a
+  deque that keeps the newest `cap` events, which bounds memory, and a C call, so recording costs the
+  hot paths (every op, DMA and wait) no Python frame. `events` is the launch's EventLog: the kept
+  events in order, behind a truncation marker when older ones were dropped."""
+  __slots__ = ("on", "add", "cap", "stats", "_ring", "_dma_bytes", "_dma_count")
 
   def __init__(self, on: bool = True, cap: int = 200_000):
     self.on = on
-    self.events = EventLog()
     self.cap = cap
-    self.dropped = 0
-    self._dma_bytes = self.events.stats["dma_bytes"]
-    self._dma_count = self.events.stats["dma_count"]
+    self._ring = collections.deque(maxlen=cap)
+    self.add = self._ring.append
+    self.stats = {"dma_bytes": {}, "dma_count": {}}
+    self._dma_bytes = self.stats["dma_bytes"]
+    self._dma_count = self.stats["dma_count"]
 
-  def add(self, tid, unit, name, start, end, args=None):
-    """Record one event (the only way events are made); past `cap`, one truncation marker."""
-    events = self.events
-    if len(events) < self.cap:
-      events.append((tid, unit, name, start, end, args))
-      return
-    self.dropped += 1
-    if self.dropped == 1:
-      events.append((tid, "scalar", "trace truncated (event cap reached)", start, start, None))
+  @property
+  def events(self) -> EventLog:
+    log = EventLog()
+    log.stats = self.stats
+    ring = self._ring
+    if len(ring) == self.cap and ring:
+      first = ring[0]
+      log.append((first[0], "scalar", f"trace truncated: only the last {self.cap:,} events are kept",
+                  first[3], first[3], None))
+    log.extend(ring)
+    return log
 
-  def count_dma(self, kind: str, nbytes: int) -> None:
+  def count_dma(self, kind: str, nbytes: int, copies: int = 1) -> None:
+    """`copies` DMAs of `kind` moving `nbytes` in all (kept whether or not tracing is on)."""
     per_kind = self._dma_bytes
     per_kind[kind] = per_kind.get(kind, 0) + int(nbytes)
     per_kind = self._dma_count
-    per_kind[kind] = per_kind.get(kind, 0) + 1
+    per_kind[kind] = per_kind.get(kind, 0) + copies
 
 
 def thread_id(core, unit: str) -> int:

@@ -1,0 +1,87 @@
+"""The cyclic GC is paused while a launch runs (sim/machine.Machine.run) and that is safe: a launch's
+own objects form no reference cycles, so the cyclic garbage it leaves does not grow with its steps."""
+import gc
+
+import numpy as np
+import pytest
+
+import palace as pl
+from palace import tpu as pltpu
+
+
+def _copy_call(n, seen=None):
+  def kernel(x_ref, o_ref):
+    if seen is not None:
+      seen.append(gc.isenabled())
+    o_ref[...] = x_ref[...] * 2.0
+  x = np.arange(8 * n * 128, dtype=np.float32).reshape(8 * n, 128)
+  f = pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct(x.shape, x.dtype), grid=(n,),
+                     in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+                     out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)))
+  return f, x
+
+
+def _pipeline_call(n):
+  def inner(x_ref, o_ref):
+    o_ref[...] = x_ref[...] + 1.0
+
+  def kernel(x_hbm, o_hbm):
+    pltpu.emit_pipeline(inner, grid=(n,), in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+                        out_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))])(x_hbm, o_hbm)
+  x = np.arange(8 * n * 128, dtype=np.float32).reshape(8 * n, 128)
+  f = pl.kernel(kernel, out_type=pl.ShapeDtypeStruct(x.shape, x.dtype),
+                mesh=pltpu.TensorCoreMesh("core", num_cores=1))
+  return f, x
+
+
+def test_gc_is_paused_inside_a_launch_and_restored_after():
+  seen = []
+  f, x = _copy_call(2, seen)
+  assert gc.isenabled()
+  with pl.virtual_tpu("v5e"):
+    np.testing.assert_array_equal(f(x), x * 2)
+  assert seen == [False, False] and gc.isenabled()
+
+
+def test_a_collector_switched_off_by_the_user_stays_off():
+  f, x = _copy_call(2)
+  gc.disable()
+  try:
+    with pl.virtual_tpu("v5e"):
+      f(x)
+    assert not gc.isenabled()
+  finally:
+    gc.enable()
+
+
+def test_gc_comes_back_after_a_failing_launch():
+  def kernel(x_ref, o_ref):
+    raise ValueError("boom")
+  x = np.ones((8, 128), np.float32)
+  f = pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct(x.shape, x.dtype))
+  with pl.virtual_tpu("v5e"), pytest.raises(ValueError, match="boom"):
+    f(x)
+  assert gc.isenabled()
+
+
+@pytest.mark.parametrize("make", [_copy_call, _pipeline_call], ids=["pallas_call", "emit_pipeline"])
+@pytest.mark.parametrize("trace", [True, False])
+def test_cyclic_garbage_of_a_launch_does_not_grow_with_its_steps(make, trace):
+  def garbage(n):
+    f, x = make(n)
+    with pl.virtual_tpu("v5e", trace=trace) as tpu:
+      out = f(x)
+      gc.collect()
+      gc.disable()
+      try:
+        f(x)
+        found = gc.collect()   # what the paused collector would have had to free
+      finally:
+        gc.enable()
+    np.testing.assert_array_equal(out, x * 2 if make is _copy_call else x + 1)
+    del tpu
+    return found
+  # a few hundred objects per launch (its machine, cores, scopes), whatever its length; a per-step
+  # cycle would add at least one object per step
+  small, big = garbage(128), garbage(1024)
+  assert big - small < (1024 - 128) // 4, (small, big)
