@@ -26,6 +26,7 @@ same interface, where a blocking wait is a deadlock at once.
 from __future__ import annotations
 
 import enum
+import operator
 import threading
 
 import numpy as np
@@ -38,21 +39,24 @@ from palace._src.util import fmt_bytes, fmt_site, user_site
 LIVELOCK_POLLS = 1000   # semaphore_read calls seeing the same value before a livelock is reported
 
 
-class Arrival:
-  """One pending increment of a semaphore: `amount` lands at `cycle`; `seq` orders arrivals of equal
-  cycle (issue order); `dma` is the copy it completes (None for a signal or barrier arrival) and `src`
-  says whether it completes the copy's source side (its read) rather than its destination."""
-  __slots__ = ("cycle", "seq", "amount", "dma", "src")
-
-  def __init__(self, cycle, seq: int, amount: int, dma=None, src: bool = False):
-    self.cycle, self.seq, self.amount, self.dma, self.src = cycle, seq, amount, dma, src
+class Arrival(tuple):
+  """One pending increment of a semaphore, made from the tuple (cycle, seq, amount, dma, src): `amount`
+  lands at `cycle`; `seq` orders arrivals of equal cycle (issue order); `dma` is the copy it completes
+  (None for a signal or barrier arrival) and `src` says whether it completes the copy's source side
+  (its read) rather than its destination. A tuple subclass (made without a Python-level constructor,
+  one or two per DMA), immutable; arrivals order as their (cycle, seq) prefix does."""
+  __slots__ = ()
+  cycle = property(operator.itemgetter(0))
+  seq = property(operator.itemgetter(1))
+  amount = property(operator.itemgetter(2))
+  dma = property(operator.itemgetter(3))
+  src = property(operator.itemgetter(4))
 
   def __repr__(self):
     return f"Arrival(cycle={self.cycle}, seq={self.seq}, amount={self.amount}, src={self.src})"
 
 
-def _order(a: Arrival):
-  return a.cycle, a.seq
+_order = operator.itemgetter(0, 1)   # (cycle, seq): unique per arrival
 
 
 class Semaphore:
@@ -148,7 +152,7 @@ class Semaphores:
     """An arrival of `amount` at `cycle` (signal, DMA completion or DMA source side)."""
     m = self.machine
     m._seq = seq = m._seq + 1
-    sem.pending.append(Arrival(cycle, seq, amount, dma, src))
+    sem.pending.append(Arrival((cycle, seq, amount, dma, src)))
     checks = self.checks
     if checks.active:   # (a launch without checkers makes no hook call per arrival)
       checks.arrival(seq, dma, src)
