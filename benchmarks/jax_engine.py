@@ -1,6 +1,7 @@
 """palace as JAX's Pallas engine vs JAX's own TPU interpret mode, in one run (issue 17, acceptance 4).
 
-Needs JAX (`.venv-jax`): `PYTHONPATH=$PWD .venv-jax/bin/python -m benchmarks.jax_engine [--quick]`.
+Needs JAX (`.venv-jax`): `PYTHONPATH=$PWD .venv-jax/bin/python -m benchmarks.jax_engine [--quick] [--only=NAME]`
+(`--only=basic:add` runs the kernels whose name contains that text).
 Every parity kernel (tests/jax_parity/kernels, the multi-chip ones on 4 host devices) runs inside `jax.jit` through
 `palace.jax.virtual_tpu` and through `pltpu.force_tpu_interpret_mode`; each side is timed best-of-N on
 a warm cache (the jit compile is excluded on both sides). Prints per-kernel wall times, the ratio and
@@ -75,7 +76,16 @@ def time_case(fname, case, reps):
     fn, args, _ = getattr(mod, case)()
     g = _jitted(fn, args)
     t_jax = _best(lambda: jax.block_until_ready(g(*args)), reps)
-  return t_palace, t_jax
+  return t_palace, t_jax, time_own(fname, case, reps)
+
+
+def time_own(fname, case, reps):
+  """The same case through palace's own path (palace.compat.load_module: no JAX in the loop)."""
+  mod = harness.palace_module(fname)
+  with pl.virtual_tpu("v5e", num_chips=getattr(mod, "NUM_DEVICES", 1)):
+    fn, args, _ = getattr(mod, case)()
+    fn(*args)
+    return _best(lambda: fn(*args), reps)
 
 
 def callback_overhead(reps):
@@ -105,22 +115,26 @@ def main(argv=None) -> None:
             "BLAS thread; inside XLA's callback OpenBLAS then fights XLA's threads (up to 25x slower "
             "matmul kernels). pip install threadpoolctl, or set OPENBLAS_NUM_THREADS=1.")
   reps = 2 if "--quick" in argv else 5
+  only = [a.split("=", 1)[1] for a in argv if a.startswith("--only=")]   # substrings of kernel names
   rows, ratios = [], []
   for fname in sorted(p.name for p in harness.KERNELS.glob("k_*.py")):
     if fname in SKIP:
       continue
     for case in harness.case_names(fname):
-      if case in SKIP_CASES:
+      if case in SKIP_CASES or (only and not any(o in f"{fname[2:-3]}:{case[5:]}" for o in only)):
         continue
-      tp, tj = time_case(fname, case, reps)
-      rows.append((f"{fname[2:-3]}:{case[5:]}", tp, tj))
+      tp, tj, to = time_case(fname, case, reps)
+      rows.append((f"{fname[2:-3]}:{case[5:]}", tp, tj, to))
       ratios.append(tj / tp)
-  print(f"{'kernel':48s} {'palace.jax':>11s} {'JAX interp':>11s} {'ratio':>7s}")
-  for name, tp, tj in rows:
-    print(f"{name:48s} {tp * 1e3:9.2f}ms {tj * 1e3:9.2f}ms {tj / tp:6.1f}x")
+  print(f"{'kernel':48s} {'palace.jax':>11s} {'JAX interp':>11s} {'ratio':>7s} {'palace own':>11s} "
+        f"{'own ratio':>9s}")
+  for name, tp, tj, to in rows:
+    print(f"{name:48s} {tp * 1e3:9.2f}ms {tj * 1e3:9.2f}ms {tj / tp:6.1f}x {to * 1e3:9.2f}ms "
+          f"{tj / to:8.1f}x")
   geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
   print(f"geomean speed-up over JAX's TPU interpret mode: {geo:.1f}x over {len(ratios)} kernels "
-        f"(target >= 30x)")
+        f"(target >= 30x); palace's own path: "
+        f"{math.exp(sum(math.log(tj / to) for _, _, tj, to in rows) / len(rows)):.1f}x")
   t_cb, t_own = callback_overhead(reps * 4)
   print(f"per-launch: one-step copy kernel through palace.jax {t_cb * 1e6:.0f} us, through palace's own "
         f"pl.pallas_call {t_own * 1e6:.0f} us: callback + interpreter overhead {(t_cb - t_own) * 1e6:.0f} us")
