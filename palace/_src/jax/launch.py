@@ -19,6 +19,7 @@ from palace._src.jax.interpret import eval_closed, eval_jaxpr, grid_axes
 from palace._src.launch.host_refs import freeze, new_ref
 from palace._src.launch.kernel import kernel as palace_kernel
 from palace._src.launch.pallas_call import pallas_call
+from palace._src.launch.run import run
 
 
 def kernel_name(params) -> str:
@@ -114,15 +115,17 @@ def _grid(gm, bounds) -> tuple:
 def run_pallas_call(params, args, cache=None):
   """Run one JAX `pallas_call` (its primitive parameters and NumPy operands) on the active palace
   VirtualTPU; returns the list of NumPy outputs. `cache` (a dict the lowering keeps for its one
-  launch site) holds the palace launch built for each grid, so repeated calls skip rebuilding it."""
+  launch site, whose operand shapes, dtypes and engine are fixed) holds the palace LaunchPlan made
+  for each grid by the first call, so later calls only run it."""
   gm = params["grid_mapping"]
   grid = _grid(gm, args[:gm.num_dynamic_grid_bounds])
-  call = None if cache is None else cache.get(grid)
-  if call is None:
-    call = _palace_launch(params, grid)
+  operands = args[gm.num_dynamic_grid_bounds:]
+  plan = None if cache is None else cache.get(grid)
+  if plan is None:
+    plan, operands = _palace_launch(params, grid).plan(*operands)
     if cache is not None:
-      cache[grid] = call
-  return list(call(*args[gm.num_dynamic_grid_bounds:]))
+      cache[grid] = plan
+  return run(plan, operands)
 
 
 def _palace_launch(params, grid):

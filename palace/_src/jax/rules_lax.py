@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 import palace._src.lang.numpy_ops as pjnp
-from palace._src.jax.interpret import rule, shape_of, unsupported
+from palace._src.jax.interpret import compiling_rule, rule, shape_of, unsupported
 from palace._src.lang import lax_ops, numpy_linalg, tpu_primitives
 
 _UNARY = {
@@ -34,28 +34,44 @@ def _is_bool(x) -> bool:
   return _dtype(x) == np.bool_
 
 
+def _aval_is_bool(var) -> bool:
+  return np.dtype(var.aval.dtype) == np.bool_
+
+
+# binary ops whose palace op takes a weak Python int for an int32 scalar literal: JAX typed both
+# operands int32, so the result is the same, and palace's int32-scalar fast path applies
+_INT_LITERAL_OK = frozenset({"add", "sub", "mul", "max", "min", "eq", "ne", "lt", "le", "gt", "ge", "and",
+                             "or", "xor", "shift_left", "shift_right_arithmetic"})
+
+
 def _unary(fn):
-  def apply(eqn, x):
-    if eqn.primitive.name == "not" and _is_bool(x):
-      return pjnp.logical_not(x)
-    return fn(x)
-  return apply
+  def make(eqn):
+    if eqn.primitive.name == "not" and _aval_is_bool(eqn.invars[0]):
+      return pjnp.logical_not
+    return fn
+  return make
 
 
 def _binary(fn, name):
   bool_fn = _BOOL_BINARY.get(name)
 
-  def apply(eqn, x, y):
-    if bool_fn is not None and _is_bool(x):
-      return bool_fn(x, y)
-    return fn(x, y)
-  return apply
+  def make(eqn):
+    from jax._src import core as jax_core  # noqa: PLC0415
+    x, y = eqn.invars
+    if bool_fn is not None and _aval_is_bool(x):
+      return bool_fn
+    if name in _INT_LITERAL_OK and type(y) is jax_core.Literal and not y.aval.shape and \
+        np.dtype(y.aval.dtype) == np.int32 and np.dtype(x.aval.dtype) == np.int32:
+      lit = int(y.val)
+      return lambda a, _: fn(a, lit)
+    return fn
+  return make
 
 
 for _n, _f in _UNARY.items():
-  rule(_n)(_unary(_f))
+  compiling_rule(_n)(_unary(_f))
 for _n, _f in _BINARY.items():
-  rule(_n)(_binary(_f, _n))
+  compiling_rule(_n)(_binary(_f, _n))
 
 
 @rule("div")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from palace._src.jax.interpret import grid_axes, result_unused, rule, unsupported
+from palace._src.jax.interpret import compiling_rule, grid_axes, result_unused, rule, unsupported
 from palace._src.lang import lax_ops
 from palace._src.lang import primitives as prims
 from palace._src.lang import tpu_primitives as tpu
@@ -56,6 +56,7 @@ def _check_ref(eqn, ref):
 
 
 def _dropped(eqn) -> bool:
+  """Nothing reads the old value (asked while the jaxpr is compiled, see interpret.result_unused)."""
   from jax._src import core as jax_core  # noqa: PLC0415
   return isinstance(eqn.outvars[0], jax_core.DropVar) or result_unused(eqn)
 
@@ -68,14 +69,18 @@ def _get(eqn, ref, *flat):
   return r[idx]
 
 
-@rule("swap")
-def _swap(eqn, ref, val, *flat):
+@compiling_rule("swap")
+def _swap(eqn):
   from jax._src import tree_util  # noqa: PLC0415
-  _check_ref(eqn, ref)
-  r, idx = view(eqn, ref, tree_util.tree_unflatten(eqn.params["tree"], flat), last_index=True)
-  old = None if _dropped(eqn) else r[idx]
-  r[idx] = val
-  return old
+  tree, load_old = eqn.params["tree"], not _dropped(eqn)
+
+  def swap(ref, val, *flat):
+    _check_ref(eqn, ref)
+    r, idx = view(eqn, ref, tree_util.tree_unflatten(tree, flat), last_index=True)
+    old = r[idx] if load_old else None
+    r[idx] = val
+    return old
+  return swap
 
 
 @rule("addupdate")
@@ -97,15 +102,19 @@ def _masked_load(eqn, *flat):
   return lax_ops.select(mask, val, other)   # masked-off lanes read `other`
 
 
-@rule("masked_swap")
-def _masked_swap(eqn, *flat):
-  ref, transforms, val, mask = eqn.params["args_tree"].unflatten(flat)
-  _check_ref(eqn, ref)
-  r, idx = view(eqn, ref, transforms, last_index=True)
-  target = r.at[idx] if idx is not ... else r
-  old = None if _dropped(eqn) else target[...]
-  tpu.store(target, val, mask=mask)
-  return old
+@compiling_rule("masked_swap")
+def _masked_swap(eqn):
+  args_tree, load_old = eqn.params["args_tree"], not _dropped(eqn)
+
+  def masked_swap(*flat):
+    ref, transforms, val, mask = args_tree.unflatten(flat)
+    _check_ref(eqn, ref)
+    r, idx = view(eqn, ref, transforms, last_index=True)
+    target = r.at[idx] if idx is not ... else r
+    old = target[...] if load_old else None
+    tpu.store(target, val, mask=mask)
+    return old
+  return masked_swap
 
 
 # ------------------------------------------------------------------ grid and hints
