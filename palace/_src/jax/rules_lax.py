@@ -6,6 +6,7 @@ import numpy as np
 import palace._src.lang.numpy_ops as pjnp
 from palace._src.jax.interpret import compiling_rule, rule, shape_of, unsupported
 from palace._src.lang import lax_ops, numpy_linalg, tpu_primitives
+from palace._src.lang.array import Array
 
 _UNARY = {
     "neg": pjnp.negative, "abs": pjnp.abs, "sign": pjnp.sign, "floor": pjnp.floor, "ceil": pjnp.ceil,
@@ -58,14 +59,29 @@ def _binary(fn, name):
   def make(eqn):
     from jax._src import core as jax_core  # noqa: PLC0415
     x, y = eqn.invars
-    if bool_fn is not None and _aval_is_bool(x):
-      return bool_fn
+    op = bool_fn if bool_fn is not None and _aval_is_bool(x) else fn
     if name in _INT_LITERAL_OK and type(y) is jax_core.Literal and not y.aval.shape and \
-        np.dtype(y.aval.dtype) == np.int32 and np.dtype(x.aval.dtype) == np.int32:
+        np.dtype(y.aval.dtype) == np.int32 and np.dtype(x.aval.dtype) == np.int32 and op is fn:
       lit = int(y.val)
-      return lambda a, _: fn(a, lit)
-    return fn
+      return lambda a, _: op(a, lit)
+    for k, (lit, other) in enumerate(((x, y), (y, x))):
+      if type(lit) is jax_core.Literal and not lit.aval.shape and not other.aval.shape and \
+          np.dtype(lit.aval.dtype) == np.dtype(other.aval.dtype):
+        return _scalar_literal(op, k, lit)
+    return op
   return make
+
+
+def _scalar_literal(op, k: int, lit):
+  """A scalar op with a literal operand `k` of the other operand's dtype. Inside a kernel the
+  literal is passed as a constant palace scalar (ready at time 0), so the op takes palace's
+  same-dtype path instead of promoting a NumPy scalar; on the host (index maps) it stays NumPy."""
+  from palace._src.jax.interpret import literal  # noqa: PLC0415
+  value = literal(lit)
+  const = Array(value, (), np.dtype(lit.aval.dtype), 0)
+  if k == 0:
+    return lambda _, b: op(const if type(b) is Array else value, b)
+  return lambda a, _: op(a, const if type(a) is Array else value)
 
 
 for _n, _f in _UNARY.items():
