@@ -100,3 +100,23 @@ def test_a_rule_giving_the_wrong_dtype_is_caught_not_computed(monkeypatch):
   with pytest.raises(ppl.UnsupportedError, match=r"primitive 'neg' .* gave a int32\[8, 128\] value "
                                                  r"where JAX expects float32\[8, 128\]"):
     _run(kernel, jax.ShapeDtypeStruct((8, 128), jnp.float32), X)
+
+
+def test_repeated_calls_rerun_the_plan_cached_per_dynamic_grid_on_fresh_operands():
+  """A lowering plans its launch once per grid: later calls (same or another dynamic grid bound)
+  run that plan on the new operands."""
+  def kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[...] * 2 + pl.program_id(0).astype(jnp.float32)
+
+  def f(n, x):
+    return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(n,),
+                          in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+                          out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)))(x)
+  xs = [np.arange(32 * 128, dtype=np.float32).reshape(32, 128) % (k + 3) for k in range(3)]
+  with pj.virtual_tpu("v5e") as tpu:
+    g = jax.jit(f)
+    outs = [np.asarray(g(np.int32(n), x)) for n, x in zip((2, 4, 2), xs)]
+  for n, x, out in zip((2, 4, 2), xs, outs):
+    want = x[:8 * n] * 2 + np.repeat(np.arange(n, dtype=np.float32), 8)[:, None]
+    np.testing.assert_array_equal(out[:8 * n], want)   # blocks past the grid are never written
+  assert [r.grid_steps for r in tpu.reports] == [2, 4, 2]
