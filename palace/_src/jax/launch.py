@@ -15,7 +15,7 @@ import numpy as np
 from palace._src import core as pcore
 from palace._src.errors import UnsupportedError
 from palace._src.jax.avals import alloc_type, memory_space
-from palace._src.jax.interpret import eval_closed, eval_jaxpr, grid_axes
+from palace._src.jax.interpret import eval_jaxpr, grid_axes, literal, program, run_program
 from palace._src.launch.host_refs import freeze, new_ref
 from palace._src.launch.kernel import kernel as palace_kernel
 from palace._src.launch.pallas_call import pallas_call
@@ -69,12 +69,17 @@ def _block_shape(params, bm):
 
 
 def _index_map(bm):
+  """The BlockSpec index map: its jaxpr compiled once (interpret.program); one with no equations
+  (`lambda i, j: (i, 0)`, the common case) becomes a plain tuple of its inputs and literals."""
   closed = bm.index_map_jaxpr
-
-  def index_map(*args):
-    return tuple(eval_closed(closed, *args))
-
-  return index_map
+  if not closed.eqns and not closed.constvars:
+    from jax._src import core as jax_core  # noqa: PLC0415
+    pos = {v: k for k, v in enumerate(closed.invars)}
+    picks = tuple((True, literal(v)) if type(v) is jax_core.Literal else (False, pos[v])
+                  for v in closed.outvars)
+    return lambda *args: tuple(v if static else args[v] for static, v in picks)
+  prog, consts = program(closed), closed.consts
+  return lambda *args: tuple(run_program(prog, consts, args))
 
 
 def _block_spec(params, bm):
@@ -142,14 +147,18 @@ def _palace_launch(params, grid):
   vmapped = tuple(int(d) for d in getattr(gm, "vmapped_dims", ()))
   user_axes = tuple(d for d in range(len(grid)) if d not in vmapped)
 
+  prog = program(jaxpr)
+
   def kernel(*refs):
+    if not vmapped:
+      run_program(prog, (), refs)
+      return
     # program_id / num_programs count the user's grid axes only (not the ones jax.vmap added)
-    token = grid_axes.set(user_axes) if vmapped else None
+    token = grid_axes.set(user_axes)
     try:
-      eval_jaxpr(jaxpr, (), *refs)
+      run_program(prog, (), refs)
     finally:
-      if token is not None:
-        grid_axes.reset(token)
+      grid_axes.reset(token)
 
   kernel.__name__ = kernel_name(params)
   grid_spec = pcore.PrefetchScalarGridSpec(nsp, grid, in_specs, out_specs, scratch)
