@@ -143,11 +143,15 @@ def callback_overhead(reps):
   return t_jax_path, t_own, t_interp, t_jit
 
 
-def _table(title, rows):
-  """Print one table; returns the geomean ratio over JAX interpret mode (palace.jax, palace own)."""
-  print(f"{title:48s} {'palace.jax':>11s} {'JAX interp':>11s} {'ratio':>7s} {'palace own':>11s} "
-        f"{'own ratio':>9s}")
-  for name, tp, tj, to in rows:
+def _table(title, rows, show_rows=True):
+  """Print one table (or only its summary); returns the geomean ratios over JAX interpret mode
+  (palace.jax, palace's own path)."""
+  if show_rows:
+    print(f"{title:48s} {'palace.jax':>11s} {'JAX interp':>11s} {'ratio':>7s} {'palace own':>11s} "
+          f"{'own ratio':>9s}")
+  else:
+    print(title)
+  for name, tp, tj, to in rows if show_rows else ():
     print(f"{name:48s} {tp * 1e3:9.2f}ms {tj * 1e3:9.2f}ms {tj / tp:6.1f}x {to * 1e3:9.2f}ms "
           f"{tj / to:8.1f}x")
   geo = math.exp(sum(math.log(tj / tp) for _, tp, tj, _ in rows) / len(rows))
@@ -185,7 +189,7 @@ def main(argv=None) -> None:
   if large:
     _table("the same kernels at realistic sizes", large)
   if rows and large:
-    _table("all of the above", rows + large)
+    _table("all of the above", rows + large, show_rows=False)
   t_cb, t_own, t_interp, t_jit = callback_overhead(reps * 4)
   print(f"per launch (one-step copy kernel): palace.jax {t_cb * 1e6:.0f} us, palace's own "
         f"pl.pallas_call {t_own * 1e6:.0f} us (palace.jax's callback + interpreter overhead: "

@@ -240,11 +240,6 @@ def _wrong_type(eqn, x, expected) -> None:
       f"is a gap in palace's interpreter rule for it (please report), not an error in the kernel.")
 
 
-def eval_closed(jaxpr, *args) -> list:
-  """Run a jaxpr with its attached consts (JAX 0.12's closed jaxprs)."""
-  return run_program(program(jaxpr), jaxpr.consts, args)
-
-
 def shape_of(x) -> tuple:
   return tuple(np.shape(x)) if not hasattr(x, "shape") else tuple(x.shape)
 
