@@ -120,3 +120,20 @@ def test_repeated_calls_rerun_the_plan_cached_per_dynamic_grid_on_fresh_operands
     want = x[:8 * n] * 2 + np.repeat(np.arange(n, dtype=np.float32), 8)[:, None]
     np.testing.assert_array_equal(out[:8 * n], want)   # blocks past the grid are never written
   assert [r.grid_steps for r in tpu.reports] == [2, 4, 2]
+
+
+def test_a_dma_left_in_flight_is_reported_at_the_kernel_line_that_started_it():
+  import inspect
+  import palace as ppl
+
+  def kernel(x_hbm, o_hbm, sem):
+    pltpu.make_async_copy(x_hbm, o_hbm, sem).start()   # never waited
+
+  line = inspect.getsourcelines(kernel)[1] + 1
+  f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(X.shape, X.dtype),
+                     in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                     out_specs=pl.BlockSpec(memory_space=pl.ANY),
+                     scratch_shapes=[pltpu.SemaphoreType.DMA])
+  with pytest.raises(ppl.SyncError, match=rf"started at test_interpreter.py:{line} "):
+    with pj.virtual_tpu("v5e"):
+      jax.block_until_ready(jax.jit(f)(X))

@@ -77,6 +77,14 @@ def source_line(eqn, outer=()) -> str:
   return "unknown line"
 
 
+def user_site_of(eqn):
+  """(file, line) of the user code that created `eqn`, as `util.user_site()` gives inside palace's
+  own kernels (for DMA records and messages), or None when the equation has no user frame."""
+  from jax._src import source_info_util  # noqa: PLC0415
+  frame = source_info_util.user_frame(eqn.source_info.traceback)
+  return None if frame is None else (frame.file_name, frame.start_line)
+
+
 def unsupported(eqn, what: str = "", fix: str = "", outer=()) -> UnsupportedError:
   """The error for an uncovered primitive or parameter of `eqn` (`outer`: the enclosing equations)."""
   name = eqn.primitive.name

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from palace._src.jax.interpret import compiling_rule, grid_axes, result_unused, rule, unsupported
+from palace._src.jax.interpret import (compiling_rule, grid_axes, result_unused, rule, unsupported,
+                                       user_site_of)
 from palace._src.lang import lax_ops
 from palace._src.lang import primitives as prims
 from palace._src.lang import tpu_primitives as tpu
@@ -285,10 +286,12 @@ def _descriptor(eqn):
   refs = [None if x is None else _ref_operand(eqn, x) for x in (src, dst, dst_sem, src_sem)]
   device_id = _device_id(eqn, device_id)
   remote = device_id is not None
+  site = user_site_of(eqn)   # the kernel's line (None: found from the stack at the start)
 
   def descriptor(flat):
     s, d, ds_, ss = (None if r is None else r(flat) for r in refs)
-    return tpu.AsyncCopyDescriptor(s, d, ds_, ss, device_id=_value(device_id, flat), is_remote=remote)
+    return tpu.AsyncCopyDescriptor(s, d, ds_, ss, device_id=_value(device_id, flat), is_remote=remote,
+                                   site=site)
   return descriptor
 
 
