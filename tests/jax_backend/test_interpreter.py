@@ -137,3 +137,32 @@ def test_a_dma_left_in_flight_is_reported_at_the_kernel_line_that_started_it():
   with pytest.raises(ppl.SyncError, match=rf"started at test_interpreter.py:{line} "):
     with pj.virtual_tpu("v5e"):
       jax.block_until_ready(jax.jit(f)(X))
+
+
+def test_pl_kernel_repeated_calls_rerun_its_cached_plan_with_fresh_mutable_refs():
+  """pl.kernel launches plan once per lowering too; aliased inputs (JAX mutable refs after state
+  discharge) get a fresh palace ref per call, so each call updates its own input."""
+  mesh = pltpu.TensorCoreMesh(axis_name="core", num_cores=1)
+
+  @pl.kernel(out_type=jax.ShapeDtypeStruct((8, 128), jnp.float32), mesh=mesh,
+             scratch_types=[pltpu.VMEM((8, 128), jnp.float32)])
+  def kernel(x_hbm, acc_hbm, o_hbm, buf):
+    pltpu.sync_copy(x_hbm, buf)
+    buf[...] = buf[...] * 2.0
+    pltpu.sync_copy(buf, o_hbm)
+    pltpu.sync_copy(acc_hbm, buf)
+    buf[...] = buf[...] + 1.0
+    pltpu.sync_copy(buf, acc_hbm)
+
+  @jax.jit
+  def f(x, acc):
+    acc_ref = jax.new_ref(acc)
+    out = kernel(x, acc_ref)
+    return out, acc_ref[...]
+  xs = [X + k for k in range(3)]
+  with pj.virtual_tpu("v5e") as tpu:
+    outs = [jax.tree_util.tree_map(np.asarray, f(x, x * 10)) for x in xs]
+  for x, (out, acc) in zip(xs, outs):
+    np.testing.assert_array_equal(out, 2 * x)
+    np.testing.assert_array_equal(acc, x * 10 + 1)
+  assert [r.kernel_name for r in tpu.reports] == ["kernel"] * 3

@@ -94,8 +94,8 @@ def _lower_pod_launch(ctx, in_nodes, engine, params, axis_ctx, manual, kind):
     _machine._active.reset(token)
   group = spmd._Group(pmesh, engine.tpu)   # one rendezvous per launch site, one generation per call
   out_avals = params["out_avals"]
-  run = functools.partial(launch.run_pallas_call, cache={}) if kind == "pallas_call" else \
-      launch.run_mpmd_map
+  run = functools.partial(launch.run_pallas_call if kind == "pallas_call" else launch.run_mpmd_map,
+                          cache={})   # one palace launch and plan per lowering, reused by every call
 
   def host(chip, *arrays):
     token = activate(engine.tpu)
@@ -130,10 +130,9 @@ def lower_on_palace(ctx, in_nodes, engine, params, kind: str = "pallas_call"):
     raise UnsupportedError(f"palace.jax: a {kind} operand that is not an array (a closed-over ref "
                            f"or a hi-type) is not supported yet.")
   _check_covered(params, kind)
-  if kind == "pallas_call":
-    run = functools.partial(launch.run_pallas_call, cache={})   # one palace launch per grid, reused
-  else:
-    run = launch.run_mpmd_map
+  # one palace launch and plan per lowering (and grid), reused by every call
+  run = functools.partial(launch.run_pallas_call if kind == "pallas_call" else launch.run_mpmd_map,
+                          cache={})
   out_avals = params["out_avals"]
 
   def host(*arrays):
