@@ -10,6 +10,7 @@ from palace._src.jax.interpret import (compiling_rule, grid_axes, result_unused,
 from palace._src.lang import lax_ops
 from palace._src.lang import primitives as prims
 from palace._src.lang import tpu_primitives as tpu
+from palace._src.lang.array import Array
 from palace._src.lang.refs import Ref, ds
 
 
@@ -109,9 +110,26 @@ def _view(steps, ref, flat):
   return ref
 
 
+def _index_key(x):
+  """A dynamic index as the int it selects, for the view cache; None when it is not a plain integer
+  scalar with data (the view is then built, and checked, as usual)."""
+  t = type(x)
+  if t is int:
+    return x
+  if t is Array:
+    if x.shape or x._data is None or x.dtype.kind not in "iu":
+      return None
+    return int(x._data)
+  if isinstance(x, np.integer):
+    return int(x)
+  return None
+
+
 def _ref_operand(eqn, x, transforms=(), last_index: bool = False):
   """A compiled ref operand (a _Leaf, or a TransformedRef of one, plus `transforms`): a function
-  flat -> the palace Ref view (and, with last_index, the trailing index: ... when there is none)."""
+  flat -> the palace Ref view (and, with last_index, the trailing index: ... when there is none).
+  Views are cached per base ref and dynamic index values (a view is an immutable function of them;
+  JAX's emit_pipeline re-derives the same few block and slot views on every step)."""
   _, types = _jax_types()
   if isinstance(x, types.TransformedRef):
     x, transforms = x.ref, tuple(x.transforms) + tuple(transforms or ())
@@ -119,11 +137,29 @@ def _ref_operand(eqn, x, transforms=(), last_index: bool = False):
     raise unsupported(eqn, f"an operand of type {type(x).__name__} where a ref belongs")
   k = x.k
   steps, last = _transforms(eqn, transforms, last_index)
+  dynamic = tuple(sorted({a for kind, entries in steps if kind == _AT
+                          for e_kind, a, _, _ in entries if e_kind != _STATIC}))
+  views: dict = {}
+  base = [None]   # the base ref the cached views belong to (a new launch brings new refs)
+
+  def view_of(ref, flat):
+    if not steps:
+      return ref
+    key = tuple(_index_key(flat[a]) for a in dynamic)
+    if None in key:
+      return _view(steps, ref, flat)
+    if ref is not base[0]:
+      views.clear()
+      base[0] = ref
+    v = views.get(key)
+    if v is None:
+      v = views[key] = _view(steps, ref, flat)
+    return v
 
   def ref_of(flat):
     ref = flat[k]
     _check_ref(eqn, ref)
-    ref = _view(steps, ref, flat) if steps else ref
+    ref = view_of(ref, flat)
     if not last_index:
       return ref
     return ref, (... if last is None else _index(last, flat))
