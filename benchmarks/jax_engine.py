@@ -1,6 +1,7 @@
 """palace as JAX's Pallas engine vs JAX's own TPU interpret mode, in one run (issue 17, acceptance 4).
 
-Needs JAX (`.venv-jax`): `PYTHONPATH=$PWD .venv-jax/bin/python -m benchmarks.jax_engine [--quick]`.
+Needs JAX (`.venv-jax`): `PYTHONPATH=$PWD .venv-jax/bin/python -m benchmarks.jax_engine [--quick] [--only=NAME]`
+(`--only=basic:add` runs the kernels whose name contains that text).
 Every parity kernel (tests/jax_parity/kernels, the multi-chip ones on 4 host devices) runs inside `jax.jit` through
 `palace.jax.virtual_tpu` and through `pltpu.force_tpu_interpret_mode`; each side is timed best-of-N on
 a warm cache (the jit compile is excluded on both sides). Prints per-kernel wall times, the ratio and
@@ -48,7 +49,7 @@ def _jax_interpret_ctx(mod):
   st = contextlib.ExitStack()
   jpltpu.reset_tpu_interpret_mode_state()
   st.enter_context(jpltpu.force_tpu_interpret_mode(jpltpu.InterpretParams(dma_execution_mode="eager")))
-  if getattr(mod, "ABSTRACT_MESH", False):
+  if mod is not None and getattr(mod, "ABSTRACT_MESH", False):
     dev = jax.sharding.AbstractDevice(device_kind="TPU v5 lite", num_cores=1, platform="tpu")
     st.enter_context(jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), (), abstract_device=dev)))
   return st
@@ -66,33 +67,98 @@ def _jitted(fn, args):
 
 
 def time_case(fname, case, reps):
+  return time_build(fname, lambda mod: getattr(mod, case)()[:2], reps)
+
+
+def time_build(fname, build, reps):
+  """(palace.jax, JAX interpret mode, palace's own path) wall times of `build(module) -> (fn, args)`,
+  built from the parity file `fname` loaded for real JAX and through palace.compat."""
   mod = harness.jax_module(fname)
   with pj.virtual_tpu("v5e", num_chips=getattr(mod, "NUM_DEVICES", 1)):
-    fn, args, _ = getattr(mod, case)()
+    fn, args = build(mod)
     f = _jitted(fn, args)
     t_palace = _best(lambda: jax.block_until_ready(f(*args)), reps)
   with _jax_interpret_ctx(mod):
-    fn, args, _ = getattr(mod, case)()
+    fn, args = build(mod)
     g = _jitted(fn, args)
     t_jax = _best(lambda: jax.block_until_ready(g(*args)), reps)
-  return t_palace, t_jax
+  own = harness.palace_module(fname)
+  with pl.virtual_tpu("v5e", num_chips=getattr(own, "NUM_DEVICES", 1)):
+    fn, args = build(own)
+    fn(*args)
+    t_own = _best(lambda: fn(*args), reps)
+  return t_palace, t_jax, t_own
+
+
+# The same kernels at realistic sizes (more grid steps, so per-step costs dominate rather than the
+# fixed cost of a launch): the parity files' own kernel builders and the wheel's public functions.
+def _large_tiled_matmul(mod):   # k_basic's tiled matmul (matmul_f32_exact's kernel): 512^3, 64 steps
+  x, y = mod._ints((512, 512), 3), mod._ints((512, 512), 4)
+  return mod._matmul(x, y, 128, 128, 128, np.float32, np.float32), (x, y)
+
+
+def _large_wheel_matmul(mod):   # the wheel's matmul: 512 x 1024 x 512, 128-blocks, 64 steps
+  x, y = mod._ints((512, 1024), 50), mod._ints((1024, 512), 51)
+  return (lambda a, b: mod.matmul.matmul(a, b, block_shape=(128, 128), block_k=256)), (x, y)
+
+
+def _large_flash_attention(mod):   # the wheel's flash attention, causal, seq 1024: 128 grid steps
+  q, k, v = (mod._normal(1, 2, 1024, 128, seed=s) for s in (54, 55, 56))
+  return (lambda a, b, c: mod.flash_attention.flash_attention(a, b, c, causal=True, sm_scale=0.125)), \
+      (q, k, v)
+
+
+def _large_gmm(mod):   # megablox gmm: 2048 x 512 lhs over 4 groups of 512 x 512
+  lhs, rhs = mod._ints((2048, 512), 60), mod._ints((4, 512, 512), 61)
+  sizes = np.array([512, 768, 256, 512], np.int32)
+  return (lambda a, b, c: mod.megablox.gmm(a, b, c, np.float32, (128, 128, 128))), (lhs, rhs, sizes)
+
+
+LARGE = [("large:tiled_matmul_512", "k_basic.py", _large_tiled_matmul),
+         ("large:wheel_matmul_512x1024x512", "k_wheel.py", _large_wheel_matmul),
+         ("large:wheel_flash_attention_causal_1024", "k_wheel.py", _large_flash_attention),
+         ("large:wheel_megablox_gmm_2048", "k_wheel.py", _large_gmm)]
 
 
 def callback_overhead(reps):
-  """Per-launch cost of the JAX path: a one-step copy kernel via palace.jax vs palace directly."""
+  """Fixed per-launch costs on a one-step copy kernel: through palace.jax, through palace's own
+  `pl.pallas_call`, through JAX's interpret mode, and a jitted `x + 1` (jit dispatch alone)."""
   from jax.experimental import pallas as jpl
   x = np.ones((8, 128), np.float32)
 
   def kernel(x_ref, o_ref):
     o_ref[...] = x_ref[...]
+
+  def timed(fn):
+    jax.block_until_ready(fn(x))
+    return _best(lambda: jax.block_until_ready(fn(x)), reps)
   with pj.virtual_tpu("v5e"):
-    f = jax.jit(jpl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype)))
-    jax.block_until_ready(f(x))
-    t_jax_path = _best(lambda: jax.block_until_ready(f(x)), reps)
+    t_jax_path = timed(jax.jit(jpl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))))
   with pl.virtual_tpu("v5e"):
     g = pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct(x.shape, x.dtype))
     t_own = _best(lambda: g(x), reps)
-  return t_jax_path, t_own
+  with _jax_interpret_ctx(None):
+    t_interp = timed(jax.jit(jpl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))))
+  t_jit = timed(jax.jit(lambda a: a + 1))
+  return t_jax_path, t_own, t_interp, t_jit
+
+
+def _table(title, rows, show_rows=True):
+  """Print one table (or only its summary); returns the geomean ratios over JAX interpret mode
+  (palace.jax, palace's own path)."""
+  if show_rows:
+    print(f"{title:48s} {'palace.jax':>11s} {'JAX interp':>11s} {'ratio':>7s} {'palace own':>11s} "
+          f"{'own ratio':>9s}")
+  else:
+    print(title)
+  for name, tp, tj, to in rows if show_rows else ():
+    print(f"{name:48s} {tp * 1e3:9.2f}ms {tj * 1e3:9.2f}ms {tj / tp:6.1f}x {to * 1e3:9.2f}ms "
+          f"{tj / to:8.1f}x")
+  geo = math.exp(sum(math.log(tj / tp) for _, tp, tj, _ in rows) / len(rows))
+  own = math.exp(sum(math.log(tj / to) for _, _, tj, to in rows) / len(rows))
+  print(f"geomean speed-up over JAX's TPU interpret mode: palace.jax {geo:.1f}x, palace's own path "
+        f"{own:.1f}x over {len(rows)} kernels (target >= 30x)\n")
+  return geo, own
 
 
 def main(argv=None) -> None:
@@ -105,25 +171,30 @@ def main(argv=None) -> None:
             "BLAS thread; inside XLA's callback OpenBLAS then fights XLA's threads (up to 25x slower "
             "matmul kernels). pip install threadpoolctl, or set OPENBLAS_NUM_THREADS=1.")
   reps = 2 if "--quick" in argv else 5
-  rows, ratios = [], []
+  only = [a.split("=", 1)[1] for a in argv if a.startswith("--only=")]   # substrings of kernel names
+  wanted = lambda name: not only or any(o in name for o in only)  # noqa: E731
+  rows = []
   for fname in sorted(p.name for p in harness.KERNELS.glob("k_*.py")):
     if fname in SKIP:
       continue
     for case in harness.case_names(fname):
-      if case in SKIP_CASES:
+      name = f"{fname[2:-3]}:{case[5:]}"
+      if case in SKIP_CASES or not wanted(name):
         continue
-      tp, tj = time_case(fname, case, reps)
-      rows.append((f"{fname[2:-3]}:{case[5:]}", tp, tj))
-      ratios.append(tj / tp)
-  print(f"{'kernel':48s} {'palace.jax':>11s} {'JAX interp':>11s} {'ratio':>7s}")
-  for name, tp, tj in rows:
-    print(f"{name:48s} {tp * 1e3:9.2f}ms {tj * 1e3:9.2f}ms {tj / tp:6.1f}x")
-  geo = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
-  print(f"geomean speed-up over JAX's TPU interpret mode: {geo:.1f}x over {len(ratios)} kernels "
-        f"(target >= 30x)")
-  t_cb, t_own = callback_overhead(reps * 4)
-  print(f"per-launch: one-step copy kernel through palace.jax {t_cb * 1e6:.0f} us, through palace's own "
-        f"pl.pallas_call {t_own * 1e6:.0f} us: callback + interpreter overhead {(t_cb - t_own) * 1e6:.0f} us")
+      rows.append((name, *time_case(fname, case, reps)))
+  large = [] if "--no-large" in argv else \
+      [(name, *time_build(fname, build, reps)) for name, fname, build in LARGE if wanted(name)]
+  if rows:
+    _table("parity kernels (as in tests/jax_parity)", rows)
+  if large:
+    _table("the same kernels at realistic sizes", large)
+  if rows and large:
+    _table("all of the above", rows + large, show_rows=False)
+  t_cb, t_own, t_interp, t_jit = callback_overhead(reps * 4)
+  print(f"per launch (one-step copy kernel): palace.jax {t_cb * 1e6:.0f} us, palace's own "
+        f"pl.pallas_call {t_own * 1e6:.0f} us (palace.jax's callback + interpreter overhead: "
+        f"{(t_cb - t_own) * 1e6:.0f} us), JAX interpret mode {t_interp * 1e6:.0f} us; jax.jit dispatch "
+        f"of x + 1: {t_jit * 1e6:.0f} us")
 
 
 if __name__ == "__main__":

@@ -100,3 +100,69 @@ def test_a_rule_giving_the_wrong_dtype_is_caught_not_computed(monkeypatch):
   with pytest.raises(ppl.UnsupportedError, match=r"primitive 'neg' .* gave a int32\[8, 128\] value "
                                                  r"where JAX expects float32\[8, 128\]"):
     _run(kernel, jax.ShapeDtypeStruct((8, 128), jnp.float32), X)
+
+
+def test_repeated_calls_rerun_the_plan_cached_per_dynamic_grid_on_fresh_operands():
+  """A lowering plans its launch once per grid: later calls (same or another dynamic grid bound)
+  run that plan on the new operands."""
+  def kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[...] * 2 + pl.program_id(0).astype(jnp.float32)
+
+  def f(n, x):
+    return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(n,),
+                          in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+                          out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)))(x)
+  xs = [np.arange(32 * 128, dtype=np.float32).reshape(32, 128) % (k + 3) for k in range(3)]
+  with pj.virtual_tpu("v5e") as tpu:
+    g = jax.jit(f)
+    outs = [np.asarray(g(np.int32(n), x)) for n, x in zip((2, 4, 2), xs)]
+  for n, x, out in zip((2, 4, 2), xs, outs):
+    want = x[:8 * n] * 2 + np.repeat(np.arange(n, dtype=np.float32), 8)[:, None]
+    np.testing.assert_array_equal(out[:8 * n], want)   # blocks past the grid are never written
+  assert [r.grid_steps for r in tpu.reports] == [2, 4, 2]
+
+
+def test_a_dma_left_in_flight_is_reported_at_the_kernel_line_that_started_it():
+  import inspect
+  import palace as ppl
+
+  def kernel(x_hbm, o_hbm, sem):
+    pltpu.make_async_copy(x_hbm, o_hbm, sem).start()   # never waited
+
+  line = inspect.getsourcelines(kernel)[1] + 1
+  f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(X.shape, X.dtype),
+                     in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                     out_specs=pl.BlockSpec(memory_space=pl.ANY),
+                     scratch_shapes=[pltpu.SemaphoreType.DMA])
+  with pytest.raises(ppl.SyncError, match=rf"started at test_interpreter.py:{line} "):
+    with pj.virtual_tpu("v5e"):
+      jax.block_until_ready(jax.jit(f)(X))
+
+
+def test_pl_kernel_repeated_calls_rerun_its_cached_plan_with_fresh_mutable_refs():
+  """pl.kernel launches plan once per lowering too; aliased inputs (JAX mutable refs after state
+  discharge) get a fresh palace ref per call, so each call updates its own input."""
+  mesh = pltpu.TensorCoreMesh(axis_name="core", num_cores=1)
+
+  @pl.kernel(out_type=jax.ShapeDtypeStruct((8, 128), jnp.float32), mesh=mesh,
+             scratch_types=[pltpu.VMEM((8, 128), jnp.float32)])
+  def kernel(x_hbm, acc_hbm, o_hbm, buf):
+    pltpu.sync_copy(x_hbm, buf)
+    buf[...] = buf[...] * 2.0
+    pltpu.sync_copy(buf, o_hbm)
+    pltpu.sync_copy(acc_hbm, buf)
+    buf[...] = buf[...] + 1.0
+    pltpu.sync_copy(buf, acc_hbm)
+
+  @jax.jit
+  def f(x, acc):
+    acc_ref = jax.new_ref(acc)
+    out = kernel(x, acc_ref)
+    return out, acc_ref[...]
+  xs = [X + k for k in range(3)]
+  with pj.virtual_tpu("v5e") as tpu:
+    outs = [jax.tree_util.tree_map(np.asarray, f(x, x * 10)) for x in xs]
+  for x, (out, acc) in zip(xs, outs):
+    np.testing.assert_array_equal(out, 2 * x)
+    np.testing.assert_array_equal(acc, x * 10 + 1)
+  assert [r.kernel_name for r in tpu.reports] == ["kernel"] * 3

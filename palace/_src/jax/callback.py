@@ -51,6 +51,19 @@ def _check_covered(params, kind) -> None:
     check_covered(j)
 
 
+def _emit_callback(ctx, host, in_nodes):
+  """One XLA host callback running `host(*numpy_operands) -> [numpy outputs]`. This is what
+  `jax.pure_callback` lowers to, minus its per-call `device_put` of every operand into a jax.Array
+  (which the host would turn straight back into NumPy): XLA hands the host NumPy views of its
+  buffers, and copies the results into its own."""
+  from jax._src import callback as jax_callback  # noqa: PLC0415
+  sharding = jax_callback._callback_op_sharding(ctx.module_context.axis_context, None, ctx.avals_out)
+  results, _, _ = jax_callback.emit_python_callback(
+      ctx, host, None, list(in_nodes), list(ctx.avals_in), list(ctx.avals_out), has_side_effect=False,
+      returns_token=False, sharding=sharding)
+  return results
+
+
 def _kernel_jaxprs(params, kind):
   return (params["jaxpr"],) if kind == "pallas_call" else tuple(params["jaxprs"])
 
@@ -60,9 +73,7 @@ def _lower_pod_launch(ctx, in_nodes, engine, params, axis_ctx, manual, kind):
   chip: row-major over the mesh, as JAX's axis_index computes it) and the N callbacks, which XLA
   runs concurrently, meet in one palace pod launch through palace's own shard_map rendezvous
   (launch/spmd.py), so remote DMAs, barriers and device ids work and are timed as in pl.shard_map."""
-  import jax  # noqa: PLC0415
   from jax._src import core as jax_core  # noqa: PLC0415
-  from jax._src.interpreters import mlir  # noqa: PLC0415
   from jax._src.lib.mlir import ir  # noqa: PLC0415
   from jax._src.lib.mlir.dialects import hlo  # noqa: PLC0415
   from palace._src.jax import launch  # noqa: PLC0415
@@ -84,9 +95,8 @@ def _lower_pod_launch(ctx, in_nodes, engine, params, axis_ctx, manual, kind):
     _machine._active.reset(token)
   group = spmd._Group(pmesh, engine.tpu)   # one rendezvous per launch site, one generation per call
   out_avals = params["out_avals"]
-  result_shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in out_avals]
-  run = functools.partial(launch.run_pallas_call, cache={}) if kind == "pallas_call" else \
-      launch.run_mpmd_map
+  run = functools.partial(launch.run_pallas_call if kind == "pallas_call" else launch.run_mpmd_map,
+                          cache={})   # one palace launch and plan per lowering, reused by every call
 
   def host(chip, *arrays):
     token = activate(engine.tpu)
@@ -103,20 +113,14 @@ def _lower_pod_launch(ctx, in_nodes, engine, params, axis_ctx, manual, kind):
       _machine._active.reset(token)
     return [np.asarray(o, dtype=a.dtype).reshape(a.shape) for o, a in zip(outs, out_avals)]
 
-  def body(chip, *args):
-    return jax.pure_callback(host, result_shapes, chip, *args)
-
   pid = hlo.convert(ir.RankedTensorType.get([], ir.IntegerType.get_signless(32)), hlo.partition_id())
   chip_aval = jax_core.ShapedArray((), np.dtype("int32"))
-  sub = ctx.replace(avals_in=(chip_aval, *ctx.avals_in))
-  return mlir.lower_fun(body, multiple_results=True)(sub, pid, *in_nodes)
+  return _emit_callback(ctx.replace(avals_in=(chip_aval, *ctx.avals_in)), host, (pid, *in_nodes))
 
 
 def lower_on_palace(ctx, in_nodes, engine, params, kind: str = "pallas_call"):
   """Lower one launch (`pallas_call` or `mpmd_map`, i.e. pl.kernel / core_map) to one host callback."""
-  import jax  # noqa: PLC0415
   from jax._src import core as jax_core  # noqa: PLC0415
-  from jax._src.interpreters import mlir  # noqa: PLC0415
   from palace._src.jax import launch  # noqa: PLC0415
 
   axis_ctx = ctx.module_context.axis_context
@@ -127,12 +131,10 @@ def lower_on_palace(ctx, in_nodes, engine, params, kind: str = "pallas_call"):
     raise UnsupportedError(f"palace.jax: a {kind} operand that is not an array (a closed-over ref "
                            f"or a hi-type) is not supported yet. Fix: pass the value as an array operand.")
   _check_covered(params, kind)
-  if kind == "pallas_call":
-    run = functools.partial(launch.run_pallas_call, cache={})   # one palace launch per grid, reused
-  else:
-    run = launch.run_mpmd_map
+  # one palace launch and plan per lowering (and grid), reused by every call
+  run = functools.partial(launch.run_pallas_call if kind == "pallas_call" else launch.run_mpmd_map,
+                          cache={})
   out_avals = params["out_avals"]
-  result_shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in out_avals]
 
   def host(*arrays):
     try:
@@ -143,7 +145,4 @@ def lower_on_palace(ctx, in_nodes, engine, params, kind: str = "pallas_call"):
       raise
     return [np.asarray(o, dtype=a.dtype).reshape(a.shape) for o, a in zip(outs, out_avals)]
 
-  def body(*args):
-    return jax.pure_callback(host, result_shapes, *args)
-
-  return mlir.lower_fun(body, multiple_results=True)(ctx, *in_nodes)
+  return _emit_callback(ctx, host, in_nodes)

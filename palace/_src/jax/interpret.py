@@ -7,12 +7,15 @@ paths apply exactly as for a kernel written against palace directly.
 Rules live in `rules_lax.py` (jax.lax primitives), `rules_state.py` (ref reads/writes and their
 indexers, Pallas and Mosaic-TPU primitives) and `rules_control.py` (cond, loops, calls, run_scoped).
 A rule is `fn(eqn, *invals) -> value` (or a list of values for multi-result primitives); it reads
-static parameters from `eqn.params`. A primitive without a rule, or a parameter value a rule does not
+static parameters from `eqn.params`. Hot rules are compiling rules, `make(eqn) -> fn(*invals)`: each
+jaxpr is compiled once (`program`) into a list of closures over flat value slots, so a kernel step
+pays one closure call per equation, not a dict lookup plus parameter parsing. A primitive without a rule, or a parameter value a rule does not
 cover, raises UnsupportedError naming the primitive and the kernel line from the eqn's source info.
 """
 from __future__ import annotations
 
 import contextvars
+import functools
 import os
 import weakref
 
@@ -21,8 +24,8 @@ import numpy as np
 from palace._src.errors import PalaceError, UnsupportedError
 from palace._src.lang.array import Array
 
-RULES: dict = {}
-_USED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # jaxpr -> vars it reads (a cache)
+RULES: dict = {}   # primitive name -> rule (plain or compiling, see `rule` / `compiling_rule`)
+_PROGRAMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # jaxpr -> its _Program (a cache)
 # the palace grid axes the kernel's program_id / num_programs axes name (None: the same); a vmapped
 # pallas_call has extra leading grid axes its kernel does not see
 grid_axes: contextvars.ContextVar = contextvars.ContextVar("palace_jax_grid_axes", default=None)
@@ -30,28 +33,35 @@ _used_here: contextvars.ContextVar = contextvars.ContextVar("palace_jax_used_var
 
 
 def used_vars(jaxpr) -> frozenset:
-  """The variables `jaxpr` reads (equation operands and outputs); cached per jaxpr."""
-  hit = _USED.get(jaxpr)
-  if hit is None:
-    from jax._src import core as jax_core  # noqa: PLC0415
-    hit = frozenset(v for e in jaxpr.eqns for v in e.invars if not isinstance(v, jax_core.Literal)) | \
-        frozenset(v for v in jaxpr.outvars if not isinstance(v, jax_core.Literal))
-    _USED[jaxpr] = hit
-  return hit
+  """The variables `jaxpr` reads (equation operands and outputs)."""
+  from jax._src import core as jax_core  # noqa: PLC0415
+  return frozenset(v for e in jaxpr.eqns for v in e.invars if not isinstance(v, jax_core.Literal)) | \
+      frozenset(v for v in jaxpr.outvars if not isinstance(v, jax_core.Literal))
 
 
 def result_unused(eqn) -> bool:
-  """True when nothing reads `eqn`'s first result (a swap whose old value is dropped: no load)."""
+  """True when nothing reads `eqn`'s first result (a swap whose old value is dropped: no load).
+  Answered while the enclosing jaxpr is compiled, i.e. from a compiling rule's outer function."""
   used = _used_here.get()
   return used is not None and eqn.outvars[0] not in used
 
 
 def rule(*names):
-  """Register `fn` as the rule of the primitives `names`."""
+  """Register `fn(eqn, *invals) -> value` as the rule of the primitives `names`."""
   def register(fn):
     for n in names:
       RULES[n] = fn
     return fn
+  return register
+
+
+def compiling_rule(*names):
+  """Register `make(eqn) -> fn(*invals) -> value` as the rule of `names`: `make` runs once per
+  equation when its jaxpr is compiled (static parameters parsed, sub-jaxprs compiled, the variant
+  picked from the operands' avals), `fn` at every evaluation."""
+  def register(make):
+    make.compiles = True
+    return rule(*names)(make)
   return register
 
 
@@ -65,6 +75,14 @@ def source_line(eqn, outer=()) -> str:
     if frame is not None:
       return f"{os.path.basename(frame.file_name)}:{frame.start_line} ({frame.function_name})"
   return "unknown line"
+
+
+def user_site_of(eqn):
+  """(file, line) of the user code that created `eqn`, as `util.user_site()` gives inside palace's
+  own kernels (for DMA records and messages), or None when the equation has no user frame."""
+  from jax._src import source_info_util  # noqa: PLC0415
+  frame = source_info_util.user_frame(eqn.source_info.traceback)
+  return None if frame is None else (frame.file_name, frame.start_line)
 
 
 def unsupported(eqn, what: str = "", fix: str = "", outer=()) -> UnsupportedError:
@@ -100,70 +118,134 @@ def literal(v):
   return np.asarray(v.val, dtype=aval.dtype) if aval.shape else np.dtype(aval.dtype).type(v.val)
 
 
-def eval_jaxpr(jaxpr, consts, *args) -> list:
-  """Run `jaxpr` (a core.Jaxpr) on palace values; returns the list of its outputs."""
+class _Program:
+  """A jaxpr compiled for evaluation: values live in a flat list (`template`: literals in place),
+  each equation is (its rule's closure, operand slots, result slots, expected result types)."""
+  __slots__ = ("template", "const_slots", "in_slots", "steps", "out_slots", "__weakref__")
+
+
+def _expected(var):
+  """(shape, dtype) JAX typed `var` with, or None for refs and tokens (not checked)."""
+  aval = var.aval
+  shape = getattr(aval, "shape", None)
+  if shape is None or getattr(aval, "inner_aval", None) is not None:
+    return None
+  return tuple(shape), np.dtype(aval.dtype)
+
+
+def _failing(error):
+  def fail(*_):
+    raise error
+  return fail
+
+
+def program(jaxpr) -> _Program:
+  """`jaxpr` compiled once (cached per jaxpr): every equation's rule resolved and its static
+  parameters parsed up front, so an evaluation is one closure call per equation."""
+  prog = _PROGRAMS.get(jaxpr)
+  if prog is not None:
+    return prog
   from jax._src import core as jax_core  # noqa: PLC0415
   Literal = jax_core.Literal
-  env = {}
-  for v, x in zip(jaxpr.constvars, consts):
-    env[v] = x if isinstance(x, (int, float, bool, np.ndarray, np.generic)) or hasattr(x, "_ready") \
-        or not hasattr(x, "__array__") else np.asarray(x)  # captured jax.Arrays become NumPy
-  if len(args) != len(jaxpr.invars):
-    raise UnsupportedError(f"palace.jax: a jaxpr with {len(jaxpr.invars)} inputs got {len(args)} values.")
-  for v, x in zip(jaxpr.invars, args):
-    env[v] = x
+  slots, template = {}, []
+
+  def slot(v):
+    if type(v) is Literal:
+      template.append(literal(v))
+      return len(template) - 1
+    i = slots.get(v)
+    if i is None:
+      i = slots[v] = len(template)
+      template.append(None)
+    return i
+
+  prog = _Program()
+  prog.const_slots = tuple(slot(v) for v in jaxpr.constvars)
+  prog.in_slots = tuple(slot(v) for v in jaxpr.invars)
+  steps = []
   token = _used_here.set(used_vars(jaxpr))
   try:
-    _run(jaxpr, env, Literal)
+    for eqn in jaxpr.eqns:
+      fn = RULES.get(eqn.primitive.name)
+      if fn is None:
+        fn = _failing(unsupported(eqn))
+      elif getattr(fn, "compiles", False):
+        try:
+          fn = fn(eqn)
+        except UnsupportedError as e:  # raised if and when the equation is evaluated, as before
+          fn = _failing(e)
+      else:
+        fn = functools.partial(fn, eqn)
+      ins = tuple(slot(v) for v in eqn.invars)
+      multiple = eqn.primitive.multiple_results
+      outs = tuple(slot(v) for v in eqn.outvars)
+      checks = tuple(_expected(v) for v in eqn.outvars)
+      steps.append((fn, ins, outs if multiple else outs[0], checks if multiple else checks[0],
+                    multiple, eqn))
   finally:
     _used_here.reset(token)
-  return [literal(v) if type(v) is Literal else env[v] for v in jaxpr.outvars]
+  prog.steps = tuple(steps)
+  prog.out_slots = tuple(slot(v) for v in jaxpr.outvars)
+  prog.template = template
+  _PROGRAMS[jaxpr] = prog
+  return prog
 
 
-def _run(jaxpr, env, Literal) -> None:
-  for eqn in jaxpr.eqns:
-    fn = RULES.get(eqn.primitive.name)
-    if fn is None:
-      raise unsupported(eqn)
-    invals = [literal(v) if type(v) is Literal else env[v] for v in eqn.invars]
+def _const(x):
+  # captured jax.Arrays become NumPy; palace values and NumPy values stay as they are
+  return x if isinstance(x, (int, float, bool, np.ndarray, np.generic)) or hasattr(x, "_ready") \
+      or not hasattr(x, "__array__") else np.asarray(x)
+
+
+def run_program(prog: _Program, consts, args) -> list:
+  """Evaluate a compiled jaxpr on palace values; returns the list of its outputs."""
+  if len(args) != len(prog.in_slots):
+    raise UnsupportedError(f"palace.jax: a jaxpr with {len(prog.in_slots)} inputs got {len(args)} "
+                           f"values.")
+  env = prog.template.copy()
+  for i, x in zip(prog.const_slots, consts):
+    env[i] = _const(x)
+  for i, x in zip(prog.in_slots, args):
+    env[i] = x
+  for fn, ins, outs, checks, multiple, eqn in prog.steps:
     try:
-      out = fn(eqn, *invals)
+      out = fn(*[env[i] for i in ins])
     except PalaceError as e:
       if not getattr(e, "_palace_jax_line", False):
         e._palace_jax_line = True
         e.add_note(f"(in the JAX kernel at {source_line(eqn)}, primitive '{eqn.primitive.name}')")
       raise
-    if eqn.primitive.multiple_results:
-      for v, x in zip(eqn.outvars, out):
-        _check_type(eqn, v, x)
-        env[v] = x
+    if multiple:
+      for i, x, c in zip(outs, out, checks):
+        if c is not None and isinstance(x, Array) and (x.shape != c[0] or x.dtype != c[1]):
+          _wrong_type(eqn, x, c)
+        env[i] = x
     else:
-      _check_type(eqn, eqn.outvars[0], out)
-      env[eqn.outvars[0]] = out
+      if checks is not None and isinstance(out, Array) and (out.shape != checks[0] or
+                                                            out.dtype != checks[1]):
+        _wrong_type(eqn, out, checks)
+      env[outs] = out
+  return [env[i] for i in prog.out_slots]
 
 
-def _check_type(eqn, var, x) -> None:
+def eval_jaxpr(jaxpr, consts, *args) -> list:
+  """Run `jaxpr` (a core.Jaxpr) on palace values; returns the list of its outputs."""
+  return run_program(program(jaxpr), consts, args)
+
+
+def _wrong_type(eqn, x, expected) -> None:
   """A value must have the shape and dtype JAX typed it with: a palace op that promotes or shapes
-  differently from JAX would otherwise compute something else silently."""
-  if not isinstance(x, Array):
-    # NumPy values: index maps run vectorised over the whole grid (one column per grid axis, int64)
-    # outside the kernel, where palace's pipeline falls back to per-step calls on any error
+  differently from JAX would otherwise compute something else silently. (NumPy values are not
+  checked: index maps run vectorised over the whole grid, one int64 column per grid axis, outside
+  the kernel, where palace's pipeline falls back to per-step calls on any error.)"""
+  shape, dtype = expected
+  xs, xd = tuple(x.shape), np.dtype(x.dtype)
+  if xs == shape and xd == dtype:
     return
-  aval = var.aval
-  shape = getattr(aval, "shape", None)
-  if shape is None or getattr(aval, "inner_aval", None) is not None:
-    return   # refs, tokens
-  xd, xs = x.dtype, tuple(x.shape)
-  if xs != tuple(shape) or np.dtype(xd) != np.dtype(aval.dtype):
-    raise UnsupportedError(
-        f"palace.jax: primitive '{eqn.primitive.name}' (kernel line {source_line(eqn)}) gave a "
-        f"{np.dtype(xd)}{list(xs)} value where JAX expects {np.dtype(aval.dtype)}{list(shape)}; this "
-        f"is a gap in palace's interpreter rule for it (please report), not an error in the kernel.")
-
-
-def eval_closed(jaxpr, *args) -> list:
-  """Run a jaxpr with its attached consts (JAX 0.12's closed jaxprs)."""
-  return eval_jaxpr(jaxpr, jaxpr.consts, *args)
+  raise UnsupportedError(
+      f"palace.jax: primitive '{eqn.primitive.name}' (kernel line {source_line(eqn)}) gave a "
+      f"{xd}{list(xs)} value where JAX expects {dtype}{list(shape)}; this "
+      f"is a gap in palace's interpreter rule for it (please report), not an error in the kernel.")
 
 
 def shape_of(x) -> tuple:

@@ -15,10 +15,11 @@ import numpy as np
 from palace._src import core as pcore
 from palace._src.errors import UnsupportedError
 from palace._src.jax.avals import alloc_type, memory_space
-from palace._src.jax.interpret import eval_closed, eval_jaxpr, grid_axes
+from palace._src.jax.interpret import grid_axes, literal, program, run_program
 from palace._src.launch.host_refs import freeze, new_ref
 from palace._src.launch.kernel import kernel as palace_kernel
 from palace._src.launch.pallas_call import pallas_call
+from palace._src.launch.run import run
 
 
 def kernel_name(params) -> str:
@@ -69,12 +70,17 @@ def _block_shape(params, bm):
 
 
 def _index_map(bm):
+  """The BlockSpec index map: its jaxpr compiled once (interpret.program); one with no equations
+  (`lambda i, j: (i, 0)`, the common case) becomes a plain tuple of its inputs and literals."""
   closed = bm.index_map_jaxpr
-
-  def index_map(*args):
-    return tuple(eval_closed(closed, *args))
-
-  return index_map
+  if not closed.eqns and not closed.constvars:
+    from jax._src import core as jax_core  # noqa: PLC0415
+    pos = {v: k for k, v in enumerate(closed.invars)}
+    picks = tuple((True, literal(v)) if type(v) is jax_core.Literal else (False, pos[v])
+                  for v in closed.outvars)
+    return lambda *args: tuple(v if static else args[v] for static, v in picks)
+  prog, consts = program(closed), closed.consts
+  return lambda *args: tuple(run_program(prog, consts, args))
 
 
 def _block_spec(params, bm):
@@ -115,15 +121,17 @@ def _grid(gm, bounds) -> tuple:
 def run_pallas_call(params, args, cache=None):
   """Run one JAX `pallas_call` (its primitive parameters and NumPy operands) on the active palace
   VirtualTPU; returns the list of NumPy outputs. `cache` (a dict the lowering keeps for its one
-  launch site) holds the palace launch built for each grid, so repeated calls skip rebuilding it."""
+  launch site, whose operand shapes, dtypes and engine are fixed) holds the palace LaunchPlan made
+  for each grid by the first call, so later calls only run it."""
   gm = params["grid_mapping"]
   grid = _grid(gm, args[:gm.num_dynamic_grid_bounds])
-  call = None if cache is None else cache.get(grid)
-  if call is None:
-    call = _palace_launch(params, grid)
+  operands = args[gm.num_dynamic_grid_bounds:]
+  plan = None if cache is None else cache.get(grid)
+  if plan is None:
+    plan, operands = _palace_launch(params, grid).plan(*operands)
     if cache is not None:
-      cache[grid] = call
-  return list(call(*args[gm.num_dynamic_grid_bounds:]))
+      cache[grid] = plan
+  return run(plan, operands)
 
 
 def _palace_launch(params, grid):
@@ -140,14 +148,18 @@ def _palace_launch(params, grid):
   vmapped = tuple(int(d) for d in getattr(gm, "vmapped_dims", ()))
   user_axes = tuple(d for d in range(len(grid)) if d not in vmapped)
 
+  prog = program(jaxpr)
+
   def kernel(*refs):
+    if not vmapped:
+      run_program(prog, (), refs)
+      return
     # program_id / num_programs count the user's grid axes only (not the ones jax.vmap added)
-    token = grid_axes.set(user_axes) if vmapped else None
+    token = grid_axes.set(user_axes)
     try:
-      eval_jaxpr(jaxpr, (), *refs)
+      run_program(prog, (), refs)
     finally:
-      if token is not None:
-        grid_axes.reset(token)
+      grid_axes.reset(token)
 
   kernel.__name__ = kernel_name(params)
   grid_spec = pcore.PrefetchScalarGridSpec(nsp, grid, in_specs, out_specs, scratch)
@@ -175,34 +187,53 @@ def check_mpmd(params) -> None:
                            f"inputs.")
 
 
-def run_mpmd_map(params, args):
+def run_mpmd_map(params, args, cache=None):
   """Run one JAX `mpmd_map` (pl.kernel / core_map over a TensorCoreMesh) on the active VirtualTPU.
   Aliased inputs (JAX mutable refs handed to the kernel, after state discharge) become palace
-  mutable refs that the kernel updates in place; their outputs are those refs' final values."""
+  mutable refs that the kernel updates in place; their outputs are those refs' final values.
+  `cache` (the lowering's dict) keeps the palace launch and its LaunchPlan from the first call."""
+  entry = None if cache is None else cache.get("launch")
+  if entry is None:
+    entry = _mpmd_launch(params, len(args))
+    if cache is not None:
+      cache["launch"] = entry
+  call, aliases, in_of_out, n_out = entry
+  mutable = {i: new_ref(args[i]) for i in aliases}   # a private copy the kernel updates in place
+  operands = [mutable.get(i, a) for i, a in enumerate(args)]
+  plan = None if cache is None else cache.get("plan")
+  if plan is None:
+    plan, operands = call.plan(*operands)
+    if cache is not None:
+      cache["plan"] = plan
+  res = iter(run(plan, operands))
+  return [freeze(mutable[in_of_out[o]]) if o in in_of_out else next(res) for o in range(n_out)]
+
+
+def _mpmd_launch(params, n_in: int):
+  """(palace pl.kernel call, aliased input indices, output -> input, output count) of an mpmd_map."""
   check_mpmd(params)
   jaxpr, mesh = params["jaxprs"][0], params["meshes"][0]
   dbg = getattr(jaxpr, "debug_info", None)
   name = str(params.get("name") or getattr(dbg, "func_name", None) or "kernel")
   out_avals = params["out_avals"]
-  n_in, n_out = len(args), len(out_avals)
+  n_out = len(out_avals)
   aliases = {int(i): int(o) for i, o in dict(params.get("input_output_aliases") or {}).items()}
   in_of_out = {o: i for i, o in aliases.items()}
   scratch = [alloc_type(v.aval, f"scratch[{k}]") for k, v in enumerate(jaxpr.invars[n_in + n_out:])]
   fresh = [o for o in range(n_out) if o not in in_of_out]
   out_type = [pcore.ShapeDtypeStruct(tuple(out_avals[o].shape), np.dtype(out_avals[o].dtype))
               for o in fresh]
-  mutable = {i: new_ref(np.array(args[i])) for i in aliases}
+  prog = program(jaxpr)
 
   def body(*refs):
     ins, outs, scr = refs[:n_in], refs[n_in:n_in + len(fresh)], refs[n_in + len(fresh):]
     it = iter(outs)
     all_outs = [ins[in_of_out[o]] if o in in_of_out else next(it) for o in range(n_out)]
-    eval_jaxpr(jaxpr, (), *ins, *all_outs, *scr)
+    run_program(prog, (), (*ins, *all_outs, *scr))
 
   body.__name__ = name
   (axis, size), = mesh.shape.items()
   call = palace_kernel(body, out_type, mesh=pcore.TensorCoreMesh(str(axis), int(size)),
                        scratch_types=scratch, compiler_params=_compiler_params(params.get("compiler_params")),
                        name=name)
-  res = iter(call(*[mutable.get(i, a) for i, a in enumerate(args)]))
-  return [freeze(mutable[in_of_out[o]]) if o in in_of_out else next(res) for o in range(n_out)]
+  return call, tuple(aliases), in_of_out, n_out

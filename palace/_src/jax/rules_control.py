@@ -4,15 +4,15 @@ primitives, so their scalar-unit costs are charged as for a palace kernel."""
 from __future__ import annotations
 
 from palace._src.jax.avals import alloc_type
-from palace._src.jax.interpret import eval_closed, eval_jaxpr, rule, unsupported
+from palace._src.jax.interpret import compiling_rule, eval_jaxpr, program, rule, run_program, unsupported
 import palace._src.lang.numpy_ops as pjnp
 from palace._src.lang import primitives as prims
 from palace._src.lang.array import concrete_int
 
 
-@rule("pjit", "jit", "closed_call", "core_call", "remat", "checkpoint", "custom_jvp_call",
-      "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin")
-def _call(eqn, *args):
+@compiling_rule("pjit", "jit", "closed_call", "core_call", "remat", "checkpoint", "custom_jvp_call",
+                "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin")
+def _call(eqn):
   p = eqn.params
   for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
     j = p.get(key)
@@ -20,25 +20,36 @@ def _call(eqn, *args):
       break
   else:
     raise unsupported(eqn, "no inner jaxpr")
-  return eval_closed(j, *args[len(args) - len(j.invars):])
+  prog, consts, n = program(j), j.consts, len(j.invars)
+
+  def call(*args):
+    return run_program(prog, consts, args[len(args) - n:])
+  return call
 
 
-@rule("cond")
-def _cond(eqn, index, *ops):
-  branches = eqn.params["branches"]
-  fns = [lambda *a, b=b: eval_closed(b, *a) for b in branches]
-  return prims.switch(index, fns, *ops)
+def _closed(j):
+  """fn(*args) -> outputs of the closed jaxpr `j`, compiled once."""
+  prog, consts = program(j), j.consts
+  return lambda *args: run_program(prog, consts, args)
 
 
-@rule("while")
-def _while(eqn, *args):
+@compiling_rule("cond")
+def _cond(eqn):
+  fns = [_closed(b) for b in eqn.params["branches"]]
+  return lambda index, *ops: prims.switch(index, fns, *ops)
+
+
+@compiling_rule("while")
+def _while(eqn):
   p = eqn.params
   cn, bn = int(p["cond_nconsts"]), int(p["body_nconsts"])
-  cconsts, bconsts, init = args[:cn], args[cn:cn + bn], args[cn + bn:]
-  cj, bj = p["cond_jaxpr"], p["body_jaxpr"]
-  out = prims.while_loop(lambda c: eval_closed(cj, *cconsts, *c)[0],
-                         lambda c: tuple(eval_closed(bj, *bconsts, *c)), tuple(init))
-  return list(out)
+  cond, body = _closed(p["cond_jaxpr"]), _closed(p["body_jaxpr"])
+
+  def while_(*args):
+    cconsts, bconsts, init = args[:cn], args[cn:cn + bn], args[cn + bn:]
+    return list(prims.while_loop(lambda c: cond(*cconsts, *c)[0],
+                                 lambda c: tuple(body(*bconsts, *c)), tuple(init)))
+  return while_
 
 
 def _is_fori(body, nc: int) -> bool:
@@ -55,8 +66,8 @@ def _is_fori(body, nc: int) -> bool:
   return False
 
 
-@rule("scan")
-def _scan(eqn, *args):
+@compiling_rule("scan")
+def _scan(eqn):
   """lax.scan / fori_loop: palace's fori_loop over the carry (charged as a palace loop); scanned
   inputs are read with x[i] and stacked outputs gathered with jnp.stack, as a kernel would."""
   p = eqn.params
@@ -64,32 +75,43 @@ def _scan(eqn, *args):
     nc, ncarry = (len(list(g.vals)) for g in p["ft_in"].unpack()[:2])
   else:
     nc, ncarry = int(p["num_consts"]), int(p["num_carry"])
-  consts, init, xs = args[:nc], args[nc:nc + ncarry], args[nc + ncarry:]
-  body, length, reverse = p["jaxpr"], int(p["length"]), bool(p.get("reverse"))
-  n_ys = len(body.outvars) - ncarry
-  if not xs and not n_ys:
-    if _is_fori(body, nc):
+  body_jaxpr, length, reverse = p["jaxpr"], int(p["length"]), bool(p.get("reverse"))
+  body = _closed(body_jaxpr)
+  n_ys = len(body_jaxpr.outvars) - ncarry
+  n_xs = len(body_jaxpr.invars) - nc - ncarry
+  if not n_xs and not n_ys:
+    if _is_fori(body_jaxpr, nc):
       # fori_loop's scan increments its counter itself (`i + 1` in the body): that add is the
       # loop's scalar cost, which palace's fori_loop would charge a second time
-      carry = tuple(init)
-      for _ in range(length):
-        carry = tuple(eval_closed(body, *consts, *carry))
-      return list(carry)
-    return list(prims.fori_loop(0, length, lambda i, c: tuple(eval_closed(body, *consts, *c)),
-                                tuple(init)))
-  ys = [[None] * length for _ in range(n_ys)]
+      def fori(*args):
+        consts, carry = args[:nc], args[nc:]
+        for _ in range(length):
+          carry = body(*consts, *carry)
+        return list(carry)
+      return fori
 
-  def step(i, carry):
-    k = length - 1 - concrete_int(i) if reverse else concrete_int(i)
-    out = eval_closed(body, *consts, *carry, *(x[k] for x in xs))
-    for y, v in zip(ys, out[ncarry:]):
-      y[k] = v
-    return tuple(out[:ncarry])
+    def loop(*args):
+      consts = args[:nc]
+      return list(prims.fori_loop(0, length, lambda i, c: tuple(body(*consts, *c)),
+                                  tuple(args[nc:])))
+    return loop
 
-  carry = prims.fori_loop(0, length, step, tuple(init))
-  if length == 0 and n_ys:
-    raise unsupported(eqn, "a zero-length scan with stacked outputs")
-  return [*carry, *(pjnp.stack(y) for y in ys)]
+  def scan(*args):
+    consts, init, xs = args[:nc], args[nc:nc + ncarry], args[nc + ncarry:]
+    ys = [[None] * length for _ in range(n_ys)]
+
+    def step(i, carry):
+      k = length - 1 - concrete_int(i) if reverse else concrete_int(i)
+      out = body(*consts, *carry, *(x[k] for x in xs))
+      for y, v in zip(ys, out[ncarry:]):
+        y[k] = v
+      return tuple(out[:ncarry])
+
+    carry = prims.fori_loop(0, length, step, tuple(init))
+    if length == 0 and n_ys:
+      raise unsupported(eqn, "a zero-length scan with stacked outputs")
+    return [*carry, *(pjnp.stack(y) for y in ys)]
+  return scan
 
 
 @rule("run_scoped")

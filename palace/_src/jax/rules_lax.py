@@ -4,8 +4,9 @@ from __future__ import annotations
 import numpy as np
 
 import palace._src.lang.numpy_ops as pjnp
-from palace._src.jax.interpret import rule, shape_of, unsupported
+from palace._src.jax.interpret import compiling_rule, rule, shape_of, unsupported
 from palace._src.lang import lax_ops, numpy_linalg, tpu_primitives
+from palace._src.lang.array import Array
 
 _UNARY = {
     "neg": pjnp.negative, "abs": pjnp.abs, "sign": pjnp.sign, "floor": pjnp.floor, "ceil": pjnp.ceil,
@@ -30,44 +31,84 @@ def _dtype(x):
   return np.dtype(getattr(x, "dtype", None) or np.asarray(x).dtype)
 
 
-def _is_bool(x) -> bool:
-  return _dtype(x) == np.bool_
+def _aval_is_bool(var) -> bool:
+  return np.dtype(var.aval.dtype) == np.bool_
+
+
+# binary ops whose palace op takes a weak Python int for an int32 scalar literal: JAX typed both
+# operands int32, so the result is the same, and palace's int32-scalar fast path applies
+_INT_LITERAL_OK = frozenset({"add", "sub", "mul", "max", "min", "eq", "ne", "lt", "le", "gt", "ge", "and",
+                             "or", "xor", "shift_left", "shift_right_arithmetic"})
 
 
 def _unary(fn):
-  def apply(eqn, x):
-    if eqn.primitive.name == "not" and _is_bool(x):
-      return pjnp.logical_not(x)
-    return fn(x)
-  return apply
+  def make(eqn):
+    if eqn.primitive.name == "not" and _aval_is_bool(eqn.invars[0]):
+      return pjnp.logical_not
+    return fn
+  return make
 
 
 def _binary(fn, name):
   bool_fn = _BOOL_BINARY.get(name)
 
-  def apply(eqn, x, y):
-    if bool_fn is not None and _is_bool(x):
-      return bool_fn(x, y)
-    return fn(x, y)
-  return apply
+  def make(eqn):
+    from jax._src import core as jax_core  # noqa: PLC0415
+    x, y = eqn.invars
+    op = bool_fn if bool_fn is not None and _aval_is_bool(x) else fn
+    if name in _INT_LITERAL_OK and type(y) is jax_core.Literal and not y.aval.shape and \
+        np.dtype(y.aval.dtype) == np.int32 and np.dtype(x.aval.dtype) == np.int32 and op is fn:
+      lit = int(y.val)
+      return lambda a, _: op(a, lit)
+    return _with_literal(eqn, op)
+  return make
+
+
+def _scalar_literal(op, k: int, lit):
+  """A scalar op with a literal operand `k` of the other operand's dtype. Inside a kernel the
+  literal is passed as a constant palace scalar (ready at time 0), so the op takes palace's
+  same-dtype path instead of promoting a NumPy scalar; on the host (index maps) it stays NumPy."""
+  from palace._src.jax.interpret import literal  # noqa: PLC0415
+  value = literal(lit)
+  const = Array(value, (), np.dtype(lit.aval.dtype), 0)
+  if k == 0:
+    return lambda _, b: op(const if type(b) is Array else value, b)
+  return lambda a, _: op(a, const if type(a) is Array else value)
 
 
 for _n, _f in _UNARY.items():
-  rule(_n)(_unary(_f))
+  compiling_rule(_n)(_unary(_f))
 for _n, _f in _BINARY.items():
-  rule(_n)(_binary(_f, _n))
+  compiling_rule(_n)(_binary(_f, _n))
 
 
-@rule("div")
-def _div(eqn, x, y):
-  return pjnp.true_divide(x, y) if np.issubdtype(_dtype(x), np.inexact) else lax_ops.div(x, y)
+def _with_literal(eqn, op):
+  """`op`, or for a scalar op with a literal of its partner's dtype, `_scalar_literal`'s form."""
+  from jax._src import core as jax_core  # noqa: PLC0415
+  x, y = eqn.invars
+  for k, (lit, other) in enumerate(((x, y), (y, x))):
+    if type(lit) is jax_core.Literal and not lit.aval.shape and not other.aval.shape and \
+        np.dtype(lit.aval.dtype) == np.dtype(other.aval.dtype):
+      return _scalar_literal(op, k, lit)
+  return op
 
 
-@rule("rem")
-def _rem(eqn, x, y):
-  if np.issubdtype(_dtype(x), np.inexact):
-    return pjnp.subtract(x, pjnp.multiply(pjnp.trunc(pjnp.true_divide(x, y)), y))
-  return lax_ops.rem(x, y)
+def _inexact(var) -> bool:
+  return np.issubdtype(np.dtype(var.aval.dtype), np.inexact)
+
+
+@compiling_rule("div")
+def _div(eqn):
+  return _with_literal(eqn, pjnp.true_divide if _inexact(eqn.invars[0]) else lax_ops.div)
+
+
+def _float_rem(x, y):
+  return pjnp.subtract(x, pjnp.multiply(pjnp.trunc(pjnp.true_divide(x, y)), y))
+
+
+@compiling_rule("rem")
+def _rem(eqn):
+  return _with_literal(eqn, _float_rem if _inexact(eqn.invars[0]) else lax_ops.rem)
 
 
 @rule("round")
@@ -123,18 +164,25 @@ def _reciprocal(eqn, x):
   return pjnp.reciprocal(x)
 
 
-@rule("select_n")
-def _select_n(eqn, which, *cases):
-  if len(cases) == 1:
-    return cases[0]
-  if len(cases) == 2:
-    if _is_bool(which):
-      return lax_ops.select(which, cases[1], cases[0])
-    return lax_ops.select(pjnp.not_equal(which, np.asarray(0, _dtype(which))), cases[1], cases[0])
-  out = cases[-1]
-  for i in range(len(cases) - 2, -1, -1):
-    out = lax_ops.select(pjnp.equal(which, np.asarray(i, _dtype(which))), cases[i], out)
-  return out
+@compiling_rule("select_n")
+def _select_n(eqn):
+  n = len(eqn.invars) - 1
+  if n == 1:
+    return lambda which, case: case
+  if n == 2 and _aval_is_bool(eqn.invars[0]):
+    return lambda which, c0, c1: lax_ops.select(which, c1, c0)
+  dtype = np.dtype(eqn.invars[0].aval.dtype)
+  if n == 2:
+    zero = np.asarray(0, dtype)
+    return lambda which, c0, c1: lax_ops.select(pjnp.not_equal(which, zero), c1, c0)
+  index = [np.asarray(i, dtype) for i in range(n)]
+
+  def select_n(which, *cases):
+    out = cases[-1]
+    for i in range(n - 2, -1, -1):
+      out = lax_ops.select(pjnp.equal(which, index[i]), cases[i], out)
+    return out
+  return select_n
 
 
 @rule("clamp")
@@ -142,9 +190,10 @@ def _clamp(eqn, lo, x, hi):
   return pjnp.minimum(pjnp.maximum(x, lo), hi)
 
 
-@rule("convert_element_type")
-def _convert(eqn, x):
-  return lax_ops.convert_element_type(x, eqn.params["new_dtype"])
+@compiling_rule("convert_element_type")
+def _convert(eqn):
+  new_dtype = eqn.params["new_dtype"]
+  return lambda x: lax_ops.convert_element_type(x, new_dtype)
 
 
 @rule("bitcast_convert_type")

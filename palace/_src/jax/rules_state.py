@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from palace._src.jax.interpret import grid_axes, result_unused, rule, unsupported
+from palace._src.jax.interpret import (compiling_rule, grid_axes, result_unused, rule, unsupported,
+                                       user_site_of)
 from palace._src.lang import lax_ops
 from palace._src.lang import primitives as prims
 from palace._src.lang import tpu_primitives as tpu
+from palace._src.lang.array import Array
 from palace._src.lang.refs import Ref, ds
 
 
@@ -17,37 +19,151 @@ def _jax_types():
   return indexing, types
 
 
-def _index_tuple(eqn, indexer):
+# ------------------------------------------------------------------ operand trees, compiled
+# A ref equation's operands are a flattened pytree (refs, their transforms with dynamic indices,
+# values). It is unflattened ONCE, when the jaxpr is compiled, with a `_Leaf(k)` for flat operand k
+# (literal operands folded in), and turned into plain tuples evaluated against the flat operands.
+class _Leaf:
+  """Stands for flat operand `k` in an equation's operand tree unflattened at compile time."""
+  __slots__ = ("k",)
+
+  def __init__(self, k: int):
+    self.k = k
+
+
+def _unflatten(eqn, tree, first: int = 0):
+  """`tree` unflattened from the operands `first`... : a _Leaf(k) for operand k (numbered over all
+  of the equation's operands), literal operands as their values."""
+  from jax._src import core as jax_core  # noqa: PLC0415
+  from jax._src import tree_util  # noqa: PLC0415
+  from palace._src.jax.interpret import literal  # noqa: PLC0415
+  leaves = [literal(v) if type(v) is jax_core.Literal else _Leaf(k)
+            for k, v in enumerate(eqn.invars[first:], first)]
+  return tree_util.tree_unflatten(tree, leaves)
+
+
+def _value(x, flat):
+  """A compiled operand (a _Leaf, a dict / tuple of them, or a static value) at run time."""
+  if type(x) is _Leaf:
+    return flat[x.k]
+  if isinstance(x, dict):
+    return {k: _value(v, flat) for k, v in x.items()}
+  if isinstance(x, (tuple, list)):
+    return type(x)(_value(v, flat) for v in x)
+  return x
+
+
+_STATIC, _DYNAMIC, _DYNAMIC_SLICE = 0, 1, 2
+
+
+def _index_entry(eqn, i):
   indexing, _ = _jax_types()
-  out = []
-  for i in indexer.indices:
-    if isinstance(i, indexing.Slice):
-      if not isinstance(i.size, (int, np.integer)) or not isinstance(i.stride, (int, np.integer)):
-        raise unsupported(eqn, "a slice of dynamic size or stride")
-      out.append(ds(i.start, int(i.size), int(i.stride)))
-    else:
-      out.append(i)
-  return tuple(out)
+  if isinstance(i, indexing.Slice):
+    if type(i.size) is _Leaf or not isinstance(i.size, (int, np.integer)) or \
+        not isinstance(i.stride, (int, np.integer)):
+      raise unsupported(eqn, "a slice of dynamic size or stride")
+    if type(i.start) is _Leaf:
+      return (_DYNAMIC_SLICE, i.start.k, int(i.size), int(i.stride))
+    return (_STATIC, ds(i.start, int(i.size), int(i.stride)), 0, 0)
+  if type(i) is _Leaf:
+    return (_DYNAMIC, i.k, 0, 0)
+  return (_STATIC, i, 0, 0)
 
 
-def view(eqn, ref, transforms, last_index: bool = False):
-  """Apply JAX ref transforms to a palace Ref. With last_index, a trailing indexer is returned
-  separately (so the read/write itself indexes, as `ref[idx]` does), else it becomes a view."""
+def _index(entries, flat) -> tuple:
+  return tuple(a if kind == _STATIC else flat[a] if kind == _DYNAMIC else ds(flat[a], size, stride)
+               for kind, a, size, stride in entries)
+
+
+_AT, _BITCAST, _RESHAPE = 0, 1, 2
+
+
+def _transforms(eqn, transforms, last_index: bool = False):
+  """JAX ref transforms -> (view steps, trailing index entries or None). With last_index, a trailing
+  indexer is kept apart (so the read/write itself indexes, as `ref[idx]` does)."""
   indexing, types = _jax_types()
   transforms = list(transforms or ())
-  idx = ...
+  last = None
   if last_index and transforms and isinstance(transforms[-1], indexing.NDIndexer):
-    idx = _index_tuple(eqn, transforms.pop())
+    last = tuple(_index_entry(eqn, i) for i in transforms.pop().indices)
+  steps = []
   for t in transforms:
     if isinstance(t, indexing.NDIndexer):
-      ref = ref.at[_index_tuple(eqn, t)]
+      steps.append((_AT, tuple(_index_entry(eqn, i) for i in t.indices)))
     elif isinstance(t, types.BitcastTransform) or type(t).__name__ == "RefBitcaster":
-      ref = ref.bitcast(np.dtype(t.dtype))
+      steps.append((_BITCAST, np.dtype(t.dtype)))
     elif isinstance(t, types.ReshapeTransform) or type(t).__name__ == "RefReshaper":
-      ref = ref.reshape(*t.shape)
+      steps.append((_RESHAPE, tuple(t.shape)))
     else:
       raise unsupported(eqn, f"the ref transform {type(t).__name__}")
-  return (ref, idx) if last_index else ref
+  return tuple(steps), last
+
+
+def _view(steps, ref, flat):
+  for kind, a in steps:
+    if kind == _AT:
+      ref = ref.at[_index(a, flat)]
+    elif kind == _BITCAST:
+      ref = ref.bitcast(a)
+    else:
+      ref = ref.reshape(*a)
+  return ref
+
+
+def _index_key(x):
+  """A dynamic index as the int it selects, for the view cache; None when it is not a plain integer
+  scalar with data (the view is then built, and checked, as usual)."""
+  t = type(x)
+  if t is int:
+    return x
+  if t is Array:
+    if x.shape or x._data is None or x.dtype.kind not in "iu":
+      return None
+    return int(x._data)
+  if isinstance(x, np.integer):
+    return int(x)
+  return None
+
+
+def _ref_operand(eqn, x, transforms=(), last_index: bool = False):
+  """A compiled ref operand (a _Leaf, or a TransformedRef of one, plus `transforms`): a function
+  flat -> the palace Ref view (and, with last_index, the trailing index: ... when there is none).
+  Views are cached per base ref and dynamic index values (a view is an immutable function of them;
+  JAX's emit_pipeline re-derives the same few block and slot views on every step)."""
+  _, types = _jax_types()
+  if isinstance(x, types.TransformedRef):
+    x, transforms = x.ref, tuple(x.transforms) + tuple(transforms or ())
+  if type(x) is not _Leaf:
+    raise unsupported(eqn, f"an operand of type {type(x).__name__} where a ref belongs")
+  k = x.k
+  steps, last = _transforms(eqn, transforms, last_index)
+  dynamic = tuple(sorted({a for kind, entries in steps if kind == _AT
+                          for e_kind, a, _, _ in entries if e_kind != _STATIC}))
+  views: dict = {}
+  base = [None]   # the base ref the cached views belong to (a new launch brings new refs)
+
+  def view_of(ref, flat):
+    if not steps:
+      return ref
+    key = tuple(_index_key(flat[a]) for a in dynamic)
+    if None in key:
+      return _view(steps, ref, flat)
+    if ref is not base[0]:
+      views.clear()
+      base[0] = ref
+    v = views.get(key)
+    if v is None:
+      v = views[key] = _view(steps, ref, flat)
+    return v
+
+  def ref_of(flat):
+    ref = flat[k]
+    _check_ref(eqn, ref)
+    ref = view_of(ref, flat)
+    if not last_index:
+      return ref
+    return ref, (... if last is None else _index(last, flat))
+  return ref_of
 
 
 def _check_ref(eqn, ref):
@@ -56,56 +172,72 @@ def _check_ref(eqn, ref):
 
 
 def _dropped(eqn) -> bool:
+  """Nothing reads the old value (asked while the jaxpr is compiled, see interpret.result_unused)."""
   from jax._src import core as jax_core  # noqa: PLC0415
   return isinstance(eqn.outvars[0], jax_core.DropVar) or result_unused(eqn)
 
 
-@rule("get")
-def _get(eqn, ref, *flat):
-  from jax._src import tree_util  # noqa: PLC0415
-  _check_ref(eqn, ref)
-  r, idx = view(eqn, ref, tree_util.tree_unflatten(eqn.params["tree"], flat), last_index=True)
-  return r[idx]
+@compiling_rule("get")
+def _get(eqn):
+  target = _ref_operand(eqn, _Leaf(0), _unflatten(eqn, eqn.params["tree"], 1), last_index=True)
+
+  def get(*operands):
+    r, idx = target(operands)
+    return r[idx]
+  return get
 
 
-@rule("swap")
-def _swap(eqn, ref, val, *flat):
-  from jax._src import tree_util  # noqa: PLC0415
-  _check_ref(eqn, ref)
-  r, idx = view(eqn, ref, tree_util.tree_unflatten(eqn.params["tree"], flat), last_index=True)
-  old = None if _dropped(eqn) else r[idx]
-  r[idx] = val
-  return old
+@compiling_rule("swap")
+def _swap(eqn):
+  target = _ref_operand(eqn, _Leaf(0), _unflatten(eqn, eqn.params["tree"], 2), last_index=True)
+  load_old = not _dropped(eqn)
+
+  def swap(*operands):
+    r, idx = target(operands)
+    old = r[idx] if load_old else None
+    r[idx] = operands[1]
+    return old
+  return swap
 
 
-@rule("addupdate")
-def _addupdate(eqn, ref, val, *flat):
-  from jax._src import tree_util  # noqa: PLC0415
-  _check_ref(eqn, ref)
-  r, idx = view(eqn, ref, tree_util.tree_unflatten(eqn.params["tree"], flat), last_index=True)
-  r[idx] = r[idx] + val
+@compiling_rule("addupdate")
+def _addupdate(eqn):
+  target = _ref_operand(eqn, _Leaf(0), _unflatten(eqn, eqn.params["tree"], 2), last_index=True)
+
+  def addupdate(*operands):
+    r, idx = target(operands)
+    r[idx] = r[idx] + operands[1]
+  return addupdate
 
 
-@rule("masked_load")
-def _masked_load(eqn, *flat):
-  ref, transforms, mask, other = eqn.params["args_tree"].unflatten(flat)
-  _check_ref(eqn, ref)
-  r, idx = view(eqn, ref, transforms, last_index=True)
-  val = tpu.load(r.at[idx] if idx is not ... else r, mask=mask)
-  if other is None or mask is None:
-    return val
-  return lax_ops.select(mask, val, other)   # masked-off lanes read `other`
+@compiling_rule("masked_load")
+def _masked_load(eqn):
+  ref, transforms, mask, other = _unflatten(eqn, eqn.params["args_tree"])
+  target = _ref_operand(eqn, ref, transforms, last_index=True)
+
+  def masked_load(*flat):
+    r, idx = target(flat)
+    m = _value(mask, flat)
+    val = tpu.load(r.at[idx] if idx is not ... else r, mask=m)
+    if other is None or m is None:
+      return val
+    return lax_ops.select(m, val, _value(other, flat))   # masked-off lanes read `other`
+  return masked_load
 
 
-@rule("masked_swap")
-def _masked_swap(eqn, *flat):
-  ref, transforms, val, mask = eqn.params["args_tree"].unflatten(flat)
-  _check_ref(eqn, ref)
-  r, idx = view(eqn, ref, transforms, last_index=True)
-  target = r.at[idx] if idx is not ... else r
-  old = None if _dropped(eqn) else target[...]
-  tpu.store(target, val, mask=mask)
-  return old
+@compiling_rule("masked_swap")
+def _masked_swap(eqn):
+  ref, transforms, val, mask = _unflatten(eqn, eqn.params["args_tree"])
+  target = _ref_operand(eqn, ref, transforms, last_index=True)
+  load_old = not _dropped(eqn)
+
+  def masked_swap(*flat):
+    r, idx = target(flat)
+    target_ref = r.at[idx] if idx is not ... else r
+    old = target_ref[...] if load_old else None
+    tpu.store(target_ref, _value(val, flat), mask=_value(mask, flat))
+    return old
+  return masked_swap
 
 
 # ------------------------------------------------------------------ grid and hints
@@ -136,40 +268,46 @@ def _axis_index(eqn):
 
 
 # ------------------------------------------------------------------ semaphores
-def _sem(eqn, ref, transforms):
-  _check_ref(eqn, ref)
-  return view(eqn, ref, transforms)
-
-
-def _device_id(eqn, device_id, device_id_type):
+def _device_id(eqn, device_id):
+  """Check (at compile time) the device id form of a remote signal or copy."""
   if device_id is None:
     return None
+  device_id_type = eqn.params.get("device_id_type")
   kind = str(getattr(device_id_type, "value", device_id_type) or "mesh").lower()
   if kind != "mesh" and not isinstance(device_id, dict):
     raise unsupported(eqn, f"device_id_type={device_id_type}", "use DeviceIdType.MESH device ids.")
   return device_id
 
 
-@rule("semaphore_signal")
-def _sem_signal(eqn, *flat):
-  ref, transforms, inc, device_id, core_index = eqn.params["args_tree"].unflatten(flat)
-  prims.semaphore_signal(_sem(eqn, ref, transforms), inc,
-                         device_id=_device_id(eqn, device_id, eqn.params.get("device_id_type")),
-                         core_index=core_index)
-  return []
+@compiling_rule("semaphore_signal")
+def _sem_signal(eqn):
+  ref, transforms, inc, device_id, core_index = _unflatten(eqn, eqn.params["args_tree"])
+  sem = _ref_operand(eqn, ref, transforms)
+  device_id = _device_id(eqn, device_id)
+
+  def signal(*flat):
+    prims.semaphore_signal(sem(flat), _value(inc, flat), device_id=_value(device_id, flat),
+                           core_index=_value(core_index, flat))
+    return []
+  return signal
 
 
-@rule("semaphore_wait")
-def _sem_wait(eqn, *flat):
-  ref, transforms, value, decrement = eqn.params["args_tree"].unflatten(flat)
-  prims.semaphore_wait(_sem(eqn, ref, transforms), value, decrement=bool(decrement))
-  return []
+@compiling_rule("semaphore_wait")
+def _sem_wait(eqn):
+  ref, transforms, value, decrement = _unflatten(eqn, eqn.params["args_tree"])
+  sem = _ref_operand(eqn, ref, transforms)
+
+  def wait(*flat):
+    prims.semaphore_wait(sem(flat), _value(value, flat), decrement=bool(_value(decrement, flat)))
+    return []
+  return wait
 
 
-@rule("semaphore_read")
-def _sem_read(eqn, *flat):
-  ref, transforms = eqn.params["args_tree"].unflatten(flat)
-  return prims.semaphore_read(_sem(eqn, ref, transforms))
+@compiling_rule("semaphore_read")
+def _sem_read(eqn):
+  ref, transforms = _unflatten(eqn, eqn.params["args_tree"])
+  sem = _ref_operand(eqn, ref, transforms)
+  return lambda *flat: prims.semaphore_read(sem(flat))
 
 
 @rule("get_barrier_semaphore")
@@ -178,41 +316,49 @@ def _barrier_sem(eqn):
 
 
 # ------------------------------------------------------------------ DMAs
-def _dma_ref(eqn, x):
-  _, types = _jax_types()
-  if isinstance(x, types.TransformedRef):
-    _check_ref(eqn, x.ref)
-    return view(eqn, x.ref, x.transforms)
-  if x is not None:
-    _check_ref(eqn, x)
-  return x
+def _descriptor(eqn):
+  """fn(flat) -> the AsyncCopyDescriptor of a dma_start / dma_wait (operands compiled once)."""
+  src, dst, dst_sem, src_sem, device_id = _unflatten(eqn, eqn.params["tree"])
+  refs = [None if x is None else _ref_operand(eqn, x) for x in (src, dst, dst_sem, src_sem)]
+  device_id = _device_id(eqn, device_id)
+  remote = device_id is not None
+  site = user_site_of(eqn)   # the kernel's line (None: found from the stack at the start)
+
+  def descriptor(flat):
+    s, d, ds_, ss = (None if r is None else r(flat) for r in refs)
+    return tpu.AsyncCopyDescriptor(s, d, ds_, ss, device_id=_value(device_id, flat), is_remote=remote,
+                                   site=site)
+  return descriptor
 
 
-def _descriptor(eqn, flat):
-  src, dst, dst_sem, src_sem, device_id = (_dma_ref(eqn, x) if i < 4 else x for i, x in
-                                           enumerate(eqn.params["tree"].unflatten(flat)))
-  dev = _device_id(eqn, device_id, eqn.params.get("device_id_type"))
-  return tpu.AsyncCopyDescriptor(src, dst, dst_sem, src_sem, device_id=dev, is_remote=dev is not None)
+@compiling_rule("dma_start")
+def _dma_start(eqn):
+  descriptor = _descriptor(eqn)
+  priority, add = int(eqn.params.get("priority", 0)), bool(eqn.params.get("add"))
+
+  def start(*flat):
+    descriptor(flat).start(priority, add=add)
+    return []
+  return start
 
 
-@rule("dma_start")
-def _dma_start(eqn, *flat):
-  _descriptor(eqn, flat).start(int(eqn.params.get("priority", 0)), add=bool(eqn.params.get("add")))
-  return []
+@compiling_rule("dma_wait")
+def _dma_wait(eqn):
+  descriptor = _descriptor(eqn)
+  wait_send = bool(eqn.params.get("is_wait_send"))
 
-
-@rule("dma_wait")
-def _dma_wait(eqn, *flat):
-  d = _descriptor(eqn, flat)
-  # JAX binds a wait on the source side with src/dst (and their semaphores) swapped: the waited
-  # semaphore is always the third operand, and the bytes are those of the (swapped) destination.
-  if d.is_remote and eqn.params.get("is_wait_send"):
-    d.sem, d.src_sem = d.src_sem, d.sem
-    d.src_ref, d.dst_ref = d.dst_ref, d.src_ref
-    d.wait_send()
-  else:
-    d.wait_recv()
-  return []
+  def wait(*flat):
+    d = descriptor(flat)
+    # JAX binds a wait on the source side with src/dst (and their semaphores) swapped: the waited
+    # semaphore is always the third operand, and the bytes are those of the (swapped) destination.
+    if d.is_remote and wait_send:
+      d.sem, d.src_sem = d.src_sem, d.sem
+      d.src_ref, d.dst_ref = d.dst_ref, d.src_ref
+      d.wait_send()
+    else:
+      d.wait_recv()
+    return []
+  return wait
 
 
 # ------------------------------------------------------------------ vector helpers

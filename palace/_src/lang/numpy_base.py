@@ -92,6 +92,12 @@ def _has_data(*xs):
 
 def _broadcast_shapes(name: str, args) -> tuple:
   shapes = [_shape_of(a) for a in args]
+  first = shapes[0]
+  for s in shapes:
+    if s != first:
+      break
+  else:   # all equal (scalar code: index arithmetic, selects): nothing to broadcast
+    return tuple(first)
   try:
     return np.broadcast_shapes(*shapes)
   except ValueError:

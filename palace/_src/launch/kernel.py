@@ -41,13 +41,17 @@ def kernel(body=_NOT_GIVEN, out_type=(), *, mesh, scratch_types=(), compiler_par
   params = launch.check_params(compiler_params, "pl.kernel")
   kname = name or getattr(body, "__name__", "kernel")
 
+  def plan(*args):
+    return _plan([body], kname, out_type, [mesh], scratch_types, params, args)
+
   @functools.wraps(body)
   def call(*args):
     launch.check_interpret(interpret, kname)
     with launch.interpret_context(interpret):
-      plan, operands = _plan([body], kname, out_type, [mesh], scratch_types, params, args)
-      return launch.like_inputs(tree_unflatten(plan.output_tree, run(plan, operands)), args)
+      launch_plan, operands = plan(*args)
+      return launch.like_inputs(tree_unflatten(launch_plan.output_tree, run(launch_plan, operands)), args)
 
+  call.plan = plan   # (LaunchPlan, operands) of one call without running it, as pl.pallas_call's
   return call
 
 

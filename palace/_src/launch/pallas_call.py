@@ -141,13 +141,19 @@ def pallas_call(kernel, out_shape, *, grid_spec=None, grid=(), in_specs=no_block
   kname = name or getattr(kernel, "__name__", "kernel")
   aliases = launch.check_aliases(input_output_aliases, kname)
 
+  def plan(*args):
+    return _plan(kernel, kname, out_shape, g, grid_spec, aliases, params, args)
+
   @functools.wraps(kernel)
   def call(*args):
     launch.check_interpret(interpret, kname)
     with launch.interpret_context(interpret):
-      plan, arrays = _plan(kernel, kname, out_shape, g, grid_spec, aliases, params, args)
-      return launch.like_inputs(tree_unflatten(plan.output_tree, run(plan, arrays)), args)
+      launch_plan, arrays = plan(*args)
+      return launch.like_inputs(tree_unflatten(launch_plan.output_tree, run(launch_plan, arrays)), args)
 
+  # `call.plan(*args) -> (LaunchPlan, operand arrays)`: one call's plan without running it, for front
+  # ends that run one launch many times on operands of fixed shapes (palace.jax plans once per lowering)
+  call.plan = plan
   return call
 
 
