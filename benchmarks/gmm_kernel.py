@@ -88,10 +88,13 @@ def group_metadata(group_sizes, m: int, tile_m: int):
   return (offsets.astype(np.int32), np.asarray(groups, np.int32), np.asarray(tiles, np.int32))
 
 
-def _body(num_k: int, tile_m: int):
+def _body(num_k: int, tile_m: int, tile_n: int, mxu: int):
   def body(offsets_ref, group_ref, tile_ref, x_ref, w_ref, o_ref, *scratch):
     v, kk = pl.program_id(1), pl.program_id(2)
-    part = jnp.dot(x_ref[...], w_ref[...], preferred_element_type=jnp.float32)
+    x = x_ref[...]
+    # one product per MXU-wide column chunk, concatenated (tokamax's inner loop over start_n)
+    part = jnp.concatenate([jnp.dot(x, w_ref[:, c:c + mxu], preferred_element_type=jnp.float32)
+                            for c in range(0, tile_n, mxu)], axis=1)
 
     def store(acc):
       g, t = group_ref[v], tile_ref[v]
@@ -127,7 +130,7 @@ def _body(num_k: int, tile_m: int):
 
 
 def gmm(lhs, rhs, group_sizes, *, tile_m: int, tile_k: int, tile_n: int, vmem_limit_bytes: int,
-        out_dtype=None):
+        mxu_size: int, out_dtype=None):
   """Grouped matmul of lhs (m, k) with rhs (groups, k, n); rows of lhs belong to consecutive groups of
   `group_sizes` (host integers). Tokamax's tiles and limit for a chip: `tokamax_tiles(chip, k, n,
   tile_m)` and `int(0.9 * chip.vmem_bytes)`. Runs inside `pl.virtual_tpu`."""
@@ -145,7 +148,7 @@ def gmm(lhs, rhs, group_sizes, *, tile_m: int, tile_k: int, tile_n: int, vmem_li
   num_k = k // tile_k
   out_dtype = lhs.dtype if out_dtype is None else out_dtype
   return pl.pallas_call(
-      _body(num_k, tile_m),
+      _body(num_k, tile_m, tile_n, mxu_size),
       out_shape=pl.ShapeDtypeStruct((m, n), out_dtype),
       grid_spec=pltpu.PrefetchScalarGridSpec(
           num_scalar_prefetch=3, grid=(n // tile_n, len(visit_group), num_k),

@@ -12,7 +12,7 @@ from palace import compat
 if importlib.util.find_spec("jax") is None:
   pytest.skip("the jax wheel is not installed", allow_module_level=True)
 
-from benchmarks.validate import flash_attention_tflops, gmm_ratio  # noqa: E402
+from benchmarks.validate import flash_attention_tflops, wheel_gmm_ratio as gmm_ratio  # noqa: E402
 
 SHAPE = (65536, 128, 3072, 2048)        # tokamax PR 1221: 1.31 (7x), 1.30 (v6e), 1.02 (v5p)
 SMALL_GROUPS = (16384, 128, 3072, 2048)  # 128 rows per group: 1.00 (7x), 1.00 (v6e), 0.56 (v5p)
