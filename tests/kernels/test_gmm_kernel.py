@@ -26,12 +26,13 @@ def _reference(x, w, sizes):
 ])
 def test_gmm_matches_numpy_exactly(sizes, tile_m, tile_k):
   rng = np.random.default_rng(len(sizes))
-  m, k, n = sum(sizes), 256, 256
+  m, k, n = sum(sizes), 256, 512
   x = rng.integers(-4, 5, (m, k)).astype(jnp.bfloat16)
   w = rng.integers(-4, 5, (len(sizes), k, n)).astype(jnp.bfloat16)
   with pl.virtual_tpu("v5p"):
-    out = gmm(x, w, sizes, tile_m=tile_m, tile_k=tile_k, tile_n=128, vmem_limit_bytes=32 << 20,
-              out_dtype=jnp.float32)
+    # tile_n = 2 x the MXU width: two column-chunk products per step, concatenated
+    out = gmm(x, w, sizes, tile_m=tile_m, tile_k=tile_k, tile_n=256, vmem_limit_bytes=32 << 20,
+              mxu_size=128, out_dtype=jnp.float32)
   np.testing.assert_array_equal(np.asarray(out), _reference(x, w, sizes))
 
 
@@ -41,7 +42,8 @@ def test_gmm_bf16_output_is_the_rounded_reference():
   x = rng.integers(-4, 5, (256, 256)).astype(jnp.bfloat16)
   w = rng.integers(-4, 5, (2, 256, 256)).astype(jnp.bfloat16)
   with pl.virtual_tpu("v6e"):
-    out = gmm(x, w, sizes, tile_m=128, tile_k=256, tile_n=256, vmem_limit_bytes=32 << 20)
+    out = gmm(x, w, sizes, tile_m=128, tile_k=256, tile_n=256, vmem_limit_bytes=32 << 20,
+              mxu_size=256)
   assert out.dtype == jnp.bfloat16
   np.testing.assert_array_equal(np.asarray(out), _reference(x, w, sizes).astype(jnp.bfloat16))
 
