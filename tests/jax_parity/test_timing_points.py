@@ -1,6 +1,9 @@
 """Ordering facts of published real-TPU timings that the model must reproduce with kernels of the jax
 wheel, loaded unmodified by palace.compat.load_module (issue 16; figures in docs/validation.md).
 
+The published grouped-matmul ratios are validated with the kernel of the structure PR 1221 measured
+(benchmarks/gmm_kernel.py; tests/timing/test_validation_points.py). The gmm tests here check that the
+wheel's megablox gmm, a different kernel (not counted, docs/validation.md), keeps their directions.
 Needs only the wheel's source files (importlib.util.find_spec("jax")), not a working JAX. Asserts
 relations, never absolute times."""
 import importlib.util
