@@ -15,14 +15,16 @@ experimental/gmm_v2/gmm_v2.py at the PR's commit 5bd37bf); the structure it keep
   tiles this is exactly tokamax's schedule (one visit per tile). For groups smaller than a tile
   tokamax instead starts a tile at each group's first row and fetches only the group's rows
   (`pl.BoundedSlice`, which palace does not support); both compute `tile_m` rows per group and fetch
-  each group's RHS block once per n tile, so MXU work and RHS traffic are the same, and the LHS / output
-  traffic (here once per tile, there once per group) too.
+  each group's RHS block once per n tile, so MXU work and RHS traffic are the same, and so are the LHS
+  and output bytes (here every tile once, there every group's rows once).
 * **RHS triple-buffered** (`pl.Buffered(3)` on the weight spec): tokamax's `emit_pipeline` then fetches
   the block two grid steps ahead. A palace pallas_call prefetches beyond the next step only with
   `use_lookahead=True`, whose lookahead palace bounds by the buffer count (steps s+1 and s+2 for three
   buffers), so that is how the same depth is requested here. LHS and output are double-buffered.
+* **One product per MXU-wide column chunk** (tokamax's inner loop over `start_n`), concatenated, then
+  the rows of other groups masked out at the last k step.
 * **Tiles by `calculate_tiling`** (`tokamax_tiles`): K and N whole, then N split (not below twice the
-  MXU width), then K, until its VMEM estimate (2 LHS, 3 RHS, 2 output blocks, the f32 accumulator)
+  MXU width; K is split only if the next N split would go below that), until its VMEM estimate (2 LHS, 3 RHS, 2 output blocks, the f32 accumulator)
   fits `vmem_limit_bytes`, by default 90% of the chip's VMEM, which the kernel also requests.
 
 Not kept: tokamax's bucketed row counts (`bucket_base`; `calculate_tiling` also grows tile_m up to four
@@ -31,7 +33,8 @@ would compute 256 rows for the 128-row groups (the bucket index of a full group 
 base 128), leaving no reason for v5p's published 0.56; with tile_m fixed, 256-row tiles do twice the
 MXU work of 128-row ones there, which is the measured effect. The in-kernel metadata loop (tokamax
 fills it in SMEM; here it is computed on the host and scalar-prefetched), quantisation, bias and fused
-activations are not modelled either.
+activations are not modelled either, nor is the order of JAX's `emit_pipeline`, which starts the next
+block's copy before waiting for the current one (palace's pipeline waits first, as for pallas_call).
 """
 from __future__ import annotations
 
