@@ -12,6 +12,8 @@ def test_at_least_20_points_over_at_least_4_generations_each_with_a_source():
   assert len({p.chip for p in pts}) >= 4 and {p.chip for p in pts} <= set(GENERATIONS)
   assert all(p.source and p.published > 0 for p in pts)
   assert len({(p.name, p.chip) for p in pts}) == len(pts)
+  gmm = [p for p in pts if p.name.startswith("gmm-")]
+  assert len(gmm) == 12 and not any(p.needs_wheel for p in gmm)   # the counted kernel is palace's own
 
 
 def test_published_peaks_within_half_a_percent():
@@ -69,3 +71,11 @@ def test_128_row_groups_make_tile_m_256_slower_on_v5p_and_a_wash_on_v6e_and_7x(r
   assert ratios["128 rows", "v5p"] < 0.75
   assert ratios["128 rows", "v6e"] == pytest.approx(1.0, abs=0.03)
   assert ratios["128 rows", "7x"] == pytest.approx(1.0, abs=0.03)
+
+
+def test_the_counted_128_row_group_points_are_within_the_ratio_budget():
+  # the cheapest counted gmm points (m=16384), run as benchmarks.validate runs them
+  from benchmarks.validate import GMM_RATIO_BUDGET
+  for p in points():
+    if p.name == "gmm-16384x128x3072x2048":
+      assert abs(p.run() - p.published) <= GMM_RATIO_BUDGET, p.chip
