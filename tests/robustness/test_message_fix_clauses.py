@@ -35,9 +35,9 @@ FIX = "Fix: "
 _FIX_RE = re.compile(r"Fix: (\{\}|[`'\"(]?[A-Za-z])")
 
 INTERNAL = {
-    "jax/interpret.py:_check_type": "a palace interpreter rule gave a value of the wrong type: a palace "
+    "jax/interpret.py:_wrong_type": "a palace interpreter rule gave a value of the wrong type: a palace "
                                     "bug the message asks to report, not a user mistake",
-    "jax/interpret.py:eval_jaxpr": "JAX handed palace's interpreter a jaxpr and values that disagree: "
+    "jax/interpret.py:run_program": "JAX handed palace's interpreter a jaxpr and values that disagree: "
                                    "an internal inconsistency",
 }
 BUILT_ELSEWHERE = {
