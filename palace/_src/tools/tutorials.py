@@ -331,6 +331,7 @@ def main(argv=None) -> int:
     for cell, diff in s["mismatched"]:
       print(f"    cell {cell} output differs: {diff[:2]}")
   if args.json:
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(results, indent=1))
   return 0
 
