@@ -25,6 +25,8 @@ def _index_tuple(eqn, indexer):
       if not isinstance(i.size, (int, np.integer)) or not isinstance(i.stride, (int, np.integer)):
         raise unsupported(eqn, "a slice of dynamic size or stride")
       out.append(ds(i.start, int(i.size), int(i.stride)))
+    elif isinstance(i, _jax_types()[1].TransformedRef):
+      out.append(view(eqn, i.ref, i.transforms))   # an index ref (SparseCore gather / scatter DMAs)
     else:
       out.append(i)
   return tuple(out)

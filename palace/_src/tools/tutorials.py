@@ -31,6 +31,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -244,6 +245,7 @@ def run(name: str, root: Path) -> dict:
     buf = io.StringIO()
     start = len(tpu.reports)
     entry = {"cell": c.index, "ok": True, "error": None, "launches": 0, "rounding_asserts": []}
+    t0 = time.perf_counter()
     try:
       with contextlib.redirect_stdout(buf), _rounding_asserts(entry["rounding_asserts"]):
         _run_cell(python_source(c.source), namespace)
@@ -256,6 +258,9 @@ def run(name: str, root: Path) -> dict:
       entry["error"] = f"{type(cause).__name__}{where}: {message.splitlines()[0] if message else ''}"[:400]
       entry["traceback"] = "".join(traceback.format_exception(cause)[-6:])[-3000:]
     entry["launches"] = len(tpu.reports) - start
+    entry["wall_s"] = round(time.perf_counter() - t0, 2)
+    print(f"palace: {name} cell {c.index}: {'ok' if entry['ok'] else entry['error'][:120]} "
+          f"({entry['wall_s']} s host time)", file=sys.__stderr__, flush=True)
     entry["stdout"] = buf.getvalue()
     if c.published is not None:
       entry["published"] = c.published
@@ -275,18 +280,18 @@ def summary(result: dict) -> dict:
           "mismatched": [(c["cell"], c["diff"]) for c in with_output if not c["matched"]]}
 
 
-def run_isolated(name: str, root: Path, timeout_s: float | None = None) -> dict:
+def run_isolated(name: str, root: Path, timeout_s: float | None = None, verbose=False) -> dict:
   """Run one tutorial in a fresh Python process (the host device count is fixed per process)."""
   env = dict(os.environ, JAX_PLATFORMS="cpu", PALACE_JAX="")
   env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count="
                       f"{max(TUTORIALS[name].num_chips, 1)}").strip()
   proc = subprocess.run([sys.executable, "-m", "palace._src.tools.tutorials", "--one", name,
-                         "--docs", str(root)], env=env, capture_output=True, text=True,
-                        timeout=timeout_s)
+                         "--docs", str(root)], env=env, stdout=subprocess.PIPE,
+                        stderr=None if verbose else subprocess.PIPE, text=True, timeout=timeout_s)
   tail = proc.stdout.strip().splitlines()
   if proc.returncode != 0 or not tail:
     raise RuntimeError(f"tutorial {name!r}: the runner process failed (exit {proc.returncode}):\n"
-                       f"{proc.stderr[-3000:]}")
+                       f"{(proc.stderr or '')[-3000:]}")
   return json.loads(tail[-1])
 
 
@@ -320,7 +325,7 @@ def main(argv=None) -> int:
     if args.scripts:
       Path(args.scripts).mkdir(parents=True, exist_ok=True)
       (Path(args.scripts) / f"{name}.py").write_text(script(TUTORIALS[name], root))
-    results[name] = run_isolated(name, root)
+    results[name] = run_isolated(name, root, verbose=True)
     s = summary(results[name])
     print(f"{name:15s} cells {s['ran']}/{s['cells']} ran, outputs {s['matched']}/{s['with_output']} "
           f"matched, {s['launches']} launches")
