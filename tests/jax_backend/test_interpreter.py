@@ -100,3 +100,29 @@ def test_a_rule_giving_the_wrong_dtype_is_caught_not_computed(monkeypatch):
   with pytest.raises(ppl.UnsupportedError, match=r"primitive 'neg' .* gave a int32\[8, 128\] value "
                                                  r"where JAX expects float32\[8, 128\]"):
     _run(kernel, jax.ShapeDtypeStruct((8, 128), jnp.float32), X)
+
+
+@pytest.mark.parametrize("n", [3, 8])
+def test_dma_of_a_dynamic_size_slice(n):
+  # a window whose size is known only when the kernel runs (what pl.BoundedSlice blocks make)
+  def kernel(n_ref, x_hbm, zeros_hbm, o_hbm, sem):
+    del zeros_hbm
+    rows = n_ref[0]
+    copy = pltpu.make_async_copy(x_hbm.at[pl.ds(0, rows)], o_hbm.at[pl.ds(0, rows)], sem)
+    copy.start()
+    copy.wait()
+
+  any_spec = pl.BlockSpec(memory_space=pl.ANY)
+  call = pl.pallas_call(
+      kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+      grid_spec=pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=1, in_specs=[any_spec, any_spec],
+                                             out_specs=any_spec,
+                                             scratch_shapes=[pltpu.SemaphoreType.DMA]),
+      input_output_aliases={2: 0})
+  with pj.virtual_tpu("v5e") as tpu:
+    out = np.asarray(jax.jit(call)(jnp.array([n], jnp.int32), X + 1, jnp.zeros((8, 128), jnp.float32)))
+  expected = np.zeros((8, 128), np.float32)
+  expected[:n] = X[:n] + 1
+  np.testing.assert_array_equal(out, expected)
+  # the DMA read and wrote n rows, not the bound (+ 4 bytes: the scalar prefetch)
+  assert tpu.reports[-1].hbm_bytes == 2 * n * 128 * 4 + 4

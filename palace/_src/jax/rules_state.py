@@ -9,6 +9,7 @@ from palace._src.jax.interpret import grid_axes, result_unused, rule, unsupporte
 from palace._src.lang import lax_ops
 from palace._src.lang import primitives as prims
 from palace._src.lang import tpu_primitives as tpu
+from palace._src.lang.array import concrete_int
 from palace._src.lang.refs import Ref, ds
 
 
@@ -22,9 +23,12 @@ def _index_tuple(eqn, indexer):
   out = []
   for i in indexer.indices:
     if isinstance(i, indexing.Slice):
-      if not isinstance(i.size, (int, np.integer)) or not isinstance(i.stride, (int, np.integer)):
-        raise unsupported(eqn, "a slice of dynamic size or stride")
-      out.append(ds(i.start, int(i.size), int(i.stride)))
+      if not isinstance(i.stride, (int, np.integer)):
+        raise unsupported(eqn, "a slice of dynamic stride")
+      # a dynamic size (pl.BoundedSlice blocks: JAX's emit_pipeline DMAs a window of runtime size)
+      # is known when the kernel runs, as it is to a TPU's DMA engine
+      size = i.size if isinstance(i.size, (int, np.integer)) else concrete_int(i.size, "slice size")
+      out.append(ds(i.start, int(size), int(i.stride)))
     elif isinstance(i, _jax_types()[1].TransformedRef):
       out.append(view(eqn, i.ref, i.transforms))   # an index ref (SparseCore gather / scatter DMAs)
     else:
