@@ -14,6 +14,7 @@ must hold, its output must match; so any change (a palace regression, a fix, ano
 here with the cell and the reason.
 """
 import dataclasses
+import os
 import re
 
 import pytest
@@ -36,7 +37,7 @@ class Expect:
   failures: dict = dataclasses.field(default_factory=dict)    # cell -> regex of the error, and why
   mismatches: dict = dataclasses.field(default_factory=dict)  # cell -> why the output differs
   rounding: frozenset = frozenset()   # cells whose exact float asserts hold within rounding only
-  slow: bool = False
+  heavy: str = ""   # why it runs only with PALACE_JAX_TUTORIALS=all (published sizes: minutes, GBs)
 
 
 # the reference of these exact asserts is XLA's f32 matmul on the host CPU: another summation order
@@ -75,15 +76,22 @@ EXPECTED = {
         cells=10,
         failures={6: (r"UnsupportedError.*timing a statement that launched no TPU kernel",
                       "%timeit of tc_add_one, a pure XLA op: palace models kernels, not XLA")},
-        mismatches={1: OLD_JAX_SC_INFO}, slow=True),
+        mismatches={1: OLD_JAX_SC_INFO},
+        heavy="its gathers move 4M rows of 128 int32 (2 GiB per array; over 9 GB resident)"),
 }
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.slow] if e.slow else [])
+def _run(name, expect, **kwargs):
+  if expect.heavy and os.environ.get("PALACE_JAX_TUTORIALS") != "all":
+    pytest.skip(f"{name}: {expect.heavy}; set PALACE_JAX_TUTORIALS=all to run it")
+  return T.run_isolated(name, ROOT, **kwargs)
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.slow] if e.heavy else [])
                                   for n, e in EXPECTED.items()])
 def test_tutorial(name):
   expect = EXPECTED[name]
-  result = T.run_isolated(name, ROOT)
+  result = _run(name, expect)
   cells = result["cells"]
   assert len(cells) == expect.cells, f"{name}: the checkout's notebook changed ({len(cells)} cells)"
   failed = {c["cell"]: c["error"] for c in cells if not c["ok"]}

@@ -57,6 +57,18 @@ TUTORIALS = {t.name: t for t in (
     Tutorial("tpu_quickstart", "docs/pallas/tpu/quickstart.ipynb", "v5e"),
 )}
 
+# Opt-in (`--api-fixes`): the smallest source edits that port a tutorial line written for an older JAX
+# to jax 0.12, each (tutorial, regex, replacement, why). Off by default: the tutorials run unmodified.
+API_FIXES = (
+    ("core_map", re.escape("len(tc_mesh.devices)"), "tc_mesh.num_cores",
+     "jax 0.12's TensorCoreMesh has num_cores, no devices"),
+    ("distributed", re.escape("pltpu.TPUMemorySpace.VMEM"), "pltpu.VMEM",
+     "pltpu.TPUMemorySpace is gone in jax 0.12"),
+    ("distributed", r"\b(input_arr|pallas_result|xla_result)\[", r"jax.device_get(\1)[",
+     "jax 0.12's make_mesh axes are Explicit: a strided x[0, ::128] of a sharded array is refused, "
+     "so the printed samples are taken on the host"),
+)
+
 # a published output line that reports a measured time (or a figure derived from one)
 TIMING_LINE = re.compile(r"\btime\b|FLOP/s|utilization|\bms\b|µs|per loop|\bns\b", re.IGNORECASE)
 
@@ -234,8 +246,17 @@ def _original_error(e: BaseException) -> BaseException:
   return e
 
 
-def run(name: str, root: Path) -> dict:
-  """Run one tutorial in this process (activates palace process-wide); one result dict per cell."""
+def _apply_fixes(name: str, source: str, applied: list) -> str:
+  for tutorial, pattern, replacement, why in API_FIXES:
+    if tutorial == name and re.search(pattern, source):
+      source = re.sub(pattern, replacement, source)
+      applied.append(f"{pattern!r} -> {replacement!r} ({why})")
+  return source
+
+
+def run(name: str, root: Path, api_fixes: bool = False) -> dict:
+  """Run one tutorial in this process (activates palace process-wide); one result dict per cell.
+  With api_fixes, the API_FIXES edits for this tutorial are applied (and listed per cell)."""
   tutorial = TUTORIALS[name]
   import palace.jax  # noqa: PLC0415
   tpu = palace.jax.activate(tutorial.chip, tutorial.num_chips)
@@ -244,11 +265,13 @@ def run(name: str, root: Path) -> dict:
   for c in cells(tutorial, root):
     buf = io.StringIO()
     start = len(tpu.reports)
-    entry = {"cell": c.index, "ok": True, "error": None, "launches": 0, "rounding_asserts": []}
+    entry = {"cell": c.index, "ok": True, "error": None, "launches": 0, "rounding_asserts": [],
+             "api_fixes": []}
     t0 = time.perf_counter()
     try:
       with contextlib.redirect_stdout(buf), _rounding_asserts(entry["rounding_asserts"]):
-        _run_cell(python_source(c.source), namespace)
+        source = python_source(c.source)
+        _run_cell(_apply_fixes(name, source, entry["api_fixes"]) if api_fixes else source, namespace)
     except Exception as e:  # noqa: BLE001  (a notebook records the error and goes on)
       entry["ok"] = False
       frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename == "<cell>"]
@@ -280,13 +303,14 @@ def summary(result: dict) -> dict:
           "mismatched": [(c["cell"], c["diff"]) for c in with_output if not c["matched"]]}
 
 
-def run_isolated(name: str, root: Path, timeout_s: float | None = None, verbose=False) -> dict:
+def run_isolated(name: str, root: Path, timeout_s: float | None = None, verbose=False,
+                 api_fixes: bool = False) -> dict:
   """Run one tutorial in a fresh Python process (the host device count is fixed per process)."""
   env = dict(os.environ, JAX_PLATFORMS="cpu", PALACE_JAX="")
   env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count="
                       f"{max(TUTORIALS[name].num_chips, 1)}").strip()
   proc = subprocess.run([sys.executable, "-m", "palace._src.tools.tutorials", "--one", name,
-                         "--docs", str(root)], env=env, stdout=subprocess.PIPE,
+                         "--docs", str(root), *(["--api-fixes"] if api_fixes else [])], env=env, stdout=subprocess.PIPE,
                         stderr=None if verbose else subprocess.PIPE, text=True, timeout=timeout_s)
   tail = proc.stdout.strip().splitlines()
   if proc.returncode != 0 or not tail:
@@ -303,6 +327,8 @@ def main(argv=None) -> int:
   p.add_argument("--docs", help="JAX checkout (default: $PALACE_JAX_DOCS)")
   p.add_argument("--json", help="write every cell's result here")
   p.add_argument("--scripts", help="also write each tutorial as a script into this folder")
+  p.add_argument("--api-fixes", action="store_true",
+                  help="port the few lines written for an older JAX (API_FIXES) before running")
   p.add_argument("--one", help=argparse.SUPPRESS)
   args = p.parse_args(argv)
   root = docs_dir(args.docs)
@@ -311,7 +337,7 @@ def main(argv=None) -> int:
           file=sys.stderr)
     return 2
   if args.one:
-    result = run(args.one, root)
+    result = run(args.one, root, api_fixes=args.api_fixes)
     sys.stdout.flush()
     print("\n" + json.dumps(result), file=sys.__stdout__)
     return 0
@@ -325,7 +351,7 @@ def main(argv=None) -> int:
     if args.scripts:
       Path(args.scripts).mkdir(parents=True, exist_ok=True)
       (Path(args.scripts) / f"{name}.py").write_text(script(TUTORIALS[name], root))
-    results[name] = run_isolated(name, root, verbose=True)
+    results[name] = run_isolated(name, root, verbose=True, api_fixes=args.api_fixes)
     s = summary(results[name])
     print(f"{name:15s} cells {s['ran']}/{s['cells']} ran, outputs {s['matched']}/{s['with_output']} "
           f"matched, {s['launches']} launches")
