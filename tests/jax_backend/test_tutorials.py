@@ -69,8 +69,7 @@ EXPECTED = {
                       "jax 0.12's TensorCoreMesh has no .devices (the tutorial's len(tc_mesh.devices))"),
                   3: (r"NameError.*num_cores", "num_cores was to be set by cell 1"),
                   4: (r"NameError.*in_spec", "in_spec was to be set by cell 3"),
-                  6: (r"NameError.*num_cores", "num_cores was to be set by cell 1"),
-                  8: (r"UnsupportedError.*VectorSubcoreMesh", "SparseCore meshes through JAX")},
+                  6: (r"NameError.*num_cores", "num_cores was to be set by cell 1")},
         mismatches={1: "the print that raised", 7: OLD_JAX_SC_INFO}),
     "sparsecore": Expect(
         cells=10,
@@ -87,11 +86,39 @@ def _run(name, expect, **kwargs):
   return T.run_isolated(name, ROOT, **kwargs)
 
 
+ROUNDING_PRINT = "a printed max|Pallas - XLA| of f32 sums: another rounding than the TPU's"
+
+# with --api-fixes (the lines written for an older JAX ported to jax 0.12, tutorials.API_FIXES)
+EXPECTED_WITH_API_FIXES = {
+    "core_map": Expect(
+        cells=9,
+        mismatches={1: "jax 0.12 prints TensorCoreMesh(axis_name='core', num_cores=2)",
+                    7: OLD_JAX_SC_INFO}),
+    "distributed": Expect(
+        cells=8,
+        mismatches={3: ROUNDING_PRINT, 5: ROUNDING_PRINT,
+                    7: "the tutorial's inner kernel was rewritten when emit_pipeline lost its "
+                       "accumulator outputs (jax 79c328e), its published output predates that: it now "
+                       "leaves half the output unwritten, in JAX's own TPU interpret mode too "
+                       "(identical to palace, NaNs included, at 512x512 outer blocks)"}),
+}
+
+
 @pytest.mark.parametrize("name", [pytest.param(n, marks=[pytest.mark.slow] if e.heavy else [])
                                   for n, e in EXPECTED.items()])
 def test_tutorial(name):
-  expect = EXPECTED[name]
-  result = _run(name, expect)
+  _check(name, EXPECTED[name], _run(name, EXPECTED[name]))
+
+
+@pytest.mark.parametrize("name", list(EXPECTED_WITH_API_FIXES))
+def test_tutorial_with_api_fixes(name):
+  expect = EXPECTED_WITH_API_FIXES[name]
+  result = _run(name, expect, api_fixes=True)
+  _check(name, expect, result)
+  assert any(c["api_fixes"] for c in result["cells"])
+
+
+def _check(name, expect, result):
   cells = result["cells"]
   assert len(cells) == expect.cells, f"{name}: the checkout's notebook changed ({len(cells)} cells)"
   failed = {c["cell"]: c["error"] for c in cells if not c["ok"]}

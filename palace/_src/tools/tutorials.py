@@ -17,8 +17,12 @@ The tutorials are not part of palace: they are read from a JAX checkout given by
    whitespace normalisation. Lines that report a measured time (`TIMING_LINE`) are not compared:
    they are modelled times now.
 
-`python -m palace._src.tools.tutorials [--docs DIR] [--json FILE] [--scripts DIR] [NAME ...]` runs
-them and prints one line per tutorial (docs/jax.md, "Tutorials").
+The notebooks were published with older JAX versions; `--api-fixes` (off by default) ports the few
+lines that no longer run on jax 0.12 (`API_FIXES`, `API_CONFIG`, each applied edit listed per cell),
+so the kernels behind them are exercised too.
+
+`python -m palace._src.tools.tutorials [--docs DIR] [--json FILE] [--scripts DIR] [--api-fixes]
+[NAME ...]` runs them and prints one line per tutorial (docs/jax.md, "Tutorials").
 """
 from __future__ import annotations
 
@@ -68,6 +72,10 @@ API_FIXES = (
      "jax 0.12's make_mesh axes are Explicit: a strided x[0, ::128] of a sharded array is refused, "
      "so the printed samples are taken on the host"),
 )
+
+# and, with the same option, the JAX default the published notebooks were run with: they predate JAX
+# 0.5's flip of jax_threefry_partitionable, so their jax.random values (printed inputs) differ otherwise
+API_CONFIG = (("jax_threefry_partitionable", False),)
 
 # a published output line that reports a measured time (or a figure derived from one)
 TIMING_LINE = re.compile(r"\btime\b|FLOP/s|utilization|\bms\b|µs|per loop|\bns\b", re.IGNORECASE)
@@ -180,6 +188,7 @@ def compare(printed: str, published: str) -> dict:
   keep = lambda lines: [l for l in lines if not TIMING_LINE.search(l)]
   a, b = keep(ours), keep(theirs)
   return {"matched": a == b, "compared": len(b), "timing_lines": len(theirs) - len(b),
+          "lines_matched": sum(x == y for x, y in zip(a, b)),
           "diff": [] if a == b else [f"published: {x!r}  palace: {y!r}"
                                      for x, y in zip(b + [""] * len(a), a + [""] * len(b)) if x != y][:5]}
 
@@ -260,6 +269,10 @@ def run(name: str, root: Path, api_fixes: bool = False) -> dict:
   tutorial = TUTORIALS[name]
   import palace.jax  # noqa: PLC0415
   tpu = palace.jax.activate(tutorial.chip, tutorial.num_chips)
+  if api_fixes:
+    import jax  # noqa: PLC0415
+    for option, value in API_CONFIG:
+      jax.config.update(option, value)
   namespace = {"__name__": "__main__", "palace": palace}
   results = []
   for c in cells(tutorial, root):
@@ -297,6 +310,8 @@ def summary(result: dict) -> dict:
   with_output = [c for c in cells_ if "published" in c]
   return {"cells": len(cells_), "ran": sum(c["ok"] for c in cells_),
           "with_output": len(with_output), "matched": sum(c["matched"] for c in with_output),
+          "lines": sum(c["compared"] for c in with_output),
+          "lines_matched": sum(c["lines_matched"] for c in with_output),
           "launches": sum(c["launches"] for c in cells_),
           "rounding": [(c["cell"], n) for c in cells_ for n in c["rounding_asserts"]],
           "failed": [(c["cell"], c["error"]) for c in cells_ if not c["ok"]],
@@ -354,7 +369,7 @@ def main(argv=None) -> int:
     results[name] = run_isolated(name, root, verbose=True, api_fixes=args.api_fixes)
     s = summary(results[name])
     print(f"{name:15s} cells {s['ran']}/{s['cells']} ran, outputs {s['matched']}/{s['with_output']} "
-          f"matched, {s['launches']} launches")
+          f"cells ({s['lines_matched']}/{s['lines']} lines) matched, {s['launches']} launches")
     for cell, note in s["rounding"]:
       print(f"    cell {cell}: {note}")
     for cell, error in s["failed"]:
