@@ -73,8 +73,9 @@ EXPECTED = {
         mismatches={1: "the print that raised", 7: OLD_JAX_SC_INFO}),
     "sparsecore": Expect(
         cells=10,
-        failures={6: (r"UnsupportedError.*timing a statement that launched no TPU kernel",
-                      "%timeit of tc_add_one, a pure XLA op: palace models kernels, not XLA")},
+        failures={c: (r"UnsupportedError.*timing a statement that launched no TPU kernel",
+                      "%timeit of a pure XLA function (tc_add_one, gather_tc): palace models "
+                      "kernels, not XLA") for c in (6, 9)},
         mismatches={1: OLD_JAX_SC_INFO},
         heavy="its gathers move 4M rows of 128 int32 (2 GiB per array; over 9 GB resident)"),
 }
@@ -127,7 +128,7 @@ def _check(name, expect, result):
     assert re.search(pattern, failed[cell]), f"{name} cell {cell}: {failed[cell]}"
   assert not any(c["error"].startswith("AssertionError") for c in cells if not c["ok"]), \
       f"{name}: a tutorial assert failed"
-  with_output = [c for c in cells if "published" in c]
+  with_output = [c for c in cells if "published" in c and c["compared"]]  # timing-only: not compared
   mismatched = {c["cell"]: c["diff"] for c in with_output if not c["matched"]}
   assert set(mismatched) == set(expect.mismatches), f"{name}: outputs differ {mismatched}"
   rounding = {c["cell"] for c in cells if c["rounding_asserts"]}
