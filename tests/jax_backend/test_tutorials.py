@@ -77,6 +77,8 @@ EXPECTED = {
                       "%timeit of a pure XLA function (tc_add_one, gather_tc): palace models "
                       "kernels, not XLA") for c in (6, 9)},
         mismatches={1: OLD_JAX_SC_INFO},
+        # cells 0-6 measured; gather/scatter cells 7-8 were not run to the end at the published
+        # size (the same kernels at 64 rows are exact: test_sparsecore.py), so their pin is expected
         heavy="its gathers move 4M rows of 128 int32 (2 GiB per array; over 9 GB resident)"),
 }
 
