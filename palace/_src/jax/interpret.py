@@ -130,8 +130,15 @@ def _run(jaxpr, env, Literal) -> None:
       out = fn(eqn, *invals)
     except PalaceError as e:
       if not getattr(e, "_palace_jax_line", False):
-        e._palace_jax_line = True
-        e.add_note(f"(in the JAX kernel at {source_line(eqn)}, primitive '{eqn.primitive.name}')")
+        # the innermost equation names the primitive; the line is the innermost one known (an
+        # equation JAX's own library code traced, e.g. emit_pipeline's DMAs, has no user frame: the
+        # enclosing equation's line, where the user called that library, is named instead)
+        primitive = getattr(e, "_palace_jax_primitive", None) or eqn.primitive.name
+        e._palace_jax_primitive = primitive
+        line = source_line(eqn)
+        if line != "unknown line":
+          e._palace_jax_line = True
+          e.add_note(f"(in the JAX kernel at {line}, primitive '{primitive}')")
       raise
     if eqn.primitive.multiple_results:
       for v, x in zip(eqn.outvars, out):
