@@ -246,12 +246,16 @@ def _rounding_asserts(notes: list):
       setattr(np.testing, n, f)
 
 
-def _original_error(e: BaseException) -> BaseException:
-  """palace's own error for one raised inside a launch's callback (XLA re-raises it wrapped)."""
+def _original_error(e: BaseException, errors_before: int = 0) -> BaseException:
+  """palace's own error for one raised inside a launch's callback during this cell (XLA re-raises
+  it wrapped, as a JaxRuntimeError or a ValueError naming the CpuCallback)."""
+  from palace._src.errors import PalaceError  # noqa: PLC0415
   from palace._src.jax.activation import active_engine  # noqa: PLC0415
   engine = active_engine()
-  if engine is not None and engine.errors and type(e).__name__ == "JaxRuntimeError":
-    return engine.errors.pop()
+  if engine is not None and len(engine.errors) > errors_before and not isinstance(e, PalaceError):
+    cause = engine.errors[-1]
+    del engine.errors[errors_before:]
+    return cause
   return e
 
 
@@ -269,6 +273,8 @@ def run(name: str, root: Path, api_fixes: bool = False) -> dict:
   tutorial = TUTORIALS[name]
   import palace.jax  # noqa: PLC0415
   tpu = palace.jax.activate(tutorial.chip, tutorial.num_chips)
+  from palace._src.jax.activation import active_engine  # noqa: PLC0415
+  engine = active_engine()
   if api_fixes:
     import jax  # noqa: PLC0415
     for option, value in API_CONFIG:
@@ -281,6 +287,7 @@ def run(name: str, root: Path, api_fixes: bool = False) -> dict:
     entry = {"cell": c.index, "ok": True, "error": None, "launches": 0, "rounding_asserts": [],
              "api_fixes": []}
     t0 = time.perf_counter()
+    errors_before = len(engine.errors)
     try:
       with contextlib.redirect_stdout(buf), _rounding_asserts(entry["rounding_asserts"]):
         source = python_source(c.source)
@@ -289,7 +296,7 @@ def run(name: str, root: Path, api_fixes: bool = False) -> dict:
       entry["ok"] = False
       frames = [f for f in traceback.extract_tb(e.__traceback__) if f.filename == "<cell>"]
       where = f" (cell line {frames[-1].lineno})" if frames else ""
-      cause = _original_error(e)
+      cause = _original_error(e, errors_before)
       message = str(cause).strip()
       entry["error"] = f"{type(cause).__name__}{where}: {message.splitlines()[0] if message else ''}"[:400]
       entry["traceback"] = "".join(traceback.format_exception(cause)[-6:])[-3000:]
