@@ -30,11 +30,11 @@ if [ -z "$jax_py" ]; then
   exit 0
 fi
 [ -x .venv-jax/bin/python ] || "$jax_py" -m venv .venv-jax
-jax_ok="import jax, palace, pytest, xdist, threadpoolctl; assert jax.__version__ == '$JAX_VERSION'"
+jax_ok="import jax, palace, pytest, xdist, threadpoolctl, click, rich; assert jax.__version__ == '$JAX_VERSION'"
 if ! .venv-jax/bin/python -c "$jax_ok" 2>/dev/null; then
   .venv-jax/bin/python -m pip install -q --upgrade pip >/dev/null
   .venv-jax/bin/python -m pip install -q "jax==$JAX_VERSION" pytest pytest-xdist
-  .venv-jax/bin/python -m pip install -q -e ".[perf]"   # threadpoolctl: see docs/jax.md (BLAS threads)
+  .venv-jax/bin/python -m pip install -q -e ".[perf,cli]"   # threadpoolctl: see docs/jax.md (BLAS threads); cli: `palace run --jax`
 fi
 echo "JAX parity suite (tests/jax_parity, jax $JAX_VERSION, $(.venv-jax/bin/python --version)):"
 .venv-jax/bin/python -m pytest -n 2 -q tests/jax_parity

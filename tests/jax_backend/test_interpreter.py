@@ -1,4 +1,6 @@
 """The jaxpr interpreter's rules on small kernels: each is compared with NumPy on integer-valued data."""
+import re
+
 import numpy as np
 import pytest
 
@@ -11,6 +13,7 @@ from jax.experimental.pallas import tpu as pltpu
 from jax._src.pallas import primitives as pallas_primitives  # load(..., other=) is not public
 
 import palace.jax as pj
+from palace._src import errors as pl_errors
 
 X = (np.arange(8 * 128) % 5).reshape(8, 128).astype(np.float32)
 
@@ -166,3 +169,51 @@ def test_pl_kernel_repeated_calls_rerun_its_cached_plan_with_fresh_mutable_refs(
     np.testing.assert_array_equal(out, 2 * x)
     np.testing.assert_array_equal(acc, x * 10 + 1)
   assert [r.kernel_name for r in tpu.reports] == ["kernel"] * 3
+
+
+@pytest.mark.parametrize("n", [3, 8])
+def test_dma_of_a_dynamic_size_slice(n):
+  # a window whose size is known only when the kernel runs (what pl.BoundedSlice blocks make)
+  def kernel(n_ref, x_hbm, zeros_hbm, o_hbm, sem):
+    del zeros_hbm
+    rows = n_ref[0]
+    copy = pltpu.make_async_copy(x_hbm.at[pl.ds(0, rows)], o_hbm.at[pl.ds(0, rows)], sem)
+    copy.start()
+    copy.wait()
+
+  any_spec = pl.BlockSpec(memory_space=pl.ANY)
+  call = pl.pallas_call(
+      kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+      grid_spec=pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=1, in_specs=[any_spec, any_spec],
+                                             out_specs=any_spec,
+                                             scratch_shapes=[pltpu.SemaphoreType.DMA]),
+      input_output_aliases={2: 0})
+  with pj.virtual_tpu("v5e") as tpu:
+    out = np.asarray(jax.jit(call)(jnp.array([n], jnp.int32), X + 1, jnp.zeros((8, 128), jnp.float32)))
+  expected = np.zeros((8, 128), np.float32)
+  expected[:n] = X[:n] + 1
+  np.testing.assert_array_equal(out, expected)
+  # the DMA read and wrote n rows, not the bound (+ 4 bytes: the scalar prefetch)
+  assert tpu.reports[-1].hbm_bytes == 2 * n * 128 * 4 + 4
+
+
+def test_error_inside_jax_library_code_names_the_users_line():
+  # emit_pipeline's DMAs are traced from JAX's own pipeline.py (no user frame): the note names the
+  # kernel line that called emit_pipeline, and the primitive that failed
+  def kernel(x_hbm, o_hbm):
+    def body(x_vmem, o_vmem):
+      o_vmem[...] = x_vmem[...]
+    pipeline = pltpu.emit_pipeline(body, grid=(2,), out_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+                                   in_specs=[pl.BlockSpec((8, 128), lambda i: (i + 1, 0))])
+    pipeline(x_hbm, o_hbm)  # LINE
+
+  any_spec = pl.BlockSpec(memory_space=pl.ANY)
+  call = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((16, 128), jnp.float32),
+                        in_specs=[any_spec], out_specs=any_spec)
+  line = next(i for i, l in enumerate(open(__file__).read().splitlines(), 1) if l.endswith("# LINE"))
+  with pytest.raises(pl_errors.OutOfBoundsError) as info:
+    with pj.virtual_tpu("v5e"):
+      jax.block_until_ready(jax.jit(call)(np.zeros((16, 128), np.float32)))
+  notes = "\n".join(getattr(info.value, "__notes__", []))
+  assert re.search(rf"in the JAX kernel at test_interpreter.py:{line} \(\S*kernel\), primitive 'dma_start'",
+                   notes), notes

@@ -200,12 +200,12 @@ def test_load_module_errors():
     pc.load_module("jax.numpy")
 
 
-def test_cli_run_jax_flag():
+def test_cli_run_compat_flag():
   pytest.importorskip("click")
   pytest.importorskip("rich")
   from click.testing import CliRunner
 
   from palace._src.tools.cli import main
-  r = CliRunner().invoke(main, ["run", "--jax", "--chip", "v6e", str(HERE / "jax_script.py"), "x"])
+  r = CliRunner().invoke(main, ["run", "--compat", "--chip", "v6e", str(HERE / "jax_script.py"), "x"])
   assert r.exit_code == 0, r.output
   assert "jax_script ok __main__" in r.output and "add_one" in r.output

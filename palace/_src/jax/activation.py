@@ -151,8 +151,13 @@ def activate_from_env(environ=None):
   except ValueError:
     raise UsageError(f"PALACE_JAX={spec!r}: expected <chip>[:<num_chips>]. Fix: set it to a chip "
                      f"name and an optional integer chip count, e.g. 'v5e' or 'v5p:4'.") from None
+  return activate_global(chip, num_chips)
+
+
+def activate_global(chip="v5e", num_chips: int = 1, **options):
+  """Install a process-wide engine on a new VirtualTPU(chip, num_chips, **options); returns it."""
   install()
-  tpu = VirtualTPU(chip, num_chips)
+  tpu = VirtualTPU(chip, num_chips, **options)
   _config().set_global(Engine(tpu))
   return tpu
 

@@ -4,7 +4,11 @@ it, e.g. emit_pipeline's tiling or `create_tensorcore_mesh`) answers as JAX woul
 JAX looks a device kind it does not know up in `jax._src.tpu_info.registry`; the host CPU devices'
 kind is "cpu", so palace registers an entry for it that answers for the active engine's chip and, with
 no engine active, raises JAX's own error. `get_tpu_info` is cached per trace context, which includes
-the engine, so each context gets its own answer."""
+the engine, so each context gets its own answer.
+
+A TPU device also reports `num_cores` (its TensorCores), which `pltpu.TensorCoreMesh(axis_name=...)`
+reads as its default size; the host CPU devices have no such attribute, so palace gives their type one
+that answers for the active engine's chip and, with no engine active, raises AttributeError as before."""
 from __future__ import annotations
 
 # palace chip name -> JAX ChipVersion member name
@@ -36,3 +40,21 @@ def install_tpu_info(active_engine) -> None:
     return tpu_info_for(engine.tpu.chip)
 
   tpu_info.registry.setdefault("cpu", cpu_device_info)
+  _install_num_cores(active_engine)
+
+
+def _install_num_cores(active_engine) -> None:
+  import jax  # noqa: PLC0415
+  device_type = type(jax.devices("cpu")[0])
+  if "num_cores" in device_type.__dict__:
+    return
+
+  def num_cores(self):
+    engine = active_engine()
+    if engine is None or self.platform != "cpu":
+      raise AttributeError(f"{type(self).__name__!r} object has no attribute 'num_cores' (a host CPU "
+                           f"device; inside palace.jax.virtual_tpu(...) it reports the chip's "
+                           f"TensorCores)")
+    return int(engine.tpu.chip.num_tensorcores_per_device)
+
+  device_type.num_cores = property(num_cores)

@@ -212,8 +212,15 @@ def run_program(prog: _Program, consts, args) -> list:
       out = fn(*[env[i] for i in ins])
     except PalaceError as e:
       if not getattr(e, "_palace_jax_line", False):
-        e._palace_jax_line = True
-        e.add_note(f"(in the JAX kernel at {source_line(eqn)}, primitive '{eqn.primitive.name}')")
+        # the innermost equation names the primitive; the line is the innermost one known (an
+        # equation JAX's own library code traced, e.g. emit_pipeline's DMAs, has no user frame: the
+        # enclosing equation's line, where the user called that library, is named instead)
+        primitive = getattr(e, "_palace_jax_primitive", None) or eqn.primitive.name
+        e._palace_jax_primitive = primitive
+        line = source_line(eqn)
+        if line != "unknown line":
+          e._palace_jax_line = True
+          e.add_note(f"(in the JAX kernel at {line}, primitive '{primitive}')")
       raise
     if multiple:
       for i, x, c in zip(outs, out, checks):

@@ -170,6 +170,22 @@ def _palace_launch(params, grid):
                      name=kernel_name(params))
 
 
+def _palace_mesh(mesh):
+  """palace's mesh for a JAX TPU mesh (TensorCore, or SparseCore vector / scalar subcores)."""
+  from palace._src.launch import sc_mesh  # noqa: PLC0415
+  kind = type(mesh).__name__
+  if kind == "TensorCoreMesh":
+    (axis, size), = mesh.shape.items()
+    return pcore.TensorCoreMesh(str(axis), int(size))
+  if kind == "VectorSubcoreMesh":
+    return sc_mesh.VectorSubcoreMesh(str(mesh.core_axis_name), str(mesh.subcore_axis_name),
+                                     int(mesh.num_cores), int(mesh.num_subcores))
+  return sc_mesh.ScalarSubcoreMesh(str(mesh.axis_name), int(mesh.num_cores))
+
+
+_MESHES = ("TensorCoreMesh", "VectorSubcoreMesh", "ScalarSubcoreMesh")
+
+
 def check_mpmd(params) -> None:
   """Raise UnsupportedError (at lowering time) for mesh launches the adapter does not cover."""
   name = params.get("name") or "kernel"
@@ -178,17 +194,19 @@ def check_mpmd(params) -> None:
                            f"external meshes is not supported yet. Fix: use one TensorCoreMesh body, or call "
                            f"palace's pl.kernel outside jax.jit.")
   mesh = params["meshes"][0]
-  if type(mesh).__name__ != "TensorCoreMesh":
+  if type(mesh).__name__ not in _MESHES:
     raise UnsupportedError(f"palace.jax: pl.kernel '{name}' over a {type(mesh).__name__} is not supported "
-                           f"yet (TensorCoreMesh is). Fix: call palace's pl.kernel outside jax.jit for this "
-                           f"mesh.")
+                           f"yet ({', '.join(_MESHES)} are). Fix: call palace's pl.kernel outside jax.jit "
+                           f"for this mesh.")
   if params["jaxprs"][0].constvars:
     raise UnsupportedError(f"palace.jax: pl.kernel '{name}' captures constants. Fix: pass them as "
                            f"inputs.")
 
 
 def run_mpmd_map(params, args, cache=None):
-  """Run one JAX `mpmd_map` (pl.kernel / core_map over a TensorCoreMesh) on the active VirtualTPU.
+  """Run one JAX `mpmd_map` (pl.kernel / core_map over a TensorCore or SparseCore mesh) on the active
+  VirtualTPU.
+
   Aliased inputs (JAX mutable refs handed to the kernel, after state discharge) become palace
   mutable refs that the kernel updates in place; their outputs are those refs' final values.
   `cache` (the lowering's dict) keeps the palace launch and its LaunchPlan from the first call."""
@@ -232,8 +250,7 @@ def _mpmd_launch(params, n_in: int):
     run_program(prog, (), (*ins, *all_outs, *scr))
 
   body.__name__ = name
-  (axis, size), = mesh.shape.items()
-  call = palace_kernel(body, out_type, mesh=pcore.TensorCoreMesh(str(axis), int(size)),
+  call = palace_kernel(body, out_type, mesh=_palace_mesh(mesh),
                        scratch_types=scratch, compiler_params=_compiler_params(params.get("compiler_params")),
                        name=name)
   return call, tuple(aliases), in_of_out, n_out

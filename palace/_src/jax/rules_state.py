@@ -10,7 +10,7 @@ from palace._src.jax.interpret import (compiling_rule, grid_axes, result_unused,
 from palace._src.lang import lax_ops
 from palace._src.lang import primitives as prims
 from palace._src.lang import tpu_primitives as tpu
-from palace._src.lang.array import Array
+from palace._src.lang.array import Array, concrete_int
 from palace._src.lang.refs import Ref, ds
 
 
@@ -53,25 +53,36 @@ def _value(x, flat):
   return x
 
 
-_STATIC, _DYNAMIC, _DYNAMIC_SLICE = 0, 1, 2
+# index entries: (kind, a, size, stride); _GENERAL entries hold a function flat -> the index (dynamic-size
+# slices, index refs), and views with one are not cached
+_STATIC, _DYNAMIC, _DYNAMIC_SLICE, _GENERAL = 0, 1, 2, 3
 
 
 def _index_entry(eqn, i):
   indexing, _ = _jax_types()
+  _, types = _jax_types()
   if isinstance(i, indexing.Slice):
-    if type(i.size) is _Leaf or not isinstance(i.size, (int, np.integer)) or \
-        not isinstance(i.stride, (int, np.integer)):
-      raise unsupported(eqn, "a slice of dynamic size or stride")
+    if not isinstance(i.stride, (int, np.integer)):
+      raise unsupported(eqn, "a slice of dynamic stride")
+    if type(i.size) is _Leaf or not isinstance(i.size, (int, np.integer)):
+      # a dynamic size (pl.BoundedSlice blocks: JAX's emit_pipeline DMAs a window of runtime size)
+      # is known when the kernel runs, as it is to a TPU's DMA engine
+      start, size, stride = i.start, i.size, int(i.stride)
+      return (_GENERAL, lambda flat: ds(_value(start, flat), concrete_int(_value(size, flat), "slice size"),
+                                        stride), 0, 0)
     if type(i.start) is _Leaf:
       return (_DYNAMIC_SLICE, i.start.k, int(i.size), int(i.stride))
     return (_STATIC, ds(i.start, int(i.size), int(i.stride)), 0, 0)
+  if isinstance(i, types.TransformedRef):   # an index ref (SparseCore gather / scatter DMAs)
+    return (_GENERAL, _ref_operand(eqn, i), 0, 0)
   if type(i) is _Leaf:
     return (_DYNAMIC, i.k, 0, 0)
   return (_STATIC, i, 0, 0)
 
 
 def _index(entries, flat) -> tuple:
-  return tuple(a if kind == _STATIC else flat[a] if kind == _DYNAMIC else ds(flat[a], size, stride)
+  return tuple(a if kind == _STATIC else flat[a] if kind == _DYNAMIC else
+               ds(flat[a], size, stride) if kind == _DYNAMIC_SLICE else a(flat)
                for kind, a, size, stride in entries)
 
 
@@ -138,13 +149,16 @@ def _ref_operand(eqn, x, transforms=(), last_index: bool = False):
   k = x.k
   steps, last = _transforms(eqn, transforms, last_index)
   dynamic = tuple(sorted({a for kind, entries in steps if kind == _AT
-                          for e_kind, a, _, _ in entries if e_kind != _STATIC}))
+                          for e_kind, a, _, _ in entries if e_kind in (_DYNAMIC, _DYNAMIC_SLICE)}))
+  cacheable = not any(e[0] == _GENERAL for kind, entries in steps if kind == _AT for e in entries)
   views: dict = {}
   base = [None]   # the base ref the cached views belong to (a new launch brings new refs)
 
   def view_of(ref, flat):
     if not steps:
       return ref
+    if not cacheable:
+      return _view(steps, ref, flat)
     key = tuple(_index_key(flat[a]) for a in dynamic)
     if None in key:
       return _view(steps, ref, flat)

@@ -182,20 +182,30 @@ def chips(sources):
 @click.option("--timeline", type=click.Path(dir_okay=False), callback=_out_file,
               help="Write the last launch's timeline PNG.")
 @click.option("--max-reports", default=10, show_default=True, type=click.IntRange(min=0), help="Print at most this many full reports.")
-@click.option("--jax", "jax_source", is_flag=True,
-              help="FILE is written for JAX Pallas: its `import jax...` lines get palace (palace.compat).")
+@click.option("--jax", "real_jax", is_flag=True,
+              help="FILE is a JAX program: run it with the real JAX (installed) and its TPU kernels on "
+                   "palace (palace.jax.virtual_tpu).")
+@click.option("--compat", "jax_source", is_flag=True,
+              help="FILE is written for JAX Pallas but runs without JAX: its `import jax...` lines get "
+                   "palace's shim (palace.compat).")
 def run(file, script_args, chip, num_chips, timing_only, trace, trace_dir, timeline, max_reports,
-        jax_source=False):
+        jax_source=False, real_jax=False):
   """Run FILE.py on a virtual TPU and print the report of every kernel launch.
 
-  The script runs as `__main__` inside `pl.virtual_tpu(CHIP)`; kernels it launches outside any
-  `pl.virtual_tpu(...)` of its own run on that TPU and are reported here. Extra arguments after FILE
-  are passed to the script.
+  The script runs as `__main__` inside `pl.virtual_tpu(CHIP)` (with --jax: inside
+  `palace.jax.virtual_tpu(CHIP)`, so the real JAX's TPU pallas_call / pl.kernel / core_map run on
+  palace); kernels it launches outside any virtual TPU of its own run on that TPU and are reported
+  here. Extra arguments after FILE are passed to the script.
   """
   import palace as pl
   from rich.markup import escape
   console = make_console()
-  tpu = pl.virtual_tpu(chip, num_chips, timing_only=timing_only)
+  if real_jax and jax_source:
+    raise click.UsageError("--jax (the real JAX) and --compat (palace's JAX shim) exclude each other")
+  if real_jax:
+    tpu = _jax_tpu(chip, num_chips, timing_only)
+  else:
+    tpu = pl.virtual_tpu(chip, num_chips, timing_only=timing_only)
   path = str(Path(file).resolve())
   old_argv, old_path = sys.argv, list(sys.path)
   sys.argv = [path, *script_args]
@@ -234,6 +244,39 @@ def run(file, script_args, chip, num_chips, timing_only, trace, trace_dir, timel
       console.print(f"timeline of the last launch: {timeline_png(reports[-1], timeline)}")
   if status:
     sys.exit(status)
+
+
+def _jax_tpu(chip, num_chips, timing_only):
+  """`palace.jax.virtual_tpu(...)` as a context manager; one line and exit 2 when JAX is missing."""
+  import importlib.util
+  if importlib.util.find_spec("jax") is None:
+    click.echo("palace: error: --jax runs FILE with the real JAX, which is not installed here. Fix: "
+               "pip install 'jax==0.12.0.1' (Python >= 3.12), or use --compat for palace's JAX shim.",
+               err=True)
+    sys.exit(2)
+  if num_chips > 1 and "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    # jax.shard_map over num_chips host CPU devices: set before the script's `import jax` (if JAX was
+    # imported already, the device count it has stays)
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                               f" --xla_force_host_platform_device_count={num_chips}").strip()
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
+  import palace.jax as pjax
+
+  class _Context:
+    """`with tpu:` enters palace.jax.virtual_tpu; `.reports` is its VirtualTPU's."""
+    def __enter__(self):
+      self._cm = pjax.virtual_tpu(chip, num_chips, timing_only=timing_only)
+      self._tpu = self._cm.__enter__()
+      return self._tpu
+
+    def __exit__(self, *exc):
+      return self._cm.__exit__(*exc)
+
+    @property
+    def reports(self):
+      return self._tpu.reports
+
+  return _Context()
 
 
 def _print_launches(console, reports, max_reports):
