@@ -38,7 +38,7 @@ def _modelled_seconds(stmt) -> float:
     raise UnsupportedError(
         "palace.jax: timing a statement that launched no TPU kernel is not supported: palace models "
         "the time of Pallas kernels, not of XLA's own operations (the statement ran, on the host CPU). "
-        "Time a function that calls a pallas_call / pl.kernel, or read tpu.reports.")
+        "Fix: time a function that calls a pallas_call / pl.kernel, or read tpu.reports.")
   return t.total_time_s
 
 

@@ -201,7 +201,8 @@ def run(file, script_args, chip, num_chips, timing_only, trace, trace_dir, timel
   from rich.markup import escape
   console = make_console()
   if real_jax and jax_source:
-    raise click.UsageError("--jax (the real JAX) and --compat (palace's JAX shim) exclude each other")
+    raise click.UsageError("--jax (the real JAX) and --compat (palace's JAX shim) exclude each "
+                           "other. Fix: pass one of them.")
   if real_jax:
     tpu = _jax_tpu(chip, num_chips, timing_only)
   else:

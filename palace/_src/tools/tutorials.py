@@ -97,7 +97,8 @@ def docs_dir(explicit=None) -> Path | None:
   if not (path / "docs" / "pallas").is_dir():
     from palace._src.errors import UsageError  # noqa: PLC0415
     raise UsageError(f"PALACE_JAX_DOCS={value!r} has no docs/pallas folder; expected the root of a "
-                     f"JAX checkout (e.g. `git clone https://github.com/jax-ml/jax`).")
+                     f"JAX checkout. Fix: point it at a JAX source tree (e.g. `git clone "
+                     f"https://github.com/jax-ml/jax`).")
   return path
 
 
