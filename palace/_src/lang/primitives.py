@@ -51,7 +51,8 @@ def num_programs(axis: int) -> int:
     raise UsageError("pl.num_programs() has no grid here (pl.kernel bodies have no grid). Fix: use "
                      "lax.axis_size(name) for the size of a mesh axis.")
   idx, sizes = ex.grid_stack[-1]
-  axis = validate.as_int(axis, "pl.num_programs(axis)")
+  if type(axis) is not int:   # (the common case skips the validator call, as in program_id)
+    axis = validate.as_int(axis, "pl.num_programs(axis)")
   if not -len(sizes) <= axis < len(sizes):
     raise UsageError(f"pl.num_programs({axis}): the grid has {len(sizes)} axes {tuple(sizes)}. Fix: pass "
                      f"an axis in 0..{len(sizes) - 1} (or -{len(sizes)}..-1).")
