@@ -95,11 +95,14 @@ def test_every_op_class_has_a_cost_and_nothing_else_does():
   assert set(cost.VECTOR_CLASSES) == set(OpClass.ALL)
 
 
-def _capture(kernel_runner):
+def _capture(kernel_runner, names):
+  """(executor, the protocol members it lacks, its `sparsecore`), seen while the kernel runs (the
+  machine releases its cores' state when the launch ends)."""
   seen = []
 
   def body(*refs):
-    seen.append(executor.current())
+    ex = executor.current()
+    seen.append((ex, sorted(n for n in names if not hasattr(ex, n)), ex.sparsecore))
   kernel_runner(body)
   return seen[0]
 
@@ -107,19 +110,17 @@ def _capture(kernel_runner):
 def test_tensorcore_implements_the_whole_protocol():
   out = pl.ShapeDtypeStruct((8, 128), np.float32)
   with pl.virtual_tpu("v5e"):
-    ex = _capture(lambda body: pl.pallas_call(body, out_shape=out)())
-  missing = sorted(n for n in EXECUTOR if not hasattr(ex, n))
+    ex, missing, sc = _capture(lambda body: pl.pallas_call(body, out_shape=out)(), EXECUTOR)
   assert not missing, f"TensorCore lacks {missing}"
-  assert ex.sparsecore is None
+  assert sc is None
 
 
 def test_sparse_subcore_implements_the_sparsecore_protocol():
   with pl.virtual_tpu("v5p"):
     mesh = plsc.VectorSubcoreMesh(core_axis_name="c", subcore_axis_name="s", num_cores=1, num_subcores=1)
-    ex = _capture(lambda body: pl.kernel(body, out_type=(), mesh=mesh)())
-  missing = sorted(n for n in SPARSECORE if not hasattr(ex, n))
+    ex, missing, sc = _capture(lambda body: pl.kernel(body, out_type=(), mesh=mesh)(), SPARSECORE)
   assert not missing, f"SparseSubcore lacks {missing}"
-  assert ex.sparsecore is ex
+  assert sc is ex
 
 
 def test_fetch_and_add_on_a_tensorcore_is_a_usage_error():

@@ -143,11 +143,13 @@ def set_spmd_context(ctx):
 
 
 def release_host_caches(machine) -> None:
-  """End of a launch: the language side's per-core host caches give their memory back (hostmem)."""
+  """End of a launch: the language side's per-core host caches give their memory back (hostmem), then
+  the machine lets go of its state (Machine.release: freed at once, not by the cyclic GC)."""
   for core in machine.cores:
     for cache in core.host_cache.values():
       cache.release()
     core.host_cache.clear()
+  machine.release()
 
 
 def check_interpret(interpret, kname: str) -> None:

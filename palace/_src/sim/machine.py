@@ -281,6 +281,16 @@ class Machine:
     Scheduler(self, programs).run()
 
   # ------------------------------------------------------------------ end of launch
+  def release(self) -> None:
+    """After the launch's report is recorded: drop every reference the machine and its cores hold. A
+    machine is cyclic (cores <-> machine, buffers -> cores, bound methods), so without this its buffers
+    (HBM operands, VMEM) would wait for the cyclic GC, which is paused while launches run (`run`): a
+    process running launch after launch would hold the memory of old machines longer. The report keeps
+    only its events (whose requests name buffers, not machines). Nothing may use the machine after."""
+    for c in self.cores:
+      c.__dict__.clear()
+    self.__dict__.clear()
+
   def finish(self) -> Report:
     if self.inflight:
       rec = min(self.inflight.values(), key=lambda r: r.seq)

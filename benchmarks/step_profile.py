@@ -1,0 +1,110 @@
+"""Host work per grid step, counted (not timed): Python bytecodes and Python-level calls per step of
+two kernels, so two trees can be compared exactly on any machine, however busy.
+
+Run from the repo root:  python -m benchmarks.step_profile
+Compare another checkout:  PYTHONPATH=/path/to/other python benchmarks/step_profile.py
+(the file only uses the public API, so it runs against older trees too).
+
+Kernels: the (8, 128) f32 copy kernel of benchmarks.speed (512 steps) and the 1024^3 f32 tiled matmul
+in 128^3 blocks under timing_only (512 steps). Counts come from sys.settrace opcode events and
+sys.setprofile call events over the second of two identical launches (the first warms the caches);
+they are deterministic for a given Python version. Wall time follows them closely but not exactly
+(C-level work such as NumPy and the cyclic GC is not counted).
+"""
+from __future__ import annotations
+
+import sys
+import threading
+
+import numpy as np
+
+import palace as pl
+from palace import tpu as pltpu
+import palace.numpy as jnp
+
+
+def _copy_kernel(x_ref, o_ref):
+  o_ref[...] = x_ref[...] * 2.0
+
+
+def _copy(n=512):
+  x = np.ones((8 * n, 128), np.float32)
+  f = pl.pallas_call(_copy_kernel, out_shape=pl.ShapeDtypeStruct(x.shape, x.dtype), grid=(n,),
+                     in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+                     out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)))
+
+  def run():
+    with pl.virtual_tpu("v5e"):
+      return f(x)
+  return run, n
+
+
+def _matmul_kernel(x_ref, y_ref, o_ref, acc_ref):
+  @pl.when(pl.program_id(2) == 0)
+  def _():
+    acc_ref[...] = jnp.zeros_like(acc_ref)
+  acc_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
+
+  @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
+  def _():
+    o_ref[...] = acc_ref[...].astype(o_ref.dtype)
+
+
+def _matmul(n=1024, b=128):
+  x = (np.arange(n * n) % 7).reshape(n, n).astype(np.float32)
+  f = pl.pallas_call(
+      _matmul_kernel, out_shape=pl.ShapeDtypeStruct((n, n), np.float32), grid=(n // b,) * 3,
+      in_specs=[pl.BlockSpec((b, b), lambda i, j, k: (i, k)), pl.BlockSpec((b, b), lambda i, j, k: (k, j))],
+      out_specs=pl.BlockSpec((b, b), lambda i, j, k: (i, j)),
+      scratch_shapes=[pltpu.VMEM((b, b), np.float32)],
+      compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary")))
+
+  def run():
+    with pl.virtual_tpu("v5e", timing_only=True):
+      return f(x, x)
+  return run, (n // b) ** 3
+
+
+def count(run) -> tuple[int, int]:
+  """(bytecodes, Python calls) of one call of `run` (all threads)."""
+  ops = [0]
+  calls = [0]
+
+  def trace(frame, event, arg):
+    frame.f_trace_opcodes = True
+    if event == "opcode":
+      ops[0] += 1
+    return trace
+
+  def profile(frame, event, arg):
+    if event == "call":
+      calls[0] += 1
+
+  run()
+  threading.settrace(trace)
+  sys.settrace(trace)
+  try:
+    run()
+  finally:
+    sys.settrace(None)
+    threading.settrace(None)
+  threading.setprofile(profile)
+  sys.setprofile(profile)
+  try:
+    run()
+  finally:
+    sys.setprofile(None)
+    threading.setprofile(None)
+  return ops[0], calls[0]
+
+
+def main():
+  for name, make in (("copy kernel, (8,128) f32 blocks", _copy),
+                     ("tiled matmul 1024^3, 128 blocks, timing_only", _matmul)):
+    run, steps = make()
+    ops, calls = count(run)
+    print(f"{name:48s} {ops / steps:8.0f} bytecodes/step {calls / steps:7.1f} Python calls/step")
+
+
+if __name__ == "__main__":
+  main()
