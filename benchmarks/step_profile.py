@@ -3,7 +3,8 @@ two kernels, so two trees can be compared exactly on any machine, however busy.
 
 Run from the repo root:  python -m benchmarks.step_profile
 Compare another checkout:  PYTHONPATH=/path/to/other python benchmarks/step_profile.py
-(the file only uses the public API, so it runs against older trees too).
+(the file imports only palace's public API and the benchmark kernels, which older trees have too;
+its `benchmarks` package then comes from that tree).
 
 Kernels: the (8, 128) f32 copy kernel of benchmarks.speed (512 steps) and the 1024^3 f32 tiled matmul
 in 128^3 blocks under timing_only (512 steps). Counts come from sys.settrace opcode events and
@@ -19,12 +20,9 @@ import threading
 import numpy as np
 
 import palace as pl
-from palace import tpu as pltpu
-import palace.numpy as jnp
-
-
-def _copy_kernel(x_ref, o_ref):
-  o_ref[...] = x_ref[...] * 2.0
+# the kernels benchmarks.speed and benchmarks.kernels time (present, unchanged, in older trees too)
+from benchmarks.kernels import tiled_matmul
+from benchmarks.speed import _copy_kernel
 
 
 def _copy(n=512):
@@ -39,29 +37,12 @@ def _copy(n=512):
   return run, n
 
 
-def _matmul_kernel(x_ref, y_ref, o_ref, acc_ref):
-  @pl.when(pl.program_id(2) == 0)
-  def _():
-    acc_ref[...] = jnp.zeros_like(acc_ref)
-  acc_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
-
-  @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
-  def _():
-    o_ref[...] = acc_ref[...].astype(o_ref.dtype)
-
-
 def _matmul(n=1024, b=128):
   x = (np.arange(n * n) % 7).reshape(n, n).astype(np.float32)
-  f = pl.pallas_call(
-      _matmul_kernel, out_shape=pl.ShapeDtypeStruct((n, n), np.float32), grid=(n // b,) * 3,
-      in_specs=[pl.BlockSpec((b, b), lambda i, j, k: (i, k)), pl.BlockSpec((b, b), lambda i, j, k: (k, j))],
-      out_specs=pl.BlockSpec((b, b), lambda i, j, k: (i, j)),
-      scratch_shapes=[pltpu.VMEM((b, b), np.float32)],
-      compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "arbitrary")))
 
   def run():
     with pl.virtual_tpu("v5e", timing_only=True):
-      return f(x, x)
+      return tiled_matmul(x, x, b)
   return run, (n // b) ** 3
 
 
