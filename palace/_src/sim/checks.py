@@ -122,7 +122,8 @@ class KernelChecks:
 
 
 class NoChecks:
-  """The checks of a launch that runs none: every hook does nothing."""
+  """The checks of a launch that runs none: every hook does nothing. The per-access hooks (load,
+  store, dma_start, arrival, acquire) are called only when `active` is True, so they are not here."""
   __slots__ = ()
   active = False
   races = init = None
@@ -131,27 +132,12 @@ class NoChecks:
   def with_unchecked(self) -> KernelChecks:
     return KernelChecks(None, None, True)
 
-  def load(self, core, buf, index, shape):
-    return None
-
-  def store(self, core, buf, index, shape, data):
-    return None
-
-  def dma_start(self, core, rec):
-    return rec.req
-
   # the data moves straight through memory.copy (no hook to call afterwards); at the start of a copy
   # a whole VMEM destination may borrow its source (partial: a C call, no extra Python frame)
   move = staticmethod(memory.copy)
   move_at_start = staticmethod(functools.partial(memory.copy, borrow=True))
 
   def free(self, core, buf) -> None:
-    pass
-
-  def arrival(self, seq, rec, src) -> None:
-    pass
-
-  def acquire(self, slot, applied) -> None:
     pass
 
   def peek(self, slot, now) -> None:
