@@ -6,8 +6,9 @@ Compare another checkout:  PYTHONPATH=/path/to/other python benchmarks/step_prof
 (the file imports only palace's public API and the benchmark kernels, which older trees have too;
 its `benchmarks` package then comes from that tree).
 
-Kernels: the (8, 128) f32 copy kernel of benchmarks.speed (512 steps) and the 1024^3 f32 tiled matmul
-in 128^3 blocks under timing_only (512 steps). Counts come from sys.settrace opcode events and
+Kernels: the (8, 128) f32 copy kernel of benchmarks.speed (512 steps), the 1024^3 f32 tiled matmul
+in 128^3 blocks under timing_only (512 steps), and benchmarks.allgather_64's ring all-gather on 16 chips
+of 16 KiB shards (counted per remote DMA: 240, with the launch, the chip threads and the check). Counts come from sys.settrace opcode events and
 sys.setprofile call events over the second of two identical launches (the first warms the caches);
 they are deterministic for a given Python version. Wall time follows them closely but not exactly
 (C-level work such as NumPy and the cyclic GC is not counted).
@@ -46,6 +47,14 @@ def _matmul(n=1024, b=128):
   return run, (n // b) ** 3
 
 
+def _allgather(chips=16, shard_kib=16):
+  from benchmarks.allgather_64 import run as all_gather  # noqa: PLC0415
+
+  def run():
+    return all_gather(chips, shard_kib)
+  return run, chips * (chips - 1)   # per remote DMA
+
+
 def count(run) -> tuple[int, int]:
   """(bytecodes, Python calls) of one call of `run` (all threads)."""
   ops = [0]
@@ -81,10 +90,12 @@ def count(run) -> tuple[int, int]:
 
 def main():
   for name, make in (("copy kernel, (8,128) f32 blocks", _copy),
-                     ("tiled matmul 1024^3, 128 blocks, timing_only", _matmul)):
+                     ("tiled matmul 1024^3, 128 blocks, timing_only", _matmul),
+                     ("ring all-gather, 16 chips x 16 KiB (per DMA)", _allgather)):
     run, steps = make()
     ops, calls = count(run)
-    print(f"{name:48s} {ops / steps:8.0f} bytecodes/step {calls / steps:7.1f} Python calls/step")
+    unit = "DMA" if make is _allgather else "step"
+    print(f"{name:48s} {ops / steps:8.0f} bytecodes/{unit} {calls / steps:7.1f} Python calls/{unit}")
 
 
 if __name__ == "__main__":
