@@ -171,6 +171,29 @@ def test_pl_kernel_repeated_calls_rerun_its_cached_plan_with_fresh_mutable_refs(
   assert [r.kernel_name for r in tpu.reports] == ["kernel"] * 3
 
 
+def test_pallas_call_updates_a_closed_over_jax_mutable_ref_in_place():
+  """JAX's way to hand a `jax.new_ref` to a pallas_call is to close over it (a ref operand fails in
+  JAX's own grid mapping): its state discharge aliases the ref to an extra output, and the kernel
+  writes through the input side of that pair. JAX's interpret mode gives the same values."""
+  @jax.jit
+  def f(x, acc):
+    acc_ref = jax.new_ref(acc)
+
+    def kernel(x_ref, o_ref, buf):
+      o_ref[...] = x_ref[...] * 2
+      pltpu.sync_copy(acc_ref, buf)
+      buf[...] = buf[...] + x_ref[...]
+      pltpu.sync_copy(buf, acc_ref)
+    out = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+                         scratch_shapes=[pltpu.VMEM((8, 128), jnp.float32)])(x)
+    return out, acc_ref[...]
+  with pj.virtual_tpu("v5e") as tpu:
+    out, acc = jax.tree_util.tree_map(np.asarray, f(X, X * 10))
+  np.testing.assert_array_equal(out, 2 * X)
+  np.testing.assert_array_equal(acc, X * 11)
+  assert [r.kernel_name for r in tpu.reports] == ["kernel"]
+
+
 @pytest.mark.parametrize("n", [3, 8])
 def test_dma_of_a_dynamic_size_slice(n):
   # a window whose size is known only when the kernel runs (what pl.BoundedSlice blocks make)

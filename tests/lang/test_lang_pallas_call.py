@@ -175,6 +175,32 @@ def test_input_output_aliases_keep_unwritten_blocks(x):
   assert np.isfinite(x).all()
 
 
+def test_an_aliased_input_and_its_output_are_one_hbm_buffer(x):
+  """As on a TPU (and in JAX's interpret mode): writes through the input ref of an aliased pair are in
+  the output, and the input ref reads what the output ref wrote. (They were two buffers until session
+  6, and a write through the input ref was silently lost.)"""
+  def kernel(a_ref, x_ref, a_out, o_ref, buf):
+    pltpu.sync_copy(a_ref.at[0:8], buf)
+    buf[...] = buf[...] + 1
+    pltpu.sync_copy(buf, a_ref.at[0:8])            # through the input ref
+    pltpu.sync_copy(x_ref.at[8:16], a_out.at[8:16])  # through the output ref ...
+    pltpu.sync_copy(a_ref.at[8:16], buf)           # ... read back through the input ref
+    pltpu.sync_copy(buf, o_ref)
+
+  any_spec = pl.BlockSpec(memory_space=pl.ANY)
+  a = x[:, :128] * 3
+  a_out, o = pl.pallas_call(
+      kernel, out_shape=[pl.ShapeDtypeStruct(a.shape, a.dtype), pl.ShapeDtypeStruct((8, 128), a.dtype)],
+      in_specs=[any_spec, any_spec], out_specs=[any_spec, any_spec],
+      scratch_shapes=[pltpu.VMEM((8, 128), np.float32)], input_output_aliases={0: 0})(a, x[:, :128])
+  ref = a.copy()
+  ref[0:8] += 1
+  ref[8:16] = x[8:16, :128]
+  np.testing.assert_array_equal(a_out, ref)
+  np.testing.assert_array_equal(o, x[8:16, :128])
+  np.testing.assert_array_equal(a, x[:, :128] * 3)   # the caller's array is not mutated
+
+
 def test_aliases_count_scalar_prefetch_operands(x):
   idx = np.array([2], np.int32)
 

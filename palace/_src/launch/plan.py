@@ -64,8 +64,9 @@ class LaunchPlan:
   output_tree   the treedef the front end rebuilds its result with (and the body's output arguments).
   outputs_as    how the body receives the output refs: LEAVES (one positional argument each),
                 ENTRIES (the `output_tree` sequence splatted) or TREE (the whole tree as one argument).
-  aliases       {operand index: output index}: the output starts as a copy of the operand
-                (input_output_aliases), so its unwritten parts keep the input.
+  aliases       {operand index: output index} (input_output_aliases): the operand's ref and the
+                output are one HBM buffer, which starts as a copy of the operand (so unwritten
+                parts keep the input, and writes through either ref are the other's).
   staged        `Stage`s: scoped memory-space copies of operands/outputs made around the body.
   scratch       scratch allocation types: a tuple (positional refs after the outputs) or a dict
                 (keyword refs).

@@ -82,10 +82,14 @@ class _Launch:
     """This chip's HBM buffers, cores and [(core, program)] (spmd.py calls it once per chip)."""
     plan = self.plan
     in_bufs = []
-    for o, v in zip(plan.operands, self.operands):
+    for k, (o, v) in enumerate(zip(plan.operands, self.operands)):
       if isinstance(v, Ref):
         v.buf.chip = chip_index
         in_bufs.append(v)
+      elif k in plan.aliases:
+        # an aliased input IS its output's HBM buffer, as on a TPU (and in JAX's interpret mode):
+        # what the kernel writes through the input ref is in the output, and the reverse
+        in_bufs.append(self.out_bufs[plan.aliases[k]])
       else:
         in_bufs.append(host.hbm_input(v, o.name, chip_index))
     for b in self.out_bufs:
