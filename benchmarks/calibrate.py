@@ -21,6 +21,7 @@ import palace.numpy as jnp
 from palace._src import hw
 
 from benchmarks.kernels import tiled_matmul
+from benchmarks.tables import print_table
 
 # tpu-hardware.md section 7: (m = k = n, bm, bk, bn, measured wall ms, grid steps)
 TABLE = (
@@ -82,24 +83,6 @@ def fit(chip, rows):
   return best[1], best[2] * 1e-6, best[0][0]
 
 
-def _table(title, columns, rows):
-  try:
-    from rich.console import Console
-    from rich.table import Table
-  except ImportError:
-    print(f"\n{title}")
-    print(" | ".join(columns))
-    for row in rows:
-      print(" | ".join(row))
-    return
-  t = Table(title=title)
-  for c in columns:
-    t.add_column(c, justify="right")
-  for row in rows:
-    t.add_row(*row)
-  Console(width=160).print(t)
-
-
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--chip", default="v5e", help="chip preset (the section 7 table is v5e)")
@@ -126,9 +109,9 @@ def main(argv=None) -> int:
     cal.append(["XLA roofline", f"{m}", "-", f"{ref_ms - chip.launch_overhead_s * 1e3:.4f}",
                 f"{chip.launch_overhead_s * 1e3:.4f}", f"{ref_ms:.4f}", f"{meas_ms:.4f}",
                 f"{100 * err:+.1f}%", "-", "-"])
-  _table(f"Matmul tutorial on {chip.name}: model vs tpu-hardware.md section 7 (bf16, ms)",
-         ["bm/bk/bn", "m=k=n", "steps", "device", "launch", "model", "measured", "error", "us/step",
-          "sim s"], cal)
+  print_table(f"Matmul tutorial on {chip.name}: model vs tpu-hardware.md section 7 (bf16, ms)",
+              ["bm/bk/bn", "m=k=n", "steps", "device", "launch", "model", "measured", "error", "us/step",
+               "sim s"], cal)
   roof = []
   for row in rows:
     r = row["report"]
@@ -143,11 +126,11 @@ def main(argv=None) -> int:
     roof.append(["XLA (ideal)", f"{m}", f"{flops / 1e9:,.1f}", f"{nbytes / 2 ** 20:,.1f}",
                  f"{flops / nbytes:,.1f}", f"{t * 1e3:.4f}", f"{t * 1e3:.4f}", "100%", "100%",
                  "compute" if flops / nbytes > chip.critical_intensity_flops_per_byte else "memory"])
-  _table(f"Roofline on {chip.name} (peak {chip.peak_flops_per_s() / 1e12:.1f} TFLOP/s bf16, HBM "
-         f"{chip.hbm_bytes_per_s_per_device / 1e9:.0f} GB/s, critical intensity "
-         f"{chip.critical_intensity_flops_per_byte:.0f} FLOP/B; device times in ms)",
-         ["bm/bk/bn", "m=k=n", "GFLOP", "HBM MiB", "FLOP/B", "roofline", "modelled", "roof/model",
-          "% peak", "bound"], roof)
+  print_table(f"Roofline on {chip.name} (peak {chip.peak_flops_per_s() / 1e12:.1f} TFLOP/s bf16, HBM "
+              f"{chip.hbm_bytes_per_s_per_device / 1e9:.0f} GB/s, critical intensity "
+              f"{chip.critical_intensity_flops_per_byte:.0f} FLOP/B; device times in ms)",
+              ["bm/bk/bn", "m=k=n", "GFLOP", "HBM MiB", "FLOP/B", "roofline", "modelled", "roof/model",
+               "% peak", "bound"], roof)
   print(f"\nlargest |error| {100 * worst:.1f}% (budget {100 * ERROR_BUDGET:.0f}%)")
   if args.fit:
     s, launch, err = fit(chip, rows)

@@ -42,6 +42,7 @@ import palace.numpy as jnp
 from palace._src import hw
 
 from benchmarks.calibrate import TABLE, XLA_TABLE, run_config, xla_reference_s
+from benchmarks.tables import print_table
 
 MEDIAN_BUDGET = 0.10
 EXPLAINED_BEYOND = 0.15   # points beyond this need a stated reason (docs/validation.md)
@@ -211,24 +212,6 @@ def points() -> list[Point]:
 GENERATIONS = ("v4", "v5e", "v5p", "v6e", "7x")
 
 
-def _table(title, columns, rows):
-  try:
-    from rich.console import Console
-    from rich.table import Table
-  except ImportError:
-    print(f"\n{title}")
-    print(" | ".join(columns))
-    for row in rows:
-      print(" | ".join(row))
-    return
-  t = Table(title=title)
-  for c in columns:
-    t.add_column(c, justify="right")
-  for row in rows:
-    t.add_row(*row)
-  Console(width=170).print(t)
-
-
 def _fmt(x: float) -> str:
   return f"{x:.4g}" if abs(x) < 1e6 else f"{x:.4e}"
 
@@ -285,8 +268,9 @@ def main(argv=None) -> int:
     flag = " *" if abs(err) > EXPLAINED_BEYOND else ""
     rows.append([p.name, p.chip, p.what, _fmt(modelled), _fmt(p.published), f"{100 * err:+.1f}%{flag}",
                  f"{secs:.1f}", p.source])
-  _table("Timing model vs published real-TPU figures (* = beyond 15%: see docs/validation.md)",
-         ["point", "chip", "figure", "modelled", "published", "error", "sim s", "source"], rows)
+  print_table("Timing model vs published real-TPU figures (* = beyond 15%: see docs/validation.md)",
+              ["point", "chip", "figure", "modelled", "published", "error", "sim s", "source"], rows,
+              width=170)
   done = [(p, e) for p, m, e, _ in results if m is not None]
   summary = []
   for gen in GENERATIONS + ("all",):
@@ -294,13 +278,14 @@ def main(argv=None) -> int:
     if errs:
       summary.append([gen, str(len(errs)), f"{100 * statistics.median(errs):.1f}%",
                       f"{100 * max(errs):.1f}%"])
-  _table("|error| per generation", ["chip", "points", "median", "worst"], summary)
+  print_table("|error| per generation", ["chip", "points", "median", "worst"], summary, width=170)
   gmm_rows = _gmm_table([(p, m) for p, m, _, _ in results if m is not None],
                         wheel=wheel_available() and not args.no_wheel)
   if gmm_rows:
-    _table("Grouped-matmul ratios t(128)/t(256), issue 16 asks within 0.1: the counted kernel "
-           "(benchmarks/gmm_kernel.py, tokamax's structure) and, not counted, the wheel's megablox gmm",
-           ["shape", "chip", "published", "counted", "difference", "wheel gmm", "difference"], gmm_rows)
+    print_table("Grouped-matmul ratios t(128)/t(256), issue 16 asks within 0.1: the counted kernel "
+                "(benchmarks/gmm_kernel.py, tokamax's structure) and, not counted, the wheel's megablox gmm",
+                ["shape", "chip", "published", "counted", "difference", "wheel gmm", "difference"], gmm_rows,
+                width=170)
     within = sum(abs(float(r[4])) <= GMM_RATIO_BUDGET for r in gmm_rows)
     print(f"grouped-matmul ratios within {GMM_RATIO_BUDGET} of the published: {within} of "
           f"{len(gmm_rows)}")

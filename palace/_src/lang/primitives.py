@@ -302,28 +302,28 @@ def resolve_device_id(ex, device_id):
 
 
 # ------------------------------------------------------------------ mesh axes
-def axis_index(axis_name) -> Array:
-  ex = executor.current("lax.axis_index()")
+def _axes(axis_name, api: str) -> tuple:
+  """The current core, and (index, size) of each named mesh axis (one name or a tuple of names)."""
+  ex = executor.current(f"{api}()")
   names = axis_name if isinstance(axis_name, (tuple, list)) else (axis_name,)
-  lin = 0
   for n in names:
     if n not in ex.axis_env:
-      raise UsageError(f"lax.axis_index({axis_name!r}): unknown axis {n!r}; axes here: "
+      raise UsageError(f"{api}({axis_name!r}): unknown axis {n!r}; axes here: "
                        f"{sorted(ex.axis_env) or 'none (not inside a mesh or shard_map)'}. Fix: name an axis "
                        f"of the enclosing pl.kernel mesh or shard_map.")
-    i, s = ex.axis_env[n]
+  return ex, [ex.axis_env[n] for n in names]
+
+
+def axis_index(axis_name) -> Array:
+  ex, axes = _axes(axis_name, "lax.axis_index")
+  lin = 0
+  for i, s in axes:
     lin = lin * s + i
   return _scalar(lin, ex.now)
 
 
 def axis_size(axis_name) -> int:
-  ex = executor.current("lax.axis_size()")
-  names = axis_name if isinstance(axis_name, (tuple, list)) else (axis_name,)
   total = 1
-  for n in names:
-    if n not in ex.axis_env:
-      raise UsageError(f"lax.axis_size({axis_name!r}): unknown axis {n!r}; axes here: "
-                       f"{sorted(ex.axis_env) or 'none (not inside a mesh or shard_map)'}. Fix: name an "
-                       f"axis of the enclosing pl.kernel mesh or shard_map.")
-    total *= ex.axis_env[n][1]
+  for _, s in _axes(axis_name, "lax.axis_size")[1]:
+    total *= s
   return total
