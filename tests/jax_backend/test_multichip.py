@@ -100,9 +100,7 @@ def test_device_id_forms_map_as_jax_tpu_lowering_and_match_palace_own_shard_map(
   want = np.roll(X.reshape(4, 8, 128), 1, axis=0).reshape(32, 128)
   np.testing.assert_array_equal(got, want)
   np.testing.assert_array_equal(got, _jax_interpret(*_jax_shift(form)))
-  # palace's own path runs the same kernel source; a joint key is split on the host (no kernel
-  # op), so that form costs what the logical one does
-  own, report = _own(_shift_kernel(PALACE, "logical" if form == "joint" else form), ppl.P(("x", "y")))
+  own, report = _own(_shift_kernel(PALACE, form), ppl.P(("x", "y")))   # the same kernel source
   np.testing.assert_array_equal(own, want)
   (mine,) = tpu.reports
   assert (mine.kernel_name, mine.num_chips, mine.ici_bytes) == (report.kernel_name, 4, 4 * 8 * 128 * 4)
@@ -232,3 +230,49 @@ def test_the_nested_shard_map_jax_asks_for_is_one_pod_launch_equal_to_palace_own
   assert (mine.num_chips, mine.ici_bytes) == (4, 4 * 16 * 128 * 4)
   assert mine.device_cycles == report.device_cycles
   assert mine.unit_busy_cycles == report.unit_busy_cycles
+
+
+@pytest.mark.filterwarnings("ignore:.*(DeviceIdType|device_id_type) is deprecated:DeprecationWarning")
+def test_logical_ids_and_chips_are_positions_in_the_mesh_whatever_its_device_order():
+  """A LOGICAL id, like palace's chip index, is a device's row-major position in the mesh (its
+  partition id), not its jax device id: a mesh over the devices in another order gives the same
+  result and modelled time."""
+  results = []
+  for order in ([0, 1, 2, 3], [3, 1, 2, 0]):
+    mesh = jax.sharding.Mesh(np.array(jax.devices())[order].reshape(2, 2), ("x", "y"))
+    kernel = _shift_kernel(JAX, "logical")
+    f = jax.jit(jax.shard_map(lambda a, k=kernel: _call(JAX, k, a.shape)(a), mesh=mesh,
+                              in_specs=P(("x", "y")), out_specs=P(("x", "y")), check_vma=False))
+    x = jax.device_put(X, jax.sharding.NamedSharding(mesh, P(("x", "y"))))
+    with pj.virtual_tpu("v5e", num_chips=4) as tpu:
+      got = np.asarray(f(x))
+    np.testing.assert_array_equal(got, _jax_interpret(f, x))
+    results.append((got, tpu.reports[0].device_cycles))
+  np.testing.assert_array_equal(results[0][0], np.roll(X.reshape(4, 8, 128), 1, axis=0).reshape(32, 128))
+  np.testing.assert_array_equal(results[0][0], results[1][0])
+  assert results[0][1] == results[1][1]
+
+
+@pytest.mark.parametrize("key,jax_error,jax_says,error,palace_says", [
+    (("x", "core"), NotImplementedError, r"\('x', 'core'\) mixes JAX mesh and Pallas mesh grid axes",
+     ppl.UnsupportedError,
+     r"joins the axes \('x', 'core'\), which mix shard_map mesh axes \('x', 'y'\) with kernel mesh axes"),
+    (("a", "b"), ValueError, r"Unrecognized axes in device_id",
+     ppl.UsageError, r"joins the axes \('a', 'b'\), which are not shard_map mesh axes \('x', 'y'\)"),
+])
+def test_a_joint_device_id_key_names_mesh_axes_only_as_in_jax_tpu_lowering(key, jax_error, jax_says,
+                                                                              error, palace_says):
+  def kernel(x_ref, o_ref, send, recv):
+    copy = pltpu.make_async_remote_copy(x_ref, o_ref, send, recv, device_id={key: 0})
+    copy.start()
+    copy.wait()
+  mesh = _mesh()
+  f = jax.jit(jax.shard_map(lambda a: _call(JAX, kernel, a.shape)(a), mesh=mesh,
+                            in_specs=P(("x", "y")), out_specs=P(("x", "y")), check_vma=False))
+  x = jax.device_put(X, jax.sharding.NamedSharding(mesh, P(("x", "y"))))
+  with pytest.raises(jax_error, match=jax_says):
+    f.trace(x).lower(lowering_platforms=("tpu",))    # JAX's own TPU lowering
+  with pj.virtual_tpu("v5e", num_chips=4) as tpu:
+    with pytest.raises(error, match=palace_says):
+      f(x)
+  assert not tpu.reports

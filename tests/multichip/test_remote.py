@@ -87,6 +87,35 @@ def test_dict_and_tuple_device_ids_reach_the_same_chip():
     np.testing.assert_array_equal(out[c, 1], shards[(c - 1) % n])
 
 
+def test_joint_axis_int_and_tuple_device_ids_reach_the_same_chip():
+  """On a 2x2 mesh: {('x', 'y'): k} (a row-major index over both axes, wrapping as in JAX's TPU
+  lowering), the int (logical) id k % 4 and the coordinates (k // 2 % 2, k % 2) name one chip."""
+  def per_chip(xs):
+    @functools.partial(pl.kernel, out_type=pl.ShapeDtypeStruct((3, 8, 128), np.float32),
+                       mesh=pltpu.TensorCoreMesh("core", 1),
+                       scratch_types=[pltpu.SemaphoreType.DMA] * 6)
+    def k(x_hbm, o_hbm, *sems):
+      me = lax.axis_index("x") * 2 + lax.axis_index("y")
+      nxt = me + 5                        # the next chip, +4 to check the joint key wraps
+      ids = ({("x", "y"): nxt}, lax.rem(nxt, 4), (lax.rem(lax.div(nxt, 2), 2), lax.rem(nxt, 2)))
+      copies = [pltpu.make_async_remote_copy(x_hbm, o_hbm.at[i], sems[2 * i], sems[2 * i + 1],
+                                             device_id=d) for i, d in enumerate(ids)]
+      for c in copies:
+        c.start()
+      for c in copies:
+        c.wait()
+    return k(xs)
+
+  x = np.arange(4 * 8 * 128, dtype=np.float32).reshape(4 * 8, 128)
+  with pl.virtual_tpu("v5e", num_chips=4):
+    mesh = pl.make_mesh((2, 2), ("x", "y"))
+    out = pl.shard_map(per_chip, mesh=mesh, in_specs=pl.P(("x", "y")), out_specs=pl.P(("x", "y")))(x)
+  out, shards = out.reshape(4, 3, 8, 128), x.reshape(4, 8, 128)
+  for c in range(4):
+    for i in range(3):
+      np.testing.assert_array_equal(out[c, i], shards[(c - 1) % 4])
+
+
 def test_remote_copy_outside_the_mesh_is_an_error():
   def per_chip(xs):
     @functools.partial(pl.kernel, out_type=pl.ShapeDtypeStruct((8, 128), np.float32),

@@ -283,41 +283,24 @@ def _axis_index(eqn):
 
 # ------------------------------------------------------------------ semaphores
 def _device_id(eqn, device_id):
-  """fn(flat) -> the device id of a remote signal or copy in palace's form, mapped as JAX's TPU
+  """The (compiled) device id of a remote signal or copy in palace's form, mapped as JAX's TPU
   lowering maps it (jax/_src/pallas/primitives.py: device_id_to_logical). DeviceIdType.MESH: a
   tuple of mesh coordinates (a scalar is the one coordinate of a 1-D mesh), or a dict of the axes
-  that change, a joint key such as ('x', 'y') taking a row-major index over those axes;
+  that change, a joint key such as ('x', 'y') taking a row-major index over those axes (split by
+  palace's own resolve_device_id, sim/machine.py);
   DeviceIdType.LOGICAL: a scalar, the device's row-major position in the mesh, which is palace's
   chip index (an int device id in palace). Their forms are checked at lowering
   (callback.check_device_ids); the values when the kernel runs."""
   if device_id is None:
-    return lambda flat: None
+    return None
   device_id_type = eqn.params.get("device_id_type")
   kind = str(getattr(device_id_type, "value", device_id_type) or "mesh").lower()
   if kind not in ("mesh", "logical"):
     raise unsupported(eqn, f"device_id_type={device_id_type}",
                       "use DeviceIdType.MESH or DeviceIdType.LOGICAL device ids.")
-  if isinstance(device_id, dict) and any(isinstance(k, tuple) for k in device_id):
-    return lambda flat: _split_joint_axes(_value(device_id, flat))
   if kind == "mesh" and not isinstance(device_id, (dict, tuple, list)):
-    device_id = (device_id,)
-  return lambda flat: _value(device_id, flat)
-
-
-def _split_joint_axes(device_id: dict) -> dict:
-  """{('x', 'y'): i} -> {'x': i // size(y) % size(x), 'y': i % size(y)}, as JAX splits a joint key
-  (each coordinate wraps around its axis, as there)."""
-  out = {}
-  for key, v in device_id.items():
-    if not isinstance(key, tuple) or len(key) == 1:   # JAX reads a 1-tuple key as that axis
-      out[key[0] if isinstance(key, tuple) else key] = v
-      continue
-    sizes = [prims.axis_size(a) for a in key]
-    idx, inner = concrete_int(v, "device_id"), 1
-    for a, size in zip(reversed(key), reversed(sizes)):
-      out[a] = idx // inner % size
-      inner *= size
-  return out
+    return (device_id,)
+  return device_id
 
 
 @compiling_rule("semaphore_signal")
@@ -327,7 +310,7 @@ def _sem_signal(eqn):
   device_id = _device_id(eqn, device_id)
 
   def signal(*flat):
-    prims.semaphore_signal(sem(flat), _value(inc, flat), device_id=device_id(flat),
+    prims.semaphore_signal(sem(flat), _value(inc, flat), device_id=_value(device_id, flat),
                            core_index=_value(core_index, flat))
     return []
   return signal
@@ -361,13 +344,13 @@ def _descriptor(eqn):
   """fn(flat) -> the AsyncCopyDescriptor of a dma_start / dma_wait (operands compiled once)."""
   src, dst, dst_sem, src_sem, device_id = _unflatten(eqn, eqn.params["tree"])
   refs = [None if x is None else _ref_operand(eqn, x) for x in (src, dst, dst_sem, src_sem)]
-  remote = device_id is not None
   device_id = _device_id(eqn, device_id)
+  remote = device_id is not None
   site = user_site_of(eqn)   # the kernel's line (None: found from the stack at the start)
 
   def descriptor(flat):
     s, d, ds_, ss = (None if r is None else r(flat) for r in refs)
-    return tpu.AsyncCopyDescriptor(s, d, ds_, ss, device_id=device_id(flat), is_remote=remote,
+    return tpu.AsyncCopyDescriptor(s, d, ds_, ss, device_id=_value(device_id, flat), is_remote=remote,
                                    site=site)
   return descriptor
 
