@@ -276,3 +276,56 @@ def test_a_joint_device_id_key_names_mesh_axes_only_as_in_jax_tpu_lowering(key, 
     with pytest.raises(error, match=palace_says):
       f(x)
   assert not tpu.reports
+
+
+_MODULE = '''
+import jax
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+P = jax.sharding.PartitionSpec
+
+
+def kernel(x_ref, o_ref, send, recv):
+  me = lax.axis_index("x") * 2 + lax.axis_index("y")
+  barrier = pltpu.get_barrier_semaphore()
+  pl.semaphore_signal(barrier, 1, device_id=lax.rem(me + 3, 4), device_id_type=pl.DeviceIdType.LOGICAL)
+  pl.semaphore_wait(barrier, 1)
+  copy = pltpu.make_async_remote_copy(x_ref, o_ref, send, recv, device_id=lax.rem(me + 1, 4),
+                                      device_id_type=pl.DeviceIdType.LOGICAL)
+  copy.start()
+  copy.wait()
+
+
+def shift(x):
+  mesh = jax.make_mesh((2, 2), ("x", "y"))
+  call = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 128), x.dtype),
+                        in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                        out_specs=pl.BlockSpec(memory_space=pl.ANY),
+                        scratch_shapes=[pltpu.SemaphoreType.DMA, pltpu.SemaphoreType.DMA],
+                        compiler_params=pltpu.CompilerParams(collective_id=0))
+  x = jax.device_put(x, jax.sharding.NamedSharding(mesh, P(("x", "y"))))
+  return jax.shard_map(call, mesh=mesh, in_specs=P(("x", "y")), out_specs=P(("x", "y")),
+                       check_vma=False)(x)
+'''
+
+
+@pytest.mark.filterwarnings("ignore:.*(DeviceIdType|device_id_type) is deprecated:DeprecationWarning")
+def test_a_jax_module_with_logical_ids_runs_alike_through_palace_jax_and_palace_compat(tmp_path):
+  """The same file, imported with the real JAX (kernels on palace.jax) and through palace.compat
+  (JAX's names answered by palace, palace's own pl.shard_map and pl.DeviceIdType)."""
+  import importlib.util
+  import palace.compat
+  path = tmp_path / "logical_shift.py"
+  path.write_text(_MODULE)
+  spec = importlib.util.spec_from_file_location("logical_shift", path)
+  real = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(real)
+  with pj.virtual_tpu("v5e", num_chips=4) as tpu:
+    got = np.asarray(jax.jit(real.shift)(X))
+  with ppl.virtual_tpu("v5e", num_chips=4) as own:
+    want = np.asarray(palace.compat.load_module(path).shift(X))
+  np.testing.assert_array_equal(got, np.roll(X.reshape(4, 8, 128), 1, axis=0).reshape(32, 128))
+  np.testing.assert_array_equal(got, want)
+  assert tpu.reports[0].device_cycles == own.reports[0].device_cycles

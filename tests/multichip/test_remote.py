@@ -181,3 +181,49 @@ def test_bandwidth_bound_transfers_scale_with_bytes():
   # time = fixed latency + bytes / link bandwidth: the increments double exactly with the bytes
   assert times[2] - times[1] == pytest.approx(2 * (times[1] - times[0]), rel=1e-6)
   assert times[2] / times[0] > 3
+
+
+def _typed_id_kernel(device_id, device_id_type):
+  def per_chip(xs):
+    @functools.partial(pl.kernel, out_type=pl.ShapeDtypeStruct((8, 128), np.float32),
+                       mesh=pltpu.TensorCoreMesh("core", 1), scratch_types=[pltpu.SemaphoreType.DMA] * 2)
+    def k(x_hbm, o_hbm, s, r):
+      me = lax.axis_index("x") * 2 + lax.axis_index("y")
+      c = pltpu.make_async_remote_copy(x_hbm, o_hbm, s, r, device_id=device_id(me),
+                                       device_id_type=device_id_type)
+      c.start()
+      c.wait()
+    return k(xs)
+  return per_chip
+
+
+def _on_2x2(per_chip):
+  x = np.arange(4 * 8 * 128, dtype=np.float32).reshape(4 * 8, 128)
+  with pl.virtual_tpu("v5e", num_chips=4):
+    mesh = pl.make_mesh((2, 2), ("x", "y"))
+    return x, pl.shard_map(per_chip, mesh=mesh, in_specs=pl.P(("x", "y")),
+                           out_specs=pl.P(("x", "y")))(x)
+
+
+@pytest.mark.parametrize("device_id,device_id_type", [
+    (lambda me: lax.rem(me + 1, 4), pl.DeviceIdType.LOGICAL),
+    (lambda me: lax.rem(me + 1, 4), None),   # palace's own default: an int is a logical id
+    (lambda me: (lax.div(lax.rem(me + 1, 4), 2), lax.rem(me + 1, 4) % 2), pl.DeviceIdType.MESH),
+], ids=["logical", "untyped-int", "mesh-tuple"])
+def test_typed_device_ids(device_id, device_id_type):
+  x, out = _on_2x2(_typed_id_kernel(device_id, device_id_type))
+  np.testing.assert_array_equal(out, np.roll(x.reshape(4, 8, 128), 1, axis=0).reshape(32, 128))
+
+
+def test_a_mesh_typed_scalar_device_id_on_a_2d_mesh_is_an_error_as_in_jax():
+  """JAX's TPU lowering: 'Number of device ids must match the number of mesh axes'."""
+  with pytest.raises(pl.UsageError, match=r"device_id \(\d,\) has 1 coordinates; the mesh axes are "
+                                          r"\['x', 'y'\]"):
+    _on_2x2(_typed_id_kernel(lambda me: lax.rem(me + 1, 4), pl.DeviceIdType.MESH))
+
+
+def test_a_logical_device_id_is_an_int():
+  with pytest.raises(pl.UsageError, match=r"pltpu.make_async_remote_copy: a DeviceIdType.LOGICAL "
+                                          r"device_id is an int, the chip's row-major position in the "
+                                          r"mesh; got a tuple \(test_remote.py:\d+"):
+    _on_2x2(_typed_id_kernel(lambda me: (0, 1), pl.DeviceIdType.LOGICAL))

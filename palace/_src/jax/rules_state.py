@@ -284,13 +284,11 @@ def _axis_index(eqn):
 # ------------------------------------------------------------------ semaphores
 def _device_id(eqn, device_id):
   """The (compiled) device id of a remote signal or copy in palace's form, mapped as JAX's TPU
-  lowering maps it (jax/_src/pallas/primitives.py: device_id_to_logical). DeviceIdType.MESH: a
-  tuple of mesh coordinates (a scalar is the one coordinate of a 1-D mesh), or a dict of the axes
-  that change, a joint key such as ('x', 'y') taking a row-major index over those axes (split by
-  palace's own resolve_device_id, sim/machine.py);
-  DeviceIdType.LOGICAL: a scalar, the device's row-major position in the mesh, which is palace's
-  chip index (an int device id in palace). Their forms are checked at lowering
-  (callback.check_device_ids); the values when the kernel runs."""
+  lowering maps it (jax/_src/pallas/primitives.py: device_id_to_logical), by palace's own rules for
+  a typed id (lang/primitives.typed_device_id): MESH coordinates (a tuple, a scalar on a 1-D mesh,
+  or a dict of the axes that change, a joint key such as ('x', 'y') a row-major index over those
+  axes: sim/machine.resolve_device_id), or a LOGICAL scalar, the device's row-major position in the
+  mesh, which is palace's chip index. Forms are checked at lowering (callback.check_device_ids)."""
   if device_id is None:
     return None
   device_id_type = eqn.params.get("device_id_type")
@@ -298,9 +296,7 @@ def _device_id(eqn, device_id):
   if kind not in ("mesh", "logical"):
     raise unsupported(eqn, f"device_id_type={device_id_type}",
                       "use DeviceIdType.MESH or DeviceIdType.LOGICAL device ids.")
-  if kind == "mesh" and not isinstance(device_id, (dict, tuple, list)):
-    return (device_id,)
-  return device_id
+  return prims.typed_device_id(device_id, kind, eqn.primitive.name)
 
 
 @compiling_rule("semaphore_signal")
