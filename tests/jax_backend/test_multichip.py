@@ -5,7 +5,7 @@ shard_maps over some of the axes.
   (jax/_src/pallas/primitives.py: device_id_to_logical): DeviceIdType.LOGICAL (a device's row-major
   position in the mesh), MESH tuples (one coordinate per mesh axis), MESH dicts of the axes that
   change, including a joint key ('x', 'y'). Each form gives JAX's interpret mode's result, and the
-  modelled cycles of palace's own pl.shard_map running the same kernel source with int device ids.
+  modelled cycles of palace's own pl.shard_map running the same kernel source.
 - A kernel inside a jax.shard_map over only some mesh axes is refused, as JAX 0.12's TPU lowering
   refuses it (pinned here through JAX's own TPU lowering, which runs without a TPU); the form JAX's
   error asks for, a nested shard_map over the remaining axes, runs as one pod launch equal to
@@ -41,8 +41,8 @@ def _shift_kernel(api, form):
   pl_, pltpu_, lax_, _ = api
 
   def dev(k):
-    if form == "logical":   # palace's own API: an int device id is the logical chip id
-      return {"device_id": k, "device_id_type": pl.DeviceIdType.LOGICAL if api is JAX else None}
+    if form == "logical":
+      return {"device_id": k, "device_id_type": pl_.DeviceIdType.LOGICAL}
     if form == "tuple":   # lax.div / lax.rem: one op each in both worlds (jnp's // is several)
       return {"device_id": (lax_.div(k, 2), lax_.rem(k, 2))}
     return {"device_id": {("x", "y"): k}}

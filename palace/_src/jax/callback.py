@@ -34,8 +34,8 @@ def _remote_ids(jaxpr, outer=()):
 
 
 def _communication(jaxpr, manual):
-  """The first equation of `jaxpr` (or a sub-jaxpr) that talks to other devices, or None: a remote
-  copy or signal, a barrier semaphore, or an axis_index over a manual (shard_map) axis."""
+  """An equation of `jaxpr` (or a sub-jaxpr) that talks to other devices, or None: a remote copy or
+  signal, a barrier semaphore, or an axis_index over a manual (shard_map) axis."""
   remote = next(_remote_ids(jaxpr), None)
   return remote[0] if remote is not None else _named(jaxpr, manual)
 
