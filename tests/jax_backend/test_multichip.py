@@ -95,6 +95,7 @@ def _jax_interpret(f, x):
 @pytest.mark.parametrize("form", ["logical", "tuple", "joint"])
 def test_device_id_forms_map_as_jax_tpu_lowering_and_match_palace_own_shard_map(form):
   f, x = _jax_shift(form)
+  f.trace(x).lower(lowering_platforms=("tpu",))   # a program JAX's TPU lowering takes
   with pj.virtual_tpu("v5e", num_chips=4) as tpu:
     got = np.asarray(f(x))
   want = np.roll(X.reshape(4, 8, 128), 1, axis=0).reshape(32, 128)
