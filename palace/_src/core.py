@@ -227,6 +227,18 @@ class GridDimensionSemantics(enum.Enum):
     return self.value
 
 
+class DeviceIdType(enum.Enum):
+  """`pl.DeviceIdType`: how the device_id of a remote copy or signal names a chip. MESH: mesh
+  coordinates (a tuple, one per mesh axis, or a dict of the axes that change); LOGICAL: an int, the
+  chip's row-major position in the mesh. Without a device_id_type palace takes both forms (an int is
+  a logical id)."""
+  MESH = "mesh"
+  LOGICAL = "logical"
+
+  def __str__(self):
+    return self.value
+
+
 PARALLEL = GridDimensionSemantics.PARALLEL
 CORE_PARALLEL = GridDimensionSemantics.CORE_PARALLEL
 SUBCORE_PARALLEL = GridDimensionSemantics.SUBCORE_PARALLEL

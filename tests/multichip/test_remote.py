@@ -87,6 +87,35 @@ def test_dict_and_tuple_device_ids_reach_the_same_chip():
     np.testing.assert_array_equal(out[c, 1], shards[(c - 1) % n])
 
 
+def test_joint_axis_int_and_tuple_device_ids_reach_the_same_chip():
+  """On a 2x2 mesh: {('x', 'y'): k} (a row-major index over both axes, wrapping as in JAX's TPU
+  lowering), the int (logical) id k % 4 and the coordinates (k // 2 % 2, k % 2) name one chip."""
+  def per_chip(xs):
+    @functools.partial(pl.kernel, out_type=pl.ShapeDtypeStruct((3, 8, 128), np.float32),
+                       mesh=pltpu.TensorCoreMesh("core", 1),
+                       scratch_types=[pltpu.SemaphoreType.DMA] * 6)
+    def k(x_hbm, o_hbm, *sems):
+      me = lax.axis_index("x") * 2 + lax.axis_index("y")
+      nxt = me + 5                        # the next chip, +4 to check the joint key wraps
+      ids = ({("x", "y"): nxt}, lax.rem(nxt, 4), (lax.rem(lax.div(nxt, 2), 2), lax.rem(nxt, 2)))
+      copies = [pltpu.make_async_remote_copy(x_hbm, o_hbm.at[i], sems[2 * i], sems[2 * i + 1],
+                                             device_id=d) for i, d in enumerate(ids)]
+      for c in copies:
+        c.start()
+      for c in copies:
+        c.wait()
+    return k(xs)
+
+  x = np.arange(4 * 8 * 128, dtype=np.float32).reshape(4 * 8, 128)
+  with pl.virtual_tpu("v5e", num_chips=4):
+    mesh = pl.make_mesh((2, 2), ("x", "y"))
+    out = pl.shard_map(per_chip, mesh=mesh, in_specs=pl.P(("x", "y")), out_specs=pl.P(("x", "y")))(x)
+  out, shards = out.reshape(4, 3, 8, 128), x.reshape(4, 8, 128)
+  for c in range(4):
+    for i in range(3):
+      np.testing.assert_array_equal(out[c, i], shards[(c - 1) % 4])
+
+
 def test_remote_copy_outside_the_mesh_is_an_error():
   def per_chip(xs):
     @functools.partial(pl.kernel, out_type=pl.ShapeDtypeStruct((8, 128), np.float32),
@@ -152,3 +181,49 @@ def test_bandwidth_bound_transfers_scale_with_bytes():
   # time = fixed latency + bytes / link bandwidth: the increments double exactly with the bytes
   assert times[2] - times[1] == pytest.approx(2 * (times[1] - times[0]), rel=1e-6)
   assert times[2] / times[0] > 3
+
+
+def _typed_id_kernel(device_id, device_id_type):
+  def per_chip(xs):
+    @functools.partial(pl.kernel, out_type=pl.ShapeDtypeStruct((8, 128), np.float32),
+                       mesh=pltpu.TensorCoreMesh("core", 1), scratch_types=[pltpu.SemaphoreType.DMA] * 2)
+    def k(x_hbm, o_hbm, s, r):
+      me = lax.axis_index("x") * 2 + lax.axis_index("y")
+      c = pltpu.make_async_remote_copy(x_hbm, o_hbm, s, r, device_id=device_id(me),
+                                       device_id_type=device_id_type)
+      c.start()
+      c.wait()
+    return k(xs)
+  return per_chip
+
+
+def _on_2x2(per_chip):
+  x = np.arange(4 * 8 * 128, dtype=np.float32).reshape(4 * 8, 128)
+  with pl.virtual_tpu("v5e", num_chips=4):
+    mesh = pl.make_mesh((2, 2), ("x", "y"))
+    return x, pl.shard_map(per_chip, mesh=mesh, in_specs=pl.P(("x", "y")),
+                           out_specs=pl.P(("x", "y")))(x)
+
+
+@pytest.mark.parametrize("device_id,device_id_type", [
+    (lambda me: lax.rem(me + 1, 4), pl.DeviceIdType.LOGICAL),
+    (lambda me: lax.rem(me + 1, 4), None),   # palace's own default: an int is a logical id
+    (lambda me: (lax.div(lax.rem(me + 1, 4), 2), lax.rem(me + 1, 4) % 2), pl.DeviceIdType.MESH),
+], ids=["logical", "untyped-int", "mesh-tuple"])
+def test_typed_device_ids(device_id, device_id_type):
+  x, out = _on_2x2(_typed_id_kernel(device_id, device_id_type))
+  np.testing.assert_array_equal(out, np.roll(x.reshape(4, 8, 128), 1, axis=0).reshape(32, 128))
+
+
+def test_a_mesh_typed_scalar_device_id_on_a_2d_mesh_is_an_error_as_in_jax():
+  """JAX's TPU lowering: 'Number of device ids must match the number of mesh axes'."""
+  with pytest.raises(pl.UsageError, match=r"device_id \(\d,\) has 1 coordinates; the mesh axes are "
+                                          r"\['x', 'y'\]"):
+    _on_2x2(_typed_id_kernel(lambda me: lax.rem(me + 1, 4), pl.DeviceIdType.MESH))
+
+
+def test_a_logical_device_id_is_an_int():
+  with pytest.raises(pl.UsageError, match=r"pltpu.make_async_remote_copy: a DeviceIdType.LOGICAL "
+                                          r"device_id is an int, the chip's row-major position in the "
+                                          r"mesh; got a tuple \(test_remote.py:\d+"):
+    _on_2x2(_typed_id_kernel(lambda me: (0, 1), pl.DeviceIdType.LOGICAL))

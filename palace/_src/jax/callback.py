@@ -12,11 +12,35 @@ import functools
 
 import numpy as np
 
-from palace._src.errors import UnsupportedError
+from palace._src.errors import UnsupportedError, UsageError
+
+
+def _remote_ids(jaxpr, outer=()):
+  """(equation, its device_id operand tree, its device_id_type, enclosing equations) of every remote
+  copy and remote signal in `jaxpr` and its sub-jaxprs."""
+  from palace._src.jax.interpret import sub_jaxprs  # noqa: PLC0415
+  for eqn in jaxpr.eqns:
+    name = eqn.primitive.name
+    if name == "dma_start":
+      dev = eqn.params["tree"].unflatten(eqn.invars)[4]
+    elif name == "semaphore_signal":
+      dev = eqn.params["args_tree"].unflatten(eqn.invars)[3]
+    else:
+      dev = None
+    if dev is not None:
+      yield eqn, dev, str(getattr(eqn.params.get("device_id_type"), "value", "mesh")).lower(), outer
+    for sub in sub_jaxprs(eqn):
+      yield from _remote_ids(sub, (*outer, eqn))
 
 
 def _communication(jaxpr, manual):
-  """The first equation of `jaxpr` (or a sub-jaxpr) that talks to other devices, or None."""
+  """An equation of `jaxpr` (or a sub-jaxpr) that talks to other devices, or None: a remote copy or
+  signal, a barrier semaphore, or an axis_index over a manual (shard_map) axis."""
+  remote = next(_remote_ids(jaxpr), None)
+  return remote[0] if remote is not None else _named(jaxpr, manual)
+
+
+def _named(jaxpr, manual):
   from palace._src.jax.interpret import sub_jaxprs  # noqa: PLC0415
   for eqn in jaxpr.eqns:
     name = eqn.primitive.name
@@ -26,15 +50,48 @@ def _communication(jaxpr, manual):
         return eqn
     elif name == "get_barrier_semaphore":
       return eqn
-    elif name == "dma_start" and eqn.params["tree"].unflatten(eqn.invars)[4] is not None:
-      return eqn
-    elif name == "semaphore_signal" and eqn.params["args_tree"].unflatten(eqn.invars)[3] is not None:
-      return eqn
     for sub in sub_jaxprs(eqn):
-      hit = _communication(sub, manual)
+      hit = _named(sub, manual)
       if hit is not None:
         return hit
   return None
+
+
+def check_device_ids(jaxprs, mesh_axes) -> None:
+  """The device ids of remote copies and signals checked as JAX's TPU lowering checks them
+  (jax/_src/pallas/primitives.py: device_id_to_logical), against the shard_map's mesh axes (none
+  outside a shard_map): a MESH id that is not a dict has one coordinate per mesh axis, and a joint
+  dict key such as ('x', 'y') names mesh axes only. (LOGICAL ids are scalars: JAX asserts that when
+  the kernel is traced.)"""
+  from jax._src import tree_util  # noqa: PLC0415
+  from palace._src.jax.interpret import source_line  # noqa: PLC0415
+  axes = tuple(map(str, mesh_axes))
+  for jaxpr in jaxprs:
+    for eqn, dev, kind, outer in _remote_ids(jaxpr):
+      where = f"{eqn.primitive.name} at kernel line {source_line(eqn, outer)}"
+      if kind != "mesh":
+        continue
+      if isinstance(dev, dict):
+        for key in dev:
+          if not isinstance(key, tuple) or len(key) < 2 or all(str(a) in axes for a in key):
+            continue
+          mixed = any(str(a) in axes for a in key)
+          raise (UnsupportedError if mixed else UsageError)(
+              f"palace.jax: the device_id of {where} joins the axes {key}, "
+              + (f"which mix shard_map mesh axes {axes} with kernel mesh axes" if mixed else
+                 f"which are not shard_map mesh axes {axes}")
+              + " (JAX's TPU lowering refuses this too). Fix: join shard_map mesh axes only, and "
+                "give a kernel mesh axis its own dict entry.")
+        continue
+      n = len(tree_util.tree_leaves(dev))
+      example = axes[0] if axes else "x"
+      if n != len(axes):
+        mesh = f"the {len(axes)}-D mesh {axes}" if axes else "no mesh (not inside a jax.shard_map)"
+        raise UsageError(f"palace.jax: the device_id of {where} has {n} coordinate(s) for {mesh}; "
+                         f"a DeviceIdType.MESH device id has one coordinate per mesh axis (JAX's TPU "
+                         f"lowering refuses it too: 'Number of device ids must match the number of "
+                         f"mesh axes'). Fix: pass one coordinate per mesh axis, or a dict of the "
+                         f"axes that change (e.g. {{{example!r}: i}}).")
 
 
 def _check_covered(params, kind) -> None:
@@ -65,6 +122,33 @@ def _emit_callback(ctx, host, in_nodes):
   return mlir.lower_fun(body, multiple_results=True)(ctx, *in_nodes)
 
 
+def _check_fully_manual(params, kind, axis_ctx, manual) -> None:
+  """A kernel inside a jax.shard_map over only some mesh axes (`axis_names=` a subset: the others
+  automatic) is refused, as JAX 0.12's TPU lowering refuses it for every Mosaic kernel
+  (jax/_src/tpu_custom_call.py: "Mosaic kernels cannot be automatically partitioned"; its interpret
+  mode cannot run there either: XLA host callbacks need every axis manual). Running it would model
+  a program no TPU runs: each device would get its manual shard replicated over the automatic axes."""
+  from palace._src.jax import launch  # noqa: PLC0415
+  mesh = axis_ctx.mesh
+  axes = [str(a) for a in mesh.axis_names]
+  if manual | frozenset(getattr(mesh, "manual_axes", ()) or ()) == frozenset(mesh.axis_names):
+    return
+  auto = [a for a in axes if a not in set(map(str, manual))]
+  if kind == "pallas_call":
+    name = launch.kernel_name(params)
+  else:
+    dbg = getattr(params["jaxprs"][0], "debug_info", None)
+    name = str(params.get("name") or getattr(dbg, "func_name", None) or "kernel")
+  raise UnsupportedError(
+      f"palace.jax: {'pallas_call' if kind == 'pallas_call' else 'pl.kernel'} '{name}' inside a "
+      f"jax.shard_map over only some mesh axes (manual {sorted(map(str, manual))}, automatic {auto} "
+      f"of the mesh {axes}) is not supported: JAX's TPU lowering refuses every Mosaic kernel there "
+      f"too ('Mosaic kernels cannot be automatically partitioned'), and its interpret mode cannot "
+      f"run host callbacks there. Fix: wrap the call in a jax.shard_map over the remaining axes "
+      f"(axis_names={set(auto)!r}, in_specs=P() for operands replicated over them), or shard_map "
+      f"over every mesh axis.")
+
+
 def _kernel_jaxprs(params, kind):
   return (params["jaxpr"],) if kind == "pallas_call" else tuple(params["jaxprs"])
 
@@ -82,12 +166,8 @@ def _lower_pod_launch(ctx, in_nodes, engine, params, axis_ctx, manual, kind):
   from palace._src.sim.machine import activate  # noqa: PLC0415
 
   mesh = axis_ctx.mesh
-  if set(map(str, mesh.axis_names)) != set(map(str, manual)):
-    raise UnsupportedError(f"palace.jax: a communicating kernel in a shard_map over only some mesh "
-                           f"axes ({sorted(map(str, manual))} of {list(mesh.axis_names)}) is not "
-                           f"supported yet. Fix: shard_map over every mesh axis, or run it with JAX's "
-                           f"interpret mode.")
   _check_covered(params, kind)
+  check_device_ids(_kernel_jaxprs(params, kind), mesh.axis_names)
   from palace._src.sim import machine as _machine  # noqa: PLC0415
   token = activate(engine.tpu)   # palace's make_mesh checks the chip count and picks the ring order
   try:
@@ -126,12 +206,15 @@ def lower_on_palace(ctx, in_nodes, engine, params, kind: str = "pallas_call"):
 
   axis_ctx = ctx.module_context.axis_context
   manual = frozenset(getattr(axis_ctx, "manual_axes", ()) or ())
+  if manual:
+    _check_fully_manual(params, kind, axis_ctx, manual)
   if manual and any(_communication(j, manual) is not None for j in _kernel_jaxprs(params, kind)):
     return _lower_pod_launch(ctx, in_nodes, engine, params, axis_ctx, manual, kind)
   if any(not isinstance(a, jax_core.ShapedArray) for a in ctx.avals_in):
     raise UnsupportedError(f"palace.jax: a {kind} operand that is not an array (a closed-over ref "
                            f"or a hi-type) is not supported yet. Fix: pass the value as an array operand.")
   _check_covered(params, kind)
+  check_device_ids(_kernel_jaxprs(params, kind), ())
   # one palace launch and plan per lowering (and grid), reused by every call
   run = functools.partial(launch.run_pallas_call if kind == "pallas_call" else launch.run_mpmd_map,
                           cache={})

@@ -283,14 +283,20 @@ def _axis_index(eqn):
 
 # ------------------------------------------------------------------ semaphores
 def _device_id(eqn, device_id):
-  """Check (at compile time) the device id form of a remote signal or copy."""
+  """The (compiled) device id of a remote signal or copy in palace's form, mapped as JAX's TPU
+  lowering maps it (jax/_src/pallas/primitives.py: device_id_to_logical), by palace's own rules for
+  a typed id (lang/primitives.typed_device_id): MESH coordinates (a tuple, a scalar on a 1-D mesh,
+  or a dict of the axes that change, a joint key such as ('x', 'y') a row-major index over those
+  axes: sim/machine.resolve_device_id), or a LOGICAL scalar, the device's row-major position in the
+  mesh, which is palace's chip index. Forms are checked at lowering (callback.check_device_ids)."""
   if device_id is None:
     return None
   device_id_type = eqn.params.get("device_id_type")
   kind = str(getattr(device_id_type, "value", device_id_type) or "mesh").lower()
-  if kind != "mesh" and not isinstance(device_id, dict):
-    raise unsupported(eqn, f"device_id_type={device_id_type}", "use DeviceIdType.MESH device ids.")
-  return device_id
+  if kind not in ("mesh", "logical"):
+    raise unsupported(eqn, f"device_id_type={device_id_type}",
+                      "use DeviceIdType.MESH or DeviceIdType.LOGICAL device ids.")
+  return prims.typed_device_id(device_id, kind, eqn.primitive.name)
 
 
 @compiling_rule("semaphore_signal")

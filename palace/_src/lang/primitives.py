@@ -12,8 +12,8 @@ import numpy as np
 
 from palace._src import dtypes as dt
 from palace._src import executor, validate
-from palace._src.core import SemaphoreRefType, MemoryRef
-from palace._src.errors import MemorySpaceError, PalaceError, UsageError
+from palace._src.core import DeviceIdType, SemaphoreRefType, MemoryRef
+from palace._src.errors import MemorySpaceError, PalaceError, UnsupportedError, UsageError
 from palace._src.lang.array import Array, concrete_int, concrete_value
 from palace._src.lang.refs import Ref
 from palace._src.util import tree_flatten, tree_unflatten, user_frame_summary
@@ -271,6 +271,7 @@ def sem_target(sem, api: str):
 def semaphore_signal(sem, inc=1, *, device_id=None, device_id_type=None, core_index=None):
   ex = executor.current("pl.semaphore_signal()")
   buf, idx = sem_target(sem, "pl.semaphore_signal")
+  device_id = typed_device_id(device_id, device_id_type, "pl.semaphore_signal")
   ex.sem_signal(buf, idx, concrete_int(inc, "semaphore increment"),
                 device_id=resolve_device_id(ex, device_id),
                 core_index=None if core_index is None else concrete_int(core_index, "core_index"))
@@ -286,6 +287,27 @@ def semaphore_read(sem) -> Array:
   ex = executor.current("pl.semaphore_read()")
   buf, idx = sem_target(sem, "pl.semaphore_read")
   return _scalar(ex.sem_read(buf, idx), ex.now)
+
+
+def typed_device_id(device_id, device_id_type, api: str):
+  """A device id given with JAX's `device_id_type` in palace's form, where an int is a logical id:
+  MESH makes a scalar the one coordinate of a 1-D mesh (so a mesh of more axes refuses it, as JAX's
+  TPU lowering does); LOGICAL takes only a scalar. Works on operand trees too (palace.jax)."""
+  if device_id is None or device_id_type is None:
+    return device_id
+  kind = str(getattr(device_id_type, "value", device_id_type)).lower()
+  container = isinstance(device_id, (dict, tuple, list))
+  if kind == DeviceIdType.MESH.value:
+    return device_id if container else (device_id,)
+  if kind != DeviceIdType.LOGICAL.value:
+    raise UnsupportedError(f"{api}: device_id_type={device_id_type!r} is not supported in palace yet "
+                           f"({user_frame_summary()}). Fix: use pl.DeviceIdType.MESH or LOGICAL.")
+  if container:
+    raise UsageError(f"{api}: a DeviceIdType.LOGICAL device_id is an int, the chip's row-major "
+                     f"position in the mesh; got a {type(device_id).__name__} "
+                     f"({user_frame_summary()}). Fix: pass an int, or mesh coordinates with "
+                     f"DeviceIdType.MESH.")
+  return device_id
 
 
 def resolve_device_id(ex, device_id):

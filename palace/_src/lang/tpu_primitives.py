@@ -13,7 +13,8 @@ from palace._src.lang.numpy_base import _out
 from palace._src.lang import context
 from palace._src.lang.array import concrete_int, concrete_value, ready_of
 from palace._src.lang.primitives import (axis_index, axis_size, resolve_device_id, run_scoped,
-                                         sem_target, semaphore_signal, semaphore_wait)
+                                         sem_target, semaphore_signal, semaphore_wait,
+                                         typed_device_id)
 from palace._src.lang.indexed import IndexedRef
 from palace._src.lang.refs import Ref
 from palace._src.util import tree_flatten, user_frame_summary, user_site
@@ -200,12 +201,14 @@ def make_async_remote_copy(src_ref, dst_ref, send_sem, recv_sem, device_id, devi
   if device_id is None:
     raise UsageError(f"pltpu.make_async_remote_copy needs device_id ({user_frame_summary()}). Fix: pass "
                      f"device_id, a tuple of mesh coordinates or a dict of the axes that change.")
+  device_id = typed_device_id(device_id, device_id_type, "pltpu.make_async_remote_copy")
   return AsyncCopyDescriptor(src_ref, dst_ref, recv_sem, send_sem, device_id=device_id,
                              is_remote=True, api="pltpu.make_async_remote_copy")._track_unused()
 
 
 def async_remote_copy(src_ref, dst_ref, send_sem, recv_sem, device_id, device_id_type=None):
-  return make_async_remote_copy(src_ref, dst_ref, send_sem, recv_sem, device_id).start()
+  return make_async_remote_copy(src_ref, dst_ref, send_sem, recv_sem, device_id,
+                                device_id_type).start()
 
 
 def sync_copy(src_ref, dst_ref, *, add: bool = False) -> None:

@@ -198,18 +198,30 @@ class Machine:
                      f"0..{len(self.cores) - 1}.")
 
   def resolve_device_id(self, me, device_id):
-    """device_id -> (chip, core). Dicts name the axes that change (others: mine); tuples give every
-    chip-level mesh coordinate (plus core axes, if present); ints are logical chip ids."""
+    """device_id -> (chip, core). Dicts name the axes that change (others: mine; a tuple key names
+    several axes, its value a row-major index over them); tuples give every chip-level mesh
+    coordinate (plus core axes, if present); ints are logical chip ids (row-major mesh positions)."""
     chip_axes = [(n, s) for n, s, lvl in self.axes if lvl == "chip"]
     core_axes = list(me.mesh_axes)
     all_axes = [(n, s, "chip") for n, s in chip_axes] + [(n, s, "core") for n, s in core_axes]
     coords = {n: me.axis_env[n][0] for n, _, _ in all_axes if n in me.axis_env}
     if isinstance(device_id, dict):
-      for name, v in device_id.items():
-        if name not in coords:
-          raise UsageError(f"device_id names axis {name!r}, which is not a mesh axis here; axes: "
-                           f"{[n for n, _, _ in all_axes] or 'none'}. Fix: name one of those axes.")
-        coords[name] = int(v)
+      sizes = {n: s for n, s, _ in all_axes}
+      for key, v in device_id.items():
+        names = key if isinstance(key, tuple) else (key,)
+        for name in names:
+          if name not in coords:
+            raise UsageError(f"device_id names axis {name!r}, which is not a mesh axis here; axes: "
+                             f"{[n for n, _, _ in all_axes] or 'none'}. Fix: name one of those axes.")
+        if len(names) == 1:
+          coords[names[0]] = int(v)
+          continue
+        # a joint key ('x', 'y'): a row-major index over those axes, each coordinate wrapping
+        # around its axis (as JAX's TPU lowering splits it)
+        inner = 1
+        for name in reversed(names):
+          coords[name] = int(v) // inner % sizes[name]
+          inner *= sizes[name]
     elif isinstance(device_id, tuple):
       names = [n for n, _ in chip_axes]
       if len(device_id) == len(chip_axes) + len(core_axes):
