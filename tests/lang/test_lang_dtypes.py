@@ -140,7 +140,7 @@ def test_astype(src, dst):
   assert d == np.dtype(dst)
   if np.dtype(dst).kind in "iu" and np.dtype(src).kind not in "iu":
     info = np.iinfo(dst)
-    ref = np.clip(np.trunc(x.astype(np.float32)), info.min, info.max).astype(dst)
+    ref = np.clip(np.trunc(x.astype(np.float64)), info.min, info.max).astype(dst)
   else:
     ref = x.astype(dst)
   np.testing.assert_array_equal(out, ref)
@@ -151,6 +151,20 @@ def test_float_to_int_saturates_and_nan_is_zero():
   x = np.tile(x, (1, 16))
   out, _ = apply(lambda a: a.astype(jnp.int8), x, out_dtype=jnp.int8)
   np.testing.assert_array_equal(out[0, :8], np.array([0, 127, -128, 2, -2, 127, 127, -128], np.int8))
+
+
+@pytest.mark.parametrize("dst", [jnp.int32, jnp.uint32], ids=str)
+def test_float_to_32bit_int_saturates_at_the_exact_limits(dst):
+  """XLA's convert (and JAX's interpret mode): 3e9 -> INT32_MAX, not INT32_MIN. In float32 the limit
+  2**31 - 1 rounds to 2**31, whose NumPy cast wraps: a clip done in float32 gave INT32_MIN."""
+  x = np.array([[np.nan, 3e9, -3e9, np.inf, -np.inf, 2147483520.0, 4294967040.0, -1.5]] * 8,
+               np.float32)
+  x = np.tile(x, (1, 16))
+  out, _ = apply(lambda a: a.astype(dst), x, out_dtype=dst)
+  info = np.iinfo(dst)
+  expected = {jnp.int32: [0, info.max, info.min, info.max, info.min, 2147483520, info.max, -1],
+              jnp.uint32: [0, 3000000000, 0, info.max, 0, 2147483520, 4294967040, 0]}[dst]
+  np.testing.assert_array_equal(out[0, :8], np.array(expected, dst))
 
 
 def test_host_64bit_operands_are_narrowed_like_jax():

@@ -62,6 +62,23 @@ dtype = np.dtype
 
 
 
+def _float_to_int(v: np.ndarray, d: np.dtype) -> np.ndarray:
+  """XLA's (and the TPU's) float -> int conversion: NaN -> 0, out-of-range values saturate at the
+  integer type's limits. The clip happens in float64, where every 8-, 16- and 32-bit limit is
+  exact. In float32, 2**31 - 1 rounds up to 2**31, and NumPy's cast of that is INT32_MIN. The
+  64-bit limits are fixed up after the cast."""
+  v = np.nan_to_num(v.astype(np.float64), nan=0)
+  if d in (dt.int4, dt.uint4):
+    return v.astype(d)
+  info = np.iinfo(d)
+  if info.bits < 64:
+    return np.clip(v, info.min, info.max).astype(d)
+  top = float(info.max) + 1.0      # 2**63 or 2**64: the first value past the range, exact in float64
+  out = np.clip(v, info.min, np.nextafter(top, 0.0)).astype(d)
+  out[v >= top] = info.max
+  return out
+
+
 def astype(x, dtype):
   d = _dtype_arg(dtype, "astype")
   if isinstance(x, Array) and x.dtype == d:
@@ -73,14 +90,7 @@ def astype(x, dtype):
   data = None
   if _has_data(x):
     v = _np(x)
-    if dt.is_int(d) and dt.is_float(v.dtype):
-      if v.dtype.itemsize < 4:
-        v = v.astype(_F32)
-      v = np.nan_to_num(v, nan=0)  # TPU float->int conversion: NaN -> 0, saturating
-      info = np.iinfo(d) if d not in (dt.int4, dt.uint4) else None
-      if info is not None:
-        v = np.clip(v, info.min, info.max)
-    data = v.astype(d)
+    data = _float_to_int(v, d) if dt.is_int(d) and dt.is_float(v.dtype) else v.astype(d)
   return _out(data, _shape_of(x), d, ready_of(x), OpClass.CHEAP, _is_arr(x))
 
 
