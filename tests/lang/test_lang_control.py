@@ -112,6 +112,38 @@ def test_while_loop_and_cond():
   np.testing.assert_array_equal(out[0, :4], [7, 2187, 4374, 200])
 
 
+def test_integer_division_edge_cases_follow_xla():
+  """x / 0, x % 0 and INT_MIN / -1 as XLA defines them; the expected rows are what JAX 0.12 gives
+  (lax.div, lax.rem, jnp's // and %). palace used a divisor of 1 for 0 (7 / 0 was 7) and a float
+  quotient whose cast of 2**31 depends on the machine."""
+  lo = np.iinfo(np.int32).min
+  a = np.tile(np.array([7, -7, 0, lo, lo, 5, -5, 7, -7], np.int32), (8, 15))[:, :128]
+  b = np.tile(np.array([0, 0, 0, -1, 0, -1, 3, -2, 2], np.int32), (8, 15))[:, :128]
+  expected = {
+      "div": [-1, -1, -1, lo, -1, -5, -1, -3, -3],
+      "rem": [7, -7, 0, 0, lo, 0, -2, 1, -1],
+      "floordiv": [-2, -2, -1, lo, -2, -5, -2, -4, -4],
+      "mod": [0, 0, 0, 0, 0, 0, 1, -1, 1],
+  }
+  ops = {"div": lax.div, "rem": lax.rem, "floordiv": lambda u, v: u // v, "mod": lambda u, v: u % v}
+  for name, op in ops.items():
+    out, _ = apply(op, a, b)
+    np.testing.assert_array_equal(out[0, :9], np.array(expected[name], np.int32), err_msg=name)
+  u = np.tile(np.array([7, 0, 5], np.uint32), (8, 43))[:, :128]
+  v = np.tile(np.array([0, 0, 2], np.uint32), (8, 43))[:, :128]
+  out, _ = apply(lax.div, u, v)
+  np.testing.assert_array_equal(out[0, :3], np.array([2**32 - 1, 2**32 - 1, 2], np.uint32))
+  out, _ = apply(lax.rem, u, v)
+  np.testing.assert_array_equal(out[0, :3], np.array([7, 0, 1], np.uint32))
+
+
+def test_sign_keeps_the_sign_of_zero():
+  x = np.tile(np.array([-0.0, 0.0, -2.5, 3.0], np.float32), (8, 32))
+  out, _ = apply(jnp.sign, x)
+  np.testing.assert_array_equal(np.signbit(out[0, :4]), [True, False, True, False])
+  np.testing.assert_array_equal(out[0, :4], [0.0, 0.0, -1.0, 1.0])
+
+
 def test_lax_elementwise_ops():
   a = (np.arange(16 * 128, dtype=np.int32).reshape(16, 128) - 1000)
   b = np.where(np.arange(128) % 7 == 0, -3, 5).astype(np.int32) * np.ones((16, 1), np.int32)

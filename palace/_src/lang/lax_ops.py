@@ -10,7 +10,7 @@ from palace._src.lang import numpy_ops as jnp
 from palace._src.errors import ShapeError
 from palace._src.lang.array import Array, concrete_int, ready_of
 from palace._src.lang.numpy_base import _dtype_arg, _has_data, _is_arr, _np, _out
-from palace._src.lang.numpy_elementwise import _elementwise
+from palace._src.lang.numpy_elementwise import _elementwise, int_div, int_rem
 from palace._src.lang.numpy_shape import _shape_op
 from palace._src.lang.numpy_linalg import dot_general  # noqa: F401
 from palace._src.lang.tpu_primitives import bitcast
@@ -37,16 +37,11 @@ def iota(dtype, size: int):
 
 
 def _trunc_div(a, b):
-  if a.dtype.kind in "iu":
-    q = np.trunc(np.true_divide(a, np.where(b == 0, 1, b)))
-    return q.astype(a.dtype)
-  return np.true_divide(a, b)
+  return int_div(a, b) if a.dtype.kind in "iu" else np.true_divide(a, b)
 
 
 def _trunc_rem(a, b):
-  if a.dtype.kind in "iu":
-    return np.fmod(a, np.where(b == 0, 1, b))
-  return np.fmod(a, b)
+  return int_rem(a, b) if a.dtype.kind in "iu" else np.fmod(a, b)
 
 
 div = _elementwise(_trunc_div, OpClass.MEDIUM, name="div")

@@ -184,10 +184,41 @@ left_shift = _int_only(_elementwise(np.left_shift, OpClass.CHEAP, name="left_shi
 right_shift = _int_only(_elementwise(np.right_shift, OpClass.CHEAP, name="right_shift"), "right_shift")
 
 
+def int_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+  """`lax.div` of integers as XLA defines it (and JAX's interpret mode computes it): the quotient
+  rounded toward zero; x / 0 = -1 (all ones: the unsigned maximum); INT_MIN / -1 = INT_MIN.
+  Integer arithmetic only (a float quotient's cast of 2**31 would be machine-dependent)."""
+  a, b = np.broadcast_arrays(a, b)
+  zero = b == 0
+  s = np.where(zero, 1, b)
+  if a.dtype.kind == "i":
+    s = np.where((s == -1) & (a == np.iinfo(a.dtype).min), 1, s)   # INT_MIN / 1 = INT_MIN
+  with np.errstate(all="ignore"):
+    q = np.floor_divide(a, s)
+    if a.dtype.kind == "i":
+      q = q + ((np.remainder(a, s) != 0) & ((a < 0) != (s < 0))).astype(q.dtype)
+  return np.where(zero, np.array(-1).astype(a.dtype), q).astype(a.dtype)
+
+
+def int_rem(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+  """`lax.rem` of integers as XLA defines it: the sign of the dividend; x % 0 = x; INT_MIN % -1 = 0."""
+  a, b = np.broadcast_arrays(a, b)
+  zero = b == 0
+  with np.errstate(all="ignore"):
+    r = np.fmod(a, np.where(zero | (b == -1), 1, b))   # x % -1 = 0, which also covers INT_MIN
+  return np.where(zero, a, r).astype(a.dtype)
+
+
 def _floor_div(a, b):
+  """`jnp.floor_divide` as JAX defines it for integers: lax.div, minus one where the signs differ and
+  the remainder is not zero (so x // 0 is -1 for x == 0, else -2; unsigned x // 0 is all ones)."""
   if a.dtype.kind in "iu":
-    with np.errstate(all="ignore"):
-      return np.floor_divide(a, np.where(b == 0, 1, b))
+    q = int_div(a, b)
+    if a.dtype.kind == "u":
+      return q
+    a, b = np.broadcast_arrays(a, b)
+    step = (np.sign(a) != np.sign(b)) & (int_rem(a, b) != 0)
+    return (q - step.astype(q.dtype)).astype(a.dtype)
   return np.floor_divide(a, b)
 
 
@@ -203,7 +234,12 @@ remainder = mod = _elementwise(_mod, OpClass.MEDIUM, name="remainder")
 negative = _elementwise(np.negative, OpClass.CHEAP, name="negative")
 positive = _elementwise(np.positive, OpClass.CHEAP, name="positive")
 abs = absolute = _elementwise(np.abs, OpClass.CHEAP, name="abs")  # noqa: A001
-sign = _elementwise(np.sign, OpClass.CHEAP, name="sign")
+def _sign(x):
+  """XLA's sign: zeros keep their sign (sign(-0.0) = -0.0, where NumPy gives 0.0); NaN stays NaN."""
+  return np.where(x == 0, x * 0, np.sign(x)) if dt.is_float(x.dtype) else np.sign(x)
+
+
+sign = _elementwise(_sign, OpClass.CHEAP, name="sign")
 square = _elementwise(np.square, OpClass.CHEAP, name="square")
 floor = _elementwise(np.floor, OpClass.CHEAP, "float", name="floor")
 ceil = _elementwise(np.ceil, OpClass.CHEAP, "float", name="ceil")
