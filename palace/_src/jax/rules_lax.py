@@ -102,13 +102,11 @@ def _div(eqn):
   return _with_literal(eqn, pjnp.true_divide if _inexact(eqn.invars[0]) else lax_ops.div)
 
 
-def _float_rem(x, y):
-  return pjnp.subtract(x, pjnp.multiply(pjnp.trunc(pjnp.true_divide(x, y)), y))
-
-
 @compiling_rule("rem")
 def _rem(eqn):
-  return _with_literal(eqn, _float_rem if _inexact(eqn.invars[0]) else lax_ops.rem)
+  # palace's lax.rem for every dtype: fmod for floats, exact as XLA's rem (x - trunc(x / y) * y
+  # rounds, and gives NaN for a finite x over an infinite y, where rem gives x)
+  return _with_literal(eqn, lax_ops.rem)
 
 
 @rule("round")
