@@ -240,3 +240,10 @@ def test_error_inside_jax_library_code_names_the_users_line():
   notes = "\n".join(getattr(info.value, "__notes__", []))
   assert re.search(rf"in the JAX kernel at test_interpreter.py:{line} \(\S*kernel\), primitive 'dma_start'",
                    notes), notes
+
+
+def test_atan2_maps_to_palace_arctan2():
+  y = (X - 2.0) / 3.0
+  (out,), _ = _run(lambda a_ref, b_ref, o_ref: o_ref.__setitem__(..., jnp.arctan2(a_ref[...], b_ref[...])),
+                   (jax.ShapeDtypeStruct((8, 128), jnp.float32),), y, X - 1.5)
+  np.testing.assert_allclose(out, np.arctan2(y, X - 1.5), rtol=1e-6, atol=1e-7)

@@ -22,7 +22,7 @@ _BINARY = {
     "le": pjnp.less_equal, "gt": pjnp.greater, "ge": pjnp.greater_equal, "and": pjnp.bitwise_and,
     "or": pjnp.bitwise_or, "xor": pjnp.bitwise_xor, "shift_left": pjnp.left_shift,
     "shift_right_arithmetic": pjnp.right_shift, "shift_right_logical": lax_ops.shift_right_logical,
-    "add_any": pjnp.add,
+    "add_any": pjnp.add, "atan2": pjnp.arctan2,
 }
 _BOOL_BINARY = {"and": pjnp.logical_and, "or": pjnp.logical_or, "xor": pjnp.logical_xor}
 
