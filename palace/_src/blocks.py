@@ -7,6 +7,7 @@ of 1024, or be a power of two >= 128 * 32 / bitwidth. Squeezed and Element dims 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable
 
 from palace._src import dtypes as dt
@@ -30,12 +31,13 @@ class BlockMapping:
   buffer_count: int
   use_lookahead: bool
 
-  @property
+  # (derived once per mapping: a mapping is immutable and read by every launch of its plan)
+  @functools.cached_property
   def block_shape(self) -> tuple:
     """Shape of the ref the kernel sees (squeezed dims removed)."""
     return tuple(s for k, s, _ in self.dims if k != SQUEEZED)
 
-  @property
+  @functools.cached_property
   def block_bytes(self) -> int:
     return prod(self.block_shape) * self.dtype.itemsize
 
