@@ -12,8 +12,8 @@ from typing import Callable
 
 from palace._src import dtypes as dt
 from palace._src import validate
-from palace._src.core import (BlockSpec, Blocked, BoundedSlice, Buffered, Element, MemorySpace,
-                              Squeezed, is_hbm, no_block_spec)
+from palace._src.core import (BlockSpec, Blocked, BoundedSlice, Buffered, Element, MemoryRef, MemorySpace,
+                              SemaphoreType, Squeezed, is_hbm, no_block_spec)
 from palace._src.errors import BlockSpecError, UnsupportedError
 from palace._src.util import prod
 
@@ -40,6 +40,16 @@ class BlockMapping:
   @functools.cached_property
   def block_bytes(self) -> int:
     return prod(self.block_shape) * self.dtype.itemsize
+
+  def buffer_types(self, n: int, space: MemorySpace) -> tuple:
+    """((n block buffer types in `space`), their DMA semaphore array type): immutable, so made once
+    per mapping and count and reused by every launch of the plan."""
+    cache = self.__dict__.setdefault("_buffer_types", {})   # (a frozen dataclass: not a field)
+    hit = cache.get((n, space))
+    if hit is None:
+      hit = cache[(n, space)] = (tuple([MemoryRef(self.block_shape, self.dtype, space) for _ in range(n)]),
+                                 SemaphoreType.DMA((n,)))
+    return hit
 
   @property
   def pipelined(self) -> bool:

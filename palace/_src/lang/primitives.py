@@ -230,7 +230,7 @@ def open_scope(ex, types, kw_types, prefix: str, shared: bool = False, names=Non
   if not kw_types and all(isinstance(t, _ALLOCATION_TYPES) for t in types):
     # a flat tuple of allocation types (every scope a launch opens itself): no pytree to rebuild
     bufs = _alloc_leaves(ex, types, names or [f"{prefix}[{i}]" for i in range(len(types))], shared)
-    return tuple([Ref(b) for b in bufs]), {}, bufs
+    return tuple([None if b is None else Ref(b) for b in bufs]), {}, bufs
   pos_bufs, pos_td = _alloc_tree(ex, types, prefix, shared, names)
   kw_bufs, kw_td = _alloc_tree(ex, dict(kw_types), prefix, shared)
   bufs = pos_bufs + kw_bufs

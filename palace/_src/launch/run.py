@@ -35,7 +35,7 @@ from palace._src.pipeline import run_pipeline
 from palace._src.sim import memory
 from palace._src.sim.machine import active_tpu
 from palace._src.sim.subcore import SC_BASE, SCALAR_BASE
-from palace._src.util import fmt_bytes, tree_flatten, tree_unflatten
+from palace._src.util import fmt_bytes, prod, tree_flatten, tree_unflatten
 
 
 def run(plan: LaunchPlan, operands) -> list:
@@ -265,6 +265,8 @@ def _fill_unwritten(storage, m, written) -> None:
   """Give every element outside the written-back blocks the uninitialised value (NaN / int min)."""
   counts = [-(-dim // size) if kind == BLOCKED else dim
             for (kind, size, _), dim in zip(m.dims, m.array_shape)]
+  if len(written) == prod(counts):   # distinct block offsets, as many as blocks: every one written
+    return
   done = np.zeros(counts, bool)
   if written:   # block coordinates of every written block, one NumPy op per dim
     offs = np.array(list(written), np.int64).reshape(len(written), len(m.dims))
