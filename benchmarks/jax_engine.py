@@ -6,7 +6,8 @@ Every parity kernel (tests/jax_parity/kernels, the multi-chip ones on 4 host dev
 `palace.jax.virtual_tpu` and through `pltpu.force_tpu_interpret_mode`; each side is timed best-of-N on
 a warm cache (the jit compile is excluded on both sides). Prints per-kernel wall times, the ratio and
 its geomean, and the per-launch overhead of palace's host callback (a trivial kernel through palace.jax
-vs the same kernel through palace's own `pl.pallas_call`).
+vs the same kernel through palace's own `pl.pallas_call`), split into palace's launch on a ready plan
+and JAX's own cost of a host callback that does nothing.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from jax.experimental.pallas import tpu as jpltpu  # noqa: E402
 import jax_parity_harness as harness  # noqa: E402
 import palace as pl  # noqa: E402
 import palace.jax as pj  # noqa: E402
+from palace._src.launch.run import run as run_plan  # noqa: E402
 
 SKIP: set = set()        # parity files / cases left out (none: the multi-chip ones run as pod launches)
 SKIP_CASES: set = set()
@@ -137,10 +139,14 @@ def callback_overhead(reps):
   with pl.virtual_tpu("v5e"):
     g = pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct(x.shape, x.dtype))
     t_own = _best(lambda: g(x), reps)
+    plan, arrays = g.plan(x)   # the launch alone, on a plan made once (what palace.jax runs per call)
+    t_run = _best(lambda: run_plan(plan, arrays), reps)
   with _jax_interpret_ctx(None):
     t_interp = timed(jax.jit(jpl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))))
   t_jit = timed(jax.jit(lambda a: a + 1))
-  return t_jax_path, t_own, t_interp, t_jit
+  sds = jax.ShapeDtypeStruct(x.shape, x.dtype)   # a host callback that does nothing: JAX's own floor
+  t_cb = timed(jax.jit(lambda a: jax.pure_callback(np.asarray, sds, a)))
+  return t_jax_path, t_own, t_interp, t_jit, t_run, t_cb
 
 
 def _table(title, rows, show_rows=True):
@@ -190,11 +196,14 @@ def main(argv=None) -> None:
     _table("the same kernels at realistic sizes", large)
   if rows and large:
     _table("all of the above", rows + large, show_rows=False)
-  t_cb, t_own, t_interp, t_jit = callback_overhead(reps * 4)
+  t_cb, t_own, t_interp, t_jit, t_run, t_floor = callback_overhead(reps * 4)
   print(f"per launch (one-step copy kernel): palace.jax {t_cb * 1e6:.0f} us, palace's own "
         f"pl.pallas_call {t_own * 1e6:.0f} us (palace.jax's callback + interpreter overhead: "
         f"{(t_cb - t_own) * 1e6:.0f} us), JAX interpret mode {t_interp * 1e6:.0f} us; jax.jit dispatch "
         f"of x + 1: {t_jit * 1e6:.0f} us")
+  print(f"  of which: palace's launch on a ready plan (launch.run.run) {t_run * 1e6:.0f} us; a jitted "
+        f"jax.pure_callback that does nothing {t_floor * 1e6:.0f} us; 1/30 of JAX interpret mode's "
+        f"launch: {t_interp / 30 * 1e6:.0f} us")
 
 
 if __name__ == "__main__":

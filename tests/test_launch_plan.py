@@ -129,3 +129,29 @@ def test_kernel_bodies_run_a_few_frames_below_the_call():
     launch_pallas_call()
     launch_kernel()
   assert depth == {"pallas_call": 8, "pl.kernel": 5}
+
+
+def test_pallas_call_plans_once_per_operand_signature_and_chip():
+  # a plan is reused for the same shapes, dtypes and chip, and made afresh for new ones: the results
+  # stay those of the operands passed, and the reports those of their shapes
+  f = pl.pallas_call(_double, out_shape=pl.ShapeDtypeStruct(X.shape, X.dtype), grid=(2,),
+                     in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+                     out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)))
+  y = X + 1
+  with pl.virtual_tpu("v5e") as tpu:
+    first, _ = f.plan(X)
+    np.testing.assert_array_equal(f(X), 2 * X)
+    np.testing.assert_array_equal(f(y), 2 * y)
+    again, arrays = f.plan(y)
+    assert again is first and arrays[0] is not X
+    assert f.plan(X.astype(np.float64))[0] is first   # (narrowed to f32, as JAX does: the same plan)
+    with pytest.raises(pl.BlockSpecError, match=r"args\[0\] \(= \(8, 128\)\) must have the same number"):
+      f(np.ones((16,), np.float32))   # a new shape is planned, so checked, again
+    half = f.plan(X.astype(np.int32))[0]
+    assert half is not first and half.operands[0].dtype == np.int32
+  with pl.virtual_tpu("v5p") as tpu5p:
+    other, _ = f.plan(X)
+    np.testing.assert_array_equal(f(X), 2 * X)
+  assert other is not first
+  assert tpu.reports[0].device_cycles == tpu.reports[1].device_cycles
+  assert tpu5p.reports[-1].chip.name == "v5p"

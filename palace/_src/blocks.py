@@ -7,12 +7,13 @@ of 1024, or be a power of two >= 128 * 32 / bitwidth. Squeezed and Element dims 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable
 
 from palace._src import dtypes as dt
 from palace._src import validate
-from palace._src.core import (BlockSpec, Blocked, BoundedSlice, Buffered, Element, MemorySpace,
-                              Squeezed, is_hbm, no_block_spec)
+from palace._src.core import (BlockSpec, Blocked, BoundedSlice, Buffered, Element, MemoryRef, MemorySpace,
+                              SemaphoreType, Squeezed, is_hbm, no_block_spec)
 from palace._src.errors import BlockSpecError, UnsupportedError
 from palace._src.util import prod
 
@@ -30,14 +31,25 @@ class BlockMapping:
   buffer_count: int
   use_lookahead: bool
 
-  @property
+  # (derived once per mapping: a mapping is immutable and read by every launch of its plan)
+  @functools.cached_property
   def block_shape(self) -> tuple:
     """Shape of the ref the kernel sees (squeezed dims removed)."""
     return tuple(s for k, s, _ in self.dims if k != SQUEEZED)
 
-  @property
+  @functools.cached_property
   def block_bytes(self) -> int:
     return prod(self.block_shape) * self.dtype.itemsize
+
+  def buffer_types(self, n: int, space: MemorySpace) -> tuple:
+    """((n block buffer types in `space`), their DMA semaphore array type): immutable, so made once
+    per mapping and count and reused by every launch of the plan."""
+    cache = self.__dict__.setdefault("_buffer_types", {})   # (a frozen dataclass: not a field)
+    hit = cache.get((n, space))
+    if hit is None:
+      hit = cache[(n, space)] = (tuple([MemoryRef(self.block_shape, self.dtype, space) for _ in range(n)]),
+                                 SemaphoreType.DMA((n,)))
+    return hit
 
   @property
   def pipelined(self) -> bool:

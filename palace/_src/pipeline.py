@@ -29,8 +29,7 @@ import numpy as np
 
 from palace._src import executor, validate
 from palace._src.blocks import BLOCKED, ELEMENT, SQUEEZED, BlockMapping, canonicalize
-from palace._src.core import (PARALLEL, BlockSpec, MemoryRef, MemorySpace, SemaphoreType,
-                              canonical_semantics, no_block_spec)
+from palace._src.core import PARALLEL, BlockSpec, MemorySpace, canonical_semantics, no_block_spec
 from palace._src.errors import (BlockSpecError, OutOfBoundsError, PalaceError, SyncError,
                                 UnsupportedError, UsageError)
 from palace._src.lang.array import concrete_int
@@ -279,9 +278,7 @@ def allocation_types(in_maps, out_maps, in_refs, out_refs, *, sync=False, smem_b
       types.append(None)
       continue
     n = 1 if sync else m.buffer_count
-    space = MemorySpace.SMEM if m.space == MemorySpace.SMEM else MemorySpace.VMEM
-    types.append(([MemoryRef(m.block_shape, m.dtype, space) for _ in range(n)],
-                  SemaphoreType.DMA((n,))))
+    types.append(m.buffer_types(n, MemorySpace.SMEM if m.space == MemorySpace.SMEM else MemorySpace.VMEM))
   return types
 
 
@@ -318,15 +315,23 @@ def run_pipeline(body, grid, in_maps, out_maps, in_refs, out_refs, *, lead_args=
     return
   if allocations is not None:   # the caller's buffers (emit_pipeline_with_allocations)
     allocs, bufs = _check_allocations(allocations, types, ops), None
-  else:                         # = pl.run_scoped(..., *types) around the steps
-    allocs, _, bufs = open_scope(ex, [t for t in types if t is not None], {}, "run_scoped")
+  else:                         # = pl.run_scoped(..., *types) around the steps, as one flat scope
+    flat = [x for t in types if t is not None for x in (*t[0], t[1])]
+    refs, _, bufs = open_scope(ex, flat, {}, "run_scoped")
+    allocs, k = [], 0
+    for t in types:
+      if t is not None:
+        allocs.append((refs[k:k + len(t[0])], refs[k + len(t[0])]))
+        k += len(t[0]) + 1
   try:
     for o, (slots, sems) in zip(piped, allocs):
       o.slots, o.sems = list(slots), sems
       if bufs is not None:
         for r in slots:  # errors on the kernel's block refs name the operand (args[0], outputs[1])
           r.buf.name = f"{o.m.name} block"
-      o.sem_views = [sems.at[i] for i in range(o.nbuf)]
+      # (= sems.at[i]: a whole freshly allocated array, so its element views need no index checks)
+      o.sem_views = [Ref.window(sems.buf, (i,), (1,), (0,)) if sems._full else sems.at[i]
+                     for i in range(o.nbuf)]
       o.sem_targets = [sem_target(v, "DMA semaphore") for v in o.sem_views]
       o.last_copy = [None] * o.nbuf
     ex.grid_stack.append((points[0], grid))

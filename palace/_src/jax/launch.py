@@ -76,11 +76,16 @@ def _index_map(bm):
   if not closed.eqns and not closed.constvars:
     from jax._src import core as jax_core  # noqa: PLC0415
     pos = {v: k for k, v in enumerate(closed.invars)}
-    picks = tuple((True, literal(v)) if type(v) is jax_core.Literal else (False, pos[v])
+    picks = tuple((True, _static_index(literal(v))) if type(v) is jax_core.Literal else (False, pos[v])
                   for v in closed.outvars)
     return lambda *args: tuple(v if static else args[v] for static, v in picks)
   prog, consts = program(closed), closed.consts
   return lambda *args: tuple(run_program(prog, consts, args))
+
+
+def _static_index(x):
+  """A literal block index as a Python int (what the pipeline would make of it per step)."""
+  return int(x) if isinstance(x, np.integer) else x
 
 
 def _block_spec(params, bm):

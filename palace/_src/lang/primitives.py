@@ -161,13 +161,20 @@ def debug_print(fmt: str, *args) -> None:
 
 
 # ------------------------------------------------------------------ scoped allocation
+_ALLOCATION_TYPES = (MemoryRef, SemaphoreRefType)
+
+
 def _alloc_tree(ex, types, prefix: str, shared: bool = False, names=None):
-  leaves, td = tree_flatten(types, is_leaf=lambda t: isinstance(t, (MemoryRef, SemaphoreRefType)))
+  leaves, td = tree_flatten(types, is_leaf=lambda t: isinstance(t, _ALLOCATION_TYPES))
   if names is None:
     if isinstance(types, dict) and len(leaves) == len(types):
       names = [f"{prefix}[{k!r}]" for k in sorted(types)]  # tree_flatten orders dict keys the same way
     else:
       names = [f"{prefix}[{i}]" for i in range(len(leaves))]
+  return _alloc_leaves(ex, leaves, names, shared), td
+
+
+def _alloc_leaves(ex, leaves, names, shared: bool):
   bufs = []
   for name, t in zip(names, leaves):
     if not isinstance(t, (MemoryRef, SemaphoreRefType)):
@@ -176,7 +183,7 @@ def _alloc_tree(ex, types, prefix: str, shared: bool = False, names=None):
     if isinstance(t, MemoryRef):
       dt.check_kernel_dtype(t.dtype, name)
     bufs.append(ex.alloc(t, name, shared=shared))
-  return bufs, td
+  return bufs
 
 
 def run_scoped(f, *types, collective_axes=(), **kw_types):
@@ -219,7 +226,12 @@ def scoped(f, types, kw_types, prefix: str, shared: bool = False, names=None):
 def open_scope(ex, types, kw_types, prefix: str, shared: bool = False, names=None):
   """The allocation half of `scoped`, for code that cannot pass a callback (the launch runner):
   (positional refs, keyword refs, buffers to hand to `close_scope`)."""
-  pos_bufs, pos_td = _alloc_tree(ex, tuple(types), prefix, shared, names)
+  types = tuple(types)
+  if not kw_types and all(isinstance(t, _ALLOCATION_TYPES) for t in types):
+    # a flat tuple of allocation types (every scope a launch opens itself): no pytree to rebuild
+    bufs = _alloc_leaves(ex, types, names or [f"{prefix}[{i}]" for i in range(len(types))], shared)
+    return tuple([None if b is None else Ref(b) for b in bufs]), {}, bufs
+  pos_bufs, pos_td = _alloc_tree(ex, types, prefix, shared, names)
   kw_bufs, kw_td = _alloc_tree(ex, dict(kw_types), prefix, shared)
   bufs = pos_bufs + kw_bufs
   try:

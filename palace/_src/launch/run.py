@@ -35,7 +35,7 @@ from palace._src.pipeline import run_pipeline
 from palace._src.sim import memory
 from palace._src.sim.machine import active_tpu
 from palace._src.sim.subcore import SC_BASE, SCALAR_BASE
-from palace._src.util import fmt_bytes, tree_flatten, tree_unflatten
+from palace._src.util import fmt_bytes, prod, tree_flatten, tree_unflatten
 
 
 def run(plan: LaunchPlan, operands) -> list:
@@ -236,18 +236,16 @@ def _mesh_cores(machine, chip_index, mesh, params, kname):
 
 def _check_vmem(core, kname, maps, scratch):
   """Fail before running when the pipeline buffers and scratch exceed the scoped VMEM limit."""
-  rows = []
-  for m in maps:
-    if m.pipelined:
-      rows.append((f"{m.name} {m.buffer_count} x {fmt_bytes(m.block_bytes)} block "
-                   f"{m.dtype}{list(m.block_shape)}", m.buffer_count * m.block_bytes))
-  leaves, _ = tree_flatten(scratch, is_leaf=lambda x: isinstance(x, (MemoryRef, SemaphoreRefType)))
-  for i, t in enumerate(leaves):
-    if isinstance(t, MemoryRef) and t.memory_space == MemorySpace.VMEM:
-      rows.append((f"scratch[{i}] {fmt_bytes(t.nbytes)}", t.nbytes))
-  total = sum(b for _, b in rows)
-  if total > core.vmem_limit:
-    detail = " + ".join(r for r, _ in rows)
+  blocks = [m for m in maps if m.pipelined]
+  leaves = tree_flatten(scratch, is_leaf=lambda x: isinstance(x, (MemoryRef, SemaphoreRefType)))[0] \
+      if scratch else ()
+  vmem = [(i, t) for i, t in enumerate(leaves)
+          if isinstance(t, MemoryRef) and t.memory_space == MemorySpace.VMEM]
+  total = sum(m.buffer_count * m.block_bytes for m in blocks) + sum(t.nbytes for _, t in vmem)
+  if total > core.vmem_limit:   # (the breakdown is formatted only for the error)
+    detail = " + ".join([f"{m.name} {m.buffer_count} x {fmt_bytes(m.block_bytes)} block "
+                         f"{m.dtype}{list(m.block_shape)}" for m in blocks] +
+                        [f"scratch[{i}] {fmt_bytes(t.nbytes)}" for i, t in vmem])
     chip = core.chip
     need = -(-(total + chip.internal_scratch_bytes) // 2**20) * 2**20   # whole MiB
     fix = (f"or raise CompilerParams(vmem_limit_bytes=...) to at least {need} ({fmt_bytes(need)}; "
@@ -271,6 +269,8 @@ def _fill_unwritten(storage, m, written) -> None:
   """Give every element outside the written-back blocks the uninitialised value (NaN / int min)."""
   counts = [-(-dim // size) if kind == BLOCKED else dim
             for (kind, size, _), dim in zip(m.dims, m.array_shape)]
+  if len(written) == prod(counts):   # distinct block offsets, as many as blocks: every one written
+    return
   done = np.zeros(counts, bool)
   if written:   # block coordinates of every written block, one NumPy op per dim
     offs = np.array(list(written), np.int64).reshape(len(written), len(m.dims))

@@ -24,7 +24,7 @@ from palace._src.sim.checks import make_checks
 from palace._src.sim.report import Report
 from palace._src.sim.subcore import SC_BASE, SCALAR_BASE, SparseSubcore
 from palace._src.sim.sync import ConditionWait, Scheduler, Semaphores, Solo
-from palace._src.sim.tensorcore import TensorCore
+from palace._src.sim.tensorcore import TensorCore, cost_memos
 from palace._src.sim.trace import Trace
 from palace._src.util import fmt_site, user_site
 
@@ -76,6 +76,7 @@ class Machine:
     self.checks = make_checks(self)   # opt-in bug checks (races, uninitialised reads); NO_CHECKS by default
     self.sems = Semaphores(self, self.checks)   # every semaphore element of the launch (sim/sync.py)
     self.sched = Solo(self)     # the core scheduler (a sync.Scheduler while a multi-core launch runs)
+    self.cost_memos = tpu.cost_memos()   # the chip's memoised cost rules, kept across launches
     self._unchecked = None
 
   def unchecked_checks(self):
@@ -375,6 +376,7 @@ class VirtualTPU:
     self.reports: list[Report] = []
     self.debug_output: list[str] = []
     self._parent = None
+    self._cost_memos = None
 
   def __enter__(self):
     # Entered contexts form a stack per thread/context: (tpu, what was active before it). Re-entering
@@ -416,6 +418,15 @@ class VirtualTPU:
       if not any(tpu is t for t in seen):   # each context once, however often it was entered
         tpu.reports.append(report)
         seen.append(tpu)
+
+  def cost_memos(self) -> tuple:
+    """The memoised cost rules of this TPU's chip (tensorcore.cost_memos), made at the first launch
+    and shared by every core of every launch: pure functions of the frozen chip spec, which a launch
+    would otherwise recompute for each op kind and shape it meets."""
+    memos = self._cost_memos
+    if memos is None or memos[0] is not self.chip:
+      memos = self._cost_memos = (self.chip, *cost_memos(self.chip))
+    return memos[1:]
 
   def new_machine(self, kernel_name: str, num_chips: int = 1) -> Machine:
     """A fresh machine for one launch: chip 0 only, or the whole pod for an SPMD (shard_map) launch."""

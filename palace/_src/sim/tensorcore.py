@@ -26,17 +26,34 @@ from palace._src.util import fmt_site, prod, user_site
 _SMEM = MemorySpace.SMEM
 
 
-class _Memo(dict):
-  """A memo of a pure function of its key's items (cost rules of one chip): misses compute and keep."""
+class CostMemo(dict):
+  """A memo of a pure function of its key's items (cost rules of one chip): misses compute and keep
+  (at most `LIMIT` entries: a long-lived VirtualTPU meeting ever new shapes starts over)."""
   __slots__ = ("fn",)
+  LIMIT = 1 << 16
 
   def __init__(self, fn):
     super().__init__()
     self.fn = fn
 
   def __missing__(self, key):
+    if len(self) >= self.LIMIT:
+      self.clear()
     value = self[key] = self.fn(*key)
     return value
+
+
+def cost_memos(chip) -> tuple:
+  """(vector costs, MXU charges) memos of `chip`: (op class, shape, dtype) -> (unit, busy, latency)
+  and (m, k, n, batch, dtypes) -> (busy, latency, flops, label). Pure functions of the frozen chip
+  spec, so a VirtualTPU keeps one pair for all its launches (machine.VirtualTPU.cost_memos)."""
+  return CostMemo(functools.partial(cost.vector_cost, chip)), CostMemo(
+      functools.partial(_matmul_charge, chip))
+
+
+def _matmul_charge(chip, m, k, n, batch, lhs_dtype, rhs_dtype) -> tuple:
+  return (*cost.matmul_cycles(chip, m, k, n, batch, lhs_dtype, rhs_dtype),
+          cost.matmul_flops(m, k, n, batch), f"matmul {m}x{k}x{n}")
 
 
 class TensorCore:
@@ -82,8 +99,7 @@ class TensorCore:
     self.dma_wait = functools.partial(machine.sems.wait_copy, self)
     self._scalar_cycles = self.chip.scalar_op_cycles
     self._step_cycles = self.chip.grid_step_overhead_cycles
-    self._vcost = _Memo(functools.partial(cost.vector_cost, self.chip))   # (op class, shape, dtype) ->
-    self._mcost = {}          # (unit, busy, latency); (m, k, n, batch, dtypes) -> MXU charge
+    self._vcost, self._mcost = machine.cost_memos   # this chip's cost rules, memoised (cost_memos)
     self.share_group = (chip_index,)   # cores that see the same shared allocations
     self.dma_granule_bytes = 0
     self.label = f"core {core_id}"
@@ -134,8 +150,7 @@ class TensorCore:
       bad = cost.mxu_operand_error(self.chip, lhs_dtype, rhs_dtype)
       if bad is not None:
         raise UnsupportedError(f"{fmt_site(user_site())}: {bad} ({self.where()})")
-      hit = self._mcost[key] = (*cost.matmul_cycles(self.chip, m, k, n, batch, lhs_dtype, rhs_dtype),
-                                cost.matmul_flops(m, k, n, batch), f"matmul {m}x{k}x{n}")
+      hit = self._mcost[key]
     busy, lat, flops, label = hit
     self.flops += flops
     return self._issue("mxu", busy, lat, ready, label)
