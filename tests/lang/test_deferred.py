@@ -316,3 +316,22 @@ def test_megacore_split_defers_on_each_core(gemms, rng):
   np.testing.assert_allclose(z, x @ y, rtol=1e-5, atol=1e-3)
   assert gemms == [((256, 512), (512, 256))] * 8
   assert tpu.reports[-1].grid_steps == 4 * 2 * 2
+
+
+def test_evicted_widened_spans_are_released_during_the_launch(monkeypatch):
+  # a launch re-widening more panels than HostCache.MAX_BYTES keeps (an 8192^3 matmul with 512x1024
+  # blocks) must not hold every span it ever widened until it ends: host memory stays bounded
+  from palace._src import dtypes as dt
+  from palace._src.lang.array import Array
+  monkeypatch.setattr(deferred.HostCache, "MAX_BYTES", 4 * 64 * 128 * 4)
+  cache = deferred.HostCache()
+  root = np.zeros((64, 128 * 40), dt.bfloat16)
+  alive = []
+  for j in range(40):
+    span = root[:, 128 * j:128 * (j + 1)]
+    wide = cache.widened(span, root, [Array(span, span.shape, span.dtype, 0)])
+    alive.append(__import__("weakref").ref(wide))
+    del wide
+  distinct = {id(w): w for w in (r() for r in alive) if w is not None}   # recycled spans repeat
+  assert len(distinct) <= 5, len(distinct)   # the 4 the cache keeps and the one evicted last
+  cache.release()

@@ -53,6 +53,19 @@ class Engine:
   def __repr__(self):
     return f"palace.jax.Engine({self.tpu!r})"
 
+  @contextlib.contextmanager
+  def timing_only(self):
+    """Scoped: the launches run while it is open are timed but not computed (the VirtualTPU's
+    timing_only: the same modelled cycles, outputs of undefined contents). palace.jax.device_time
+    opens it around a call whose results it discards; timing.py decides when that is sound."""
+    with self.lock:   # never flipped under a launch that is running
+      prev, self.tpu.timing_only = self.tpu.timing_only, True
+    try:
+      yield
+    finally:
+      with self.lock:
+        self.tpu.timing_only = prev
+
   def run(self, launch_fn, params, args):
     """Host side of one launch: the callback lands here with NumPy operands, on some XLA thread."""
     from palace._src.sim import machine as _machine  # noqa: PLC0415

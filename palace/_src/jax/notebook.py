@@ -6,7 +6,10 @@ shims:
 
 * **Modelled timers.** `timeit.timeit` / `timeit.repeat` of a callable run it once, blocking, and return
   the modelled time of the kernels it launched (`DeviceTime.total_time_s`: device time plus each
-  launch's dispatch overhead, what a `timeit` of a jitted call measures on a TPU) times `number`. A
+  launch's dispatch overhead, what a `timeit` of a jitted call measures on a TPU) times `number`. The
+  timed call's result is discarded, so it runs without data (`palace.jax.device_time`: timing-only,
+  the same modelled cycles) unless something of it outlives the call (mutable refs, io callbacks,
+  donation, kernels fed by earlier kernels' outputs: then with data; timing.py says why). A
   timed statement that launched no palace kernel (pure XLA work, e.g. `jnp.matmul`) raises
   UnsupportedError: palace models TPU kernels, not XLA's own ops, and a host CPU wall time would be
   a wrong answer to "how long on a TPU". String statements are still timed by the real timeit.
@@ -32,12 +35,14 @@ _state: dict = {}   # the shims installed by `activate` (one process-wide activa
 
 
 def _modelled_seconds(stmt) -> float:
-  from palace._src.jax.timing import device_time  # noqa: PLC0415
-  t = device_time(stmt)
-  if not t.launches:
+  from palace._src.jax import timing  # noqa: PLC0415
+  reason = timing.needs_data(stmt)
+  t = None if reason == timing.NO_KERNEL else timing.run_timed(stmt, (), {}, "v5e", reason is None)
+  if t is None or not t.launches:
     raise UnsupportedError(
         "palace.jax: timing a statement that launched no TPU kernel is not supported: palace models "
-        "the time of Pallas kernels, not of XLA's own operations (the statement ran, on the host CPU). "
+        "the time of Pallas kernels, not of XLA's own operations (the statement "
+        + ("was traced, not run" if t is None else "ran, on the host CPU") + "). "
         "Fix: time a function that calls a pallas_call / pl.kernel, or read tpu.reports.")
   return t.total_time_s
 

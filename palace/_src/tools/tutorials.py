@@ -71,6 +71,10 @@ API_FIXES = (
     ("distributed", r"\b(input_arr|pallas_result|xla_result)\[", r"jax.device_get(\1)[",
      "jax 0.12's make_mesh axes are Explicit: a strided x[0, ::128] of a sharded array is refused, "
      "so the printed samples are taken on the host"),
+    ("sparse", re.escape("str(mask_block)"), "np.array2string(np.asarray(mask_block))",
+     "jax 0.12 prints an array of 1 MiB or more as Array(shape=..., dtype=...), so sparsify_mask's "
+     "str-keyed dedup of 512x512 mask blocks gave every block the first block's mask; NumPy's "
+     "summarised text keys them as the JAX of the notebook did"),
 )
 
 # and, with the same option, the JAX default the published notebooks were run with: they predate JAX
