@@ -80,6 +80,14 @@ EXPECTED = {
         # cells 0-6 measured; gather/scatter cells 7-8 were not run to the end at the published
         # size (the same kernels at 64 rows are exact: test_sparsecore.py), so their pin is expected
         heavy="its gathers move 4M rows of 128 int32 (2 GiB per array; over 9 GB resident)"),
+    "matmul": Expect(
+        cells=18,
+        failures={13: (r"UnsupportedError.*timing a statement that launched no TPU kernel",
+                       "the XLA baseline (jnp.matmul timed): palace models kernels, not XLA")},
+        mismatches={13: "the cell that raised, after its first line"},
+        rounding=frozenset({4, 11}),   # the f32 and bf16 assert_array_equal against XLA's CPU matmul
+        heavy="its benchmark cells run 8192^3 matmuls with data before each timed (timing-only) call: "
+              "about 16 min of host time on a shared 2-core VM"),
 }
 
 
