@@ -67,12 +67,16 @@ def _call(api, kernel, shape):
                          compiler_params=pltpu_.CompilerParams(collective_id=0))
 
 
-def _jax_shift(form):
+def _over_the_mesh(kernel):
+  """The jitted shard_map of `kernel` over the whole 2x2 mesh, and X sharded over it."""
   mesh = _mesh()
-  kernel = _shift_kernel(JAX, form)
   f = jax.jit(jax.shard_map(lambda a: _call(JAX, kernel, a.shape)(a), mesh=mesh,
                             in_specs=P(("x", "y")), out_specs=P(("x", "y")), check_vma=False))
   return f, jax.device_put(X, jax.sharding.NamedSharding(mesh, P(("x", "y"))))
+
+
+def _jax_shift(form):
+  return _over_the_mesh(_shift_kernel(JAX, form))
 
 
 def _own(kernel, spec):
@@ -114,10 +118,7 @@ def test_a_mesh_device_id_needs_one_coordinate_per_mesh_axis_as_in_jax_tpu_lower
     copy = pltpu.make_async_remote_copy(x_ref, o_ref, send, recv, device_id=lax.rem(me + 1, 4))
     copy.start()
     copy.wait()
-  mesh = _mesh()
-  f = jax.jit(jax.shard_map(lambda a: _call(JAX, kernel, a.shape)(a), mesh=mesh,
-                            in_specs=P(("x", "y")), out_specs=P(("x", "y")), check_vma=False))
-  x = jax.device_put(X, jax.sharding.NamedSharding(mesh, P(("x", "y"))))
+  f, x = _over_the_mesh(kernel)
   with pytest.raises(ValueError, match=r"Number of device ids must match the number of mesh axes, "
                                        r"but got 1 ids for a 2D mesh"):
     f.trace(x).lower(lowering_platforms=("tpu",))    # JAX's own TPU lowering
@@ -267,10 +268,7 @@ def test_a_joint_device_id_key_names_mesh_axes_only_as_in_jax_tpu_lowering(key, 
     copy = pltpu.make_async_remote_copy(x_ref, o_ref, send, recv, device_id={key: 0})
     copy.start()
     copy.wait()
-  mesh = _mesh()
-  f = jax.jit(jax.shard_map(lambda a: _call(JAX, kernel, a.shape)(a), mesh=mesh,
-                            in_specs=P(("x", "y")), out_specs=P(("x", "y")), check_vma=False))
-  x = jax.device_put(X, jax.sharding.NamedSharding(mesh, P(("x", "y"))))
+  f, x = _over_the_mesh(kernel)
   with pytest.raises(jax_error, match=jax_says):
     f.trace(x).lower(lowering_platforms=("tpu",))    # JAX's own TPU lowering
   with pj.virtual_tpu("v5e", num_chips=4) as tpu:
