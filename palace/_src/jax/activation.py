@@ -144,7 +144,7 @@ def virtual_tpu(chip="v5e", num_chips: int = 1, **options):
   try:
     with tpu:
       yield tpu
-      _wait_for_dispatched()
+      wait_for_dispatched()
   except Exception as e:
     # XLA wraps an exception raised in the callback in a JaxRuntimeError: raise palace's own error
     if engine.errors and not isinstance(e, type(engine.errors[-1])):
@@ -154,14 +154,13 @@ def virtual_tpu(chip="v5e", num_chips: int = 1, **options):
     cfg.set_local(prev)
 
 
-def _wait_for_dispatched() -> None:
+def wait_for_dispatched() -> None:
   """Block until every computation dispatched so far has finished. JAX dispatches asynchronously, so
-  a jitted call whose result was not read yet may still be running its launches when the `with` body
-  ends; their reports (and errors) belong to this context, so leaving it waits for them."""
+  a jitted call whose result was not read yet may still be running its launches: leaving
+  `virtual_tpu` waits for them (their reports and errors belong to it), and so does device_time
+  around its timing-only scope (no launch of another call may run inside it)."""
   import jax  # noqa: PLC0415
-  clients = {id(d.client): d.client for d in jax.local_devices(backend="cpu")}
-  for client in clients.values():
-    jax.block_until_ready(client.live_arrays())
+  jax.block_until_ready(jax.live_arrays())
 
 
 def activate_from_env(environ=None):

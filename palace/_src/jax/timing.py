@@ -27,7 +27,7 @@ import contextlib
 import dataclasses
 
 from palace._src.core import MemorySpace
-from palace._src.jax.activation import active_engine, virtual_tpu
+from palace._src.jax.activation import active_engine, virtual_tpu, wait_for_dispatched
 from palace._src.jax.avals import memory_space
 
 _LAUNCHES = ("pallas_call", "mpmd_map")
@@ -124,13 +124,6 @@ def needs_data(fn, *args, **kwargs) -> str | None:
   return None
 
 
-def _barrier() -> None:
-  """Wait for every computation dispatched so far (JAX dispatches asynchronously): no launch of
-  another call may run while the timing-only scope is open."""
-  import jax  # noqa: PLC0415
-  jax.block_until_ready(jax.live_arrays())
-
-
 def device_time(fn, *args, chip="v5e", timing_only=None, **kwargs) -> DeviceTime:
   """Run `fn(*args, **kwargs)` once (blocking) and return the modelled time of its TPU kernels.
 
@@ -156,10 +149,10 @@ def run_timed(fn, args, kwargs, chip, without_data: bool) -> DeviceTime:
       engine = active_engine()
     start = len(engine.tpu.reports)
     if without_data and not engine.tpu.timing_only:
-      _barrier()
+      wait_for_dispatched()
       stack.enter_context(engine.timing_only())
     jax.block_until_ready(fn(*args, **kwargs))
     if without_data:
-      _barrier()
+      wait_for_dispatched()
     reports = tuple(engine.tpu.reports[start:])
   return DeviceTime(reports, with_data=not (without_data or engine.tpu.timing_only))
