@@ -177,7 +177,7 @@ def _alloc_tree(ex, types, prefix: str, shared: bool = False, names=None):
 def _alloc_leaves(ex, leaves, names, shared: bool):
   bufs = []
   for name, t in zip(names, leaves):
-    if not isinstance(t, (MemoryRef, SemaphoreRefType)):
+    if not isinstance(t, _ALLOCATION_TYPES):
       raise UsageError(f"{name} = {t!r} is not an allocation type. Fix: use pltpu.VMEM(shape, dtype), "
                        f"pltpu.SMEM(...) or pltpu.SemaphoreType.DMA / .REGULAR.")
     if isinstance(t, MemoryRef):
