@@ -77,9 +77,9 @@ EXPECTED = {
                       "%timeit of a pure XLA function (tc_add_one, gather_tc): palace models "
                       "kernels, not XLA") for c in (6, 9)},
         mismatches={1: OLD_JAX_SC_INFO},
-        # cells 0-6 measured; gather/scatter cells 7-8 were not run to the end at the published
-        # size (the same kernels at 64 rows are exact: test_sparsecore.py), so their pin is expected
-        heavy="its gathers move 4M rows of 128 int32 (2 GiB per array; over 9 GB resident)"),
+        # every cell measured at the published size (session 7: 5 min 47 s, 13.3 GB peak resident;
+        # docs/jax.md); the same gather/scatter kernels at 64 rows run in test_sparsecore.py
+        heavy="its gathers move 4M rows of 128 int32 (2 GiB per array; 13.3 GB peak resident)"),
     "matmul": Expect(
         cells=18,
         failures={13: (r"UnsupportedError.*timing a statement that launched no TPU kernel",
@@ -87,7 +87,7 @@ EXPECTED = {
         mismatches={13: "the cell that raised, after its first line"},
         rounding=frozenset({4, 11}),   # the f32 and bf16 assert_array_equal against XLA's CPU matmul
         heavy="its benchmark cells run 8192^3 matmuls with data before each timed (timing-only) call: "
-              "about 16 min of host time on a shared 2-core VM"),
+              "about 7.5 min of host time and 6.9 GB on a shared 2-core VM"),
 }
 
 
