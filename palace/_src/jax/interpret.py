@@ -119,9 +119,10 @@ def literal(v):
 
 
 class _Program:
-  """A jaxpr compiled for evaluation: values live in a flat list (`template`: literals in place),
-  each equation is (its rule's closure, operand slots, result slots, expected result types)."""
-  __slots__ = ("template", "const_slots", "in_slots", "steps", "out_slots", "__weakref__")
+  """A jaxpr compiled for evaluation: `run(consts, args) -> outputs`, one generated Python function
+  whose locals are the jaxpr's variables and whose statements are its equations, each a call of its
+  rule's closure followed by the check of the result types JAX gave (`_source`)."""
+  __slots__ = ("run", "n_in", "__weakref__")
 
 
 def _expected(var):
@@ -139,33 +140,39 @@ def _failing(error):
   return fail
 
 
+# generated programs' file name: inside palace's tree, so util.user_site and user_frame_summary
+# look past their frames as they do past palace's own
+_PROGRAM_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "<jaxpr program>")
+
+
 def program(jaxpr) -> _Program:
   """`jaxpr` compiled once (cached per jaxpr): every equation's rule resolved and its static
-  parameters parsed up front, so an evaluation is one closure call per equation."""
+  parameters parsed up front, then the whole jaxpr generated as one Python function, so an
+  evaluation is one closure call per equation on local variables (no per-equation dispatch)."""
   prog = _PROGRAMS.get(jaxpr)
   if prog is not None:
     return prog
   from jax._src import core as jax_core  # noqa: PLC0415
   Literal = jax_core.Literal
-  slots, template = {}, []
+  names, ns = {}, {"_consts": _consts, "_wrong_type": _wrong_type, "_annotate": _annotate,
+                   "Array": Array, "PalaceError": PalaceError, "isinstance": isinstance}
 
-  def slot(v):
+  def name(v):
     if type(v) is Literal:
-      template.append(literal(v))
-      return len(template) - 1
-    i = slots.get(v)
-    if i is None:
-      i = slots[v] = len(template)
-      template.append(None)
-    return i
+      k = f"k{len(ns)}"
+      ns[k] = literal(v)
+      return k
+    n = names.get(v)
+    if n is None:
+      n = names[v] = f"v{len(names)}"
+    return n
 
-  prog = _Program()
-  prog.const_slots = tuple(slot(v) for v in jaxpr.constvars)
-  prog.in_slots = tuple(slot(v) for v in jaxpr.invars)
-  steps = []
+  consts = [name(v) for v in jaxpr.constvars]
+  ins = [name(v) for v in jaxpr.invars]
+  body, eqn_at = [], {}   # generated statements; line number -> the equation its call evaluates
   token = _used_here.set(used_vars(jaxpr))
   try:
-    for eqn in jaxpr.eqns:
+    for k, eqn in enumerate(jaxpr.eqns):
       fn = RULES.get(eqn.primitive.name)
       if fn is None:
         fn = _failing(unsupported(eqn))
@@ -176,17 +183,37 @@ def program(jaxpr) -> _Program:
           fn = _failing(e)
       else:
         fn = functools.partial(fn, eqn)
-      ins = tuple(slot(v) for v in eqn.invars)
-      multiple = eqn.primitive.multiple_results
-      outs = tuple(slot(v) for v in eqn.outvars)
-      checks = tuple(_expected(v) for v in eqn.outvars)
-      steps.append((fn, ins, outs if multiple else outs[0], checks if multiple else checks[0],
-                    multiple, eqn))
+      ns[f"f{k}"], ns[f"e{k}"] = fn, eqn
+      call = f"f{k}({', '.join(name(v) for v in eqn.invars)})"
+      outs = [name(v) for v in eqn.outvars]
+      if eqn.primitive.multiple_results:
+        call = f"{', '.join(outs)}{',' if len(outs) == 1 else ''} = {call}" if outs else call
+      else:
+        call = f"{outs[0]} = {call}"
+      eqn_at[len(body) + 4] = eqn   # (after the function's lines def, unpacking, try)
+      body.append(call)
+      for j, (v, out) in enumerate(zip(eqn.outvars, outs)):
+        c = _expected(v)
+        if c is not None:
+          ns[f"c{k}_{j}"] = c
+          body.append(f"if isinstance({out}, Array) and ({out}.shape != c{k}_{j}[0] or {out}.dtype != "
+                      f"c{k}_{j}[1]): _wrong_type(e{k}, {out}, c{k}_{j})")
   finally:
     _used_here.reset(token)
-  prog.steps = tuple(steps)
-  prog.out_slots = tuple(slot(v) for v in jaxpr.outvars)
-  prog.template = template
+  outs = [name(v) for v in jaxpr.outvars]
+  unpack = [f"{', '.join(ins)}, = args" if ins else "pass"]
+  if consts:   # (missing consts are None)
+    unpack.append(f"{', '.join(consts)}, = _consts(consts, {len(consts)})")
+  src = "\n".join([f"def run(consts, args):\n  {'; '.join(unpack)}\n  try:",
+                   *(f"    {line}" for line in body or ["pass"]),
+                   "  except PalaceError as e:",
+                   "    _annotate(e, _eqn_at.get(e.__traceback__.tb_lineno))",
+                   "    raise",
+                   f"  return [{', '.join(outs)}]"])
+  ns["_eqn_at"] = eqn_at
+  exec(compile(src, _PROGRAM_FILE, "exec"), ns)  # noqa: S102  (generated from the jaxpr above)
+  prog = _Program()
+  prog.run, prog.n_in = ns["run"], len(ins)
   _PROGRAMS[jaxpr] = prog
   return prog
 
@@ -197,42 +224,33 @@ def _const(x):
       or not hasattr(x, "__array__") else np.asarray(x)
 
 
+def _consts(consts, n: int) -> list:
+  out = [_const(x) for x in consts[:n]]
+  return out + [None] * (n - len(out))
+
+
+def _annotate(e, eqn) -> None:
+  """Name the kernel line and primitive of the equation `eqn` whose evaluation raised `e` (None:
+  the error came from a result check, which names them itself)."""
+  if eqn is None or getattr(e, "_palace_jax_line", False):
+    return
+  # the innermost equation names the primitive; the line is the innermost one known (an equation
+  # JAX's own library code traced, e.g. emit_pipeline's DMAs, has no user frame: the enclosing
+  # equation's line, where the user called that library, is named instead)
+  primitive = getattr(e, "_palace_jax_primitive", None) or eqn.primitive.name
+  e._palace_jax_primitive = primitive
+  line = source_line(eqn)
+  if line != "unknown line":
+    e._palace_jax_line = True
+    e.add_note(f"(in the JAX kernel at {line}, primitive '{primitive}')")
+
+
 def run_program(prog: _Program, consts, args) -> list:
   """Evaluate a compiled jaxpr on palace values; returns the list of its outputs."""
-  if len(args) != len(prog.in_slots):
-    raise UnsupportedError(f"palace.jax: a jaxpr with {len(prog.in_slots)} inputs got {len(args)} "
+  if len(args) != prog.n_in:
+    raise UnsupportedError(f"palace.jax: a jaxpr with {prog.n_in} inputs got {len(args)} "
                            f"values.")
-  env = prog.template.copy()
-  for i, x in zip(prog.const_slots, consts):
-    env[i] = _const(x)
-  for i, x in zip(prog.in_slots, args):
-    env[i] = x
-  for fn, ins, outs, checks, multiple, eqn in prog.steps:
-    try:
-      out = fn(*[env[i] for i in ins])
-    except PalaceError as e:
-      if not getattr(e, "_palace_jax_line", False):
-        # the innermost equation names the primitive; the line is the innermost one known (an
-        # equation JAX's own library code traced, e.g. emit_pipeline's DMAs, has no user frame: the
-        # enclosing equation's line, where the user called that library, is named instead)
-        primitive = getattr(e, "_palace_jax_primitive", None) or eqn.primitive.name
-        e._palace_jax_primitive = primitive
-        line = source_line(eqn)
-        if line != "unknown line":
-          e._palace_jax_line = True
-          e.add_note(f"(in the JAX kernel at {line}, primitive '{primitive}')")
-      raise
-    if multiple:
-      for i, x, c in zip(outs, out, checks):
-        if c is not None and isinstance(x, Array) and (x.shape != c[0] or x.dtype != c[1]):
-          _wrong_type(eqn, x, c)
-        env[i] = x
-    else:
-      if checks is not None and isinstance(out, Array) and (out.shape != checks[0] or
-                                                            out.dtype != checks[1]):
-        _wrong_type(eqn, out, checks)
-      env[outs] = out
-  return [env[i] for i in prog.out_slots]
+  return prog.run(consts, args)
 
 
 def eval_jaxpr(jaxpr, consts, *args) -> list:

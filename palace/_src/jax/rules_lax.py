@@ -7,6 +7,8 @@ import palace._src.lang.numpy_ops as pjnp
 from palace._src.jax.interpret import compiling_rule, rule, shape_of, unsupported
 from palace._src.lang import lax_ops, numpy_linalg, tpu_primitives
 from palace._src.lang.array import Array
+from palace._src.lang.numpy_dtypes import _astype_on_scalars
+from palace._src.lang.numpy_elementwise import _on_scalars, _where_on_scalars
 
 _UNARY = {
     "neg": pjnp.negative, "abs": pjnp.abs, "sign": pjnp.sign, "floor": pjnp.floor, "ceil": pjnp.ceil,
@@ -41,11 +43,25 @@ _INT_LITERAL_OK = frozenset({"add", "sub", "mul", "max", "min", "eq", "ne", "lt"
                              "or", "xor", "shift_left", "shift_right_arithmetic"})
 
 
+def _all_scalar(eqn) -> bool:
+  """Are all of `eqn`'s operands and results 0-d values of one dtype (index arithmetic)?"""
+  avals = [v.aval for v in (*eqn.invars, *eqn.outvars)]
+  return all(getattr(a, "shape", None) == () and getattr(a, "inner_aval", None) is None
+             for a in avals) and len({np.dtype(a.dtype) for a in avals[:len(eqn.invars)]}) == 1
+
+
+def _scalar_form(eqn, op):
+  """`op` specialised to the equation's 0-d operands (numpy_elementwise._on_scalars: the same
+  results and charges, less work per call) when it is a scalar equation, else None."""
+  if not _all_scalar(eqn):
+    return None
+  return _on_scalars(op, eqn.invars[0].aval.dtype, len(eqn.invars))
+
+
 def _unary(fn):
   def make(eqn):
-    if eqn.primitive.name == "not" and _aval_is_bool(eqn.invars[0]):
-      return pjnp.logical_not
-    return fn
+    op = pjnp.logical_not if eqn.primitive.name == "not" and _aval_is_bool(eqn.invars[0]) else fn
+    return _scalar_form(eqn, op) or op
   return make
 
 
@@ -58,22 +74,43 @@ def _binary(fn, name):
     op = bool_fn if bool_fn is not None and _aval_is_bool(x) else fn
     if name in _INT_LITERAL_OK and type(y) is jax_core.Literal and not y.aval.shape and \
         np.dtype(y.aval.dtype) == np.int32 and np.dtype(x.aval.dtype) == np.int32 and op is fn:
-      lit = int(y.val)
-      return lambda a, _: op(a, lit)
+      lit, fast = int(y.val), _scalar_form(eqn, op)
+      if fast is None:
+        return lambda a, _: op(a, lit)
+      # in a kernel, the literal as a constant palace scalar (the same result as the weak int); on
+      # the host (index maps) the weak int, as before
+      const = Array(np.int32(lit), (), np.dtype(np.int32), 0)
+      return lambda a, _: fast(a, const) if type(a) is Array else op(a, lit)
     return _with_literal(eqn, op)
   return make
 
 
-def _scalar_literal(op, k: int, lit):
-  """A scalar op with a literal operand `k` of the other operand's dtype. Inside a kernel the
-  literal is passed as a constant palace scalar (ready at time 0), so the op takes palace's
-  same-dtype path instead of promoting a NumPy scalar; on the host (index maps) it stays NumPy."""
+def _scalar_literals(eqn, op):
+  """`op` for an equation whose operands are all 0-d, some of them literals: inside a kernel the
+  literals are passed as constant palace scalars (ready at time 0), so the op takes palace's
+  same-dtype path (and its scalar form) instead of promoting a NumPy scalar; on the host (index
+  maps) they stay NumPy."""
+  from jax._src import core as jax_core  # noqa: PLC0415
   from palace._src.jax.interpret import literal  # noqa: PLC0415
-  value = literal(lit)
-  const = Array(value, (), np.dtype(lit.aval.dtype), 0)
-  if k == 0:
-    return lambda _, b: op(const if type(b) is Array else value, b)
-  return lambda a, _: op(a, const if type(a) is Array else value)
+  ins = eqn.invars
+  consts = [Array(literal(v), (), np.dtype(v.aval.dtype), 0) if type(v) is jax_core.Literal else None
+            for v in ins]
+  live = [k for k, c in enumerate(consts) if c is None]   # operands that are palace values in a kernel
+  if any(v.aval.shape for v in ins) or not live or len(live) == len(ins):
+    return op
+  k = live[0]
+  if len(ins) == 2:
+    const = consts[1 - k]
+    value = const._data
+    if k == 1:
+      return lambda _, b: op(const if type(b) is Array else value, b)
+    return lambda a, _: op(a, const if type(a) is Array else value)
+
+  def with_consts(*args):
+    if type(args[k]) is not Array:
+      return op(*args)
+    return op(*[a if c is None else c for a, c in zip(args, consts)])
+  return with_consts
 
 
 for _n, _f in _UNARY.items():
@@ -83,13 +120,11 @@ for _n, _f in _BINARY.items():
 
 
 def _with_literal(eqn, op):
-  """`op`, or for a scalar op with a literal of its partner's dtype, `_scalar_literal`'s form."""
-  from jax._src import core as jax_core  # noqa: PLC0415
+  """`op`, or for a scalar op with a literal of its partner's dtype, `_scalar_literals`' form."""
   x, y = eqn.invars
-  for k, (lit, other) in enumerate(((x, y), (y, x))):
-    if type(lit) is jax_core.Literal and not lit.aval.shape and not other.aval.shape and \
-        np.dtype(lit.aval.dtype) == np.dtype(other.aval.dtype):
-      return _scalar_literal(op, k, lit)
+  op = _scalar_form(eqn, op) or op
+  if np.dtype(x.aval.dtype) == np.dtype(y.aval.dtype):
+    return _scalar_literals(eqn, op)
   return op
 
 
@@ -168,6 +203,11 @@ def _select_n(eqn):
   if n == 1:
     return lambda which, case: case
   if n == 2 and _aval_is_bool(eqn.invars[0]):
+    if all(not v.aval.shape for v in eqn.invars) and \
+        np.dtype(eqn.invars[1].aval.dtype) == np.dtype(eqn.invars[2].aval.dtype):
+      select = _scalar_literals(eqn, lambda which, c0, c1, fast=_where_on_scalars(
+          eqn.invars[1].aval.dtype): fast(which, c1, c0))   # (lax_ops.select is jnp.where)
+      return select
     return lambda which, c0, c1: lax_ops.select(which, c1, c0)
   dtype = np.dtype(eqn.invars[0].aval.dtype)
   if n == 2:
@@ -191,6 +231,9 @@ def _clamp(eqn, lo, x, hi):
 @compiling_rule("convert_element_type")
 def _convert(eqn):
   new_dtype = eqn.params["new_dtype"]
+  x = eqn.invars[0].aval
+  if not x.shape and getattr(x, "inner_aval", None) is None:   # lax_ops.convert_element_type is astype
+    return _astype_on_scalars(x.dtype, new_dtype)
   return lambda x: lax_ops.convert_element_type(x, new_dtype)
 
 

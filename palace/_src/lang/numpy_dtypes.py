@@ -94,6 +94,24 @@ def astype(x, dtype):
   return _out(data, _shape_of(x), d, ready_of(x), OpClass.CHEAP, _is_arr(x))
 
 
+def _astype_on_scalars(src, dtype):
+  """`astype(x, dtype)` specialised to 0-d Arrays `x` of dtype `src` inside a kernel (as
+  numpy_elementwise._on_scalars): the same conversion and one `scalar_op` charge; other operands
+  take `astype` itself."""
+  src, d = np.dtype(src), dt.canonicalize(dtype, keep_64bit=True)
+  if src == d or dt.is_64bit(d) or dt.is_64bit(src):   # x itself, or a context-dependent dtype
+    return lambda x: astype(x, dtype)
+  to_int = dt.is_int(d) and dt.is_float(src)
+
+  def convert(x):
+    if type(x) is Array and x.dtype is src and not x.shape:
+      v, ex = x._data, _current_ex()
+      if v is not None and ex is not None and v.dtype is src:
+        return Array(_float_to_int(v, d) if to_int else v.astype(d), (), d, ex.scalar_op(ready_of(x)))
+    return astype(x, d)
+  return convert
+
+
 floating, inexact, number, integer = np.floating, np.inexact, np.number, np.integer
 signedinteger, unsignedinteger, generic = np.signedinteger, np.unsignedinteger, np.generic
 

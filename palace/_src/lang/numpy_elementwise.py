@@ -133,7 +133,55 @@ def _elementwise(fn, op_class: str, result: str = "same", name: str = ""):
 
   op.__name__ = name or getattr(fn, "__name__", "op")
   op.__doc__ = f"Elementwise `{op.__name__}` (cost class: {op_class})."
+  op.scalar_form = (fn, result)
   return op
+
+
+def _on_scalars(op, dtype, arity: int):
+  """`op` (an elementwise op of this module, or lax's div/rem) specialised to `arity` 0-d Arrays of
+  `dtype` inside a kernel, for callers that know their operands' types up front (palace.jax's
+  compiled jaxpr programs, one call per scalar equation): the same NumPy function on the operands'
+  data, the same result dtype and the same one `scalar_op` charge as `op`, without its operand
+  analysis. Operands of any other kind (host values, other dtypes or shapes, no data) take `op`
+  itself. None where that form does not apply (narrow floats, which compute in float32)."""
+  form = getattr(op, "scalar_form", None)
+  dtype = np.dtype(dtype)
+  if form is None or _COMPUTE.get(dtype, dtype) != dtype or arity not in (1, 2) or \
+      (getattr(op, "int_only", False) and dt.is_float(dtype)):
+    return None
+  fn, result = form
+  if result == "float" and dtype not in _FLOATS:
+    return None
+  out = dt.bool_ if result == "bool" else dtype   # (np.dtype gives the instance data dtypes are)
+
+  def finish(data, ready, ex):
+    if data.dtype != out:
+      data = data.astype(out)
+    return Array(data, (), out, ex.scalar_op(ready))
+
+  if arity == 1:
+    def unary(a):
+      if type(a) is Array and a.dtype is dtype and not a.shape:
+        da, ex = a._data, _current_ex()
+        if da is not None and ex is not None and da.dtype is dtype:
+          return finish(fn(da), a._ready, ex)
+      return op(a)
+    return unary
+
+  def binary(a, b):
+    if type(a) is Array and type(b) is Array and a.dtype is dtype and b.dtype is dtype and \
+        not a.shape and not b.shape:
+      da, db, ex = a._data, b._data, _current_ex()
+      if da is not None and db is not None and ex is not None and da.dtype is dtype and \
+          db.dtype is dtype:
+        try:
+          data = fn(da, db)
+        except ValueError:   # invalid operands: `op` raises its error
+          return op(a, b)
+        ra, rb = a._ready, b._ready
+        return finish(data, ra if ra > rb else rb, ex)
+    return op(a, b)
+  return binary
 
 
 def _int_only(fn, name):
@@ -144,6 +192,7 @@ def _int_only(fn, name):
         raise ShapeError(f"{name} requires integer or bool operands; got {d}. Fix: cast with "
                        f".astype(jnp.int32), or bitcast floats with pltpu.bitcast.")
     return fn(*args)
+  f.scalar_form, f.int_only = fn.scalar_form, True
   return f
 
 
@@ -159,6 +208,7 @@ def add(x1, x2):
 
 
 add.__doc__ = _add.__doc__
+add.scalar_form = _add.scalar_form   # (0-d values are never Deferred)
 subtract = _elementwise(np.subtract, OpClass.CHEAP, name="subtract")
 multiply = _elementwise(np.multiply, OpClass.CHEAP, name="multiply")
 true_divide = divide = _elementwise(np.true_divide, OpClass.MEDIUM, "float", name="divide")
@@ -297,6 +347,24 @@ def where(condition, x=None, y=None):
   if not (ex is not None and ex.timing_only and shape) and _has_data(condition, x, y):
     data = np.where(_np(condition, dt.bool_), _np(x, rt), _np(y, rt))
   return _out(data, shape, rt, ready_of(condition, x, y), OpClass.CHEAP, _is_arr(condition, x, y))
+
+
+def _where_on_scalars(dtype):
+  """`where(c, x, y)` specialised to a bool 0-d Array `c` and 0-d Arrays `x`, `y` of `dtype` inside a
+  kernel (see `_on_scalars`): the same NumPy where and one `scalar_op` charge; other operands take
+  `where` itself."""
+  dtype = np.dtype(dtype)
+  b = dt.bool_
+
+  def select(c, x, y):
+    if type(c) is Array and type(x) is Array and type(y) is Array and c.dtype is b and \
+        x.dtype is dtype and y.dtype is dtype and not (c.shape or x.shape or y.shape):
+      dc, dx, dy, ex = c._data, x._data, y._data, _current_ex()
+      if ex is not None and dc is not None and dx is not None and dy is not None and \
+          dc.dtype is b and dx.dtype is dtype and dy.dtype is dtype:
+        return Array(np.where(dc, dx, dy), (), dtype, ex.scalar_op(ready_of(c, x, y)))
+    return where(c, x, y)
+  return select
 
 
 def clip(x, min=None, max=None):  # noqa: A002
