@@ -78,3 +78,34 @@ def test_palace_jax_matches_jax_interpret_mode_bit_for_bit(name):
   with pj.virtual_tpu("v5e"):
     out = np.asarray(_call(fn, args))
   assert _same(out, ref), f"{name}: palace {out[0, :8]} vs JAX interpret mode {ref[0, :8]}"
+
+
+# The same cases on scalars: SMEM operands read one element at a time, so every operation is a 0-d
+# equation (palace.jax's specialised scalar forms: numpy_elementwise._on_scalars, _where_on_scalars,
+# numpy_dtypes._astype_on_scalars), each result written back to SMEM.
+_NOT_SCALAR = {"argmax", "max reduction with NaN"}   # their fns need a row
+
+
+def _scalar_call(fn, args):
+  n = args[0].shape[-1]
+  out = jax.eval_shape(fn, *[a[0] for a in args])
+  wide = jnp.int32 if out.dtype.itemsize < 4 or out.dtype == jnp.bool_ else out.dtype
+
+  def kernel(*refs):
+    for k in range(n):
+      refs[-1][k] = fn(*[r[k] for r in refs[:-1]]).astype(wide)
+  smem = pl.BlockSpec(memory_space=pltpu.SMEM)
+  return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((n,), wide),
+                        in_specs=[smem] * len(args), out_specs=smem)(*args)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("name", sorted(set(CASES) - _NOT_SCALAR))
+def test_scalar_equations_match_jax_interpret_mode_bit_for_bit(name):
+  fn, *args = CASES[name]
+  args = [jnp.asarray(a[0, :8]) for a in args]
+  with pltpu.force_tpu_interpret_mode():
+    ref = np.asarray(_scalar_call(fn, args))
+  with pj.virtual_tpu("v5e"):
+    out = np.asarray(_scalar_call(fn, args))
+  assert _same(out, ref), f"{name} on scalars: palace {out} vs JAX interpret mode {ref}"

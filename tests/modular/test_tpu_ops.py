@@ -102,6 +102,29 @@ def test_bitcast_bad_size_is_an_error(rng):
     vmem_kernel(lambda x_ref, o_ref: pltpu.bitcast(x_ref[...], jnp.int32), x, (8, 128), np.int32)
 
 
+def _smem_scalar_bitcast(x, dtype):
+  @functools.partial(pl.pallas_call, out_shape=pl.ShapeDtypeStruct((1,), np.dtype(dtype)),
+                     in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM)],
+                     out_specs=pl.BlockSpec(memory_space=pltpu.SMEM))
+  def k(x_ref, o_ref):
+    o_ref[0] = pltpu.bitcast(x_ref[0], dtype)
+  with pl.virtual_tpu("v5e"):
+    return k(x)
+
+
+def test_bitcast_of_a_scalar_keeps_its_bits():
+  """A 0-d value (an SMEM scalar) bitcast to a dtype of its width: the same bits (this divided by a
+  zero rank before)."""
+  x = np.array([-2.5], np.float32)
+  np.testing.assert_array_equal(_smem_scalar_bitcast(x, jnp.int32), x.view(np.int32))
+
+
+def test_bitcast_of_a_scalar_to_another_width_is_an_error():
+  with pytest.raises(pl.ShapeError, match=r"bitcast float32->bfloat16 of a scalar.*Fix: bitcast to a "
+                                          r"dtype of the same width \(4 bytes\)"):
+    _smem_scalar_bitcast(np.array([1.0], np.float32), jnp.bfloat16)
+
+
 @pytest.mark.parametrize("reps", [(2, 1), (1, 2), (2, 2), 2])
 def test_tile(rng, reps):
   x = rng.standard_normal((8, 128)).astype(np.float32)

@@ -303,6 +303,13 @@ def bitcast(x, ty, dim: int = -2):
   d = dt.canonicalize(ty)
   if isinstance(x, Ref):
     return x.bitcast(d)
+  if d.itemsize == x.dtype.itemsize:   # same width: the shape stays, whatever the rank (0-d too)
+    data = None if x._data is None else np.asarray(x._data).view(d)
+    return _out(data, tuple(x.shape), d, ready_of(x), OpClass.FREE, True)
+  if not x.ndim:
+    raise ShapeError(f"bitcast {x.dtype}->{d} of a scalar: a bitcast that changes the element width "
+                     f"rescales a dimension, and a scalar has none. Fix: bitcast to a dtype of the same "
+                     f"width ({x.dtype.itemsize} bytes), or bitcast an array of at least one dimension.")
   ax = dim % x.ndim
   new = list(x.shape)
   if (new[ax] * x.dtype.itemsize) % d.itemsize:
