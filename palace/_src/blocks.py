@@ -30,6 +30,9 @@ class BlockMapping:
   space: MemorySpace          # VMEM (pipelined), SMEM (whole array), ANY (raw HBM ref)
   buffer_count: int
   use_lookahead: bool
+  # the element offsets of the block at every grid point when the index map is palace's own (a
+  # BlockSpec without one: block 0 of every dim, in bounds), so pipelines need not call it per step
+  fixed_offsets: tuple | None = None
 
   # (derived once per mapping: a mapping is immutable and read by every launch of its plan)
   @functools.cached_property
@@ -40,6 +43,19 @@ class BlockMapping:
   @functools.cached_property
   def block_bytes(self) -> int:
     return prod(self.block_shape) * self.dtype.itemsize
+
+  def __post_init__(self):
+    # what every pipeline over this mapping reads (pipeline._Op), derived once (not fields):
+    # `squeezed_dims` the squeezed dims (absent from the block ref); `tiles_evenly` every dim Blocked
+    # by a size that divides it (every block whole); `full_slices` per dim slice(0, dim) where the
+    # block spans the whole dim (every block indexes it so), else None
+    dims, shape = self.dims, self.array_shape
+    derived = self.__dict__
+    derived["squeezed_dims"] = frozenset([d for d, (k, _, _) in enumerate(dims) if k == SQUEEZED])
+    derived["tiles_evenly"] = all([kind == BLOCKED and size > 0 and dim % size == 0
+                                   for (kind, size, _), dim in zip(dims, shape)])
+    derived["full_slices"] = tuple([slice(0, dim) if size == dim else None
+                                    for (_, size, _), dim in zip(dims, shape)])
 
   def buffer_types(self, n: int, space: MemorySpace) -> tuple:
     """((n block buffer types in `space`), their DMA semaphore array type): immutable, so made once
@@ -128,7 +144,10 @@ def canonicalize(spec, shape, dtype, name: str, num_index_args: int,
   whole = all(k == BLOCKED and sz == dim for (k, sz, _), dim in zip(dims, shape))
   if space == MemorySpace.SMEM or (whole and spec.pipeline_mode is None):
     n = 1  # a block that covers the whole array is fetched once: one buffer ([xla-cost] VMEM rule)
-  return BlockMapping(name, shape, dtype, dims, index_map, space, n, bool(mode.use_lookahead))
+  m = BlockMapping(name, shape, dtype, dims, index_map, space, n, bool(mode.use_lookahead))
+  if spec.index_map is None and all(s > 0 for s in shape):   # (else the per-step bounds check raises)
+    m = dataclasses.replace(m, fixed_offsets=m.offsets(index_map()))
+  return m
 
 
 def _check_tiling(dims, shape, dtype, name):
