@@ -18,6 +18,9 @@ from palace._src.errors import BlockSpecError, UnsupportedError
 from palace._src.util import prod
 
 BLOCKED, SQUEEZED, ELEMENT = "blocked", "squeezed", "element"
+# the attribute (set to True) that marks an index map as a pure function of its grid indices which
+# charges no work and works on index arrays too (a front end's own maps: palace.jax's equation-free ones)
+PURE_INDEX_MAP = "palace_pure_index_map"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,9 +33,10 @@ class BlockMapping:
   space: MemorySpace          # VMEM (pipelined), SMEM (whole array), ANY (raw HBM ref)
   buffer_count: int
   use_lookahead: bool
-  # the element offsets of the block at every grid point when the index map is palace's own (a
-  # BlockSpec without one: block 0 of every dim, in bounds), so pipelines need not call it per step
-  fixed_offsets: tuple | None = None
+  # the index map is a pure function of the grid indices that charges no work (palace's own, of a
+  # BlockSpec without one, or one marked PURE_INDEX_MAP): a launch plan may keep its offsets for
+  # every step of any grid (pipeline._grid_offsets) instead of calling it per step
+  pure_index_map: bool = False
 
   # (derived once per mapping: a mapping is immutable and read by every launch of its plan)
   @functools.cached_property
@@ -144,10 +148,8 @@ def canonicalize(spec, shape, dtype, name: str, num_index_args: int,
   whole = all(k == BLOCKED and sz == dim for (k, sz, _), dim in zip(dims, shape))
   if space == MemorySpace.SMEM or (whole and spec.pipeline_mode is None):
     n = 1  # a block that covers the whole array is fetched once: one buffer ([xla-cost] VMEM rule)
-  m = BlockMapping(name, shape, dtype, dims, index_map, space, n, bool(mode.use_lookahead))
-  if spec.index_map is None and all(s > 0 for s in shape):   # (else the per-step bounds check raises)
-    m = dataclasses.replace(m, fixed_offsets=m.offsets(index_map()))
-  return m
+  pure = spec.index_map is None or getattr(spec.index_map, PURE_INDEX_MAP, False) is True
+  return BlockMapping(name, shape, dtype, dims, index_map, space, n, bool(mode.use_lookahead), pure)
 
 
 def _check_tiling(dims, shape, dtype, name):

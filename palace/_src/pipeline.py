@@ -176,16 +176,16 @@ def _make_copy_views(op: _Op, offsets, slot: int):
   return hbm, Ref.window(op.slots[slot].buf, vstarts, vsizes)
 
 
-def _vectorised_offsets(op: _Op, points):
+def _vectorised_offsets(op: _Op, points, min_points: int = 8):
   """Element offsets of every step at once, or None. Index maps are traced functions in Pallas, so
   they work on arrays: one call with the whole grid's index columns replaces one call per step. It
   runs with no executor set (plain NumPy, nothing charged to the core). Maps that need per-step
   evaluation (reading refs, Python control flow on indices) raise here and fall back; so does any
   out-of-bounds block, whose error is then raised by the per-step path with its grid point. Grids
-  of fewer than 8 points are evaluated per step (index maps that charge scalar work, the JAX front
-  end's, charge it there)."""
+  of fewer than `min_points` points are evaluated per step (cheaper there; and index maps that charge
+  scalar work, the JAX front end's with equations, charge it there)."""
   m = op.m
-  if len(points) < 8:
+  if len(points) < min_points:
     return None
   cols = [np.fromiter((p[d] for p in points), np.int64, len(points)) for d in range(len(points[0]))]
   token = executor.set_current(None)
@@ -224,18 +224,19 @@ def _grid_offsets(op: _Op, k: int, points, cache):
   then outputs) over `points`: `_vectorised_offsets`, kept in `cache` (a launch plan's, for the same
   block mappings on every launch) under the points and the bounds-check flag it depends on. A map
   that does not vectorise is kept as None (per-step evaluation, as without the cache)."""
-  fixed = op.m.fixed_offsets
-  if fixed is not None:   # (palace's own index map: the same block at every point)
-    return [fixed] * len(points), len(points) == 1
-  if len(points) < 8:   # (evaluated per step: `_vectorised_offsets`)
+  n = len(points)
+  # (a pure map, BlockMapping.pure_index_map, is evaluated once for the plan on any grid; others
+  # per step on grids < 8 points: `_vectorised_offsets`)
+  pure = cache is not None and op.m.pure_index_map
+  if not n or (n < 8 and not pure):
     return None, False
   key = None
-  if cache is not None and len(points) <= _CACHED_POINTS:
+  if cache is not None and n <= _CACHED_POINTS:
     key = (k, op.bounds_checks, tuple(points))
     hit = cache.get(key)
     if hit is not None:
       return hit
-  blocks = _vectorised_offsets(op, points)
+  blocks = _vectorised_offsets(op, points, 1 if pure else 8)
   hit = (blocks, blocks is not None and len(set(blocks)) == len(blocks))
   if key is not None:
     cache[key] = hit
