@@ -1,5 +1,6 @@
 """One flat launch plan (launch/plan.py) run by one function (launch/run.py): hand-built plans run like
 the front ends' (what the JAX front end will do), and a kernel body runs a few frames below the call."""
+import dataclasses
 import sys
 
 import numpy as np
@@ -17,15 +18,15 @@ from palace._src.util import tree_flatten
 X = np.arange(16 * 128, dtype=np.float32).reshape(16, 128)
 
 
-def _grid_plan(body):
+def _grid_plan(body, x=X, params=CompilerParams()):
   spec = BlockSpec((8, 128), lambda i: (i, 0))
-  m_in = canonicalize(spec, X.shape, X.dtype, "args[0]", 0)
-  m_out = canonicalize(spec, X.shape, X.dtype, "outputs[0]", 0)
+  m_in = canonicalize(spec, x.shape, x.dtype, "args[0]", 0)
+  m_out = canonicalize(spec, x.shape, x.dtype, "outputs[0]", 0)
   _, no_prefetch = tree_flatten(())
   _, one_output = tree_flatten(0)
-  return LaunchPlan("hand_grid", ("test", 0), CompilerParams(), (Operand("args[0]", X.shape, X.dtype),),
-                    no_prefetch, (Output("outputs[0]", X.shape, X.dtype),), one_output, outputs_as=LEAVES,
-                    bodies=(body,), grid=(2,), in_maps=(m_in,), out_maps=(m_out,))
+  return LaunchPlan("hand_grid", ("test", 0), params, (Operand("args[0]", x.shape, x.dtype),),
+                    no_prefetch, (Output("outputs[0]", x.shape, x.dtype),), one_output, outputs_as=LEAVES,
+                    bodies=(body,), grid=(x.shape[0] // 8,), in_maps=(m_in,), out_maps=(m_out,))
 
 
 def _double(x_ref, o_ref):
@@ -155,3 +156,27 @@ def test_pallas_call_plans_once_per_operand_signature_and_chip():
   assert other is not first
   assert tpu.reports[0].device_cycles == tpu.reports[1].device_cycles
   assert tpu5p.reports[-1].chip.name == "v5p"
+
+
+def test_a_plans_cache_leaks_nothing_between_launches():
+  # one plan (its cache: megacore split, lazy outputs, VMEM total, block offsets of grids long enough
+  # to evaluate index maps on all steps at once) run on chips with one and two TensorCores per device
+  # and on other operands: every launch is what a fresh plan gives
+  for rows in (16, 128):
+    x0 = np.arange(rows * 128, dtype=np.float32).reshape(rows, 128)
+
+    def fresh():
+      return _grid_plan(_double, x0, CompilerParams(dimension_semantics=("parallel",)))
+
+    shared = fresh()
+    for chip in ("v5e", "v5p", "v5e", "v4"):
+      for x in (x0, x0[::-1] - 7, x0):
+        with pl.virtual_tpu(chip) as tpu:
+          (out,) = run(shared, [x])
+          (ref,) = run(fresh(), [x])
+        np.testing.assert_array_equal(out, 2 * x)
+        np.testing.assert_array_equal(ref, 2 * x)
+        a, b = tpu.reports
+        assert (a.device_cycles, a.unit_busy_cycles, a.dma_count, a.hbm_bytes, a.grid_steps) == \
+            (b.device_cycles, b.unit_busy_cycles, b.dma_count, b.hbm_bytes, b.grid_steps), (rows, chip)
+    assert shared.cache() and dataclasses.replace(shared, kernel_name="other").cache() == {}

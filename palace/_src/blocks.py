@@ -18,6 +18,9 @@ from palace._src.errors import BlockSpecError, UnsupportedError
 from palace._src.util import prod
 
 BLOCKED, SQUEEZED, ELEMENT = "blocked", "squeezed", "element"
+# the attribute (set to True) that marks an index map as a pure function of its grid indices which
+# charges no work and works on index arrays too (a front end's own maps: palace.jax's equation-free ones)
+PURE_INDEX_MAP = "palace_pure_index_map"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +33,10 @@ class BlockMapping:
   space: MemorySpace          # VMEM (pipelined), SMEM (whole array), ANY (raw HBM ref)
   buffer_count: int
   use_lookahead: bool
+  # the index map is a pure function of the grid indices that charges no work (palace's own, of a
+  # BlockSpec without one, or one marked PURE_INDEX_MAP): a launch plan may keep its offsets for
+  # every step of any grid (pipeline._grid_offsets) instead of calling it per step
+  pure_index_map: bool = False
 
   # (derived once per mapping: a mapping is immutable and read by every launch of its plan)
   @functools.cached_property
@@ -40,6 +47,19 @@ class BlockMapping:
   @functools.cached_property
   def block_bytes(self) -> int:
     return prod(self.block_shape) * self.dtype.itemsize
+
+  def __post_init__(self):
+    # what every pipeline over this mapping reads (pipeline._Op), derived once (not fields):
+    # `squeezed_dims` the squeezed dims (absent from the block ref); `tiles_evenly` every dim Blocked
+    # by a size that divides it (every block whole); `full_slices` per dim slice(0, dim) where the
+    # block spans the whole dim (every block indexes it so), else None
+    dims, shape = self.dims, self.array_shape
+    derived = self.__dict__
+    derived["squeezed_dims"] = frozenset([d for d, (k, _, _) in enumerate(dims) if k == SQUEEZED])
+    derived["tiles_evenly"] = all([kind == BLOCKED and size > 0 and dim % size == 0
+                                   for (kind, size, _), dim in zip(dims, shape)])
+    derived["full_slices"] = tuple([slice(0, dim) if size == dim else None
+                                    for (_, size, _), dim in zip(dims, shape)])
 
   def buffer_types(self, n: int, space: MemorySpace) -> tuple:
     """((n block buffer types in `space`), their DMA semaphore array type): immutable, so made once
@@ -128,7 +148,8 @@ def canonicalize(spec, shape, dtype, name: str, num_index_args: int,
   whole = all(k == BLOCKED and sz == dim for (k, sz, _), dim in zip(dims, shape))
   if space == MemorySpace.SMEM or (whole and spec.pipeline_mode is None):
     n = 1  # a block that covers the whole array is fetched once: one buffer ([xla-cost] VMEM rule)
-  return BlockMapping(name, shape, dtype, dims, index_map, space, n, bool(mode.use_lookahead))
+  pure = spec.index_map is None or getattr(spec.index_map, PURE_INDEX_MAP, False) is True
+  return BlockMapping(name, shape, dtype, dims, index_map, space, n, bool(mode.use_lookahead), pure)
 
 
 def _check_tiling(dims, shape, dtype, name):

@@ -60,7 +60,7 @@ class _Op:
     self.cur_slot = 0
     self.pending_wb = {}    # slot -> DMA request
     self.written = set()
-    self.squeezed = frozenset(d for d, (k, _, _) in enumerate(m.dims) if k == SQUEEZED)
+    self.squeezed = m.squeezed_dims
     self.sem_views = ()
     self.ex = executor.current()  # the core the pipeline runs on (its copies are prepared for it)
     self.bounds_checks = self.ex.bounds_checks
@@ -70,13 +70,11 @@ class _Op:
     # no squeezed dims and a whole-array source: block views are plain windows (the fast path)
     self.simple = not self.squeezed and isinstance(hbm, Ref) and hbm._full
     # ...and every block is whole: blocked dims that divide the array, offsets bounds-checked
-    self.whole_blocks = self.simple and self.bounds_checks and all(
-        kind == BLOCKED and dim % size == 0 for (kind, size, _), dim in zip(m.dims, m.array_shape))
+    self.whole_blocks = self.simple and self.bounds_checks and m.tiles_evenly
     self.block_nbytes = m.block_bytes
     self.block_is_array = self.whole_blocks and tuple(m.block_shape) == tuple(hbm.buf.shape)
     # whole blocks spanning a whole dim always index it with the same slice
-    self.full_slices = tuple(slice(0, dim) if size == dim else None
-                             for (_, size, _), dim in zip(m.dims, m.array_shape))
+    self.full_slices = m.full_slices
     # the prepared copy of a block: cached per (block, slot), or made afresh when no block is visited
     # twice (caching would only cost)
     self.prepare = _cached_copy
@@ -178,14 +176,16 @@ def _make_copy_views(op: _Op, offsets, slot: int):
   return hbm, Ref.window(op.slots[slot].buf, vstarts, vsizes)
 
 
-def _vectorised_offsets(op: _Op, points):
+def _vectorised_offsets(op: _Op, points, min_points: int = 8):
   """Element offsets of every step at once, or None. Index maps are traced functions in Pallas, so
   they work on arrays: one call with the whole grid's index columns replaces one call per step. It
   runs with no executor set (plain NumPy, nothing charged to the core). Maps that need per-step
   evaluation (reading refs, Python control flow on indices) raise here and fall back; so does any
-  out-of-bounds block, whose error is then raised by the per-step path with its grid point."""
+  out-of-bounds block, whose error is then raised by the per-step path with its grid point. Grids
+  of fewer than `min_points` points are evaluated per step (cheaper there; and index maps that charge
+  scalar work, the JAX front end's with equations, charge it there)."""
   m = op.m
-  if len(points) < 8:
+  if len(points) < min_points:
     return None
   cols = [np.fromiter((p[d] for p in points), np.int64, len(points)) for d in range(len(points[0]))]
   token = executor.set_current(None)
@@ -202,7 +202,10 @@ def _vectorised_offsets(op: _Op, points):
   n = len(points)
   offs = []
   for (kind, size, pad), i, dim in zip(m.dims, idx, m.array_shape):
-    if not isinstance(i, (int, np.integer, np.ndarray)) or np.ndim(i) > 1:
+    if isinstance(i, np.ndarray):
+      if i.ndim > 1 or i.dtype.kind not in "iu":
+        return None   # (floats and bools: the per-step path's concrete_int rejects them, with the point)
+    elif not isinstance(i, (int, np.integer)) or isinstance(i, bool):
       return None
     i = np.broadcast_to(np.asarray(i, np.int64), (n,))
     off = i * size if kind == BLOCKED else (i - pad if kind == ELEMENT else i)
@@ -210,7 +213,34 @@ def _vectorised_offsets(op: _Op, points):
     if op.bounds_checks and ((off < lo).any() or (off >= hi).any()):
       return None
     offs.append(off.tolist())
-  return list(zip(*offs))
+  return list(zip(*offs)) if offs else [()] * n   # (rank 0: one empty offset per step)
+
+
+_CACHED_POINTS = 1 << 16   # grids up to this many points keep their block offsets in the plan's cache
+
+
+def _grid_offsets(op: _Op, k: int, points, cache):
+  """(every step's element offsets or None, whether they are all distinct) of operand `k` (inputs
+  then outputs) over `points`: `_vectorised_offsets`, kept in `cache` (a launch plan's, for the same
+  block mappings on every launch) under the points and the bounds-check flag it depends on. A map
+  that does not vectorise is kept as None (per-step evaluation, as without the cache)."""
+  n = len(points)
+  # (a pure map, BlockMapping.pure_index_map, is evaluated once for the plan on any grid; others
+  # per step on grids < 8 points: `_vectorised_offsets`)
+  pure = cache is not None and op.m.pure_index_map
+  if not n or (n < 8 and not pure):
+    return None, False
+  key = None
+  if cache is not None and n <= _CACHED_POINTS:
+    key = (k, op.bounds_checks, tuple(points))
+    hit = cache.get(key)
+    if hit is not None:
+      return hit
+  blocks = _vectorised_offsets(op, points, 1 if pure else 8)
+  hit = (blocks, blocks is not None and len(set(blocks)) == len(blocks))
+  if key is not None:
+    cache[key] = hit
+  return hit
 
 
 def _block_offsets(op: _Op, step: int, point, index_args, where) -> tuple:
@@ -272,25 +302,28 @@ def _mode(m: BlockMapping, ref, smem_blocks: bool) -> str:
 
 def allocation_types(in_maps, out_maps, in_refs, out_refs, *, sync=False, smem_blocks=False):
   """Per operand (inputs then outputs): None, or ([block slot types], DMA semaphore array type)."""
-  types = []
-  for m, r in zip(list(in_maps) + list(out_maps), list(in_refs) + list(out_refs)):
-    if _mode(m, r, smem_blocks) != _BUFFERED:
-      types.append(None)
-      continue
-    n = 1 if sync else m.buffer_count
-    types.append(m.buffer_types(n, MemorySpace.SMEM if m.space == MemorySpace.SMEM else MemorySpace.VMEM))
-  return types
+  return [_allocation_type(m, _mode(m, r, smem_blocks), sync)
+          for m, r in zip(list(in_maps) + list(out_maps), list(in_refs) + list(out_refs))]
+
+
+def _allocation_type(m: BlockMapping, mode: str, sync: bool):
+  if mode != _BUFFERED:
+    return None
+  n = 1 if sync else m.buffer_count
+  return m.buffer_types(n, MemorySpace.SMEM if m.space == MemorySpace.SMEM else MemorySpace.VMEM)
 
 
 def run_pipeline(body, grid, in_maps, out_maps, in_refs, out_refs, *, lead_args=(), tail_args=(),
                  tail_kwargs=None, index_args=(), points=None, sync=False, allocations=None,
-                 smem_blocks=False, written=None):
+                 smem_blocks=False, written=None, offsets_cache=None):
   """Run `body(*lead, *in_blocks, *out_blocks, *tail, **tail_kwargs)` over the grid, pipelined.
 
   `points`: the grid points to visit (default: all, row-major); `sync`: every copy is waited at once
   (no_pipelining); `allocations`: buffers from `allocation_types` allocated by the caller (reused
   across pipelines); `smem_blocks`: SMEM BlockSpecs are windowed like VMEM ones (emit_pipeline);
-  `written`: a dict that receives, per output index, the element offsets of the blocks written back."""
+  `written`: a dict that receives, per output index, the element offsets of the blocks written back;
+  `offsets_cache`: a dict kept with these block mappings (a launch plan's) that keeps their block
+  offsets per list of points for the next pipeline over them (`_grid_offsets`)."""
   ex = executor.current("a pipeline")
   grid = validate.as_dims(grid, "the pipeline grid")
   if points is None:
@@ -299,16 +332,18 @@ def run_pipeline(body, grid, in_maps, out_maps, in_refs, out_refs, *, lead_args=
   ops_in = [_Op(m, r, False) for m, r in zip(in_maps, in_refs)]
   ops_out = [_Op(m, r, True) for m, r in zip(out_maps, out_refs)]
   ops = ops_in + ops_out
-  types = allocation_types(in_maps, out_maps, in_refs, out_refs, sync=sync, smem_blocks=smem_blocks)
-  for o, t in zip(ops, types):
+  types = []
+  for o in ops:
     o.mode = _mode(o.m, o.hbm, smem_blocks)
+    t = _allocation_type(o.m, o.mode, sync)
     o.nbuf = 0 if t is None else len(t[0])
+    types.append(t)
   piped = [o for o in ops if o.mode == _BUFFERED]
   if not index_args:
-    for o in ops:
+    for k, o in enumerate(ops):
       if o.mode != _RAW:
-        o.all_blocks = _vectorised_offsets(o, points)
-        if o.all_blocks is not None and len(set(o.all_blocks)) == len(o.all_blocks):
+        o.all_blocks, distinct = _grid_offsets(o, k, points, offsets_cache)
+        if distinct:
           o.prepare = _prepare
 
   if not n:

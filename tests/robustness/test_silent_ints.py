@@ -41,6 +41,16 @@ def test_index_map_returning_floats():
   assert "integer" in msg and "1.0" in msg or "0.0" in msg
 
 
+def test_index_map_returning_floats_on_a_long_grid():
+  # (a grid this long evaluates the index map once on every step's indices, pipeline._vectorised_offsets)
+  x = np.zeros((16 * 8, 128), np.float32)
+  f = pl.pallas_call(_copy_kernel, out_shape=pl.ShapeDtypeStruct(x.shape, x.dtype), grid=(16,),
+                     in_specs=[pl.BlockSpec(SHAPE, lambda i: (i * 1.0, 0))],
+                     out_specs=pl.BlockSpec(SHAPE, lambda i: (i, 0)))
+  with pl.virtual_tpu("v5e"):
+    _raises(lambda: f(x), "index_map result for args\\[0\\]")
+
+
 def test_index_map_half_steps_are_not_truncated():
   _raises(lambda: _call(index_map=lambda i: (i * 0.5, 0)), "must be an integer")
 

@@ -13,6 +13,7 @@ import dataclasses
 import numpy as np
 
 from palace._src import core as pcore
+from palace._src.blocks import PURE_INDEX_MAP
 from palace._src.errors import UnsupportedError
 from palace._src.jax.avals import alloc_type, memory_space
 from palace._src.jax.interpret import grid_axes, literal, program, run_program
@@ -71,14 +72,17 @@ def _block_shape(params, bm):
 
 def _index_map(bm):
   """The BlockSpec index map: its jaxpr compiled once (interpret.program); one with no equations
-  (`lambda i, j: (i, 0)`, the common case) becomes a plain tuple of its inputs and literals."""
+  (`lambda i, j: (i, 0)`, the common case) becomes a plain tuple of its inputs and literals, marked
+  pure (blocks.PURE_INDEX_MAP: it charges nothing, so a plan keeps its offsets for every step)."""
   closed = bm.index_map_jaxpr
   if not closed.eqns and not closed.constvars:
     from jax._src import core as jax_core  # noqa: PLC0415
     pos = {v: k for k, v in enumerate(closed.invars)}
     picks = tuple((True, _static_index(literal(v))) if type(v) is jax_core.Literal else (False, pos[v])
                   for v in closed.outvars)
-    return lambda *args: tuple(v if static else args[v] for static, v in picks)
+    index_map = lambda *args: tuple(v if static else args[v] for static, v in picks)  # noqa: E731
+    setattr(index_map, PURE_INDEX_MAP, True)
+    return index_map
   prog, consts = program(closed), closed.consts
   return lambda *args: tuple(run_program(prog, consts, args))
 

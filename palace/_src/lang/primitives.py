@@ -227,6 +227,8 @@ def open_scope(ex, types, kw_types, prefix: str, shared: bool = False, names=Non
   """The allocation half of `scoped`, for code that cannot pass a callback (the launch runner):
   (positional refs, keyword refs, buffers to hand to `close_scope`)."""
   types = tuple(types)
+  if not types and not kw_types:   # (a launch without staged copies or scratch opens such scopes)
+    return (), {}, []
   if not kw_types and all(isinstance(t, _ALLOCATION_TYPES) for t in types):
     # a flat tuple of allocation types (every scope a launch opens itself): no pytree to rebuild
     bufs = _alloc_leaves(ex, types, names or [f"{prefix}[{i}]" for i in range(len(types))], shared)

@@ -86,7 +86,7 @@ class Ref:
   def __init__(self, buf: "Buffer", dims=None):
     self.buf = buf
     if dims is None:
-      self.dims = tuple((0, s, 1) for s in buf.shape)
+      self.dims = tuple([(0, s, 1) for s in buf.shape])
       self.shape = tuple(buf.shape)
       self._full = True
       self._np_index = ()

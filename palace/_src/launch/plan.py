@@ -97,6 +97,13 @@ class LaunchPlan:
   in_maps: tuple = ()
   out_maps: tuple = ()
 
+  def cache(self) -> dict:
+    """What every launch of this plan derives from it alone, kept for the next launch (run.py: the
+    megacore split per TensorCore count, the outputs filled lazily, the VMEM total, the pipeline's block
+    offsets per core): an attribute, not a field (a plan is immutable; `dataclasses.replace` makes
+    a new plan with a new cache), keyed by whatever else an entry depends on."""
+    return self.__dict__.get("_cache") or self.__dict__.setdefault("_cache", {})
+
   @property
   def is_grid(self) -> bool:
     return self.meshes is None

@@ -65,9 +65,7 @@ class _Launch:
 
   def __init__(self, plan: LaunchPlan, operands: list):
     self.plan, self.operands = plan, operands
-    aliased = set(plan.aliases.values())
-    self.lazy = set() if not plan.is_grid or host.eager_output_init() else {
-        i for i, m in enumerate(plan.out_maps) if m.pipelined and i not in aliased and _tileable(m)}
+    self.lazy = () if not plan.is_grid or host.eager_output_init() else _lazy_outputs(plan)
     timing_only = active_tpu().timing_only
     # Pipelined outputs start as np.empty and only blocks never written back are filled afterwards
     # (same result as filling everything first, without touching every page twice); on a timing-only
@@ -95,11 +93,15 @@ class _Launch:
     for b in self.out_bufs:
       b.chip = chip_index  # each chip's outputs live on it (remote DMAs to chip 0 found the sender's own)
     if plan.is_grid:
-      core_points = megacore_split(machine.chip, plan.grid, plan.params.dimension_semantics,
-                                   plan.kernel_name)
+      cache = plan.cache()
+      key = ("megacore split", machine.chip.num_tensorcores_per_device)
+      core_points = cache.get(key)
+      if core_points is None:   # (the split of the plan's grid over this many TensorCores)
+        core_points = cache[key] = megacore_split(machine.chip, plan.grid, plan.params.dimension_semantics,
+                                                  plan.kernel_name)
       env = machine.chip_axis_env(chip_index)
       cores = [machine.add_core(chip_index, c, env, plan.params) for c in range(len(core_points))]
-      _check_vmem(cores[0], plan.kernel_name, plan.in_maps + plan.out_maps, plan.scratch)
+      _check_vmem(cores[0], plan)
       work = [(c, plan.bodies[0], pts) for c, pts in zip(cores, core_points)]
     else:
       work = [(c, body, None) for body, mesh in zip(plan.bodies, plan.meshes)
@@ -138,7 +140,7 @@ def _program(launch: _Launch, in_bufs, body, points) -> None:
       lead = tuple(tree_unflatten(plan.operand_tree, operands[:plan.num_prefetch]))
       run_pipeline(body, plan.grid, plan.in_maps, plan.out_maps, operands[plan.num_prefetch:], outputs,
                    lead_args=lead, tail_args=scr, tail_kwargs=kw_scr, index_args=lead, points=points,
-                   written=launch.written)
+                   written=launch.written, offsets_cache=plan.cache())
     else:
       if plan.outputs_as == LEAVES:
         out_args = outputs
@@ -234,15 +236,26 @@ def _mesh_cores(machine, chip_index, mesh, params, kname):
   return cores
 
 
-def _check_vmem(core, kname, maps, scratch):
-  """Fail before running when the pipeline buffers and scratch exceed the scoped VMEM limit."""
-  blocks = [m for m in maps if m.pipelined]
+def _vmem_request(plan: LaunchPlan):
+  """(bytes, pipelined block mappings, [(scratch index, VMEM type)]) of a grid plan's VMEM buffers."""
+  blocks = [m for m in plan.in_maps + plan.out_maps if m.pipelined]
+  scratch = plan.scratch
   leaves = tree_flatten(scratch, is_leaf=lambda x: isinstance(x, (MemoryRef, SemaphoreRefType)))[0] \
       if scratch else ()
   vmem = [(i, t) for i, t in enumerate(leaves)
           if isinstance(t, MemoryRef) and t.memory_space == MemorySpace.VMEM]
-  total = sum(m.buffer_count * m.block_bytes for m in blocks) + sum(t.nbytes for _, t in vmem)
+  return sum(m.buffer_count * m.block_bytes for m in blocks) + sum(t.nbytes for _, t in vmem), blocks, vmem
+
+
+def _check_vmem(core, plan: LaunchPlan):
+  """Fail before running when the pipeline buffers and scratch exceed the scoped VMEM limit."""
+  cache = plan.cache()
+  total = cache.get("vmem bytes")
+  if total is None:   # (a function of the plan alone)
+    total = cache["vmem bytes"] = _vmem_request(plan)[0]
   if total > core.vmem_limit:   # (the breakdown is formatted only for the error)
+    kname = plan.kernel_name
+    _, blocks, vmem = _vmem_request(plan)
     detail = " + ".join([f"{m.name} {m.buffer_count} x {fmt_bytes(m.block_bytes)} block "
                          f"{m.dtype}{list(m.block_shape)}" for m in blocks] +
                         [f"scratch[{i}] {fmt_bytes(t.nbytes)}" for i, t in vmem])
@@ -260,6 +273,18 @@ def _check_vmem(core, kname, maps, scratch):
 
 
 # ------------------------------------------------------------------ outputs never written
+def _lazy_outputs(plan: LaunchPlan) -> frozenset:
+  """Indices of the outputs a grid launch may leave as np.empty and fill afterwards where no block was
+  written back: pipelined, not aliased to an input, tiled by their blocks (kept in the plan's cache)."""
+  cache = plan.cache()
+  lazy = cache.get("lazy outputs")
+  if lazy is None:
+    aliased = set(plan.aliases.values())
+    lazy = cache["lazy outputs"] = frozenset(
+        i for i, m in enumerate(plan.out_maps) if m.pipelined and i not in aliased and _tileable(m))
+  return lazy
+
+
 def _tileable(m) -> bool:
   """Blocks of this output tile its array (Blocked / squeezed dims), so unwritten ones are findable."""
   return all(kind in (BLOCKED, SQUEEZED) for kind, _, _ in m.dims)

@@ -99,14 +99,22 @@ class CopyPlan:
     self.copies = self.bytes = 0
 
 
-def plan(chip, src_space: MemorySpace, dst_space: MemorySpace, chans) -> CopyPlan:
-  """The CopyPlan of a copy from `src_space` to `dst_space` on a core whose channels are `chans` =
-  (DMA engine, HBM, local)."""
+def copy_timing(chip, src_space: MemorySpace, dst_space: MemorySpace) -> tuple:
+  """(kind, timing class, completion latency in cycles, HBM sides) of a copy from `src_space` to
+  `dst_space` on `chip`: a pure function of the frozen chip spec, which a VirtualTPU memoises for all
+  its launches (tensorcore.cost_memos)."""
   kind = direction(src_space, dst_space)
   cls = _CLASS.get(kind) or _CLASS.setdefault(kind, _timing_class(kind))
+  return kind, cls, _latency_cycles(chip, cls), _HBM_SIDES[cls]
+
+
+def plan(timing: tuple, chans) -> CopyPlan:
+  """The CopyPlan of a copy with `timing` (`copy_timing`) on a core whose channels are `chans` =
+  (DMA engine, HBM, local)."""
+  kind, cls, latency_cycles, sides = timing
   channels = [(chans[2], 1.0)] if cls == "local" else \
       [(chans[0], 1.0), (chans[1], 2.0 if cls == "hbm->hbm" else 1.0)]   # HBM->HBM: read + write
-  return CopyPlan(kind, channels, _latency_cycles(chip, cls), _HBM_SIDES[cls])
+  return CopyPlan(kind, channels, latency_cycles, sides)
 
 
 def bytes_of(shape, itemsize: int) -> int:
@@ -212,6 +220,10 @@ class DmaEngine:
     if self.chans is None:
       self.chans = self.core.dma_channels()
     sem = None if req.sem_buf is None else self.machine.sems.slot(req.sem_buf, req.sem_index)
-    fast = self.prepared[key] = (self.core, plan(self.core.chip, req.src_buf.memory_space,
-                                                 req.dst_buf.memory_space, self.chans), sem)
+    timings = self.core.copy_timings   # (the chip's, kept by its VirtualTPU: key[:2] names the spaces)
+    timing = timings.get(key[:2])
+    if timing is None:
+      timing = timings[key[:2]] = copy_timing(self.core.chip, req.src_buf.memory_space,
+                                              req.dst_buf.memory_space)
+    fast = self.prepared[key] = (self.core, plan(timing, self.chans), sem)
     return fast

@@ -41,7 +41,7 @@ class DmaPolicy:
     if name not in DMA_POLICIES:
       raise UsageError(f"dma_policy={name!r}: expected one of {DMA_POLICIES}. Fix: pass one of those.")
     self.name = name
-    self.rng = random.Random(seed)
+    self.rng = random.Random(seed) if name == "random" else None   # (only `random` draws from it)
 
   def move_at_start(self, rec) -> bool:
     if self.name == "eager":

@@ -26,6 +26,7 @@ same interface, where a blocking wait is a deadlock at once.
 from __future__ import annotations
 
 import enum
+import itertools
 import operator
 import threading
 
@@ -252,7 +253,7 @@ class Semaphores:
 
   def check_zero(self, core, buf, when: str) -> None:
     """Every element of semaphore buffer `buf` must be 0, counting arrivals not yet applied."""
-    for idx in np.ndindex(*buf.shape) if buf.shape else [()]:
+    for idx in itertools.product(*map(range, buf.shape)):   # (row-major; () for a scalar)
       sem = self.find(buf, idx)
       value = None if sem is None else sem.total()
       if value:

@@ -44,11 +44,13 @@ class CostMemo(dict):
 
 
 def cost_memos(chip) -> tuple:
-  """(vector costs, MXU charges) memos of `chip`: (op class, shape, dtype) -> (unit, busy, latency)
-  and (m, k, n, batch, dtypes) -> (busy, latency, flops, label). Pure functions of the frozen chip
-  spec, so a VirtualTPU keeps one pair for all its launches (machine.VirtualTPU.cost_memos)."""
-  return CostMemo(functools.partial(cost.vector_cost, chip)), CostMemo(
-      functools.partial(_matmul_charge, chip))
+  """(vector costs, MXU charges, copy timings) memos of `chip`: (op class, shape, dtype) -> (unit,
+  busy, latency), (m, k, n, batch, dtypes) -> (busy, latency, flops, label) and (id(source space),
+  id(destination space)) -> dma.copy_timing (filled by DmaEngine._prepare; a few memory-space
+  pairs). Pure functions of the frozen chip spec, so a VirtualTPU keeps one set for all its launches
+  (machine.VirtualTPU.cost_memos)."""
+  return (CostMemo(functools.partial(cost.vector_cost, chip)),
+          CostMemo(functools.partial(_matmul_charge, chip)), {})
 
 
 def _matmul_charge(chip, m, k, n, batch, lhs_dtype, rhs_dtype) -> tuple:
@@ -87,6 +89,7 @@ class TensorCore:
                                                                   self.kernel_name),
                                    self.chip.vmem_bytes, self.chip.smem_bytes)
     self.sem_buffers = []
+    self.sems_in_use = 0      # semaphore elements of sem_buffers (capacity check)
     self.trace = machine.trace
     self.tid = (chip_index, core_id)
     self.blocked_on = None
@@ -99,7 +102,8 @@ class TensorCore:
     self.dma_wait = functools.partial(machine.sems.wait_copy, self)
     self._scalar_cycles = self.chip.scalar_op_cycles
     self._step_cycles = self.chip.grid_step_overhead_cycles
-    self._vcost, self._mcost = machine.cost_memos   # this chip's cost rules, memoised (cost_memos)
+    # this chip's cost rules and copy timings (DmaEngine), memoised (cost_memos)
+    self._vcost, self._mcost, self.copy_timings = machine.cost_memos
     self.share_group = (chip_index,)   # cores that see the same shared allocations
     self.dma_granule_bytes = 0
     self.label = f"core {core_id}"
@@ -234,7 +238,7 @@ class TensorCore:
   def _alloc(self, mem_type, name: str) -> Buffer:
     if isinstance(mem_type, SemaphoreRefType):
       count = prod(mem_type.shape)
-      in_use = sum(prod(b.shape) for b in self.sem_buffers)
+      in_use = self.sems_in_use
       cap = self.chip.semaphores_per_core
       if in_use + count > cap:
         raise ResourceError(
@@ -245,6 +249,7 @@ class TensorCore:
       buf = memory.new_buffer(mem_type.shape, None, MemorySpace.SEMAPHORE, name, self, self.chip_index,
                               self.timing_only, False, sem_kind=mem_type.kind)
       self.sem_buffers.append(buf)
+      self.sems_in_use += count
       return buf
     return self.memory.allocate(mem_type, name)
 
@@ -265,6 +270,7 @@ class TensorCore:
     if not self.memory.release(buf) and buf.sem_kind is not None:
       self._check_sem_zero(buf, "at the end of its run_scoped region")
       self.sem_buffers.remove(buf)
+      self.sems_in_use -= prod(buf.shape)
 
   # ------------------------------------------------------------------ DMA
   # dma_start(req) is DmaEngine.start and dma_wait(req, which="recv") is Semaphores.wait_copy, bound to
