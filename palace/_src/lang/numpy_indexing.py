@@ -16,6 +16,7 @@ from palace._src.util import user_frame_summary
 
 
 def _where() -> str:
+  """' <grid point, core, chip, kernel>' of the running core, for error messages ('' outside one)."""
   ex = executor.maybe_current()
   return (" " + ex.where()) if ex is not None else ""
 

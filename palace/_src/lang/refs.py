@@ -25,6 +25,7 @@ from palace._src.lang import numpy_indexing, numpy_linalg, numpy_ops  # noqa: F4
 from palace._src.lang.array import Array, concrete_int
 from palace._src.lang.deferred import Deferred
 from palace._src.lang.indexed import is_index_source, make_indexed
+from palace._src.lang.numpy_indexing import _where
 from palace._src.util import prod, user_frame_summary
 
 
@@ -59,11 +60,6 @@ def ds(start, size=None, stride: int = 1) -> Slice:
   if size is None:
     start, size = 0, start
   return Slice(start, size, stride)
-
-
-def _where() -> str:
-  ex = executor.maybe_current()
-  return (" " + ex.where()) if ex is not None else ""
 
 
 class _AtIndexer:

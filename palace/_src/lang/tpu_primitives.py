@@ -17,6 +17,7 @@ from palace._src.lang.primitives import (axis_index, axis_size, resolve_device_i
                                          typed_device_id)
 from palace._src.lang.indexed import IndexedRef
 from palace._src.lang.refs import Ref
+from palace._src.lang.numpy_indexing import _where
 from palace._src.util import tree_flatten, user_frame_summary, user_site
 
 
@@ -307,15 +308,17 @@ def bitcast(x, ty, dim: int = -2):
     data = None if x._data is None else np.asarray(x._data).view(d)
     return _out(data, tuple(x.shape), d, ready_of(x), OpClass.FREE, True)
   if not x.ndim:
-    raise ShapeError(f"bitcast {x.dtype}->{d} of a scalar: a bitcast that changes the element width "
-                     f"rescales a dimension, and a scalar has none. Fix: bitcast to a dtype of the same "
-                     f"width ({x.dtype.itemsize} bytes), or bitcast an array of at least one dimension.")
+    raise ShapeError(f"bitcast {x.dtype}->{d} of a scalar{_where()}: a bitcast that changes the element "
+                     f"width rescales a dimension, and a scalar has none. Fix: bitcast to a dtype of the "
+                     f"same width ({x.dtype.itemsize} bytes), or bitcast an array of at least one "
+                     f"dimension. ({user_frame_summary()})")
   ax = dim % x.ndim
   new = list(x.shape)
   if (new[ax] * x.dtype.itemsize) % d.itemsize:
-    raise ShapeError(f"bitcast {x.dtype}->{d}: dimension {dim} of size {x.shape[ax]} does not convert "
-                     f"to a whole number of {d} elements. Fix: make that dimension a multiple of "
-                     f"{max(1, d.itemsize // x.dtype.itemsize)}, or bitcast along another one.")
+    raise ShapeError(f"bitcast {x.dtype}->{d}: dimension {dim} of size {x.shape[ax]}{_where()} does not "
+                     f"convert to a whole number of {d} elements. Fix: make that dimension a multiple of "
+                     f"{max(1, d.itemsize // x.dtype.itemsize)}, or bitcast along another one. "
+                     f"({user_frame_summary()})")
   new[ax] = new[ax] * x.dtype.itemsize // d.itemsize
   data = None
   if x._data is not None:
