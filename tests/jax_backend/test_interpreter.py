@@ -142,6 +142,34 @@ def test_a_dma_left_in_flight_is_reported_at_the_kernel_line_that_started_it():
       jax.block_until_ready(jax.jit(f)(X))
 
 
+def test_a_dma_with_no_user_frame_is_reported_at_the_kernel_definition(tmp_path):
+  # JAX's emit_pipeline starts its DMAs in library code, inside run_scoped: such equations have no
+  # user frame, so their site is the kernel function's definition (from the jaxpr's debug info), known
+  # when the kernel is compiled, not a stack walk per DMA start (which finds a JAX or caller frame).
+  # Here the whole kernel is library code: a file excluded from user frames as jax's own files are.
+  import importlib.util
+  import palace as ppl
+  from jax._src import source_info_util
+  lib = tmp_path / "dma_library.py"
+  lib.write_text("from jax.experimental import pallas as pl\n"
+                 "from jax.experimental.pallas import tpu as pltpu\n"
+                 "def kernel(x_hbm, o_hbm):\n"
+                 "  def body(sem):\n"
+                 "    pltpu.make_async_copy(x_hbm, o_hbm, sem).start()   # never waited\n"
+                 "  pl.run_scoped(body, pltpu.SemaphoreType.DMA)\n")
+  spec = importlib.util.spec_from_file_location("dma_library", lib)
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  source_info_util.register_exclusion(str(tmp_path))
+  f = pl.pallas_call(mod.kernel, out_shape=jax.ShapeDtypeStruct(X.shape, X.dtype),
+                     in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                     out_specs=pl.BlockSpec(memory_space=pl.ANY))
+  with pytest.raises(ppl.SyncError, match=r"DMA args\[0\] -> outputs\[0\] started at dma_library.py:3 was "
+                                          r"never waited"):
+    with pj.virtual_tpu("v5e"):
+      jax.block_until_ready(jax.jit(f)(X))
+
+
 def test_pl_kernel_repeated_calls_rerun_its_cached_plan_with_fresh_mutable_refs():
   """pl.kernel launches plan once per lowering too; aliased inputs (JAX mutable refs after state
   discharge) get a fresh palace ref per call, so each call updates its own input."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextvars
 import functools
 import os
+import re
 import weakref
 
 import numpy as np
@@ -30,6 +31,9 @@ _PROGRAMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # jaxpr -> i
 # pallas_call has extra leading grid axes its kernel does not see
 grid_axes: contextvars.ContextVar = contextvars.ContextVar("palace_jax_grid_axes", default=None)
 _used_here: contextvars.ContextVar = contextvars.ContextVar("palace_jax_used_vars", default=None)
+# (file, line) of the kernel function whose jaxpr is being compiled: the site of equations that have no
+# user frame (JAX's emit_pipeline traces its DMAs inside library code), set by `kernel_program`
+_kernel_site: contextvars.ContextVar = contextvars.ContextVar("palace_jax_kernel_site", default=None)
 
 
 def used_vars(jaxpr) -> frozenset:
@@ -79,10 +83,24 @@ def source_line(eqn, outer=()) -> str:
 
 def user_site_of(eqn):
   """(file, line) of the user code that created `eqn`, as `util.user_site()` gives inside palace's
-  own kernels (for DMA records and messages), or None when the equation has no user frame."""
+  own kernels (for DMA records and messages); for an equation with no user frame, the line of the
+  kernel function being compiled (`kernel_program`), else None. Answered at compile time."""
   from jax._src import source_info_util  # noqa: PLC0415
   frame = source_info_util.user_frame(eqn.source_info.traceback)
-  return None if frame is None else (frame.file_name, frame.start_line)
+  return _kernel_site.get() if frame is None else (frame.file_name, frame.start_line)
+
+
+def kernel_program(jaxpr) -> "_Program":
+  """`program(jaxpr)` for a launch's kernel jaxpr, compiled with the kernel function's definition
+  line (from the jaxpr's debug info, 'kernel at FILE:LINE') as the site of equations without a user
+  frame, so their DMA records name the kernel instead of a frame found by a stack walk per start."""
+  src = getattr(getattr(jaxpr, "debug_info", None), "func_src_info", None) or ""
+  m = re.fullmatch(r".* at (.+):(\d+)", src)
+  token = _kernel_site.set((m.group(1), int(m.group(2))) if m else None)
+  try:
+    return program(jaxpr)
+  finally:
+    _kernel_site.reset(token)
 
 
 def unsupported(eqn, what: str = "", fix: str = "", outer=()) -> UnsupportedError:
@@ -251,11 +269,6 @@ def run_program(prog: _Program, consts, args) -> list:
     raise UnsupportedError(f"palace.jax: a jaxpr with {prog.n_in} inputs got {len(args)} "
                            f"values.")
   return prog.run(consts, args)
-
-
-def eval_jaxpr(jaxpr, consts, *args) -> list:
-  """Run `jaxpr` (a core.Jaxpr) on palace values; returns the list of its outputs."""
-  return run_program(program(jaxpr), consts, args)
 
 
 def _wrong_type(eqn, x, expected) -> None:

@@ -4,7 +4,7 @@ primitives, so their scalar-unit costs are charged as for a palace kernel."""
 from __future__ import annotations
 
 from palace._src.jax.avals import alloc_type
-from palace._src.jax.interpret import compiling_rule, eval_jaxpr, program, rule, run_program, unsupported
+from palace._src.jax.interpret import compiling_rule, program, rule, run_program, unsupported
 import palace._src.lang.numpy_ops as pjnp
 from palace._src.lang import primitives as prims
 from palace._src.lang.array import concrete_int
@@ -114,14 +114,15 @@ def _scan(eqn):
   return scan
 
 
-@rule("run_scoped")
-def _run_scoped(eqn, *consts):
+@compiling_rule("run_scoped")
+def _run_scoped(eqn):
   """The eqn's operands are the body's constvars (closed-over values and refs); its invars are the
-  scoped allocations."""
+  scoped allocations. The body is compiled with the enclosing jaxpr (so it sees the kernel's site)."""
   p = eqn.params
   if any(t for t in (p.get("ref_transforms") or ())):
     raise unsupported(eqn, "ref_transforms (transformed scoped allocation types)")
   jaxpr = p["jaxpr"]
   types = [alloc_type(v.aval, f"run_scoped[{i}]") for i, v in enumerate(jaxpr.invars)]
-  return prims.run_scoped(lambda *refs: eval_jaxpr(jaxpr, consts, *refs), *types,
-                          collective_axes=tuple(p.get("collective_axes") or ()))
+  prog, axes = program(jaxpr), tuple(p.get("collective_axes") or ())
+  return lambda *consts: prims.run_scoped(lambda *refs: run_program(prog, consts, refs), *types,
+                                          collective_axes=axes)
