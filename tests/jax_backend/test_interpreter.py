@@ -170,6 +170,25 @@ def test_a_dma_with_no_user_frame_is_reported_at_the_kernel_definition(tmp_path)
       jax.block_until_ready(jax.jit(f)(X))
 
 
+def test_a_deadlocked_wait_names_the_kernel_not_a_jax_frame():
+  # the machine's own records (blocked waits, races, uninitialised reads) take the user's line from
+  # the stack; while a jaxpr runs none is there, so they name the kernel function's definition
+  import inspect
+  import palace as ppl
+
+  def kernel(x_hbm, o_hbm, sem):
+    pl.semaphore_wait(sem, 1)   # nothing ever signals it
+
+  line = inspect.getsourcelines(kernel)[1]
+  f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(X.shape, X.dtype),
+                     in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                     out_specs=pl.BlockSpec(memory_space=pl.ANY),
+                     scratch_shapes=[pltpu.SemaphoreType.REGULAR])
+  with pytest.raises(ppl.SyncError, match=rf"waits at test_interpreter.py:{line} for"):
+    with pj.virtual_tpu("v5e"):
+      jax.block_until_ready(jax.jit(f)(X))
+
+
 def test_pl_kernel_repeated_calls_rerun_its_cached_plan_with_fresh_mutable_refs():
   """pl.kernel launches plan once per lowering too; aliased inputs (JAX mutable refs after state
   discharge) get a fresh palace ref per call, so each call updates its own input."""

@@ -18,6 +18,7 @@ from palace import tpu as pltpu
 from palace._src.errors import SyncError
 from palace._src.sim import sync
 from palace._src.sim.trace import Trace
+from palace._src.util import user_site
 
 from timing_helpers import UNIT_CHIP
 
@@ -35,6 +36,9 @@ class _Machine:
 
   def dma_arrived(self, rec, src):
     self.arrived.append((rec, src))
+
+  def site(self):   # (Machine.site: the user's line from the stack, no fixed site)
+    return user_site()
 
 
 class _Core:

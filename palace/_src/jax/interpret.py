@@ -90,13 +90,19 @@ def user_site_of(eqn):
   return _kernel_site.get() if frame is None else (frame.file_name, frame.start_line)
 
 
-def kernel_program(jaxpr) -> "_Program":
-  """`program(jaxpr)` for a launch's kernel jaxpr, compiled with the kernel function's definition
-  line (from the jaxpr's debug info, 'kernel at FILE:LINE') as the site of equations without a user
-  frame, so their DMA records name the kernel instead of a frame found by a stack walk per start."""
+def kernel_site(jaxpr):
+  """(file, line) of the kernel function a launch's jaxpr was traced from (its debug info: 'kernel
+  at FILE:LINE'), or None."""
   src = getattr(getattr(jaxpr, "debug_info", None), "func_src_info", None) or ""
   m = re.fullmatch(r".* at (.+):(\d+)", src)
-  token = _kernel_site.set((m.group(1), int(m.group(2))) if m else None)
+  return (m.group(1), int(m.group(2))) if m else None
+
+
+def kernel_program(jaxpr) -> "_Program":
+  """`program(jaxpr)` for a launch's kernel jaxpr, compiled with `kernel_site(jaxpr)` as the site of
+  equations without a user frame, so their DMA records name the kernel instead of a frame found by a
+  stack walk per start."""
+  token = _kernel_site.set(kernel_site(jaxpr))
   try:
     return program(jaxpr)
   finally:

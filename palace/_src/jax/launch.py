@@ -16,7 +16,7 @@ from palace._src import core as pcore
 from palace._src.blocks import PURE_INDEX_MAP
 from palace._src.errors import UnsupportedError
 from palace._src.jax.avals import alloc_type, memory_space
-from palace._src.jax.interpret import grid_axes, kernel_program, literal, program, run_program
+from palace._src.jax.interpret import grid_axes, kernel_program, kernel_site, literal, program, run_program
 from palace._src.launch.host_refs import freeze, new_ref
 from palace._src.launch.kernel import kernel as palace_kernel
 from palace._src.launch.pallas_call import pallas_call
@@ -138,6 +138,8 @@ def run_pallas_call(params, args, cache=None):
   plan = None if cache is None else cache.get(grid)
   if plan is None:
     plan, operands = _palace_launch(params, grid).plan(*operands)
+    # (no user frame is on the stack while a jaxpr runs: messages name the kernel's line)
+    plan = dataclasses.replace(plan, fixed_site=kernel_site(params["jaxpr"]))
     if cache is not None:
       cache[grid] = plan
   return run(plan, operands)
@@ -230,6 +232,7 @@ def run_mpmd_map(params, args, cache=None):
   plan = None if cache is None else cache.get("plan")
   if plan is None:
     plan, operands = call.plan(*operands)
+    plan = dataclasses.replace(plan, fixed_site=kernel_site(params["jaxprs"][0]))
     if cache is not None:
       cache["plan"] = plan
   res = iter(run(plan, operands))

@@ -79,6 +79,9 @@ class LaunchPlan:
   in_maps       grid launches: one `blocks.BlockMapping` per non-prefetch operand (BlockSpec ->
                 block shape, index map, memory space, buffer count); the pipeline turns them into DMAs.
   out_maps      grid launches: one BlockMapping per output.
+  fixed_site    (file, line) that the launch's records and messages name wherever they would take the
+                user's line from the stack (`Machine.site`): set for kernels with no user Python frame
+                on the stack while they run (palace.jax's jaxprs: the kernel function's definition).
   """
   kernel_name: str
   site: tuple
@@ -96,6 +99,7 @@ class LaunchPlan:
   grid: tuple | None = None
   in_maps: tuple = ()
   out_maps: tuple = ()
+  fixed_site: tuple | None = None
 
   def cache(self) -> dict:
     """What every launch of this plan derives from it alone, kept for the next launch (run.py: the

@@ -79,6 +79,7 @@ class _Launch:
   def build(self, machine, chip_index: int) -> list:
     """This chip's HBM buffers, cores and [(core, program)] (spmd.py calls it once per chip)."""
     plan = self.plan
+    machine.fixed_site = plan.fixed_site
     in_bufs = []
     for k, (o, v) in enumerate(zip(plan.operands, self.operands)):
       if isinstance(v, Ref):

@@ -73,6 +73,10 @@ class Machine:
     self.axes = []              # [(axis name, size, "chip" | "core")], set by the launcher
     self.hbm_peers = {}         # (chip, operand name) -> Buffer
     self.shared_buffers = {}    # (chip, allocation key) -> Buffer shared by the cores of a chip
+    # (file, line) every record and message of this launch names when no user frame is on the stack:
+    # the kernel's line for kernels that run as JAX jaxprs (palace.jax), set by the launcher; None: the
+    # user's line from the stack, at each record (`site`)
+    self.fixed_site = None
     self.checks = make_checks(self)   # opt-in bug checks (races, uninitialised reads); NO_CHECKS by default
     self.sems = Semaphores(self, self.checks)   # every semaphore element of the launch (sim/sync.py)
     self.sched = Solo(self)     # the core scheduler (a sync.Scheduler while a multi-core launch runs)
@@ -182,7 +186,7 @@ class Machine:
           # the peer has not reached this allocation yet: wait for it (scratch is per-core state)
           me.blocked_on = ConditionWait(lambda: buf.key in c.named_buffers or self.sched.finished(c),
                                         f"{buf.name} to be allocated on chip {chip} core {core_id}",
-                                        user_site())
+                                        self.site())
           self.sched.block(me)
           me.blocked_on = None
           peer = c.named_buffers.get(buf.key)
@@ -303,6 +307,11 @@ class Machine:
     for c in self.cores:
       c.__dict__.clear()
     self.__dict__.clear()
+
+  def site(self) -> tuple:
+    """(file, line) of the user's code issuing the current operation (`util.user_site`), or the
+    launch's `fixed_site`."""
+    return self.fixed_site or user_site()
 
   def finish(self) -> Report:
     if self.inflight:

@@ -27,7 +27,7 @@ import numpy as np
 from palace._src import executor as executor_mod
 from palace._src.core import MemorySpace
 from palace._src.errors import RaceError
-from palace._src.util import fmt_site, user_site
+from palace._src.util import fmt_site
 
 _NBUCKETS = 64       # buckets along dim 0 per buffer: an access only meets records in its buckets
 _COMPACT_AT = 48     # bucket length that triggers dropping records every core has synchronised past
@@ -234,7 +234,7 @@ class RaceDetector:
     scalar = not shape or buf.memory_space == MemorySpace.SMEM
     what = f"{'scalar' if scalar else 'vector'} {'load' if kind == 'r' else 'store'}"
     keep = len(self.m.cores) > 1   # one core: its own accesses are ordered, only DMAs can race them
-    acc = _Acc(kind, region, core.tid, vc[core.tid], None, None, user_site() if keep else None, what,
+    acc = _Acc(kind, region, core.tid, vc[core.tid], None, None, self.m.site() if keep else None, what,
                _grid(core))
     self._check_add(buf, acc, vc, keep)
 
@@ -280,7 +280,7 @@ class RaceDetector:
             continue
           if _overlap(o.region, acc.region):
             if acc.site is None:
-              acc.site = user_site()   # still in the accessing call: the user's line
+              acc.site = self.m.site()   # still in the accessing call: the user's line
             raise _race_error(self.m, buf, o, acc)
         if dirty or len(lst) > _COMPACT_AT:
           mvc = self._min_vc() if len(lst) > _COMPACT_AT else None

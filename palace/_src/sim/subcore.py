@@ -19,7 +19,6 @@ from palace._src.sim import cost
 from palace._src.sim.bandwidth import Channel
 from palace._src.sim.sync import SemaphoreWait
 from palace._src.sim.tensorcore import TensorCore
-from palace._src.util import user_site
 
 SC_BASE = 64
 SCALAR_BASE = 1024
@@ -83,7 +82,7 @@ class SparseSubcore(TensorCore):
     target = self.barrier_gen * peers
     t = sems.settle(sem, target)
     while t is None:
-      self.blocked_on = SemaphoreWait("subcore barrier", target, sem, None, user_site())
+      self.blocked_on = SemaphoreWait("subcore barrier", target, sem, None, self.machine.site())
       m.sched.block(self)
       self.blocked_on = None
       t = sems.settle(sem, target)

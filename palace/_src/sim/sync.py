@@ -35,7 +35,7 @@ import numpy as np
 from palace._src import executor as executor_mod
 from palace._src.errors import SyncError
 from palace._src.sim.checks import NO_CHECKS
-from palace._src.util import fmt_bytes, fmt_site, user_site
+from palace._src.util import fmt_bytes, fmt_site
 
 LIVELOCK_POLLS = 1000   # semaphore_read calls seeing the same value before a livelock is reported
 
@@ -206,7 +206,7 @@ class Semaphores:
       sem = self.slot(buf, index)
     t = self.settle(sem, value)
     while t is None:
-      core.blocked_on = SemaphoreWait(buf.name, value, sem, dma, user_site())
+      core.blocked_on = SemaphoreWait(buf.name, value, sem, dma, self.machine.site())
       self.machine.sched.block(core)
       core.blocked_on = None
       t = self.settle(sem, value)
@@ -247,7 +247,7 @@ class Semaphores:
       stuck = m.sched.stuck_cores(core)
       if stuck is not None:   # nothing can change the value: a livelock, reported as a deadlock
         core.blocked_on = ConditionWait(_never, f"semaphore {buf.name} to change from {value} (polled "
-                                        f"with semaphore_read {core._polls} times)", user_site())
+                                        f"with semaphore_read {core._polls} times)", m.site())
         raise deadlock_error(m.kernel_name, [core] + stuck)
     return value
 

@@ -21,7 +21,7 @@ from palace._src.errors import ResourceError, SyncError, UnsupportedError
 from palace._src.sim import cost, memory
 from palace._src.sim.dma import DmaEngine
 from palace._src.sim.memory import Buffer
-from palace._src.util import fmt_site, prod, user_site
+from palace._src.util import fmt_site, prod
 
 _SMEM = MemorySpace.SMEM
 
@@ -153,7 +153,7 @@ class TensorCore:
     if hit is None:
       bad = cost.mxu_operand_error(self.chip, lhs_dtype, rhs_dtype)
       if bad is not None:
-        raise UnsupportedError(f"{fmt_site(user_site())}: {bad} ({self.where()})")
+        raise UnsupportedError(f"{fmt_site(self.machine.site())}: {bad} ({self.where()})")
       hit = self._mcost[key]
     busy, lat, flops, label = hit
     self.flops += flops

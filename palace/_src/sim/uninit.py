@@ -17,7 +17,7 @@ from palace._src.core import MemorySpace
 from palace._src.errors import UninitializedReadError
 from palace._src.sim import memory
 from palace._src.sim.races import fmt_region, access_region
-from palace._src.util import fmt_site, user_site
+from palace._src.util import fmt_site
 
 
 class InitTracker:
@@ -73,7 +73,7 @@ class InitTracker:
     window = fmt_region(buf.name, region) if region else buf.name
     raise UninitializedReadError(
         f"Read of never-written data in {window} ({buf.memory_space}) {core.where()} at "
-        f"{fmt_site(user_site())}: element {first} of the loaded window (and {int(bad.shape[0]) - 1} "
+        f"{fmt_site(core.machine.site())}: element {first} of the loaded window (and {int(bad.shape[0]) - 1} "
         f"more) was never stored to or copied into; expected every element read to be written first. "
         f"Fresh VMEM/SMEM scratch and unwritten output blocks hold garbage on a TPU (NaN or "
         f"{_sentinel_text(buf.dtype)} in palace). Fix: initialise the buffer or copy the data in first.")
