@@ -1,4 +1,5 @@
 """`palace.numpy` inside kernels against NumPy references."""
+import builtins
 import math
 
 import numpy as np
@@ -284,3 +285,23 @@ def test_every_op_is_charged_to_its_unit(y):
 
   b, w = _busy(base, y), _busy(with_ops, y)
   assert w["eup"] > b["eup"] and w["xlu"] > b["xlu"] and w["vpu"] >= b["vpu"] + 2 and w["mxu"] > b["mxu"] == 0
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint32])
+def test_integer_rem_of_two_scalars_equals_the_vector_rule_on_edge_values(dtype):
+  # lax.rem on 0-d operands (scalar index arithmetic) takes a Python-int path; it must give exactly
+  # what the array path gives: the dividend's sign, x % 0 = x, INT_MIN % -1 = 0, no overflow
+  from palace._src.lang.numpy_elementwise import int_rem
+  info = np.iinfo(dtype)
+  vals = sorted(v for v in {info.min, info.min + 1, -7, -3, -2, -1, 0, 1, 2, 3, 7, info.max - 1, info.max}
+                if info.min <= v <= info.max)
+  a = np.repeat(np.array(vals, dtype), len(vals))
+  b = np.tile(np.array(vals, dtype), len(vals))
+  want = int_rem(a, b)   # the array rule
+  got = [int_rem(np.array(x, dtype), np.array(y, dtype)) for x, y in zip(a, b)]
+  assert all(g.dtype == np.dtype(dtype) and g.shape == () for g in got)
+  np.testing.assert_array_equal(np.array(got, dtype), want)
+  # and the array rule against the definition on Python ints (C's truncating remainder)
+  ref = [x if y == 0 else (1 if x >= 0 else -1) * (builtins.abs(x) % builtins.abs(y))
+         for x, y in zip(a.tolist(), b.tolist())]
+  np.testing.assert_array_equal(want, np.array(ref).astype(dtype))

@@ -251,7 +251,17 @@ def int_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def int_rem(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-  """`lax.rem` of integers as XLA defines it: the sign of the dividend; x % 0 = x; INT_MIN % -1 = 0."""
+  """`lax.rem` of integers as XLA defines it: the sign of the dividend; x % 0 = x; INT_MIN % -1 = 0.
+  Two 0-d operands of one dtype (scalar index arithmetic) are computed on Python ints: the same
+  rules without NumPy's broadcasting and error state (|result| < |b|, or the dividend: no overflow)."""
+  if not a.ndim and not b.ndim and a.dtype == b.dtype:
+    x, y = int(a), int(b)
+    if y == 0:
+      return np.array(x, a.dtype)
+    r = x % y                     # Python's: the sign of the divisor; lax.rem's: that of the dividend
+    if r and (r < 0) != (x < 0):
+      r -= y
+    return np.array(r, a.dtype)
   a, b = np.broadcast_arrays(a, b)
   zero = b == 0
   with np.errstate(all="ignore"):
