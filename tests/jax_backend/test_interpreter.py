@@ -125,6 +125,13 @@ def test_repeated_calls_rerun_the_plan_cached_per_dynamic_grid_on_fresh_operands
   assert [r.grid_steps for r in tpu.reports] == [2, 4, 2]
 
 
+def _hbm_call(kernel, scratch_shapes=()):
+  """A pallas_call of `kernel(x_hbm, o_hbm, *scratch)` on X with both operands left in HBM."""
+  return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(X.shape, X.dtype),
+                        in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                        out_specs=pl.BlockSpec(memory_space=pl.ANY), scratch_shapes=scratch_shapes)
+
+
 def test_a_dma_left_in_flight_is_reported_at_the_kernel_line_that_started_it():
   import inspect
   import palace as ppl
@@ -133,10 +140,7 @@ def test_a_dma_left_in_flight_is_reported_at_the_kernel_line_that_started_it():
     pltpu.make_async_copy(x_hbm, o_hbm, sem).start()   # never waited
 
   line = inspect.getsourcelines(kernel)[1] + 1
-  f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(X.shape, X.dtype),
-                     in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
-                     out_specs=pl.BlockSpec(memory_space=pl.ANY),
-                     scratch_shapes=[pltpu.SemaphoreType.DMA])
+  f = _hbm_call(kernel, [pltpu.SemaphoreType.DMA])
   with pytest.raises(ppl.SyncError, match=rf"started at test_interpreter.py:{line} "):
     with pj.virtual_tpu("v5e"):
       jax.block_until_ready(jax.jit(f)(X))
@@ -144,8 +148,8 @@ def test_a_dma_left_in_flight_is_reported_at_the_kernel_line_that_started_it():
 
 def test_a_dma_with_no_user_frame_is_reported_at_the_kernel_definition(tmp_path):
   # JAX's emit_pipeline starts its DMAs in library code, inside run_scoped: such equations have no
-  # user frame, so their site is the kernel function's definition (from the jaxpr's debug info), known
-  # when the kernel is compiled, not a stack walk per DMA start (which finds a JAX or caller frame).
+  # user frame, so their site is the kernel function's definition (from the jaxpr's debug info: the
+  # launch's fixed site), not what a stack walk finds (a JAX frame).
   # Here the whole kernel is library code: a file excluded from user frames as jax's own files are.
   import importlib.util
   import palace as ppl
@@ -161,9 +165,7 @@ def test_a_dma_with_no_user_frame_is_reported_at_the_kernel_definition(tmp_path)
   mod = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(mod)
   source_info_util.register_exclusion(str(tmp_path))
-  f = pl.pallas_call(mod.kernel, out_shape=jax.ShapeDtypeStruct(X.shape, X.dtype),
-                     in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
-                     out_specs=pl.BlockSpec(memory_space=pl.ANY))
+  f = _hbm_call(mod.kernel)
   with pytest.raises(ppl.SyncError, match=r"DMA args\[0\] -> outputs\[0\] started at dma_library.py:3 was "
                                           r"never waited"):
     with pj.virtual_tpu("v5e"):
@@ -180,10 +182,7 @@ def test_a_deadlocked_wait_names_the_kernel_not_a_jax_frame():
     pl.semaphore_wait(sem, 1)   # nothing ever signals it
 
   line = inspect.getsourcelines(kernel)[1]
-  f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(X.shape, X.dtype),
-                     in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
-                     out_specs=pl.BlockSpec(memory_space=pl.ANY),
-                     scratch_shapes=[pltpu.SemaphoreType.REGULAR])
+  f = _hbm_call(kernel, [pltpu.SemaphoreType.REGULAR])
   with pytest.raises(ppl.SyncError, match=rf"waits at test_interpreter.py:{line} for"):
     with pj.virtual_tpu("v5e"):
       jax.block_until_ready(jax.jit(f)(X))

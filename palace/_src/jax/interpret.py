@@ -31,9 +31,6 @@ _PROGRAMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # jaxpr -> i
 # pallas_call has extra leading grid axes its kernel does not see
 grid_axes: contextvars.ContextVar = contextvars.ContextVar("palace_jax_grid_axes", default=None)
 _used_here: contextvars.ContextVar = contextvars.ContextVar("palace_jax_used_vars", default=None)
-# (file, line) of the kernel function whose jaxpr is being compiled: the site of equations that have no
-# user frame (JAX's emit_pipeline traces its DMAs inside library code), set by `kernel_program`
-_kernel_site: contextvars.ContextVar = contextvars.ContextVar("palace_jax_kernel_site", default=None)
 
 
 def used_vars(jaxpr) -> frozenset:
@@ -83,11 +80,11 @@ def source_line(eqn, outer=()) -> str:
 
 def user_site_of(eqn):
   """(file, line) of the user code that created `eqn`, as `util.user_site()` gives inside palace's
-  own kernels (for DMA records and messages); for an equation with no user frame, the line of the
-  kernel function being compiled (`kernel_program`), else None. Answered at compile time."""
+  own kernels (for DMA records and messages), or None when the equation has no user frame (JAX's
+  library code, e.g. emit_pipeline's DMAs: the machine's site, i.e. the launch's `fixed_site`)."""
   from jax._src import source_info_util  # noqa: PLC0415
   frame = source_info_util.user_frame(eqn.source_info.traceback)
-  return _kernel_site.get() if frame is None else (frame.file_name, frame.start_line)
+  return None if frame is None else (frame.file_name, frame.start_line)
 
 
 def kernel_site(jaxpr):
@@ -96,17 +93,6 @@ def kernel_site(jaxpr):
   src = getattr(getattr(jaxpr, "debug_info", None), "func_src_info", None) or ""
   m = re.fullmatch(r".* at (.+):(\d+)", src)
   return (m.group(1), int(m.group(2))) if m else None
-
-
-def kernel_program(jaxpr) -> "_Program":
-  """`program(jaxpr)` for a launch's kernel jaxpr, compiled with `kernel_site(jaxpr)` as the site of
-  equations without a user frame, so their DMA records name the kernel instead of a frame found by a
-  stack walk per start."""
-  token = _kernel_site.set(kernel_site(jaxpr))
-  try:
-    return program(jaxpr)
-  finally:
-    _kernel_site.reset(token)
 
 
 def unsupported(eqn, what: str = "", fix: str = "", outer=()) -> UnsupportedError:

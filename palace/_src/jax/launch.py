@@ -16,7 +16,7 @@ from palace._src import core as pcore
 from palace._src.blocks import PURE_INDEX_MAP
 from palace._src.errors import UnsupportedError
 from palace._src.jax.avals import alloc_type, memory_space
-from palace._src.jax.interpret import grid_axes, kernel_program, kernel_site, literal, program, run_program
+from palace._src.jax.interpret import grid_axes, kernel_site, literal, program, run_program
 from palace._src.launch.host_refs import freeze, new_ref
 from palace._src.launch.kernel import kernel as palace_kernel
 from palace._src.launch.pallas_call import pallas_call
@@ -159,7 +159,7 @@ def _palace_launch(params, grid):
   vmapped = tuple(int(d) for d in getattr(gm, "vmapped_dims", ()))
   user_axes = tuple(d for d in range(len(grid)) if d not in vmapped)
 
-  prog = kernel_program(jaxpr)
+  prog = program(jaxpr)
 
   def kernel(*refs):
     if not vmapped:
@@ -253,7 +253,7 @@ def _mpmd_launch(params, n_in: int):
   fresh = [o for o in range(n_out) if o not in in_of_out]
   out_type = [pcore.ShapeDtypeStruct(tuple(out_avals[o].shape), np.dtype(out_avals[o].dtype))
               for o in fresh]
-  prog = kernel_program(jaxpr)
+  prog = program(jaxpr)
 
   def body(*refs):
     ins, outs, scr = refs[:n_in], refs[n_in:n_in + len(fresh)], refs[n_in + len(fresh):]

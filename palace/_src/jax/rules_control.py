@@ -117,7 +117,7 @@ def _scan(eqn):
 @compiling_rule("run_scoped")
 def _run_scoped(eqn):
   """The eqn's operands are the body's constvars (closed-over values and refs); its invars are the
-  scoped allocations. The body is compiled with the enclosing jaxpr (so it sees the kernel's site)."""
+  scoped allocations. The body is compiled with the enclosing jaxpr, not at every evaluation."""
   p = eqn.params
   if any(t for t in (p.get("ref_transforms") or ())):
     raise unsupported(eqn, "ref_transforms (transformed scoped allocation types)")

@@ -342,7 +342,7 @@ def _descriptor(eqn):
   refs = [None if x is None else _ref_operand(eqn, x) for x in (src, dst, dst_sem, src_sem)]
   device_id = _device_id(eqn, device_id)
   remote = device_id is not None
-  site = user_site_of(eqn)   # the kernel's line (None: found from the stack at the start)
+  site = user_site_of(eqn)   # the kernel's line (None: the executor's site at the start)
 
   def descriptor(flat):
     s, d, ds_, ss = (None if r is None else r(flat) for r in refs)

@@ -18,7 +18,7 @@ from palace._src.lang.primitives import (axis_index, axis_size, resolve_device_i
 from palace._src.lang.indexed import IndexedRef
 from palace._src.lang.refs import Ref
 from palace._src.lang.numpy_indexing import _where
-from palace._src.util import tree_flatten, user_frame_summary, user_site
+from palace._src.util import tree_flatten, user_frame_summary
 
 
 def _check_ref(x, api, arg):
@@ -99,7 +99,7 @@ class AsyncCopyDescriptor:
     """make_async_copy descriptors must be started or waited (checked at kernel end, with this site)."""
     ex = executor.maybe_current()
     if ex is not None:
-      ex.unused_dmas[id(self)] = (user_site(), f"{self.src_ref.origin()} -> {self.dst_ref.origin()}",
+      ex.unused_dmas[id(self)] = (ex.site(), f"{self.src_ref.origin()} -> {self.dst_ref.origin()}",
                                   self)
       self._unused = ex
     return self
@@ -124,7 +124,7 @@ class AsyncCopyDescriptor:
     src, dst = self.src_ref, self.dst_ref
     req = PreparedCopy(src.buf, None if isinstance(src, IndexedRef) else src._np_index, dst.buf,
                        None if isinstance(dst, IndexedRef) else dst._np_index, src.shape, sem_buf,
-                       sem_idx, ssb, ssi, add, dev, self.core_index, self._site or user_site(),
+                       sem_idx, ssb, ssi, add, dev, self.core_index, self._site or ex.site(),
                        (src, dst), src.nbytes)
     if isinstance(src, IndexedRef) or isinstance(dst, IndexedRef):
       _indexed_request(ex, req, src, dst)

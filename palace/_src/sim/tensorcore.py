@@ -117,6 +117,9 @@ class TensorCore:
     gp = f"at grid point {self.grid_stack[-1][0]} " if self.grid_stack else ""
     return f"{gp}on chip {self.chip_index} core {self.core_id} in kernel '{self.kernel_name}'"
 
+  def site(self) -> tuple:
+    return self.machine.site()
+
   def debug_print(self, text: str) -> None:
     self.machine.debug_print(text)
 
@@ -153,7 +156,7 @@ class TensorCore:
     if hit is None:
       bad = cost.mxu_operand_error(self.chip, lhs_dtype, rhs_dtype)
       if bad is not None:
-        raise UnsupportedError(f"{fmt_site(self.machine.site())}: {bad} ({self.where()})")
+        raise UnsupportedError(f"{fmt_site(self.site())}: {bad} ({self.where()})")
       hit = self._mcost[key]
     busy, lat, flops, label = hit
     self.flops += flops
