@@ -85,3 +85,21 @@ def test_cyclic_garbage_of_a_launch_does_not_grow_with_its_steps(make, trace):
   # cycle would add at least one object per step
   small, big = garbage(128), garbage(1024)
   assert big - small < (1024 - 128) // 4, (small, big)
+
+
+@pytest.mark.parametrize("make", [_copy_call, _pipeline_call], ids=["pallas_call", "emit_pipeline"])
+def test_a_kept_report_does_not_keep_the_launchs_memory_alive(make):
+  """Every launch's report stays in `tpu.reports`; its trace names each DMA (a description string),
+  so it must not hold the launch's buffers: an output the caller dropped is freed at once, and a loop
+  of launches in one virtual_tpu runs in bounded memory (it grew by about an output per launch)."""
+  import weakref
+  f, x = make(4)
+  with pl.virtual_tpu("v5e") as tpu:
+    out = f(x)
+    np.testing.assert_array_equal(out, x * 2 if make is _copy_call else x + 1)
+    dropped = weakref.ref(out.base if out.base is not None else out)
+    del out
+    gc.collect()
+    assert dropped() is None
+    dmas = [e for e in tpu.reports[-1].events if e[1] == "dma"]
+    assert dmas and all(isinstance(e[5]["copy"], str) and "->" in e[5]["copy"] for e in dmas)

@@ -38,6 +38,11 @@ class Trace:
 
   @property
   def events(self) -> EventLog:
+    """The kept events, for the launch's report. A DMA event is recorded with its request (`{"copy":
+    DmaRequest}`: naming it costs the hot path nothing); the report gets the request's description
+    instead, so it holds no buffer of the launch: a process running launch after launch in one
+    `virtual_tpu` keeps every report, and a request would keep that launch's HBM operands, outputs and
+    VMEM alive with it (about an output's size per launch, without bound)."""
     log = EventLog()
     log.stats = self.stats
     ring = self._ring
@@ -46,6 +51,16 @@ class Trace:
       log.append((first[0], "scalar", f"trace truncated: only the last {self.cap:,} events are kept",
                   first[3], first[3], None))
     log.extend(ring)
+    named = {}   # id(request) -> its description (pipelines reuse one request per block slot)
+    for ev in log:
+      args = ev[5]
+      if args is not None:
+        req = args.get("copy")
+        if req is not None and not isinstance(req, str):
+          text = named.get(id(req))
+          if text is None:
+            text = named[id(req)] = req.describe
+          args["copy"] = text
     return log
 
   def count_dma(self, kind: str, nbytes: int, copies: int = 1) -> None:
