@@ -164,6 +164,58 @@ def test_process_wide_switch_from_the_environment(tmp_path):
   assert r.stdout.strip() == "ok" and "palace: _matmul_kernel:" in r.stderr
 
 
+
+_DISPATCH_AND_EXIT = """
+import os, sys
+os.environ["JAX_PLATFORMS"] = "cpu"
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=4"
+import numpy as np, jax
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+from jax.sharding import PartitionSpec as P
+import palace.jax
+tpu = palace.jax.activate("v5e", 4)
+mesh = jax.make_mesh((4,), ("x",))
+
+def kernel(x_ref, o_ref, send, recv):   # a ring shift: one pod launch of 4 chips
+  me = lax.axis_index("x")
+  pl.semaphore_signal(pltpu.get_barrier_semaphore(), 1, device_id={"x": lax.rem(me + 3, 4)})
+  pl.semaphore_wait(pltpu.get_barrier_semaphore(), 1)
+  c = pltpu.make_async_remote_copy(x_ref, o_ref, send, recv, device_id={"x": lax.rem(me + 1, 4)})
+  c.start()
+  c.wait()
+
+def local(x):
+  return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                        in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                        out_specs=pl.BlockSpec(memory_space=pl.ANY),
+                        scratch_shapes=[pltpu.SemaphoreType.DMA] * 2,
+                        compiler_params=pltpu.CompilerParams(collective_id=0))(x)
+
+f = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False))
+x = jax.device_put(np.ones((4 * 2048, 2048), np.float32), jax.NamedSharding(mesh, P("x")))
+jax.block_until_ready(f(x))
+for _ in range(3):
+  f(x)    # dispatched, results dropped: the program ends while these launches run
+print("dispatched", flush=True)
+"""
+
+
+def test_a_program_that_exits_while_its_launches_run_exits_cleanly(tmp_path):
+  """JAX dispatches asynchronously: a program may end while pod launches it never read still run
+  palace code on XLA's threads. The exit waits for them (activation._drain_at_exit) and they run to
+  the end (their cores on reused worker threads: Python 3.12 starts no thread at shutdown); before,
+  the process died in XLA's teardown (SIGSEGV or abort, as JAX's distributed tutorial did)."""
+  prog = tmp_path / "prog.py"
+  prog.write_text(_DISPATCH_AND_EXIT)
+  env = dict(os.environ, PALACE_JAX="", PYTHONPATH=os.pathsep.join(sys.path))
+  for _ in range(2):
+    r = subprocess.run([sys.executable, str(prog)], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, (r.returncode, r.stderr[-2000:])
+    assert r.stdout.strip() == "dispatched"
+    assert "failed" not in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+
 def test_get_tpu_info_answers_for_the_active_virtual_chip():
   with pytest.raises(ValueError, match="Unsupported TPU device kind: cpu"):
     pltpu.get_tpu_info()

@@ -36,7 +36,10 @@ class Expect:
   cells: int
   failures: dict = dataclasses.field(default_factory=dict)    # cell -> regex of the error, and why
   mismatches: dict = dataclasses.field(default_factory=dict)  # cell -> why the output differs
-  rounding: frozenset = frozenset()   # cells whose exact float asserts hold within rounding only
+  # cells whose exact float asserts compare a kernel's float sums with XLA's CPU matmul: whether they
+  # hold exactly or only within rounding depends on the host's BLAS and CPU (summation order), so
+  # either is accepted there; anywhere else an assert must hold exactly
+  rounding: frozenset = frozenset()
   heavy: str = ""   # why it runs only with PALACE_JAX_TUTORIALS=all (published sizes: minutes, GBs)
 
 
@@ -166,4 +169,4 @@ def _check(name, expect, result):
   mismatched = {c["cell"]: c["diff"] for c in with_output if not c["matched"]}
   assert set(mismatched) == set(expect.mismatches), f"{name}: outputs differ {mismatched}"
   rounding = {c["cell"] for c in cells if c["rounding_asserts"]}
-  assert rounding == set(expect.rounding), f"{name}: asserts within rounding only {rounding}"
+  assert rounding <= set(expect.rounding), f"{name}: asserts within rounding only {rounding}"

@@ -26,9 +26,13 @@ import os
 import threading
 
 from palace._src.errors import UsageError
-from palace._src.sim.machine import VirtualTPU, activate
+from palace._src.sim.machine import VirtualTPU, activate, deactivate
 
 _installed: list = []  # the lowering registration happens once per process (a registry, not state)
+# palace launches whose host callback is running now, on XLA's threads (process-wide host bookkeeping,
+# like the registration): the interpreter's exit waits for them (`_drain_at_exit`)
+_running = threading.Condition()
+_running_count = [0, 0]   # [running now, started so far]
 
 
 class Engine:
@@ -68,12 +72,53 @@ class Engine:
 
   def run(self, launch_fn, params, args):
     """Host side of one launch: the callback lands here with NumPy operands, on some XLA thread."""
-    from palace._src.sim import machine as _machine  # noqa: PLC0415
     token = activate(self.tpu)
     try:
-      return launch_fn(params, args)
+      with running():
+        return launch_fn(params, args)
     finally:
-      _machine._active.reset(token)
+      deactivate(token)
+
+
+@contextlib.contextmanager
+def running():
+  """Around the host side of every palace launch (counted, so that the exit can wait for it)."""
+  with _running:
+    _running_count[0] += 1
+    _running_count[1] += 1
+  try:
+    yield
+  finally:
+    with _running:
+      _running_count[0] -= 1
+      _running.notify_all()
+
+
+def _drain_at_exit(timeout_s: float = 600.0, quiet_s: float = 0.1) -> None:
+  """At interpreter exit: wait for the computations dispatched so far and for palace launches still
+  running on XLA's threads. JAX dispatches asynchronously, so a program may end (or a notebook cell
+  raise) while a launch's callback runs palace code; XLA then tears its thread pools down under it and
+  the process crashes (SIGSEGV or abort) in JAX's teardown: JAX's distributed tutorial, whose last cell
+  raises after dispatching pod launches, did so on every run. A computation whose results were dropped
+  is not visible to JAX's live arrays, so the wait also lasts until no palace launch has started for
+  `quiet_s` (the next queued one starts within microseconds of the last one's end). JAX alone has the
+  same race with any host callback still queued at exit (a plain jax.pure_callback in a dropped
+  shard_map result crashes the same way); this narrows palace's share of it to nothing measurable.
+  Errors are not raised here: whoever reads the results sees them."""
+  if not _running_count[1]:   # no palace launch ran in this process
+    return
+  try:
+    wait_for_dispatched()
+  except Exception:  # noqa: BLE001  (a failed launch's error belongs to whoever reads its result)
+    pass
+  with _running:
+    while True:
+      started = _running_count[1]
+      if not _running.wait_for(lambda: _running_count[0] == 0, timeout=timeout_s):
+        return
+      _running.wait_for(lambda: _running_count[1] != started, timeout=quiet_s)
+      if _running_count[1] == started and _running_count[0] == 0:
+        return
 
 
 def _config():
@@ -112,6 +157,8 @@ def install() -> None:
   mlir.register_lowering(mpmd.mpmd_map_p, mpmd_rule, platform="cpu")
   from palace._src.jax.hardware import install_tpu_info  # noqa: PLC0415
   install_tpu_info(active_engine)
+  import atexit  # noqa: PLC0415
+  atexit.register(_drain_at_exit)   # after JAX's own exit handlers were registered: it runs first
   _installed.append(rule)
 
 

@@ -162,18 +162,18 @@ def _lower_pod_launch(ctx, in_nodes, engine, params, axis_ctx, manual, kind):
   from jax._src.lib.mlir import ir  # noqa: PLC0415
   from jax._src.lib.mlir.dialects import hlo  # noqa: PLC0415
   from palace._src.jax import launch  # noqa: PLC0415
+  from palace._src.jax.activation import running  # noqa: PLC0415
   from palace._src.launch import host as palace_host, spmd  # noqa: PLC0415
-  from palace._src.sim.machine import activate  # noqa: PLC0415
+  from palace._src.sim.machine import activate, deactivate  # noqa: PLC0415
 
   mesh = axis_ctx.mesh
   _check_covered(params, kind)
   check_device_ids(_kernel_jaxprs(params, kind), mesh.axis_names)
-  from palace._src.sim import machine as _machine  # noqa: PLC0415
   token = activate(engine.tpu)   # palace's make_mesh checks the chip count and picks the ring order
   try:
     pmesh = spmd.make_mesh(tuple(mesh.shape.values()), tuple(map(str, mesh.axis_names)))
   finally:
-    _machine._active.reset(token)
+    deactivate(token)
   group = spmd._Group(pmesh, engine.tpu)   # one rendezvous per launch site, one generation per call
   out_avals = params["out_avals"]
   run = functools.partial(launch.run_pallas_call if kind == "pallas_call" else launch.run_mpmd_map,
@@ -183,15 +183,16 @@ def _lower_pod_launch(ctx, in_nodes, engine, params, axis_ctx, manual, kind):
     token = activate(engine.tpu)
     spmd_token = palace_host.set_spmd_context((group, int(chip)))
     try:
-      outs = run(params, [np.asarray(a) for a in arrays])
+      with running():
+        outs = run(params, [np.asarray(a) for a in arrays])
     except spmd._PeerFailed:
       raise
     except BaseException as e:  # noqa: BLE001  kept for virtual_tpu's exit, then XLA wraps it
       engine.errors.append(e)
       raise
     finally:
-      palace_host._spmd.reset(spmd_token)
-      _machine._active.reset(token)
+      palace_host.reset_spmd_context(spmd_token)
+      deactivate(token)
     return [np.asarray(o, dtype=a.dtype).reshape(a.shape) for o, a in zip(outs, out_avals)]
 
   pid = hlo.convert(ir.RankedTensorType.get([], ir.IntegerType.get_signless(32)), hlo.partition_id())

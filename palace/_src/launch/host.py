@@ -142,6 +142,10 @@ def set_spmd_context(ctx):
   return _spmd.set(ctx)
 
 
+def reset_spmd_context(token) -> None:
+  _spmd.reset(token)
+
+
 def release_host_caches(machine) -> None:
   """End of a launch: the language side's per-core host caches give their memory back (hostmem), then
   the machine lets go of its state (Machine.release: freed at once, not by the cyclic GC)."""

@@ -15,6 +15,7 @@ replicated outputs are taken from the first replica.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 
 import numpy as np
@@ -22,8 +23,9 @@ import numpy as np
 from palace._src import blas, validate
 from palace._src.launch import host as launch
 from palace._src.errors import SyncError, UsageError
+from palace._src.sim import workers
 from palace._src.sim.ici import Topology
-from palace._src.sim.machine import activate, active_tpu, explicit_tpu
+from palace._src.sim.machine import activate, active_tpu, deactivate, explicit_tpu
 from palace._src.util import tree_flatten, tree_unflatten
 
 
@@ -308,9 +310,9 @@ def shard_map(f, *, mesh: Mesh, in_specs, out_specs, check_rep=True, check_vma=T
     group = _Group(mesh, tpu)
     results = [None] * mesh.size
 
-    def chip_main(c):
-      activate(tpu)
-      launch.set_spmd_context((group, c))
+    def chip_main(c):   # on a worker thread (sim/workers.py): what it sets here is reset at the end
+      tpu_token = activate(tpu)
+      spmd_token = launch.set_spmd_context((group, c))
       try:
         results[c] = f(*shards[c])
       except _PeerFailed:
@@ -322,13 +324,12 @@ def shard_map(f, *, mesh: Mesh, in_specs, out_specs, check_rep=True, check_vma=T
           group.cv.notify_all()
       finally:
         group.done()
+        launch.reset_spmd_context(spmd_token)
+        deactivate(tpu_token)
 
-    threads = [threading.Thread(target=chip_main, args=(c,), name=f"palace-chip-{c}", daemon=True)
-               for c in range(mesh.size)]
-    for t in threads:
-      t.start()
-    for t in threads:
-      t.join()
+    running = [workers.run_soon(functools.partial(chip_main, c)) for c in range(mesh.size)]
+    for done in running:
+      done.wait()
     if group.error is not None:
       raise group.error
     if results[0] is None and (isinstance(out_specs, P) or out_specs not in (None, (), [])):

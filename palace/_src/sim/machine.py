@@ -462,5 +462,11 @@ def explicit_tpu() -> VirtualTPU | None:
 
 
 def activate(tpu: VirtualTPU):
-  """Make `tpu` the active VirtualTPU of this thread (shard_map's per-chip threads)."""
+  """Make `tpu` the active VirtualTPU of this thread (shard_map's per-chip threads); returns a token
+  for `deactivate`."""
   return _active.set(tpu)
+
+
+def deactivate(token) -> None:
+  """Undo the `activate` that returned `token` (threads that outlive the launch: workers, XLA's)."""
+  _active.reset(token)

@@ -26,6 +26,7 @@ same interface, where a blocking wait is a deadlock at once.
 from __future__ import annotations
 
 import enum
+import functools
 import itertools
 import operator
 import threading
@@ -34,6 +35,7 @@ import numpy as np
 
 from palace._src import executor as executor_mod
 from palace._src.errors import SyncError
+from palace._src.sim import workers
 from palace._src.sim.checks import NO_CHECKS
 from palace._src.util import fmt_bytes, fmt_site
 
@@ -321,23 +323,22 @@ class Scheduler:
   def run(self) -> None:
     m = self.machine
     solo, m.sched = m.sched, self
-    threads = [threading.Thread(target=self._thread, args=(core, fn), daemon=True,
-                                name=f"palace-core-{core.tid}") for core, fn in self.programs]
-    for t in threads:
-      t.start()
+    running = [workers.run_soon(functools.partial(self._thread, core, fn))
+               for core, fn in self.programs]
     first = self.pick()
     self.state[first] = _RUNNING
     self.wake[first].release()
-    for t in threads:
-      t.join()
+    for done in running:
+      done.wait()
     m.sched = solo
     if self.error is not None:
       raise self.error
 
   def _thread(self, core, fn) -> None:
+    """One core's program, on a worker thread (sim/workers.py) that outlives the launch."""
     self.wake[core].acquire()
     if not self.aborted:
-      executor_mod.set_current(core)
+      token = executor_mod.set_current(core)
       try:
         with np.errstate(all="ignore"):
           fn()
@@ -345,6 +346,8 @@ class Scheduler:
         pass
       except BaseException as e:  # noqa: BLE001  re-raised by the launching thread
         self.fail(e)
+      finally:
+        executor_mod.reset_current(token)
     self.state[core] = _DONE
     if not self.aborted:
       self.switch_from(core)
