@@ -109,17 +109,23 @@ def _check_covered(params, kind) -> None:
 
 
 def _emit_callback(ctx, host, in_nodes):
-  """One XLA host callback running `host(*numpy_operands) -> [numpy outputs]`, as `jax.pure_callback`.
-  (Emitting JAX's `emit_python_callback` directly saved its per-call `device_put` of every operand,
-  about 100 us per launch, but a process that ran pod launches through it crashed at exit (the
-  distributed tutorial, tests/jax_backend/test_tutorials.py): not used until that is understood.)"""
-  import jax  # noqa: PLC0415
-  from jax._src.interpreters import mlir  # noqa: PLC0415
-  result_shapes = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in ctx.avals_out]
+  """One XLA host callback running `host(*numpy_operands) -> [numpy outputs]`, emitted as
+  `jax.pure_callback`'s lowering emits its own (the same custom call and op sharding), without
+  pure_callback's host-side wrapper: that one `device_put`s every operand into a jax.Array before
+  calling (an allocation and a copy per operand, about 150 us per launch of two 512 KiB operands) and
+  sets a default device and an empty mesh for callbacks that call JAX, which palace's never do. XLA
+  hands the callback operands as read-only NumPy arrays that own their data (copies made by XLA's
+  handler), so palace may keep them for the launch. (Session 7 measured this, then withdrew it after a
+  crash at exit, which was palace.jax's exit race: activation._drain_at_exit.)"""
+  from jax._src import callback as jax_callback  # noqa: PLC0415
 
-  def body(*args):
-    return jax.pure_callback(host, result_shapes, *args)
-  return mlir.lower_fun(body, multiple_results=True)(ctx, *in_nodes)
+  def flat(*args):
+    return tuple(host(*args))
+  sharding = jax_callback._callback_op_sharding(ctx.module_context.axis_context, None, ctx.avals_out)
+  results, _, _ = jax_callback.emit_python_callback(
+      ctx, flat, None, list(in_nodes), ctx.avals_in, ctx.avals_out, has_side_effect=False,
+      returns_token=False, sharding=sharding)
+  return results
 
 
 def _check_fully_manual(params, kind, axis_ctx, manual) -> None:
