@@ -203,8 +203,10 @@ def case_remote_gather_to_device0():
                          compiler_params=pltpu.CompilerParams(collective_id=0))(xs)
     return out[None]
 
+  # jitted once, outside `run` (which ends on the host and cannot be jitted itself): a shard_map
+  # built per call is traced and compiled again by XLA on every call
+  gather = jax.jit(jax.shard_map(local, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False))
+
   def run(x):
-    out = jax.shard_map(local, mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False)(
-        _sharded(mesh, x, P("x")))
-    return np.asarray(out)[0]       # device 0's gathered copy
+    return np.asarray(gather(_sharded(mesh, x, P("x"))))[0]       # device 0's gathered copy
   return run, (_ints((NUM_DEVICES * 8, 128), 46),), None
