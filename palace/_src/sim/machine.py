@@ -9,6 +9,7 @@ blocking wait) are sim/sync.py's.
 """
 from __future__ import annotations
 
+import collections
 import contextvars
 import gc
 import random
@@ -29,6 +30,8 @@ from palace._src.sim.trace import Trace
 from palace._src.util import fmt_site, user_site
 
 DMA_POLICIES = ("eager", "on_wait", "random")
+# trace events the reports of one VirtualTPU keep in all (about 150 MB); older launches drop theirs
+KEEP_TRACE_EVENTS = 1_000_000
 
 
 class DmaPolicy:
@@ -353,11 +356,15 @@ class VirtualTPU:
   never-written scratch or output memory raise UninitializedReadError (default "nan": it reads as NaN or
   an int sentinel). Deadlocks, DMAs in flight or semaphores non-zero at the end, unused DMA descriptors,
   out-of-bounds accesses and non-consecutive output revisits are always checked. `p_state=` selects a
-  clock of a chip with P-states (7x: 0-7 = 1.6-2.2 GHz; the preset is P-state 7, the published peak)."""
+  clock of a chip with P-states (7x: 0-7 = 1.6-2.2 GHz; the preset is P-state 7, the published peak).
+  `keep_trace_events=` bounds the trace events its reports keep in all (default 1,000,000, about
+  150 MB; None keeps every launch's trace): past it the oldest reports drop their timelines, never
+  their figures."""
 
   def __init__(self, chip="v5e", num_chips: int = 1, *, timing_only: bool = False,
                dma_policy: str = "eager", seed: int = 0, trace: bool = True, topology=None,
-               detect_races: bool = False, uninitialized: str = "nan", p_state=None):
+               detect_races: bool = False, uninitialized: str = "nan", p_state=None,
+               keep_trace_events=KEEP_TRACE_EVENTS):
     if not isinstance(chip, hw.ChipSpec):
       validate.as_name(chip, "pl.virtual_tpu(chip)", hint=f"pass a chip name: {', '.join(hw.CHIPS)}.")
     self.chip = hw.get_chip(chip)
@@ -382,6 +389,10 @@ class VirtualTPU:
                        f"memory reads as NaN or an int sentinel) or 'raise' (the first such read raises). "
                        f"Fix: pass one of those two strings.")
     self.uninitialized = uninitialized
+    self.keep_trace_events = None if keep_trace_events is None else validate.as_int(
+        keep_trace_events, "pl.virtual_tpu(keep_trace_events)", min_value=0)
+    self._traced = collections.deque()   # the reports still holding trace events, oldest first
+    self._traced_events = 0
     self.reports: list[Report] = []
     self.debug_output: list[str] = []
     self._parent = None
@@ -427,6 +438,22 @@ class VirtualTPU:
       if not any(tpu is t for t in seen):   # each context once, however often it was entered
         tpu.reports.append(report)
         seen.append(tpu)
+    self._keep_trace(report)
+
+  def _keep_trace(self, report) -> None:
+    """Bound the memory of the traces kept by `reports`: once they hold more than `keep_trace_events`
+    events, the oldest reports drop theirs (never the newest launch's). Every report keeps its figures;
+    only its timeline goes (to_perfetto and plot_timeline then say so). A loop of launches (a jitted
+    training step under palace.jax, a test suite under PALACE_JAX) would otherwise grow without bound:
+    a launch keeps up to 200,000 events, about 150 bytes each."""
+    if self.keep_trace_events is None or not report.events:
+      return
+    self._traced.append(report)
+    self._traced_events += len(report.events)
+    while self._traced_events > self.keep_trace_events and len(self._traced) > 1:
+      old = self._traced.popleft()
+      self._traced_events -= len(old.events)
+      old.drop_trace(self.keep_trace_events)
 
   def cost_memos(self) -> tuple:
     """The memoised cost rules of this TPU's chip (tensorcore.cost_memos), made at the first launch

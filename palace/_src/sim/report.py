@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from palace._src.sim.trace import UNIT_ORDER, to_chrome_trace, write_json
+from palace._src.errors import UsageError
+from palace._src.sim.trace import UNIT_ORDER, EventLog, to_chrome_trace, write_json
 from palace._src.util import fmt_bytes
 
 _PLOT_COLORS = {"scalar": "#7f7f7f", "dma": "#1f77b4", "mxu": "#d62728", "vpu": "#2ca02c",
@@ -120,11 +121,28 @@ class Report:
             "dma_count_by_direction": self.dma_count_by_direction, "timing_only": self.timing_only}
 
   # ---- exports
+  def drop_trace(self, budget: int) -> None:
+    """Free this report's timeline (its figures stay): the VirtualTPU's `keep_trace_events` budget."""
+    dropped = EventLog()
+    dropped.stats = self.stats
+    dropped.dropped = (len(self.events), budget)
+    self.events = dropped
+
+  def _timeline(self) -> list:
+    dropped = getattr(self.events, "dropped", None)
+    if dropped is not None:
+      raise UsageError(
+          f"The trace of kernel '{self.kernel_name}' ({dropped[0]:,} events) was dropped to bound memory: "
+          f"a virtual TPU's reports keep {dropped[1]:,} trace events in all, the newest launches' "
+          f"(pl.virtual_tpu(keep_trace_events=...)). Fix: export it before later launches push it out, "
+          f"or pass keep_trace_events=None (keep every trace) or a larger budget.")
+    return self.events
+
   def to_perfetto(self, path) -> str:
     """Write a Chrome/Perfetto trace (open in ui.perfetto.dev). Returns the path."""
     meta = {"device_cycles": self.device_cycles, "device_time_s": self.device_time_s,
             "launch_overhead_s": self.launch_overhead_s, "bound": self.bound}
-    write_json(to_chrome_trace(self.events, self.chip.clock_hz, self.kernel_name,
+    write_json(to_chrome_trace(self._timeline(), self.chip.clock_hz, self.kernel_name,
                                chip_name=self.chip.name, metadata=meta), path)
     return str(path)
 
@@ -134,7 +152,7 @@ class Report:
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # Agg, without touching pyplot state
     from matplotlib.figure import Figure
     lanes = {}
-    for (chip, core), unit, _, start, end, _ in self.events:
+    for (chip, core), unit, _, start, end, _ in self._timeline():
       lanes.setdefault((chip, core, unit), []).append((start, max(end - start, 1e-9)))
     order = sorted(lanes, key=lambda k: (k[0], k[1], UNIT_ORDER.index(k[2]) if k[2] in UNIT_ORDER
                                          else len(UNIT_ORDER)))

@@ -3,20 +3,25 @@ from __future__ import annotations
 
 import collections
 import json
+import operator
 
 UNIT_ORDER = ("scalar", "dma", "mxu", "vpu", "eup", "xlu", "vld", "vst", "ici")
 _UNIT_LABEL = {"scalar": "scalar core", "dma": "DMA engines", "mxu": "MXU", "vpu": "VPU",
                "eup": "EUP", "xlu": "XLU", "vld": "vector load", "vst": "vector store", "ici": "ICI"}
 
 
+_ARGS = operator.itemgetter(5)   # an event's args (None or a dict)
+
+
 class EventLog(list):
   """The event list of one launch, plus counters that are kept even when tracing is off:
   `stats["dma_bytes"]` and `stats["dma_count"]` map a direction ('hbm->vmem', ...) to totals."""
-  __slots__ = ("stats",)
+  __slots__ = ("stats", "dropped")
 
   def __init__(self):
     super().__init__()
     self.stats = {"dma_bytes": {}, "dma_count": {}}
+    self.dropped = None   # (events, budget) once Report.drop_trace freed them
 
 
 class Trace:
@@ -52,15 +57,13 @@ class Trace:
                   first[3], first[3], None))
     log.extend(ring)
     named = {}   # id(request) -> its description (pipelines reuse one request per block slot)
-    for ev in log:
-      args = ev[5]
-      if args is not None:
-        req = args.get("copy")
-        if req is not None and not isinstance(req, str):
-          text = named.get(id(req))
-          if text is None:
-            text = named[id(req)] = req.describe
-          args["copy"] = text
+    for args in filter(None, map(_ARGS, log)):   # (events without args are skipped at C level)
+      req = args.get("copy")
+      if req is not None and type(req) is not str:
+        text = named.get(id(req))
+        if text is None:
+          text = named[id(req)] = req.describe
+        args["copy"] = text
     return log
 
   def count_dma(self, kind: str, nbytes: int, copies: int = 1) -> None:
