@@ -148,6 +148,10 @@ def _ref_operand(eqn, x, transforms=(), last_index: bool = False):
     raise unsupported(eqn, f"an operand of type {type(x).__name__} where a ref belongs")
   k = x.k
   steps, last = _transforms(eqn, transforms, last_index)
+  if last is not None and all(e[0] != _GENERAL for e in last):
+    # the read/write's own index becomes the last view step, cached like the others: `r[idx]` is
+    # then `view[...]`, the same view built once per base ref and index values, not every step
+    steps, last = (*steps, (_AT, last)), None
   dynamic = tuple(sorted({a for kind, entries in steps if kind == _AT
                           for e_kind, a, _, _ in entries if e_kind in (_DYNAMIC, _DYNAMIC_SLICE)}))
   cacheable = not any(e[0] == _GENERAL for kind, entries in steps if kind == _AT for e in entries)
