@@ -83,7 +83,7 @@ LAYERS = {
     "L3": ("_src/executor.py",),
     "L4a": ("_src/lang/",),
     "L4b": ("_src/sim/",),
-    "L5": ("_src/pipeline.py", "_src/launch/", "_src/jax/"),
+    "L5": ("_src/pipeline.py", "_src/block_offsets.py", "_src/launch/", "_src/jax/"),
     "L6": ("__init__.py", "tpu.py", "tpu_sc.py", "numpy.py", "lax.py", "compat.py", "jax.py"),
     "L7": ("_src/tools/",),
     "pkg": ("_src/__init__.py",),

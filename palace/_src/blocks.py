@@ -35,7 +35,7 @@ class BlockMapping:
   use_lookahead: bool
   # the index map is a pure function of the grid indices that charges no work (palace's own, of a
   # BlockSpec without one, or one marked PURE_INDEX_MAP): a launch plan may keep its offsets for
-  # every step of any grid (pipeline._grid_offsets) instead of calling it per step
+  # every step of any grid (block_offsets.grid_offsets) instead of calling it per step
   pure_index_map: bool = False
 
   # (derived once per mapping: a mapping is immutable and read by every launch of its plan)

@@ -25,12 +25,11 @@ import dataclasses
 import inspect
 import itertools
 
-import numpy as np
-
 from palace._src import executor, validate
-from palace._src.blocks import BLOCKED, ELEMENT, SQUEEZED, BlockMapping, canonicalize
+from palace._src.block_offsets import block_offsets, grid_offsets
+from palace._src.blocks import SQUEEZED, BlockMapping, canonicalize
 from palace._src.core import PARALLEL, BlockSpec, MemorySpace, canonical_semantics, no_block_spec
-from palace._src.errors import (BlockSpecError, OutOfBoundsError, PalaceError, SyncError,
+from palace._src.errors import (BlockSpecError, OutOfBoundsError, SyncError,
                                 UnsupportedError, UsageError)
 from palace._src.lang.array import concrete_int
 from palace._src.lang.primitives import (_scalar, axis_index, axis_size, close_scope, num_programs,
@@ -49,7 +48,8 @@ class _Op:
   __slots__ = ("m", "hbm", "slots", "sems", "is_out", "blocks", "cur", "cur_slot", "fetched",
                "next_slot", "pending_wb", "written", "squeezed", "sem_views", "mode", "nbuf",
                "bounds_checks", "views", "all_blocks", "sem_targets", "simple", "whole_blocks",
-               "block_nbytes", "prepare", "block_is_array", "full_slices", "ex", "last_copy")
+               "block_nbytes", "prepare", "block_is_array", "full_slices", "ex", "last_copy",
+               "map_on_core")
 
   def __init__(self, m: BlockMapping, hbm: Ref, is_out: bool):
     self.m, self.hbm, self.is_out = m, hbm, is_out
@@ -79,6 +79,7 @@ class _Op:
     # twice (caching would only cost)
     self.prepare = _cached_copy
     self.last_copy = []     # per slot: the last whole-block copy prepared for it (or None)
+    self.map_on_core = False  # the index map reads kernel memory (block_offsets: evaluated on the core)
 
 
 class _BlockLabels(tuple):
@@ -176,117 +177,6 @@ def _make_copy_views(op: _Op, offsets, slot: int):
   return hbm, Ref.window(op.slots[slot].buf, vstarts, vsizes)
 
 
-def _vectorised_offsets(op: _Op, points, min_points: int = 8):
-  """Element offsets of every step at once, or None. Index maps are traced functions in Pallas, so
-  they work on arrays: one call with the whole grid's index columns replaces one call per step. It
-  runs with no executor set (plain NumPy, nothing charged to the core). Maps that need per-step
-  evaluation (reading refs, Python control flow on indices) raise here and fall back; so does any
-  out-of-bounds block, whose error is then raised by the per-step path with its grid point. Grids
-  of fewer than `min_points` points are evaluated per step (cheaper there; and index maps that charge
-  scalar work, the JAX front end's with equations, charge it there)."""
-  m = op.m
-  if len(points) < min_points:
-    return None
-  cols = [np.fromiter((p[d] for p in points), np.int64, len(points)) for d in range(len(points[0]))]
-  token = executor.set_current(None)
-  try:
-    idx = m.index_map(*cols)
-  except Exception:  # noqa: BLE001  not vectorisable: evaluate per step
-    return None
-  finally:
-    executor.reset_current(token)
-  if type(idx) is not tuple:
-    idx = tuple(idx) if isinstance(idx, list) else (idx,)
-  if len(idx) != len(m.dims):
-    return None
-  n = len(points)
-  offs = []
-  for (kind, size, pad), i, dim in zip(m.dims, idx, m.array_shape):
-    if isinstance(i, np.ndarray):
-      if i.ndim > 1 or i.dtype.kind not in "iu":
-        return None   # (floats and bools: the per-step path's concrete_int rejects them, with the point)
-    elif not isinstance(i, (int, np.integer)) or isinstance(i, bool):
-      return None
-    i = np.broadcast_to(np.asarray(i, np.int64), (n,))
-    off = i * size if kind == BLOCKED else (i - pad if kind == ELEMENT else i)
-    lo, hi = (-pad, dim + pad) if kind == ELEMENT else (0, dim)
-    if op.bounds_checks and ((off < lo).any() or (off >= hi).any()):
-      return None
-    offs.append(off.tolist())
-  return list(zip(*offs)) if offs else [()] * n   # (rank 0: one empty offset per step)
-
-
-_CACHED_POINTS = 1 << 16   # grids up to this many points keep their block offsets in the plan's cache
-
-
-def _grid_offsets(op: _Op, k: int, points, cache):
-  """(every step's element offsets or None, whether they are all distinct) of operand `k` (inputs
-  then outputs) over `points`: `_vectorised_offsets`, kept in `cache` (a launch plan's, for the same
-  block mappings on every launch) under the points and the bounds-check flag it depends on. A map
-  that does not vectorise is kept as None (per-step evaluation, as without the cache)."""
-  n = len(points)
-  # (a pure map, BlockMapping.pure_index_map, is evaluated once for the plan on any grid; others
-  # per step on grids < 8 points: `_vectorised_offsets`)
-  pure = cache is not None and op.m.pure_index_map
-  if not n or (n < 8 and not pure):
-    return None, False
-  key = None
-  if cache is not None and n <= _CACHED_POINTS:
-    key = (k, op.bounds_checks, tuple(points))
-    hit = cache.get(key)
-    if hit is not None:
-      return hit
-  blocks = _vectorised_offsets(op, points, 1 if pure else 8)
-  hit = (blocks, blocks is not None and len(set(blocks)) == len(blocks))
-  if key is not None:
-    cache[key] = hit
-  return hit
-
-
-def _block_offsets(op: _Op, step: int, point, index_args, where) -> tuple:
-  if op.all_blocks is not None:
-    return op.all_blocks[step]
-  hit = op.blocks.get(step)
-  if hit is not None:
-    return hit
-  m = op.m
-  try:
-    idx = m.index_map(*point, *index_args)
-  except PalaceError:
-    raise
-  except Exception as e:  # noqa: BLE001  the user's index map failed: say whose and where
-    raise BlockSpecError(
-        f"index_map of {m.name} ({getattr(m.index_map, '__name__', '?')!r}) raised {e!r} at grid point "
-        f"{point}{' ' + where if where else ''} (called as index_map(*grid_indices"
-        f"{', *scalar_prefetch_refs' if index_args else ''})). Fix: make the index map return block "
-        f"indices for every point of its grid; the original error is chained below.") from e
-  if type(idx) is not tuple:
-    idx = tuple(idx) if isinstance(idx, list) else (idx,)
-  if len(idx) != len(m.dims):
-    example = ", ".join(["i"] + ["0"] * (len(m.dims) - 1))
-    raise OutOfBoundsError(f"index_map of {m.name} returned {len(idx)} indices {tuple(idx)!r} for an "
-                           f"array of rank {len(m.dims)} at grid point {point}; expected one per dim. "
-                           f"Fix: return one block index per dimension of {m.name}, e.g. ({example}).")
-  for i in idx:
-    if type(i) is not int:  # runtime scalars (SMEM reads, program ids): make them concrete
-      idx = tuple(concrete_int(i, f"index_map result for {m.name}") for i in idx)
-      break
-  offsets = m.offsets(idx)
-  if op.bounds_checks:
-    for d, ((kind, size, pad), off, dim) in enumerate(zip(m.dims, offsets, m.array_shape)):
-      limit_lo = -pad if kind == ELEMENT else 0
-      if off < limit_lo or off >= dim + (pad if kind == ELEMENT else 0):
-        ex = executor.current()
-        raise OutOfBoundsError(
-            f"Block index out of bounds for {m.name} (shape {m.array_shape}) at grid point {point}"
-            f"{' ' + where if where else ''} on chip {ex.chip_index} core {ex.core_id}: index_map "
-            f"returned {idx}, i.e. element offset {off} in dim {d} of size {dim}. "
-            f"Fix: check the index_map and the grid"
-            + (f" (dim {d} has blocks 0..{-(-dim // size) - 1} of {size})." if kind == BLOCKED else "."))
-  op.blocks[step] = offsets
-  return offsets
-
-
 _RAW, _ALIAS, _BUFFERED = "raw", "alias", "buffered"
 
 
@@ -323,7 +213,7 @@ def run_pipeline(body, grid, in_maps, out_maps, in_refs, out_refs, *, lead_args=
   across pipelines); `smem_blocks`: SMEM BlockSpecs are windowed like VMEM ones (emit_pipeline);
   `written`: a dict that receives, per output index, the element offsets of the blocks written back;
   `offsets_cache`: a dict kept with these block mappings (a launch plan's) that keeps their block
-  offsets per list of points for the next pipeline over them (`_grid_offsets`)."""
+  offsets per list of points for the next pipeline over them (`block_offsets.grid_offsets`)."""
   ex = executor.current("a pipeline")
   grid = validate.as_dims(grid, "the pipeline grid")
   if points is None:
@@ -342,7 +232,7 @@ def run_pipeline(body, grid, in_maps, out_maps, in_refs, out_refs, *, lead_args=
   if not index_args:
     for k, o in enumerate(ops):
       if o.mode != _RAW:
-        o.all_blocks, distinct = _grid_offsets(o, k, points, offsets_cache)
+        o.all_blocks, distinct = grid_offsets(o, k, points, offsets_cache)
         if distinct:
           o.prepare = _prepare
 
@@ -464,11 +354,11 @@ def _steps(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tai
     # copies before waiting any), then per input wait the current block and prefetch ahead
     for o in buffered_in:
       if s not in o.fetched:
-        cur = o.all_blocks[s] if o.all_blocks is not None else _block_offsets(o, s, point, index_args, "")
+        cur = o.all_blocks[s] if o.all_blocks is not None else block_offsets(o, s, point, index_args, "")
         if s == 0 or cur != o.cur:
           _start_fetch(o, s, cur, dma_start)
     for k, o, blocks, alias, ahead in in_plan:
-      cur = blocks[s] if blocks is not None else _block_offsets(o, s, point, index_args, "")
+      cur = blocks[s] if blocks is not None else block_offsets(o, s, point, index_args, "")
       if alias:
         if s == 0 or cur != o.cur:
           o.cur = cur
@@ -483,19 +373,19 @@ def _steps(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tai
       if ahead == 1:   # double buffering: only the next step's block
         t = s + 1
         if t < n:
-          nxt = blocks[t] if blocks is not None else _block_offsets(o, t, points[t], index_args, "")
+          nxt = blocks[t] if blocks is not None else block_offsets(o, t, points[t], index_args, "")
           if nxt != cur and t not in o.fetched:
             _start_fetch(o, t, nxt, dma_start)
       elif ahead:      # lookahead: every changed block that fits the free slots
         prev = cur
         for t in range(s + 1, min(n, s + o.nbuf)):
-          nxt = blocks[t] if blocks is not None else _block_offsets(o, t, points[t], index_args, "")
+          nxt = blocks[t] if blocks is not None else block_offsets(o, t, points[t], index_args, "")
           if nxt != prev and t not in o.fetched:
             _start_fetch(o, t, nxt, dma_start)
           prev = nxt
     # ---- outputs: pick the slot for this step's block
     for k, o, blocks, alias in out_plan:
-      cur = blocks[s] if blocks is not None else _block_offsets(o, s, point, index_args, "")
+      cur = blocks[s] if blocks is not None else block_offsets(o, s, point, index_args, "")
       if alias:
         if s == 0 or cur != o.cur:
           o.cur = cur
@@ -523,7 +413,7 @@ def _steps(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tai
     for o in buffered_out:
       if s != last:
         nxt = o.all_blocks[s + 1] if o.all_blocks is not None else \
-            _block_offsets(o, s + 1, points[s + 1], index_args, "")
+            block_offsets(o, s + 1, points[s + 1], index_args, "")
         if nxt == o.cur:
           continue
       o.written.add(o.cur)

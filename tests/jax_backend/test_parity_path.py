@@ -29,7 +29,7 @@ NOT_YET: dict = {}   # every parity case runs now; a new gap goes here as a stri
 SCALAR_EXTRA = {"basic-row_sum_and_max": 26, "basic-softmax": 146, "basic-causal_mask_iota": 4,
                 "basic-roll_and_integer_ops": 8,
                 "prefetch_alias-prefetch_two_tables_skip_blocks": 2,
-                "prefetch_alias-alias_partial_update": 4, "wheel-wheel_paged_attention": None,
+                "wheel-wheel_paged_attention": None,
                 "wheel-wheel_paged_attention_f32_gqa4": None, "wheel-wheel_paged_attention_f32_gqa8": None,
                 "wheel-wheel_flash_attention_causal": 12,
                 # emit_pipeline: JAX's own implementation (library code, traced into the kernel jaxpr)

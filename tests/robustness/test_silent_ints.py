@@ -42,7 +42,7 @@ def test_index_map_returning_floats():
 
 
 def test_index_map_returning_floats_on_a_long_grid():
-  # (a grid this long evaluates the index map once on every step's indices, pipeline._vectorised_offsets)
+  # (a grid this long evaluates the index map once on every step's indices, block_offsets._vectorised_offsets)
   x = np.zeros((16 * 8, 128), np.float32)
   f = pl.pallas_call(_copy_kernel, out_shape=pl.ShapeDtypeStruct(x.shape, x.dtype), grid=(16,),
                      in_specs=[pl.BlockSpec(SHAPE, lambda i: (i * 1.0, 0))],

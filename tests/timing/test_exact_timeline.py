@@ -189,3 +189,28 @@ def test_vector_costs_count_padded_tiles():
   assert cost.vector_cost(v5e, "reduce_lane", (64, 128))[0] == "xlu"
   assert cost.vector_cost(v5e, "transcendental", (64, 128))[0] == "eup"
   assert cost.vector_cost(v5e, "free", (64, 128)) == (None, 0, 0)
+
+
+@pytest.mark.parametrize("steps", [4, 16])   # below and above the grids whose maps are vectorised
+def test_index_map_arithmetic_costs_nothing_on_any_grid(steps):
+  """Index-map arithmetic is part of the calibrated grid-step overhead: a map computing its block with
+  palace ops costs what the plain map giving the same blocks costs, whether the pipeline evaluates it
+  per step (small grids) or once for the whole grid (before, a small grid's maps charged scalar ops
+  and the same maps on a long grid did not). A map reading prefetched scalars (SMEM loads) is charged
+  one load per step on every grid."""
+  def kernel(idx_ref, x_ref, o_ref):
+    o_ref[...] = x_ref[...]
+  x = np.arange(steps * 8 * 128, dtype=np.float32).reshape(steps * 8, 128)
+  cycles = []
+  for index_map in (lambda i, idx: (jnp.minimum(i, i + 1), 0), lambda i, idx: (i, 0),
+                    lambda i, idx: (idx[i], 0)):
+    spec = pl.BlockSpec((8, 128), index_map)
+    f = pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct(x.shape, x.dtype),
+                       grid_spec=pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=1, grid=(steps,),
+                                                              in_specs=[spec], out_specs=spec))
+    with pl.virtual_tpu(UNIT_CHIP) as tpu:
+      np.testing.assert_array_equal(f(np.arange(steps, dtype=np.int32), x), x)
+    cycles.append(tpu.reports[-1].device_cycles)
+  computed, plain, loaded = cycles
+  assert computed == plain
+  assert loaded == plain + 2 * SCALAR * steps   # the in and out maps' loads, on the critical path
