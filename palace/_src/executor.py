@@ -61,7 +61,8 @@ class Executor(Protocol):
   grid_stack: list          # [(indices tuple, sizes tuple), ...] innermost last (pipelines)
   now: int                  # the core's issue clock (cycles)
   host_cache: dict          # per-launch host caches owned by the language side (lang/deferred.py)
-  unused_dmas: dict         # id(descriptor) -> (site, text, descriptor), reported at kernel end
+  unused_dmas: dict         # id(descriptor) -> (site, describer, descriptor), reported at kernel end
+                            # (str(describer) names the copy; made only when reported)
 
   # values and compute
   def load(self, buf, index, shape, site=None): ...          # -> (np data | None, ready_cycle)

@@ -99,10 +99,12 @@ class AsyncCopyDescriptor:
     """make_async_copy descriptors must be started or waited (checked at kernel end, with this site)."""
     ex = executor.maybe_current()
     if ex is not None:
-      ex.unused_dmas[id(self)] = (ex.site(), f"{self.src_ref.origin()} -> {self.dst_ref.origin()}",
-                                  self)
+      ex.unused_dmas[id(self)] = (ex.site(), self, self)   # (str(self) names it, only if reported)
       self._unused = ex
     return self
+
+  def __str__(self):
+    return f"{self.src_ref.origin()} -> {self.dst_ref.origin()}"
 
   def _used(self):
     if self._unused is not None:

@@ -75,7 +75,7 @@ class TensorCore:
     self.deferred_values = not self.checks.active and not self.timing_only
     self.host_cache = {}      # the language side's host caches for this launch (opaque to the machine)
     self._poll, self._polls = None, 0   # semaphore_read polling (livelock detection)
-    self.unused_dmas = {}     # descriptors made but never started nor waited: key -> (site, text, desc)
+    self.unused_dmas = {}     # descriptors made but never started nor waited: key -> (site, describer, desc)
     self.grid_stack = []
     self.kernel_name = machine.kernel_name
     self.now = 0
@@ -327,7 +327,7 @@ class TensorCore:
     for buf in list(self.sem_buffers):
       self._check_sem_zero(buf, "at kernel end")
     if self.unused_dmas:
-      site, text = min((v[0], v[1]) for v in self.unused_dmas.values())
+      site, text = min((v[0], str(v[1])) for v in self.unused_dmas.values())
       raise SyncError(
           f"Kernel '{self.kernel_name}' made {len(self.unused_dmas)} DMA descriptor(s) that were never "
           f"started nor waited on chip {self.chip_index} core {self.core_id}: {text} made at "
