@@ -14,6 +14,8 @@ is almost always a kernel bug). Indices must be integers: floats and bools are e
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import operator
 
 import numpy as np
 
@@ -75,6 +77,10 @@ class _AtIndexer:
     return self._ref._view(idx)
 
 
+_FULL_DIMS: dict = {}   # buffer shape -> the dims of its whole view (a cache of a pure function)
+_STATIC_BOUND = (int, type(None))   # slice bound types that are certainly not runtime values
+
+
 class Ref:
   """A mutable view of a buffer (VMEM, SMEM, HBM/ANY, semaphores)."""
   __slots__ = ("buf", "dims", "shape", "_np_index", "_full")
@@ -87,13 +93,20 @@ class Ref:
       self._full = True
       self._np_index = ()
       return
-    self._full = all(type(d) is tuple and d[0] == 0 and d[2] == 1 and d[1] == s
-                     for d, s in zip(dims, buf.shape))
+    if type(dims) is not tuple:
+      dims = tuple(dims)
     self.dims = dims
-    self.shape = tuple(d[1] for d in dims if type(d) is tuple)
-    self._np_index = () if self._full else tuple(
+    full = _FULL_DIMS.get(buf.shape)
+    if full is None:
+      full = _FULL_DIMS[buf.shape] = tuple([(0, n, 1) for n in buf.shape])
+    if dims == full:
+      self._full, self.shape, self._np_index = True, tuple(buf.shape), ()
+      return
+    self._full = False
+    self.shape = tuple([d[1] for d in dims if type(d) is tuple])
+    self._np_index = tuple([
         d if type(d) is int else slice(d[0], d[0] + (d[1] - 1) * d[2] + 1 if d[1] else d[0], d[2])
-        for d in dims)
+        for d in dims])
 
   @classmethod
   def window(cls, buf: "Buffer", starts, sizes, squeezed=()) -> "Ref":
@@ -161,10 +174,13 @@ class Ref:
             f"{self.shape}, {self.buf.memory_space}){_where()} at {user_frame_summary()}")
 
   def _compose(self, idx):
-    if not isinstance(idx, tuple):
-      idx = (idx,)
-    free = [i for i, d in enumerate(self.dims) if not isinstance(d, int)]
-    n_ell = sum(1 for i in idx if i is Ellipsis)
+    if type(idx) is not tuple:
+      idx = tuple(idx) if isinstance(idx, tuple) else (idx,)
+    dims = self.dims
+    # the positions of the dims not indexed away yet (all of them unless a dim is an int)
+    free = range(len(dims)) if len(self.shape) == len(dims) else \
+        [i for i, d in enumerate(dims) if not isinstance(d, int)]
+    n_ell = sum(map(operator.is_, idx, itertools.repeat(Ellipsis)))
     if n_ell > 1:
       raise UsageError(f"An index of {self.buf.name} can only have a single ellipsis ('...'){_where()}. "
                          f"Fix: keep one '...' and spell out the other dimensions with ':'.")
@@ -175,16 +191,25 @@ class Ref:
       raise OutOfBoundsError(f"Too many indices for {self.buf.name} of shape {self.shape}: got "
                              f"{len(idx)}{_where()}. Fix: give at most {len(free)} indices, one per "
                              f"dimension.")
-    new = list(self.dims)
+    new = list(dims)
     check = executor.maybe_current()
     check = True if check is None else check.bounds_checks
     for axis, (pos, i) in enumerate(zip(free, idx)):
       start, size, stride = new[pos]
+      if type(i) is slice and i.start is None and i.stop is None and i.step is None:
+        continue   # `:` keeps the dim as it is (static_slice gives (0, size, 1), always in bounds)
+      if type(i) is int and check:   # the int branch below, without its conversions
+        v = i + size if i < 0 else i
+        if 0 <= v < size:
+          new[pos] = start + v * stride
+          continue
       if isinstance(i, Slice):
         s0 = concrete_int(i.start, "pl.ds start")
         sz, st = i.size, i.stride
       elif type(i) is slice:
-        if any(isinstance(v, Array) for v in (i.start, i.stop, i.step)):
+        if not (type(i.start) in _STATIC_BOUND and type(i.stop) in _STATIC_BOUND and
+                type(i.step) in _STATIC_BOUND) and \
+            any(isinstance(v, Array) for v in (i.start, i.stop, i.step)):
           raise UsageError(f"Slicing {self.buf.name} with runtime bounds needs pl.ds(start, size): a "
                            f"Python slice must be static. Fix: use x_ref[pl.ds(start, size)] with a static "
                            f"size.")
