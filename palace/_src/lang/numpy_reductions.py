@@ -50,14 +50,14 @@ def _reduction(npfn, name, result="same"):
     ex = executor.maybe_current()
     if not (ex is not None and ex.timing_only and out_shape) and _has_data(a):
       v = _np(a, _compute_dtype(out_d) if result == "same" else None)
-      with np.errstate(all="ignore"):
-        if result == "index":
-          if len(axes) != 1:
-            raise ShapeError(f"jnp.{name} takes a single axis; got axis={axis}. Fix: pass one int axis (or "
-                               f"reshape to merge the axes first).")
-          data = npfn(v, axis=axes[0], keepdims=keepdims)
-        else:
-          data = npfn(v, axis=axes, keepdims=keepdims)
+      if result == "index" and len(axes) != 1:
+        raise ShapeError(f"jnp.{name} takes a single axis; got axis={axis}. Fix: pass one int axis (or "
+                         f"reshape to merge the axes first).")
+      if ex is not None:   # kernels run under np.errstate(all="ignore"), set once per core (sim)
+        data = npfn(v, axis=axes[0] if result == "index" else axes, keepdims=keepdims)
+      else:
+        with np.errstate(all="ignore"):
+          data = npfn(v, axis=axes[0] if result == "index" else axes, keepdims=keepdims)
       data = np.asarray(data).astype(out_d, copy=False)
     return _out(data, out_shape, out_d, ready_of(a), _reduce_class(axes, len(shape)), _is_arr(a))
 
@@ -65,10 +65,12 @@ def _reduction(npfn, name, result="same"):
   return op
 
 
-sum = _reduction(np.sum, "sum")  # noqa: A001
-prod = _reduction(np.prod, "prod")
-max = amax = _reduction(np.max, "max")  # noqa: A001
-min = amin = _reduction(np.min, "min")  # noqa: A001
+# the ufuncs' reduce is what np.sum / np.prod / np.max / np.min call (same result), without their
+# Python-level argument wrapper
+sum = _reduction(np.add.reduce, "sum")  # noqa: A001
+prod = _reduction(np.multiply.reduce, "prod")
+max = amax = _reduction(np.maximum.reduce, "max")  # noqa: A001
+min = amin = _reduction(np.minimum.reduce, "min")  # noqa: A001
 mean = _reduction(np.mean, "mean")
 argmax = _reduction(np.argmax, "argmax", "index")
 argmin = _reduction(np.argmin, "argmin", "index")
