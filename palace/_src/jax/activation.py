@@ -94,7 +94,7 @@ def running():
       _running.notify_all()
 
 
-def _drain_at_exit(timeout_s: float = 600.0, quiet_s: float = 0.1) -> None:
+def _drain_at_exit(timeout_s: float = 120.0, quiet_s: float = 0.1) -> None:
   """At interpreter exit: wait for the computations dispatched so far and for palace launches still
   running on XLA's threads. JAX dispatches asynchronously, so a program may end (or a notebook cell
   raise) while a launch's callback runs palace code; XLA then tears its thread pools down under it and
@@ -104,7 +104,8 @@ def _drain_at_exit(timeout_s: float = 600.0, quiet_s: float = 0.1) -> None:
   `quiet_s` (the next queued one starts within microseconds of the last one's end). JAX alone has the
   same race with any host callback still queued at exit (a plain jax.pure_callback in a dropped
   shard_map result crashes the same way); this narrows palace's share of it to nothing measurable.
-  Errors are not raised here: whoever reads the results sees them."""
+  Errors are not raised here: whoever reads the results sees them. A launch still running after
+  `timeout_s` (a pod launch whose peers never come) is left to the teardown rather than hang the exit."""
   if not _running_count[1]:   # no palace launch ran in this process
     return
   try:
