@@ -23,6 +23,7 @@ import weakref
 import numpy as np
 
 from palace._src.errors import PalaceError, UnsupportedError
+from palace._src.jax import scalar_blocks
 from palace._src.lang.array import Array
 
 RULES: dict = {}   # primitive name -> rule (plain or compiling, see `rule` / `compiling_rule`)
@@ -180,9 +181,10 @@ def program(jaxpr) -> _Program:
   consts = [name(v) for v in jaxpr.constvars]
   ins = [name(v) for v in jaxpr.invars]
   body, eqn_at = [], {}   # generated statements; line number -> the equation its call evaluates
+  eqns = jaxpr.eqns
   token = _used_here.set(used_vars(jaxpr))
   try:
-    for k, eqn in enumerate(jaxpr.eqns):
+    def statements(k, eqn, indent=""):
       fn = RULES.get(eqn.primitive.name)
       if fn is None:
         fn = _failing(unsupported(eqn))
@@ -201,19 +203,46 @@ def program(jaxpr) -> _Program:
       else:
         call = f"{outs[0]} = {call}"
       eqn_at[len(body) + 4] = eqn   # (after the function's lines def, unpacking, try)
-      body.append(call)
+      body.append(indent + call)
       for j, (v, out) in enumerate(zip(eqn.outvars, outs)):
         c = _expected(v)
         if c is not None:
           ns[f"c{k}_{j}"] = c
-          body.append(f"if isinstance({out}, Array) and ({out}.shape != c{k}_{j}[0] or {out}.dtype != "
-                      f"c{k}_{j}[1]): _wrong_type(e{k}, {out}, c{k}_{j})")
+          body.append(f"{indent}if isinstance({out}, Array) and ({out}.shape != c{k}_{j}[0] or "
+                      f"{out}.dtype != c{k}_{j}[1]): _wrong_type(e{k}, {out}, c{k}_{j})")
+
+    # runs of scalar int/bool equations: one fused block each, the statements above as its fallback
+    runs = {start: (stop, ops) for start, stop, ops in scalar_blocks.runs(eqns)}
+    last_read = {v: len(eqns) for v in jaxpr.outvars if type(v) is not Literal}
+    for k, eqn in enumerate(eqns):
+      for v in eqn.invars:
+        if type(v) is not Literal:
+          last_read[v] = k
+    known: dict = {}
+    k = 0
+    while k < len(eqns):
+      if k not in runs:
+        statements(k, eqns[k])
+        k += 1
+        continue
+      stop, ops = runs[k]
+      guard, fused = scalar_blocks.emit(eqns[k:stop], ops, name,
+                                        lambda v, stop=stop: last_read.get(v, -1) >= stop, known, f"_ok{k}")
+      body.extend([f"if {guard}:", *(f"  {line}" for line in fused), f"  _ok{k} = True", "else:"])
+      for j in range(k, stop):
+        statements(j, eqns[j], "  ")
+      body.append(f"  _ok{k} = False")
+      k = stop
   finally:
     _used_here.reset(token)
+  if runs:
+    ns.update(scalar_blocks.NAMESPACE)
   outs = [name(v) for v in jaxpr.outvars]
   unpack = [f"{', '.join(ins)}, = args" if ins else "pass"]
   if consts:   # (missing consts are None)
     unpack.append(f"{', '.join(consts)}, = _consts(consts, {len(consts)})")
+  if runs:
+    unpack.append("_ex = _sb_current()")
   src = "\n".join([f"def run(consts, args):\n  {'; '.join(unpack)}\n  try:",
                    *(f"    {line}" for line in body or ["pass"]),
                    "  except PalaceError as e:",
