@@ -213,11 +213,12 @@ def program(jaxpr) -> _Program:
 
     # runs of scalar int/bool equations: one fused block each, the statements above as its fallback
     runs = {start: (stop, ops) for start, stop, ops in scalar_blocks.runs(eqns)}
-    last_read = {v: len(eqns) for v in jaxpr.outvars if type(v) is not Literal}
+    last_read = {}   # var -> the last equation that reads it (len(eqns): an output)
     for k, eqn in enumerate(eqns):
       for v in eqn.invars:
         if type(v) is not Literal:
           last_read[v] = k
+    last_read.update((v, len(eqns)) for v in jaxpr.outvars if type(v) is not Literal)
     known: dict = {}
     k = 0
     while k < len(eqns):

@@ -33,12 +33,14 @@ _I32, _U32, _BOOL = np.dtype(np.int32), np.dtype(np.uint32), np.dtype(np.bool_)
 _DTYPES = (_I32, _U32, _BOOL)
 _INTS = (_I32, _U32)
 _DTYPE_NAMES = {_I32: "_sb_int32", _U32: "_sb_uint32", _BOOL: "_sb_bool"}
+_SCALAR_NAMES = {_I32: "_sb_i32", _U32: "_sb_u32", _BOOL: "_sb_np_bool"}   # NumPy scalar types
 _MAKE = {_I32: "_sb_i32({})", _U32: "_sb_u32({})", _BOOL: "_sb_bools[{}]"}   # Python value -> data
 MIN_EQUATIONS = 2   # a lone scalar equation keeps its rule (numpy_elementwise._on_scalars & co.)
 
 # names the generated code uses (merged into the program's namespace)
 NAMESPACE = {"_sb_current": executor._current.get, "_sb_div": div_ints, "_sb_rem": rem_ints,
-             "_sb_i32": np.int32, "_sb_u32": np.uint32, "_sb_bools": (np.False_, np.True_),
+             "_sb_i32": np.int32, "_sb_u32": np.uint32, "_sb_np_bool": np.bool_,
+             "_sb_bools": (np.False_, np.True_),
              **{n: d for d, n in _DTYPE_NAMES.items()}}
 
 
@@ -171,13 +173,18 @@ def _literal_source(var) -> str:
 
 def emit(eqns, ops, name, read_later, known: dict, flag: str) -> tuple:
   """One run's fused form: (guard expression, statements). `name(var)` is the program's local of a
-  variable, `read_later(var)` whether anything after the run reads it; `known` maps a variable
-  whose Python value (`<local>_i`) and ready cycle (`<local>_r`) an earlier run's fused form holds
-  to that run's flag, and is updated with this run's (whose fused form sets `flag`)."""
+  variable, `read_later(var)` whether anything after the run reads it. `known` maps each variable
+  whose Python value (`<local>_i`) an earlier run's fused form holds to (that run's flag, the
+  leaves its value depends on); it is updated with this run's (whose fused form sets `flag`).
+
+  Leaves are operands from outside all fused runs, held with their ready cycle (`<local>_r`; 0 for
+  a NumPy scalar, which palace's ops take as a constant). A value's ready cycle is max(the clock
+  after its equation, its leaves' ready cycles): an earlier run's result was ready at a clock this
+  run's exceeds, or at one of its own leaves' ready cycles."""
   from jax._src import core as jax_core  # noqa: PLC0415
-  produced = {}       # var -> (position: charges up to its op, or 0 for an outside operand's alias,
-  #                            the outside operands it depends on, its value's expression)
-  outside, lines, pos = [], [], 0
+  produced = {}   # var -> (position: charges up to its equation, or 0; leaves; source; the Array it is)
+  new_leaves, array_only, lines, pos = [], set(), [], 0
+  flags, checks = set(), []
   for eqn, op in zip(eqns, ops):
     srcs, cone = [], set()
     for v in eqn.invars:
@@ -185,21 +192,30 @@ def emit(eqns, ops, name, read_later, known: dict, flag: str) -> tuple:
         srcs.append(_literal_source(v))
         continue
       if v in produced:
-        _, c, _ = produced[v]
-        cone |= c
+        cone |= produced[v][1]
+      elif v in known:
+        flags.add(known[v][0])
+        cone |= known[v][1]
+        if op.charges == 0 and known[v][1] == {v} and f"type({name(v)}) is Array" not in checks:
+          checks.append(f"type({name(v)}) is Array")   # (an earlier run's leaf may be NumPy)
       else:
-        if v not in outside:
-          outside.append(v)
+        if v not in new_leaves:
+          new_leaves.append(v)
         cone.add(v)
+      if op.charges == 0:
+        array_only.add(v)   # (the rule returns an Array operand itself, a NumPy one charged)
       srcs.append(f"{name(v)}_i")
     pos += op.charges
     out = eqn.outvars[0]
-    if op.charges == 0:   # the operand itself (an alias: its position and cone too)
+    if op.charges == 0:   # the operand itself: its position and leaves too
       v = eqn.invars[0]
-      p, c = (produced[v][0], produced[v][1]) if v in produced else (0, {v})
-      produced[out] = (p, frozenset(c), srcs[0])
+      if v in produced:
+        p, c, _, same = produced[v]
+        produced[out] = (p, c, srcs[0], same)
+      else:
+        produced[out] = (0, frozenset(cone), srcs[0], v)
     else:
-      produced[out] = (pos, frozenset(cone), op.source(*srcs))
+      produced[out] = (pos, frozenset(cone), op.source(*srcs), None)
   later = [v for v in produced if read_later(v)]
   # values: those read later and what they are computed from (dead ones are only charged)
   live, stack = set(), list(later)
@@ -210,33 +226,41 @@ def emit(eqns, ops, name, read_later, known: dict, flag: str) -> tuple:
     if v in produced and v not in live:
       live.add(v)
       stack.extend(operands[v])
-  flags = sorted({known[v] for v in outside if v in known})
-  guard = list(flags) or ["_ex is not None"]
-  for v in outside:
-    if v in known:
-      continue
-    n, d = name(v), _DTYPE_NAMES[_scalar_dtype(v)]
-    guard.append(f"type({n}) is Array and {n}.dtype is {d} and not {n}.shape and "
-                 f"({n}_d := {n}._data) is not None and {n}_d.dtype is {d}")
-    lines.append(f"{n}_i = int({n}_d); {n}_r = {n}._ready")
-  if pos:
-    lines.append(f"_t, _c = _ex.scalar_ops({pos})")
+  guard = (sorted(flags) or ["_ex is not None"]) + checks
+  for v in new_leaves:
+    n, d = name(v), _scalar_dtype(v)
+    dn = _DTYPE_NAMES[d]
+    array = (f"type({n}) is Array and {n}.dtype is {dn} and not {n}.shape and "
+             f"({n}_d := {n}._data) is not None and {n}_d.dtype is {dn} and ({n}_r := {n}._ready) >= 0")
+    guard.append(array if v in array_only else
+                 f"({array} or type({n}) is {_SCALAR_NAMES[d]} and ({n}_d := {n}) is not None and "
+                 f"not ({n}_r := 0))")
+    lines.append(f"{n}_i = int({n}_d)")
+  lines.append(f"_t, _c = _ex.scalar_ops({pos})")
   for eqn in eqns:
     v = eqn.outvars[0]
     if v in live:
       lines.append(f"{name(v)}_i = {produced[v][2]}")
+  made = {}   # var -> (the general form's statements, the form's when no leaf is ready after _t)
   for v in later:
-    p, cone, _ = produced[v]
-    n = name(v)
-    if p == 0:   # an outside operand itself
-      (src,) = cone
-      lines.append(f"{n} = {name(src)}; {n}_r = {name(src)}_r")
+    p, cone, _, same = produced[v]
+    n, d = name(v), _scalar_dtype(v)
+    if same is not None:   # an Array from before the run itself
+      made[v] = ([f"{n} = {name(same)}"], [f"{n} = {name(same)}"])
     else:
-      lines.append(f"{n}_r = _t + {p} * _c" if p != 1 else f"{n}_r = _t + _c")
-      lines.extend(f"if {name(e)}_r > {n}_r: {n}_r = {name(e)}_r" for e in sorted(cone, key=name))
-      d = _scalar_dtype(v)
-      lines.append(f"{n} = Array({_MAKE[d].format(f'{n}_i')}, (), {_DTYPE_NAMES[d]}, {n}_r)")
-    known[v] = flag
-  for v in outside:
-    known.setdefault(v, flag)
+      array = f"{n} = Array({_MAKE[d].format(f'{n}_i')}, (), {_DTYPE_NAMES[d]}, {{}})"
+      clock = f"_t + {p} * _c" if p != 1 else "_t + _c"
+      late = [f"{n}_r = {clock}",
+              *(f"if {name(e)}_r > {n}_r: {n}_r = {name(e)}_r" for e in sorted(cone, key=name)),
+              array.format(f"{n}_r")]
+      made[v] = (late, [array.format(clock)])
+    known[v] = (flag, cone)
+  for v in new_leaves:
+    known[v] = (flag, frozenset((v,)))
+  leaves = sorted({e for v in later if produced[v][3] is None for e in produced[v][1]}, key=name)
+  if leaves:
+    lines.append(f"if {' or '.join(f'{name(e)}_r > _t' for e in leaves)}:")
+    lines.extend(f"  {line}" for v in later for line in made[v][0])
+    lines.append("else:")
+  lines.extend(f"  {line}" if leaves else line for v in later for line in made[v][1])
   return " and ".join(guard), lines
