@@ -9,7 +9,9 @@ indexers, Pallas and Mosaic-TPU primitives) and `rules_control.py` (cond, loops,
 A rule is `fn(eqn, *invals) -> value` (or a list of values for multi-result primitives); it reads
 static parameters from `eqn.params`. Hot rules are compiling rules, `make(eqn) -> fn(*invals)`: each
 jaxpr is compiled once (`program`) into a list of closures over flat value slots, so a kernel step
-pays one closure call per equation, not a dict lookup plus parameter parsing. A primitive without a rule, or a parameter value a rule does not
+pays one closure call per equation, not a dict lookup plus parameter parsing. Runs of 0-d int/bool
+equations (index arithmetic) are generated as one block on Python ints instead, with the
+equations' calls as its fallback (`scalar_blocks.py`). A primitive without a rule, or a parameter value a rule does not
 cover, raises UnsupportedError naming the primitive and the kernel line from the eqn's source info.
 """
 from __future__ import annotations
@@ -159,7 +161,8 @@ _PROGRAM_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "<jaxpr
 def program(jaxpr) -> _Program:
   """`jaxpr` compiled once (cached per jaxpr): every equation's rule resolved and its static
   parameters parsed up front, then the whole jaxpr generated as one Python function, so an
-  evaluation is one closure call per equation on local variables (no per-equation dispatch)."""
+  evaluation is one closure call per equation on local variables (no per-equation dispatch), and
+  a run of scalar int/bool equations one block of Python int arithmetic (`scalar_blocks`)."""
   prog = _PROGRAMS.get(jaxpr)
   if prog is not None:
     return prog

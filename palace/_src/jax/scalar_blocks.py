@@ -7,15 +7,19 @@ scalar op: an `Array` made from a NumPy scalar and one `scalar_op` charge. `inte
 generates every maximal straight-line run of such equations (`runs`) as one code block (`emit`):
 
 - a guard: the kernel's executor is there and every operand from outside the run is a 0-d palace
-  Array of its dtype with data, or comes from an earlier run of the same program that took its
-  fused form (its flag). Otherwise the equations' own statements run, exactly as without fusion
-  (host values in index maps, timing-only values, ...);
+  Array of its dtype with data or a NumPy scalar of its dtype (a scan's constant initial carry,
+  which palace's ops take as a constant ready at cycle 0), or comes from an earlier run of the same
+  program that took its fused form (its flag). Otherwise the equations' own statements run, exactly
+  as without fusion (host values in index maps, timing-only values, ...);
 - the run's scalar-unit charges at once (`Executor.scalar_ops(n)`: n scalar_op calls);
-- every value the rest of the program reads as a Python int (wrapped to its dtype; a bool as
-  True/False or 0/1), values read only inside the run not at all once dead;
+- every value computed as a Python int (wrapped to its dtype; a bool as True/False or 0/1), the
+  ones nothing reads only charged;
 - a palace Array only for a value read after the run, ready at max(the clock after its equation's
   charge, the ready cycles of the outside operands it depends on): the cycle each op's scalar_op
   gives it (an op's result is ready at max(clock, its operands' ready), and the clock only grows).
+  When none of those operands is ready after the clock (the usual case, one test per run) that is
+  the clock alone. An equation whose rule returns its operand (a convert to its own dtype) makes no
+  charge and no new Array, as its rule.
 
 The equations' semantics on Python ints (`_SOURCES`) are palace's: lax.div / lax.rem are
 numpy_elementwise's `div_ints` / `rem_ints` (the 0-d forms of palace's own int_div / int_rem), and
