@@ -35,7 +35,7 @@ def _int_ops(a, b):
   k = c(3 if signed else 5)
   out = [a + b, a - b, a * b, lax.max(a, b), lax.min(a, b), a == b, a != b, a < b, a <= b, a > b, a >= b,
          a & b, a | b, a ^ b, lax.div(a, b), lax.rem(a, b), -a, ~a, a + k, k - a, a * k, lax.rem(a, c(2)),
-         lax.div(a, c(2)), lax.rem(k, b), lax.div(k, b), lax.clamp(jnp.asarray(1, a.dtype), a, jnp.asarray(7, a.dtype)),
+         lax.div(a, c(2)), lax.rem(k, b), lax.div(k, b), lax.clamp(c(1), a, c(7)),
          lax.select_n(a < b, a, b), lax.convert_element_type(a, jnp.bool_),
          lax.convert_element_type(a, jnp.uint32 if signed else jnp.int32),
          lax.convert_element_type(a < b, a.dtype) + b, (a * b + a) * b - lax.rem(b, a)]

@@ -11,8 +11,9 @@ static parameters from `eqn.params`. Hot rules are compiling rules, `make(eqn) -
 jaxpr is compiled once (`program`) into a list of closures over flat value slots, so a kernel step
 pays one closure call per equation, not a dict lookup plus parameter parsing. Runs of 0-d int/bool
 equations (index arithmetic) are generated as one block on Python ints instead, with the
-equations' calls as its fallback (`scalar_blocks.py`). A primitive without a rule, or a parameter value a rule does not
-cover, raises UnsupportedError naming the primitive and the kernel line from the eqn's source info.
+equations' calls as its fallback (`scalar_blocks.py`). A primitive without a rule, or a parameter
+value a rule does not cover, raises UnsupportedError naming the primitive and the kernel line from
+the eqn's source info.
 """
 from __future__ import annotations
 
