@@ -169,3 +169,26 @@ def test_kernel_context_primitives_outside_a_kernel():
     pltpu.get_barrier_semaphore()
   with pytest.raises(UsageError, match=r"pltpu.prng_random_bits\(\) was called outside a kernel body"):
     pltpu.prng_random_bits((8, 128))
+
+
+def test_scalar_ops_charges_what_as_many_scalar_op_calls_do():
+  # palace.jax charges a fused run of scalar equations with one scalar_ops(n): the same clock and
+  # scalar-unit time as n scalar_op calls, whose k-th result is ready at max(start + k * cycles, ready)
+  seen = []
+
+  def body(o_ref):
+    ex = executor.current()
+    for n in (1, 3, 40):
+      readies = [ex.now + d for d in (0, 2, 5, 100)[:n]] + [0] * max(0, n - 4)
+      t0, busy0 = ex.now, ex.unit_busy["scalar"]
+      singles = [ex.scalar_op(r) for r in readies]
+      t1, busy1 = ex.now, ex.unit_busy["scalar"]
+      start, cycles = ex.scalar_ops(n)
+      shift = start - t0   # (the same readies relative to the second start)
+      fused = [max(start + (k + 1) * cycles, r + shift if r else 0) for k, r in enumerate(readies)]
+      seen.append((start == t1, ex.now - t1 == t1 - t0, ex.unit_busy["scalar"] - busy1 == busy1 - busy0,
+                   [s - t0 for s in singles] == [f - start for f in fused]))
+
+  with pl.virtual_tpu("v5e"):
+    pl.pallas_call(body, out_shape=pl.ShapeDtypeStruct((8, 128), np.float32))()
+  assert seen == [(True, True, True, True)] * 3

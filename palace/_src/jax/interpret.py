@@ -9,8 +9,11 @@ indexers, Pallas and Mosaic-TPU primitives) and `rules_control.py` (cond, loops,
 A rule is `fn(eqn, *invals) -> value` (or a list of values for multi-result primitives); it reads
 static parameters from `eqn.params`. Hot rules are compiling rules, `make(eqn) -> fn(*invals)`: each
 jaxpr is compiled once (`program`) into a list of closures over flat value slots, so a kernel step
-pays one closure call per equation, not a dict lookup plus parameter parsing. A primitive without a rule, or a parameter value a rule does not
-cover, raises UnsupportedError naming the primitive and the kernel line from the eqn's source info.
+pays one closure call per equation, not a dict lookup plus parameter parsing. Runs of 0-d int/bool
+equations (index arithmetic) are generated as one block on Python ints instead, with the
+equations' calls as its fallback (`scalar_blocks.py`). A primitive without a rule, or a parameter
+value a rule does not cover, raises UnsupportedError naming the primitive and the kernel line from
+the eqn's source info.
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ import weakref
 import numpy as np
 
 from palace._src.errors import PalaceError, UnsupportedError
+from palace._src.jax import scalar_blocks
 from palace._src.lang.array import Array
 
 RULES: dict = {}   # primitive name -> rule (plain or compiling, see `rule` / `compiling_rule`)
@@ -158,7 +162,8 @@ _PROGRAM_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "<jaxpr
 def program(jaxpr) -> _Program:
   """`jaxpr` compiled once (cached per jaxpr): every equation's rule resolved and its static
   parameters parsed up front, then the whole jaxpr generated as one Python function, so an
-  evaluation is one closure call per equation on local variables (no per-equation dispatch)."""
+  evaluation is one closure call per equation on local variables (no per-equation dispatch), and
+  a run of scalar int/bool equations one block of Python int arithmetic (`scalar_blocks`)."""
   prog = _PROGRAMS.get(jaxpr)
   if prog is not None:
     return prog
@@ -180,9 +185,10 @@ def program(jaxpr) -> _Program:
   consts = [name(v) for v in jaxpr.constvars]
   ins = [name(v) for v in jaxpr.invars]
   body, eqn_at = [], {}   # generated statements; line number -> the equation its call evaluates
+  eqns = jaxpr.eqns
   token = _used_here.set(used_vars(jaxpr))
   try:
-    for k, eqn in enumerate(jaxpr.eqns):
+    def statements(k, eqn, indent=""):
       fn = RULES.get(eqn.primitive.name)
       if fn is None:
         fn = _failing(unsupported(eqn))
@@ -201,19 +207,47 @@ def program(jaxpr) -> _Program:
       else:
         call = f"{outs[0]} = {call}"
       eqn_at[len(body) + 4] = eqn   # (after the function's lines def, unpacking, try)
-      body.append(call)
+      body.append(indent + call)
       for j, (v, out) in enumerate(zip(eqn.outvars, outs)):
         c = _expected(v)
         if c is not None:
           ns[f"c{k}_{j}"] = c
-          body.append(f"if isinstance({out}, Array) and ({out}.shape != c{k}_{j}[0] or {out}.dtype != "
-                      f"c{k}_{j}[1]): _wrong_type(e{k}, {out}, c{k}_{j})")
+          body.append(f"{indent}if isinstance({out}, Array) and ({out}.shape != c{k}_{j}[0] or "
+                      f"{out}.dtype != c{k}_{j}[1]): _wrong_type(e{k}, {out}, c{k}_{j})")
+
+    # runs of scalar int/bool equations: one fused block each, the statements above as its fallback
+    runs = {start: (stop, ops) for start, stop, ops in scalar_blocks.runs(eqns)}
+    last_read = {}   # var -> the last equation that reads it (len(eqns): an output)
+    for k, eqn in enumerate(eqns):
+      for v in eqn.invars:
+        if type(v) is not Literal:
+          last_read[v] = k
+    last_read.update((v, len(eqns)) for v in jaxpr.outvars if type(v) is not Literal)
+    known: dict = {}
+    k = 0
+    while k < len(eqns):
+      if k not in runs:
+        statements(k, eqns[k])
+        k += 1
+        continue
+      stop, ops = runs[k]
+      guard, fused = scalar_blocks.emit(eqns[k:stop], ops, name,
+                                        lambda v, stop=stop: last_read.get(v, -1) >= stop, known, f"_ok{k}")
+      body.extend([f"if {guard}:", *(f"  {line}" for line in fused), f"  _ok{k} = True", "else:"])
+      for j in range(k, stop):
+        statements(j, eqns[j], "  ")
+      body.append(f"  _ok{k} = False")
+      k = stop
   finally:
     _used_here.reset(token)
+  if runs:
+    ns.update(scalar_blocks.NAMESPACE)
   outs = [name(v) for v in jaxpr.outvars]
   unpack = [f"{', '.join(ins)}, = args" if ins else "pass"]
   if consts:   # (missing consts are None)
     unpack.append(f"{', '.join(consts)}, = _consts(consts, {len(consts)})")
+  if runs:
+    unpack.append("_ex = _sb_current()")
   src = "\n".join([f"def run(consts, args):\n  {'; '.join(unpack)}\n  try:",
                    *(f"    {line}" for line in body or ["pass"]),
                    "  except PalaceError as e:",

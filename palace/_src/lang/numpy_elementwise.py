@@ -234,10 +234,36 @@ left_shift = _int_only(_elementwise(np.left_shift, OpClass.CHEAP, name="left_shi
 right_shift = _int_only(_elementwise(np.right_shift, OpClass.CHEAP, name="right_shift"), "right_shift")
 
 
+def div_ints(x: int, y: int) -> int:
+  """`lax.div` of two integers of one dtype, on Python ints, before the wrap to that dtype: the
+  quotient rounded toward zero; x / 0 = -1 (all ones once wrapped); INT_MIN / -1 = 2**31 wraps to
+  INT_MIN. The one definition of int_div's 0-d form and of palace.jax's fused scalar code."""
+  if y == 0:
+    return -1
+  q = (-x if x < 0 else x) // (-y if y < 0 else y)   # (this module's `abs` is jnp.abs)
+  return q if (x < 0) == (y < 0) else -q
+
+
+def rem_ints(x: int, y: int) -> int:
+  """`lax.rem` of two integers on Python ints: the sign of the dividend; x % 0 = x; INT_MIN % -1 = 0
+  (|result| < |y|, or x itself: always in range, no wrap). The one definition of int_rem's 0-d form
+  and of palace.jax's fused scalar code."""
+  if y == 0:
+    return x
+  r = x % y                     # Python's: the sign of the divisor; lax.rem's: that of the dividend
+  if r and (r < 0) != (x < 0):
+    r -= y
+  return r
+
+
 def int_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
   """`lax.div` of integers as XLA defines it (and JAX's interpret mode computes it): the quotient
   rounded toward zero; x / 0 = -1 (all ones: the unsigned maximum); INT_MIN / -1 = INT_MIN.
-  Integer arithmetic only (a float quotient's cast of 2**31 would be machine-dependent)."""
+  Integer arithmetic only (a float quotient's cast of 2**31 would be machine-dependent). Two 0-d
+  operands of one dtype of up to 32 bits (scalar index arithmetic) are computed on Python ints
+  (`div_ints`), wrapped to the dtype by NumPy's int64 cast."""
+  if not a.ndim and not b.ndim and a.dtype == b.dtype and a.dtype.itemsize <= 4:
+    return np.array(div_ints(int(a), int(b)), np.int64).astype(a.dtype)
   a, b = np.broadcast_arrays(a, b)
   zero = b == 0
   s = np.where(zero, 1, b)
@@ -252,16 +278,10 @@ def int_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 def int_rem(a: np.ndarray, b: np.ndarray) -> np.ndarray:
   """`lax.rem` of integers as XLA defines it: the sign of the dividend; x % 0 = x; INT_MIN % -1 = 0.
-  Two 0-d operands of one dtype (scalar index arithmetic) are computed on Python ints: the same
-  rules without NumPy's broadcasting and error state (|result| < |b|, or the dividend: no overflow)."""
+  Two 0-d operands of one dtype (scalar index arithmetic) are computed on Python ints (`rem_ints`):
+  the same rules without NumPy's broadcasting and error state."""
   if not a.ndim and not b.ndim and a.dtype == b.dtype:
-    x, y = int(a), int(b)
-    if y == 0:
-      return np.array(x, a.dtype)
-    r = x % y                     # Python's: the sign of the divisor; lax.rem's: that of the dividend
-    if r and (r < 0) != (x < 0):
-      r -= y
-    return np.array(r, a.dtype)
+    return np.array(rem_ints(int(a), int(b)), a.dtype)
   a, b = np.broadcast_arrays(a, b)
   zero = b == 0
   with np.errstate(all="ignore"):

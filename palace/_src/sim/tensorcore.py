@@ -168,6 +168,16 @@ class TensorCore:
     self.unit_busy["scalar"] += cycles
     return now if now > ready else ready
 
+  def scalar_ops(self, n: int) -> tuple:
+    """`n` scalar_op calls issued back to back, charged at once (palace.jax's fused runs of scalar
+    equations): returns (the clock before them, the cycles of one), so the k-th op's result (k from
+    1) is ready at max(start + k * cycles, its operands' ready), as scalar_op would give it."""
+    cycles = self._scalar_cycles
+    start = self.now
+    self.now = start + n * cycles
+    self.unit_busy["scalar"] += n * cycles
+    return start, cycles
+
   # ------------------------------------------------------------------ memory
   def load(self, buf: Buffer, index, shape, site=None):
     checks = self.checks
