@@ -287,21 +287,28 @@ def test_every_op_is_charged_to_its_unit(y):
   assert w["eup"] > b["eup"] and w["xlu"] > b["xlu"] and w["vpu"] >= b["vpu"] + 2 and w["mxu"] > b["mxu"] == 0
 
 
+def _scalar_path_vs_array_rule(fn, dtype):
+  """(a, b, fn on the arrays a, b): every pair of a dtype's edge values, after checking that `fn` on
+  each 0-d pair (its Python-int path) gives exactly what it gives on the arrays (the array rule)."""
+  info = np.iinfo(dtype)
+  vals = sorted(v for v in {info.min, info.min + 1, -7, -3, -2, -1, 0, 1, 2, 3, 7, info.max - 1, info.max}
+                if info.min <= v <= info.max)
+  a = np.repeat(np.array(vals, dtype), len(vals))
+  b = np.tile(np.array(vals, dtype), len(vals))
+  want = fn(a, b)   # the array rule
+  got = [fn(np.array(x, dtype), np.array(y, dtype)) for x, y in zip(a, b)]
+  assert all(g.dtype == np.dtype(dtype) and g.shape == () for g in got)
+  np.testing.assert_array_equal(np.array(got, dtype), want)
+  return a, b, want
+
+
 @pytest.mark.parametrize("dtype", [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32])
 def test_integer_div_of_two_scalars_equals_the_vector_rule_on_edge_values(dtype):
   # lax.div on 0-d operands of up to 32 bits takes the Python-int path (div_ints, which palace.jax's
   # fused scalar code shares); it must give what the array path gives: x / 0 = -1 (all ones),
   # INT_MIN / -1 = INT_MIN, quotients rounded toward zero
   from palace._src.lang.numpy_elementwise import int_div
-  info = np.iinfo(dtype)
-  vals = sorted(v for v in {info.min, info.min + 1, -7, -3, -2, -1, 0, 1, 2, 3, 7, info.max - 1, info.max}
-                if info.min <= v <= info.max)
-  a = np.repeat(np.array(vals, dtype), len(vals))
-  b = np.tile(np.array(vals, dtype), len(vals))
-  want = int_div(a, b)   # the array rule
-  got = [int_div(np.array(x, dtype), np.array(y, dtype)) for x, y in zip(a, b)]
-  assert all(g.dtype == np.dtype(dtype) and g.shape == () for g in got)
-  np.testing.assert_array_equal(np.array(got, dtype), want)
+  _scalar_path_vs_array_rule(int_div, dtype)
 
 
 @pytest.mark.parametrize("dtype", [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint32])
@@ -309,15 +316,7 @@ def test_integer_rem_of_two_scalars_equals_the_vector_rule_on_edge_values(dtype)
   # lax.rem on 0-d operands (scalar index arithmetic) takes a Python-int path; it must give exactly
   # what the array path gives: the dividend's sign, x % 0 = x, INT_MIN % -1 = 0, no overflow
   from palace._src.lang.numpy_elementwise import int_rem
-  info = np.iinfo(dtype)
-  vals = sorted(v for v in {info.min, info.min + 1, -7, -3, -2, -1, 0, 1, 2, 3, 7, info.max - 1, info.max}
-                if info.min <= v <= info.max)
-  a = np.repeat(np.array(vals, dtype), len(vals))
-  b = np.tile(np.array(vals, dtype), len(vals))
-  want = int_rem(a, b)   # the array rule
-  got = [int_rem(np.array(x, dtype), np.array(y, dtype)) for x, y in zip(a, b)]
-  assert all(g.dtype == np.dtype(dtype) and g.shape == () for g in got)
-  np.testing.assert_array_equal(np.array(got, dtype), want)
+  a, b, want = _scalar_path_vs_array_rule(int_rem, dtype)
   # and the array rule against the definition on Python ints (C's truncating remainder)
   ref = [x if y == 0 else (1 if x >= 0 else -1) * (builtins.abs(x) % builtins.abs(y))
          for x, y in zip(a.tolist(), b.tolist())]
