@@ -1,8 +1,9 @@
 """palace.jax's fused runs of scalar int/bool equations (jax/scalar_blocks.py) against the equations'
 own rules, which they replace: the same values, dtypes and ready cycles for every form on edge values
 (INT_MIN / -1, x / 0, x % 0, negative remainders, wraparound of add/mul/neg, converts to bool and
-uint32, selects), with operands ready before or after the core's clock and NumPy operands; the same
-clock and scalar-unit time; the same results as JAX's interpret mode; the same modelled launches."""
+uint32, selects) and on random programs of several runs, with operands ready before or after the
+core's clock and NumPy operands; the same clock and scalar-unit time; the same results as JAX's
+interpret mode; the same modelled launches."""
 import itertools
 
 import numpy as np
@@ -138,6 +139,90 @@ def test_a_run_with_an_operand_of_another_kind_takes_the_rules():
   prog = interpret.program(closed.jaxpr)
   outs = interpret.run_program(prog, closed.consts, [np.int32(_LO), np.int32(-1)])
   assert type(outs[0]) is not Array and int(outs[14]) == _LO and int(outs[15]) == 0   # div, rem
+
+
+def test_every_fused_form_is_compared_with_its_rule_above():
+  # a primitive added to scalar_blocks must appear in CASES, so its Python-int form is compared with
+  # palace's rule on the edge values (the fused forms restate the rules' semantics)
+  fusable = {*scalar_blocks._SOURCES, "select_n", "clamp", "convert_element_type"}
+  fused = set()
+  for fn, dtypes, _ in CASES.values():
+    eqns = jax.make_jaxpr(fn)(*[0 if d is int else jnp.zeros((), d) for d in dtypes]).jaxpr.eqns
+    fused |= {e.primitive.name for start, stop, _ in scalar_blocks.runs(eqns) for e in eqns[start:stop]}
+  assert fusable <= fused, f"not compared with their rules: {sorted(fusable - fused)}"
+
+
+# random straight-line programs: runs split by float ops, values read later or not, aliases (converts
+# of weak-typed values to int32), literals on either side, operands ready early, late or NumPy
+_EDGES = {np.dtype(np.int32): I32, np.dtype(np.uint32): U32, np.dtype(np.bool_): BOOLS}
+
+
+def _random_program(seed: int):
+  rng = np.random.default_rng(seed)
+  steps = int(rng.integers(10, 40))
+
+  def fn(a, b, c, p):
+    pool = [a, b, c, p]
+
+    def pick(dtype, literal_ok=True):
+      same = [x for x in pool if x.dtype == dtype]
+      if literal_ok and rng.random() < 0.25 or not same:
+        return np.dtype(dtype).type(rng.choice(_EDGES[np.dtype(dtype)]))
+      return same[int(rng.integers(len(same)))]
+
+    for _ in range(steps):
+      kind = rng.choice(["int"] * 4 + ["compare", "bool", "unary", "select", "clamp", "convert", "break"])
+      d = np.dtype(rng.choice([np.int32, np.uint32]))
+      if kind == "int":
+        x, y = pick(d), pick(d, literal_ok=False)
+        if rng.random() < 0.5:
+          x, y = y, x
+        op = rng.choice(["+", "-", "*", "&", "|", "^", "max", "min", "div", "rem"])
+        out = {"+": lambda: x + y, "-": lambda: x - y, "*": lambda: x * y, "&": lambda: x & y,
+               "|": lambda: x | y, "^": lambda: x ^ y, "max": lambda: lax.max(x, y),
+               "min": lambda: lax.min(x, y), "div": lambda: lax.div(x, y), "rem": lambda: lax.rem(x, y)}[op]()
+      elif kind in ("compare", "bool"):
+        x, y = pick(np.bool_ if kind == "bool" else d), pick(np.bool_ if kind == "bool" else d, False)
+        ops = [lambda: x == y, lambda: x != y, lambda: x < y, lambda: x <= y, lambda: x > y,
+               lambda: x >= y] + [lambda: x & y, lambda: x | y, lambda: x ^ y] * (kind == "bool")
+        out = ops[int(rng.integers(len(ops)))]()
+      elif kind == "unary":
+        x = pick(rng.choice([d, np.dtype(np.bool_)]), literal_ok=False)
+        out = ~x if x.dtype == jnp.bool_ or rng.random() < 0.5 else -x
+      elif kind == "select":
+        e = rng.choice([d, np.dtype(np.bool_)])
+        out = lax.select_n(pick(np.bool_, False), pick(e), pick(e))
+      elif kind == "clamp":
+        lo, hi = sorted(np.dtype(d).type(v) for v in rng.choice(_EDGES[d], 2))
+        out = lax.clamp(lo, pick(d, False), hi)
+      elif kind == "convert":
+        x = pick(rng.choice([d, np.dtype(np.bool_)]), literal_ok=False)
+        out = lax.convert_element_type(x, rng.choice([np.int32, np.uint32, np.bool_, x.dtype]))
+      else:   # float ops between two runs (x / 4 is in int32 range for either dtype)
+        x = lax.convert_element_type(pick(d, False), jnp.float32)
+        out = lax.convert_element_type(x * 0.25, jnp.int32)
+      pool.append(out)
+    keep = rng.random(len(pool)) < 0.3
+    keep[-1] = True
+    return tuple(x for x, k in zip(pool, keep) if k)
+
+  values = [[int(v) for v in rng.choice(_EDGES[np.dtype(d)], 12)] for d in (np.int32, np.int32, np.uint32)]
+  values.append([bool(v) for v in rng.integers(0, 2, 12)])
+  return fn, list(zip(*values))
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("seed", range(40))
+def test_fused_runs_equal_the_rules_on_random_programs(seed, monkeypatch):
+  fn, inputs = _random_program(seed)
+  closed = jax.make_jaxpr(fn)(0, jnp.int32(0), jnp.uint32(0), jnp.bool_(False))   # (a weak-typed)
+  assert scalar_blocks.runs(closed.jaxpr.eqns), "nothing fused: the test would compare a path with itself"
+  fused, unfused = _program(closed, True, monkeypatch), _program(closed, False, monkeypatch)
+  dtypes = [jnp.int32, jnp.int32, jnp.uint32, jnp.bool_]
+  want = _evaluate(unfused, closed.consts, dtypes, inputs)
+  got = _evaluate(fused, closed.consts, dtypes, inputs)
+  for n, (g, w) in enumerate(zip(got, want)):
+    assert g == w, f"seed {seed} on {inputs[n]}: fused {g} vs the rules {w}\n{closed}"
 
 
 # ------------------------------------------------------------------ whole kernels through palace.jax
