@@ -293,3 +293,27 @@ def test_atan2_maps_to_palace_arctan2():
   (out,), _ = _run(lambda a_ref, b_ref, o_ref: o_ref.__setitem__(..., jnp.arctan2(a_ref[...], b_ref[...])),
                    (jax.ShapeDtypeStruct((8, 128), jnp.float32),), y, X - 1.5)
   np.testing.assert_allclose(out, np.arctan2(y, X - 1.5), rtol=1e-6, atol=1e-7)
+
+
+def test_pl_kernel_operand_constrained_to_smem_is_staged_there():
+  """pltpu.with_memory_space_constraint(x, SMEM) on a pl.kernel argument (how tokamax's gmm_v2 passes
+  its group sizes): the body reads scalars from it; palace stages the copy with one HBM->SMEM DMA
+  before the body. (It reached the kernel as an HBM ref, which refused the scalar loads; JAX 0.12's
+  own interpret mode raises "Unsupported memory space: smem" here.)"""
+  def body(s_ref, x_ref, o_ref):
+    def inner(buf):
+      pltpu.sync_copy(x_ref.at[pl.ds(s_ref[1] * 8, 8)], buf)
+      buf[...] = buf[...] * 2.0
+      pltpu.sync_copy(buf, o_ref)
+    pl.run_scoped(inner, pltpu.VMEM((8, 128), jnp.float32))
+
+  def f(s, x):
+    s = pltpu.with_memory_space_constraint(s, pltpu.SMEM)
+    return pl.kernel(body, out_type=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+                     mesh=pltpu.create_tensorcore_mesh("core", num_cores=1))(s, x)
+  x = np.arange(32 * 128, dtype=np.float32).reshape(32, 128)
+  s = np.array([0, 2, 1, 3], np.int32)
+  with pj.virtual_tpu("v5e") as tpu:
+    out = np.asarray(jax.jit(f)(s, x))
+  np.testing.assert_array_equal(out, x[16:24] * 2)
+  assert tpu.reports[-1].dma_count_by_direction == {"hbm->smem": 1, "hbm->vmem": 1, "vmem->hbm": 1}

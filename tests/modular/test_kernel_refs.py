@@ -334,3 +334,29 @@ def test_new_ref_dtype_and_memory_space_rules():
     pl.new_ref(np.zeros(4, np.float32), memory_space=pltpu.VMEM)
   with pytest.raises(pl.UsageError, match=r"pl.empty_ref expects a ShapeDtypeStruct"):
     pl.empty_ref(3)
+
+
+def test_inputs_constrained_to_smem_or_vmem_are_staged_there(rng):
+  """pltpu.with_memory_space_constraint(x, SMEM / VMEM) on a pl.kernel argument: the body's ref lives
+  there (scalar reads from SMEM, vector math on VMEM), copied in by one DMA before the body; ANY and
+  HBM leave the operand as it is."""
+  def body(s_ref, x_ref, o_ref):
+    o_ref[...] = x_ref[...] * s_ref[1].astype(jnp.float32)
+  x, s = _x(rng), np.array([5, 3], np.int32)
+  f = pl.kernel(body, out_type=pltpu.VMEM(SHAPE, jnp.float32), mesh=MESH)
+  with pl.virtual_tpu("v5e") as tpu:
+    out = f(pltpu.with_memory_space_constraint(s, pltpu.SMEM), pltpu.with_memory_space_constraint(x, pltpu.VMEM))
+  np.testing.assert_array_equal(out, x * 3)
+  assert tpu.reports[-1].dma_count_by_direction == {"hbm->smem": 1, "hbm->vmem": 1, "vmem->hbm": 1}
+  assert pltpu.with_memory_space_constraint(x, pl.ANY) is x and pltpu.with_memory_space_constraint(x, pltpu.HBM) is x
+
+
+def test_memory_space_constraint_errors_name_the_fix(rng):
+  x = _x(rng)
+  with pytest.raises(pl.UsageError, match="expected pltpu.ANY, pltpu.HBM, pltpu.VMEM or pltpu.SMEM"):
+    pltpu.with_memory_space_constraint(x, pltpu.SEMAPHORE)
+  with pytest.raises(pl.UsageError, match="refs made on the host live in HBM"):
+    pltpu.with_memory_space_constraint(pl.new_ref(x), pltpu.SMEM)
+  f = pl.pallas_call(lambda x_ref, o_ref: None, out_shape=pl.ShapeDtypeStruct(SHAPE, jnp.float32))
+  with pytest.raises(pl.UnsupportedError, match=r"args\[0\] has a memory space constraint.*BlockSpec\(memory_space"):
+    f(pltpu.with_memory_space_constraint(x, pltpu.VMEM))

@@ -17,6 +17,7 @@ from palace._src.blocks import PURE_INDEX_MAP
 from palace._src.errors import UnsupportedError
 from palace._src.jax.avals import alloc_type, memory_space
 from palace._src.jax.interpret import grid_axes, kernel_site, literal, program, run_program
+from palace._src.launch.host import with_memory_space_constraint
 from palace._src.launch.host_refs import freeze, new_ref
 from palace._src.launch.kernel import kernel as palace_kernel
 from palace._src.launch.pallas_call import pallas_call
@@ -226,12 +227,15 @@ def run_mpmd_map(params, args, cache=None):
     entry = _mpmd_launch(params, len(args))
     if cache is not None:
       cache["launch"] = entry
-  call, aliases, in_of_out, n_out = entry
+  call, aliases, in_of_out, n_out, spaces = entry
   mutable = {i: new_ref(args[i]) for i in aliases}   # a private copy the kernel updates in place
   operands = [mutable.get(i, a) for i, a in enumerate(args)]
   plan = None if cache is None else cache.get("plan")
   if plan is None:
-    plan, operands = call.plan(*operands)
+    # inputs whose kernel ref is in VMEM/SMEM (pltpu.with_memory_space_constraint on the argument):
+    # the plan stages a copy there before the body (later calls run the plan on the plain arrays)
+    plan, operands = call.plan(*[with_memory_space_constraint(a, spaces[i]) if spaces[i] is not None
+                                 else a for i, a in enumerate(operands)])
     plan = dataclasses.replace(plan, fixed_site=kernel_site(params["jaxprs"][0]))
     if cache is not None:
       cache["plan"] = plan
@@ -265,4 +269,9 @@ def _mpmd_launch(params, n_in: int):
   call = palace_kernel(body, out_type, mesh=_palace_mesh(mesh),
                        scratch_types=scratch, compiler_params=_compiler_params(params.get("compiler_params")),
                        name=name)
-  return call, tuple(aliases), in_of_out, n_out
+  spaces = []   # per input: the VMEM/SMEM its kernel ref lives in, or None (HBM / ANY)
+  for i, v in enumerate(jaxpr.invars[:n_in]):
+    sp = memory_space(getattr(v.aval, "memory_space", None), pcore.MemorySpace.ANY, f"args[{i}] of {name}")
+    spaces.append(sp if sp in (pcore.MemorySpace.VMEM, pcore.MemorySpace.SMEM) and i not in aliases
+                  else None)
+  return call, tuple(aliases), in_of_out, n_out, spaces

@@ -37,8 +37,41 @@ def check_params(params, api: str) -> CompilerParams:
   return params
 
 
+class SpaceConstrained:
+  """A pl.kernel operand placed in VMEM or SMEM (`pltpu.with_memory_space_constraint`): the body gets
+  a scoped copy there, made before it runs (a DMA from the operand's HBM buffer, as the TPU's
+  prologue copies it)."""
+  __slots__ = ("value", "memory_space")
+
+  def __init__(self, value, memory_space):
+    self.value, self.memory_space = value, memory_space
+
+  def __repr__(self):
+    return f"with_memory_space_constraint({type(self.value).__name__}, {self.memory_space})"
+
+
+def with_memory_space_constraint(x, memory_space):
+  """Place kernel operand `x` in `memory_space` (pltpu.ANY, HBM, VMEM or SMEM), as
+  jax.experimental.pallas.tpu.with_memory_space_constraint: applied to an argument of a pl.kernel,
+  the body's ref for it lives in that memory. ANY and HBM leave `x` as it is."""
+  if memory_space in (MemorySpace.ANY, MemorySpace.HBM):
+    return x
+  if memory_space not in (MemorySpace.VMEM, MemorySpace.SMEM):
+    raise UsageError(f"with_memory_space_constraint(x, {memory_space!r}): expected pltpu.ANY, pltpu.HBM, "
+                     f"pltpu.VMEM or pltpu.SMEM. Fix: pass one of those.")
+  if isinstance(x, Ref):
+    raise UsageError(f"with_memory_space_constraint of a mutable ref ({x.buf.name}): refs made on the "
+                     f"host live in HBM. Fix: constrain an array, or copy the ref into scratch in the "
+                     f"kernel body.")
+  return SpaceConstrained(x, memory_space)
+
+
 def to_host_array(x, name: str) -> np.ndarray:
   """A kernel operand as a NumPy array with a TPU dtype (64-bit narrowed as JAX does without x64)."""
+  if isinstance(x, SpaceConstrained):
+    raise UnsupportedError(f"{name} has a memory space constraint ({x.memory_space}); palace honours it "
+                           f"on pl.kernel operands only. Fix: give the pallas_call operand a "
+                           f"pl.BlockSpec(memory_space=pltpu.{x.memory_space.name}) instead.")
   if isinstance(x, Array):
     raise UsageError(f"{name} is a palace.Array from inside a kernel; kernel values cannot leave it. "
                      f"Fix: store it into an output ref (o_ref[...] = value) and use the kernel's result.")

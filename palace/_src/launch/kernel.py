@@ -9,7 +9,7 @@ from palace._src import validate
 from palace._src.core import MemoryRef, MemorySpace, SemaphoreRefType, TensorCoreMesh
 from palace._src.errors import UsageError
 from palace._src.launch import host as launch
-from palace._src.launch.plan import ENTRIES, OUTPUT, TREE, LaunchPlan, Operand, Output, Stage
+from palace._src.launch.plan import ENTRIES, OPERAND, OUTPUT, TREE, LaunchPlan, Operand, Output, Stage
 from palace._src.launch.run import run
 from palace._src.launch.sc_mesh import ScalarSubcoreMesh, VectorSubcoreMesh
 from palace._src.lang.refs import Ref
@@ -94,9 +94,11 @@ def _plan(bodies, kname, out_type, meshes, scratch_types, params, args):
       raise UsageError(f"pl.kernel mesh must be a pltpu.TensorCoreMesh, plsc.VectorSubcoreMesh or "
                        f"plsc.ScalarSubcoreMesh; got {m!r}. Fix: pass e.g. "
                        f"mesh=pltpu.TensorCoreMesh('core', num_cores=1).")
-  in_leaves, in_td = tree_flatten(tuple(args), is_leaf=lambda x: isinstance(x, Ref))
-  values, passed = [], set()
+  in_leaves, in_td = tree_flatten(tuple(args), is_leaf=lambda x: isinstance(x, (Ref, launch.SpaceConstrained)))
+  values, passed, in_spaces = [], set(), {}
   for i, a in enumerate(in_leaves):
+    if isinstance(a, launch.SpaceConstrained):   # (pltpu.with_memory_space_constraint: staged below)
+      in_spaces[i], a = a.memory_space, a.value
     if isinstance(a, Ref):
       if a.buf.storage is None:
         raise UsageError(f"args[{i}] of kernel '{kname}' is a frozen or freed ref. Fix: pass a live "
@@ -133,6 +135,9 @@ def _plan(bodies, kname, out_type, meshes, scratch_types, params, args):
   staged = [(i, MemoryRef(s, d, sp)) for i, (s, d, sp) in enumerate(outs)
             if sp in (MemorySpace.VMEM, MemorySpace.SMEM)]
   staged = tuple(Stage(OUTPUT, i, t, f"outputs[{j}]") for j, (i, t) in enumerate(staged))
+  # inputs constrained to VMEM/SMEM: the body gets a scoped copy, made before it runs
+  staged += tuple(Stage(OPERAND, i, MemoryRef(values[i].shape, values[i].dtype, sp), f"args[{i}]")
+                  for i, sp in in_spaces.items())
   operands = tuple(Operand(v.buf.name if isinstance(v, Ref) else f"args[{i}]", v.shape, v.dtype)
                    for i, v in enumerate(values))
   # as in JAX: inputs keep their pytree structure; a sequence out_type is splatted, any other
