@@ -1,4 +1,5 @@
 """The jaxpr interpreter's rules on small kernels: each is compared with NumPy on integer-valued data."""
+import gc
 import re
 
 import numpy as np
@@ -14,6 +15,7 @@ from jax._src.pallas import primitives as pallas_primitives  # load(..., other=)
 
 import palace.jax as pj
 from palace._src import errors as pl_errors
+from palace._src.sim.memory import Buffer
 
 X = (np.arange(8 * 128) % 5).reshape(8, 128).astype(np.float32)
 
@@ -317,3 +319,35 @@ def test_pl_kernel_operand_constrained_to_smem_is_staged_there():
     out = np.asarray(jax.jit(f)(s, x))
   np.testing.assert_array_equal(out, x[16:24] * 2)
   assert tpu.reports[-1].dma_count_by_direction == {"hbm->smem": 1, "hbm->vmem": 1, "vmem->hbm": 1}
+
+
+@pytest.mark.parametrize("front", ["pallas_call", "kernel"])
+def test_a_finished_launch_leaves_no_buffer_alive(front):
+  """The compiled kernel (kept with its jaxpr by JAX's caches) caches ref views per equation; those
+  caches must not keep a finished launch's refs, hence its buffers: here the HBM operand and output,
+  which view the arrays XLA handed the callback (tokamax's gmm_v2 at m=262144, k=7168 kept 7 GiB of
+  them per traced kernel). emit_pipeline's DMAs take their windows through such cached views."""
+  shape = (24, 384)   # a shape no other buffer of this test has
+
+  def body(x_hbm, o_hbm):
+    def step(x_vmem, o_vmem):
+      o_vmem[...] = x_vmem[...] + 1
+    spec = pl.BlockSpec((8, 384), lambda i: (i, 0))
+    pltpu.emit_pipeline(step, grid=(3,), in_specs=[spec], out_specs=[spec])(x_hbm, o_hbm)
+
+  out_shape = jax.ShapeDtypeStruct(shape, jnp.float32)
+  if front == "pallas_call":
+    any_spec = pl.BlockSpec(memory_space=pl.ANY)
+    call = pl.pallas_call(body, out_shape=out_shape, in_specs=[any_spec], out_specs=any_spec)
+  else:
+    call = pl.kernel(body, out_type=out_shape, mesh=pltpu.create_tensorcore_mesh("core", num_cores=1))
+  x = np.arange(np.prod(shape), dtype=np.float32).reshape(shape) % 7
+  for _ in range(2):    # a second launch of the same compiled kernel, then nothing left of either
+    with pj.virtual_tpu("v5e") as tpu:
+      out = np.asarray(jax.jit(call)(x))
+    np.testing.assert_array_equal(out, x + 1)
+    assert tpu.reports[-1].dma_count > 0
+  del tpu
+  gc.collect()
+  left = [b.name for b in gc.get_objects() if isinstance(b, Buffer) and tuple(b.shape) == shape]
+  assert left == []

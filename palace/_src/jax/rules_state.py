@@ -136,6 +136,24 @@ def _index_key(x):
   return None
 
 
+# view caches (`_ref_operand`) that hold a launch's refs: id(views) -> (views, base). A compiled
+# jaxpr outlives its launches (cached per jaxpr, which JAX's caches keep), so a cache still holding
+# the last launch's refs would keep that launch's buffers alive after it ended: its HBM operands (views
+# of the arrays XLA handed the callback) and outputs, one set per traced kernel. The launch adapters
+# call `release_views` when a launch ends.
+_HELD: dict = {}
+
+
+def release_views() -> None:
+  """Drop every view cache's refs (at the end of a launch; a cache still in use rebuilds itself)."""
+  for key in list(_HELD):
+    entry = _HELD.pop(key, None)
+    if entry is not None:
+      views, base = entry
+      views.clear()
+      base[0] = None
+
+
 def _ref_operand(eqn, x, transforms=(), last_index: bool = False):
   """A compiled ref operand (a _Leaf, or a TransformedRef of one, plus `transforms`): a function
   flat -> the palace Ref view (and, with last_index, the trailing index: ... when there is none).
@@ -157,6 +175,7 @@ def _ref_operand(eqn, x, transforms=(), last_index: bool = False):
   cacheable = not any(e[0] == _GENERAL for kind, entries in steps if kind == _AT for e in entries)
   views: dict = {}
   base = [None]   # the base ref the cached views belong to (a new launch brings new refs)
+  held = (views, base)
 
   def view_of(ref, flat):
     if not steps:
@@ -169,6 +188,7 @@ def _ref_operand(eqn, x, transforms=(), last_index: bool = False):
     if ref is not base[0]:
       views.clear()
       base[0] = ref
+      _HELD[id(views)] = held   # (after base: a release in between drops this ref too)
     v = views.get(key)
     if v is None:
       v = views[key] = _view(steps, ref, flat)
