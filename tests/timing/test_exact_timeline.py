@@ -214,3 +214,49 @@ def test_index_map_arithmetic_costs_nothing_on_any_grid(steps):
   computed, plain, loaded = cycles
   assert computed == plain
   assert loaded == plain + 2 * SCALAR * steps   # the in and out maps' loads, on the critical path
+
+
+@pytest.mark.parametrize("dtype,shape,index,moves", [
+    (np.float32, (16, 512), (slice(None), slice(128, 384)), False),    # whole (8,128) vregs
+    (np.float32, (16, 512), (slice(8, 16), slice(None)), False),
+    (np.float32, (16, 200), (slice(None), slice(128, 200)), False),    # to the end: the last tile as is
+    (np.float32, (4, 16, 512), (2, slice(None), slice(0, 256)), False),  # an int on a leading dim
+    (np.float32, (16, 512), (slice(None), slice(64, 192)), True),      # lanes off the 128 grid
+    (np.float32, (16, 512), (slice(4, 12), slice(None)), True),        # sublanes off the 8 grid
+    (np.float32, (16, 512), (3, slice(None)), True),                   # one row: a relayout
+    (np.float32, (16, 512), (slice(None), slice(0, 512, 2)), True),    # strided
+    (jnp.bfloat16, (32, 256), (slice(16, 32), slice(None)), False),    # bf16 vregs hold 16 rows
+    (jnp.bfloat16, (32, 256), (slice(8, 16), slice(None)), True),
+])
+def test_value_slices_cost_an_xlu_relayout_unless_they_pick_whole_vregs(dtype, shape, index, moves):
+  """A value slice whose minor-two-dim offsets and sizes are multiples of the (8 * packing, 128)
+  tiling only selects vregs (Mosaic's extract_strided_slice lowering): no XLU work. Other slices
+  relayout on the XLU."""
+  x = (np.arange(np.prod(shape)) % 7).reshape(shape).astype(dtype)
+
+  def kernel(x_ref, o_ref):
+    v = x_ref[...][index]
+    o_ref[...] = v
+  want = x[index]
+  with pl.virtual_tpu("v5e") as tpu:
+    out = pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct(want.shape, want.dtype))(x)
+  np.testing.assert_array_equal(out, want)
+  assert (tpu.reports[-1].unit_busy_cycles.get("xlu", 0) > 0) == moves
+
+
+@pytest.mark.parametrize("dtype,src,dst,moves", [
+    (np.float32, (4, 16, 128), (64, 128), False),     # leading dim folded into whole 8-row tiles
+    (np.float32, (64, 128), (8, 8, 128), False),      # and unfolded
+    (jnp.bfloat16, (2, 16, 128), (32, 128), False),   # bf16: 16-row tiles
+    (jnp.bfloat16, (4, 8, 128), (32, 128), True),     # 8 rows of bf16: half a vreg each
+    (np.float32, (16, 256), (32, 128), True),         # the lane dim changes
+])
+def test_reshapes_that_keep_whole_vregs_are_free(dtype, src, dst, moves):
+  x = (np.arange(np.prod(src)) % 5).reshape(src).astype(dtype)
+
+  def kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[...].reshape(dst)
+  with pl.virtual_tpu("v5e") as tpu:
+    out = pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct(dst, x.dtype))(x)
+  np.testing.assert_array_equal(out, x.reshape(dst))
+  assert (tpu.reports[-1].unit_busy_cycles.get("xlu", 0) > 0) == moves

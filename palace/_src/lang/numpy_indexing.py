@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from palace._src.executor import OpClass
+from palace._src import dtypes as dt
 from palace._src import executor, validate
+from palace._src.executor import OpClass
 from palace._src.errors import OutOfBoundsError, UsageError
 from palace._src.lang.array import Array, ready_of
 from palace._src.lang.numpy_base import _broadcast_shapes, _compute_dtype, _has_data, _np, _out
@@ -74,9 +75,45 @@ def _check_static(shape, idx) -> None:
 
 
 def _array_getitem(self, idx):
-  """Static indexing of a value (slices, ints, None, Ellipsis); dynamic indices need refs + pl.ds."""
+  """Static indexing of a value (slices, ints, None, Ellipsis); dynamic indices need refs + pl.ds.
+  Costs an XLU relayout, unless it only selects whole vregs (`_whole_vregs`): then nothing."""
   idx, shape = _static_index(self.shape, idx)
-  return _shape_op(self, lambda v: v[idx], shape, OpClass.XLU)
+  free = _whole_vregs(self.shape, idx, dt.packing(self.dtype))
+  return _shape_op(self, lambda v: v[idx], shape, OpClass.FREE if free else OpClass.XLU)
+
+
+def _whole_vregs(shape, idx, pack: int) -> bool:
+  """True when `x[idx]` only picks whole vregs of x, so no data moves: Mosaic lowers a slice whose
+  minor-two-dim offsets and sizes are multiples of the native (8 * packing, 128) tiling by taking the
+  sub-array of the operand's vregs, without touching any (apply_vector_layout's
+  vector.extract_strided_slice rule, jax-ml/jax jaxlib/mosaic/dialect/tpu/transforms). Leading dims
+  index vregs directly (ints and unit-step slices are free there); a slice may end at its dim's end
+  (the last, partial tile is the operand's own). None (new axes), strides, ints on the minor two dims
+  and other indices move data."""
+  if len(shape) < 2:
+    return False
+  full = []
+  for i in idx:
+    if i is Ellipsis:
+      full += [slice(None)] * (len(shape) - (len(idx) - 1))
+    else:
+      full.append(i)
+  full += [slice(None)] * (len(shape) - len(full))
+  if len(full) != len(shape):
+    return False   # (None in the index: a new axis)
+  n = len(shape)
+  for d, (i, size) in enumerate(zip(full, shape)):
+    if type(i) is slice:
+      start, stop, step = i.indices(size)
+      if step != 1:
+        return False
+      if d >= n - 2:
+        tile = 128 if d == n - 1 else 8 * pack
+        if start % tile or (stop % tile and stop != size):
+          return False
+    elif not (isinstance(i, (int, np.integer)) and d < n - 2):
+      return False
+  return True
 
 
 class _ValueAt:

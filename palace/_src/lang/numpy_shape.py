@@ -43,8 +43,13 @@ def reshape(a, *shape, order="C"):
   if int(np.prod(shape)) != n:
     raise ShapeError(f"Cannot reshape an array of shape {src} into shape {tuple(shape)}. Fix: pass a "
                      f"shape with the same number of elements ({int(np.prod(src))}).")
-  # Merging/splitting leading dims is free; touching the last two dims needs the XLU.
-  free = len(src) >= 2 and len(shape) >= 2 and src[-1] == shape[-1] and src[-2] == shape[-2]
+  # Merging/splitting leading dims is free, and so is folding leading dims into (or out of) the
+  # second-minor dim when both second-minor sizes are whole numbers of (8 * packing)-row tiles: the
+  # vregs stay as they are (apply_vector_layout's vector.shape_cast rule, "fold or unfold sublane dim,
+  # but keeping a whole number of vregs"). Anything else touching the last two dims needs the XLU.
+  rows = 8 * dt.packing(dtype_of(a) if isinstance(a, Array) else _default_dtype(a))
+  free = len(src) >= 2 and len(shape) >= 2 and src[-1] == shape[-1] and (
+      src[-2] == shape[-2] or (src[-2] % rows == 0 and shape[-2] % rows == 0))
   return _shape_op(a, lambda v: v.reshape(shape), shape, OpClass.FREE if free else OpClass.XLU)
 
 
