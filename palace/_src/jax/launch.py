@@ -17,7 +17,6 @@ from palace._src.blocks import PURE_INDEX_MAP
 from palace._src.errors import UnsupportedError
 from palace._src.jax.avals import alloc_type, memory_space
 from palace._src.jax.interpret import grid_axes, kernel_site, literal, program, run_program
-from palace._src.jax.rules_state import release_views
 from palace._src.launch.host import with_memory_space_constraint
 from palace._src.launch.host_refs import freeze, new_ref
 from palace._src.launch.kernel import kernel as palace_kernel
@@ -144,10 +143,7 @@ def run_pallas_call(params, args, cache=None):
     plan = dataclasses.replace(plan, fixed_site=kernel_site(params["jaxpr"]))
     if cache is not None:
       cache[grid] = plan
-  try:
-    return run(plan, operands)
-  finally:
-    release_views()   # the launch's refs leave the kernel's view caches with it
+  return run(plan, operands)
 
 
 def _palace_launch(params, grid):
@@ -243,10 +239,7 @@ def run_mpmd_map(params, args, cache=None):
     plan = dataclasses.replace(plan, fixed_site=kernel_site(params["jaxprs"][0]))
     if cache is not None:
       cache["plan"] = plan
-  try:
-    res = iter(run(plan, operands))
-  finally:
-    release_views()   # the launch's refs leave the kernel's view caches with it
+  res = iter(run(plan, operands))
   return [freeze(mutable[in_of_out[o]]) if o in in_of_out else next(res) for o in range(n_out)]
 
 

@@ -3,6 +3,8 @@ bitcast and reshape transforms) and the Pallas / Mosaic-TPU primitives (program 
 barrier semaphores, roll, bitcast, PRNG, debug prints)."""
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 
 from palace._src.jax.interpret import (compiling_rule, grid_axes, result_unused, rule, unsupported,
@@ -136,24 +138,6 @@ def _index_key(x):
   return None
 
 
-# view caches (`_ref_operand`) that hold a launch's refs: id(views) -> (views, base). A compiled
-# jaxpr outlives its launches (cached per jaxpr, which JAX's caches keep), so a cache still holding
-# the last launch's refs would keep that launch's buffers alive after it ended: its HBM operands (views
-# of the arrays XLA handed the callback) and outputs, one set per traced kernel. The launch adapters
-# call `release_views` when a launch ends.
-_HELD: dict = {}
-
-
-def release_views() -> None:
-  """Drop every view cache's refs (at the end of a launch; a cache still in use rebuilds itself)."""
-  for key in list(_HELD):
-    entry = _HELD.pop(key, None)
-    if entry is not None:
-      views, base = entry
-      views.clear()
-      base[0] = None
-
-
 def _ref_operand(eqn, x, transforms=(), last_index: bool = False):
   """A compiled ref operand (a _Leaf, or a TransformedRef of one, plus `transforms`): a function
   flat -> the palace Ref view (and, with last_index, the trailing index: ... when there is none).
@@ -174,8 +158,16 @@ def _ref_operand(eqn, x, transforms=(), last_index: bool = False):
                           for e_kind, a, _, _ in entries if e_kind in (_DYNAMIC, _DYNAMIC_SLICE)}))
   cacheable = not any(e[0] == _GENERAL for kind, entries in steps if kind == _AT for e in entries)
   views: dict = {}
-  base = [None]   # the base ref the cached views belong to (a new launch brings new refs)
-  held = (views, base)
+  # a weak reference to the base ref the cached views belong to (a new launch brings new refs): a
+  # compiled jaxpr outlives its launches (JAX's caches keep it), so views held past their launch
+  # would keep its buffers alive (HBM operands, outputs, scratch: 1.5 GiB per traced kernel for
+  # tokamax's gmm_v2 at m=65536); they go when the base ref does, at the end of its launch
+  base = [None]
+
+  def forget(w):
+    if base[0] is w:
+      views.clear()
+      base[0] = None
 
   def view_of(ref, flat):
     if not steps:
@@ -185,10 +177,10 @@ def _ref_operand(eqn, x, transforms=(), last_index: bool = False):
     key = tuple(_index_key(flat[a]) for a in dynamic)
     if None in key:
       return _view(steps, ref, flat)
-    if ref is not base[0]:
+    b = base[0]
+    if b is None or b() is not ref:
       views.clear()
-      base[0] = ref
-      _HELD[id(views)] = held   # (after base: a release in between drops this ref too)
+      base[0] = weakref.ref(ref, forget)
     v = views.get(key)
     if v is None:
       v = views[key] = _view(steps, ref, flat)

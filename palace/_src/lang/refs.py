@@ -83,7 +83,7 @@ _STATIC_BOUND = (int, type(None))   # slice bound types that are certainly not r
 
 class Ref:
   """A mutable view of a buffer (VMEM, SMEM, HBM/ANY, semaphores)."""
-  __slots__ = ("buf", "dims", "shape", "_np_index", "_full")
+  __slots__ = ("buf", "dims", "shape", "_np_index", "_full", "__weakref__")
 
   def __init__(self, buf: "Buffer", dims=None):
     self.buf = buf
