@@ -198,23 +198,7 @@ class Ref:
       start, size, stride = new[pos]
       if type(i) is slice and i.start is None and i.stop is None and i.step is None:
         continue   # `:` keeps the dim as it is (static_slice gives (0, size, 1), always in bounds)
-      if type(i) is int and check:   # the int branch below, without its conversions
-        v = i + size if i < 0 else i
-        if 0 <= v < size:
-          new[pos] = start + v * stride
-          continue
-      if isinstance(i, Slice):
-        s0 = concrete_int(i.start, "pl.ds start")
-        sz, st = i.size, i.stride
-      elif type(i) is slice:
-        if not (type(i.start) in _STATIC_BOUND and type(i.stop) in _STATIC_BOUND and
-                type(i.step) in _STATIC_BOUND) and \
-            any(isinstance(v, Array) for v in (i.start, i.stop, i.step)):
-          raise UsageError(f"Slicing {self.buf.name} with runtime bounds needs pl.ds(start, size): a "
-                           f"Python slice must be static. Fix: use x_ref[pl.ds(start, size)] with a static "
-                           f"size.")
-        s0, sz, st = validate.static_slice(i, size, lambda: self._index_site(idx, axis))
-      elif isinstance(i, (Array, int, np.integer)):
+      if isinstance(i, (Array, int, np.integer)):   # (first: indexing by ints is the common case)
         if type(i) is bool:
           raise UsageError(f"{self._index_site(idx, axis)}: a bool is not an index. Fix: index with an "
                            f"integer, a slice or pl.ds (boolean masks are not supported on refs).")
@@ -228,6 +212,17 @@ class Ref:
               f"in 0..{size - 1}. ({user_frame_summary()})")
         new[pos] = start + v * stride
         continue
+      if isinstance(i, Slice):
+        s0 = concrete_int(i.start, "pl.ds start")
+        sz, st = i.size, i.stride
+      elif type(i) is slice:
+        if not (type(i.start) in _STATIC_BOUND and type(i.stop) in _STATIC_BOUND and
+                type(i.step) in _STATIC_BOUND) and \
+            any(isinstance(v, Array) for v in (i.start, i.stop, i.step)):
+          raise UsageError(f"Slicing {self.buf.name} with runtime bounds needs pl.ds(start, size): a "
+                           f"Python slice must be static. Fix: use x_ref[pl.ds(start, size)] with a static "
+                           f"size.")
+        s0, sz, st = validate.static_slice(i, size, lambda: self._index_site(idx, axis))
       elif isinstance(i, Ref):
         raise UsageError(f"Indexing {self.buf.name} with a ref (indexed DMA) is a SparseCore feature; "
                          f"Fix: use it as the source or destination of pltpu.sync_copy/async_copy.")
