@@ -5,6 +5,8 @@ stays on the VPU, leading axes are plain elementwise work.
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from palace._src import dtypes as dt
@@ -53,11 +55,9 @@ def _reduction(npfn, name, result="same"):
       if result == "index" and len(axes) != 1:
         raise ShapeError(f"jnp.{name} takes a single axis; got axis={axis}. Fix: pass one int axis (or "
                          f"reshape to merge the axes first).")
-      if ex is not None:   # kernels run under np.errstate(all="ignore"), set once per core (sim)
+      # (kernels run under np.errstate(all="ignore"), set once per core by the machine)
+      with contextlib.nullcontext() if ex is not None else np.errstate(all="ignore"):
         data = npfn(v, axis=axes[0] if result == "index" else axes, keepdims=keepdims)
-      else:
-        with np.errstate(all="ignore"):
-          data = npfn(v, axis=axes[0] if result == "index" else axes, keepdims=keepdims)
       data = np.asarray(data).astype(out_d, copy=False)
     return _out(data, out_shape, out_d, ready_of(a), _reduce_class(axes, len(shape)), _is_arr(a))
 
