@@ -23,7 +23,8 @@ _lock = threading.Lock()
 
 
 class Done:
-  """Set when a program submitted with `run_soon` has returned (or raised: see its `error`)."""
+  """Set when a program submitted with `run_soon` has returned; `wait` re-raises what it raised (the
+  programs catch their own errors: one escaping is a palace bug, never to be lost on a worker)."""
   __slots__ = ("_sem", "error")
 
   def __init__(self):
@@ -32,6 +33,8 @@ class Done:
 
   def wait(self) -> None:
     self._sem.acquire()
+    if self.error is not None:
+      raise self.error
 
 
 def run_soon(fn) -> Done:
