@@ -146,7 +146,8 @@ def detail(rep):
   """One line of a report's figures: cycles, HBM bytes, DMA counts/bytes by direction, unit busy cycles."""
   busy = {k: int(v) for k, v in sorted(rep.unit_busy_cycles.items())}
   return (f"    cycles={rep.device_cycles} flops={rep.flops:.4g} hbm_bytes={rep.hbm_bytes:.4g} "
-          f"dma_count={rep.dma_count} grid_steps={rep.grid_steps} vmem_peak={rep.vmem_peak_bytes / 2**20:.2f}MiB "
+          f"dma_count={rep.dma_count} grid_steps={rep.grid_steps} "
+          f"vmem_peak={rep.vmem_peak_bytes / 2**20:.2f}MiB "
           f"bound={rep.bound}\n    dma_count_by_dir={rep.dma_count_by_direction} "
           f"dma_bytes_by_dir={ {k: f'{v:.4g}' for k, v in rep.dma_bytes_by_direction.items()} }\n"
           f"    unit_busy_cycles={busy}")

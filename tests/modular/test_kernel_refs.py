@@ -345,10 +345,12 @@ def test_inputs_constrained_to_smem_or_vmem_are_staged_there(rng):
   x, s = _x(rng), np.array([5, 3], np.int32)
   f = pl.kernel(body, out_type=pltpu.VMEM(SHAPE, jnp.float32), mesh=MESH)
   with pl.virtual_tpu("v5e") as tpu:
-    out = f(pltpu.with_memory_space_constraint(s, pltpu.SMEM), pltpu.with_memory_space_constraint(x, pltpu.VMEM))
+    out = f(pltpu.with_memory_space_constraint(s, pltpu.SMEM),
+            pltpu.with_memory_space_constraint(x, pltpu.VMEM))
   np.testing.assert_array_equal(out, x * 3)
   assert tpu.reports[-1].dma_count_by_direction == {"hbm->smem": 1, "hbm->vmem": 1, "vmem->hbm": 1}
-  assert pltpu.with_memory_space_constraint(x, pl.ANY) is x and pltpu.with_memory_space_constraint(x, pltpu.HBM) is x
+  assert pltpu.with_memory_space_constraint(x, pl.ANY) is x
+  assert pltpu.with_memory_space_constraint(x, pltpu.HBM) is x
 
 
 def test_memory_space_constraint_errors_name_the_fix(rng):
@@ -358,5 +360,6 @@ def test_memory_space_constraint_errors_name_the_fix(rng):
   with pytest.raises(pl.UsageError, match="refs made on the host live in HBM"):
     pltpu.with_memory_space_constraint(pl.new_ref(x), pltpu.SMEM)
   f = pl.pallas_call(lambda x_ref, o_ref: None, out_shape=pl.ShapeDtypeStruct(SHAPE, jnp.float32))
-  with pytest.raises(pl.UnsupportedError, match=r"args\[0\] has a memory space constraint.*BlockSpec\(memory_space"):
+  with pytest.raises(pl.UnsupportedError,
+                     match=r"args\[0\] has a memory space constraint.*BlockSpec\(memory_space"):
     f(pltpu.with_memory_space_constraint(x, pltpu.VMEM))

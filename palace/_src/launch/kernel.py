@@ -94,7 +94,8 @@ def _plan(bodies, kname, out_type, meshes, scratch_types, params, args):
       raise UsageError(f"pl.kernel mesh must be a pltpu.TensorCoreMesh, plsc.VectorSubcoreMesh or "
                        f"plsc.ScalarSubcoreMesh; got {m!r}. Fix: pass e.g. "
                        f"mesh=pltpu.TensorCoreMesh('core', num_cores=1).")
-  in_leaves, in_td = tree_flatten(tuple(args), is_leaf=lambda x: isinstance(x, (Ref, launch.SpaceConstrained)))
+  in_leaves, in_td = tree_flatten(tuple(args),
+                                  is_leaf=lambda x: isinstance(x, (Ref, launch.SpaceConstrained)))
   values, passed, in_spaces = [], set(), {}
   for i, a in enumerate(in_leaves):
     if isinstance(a, launch.SpaceConstrained):   # (pltpu.with_memory_space_constraint: staged below)
