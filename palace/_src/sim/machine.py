@@ -17,7 +17,7 @@ import random
 import numpy as np
 
 from palace._src import executor as executor_mod
-from palace._src import hw, validate
+from palace._src import hostmem, hw, validate
 from palace._src.errors import SyncError, UsageError
 from palace._src.sim.bandwidth import Channel
 from palace._src.sim.ici import Topology, check_topology
@@ -365,6 +365,7 @@ class VirtualTPU:
                dma_policy: str = "eager", seed: int = 0, trace: bool = True, topology=None,
                detect_races: bool = False, uninitialized: str = "nan", p_state=None,
                keep_trace_events=KEEP_TRACE_EVENTS):
+    hostmem.tune_allocator()   # (process-wide host tuning, once: keeps block-sized pages mapped)
     if not isinstance(chip, hw.ChipSpec):
       validate.as_name(chip, "pl.virtual_tpu(chip)", hint=f"pass a chip name: {', '.join(hw.CHIPS)}.")
     self.chip = hw.get_chip(chip)
