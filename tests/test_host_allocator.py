@@ -2,7 +2,8 @@
 
 Each case runs in a fresh interpreter (the tuning is process-wide and applied once), counts the minor
 page faults of a second pass of allocating, writing and freeing arrays of 256 KiB to 2 MiB (a launch's
-block temporaries: the first pass maps the pages), and compares with PALACE_MALLOC_TUNING=0 so the test fails if the tuning stops working.
+block temporaries: the first pass maps the pages), and compares with PALACE_MALLOC_TUNING=0 so the
+test fails if the tuning stops working.
 """
 import json
 import os

@@ -55,8 +55,8 @@ def give_back(arrays: list) -> None:
 # for a while stops faulting; but every new block size, and every launch whose temporaries outgrow the
 # last, faulted its pages in again (first touch of a page costs ~1.6 us, ~8x writing it). Raising both
 # thresholds up front keeps freed block-sized memory mapped for the next array: 8 different kernels
-# launched once each in a fresh process, 1800-2300 minor faults -> 70-200 and 1.4-1.6x faster; a repeated
-# launch of one kernel is unchanged (`python -m benchmarks.host_alloc`); `palace demo` 7.1 -> 6.8 s.
+# launched once each in a fresh process, 1800-2300 minor faults -> 70-200 and 1.2-1.6x faster; a repeated
+# launch of one kernel is unchanged (`python -m benchmarks.host_numpy`); `palace demo` 7.1 -> 6.8 s.
 # Like the BLAS thread count (blas.py) this is process-wide host tuning: it never changes a result; it
 # keeps at most TRIM_THRESHOLD_BYTES of freed memory per malloc arena. Arrays above MMAP_THRESHOLD_BYTES
 # (HBM operands) still get their own mappings, returned to the system when freed.

@@ -18,7 +18,7 @@ from palace._src.lang import deferred
 from palace._src.lang.array import Array, dtype_of, ready_of
 from palace._src.lang.deferred import Deferred
 from palace._src.lang.numpy_base import (_COMPUTE, _F32, _FLOATS, _I32, _I32_MAX, _I32_MIN, _broadcast_shapes,
-                                         _current_ex, _has_data, _is_arr, _np, _out, _weak_promotes)
+                                         _current_ex, _has_data, _is_arr, _np, _out, _select, _weak_promotes)
 from palace._src.util import user_frame_summary
 
 _IMPORTED = frozenset(globals())  # names above are imports, not this module's API
@@ -375,7 +375,7 @@ def where(condition, x=None, y=None):
   data = None
   ex = executor.maybe_current()
   if not (ex is not None and ex.timing_only and shape) and _has_data(condition, x, y):
-    data = np.where(_np(condition, dt.bool_), _np(x, rt), _np(y, rt))
+    data = _select(_np(condition, dt.bool_), _np(x, rt), _np(y, rt))
   return _out(data, shape, rt, ready_of(condition, x, y), OpClass.CHEAP, _is_arr(condition, x, y))
 
 

@@ -1,6 +1,7 @@
-"""Fresh memory per launch: palace's C-allocator tuning (hostmem.tune_allocator) on and off.
+"""Host-level costs of a kernel's NumPy work: fresh memory (palace's C-allocator tuning,
+hostmem.tune_allocator, on and off) and jnp.where's select on unpredictable masks.
 
-Run from the repo root:  python -m benchmarks.host_alloc [--reps=N]
+Run from the repo root:  python -m benchmarks.host_numpy [--reps=N]
 
 Each row runs in two fresh interpreters, one with palace's default (glibc malloc's mmap and trim
 thresholds raised when the first virtual TPU is made) and one with PALACE_MALLOC_TUNING=0, and prints
@@ -13,6 +14,9 @@ the minor page faults per repetition and the best wall time of each, and their r
   * `launches`: 8 different small kernels launched once each in a fresh process (what a test suite or a
     program's first calls see), total time.
 Page faults are counted by the kernel (`getrusage`), so they are exact; times are this machine's.
+Last, in this process: np.where against palace's select (numpy_base._select, what jnp.where computes
+its data with) on a (128, 256) float32 block, with a different random mask per call (a mask repeated
+call after call trains the CPU's branch predictor and hides np.where's cost) and with a uniform mask.
 """
 from __future__ import annotations
 
@@ -93,11 +97,39 @@ def main(argv=None) -> None:
   argv = sys.argv[1:] if argv is None else argv
   reps = next((int(a.split("=", 1)[1]) for a in argv if a.startswith("--reps=")), 50)
   off, on = _run(False, reps), _run(True, reps)
-  print(f"{'':12s} {'faults off':>11s} {'faults on':>10s} {'time off':>10s} {'time on':>10s} {'speed-up':>9s}")
+  heads = ("faults off", "faults on", "time off", "time on", "speed-up")
+  print(f"{'':12s} " + " ".join(f"{h:>10s}" for h in heads))
   for name in on:
     (f_off, t_off), (f_on, t_on) = off[name], on[name]
-    print(f"{name:12s} {f_off:11.1f} {f_on:10.1f} {t_off * 1e3:8.3f}ms {t_on * 1e3:8.3f}ms {t_off / t_on:8.2f}x")
+    print(f"{name:12s} {f_off:10.1f} {f_on:10.1f} {t_off * 1e3:8.3f}ms {t_on * 1e3:8.3f}ms "
+          f"{t_off / t_on:9.2f}x")
   print("(numpy ops, kernel: per repetition, best of", reps, "; launches: 8 first launches in all)")
+  _selects(reps)
+
+
+def _selects(reps: int) -> None:
+  import time  # noqa: PLC0415
+
+  import numpy as np  # noqa: PLC0415
+
+  from palace._src.lang.numpy_base import _select  # noqa: PLC0415
+  rng = np.random.default_rng(0)
+  xs = [rng.standard_normal((128, 256)).astype(np.float32) for _ in range(reps)]
+  ys = [x + 1 for x in xs]
+  masks = {"random masks": [x > 0 for x in xs], "uniform mask": [np.ones(x.shape, bool) for x in xs]}
+
+  def best(fn, cs):
+    t = float("inf")
+    for c, x, y in zip(cs, xs, ys):
+      t0 = time.perf_counter()
+      fn(c, x, y)
+      t = min(t, time.perf_counter() - t0)
+    return t
+
+  for name, cs in masks.items():
+    t_where, t_select = best(np.where, cs), best(_select, cs)
+    print(f"select, {name}: np.where {t_where * 1e6:.1f} us, palace's select {t_select * 1e6:.1f} us "
+          f"({t_where / t_select:.2f}x)")
 
 
 if __name__ == "__main__":
