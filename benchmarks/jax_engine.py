@@ -1,13 +1,14 @@
 """palace as JAX's Pallas engine vs JAX's own TPU interpret mode, in one run (issue 17, acceptance 4).
 
-Needs JAX (`.venv-jax`): `PYTHONPATH=$PWD .venv-jax/bin/python -m benchmarks.jax_engine [--quick] [--only=NAME]`
-(`--only=basic:add` runs the kernels whose name contains that text).
-Every parity kernel (tests/jax_parity/kernels, the multi-chip ones on 4 host devices) runs inside `jax.jit` through
-`palace.jax.virtual_tpu` and through `pltpu.force_tpu_interpret_mode`; each side is timed best-of-N on
-a warm cache (the jit compile is excluded on both sides). Prints per-kernel wall times, the ratio and
-its geomean, and the per-launch overhead of palace's host callback (a trivial kernel through palace.jax
-vs the same kernel through palace's own `pl.pallas_call`), split into palace's launch on a ready plan
-and JAX's own cost of a host callback that does nothing.
+Needs JAX (`.venv-jax`): `PYTHONPATH=$PWD .venv-jax/bin/python -m benchmarks.jax_engine [--quick]
+[--only=NAME] [--floor]` (`--only=basic:add` runs the kernels whose name contains that text; `--floor`
+prints instead, per parity kernel, the time left when palace's launch costs nothing: `floor_table`).
+Every parity kernel (tests/jax_parity/kernels, the multi-chip ones on 4 host devices) runs inside
+`jax.jit` through `palace.jax.virtual_tpu` and through `pltpu.force_tpu_interpret_mode`; each side is
+timed best-of-N on a warm cache (the jit compile is excluded on both sides). Prints per-kernel wall
+times, the ratio and its geomean, and the per-launch overhead of palace's host callback (a trivial
+kernel through palace.jax vs the same kernel through palace's own `pl.pallas_call`), split into
+palace's launch on a ready plan and JAX's own cost of a host callback that does nothing.
 """
 from __future__ import annotations
 
@@ -167,6 +168,45 @@ def _table(title, rows, show_rows=True):
   return geo, own
 
 
+def _zero_outputs(params, args, cache=None):
+  """A stand-in for palace's launch (palace._src.jax.launch.run_*): the kernel's outputs, zeros."""
+  return [np.zeros(a.shape, a.dtype) for a in params["out_avals"]]
+
+
+def floor_table(reps, wanted) -> None:
+  """`--floor`: what is left of each kernel's palace.jax time when palace's launch costs nothing. The
+  same jitted program runs with palace's launch replaced by returning zero outputs (`_zero_outputs`:
+  XLA's dispatch, operand transfers and host callback remain), so JAX interpret mode / floor is the
+  ratio palace.jax could reach with a free engine, and the last line the ratio with the engine's share
+  (palace.jax - floor) halved."""
+  from palace._src.jax import launch as jax_launch  # noqa: PLC0415
+  rows = []
+  print(f"{'kernel':48s} {'JAX interp':>11s} {'palace.jax':>11s} {'floor':>9s} {'ratio':>7s} {'ceiling':>8s}")
+  for fname in sorted(p.name for p in harness.KERNELS.glob("k_*.py")):
+    mod = harness.jax_module(fname)
+    for case in harness.case_names(fname):
+      name = f"{fname[2:-3]}:{case[5:]}"
+      if not wanted(name):
+        continue
+      tp, tj, _ = time_case(fname, case, reps)
+      saved = jax_launch.run_pallas_call, jax_launch.run_mpmd_map
+      jax_launch.run_pallas_call = jax_launch.run_mpmd_map = _zero_outputs
+      try:
+        with pj.virtual_tpu("v5e", num_chips=getattr(mod, "NUM_DEVICES", 1)):
+          fn, args = getattr(mod, case)()[:2]
+          f = _jitted(fn, args)
+          tf = _best(lambda: jax.block_until_ready(f(*args)), reps)  # noqa: B023
+      finally:
+        jax_launch.run_pallas_call, jax_launch.run_mpmd_map = saved
+      rows.append((tp, tj, tf))
+      print(f"{name:48s} {tj * 1e3:9.2f}ms {tp * 1e3:9.2f}ms {tf * 1e3:7.2f}ms {tj / tp:6.1f}x "
+            f"{tj / tf:7.1f}x")
+  geo = lambda xs: math.exp(sum(map(math.log, xs)) / len(xs))  # noqa: E731
+  print(f"geomean over {len(rows)} kernels: palace.jax {geo([tj / tp for tp, tj, _ in rows]):.1f}x, with a "
+        f"free engine (floor) {geo([tj / tf for _, tj, tf in rows]):.1f}x, with the engine's time halved "
+        f"{geo([tj / (tf + (tp - tf) / 2) for tp, tj, tf in rows]):.1f}x")
+
+
 def main(argv=None) -> None:
   argv = sys.argv[1:] if argv is None else argv
   try:
@@ -179,6 +219,9 @@ def main(argv=None) -> None:
   reps = 2 if "--quick" in argv else 5
   only = [a.split("=", 1)[1] for a in argv if a.startswith("--only=")]   # substrings of kernel names
   wanted = lambda name: not only or any(o in name for o in only)  # noqa: E731
+  if "--floor" in argv:
+    floor_table(reps, wanted)
+    return
   rows = []
   for fname in sorted(p.name for p in harness.KERNELS.glob("k_*.py")):
     if fname in SKIP:
