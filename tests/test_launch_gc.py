@@ -103,3 +103,24 @@ def test_a_kept_report_does_not_keep_the_launchs_memory_alive(make):
     assert dropped() is None
     dmas = [e for e in tpu.reports[-1].events if e[1] == "dma"]
     assert dmas and all(isinstance(e[5]["copy"], str) and "->" in e[5]["copy"] for e in dmas)
+
+
+def test_a_reports_dma_descriptions_name_each_block_window():
+  """The report's text for each pipeline copy: operand and window, in issue order (whole arrays by
+  name only)."""
+  def kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[...] * 2
+
+  x = np.ones((16, 256), np.float32)
+  spec = pl.BlockSpec((8, 128), lambda i, j: (i, j))
+  with pl.virtual_tpu("v5e") as tpu:
+    pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct(x.shape, x.dtype), grid=(2, 2),
+                   in_specs=[spec], out_specs=spec)(x)
+    pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct(x.shape, x.dtype))(x)
+  tiled, whole = ([e[5]["copy"] for e in r.events if e[1] == "dma"] for r in tpu.reports)
+  assert tiled == ["args[0][0:8, 0:128] -> args[0] block", "args[0][0:8, 128:256] -> args[0] block",
+                   "outputs[0] block -> outputs[0][0:8, 0:128]", "args[0][8:16, 0:128] -> args[0] block",
+                   "outputs[0] block -> outputs[0][0:8, 128:256]",
+                   "args[0][8:16, 128:256] -> args[0] block", "outputs[0] block -> outputs[0][8:16, 0:128]",
+                   "outputs[0] block -> outputs[0][8:16, 128:256]"]
+  assert whole == ["args[0] -> args[0] block", "outputs[0] block -> outputs[0]"]

@@ -148,10 +148,12 @@ class DmaRequest:
   @property
   def describe(self) -> str:
     """'src -> dst' with operand names and windows (built only when a message needs it)."""
-    if self.labels is None:
+    labels = self.labels
+    if labels is None:
       return f"{self.src_buf.name} -> {self.dst_buf.name}"
-    a, b = self.labels
-    return f"{a.origin()} -> {b.origin()}"
+    origins = getattr(labels, "origins", None)   # (labels that name their views without making them)
+    a, b = origins() if origins is not None else (view.origin() for view in labels)
+    return f"{a} -> {b}"
 
   def __str__(self):
     return self.describe

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import sys
 from typing import Any, Callable
@@ -14,10 +15,8 @@ def cdiv(a: int, b: int) -> int:
 
 
 def prod(xs) -> int:
-  out = 1
-  for x in xs:
-    out *= int(x)
-  return out
+  """The product of a shape's sizes as a Python int (NumPy integers included)."""
+  return math.prod(map(int, xs))
 
 
 def align_to(x: int, a: int) -> int:

@@ -81,6 +81,14 @@ _FULL_DIMS: dict = {}   # buffer shape -> the dims of its whole view (a cache of
 _STATIC_BOUND = (int, type(None))   # slice bound types that are certainly not runtime values
 
 
+def describe_dims(dims) -> str:
+  """A view's dims (ints for indexed-away dims, (start, size, stride) for the others) as its index text,
+  '[8:16, 0:128]' (the form of messages, traces and reports)."""
+  return "[" + ", ".join([str(d) if isinstance(d, int) else
+                          f"{d[0]}:{d[0] + d[1] * d[2]}" + (f":{d[2]}" if d[2] != 1 else "")
+                          for d in dims]) + "]"
+
+
 class Ref:
   """A mutable view of a buffer (VMEM, SMEM, HBM/ANY, semaphores)."""
   __slots__ = ("buf", "dims", "shape", "_np_index", "_full", "__weakref__")
@@ -154,11 +162,7 @@ class Ref:
     return f"Ref<{self.buf.memory_space}>{{{self.buf.dtype}{list(self.shape)}}} {self.buf.name}{view}"
 
   def describe_index(self) -> str:
-    parts = []
-    for d in self.dims:
-      parts.append(str(d) if isinstance(d, int) else
-                   f"{d[0]}:{d[0] + d[1] * d[2]}" + (f":{d[2]}" if d[2] != 1 else ""))
-    return "[" + ", ".join(parts) + "]"
+    return describe_dims(self.dims)
 
   def origin(self) -> str:
     return self.buf.name + ("" if self._full else self.describe_index())
