@@ -20,6 +20,7 @@ import contextvars
 from typing import Any, Protocol
 
 from palace._src.errors import UsageError
+from palace._src.util import describe_dims
 
 
 class OpClass:
@@ -120,6 +121,27 @@ def reset_current(token) -> None:
   _current.reset(token)
 
 
+class CopyLabel(tuple):
+  """A copy's (source, destination) as names and index tuples, holding no buffer: each side is a name
+  (a whole view), (name, dims) (a view; dims as Ref.dims) or (name, offsets, shape) (a unit-stride
+  window). `str()` formats it ('args[0][0:8, 0:128] -> args[0] block'); reports keep it until read."""
+  __slots__ = ()
+
+  def __str__(self):
+    return f"{_side(self[0])} -> {_side(self[1])}"
+
+  __repr__ = __str__
+
+
+def _side(part) -> str:
+  if type(part) is str:
+    return part
+  if len(part) == 2:
+    return part[0] + describe_dims(part[1])
+  name, offsets, shape = part
+  return name + describe_dims([(o, z, 1) for o, z in zip(offsets, shape)])
+
+
 class DmaRequest:
   """A copy between two buffer views, as the language hands it to the machine.
 
@@ -148,12 +170,17 @@ class DmaRequest:
   @property
   def describe(self) -> str:
     """'src -> dst' with operand names and windows (built only when a message needs it)."""
+    return str(self.label())
+
+  def label(self) -> "CopyLabel":
+    """What `describe` says, unformatted and holding no buffer (a launch's report keeps one per DMA)."""
     labels = self.labels
     if labels is None:
-      return f"{self.src_buf.name} -> {self.dst_buf.name}"
-    origins = getattr(labels, "origins", None)   # (labels that name their views without making them)
-    a, b = origins() if origins is not None else (view.origin() for view in labels)
-    return f"{a} -> {b}"
+      return CopyLabel((self.src_buf.name, self.dst_buf.name))
+    parts = getattr(labels, "label_parts", None)   # (pipeline copies: no view is built)
+    if parts is not None:
+      return CopyLabel(parts())
+    return CopyLabel(tuple([v.label_part() if hasattr(v, "label_part") else v.origin() for v in labels]))
 
   def __str__(self):
     return self.describe

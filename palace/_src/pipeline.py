@@ -35,7 +35,7 @@ from palace._src.lang.array import concrete_int
 from palace._src.lang.primitives import (_scalar, axis_index, axis_size, close_scope, num_programs,
                                          open_scope, program_id, sem_target)
 from palace._src.lang.indexed import IndexedRef
-from palace._src.lang.refs import Ref, Slice, describe_dims
+from palace._src.lang.refs import Ref, Slice
 from palace._src.lang.tpu_primitives import AsyncCopyDescriptor, prepare_window_copy, sync_copy
 from palace._src.util import tree_flatten, tree_unflatten
 
@@ -94,13 +94,12 @@ class _BlockLabels(tuple):
     hbm = Ref.window(buf, offsets, shape)
     return iter((vmem, hbm) if to_hbm else (hbm, vmem))
 
-  def origins(self) -> tuple:
-    """(source, destination) as their views' `origin()` name them, without building the window Ref
-    (every pipeline copy of a launch is described in its report)."""
+  def label_parts(self) -> tuple:
+    """(source, destination) as executor.CopyLabel parts: the window as (name, offsets, shape), unless
+    it is the whole array, and the slot ref's part (no Ref is built; formatting waits for a reader)."""
     buf, offsets, shape, vmem, to_hbm = tuple.__iter__(self)
-    hbm = buf.name if tuple(shape) == buf.shape and not any(offsets) else \
-        buf.name + describe_dims([(o, z, 1) for o, z in zip(offsets, shape)])
-    slot = vmem.origin()
+    hbm = buf.name if tuple(shape) == buf.shape and not any(offsets) else (buf.name, offsets, shape)
+    slot = vmem.label_part()
     return (slot, hbm) if to_hbm else (hbm, slot)
 
 

@@ -19,6 +19,14 @@ def prod(xs) -> int:
   return math.prod(map(int, xs))
 
 
+def describe_dims(dims) -> str:
+  """A view's dims (ints for indexed-away dims, (start, size, stride) for the others) as its index text,
+  '[8:16, 0:128]' (the form of messages, traces and reports)."""
+  return "[" + ", ".join([str(d) if isinstance(d, int) else
+                          f"{d[0]}:{d[0] + d[1] * d[2]}" + (f":{d[2]}" if d[2] != 1 else "")
+                          for d in dims]) + "]"
+
+
 def align_to(x: int, a: int) -> int:
   return cdiv(x, a) * a
 

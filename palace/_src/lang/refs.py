@@ -28,7 +28,7 @@ from palace._src.lang.array import Array, concrete_int
 from palace._src.lang.deferred import Deferred
 from palace._src.lang.indexed import is_index_source, make_indexed
 from palace._src.lang.numpy_indexing import _where
-from palace._src.util import prod, user_frame_summary
+from palace._src.util import describe_dims, prod, user_frame_summary
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,14 +79,6 @@ class _AtIndexer:
 
 _FULL_DIMS: dict = {}   # buffer shape -> the dims of its whole view (a cache of a pure function)
 _STATIC_BOUND = (int, type(None))   # slice bound types that are certainly not runtime values
-
-
-def describe_dims(dims) -> str:
-  """A view's dims (ints for indexed-away dims, (start, size, stride) for the others) as its index text,
-  '[8:16, 0:128]' (the form of messages, traces and reports)."""
-  return "[" + ", ".join([str(d) if isinstance(d, int) else
-                          f"{d[0]}:{d[0] + d[1] * d[2]}" + (f":{d[2]}" if d[2] != 1 else "")
-                          for d in dims]) + "]"
 
 
 class Ref:
@@ -166,6 +158,11 @@ class Ref:
 
   def origin(self) -> str:
     return self.buf.name + ("" if self._full else self.describe_index())
+
+  def label_part(self):
+    """`origin()` unformatted and without the buffer: the name, or (name, dims) for a part view
+    (executor.CopyLabel formats it when a report is read)."""
+    return self.buf.name if self._full else (self.buf.name, self.dims)
 
   # ---- views ----
   def _view(self, idx) -> "Ref":

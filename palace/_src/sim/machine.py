@@ -447,13 +447,13 @@ class VirtualTPU:
     only its timeline goes (to_perfetto and plot_timeline then say so). A loop of launches (a jitted
     training step under palace.jax, a test suite under PALACE_JAX) would otherwise grow without bound:
     a launch keeps up to 200,000 events, about 150 bytes each."""
-    if self.keep_trace_events is None or not report.events:
+    if self.keep_trace_events is None or not report.trace_log:
       return
     self._traced.append(report)
-    self._traced_events += len(report.events)
+    self._traced_events += len(report.trace_log)
     while self._traced_events > self.keep_trace_events and len(self._traced) > 1:
       old = self._traced.popleft()
-      self._traced_events -= len(old.events)
+      self._traced_events -= len(old.trace_log)
       old.drop_trace(self.keep_trace_events)
 
   def cost_memos(self) -> tuple:

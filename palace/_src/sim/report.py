@@ -29,14 +29,27 @@ class Report:
   vmem_peak_bytes: int
   grid_steps: int
   dma_count: int
-  events: list = dataclasses.field(repr=False, default_factory=list)
+  trace_log: list = dataclasses.field(repr=False, default_factory=list)   # (read it as `events`)
   ici_bytes: int = 0
   timing_only: bool = False
   stats: dict | None = dataclasses.field(default=None, repr=False)
 
   def __post_init__(self):
     if self.stats is None:
-      self.stats = getattr(self.events, "stats", None) or {"dma_bytes": {}, "dma_count": {}}
+      self.stats = getattr(self.trace_log, "stats", None) or {"dma_bytes": {}, "dma_count": {}}
+
+  @property
+  def events(self) -> list:
+    """The launch's timeline: (tid, unit, name, start_cycle, end_cycle, args) per event; a DMA's args
+    name the copy ("copy": 'src -> dst'), formatted at the first read (sim/trace.py)."""
+    log = self.trace_log
+    if getattr(log, "unnamed", None):
+      log.name_copies()
+    return log
+
+  @events.setter
+  def events(self, value) -> None:
+    self.trace_log = value
 
   # ---- times
   @property
@@ -125,11 +138,11 @@ class Report:
     """Free this report's timeline (its figures stay): the VirtualTPU's `keep_trace_events` budget."""
     dropped = EventLog()
     dropped.stats = self.stats
-    dropped.dropped = (len(self.events), budget)
-    self.events = dropped
+    dropped.dropped = (len(self.trace_log), budget)
+    self.trace_log = dropped
 
   def _timeline(self) -> list:
-    dropped = getattr(self.events, "dropped", None)
+    dropped = getattr(self.trace_log, "dropped", None)
     if dropped is not None:
       raise UsageError(
           f"The trace of kernel '{self.kernel_name}' ({dropped[0]:,} events) was dropped to bound memory: "

@@ -16,12 +16,19 @@ _ARGS = operator.itemgetter(5)   # an event's args (None or a dict)
 class EventLog(list):
   """The event list of one launch, plus counters that are kept even when tracing is off:
   `stats["dma_bytes"]` and `stats["dma_count"]` map a direction ('hbm->vmem', ...) to totals."""
-  __slots__ = ("stats", "dropped")
+  __slots__ = ("stats", "dropped", "unnamed")
 
   def __init__(self):
     super().__init__()
     self.stats = {"dma_bytes": {}, "dma_count": {}}
     self.dropped = None   # (events, budget) once Report.drop_trace freed them
+    self.unnamed = None   # args dicts whose "copy" is still a CopyLabel (Report.events names them)
+
+  def name_copies(self) -> None:
+    """Turn every DMA event's copy label into its text (once, when a report's events are read)."""
+    unnamed, self.unnamed = self.unnamed, None
+    for args in unnamed or ():
+      args["copy"] = str(args["copy"])
 
 
 class Trace:
@@ -44,10 +51,12 @@ class Trace:
   @property
   def events(self) -> EventLog:
     """The kept events, for the launch's report. A DMA event is recorded with its request (`{"copy":
-    DmaRequest}`: naming it costs the hot path nothing); the report gets the request's description
-    instead, so it holds no buffer of the launch: a process running launch after launch in one
-    `virtual_tpu` keeps every report, and a request would keep that launch's HBM operands, outputs and
-    VMEM alive with it (about an output's size per launch, without bound)."""
+    DmaRequest}`: naming it costs the hot path nothing); the report gets the request's label instead
+    (executor.CopyLabel: names and indices), so it holds no buffer of the launch: a process running
+    launch after launch in one `virtual_tpu` keeps every report, and a request would keep that launch's
+    HBM operands, outputs and VMEM alive with it (about an output's size per launch, without bound).
+    The labels become text when the report's events are first read (`Report.events`): formatting
+    every copy's windows cost more per DMA than timing it."""
     log = EventLog()
     log.stats = self.stats
     ring = self._ring
@@ -56,14 +65,17 @@ class Trace:
       log.append((first[0], "scalar", f"trace truncated: only the last {self.cap:,} events are kept",
                   first[3], first[3], None))
     log.extend(ring)
-    named = {}   # id(request) -> its description (pipelines reuse one request per block slot)
+    named = {}   # id(request) -> its label (pipelines reuse one request per block slot)
+    unnamed = []
     for args in filter(None, map(_ARGS, log)):   # (events without args are skipped at C level)
       req = args.get("copy")
       if req is not None and type(req) is not str:
-        text = named.get(id(req))
-        if text is None:
-          text = named[id(req)] = req.describe
-        args["copy"] = text
+        label = named.get(id(req))
+        if label is None:
+          label = named[id(req)] = req.label()
+        args["copy"] = label
+        unnamed.append(args)
+    log.unnamed = unnamed or None
     return log
 
   def count_dma(self, kind: str, nbytes: int, copies: int = 1) -> None:
