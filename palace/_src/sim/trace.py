@@ -25,10 +25,11 @@ class EventLog(list):
     self.unnamed = None   # args dicts whose "copy" is still a CopyLabel (Report.events names them)
 
   def name_copies(self) -> None:
-    """Turn every DMA event's copy label into its text (once, when a report's events are read)."""
-    unnamed, self.unnamed = self.unnamed, None
-    for args in unnamed or ():
+    """Turn every DMA event's copy label into its text (once, when a report's events are read; a
+    reader in another thread meanwhile converts them too, so no reader sees a label: str is idempotent)."""
+    for args in self.unnamed or ():
       args["copy"] = str(args["copy"])
+    self.unnamed = None
 
 
 class Trace:
