@@ -27,6 +27,10 @@ U = np.tile(np.array([7, 0, 5, 2**32 - 1, 1, 2**31, 3, 9], np.uint32), (8, 16))
 V = np.tile(np.array([0, 0, 2, 7, 33, 1, 0, 4], np.uint32), (8, 16))
 F = np.tile(np.array([-0.0, 2.5, -2.5, np.nan, np.inf, -7.3, 3e9, 0.5], np.float32), (8, 16))
 G = np.tile(np.array([0.0, -2.0, 3.0, 1.0, np.nan, 2.0, -np.inf, 0.0], np.float32), (8, 16))
+I8 = np.tile(np.array([0, 1, -1, 127, -128, 16, 3, -64], np.int8), (8, 16))
+T = np.tile(np.array([0.0, -0.0, 1e-45, -1e-45, 3.4028235e38, -1.1754944e-38, 0.0, np.inf], np.float32),
+            (8, 16))
+R = np.random.default_rng(11).integers(0, 2**32, (8, 128), dtype=np.uint64).astype(np.uint32).view(np.float32)
 
 CASES = {
     "lax.div": (lax.div, I, J), "lax.rem": (lax.rem, I, J),
@@ -48,6 +52,15 @@ CASES = {
     "max reduction with NaN": (lambda a: jnp.max(a, axis=1, keepdims=True) * jnp.ones((1, 128), jnp.float32), F),
     "bitcast": (lambda a: lax.bitcast_convert_type(a, jnp.int32), F),
     "int -> float": (lambda a: a.astype(jnp.float32), I),
+    "clz": (lax.clz, I), "clz uint32": (lax.clz, U), "clz int8": (lax.clz, I8),
+    "population_count": (lax.population_count, I), "population_count uint32": (lax.population_count, U),
+    "population_count int8": (lax.population_count, I8),
+    "nextafter": (lax.nextafter, F, G), "nextafter back": (lax.nextafter, G, F),
+    "nextafter of zeros and tiny": (lax.nextafter, T, F),
+    "reduce_precision bf16": (lambda a: lax.reduce_precision(a, 8, 7), R),
+    "reduce_precision f16": (lambda a: lax.reduce_precision(a, 5, 10), R),
+    "reduce_precision e4m3": (lambda a: lax.reduce_precision(a, 4, 3), R),
+    "reduce_precision e2m0": (lambda a: lax.reduce_precision(a, 2, 0), R),
 }
 
 
@@ -83,7 +96,9 @@ def test_palace_jax_matches_jax_interpret_mode_bit_for_bit(name):
 # The same cases on scalars: SMEM operands read one element at a time, so every operation is a 0-d
 # equation (palace.jax's specialised scalar forms: numpy_elementwise._on_scalars, _where_on_scalars,
 # numpy_dtypes._astype_on_scalars), each result written back to SMEM.
-_NOT_SCALAR = {"argmax", "max reduction with NaN"}   # their fns need a row
+_NOT_SCALAR = {"argmax", "max reduction with NaN",   # their fns need a row
+               # Mosaic lowers population_count for vectors only (test below)
+               "population_count", "population_count uint32", "population_count int8"}
 
 
 def _scalar_call(fn, args):
@@ -109,3 +124,28 @@ def test_scalar_equations_match_jax_interpret_mode_bit_for_bit(name):
   with pj.virtual_tpu("v5e"):
     out = np.asarray(_scalar_call(fn, args))
   assert _same(out, ref), f"{name} on scalars: palace {out} vs JAX interpret mode {ref}"
+
+
+def test_a_scalar_population_count_is_rejected_as_the_tpu_compiler_does():
+  x = jnp.asarray(np.array([7, 8], np.int32))
+
+  def kernel(x_ref, o_ref):
+    o_ref[0] = lax.population_count(x_ref[0])
+  smem = pl.BlockSpec(memory_space=pltpu.SMEM)
+  with pj.virtual_tpu("v5e"), pytest.raises(Exception, match="population_count of a scalar"):
+    jax.block_until_ready(pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((2,), jnp.int32),
+                                         in_specs=[smem], out_specs=smem)(x))
+
+
+@pytest.mark.parametrize("bits", [(8, 7), (5, 10), (4, 3), (5, 2), (3, 1), (2, 0), (8, 23), (6, 23), (8, 0)])
+def test_reduce_precision_matches_xla_bit_for_bit_on_every_kind_of_float(bits):
+  """palace's float32 reduce_precision against XLA's own (jax.lax.reduce_precision on the CPU) on a
+  million random bit patterns: normals, subnormals, infinities, NaNs with payloads."""
+  from palace._src.lang.lax_ops import _reduce_precision_f32
+  x = np.random.default_rng(sum(bits)).integers(0, 2**32, 2**20, dtype=np.uint64).astype(np.uint32)
+  x = x.view(np.float32)
+  want = np.asarray(lax.reduce_precision(jnp.asarray(x), *bits)).view(np.uint32)
+  got = _reduce_precision_f32(x, *bits).view(np.uint32)
+  bad = np.flatnonzero(got != want)
+  assert not bad.size, f"{bits}: {bad.size} differ, e.g. {x.view(np.uint32)[bad[:3]]} -> {got[bad[:3]]} " \
+                       f"vs {want[bad[:3]]}"

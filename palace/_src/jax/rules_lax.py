@@ -192,6 +192,27 @@ def _integer_pow_pos(x, y):
   return acc
 
 
+@rule("population_count")
+def _population_count(eqn, x):
+  return lax_ops.population_count(x)
+
+
+@rule("clz")
+def _clz(eqn, x):
+  return lax_ops.clz(x)
+
+
+@rule("nextafter")
+def _nextafter(eqn, x, y):
+  return lax_ops.nextafter(x, y)
+
+
+@rule("reduce_precision")
+def _reduce_precision(eqn, x):
+  p = eqn.params
+  return lax_ops.reduce_precision(x, p["exponent_bits"], p["mantissa_bits"])
+
+
 @rule("reciprocal")
 def _reciprocal(eqn, x):
   return pjnp.reciprocal(x)

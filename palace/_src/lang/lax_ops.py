@@ -1,16 +1,18 @@
 """`palace.lax`: the lax subset kernels use (L4a)."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from palace._src import dtypes as dt
 from palace._src.executor import OpClass
 from palace._src import validate
 from palace._src.lang import numpy_ops as jnp
-from palace._src.errors import ShapeError
+from palace._src.errors import ShapeError, UnsupportedError
 from palace._src.lang.array import Array, concrete_int, ready_of
-from palace._src.lang.numpy_base import _dtype_arg, _has_data, _is_arr, _np, _out
-from palace._src.lang.numpy_elementwise import _elementwise, int_div, int_rem
+from palace._src.lang.numpy_base import _current_ex, _dtype_arg, _has_data, _is_arr, _np, _out
+from palace._src.lang.numpy_elementwise import _elementwise, _int_only, int_div, int_rem
 from palace._src.lang.numpy_shape import _shape_op
 from palace._src.lang.numpy_linalg import dot_general  # noqa: F401
 from palace._src.lang.tpu_primitives import bitcast
@@ -68,6 +70,125 @@ def shift_right_logical(x, y):
     return bitcast(jnp.right_shift(bitcast(x, u, -1), jnp.astype(y, u) if isinstance(y, Array) else y),
                    x.dtype, -1)
   return jnp.right_shift(x, y)
+
+
+# ------------------------------------------------------------------ bit counts, nextafter, precision
+_UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+def _bit_length(v) -> np.ndarray:
+  """Per element, the bit length of the integer's bit pattern (0 for 0): a branch-free binary search,
+  exact for every width (float64 tricks are not, above 2**53)."""
+  x = v.view(_UNSIGNED[v.dtype.itemsize]).astype(np.uint64)
+  n = np.zeros(x.shape, np.uint64)
+  for s in (32, 16, 8, 4, 2, 1):
+    step = (x >= np.uint64(1 << s)).astype(np.uint64) * np.uint64(s)
+    n += step
+    x >>= step
+  return n + (x != 0)
+
+
+def _clz(v):
+  return (8 * v.dtype.itemsize - _bit_length(v).astype(np.int64)).astype(v.dtype)
+
+
+def _population_count(v):
+  return np.bitwise_count(v.view(_UNSIGNED[v.dtype.itemsize])).astype(v.dtype)
+
+
+def _vectors_only(op, name: str):
+  """Mosaic lowers `name` for vectors only ("not supported on scalars", jax/_src/pallas/mosaic/
+  lowering.py): a 0-d operand inside a kernel is what the TPU compiler rejects."""
+  def f(x):
+    if _current_ex() is not None and isinstance(x, Array) and not x.shape:
+      raise UnsupportedError(f"lax.{name} of a scalar inside a kernel: Mosaic lowers it for vectors only "
+                             f"(the TPU compiler rejects a 0-d operand). Fix: apply it to a vector, e.g. "
+                             f"a (1, 128) block, and read the element you need.")
+    return op(x)
+  f.__name__ = name
+  return f
+
+
+def _int_dtypes_only(op, name: str):
+  def f(x):
+    d = np.dtype(x.dtype) if hasattr(x, "dtype") else np.asarray(x).dtype
+    if not dt.is_int(d):
+      raise ShapeError(f"lax.{name} takes integers; got {d}. Fix: pass an integer array (bitcast floats "
+                       f"with pltpu.bitcast).")
+    return op(x)
+  f.__name__ = name
+  return f
+
+
+population_count = _vectors_only(_int_dtypes_only(_int_only(_elementwise(
+    _population_count, OpClass.CHEAP, name="population_count"), "population_count"), "population_count"),
+    "population_count")
+clz = _int_dtypes_only(_int_only(_elementwise(_clz, OpClass.CHEAP, name="clz"), "clz"), "clz")
+
+
+def _nextafter(a, b):
+  """np.nextafter, with JAX's canonical NaN (0x7fc00000) for NaN operands, as the TPU lowering
+  (jax/_src/pallas/utils.py nextafter_lowering_helper) and XLA give it."""
+  r = np.nextafter(a, b)
+  nan = np.isnan(a) | np.isnan(b)
+  if nan.any():
+    r = np.where(nan, np.asarray(np.nan, r.dtype), r)
+  return r
+
+
+_nextafter_op = _elementwise(_nextafter, OpClass.MEDIUM, "float", name="nextafter")
+
+
+def nextafter(x1, x2):
+  """The next float after x1 towards x2 (float32: the only dtype Mosaic lowers it for in kernels)."""
+  dts = {np.dtype(getattr(v, "dtype", np.float32)) for v in (x1, x2)}
+  if dts != {dt.float32}:
+    raise UnsupportedError(f"lax.nextafter of {', '.join(sorted(map(str, dts)))}: the TPU lowering takes "
+                           f"float32 operands of one dtype only. Fix: cast both operands to float32.")
+  return _nextafter_op(x1, x2)
+
+
+def _reduce_precision_f32(x, exponent_bits: int, mantissa_bits: int):
+  """XLA's ReducePrecision on float32 bits: round the mantissa to `mantissa_bits` (to nearest even),
+  then flush exponents outside the `exponent_bits` range to signed infinity / zero; NaNs are kept as
+  they are (checked bit for bit against jax.lax.reduce_precision: tests/jax_backend)."""
+  u = x.view(np.uint32).copy()
+  if mantissa_bits < 23:
+    shift = 23 - mantissa_bits
+    lsb = (u >> np.uint32(shift)) & np.uint32(1)
+    u += lsb + np.uint32((1 << (shift - 1)) - 1)
+    u &= np.uint32(~((1 << shift) - 1) & 0xFFFFFFFF)
+  if exponent_bits < 8:
+    exp_mask, sign_mask = np.uint32(0x7F800000), np.uint32(0x80000000)
+    red_bias = (1 << (exponent_bits - 1)) - 1
+    e = u & exp_mask
+    over = e > np.uint32((127 + red_bias) << 23)
+    under = e <= np.uint32((127 - red_bias) << 23)
+    zero = u & sign_mask
+    u = np.where(over, zero | exp_mask, np.where(under, zero, u))
+  r = u.view(np.float32)
+  nan = np.isnan(x)   # NaNs pass through unchanged, payload included, with or without mantissa bits
+  if nan.any():       # (as XLA does on the CPU, what JAX's interpret mode runs; else m=0 gives inf)
+    r = np.where(nan, x, r)
+  return r
+
+
+def reduce_precision(x, exponent_bits: int, mantissa_bits: int):
+  """`lax.reduce_precision` of a float32 value (XLA's rounding and range rules, bit for bit)."""
+  e = validate.as_int(exponent_bits, "lax.reduce_precision(exponent_bits)", min_value=1)
+  m = validate.as_int(mantissa_bits, "lax.reduce_precision(mantissa_bits)", min_value=0)
+  d = np.dtype(getattr(x, "dtype", np.float32))
+  if d != dt.float32:
+    raise UnsupportedError(f"lax.reduce_precision of {d}: palace covers float32 operands. Fix: cast to "
+                           f"float32 first (x.astype(jnp.float32)).")
+  return _reduce_precision_op(e, m)(x)
+
+
+@functools.lru_cache(maxsize=64)
+def _reduce_precision_op(e: int, m: int):
+  # (a memo of a pure function: the elementwise op for one target format)
+  return _elementwise(lambda v: _reduce_precision_f32(v, e, m), OpClass.CHEAP, "float",
+                      name="reduce_precision")
 
 
 def convert_element_type(x, new_dtype):
@@ -133,4 +254,5 @@ def dynamic_update_slice(x, update, start_indices):
 
 
 __all__ = sorted(n for n in globals() if not n.startswith("_") and n not in
-                 {"annotations", "np", "dt", "jnp", "Array", "ShapeError", "concrete_int"})
+                 {"annotations", "np", "dt", "jnp", "Array", "ShapeError", "UnsupportedError",
+                  "concrete_int", "functools"})
