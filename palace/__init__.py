@@ -11,7 +11,7 @@ from palace._src.errors import (BlockSpecError, MemorySpaceError, OutOfBoundsErr
                                 UninitializedReadError, UnsupportedError, UsageError)
 from palace._src.tools.explore import ScheduleReport, explore_schedules
 from palace._src.lang.array import Array
-from palace._src.lang.primitives import (debug_print, loop, multiple_of, num_programs, program_id,
+from palace._src.lang.primitives import (debug_print, delay, loop, multiple_of, num_programs, program_id,
                                          run_scoped, semaphore_read, semaphore_signal, semaphore_wait,
                                          when, with_scoped)
 from palace._src.lang.refs import Ref, Slice, ds

@@ -158,3 +158,22 @@ def test_earlier_asynchronous_launches_keep_their_data():
   for i, r in enumerate(results):
     expect = np.asarray(X, np.float32) @ np.asarray(X + i, np.float32)
     np.testing.assert_allclose(r, expect, rtol=2e-2, atol=0.5)
+
+
+def test_pl_delay_moves_the_modelled_time_as_on_palaces_own_path():
+  """JAX's `pl.delay(nanos)` (its interpret mode ignores it): the core sleeps, 1 us = 1500 v5e cycles,
+  also with the duration read from a prefetched scalar."""
+  x = np.ones((8, 128), np.float32)
+
+  def kernel(n_ref, x_ref, o_ref):
+    pl.delay(n_ref[0])
+    pl.delay(1000)
+    o_ref[...] = x_ref[...]
+  spec = pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=1, grid=(1,),
+                                      in_specs=[pl.BlockSpec((8, 128), lambda i, n: (0, 0))],
+                                      out_specs=pl.BlockSpec((8, 128), lambda i, n: (0, 0)))
+  f = jax.jit(pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid_spec=spec))
+  with pj.virtual_tpu("v5e") as tpu:
+    np.testing.assert_array_equal(f(np.array([0], np.int32), x), x)
+    np.testing.assert_array_equal(f(np.array([2000], np.int32), x), x)
+  assert tpu.reports[1].device_cycles - tpu.reports[0].device_cycles == 3000

@@ -420,6 +420,12 @@ def _prng_bits(eqn):
   return tpu.prng_random_bits(tuple(eqn.params["shape"]))
 
 
+@rule("delay")
+def _delay(eqn, nanos):
+  prims.delay(nanos)
+  return []
+
+
 @rule("debug_print")
 def _debug_print(eqn, *args):
   """pl.debug_print on TPU: `{}` placeholders are filled with the values, else they follow the text

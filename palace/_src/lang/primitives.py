@@ -160,6 +160,17 @@ def debug_print(fmt: str, *args) -> None:
   ex.debug_print(text)
 
 
+def delay(nanos) -> None:
+  """`pl.delay(nanos)`: the core sleeps for `nanos` nanoseconds (a runtime int32 scalar or an int),
+  rounded up to whole cycles of the chip's clock. It orders nothing: it only moves time."""
+  ex = executor.current("pl.delay()")
+  n = concrete_int(nanos, "pl.delay(nanos)")
+  if n < 0:
+    raise UsageError(f"pl.delay({n}): a delay is a non-negative number of nanoseconds "
+                     f"({user_frame_summary()}). Fix: pass nanos >= 0.")
+  ex.delay(-(-n * ex.chip.clock_hz // 1_000_000_000) if n else 0)
+
+
 # ------------------------------------------------------------------ scoped allocation
 _ALLOCATION_TYPES = (MemoryRef, SemaphoreRefType)
 

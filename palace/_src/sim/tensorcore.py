@@ -178,6 +178,14 @@ class TensorCore:
     self.unit_busy["scalar"] += n * cycles
     return start, cycles
 
+  def delay(self, cycles: int) -> None:
+    """`pl.delay`: the scalar core sleeps `cycles` (issue stops; ops already issued, DMAs in flight and
+    other cores go on). Idle time, so no unit counts it busy; it shows on the scalar lane of a trace."""
+    start = self.now
+    self.now = start + cycles
+    if self.trace.on and cycles:
+      self.trace.add((self.tid, "scalar", "delay", start, self.now, None))
+
   # ------------------------------------------------------------------ memory
   def load(self, buf: Buffer, index, shape, site=None):
     checks = self.checks
