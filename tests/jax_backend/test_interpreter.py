@@ -351,3 +351,34 @@ def test_a_finished_launch_leaves_no_buffer_alive(front):
   gc.collect()
   left = [b.name for b in gc.get_objects() if isinstance(b, Buffer) and tuple(b.shape) == shape]
   assert left == []
+
+
+def test_jax_debug_callback_in_a_kernel_runs_with_the_values_and_costs_nothing():
+  """As in JAX's interpret mode, the callback sees the kernel's values (Mosaic compiles it away on a
+  TPU, so it adds no modelled time of its own)."""
+  seen = []
+  x = np.arange(8 * 128, dtype=np.float32).reshape(8, 128)
+
+  def with_callback(x_ref, o_ref):
+    jax.debug.callback(lambda v, w: seen.append((float(v), w.shape)), x_ref[1, 2], x_ref[0:2, :])
+    o_ref[...] = x_ref[...] + 1
+
+  def without(x_ref, o_ref):
+    o_ref[...] = x_ref[...] + 1
+
+  with pj.virtual_tpu("v5e") as tpu:
+    for k in (with_callback, without):
+      out = pl.pallas_call(k, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+      np.testing.assert_array_equal(np.asarray(out), x + 1)
+  assert seen == [(x[1, 2], (2, 128))]
+  # the callback itself is free; only the two reads that feed it are charged (a scalar and a vreg load)
+  assert 0 < tpu.reports[0].device_cycles - tpu.reports[1].device_cycles <= 2
+
+
+def test_debug_print_with_keyword_arguments_is_rejected_as_mosaic_does():
+  def kernel(x_ref, o_ref):
+    jax.debug.print("first {f}", f=x_ref[0, 0])
+    o_ref[...] = x_ref[...]
+  x = np.ones((8, 128), np.float32)
+  with pj.virtual_tpu("v5e"), pytest.raises(Exception, match="prints positional values only"):
+    jax.block_until_ready(pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x))

@@ -7,8 +7,9 @@ import weakref
 
 import numpy as np
 
-from palace._src.jax.interpret import (compiling_rule, grid_axes, result_unused, rule, unsupported,
-                                       user_site_of)
+from palace._src.errors import UnsupportedError
+from palace._src.jax.interpret import (compiling_rule, grid_axes, result_unused, rule, source_line,
+                                       unsupported, user_site_of)
 from palace._src.lang import lax_ops
 from palace._src.lang import primitives as prims
 from palace._src.lang import tpu_primitives as tpu
@@ -426,12 +427,27 @@ def _delay(eqn, nanos):
   return []
 
 
+@rule("debug_callback")
+def _debug_callback(eqn, *args):
+  """`jax.debug.callback` / `jax.debug.print` with keyword arguments inside a kernel: the callback
+  runs with the values as NumPy data, as JAX's interpret mode runs it (Mosaic compiles it to nothing
+  on a TPU, so it costs no cycle). On a timing-only machine values carry no data: it does not run."""
+  if any(isinstance(a, Array) and a._data is None for a in args):
+    return []
+  eqn.params["callback"](*[np.asarray(a._data) if isinstance(a, Array) else np.asarray(a) for a in args])
+  return []
+
+
 @rule("debug_print")
 def _debug_print(eqn, *args):
   """pl.debug_print on TPU: `{}` placeholders are filled with the values, else they follow the text
   (palace's debug_print does the same); the text goes to the VirtualTPU's debug output."""
   p = eqn.params
   if p.get("static_args") or (p.get("in_tree") is not None and p["in_tree"].unflatten(args)[1]):
-    raise unsupported(eqn, "keyword or static format arguments", "pass the values positionally.")
+    raise UnsupportedError(
+        f"palace.jax: jax.debug.print / pl.debug_print with keyword or static format arguments at kernel "
+        f"line {source_line(eqn, ())}: a TPU kernel prints positional values only (Mosaic: \"Only "
+        f"positional arguments are supported by debug_print on Pallas\"), so palace rejects it as the "
+        f"chip's compiler does. Fix: pass the values positionally, e.g. jax.debug.print('x={{}}', x).")
   prims.debug_print(p["fmt"], *args)
   return []
