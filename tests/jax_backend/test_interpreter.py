@@ -382,3 +382,20 @@ def test_debug_print_with_keyword_arguments_is_rejected_as_mosaic_does():
   x = np.ones((8, 128), np.float32)
   with pj.virtual_tpu("v5e"), pytest.raises(Exception, match="prints positional values only"):
     jax.block_until_ready(pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x))
+
+
+def test_a_zero_length_scan_gives_empty_stacked_outputs():
+  def kernel(x_ref, o_ref):
+    def body(c, x):
+      return c + x, (c * 2).astype(jnp.int32)
+    c, ys = lax.scan(body, jnp.full((128,), 3.0, jnp.float32), x_ref[0:0, :])
+    o_ref[...] = x_ref[...] + c[None, :] + jnp.sum(ys).astype(jnp.float32) + ys.shape[0]
+
+  x = np.arange(8 * 128, dtype=np.float32).reshape(8, 128)
+  f = lambda v: pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(v.shape, v.dtype))(v)  # noqa: E731
+  with pltpu.force_tpu_interpret_mode():
+    want = np.asarray(f(x))
+  with pj.virtual_tpu("v5e"):
+    got = np.asarray(f(x))
+  np.testing.assert_array_equal(got, want)
+  np.testing.assert_array_equal(got, x + 3)

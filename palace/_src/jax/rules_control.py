@@ -108,8 +108,8 @@ def _scan(eqn):
       return tuple(out[:ncarry])
 
     carry = prims.fori_loop(0, length, step, tuple(init))
-    if length == 0 and n_ys:
-      raise unsupported(eqn, "a zero-length scan with stacked outputs")
+    if length == 0:   # nothing to stack: empty arrays of the outputs' shapes (leading dim 0)
+      return [*carry, *(pjnp.zeros(tuple(v.aval.shape), v.aval.dtype) for v in eqn.outvars[ncarry:])]
     return [*carry, *(pjnp.stack(y) for y in ys)]
   return scan
 
