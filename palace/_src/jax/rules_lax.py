@@ -9,6 +9,7 @@ from palace._src.lang import lax_ops, numpy_linalg, tpu_primitives
 from palace._src.lang.array import Array
 from palace._src.lang.numpy_dtypes import _astype_on_scalars
 from palace._src.lang.numpy_elementwise import _on_scalars, _where_on_scalars
+from palace._src.util import prod
 
 _UNARY = {
     "neg": pjnp.negative, "abs": pjnp.abs, "sign": pjnp.sign, "floor": pjnp.floor, "ceil": pjnp.ceil,
@@ -286,7 +287,7 @@ def _broadcast_in_dim(eqn, x, *dyn):
     return pjnp.full(shape, x, _dtype(x))
   if dims == tuple(range(len(shape) - len(xshape), len(shape))) and len(xshape) == len(shape):
     return pjnp.broadcast_to(x, shape)
-  if int(np.prod(shape)) == int(np.prod(xshape)) and dims == tuple(sorted(dims)):
+  if prod(shape) == prod(xshape) and dims == tuple(sorted(dims)):
     return pjnp.reshape(x, shape)
   return lax_ops.broadcast_in_dim(x, shape, dims)
 

@@ -10,6 +10,7 @@ import numpy as np
 
 from palace._src import dtypes as dt
 from palace._src import executor, validate
+from palace._src.util import prod
 from palace._src.executor import OpClass
 from palace._src.errors import ShapeError
 from palace._src.lang.array import Array, dtype_of, ready_of
@@ -33,16 +34,16 @@ def reshape(a, *shape, order="C"):
   if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
     shape = tuple(shape[0])
   src = _shape_of(a)
-  n = int(np.prod(src))
+  n = prod(src)
   shape = [validate.as_int(s, f"reshape shape[{i}]", min_value=-1, error=ShapeError)
            for i, s in enumerate(shape)]
   if -1 in shape:
     k = shape.index(-1)
-    rest = int(np.prod([s for i, s in enumerate(shape) if i != k]))
+    rest = prod([s for i, s in enumerate(shape) if i != k])
     shape[k] = n // builtins.max(rest, 1)
-  if int(np.prod(shape)) != n:
+  if prod(shape) != n:
     raise ShapeError(f"Cannot reshape an array of shape {src} into shape {tuple(shape)}. Fix: pass a "
-                     f"shape with the same number of elements ({int(np.prod(src))}).")
+                     f"shape with the same number of elements ({prod(src)}).")
   # Merging/splitting leading dims is free, and so is folding leading dims into (or out of) the
   # second-minor dim when both second-minor sizes are whole numbers of (8 * packing)-row tiles: the
   # vregs stay as they are (apply_vector_layout's vector.shape_cast rule, "fold or unfold sublane dim,
@@ -147,7 +148,7 @@ def repeat(a, repeats, axis=None):
   repeats = validate.as_int(repeats, "jnp.repeat repeats", min_value=0, error=ShapeError)
   s = list(_shape_of(a))
   if axis is None:
-    out = [int(np.prod(s)) * repeats]
+    out = [prod(s) * repeats]
   else:
     out = list(s)
     out[axis % len(s)] *= repeats

@@ -355,7 +355,7 @@ class Ref:
   def reshape(self, *shape) -> "Ref":
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
       shape = tuple(shape[0])
-    if int(np.prod(shape)) != self.size:
+    if prod(shape) != self.size:
       raise ShapeError(f"Cannot reshape {self.origin()} of shape {self.shape} ({self.size} elements) to "
                        f"{tuple(shape)}. Fix: pass a shape with the same number of elements.")
     if self._full:

@@ -18,7 +18,7 @@ from palace._src.lang.primitives import (axis_index, axis_size, resolve_device_i
 from palace._src.lang.indexed import IndexedRef
 from palace._src.lang.refs import Ref
 from palace._src.lang.numpy_indexing import _where
-from palace._src.util import tree_flatten, user_frame_summary
+from palace._src.util import prod, tree_flatten, user_frame_summary
 
 
 def _check_ref(x, api, arg):
@@ -338,7 +338,7 @@ class _Prng:
     self.counter = 0
 
   def bits(self, shape):
-    n = int(np.prod(shape)) if shape else 1
+    n = prod(shape)
     with np.errstate(over="ignore"):
       z = (np.arange(self.counter, self.counter + n, dtype=np.uint64) + np.uint64(1)) * \
           np.uint64(0x9E3779B97F4A7C15) + self.key * np.uint64(0xBF58476D1CE4E5B9)

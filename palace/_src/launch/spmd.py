@@ -26,7 +26,7 @@ from palace._src.errors import SyncError, UsageError
 from palace._src.sim import workers
 from palace._src.sim.ici import Topology
 from palace._src.sim.machine import activate, active_tpu, deactivate, explicit_tpu
-from palace._src.util import tree_flatten, tree_unflatten
+from palace._src.util import prod, tree_flatten, tree_unflatten
 
 
 class PartitionSpec(tuple):
@@ -118,7 +118,7 @@ def make_mesh(axis_shapes, axis_names, *, devices=None, axis_types=None) -> Mesh
   if len(shape) != len(names):
     raise UsageError(f"make_mesh: {len(shape)} axis sizes but {len(names)} axis names. Fix: give one "
                      f"name per axis size, e.g. pl.make_mesh((2, 4), ('x', 'y')).")
-  size = int(np.prod(shape))
+  size = prod(shape)
   if devices is not None:
     ids = tuple(validate.as_int(d, "make_mesh devices") for d in np.asarray(devices).reshape(-1))
     if sorted(ids) != list(range(size)):
