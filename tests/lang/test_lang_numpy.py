@@ -321,3 +321,20 @@ def test_integer_rem_of_two_scalars_equals_the_vector_rule_on_edge_values(dtype)
   ref = [x if y == 0 else (1 if x >= 0 else -1) * (builtins.abs(x) % builtins.abs(y))
          for x, y in zip(a.tolist(), b.tolist())]
   np.testing.assert_array_equal(want, np.array(ref).astype(dtype))
+
+
+def test_full_with_a_scalar_or_a_row_fill_value_in_a_kernel():
+  """jnp.full's value is a read-only zero-stride view: of a scalar (bf16 too), or NumPy broadcasting
+  of an array fill value (a row repeated down the rows, not its first element everywhere)."""
+  import ml_dtypes
+
+  def kernel(x_ref, o_ref, b_ref):
+    o_ref[...] = jnp.full((8, 128), x_ref[0, :]) + jnp.zeros((8, 128)) + jnp.full((8, 128), 2.0)
+    b_ref[...] = jnp.full((8, 128), 1.5, jnp.bfloat16)
+
+  x = np.arange(8 * 128, dtype=np.float32).reshape(8, 128)
+  with pl.virtual_tpu("v5e"):
+    o, b = pl.pallas_call(kernel, out_shape=(pl.ShapeDtypeStruct((8, 128), np.float32),
+                                             pl.ShapeDtypeStruct((8, 128), ml_dtypes.bfloat16)))(x)
+  np.testing.assert_array_equal(o, np.broadcast_to(x[0] + 2, (8, 128)))
+  np.testing.assert_array_equal(b.astype(np.float32), np.full((8, 128), 1.5, np.float32))

@@ -52,6 +52,18 @@ _BITS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 _SELECT_BITWISE_MIN = 1024   # elements (one float32 vreg); below, np.where's single call is cheaper
 
 
+def _broadcast_scalar(value: np.ndarray, shape) -> np.ndarray:
+  """`np.broadcast_to(value, shape)` for a 0-d `value`: the same read-only zero-stride view, made by
+  the ndarray constructor in one C call (broadcast_to's Python layers cost twice as much per
+  jnp.full / zeros in a kernel)."""
+  if value.ndim:   # (an array fill value: NumPy's broadcasting rules and errors)
+    return np.broadcast_to(value, shape)
+  buf = value.view(_BITS[value.dtype.itemsize]) if value.dtype.itemsize in _BITS else value
+  view = np.ndarray(shape, value.dtype, buf, 0, (0,) * len(shape))
+  view.flags.writeable = False
+  return view
+
+
 def _select(c, x, y):
   """`np.where(c, x, y)` for a bool `c` and `x`, `y` of one dtype (broadcasting): the data of
   jnp.where / lax.select. From one vreg up it is a branch-free bit select, y ^ ((x ^ y) & mask): the same
@@ -64,7 +76,9 @@ def _select(c, x, y):
   if u is None or x.dtype != y.dtype or x.dtype.hasobject or \
       max(c.size, x.size, y.size) < _SELECT_BITWISE_MIN:
     return np.where(c, x, y)
-  shape = np.broadcast_shapes(c.shape, x.shape, y.shape)
+  shape = c.shape
+  if x.shape != shape or y.shape != shape:
+    shape = np.broadcast_shapes(shape, x.shape, y.shape)
   mask = np.empty(shape, u)
   mask[...] = c              # (True -> 1)
   np.negative(mask, out=mask)   # 1 -> all ones

@@ -8,7 +8,8 @@ from palace._src import executor
 from palace._src.executor import OpClass
 from palace._src.lang import deferred
 from palace._src.lang.array import dtype_of, ready_of
-from palace._src.lang.numpy_base import _F32, _dtype_arg, _np, _out, _shape_arg, _shape_of
+from palace._src.lang.numpy_base import (_F32, _broadcast_scalar, _dtype_arg, _np, _out, _shape_arg,
+                                         _shape_of)
 
 _IMPORTED = frozenset(globals())  # names above are imports, not this module's API
 
@@ -30,7 +31,7 @@ def _full(shape, fill_value, dtype, api: str):
       later = deferred.zeros(ex, shape)  # an accumulator's zero start, kept symbolic
       if later is not None:
         return later
-    data = np.broadcast_to(np.asarray(_np(fill_value), d), shape)
+    data = _broadcast_scalar(np.asarray(_np(fill_value), d), shape)
   return _out(data, shape, d, ready_of(fill_value), OpClass.CHEAP, False)
 
 
