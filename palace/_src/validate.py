@@ -32,6 +32,8 @@ def describe(value) -> str:
 
 def is_integer(value) -> bool:
   """Whether `value` is an integer scalar (not a bool, not a float however integral)."""
+  if type(value) is int:   # (the common case first; bool is a subclass, not this type)
+    return True
   if isinstance(value, bool):
     return False
   if isinstance(value, int):
@@ -52,6 +54,9 @@ def is_integer(value) -> bool:
 def as_int(value, what: str, *, min_value: int | None = None, max_value: int | None = None,
            hint: str = "", error=UsageError) -> int:
   """`value` as a Python int, or `error` naming `what`, the value and its type, and the fix."""
+  if type(value) is int and (min_value is None or value >= min_value) and \
+      (max_value is None or value <= max_value):
+    return value
   if not is_integer(value):
     fix = hint or "pass an integer (an int or an integer NumPy/JAX scalar; floats are never truncated)."
     raise error(f"{what} must be an integer; got {_kind(value)}. Fix: {fix}")
@@ -67,6 +72,12 @@ def as_int(value, what: str, *, min_value: int | None = None, max_value: int | N
 
 def as_dims(shape, what: str, *, allow_none: bool = False, hint: str = "", error=UsageError) -> tuple:
   """A shape as a tuple of non-negative ints (`None` entries kept when `allow_none`, e.g. squeezed)."""
+  if type(shape) is tuple:   # (already one: returned as it is)
+    for d in shape:
+      if type(d) is not int or d < 0:
+        break
+    else:
+      return shape
   if is_integer(shape):
     shape = (shape,)
   if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):

@@ -55,10 +55,12 @@ def _elementwise(fn, op_class: str, result: str = "same", name: str = ""):
             data = data.astype(out_dtype)
           return Array(data, (), out_dtype, ex.scalar_op(a._ready))
     if len(args) == 2 and type(args[0]) is Array and type(args[1]) is Array and \
-        args[0].shape == args[1].shape and args[0].dtype == args[1].dtype:
-      # two Arrays of one shape and dtype (acc + dot): the pass below, whose result type is theirs
+        args[0].dtype == args[1].dtype and \
+        (args[0].shape == args[1].shape or not args[1].shape or not args[0].shape):
+      # two Arrays of one dtype, of one shape (acc + dot) or one of them 0-d (x * scale, a typed
+      # constant): the pass below, whose result type is theirs and shape the larger one's
       a, b = args
-      shape, rt, any_array = a.shape, a.dtype, True
+      shape, rt, any_array = a.shape or b.shape, a.dtype, True
       has_data = a._data is not None and b._data is not None
       ready = a._ready if a._ready > 0 else 0
       if b._ready > ready:
