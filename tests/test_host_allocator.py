@@ -48,10 +48,12 @@ def _child(**env):
 def test_a_virtual_tpu_keeps_freed_block_sized_memory_mapped():
   tuned, plain = _child(), _child(PALACE_MALLOC_TUNING="0")
   assert tuned["status"] == "tuned" and plain["status"] == "disabled"
-  # 36 MiB written per pass; glibc's defaults give most pages back after each round (~2900 faults,
-  # measured), the tuned thresholds keep them
-  assert plain["faults"] > 1000, plain
-  assert tuned["faults"] < 100, tuned
+  # 36 MiB written per pass; glibc's defaults give most pages back after each round (~2900 faults on
+  # the development VM), the tuned thresholds keep them (0 there)
+  if plain["faults"] < 500:
+    pytest.skip(f"this machine faulted fresh heap pages in {plain['faults']} times per pass without the "
+                f"tuning (transparent huge pages?): too few to compare")
+  assert tuned["faults"] * 10 < plain["faults"], (tuned, plain)
 
 
 def test_the_users_own_malloc_settings_are_left_alone():
