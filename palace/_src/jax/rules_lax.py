@@ -8,7 +8,7 @@ from palace._src.jax.interpret import compiling_rule, rule, shape_of, unsupporte
 from palace._src.lang import lax_ops, numpy_linalg, tpu_primitives
 from palace._src.lang.array import Array
 from palace._src.lang.numpy_dtypes import _astype_on_scalars
-from palace._src.lang.numpy_elementwise import _on_scalars, _where_on_scalars
+from palace._src.lang.numpy_elementwise import _on_scalars, _on_vectors, _where_on_scalars
 from palace._src.util import prod
 
 _UNARY = {
@@ -59,10 +59,51 @@ def _scalar_form(eqn, op):
   return _on_scalars(op, eqn.invars[0].aval.dtype, len(eqn.invars))
 
 
+def _vector_form(eqn, op):
+  """`op` specialised to the equation's operands (numpy_elementwise._on_vectors) when they are all
+  values of one dtype and one block shape, as its result is, else None."""
+  from jax._src import core as jax_core  # noqa: PLC0415
+  ins, outs = eqn.invars, eqn.outvars
+  if len(outs) != 1 or any(type(v) is jax_core.Literal for v in ins):
+    return None
+  avals = [v.aval for v in (*ins, *outs)]
+  shape = getattr(avals[0], "shape", None)
+  if not shape or any(getattr(a, "shape", None) != shape or getattr(a, "inner_aval", None) is not None
+                      for a in avals):
+    return None
+  dtypes = {np.dtype(a.dtype) for a in avals[:len(ins)]}
+  return _on_vectors(op, dtypes.pop(), shape, len(ins)) if len(dtypes) == 1 else None
+
+
+def _vector_literal_form(eqn, op):
+  """A binary equation of a block and a 0-d literal of its dtype (x * 7, x + 1.0): `op`'s vector form
+  with the literal as a constant palace scalar (ready at time 0), inside a kernel; the literal's NumPy
+  value on the host. None for other equations."""
+  from jax._src import core as jax_core  # noqa: PLC0415
+  from palace._src.jax.interpret import literal  # noqa: PLC0415
+  x, y = eqn.invars
+  k = 0 if type(y) is jax_core.Literal else 1 if type(x) is jax_core.Literal else None
+  if k is None or type(eqn.invars[k]) is jax_core.Literal:
+    return None
+  var, lit, out = eqn.invars[k], eqn.invars[1 - k], eqn.outvars[0].aval
+  shape, dtype = getattr(var.aval, "shape", None), np.dtype(var.aval.dtype)
+  if not shape or getattr(var.aval, "inner_aval", None) is not None or lit.aval.shape or \
+      np.dtype(lit.aval.dtype) != dtype or getattr(out, "shape", None) != shape:
+    return None
+  fast = _on_vectors(op, dtype, shape, 2)
+  if fast is None:
+    return None
+  const = Array(literal(lit), (), dtype, 0)
+  value = const._data
+  if k == 0:
+    return lambda a, _: fast(a, const) if type(a) is Array else op(a, value)
+  return lambda _, b: fast(const, b) if type(b) is Array else op(value, b)
+
+
 def _unary(fn):
   def make(eqn):
     op = pjnp.logical_not if eqn.primitive.name == "not" and _aval_is_bool(eqn.invars[0]) else fn
-    return _scalar_form(eqn, op) or op
+    return _scalar_form(eqn, op) or _vector_form(eqn, op) or op
   return make
 
 
@@ -77,7 +118,7 @@ def _binary(fn, name):
         np.dtype(y.aval.dtype) == np.int32 and np.dtype(x.aval.dtype) == np.int32 and op is fn:
       lit, fast = int(y.val), _scalar_form(eqn, op)
       if fast is None:
-        return lambda a, _: op(a, lit)
+        return _vector_literal_form(eqn, op) or (lambda a, _: op(a, lit))
       # in a kernel, the literal as a constant palace scalar (the same result as the weak int); on
       # the host (index maps) the weak int, as before
       const = Array(np.int32(lit), (), np.dtype(np.int32), 0)
@@ -123,7 +164,10 @@ for _n, _f in _BINARY.items():
 def _with_literal(eqn, op):
   """`op`, or for a scalar op with a literal of its partner's dtype, `_scalar_literals`' form."""
   x, y = eqn.invars
-  op = _scalar_form(eqn, op) or op
+  vector_literal = _vector_literal_form(eqn, op)
+  if vector_literal is not None:
+    return vector_literal
+  op = _scalar_form(eqn, op) or _vector_form(eqn, op) or op
   if np.dtype(x.aval.dtype) == np.dtype(y.aval.dtype):
     return _scalar_literals(eqn, op)
   return op

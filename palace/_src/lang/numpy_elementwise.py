@@ -136,6 +136,7 @@ def _elementwise(fn, op_class: str, result: str = "same", name: str = ""):
   op.__name__ = name or getattr(fn, "__name__", "op")
   op.__doc__ = f"Elementwise `{op.__name__}` (cost class: {op_class})."
   op.scalar_form = (fn, result)
+  op.op_class = op_class
   return op
 
 
@@ -186,6 +187,66 @@ def _on_scalars(op, dtype, arity: int):
   return binary
 
 
+def _on_vectors(op, dtype, shape, arity: int):
+  """`op` specialised to `arity` Arrays of one `dtype` and one non-empty `shape` (in a binary op one of
+  them may be 0-d) inside a kernel, for
+  callers that know their operands' types up front (palace.jax's compiled equations on blocks): the
+  steps `op` takes for such operands (data through the compute dtype, result dtype, one `vector_op`
+  of op's cost class), without its operand analysis. Operands of any other kind take `op` itself.
+  None where the form does not apply."""
+  form, op_class = getattr(op, "scalar_form", None), getattr(op, "op_class", None)
+  dtype, shape = np.dtype(dtype), tuple(shape)
+  if form is None or op_class is None or not shape or arity not in (1, 2) or \
+      (getattr(op, "int_only", False) and dt.is_float(dtype)):
+    return None
+  fn, result = form
+  rt = _F32 if result == "float" and dtype not in _FLOATS else dtype
+  out = dt.bool_ if result == "bool" else rt
+  cd = _COMPUTE.get(rt, rt)
+
+  def finish(data, ready, ex):
+    if ex.timing_only:
+      data = None
+    elif data is not None and data.dtype != out:
+      data = data.astype(out)
+    return Array(data, shape, out, ex.vector_op(op_class, shape, out, ready))
+
+  if arity == 1:
+    def unary(a):
+      ex = _current_ex()
+      if ex is None or type(a) is not Array or a.dtype != dtype or a.shape != shape:
+        return op(a)
+      da = a._data
+      if da is not None and not ex.timing_only:
+        try:
+          da = fn(da if da.dtype == cd else da.astype(cd))
+        except ValueError:   # invalid operands: `op` raises its error
+          return op(a)
+      return finish(da, a._ready if a._ready > 0 else 0, ex)
+    return unary
+
+  def binary(a, b):   # (one operand may be 0-d: a typed constant, broadcast as op broadcasts it)
+    ex = _current_ex()
+    if ex is None or type(a) is not Array or type(b) is not Array or a.dtype != dtype or \
+        b.dtype != dtype:
+      return op(a, b)
+    sa, sb = a.shape, b.shape
+    if not ((sa == shape and (sb == shape or not sb)) or (sb == shape and not sa)):
+      return op(a, b)
+    da, db = a._data, b._data
+    data = None
+    if da is not None and db is not None and not ex.timing_only:
+      try:
+        data = fn(da if da.dtype == cd else da.astype(cd), db if db.dtype == cd else db.astype(cd))
+      except ValueError:
+        return op(a, b)
+    ready = a._ready if a._ready > 0 else 0
+    if b._ready > ready:
+      ready = b._ready
+    return finish(data, ready, ex)
+  return binary
+
+
 def _int_only(fn, name):
   def f(*args):
     for a in args:
@@ -194,7 +255,7 @@ def _int_only(fn, name):
         raise ShapeError(f"{name} requires integer or bool operands; got {d}. Fix: cast with "
                        f".astype(jnp.int32), or bitcast floats with pltpu.bitcast.")
     return fn(*args)
-  f.scalar_form, f.int_only = fn.scalar_form, True
+  f.scalar_form, f.int_only, f.op_class = fn.scalar_form, True, fn.op_class
   return f
 
 
