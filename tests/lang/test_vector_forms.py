@@ -80,8 +80,6 @@ def test_a_vector_form_matches_its_op(op, dtype, arity, form, timing_only):
 def test_other_operands_take_the_op_and_int_only_ops_have_no_float_form():
   assert _on_vectors(jnp.bitwise_and, np.float32, _SHAPE, 2) is None
   assert _on_vectors(jnp.multiply, np.float32, (), 2) is None
-  # jnp.add grows deferred matmul sums (lang/deferred.py): it has no form that could skip that
-  assert _on_vectors(jnp.add, np.float32, _SHAPE, 2) is None
   fast = _on_vectors(jnp.subtract, np.float32, _SHAPE, 2)
   x = np.ones(_SHAPE, np.float32)
   # outside a kernel, other shapes and other dtypes: the op's own result (NumPy data on the host)
@@ -93,3 +91,22 @@ def test_other_operands_take_the_op_and_int_only_ops_have_no_float_form():
   with pl.virtual_tpu("v5e"):
     out = pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct((8, 128), np.float32))(x)
   np.testing.assert_array_equal(out, np.full((8, 128), 4.0, np.float32))
+
+
+def test_the_add_form_leaves_deferred_matmul_sums_to_add():
+  """jnp.add grows deferred matmul sums (lang/deferred.py): its form computes Arrays itself and hands
+  anything else, a deferred sum included, to jnp.add, so `acc + dot` stays one deferred product."""
+  fast = _on_vectors(jnp.add, np.float32, (128, 128), 2)
+  x = np.random.default_rng(3).standard_normal((128, 128)).astype(np.float32)
+
+  def run(f):
+    def kernel(x_ref, o_ref):
+      v = x_ref[...]
+      o_ref[...] = f(f(jnp.zeros((128, 128), jnp.float32), jnp.dot(v, v)), v)
+    with pl.virtual_tpu("v5e") as tpu:
+      out = pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct(x.shape, x.dtype))(x)
+    return out, tpu.reports[-1].device_cycles, dict(tpu.reports[-1].unit_busy_cycles)
+
+  (want, *want_report), (got, *got_report) = run(jnp.add), run(fast)
+  assert got_report == want_report
+  np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))

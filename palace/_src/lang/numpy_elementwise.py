@@ -271,6 +271,9 @@ def add(x1, x2):
 
 
 add.__doc__ = _add.__doc__
+# the specialised forms (_on_scalars, _on_vectors) compute with np.add for Arrays and call `add` itself
+# for anything else, a deferred matmul sum included
+add.scalar_form, add.op_class = _add.scalar_form, _add.op_class
 add.scalar_form = _add.scalar_form   # (0-d values are never Deferred)
 subtract = _elementwise(np.subtract, OpClass.CHEAP, name="subtract")
 multiply = _elementwise(np.multiply, OpClass.CHEAP, name="multiply")
