@@ -89,7 +89,14 @@ def reserve(channels, start: float, nbytes: float) -> tuple[float, float]:
     avail = _INF   # the best free rate from t on, if nothing is reserved after t on any channel
     te = t + _EPS
     for c, w in channels:
-      if c.times[-1] > te:
+      times = c.times
+      if times[-1] > te:
+        n = len(times)
+        if n > 1 and times[-2] <= t and (c.bytes_per_cycle - c.used[n - 2]) / w <= _EPS:
+          # queued behind a reservation that fills this channel up to its last breakpoint: nothing
+          # moves before then, whatever the other channels do (the loop below would step there)
+          avail = None   # (marks the jump)
+          t = times[-1]
         break
       a = (c.bytes_per_cycle - c.used[-1]) / w
       if a < avail:
@@ -113,6 +120,8 @@ def reserve(channels, start: float, nbytes: float) -> tuple[float, float]:
           times.append(end)
           used.append(base)
         break
+    if avail is None:
+      continue
     avail = nxt = _INF
     for c, w in channels:
       times = c.times
