@@ -83,16 +83,11 @@ class _Op:
 
 
 class _BlockLabels(tuple):
-  """The (source, destination) labels of a whole-block pipeline copy, as DmaRequest.describe reads
-  them: the slot ref and the view Ref.window(buf, offsets, shape) of the operand, which is built only
-  when a message or trace export asks for it. Made from the tuple (buf, offsets, shape, vmem, to_hbm)
-  (a tuple subclass: made without a Python-level constructor, once per pipeline copy)."""
+  """The (source, destination) labels of a whole-block pipeline copy, as DmaRequest.label reads them
+  (`label_parts`: the slot ref and the operand's window at `offsets`, named without building a view).
+  Made from the tuple (buf, offsets, shape, vmem, to_hbm) (a tuple subclass: made without a
+  Python-level constructor, once per pipeline copy)."""
   __slots__ = ()
-
-  def __iter__(self):
-    buf, offsets, shape, vmem, to_hbm = tuple.__iter__(self)
-    hbm = Ref.window(buf, offsets, shape)
-    return iter((vmem, hbm) if to_hbm else (hbm, vmem))
 
   def label_parts(self) -> tuple:
     """(source, destination) as executor.CopyLabel parts: the window as (name, offsets, shape), unless

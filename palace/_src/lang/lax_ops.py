@@ -11,8 +11,8 @@ from palace._src import validate
 from palace._src.lang import numpy_ops as jnp
 from palace._src.errors import ShapeError, UnsupportedError
 from palace._src.lang.array import Array, concrete_int, ready_of
-from palace._src.lang.numpy_base import _current_ex, _dtype_arg, _has_data, _is_arr, _np, _out
-from palace._src.lang.numpy_elementwise import _elementwise, _int_only, int_div, int_rem
+from palace._src.lang.numpy_base import _BITS, _current_ex, _dtype_arg, _has_data, _is_arr, _np, _out
+from palace._src.lang.numpy_elementwise import _elementwise, int_div, int_rem
 from palace._src.lang.numpy_shape import _shape_op
 from palace._src.lang.numpy_linalg import dot_general  # noqa: F401
 from palace._src.lang.tpu_primitives import bitcast
@@ -73,13 +73,12 @@ def shift_right_logical(x, y):
 
 
 # ------------------------------------------------------------------ bit counts, nextafter, precision
-_UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 
 
 def _bit_length(v) -> np.ndarray:
   """Per element, the bit length of the integer's bit pattern (0 for 0): a branch-free binary search,
   exact for every width (float64 tricks are not, above 2**53)."""
-  x = v.view(_UNSIGNED[v.dtype.itemsize]).astype(np.uint64)
+  x = v.view(_BITS[v.dtype.itemsize]).astype(np.uint64)
   n = np.zeros(x.shape, np.uint64)
   for s in (32, 16, 8, 4, 2, 1):
     step = (x >= np.uint64(1 << s)).astype(np.uint64) * np.uint64(s)
@@ -93,7 +92,7 @@ def _clz(v):
 
 
 def _population_count(v):
-  return np.bitwise_count(v.view(_UNSIGNED[v.dtype.itemsize])).astype(v.dtype)
+  return np.bitwise_count(v.view(_BITS[v.dtype.itemsize])).astype(v.dtype)
 
 
 def _vectors_only(op, name: str):
@@ -120,10 +119,9 @@ def _int_dtypes_only(op, name: str):
   return f
 
 
-population_count = _vectors_only(_int_dtypes_only(_int_only(_elementwise(
-    _population_count, OpClass.CHEAP, name="population_count"), "population_count"), "population_count"),
-    "population_count")
-clz = _int_dtypes_only(_int_only(_elementwise(_clz, OpClass.CHEAP, name="clz"), "clz"), "clz")
+population_count = _vectors_only(_int_dtypes_only(_elementwise(
+    _population_count, OpClass.CHEAP, name="population_count"), "population_count"), "population_count")
+clz = _int_dtypes_only(_elementwise(_clz, OpClass.CHEAP, name="clz"), "clz")
 
 
 def _nextafter(a, b):

@@ -189,11 +189,10 @@ def _on_scalars(op, dtype, arity: int):
 
 def _on_vectors(op, dtype, shape, arity: int):
   """`op` specialised to `arity` Arrays of one `dtype` and one non-empty `shape` (in a binary op one of
-  them may be 0-d) inside a kernel, for
-  callers that know their operands' types up front (palace.jax's compiled equations on blocks): the
-  steps `op` takes for such operands (data through the compute dtype, result dtype, one `vector_op`
-  of op's cost class), without its operand analysis. Operands of any other kind take `op` itself.
-  None where the form does not apply."""
+  them may be 0-d) inside a kernel, for callers that know their operands' types up front (palace.jax's
+  compiled equations on blocks): the steps `op` takes for such operands (data through the compute
+  dtype, result dtype, one `vector_op` of op's cost class), without its operand analysis. Operands of
+  any other kind take `op` itself. None where the form does not apply."""
   form, op_class = getattr(op, "scalar_form", None), getattr(op, "op_class", None)
   dtype, shape = np.dtype(dtype), tuple(shape)
   if form is None or op_class is None or not shape or arity not in (1, 2) or \
@@ -272,9 +271,8 @@ def add(x1, x2):
 
 add.__doc__ = _add.__doc__
 # the specialised forms (_on_scalars, _on_vectors) compute with np.add for Arrays and call `add` itself
-# for anything else, a deferred matmul sum included
+# for anything else, a deferred matmul sum included (0-d values are never Deferred)
 add.scalar_form, add.op_class = _add.scalar_form, _add.op_class
-add.scalar_form = _add.scalar_form   # (0-d values are never Deferred)
 subtract = _elementwise(np.subtract, OpClass.CHEAP, name="subtract")
 multiply = _elementwise(np.multiply, OpClass.CHEAP, name="multiply")
 true_divide = divide = _elementwise(np.true_divide, OpClass.MEDIUM, "float", name="divide")
