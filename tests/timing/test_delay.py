@@ -31,6 +31,10 @@ def test_a_delay_adds_its_cycles_rounded_up_to_the_clock():
   assert _cycles(slept(1)) - base == 2              # 1.5 cycles, rounded up
   assert _cycles(slept(0)) == base
   assert _cycles(slept(1000), chip="v6e") - _cycles(_copy, chip="v6e") == 1750
+  with pl.virtual_tpu("v5e") as tpu:
+    pl.pallas_call(slept(1), out_shape=pl.ShapeDtypeStruct(_X.shape, _X.dtype))(_X)
+  (sleep,) = [e for e in tpu.reports[-1].events if e[2] == "delay"]
+  assert sleep[4] - sleep[3] == 2 and type(sleep[4]) is int   # whole cycles: the clock stays an int
 
 
 def test_a_delay_overlaps_a_copy_in_flight():

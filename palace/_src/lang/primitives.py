@@ -168,7 +168,7 @@ def delay(nanos) -> None:
   if n < 0:
     raise UsageError(f"pl.delay({n}): a delay is a non-negative number of nanoseconds "
                      f"({user_frame_summary()}). Fix: pass nanos >= 0.")
-  ex.delay(-(-n * ex.chip.clock_hz // 1_000_000_000) if n else 0)
+  ex.delay(-(-n * round(ex.chip.clock_hz) // 1_000_000_000))   # (whole cycles, rounded up, as an int)
 
 
 # ------------------------------------------------------------------ scoped allocation
