@@ -16,6 +16,7 @@ from palace._src.lang.numpy_elementwise import _elementwise, int_div, int_rem
 from palace._src.lang.numpy_shape import _shape_op
 from palace._src.lang.numpy_linalg import dot_general  # noqa: F401
 from palace._src.lang.tpu_primitives import bitcast
+from palace._src.util import user_frame_summary
 from palace._src.lang.primitives import (axis_index, axis_size, cond, fori_loop, switch,  # noqa: F401
                                          while_loop)
 
@@ -100,9 +101,9 @@ def _vectors_only(op, name: str):
   lowering.py): a 0-d operand inside a kernel is what the TPU compiler rejects."""
   def f(x):
     if _current_ex() is not None and isinstance(x, Array) and not x.shape:
-      raise UnsupportedError(f"lax.{name} of a scalar inside a kernel: Mosaic lowers it for vectors only "
-                             f"(the TPU compiler rejects a 0-d operand). Fix: apply it to a vector, e.g. "
-                             f"a (1, 128) block, and read the element you need.")
+      raise UnsupportedError(f"lax.{name} of a scalar inside a kernel at {user_frame_summary()}: Mosaic "
+                             f"lowers it for vectors only (the TPU compiler rejects a 0-d operand). Fix: "
+                             f"apply it to a vector, e.g. a (1, 128) block, and read the element you need.")
     return op(x)
   f.__name__ = name
   return f
@@ -112,8 +113,8 @@ def _int_dtypes_only(op, name: str):
   def f(x):
     d = np.dtype(x.dtype) if hasattr(x, "dtype") else np.asarray(x).dtype
     if not dt.is_int(d):
-      raise ShapeError(f"lax.{name} takes integers; got {d}. Fix: pass an integer array (bitcast floats "
-                       f"with pltpu.bitcast).")
+      raise ShapeError(f"lax.{name} takes integers; got {d} at {user_frame_summary()}. Fix: pass an "
+                       f"integer array (bitcast floats with pltpu.bitcast).")
     return op(x)
   f.__name__ = name
   return f
@@ -141,8 +142,9 @@ def nextafter(x1, x2):
   """The next float after x1 towards x2 (float32: the only dtype Mosaic lowers it for in kernels)."""
   dts = {np.dtype(getattr(v, "dtype", np.float32)) for v in (x1, x2)}
   if dts != {dt.float32}:
-    raise UnsupportedError(f"lax.nextafter of {', '.join(sorted(map(str, dts)))}: the TPU lowering takes "
-                           f"float32 operands of one dtype only. Fix: cast both operands to float32.")
+    raise UnsupportedError(f"lax.nextafter of {', '.join(sorted(map(str, dts)))} at {user_frame_summary()}: "
+                           f"the TPU lowering takes float32 operands of one dtype only. Fix: cast both "
+                           f"operands to float32.")
   return _nextafter_op(x1, x2)
 
 
@@ -177,8 +179,8 @@ def reduce_precision(x, exponent_bits: int, mantissa_bits: int):
   m = validate.as_int(mantissa_bits, "lax.reduce_precision(mantissa_bits)", min_value=0)
   d = np.dtype(getattr(x, "dtype", np.float32))
   if d != dt.float32:
-    raise UnsupportedError(f"lax.reduce_precision of {d}: palace covers float32 operands. Fix: cast to "
-                           f"float32 first (x.astype(jnp.float32)).")
+    raise UnsupportedError(f"lax.reduce_precision of {d} at {user_frame_summary()}: palace covers float32 "
+                           f"operands. Fix: cast to float32 first (x.astype(jnp.float32)).")
   return _reduce_precision_op(e, m)(x)
 
 
@@ -253,4 +255,4 @@ def dynamic_update_slice(x, update, start_indices):
 
 __all__ = sorted(n for n in globals() if not n.startswith("_") and n not in
                  {"annotations", "np", "dt", "jnp", "Array", "ShapeError", "UnsupportedError",
-                  "concrete_int", "functools"})
+                  "concrete_int", "functools", "user_frame_summary"})
