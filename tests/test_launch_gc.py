@@ -124,3 +124,43 @@ def test_a_reports_dma_descriptions_name_each_block_window():
                    "args[0][8:16, 128:256] -> args[0] block", "outputs[0] block -> outputs[0][8:16, 0:128]",
                    "outputs[0] block -> outputs[0][8:16, 128:256]"]
   assert whole == ["args[0] -> args[0] block", "outputs[0] block -> outputs[0]"]
+
+
+@pytest.mark.parametrize("make", [_copy_call, _pipeline_call], ids=["pallas_call", "emit_pipeline"])
+def test_a_kept_reports_events_leave_the_collectors_lists(make):
+  """A process keeps every launch's report, so what a report keeps must not be rescanned by each
+  cyclic collection: its events, DMA labels included, are plain tuples of names and numbers, which
+  the collector stops tracking after the young collections the report survives (an args dict and a
+  label object per DMA stayed tracked forever and made full collections ever more frequent). Reading
+  the events still gives each DMA its args dict."""
+  f, x = make(4)
+  with pl.virtual_tpu("v5e") as tpu:
+    f(x)
+  log = tpu.reports[-1].trace_log
+  assert sum(e[1] == "dma" for e in log) == 8
+  for _ in range(3):   # (each collection untracks one more level of nested tuples)
+    gc.collect()
+  assert [e for e in log if gc.is_tracked(e)] == []
+  dmas = [e[5] for e in tpu.reports[-1].events if e[1] == "dma"]
+  assert all(sorted(a) == ["bytes", "copy"] and a["bytes"] == 8 * 128 * 4 and "->" in a["copy"]
+             for a in dmas)
+
+
+def test_the_collector_stays_paused_until_the_launchs_machine_is_released():
+  """The pause covers the machine's making, its report and its release (launch/run.py), so the young
+  collection that follows a launch never finds its machine, only the report."""
+  from palace._src.launch import host
+  f, x = _copy_call(2)
+  seen = []
+  real = host.release_host_caches
+
+  def release(machine):
+    seen.append(gc.isenabled())
+    real(machine)
+  host.release_host_caches = release
+  try:
+    with pl.virtual_tpu("v5e"):
+      f(x)
+  finally:
+    host.release_host_caches = real
+  assert seen == [False] and gc.isenabled()

@@ -122,25 +122,18 @@ def reset_current(token) -> None:
   _current.reset(token)
 
 
-class CopyLabel(tuple):
-  """A copy's (source, destination) as names and index tuples, holding no buffer: each side is a name
-  (a whole view), (name, dims) (a view; dims as Ref.dims) or (name, offsets, shape) (a unit-stride
-  window). `str()` formats it ('args[0][0:8, 0:128] -> args[0] block'); reports keep it until read."""
-  __slots__ = ()
-
-  def __str__(self):
-    return f"{_side(self[0])} -> {_side(self[1])}"
-
-  __repr__ = __str__
+def label_text(label) -> str:
+  """A copy's label (`DmaRequest.label`) as text: 'args[0][0:8, 0:128] -> args[0] block'."""
+  return f"{_side(*label[:3])} -> {_side(*label[3:6])}"
 
 
-def _side(part) -> str:
-  if type(part) is str:
-    return part
-  if len(part) == 2:
-    return part[0] + describe_dims(part[1])
-  name, offsets, shape = part
-  return name + describe_dims([(o, z, 1) for o, z in zip(offsets, shape)])
+def _side(name: str, dims, shape) -> str:
+  """One side of a label: a whole view (dims None), a view (Ref.dims), or a window (offsets, shape)."""
+  if dims is None:
+    return name
+  if shape is None:
+    return name + describe_dims(dims)
+  return name + describe_dims([(o, z, 1) for o, z in zip(dims, shape)])
 
 
 class DmaRequest:
@@ -171,17 +164,23 @@ class DmaRequest:
   @property
   def describe(self) -> str:
     """'src -> dst' with operand names and windows (built only when a message needs it)."""
-    return str(self.label())
+    return label_text(self.label())
 
-  def label(self) -> "CopyLabel":
-    """What `describe` says, unformatted and holding no buffer (a launch's report keeps one per DMA)."""
+  def label(self) -> tuple:
+    """What `describe` says, unformatted and holding no buffer (a launch's report keeps one per DMA):
+    one flat tuple, (name, dims, shape) of the source then of the destination, each side a whole view
+    (name, None, None), a view (name, Ref.dims, None) or a unit-stride window (name, offsets, shape);
+    `label_text` formats it. Names and tuples of ints only, no nesting of its own: the cyclic GC stops
+    tracking such tuples at its first collection, so the labels a process's reports keep cost its
+    later collections nothing (sim/trace.Trace.events)."""
     labels = self.labels
     if labels is None:
-      return CopyLabel((self.src_buf.name, self.dst_buf.name))
+      return (self.src_buf.name, None, None, self.dst_buf.name, None, None)
     parts = getattr(labels, "label_parts", None)   # (pipeline copies: no view is built)
     if parts is not None:
-      return CopyLabel(parts())
-    return CopyLabel(tuple([v.label_part() if hasattr(v, "label_part") else v.origin() for v in labels]))
+      return parts()
+    src, dst = [v.label_part() if hasattr(v, "label_part") else (v.origin(), None, None) for v in labels]
+    return src + dst
 
   def __str__(self):
     return self.describe

@@ -90,12 +90,13 @@ class _BlockLabels(tuple):
   __slots__ = ()
 
   def label_parts(self) -> tuple:
-    """(source, destination) as executor.CopyLabel parts: the window as (name, offsets, shape), unless
-    it is the whole array, and the slot ref's part (no Ref is built; formatting waits for a reader)."""
+    """The copy's DmaRequest.label: the window as (name, offsets, shape), unless it is the whole
+    array, and the slot ref's side (no Ref is built; formatting waits for a reader)."""
     buf, offsets, shape, vmem, to_hbm = tuple.__iter__(self)
-    hbm = buf.name if tuple(shape) == buf.shape and not any(offsets) else (buf.name, offsets, shape)
+    hbm = (buf.name, None, None) if tuple(shape) == buf.shape and not any(offsets) else \
+        (buf.name, offsets, shape)
     slot = vmem.label_part()
-    return (slot, hbm) if to_hbm else (hbm, slot)
+    return slot + hbm if to_hbm else hbm + slot
 
 
 def _cached_copy(op: _Op, offsets, slot: int, to_hbm: bool):

@@ -159,10 +159,10 @@ class Ref:
   def origin(self) -> str:
     return self.buf.name + ("" if self._full else self.describe_index())
 
-  def label_part(self):
-    """`origin()` unformatted and without the buffer: the name, or (name, dims) for a part view
-    (executor.CopyLabel formats it when a report is read)."""
-    return self.buf.name if self._full else (self.buf.name, self.dims)
+  def label_part(self) -> tuple:
+    """`origin()` unformatted and without the buffer, as one side of a DmaRequest.label: (name, None,
+    None), or (name, dims, None) for a part view (executor.label_text formats it when a report is read)."""
+    return (self.buf.name, None, None) if self._full else (self.buf.name, self.dims, None)
 
   # ---- views ----
   def _view(self, idx) -> "Ref":

@@ -180,7 +180,7 @@ class DmaEngine:
     if done > core.horizon:
       core.horizon = done
     if trace.on:
-      trace.add((core.tid, "dma", kind, s, done, {"copy": req, "bytes": nbytes}))
+      trace.add((core.tid, "dma", kind, s, done, (req, nbytes)))   # (args: Trace.events)
     if core.timing_only and req.dst_buf.memory_space is not _SMEM:
       rec.moved = True  # timing only: payloads are skipped; only scalar (SMEM) data moves
     elif self.eager or m.dma_policy.move_at_start(rec):

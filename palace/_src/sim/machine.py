@@ -10,6 +10,7 @@ blocking wait) are sim/sync.py's.
 from __future__ import annotations
 
 import collections
+import contextlib
 import contextvars
 import gc
 import random
@@ -53,6 +54,22 @@ class DmaPolicy:
       return False
     return self.rng.random() < 0.5
 
+
+
+@contextlib.contextmanager
+def paused_gc():
+  """Python's cyclic GC paused for the block (see Machine.run), then resumed; left alone when it is
+  already off (a nested launch, another thread's launch holding the pause, or the user's choice). A
+  launch pauses it from before its machine is built until the machine is released (launch/run.py), so
+  the collector never scans a launch's machine, only what outlives it (the report)."""
+  if not gc.isenabled():
+    yield
+    return
+  gc.disable()
+  try:
+    yield
+  finally:
+    gc.enable()
 
 class Machine:
   def __init__(self, tpu: "VirtualTPU", kernel_name: str, timing_only: bool, num_chips: int = 1):
@@ -280,13 +297,8 @@ class Machine:
     (callgrind, the copy kernel of benchmarks.speed). A nested launch, or one running while another
     thread's launch holds the pause, leaves the switch alone; a collector the user switched off stays
     off."""
-    if not gc.isenabled():
+    with paused_gc():
       return self._run(programs)
-    gc.disable()
-    try:
-      return self._run(programs)
-    finally:
-      gc.enable()
 
   def _run(self, programs) -> None:
     if len(programs) == 1:

@@ -2,15 +2,18 @@
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import operator
+
+from palace._src.executor import label_text
 
 UNIT_ORDER = ("scalar", "dma", "mxu", "vpu", "eup", "xlu", "vld", "vst", "ici")
 _UNIT_LABEL = {"scalar": "scalar core", "dma": "DMA engines", "mxu": "MXU", "vpu": "VPU",
                "eup": "EUP", "xlu": "XLU", "vld": "vector load", "vst": "vector store", "ici": "ICI"}
 
 
-_ARGS = operator.itemgetter(5)   # an event's args (None or a dict)
+_ARGS = operator.itemgetter(5)   # an event's args (None, a dict, or a DMA's (label, bytes): Trace.events)
 
 
 class EventLog(list):
@@ -22,19 +25,29 @@ class EventLog(list):
     super().__init__()
     self.stats = {"dma_bytes": {}, "dma_count": {}}
     self.dropped = None   # (events, budget) once Report.drop_trace freed them
-    self.unnamed = None   # args dicts whose "copy" is still a CopyLabel (Report.events names them)
+    self.unnamed = None   # positions of DMA events whose args are still label + (bytes,) (Trace.events)
 
   def name_copies(self) -> None:
-    """Turn every DMA event's copy label into its text (once, when a report's events are read; a
-    reader in another thread meanwhile converts them too, so no reader sees a label: str is idempotent)."""
-    for args in self.unnamed or ():
-      args["copy"] = str(args["copy"])
+    """Give every DMA event its args dict, {"copy": 'src -> dst', "bytes": n}, once, when a report's
+    events are first read (a reader in another thread meanwhile converts them too, to the same dicts:
+    no reader sees the compact form)."""
+    texts = {}   # label -> its text (a pipeline's copies of one block slot share their label)
+    for i in self.unnamed or ():
+      ev = self[i]
+      args = ev[5]
+      if type(args) is tuple:
+        label = args[:6]
+        text = texts.get(label)
+        if text is None:
+          text = texts[label] = label_text(label)
+        self[i] = (ev[0], ev[1], ev[2], ev[3], ev[4], {"copy": text, "bytes": args[6]})
     self.unnamed = None
 
 
 class Trace:
   """The timeline of one launch. `add((tid, unit, name, start_cycle, end_cycle, args))` records one
-  event (tid = (chip, core); args None or a dict): the only way events are made. It is the append of a
+  event (tid = (chip, core); args None, a dict, or a DMA's (request, bytes)): the only way events are
+  made. It is the append of a
   deque that keeps the newest `cap` events, which bounds memory, and a C call, so recording costs the
   hot paths (every op, DMA and wait) no Python frame. `events` is the launch's EventLog: the kept
   events in order, behind a truncation marker when older ones were dropped."""
@@ -51,13 +64,18 @@ class Trace:
 
   @property
   def events(self) -> EventLog:
-    """The kept events, for the launch's report. A DMA event is recorded with its request (`{"copy":
-    DmaRequest}`: naming it costs the hot path nothing); the report gets the request's label instead
-    (executor.CopyLabel: names and indices), so it holds no buffer of the launch: a process running
-    launch after launch in one `virtual_tpu` keeps every report, and a request would keep that launch's
-    HBM operands, outputs and VMEM alive with it (about an output's size per launch, without bound).
-    The labels become text when the report's events are first read (`Report.events`): formatting
-    every copy's windows cost more per DMA than timing it."""
+    """The kept events, for the launch's report. A DMA is recorded with its request and byte count as
+    args (`(DmaRequest, bytes)`: naming it costs the hot path nothing); the report gets the request's
+    label instead (executor.DmaRequest.label: names and indices), so it holds no buffer of the launch:
+    a process running launch after launch in one `virtual_tpu` keeps every report, and a request would
+    keep that launch's HBM operands, outputs and VMEM alive with it (about an output's size per launch,
+    without bound). A kept DMA event's args stay the flat tuple `label + (bytes,)` until the report's
+    events are first read (`Report.events` -> `EventLog.name_copies` makes the args dicts and formats
+    the labels: formatting every copy's windows cost more per DMA than timing it). Such an event is
+    two levels of plain tuples of names and numbers, which the cyclic GC stops tracking in the young
+    collections the report survives: the events of the reports a process keeps neither count towards
+    nor get rescanned by its full collections (with an args dict and a label object per DMA they did:
+    full collections were 9% of paged attention's mean launch time through palace.jax)."""
     log = EventLog()
     log.stats = self.stats
     ring = self._ring
@@ -68,14 +86,17 @@ class Trace:
     log.extend(ring)
     named = {}   # id(request) -> its label (pipelines reuse one request per block slot)
     unnamed = []
-    for args in filter(None, map(_ARGS, log)):   # (events without args are skipped at C level)
-      req = args.get("copy")
-      if req is not None and type(req) is not str:
+    # (the positions of events with args, found at C level: most events have none)
+    for i in itertools.compress(range(len(log)), map(_ARGS, log)):
+      ev = log[i]
+      args = ev[5]
+      if type(args) is tuple:   # a DMA: (request, bytes)
+        req = args[0]
         label = named.get(id(req))
         if label is None:
           label = named[id(req)] = req.label()
-        args["copy"] = label
-        unnamed.append(args)
+        log[i] = (ev[0], ev[1], ev[2], ev[3], ev[4], label + (args[1],))   # (flat: see the docstring)
+        unnamed.append(i)
     log.unnamed = unnamed or None
     return log
 
