@@ -353,6 +353,27 @@ def test_a_finished_launch_leaves_no_buffer_alive(front):
   assert left == []
 
 
+def test_views_kept_across_launches_read_each_launchs_buffers_and_are_checked_again():
+  """The compiled kernel keeps the parts of the views it derives (Ref.parts: a pure function of the
+  base view and the index values) from launch to launch: a later launch rebuilds them on its own
+  buffers (new data, new results) and a new index value is bounds-checked as on the first launch."""
+  def kernel(idx_ref, x_ref, o_ref):
+    o_ref[...] = x_ref[pl.ds(idx_ref[0], 8), :] * 2
+
+  call = jax.jit(pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+                                in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM),
+                                          pl.BlockSpec(memory_space=pltpu.VMEM)]))
+  rng = np.random.default_rng(3)
+  with pytest.raises(pl_errors.OutOfBoundsError, match=r"Slice \[25:33\] out of bounds for axis 0"):
+    with pj.virtual_tpu("v5e") as tpu:   # (one lowering: every call runs the same compiled kernel)
+      for start in (8, 8, 16, 8):
+        x = rng.integers(-9, 9, (32, 128)).astype(np.float32)
+        out = np.asarray(call(np.array([start], np.int32), x))
+        np.testing.assert_array_equal(out, x[start:start + 8] * 2)
+      assert len(tpu.reports) == 4
+      call(np.array([25], np.int32), x).block_until_ready()
+
+
 def test_jax_debug_callback_in_a_kernel_runs_with_the_values_and_costs_nothing():
   """As in JAX's interpret mode, the callback sees the kernel's values (Mosaic compiles it away on a
   TPU, so it adds no modelled time of its own)."""

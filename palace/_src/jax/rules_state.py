@@ -7,6 +7,7 @@ import weakref
 
 import numpy as np
 
+from palace._src import executor
 from palace._src.errors import UnsupportedError
 from palace._src.jax.interpret import (compiling_rule, grid_axes, result_unused, rule, source_line,
                                        unsupported, user_site_of)
@@ -158,6 +159,11 @@ def _ref_operand(eqn, x, transforms=(), last_index: bool = False):
   dynamic = tuple(sorted({a for kind, entries in steps if kind == _AT
                           for e_kind, a, _, _ in entries if e_kind in (_DYNAMIC, _DYNAMIC_SLICE)}))
   cacheable = not any(e[0] == _GENERAL for kind, entries in steps if kind == _AT for e in entries)
+  # views made only of indexing are also kept across launches as their parts (Ref.parts: dims, shape,
+  # NumPy index), per base view, index values and bounds-check setting: a pure function of those, so
+  # a later launch rebuilds the view on its own buffer without composing and checking the index again
+  at_only = all(kind == _AT for kind, _ in steps)
+  composed: dict = {}
   views: dict = {}
   # a weak reference to the base ref the cached views belong to (a new launch brings new refs): a
   # compiled jaxpr outlives its launches (JAX's caches keep it), so views held past their launch
@@ -184,7 +190,20 @@ def _ref_operand(eqn, x, transforms=(), last_index: bool = False):
       base[0] = weakref.ref(ref, forget)
     v = views.get(key)
     if v is None:
-      v = views[key] = _view(steps, ref, flat)
+      if not at_only or type(ref) is not Ref:
+        v = views[key] = _view(steps, ref, flat)
+        return v
+      ckey = (ref.buf.shape, ref.dims, key, executor.current().bounds_checks)
+      parts = composed.get(ckey)
+      if parts is None:
+        v = _view(steps, ref, flat)
+        if type(v) is Ref:
+          if len(composed) > 4096:
+            composed.clear()
+          composed[ckey] = v.parts()
+      else:
+        v = Ref.from_parts(ref.buf, parts)
+      views[key] = v
     return v
 
   def ref_of(flat):

@@ -135,6 +135,19 @@ class Ref:
     self._np_index = () if self._full else tuple(npi)
     return self
 
+  def parts(self) -> tuple:
+    """(dims, shape, NumPy index, whole?): what a view is besides its buffer; `from_parts` rebuilds it
+    on another buffer of the same shape (palace.jax keeps the parts of the views a compiled kernel
+    derives, which are pure functions of the base view and the index values, across launches)."""
+    return self.dims, self.shape, self._np_index, self._full
+
+  @classmethod
+  def from_parts(cls, buf: "Buffer", parts: tuple) -> "Ref":
+    self = cls.__new__(cls)
+    self.buf = buf
+    self.dims, self.shape, self._np_index, self._full = parts
+    return self
+
   # ---- metadata ----
   dtype = property(lambda self: self.buf.dtype)
   memory_space = property(lambda self: self.buf.memory_space)
