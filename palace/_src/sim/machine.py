@@ -10,7 +10,6 @@ blocking wait) are sim/sync.py's.
 from __future__ import annotations
 
 import collections
-import contextlib
 import contextvars
 import gc
 import random
@@ -56,20 +55,23 @@ class DmaPolicy:
 
 
 
-@contextlib.contextmanager
-def paused_gc():
-  """Python's cyclic GC paused for the block (see Machine.run), then resumed; left alone when it is
-  already off (a nested launch, another thread's launch holding the pause, or the user's choice). A
-  launch pauses it from before its machine is built until the machine is released (launch/run.py), so
-  the collector never scans a launch's machine, only what outlives it (the report)."""
-  if not gc.isenabled():
-    yield
-    return
-  gc.disable()
-  try:
-    yield
-  finally:
-    gc.enable()
+class paused_gc:
+  """`with paused_gc():` Python's cyclic GC paused for the block (see Machine.run), then resumed; left
+  alone when it is already off (a nested launch, another thread's launch holding the pause, or the
+  user's choice). A launch pauses it from before its machine is built until the machine is released
+  (launch/run.py), so the collector never scans a launch's machine, only what outlives it (the report).
+  (A class, not a generator context manager: it is entered twice per launch.)"""
+  __slots__ = ("paused",)
+
+  def __enter__(self):
+    self.paused = gc.isenabled()
+    if self.paused:
+      gc.disable()
+
+  def __exit__(self, *exc):
+    if self.paused:
+      gc.enable()
+
 
 class Machine:
   def __init__(self, tpu: "VirtualTPU", kernel_name: str, timing_only: bool, num_chips: int = 1):
