@@ -323,6 +323,30 @@ def test_integer_rem_of_two_scalars_equals_the_vector_rule_on_edge_values(dtype)
   np.testing.assert_array_equal(want, np.array(ref).astype(dtype))
 
 
+@pytest.mark.parametrize("dtype", [np.int8, np.int16, np.int32, np.int64, np.uint8, np.uint16, np.uint32,
+                                   np.uint64])
+def test_integer_division_by_one_divisor_equals_the_element_wise_rule(dtype):
+  """lax.div / lax.rem / jnp's // and % of a block by one divisor (a 0-d value or a broadcast literal,
+  `lax.rem(x, 5)`) take a whole-block path (numpy_elementwise._one_divisor); it must give exactly what
+  the element-wise rule gives for that divisor repeated (x / 0 = -1, x % 0 = x, INT_MIN / -1 =
+  INT_MIN, quotients toward zero, jnp's x // 0 and x % 0), for every edge divisor and dividend."""
+  from palace._src.lang import numpy_elementwise as ne
+  info = np.iinfo(dtype)
+  edges = {info.min, info.min + 1, -7, -3, -2, -1, 0, 1, 2, 3, 5, 7, 13, 255, info.max - 1, info.max}
+  edges = sorted(v for v in edges if info.min <= v <= info.max)
+  rng = np.random.default_rng(7)
+  a = np.concatenate([np.array(edges, dtype), rng.integers(info.min, info.max, 256 - len(edges),
+                                                           dtype=dtype, endpoint=True)]).reshape(8, 32)
+  for fn in (ne.int_div, ne.int_rem, ne._floor_div, ne._mod):
+    for v in edges:
+      want = fn(a, np.full(a.shape, v, dtype))   # the element-wise rule (a divisor per element)
+      for b in (np.array(v, dtype), np.broadcast_to(np.array(v, dtype), a.shape)):
+        assert ne._one_divisor(a, b) == v
+        got = fn(a, b)
+        assert got.dtype == np.dtype(dtype) and got.shape == a.shape, (fn.__name__, v)
+        np.testing.assert_array_equal(got, want, err_msg=f"{fn.__name__} by {v}")
+
+
 def test_full_with_a_scalar_or_a_row_fill_value_in_a_kernel():
   """jnp.full's value is a read-only zero-stride view: of a scalar (bf16 too), or NumPy broadcasting
   of an array fill value (a row repeated down the rows, not its first element everywhere)."""

@@ -320,6 +320,20 @@ def rem_ints(x: int, y: int) -> int:
   return r
 
 
+def _one_divisor(a: np.ndarray, b: np.ndarray):
+  """The divisor of an integer division of the block `a` as a NumPy scalar of a's dtype when it is one
+  value for every element and the result has a's shape (a 0-d `b`, or a broadcast one: `lax.rem(x,
+  5)` broadcasts its literal with zero strides); else None. With one divisor the special cases (0, -1)
+  are whole-block cases and the division itself is NumPy's by a scalar (libdivide for floor_divide),
+  not an element-wise select around a division by an array (47 -> 15 us for a (64, 128) int32
+  lax.rem)."""
+  if not a.ndim or a.dtype != b.dtype:
+    return None
+  if b.ndim and (b.shape != a.shape or any(b.strides) or not b.size):
+    return None
+  return b[(0,) * b.ndim]
+
+
 def int_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
   """`lax.div` of integers as XLA defines it (and JAX's interpret mode computes it): the quotient
   rounded toward zero; x / 0 = -1 (all ones: the unsigned maximum); INT_MIN / -1 = INT_MIN.
@@ -328,6 +342,18 @@ def int_div(a: np.ndarray, b: np.ndarray) -> np.ndarray:
   (`div_ints`), wrapped to the dtype by NumPy's int64 cast."""
   if not a.ndim and not b.ndim and a.dtype == b.dtype and a.dtype.itemsize <= 4:
     return np.array(div_ints(int(a), int(b)), np.int64).astype(a.dtype)
+  v = _one_divisor(a, b)
+  if v is not None:
+    signed = a.dtype.kind == "i"
+    if v == 0:
+      return np.full(a.shape, -1 if signed else np.iinfo(a.dtype).max, a.dtype)
+    with np.errstate(all="ignore"):
+      if signed and v == -1:
+        return np.negative(a)   # (wraps: INT_MIN / -1 = INT_MIN)
+      q = np.floor_divide(a, v)
+      if signed:   # floor -> toward zero: one up where the signs differ and the division is inexact
+        np.add(q, 1, out=q, where=((a - q * v) != 0) & ((a > 0) if v < 0 else (a < 0)))
+    return q
   a, b = np.broadcast_arrays(a, b)
   zero = b == 0
   s = np.where(zero, 1, b)
@@ -346,6 +372,14 @@ def int_rem(a: np.ndarray, b: np.ndarray) -> np.ndarray:
   the same rules without NumPy's broadcasting and error state."""
   if not a.ndim and not b.ndim and a.dtype == b.dtype:
     return np.array(rem_ints(int(a), int(b)), a.dtype)
+  v = _one_divisor(a, b)
+  if v is not None:
+    if v == 0:
+      return a.copy()
+    if v == -1:
+      return np.zeros_like(a)
+    with np.errstate(all="ignore"):
+      return np.fmod(a, v)
   a, b = np.broadcast_arrays(a, b)
   zero = b == 0
   with np.errstate(all="ignore"):
@@ -357,6 +391,12 @@ def _floor_div(a, b):
   """`jnp.floor_divide` as JAX defines it for integers: lax.div, minus one where the signs differ and
   the remainder is not zero (so x // 0 is -1 for x == 0, else -2; unsigned x // 0 is all ones)."""
   if a.dtype.kind in "iu":
+    v = _one_divisor(a, b)
+    if v is not None and v != 0:
+      if a.dtype.kind == "i" and v == -1:
+        with np.errstate(all="ignore"):
+          return np.negative(a)   # (INT_MIN // -1 = INT_MIN, as lax.div gives it)
+      return np.floor_divide(a, v)
     q = int_div(a, b)
     if a.dtype.kind == "u":
       return q
@@ -368,6 +408,9 @@ def _floor_div(a, b):
 
 def _mod(a, b):
   if a.dtype.kind in "iu":
+    v = _one_divisor(a, b)
+    if v is not None:   # x % 0 = 0 (as the remainder by 1 below)
+      return np.zeros_like(a) if v == 0 else np.remainder(a, v)
     return np.remainder(a, np.where(b == 0, 1, b))
   return np.remainder(a, b)
 
