@@ -11,6 +11,7 @@ integers; bools, floats (even 2.0), strings and None are not.
 from __future__ import annotations
 
 import operator
+import types
 
 from palace._src.errors import OutOfBoundsError, ResourceError, UsageError
 
@@ -206,10 +207,26 @@ def as_callable(value, what: str, *, hint: str = "", error=UsageError):
   raise error(f"{what} must be callable; got {_kind(value)}. Fix: {fix}")
 
 
+_FunctionType = types.FunctionType
+_CALL_CHECKS: dict = {}   # (code object, nargs, keywords) -> None or the TypeError text (a memo)
+
+
 def check_call(fn, nargs: int, kwargs, describe, error=UsageError) -> None:
   """Raise `error(describe(e))` (instead of a bare TypeError in the middle of a launch) when `fn`
   cannot be called with `nargs` positional arguments and the keywords `kwargs`. Functions whose
-  signature Python cannot read (some builtins) are not checked."""
+  signature Python cannot read (some builtins) are not checked. For a plain function without
+  defaults or attributes the answer depends on its code object only and is memoised per code
+  object: kernels call run_scoped and fori_loop with a closure made afresh on every grid step, whose
+  signature inspect would otherwise read every time."""
+  plain = type(fn) is _FunctionType and fn.__defaults__ is None and fn.__kwdefaults__ is None and \
+      not fn.__dict__   # (no __wrapped__ / __signature__ that inspect would follow instead)
+  if plain:
+    key = (fn.__code__, nargs, tuple(kwargs))
+    if key in _CALL_CHECKS:
+      text = _CALL_CHECKS[key]
+      if text is not None:
+        raise error(describe(TypeError(text))) from None
+      return
   import inspect
   try:
     sig = inspect.signature(fn)
@@ -217,5 +234,12 @@ def check_call(fn, nargs: int, kwargs, describe, error=UsageError) -> None:
     return
   try:
     sig.bind(*range(nargs), **dict.fromkeys(kwargs, 0))
+    text = None
   except TypeError as e:
-    raise error(describe(e)) from None
+    text = str(e)
+  if plain:
+    if len(_CALL_CHECKS) > 4096:
+      _CALL_CHECKS.clear()
+    _CALL_CHECKS[key] = text
+  if text is not None:
+    raise error(describe(TypeError(text))) from None

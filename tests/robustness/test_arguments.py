@@ -260,6 +260,35 @@ def test_fori_loop_body_arity(body, why):
          "Fix: define it with two parameters")
 
 
+def test_a_body_made_afresh_per_call_is_checked_every_time():
+  """check_call memoises its answer per code object (kernels make their fori_loop and run_scoped
+  bodies afresh on every step); a wrong body still raises on every call, with its own name, and a
+  wrapper that inspect sees through (functools.wraps) is checked as the function it wraps."""
+  import functools
+  from palace._src import validate
+
+  def make(bad):
+    if bad:
+      return lambda i: 0
+    return lambda i, c: c
+  for bad in (False, True, True, False):
+    f = make(bad)
+    if bad:
+      with pytest.raises(pl.UsageError, match="too many positional arguments"):
+        validate.check_call(f, 2, (), lambda e: f"body cannot take 2 ({e}).")
+    else:
+      validate.check_call(f, 2, (), lambda e: f"body cannot take 2 ({e}).")
+
+  def wrap(g):
+    @functools.wraps(g)
+    def w(*args):
+      return g(*args)
+    return w
+  validate.check_call(wrap(lambda i, c: c), 2, (), str)   # (same wrapper code, other signatures)
+  with pytest.raises(pl.UsageError, match="too many positional arguments"):
+    validate.check_call(wrap(lambda i: i), 2, (), lambda e: f"({e}).")
+
+
 @pytest.mark.parametrize("body,n_out,why", [
     (lambda a, b: None, 0, "1 input \\+ 0 output block refs"),
     (lambda a: None, 1, "1 input \\+ 1 output block refs"),
