@@ -32,20 +32,21 @@ def _blas_controllers():
 _kernel_threads = []  # per enclosing launch: [saved counts, counts set now] (process-wide, like BLAS)
 
 
-@contextlib.contextmanager
-def kernel_mode():
-  """Around a launch: each product runs on the thread count of its size class (one thread below
-  SMALL_MATMUL_FLOPS, the saved count above), switching only when the class changes, so a kernel of
-  block-sized products switches once and one of large products never. The saved counts come back
-  at the end. (Switching around every large product cost up to 2x on kernels run in core threads.)"""
-  ctrls = _blas_controllers()
-  saved = [c.num_threads for c in ctrls]
-  _kernel_threads.append([saved, list(saved)])
-  try:
-    yield
-  finally:
+class kernel_mode:
+  """`with kernel_mode():` around a launch: each product runs on the thread count of its size class
+  (one thread below SMALL_MATMUL_FLOPS, the saved count above), switching only when the class
+  changes, so a kernel of block-sized products switches once and one of large products never. The
+  saved counts come back at the end. (Switching around every large product cost up to 2x on kernels
+  run in core threads. A class, not a generator context manager: entered once per launch.)"""
+  __slots__ = ("saved",)
+
+  def __enter__(self):
+    self.saved = saved = [c.num_threads for c in _blas_controllers()]
+    _kernel_threads.append([saved, list(saved)])
+
+  def __exit__(self, *exc):
     _kernel_threads.pop()
-    for c, n in zip(ctrls, saved):
+    for c, n in zip(_blas_controllers(), self.saved):
       if c.num_threads != n:
         c.set_num_threads(n)
 

@@ -80,15 +80,17 @@ class Engine:
       deactivate(token)
 
 
-@contextlib.contextmanager
-def running():
-  """Around the host side of every palace launch (counted, so that the exit can wait for it)."""
-  with _running:
-    _running_count[0] += 1
-    _running_count[1] += 1
-  try:
-    yield
-  finally:
+class running:
+  """`with running():` around the host side of every palace launch (counted, so that the exit can
+  wait for it). (A class, not a generator context manager: entered once per launch.)"""
+  __slots__ = ()
+
+  def __enter__(self):
+    with _running:
+      _running_count[0] += 1
+      _running_count[1] += 1
+
+  def __exit__(self, *exc):
     with _running:
       _running_count[0] -= 1
       _running.notify_all()
