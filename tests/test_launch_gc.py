@@ -1,4 +1,4 @@
-"""The cyclic GC is paused while a launch runs (sim/machine.Machine.run) and that is safe: a launch's
+"""The cyclic GC is paused while a launch runs (sim/machine.paused_gc) and that is safe: a launch's
 own objects form no reference cycles, so the cyclic garbage it leaves does not grow with its steps."""
 import gc
 

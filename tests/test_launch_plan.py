@@ -106,7 +106,8 @@ def _depth_below(marker: str) -> int:
 
 
 def test_kernel_bodies_run_a_few_frames_below_the_call():
-  """Before the flat plan: 19 frames (pallas_call) and 12 (pl.kernel); now 8 and 5."""
+  """Before the flat plan: 19 frames (pallas_call) and 12 (pl.kernel); then 8 and 5; 7 and 4 since the
+  machine's run lost its GC-pausing wrapper frame (the launch holds the pause)."""
   depth = {}
 
   def grid_body(x_ref, o_ref):
@@ -129,7 +130,7 @@ def test_kernel_bodies_run_a_few_frames_below_the_call():
   with pl.virtual_tpu("v5e"):
     launch_pallas_call()
     launch_kernel()
-  assert depth == {"pallas_call": 8, "pl.kernel": 5}
+  assert depth == {"pallas_call": 7, "pl.kernel": 4}
 
 
 def test_pallas_call_plans_once_per_operand_signature_and_chip():

@@ -361,7 +361,7 @@ def test_pl_kernel_ring_shift_with_remote_dma_inside_shard_map_is_one_pod_launch
 
 
 def test_a_launch_through_jax_leaves_no_cyclic_garbage_per_step():
-  """palace pauses the cyclic GC during a launch (sim/machine.Machine.run): safe only because the
+  """palace pauses the cyclic GC during a launch (sim/machine.paused_gc): safe only because the
   interpreter's per-step objects form no reference cycles either."""
   import gc
 

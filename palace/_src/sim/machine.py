@@ -56,11 +56,18 @@ class DmaPolicy:
 
 
 class paused_gc:
-  """`with paused_gc():` Python's cyclic GC paused for the block (see Machine.run), then resumed; left
-  alone when it is already off (a nested launch, another thread's launch holding the pause, or the
-  user's choice). A launch pauses it from before its machine is built until the machine is released
-  (launch/run.py), so the collector never scans a launch's machine, only what outlives it (the report).
-  (A class, not a generator context manager: it is entered twice per launch.)"""
+  """`with paused_gc():` Python's cyclic GC paused for the block, then resumed. The launch paths
+  (launch/run.py, launch/spmd.py) hold it from before a launch's machine is built until the machine is
+  released. A launch allocates many short-lived objects (requests, views, values) while its trace and
+  caches keep many live ones, and the collector would re-scan the live ones again and again for
+  nothing: palace's per-step objects form no reference cycles (reference counting frees them), so the
+  cyclic garbage a launch leaves does not grow with its step count (tests/test_launch_gc.py). The
+  collector cost 6% of a small kernel's instructions per grid step even with its young-generation
+  threshold raised to 50,000 (callgrind, the copy kernel of benchmarks.speed); held until the release,
+  the collection that follows a launch finds only what outlives it (the report), not its machine. A
+  nested launch, or one running while another thread's launch holds the pause, leaves the switch
+  alone; a collector the user switched off stays off. (A class, not a generator context manager: it is
+  entered on every launch.)"""
   __slots__ = ("paused",)
 
   def __enter__(self):
@@ -288,21 +295,8 @@ class Machine:
 
   # ------------------------------------------------------------------ running cores
   def run(self, programs) -> None:
-    """programs: list of (core, fn); runs each fn with its core as the current executor.
-
-    Python's cyclic GC is paused while the cores run and resumed after. A launch allocates many
-    short-lived objects (requests, views, values) while its trace and caches keep many live ones, and
-    the collector would re-scan the live ones again and again for nothing: palace's per-step objects
-    form no reference cycles (reference counting frees them), so the cyclic garbage a launch leaves
-    does not grow with its step count (tests/test_launch_gc.py). The collector cost 6% of a small
-    kernel's instructions per grid step even with its young-generation threshold raised to 50,000
-    (callgrind, the copy kernel of benchmarks.speed). A nested launch, or one running while another
-    thread's launch holds the pause, leaves the switch alone; a collector the user switched off stays
-    off."""
-    with paused_gc():
-      return self._run(programs)
-
-  def _run(self, programs) -> None:
+    """programs: list of (core, fn); runs each fn with its core as the current executor (the launch
+    holds `paused_gc` around it)."""
     if len(programs) == 1:
       core, fn = programs[0]
       token = executor_mod.set_current(core)
