@@ -193,7 +193,8 @@ def _ref_operand(eqn, x, transforms=(), last_index: bool = False):
       if not at_only or type(ref) is not Ref:
         v = views[key] = _view(steps, ref, flat)
         return v
-      ckey = (ref.buf.shape, ref.dims, key, executor.current().bounds_checks)
+      ex = executor.maybe_current()   # (the bounds-check setting Ref._compose reads)
+      ckey = (ref.buf.shape, ref.dims, key, True if ex is None else ex.bounds_checks)
       parts = composed.get(ckey)
       if parts is None:
         v = _view(steps, ref, flat)
