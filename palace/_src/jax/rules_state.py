@@ -176,14 +176,21 @@ def _ref_operand(eqn, x, transforms=(), last_index: bool = False):
       views.clear()
       base[0] = None
 
+  one = dynamic[0] if len(dynamic) == 1 else None   # (the common case: one runtime index)
+
   def view_of(ref, flat):
     if not steps:
       return ref
     if not cacheable:
       return _view(steps, ref, flat)
-    key = tuple(_index_key(flat[a]) for a in dynamic)
-    if None in key:
-      return _view(steps, ref, flat)
+    if one is not None:
+      key = _index_key(flat[one])
+      if key is None:
+        return _view(steps, ref, flat)
+    else:
+      key = tuple(_index_key(flat[a]) for a in dynamic)
+      if None in key:
+        return _view(steps, ref, flat)
     b = base[0]
     if b is None or b() is not ref:
       views.clear()
@@ -209,7 +216,8 @@ def _ref_operand(eqn, x, transforms=(), last_index: bool = False):
 
   def ref_of(flat):
     ref = flat[k]
-    _check_ref(eqn, ref)
+    if type(ref) is not Ref:
+      _check_ref(eqn, ref)
     ref = view_of(ref, flat)
     if not last_index:
       return ref
