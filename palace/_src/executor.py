@@ -110,8 +110,9 @@ def current(api: str = "this operation"):
   return ex
 
 
-def maybe_current():
-  return _current.get()
+# the current executor or None: the context variable's own getter (a C call, no Python frame; the
+# language's hot paths ask it on every op)
+maybe_current = _current.get
 
 
 def set_current(ex):

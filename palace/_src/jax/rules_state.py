@@ -389,10 +389,13 @@ def _descriptor(eqn):
   remote = device_id is not None
   site = user_site_of(eqn)   # the kernel's line (None: the executor's site at the start)
 
+  r_src, r_dst, r_dst_sem, r_src_sem = refs
+
   def descriptor(flat):
-    s, d, ds_, ss = (None if r is None else r(flat) for r in refs)
-    return tpu.AsyncCopyDescriptor(s, d, ds_, ss, device_id=_value(device_id, flat), is_remote=remote,
-                                   site=site)
+    return tpu.AsyncCopyDescriptor(
+        r_src(flat), r_dst(flat), None if r_dst_sem is None else r_dst_sem(flat),
+        None if r_src_sem is None else r_src_sem(flat), device_id=_value(device_id, flat),
+        is_remote=remote, site=site)
   return descriptor
 
 
