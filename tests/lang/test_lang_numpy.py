@@ -209,6 +209,27 @@ def test_dot_general_transposed_rhs_and_batched(rng):
   np.testing.assert_allclose(out, np.einsum("bmk,bnk->bmn", a, b), rtol=1e-5, atol=1e-5)
 
 
+def test_dot_general_dimension_numbers_are_checked_on_every_call(rng):
+  """dot_general memoises its normalised dimension numbers per (immutable) object; equal values of
+  another type (1.0 == 1, True == 1) must still be refused, and one object must serve operands of
+  another rank."""
+  a = rng.standard_normal((8, 128)).astype(np.float32)
+  b = rng.standard_normal((128, 16)).astype(np.float32)
+  dims = (((1,), (0,)), ((), ()))
+  for _ in range(2):
+    out, _ = apply(lambda u, v: lax.dot_general(u, v, dims), a, b, out_shape=(8, 16))
+    np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-4)
+  for bad in ((((1.0,), (0,)), ((), ())), (((True,), (0,)), ((), ()))):
+    with pytest.raises(pl.ShapeError, match="dot_general dimension_numbers"):
+      apply(lambda u, v: lax.dot_general(u, v, bad), a, b, out_shape=(8, 16))
+  neg = (((-1,), (-2,)), ((), ()))   # (normalised per operand rank: the last dim of each)
+  a3, b3 = a.reshape(1, 8, 128), b.reshape(1, 128, 16)
+  out, _ = apply(lambda u, v: lax.dot_general(u, v, neg), a, b, out_shape=(8, 16))
+  np.testing.assert_allclose(out, a @ b, rtol=1e-5, atol=1e-4)
+  out, _ = apply(lambda u, v: lax.dot_general(u, v, neg), a3, b3, out_shape=(1, 8, 1, 16))
+  np.testing.assert_allclose(out, np.einsum("xmk,ykn->xmyn", a3, b3), rtol=1e-5, atol=1e-4)
+
+
 def test_host_side_functions_return_numpy_with_jax_defaults():
   z = jnp.zeros((2, 3))
   assert isinstance(z, np.ndarray) and z.dtype == np.float32

@@ -70,13 +70,33 @@ def _matmul_dtype(a, b, preferred_element_type):
   return dt.result_type(a.dtype, b.dtype)
 
 
+_DIMENSION_NUMBERS: dict = {}   # id(dimension_numbers) -> (them, lhs ndim, rhs ndim, normalised): a memo
+
+
+def _dimension_numbers(dimension_numbers, nda: int, ndb: int) -> tuple:
+  """(lc, rc, lb, rb) as tuples of non-negative ints, each checked to be an integer. Memoised per
+  dimension-numbers object when it is tuples all the way down (immutable; the memo holds it, so its
+  id stays its own): a kernel's dot_general passes the same object every step (palace.jax's equation
+  parameter, or a constant tuple in the kernel's code). By identity, not by value: 1.0 == 1 and
+  True == 1, which the check refuses, would otherwise find an int's entry."""
+  hit = _DIMENSION_NUMBERS.get(id(dimension_numbers))
+  if hit is not None and hit[0] is dimension_numbers and hit[1] == nda and hit[2] == ndb:
+    return hit[3]
+  (lc, rc), (lb, rb) = dimension_numbers
+  dims = tuple(tuple(validate.as_int(x, "dot_general dimension_numbers", error=ShapeError) % nd
+                     for x in t) for t, nd in ((lc, nda), (rc, ndb), (lb, nda), (rb, ndb)))
+  if type(dimension_numbers) is tuple and all(type(p) is tuple for p in dimension_numbers) and \
+      all(type(t) is tuple for p in dimension_numbers for t in p):
+    if len(_DIMENSION_NUMBERS) > 1024:
+      _DIMENSION_NUMBERS.clear()
+    _DIMENSION_NUMBERS[id(dimension_numbers)] = (dimension_numbers, nda, ndb, dims)
+  return dims
+
+
 def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
   """`lax.dot_general`: ((lhs_contract, rhs_contract), (lhs_batch, rhs_batch))."""
   a, b = _as_array(lhs), _as_array(rhs)
-  (lc, rc), (lb, rb) = dimension_numbers
-  lc, rc, lb, rb = (tuple(validate.as_int(x, "dot_general dimension_numbers", error=ShapeError) % nd
-                          for x in t) for t, nd in
-                    ((lc, a.ndim), (rc, b.ndim), (lb, a.ndim), (rb, b.ndim)))
+  lc, rc, lb, rb = _dimension_numbers(dimension_numbers, a.ndim, b.ndim)
   for i, j in zip(lc, rc):
     if a.shape[i] != b.shape[j]:
       raise ShapeError(f"dot_general contracting dimensions differ: lhs {a.shape} dim {i} vs rhs "
