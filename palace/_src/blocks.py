@@ -92,8 +92,12 @@ def _dim(entry, array_dim: int, what: str):
     return (ELEMENT, validate.as_int(entry.block_size, f"{what} pl.Element size", min_value=0),
             validate.as_int(entry.padding[0], f"{what} pl.Element padding", min_value=0))
   if isinstance(entry, BoundedSlice):
-    raise UnsupportedError.feature("pl.BoundedSlice block dims", "Fix: use a full pl.Blocked dimension and "
-                                  "mask the rows past the bound in the kernel.")
+    raise UnsupportedError(
+        f"{what}: `pl.BoundedSlice` block dims are not supported by palace's pallas_call and "
+        f"emit_pipeline (JAX's TPU compiler rejects them in a pallas_call too, Mosaic's lowering: "
+        f"'Unsupported block dimension type'; only JAX's own emit_pipeline takes them, and palace.jax "
+        f"runs that one). Fix: use a full pl.Blocked dimension and mask the rows past the bound in "
+        f"the kernel.")
   return (BLOCKED, validate.as_int(entry, what, min_value=0), 0)
 
 

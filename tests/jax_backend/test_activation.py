@@ -125,6 +125,22 @@ def test_uncovered_primitive_names_it_and_the_kernel_line():
       jax.jit(f)(np.ones((8, 128), np.float32))
 
 
+def test_bounded_slice_block_dims_of_a_pallas_call_are_refused_as_mosaic_refuses_them():
+  """A pallas_call with pl.BoundedSlice block dims: Mosaic's lowering raises NotImplementedError
+  ('Unsupported block dimension type'), so palace.jax refuses it at lowering, saying so, and points to
+  JAX's emit_pipeline, which takes such blocks."""
+  def kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[...]
+  f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((16, 128), jnp.float32), grid=(2,),
+                     in_specs=[pl.BlockSpec((pl.BoundedSlice(8), 128), lambda i: (pl.ds(i * 8, 8), 0))],
+                     out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)))
+  with pj.virtual_tpu("v5e"):
+    with pytest.raises(ppl.UnsupportedError, match=r"pallas_call 'kernel': pl\.BoundedSlice block dims "
+                                                   r"\(.*\) are not supported, as JAX's TPU compiler "
+                                                   r"rejects them .*Fix: .*emit_pipeline"):
+      jax.jit(f)(np.ones((16, 128), np.float32))
+
+
 def test_runtime_errors_inside_the_callback_keep_their_palace_type():
   def kernel(x_ref, o_ref):
     o_ref[...] = x_ref[...]

@@ -329,3 +329,20 @@ def test_interpret_type(interpret):
 @pytest.mark.parametrize("fn", [5, None, "f"])
 def test_explore_schedules_fn(fn):
   raises(lambda: pl.explore_schedules(fn), pl.UsageError, r"explore_schedules\(fn\) must be callable")
+
+
+@pytest.mark.parametrize("front", ["pallas_call", "emit_pipeline"])
+def test_bounded_slice_block_dims_are_refused_with_the_tpu_compilers_reason(front):
+  """pl.BoundedSlice block dims: palace's pallas_call and emit_pipeline refuse them, naming the spec
+  and that Mosaic's pallas_call lowering refuses them too (only JAX's own emit_pipeline takes them)."""
+  spec = pl.BlockSpec((pl.BoundedSlice(8), 128), lambda i: (pl.ds(i * 8, 8), 0))
+  out_spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
+  x = np.ones((16, 128), np.float32)
+  if front == "pallas_call":
+    call = lambda: pl.pallas_call(lambda x_ref, o_ref: None, out_shape=pl.ShapeDtypeStruct(x.shape, x.dtype),
+                                  grid=(2,), in_specs=[spec], out_specs=out_spec)(x)
+  else:
+    call = _in_kernel(lambda x_hbm, o_hbm: pltpu.emit_pipeline(
+        lambda a, b: None, grid=(1,), in_specs=[spec], out_specs=[out_spec])(x_hbm, o_hbm))
+  raises(call, pl.UnsupportedError, r"block_shape\[0\] of .*`pl\.BoundedSlice` block dims .*"
+         r"Unsupported block dimension type", "Fix: use a full pl.Blocked dimension")

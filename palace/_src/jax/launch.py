@@ -64,8 +64,13 @@ def _block_shape(params, bm):
       out.append(pcore.squeezed)
     elif isinstance(d, jpc.Element):
       out.append(pcore.Element(int(d.block_size), tuple(int(p) for p in d.padding)))
-    elif isinstance(d, jpc.BoundedSlice):
-      raise _fail(params, f"BoundedSlice block dims ({bm.origin})")
+    elif isinstance(d, jpc.BoundedSlice):   # (Mosaic's pallas_call lowering raises NotImplementedError)
+      raise UnsupportedError(
+          f"palace.jax: pallas_call '{kernel_name(params)}': pl.BoundedSlice block dims ({bm.origin}) "
+          f"are not supported, as JAX's TPU compiler rejects them in a pallas_call too (Mosaic's "
+          f"lowering: 'Unsupported block dimension type'). Fix: use a full pl.Blocked dimension and "
+          f"mask the rows past the bound in the kernel, or JAX's emit_pipeline inside a pl.kernel, "
+          f"which takes BoundedSlice blocks (and runs on palace).")
     else:
       raise _fail(params, f"block dim {d!r} of {bm.origin}")
   return tuple(out)
