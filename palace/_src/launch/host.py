@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 
+from palace._src import blas
 from palace._src import dtypes as dt
 from palace._src.core import (CompilerParams, InterpretParams, MemoryRef, MemorySpace,
                               ShapeDtypeStruct)
@@ -15,7 +16,7 @@ from palace._src import validate
 from palace._src.errors import ResourceError, ShapeError, UnsupportedError, UsageError
 from palace._src.lang.array import Array
 from palace._src.lang.refs import Ref
-from palace._src.sim.machine import VirtualTPU, active_tpu
+from palace._src.sim.machine import VirtualTPU, active_tpu, paused_gc
 from palace._src.sim.memory import Buffer
 from palace._src.util import fmt_bytes, prod, tree_flatten, tree_map, user_frame_summary
 
@@ -177,6 +178,43 @@ def set_spmd_context(ctx):
 
 def reset_spmd_context(token) -> None:
   _spmd.reset(token)
+
+
+class launch_machine:
+  """`with launch_machine(tpu, kernel_name, num_chips, grid_steps) as machine: machine.run(programs)`:
+  one launch on a fresh machine of `tpu` (the one sequence of launch/run.py and of shard_map's pod
+  launch, launch/spmd.py). Around the block: the cyclic GC paused from the machine's making to its
+  release (sim/machine.paused_gc: the collection after a launch finds only what outlives it, the
+  report) and BLAS in kernel mode; after a block that returned, the report is recorded and the machine
+  released. (A context manager, not a function taking the programs: the kernel bodies run in the
+  caller's frame, a frame shallower, tests/test_launch_plan.py.)"""
+  __slots__ = ("tpu", "kernel_name", "num_chips", "grid_steps", "machine", "_gc", "_blas")
+
+  def __init__(self, tpu, kernel_name: str, num_chips: int, grid_steps: int):
+    self.tpu, self.kernel_name, self.num_chips, self.grid_steps = tpu, kernel_name, num_chips, grid_steps
+
+  def __enter__(self):
+    self._gc, self._blas = paused_gc(), blas.kernel_mode()
+    self._gc.__enter__()
+    try:
+      self.machine = self.tpu.new_machine(self.kernel_name, self.num_chips)
+      self._blas.__enter__()
+    except BaseException:
+      self._gc.__exit__(None, None, None)
+      raise
+    return self.machine
+
+  def __exit__(self, exc_type, exc, tb):
+    try:
+      self._blas.__exit__(exc_type, exc, tb)
+      if exc_type is None:
+        machine = self.machine
+        machine.grid_steps = self.grid_steps
+        self.tpu.record(machine.finish())
+        release_host_caches(machine)
+    finally:
+      self._gc.__exit__(exc_type, exc, tb)
+    return False
 
 
 def release_host_caches(machine) -> None:

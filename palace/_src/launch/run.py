@@ -19,7 +19,7 @@ import itertools
 
 import numpy as np
 
-from palace._src import blas, executor
+from palace._src import executor
 from palace._src.blocks import BLOCKED, SQUEEZED
 from palace._src.core import (CORE_PARALLEL, PARALLEL, MemoryRef, MemorySpace, SemaphoreRefType,
                               SemaphoreType, TensorCoreMesh, canonical_semantics)
@@ -33,7 +33,7 @@ from palace._src.lang.refs import Ref
 from palace._src.lang.tpu_primitives import sync_copy
 from palace._src.pipeline import run_pipeline
 from palace._src.sim import memory
-from palace._src.sim.machine import active_tpu, paused_gc
+from palace._src.sim.machine import active_tpu
 from palace._src.sim.subcore import SC_BASE, SCALAR_BASE
 from palace._src.util import fmt_bytes, prod, tree_flatten, tree_unflatten
 
@@ -47,14 +47,8 @@ def run(plan: LaunchPlan, operands) -> list:
     if ctx is not None:  # inside shard_map: every chip's thread reaches this launch; one machine runs them
       ctx[0].collective_launch(ctx[1], plan.kernel_name, launch.build, plan.num_points)
     else:
-      tpu = active_tpu()
-      with paused_gc():   # (the machine's objects are never the collector's: freed at release)
-        machine = tpu.new_machine(plan.kernel_name)
-        with blas.kernel_mode():
-          machine.run(launch.build(machine, 0))
-        machine.grid_steps = plan.num_points
-        tpu.record(machine.finish())
-        host.release_host_caches(machine)
+      with host.launch_machine(active_tpu(), plan.kernel_name, 1, plan.num_points) as machine:
+        machine.run(launch.build(machine, 0))
   finally:
     for i in launch.lazy:
       _fill_unwritten(launch.out_bufs[i].storage, plan.out_maps[i], launch.written.get(i, set()))

@@ -20,12 +20,12 @@ import threading
 
 import numpy as np
 
-from palace._src import blas, validate
+from palace._src import validate
 from palace._src.launch import host as launch
 from palace._src.errors import SyncError, UsageError
 from palace._src.sim import workers
 from palace._src.sim.ici import Topology
-from palace._src.sim.machine import activate, active_tpu, deactivate, explicit_tpu, paused_gc
+from palace._src.sim.machine import activate, active_tpu, deactivate, explicit_tpu
 from palace._src.util import prod, tree_flatten, tree_unflatten
 
 
@@ -249,8 +249,7 @@ class _Group:
         raise SyncError(f"Chips launched different kernels at the same point of shard_map: "
                         f"{sorted(names)}; every chip must launch the same kernels in the same order. "
                         f"Fix: make the launches independent of the chip index (branch inside the kernel).")
-      with paused_gc():   # (as launch/run.py: from the machine's making to its release)
-        machine = self.tpu.new_machine(kname, self.n)
+      with launch.launch_machine(self.tpu, kname, self.n, sum(g for _, _, g in launches)) as machine:
         if self.mesh.device_ids is not None:
           machine.topology.place(self.mesh.device_ids)
         machine.axes = [(name, size, "chip") for name, size in zip(self.mesh.axis_names,
@@ -258,11 +257,7 @@ class _Group:
         programs = []
         for c, (_, b, _) in enumerate(launches):
           programs += b(machine, c)
-        with blas.kernel_mode():
-          machine.run(programs)
-        machine.grid_steps = sum(g for _, _, g in launches)
-        self.tpu.record(machine.finish())
-        launch.release_host_caches(machine)
+        machine.run(programs)
     except BaseException as e:  # noqa: BLE001  every chip's thread re-raises it
       with self.cv:
         self.error = e
