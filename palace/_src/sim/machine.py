@@ -54,7 +54,6 @@ class DmaPolicy:
     return self.rng.random() < 0.5
 
 
-
 class paused_gc:
   """`with paused_gc():` Python's cyclic GC paused for the block, then resumed. The launch paths
   (launch/run.py, launch/spmd.py) hold it from before a launch's machine is built until the machine is

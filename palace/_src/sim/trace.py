@@ -47,10 +47,10 @@ class EventLog(list):
 class Trace:
   """The timeline of one launch. `add((tid, unit, name, start_cycle, end_cycle, args))` records one
   event (tid = (chip, core); args None, a dict, or a DMA's (request, bytes)): the only way events are
-  made. It is the append of a
-  deque that keeps the newest `cap` events, which bounds memory, and a C call, so recording costs the
-  hot paths (every op, DMA and wait) no Python frame. `events` is the launch's EventLog: the kept
-  events in order, behind a truncation marker when older ones were dropped."""
+  made. It is the append of a deque that keeps the newest `cap` events, which bounds memory, and a C
+  call, so recording costs the hot paths (every op, DMA and wait) no Python frame. `events` is the
+  launch's EventLog: the kept events in order, behind a truncation marker when older ones were
+  dropped."""
   __slots__ = ("on", "add", "cap", "stats", "_ring", "_dma_bytes", "_dma_count")
 
   def __init__(self, on: bool = True, cap: int = 200_000):
