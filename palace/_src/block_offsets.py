@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from palace._src import executor
-from palace._src.blocks import BLOCKED, ELEMENT
+from palace._src.blocks import BLOCKED, ELEMENT, INDEX_DTYPE
 from palace._src.errors import BlockSpecError, OutOfBoundsError, PalaceError
 from palace._src.lang.array import concrete_int
 
@@ -27,7 +27,8 @@ def _vectorised_offsets(op, points, min_points: int = 8):
   m = op.m
   if len(points) < min_points:
     return None
-  cols = [np.fromiter((p[d] for p in points), np.int64, len(points)) for d in range(len(points[0]))]
+  dtype = getattr(m.index_map, INDEX_DTYPE, np.int64)
+  cols = [np.fromiter((p[d] for p in points), dtype, len(points)) for d in range(len(points[0]))]
   token = executor.set_current(None)
   try:
     idx = m.index_map(*cols)

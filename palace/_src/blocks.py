@@ -21,6 +21,10 @@ BLOCKED, SQUEEZED, ELEMENT = "blocked", "squeezed", "element"
 # the attribute (set to True) that marks an index map as a pure function of its grid indices which
 # charges no work and works on index arrays too (a front end's own maps: palace.jax's equation-free ones)
 PURE_INDEX_MAP = "palace_pure_index_map"
+# the attribute naming the integer dtype an index map computes in when evaluated on whole index
+# columns (block_offsets._vectorised_offsets): int64 (Python ints' range) unless set (palace.jax's
+# maps: int32, JAX's index type, so they wrap as JAX's do)
+INDEX_DTYPE = "palace_index_dtype"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -93,6 +93,35 @@ def test_element_block_dims_and_scalar_prefetch_index_maps():
   assert tpu.reports[0].grid_steps == 4
 
 
+def test_index_maps_of_scalar_arithmetic_run_once_per_plan_on_int32_columns(monkeypatch):
+  # `2 * i + 1` on a 2-step grid (one evaluation on whole index columns, kept by the plan, not one per
+  # step and launch) and a map whose int32 arithmetic wraps back into range as JAX's does: i * 2**32 + i
+  # is i in int32 (int64 columns would put block 1 out of bounds and fall back to per-step calls)
+  from palace._src.jax import launch as jax_launch
+  calls = []
+  real = jax_launch.run_program
+  monkeypatch.setattr(jax_launch, "run_program",   # (index maps take 1 argument, the kernel 4)
+                      lambda prog, consts, args: calls.extend(args[:len(args) == 1]) or real(prog, consts, args))
+  x = (np.arange(256 * 128) % 7).reshape(256, 128).astype(np.float32)
+
+  def kernel(x_ref, y_ref, o_ref, p_ref):
+    o_ref[...] = x_ref[...] * 10.0
+    p_ref[...] = y_ref[...] + 1.0
+  spec = pl.BlockSpec((64, 128), lambda i: (2 * i + 1, 0))
+  wrap = pl.BlockSpec((64, 128), lambda i: (i * 1073741824 * 4 + i, 0))
+  f = jax.jit(pl.pallas_call(kernel, grid=(2,), in_specs=[spec, wrap], out_specs=[spec, wrap],
+                             out_shape=[jax.ShapeDtypeStruct((256, 128), jnp.float32)] * 2))
+  with pj.virtual_tpu("v5e") as tpu:
+    for _ in range(3):
+      o, p = (np.asarray(a) for a in f(x, x))
+  # two maps, each on the input's and the output's columns, at the first launch only
+  assert [(c.dtype, c.tolist()) for c in calls] == [(np.int32, [0, 1])] * 4
+  np.testing.assert_array_equal(o[64:128], x[64:128] * 10.0)
+  np.testing.assert_array_equal(o[192:], x[192:] * 10.0)
+  np.testing.assert_array_equal(p[:128], x[:128] + 1.0)
+  assert tpu.reports[2].grid_steps == 2
+
+
 def test_a_rule_giving_the_wrong_dtype_is_caught_not_computed(monkeypatch):
   import palace as ppl
   import palace.numpy as pjnp

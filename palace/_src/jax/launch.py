@@ -13,7 +13,7 @@ import dataclasses
 import numpy as np
 
 from palace._src import core as pcore
-from palace._src.blocks import PURE_INDEX_MAP
+from palace._src.blocks import INDEX_DTYPE, PURE_INDEX_MAP
 from palace._src.errors import UnsupportedError
 from palace._src.jax.avals import alloc_type, memory_space
 from palace._src.jax.interpret import grid_axes, kernel_site, literal, program, run_program
@@ -76,10 +76,39 @@ def _block_shape(params, bm):
   return tuple(out)
 
 
+# primitives of scalar index arithmetic (what `i // 2`, `jnp.minimum`, `lax.select`, `x % n` trace to):
+# pure functions of their operands, which palace's rules also evaluate on whole index columns
+_PURE_INDEX_PRIMITIVES = frozenset([
+    "add", "sub", "mul", "neg", "max", "min", "div", "rem", "sign", "abs", "eq", "ne", "lt", "le", "gt",
+    "ge", "and", "or", "xor", "not", "select_n", "clamp", "convert_element_type", "shift_left",
+    "shift_right_arithmetic", "shift_right_logical", "jit", "pjit", "closed_call"])
+
+
+def _pure_index_jaxpr(jaxpr) -> bool:
+  """True when `jaxpr` computes its block indices from its (0-d int32) grid indices alone: no ref
+  operands (scalar prefetch) and only scalar arithmetic, in nested calls too."""
+  for v in jaxpr.invars:
+    aval = v.aval
+    if getattr(aval, "shape", None) != () or getattr(aval, "inner_aval", None) is not None or \
+        np.dtype(aval.dtype) != np.int32:
+      return False
+  return _pure_equations(jaxpr)
+
+
+def _pure_equations(jaxpr) -> bool:
+  from palace._src.jax.interpret import sub_jaxprs  # noqa: PLC0415
+  return all(e.primitive.name in _PURE_INDEX_PRIMITIVES and all(_pure_equations(s) for s in sub_jaxprs(e))
+             for e in jaxpr.eqns)
+
+
 def _index_map(bm):
   """The BlockSpec index map: its jaxpr compiled once (interpret.program); one with no equations
-  (`lambda i, j: (i, 0)`, the common case) becomes a plain tuple of its inputs and literals, marked
-  pure (blocks.PURE_INDEX_MAP: it charges nothing, so a plan keeps its offsets for every step)."""
+  (`lambda i, j: (i, 0)`, the common case) becomes a plain tuple of its inputs and literals. Both it
+  and a map of scalar index arithmetic alone (`lambda i: (2 * i + 1, 0)`, `_pure_index_jaxpr`) are
+  marked pure (blocks.PURE_INDEX_MAP): they charge nothing and run on whole index columns, so a plan
+  keeps every step's offsets, found in one vectorised evaluation on any grid
+  (block_offsets.grid_offsets), instead of running the map per step. A JAX map computes in int32:
+  its columns are int32 (blocks.INDEX_DTYPE), so it wraps where JAX's does."""
   closed = bm.index_map_jaxpr
   if not closed.eqns and not closed.constvars:
     from jax._src import core as jax_core  # noqa: PLC0415
@@ -90,7 +119,11 @@ def _index_map(bm):
     setattr(index_map, PURE_INDEX_MAP, True)
     return index_map
   prog, consts = program(closed), closed.consts
-  return lambda *args: tuple(run_program(prog, consts, args))
+  index_map = lambda *args: tuple(run_program(prog, consts, args))  # noqa: E731
+  setattr(index_map, INDEX_DTYPE, np.int32)
+  if _pure_index_jaxpr(closed.jaxpr):
+    setattr(index_map, PURE_INDEX_MAP, True)
+  return index_map
 
 
 def _static_index(x):
