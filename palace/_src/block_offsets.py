@@ -17,7 +17,7 @@ from palace._src.errors import BlockSpecError, OutOfBoundsError, PalaceError
 from palace._src.lang.array import concrete_int
 
 
-def _vectorised_offsets(op, points, min_points: int = 8):
+def _vectorised_offsets(op, points, min_points: int = 8, index_args=()):
   """Element offsets of every step at once, or None. Index maps are traced functions in Pallas, so
   they work on arrays: one call with the whole grid's index columns replaces one call per step. It
   runs with no executor set (plain NumPy, nothing charged to the core). Maps that need per-step
@@ -31,7 +31,7 @@ def _vectorised_offsets(op, points, min_points: int = 8):
   cols = [np.fromiter((p[d] for p in points), dtype, len(points)) for d in range(len(points[0]))]
   token = executor.set_current(None)
   try:
-    idx = m.index_map(*cols)
+    idx = m.index_map(*cols, *index_args)
   except Exception:  # noqa: BLE001  not vectorisable: evaluate per step
     return None
   finally:
@@ -60,11 +60,12 @@ def _vectorised_offsets(op, points, min_points: int = 8):
 _CACHED_POINTS = 1 << 16   # grids up to this many points keep their block offsets in the plan's cache
 
 
-def grid_offsets(op, k: int, points, cache):
+def grid_offsets(op, k: int, points, cache, index_args=()):
   """(every step's element offsets or None, whether they are all distinct) of operand `k` (inputs
   then outputs) over `points`: `_vectorised_offsets`, kept in `cache` (a launch plan's, for the same
   block mappings on every launch) under the points and the bounds-check flag it depends on. A map
-  that does not vectorise is kept as None (per-step evaluation, as without the cache)."""
+  that does not vectorise is kept as None (per-step evaluation, as without the cache). With scalar
+  prefetch, only pure maps come here: they are called with the `index_args` too, and ignore them."""
   n = len(points)
   # (a pure map, BlockMapping.pure_index_map, is evaluated once for the plan on any grid; others
   # per step on grids < 8 points: `_vectorised_offsets`)
@@ -77,7 +78,7 @@ def grid_offsets(op, k: int, points, cache):
     hit = cache.get(key)
     if hit is not None:
       return hit
-  blocks = _vectorised_offsets(op, points, 1 if pure else 8)
+  blocks = _vectorised_offsets(op, points, 1 if pure else 8, index_args)
   hit = (blocks, blocks is not None and len(set(blocks)) == len(blocks))
   if key is not None:
     cache[key] = hit

@@ -233,12 +233,13 @@ def run_pipeline(body, grid, in_maps, out_maps, in_refs, out_refs, *, lead_args=
     o.nbuf = 0 if t is None else len(t[0])
     types.append(t)
   piped = [o for o in ops if o.mode == _BUFFERED]
-  if not index_args:
-    for k, o in enumerate(ops):
-      if o.mode != _RAW:
-        o.all_blocks, distinct = grid_offsets(o, k, points, offsets_cache)
-        if distinct:
-          o.prepare = _prepare
+  for k, o in enumerate(ops):
+    # (with scalar prefetch a map may read the prefetched scalars, per step on the core: only the
+    # pure maps, which do not, are evaluated for the whole grid)
+    if o.mode != _RAW and (not index_args or o.m.pure_index_map):
+      o.all_blocks, distinct = grid_offsets(o, k, points, offsets_cache, index_args)
+      if distinct:
+        o.prepare = _prepare
 
   if not n:
     return

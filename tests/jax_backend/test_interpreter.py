@@ -122,6 +122,37 @@ def test_index_maps_of_scalar_arithmetic_run_once_per_plan_on_int32_columns(monk
   assert tpu.reports[2].grid_steps == 2
 
 
+def test_with_scalar_prefetch_only_the_maps_reading_it_run_per_step(monkeypatch):
+  # `3 - i` reads no prefetched scalar: one evaluation on the grid's columns for the plan; `s[i]` is
+  # evaluated per step (on the core, charging its SMEM loads), at every launch
+  from palace._src.jax import launch as jax_launch
+  calls = []
+  real = jax_launch.run_program
+  monkeypatch.setattr(jax_launch, "run_program",   # (index maps take 2 arguments, the kernel 5)
+                      lambda prog, consts, args: calls.extend(args[:len(args) == 2]) or real(prog, consts, args))
+  rows = np.array([2, 0, 3, 1], np.int32)
+  x = (np.arange(32 * 128) % 9).reshape(32, 128).astype(np.float32)
+
+  def kernel(s_ref, x_ref, y_ref, o_ref):
+    o_ref[...] = x_ref[...] + y_ref[...] * 100.0
+  f = jax.jit(pl.pallas_call(
+      kernel, out_shape=jax.ShapeDtypeStruct((32, 128), jnp.float32),
+      grid_spec=pltpu.PrefetchScalarGridSpec(
+          num_scalar_prefetch=1, grid=(4,),
+          in_specs=[pl.BlockSpec((8, 128), lambda i, s: (s[i], 0)),
+                    pl.BlockSpec((8, 128), lambda i, s: (3 - i, 0))],
+          out_specs=pl.BlockSpec((8, 128), lambda i, s: (i, 0)))))
+  with pj.virtual_tpu("v5e"):
+    for _ in range(2):
+      out = np.asarray(f(rows, x, x))
+  want = np.concatenate([x[8 * r:8 * r + 8] + x[8 * (3 - i):8 * (4 - i)] * 100 for i, r in enumerate(rows)])
+  np.testing.assert_array_equal(out, want)
+  columns = [c for c in calls if isinstance(c, np.ndarray)]
+  assert [c.tolist() for c in columns] == [[0, 1, 2, 3]]
+  # s[i] at each step of both launches (step 0 twice: first tried on the host, which has no SMEM)
+  assert [c for c in calls if not isinstance(c, np.ndarray)] == [0, 0, 1, 2, 3] * 2
+
+
 def test_a_rule_giving_the_wrong_dtype_is_caught_not_computed(monkeypatch):
   import palace as ppl
   import palace.numpy as pjnp
