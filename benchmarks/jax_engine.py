@@ -1,8 +1,10 @@
 """palace as JAX's Pallas engine vs JAX's own TPU interpret mode, in one run (issue 17, acceptance 4).
 
 Needs JAX (`.venv-jax`): `PYTHONPATH=$PWD .venv-jax/bin/python -m benchmarks.jax_engine [--quick]
-[--only=NAME] [--floor]` (`--only=basic:add` runs the kernels whose name contains that text; `--floor`
-prints instead, per parity kernel, the time left when palace's launch costs nothing: `floor_table`).
+[--only=NAME] [--floor] [--jax-dma=on_wait]` (`--only=basic:add` runs the kernels whose name contains
+that text; `--floor` prints instead, per parity kernel, the time left when palace's launch costs
+nothing: `floor_table`; JAX's side runs its DMAs eagerly, as palace's default does, unless
+`--jax-dma=on_wait`, JAX's default: `JAX_DMA_MODE`).
 Every parity kernel (tests/jax_parity/kernels, the multi-chip ones on 4 host devices) runs inside
 `jax.jit` through `palace.jax.virtual_tpu` and through `pltpu.force_tpu_interpret_mode`; each side is
 timed best-of-N on a warm cache (the jit compile is excluded on both sides; N >= 5, more until 0.25 s
@@ -57,10 +59,17 @@ def _best(fn, reps: int) -> float:
   return best
 
 
+# JAX interpret mode's DMA execution mode for the baseline: "eager" (a copy's data moves when it is
+# started), palace's own default DMA policy (pl.virtual_tpu(dma_policy="eager")), so both sides do the
+# same work; `--jax-dma=on_wait` times JAX's default instead (data moved at the wait), for reference
+JAX_DMA_MODE = ["eager"]
+
+
 def _jax_interpret_ctx(mod):
   st = contextlib.ExitStack()
   jpltpu.reset_tpu_interpret_mode_state()
-  st.enter_context(jpltpu.force_tpu_interpret_mode(jpltpu.InterpretParams(dma_execution_mode="eager")))
+  st.enter_context(jpltpu.force_tpu_interpret_mode(
+      jpltpu.InterpretParams(dma_execution_mode=JAX_DMA_MODE[0])))
   if mod is not None and getattr(mod, "ABSTRACT_MESH", False):
     dev = jax.sharding.AbstractDevice(device_kind="TPU v5 lite", num_cores=1, platform="tpu")
     st.enter_context(jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((), (), abstract_device=dev)))
@@ -226,6 +235,7 @@ def main(argv=None) -> None:
             "BLAS thread; inside XLA's callback OpenBLAS then fights XLA's threads (up to 25x slower "
             "matmul kernels). pip install threadpoolctl, or set OPENBLAS_NUM_THREADS=1.")
   reps = 2 if "--quick" in argv else 5
+  JAX_DMA_MODE[:] = [a.split("=", 1)[1] for a in argv if a.startswith("--jax-dma=")] or ["eager"]
   only = [a.split("=", 1)[1] for a in argv if a.startswith("--only=")]   # substrings of kernel names
   wanted = lambda name: not only or any(o in name for o in only)  # noqa: E731
   if "--floor" in argv:
