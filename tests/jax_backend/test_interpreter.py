@@ -234,6 +234,52 @@ def test_a_dma_with_no_user_frame_is_reported_at_the_kernel_definition(tmp_path)
       jax.block_until_ready(jax.jit(f)(X))
 
 
+def _two_row_copies(ds, make_async_copy, wait_whole: bool):
+  # copies of rows 0-3 and 4-7 of x into o on one semaphore, waited per copy (each wait the copy its
+  # start made) or at once (one wait for all 8 rows, a placeholder descriptor as the wheel's paged
+  # attention uses); the same code on JAX's refs and on palace's
+  def kernel(x_hbm, o_hbm, sem):
+    for r in (0, 4):
+      make_async_copy(x_hbm.at[ds(r, 4)], o_hbm.at[ds(r, 4)], sem).start()
+    if wait_whole:
+      make_async_copy(o_hbm, o_hbm, sem).wait()
+    else:
+      for r in (0, 4):
+        make_async_copy(x_hbm.at[ds(r, 4)], o_hbm.at[ds(r, 4)], sem).wait()
+  return kernel
+
+
+@pytest.mark.parametrize("wait_whole", [False, True])
+def test_dma_waits_on_the_started_copy_time_as_palaces_own_waits(monkeypatch, wait_whole):
+  # a local dma_wait for the bytes of the oldest copy started on its semaphore waits on that copy
+  # (rules_state._StartedCopies: no descriptor or prepared copy of its own); the model's figure is
+  # that of palace's own kernel, whose waits make their own; a wait for other bytes takes its own path
+  import palace as ppl
+  from palace import tpu as ppltpu
+  from palace._src.lang import tpu_primitives
+  prepared = []
+  real = tpu_primitives.AsyncCopyDescriptor.prepare
+  monkeypatch.setattr(tpu_primitives.AsyncCopyDescriptor, "prepare",
+                      lambda self, *a, **k: prepared.append(1) or real(self, *a, **k))
+  f = jax.jit(_hbm_call(_two_row_copies(pl.ds, pltpu.make_async_copy, wait_whole),
+                        [pltpu.SemaphoreType.DMA]))
+  with pj.virtual_tpu("v5e") as tpu:
+    for _ in range(2):
+      np.testing.assert_array_equal(np.asarray(f(X)), X)
+  # 2 starts per launch; the whole wait makes its own at each launch, and its first one stops the
+  # starts' queueing; per-copy waits use the started ones
+  assert len(prepared) == ((2 + 1) * 2 if wait_whole else 2 * 2)
+  own = ppl.pallas_call(_two_row_copies(ppl.ds, ppltpu.make_async_copy, wait_whole),
+                        out_shape=ppl.ShapeDtypeStruct(X.shape, X.dtype),
+                        in_specs=[ppl.BlockSpec(memory_space=ppl.ANY)],
+                        out_specs=ppl.BlockSpec(memory_space=ppl.ANY),
+                        scratch_shapes=[ppltpu.SemaphoreType.DMA])
+  with ppl.virtual_tpu("v5e") as mine:
+    np.testing.assert_array_equal(own(X), X)
+  assert [r.device_cycles for r in tpu.reports] == [mine.reports[0].device_cycles] * 2
+  assert tpu.reports[1].unit_busy_cycles == mine.reports[0].unit_busy_cycles
+
+
 def test_a_deadlocked_wait_names_the_kernel_not_a_jax_frame():
   # the machine's own records (blocked waits, races, uninitialised reads) take the user's line from
   # the stack; while a jaxpr runs none is there, so they name the kernel function's definition

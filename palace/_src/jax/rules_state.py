@@ -381,8 +381,31 @@ def _barrier_sem(eqn):
 
 
 # ------------------------------------------------------------------ DMAs
+class _StartedCopies(dict):
+  """The copies a core's local `dma_start` equations issued in this launch and no wait has taken yet
+  (kept per core in `Executor.host_cache`, released with the launch): per destination semaphore (its
+  buffer id and Ref.dims) the prepared copies (tpu_primitives.PreparedCopy) started on it, oldest
+  first. A wait is a semaphore wait for a byte count (sim/sync.wait_copy reads the request's
+  semaphore, bytes and, in a deadlock message, its description), so a local `dma_wait` whose bytes
+  are those of the oldest copy on its semaphore waits on that copy instead of making a descriptor and
+  a prepared copy of its own: the same wait, and a message names the copy actually started. A wait
+  for other bytes (the wheel's paged attention waits once for all the pages it started one by one)
+  takes its own path and turns queueing off for the start equations of the copies it found (their
+  `queued` flag), so they stop paying for it. A prepared copy holds its semaphore's buffer, so no
+  other buffer has that id while it is queued."""
+  __slots__ = ()
+
+  def release(self) -> None:
+    self.clear()
+
+
+_STARTED = "palace.jax started copies"
+
+
 def _descriptor(eqn):
-  """fn(flat) -> the AsyncCopyDescriptor of a dma_start / dma_wait (operands compiled once)."""
+  """(fn(flat, views=None) -> the AsyncCopyDescriptor of a dma_start / dma_wait, and for a local copy
+  with a semaphore fn(flat) -> its (source, destination, semaphore) views, else None), operands
+  compiled once."""
   src, dst, dst_sem, src_sem, device_id = _unflatten(eqn, eqn.params["tree"])
   refs = [None if x is None else _ref_operand(eqn, x) for x in (src, dst, dst_sem, src_sem)]
   device_id = _device_id(eqn, device_id)
@@ -391,32 +414,80 @@ def _descriptor(eqn):
 
   r_src, r_dst, r_dst_sem, r_src_sem = refs
 
-  def descriptor(flat):
+  def views(flat):
+    return r_src(flat), r_dst(flat), r_dst_sem(flat)
+
+  def descriptor(flat, v=None):
+    src, dst, sem = v if v is not None else \
+        (r_src(flat), r_dst(flat), None if r_dst_sem is None else r_dst_sem(flat))
     return tpu.AsyncCopyDescriptor(
-        r_src(flat), r_dst(flat), None if r_dst_sem is None else r_dst_sem(flat),
-        None if r_src_sem is None else r_src_sem(flat), device_id=_value(device_id, flat),
+        src, dst, sem, None if r_src_sem is None else r_src_sem(flat), device_id=_value(device_id, flat),
         is_remote=remote, site=site)
-  return descriptor
+  return descriptor, (views if not remote and r_dst_sem is not None else None)
+
+
+_current_ex = executor._current.get
 
 
 @compiling_rule("dma_start")
 def _dma_start(eqn):
-  descriptor = _descriptor(eqn)
+  descriptor, views = _descriptor(eqn)
   priority, add = int(eqn.params.get("priority", 0)), bool(eqn.params.get("add"))
 
+  queued = [True]   # this equation's copies are queued for waits (until a wait could not use them)
+
   def start(*flat):
-    descriptor(flat).start(priority, add=add)
+    if views is None or not queued[0]:
+      descriptor(flat).start(priority, add=add)
+      return []
+    v = views(flat)
+    d = descriptor(flat, v)
+    d.start(priority, add=add)
+    if type(v[0]) is Ref and type(v[1]) is Ref:   # (not SparseCore's indexed views)
+      store = _current_ex().host_cache
+      if store is not None:
+        started = store.get(_STARTED)
+        if started is None:
+          started = store[_STARTED] = _StartedCopies()
+        sem = v[2]
+        key = (id(sem.buf), sem.dims)
+        queue = started.get(key)
+        if queue is None:
+          started[key] = [(d._prepared, queued)]
+        else:
+          queue.append((d._prepared, queued))
     return []
   return start
 
 
 @compiling_rule("dma_wait")
 def _dma_wait(eqn):
-  descriptor = _descriptor(eqn)
+  descriptor, views = _descriptor(eqn)
   wait_send = bool(eqn.params.get("is_wait_send"))
+  if wait_send:
+    views = None
 
   def wait(*flat):
-    d = descriptor(flat)
+    if views is not None:
+      v = views(flat)
+      ex = _current_ex()
+      store = None if ex is None else ex.host_cache
+      started = None if store is None else store.get(_STARTED)
+      if started:
+        sem = v[2]
+        queue = started.get((id(sem.buf), sem.dims))
+        if queue:
+          p = queue[0][0]
+          if p.nbytes == v[0].nbytes:   # (the oldest copy on this semaphore, of these bytes)
+            del queue[0]
+            ex.dma_wait(p, "recv")
+            return []
+          for _, flag in queue:   # (waits here take other byte counts: stop queueing those copies)
+            flag[0] = False
+          queue.clear()
+      d = descriptor(flat, v)
+    else:
+      d = descriptor(flat)
     # JAX binds a wait on the source side with src/dst (and their semaphores) swapped: the waited
     # semaphore is always the third operand, and the bytes are those of the (swapped) destination.
     if d.is_remote and wait_send:
