@@ -93,15 +93,23 @@ def test_element_block_dims_and_scalar_prefetch_index_maps():
   assert tpu.reports[0].grid_steps == 4
 
 
+def _index_map_calls(monkeypatch, n_args: int) -> list:
+  """The first argument (grid index, or a grid's index column) of every index-map evaluation from now
+  on: palace.jax runs each map's jaxpr with `launch.run_program`, whose calls with `n_args` arguments
+  are the maps' (the kernel body takes more)."""
+  from palace._src.jax import launch as jax_launch
+  calls = []
+  real = jax_launch.run_program
+  monkeypatch.setattr(jax_launch, "run_program", lambda prog, consts, args: (
+      calls.extend(args[:len(args) == n_args]), real(prog, consts, args))[1])
+  return calls
+
+
 def test_index_maps_of_scalar_arithmetic_run_once_per_plan_on_int32_columns(monkeypatch):
   # `2 * i + 1` on a 2-step grid (one evaluation on whole index columns, kept by the plan, not one per
   # step and launch) and a map whose int32 arithmetic wraps back into range as JAX's does: i * 2**32 + i
   # is i in int32 (int64 columns would put block 1 out of bounds and fall back to per-step calls)
-  from palace._src.jax import launch as jax_launch
-  calls = []
-  real = jax_launch.run_program
-  monkeypatch.setattr(jax_launch, "run_program",   # (index maps take 1 argument, the kernel 4)
-                      lambda prog, consts, args: calls.extend(args[:len(args) == 1]) or real(prog, consts, args))
+  calls = _index_map_calls(monkeypatch, 1)
   x = (np.arange(256 * 128) % 7).reshape(256, 128).astype(np.float32)
 
   def kernel(x_ref, y_ref, o_ref, p_ref):
@@ -125,11 +133,7 @@ def test_index_maps_of_scalar_arithmetic_run_once_per_plan_on_int32_columns(monk
 def test_with_scalar_prefetch_only_the_maps_reading_it_run_per_step(monkeypatch):
   # `3 - i` reads no prefetched scalar: one evaluation on the grid's columns for the plan; `s[i]` is
   # evaluated per step (on the core, charging its SMEM loads), at every launch
-  from palace._src.jax import launch as jax_launch
-  calls = []
-  real = jax_launch.run_program
-  monkeypatch.setattr(jax_launch, "run_program",   # (index maps take 2 arguments, the kernel 5)
-                      lambda prog, consts, args: calls.extend(args[:len(args) == 2]) or real(prog, consts, args))
+  calls = _index_map_calls(monkeypatch, 2)
   rows = np.array([2, 0, 3, 1], np.int32)
   x = (np.arange(32 * 128) % 9).reshape(32, 128).astype(np.float32)
 
