@@ -284,6 +284,21 @@ def test_dma_waits_on_the_started_copy_time_as_palaces_own_waits(monkeypatch, wa
   assert tpu.reports[1].unit_busy_cycles == mine.reports[0].unit_busy_cycles
 
 
+def test_a_wait_whose_descriptor_sides_differ_is_rejected_even_after_a_matching_start():
+  # the wait's source has the bytes of the copy started on its semaphore, but its destination is
+  # smaller: the checked path's error, not a wait on the started copy
+  import palace as ppl
+
+  def kernel(x_hbm, o_hbm, sem):
+    pltpu.make_async_copy(x_hbm.at[pl.ds(0, 4)], o_hbm.at[pl.ds(0, 4)], sem).start()
+    pltpu.make_async_copy(x_hbm.at[pl.ds(0, 4)], o_hbm.at[pl.ds(0, 2)], sem).wait()
+  f = _hbm_call(kernel, [pltpu.SemaphoreType.DMA])
+  with pytest.raises(ppl.ShapeError, match=r"DMA shapes differ: args\[0\]\[0:4, 0:128\] has shape \(4, 128\) "
+                                           r"but outputs\[0\]\[0:2, 0:128\] has shape \(2, 128\)"):
+    with pj.virtual_tpu("v5e"):
+      jax.block_until_ready(jax.jit(f)(X))
+
+
 def test_a_deadlocked_wait_names_the_kernel_not_a_jax_frame():
   # the machine's own records (blocked waits, races, uninitialised reads) take the user's line from
   # the stack; while a jaxpr runs none is there, so they name the kernel function's definition

@@ -473,12 +473,16 @@ def _dma_wait(eqn):
       ex = _current_ex()
       store = None if ex is None else ex.host_cache
       started = None if store is None else store.get(_STARTED)
-      if started:
-        sem = v[2]
+      sem = v[2]
+      if started and type(sem) is Ref:
         queue = started.get((id(sem.buf), sem.dims))
         if queue:
           p = queue[0][0]
-          if p.nbytes == v[0].nbytes:   # (the oldest copy on this semaphore, of these bytes)
+          src, dst = v[0], v[1]
+          # (the oldest copy on this semaphore, of these bytes; a descriptor whose sides differ takes
+          # the checked path, which rejects it as make_async_copy does)
+          if type(src) is Ref and type(dst) is Ref and p.nbytes == src.nbytes and \
+              src.shape == dst.shape and src.dtype == dst.dtype:
             del queue[0]
             ex.dma_wait(p, "recv")
             return []
