@@ -10,8 +10,10 @@ Every parity kernel (tests/jax_parity/kernels, the multi-chip ones on 4 host dev
 timed best-of-N on a warm cache (the jit compile is excluded on both sides; N >= 5, more until 0.25 s
 of calls, at most 50: `_best`). Prints per-kernel wall times, the ratio and its geomean, and the
 per-launch overhead of palace's host callback (a trivial kernel through palace.jax vs the same kernel
-through palace's own `pl.pallas_call`), split into palace's launch on a ready plan and JAX's own cost
-of a host callback that does nothing.
+through palace's own `pl.pallas_call`), split into the time inside palace.jax's host callback, palace's
+launch on a ready plan in a loop of its own, and a jitted call of palace.jax's host callback doing
+nothing (XLA's dispatch and callback alone; `jax.pure_callback`'s, which also device_puts its
+operands, for comparison).
 """
 from __future__ import annotations
 
@@ -165,7 +167,49 @@ def callback_overhead(reps):
   t_jit = timed(jax.jit(lambda a: a + 1))
   sds = jax.ShapeDtypeStruct(x.shape, x.dtype)   # a host callback that does nothing: JAX's own floor
   t_cb = timed(jax.jit(lambda a: jax.pure_callback(np.asarray, sds, a)))
-  return t_jax_path, t_own, t_interp, t_jit, t_run, t_cb
+  t_emit = timed(jax.jit(_noop_palace_callback()))
+  t_host = _time_in_host(jpl, kernel, x, reps)
+  return t_jax_path, t_own, t_interp, t_jit, t_run, t_cb, t_emit, t_host
+
+
+def _noop_palace_callback():
+  """fn(a) -> a through the host callback palace.jax emits (`callback._emit_callback`: XLA's Python
+  custom call without pure_callback's device_put of the operands), doing nothing on the host."""
+  from jax._src import core as jax_core  # noqa: PLC0415
+  from jax._src.interpreters import mlir  # noqa: PLC0415
+  from jax.extend.core import Primitive  # noqa: PLC0415
+
+  from palace._src.jax import callback as palace_callback  # noqa: PLC0415
+  prim = Primitive("palace_benchmark_noop_callback")
+  prim.def_abstract_eval(lambda a: jax_core.ShapedArray(a.shape, a.dtype))
+  mlir.register_lowering(prim, lambda ctx, a: palace_callback._emit_callback(ctx, lambda v: [v], [a]))
+  return prim.bind
+
+
+def _time_in_host(jpl, kernel, x, reps) -> float:
+  """Best time palace.jax spends inside its host callback per launch of the one-step kernel (the
+  callback's host function timed around, in a fresh lowering)."""
+  from palace._src.jax import callback as palace_callback  # noqa: PLC0415
+  inside = []
+  emit = palace_callback._emit_callback
+
+  def timed_emit(ctx, host, in_nodes):
+    def timed_host(*arrays):
+      t0 = time.perf_counter()
+      try:
+        return host(*arrays)
+      finally:
+        inside.append(time.perf_counter() - t0)
+    return emit(ctx, timed_host, in_nodes)
+  palace_callback._emit_callback = timed_emit
+  try:
+    with pj.virtual_tpu("v5e"):
+      f = jax.jit(jpl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype)))
+      jax.block_until_ready(f(x))
+      _best(lambda: jax.block_until_ready(f(x)), reps)
+  finally:
+    palace_callback._emit_callback = emit
+  return min(inside)
 
 
 def _table(title, rows, show_rows=True):
@@ -258,14 +302,16 @@ def main(argv=None) -> None:
     _table("the same kernels at realistic sizes", large)
   if rows and large:
     _table("all of the above", rows + large, show_rows=False)
-  t_cb, t_own, t_interp, t_jit, t_run, t_floor = callback_overhead(reps * 4)
+  t_cb, t_own, t_interp, t_jit, t_run, t_floor, t_emit, t_host = callback_overhead(reps * 4)
   print(f"per launch (one-step copy kernel): palace.jax {t_cb * 1e6:.0f} us, palace's own "
         f"pl.pallas_call {t_own * 1e6:.0f} us (palace.jax's callback + interpreter overhead: "
         f"{(t_cb - t_own) * 1e6:.0f} us), JAX interpret mode {t_interp * 1e6:.0f} us; jax.jit dispatch "
         f"of x + 1: {t_jit * 1e6:.0f} us")
-  print(f"  of which: palace's launch on a ready plan (launch.run.run) {t_run * 1e6:.0f} us; a jitted "
-        f"jax.pure_callback that does nothing {t_floor * 1e6:.0f} us; 1/30 of JAX interpret mode's "
-        f"launch: {t_interp / 30 * 1e6:.0f} us")
+  print(f"  of which: inside palace.jax's host callback {t_host * 1e6:.0f} us (palace's launch on a ready "
+        f"plan in a loop of its own, launch.run.run: {t_run * 1e6:.0f} us); a jitted call of palace.jax's "
+        f"host callback doing nothing (XLA's dispatch and callback) {t_emit * 1e6:.0f} us (through "
+        f"jax.pure_callback, which also device_puts its operands: {t_floor * 1e6:.0f} us); 1/30 of JAX "
+        f"interpret mode's launch: {t_interp / 30 * 1e6:.0f} us")
 
 
 if __name__ == "__main__":

@@ -401,3 +401,16 @@ def test_a_launch_through_jax_leaves_no_cyclic_garbage_per_step():
       finally:
         gc.enable()
   assert found[1] - found[0] < (1024 - 128) // 4, found
+
+
+def test_the_engine_benchmarks_callback_floor_rows_measure_palaces_own_callback():
+  # benchmarks.jax_engine splits a one-step launch into XLA's dispatch and callback (a call of the host
+  # callback palace.jax emits, doing nothing) and the time inside palace.jax's host function
+  sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+  from benchmarks import jax_engine
+  x = np.arange(8 * 128, dtype=np.float32).reshape(8, 128)
+  np.testing.assert_array_equal(np.asarray(jax.jit(jax_engine._noop_palace_callback())(x)), x)
+
+  def kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[...]
+  assert 0 < jax_engine._time_in_host(pl, kernel, x, 3) < 1.0
