@@ -85,15 +85,11 @@ _PURE_INDEX_PRIMITIVES = frozenset([
 
 
 def _pure_index_jaxpr(jaxpr) -> bool:
-  """True when `jaxpr` computes its block indices from its (0-d int32) grid indices alone: only
+  """True when an index map's `jaxpr` computes its block indices from its grid indices alone: only
   scalar arithmetic, in nested calls too, so its scalar-prefetch refs (operands after the grid
   indices) are never read (no primitive above takes a ref)."""
-  return _pure_equations(jaxpr)
-
-
-def _pure_equations(jaxpr) -> bool:
   from palace._src.jax.interpret import sub_jaxprs  # noqa: PLC0415
-  return all(e.primitive.name in _PURE_INDEX_PRIMITIVES and all(_pure_equations(s) for s in sub_jaxprs(e))
+  return all(e.primitive.name in _PURE_INDEX_PRIMITIVES and all(map(_pure_index_jaxpr, sub_jaxprs(e)))
              for e in jaxpr.eqns)
 
 
