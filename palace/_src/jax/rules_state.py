@@ -402,6 +402,11 @@ class _StartedCopies(dict):
 _STARTED = "palace.jax started copies"
 
 
+def _queue_key(sem) -> tuple:
+  """A semaphore view's key in _StartedCopies (the one key both dma_start and dma_wait use)."""
+  return id(sem.buf), sem.dims
+
+
 def _descriptor(eqn):
   """(fn(flat, views=None) -> the AsyncCopyDescriptor of a dma_start / dma_wait, and for a local copy
   with a semaphore fn(flat) -> its (source, destination, semaphore) views, else None), operands
@@ -449,8 +454,7 @@ def _dma_start(eqn):
         started = store.get(_STARTED)
         if started is None:
           started = store[_STARTED] = _StartedCopies()
-        sem = v[2]
-        key = (id(sem.buf), sem.dims)
+        key = _queue_key(v[2])
         queue = started.get(key)
         if queue is None:
           started[key] = [(d._prepared, queued)]
@@ -475,7 +479,7 @@ def _dma_wait(eqn):
       started = None if store is None else store.get(_STARTED)
       sem = v[2]
       if started and type(sem) is Ref:
-        queue = started.get((id(sem.buf), sem.dims))
+        queue = started.get(_queue_key(sem))
         if queue:
           p = queue[0][0]
           src, dst = v[0], v[1]
