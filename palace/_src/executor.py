@@ -19,6 +19,8 @@ from __future__ import annotations
 import contextvars
 from typing import Any, Protocol
 
+import numpy as np
+
 from palace._src.errors import UsageError
 from palace._src.util import describe_dims
 
@@ -121,6 +123,26 @@ def set_current(ex):
 
 def reset_current(token) -> None:
   _current.reset(token)
+
+
+class running_on:
+  """`with running_on(core): program()`: `core` is the current executor (the one program of a
+  single-core launch), NumPy's floating-point warnings off: TPU arithmetic never warns, inf and nan
+  flow through silently. (A class, not a function taking the program: the kernel body runs a frame
+  shallower, tests/test_launch_plan.py.)"""
+  __slots__ = ("ex", "token", "errstate")
+
+  def __init__(self, ex):
+    self.ex = ex
+
+  def __enter__(self):
+    self.errstate = np.errstate(all="ignore")
+    self.errstate.__enter__()
+    self.token = _current.set(self.ex)
+
+  def __exit__(self, *exc):
+    _current.reset(self.token)
+    self.errstate.__exit__(*exc)
 
 
 def label_text(label) -> str:

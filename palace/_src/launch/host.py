@@ -18,6 +18,7 @@ from palace._src.lang.array import Array
 from palace._src.lang.refs import Ref
 from palace._src.sim.machine import VirtualTPU, active_tpu, paused_gc
 from palace._src.sim.memory import Buffer
+from palace._src.sim.replay import ReplayMachine, replayable
 from palace._src.util import fmt_bytes, prod, tree_flatten, tree_map, user_frame_summary
 
 _INT_FILL = {np.dtype(np.int32): np.iinfo(np.int32).min, np.dtype(np.int16): np.iinfo(np.int16).min,
@@ -187,17 +188,28 @@ class launch_machine:
   release (sim/machine.paused_gc: the collection after a launch finds only what outlives it, the
   report) and BLAS in kernel mode; after a block that returned, the report is recorded and the machine
   released. (A context manager, not a function taking the programs: the kernel bodies run in the
-  caller's frame, a frame shallower, tests/test_launch_plan.py.)"""
-  __slots__ = ("tpu", "kernel_name", "num_chips", "grid_steps", "machine", "_gc", "_blas")
+  caller's frame, a frame shallower, tests/test_launch_plan.py.) `replay`: (plan, key) of a launch
+  its front end proved replayable (sim/replay.py): a launch the VirtualTPU's memo knows runs on a
+  ReplayMachine; a new one's report goes into the memo if its machine was replayable."""
+  __slots__ = ("tpu", "kernel_name", "num_chips", "grid_steps", "machine", "_gc", "_blas", "replay")
 
-  def __init__(self, tpu, kernel_name: str, num_chips: int, grid_steps: int):
+  def __init__(self, tpu, kernel_name: str, num_chips: int, grid_steps: int, replay=None):
     self.tpu, self.kernel_name, self.num_chips, self.grid_steps = tpu, kernel_name, num_chips, grid_steps
+    # (the TPU's options that a launch's machine depends on join the key: timing_only is switched by
+    # palace.jax.device_time, and a replayable machine needs data)
+    self.replay = None if replay is None or tpu.replays is None or tpu.timing_only else (
+        replay[0], (replay[1], tpu.trace, tpu.detect_races, tpu.uninitialized, tpu.dma_policy))
 
   def __enter__(self):
     self._gc, self._blas = paused_gc(), blas.kernel_mode()
     self._gc.__enter__()
     try:
-      self.machine = self.tpu.new_machine(self.kernel_name, self.num_chips)
+      known = None if self.replay is None else self.tpu.replays.get(*self.replay)
+      if known is not None:
+        self.replay = None
+        self.machine = ReplayMachine(self.tpu, self.kernel_name, known)
+      else:
+        self.machine = self.tpu.new_machine(self.kernel_name, self.num_chips)
       self._blas.__enter__()
     except BaseException:
       self._gc.__exit__(None, None, None)
@@ -210,7 +222,10 @@ class launch_machine:
       if exc_type is None:
         machine = self.machine
         machine.grid_steps = self.grid_steps
-        self.tpu.record(machine.finish())
+        report = machine.finish()
+        if self.replay is not None and replayable(machine):
+          self.tpu.replays.put(*self.replay, report)
+        self.tpu.record(report)
         release_host_caches(machine)
     finally:
       self._gc.__exit__(exc_type, exc, tb)

@@ -82,6 +82,9 @@ class LaunchPlan:
   fixed_site    (file, line) that the launch's records and messages name wherever they would take the
                 user's line from the stack (`Machine.site`): set for kernels with no user Python frame
                 on the stack while they run (palace.jax's jaxprs: the kernel function's definition).
+  replay_operands  None, or the indices of the operands whose contents, with the plan, determine the
+                launch's whole schedule, as its front end proved (palace.jax: jax/schedule.py): a later
+                launch with the same bytes there may be replayed (sim/replay.py).
   """
   kernel_name: str
   site: tuple
@@ -100,6 +103,7 @@ class LaunchPlan:
   in_maps: tuple = ()
   out_maps: tuple = ()
   fixed_site: tuple | None = None
+  replay_operands: tuple | None = None
 
   def cache(self) -> dict:
     """What every launch of this plan derives from it alone, kept for the next launch (run.py: the

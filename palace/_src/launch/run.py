@@ -47,12 +47,25 @@ def run(plan: LaunchPlan, operands) -> list:
     if ctx is not None:  # inside shard_map: every chip's thread reaches this launch; one machine runs them
       ctx[0].collective_launch(ctx[1], plan.kernel_name, launch.build, plan.num_points)
     else:
-      with host.launch_machine(active_tpu(), plan.kernel_name, 1, plan.num_points) as machine:
+      replay = None if plan.replay_operands is None else _replay_key(plan, operands)
+      with host.launch_machine(active_tpu(), plan.kernel_name, 1, plan.num_points, replay) as machine:
         machine.run(launch.build(machine, 0))
   finally:
     for i in launch.lazy:
       _fill_unwritten(launch.out_bufs[i].storage, plan.out_maps[i], launch.written.get(i, set()))
   return [b.storage for b in launch.out_bufs]
+
+
+def _replay_key(plan: LaunchPlan, operands):
+  """(plan, the bytes of its keyed operands): the key under which a replayable plan's launches share
+  one schedule (sim/replay.py); None when a keyed operand is a mutable ref (its contents change)."""
+  key = []
+  for i in plan.replay_operands:
+    a = operands[i]
+    if not isinstance(a, np.ndarray):
+      return None
+    key.append((a.dtype.str, a.shape, a.tobytes()))
+  return plan, tuple(key)
 
 
 class _Launch:

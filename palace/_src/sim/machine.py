@@ -14,7 +14,6 @@ import contextvars
 import gc
 import random
 
-import numpy as np
 
 from palace._src import executor as executor_mod
 from palace._src import hostmem, hw, validate
@@ -22,6 +21,7 @@ from palace._src.errors import SyncError, UsageError
 from palace._src.sim.bandwidth import Channel
 from palace._src.sim.ici import Topology, check_topology
 from palace._src.sim.checks import make_checks
+from palace._src.sim.replay import ReplayMemo
 from palace._src.sim.report import Report
 from palace._src.sim.subcore import SC_BASE, SCALAR_BASE, SparseSubcore
 from palace._src.sim.sync import ConditionWait, Scheduler, Semaphores, Solo
@@ -171,8 +171,7 @@ class Machine:
       self.topology.prune(horizon)
 
   def debug_print(self, text: str) -> None:
-    self.tpu.debug_output.append(text)
-    print(text)
+    self.tpu.debug_print(text)
 
   # ------------------------------------------------------------------ DMA completion
   def dma_arrived(self, rec, src: bool) -> None:
@@ -298,12 +297,8 @@ class Machine:
     holds `paused_gc` around it)."""
     if len(programs) == 1:
       core, fn = programs[0]
-      token = executor_mod.set_current(core)
-      try:
-        with np.errstate(all="ignore"):  # TPU arithmetic never warns: inf/nan flow through silently
-          fn()
-      finally:
-        executor_mod.reset_current(token)
+      with executor_mod.running_on(core):
+        fn()
       return
     Scheduler(self, programs).run()
 
@@ -366,12 +361,15 @@ class VirtualTPU:
   clock of a chip with P-states (7x: 0-7 = 1.6-2.2 GHz; the preset is P-state 7, the published peak).
   `keep_trace_events=` bounds the trace events its reports keep in all (default 1,000,000, about
   150 MB; None keeps every launch's trace): past it the oldest reports drop their timelines, never
-  their figures."""
+  their figures. `replay=True` (default) lets a launch that its front end proved to have a
+  data-independent schedule (palace.jax kernels: jax/schedule.py) reuse the report of an earlier launch
+  of the same plan and keyed operands, computing its data on an untimed core (sim/replay.py); the
+  report is the one the full machine would give. `replay=False` runs every launch on the full machine."""
 
   def __init__(self, chip="v5e", num_chips: int = 1, *, timing_only: bool = False,
                dma_policy: str = "eager", seed: int = 0, trace: bool = True, topology=None,
                detect_races: bool = False, uninitialized: str = "nan", p_state=None,
-               keep_trace_events=KEEP_TRACE_EVENTS):
+               keep_trace_events=KEEP_TRACE_EVENTS, replay: bool = True):
     hostmem.tune_allocator()   # (process-wide host tuning, once: keeps block-sized pages mapped)
     if not isinstance(chip, hw.ChipSpec):
       validate.as_name(chip, "pl.virtual_tpu(chip)", hint=f"pass a chip name: {', '.join(hw.CHIPS)}.")
@@ -399,6 +397,8 @@ class VirtualTPU:
     self.uninitialized = uninitialized
     self.keep_trace_events = None if keep_trace_events is None else validate.as_int(
         keep_trace_events, "pl.virtual_tpu(keep_trace_events)", min_value=0)
+    # reports of replayable launches (sim/replay.py), None with replay=False
+    self.replays = ReplayMemo() if validate.as_bool(replay, "pl.virtual_tpu(replay)") else None
     self._traced = collections.deque()   # the reports still holding trace events, oldest first
     self._traced_events = 0
     self.reports: list[Report] = []
@@ -462,6 +462,11 @@ class VirtualTPU:
       old = self._traced.popleft()
       self._traced_events -= len(old.trace_log)
       old.drop_trace(self.keep_trace_events)
+
+  def debug_print(self, text: str) -> None:
+    """A kernel's debug print (pl.debug_print): kept in `debug_output` and printed."""
+    self.debug_output.append(text)
+    print(text)
 
   def cost_memos(self) -> tuple:
     """The memoised cost rules of this TPU's chip (tensorcore.cost_memos), made at the first launch
