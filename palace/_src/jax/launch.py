@@ -17,6 +17,7 @@ from palace._src.blocks import INDEX_DTYPE, PURE_INDEX_MAP
 from palace._src.errors import UnsupportedError
 from palace._src.jax.avals import alloc_type, memory_space
 from palace._src.jax.interpret import grid_axes, kernel_site, literal, program, run_program
+from palace._src.jax.schedule import replay_blocker
 from palace._src.launch.host import with_memory_space_constraint
 from palace._src.launch.host_refs import freeze, new_ref
 from palace._src.launch.kernel import kernel as palace_kernel
@@ -170,10 +171,29 @@ def run_pallas_call(params, args, cache=None):
   if plan is None:
     plan, operands = _palace_launch(params, grid).plan(*operands)
     # (no user frame is on the stack while a jaxpr runs: messages name the kernel's line)
-    plan = dataclasses.replace(plan, fixed_site=kernel_site(params["jaxpr"]))
+    plan = dataclasses.replace(plan, fixed_site=kernel_site(params["jaxpr"]),
+                               replay_operands=_grid_replay_operands(params))
     if cache is not None:
       cache[grid] = plan
   return run(plan, operands)
+
+
+def _replay_operands(jaxpr, keyed) -> tuple | None:
+  """The plan's `replay_operands`: the operands `keyed` (scalar prefetch, SMEM inputs; kernel invars
+  at the same positions) when the kernel's schedule depends on no other data (jax/schedule.py)."""
+  return None if replay_blocker(jaxpr, keyed) is not None else tuple(keyed)
+
+
+def _grid_replay_operands(params) -> tuple | None:
+  """A pallas_call's keyed operands: its scalar-prefetch operands and SMEM-blocked inputs, except
+  those aliased to an output (the kernel writes them)."""
+  gm = params["grid_mapping"]
+  nsp = gm.num_index_operands
+  aliased = {int(i) for i in dict(params.get("input_output_aliases") or {})}
+  smem = [nsp + i for i, bm in enumerate(gm.block_mappings[:gm.num_inputs])
+          if memory_space(getattr(bm.transformed_block_aval, "memory_space", None), None,
+                          bm.origin) is pcore.MemorySpace.SMEM]
+  return _replay_operands(params["jaxpr"], [k for k in [*range(nsp), *smem] if k not in aliased])
 
 
 def _palace_launch(params, grid):
@@ -266,7 +286,9 @@ def run_mpmd_map(params, args, cache=None):
     # the plan stages a copy there before the body (later calls run the plan on the plain arrays)
     plan, operands = call.plan(*[with_memory_space_constraint(a, spaces[i]) if spaces[i] is not None
                                  else a for i, a in enumerate(operands)])
-    plan = dataclasses.replace(plan, fixed_site=kernel_site(params["jaxprs"][0]))
+    keyed = [i for i, sp in enumerate(spaces) if sp is pcore.MemorySpace.SMEM]   # (never aliased)
+    plan = dataclasses.replace(plan, fixed_site=kernel_site(params["jaxprs"][0]),
+                               replay_operands=_replay_operands(params["jaxprs"][0], keyed))
     if cache is not None:
       cache["plan"] = plan
   res = iter(run(plan, operands))
