@@ -15,8 +15,6 @@ depends on can differ. `pl.virtual_tpu(..., replay=False)` turns it off.
 """
 from __future__ import annotations
 
-import copy
-
 from palace._src import executor as executor_mod
 from palace._src.core import MemorySpace, SemaphoreRefType
 from palace._src.errors import PalaceError
@@ -48,7 +46,7 @@ class ReplayMemo:
     return entry[1]
 
   def put(self, plan, key, report) -> None:
-    kept = copy.copy(report)   # (the VirtualTPU may later drop the recorded report's trace, not this one's)
+    kept = report.replica()   # (the VirtualTPU may later drop the recorded report's trace, not this one's)
     n = len(report.trace_log)
     if n > self.EVENT_LIMIT:
       return
@@ -220,9 +218,7 @@ class ReplayMachine:
       fn()
 
   def finish(self):
-    report = copy.copy(self.report)
-    report.unit_busy_cycles = dict(report.unit_busy_cycles)
-    return report
+    return self.report.replica()
 
   def release(self) -> None:
     for c in self.cores:

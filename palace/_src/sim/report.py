@@ -38,6 +38,14 @@ class Report:
     if self.stats is None:
       self.stats = getattr(self.trace_log, "stats", None) or {"dma_bytes": {}, "dma_count": {}}
 
+  def replica(self) -> "Report":
+    """A copy for another launch with the same figures (sim/replay.py): its own unit_busy_cycles dict,
+    the same (read-only) timeline; dropping one's trace (`drop_trace`) leaves the other's."""
+    new = object.__new__(Report)
+    new.__dict__.update(self.__dict__)
+    new.unit_busy_cycles = dict(self.unit_busy_cycles)
+    return new
+
   @property
   def events(self) -> list:
     """The launch's timeline: (tid, unit, name, start_cycle, end_cycle, args) per event; a DMA's args
