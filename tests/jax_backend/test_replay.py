@@ -273,3 +273,11 @@ def test_device_time_without_data_is_not_served_by_a_replay():
 def test_replay_must_be_a_bool():
   with pytest.raises(ppl.UsageError, match=r"replay"):
     ppl.virtual_tpu("v5e", replay="yes")
+
+
+def test_an_equation_the_analysis_cannot_read_leaves_the_kernel_unreplayable_not_broken():
+  class Odd:   # a primitive of a known name whose operands do not have the expected layout
+    primitive = type("P", (), {"name": "dma_start"})()
+    invars, outvars, params = [], [], {}
+  jaxpr = type("J", (), {"invars": [], "eqns": [Odd()]})()
+  assert replay_blocker(jaxpr).startswith("the analysis could not read an equation (KeyError")

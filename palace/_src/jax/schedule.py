@@ -205,9 +205,13 @@ def replay_blocker(jaxpr, keyed=()) -> str | None:
   """None when the schedule of a kernel `jaxpr` is a function of its static parameters, grid indices
   and the contents of the refs at the invar positions `keyed` (which the kernel never writes);
   otherwise why not (the first decision made from other loaded data, or the first unclassified
-  primitive)."""
+  primitive). An equation whose parameters the analysis cannot read (a JAX version with another
+  operand layout) makes the kernel unreplayable with the reason, never unlaunchable: replay is an
+  optimisation, the full machine is always right."""
   try:
     _walk(jaxpr, _Taint((), (jaxpr.invars[k] for k in keyed)))
   except _Unreplayable as e:
     return str(e)
+  except (AttributeError, IndexError, KeyError, TypeError, ValueError) as e:
+    return f"the analysis could not read an equation ({type(e).__name__}: {e})"
   return None
