@@ -261,7 +261,7 @@ def floor_table(reps, wanted) -> None:
       name = f"{fname[2:-3]}:{case[5:]}"
       if not wanted(name):
         continue
-      tp, tj, _ = time_case(fname, case, reps)
+      tp, tj, _, _ = time_case(fname, case, reps)   # (palace.jax as a user gets it: replayed where it can be)
       saved = jax_launch.run_pallas_call, jax_launch.run_mpmd_map
       jax_launch.run_pallas_call = jax_launch.run_mpmd_map = _zero_outputs
       try:

@@ -414,3 +414,14 @@ def test_the_engine_benchmarks_callback_floor_rows_measure_palaces_own_callback(
   def kernel(x_ref, o_ref):
     o_ref[...] = x_ref[...]
   assert 0 < jax_engine._time_in_host(pl, kernel, x, 3) < 1.0
+
+
+def test_the_engine_benchmark_times_every_side_of_a_kernel_and_its_floor(capsys):
+  # benchmarks.jax_engine: palace.jax (replayed), JAX interpret mode, palace's own path, replay=False;
+  # and the --floor table over the same timing
+  sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+  from benchmarks import jax_engine
+  times = jax_engine.time_case("k_basic.py", "case_add", 1)
+  assert len(times) == 4 and all(0 < t < 5.0 for t in times)
+  jax_engine.floor_table(1, lambda name: name == "basic:add")
+  assert "geomean over 1 kernels" in capsys.readouterr().out
