@@ -13,7 +13,7 @@ from palace import tpu as pltpu
 from palace._src import executor
 from palace._src.executor import Executor
 from palace._src.launch.run import run
-from palace._src.sim.replay import ReplayCore
+from palace._src.sim.replay import ReplayCore, ReplayMemo
 
 RNG = np.random.default_rng(0)
 X = RNG.integers(-4, 5, (256, 256)).astype(np.float32)
@@ -123,3 +123,23 @@ def test_a_false_proof_stops_with_an_internal_error_instead_of_modelling_somethi
     with pytest.raises(RuntimeError, match=r"palace internal error: the replayed launch of kernel "
                                            r"'kernel' read a semaphore.*replay=False"):
       run(plan, operands)
+
+
+def test_the_memo_is_bounded_in_entries_and_trace_events():
+  class Rep:
+    def __init__(self, n):
+      self.trace_log = [None] * n
+
+    def replica(self):
+      return self
+  memo = ReplayMemo()
+  memo.LIMIT, memo.EVENT_LIMIT = 3, 10
+  plans = [object() for _ in range(6)]
+  for p in plans[:4]:
+    memo.put(p, (), Rep(2))
+  assert memo.get(plans[0], ()) is None and memo.get(plans[3], ()) is not None   # the oldest went
+  memo.put(plans[4], (), Rep(9))     # 9 events: only room once the others are gone
+  assert [memo.get(p, ()) is not None for p in plans[1:5]] == [False, False, False, True]
+  memo.put(plans[5], (), Rep(11))    # more than the whole budget: never kept
+  assert memo.get(plans[5], ()) is None and memo.get(plans[4], ()) is not None
+  assert memo.get(object(), ()) is None and memo.hits == 3

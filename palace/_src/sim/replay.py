@@ -46,10 +46,10 @@ class ReplayMemo:
     return entry[1]
 
   def put(self, plan, key, report) -> None:
-    kept = report.replica()   # (the VirtualTPU may later drop the recorded report's trace, not this one's)
     n = len(report.trace_log)
     if n > self.EVENT_LIMIT:
       return
+    kept = report.replica()   # (the VirtualTPU may later drop the recorded report's trace, not this one's)
     entries = self._entries
     while entries and (len(entries) >= self.LIMIT or self._events + n > self.EVENT_LIMIT):
       old = entries.pop(next(iter(entries)))
