@@ -10,15 +10,29 @@ from palace._src.lang import primitives as prims
 from palace._src.lang.array import concrete_int
 
 
-@compiling_rule("pjit", "jit", "closed_call", "core_call", "remat", "checkpoint", "custom_jvp_call",
-                "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin")
-def _call(eqn):
+# primitives that call an inner jaxpr on (the tail of) their operands (jax/schedule.py walks them too)
+CALL_PRIMITIVES = ("pjit", "jit", "closed_call", "core_call", "remat", "checkpoint", "custom_jvp_call",
+                   "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin")
+
+
+def call_jaxpr(eqn):
+  """The inner jaxpr of a CALL_PRIMITIVES equation (it takes the last len(invars) operands), or None."""
   p = eqn.params
-  for key in ("jaxpr", "call_jaxpr", "fun_jaxpr"):
-    j = p.get(key)
-    if j is not None:
-      break
-  else:
+  return next((p[k] for k in ("jaxpr", "call_jaxpr", "fun_jaxpr") if p.get(k) is not None), None)
+
+
+def scan_counts(params) -> tuple:
+  """(consts, carries) of a scan equation's operands (then its scanned inputs)."""
+  if "ft_in" in params:  # JAX 0.12: the operand groups (consts, carry, xs) as a flat-tree tuple
+    nc, ncarry = (len(list(g.vals)) for g in params["ft_in"].unpack()[:2])
+    return nc, ncarry
+  return int(params["num_consts"]), int(params["num_carry"])
+
+
+@compiling_rule(*CALL_PRIMITIVES)
+def _call(eqn):
+  j = call_jaxpr(eqn)
+  if j is None:
     raise unsupported(eqn, "no inner jaxpr")
   prog, consts, n = program(j), j.consts, len(j.invars)
 
@@ -71,10 +85,7 @@ def _scan(eqn):
   """lax.scan / fori_loop: palace's fori_loop over the carry (charged as a palace loop); scanned
   inputs are read with x[i] and stacked outputs gathered with jnp.stack, as a kernel would."""
   p = eqn.params
-  if "ft_in" in p:  # JAX 0.12: the operand groups (consts, carry, xs) as a flat-tree tuple
-    nc, ncarry = (len(list(g.vals)) for g in p["ft_in"].unpack()[:2])
-  else:
-    nc, ncarry = int(p["num_consts"]), int(p["num_carry"])
+  nc, ncarry = scan_counts(p)
   body_jaxpr, length, reverse = p["jaxpr"], int(p["length"]), bool(p.get("reverse"))
   body = _closed(body_jaxpr)
   n_ys = len(body_jaxpr.outvars) - ncarry

@@ -18,6 +18,8 @@ keyed: its contents stay a function of the key).
 """
 from __future__ import annotations
 
+from palace._src.jax.rules_control import CALL_PRIMITIVES, call_jaxpr, scan_counts
+
 # primitives whose outputs depend on their operands' values and whose cost on palace depends only on
 # shapes and dtypes (rules_lax, the value forms of rules_state): taint flows through, nothing decides
 _DATA = frozenset("""
@@ -33,8 +35,6 @@ _DATA = frozenset("""
 # (primitive, how many leading operands are data; the rest decide): a dynamic slice's start may
 # change its cost (aligned windows select whole vregs) and a roll's shift its lane movement
 _DECIDING_TAIL = {"dynamic_slice": 1, "dynamic_update_slice": 2, "roll": 1, "delay": 0}
-_CALLS = frozenset(["pjit", "jit", "closed_call", "core_call", "remat", "checkpoint", "custom_jvp_call",
-                    "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin"])
 _NEVER = {"semaphore_read": "reads a semaphore's value (it depends on when copies land)",
           "get_barrier_semaphore": "uses the barrier semaphore (a multi-device launch)",
           "axis_index": "reads a mesh axis index"}
@@ -176,13 +176,10 @@ def _eqn(eqn, taint: _Taint) -> list:
       raise _Unreplayable("a while loop's predicate depends on loaded data")
     return out
   if name == "scan":
-    if "ft_in" in p:
-      nc, ncarry = (len(list(g.vals)) for g in p["ft_in"].unpack()[:2])
-    else:
-      nc, ncarry = int(p["num_consts"]), int(p["num_carry"])
+    nc, ncarry = scan_counts(p)
     return _loop(taint, p["jaxpr"], ins[:nc], ins[nc:nc + ncarry], ins[nc + ncarry:])
-  if name in _CALLS:
-    j = next(p[k] for k in ("jaxpr", "call_jaxpr", "fun_jaxpr") if p.get(k) is not None)
+  if name in CALL_PRIMITIVES:
+    j = call_jaxpr(eqn)
     return _sub(j, taint, ins[len(ins) - len(j.invars):])
   if name == "run_scoped":
     # the operands are the body's constvars (closed-over values and refs); its invars fresh allocations
