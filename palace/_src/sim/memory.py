@@ -244,6 +244,12 @@ class Fill:
     out.fill(self.value)
 
 
+def new_semaphore(mem_type, name: str, core) -> Buffer:
+  """A fresh semaphore array of `mem_type` (a SemaphoreRefType) on `core`, all zero."""
+  return new_buffer(mem_type.shape, None, MemorySpace.SEMAPHORE, name, core, core.chip_index,
+                    core.timing_only, False, sem_kind=mem_type.kind)
+
+
 def new_buffer(shape, dtype, space, name, core, chip: int, timing_only: bool, lazy_fill: bool,
                sem_kind=None) -> Buffer:
   """A fresh allocation: semaphores start at zero; a timing-only machine keeps no storage for vector
@@ -301,6 +307,14 @@ def scoped_vmem_limit(chip, vmem_limit_bytes, kernel_name: str) -> int:
 class Allocator:
   """One core's memories: capacity checks and accounting of scoped VMEM, shared VMEM and SMEM, and
   the live allocations (for the breakdown in over-capacity errors)."""
+
+  @classmethod
+  def of_core(cls, core, vmem_limit_bytes) -> "Allocator":
+    """A core's memories: its chip's VMEM and SMEM, scoped VMEM as CompilerParams(vmem_limit_bytes)
+    asks (`scoped_vmem_limit`)."""
+    chip = core.chip
+    return cls(core, scoped_vmem_limit(chip, vmem_limit_bytes, core.kernel_name), chip.vmem_bytes,
+               chip.smem_bytes)
 
   def __init__(self, core, vmem_limit: int, vmem_shared_limit: int, smem_limit: int):
     self.core = core

@@ -102,9 +102,7 @@ class ReplayCore:
     self.grid_stack = []
     self.host_cache = {}
     self.unused_dmas = {}
-    self.memory = memory.Allocator(self, memory.scoped_vmem_limit(self.chip, params.vmem_limit_bytes,
-                                                                  self.kernel_name),
-                                   self.chip.vmem_bytes, self.chip.smem_bytes)
+    self.memory = memory.Allocator.of_core(self, params.vmem_limit_bytes)
 
   where = TensorCore.where   # (the same message text: grid point, chip, core, kernel)
 
@@ -147,8 +145,7 @@ class ReplayCore:
 
   def alloc(self, mem_type, name: str, shared: bool = False):
     if isinstance(mem_type, SemaphoreRefType):
-      return memory.new_buffer(mem_type.shape, None, MemorySpace.SEMAPHORE, name, self, self.chip_index,
-                               False, False, sem_kind=mem_type.kind)
+      return memory.new_semaphore(mem_type, name, self)
     return self.memory.allocate(mem_type, name)
 
   def free(self, buf) -> None:

@@ -85,9 +85,7 @@ class TensorCore:
     self.compute_done = 0     # latest result of any vector/MXU op (drained at grid-step boundaries)
     self.flops = 0
     # this core's memories (capacity, live allocations; VMEM_SHARED is modelled as VMEM on a TensorCore)
-    self.memory = memory.Allocator(self, memory.scoped_vmem_limit(self.chip, params.vmem_limit_bytes,
-                                                                  self.kernel_name),
-                                   self.chip.vmem_bytes, self.chip.smem_bytes)
+    self.memory = memory.Allocator.of_core(self, params.vmem_limit_bytes)
     self.sem_buffers = []
     self.sems_in_use = 0      # semaphore elements of sem_buffers (capacity check)
     self.trace = machine.trace
@@ -267,8 +265,7 @@ class TensorCore:
             f"{mem_type.kind} semaphores > {cap} per core on {self.chip.name}. Fix: reuse semaphores "
             f"(one per in-flight DMA slot, e.g. SemaphoreType.DMA((2,)) for double buffering) instead of "
             f"one per copy.")
-      buf = memory.new_buffer(mem_type.shape, None, MemorySpace.SEMAPHORE, name, self, self.chip_index,
-                              self.timing_only, False, sem_kind=mem_type.kind)
+      buf = memory.new_semaphore(mem_type, name, self)
       self.sem_buffers.append(buf)
       self.sems_in_use += count
       return buf
