@@ -14,7 +14,6 @@ import contextvars
 import gc
 import random
 
-
 from palace._src import executor as executor_mod
 from palace._src import hostmem, hw, validate
 from palace._src.errors import SyncError, UsageError
@@ -55,18 +54,17 @@ class DmaPolicy:
 
 
 class paused_gc:
-  """`with paused_gc():` Python's cyclic GC paused for the block, then resumed. The launch paths
-  (launch/run.py, launch/spmd.py) hold it from before a launch's machine is built until the machine is
-  released. A launch allocates many short-lived objects (requests, views, values) while its trace and
-  caches keep many live ones, and the collector would re-scan the live ones again and again for
-  nothing: palace's per-step objects form no reference cycles (reference counting frees them), so the
-  cyclic garbage a launch leaves does not grow with its step count (tests/test_launch_gc.py). The
-  collector cost 6% of a small kernel's instructions per grid step even with its young-generation
-  threshold raised to 50,000 (callgrind, the copy kernel of benchmarks.speed); held until the release,
-  the collection that follows a launch finds only what outlives it (the report), not its machine. A
-  nested launch, or one running while another thread's launch holds the pause, leaves the switch
-  alone; a collector the user switched off stays off. (A class, not a generator context manager: it is
-  entered on every launch.)"""
+  """`with paused_gc():` Python's cyclic GC paused for the block, then resumed. Every launch
+  (launch/host.launch_machine, for launch/run.py and launch/spmd.py) holds it from before its machine is
+  built until the machine is released. A launch allocates many short-lived objects (requests, views, values)
+  while its trace and caches keep many live ones, and the collector would re-scan the live ones again and
+  again for nothing: palace's per-step objects form no reference cycles (reference counting frees them), so
+  the cyclic garbage a launch leaves does not grow with its step count (tests/test_launch_gc.py). The
+  collector cost 6% of a small kernel's instructions per grid step even with its young-generation threshold
+  raised to 50,000 (callgrind, the copy kernel of benchmarks.speed); held until the release, the collection
+  that follows a launch finds only what outlives it (the report), not its machine. A nested launch, or one
+  running while another thread's launch holds the pause, leaves the switch alone; a collector the user
+  switched off stays off. (A class, not a generator context manager: it is entered on every launch.)"""
   __slots__ = ("paused",)
 
   def __enter__(self):
