@@ -91,6 +91,15 @@ def _jitted(fn, args):
     return fn
 
 
+def _time_palace_jax(mod, build, reps, replay: bool) -> float:
+  """palace.jax's best call of `build(mod)`; `replay=False`: every launch on the full machine, what a
+  first launch costs (sim/replay.py)."""
+  with pj.virtual_tpu("v5e", num_chips=getattr(mod, "NUM_DEVICES", 1), replay=replay):
+    fn, args = build(mod)
+    f = _jitted(fn, args)
+    return _best(lambda: jax.block_until_ready(f(*args)), reps)
+
+
 def time_case(fname, case, reps):
   return time_build(fname, lambda mod: getattr(mod, case)()[:2], reps)
 
@@ -102,15 +111,7 @@ def time_build(fname, build, reps):
   data-independent (sim/replay.py; the same best-of rule on every side); the last column runs every
   launch on the full machine."""
   mod = harness.jax_module(fname)
-  with pj.virtual_tpu("v5e", num_chips=getattr(mod, "NUM_DEVICES", 1)):
-    fn, args = build(mod)
-    f = _jitted(fn, args)
-    t_palace = _best(lambda: jax.block_until_ready(f(*args)), reps)
-  # every launch on the full machine (replay=False): what a first launch costs (sim/replay.py)
-  with pj.virtual_tpu("v5e", num_chips=getattr(mod, "NUM_DEVICES", 1), replay=False):
-    fn, args = build(mod)
-    f = _jitted(fn, args)
-    t_full = _best(lambda: jax.block_until_ready(f(*args)), reps)
+  t_palace, t_full = (_time_palace_jax(mod, build, reps, replay) for replay in (True, False))
   with _jax_interpret_ctx(mod):
     fn, args = build(mod)
     g = _jitted(fn, args)
