@@ -14,6 +14,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import jax_parity_harness as harness
+from prefetch_kernels import skip_matmul
 import palace as ppl
 import palace.jax as pj
 from palace._src.jax.interpret import sub_jaxprs
@@ -100,26 +101,6 @@ def _loop_on_data(x_ref, o_ref):
 
 loop_on_data = jax.jit(lambda x: pl.pallas_call(
     _loop_on_data, out_shape=jax.ShapeDtypeStruct(x.shape, jnp.float32))(x))
-
-
-def _skip_kernel(flags_ref, x_ref, o_ref):
-  @pl.when(flags_ref[pl.program_id(0)] != 0)   # a scalar-prefetch value decides: keyed
-  def _():
-    o_ref[...] = jnp.dot(x_ref[...], x_ref[...], preferred_element_type=jnp.float32)
-
-  @pl.when(flags_ref[pl.program_id(0)] == 0)
-  def _():
-    o_ref[...] = jnp.zeros_like(o_ref)
-
-
-@jax.jit
-def skip_matmul(flags, x):
-  return pl.pallas_call(
-      _skip_kernel, out_shape=jax.ShapeDtypeStruct((4 * 128, 128), jnp.float32),
-      grid_spec=pltpu.PrefetchScalarGridSpec(
-          num_scalar_prefetch=1, grid=(4,),
-          in_specs=[pl.BlockSpec((128, 128), lambda i, f: (i, 0))],
-          out_specs=pl.BlockSpec((128, 128), lambda i, f: (i, 0))))(flags, x)
 
 
 def _window_from_data(x_ref, o_ref):

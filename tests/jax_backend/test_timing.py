@@ -15,6 +15,7 @@ from jax.experimental.pallas import tpu as pltpu
 import palace as ppl
 import palace.jax as pj
 from palace._src.jax import timing
+from prefetch_kernels import skip_matmul
 
 
 def _mm_kernel(x_ref, y_ref, z_ref, acc_ref, *, nsteps):
@@ -41,27 +42,6 @@ def matmul(x, y, bm=128, bk=128, bn=128):
       out_shape=jax.ShapeDtypeStruct((m, n), x.dtype),
       compiler_params=pltpu.CompilerParams(
           dimension_semantics=("parallel", "parallel", "arbitrary")))(x, y)
-
-
-def _skip_kernel(flags_ref, x_ref, o_ref):
-  # control flow from a scalar-prefetch operand: only flagged blocks are computed
-  @pl.when(flags_ref[pl.program_id(0)] != 0)
-  def _():
-    o_ref[...] = jnp.dot(x_ref[...], x_ref[...], preferred_element_type=jnp.float32)
-
-  @pl.when(flags_ref[pl.program_id(0)] == 0)
-  def _():
-    o_ref[...] = jnp.zeros_like(o_ref)
-
-
-@jax.jit
-def skip_matmul(flags, x):
-  return pl.pallas_call(
-      _skip_kernel, out_shape=jax.ShapeDtypeStruct((4 * 128, 128), jnp.float32),
-      grid_spec=pltpu.PrefetchScalarGridSpec(
-          num_scalar_prefetch=1, grid=(4,),
-          in_specs=[pl.BlockSpec((128, 128), lambda i, f: (i, 0))],
-          out_specs=pl.BlockSpec((128, 128), lambda i, f: (i, 0))))(flags, x)
 
 
 def _flags_kernel(x_ref, o_ref):
