@@ -121,7 +121,8 @@ def test_a_false_proof_stops_with_an_internal_error_instead_of_modelling_somethi
   with pl.virtual_tpu("v5e"):
     run(plan, operands)
     with pytest.raises(RuntimeError, match=r"palace internal error: the replayed launch of kernel "
-                                           r"'kernel' read a semaphore.*replay=False"):
+                                           r"'kernel' read a semaphore \(on chip 0 core 0 in kernel "
+                                           r"'kernel', .*test_replay_machine.py:\d+\).*replay=False"):
       run(plan, operands)
 
 

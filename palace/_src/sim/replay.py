@@ -21,7 +21,7 @@ from palace._src.errors import PalaceError
 from palace._src.sim import memory
 from palace._src.sim.checks import NO_CHECKS
 from palace._src.sim.tensorcore import TensorCore
-from palace._src.util import user_site
+from palace._src.util import fmt_site, user_site
 
 _SMEM = MemorySpace.SMEM
 _copy = NO_CHECKS.move_at_start   # memory.copy, borrowing whole VMEM buffers (the eager DMA path)
@@ -73,8 +73,9 @@ class _NotReplayable(PalaceError, RuntimeError):
 
 def _never(what: str):
   def fail(self, *args, **kwargs):
+    where = f" ({self.where()}, {fmt_site(self.site())})" if hasattr(self, "where") else ""
     raise _NotReplayable(f"palace internal error: the replayed launch of kernel '{self.kernel_name}' "
-                         f"{what}, which its first launch proved it does not. Fix: report this; "
+                         f"{what}{where}, which its first launch proved it does not. Fix: report this; "
                          f"pl.virtual_tpu(..., replay=False) runs every launch on the full machine.")
   return fail
 
