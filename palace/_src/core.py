@@ -5,6 +5,7 @@ User specs are plain frozen dataclasses; `pipeline.py` canonicalises them into m
 from __future__ import annotations
 
 import dataclasses
+import functools
 import enum
 from typing import Any, Callable, Sequence
 
@@ -77,7 +78,7 @@ class MemoryRef:
   dtype: np.dtype
   memory_space: MemorySpace
 
-  @property
+  @functools.cached_property   # (immutable; read by every allocation of the type)
   def nbytes(self) -> int:
     return prod(self.shape) * self.dtype.itemsize
 

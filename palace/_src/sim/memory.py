@@ -262,7 +262,10 @@ def new_buffer(shape, dtype, space, name, core, chip: int, timing_only: bool, la
     buf = Buffer(None, shape, dtype, space, name, core, chip)
     buf.defer(Fill(fill_value(dtype)))
     return buf
-  storage = None if timing_only and space is not _SMEM else np.full(shape, fill_value(dtype), dtype)
+  if timing_only and space is not _SMEM:
+    return Buffer(None, shape, dtype, space, name, core, chip)
+  storage = np.empty(shape, dtype)   # (= np.full, without its Python-level wrapper)
+  storage.fill(fill_value(dtype))
   return Buffer(storage, shape, dtype, space, name, core, chip)
 
 
