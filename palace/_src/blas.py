@@ -38,17 +38,21 @@ class kernel_mode:
   changes, so a kernel of block-sized products switches once and one of large products never. The
   saved counts come back at the end. (Switching around every large product cost up to 2x on kernels
   run in core threads. A class, not a generator context manager: entered once per launch.)"""
-  __slots__ = ("saved",)
+  __slots__ = ("state",)
 
   def __enter__(self):
-    self.saved = saved = [c.num_threads for c in _blas_controllers()]
-    _kernel_threads.append([saved, list(saved)])
+    # [saved counts, counts set now], both read at the launch's first product (`matmul`): a launch
+    # without one never asks the BLAS (threadpoolctl's queries cost microseconds each)
+    self.state = [None, None]
+    _kernel_threads.append(self.state)
 
   def __exit__(self, *exc):
     _kernel_threads.pop()
-    for c, n in zip(_blas_controllers(), self.saved):
-      if c.num_threads != n:
-        c.set_num_threads(n)
+    saved, now = self.state
+    if saved is not None and now != saved:
+      for c, n in zip(_blas_controllers(), saved):
+        if c.num_threads != n:
+          c.set_num_threads(n)
 
 
 @contextlib.contextmanager
@@ -80,6 +84,9 @@ def matmul(a, b, out=None):
     ctrls = _blas_controllers()
     if ctrls:
       state = _kernel_threads[-1]
+      if state[0] is None:
+        state[0] = [c.num_threads for c in ctrls]
+        state[1] = list(state[0])
       want = [1] * len(ctrls) if small else state[0]
       if state[1] != want:
         for c, w in zip(ctrls, want):
