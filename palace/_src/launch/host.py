@@ -21,10 +21,6 @@ from palace._src.sim.memory import Buffer
 from palace._src.sim.replay import ReplayMachine, replayable
 from palace._src.util import fmt_bytes, prod, tree_flatten, tree_map, user_frame_summary
 
-_INT_FILL = {np.dtype(np.int32): np.iinfo(np.int32).min, np.dtype(np.int16): np.iinfo(np.int16).min,
-             np.dtype(np.int8): np.iinfo(np.int8).min}
-
-
 def check_params(params, api: str) -> CompilerParams:
   if params is None:
     return CompilerParams()
@@ -142,12 +138,6 @@ def eager_output_init() -> bool:
   machines (no data moves, outputs stay deterministic) and when never-written reads are checked."""
   tpu = active_tpu()
   return tpu.timing_only or getattr(tpu, "uninitialized", "nan") != "nan"
-
-
-def uninitialized(shape, dtype) -> np.ndarray:
-  if dt.is_float(dtype):
-    return np.full(shape, np.nan, dtype)
-  return np.full(shape, _INT_FILL.get(np.dtype(dtype), 0), dtype)
 
 
 def out_struct(o, name: str):

@@ -312,7 +312,7 @@ def _fill_unwritten(storage, m, written) -> None:
                for d, (kind, size, _) in enumerate(m.dims))] = True
   if done.all():
     return
-  fill = host.uninitialized((), storage.dtype)
+  fill = memory.fill_value(storage.dtype)
   for blk in zip(*np.nonzero(~done)):
     storage[tuple(slice(b * size, (b + 1) * size) if kind == BLOCKED else b
                   for (kind, size, _), b in zip(m.dims, blk))] = fill

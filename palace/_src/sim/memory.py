@@ -232,6 +232,14 @@ def fill_value(dtype):
   return _SENTINEL.get(dtype, 0)
 
 
+def filled(shape, dtype) -> np.ndarray:
+  """A new array holding the uninitialised value (= np.full, without its Python-level wrapper: a
+  fresh buffer is made for every allocation)."""
+  out = np.empty(shape, dtype)
+  out.fill(fill_value(dtype))
+  return out
+
+
 class Fill:
   """The uninitialised contents of a fresh VMEM buffer (NaN / int sentinel) as a pending value: written
   only if something reads the buffer before a whole-buffer store or DMA replaces it."""
@@ -264,9 +272,7 @@ def new_buffer(shape, dtype, space, name, core, chip: int, timing_only: bool, la
     return buf
   if timing_only and space is not _SMEM:
     return Buffer(None, shape, dtype, space, name, core, chip)
-  storage = np.empty(shape, dtype)   # (= np.full, without its Python-level wrapper)
-  storage.fill(fill_value(dtype))
-  return Buffer(storage, shape, dtype, space, name, core, chip)
+  return Buffer(filled(shape, dtype), shape, dtype, space, name, core, chip)
 
 
 def hbm_output(shape, dtype, name: str, timing_only: bool, lazy: bool = False) -> Buffer:
@@ -280,7 +286,7 @@ def hbm_output(shape, dtype, name: str, timing_only: bool, lazy: bool = False) -
   elif lazy:
     storage = np.empty(shape, dtype)
   else:
-    storage = np.full(shape, fill_value(dtype), dtype)
+    storage = filled(shape, dtype)
   return Buffer(storage, tuple(shape), dtype, MemorySpace.ANY, name)
 
 
