@@ -50,24 +50,25 @@ class kernel_mode:
     _kernel_threads.pop()
     saved, now = self.state
     if saved is not None and now != saved:
-      for c, n in zip(_blas_controllers(), saved):
-        if c.num_threads != n:
-          c.set_num_threads(n)
+      _set_counts(_blas_controllers(), saved)
 
 
 @contextlib.contextmanager
 def _threads(counts):
   ctrls = _blas_controllers()
   now = [c.num_threads for c in ctrls]
-  for c, n in zip(ctrls, counts):
-    if c.num_threads != n:
-      c.set_num_threads(n)
+  _set_counts(ctrls, counts)
   try:
     yield
   finally:
-    for c, n in zip(ctrls, now):
-      if c.num_threads != n:
-        c.set_num_threads(n)
+    _set_counts(ctrls, now)
+
+
+def _set_counts(ctrls, counts) -> None:
+  """Give each BLAS controller its count, setting only those that differ."""
+  for c, n in zip(ctrls, counts):
+    if c.num_threads != n:
+      c.set_num_threads(n)
 
 
 def single_threaded():
