@@ -5,8 +5,8 @@ User specs are plain frozen dataclasses; `pipeline.py` canonicalises them into m
 from __future__ import annotations
 
 import dataclasses
-import functools
 import enum
+import functools
 from typing import Any, Callable, Sequence
 
 import numpy as np
