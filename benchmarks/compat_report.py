@@ -121,7 +121,8 @@ def _reason(e: BaseException) -> str:
   where = next((f"{Path(f.filename).name}:{f.lineno}" for f in reversed(tb)
                 if "/ops/tpu/" in f.filename), "")
   msg = re.sub(r"\s+", " ", str(e)).strip().replace("|", "\\|")
-  if "CpuCallback error" in msg:  # JAX wraps interpreter errors; keep the last line (the real error)
+  if "CpuCallback error" in msg or "calling buffer callback" in msg:
+    # XLA wraps errors raised in palace.jax's host callback; keep the last line (the real error)
     msg = str(e).strip().splitlines()[-1]
   if len(msg) > 300:
     msg = msg[:297] + "..."

@@ -109,14 +109,85 @@ def _check_covered(params, kind) -> None:
 
 
 def _emit_callback(ctx, host, in_nodes):
-  """One XLA host callback running `host(*numpy_operands) -> [numpy outputs]`, emitted as
-  `jax.pure_callback`'s lowering emits its own (the same custom call and op sharding), without
-  pure_callback's host-side wrapper: that one `device_put`s every operand into a jax.Array before
-  calling (an allocation and a copy per operand, about 150 us per launch of two 512 KiB operands) and
-  sets a default device and an empty mesh for callbacks that call JAX, which palace's never do. XLA
-  hands the callback operands as read-only NumPy arrays that own their data (copies made by XLA's
-  handler), so palace may keep them for the launch. (Session 7 measured this, then withdrew it after a
-  crash at exit, which was palace.jax's exit race: activation._drain_at_exit.)"""
+  """One XLA host callback running `host(*numpy_operands) -> [numpy outputs]`: XLA's buffer callback
+  (`xla_buffer_python_cpu_callback`, what `jax.experimental.buffer_callback` emits, with the op
+  sharding `jax.pure_callback` gives its own), which hands the callback XLA's operand and result
+  buffers themselves. The operands reach palace as read-only NumPy views of XLA's buffers (no copy;
+  operands under 64 KiB are copied, `_view_of`);
+  the outputs are copied into XLA's result buffers. `jax.pure_callback`'s custom call instead copies
+  every operand into a fresh array, and its host-side wrapper `device_put`s each into a jax.Array
+  first (about 150 us per launch of two 512 KiB operands). Operands or results of a sub-byte dtype
+  (int4, fp4: packed in XLA's buffers) take XLA's ordinary Python callback, which unpacks them.
+
+  The views are made from the buffers' addresses (`_view_of`), never kept as `np.asarray(buffer)`:
+  an array whose base is XLA's `Buffer` object must not outlive the callback. Kept past it (as a
+  failed launch keeps its operands, in the traceback and the machine of the error the Engine keeps
+  for `virtual_tpu`'s exit), later callbacks received corrupt `Buffer` objects ("Buffer.__array__ is
+  only supported on CPU", once a segfault): measured 2026-12-05 with jax 0.12.0.1, keeping
+  `np.asarray(buffer)` arrays past the callback corrupts a later launch even with no error, while
+  keeping the `Buffer` objects themselves, or views made from their addresses, does not (docs/jax.md,
+  "The buffer callback"; tests/jax_backend/test_activation.py)."""
+  from jax._src import callback as jax_callback  # noqa: PLC0415
+  from jax._src import dtypes as jax_dtypes  # noqa: PLC0415
+  from jax._src import ffi  # noqa: PLC0415
+  from jax._src.interpreters import mlir  # noqa: PLC0415
+
+  avals = [*ctx.avals_in, *ctx.avals_out]
+  if any(jax_dtypes.itemsize_bits(a.dtype) < 8 for a in avals):
+    return _emit_python_callback(ctx, host, in_nodes)
+  n_in = len(in_nodes)
+  in_avals = [(tuple(a.shape), np.dtype(a.dtype)) for a in ctx.avals_in]
+
+  def call(exec_ctx, *buffers):
+    outs = host(*[_view_of(b, shape, dtype) for b, (shape, dtype) in zip(buffers, in_avals)])
+    for b, o in zip(buffers[n_in:], outs):
+      if o.size:
+        np.copyto(np.asarray(b), o, casting="no")
+  ctx.module_context.add_host_callback(call)
+  index = np.uint64(len(ctx.module_context.host_callbacks) - 1)
+  result = ffi.build_ffi_lowering_function("xla_buffer_python_cpu_callback", has_side_effect=False)(
+      ctx, *in_nodes, index=index)
+  sharding = jax_callback._callback_op_sharding(ctx.module_context.axis_context, None, ctx.avals_out)
+  if sharding is not None:
+    mlir.set_sharding(ctx.module_context, result, sharding)
+  return result.results
+
+
+class _Window:
+  """A NumPy array interface over one XLA buffer's memory (`_view_of`)."""
+  __slots__ = ("__array_interface__",)
+
+  def __init__(self, interface: dict):
+    self.__array_interface__ = interface
+
+
+_COPY_BELOW_BYTES = 64 * 1024   # smaller operands are copied: cheaper than building a view (~3 us)
+
+
+def _view_of(buffer, shape: tuple, dtype: np.dtype) -> np.ndarray:
+  """A read-only view of an XLA operand buffer, of the operand's shape and dtype, whose base is not
+  XLA's `Buffer` object (`_emit_callback`); an operand under _COPY_BELOW_BYTES is copied instead
+  (a 4 KiB copy costs well under a microsecond; the view's interface ~3 us), and an empty one gets an
+  array of its own."""
+  if not all(shape):
+    return np.empty(shape, dtype)
+  a = np.asarray(buffer)
+  if a.nbytes < _COPY_BELOW_BYTES:
+    v = a.copy()
+    v.flags.writeable = False
+    return v
+  address = a.__array_interface__["data"][0]
+  del a   # (the Buffer-based array goes before the callback returns)
+  window = _Window({"data": (address, True), "shape": shape, "typestr": f"|V{dtype.itemsize}",
+                    "version": 3})
+  return np.asarray(window).view(dtype)
+
+
+def _emit_python_callback(ctx, host, in_nodes):
+  """`host` as XLA's ordinary Python callback (`jax.pure_callback`'s custom call and op sharding,
+  without its host-side wrapper, which `device_put`s every operand into a jax.Array first and sets a
+  default device and an empty mesh for callbacks that call JAX, which palace's never do). XLA hands
+  the callback operands as read-only NumPy arrays that own their data (copies made by its handler)."""
   from jax._src import callback as jax_callback  # noqa: PLC0415
 
   def flat(*args):

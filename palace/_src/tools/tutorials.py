@@ -253,7 +253,7 @@ def _rounding_asserts(notes: list):
 
 def _original_error(e: BaseException, errors_before: int = 0) -> BaseException:
   """palace's own error for one raised inside a launch's callback during this cell (XLA re-raises
-  it wrapped, as a JaxRuntimeError or a ValueError naming the CpuCallback)."""
+  it wrapped, as a JaxRuntimeError or a ValueError naming the host callback)."""
   from palace._src.errors import PalaceError  # noqa: PLC0415
   from palace._src.jax.activation import active_engine  # noqa: PLC0415
   engine = active_engine()
