@@ -113,8 +113,8 @@ def _emit_callback(ctx, host, in_nodes):
   (`xla_buffer_python_cpu_callback`, what `jax.experimental.buffer_callback` emits, with the op
   sharding `jax.pure_callback` gives its own), which hands the callback XLA's operand and result
   buffers themselves. The operands reach palace as read-only NumPy views of XLA's buffers (no copy;
-  operands under 64 KiB are copied, `_view_of`);
-  the outputs are copied into XLA's result buffers. `jax.pure_callback`'s custom call instead copies
+  operands under 64 KiB are copied, `_view_of`); the outputs are copied into XLA's result buffers.
+  `jax.pure_callback`'s custom call instead copies
   every operand into a fresh array, and its host-side wrapper `device_put`s each into a jax.Array
   first (about 150 us per launch of two 512 KiB operands). Operands or results of a sub-byte dtype
   (int4, fp4: packed in XLA's buffers) take XLA's ordinary Python callback, which unpacks them.
