@@ -184,8 +184,8 @@ def callback_overhead(reps):
 
 
 def _noop_palace_callback():
-  """fn(a) -> a through the host callback palace.jax emits (`callback._emit_callback`: XLA's Python
-  custom call without pure_callback's device_put of the operands), doing nothing on the host."""
+  """fn(a) -> a through the host callback palace.jax emits (`callback._emit_callback`: XLA's buffer
+  callback, operands viewed or copied as palace.jax's are), doing nothing else on the host."""
   from jax._src import core as jax_core  # noqa: PLC0415
   from jax._src.interpreters import mlir  # noqa: PLC0415
   from jax.extend.core import Primitive  # noqa: PLC0415
