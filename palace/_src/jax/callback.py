@@ -131,6 +131,7 @@ def _emit_callback(ctx, host, in_nodes):
   from jax._src import dtypes as jax_dtypes  # noqa: PLC0415
   from jax._src import ffi  # noqa: PLC0415
   from jax._src.interpreters import mlir  # noqa: PLC0415
+  from palace._src.jax.activation import running  # noqa: PLC0415
 
   avals = [*ctx.avals_in, *ctx.avals_out]
   if any(jax_dtypes.itemsize_bits(a.dtype) < 8 for a in avals):
@@ -139,10 +140,12 @@ def _emit_callback(ctx, host, in_nodes):
   in_avals = [(tuple(a.shape), np.dtype(a.dtype)) for a in ctx.avals_in]
 
   def call(exec_ctx, *buffers):
-    outs = host(*[_view_of(b, shape, dtype) for b, (shape, dtype) in zip(buffers, in_avals)])
-    for b, o in zip(buffers[n_in:], outs):
-      if o.size:
-        np.copyto(np.asarray(b), o, casting="no")
+    # (all of it inside `running`: the interpreter's exit waits for the copies into XLA's buffers too)
+    with running():
+      outs = host(*[_view_of(b, shape, dtype) for b, (shape, dtype) in zip(buffers, in_avals)])
+      for b, o in zip(buffers[n_in:], outs):
+        if o.size:
+          np.copyto(np.asarray(b), o, casting="no")
   ctx.module_context.add_host_callback(call)
   index = np.uint64(len(ctx.module_context.host_callbacks) - 1)
   result = ffi.build_ffi_lowering_function("xla_buffer_python_cpu_callback", has_side_effect=False)(
