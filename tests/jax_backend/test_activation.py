@@ -102,10 +102,11 @@ def test_one_host_callback_per_launch_in_the_compiled_program():
 
 def test_operands_are_views_of_xlas_buffers_not_based_on_its_buffer_objects(monkeypatch):
   """XLA's buffer callback hands palace its operand buffers: palace views them (no copy; operands
-  under 64 KiB are copied), read-only, and no view has XLA's Buffer object as a base. Such views, kept past the callback (a failed launch
-  keeps its operands in the traceback of the error the Engine keeps), made later launches receive
-  corrupt buffers: test_interpreter's out-of-bounds view test followed by test_replay's megacore test
-  failed with "Buffer.__array__ is only supported on CPU" (callback._emit_callback)."""
+  under 64 KiB are copied), read-only, and no view has XLA's Buffer object as a base. Such views,
+  kept past the callback (a failed launch keeps its operands in the traceback of the error the
+  Engine keeps), made later launches receive corrupt buffers: test_interpreter's out-of-bounds view
+  test followed by test_replay's megacore test failed with "Buffer.__array__ is only supported on
+  CPU" (callback._emit_callback). (X is 256 KiB: the view path.)"""
   from palace._src.jax.activation import Engine
   seen, run = [], Engine.run
 
