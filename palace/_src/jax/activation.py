@@ -71,17 +71,17 @@ class Engine:
         self.tpu.timing_only = prev
 
   def run(self, launch_fn, params, args):
-    """Host side of one launch: the callback lands here with NumPy operands, on some XLA thread."""
+    """Host side of one launch: the callback lands here with NumPy operands, on some XLA thread
+    (counted in `running` by the callback around it: callback._emit_callback)."""
     token = activate(self.tpu)
     try:
-      with running():
-        return launch_fn(params, args)
+      return launch_fn(params, args)
     finally:
       deactivate(token)
 
 
 class running:
-  """`with running():` around the host side of every palace launch (counted, so that the exit can
+  """`with running():` around every palace host callback (callback.py; counted, so that the exit can
   wait for it). (A class, not a generator context manager: entered once per launch.)"""
   __slots__ = ()
 

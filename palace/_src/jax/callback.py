@@ -114,9 +114,9 @@ def _emit_callback(ctx, host, in_nodes):
   sharding `jax.pure_callback` gives its own), which hands the callback XLA's operand and result
   buffers themselves. The operands reach palace as read-only NumPy views of XLA's buffers (no copy;
   operands under 64 KiB are copied, `_view_of`); the outputs are copied into XLA's result buffers.
-  `jax.pure_callback`'s custom call instead copies
-  every operand into a fresh array, and its host-side wrapper `device_put`s each into a jax.Array
-  first (about 150 us per launch of two 512 KiB operands). Operands or results of a sub-byte dtype
+  `jax.pure_callback`'s custom call instead copies every operand into a fresh array, and its
+  host-side wrapper `device_put`s each into a jax.Array first (about 150 us per launch of two
+  512 KiB operands). Operands or results of a sub-byte dtype
   (int4, fp4: packed in XLA's buffers) take XLA's ordinary Python callback, which unpacks them.
 
   The views are made from the buffers' addresses (`_view_of`), never kept as `np.asarray(buffer)`:
@@ -140,7 +140,8 @@ def _emit_callback(ctx, host, in_nodes):
   in_avals = [(tuple(a.shape), np.dtype(a.dtype)) for a in ctx.avals_in]
 
   def call(exec_ctx, *buffers):
-    # (all of it inside `running`: the interpreter's exit waits for the copies into XLA's buffers too)
+    # (all of it inside `running`, the one count of palace launches on XLA's threads: the
+    # interpreter's exit waits for the copies into XLA's buffers too)
     with running():
       outs = host(*[_view_of(b, shape, dtype) for b, (shape, dtype) in zip(buffers, in_avals)])
       for b, o in zip(buffers[n_in:], outs):
@@ -192,9 +193,11 @@ def _emit_python_callback(ctx, host, in_nodes):
   default device and an empty mesh for callbacks that call JAX, which palace's never do). XLA hands
   the callback operands as read-only NumPy arrays that own their data (copies made by its handler)."""
   from jax._src import callback as jax_callback  # noqa: PLC0415
+  from palace._src.jax.activation import running  # noqa: PLC0415
 
   def flat(*args):
-    return tuple(host(*args))
+    with running():   # (counted for the interpreter's exit, as `_emit_callback`'s callback is)
+      return tuple(host(*args))
   sharding = jax_callback._callback_op_sharding(ctx.module_context.axis_context, None, ctx.avals_out)
   results, _, _ = jax_callback.emit_python_callback(
       ctx, flat, None, list(in_nodes), ctx.avals_in, ctx.avals_out, has_side_effect=False,
@@ -242,7 +245,6 @@ def _lower_pod_launch(ctx, in_nodes, engine, params, axis_ctx, manual, kind):
   from jax._src.lib.mlir import ir  # noqa: PLC0415
   from jax._src.lib.mlir.dialects import hlo  # noqa: PLC0415
   from palace._src.jax import launch  # noqa: PLC0415
-  from palace._src.jax.activation import running  # noqa: PLC0415
   from palace._src.launch import host as palace_host, spmd  # noqa: PLC0415
   from palace._src.sim.machine import activate, deactivate  # noqa: PLC0415
 
@@ -263,8 +265,7 @@ def _lower_pod_launch(ctx, in_nodes, engine, params, axis_ctx, manual, kind):
     token = activate(engine.tpu)
     spmd_token = palace_host.set_spmd_context((group, int(chip)))
     try:
-      with running():
-        outs = run(params, [np.asarray(a) for a in arrays])
+      outs = run(params, [np.asarray(a) for a in arrays])
     except spmd._PeerFailed:
       raise
     except BaseException as e:  # noqa: BLE001  kept for virtual_tpu's exit, then XLA wraps it
