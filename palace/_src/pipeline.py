@@ -218,68 +218,110 @@ def run_pipeline(body, grid, in_maps, out_maps, in_refs, out_refs, *, lead_args=
   `written`: a dict that receives, per output index, the element offsets of the blocks written back;
   `offsets_cache`: a dict kept with these block mappings (a launch plan's) that keeps their block
   offsets per list of points for the next pipeline over them (`block_offsets.grid_offsets`)."""
-  ex = executor.current("a pipeline")
-  grid = validate.as_dims(grid, "the pipeline grid")
-  if points is None:
-    points = list(itertools.product(*[range(g) for g in grid]))
-  n = len(points)
-  ops_in = [_Op(m, r, False) for m, r in zip(in_maps, in_refs)]
-  ops_out = [_Op(m, r, True) for m, r in zip(out_maps, out_refs)]
-  ops = ops_in + ops_out
-  types = []
-  for o in ops:
-    o.mode = _mode(o.m, o.hbm, smem_blocks)
-    t = _allocation_type(o.m, o.mode, sync)
-    o.nbuf = 0 if t is None else len(t[0])
-    types.append(t)
-  piped = [o for o in ops if o.mode == _BUFFERED]
-  for k, o in enumerate(ops):
-    # (with scalar prefetch a map may read the prefetched scalars, per step on the core: only the
-    # pure maps, which do not, are evaluated for the whole grid)
-    if o.mode != _RAW and (not index_args or o.m.pure_index_map):
-      o.all_blocks, distinct = grid_offsets(o, k, points, offsets_cache, index_args)
-      if distinct:
-        o.prepare = _prepare
-
-  if not n:
-    return
-  if allocations is not None:   # the caller's buffers (emit_pipeline_with_allocations)
-    allocs, bufs = _check_allocations(allocations, types, ops), None
-  else:                         # = pl.run_scoped(..., *types) around the steps, as one flat scope
-    flat = [x for t in types if t is not None for x in (*t[0], t[1])]
-    refs, _, bufs = open_scope(ex, flat, {}, "run_scoped")
-    allocs, k = [], 0
-    for t in types:
-      if t is not None:
-        allocs.append((refs[k:k + len(t[0])], refs[k + len(t[0])]))
-        k += len(t[0]) + 1
+  pipe = Pipeline(body, grid, in_maps, out_maps, in_refs, out_refs, lead_args=lead_args,
+                  tail_args=tail_args, tail_kwargs=tail_kwargs, index_args=index_args, points=points,
+                  sync=sync, allocations=allocations, smem_blocks=smem_blocks, offsets_cache=offsets_cache)
   try:
-    for o, (slots, sems) in zip(piped, allocs):
-      o.slots, o.sems = list(slots), sems
-      if bufs is not None:
-        for r in slots:  # errors on the kernel's block refs name the operand (args[0], outputs[1])
-          r.buf.name = f"{o.m.name} block"
-      # (= sems.at[i]: a whole freshly allocated array, so its element views need no index checks)
-      o.sem_views = [Ref.window(sems.buf, (i,), (1,), (0,)) if sems._full else sems.at[i]
-                     for i in range(o.nbuf)]
-      o.sem_targets = [sem_target(v, "DMA semaphore") for v in o.sem_views]
-      o.last_copy = [None] * o.nbuf
-    ex.grid_stack.append((points[0], grid))
+    pipe.run(written)
+  except BaseException:
+    pipe.close(quiet=True)
+    raise
+  pipe.close()
+
+
+class Pipeline:
+  """One pipeline over a grid, in three phases: making it (block mappings to operand states, block
+  offsets, the block buffers' allocation: `run_pipeline`'s arguments), `run(written)` (the steps) and
+  `close()` (freeing the block buffers). A replayed launch keeps its pipeline between runs
+  (launch/run.py, `_Warm`): `park()` after a run puts it back in the state `run` expects, so a run of a
+  parked pipeline whose block buffers were renewed does what a new one would."""
+
+  def __init__(self, body, grid, in_maps, out_maps, in_refs, out_refs, *, lead_args=(), tail_args=(),
+               tail_kwargs=None, index_args=(), points=None, sync=False, allocations=None,
+               smem_blocks=False, offsets_cache=None):
+    ex = self.ex = executor.current("a pipeline")
+    grid = self.grid = validate.as_dims(grid, "the pipeline grid")
+    if points is None:
+      points = list(itertools.product(*[range(g) for g in grid]))
+    self.points, self.n = points, len(points)
+    self.body, self.lead_args, self.tail_args = body, lead_args, tail_args
+    self.tail_kwargs, self.index_args, self.sync = tail_kwargs or {}, index_args, sync
+    ops_in = self.ops_in = [_Op(m, r, False) for m, r in zip(in_maps, in_refs)]
+    ops_out = self.ops_out = [_Op(m, r, True) for m, r in zip(out_maps, out_refs)]
+    ops = ops_in + ops_out
+    types = []
+    for o in ops:
+      o.mode = _mode(o.m, o.hbm, smem_blocks)
+      t = _allocation_type(o.m, o.mode, sync)
+      o.nbuf = 0 if t is None else len(t[0])
+      types.append(t)
+    piped = [o for o in ops if o.mode == _BUFFERED]
+    for k, o in enumerate(ops):
+      # (with scalar prefetch a map may read the prefetched scalars, per step on the core: only the
+      # pure maps, which do not, are evaluated for the whole grid)
+      if o.mode != _RAW and (not index_args or o.m.pure_index_map):
+        o.all_blocks, distinct = grid_offsets(o, k, points, offsets_cache, index_args)
+        if distinct:
+          o.prepare = _prepare
+    self.bufs = None   # the block buffers this pipeline allocated (None: the caller's, or no steps)
+    if not self.n:
+      return
+    if allocations is not None:   # the caller's buffers (emit_pipeline_with_allocations)
+      allocs = _check_allocations(allocations, types, ops)
+    else:                         # = pl.run_scoped(..., *types) around the steps, as one flat scope
+      flat = [x for t in types if t is not None for x in (*t[0], t[1])]
+      refs, _, self.bufs = open_scope(ex, flat, {}, "run_scoped")
+      allocs, k = [], 0
+      for t in types:
+        if t is not None:
+          allocs.append((refs[k:k + len(t[0])], refs[k + len(t[0])]))
+          k += len(t[0]) + 1
     try:
-      _steps(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tail_kwargs or {},
-             index_args, sync)
+      for o, (slots, sems) in zip(piped, allocs):
+        o.slots, o.sems = list(slots), sems
+        if self.bufs is not None:
+          for r in slots:  # errors on the kernel's block refs name the operand (args[0], outputs[1])
+            r.buf.name = f"{o.m.name} block"
+        # (= sems.at[i]: a whole freshly allocated array, so its element views need no index checks)
+        o.sem_views = [Ref.window(sems.buf, (i,), (1,), (0,)) if sems._full else sems.at[i]
+                       for i in range(o.nbuf)]
+        o.sem_targets = [sem_target(v, "DMA semaphore") for v in o.sem_views]
+        o.last_copy = [None] * o.nbuf
+    except BaseException:
+      self.close(quiet=True)
+      raise
+
+  def run(self, written=None) -> None:
+    """The steps; `written`: run_pipeline's."""
+    if not self.n:
+      return
+    ex = self.ex
+    ex.grid_stack.append((self.points[0], self.grid))
+    try:
+      _steps(ex, self.body, self.grid, self.points, self.n, self.ops_in, self.ops_out, self.lead_args,
+             self.tail_args, self.tail_kwargs, self.index_args, self.sync)
     finally:
       ex.grid_stack.pop()
     if written is not None:  # which output blocks were written back (for lazy output init)
-      for k, o in enumerate(ops_out):
+      for k, o in enumerate(self.ops_out):
         if o.mode == _BUFFERED:
           written.setdefault(k, set()).update(o.written)
-  except BaseException:
-    if bufs is not None:
-      close_scope(ex, bufs, quiet=True)
-    raise
-  if bufs is not None:
-    close_scope(ex, bufs)
+
+  def close(self, quiet: bool = False) -> None:
+    if self.bufs is not None:
+      close_scope(self.ex, self.bufs, quiet=quiet)
+
+  def park(self) -> None:
+    """After a run that returned: the operand states as a new pipeline's (the copies prepared per block
+    and slot are kept). The block buffers (`bufs`) are the owner's to renew: a run expects them as
+    freshly allocated (launch/run.py renews them; the language side does not touch buffer state)."""
+    for o in self.ops_in + self.ops_out:
+      o.fetched.clear()
+      o.blocks.clear()
+      o.pending_wb.clear()
+      o.written = set()
+      o.next_slot = o.cur_slot = 0
+      o.cur = None
 
 
 def _check_allocations(allocations, types, ops):

@@ -27,15 +27,22 @@ def _figures(r):
 
 
 def _launches(calls, chip="v5e", **options):
-  """Run `calls` [(fn, args)] in order on one virtual TPU: (outputs, reports, replayed launches)."""
+  """Run `calls` [(fn, args)] in order on one virtual TPU: (outputs, reports, replayed launches); the
+  launches replayed on the one kept from the last launch with their key go to `_WARM_HITS`."""
   with pj.virtual_tpu(chip, **options) as tpu:
     outs = [jax.tree.map(np.asarray, fn(*args)) for fn, args in calls]
+  _WARM_HITS[0] = tpu.replays.warm_hits if tpu.replays is not None else 0
   return outs, [_figures(r) for r in tpu.reports], (tpu.replays.hits if tpu.replays is not None else 0)
+
+
+_WARM_HITS = [0]
 
 
 def _same_as_full_machine(calls, chip="v5e", **options):
   outs, reports, hits = _launches(calls, chip, **options)
+  warm = _WARM_HITS[0]
   ref_outs, ref_reports, _ = _launches(calls, chip, replay=False, **options)
+  _WARM_HITS[0] = warm
   for a, b in zip(jax.tree.leaves(outs), jax.tree.leaves(ref_outs)):
     np.testing.assert_array_equal(a, b)
   assert reports == ref_reports
@@ -155,6 +162,59 @@ def test_a_new_operand_value_is_computed_not_remembered():
   np.testing.assert_array_equal(outs[1], np.asarray(x2) @ np.asarray(Y))
 
 
+def test_a_kept_launch_computes_each_launchs_operands():
+  """From the third launch on, a replayed launch runs on the core, refs, pipeline and buffers kept from
+  the last one (launch/run.py `_Warm`): every launch's own operands, earlier outputs left alone."""
+  xs = [X, X + 1.0, X - 2.0, X]
+  outs, _, hits = _same_as_full_machine([(matmul, (x, Y)) for x in xs])
+  assert hits == 3 and _WARM_HITS[0] == 2
+  for x, out in zip(xs, outs):
+    np.testing.assert_array_equal(out, np.asarray(x) @ np.asarray(Y))
+
+
+def _read_scratch_then_write(x_ref, o_ref, acc_ref):
+  o_ref[...] = acc_ref[...] + x_ref[...]   # step 0: the scratch was never written: NaN in every launch
+  acc_ref[...] = x_ref[...]
+
+
+def _read_block_then_write(x_ref, o_ref):
+  # the output block was never written: NaN, so x (what an earlier launch left there would give -1)
+  o_ref[...] = jnp.where(jnp.isnan(o_ref[...]), x_ref[...], -1.0)
+
+
+@pytest.mark.parametrize("kernel,scratch", [(_read_scratch_then_write, [pltpu.VMEM((8, 128), jnp.float32)]),
+                                            (_read_block_then_write, [])])
+def test_a_kept_launch_starts_from_never_written_memory(kernel, scratch):
+  """What a launch leaves in scratch and block buffers never reaches the next one: reads before the
+  first write see the uninitialised value (NaN) in every launch, kept or not."""
+  f = jax.jit(lambda x: pl.pallas_call(
+      kernel, out_shape=jax.ShapeDtypeStruct((16, 128), jnp.float32), grid=(2,),
+      in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))], out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+      scratch_shapes=scratch)(x))
+  xs = [X16 + k for k in range(4)]
+  outs, _, hits = _same_as_full_machine([(f, (x,)) for x in xs])
+  assert hits == 3 and _WARM_HITS[0] == 2
+  for x, out in zip(xs, outs):
+    if scratch:   # step 0 reads the never-written scratch; step 1 what step 0 wrote
+      assert np.isnan(out[:8]).all()
+      np.testing.assert_array_equal(out[8:], np.asarray(x[:8] + x[8:]))
+    else:
+      np.testing.assert_array_equal(out, np.asarray(x))
+
+
+def test_a_kept_launch_keeps_no_array_of_the_launches_it_ran():
+  """Between launches the kept state holds no operand or output array (parked), so it does not keep
+  a launch's arrays alive."""
+  with pj.virtual_tpu("v5e") as tpu:
+    for x in (X, X + 1.0, X + 2.0):
+      np.testing.assert_array_equal(np.asarray(matmul(x, Y)), np.asarray(x) @ np.asarray(Y))
+    (kept,) = [e[2] for e in tpu.replays._entries.values()]
+  assert tpu.replays.warm_hits == 1
+  bufs = kept.program.in_bufs + kept.out_bufs
+  assert len(bufs) == 3 and all(b._storage is None for b in bufs)
+  assert kept.program.launch is None
+
+
 def test_scalar_prefetch_values_key_the_replay():
   a, b = jnp.array([1, 0, 1, 1], jnp.int32), jnp.ones(4, jnp.int32)
   calls = [(skip_matmul, (a, XS)), (skip_matmul, (b, XS)), (skip_matmul, (a, XS)), (skip_matmul, (b, XS))]
@@ -175,6 +235,11 @@ _MULTI_CHIP = {"case_remote_ring_shift", "case_remote_barrier_and_vmem_send", "c
                "case_remote_gather_to_device0", "case_wheel_all_gather", "case_wheel_all_gather_hbm"}
 
 
+def _unkept(fname, case) -> int:
+  """Launches of a case that replay but are not kept: mutable refs among their operands."""
+  return int(case == "case_kernel_mutable_ref_in_place")
+
+
 def _parity_cases():
   return [(f, c) for f in sorted(p.name for p in harness.KERNELS.glob("k_*.py")) for c in harness.case_names(f)]
 
@@ -182,8 +247,8 @@ def _parity_cases():
 @pytest.mark.parametrize("fname,case", _parity_cases())
 def test_every_parity_kernel_replays_as_it_ran_on_the_full_machine(fname, case):
   """Manual DMAs, semaphores, emit_pipeline, aliases, mutable refs, SMEM blocks, scalar prefetch, the
-  wheel's kernels: the second launch is replayed (multi-chip launches never are), with the full
-  machine's outputs and report."""
+  wheel's kernels: the second and third launches are replayed (multi-chip launches never are), the
+  third on the launch kept from the second, with the full machine's outputs and report."""
   mod = harness.jax_module(fname)
   chips = getattr(mod, "NUM_DEVICES", 1)
   fn, args, _ = getattr(mod, case)()
@@ -193,11 +258,13 @@ def test_every_parity_kernel_replays_as_it_ran_on_the_full_machine(fname, case):
       jax.block_until_ready(f(*args))
   except jax.errors.TracerArrayConversionError:   # (a case that ends in NumPy on the host)
     f = fn
-  outs, reports, hits = _same_as_full_machine([(f, args)] * 2, num_chips=chips)
-  single = [r[1] == 1 for r in reports[:len(reports) // 2]]   # each launch of the first call
-  assert hits == sum(single) and (hits > 0 or case in _MULTI_CHIP)
-  for a, b in zip(jax.tree.leaves(outs[0]), jax.tree.leaves(outs[1])):
-    np.testing.assert_array_equal(a, b)
+  outs, reports, hits = _same_as_full_machine([(f, args)] * 3, num_chips=chips)
+  single = [r[1] == 1 for r in reports[:len(reports) // 3]]   # each launch of the first call
+  assert hits == 2 * sum(single) and (hits > 0 or case in _MULTI_CHIP)
+  assert _WARM_HITS[0] == sum(single) - _unkept(fname, case)   # the third call's: on the kept launches
+  for out in outs[1:]:
+    for a, b in zip(jax.tree.leaves(outs[0]), jax.tree.leaves(out)):
+      np.testing.assert_array_equal(a, b)
 
 
 # ------------------------------------------------------------------ never replayed

@@ -121,14 +121,22 @@ class _CallersArray:
 CALLERS_ARRAY = _CallersArray()
 
 
-def hbm_input(a: np.ndarray, name: str, chip: int = 0) -> Buffer:
+def hbm_input(a: np.ndarray, name: str, chip: int = 0, into: Buffer | None = None) -> Buffer:
   """An input operand's HBM buffer, without a copy: it views the caller's array read-only and borrows
   it (`Buffer.borrowed`), so the first write to the buffer (a DMA into the input ref, a store, an
   atomic) takes a private copy first (copy on write, Buffer.detach_readers). Inputs behave as JAX
-  arrays: never modified, unless aliased (`input_output_aliases` writes a copy that is returned)."""
+  arrays: never modified, unless aliased (`input_output_aliases` writes a copy that is returned).
+  `into`: a kept launch's buffer for this operand (launch/run.py `_Warm`), made the same again."""
   ro = a.view()
   ro.setflags(write=False)
-  buf = Buffer(ro, a.shape, a.dtype, MemorySpace.ANY, name, None, chip)
+  if into is None:
+    buf = Buffer(ro, a.shape, a.dtype, MemorySpace.ANY, name, None, chip)
+  else:
+    buf = into
+    buf.storage = ro
+    buf.readers = buf.lenders = None
+    buf.aliased = False
+    buf.ready_cycle = 0
   buf.borrowed = CALLERS_ARRAY
   return buf
 
@@ -181,7 +189,8 @@ class launch_machine:
   caller's frame, a frame shallower, tests/test_launch_plan.py.) `replay`: (plan, key) of a launch
   its front end proved replayable (sim/replay.py): a launch the VirtualTPU's memo knows runs on a
   ReplayMachine; a new one's report goes into the memo if its machine was replayable."""
-  __slots__ = ("tpu", "kernel_name", "num_chips", "grid_steps", "machine", "_gc", "_blas", "replay")
+  __slots__ = ("tpu", "kernel_name", "num_chips", "grid_steps", "machine", "_gc", "_blas", "replay",
+               "warm_key", "warm", "may_keep", "keep")
 
   def __init__(self, tpu, kernel_name: str, num_chips: int, grid_steps: int, replay=None):
     self.tpu, self.kernel_name, self.num_chips, self.grid_steps = tpu, kernel_name, num_chips, grid_steps
@@ -189,6 +198,11 @@ class launch_machine:
     # palace.jax.device_time, and a replayable machine needs data)
     self.replay = None if replay is None or tpu.replays is None or tpu.timing_only else (
         replay[0], (replay[1], tpu.trace, tpu.detect_races, tpu.uninitialized, tpu.dma_policy))
+    # a replayed launch: `warm` is the launch kept from the last one with this key (if any, taken out
+    # of the memo while it runs), `may_keep` says the launch may set `keep` to the state to keep, which
+    # `give_back` returns to the memo once the launch's outputs are out (launch/run.py `_Warm`)
+    self.warm_key = self.warm = self.keep = None
+    self.may_keep = False
 
   def __enter__(self):
     self._gc, self._blas = paused_gc(), blas.kernel_mode()
@@ -196,7 +210,9 @@ class launch_machine:
     try:
       known = None if self.replay is None else self.tpu.replays.get(*self.replay)
       if known is not None:
-        self.replay = None
+        self.warm_key, self.replay = self.replay, None
+        self.warm = self.tpu.replays.take_warm(*self.warm_key)
+        self.may_keep = True
         self.machine = ReplayMachine(self.tpu, self.kernel_name, known)
       else:
         self.machine = self.tpu.new_machine(self.kernel_name, self.num_chips)
@@ -216,10 +232,19 @@ class launch_machine:
         if self.replay is not None and replayable(machine):
           self.tpu.replays.put(*self.replay, report)
         self.tpu.record(report)
+        if self.keep is not None:
+          machine.keep_cores()
         release_host_caches(machine)
+      else:
+        self.keep = None
     finally:
       self._gc.__exit__(exc_type, exc, tb)
     return False
+
+  def give_back(self) -> None:
+    """The kept state (`keep`, parked) back into the memo, for the next launch with this key."""
+    self.tpu.replays.give_warm(*self.warm_key, self.keep)
+    self.keep = None
 
 
 def release_host_caches(machine) -> None:

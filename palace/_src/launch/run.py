@@ -7,14 +7,15 @@
 2. per chip (`_Launch.build`): the operands' HBM buffers, the cores (grid launches: the megacore split
    of the grid over TensorCores, `megacore_split`; mesh launches: one core per mesh position) and one
    program per core;
-3. per core (`_program`, run by the machine's scheduler): a fresh `KernelContext`, the barrier
+3. per core (`_CoreProgram`, run by the machine's scheduler): a fresh `KernelContext`, the barrier
    semaphore, the staged VMEM/SMEM copies, the scratch, then the kernel body: a mesh body is called
-   once, a grid body through the pipeline (pipeline.run_pipeline: BlockSpecs -> DMAs), which calls it
+   once, a grid body through the pipeline (pipeline.Pipeline: BlockSpecs -> DMAs), which calls it
    once per grid point. Everything is freed in reverse; after an error it is freed quietly.
+4. a replayed launch (sim/replay.py) is kept (`_Warm`): the next launch with the same plan and key
+   reuses its core, refs, pipeline and buffers instead of making them again.
 """
 from __future__ import annotations
 
-import functools
 import itertools
 
 import numpy as np
@@ -31,7 +32,7 @@ from palace._src.lang import context
 from palace._src.lang.primitives import close_scope, open_scope
 from palace._src.lang.refs import Ref
 from palace._src.lang.tpu_primitives import sync_copy
-from palace._src.pipeline import run_pipeline
+from palace._src.pipeline import Pipeline
 from palace._src.sim import memory
 from palace._src.sim.machine import active_tpu
 from palace._src.sim.subcore import SC_BASE, SCALAR_BASE
@@ -41,19 +42,75 @@ from palace._src.util import fmt_bytes, prod, tree_flatten, tree_unflatten
 def run(plan: LaunchPlan, operands) -> list:
   """Run `plan` on the active virtual TPU with one HBM value per `plan.operands` entry (NumPy arrays
   with the operand's dtype, or mutable Refs); returns the outputs' NumPy arrays in `plan.outputs` order."""
-  launch = _Launch(plan, list(operands))
+  operands = list(operands)
   ctx = host.spmd_context()
-  try:
-    if ctx is not None:  # inside shard_map: every chip's thread reaches this launch; one machine runs them
+  if ctx is not None:  # inside shard_map: every chip's thread reaches this launch; one machine runs them
+    launch = _Launch(plan, operands)
+    try:
       ctx[0].collective_launch(ctx[1], plan.kernel_name, launch.build, plan.num_points)
-    else:
-      replay = None if plan.replay_operands is None else _replay_key(plan, operands)
-      with host.launch_machine(active_tpu(), plan.kernel_name, 1, plan.num_points, replay) as machine:
-        machine.run(launch.build(machine, 0))
+    finally:
+      launch.fill_unwritten()
+    return [b.storage for b in launch.out_bufs]
+  replay = None if plan.replay_operands is None else _replay_key(plan, operands)
+  lm = host.launch_machine(active_tpu(), plan.kernel_name, 1, plan.num_points, replay)
+  launch = None
+  try:
+    with lm as machine:
+      warm = lm.warm
+      if warm is not None:   # a replayed launch kept from the last one with this plan and key
+        launch = _Launch(plan, operands, warm.out_bufs)
+        warm.run(launch, machine)
+        lm.keep = warm
+      else:
+        launch = _Launch(plan, operands)
+        keep = lm.may_keep and not any(isinstance(v, Ref) for v in operands)
+        programs = launch.build(machine, 0, keep)
+        machine.run(programs)
+        if keep and len(programs) == 1:
+          lm.keep = _Warm(*programs[0], launch.out_bufs)
   finally:
-    for i in launch.lazy:
-      _fill_unwritten(launch.out_bufs[i].storage, plan.out_maps[i], launch.written.get(i, set()))
-  return [b.storage for b in launch.out_bufs]
+    if launch is not None:
+      launch.fill_unwritten()
+  out = [b.storage for b in launch.out_bufs]
+  if lm.keep is not None:
+    lm.keep.park()
+    lm.give_back()
+  return out
+
+
+class _Warm:
+  """A replayed launch kept for the next launch with the same plan and key (sim/replay.py keeps it
+  with the memo's report): its ReplayCore, its program with the scopes open and the pipeline made (the
+  block copies prepared per block and slot), and its HBM buffers, which each launch rebinds to its own
+  operands and outputs. Between launches it is parked: every buffer as freshly allocated and no
+  reference to a launch's arrays kept. So a launch on it computes what a fresh replayed launch would,
+  without making the core, the refs, the pipeline and the buffers again."""
+  __slots__ = ("core", "program", "out_bufs")
+
+  def __init__(self, core, program: _CoreProgram, out_bufs):
+    self.core, self.program, self.out_bufs = core, program, out_bufs
+
+  def run(self, launch: _Launch, machine) -> None:
+    prog = self.program
+    plan = launch.plan
+    for k, (o, v) in enumerate(zip(plan.operands, launch.operands)):
+      if k not in plan.aliases:
+        host.hbm_input(v, o.name, 0, into=prog.in_bufs[k])
+    prog.launch = launch
+    self.core.unused_dmas.clear()
+    machine.adopt(self.core)
+    machine.run([(self.core, prog.rerun)])
+
+  def park(self) -> None:
+    prog = self.program
+    prog.park()
+    prog.launch = None
+    for b in prog.in_bufs:
+      b.storage = None
+      b.borrowed = b.readers = b.lenders = None
+    for b in self.out_bufs:
+      b.storage = None
+      b.readers = None
 
 
 def _replay_key(plan: LaunchPlan, operands):
@@ -71,21 +128,29 @@ def _replay_key(plan: LaunchPlan, operands):
 class _Launch:
   """The host-side state of one run: output buffers and which output blocks the pipelines wrote."""
 
-  def __init__(self, plan: LaunchPlan, operands: list):
+  def __init__(self, plan: LaunchPlan, operands: list, out_bufs=None):
     self.plan, self.operands = plan, operands
     self.lazy = () if not plan.is_grid or host.eager_output_init() else _lazy_outputs(plan)
     timing_only = active_tpu().timing_only
     # Pipelined outputs start as np.empty and only blocks never written back are filled afterwards
     # (same result as filling everything first, without touching every page twice); on a timing-only
     # machine outputs are shape and dtype only (memory.hbm_output).
-    self.out_bufs = [memory.hbm_output(o.shape, o.dtype, o.name, timing_only, lazy=i in self.lazy)
+    # (`out_bufs`: a kept launch's output buffers (`_Warm`), given this launch's storage)
+    self.out_bufs = [memory.hbm_output(o.shape, o.dtype, o.name, timing_only, lazy=i in self.lazy,
+                                       into=None if out_bufs is None else out_bufs[i])
                      for i, o in enumerate(plan.outputs)]
     for a_in, a_out in plan.aliases.items():
       memory.alias_input(self.out_bufs[a_out], operands[a_in], timing_only)
     self.written = {}   # output index -> element offsets of the blocks written back (all cores)
 
-  def build(self, machine, chip_index: int) -> list:
-    """This chip's HBM buffers, cores and [(core, program)] (spmd.py calls it once per chip)."""
+  def fill_unwritten(self) -> None:
+    """After the run (or its error): the never-written blocks of lazy outputs get the fill value."""
+    for i in self.lazy:
+      _fill_unwritten(self.out_bufs[i].storage, self.plan.out_maps[i], self.written.get(i, set()))
+
+  def build(self, machine, chip_index: int, keep: bool = False) -> list:
+    """This chip's HBM buffers, cores and [(core, program)] (spmd.py calls it once per chip); `keep`:
+    the programs may be kept for the next launch (`_CoreProgram`)."""
     plan = self.plan
     machine.fixed_site = plan.fixed_site
     in_bufs = []
@@ -116,65 +181,116 @@ class _Launch:
       work = [(c, body, None) for body, mesh in zip(plan.bodies, plan.meshes)
               for c in _mesh_cores(machine, chip_index, mesh, plan.params, plan.kernel_name)]
     machine.register_hbm(chip_index, [b.buf if isinstance(b, Ref) else b for b in in_bufs] + self.out_bufs)
-    return [(c, functools.partial(_program, self, in_bufs, body, pts)) for c, body, pts in work]
+    return [(c, _CoreProgram(self, in_bufs, body, pts, keep)) for c, body, pts in work]
 
 
-def _program(launch: _Launch, in_bufs, body, points) -> None:
-  """What one core runs: language context, barrier semaphore, staged copies, scratch, the body."""
-  plan = launch.plan
-  ex = executor.current()
-  kctx = context.KernelContext()
-  token = context.enter(kctx)
-  scopes = []
-  try:
+class _CoreProgram:
+  """What one core runs (the machine's scheduler calls it): language context, barrier semaphore, staged
+  copies, scratch, the body (a grid body through its `Pipeline`). `keep`: the launch is a replayed
+  one that may be kept for the next launch of its plan and key (`_Warm`): the scopes stay open and the
+  pipeline made after the run, and `rerun` runs the body again on the same buffers."""
+
+  def __init__(self, launch: _Launch, in_bufs, body, points, keep: bool = False):
+    self.launch, self.in_bufs, self.body, self.points, self.keep = launch, in_bufs, body, points, keep
+    self.scopes = []       # the buffers of each open scope (barrier, staged, scratch), in order
+    self.pipe = None
+    self.barrier = None
+
+  def __call__(self) -> None:
+    ex = executor.current()
+    kctx = context.KernelContext()
+    token = context.enter(kctx)
+    try:
+      self._open(ex)
+      self._run(kctx)
+      if not self.keep:
+        self._close(ex)
+    except BaseException:
+      kctx.barrier_sem = None
+      self._close(ex, quiet=True)
+      raise
+    finally:
+      context.leave(token)
+
+  def rerun(self) -> None:
+    """The run of a kept program (`_Warm.run`), on the buffers `_Warm.park` renewed."""
+    kctx = context.KernelContext()
+    token = context.enter(kctx)
+    try:
+      self._run(kctx)
+    finally:
+      context.leave(token)
+
+  def _open(self, ex) -> None:
+    """Allocate the scopes and make the kernel's refs (and its pipeline, for a grid launch)."""
+    launch, plan = self.launch, self.launch.plan
     if plan.params.collective_id is not None:
-      (kctx.barrier_sem,), _, bufs = open_scope(ex, (SemaphoreType.BARRIER,), {}, "barrier_semaphore")
-      scopes.append(bufs)
-    operands = [b if isinstance(b, Ref) else Ref(b) for b in in_bufs]
+      (self.barrier,), _, bufs = open_scope(ex, (SemaphoreType.BARRIER,), {}, "barrier_semaphore")
+      self.scopes.append(bufs)
+    operands = [b if isinstance(b, Ref) else Ref(b) for b in self.in_bufs]
     outputs = [Ref(b) for b in launch.out_bufs]
     staged, _, bufs = open_scope(ex, [s.type for s in plan.staged], {}, "staged",
                                  names=[s.name for s in plan.staged])
-    scopes.append(bufs)
+    self.scopes.append(bufs)
+    self.copy_in, self.copy_out = [], []
     for s, r in zip(plan.staged, staged):
       if s.kind == OPERAND:
-        sync_copy(operands[s.index], r)
+        self.copy_in.append((operands[s.index], r))
         operands[s.index] = r
       else:
+        self.copy_out.append((r, outputs[s.index]))
         outputs[s.index] = r
     scratch = plan.scratch
     is_dict = isinstance(scratch, dict)
     scr, kw_scr, bufs = open_scope(ex, () if is_dict else scratch, scratch if is_dict else {}, "scratch")
-    scopes.append(bufs)
+    self.scopes.append(bufs)
     if plan.is_grid:
       lead = tuple(tree_unflatten(plan.operand_tree, operands[:plan.num_prefetch]))
-      run_pipeline(body, plan.grid, plan.in_maps, plan.out_maps, operands[plan.num_prefetch:], outputs,
-                   lead_args=lead, tail_args=scr, tail_kwargs=kw_scr, index_args=lead, points=points,
-                   written=launch.written, offsets_cache=plan.cache())
+      self.pipe = Pipeline(self.body, plan.grid, plan.in_maps, plan.out_maps, operands[plan.num_prefetch:],
+                           outputs, lead_args=lead, tail_args=scr, tail_kwargs=kw_scr, index_args=lead,
+                           points=self.points, offsets_cache=plan.cache())
     else:
       if plan.outputs_as == LEAVES:
         out_args = outputs
       else:
         tree = tree_unflatten(plan.output_tree, outputs)
         out_args = tuple(tree) if plan.outputs_as == ENTRIES else (tree,)
-      res = body(*tree_unflatten(plan.operand_tree, operands), *out_args, *scr, **kw_scr)
+      self.args = (*tree_unflatten(plan.operand_tree, operands), *out_args, *scr)
+      self.kwargs = kw_scr
+
+  def _run(self, kctx) -> None:
+    """The staged copies in, the body (through the pipeline), the staged copies out."""
+    kctx.barrier_sem = self.barrier
+    for src, dst in self.copy_in:
+      sync_copy(src, dst)
+    if self.pipe is not None:
+      self.pipe.run(self.launch.written)
+    else:
+      res = self.body(*self.args, **self.kwargs)
       if res is not None:
-        raise UsageError(f"Kernel '{plan.kernel_name}' returned {type(res).__name__}; pl.kernel bodies "
-                         f"must return None. Fix: write their results to output refs and drop the return.")
-    close_scope(ex, scopes.pop())   # scratch
-    for s, r in zip(plan.staged, staged):
-      if s.kind != OPERAND:
-        sync_copy(r, Ref(launch.out_bufs[s.index]))
-    close_scope(ex, scopes.pop())   # staged copies
-    if scopes:
-      kctx.barrier_sem = None
-      close_scope(ex, scopes.pop())
-  except BaseException:
+        raise UsageError(f"Kernel '{self.launch.plan.kernel_name}' returned {type(res).__name__}; pl.kernel "
+                         f"bodies must return None. Fix: write their results to output refs and drop the "
+                         f"return.")
+    for src, dst in self.copy_out:
+      sync_copy(src, dst)
     kctx.barrier_sem = None
-    for bufs in reversed(scopes):
-      close_scope(ex, bufs, quiet=True)
-    raise
-  finally:
-    context.leave(token)
+
+  def _close(self, ex, quiet: bool = False) -> None:
+    """Free the pipeline's buffers and the scopes, last opened first (`quiet`: after an error)."""
+    if self.pipe is not None:
+      pipe, self.pipe = self.pipe, None
+      pipe.close(quiet)
+    while self.scopes:
+      close_scope(ex, self.scopes.pop(), quiet)
+
+  def park(self) -> None:
+    """After a kept run: the pipeline's state and every buffer of the program as freshly made."""
+    if self.pipe is not None:
+      self.pipe.park()
+      if self.pipe.bufs is not None:
+        memory.renew(self.pipe.bufs)
+    for bufs in self.scopes:
+      memory.renew(bufs)
 
 
 # ------------------------------------------------------------------ cores

@@ -275,11 +275,29 @@ def new_buffer(shape, dtype, space, name, core, chip: int, timing_only: bool, la
   return Buffer(filled(shape, dtype), shape, dtype, space, name, core, chip)
 
 
-def hbm_output(shape, dtype, name: str, timing_only: bool, lazy: bool = False) -> Buffer:
+def renew(bufs) -> None:
+  """Buffers kept from one replayed launch for the next (launch/run.py `_Warm`, one core, no checkers):
+  each as `new_buffer` makes it, never written. Each gets new storage (or the pending fill) instead of
+  a write to the old one, so values and buffers still viewing the old storage stay valid without a
+  copy. Semaphores are left as they are: a replayed launch never changes one (sim/replay.py)."""
+  for b in bufs:
+    if b.sem_kind is not None:
+      continue
+    b.borrowed = b.lenders = b.readers = None
+    b.aliased = False
+    b.ready_cycle = 0
+    if b.memory_space is _VMEM and b.nbytes >= LAZY_FILL_BYTES:
+      b.defer(Fill(fill_value(b.dtype)))
+    else:
+      b.storage = filled(b.shape, b.dtype)
+
+
+def hbm_output(shape, dtype, name: str, timing_only: bool, lazy: bool = False, into=None) -> Buffer:
   """An output operand in HBM, holding the uninitialised fill. `lazy`: np.empty storage (the launch fills
   the blocks no write-back reached afterwards). On a timing-only machine no data reaches HBM, so the
   output is shape and dtype only: its storage is a read-only broadcast of the fill value, which takes
-  no host memory whatever the shape."""
+  no host memory whatever the shape. `into`: a kept launch's buffer for this output (launch/run.py
+  `_Warm`), made the same again with new storage."""
   dtype = np.dtype(dtype)
   if timing_only:
     storage = np.broadcast_to(np.asarray(fill_value(dtype), dtype), shape)
@@ -287,7 +305,13 @@ def hbm_output(shape, dtype, name: str, timing_only: bool, lazy: bool = False) -
     storage = np.empty(shape, dtype)
   else:
     storage = filled(shape, dtype)
-  return Buffer(storage, tuple(shape), dtype, MemorySpace.ANY, name)
+  if into is None:
+    return Buffer(storage, tuple(shape), dtype, MemorySpace.ANY, name)
+  into.storage = storage
+  into.borrowed = into.readers = into.lenders = None
+  into.aliased = False
+  into.ready_cycle = 0
+  return into
 
 
 def alias_input(out: Buffer, src: np.ndarray, timing_only: bool) -> None:

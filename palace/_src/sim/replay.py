@@ -34,9 +34,12 @@ class ReplayMemo:
   EVENT_LIMIT = 1_000_000
 
   def __init__(self):
-    self._entries = {}   # (id(plan), key) -> (plan, report); the plan kept alive so its id stays its own
+    # (id(plan), key) -> [plan, report, kept launch or None]; the plan kept alive so its id stays its
+    # own; the kept launch is the launch layer's (launch/run.py `_Warm`), opaque here
+    self._entries = {}
     self._events = 0
     self.hits = 0        # launches replayed (tests, benchmarks)
+    self.warm_hits = 0   # of which on a launch kept from the last one (launch/run.py `_Warm`)
 
   def get(self, plan, key):
     entry = self._entries.get((id(plan), key))
@@ -44,6 +47,22 @@ class ReplayMemo:
       return None
     self.hits += 1
     return entry[1]
+
+  def take_warm(self, plan, key):
+    """The launch kept with this entry, taken out (a launch running on it owns it), or None."""
+    entry = self._entries.get((id(plan), key))
+    if entry is None or entry[0] is not plan:
+      return None
+    warm, entry[2] = entry[2], None
+    if warm is not None:
+      self.warm_hits += 1
+    return warm
+
+  def give_warm(self, plan, key, warm) -> None:
+    """Keep `warm` with this entry (unless the entry is gone or another launch gave one back first)."""
+    entry = self._entries.get((id(plan), key))
+    if entry is not None and entry[0] is plan and entry[2] is None:
+      entry[2] = warm
 
   def put(self, plan, key, report) -> None:
     n = len(report.trace_log)
@@ -54,7 +73,7 @@ class ReplayMemo:
     while entries and (len(entries) >= self.LIMIT or self._events + n > self.EVENT_LIMIT):
       old = entries.pop(next(iter(entries)))
       self._events -= len(old[1].trace_log)
-    entries[(id(plan), key)] = (plan, kept)
+    entries[(id(plan), key)] = [plan, kept, None]
     self._events += n
 
 
@@ -188,6 +207,18 @@ class ReplayMachine:
     self.grid_steps = 0
     self.fixed_site = None
     self.axes = []
+    self.kept = False
+
+  def adopt(self, core: ReplayCore) -> None:
+    """Run on a core kept from an earlier replayed launch of the same plan and key (launch/run.py)."""
+    if self.cores:
+      _never("made a second core")(self)
+    core.machine = self
+    self.cores.append(core)
+
+  def keep_cores(self) -> None:
+    """The launch layer keeps this launch's core for the next one: `release` leaves it intact."""
+    self.kept = True
 
   def add_core(self, chip_index: int, core_id: int, axis_env: dict, params) -> ReplayCore:
     if self.cores:
@@ -219,6 +250,7 @@ class ReplayMachine:
     return self.report.replica()
 
   def release(self) -> None:
-    for c in self.cores:
-      c.__dict__.clear()
+    if not self.kept:
+      for c in self.cores:
+        c.__dict__.clear()
     self.__dict__.clear()
