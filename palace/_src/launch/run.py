@@ -97,6 +97,7 @@ class _Warm:
       if k not in plan.aliases:
         host.hbm_input(v, o.name, 0, into=prog.in_bufs[k])
     prog.launch = launch
+    machine.fixed_site = plan.fixed_site
     self.core.unused_dmas.clear()
     machine.adopt(self.core)
     machine.run([(self.core, prog.rerun)])
