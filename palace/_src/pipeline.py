@@ -312,10 +312,12 @@ class Pipeline:
       close_scope(self.ex, self.bufs, quiet=quiet)
 
   def park(self) -> None:
-    """After a run that returned: the operand states as a new pipeline's (the copies prepared per block
-    and slot are kept). The block buffers (`bufs`) are the owner's to renew: a run expects them as
+    """After a run that returned: the operand states as a new pipeline's, the copies prepared per block
+    and slot kept (from now on for every operand: a parked pipeline runs again, so even blocks visited
+    once are visited again). The block buffers (`bufs`) are the owner's to renew: a run expects them as
     freshly allocated (launch/run.py renews them; the language side does not touch buffer state)."""
     for o in self.ops_in + self.ops_out:
+      o.prepare = _cached_copy
       o.fetched.clear()
       o.blocks.clear()
       o.pending_wb.clear()

@@ -227,9 +227,14 @@ LAZY_FILL_BYTES = 64 * 1024  # VMEM buffers this large start with a pending fill
 
 def fill_value(dtype):
   """The value never-written memory reads as: NaN for floats, the type's minimum for 8-32 bit ints."""
-  if dtype.kind == "f" or str(dtype) in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
-    return np.nan
-  return _SENTINEL.get(dtype, 0)
+  value = _FILL.get(dtype, _FILL)
+  if value is _FILL:   # (kept per dtype: str(dtype) costs microseconds, and every allocation asks)
+    float_like = dtype.kind == "f" or str(dtype) in ("bfloat16", "float8_e4m3fn", "float8_e5m2")
+    value = _FILL[dtype] = np.nan if float_like else _SENTINEL.get(dtype, 0)
+  return value
+
+
+_FILL: dict = {}
 
 
 def filled(shape, dtype) -> np.ndarray:
@@ -277,18 +282,25 @@ def new_buffer(shape, dtype, space, name, core, chip: int, timing_only: bool, la
 
 def renew(bufs) -> None:
   """Buffers kept from one replayed launch for the next (launch/run.py `_Warm`, one core, no checkers):
-  each as `new_buffer` makes it, never written. Each gets new storage (or the pending fill) instead of
-  a write to the old one, so values and buffers still viewing the old storage stay valid without a
-  copy. Semaphores are left as they are: a replayed launch never changes one (sim/replay.py)."""
+  each as `new_buffer` makes it, never written. A buffer's own storage that nothing else views (no
+  live reader, not borrowed or aliased) is filled in place; otherwise it gets new storage (or the
+  pending fill), so values and buffers still viewing the old storage stay valid without a copy.
+  Semaphores are left as they are: a replayed launch never changes one (sim/replay.py)."""
   for b in bufs:
     if b.sem_kind is not None:
       continue
+    storage = b._storage
+    own = (b.borrowed is None and b.pending is None and not b.aliased and storage is not None
+           and storage.flags.writeable and (not b.readers or not any(r() is not None for r in b.readers)))
     b.borrowed = b.lenders = b.readers = None
-    b.aliased = False
     b.ready_cycle = 0
     if b.memory_space is _VMEM and b.nbytes >= LAZY_FILL_BYTES:
+      b.aliased = False
       b.defer(Fill(fill_value(b.dtype)))
+    elif own:
+      storage.fill(fill_value(b.dtype))
     else:
+      b.aliased = False
       b.storage = filled(b.shape, b.dtype)
 
 
