@@ -165,16 +165,20 @@ def run_pallas_call(params, args, cache=None):
   launch site, whose operand shapes, dtypes and engine are fixed) holds the palace LaunchPlan made
   for each grid by the first call, so later calls only run it."""
   gm = params["grid_mapping"]
-  grid = _grid(gm, args[:gm.num_dynamic_grid_bounds])
-  operands = args[gm.num_dynamic_grid_bounds:]
+  nd = gm.num_dynamic_grid_bounds
+  # (a static grid is the cache's one key, None: no grid to rebuild per call)
+  grid = _grid(gm, args[:nd]) if nd else None
+  operands = args[nd:] if nd else args
   plan = None if cache is None else cache.get(grid)
   if plan is None:
+    if grid is None:
+      grid = _grid(gm, ())
     plan, operands = _palace_launch(params, grid).plan(*operands)
     # (no user frame is on the stack while a jaxpr runs: messages name the kernel's line)
     plan = dataclasses.replace(plan, fixed_site=kernel_site(params["jaxpr"]),
                                replay_operands=_grid_replay_operands(params))
     if cache is not None:
-      cache[grid] = plan
+      cache[grid if nd else None] = plan
   return run(plan, operands)
 
 

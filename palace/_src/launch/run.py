@@ -131,7 +131,7 @@ class _Launch:
 
   def __init__(self, plan: LaunchPlan, operands: list, out_bufs=None):
     self.plan, self.operands = plan, operands
-    self.lazy = () if not plan.is_grid or host.eager_output_init() else _lazy_outputs(plan)
+    self.lazy = {} if not plan.is_grid or host.eager_output_init() else _lazy_outputs(plan)
     timing_only = active_tpu().timing_only
     # Pipelined outputs start as np.empty and only blocks never written back are filled afterwards
     # (same result as filling everything first, without touching every page twice); on a timing-only
@@ -146,8 +146,8 @@ class _Launch:
 
   def fill_unwritten(self) -> None:
     """After the run (or its error): the never-written blocks of lazy outputs get the fill value."""
-    for i in self.lazy:
-      _fill_unwritten(self.out_bufs[i].storage, self.plan.out_maps[i], self.written.get(i, set()))
+    for i, num_blocks in self.lazy.items():
+      _fill_unwritten(self.out_bufs[i].storage, self.plan.out_maps[i], self.written.get(i, ()), num_blocks)
 
   def build(self, machine, chip_index: int, keep: bool = False) -> list:
     """This chip's HBM buffers, cores and [(core, program)] (spmd.py calls it once per chip); `keep`:
@@ -399,15 +399,16 @@ def _check_vmem(core, plan: LaunchPlan):
 
 
 # ------------------------------------------------------------------ outputs never written
-def _lazy_outputs(plan: LaunchPlan) -> frozenset:
-  """Indices of the outputs a grid launch may leave as np.empty and fill afterwards where no block was
-  written back: pipelined, not aliased to an input, tiled by their blocks (kept in the plan's cache)."""
+def _lazy_outputs(plan: LaunchPlan) -> dict:
+  """{index: number of blocks} of the outputs a grid launch may leave as np.empty and fill afterwards
+  where no block was written back: pipelined, not aliased to an input, tiled by their blocks (kept in
+  the plan's cache)."""
   cache = plan.cache()
   lazy = cache.get("lazy outputs")
   if lazy is None:
     aliased = set(plan.aliases.values())
-    lazy = cache["lazy outputs"] = frozenset(
-        i for i, m in enumerate(plan.out_maps) if m.pipelined and i not in aliased and _tileable(m))
+    lazy = cache["lazy outputs"] = {i: prod(_block_counts(m)) for i, m in enumerate(plan.out_maps)
+                                    if m.pipelined and i not in aliased and _tileable(m)}
   return lazy
 
 
@@ -416,12 +417,17 @@ def _tileable(m) -> bool:
   return all(kind in (BLOCKED, SQUEEZED) for kind, _, _ in m.dims)
 
 
-def _fill_unwritten(storage, m, written) -> None:
-  """Give every element outside the written-back blocks the uninitialised value (NaN / int min)."""
-  counts = [-(-dim // size) if kind == BLOCKED else dim
-            for (kind, size, _), dim in zip(m.dims, m.array_shape)]
-  if len(written) == prod(counts):   # distinct block offsets, as many as blocks: every one written
+def _block_counts(m) -> list:
+  """Blocks per dim of a tileable output's block mapping (`_tileable`)."""
+  return [-(-dim // size) if kind == BLOCKED else dim for (kind, size, _), dim in zip(m.dims, m.array_shape)]
+
+
+def _fill_unwritten(storage, m, written, num_blocks: int) -> None:
+  """Give every element outside the written-back blocks the uninitialised value (NaN / int min);
+  `num_blocks`: how many blocks the output has (prod of `_block_counts`)."""
+  if len(written) == num_blocks:   # distinct block offsets, as many as blocks: every one written
     return
+  counts = _block_counts(m)
   done = np.zeros(counts, bool)
   if written:   # block coordinates of every written block, one NumPy op per dim
     offs = np.array(list(written), np.int64).reshape(len(written), len(m.dims))
