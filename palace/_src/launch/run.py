@@ -31,7 +31,7 @@ from palace._src.launch.sc_mesh import VectorSubcoreMesh, check_for_chip
 from palace._src.lang import context
 from palace._src.lang.primitives import close_scope, open_scope
 from palace._src.lang.refs import Ref
-from palace._src.lang.tpu_primitives import sync_copy
+from palace._src.lang.tpu_primitives import AsyncCopyDescriptor
 from palace._src.pipeline import Pipeline
 from palace._src.sim import memory
 from palace._src.sim.machine import active_tpu
@@ -230,16 +230,22 @@ class _CoreProgram:
       self.scopes.append(bufs)
     operands = [b if isinstance(b, Ref) else Ref(b) for b in self.in_bufs]
     outputs = [Ref(b) for b in launch.out_bufs]
-    staged, _, bufs = open_scope(ex, [s.type for s in plan.staged], {}, "staged",
-                                 names=[s.name for s in plan.staged])
+    # the staged copies: prepared once (a kept program runs them again), on one DMA semaphore
+    types, names = [s.type for s in plan.staged], [s.name for s in plan.staged]
+    if types:
+      types.append(SemaphoreType.DMA)
+      names.append("staged copies' DMA semaphore")
+    staged, _, bufs = open_scope(ex, types, {}, "staged", names=names)
     self.scopes.append(bufs)
     self.copy_in, self.copy_out = [], []
     for s, r in zip(plan.staged, staged):
       if s.kind == OPERAND:
-        self.copy_in.append((operands[s.index], r))
+        self.copy_in.append(AsyncCopyDescriptor(operands[s.index], r, staged[-1], api="pltpu.sync_copy")
+                            .prepare(ex))
         operands[s.index] = r
       else:
-        self.copy_out.append((r, outputs[s.index]))
+        self.copy_out.append(AsyncCopyDescriptor(r, outputs[s.index], staged[-1], api="pltpu.sync_copy")
+                             .prepare(ex))
         outputs[s.index] = r
     scratch = plan.scratch
     is_dict = isinstance(scratch, dict)
@@ -262,8 +268,9 @@ class _CoreProgram:
   def _run(self, kctx) -> None:
     """The staged copies in, the body (through the pipeline), the staged copies out."""
     kctx.barrier_sem = self.barrier
-    for src, dst in self.copy_in:
-      sync_copy(src, dst)
+    for copy in self.copy_in:
+      copy.start()
+      copy.wait()
     if self.pipe is not None:
       self.pipe.run(self.launch.written)
     else:
@@ -272,8 +279,9 @@ class _CoreProgram:
         raise UsageError(f"Kernel '{self.launch.plan.kernel_name}' returned {type(res).__name__}; pl.kernel "
                          f"bodies must return None. Fix: write their results to output refs and drop the "
                          f"return.")
-    for src, dst in self.copy_out:
-      sync_copy(src, dst)
+    for copy in self.copy_out:
+      copy.start()
+      copy.wait()
     kctx.barrier_sem = None
 
   def _close(self, ex, quiet: bool = False) -> None:
