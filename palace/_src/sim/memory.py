@@ -287,7 +287,7 @@ def renew(bufs) -> None:
   pending fill), so values and buffers still viewing the old storage stay valid without a copy.
   Semaphores are left as they are: a replayed launch never changes one (sim/replay.py)."""
   for b in bufs:
-    if b.sem_kind is not None:
+    if b is None or b.sem_kind is not None:   # (a scope's list may hold None for no allocation)
       continue
     storage = b._storage
     own = (b.borrowed is None and b.pending is None and not b.aliased and storage is not None
