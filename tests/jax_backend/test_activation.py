@@ -100,6 +100,25 @@ def test_one_host_callback_per_launch_in_the_compiled_program():
   assert len(tpu.reports) == 2
 
 
+def _int4_kernel(x_ref, o_ref):
+  o_ref[...] = (x_ref[...].astype(jnp.int32) * 3 + 1).astype(jnp.int4)
+
+
+def test_sub_byte_operands_take_xlas_python_callback_and_compute_right():
+  """int4 (packed in XLA's buffers) operands and results take XLA's ordinary Python callback, which
+  unpacks them (callback._emit_callback); the kernel's results are the same as for the buffer
+  callback's dtypes."""
+  x = jnp.tile(jnp.arange(-8, 8, dtype=jnp.int4).reshape(1, 16), (32, 16))   # (32, 256)
+  f = jax.jit(pl.pallas_call(_int4_kernel, out_shape=jax.ShapeDtypeStruct(x.shape, jnp.int4)))
+  with pj.virtual_tpu("v5e") as tpu:
+    hlo = f.lower(x).as_text()
+    out = np.asarray(f(x)).astype(np.int32)
+  assert "xla_buffer_python_cpu_callback" not in hlo and "xla_ffi_python_cpu_callback" in hlo
+  ref = np.asarray(x).astype(np.int32) * 3 + 1
+  np.testing.assert_array_equal(out, (ref + 8) % 16 - 8)   # int4 wraps
+  assert len(tpu.reports) == 1
+
+
 def test_operands_are_views_of_xlas_buffers_not_based_on_its_buffer_objects(monkeypatch):
   """XLA's buffer callback hands palace its operand buffers: palace views them (no copy; operands
   under 64 KiB are copied), read-only, and no view has XLA's Buffer object as a base. Such views,
