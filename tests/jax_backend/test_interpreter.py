@@ -73,6 +73,38 @@ def test_integer_ops_select_n_clamp_and_bitcast_convert():
   np.testing.assert_array_equal(out, np.where(i > 2, y, -y))
 
 
+
+def test_unit_dim_broadcasting_binary_ops_take_the_block_form_with_the_generic_results():
+  """JAX 0.12 binds `max x:f32[8,128] y:f32[8,1]` (unit dims broadcast): such equations take the
+  block form (rules_lax._vector_form) as same-shape ones do; results and the charged time are those of
+  the generic elementwise op."""
+  from palace._src.jax import rules_lax
+  from palace.numpy import maximum
+
+  def kernel(x_ref, o_ref):
+    x = x_ref[...]
+    col = jnp.max(x, axis=1, keepdims=True)            # (8, 1)
+    row = jnp.min(x, axis=0, keepdims=True)            # (1, 128)
+    o_ref[...] = jnp.maximum(x * 0.5, col - 3.0) + row - (col * row)
+  y = X + np.arange(8, dtype=np.float32)[:, None]
+  eqn = jax.make_jaxpr(lambda a, b: lax.max(a, b))(y, y[:, :1]).jaxpr.eqns[0]
+  assert rules_lax._vector_form(eqn, maximum) is not None
+  out, tpu = _run(kernel, jax.ShapeDtypeStruct((8, 128), jnp.float32), y)
+  col, row = y.max(axis=1, keepdims=True), y.min(axis=0, keepdims=True)
+  np.testing.assert_array_equal(out, np.maximum(y * 0.5, col - 3.0) + row - col * row)
+  calls = []
+  monkey = pytest.MonkeyPatch()
+  monkey.setattr(rules_lax, "_vector_form", lambda eqn, op: calls.append(eqn) and None)
+  try:   # the same kernel without the block form (a new trace: JAX caches the lowering per function)
+    def kernel2(x_ref, o_ref):
+      kernel(x_ref, o_ref)
+    out2, tpu2 = _run(kernel2, jax.ShapeDtypeStruct((8, 128), jnp.float32), y)
+  finally:
+    monkey.undo()
+  assert calls
+  np.testing.assert_array_equal(out2, out)
+  assert tpu2.reports[0].device_cycles == tpu.reports[0].device_cycles
+
 def test_element_block_dims_and_scalar_prefetch_index_maps():
   starts = np.array([5, 0, 17, 3], np.int32)       # element offsets of each step's rows
   x = (np.arange(64 * 128) % 11).reshape(64, 128).astype(np.float32)

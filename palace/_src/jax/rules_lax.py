@@ -61,18 +61,28 @@ def _scalar_form(eqn, op):
 
 def _vector_form(eqn, op):
   """`op` specialised to the equation's operands (numpy_elementwise._on_vectors) when they are all
-  values of one dtype and one block shape, as its result is, else None."""
+  values of one dtype and one block shape, as its result is (one of two may be 0-d), or two such
+  values of the result's rank whose unit dims broadcast to it (JAX 0.12's `max x:f32[128,128]
+  y:f32[128,1]`), else None."""
   from jax._src import core as jax_core  # noqa: PLC0415
   ins, outs = eqn.invars, eqn.outvars
   if len(outs) != 1 or any(type(v) is jax_core.Literal for v in ins):
     return None
   avals = [v.aval for v in (*ins, *outs)]
-  shape = getattr(avals[0], "shape", None)
-  if not shape or any(getattr(a, "shape", None) != shape or getattr(a, "inner_aval", None) is not None
+  shape = getattr(avals[-1], "shape", None)
+  if not shape or any(getattr(a, "inner_aval", None) is not None or getattr(a, "shape", None) is None
                       for a in avals):
     return None
+  shapes = [tuple(a.shape) for a in avals[:len(ins)]]
+  in_shapes = None
+  if any(s != shape for s in shapes) and not (len(ins) == 2 and sorted(shapes) == [(), shape]):
+    # (a block with a 0-d operand is _on_vectors' own case; other shapes must broadcast by unit dims)
+    if len(ins) != 2 or any(len(s) != len(shape) or any(d not in (1, n) for d, n in zip(s, shape))
+                            for s in shapes):
+      return None
+    in_shapes = tuple(shapes)
   dtypes = {np.dtype(a.dtype) for a in avals[:len(ins)]}
-  return _on_vectors(op, dtypes.pop(), shape, len(ins)) if len(dtypes) == 1 else None
+  return _on_vectors(op, dtypes.pop(), shape, len(ins), in_shapes) if len(dtypes) == 1 else None
 
 
 def _vector_literal_form(eqn, op):

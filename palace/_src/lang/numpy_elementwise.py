@@ -187,12 +187,14 @@ def _on_scalars(op, dtype, arity: int):
   return binary
 
 
-def _on_vectors(op, dtype, shape, arity: int):
+def _on_vectors(op, dtype, shape, arity: int, in_shapes=None):
   """`op` specialised to `arity` Arrays of one `dtype` and one non-empty `shape` (in a binary op one of
   them may be 0-d) inside a kernel, for callers that know their operands' types up front (palace.jax's
   compiled equations on blocks): the steps `op` takes for such operands (data through the compute
-  dtype, result dtype, one `vector_op` of op's cost class), without its operand analysis. Operands of
-  any other kind take `op` itself. None where the form does not apply."""
+  dtype, result dtype, one `vector_op` of op's cost class on the result shape), without its operand
+  analysis. `in_shapes`: a binary op's two operand shapes instead, when they differ from `shape` but
+  broadcast to it (a (128, 128) block with a (128, 1) column: op's steps are the same, NumPy
+  broadcasts). Operands of any other kind take `op` itself. None where the form does not apply."""
   form, op_class = getattr(op, "scalar_form", None), getattr(op, "op_class", None)
   dtype, shape = np.dtype(dtype), tuple(shape)
   if form is None or op_class is None or not shape or arity not in (1, 2) or \
@@ -230,7 +232,10 @@ def _on_vectors(op, dtype, shape, arity: int):
         b.dtype != dtype:
       return op(a, b)
     sa, sb = a.shape, b.shape
-    if not ((sa == shape and (sb == shape or not sb)) or (sb == shape and not sa)):
+    if in_shapes is not None:
+      if sa != in_shapes[0] or sb != in_shapes[1]:
+        return op(a, b)
+    elif not ((sa == shape and (sb == shape or not sb)) or (sb == shape and not sa)):
       return op(a, b)
     da, db = a._data, b._data
     data = None
