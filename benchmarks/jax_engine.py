@@ -204,14 +204,14 @@ def _time_in_host(jpl, kernel, x, reps) -> float:
   inside = []
   emit = palace_callback._emit_callback
 
-  def timed_emit(ctx, host, in_nodes):
-    def timed_host(*arrays):
+  def timed_emit(ctx, host, in_nodes, **kw):
+    def timed_host(*arrays, **out):
       t0 = time.perf_counter()
       try:
-        return host(*arrays)
+        return host(*arrays, **out)
       finally:
         inside.append(time.perf_counter() - t0)
-    return emit(ctx, timed_host, in_nodes)
+    return emit(ctx, timed_host, in_nodes, **kw)
   palace_callback._emit_callback = timed_emit
   try:
     with pj.virtual_tpu("v5e"):
@@ -242,9 +242,12 @@ def _table(title, rows, show_rows=True):
   return geo, own
 
 
-def _zero_outputs(params, args, cache=None):
-  """A stand-in for palace's launch (palace._src.jax.launch.run_*): the kernel's outputs, zeros."""
-  return [np.zeros(a.shape, a.dtype) for a in params["out_avals"]]
+def _zero_outputs(params, args, cache=None, out=None):
+  """A stand-in for palace's launch (palace._src.jax.launch.run_*): the kernel's outputs, zeros (in
+  `out`'s arrays where given, as palace computes them there)."""
+  out = out or [None] * len(params["out_avals"])
+  return [np.zeros(a.shape, a.dtype) if o is None else (o.fill(0) or o)
+          for a, o in zip(params["out_avals"], out)]
 
 
 def floor_table(reps, wanted) -> None:

@@ -134,9 +134,9 @@ def test_operands_are_views_of_xlas_buffers_not_based_on_its_buffer_objects(monk
       yield type(a).__name__
       a = getattr(a, "base", None)
 
-  def spy(self, launch_fn, params, args):   # (inside the callback: the views are valid only here)
+  def spy(self, launch_fn, params, args, out=None):   # (inside the callback: views valid only here)
     seen.append([(a.copy(), a.flags.writeable, a.flags.owndata, list(bases(a))) for a in args])
-    return run(self, launch_fn, params, args)
+    return run(self, launch_fn, params, args, out)
   monkeypatch.setattr(Engine, "run", spy)
   with pj.virtual_tpu("v5e"):
     out = np.asarray(jax.jit(lambda a, b: matmul(a, b))(X, X + 1))
@@ -147,6 +147,45 @@ def test_operands_are_views_of_xlas_buffers_not_based_on_its_buffer_objects(monk
     np.testing.assert_array_equal(data, ref)
     assert not writeable and not owndata   # a read-only view of XLA's buffer
     assert not any("Buffer" in k for k in kinds), kinds
+
+
+def _three_outputs_kernel(x_ref, small_ref, big_ref, alias_ref, o_small, o_big, o_alias):
+  o_small[...] = small_ref[...] * 2.0
+  o_big[...] = big_ref[...] + 1.0          # written at block (0, 0) only: the rest never
+  o_alias[...] = alias_ref[...] - x_ref[...]
+
+
+def test_large_outputs_are_computed_in_xlas_result_buffers(monkeypatch):
+  """A pallas_call's outputs of 64 KiB or more are computed in XLA's result buffers (writable views:
+  nothing copied after the launch), smaller ones copied in; results as palace computes them: blocks
+  never written read NaN, an aliased output starts as its input (callback._emit_callback)."""
+  from palace._src.jax.activation import Engine
+  seen, run = [], Engine.run
+
+  def spy(self, launch_fn, params, args, out=None):
+    res = run(self, launch_fn, params, args, out)
+    seen.append([(o is not None, o is not None and np.shares_memory(o, r)) for o, r in zip(out, res)])
+    return res
+  monkeypatch.setattr(Engine, "run", spy)
+  small = np.ones((8, 128), np.float32)
+  spec = pl.BlockSpec((128, 128), lambda i, j: (i, j))
+  f = jax.jit(lambda x, s, b, a: pl.pallas_call(
+      _three_outputs_kernel, grid=(2, 2),
+      in_specs=[spec, pl.BlockSpec((8, 128), lambda i, j: (0, 0)), pl.BlockSpec((128, 128), lambda i, j: (0, 0)),
+                spec],
+      out_specs=[pl.BlockSpec((8, 128), lambda i, j: (0, 0)), pl.BlockSpec((128, 128), lambda i, j: (0, 0)),
+                 spec],
+      out_shape=[jax.ShapeDtypeStruct((8, 128), jnp.float32), jax.ShapeDtypeStruct((256, 256), jnp.float32),
+                 jax.ShapeDtypeStruct((256, 256), jnp.float32)],
+      input_output_aliases={3: 2})(x, s, b, a))
+  with pj.virtual_tpu("v5e"):
+    for k in range(3):   # the full machine, a replay, a kept launch
+      o_small, o_big, o_alias = (np.asarray(o) for o in f(X, small + k, X + k, X * 3))
+      np.testing.assert_array_equal(o_small, (small + k) * 2.0)
+      np.testing.assert_array_equal(o_big[:128, :128], X[:128, :128] + k + 1.0)
+      assert np.isnan(o_big[128:]).all() and np.isnan(o_big[:128, 128:]).all()
+      np.testing.assert_array_equal(o_alias, X * 2)
+  assert seen == [[(False, False), (True, True), (True, True)]] * 3
 
 
 def test_jit_cache_never_keeps_a_stale_lowering():

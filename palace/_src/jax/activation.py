@@ -70,12 +70,13 @@ class Engine:
       with self.lock:
         self.tpu.timing_only = prev
 
-  def run(self, launch_fn, params, args):
+  def run(self, launch_fn, params, args, out=None):
     """Host side of one launch: the callback lands here with NumPy operands, on some XLA thread
-    (counted in `running` by the callback around it: callback._emit_callback)."""
+    (counted in `running` by the callback around it: callback._emit_callback). `out`: arrays to
+    compute the outputs in (launch.run_pallas_call's)."""
     token = activate(self.tpu)
     try:
-      return launch_fn(params, args)
+      return launch_fn(params, args) if out is None else launch_fn(params, args, out=out)
     finally:
       deactivate(token)
 

@@ -108,12 +108,15 @@ def _check_covered(params, kind) -> None:
     check_covered(j)
 
 
-def _emit_callback(ctx, host, in_nodes):
+def _emit_callback(ctx, host, in_nodes, direct_out: bool = False):
   """One XLA host callback running `host(*numpy_operands) -> [numpy outputs]`: XLA's buffer callback
   (`xla_buffer_python_cpu_callback`, what `jax.experimental.buffer_callback` emits, with the op
   sharding `jax.pure_callback` gives its own), which hands the callback XLA's operand and result
   buffers themselves. The operands reach palace as read-only NumPy views of XLA's buffers (no copy;
-  operands under 64 KiB are copied, `_view_of`); the outputs are copied into XLA's result buffers.
+  operands under 64 KiB are copied, `_view_of`); the outputs are copied into XLA's result buffers,
+  except with `direct_out`: then `host(*operands, out=[...])` gets a writable view of each result
+  buffer of 64 KiB or more (None for the others) to compute that output in, and an output returned
+  in it is not copied (no copy, and none of the page faults of a fresh output array).
   `jax.pure_callback`'s custom call instead copies every operand into a fresh array, and its
   host-side wrapper `device_put`s each into a jax.Array first (about 150 us per launch of two
   512 KiB operands). Operands or results of a sub-byte dtype
@@ -138,13 +141,23 @@ def _emit_callback(ctx, host, in_nodes):
     return _emit_python_callback(ctx, host, in_nodes)
   n_in = len(in_nodes)
   in_avals = [(tuple(a.shape), np.dtype(a.dtype)) for a in ctx.avals_in]
+  out_avals = [(tuple(a.shape), np.dtype(a.dtype)) for a in ctx.avals_out]
 
   def call(exec_ctx, *buffers):
     # (all of it inside `running`, the one count of palace launches on XLA's threads: the
     # interpreter's exit waits for the copies into XLA's buffers too)
     with running():
-      outs = host(*[_view_of(b, shape, dtype) for b, (shape, dtype) in zip(buffers, in_avals)])
-      for b, o in zip(buffers[n_in:], outs):
+      args = [_view_of(b, shape, dtype) for b, (shape, dtype) in zip(buffers, in_avals)]
+      if not direct_out:
+        outs = host(*args)
+        views = (None,) * len(outs)
+      else:
+        views = [_view_of(b, shape, dtype, writable=True)
+                 for b, (shape, dtype) in zip(buffers[n_in:], out_avals)]
+        outs = host(*args, out=views)
+      for b, o, v in zip(buffers[n_in:], outs, views):
+        if v is not None and o.__array_interface__["data"][0] == v.__array_interface__["data"][0]:
+          continue   # computed in XLA's result buffer
         if o.size:
           np.copyto(np.asarray(b), o, casting="no")
   ctx.module_context.add_host_callback(call)
@@ -168,21 +181,24 @@ class _Window:
 _COPY_BELOW_BYTES = 64 * 1024   # smaller operands are copied: cheaper than building a view (~3 us)
 
 
-def _view_of(buffer, shape: tuple, dtype: np.dtype) -> np.ndarray:
+def _view_of(buffer, shape: tuple, dtype: np.dtype, writable: bool = False):
   """A read-only view of an XLA operand buffer, of the operand's shape and dtype, whose base is not
   XLA's `Buffer` object (`_emit_callback`); an operand under _COPY_BELOW_BYTES is copied instead
   (a 4 KiB copy costs well under a microsecond; the view's interface ~3 us), and an empty one gets an
-  array of its own."""
+  array of its own. `writable`: a writable view of a result buffer instead, or None under
+  _COPY_BELOW_BYTES or when empty (the result is then copied in)."""
   if not all(shape):
-    return np.empty(shape, dtype)
+    return None if writable else np.empty(shape, dtype)
   a = np.asarray(buffer)
   if a.nbytes < _COPY_BELOW_BYTES:
+    if writable:
+      return None
     v = a.copy()
     v.flags.writeable = False
     return v
   address = a.__array_interface__["data"][0]
   del a   # (the Buffer-based array goes before the callback returns)
-  window = _Window({"data": (address, True), "shape": shape, "typestr": f"|V{dtype.itemsize}",
+  window = _Window({"data": (address, not writable), "shape": shape, "typestr": f"|V{dtype.itemsize}",
                     "version": 3})
   return np.asarray(window).view(dtype)
 
@@ -302,13 +318,14 @@ def lower_on_palace(ctx, in_nodes, engine, params, kind: str = "pallas_call"):
                           cache={})
   out_avals = params["out_avals"]
 
-  def host(*arrays):
+  def host(*arrays, out=None):
     try:
       with engine.lock:  # per-device callbacks of a shard_map may come from several XLA threads
-        outs = engine.run(run, params, [np.asarray(a) for a in arrays])
+        outs = engine.run(run, params, [np.asarray(a) for a in arrays], out)
     except BaseException as e:  # noqa: BLE001  kept for virtual_tpu's exit, then XLA wraps it
       engine.errors.append(e)
       raise
     return [np.asarray(o, dtype=a.dtype).reshape(a.shape) for o, a in zip(outs, out_avals)]
 
-  return _emit_callback(ctx, host, in_nodes)
+  # (a pallas_call computes its outputs in XLA's result buffers; a pl.kernel's may be mutable refs)
+  return _emit_callback(ctx, host, in_nodes, direct_out=kind == "pallas_call")

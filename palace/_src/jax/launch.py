@@ -159,11 +159,12 @@ def _grid(gm, bounds) -> tuple:
   return tuple(int(g) if isinstance(g, (int, np.integer)) else int(np.asarray(next(it))) for g in gm.grid)
 
 
-def run_pallas_call(params, args, cache=None):
+def run_pallas_call(params, args, cache=None, out=None):
   """Run one JAX `pallas_call` (its primitive parameters and NumPy operands) on the active palace
   VirtualTPU; returns the list of NumPy outputs. `cache` (a dict the lowering keeps for its one
   launch site, whose operand shapes, dtypes and engine are fixed) holds the palace LaunchPlan made
-  for each grid by the first call, so later calls only run it."""
+  for each grid by the first call, so later calls only run it. `out`: launch.run's (XLA's result
+  buffers to compute the outputs in)."""
   gm = params["grid_mapping"]
   nd = gm.num_dynamic_grid_bounds
   # (a static grid is the cache's one key, None: no grid to rebuild per call)
@@ -179,7 +180,7 @@ def run_pallas_call(params, args, cache=None):
                                replay_operands=_grid_replay_operands(params))
     if cache is not None:
       cache[grid if nd else None] = plan
-  return run(plan, operands)
+  return run(plan, operands, out)
 
 
 def _replay_operands(jaxpr, keyed) -> tuple | None:

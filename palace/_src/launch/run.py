@@ -39,13 +39,15 @@ from palace._src.sim.subcore import SC_BASE, SCALAR_BASE
 from palace._src.util import fmt_bytes, prod, tree_flatten, tree_unflatten
 
 
-def run(plan: LaunchPlan, operands) -> list:
+def run(plan: LaunchPlan, operands, out=None) -> list:
   """Run `plan` on the active virtual TPU with one HBM value per `plan.operands` entry (NumPy arrays
-  with the operand's dtype, or mutable Refs); returns the outputs' NumPy arrays in `plan.outputs` order."""
+  with the operand's dtype, or mutable Refs); returns the outputs' NumPy arrays in `plan.outputs` order.
+  `out`: per output, None or a writable array of its shape and dtype to compute it in (then returned
+  as that output: palace.jax hands XLA's result buffers, so no copy follows the launch)."""
   operands = list(operands)
   ctx = host.spmd_context()
   if ctx is not None:  # inside shard_map: every chip's thread reaches this launch; one machine runs them
-    launch = _Launch(plan, operands)
+    launch = _Launch(plan, operands, out=out)
     try:
       ctx[0].collective_launch(ctx[1], plan.kernel_name, launch.build, plan.num_points)
     finally:
@@ -58,11 +60,11 @@ def run(plan: LaunchPlan, operands) -> list:
     with lm as machine:
       warm = lm.warm
       if warm is not None:   # a replayed launch kept from the last one with this plan and key
-        launch = _Launch(plan, operands, warm.out_bufs)
+        launch = _Launch(plan, operands, warm.out_bufs, out)
         warm.run(launch, machine)
         lm.keep = warm
       else:
-        launch = _Launch(plan, operands)
+        launch = _Launch(plan, operands, out=out)
         keep = lm.may_keep and not any(isinstance(v, Ref) for v in operands)
         programs = launch.build(machine, 0, keep)
         machine.run(programs)
@@ -129,19 +131,20 @@ def _replay_key(plan: LaunchPlan, operands):
 class _Launch:
   """The host-side state of one run: output buffers and which output blocks the pipelines wrote."""
 
-  def __init__(self, plan: LaunchPlan, operands: list, out_bufs=None):
+  def __init__(self, plan: LaunchPlan, operands: list, out_bufs=None, out=None):
     self.plan, self.operands = plan, operands
     self.lazy = {} if not plan.is_grid or host.eager_output_init() else _lazy_outputs(plan)
     timing_only = active_tpu().timing_only
     # Pipelined outputs start as np.empty and only blocks never written back are filled afterwards
     # (same result as filling everything first, without touching every page twice); on a timing-only
     # machine outputs are shape and dtype only (memory.hbm_output).
-    # (`out_bufs`: a kept launch's output buffers (`_Warm`), given this launch's storage)
+    # (`out_bufs`: a kept launch's output buffers (`_Warm`), given this launch's storage; `out`: run's)
+    out = out or [None] * len(plan.outputs)
     self.out_bufs = [memory.hbm_output(o.shape, o.dtype, o.name, timing_only, lazy=i in self.lazy,
-                                       into=None if out_bufs is None else out_bufs[i])
+                                       into=None if out_bufs is None else out_bufs[i], storage=out[i])
                      for i, o in enumerate(plan.outputs)]
     for a_in, a_out in plan.aliases.items():
-      memory.alias_input(self.out_bufs[a_out], operands[a_in], timing_only)
+      memory.alias_input(self.out_bufs[a_out], operands[a_in], timing_only, own=out[a_out] is not None)
     self.written = {}   # output index -> element offsets of the blocks written back (all cores)
 
   def fill_unwritten(self) -> None:

@@ -304,15 +304,21 @@ def renew(bufs) -> None:
       b.storage = filled(b.shape, b.dtype)
 
 
-def hbm_output(shape, dtype, name: str, timing_only: bool, lazy: bool = False, into=None) -> Buffer:
+def hbm_output(shape, dtype, name: str, timing_only: bool, lazy: bool = False, into=None,
+               storage=None) -> Buffer:
   """An output operand in HBM, holding the uninitialised fill. `lazy`: np.empty storage (the launch fills
   the blocks no write-back reached afterwards). On a timing-only machine no data reaches HBM, so the
   output is shape and dtype only: its storage is a read-only broadcast of the fill value, which takes
   no host memory whatever the shape. `into`: a kept launch's buffer for this output (launch/run.py
-  `_Warm`), made the same again with new storage."""
+  `_Warm`), made the same again with new storage. `storage`: the caller's array of this shape and
+  dtype to hold the output (palace.jax: XLA's result buffer), used instead of a new one (filled
+  unless `lazy`; ignored on a timing-only machine)."""
   dtype = np.dtype(dtype)
   if timing_only:
     storage = np.broadcast_to(np.asarray(fill_value(dtype), dtype), shape)
+  elif storage is not None:
+    if not lazy:
+      storage.fill(fill_value(dtype))
   elif lazy:
     storage = np.empty(shape, dtype)
   else:
@@ -326,13 +332,16 @@ def hbm_output(shape, dtype, name: str, timing_only: bool, lazy: bool = False, i
   return into
 
 
-def alias_input(out: Buffer, src: np.ndarray, timing_only: bool) -> None:
+def alias_input(out: Buffer, src: np.ndarray, timing_only: bool, own: bool = False) -> None:
   """`input_output_aliases`: the output starts as the input's values (a private copy; on a timing-only
-  machine a read-only view, since nothing writes HBM there)."""
+  machine a read-only view, since nothing writes HBM there). `own`: the output's storage is already
+  its own array (the caller's, `hbm_output(storage=...)`): the values are copied into it."""
   if timing_only:
     view = src.view()
     view.setflags(write=False)
     out.storage = view
+  elif own:
+    np.copyto(out.storage, src)
   else:
     out.storage = src.copy()
 
