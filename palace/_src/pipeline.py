@@ -234,7 +234,13 @@ class Pipeline:
   offsets, the block buffers' allocation: `run_pipeline`'s arguments), `run(written)` (the steps) and
   `close()` (freeing the block buffers). A replayed launch keeps its pipeline between runs
   (launch/run.py, `_Warm`): `park()` after a run puts it back in the state `run` expects, so a run of a
-  parked pipeline whose block buffers were renewed does what a new one would."""
+  parked pipeline whose block buffers were renewed does what a new one would.
+
+  A parked pipeline's schedule is the same in every run: a replayed launch's schedule was proved a
+  function of its plan and keyed operands (sim/replay.py), and a kept one serves only launches with
+  the same key. So the first run after a park records what the step loop asks of the core, in order
+  (the grid point of each step, each copy started or waited, each body call with its arguments:
+  `_Recorder`), and later runs play that record (`_play`) instead of deciding the schedule again."""
 
   def __init__(self, body, grid, in_maps, out_maps, in_refs, out_refs, *, lead_args=(), tail_args=(),
                tail_kwargs=None, index_args=(), points=None, sync=False, allocations=None,
@@ -264,6 +270,9 @@ class Pipeline:
         if distinct:
           o.prepare = _prepare
     self.bufs = None   # the block buffers this pipeline allocated (None: the caller's, or no steps)
+    self.record = False   # the next run records its schedule (after a park)
+    self.tape = None      # the recorded schedule: [(kind, payload)], and the blocks written back
+    self.tape_written = None
     if not self.n:
       return
     if allocations is not None:   # the caller's buffers (emit_pipeline_with_allocations)
@@ -298,14 +307,51 @@ class Pipeline:
     ex = self.ex
     ex.grid_stack.append((self.points[0], self.grid))
     try:
-      _steps(ex, self.body, self.grid, self.points, self.n, self.ops_in, self.ops_out, self.lead_args,
-             self.tail_args, self.tail_kwargs, self.index_args, self.sync)
+      if self.tape is not None:
+        self._play()
+      elif self.record:
+        tape = []
+        recorder = _Recorder(ex, tape)
+        body = self.body
+
+        def recorded_body(*args, **kwargs):
+          tape.append((_BODY, args))
+          return body(*args, **kwargs)
+        _steps(recorder, recorded_body, self.grid, self.points, self.n, self.ops_in, self.ops_out,
+               self.lead_args, self.tail_args, self.tail_kwargs, self.index_args, self.sync)
+        self.tape_written = {k: frozenset(o.written) for k, o in enumerate(self.ops_out) if o.written}
+        self.tape = tape if len(tape) <= _TAPE_LIMIT else None
+        self.record = False
+      else:
+        _steps(ex, self.body, self.grid, self.points, self.n, self.ops_in, self.ops_out, self.lead_args,
+               self.tail_args, self.tail_kwargs, self.index_args, self.sync)
     finally:
       ex.grid_stack.pop()
     if written is not None:  # which output blocks were written back (for lazy output init)
+      if self.tape_written is not None:
+        for k, blocks in self.tape_written.items():
+          written.setdefault(k, set()).update(blocks)
+        return
       for k, o in enumerate(self.ops_out):
         if o.mode == _BUFFERED:
           written.setdefault(k, set()).update(o.written)
+
+  def _play(self) -> None:
+    """The recorded schedule, on the same core (the steps of `_steps` without deciding them)."""
+    ex = self.ex
+    grid_stack, grid, grid_step = ex.grid_stack, self.grid, ex.grid_step
+    dma_start, dma_wait = ex.dma_start, ex.dma_wait
+    body, kwargs = self.body, self.tail_kwargs
+    for kind, x in self.tape:
+      if kind is _BODY:
+        body(*x, **kwargs)
+      elif kind is _START:
+        dma_start(x)
+      elif kind is _WAIT:
+        dma_wait(x)
+      else:
+        grid_stack[-1] = (x, grid)
+        grid_step()
 
   def close(self, quiet: bool = False) -> None:
     if self.bufs is not None:
@@ -316,6 +362,7 @@ class Pipeline:
     and slot kept (from now on for every operand: a parked pipeline runs again, so even blocks visited
     once are visited again). The block buffers (`bufs`) are the owner's to renew: a run expects them as
     freshly allocated (launch/run.py renews them; the language side does not touch buffer state)."""
+    self.record = self.tape is None and self.tape_written is None   # (once: a run too long keeps none)
     for o in self.ops_in + self.ops_out:
       o.prepare = _cached_copy
       o.fetched.clear()
@@ -324,6 +371,32 @@ class Pipeline:
       o.written = set()
       o.next_slot = o.cur_slot = 0
       o.cur = None
+
+
+_STEP, _START, _WAIT, _BODY = "step", "start", "wait", "body"   # the kinds of a recorded schedule's entries
+_TAPE_LIMIT = 1_000_000   # entries; a longer schedule is not kept (its runs decide it again)
+
+
+class _Recorder:
+  """The core as `_steps` sees it while a parked pipeline records its schedule (`Pipeline.run`): every
+  member it uses, each call also appended to the record."""
+  __slots__ = ("ex", "tape", "grid_stack", "chip_index", "core_id")
+
+  def __init__(self, ex, tape: list):
+    self.ex, self.tape = ex, tape
+    self.grid_stack, self.chip_index, self.core_id = ex.grid_stack, ex.chip_index, ex.core_id
+
+  def grid_step(self) -> None:
+    self.tape.append((_STEP, self.grid_stack[-1][0]))
+    self.ex.grid_step()
+
+  def dma_start(self, copy) -> None:
+    self.tape.append((_START, copy))
+    self.ex.dma_start(copy)
+
+  def dma_wait(self, copy) -> None:
+    self.tape.append((_WAIT, copy))
+    self.ex.dma_wait(copy)
 
 
 def _check_allocations(allocations, types, ops):

@@ -217,11 +217,31 @@ def test_a_kept_launch_keeps_no_array_of_the_launches_it_ran():
 
 def test_scalar_prefetch_values_key_the_replay():
   a, b = jnp.array([1, 0, 1, 1], jnp.int32), jnp.ones(4, jnp.int32)
-  calls = [(skip_matmul, (a, XS)), (skip_matmul, (b, XS)), (skip_matmul, (a, XS)), (skip_matmul, (b, XS))]
+  calls = [(skip_matmul, (a, XS)), (skip_matmul, (b, XS))] * 4
   _, reports, hits = _same_as_full_machine(calls)
-  assert hits == 2                         # the third and fourth launches
+  assert hits == 6                         # from the third launch on
+  assert _WARM_HITS[0] == 4                # from the fifth on, each key's own kept launch
   assert reports[0][2] != reports[1][2]    # the flags change the modelled time
-  assert reports[2] == reports[0] and reports[3] == reports[1]
+  assert reports[2::2] == [reports[0]] * 3 and reports[3::2] == [reports[1]] * 3
+
+
+def test_a_kept_pipeline_plays_its_recorded_schedule(monkeypatch):
+  """The first run of a kept launch records its pipeline's schedule; later runs play it instead of
+  deciding it again (pipeline.Pipeline): the step loop runs for the full machine's launch, the first
+  replay and the recording run only, and every launch computes its own operands."""
+  from palace._src import pipeline
+  calls, steps = [0], pipeline._steps
+
+  def counted(*args):
+    calls[0] += 1
+    return steps(*args)
+  monkeypatch.setattr(pipeline, "_steps", counted)
+  xs = [X + k for k in range(6)]
+  outs, _, hits = _same_as_full_machine([(matmul, (x, Y)) for x in xs])
+  assert hits == 5 and _WARM_HITS[0] == 4
+  assert calls[0] == 3 + 6   # (+ the replay=False run's six)
+  for x, out in zip(xs, outs):
+    np.testing.assert_array_equal(out, np.asarray(x) @ np.asarray(Y))
 
 
 def test_clean_stores_into_a_prefetch_ref_keep_the_launch_replayable():
@@ -247,8 +267,9 @@ def _parity_cases():
 @pytest.mark.parametrize("fname,case", _parity_cases())
 def test_every_parity_kernel_replays_as_it_ran_on_the_full_machine(fname, case):
   """Manual DMAs, semaphores, emit_pipeline, aliases, mutable refs, SMEM blocks, scalar prefetch, the
-  wheel's kernels: the second and third launches are replayed (multi-chip launches never are), the
-  third on the launch kept from the second, with the full machine's outputs and report."""
+  wheel's kernels: the second to fourth launches are replayed (multi-chip launches never are), the
+  third and fourth on the launch kept from the second (the fourth playing the schedules the third
+  recorded), with the full machine's outputs and report."""
   mod = harness.jax_module(fname)
   chips = getattr(mod, "NUM_DEVICES", 1)
   fn, args, _ = getattr(mod, case)()
@@ -258,10 +279,11 @@ def test_every_parity_kernel_replays_as_it_ran_on_the_full_machine(fname, case):
       jax.block_until_ready(f(*args))
   except jax.errors.TracerArrayConversionError:   # (a case that ends in NumPy on the host)
     f = fn
-  outs, reports, hits = _same_as_full_machine([(f, args)] * 3, num_chips=chips)
-  single = [r[1] == 1 for r in reports[:len(reports) // 3]]   # each launch of the first call
-  assert hits == 2 * sum(single) and (hits > 0 or case in _MULTI_CHIP)
-  assert _WARM_HITS[0] == sum(single) - _unkept(fname, case)   # the third call's: on the kept launches
+  outs, reports, hits = _same_as_full_machine([(f, args)] * 4, num_chips=chips)
+  single = [r[1] == 1 for r in reports[:len(reports) // 4]]   # each launch of the first call
+  assert hits == 3 * sum(single) and (hits > 0 or case in _MULTI_CHIP)
+  # the third and fourth calls' launches run on the kept ones (the fourth plays recorded schedules)
+  assert _WARM_HITS[0] == 2 * (sum(single) - _unkept(fname, case))
   for out in outs[1:]:
     for a, b in zip(jax.tree.leaves(outs[0]), jax.tree.leaves(out)):
       np.testing.assert_array_equal(a, b)
