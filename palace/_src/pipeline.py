@@ -374,7 +374,7 @@ class Pipeline:
 
 
 _STEP, _START, _WAIT, _BODY = "step", "start", "wait", "body"   # the kinds of a recorded schedule's entries
-_TAPE_LIMIT = 1_000_000   # entries; a longer schedule is not kept (its runs decide it again)
+_TAPE_LIMIT = 100_000   # entries (~16,000 steps, ~10 MB); a longer schedule is not kept (decided every run)
 
 
 class _Recorder:
