@@ -171,8 +171,8 @@ def test_large_outputs_are_computed_in_xlas_result_buffers(monkeypatch):
   spec = pl.BlockSpec((128, 128), lambda i, j: (i, j))
   f = jax.jit(lambda x, s, b, a: pl.pallas_call(
       _three_outputs_kernel, grid=(2, 2),
-      in_specs=[spec, pl.BlockSpec((8, 128), lambda i, j: (0, 0)), pl.BlockSpec((128, 128), lambda i, j: (0, 0)),
-                spec],
+      in_specs=[spec, pl.BlockSpec((8, 128), lambda i, j: (0, 0)),
+                pl.BlockSpec((128, 128), lambda i, j: (0, 0)), spec],
       out_specs=[pl.BlockSpec((8, 128), lambda i, j: (0, 0)), pl.BlockSpec((128, 128), lambda i, j: (0, 0)),
                  spec],
       out_shape=[jax.ShapeDtypeStruct((8, 128), jnp.float32), jax.ShapeDtypeStruct((256, 256), jnp.float32),
