@@ -9,8 +9,8 @@ Every parity kernel (tests/jax_parity/kernels, the multi-chip ones on 4 host dev
 `jax.jit` through `palace.jax.virtual_tpu` and through `pltpu.force_tpu_interpret_mode`; each side is
 timed best-of-N on a warm cache (the jit compile is excluded on both sides; N >= 5, more until 0.25 s
 of calls, at most 50: `_best`; a kernel whose schedule is data-independent is then replayed after its
-first call, sim/replay.py, and a last column times palace.jax with `replay=False`, every launch on the
-full machine). Prints per-kernel wall times, the ratio and its geomean, and the
+first call, sim/replay.py, on the launch kept from the one before, launch/run.py `_Warm`, and a last
+column times palace.jax with `replay=False`, every launch on the full machine). Prints per-kernel wall times, the ratio and its geomean, and the
 per-launch overhead of palace's host callback (a trivial kernel through palace.jax vs the same kernel
 through palace's own `pl.pallas_call`), split into the time inside palace.jax's host callback, palace's
 launch on a ready plan in a loop of its own, and a jitted call of palace.jax's host callback doing
