@@ -167,19 +167,17 @@ def run_pallas_call(params, args, cache=None, out=None):
   buffers to compute the outputs in)."""
   gm = params["grid_mapping"]
   nd = gm.num_dynamic_grid_bounds
-  # (a static grid is the cache's one key, None: no grid to rebuild per call)
-  grid = _grid(gm, args[:nd]) if nd else None
+  # (the cache's key: the grid, or None for a static grid, which is then not rebuilt per call)
+  key = _grid(gm, args[:nd]) if nd else None
   operands = args[nd:] if nd else args
-  plan = None if cache is None else cache.get(grid)
+  plan = None if cache is None else cache.get(key)
   if plan is None:
-    if grid is None:
-      grid = _grid(gm, ())
-    plan, operands = _palace_launch(params, grid).plan(*operands)
+    plan, operands = _palace_launch(params, key if nd else _grid(gm, ())).plan(*operands)
     # (no user frame is on the stack while a jaxpr runs: messages name the kernel's line)
     plan = dataclasses.replace(plan, fixed_site=kernel_site(params["jaxpr"]),
                                replay_operands=_grid_replay_operands(params))
     if cache is not None:
-      cache[grid if nd else None] = plan
+      cache[key] = plan
   return run(plan, operands, out)
 
 

@@ -133,10 +133,7 @@ def hbm_input(a: np.ndarray, name: str, chip: int = 0, into: Buffer | None = Non
     buf = Buffer(ro, a.shape, a.dtype, MemorySpace.ANY, name, None, chip)
   else:
     buf = into
-    buf.storage = ro
-    buf.readers = buf.lenders = None
-    buf.aliased = False
-    buf.ready_cycle = 0
+    buf.rebind(ro)
   buf.borrowed = CALLERS_ARRAY
   return buf
 

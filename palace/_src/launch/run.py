@@ -73,11 +73,11 @@ def run(plan: LaunchPlan, operands, out=None) -> list:
   finally:
     if launch is not None:
       launch.fill_unwritten()
-  out = [b.storage for b in launch.out_bufs]
+  results = [b.storage for b in launch.out_bufs]
   if lm.keep is not None:
     lm.keep.park()
     lm.give_back()
-  return out
+  return results
 
 
 class _Warm:
@@ -108,12 +108,8 @@ class _Warm:
     prog = self.program
     prog.park()
     prog.launch = None
-    for b in prog.in_bufs:
-      b.storage = None
-      b.borrowed = b.readers = b.lenders = None
-    for b in self.out_bufs:
-      b.storage = None
-      b.readers = None
+    for b in (*prog.in_bufs, *self.out_bufs):
+      b.rebind(None)
 
 
 def _replay_key(plan: LaunchPlan, operands):

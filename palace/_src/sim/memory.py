@@ -78,6 +78,15 @@ class Buffer:
   _ro: object = dataclasses.field(default=None, init=False, repr=False)  # a read-only view of the
   # current storage (loads index it: a view of a read-only view is read-only); reset with `storage`
 
+  def rebind(self, storage) -> None:
+    """This buffer as if made anew holding `storage` (None: none): no readers, lenders, borrowed or
+    aliased storage, no pending value, ready at cycle 0. A kept launch reuses its buffer objects
+    (launch/run.py `_Warm`: HBM operands rebound per launch, released when parked; memory.renew)."""
+    self.storage = storage   # (drops a pending value and the read-only view)
+    self.borrowed = self.lenders = self.readers = None
+    self.aliased = False
+    self.ready_cycle = 0
+
   def detach_readers(self) -> None:
     """Before any write to `storage`: values read from it without a copy get their own copy now,
     so a value never changes after it was read (copy on write); buffers that borrowed it by DMA
@@ -292,16 +301,14 @@ def renew(bufs) -> None:
     storage = b._storage
     own = (b.borrowed is None and b.pending is None and not b.aliased and storage is not None
            and storage.flags.writeable and (not b.readers or not any(r() is not None for r in b.readers)))
-    b.borrowed = b.lenders = b.readers = None
-    b.ready_cycle = 0
     if b.memory_space is _VMEM and b.nbytes >= LAZY_FILL_BYTES:
-      b.aliased = False
+      b.rebind(None)
       b.defer(Fill(fill_value(b.dtype)))
     elif own:
+      b.rebind(storage)
       storage.fill(fill_value(b.dtype))
     else:
-      b.aliased = False
-      b.storage = filled(b.shape, b.dtype)
+      b.rebind(filled(b.shape, b.dtype))
 
 
 def hbm_output(shape, dtype, name: str, timing_only: bool, lazy: bool = False, into=None,
@@ -325,10 +332,7 @@ def hbm_output(shape, dtype, name: str, timing_only: bool, lazy: bool = False, i
     storage = filled(shape, dtype)
   if into is None:
     return Buffer(storage, tuple(shape), dtype, MemorySpace.ANY, name)
-  into.storage = storage
-  into.borrowed = into.readers = into.lenders = None
-  into.aliased = False
-  into.ready_cycle = 0
+  into.rebind(storage)
   return into
 
 

@@ -41,17 +41,21 @@ class ReplayMemo:
     self.hits = 0        # launches replayed (tests, benchmarks)
     self.warm_hits = 0   # of which on a launch kept from the last one (launch/run.py `_Warm`)
 
-  def get(self, plan, key):
+  def _entry(self, plan, key):
     entry = self._entries.get((id(plan), key))
-    if entry is None or entry[0] is not plan:
+    return entry if entry is not None and entry[0] is plan else None
+
+  def get(self, plan, key):
+    entry = self._entry(plan, key)
+    if entry is None:
       return None
     self.hits += 1
     return entry[1]
 
   def take_warm(self, plan, key):
     """The launch kept with this entry, taken out (a launch running on it owns it), or None."""
-    entry = self._entries.get((id(plan), key))
-    if entry is None or entry[0] is not plan:
+    entry = self._entry(plan, key)
+    if entry is None:
       return None
     warm, entry[2] = entry[2], None
     if warm is not None:
@@ -60,8 +64,8 @@ class ReplayMemo:
 
   def give_warm(self, plan, key, warm) -> None:
     """Keep `warm` with this entry (unless the entry is gone or another launch gave one back first)."""
-    entry = self._entries.get((id(plan), key))
-    if entry is not None and entry[0] is plan and entry[2] is None:
+    entry = self._entry(plan, key)
+    if entry is not None and entry[2] is None:
       entry[2] = warm
 
   def put(self, plan, key, report) -> None:
