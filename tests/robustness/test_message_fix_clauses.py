@@ -41,8 +41,8 @@ INTERNAL = {
                                    "an internal inconsistency",
 }
 BUILT_ELSEWHERE = {
-    "pipeline.py:_mapping": "re-raises the text of a BlockSpecError from blocks.canonicalize (whose fix "
-                            "is checked there) with the emit_pipeline operand added",
+    "emit_pipeline.py:_mapping": "re-raises the text of a BlockSpecError from blocks.canonicalize (whose fix "
+                                 "is checked there) with the emit_pipeline operand added",
 }
 
 
