@@ -11,7 +11,8 @@ sources and the reason for each point outside 15%):
 * `xla-1024`: section 7's XLA 1024^3 matmul (119 us wall), not fitted;
 * `peak-*`: the published bf16 dense peak of every generation against the preset's cadence x clock;
 * `gmm-*`: time ratios tile_m=128 / tile_m=256 of a grouped matmul on 7x, v6e and v5p (openxla/tokamax
-  PR 1221, balanced groups, bf16). A published ratio is reproduced with a kernel of the structure that
+  PR 1221, balanced groups, bf16): the PR's six shapes; issue 16's 0.1 budget counts the four it lists
+  (the other two are marked + in the ratio table). A published ratio is reproduced with a kernel of the structure that
   was measured: the PR timed tokamax's gmm, so the counted kernel is benchmarks/gmm_kernel.py, written
   for palace with that structure (RHS triple-buffered two steps ahead, tiles by tokamax's
   `calculate_tiling` at 90% of VMEM, one visit per (row tile, group)). The jax wheel's megablox `gmm`
@@ -161,7 +162,12 @@ _GMM_SHAPES = {  # (m, groups, k, n) -> published ratio per chip (tokamax PR 122
     (262144, 256, 7168, 1024): {"7x": 1.22, "v6e": 1.06, "v5p": 1.02},
     # "m=16384 g=128 (mean 128/group)": the PR gives no k, n; assumed those of the first row
     (16384, 128, 3072, 2048): {"7x": 1.00, "v6e": 1.00, "v5p": 0.56},
+    # the PR's two other rows, not in issue 16's list (so outside its 0.1 count, still points here);
+    # "m=65536 g=512 (mean 128/group)" gives no k, n either: assumed as above
+    (65536, 128, 2048, 3072): {"7x": 1.36, "v6e": 1.27, "v5p": 1.02},
+    (65536, 512, 3072, 2048): {"7x": 1.01, "v6e": 1.11, "v5p": 0.53},
 }
+_ISSUE16_GMM_SHAPES = list(_GMM_SHAPES)[:4]   # the ratios issue 16 asks within 0.1
 _GMM_SOURCE = ("openxla/tokamax PR 1221 (bf16, one chip, balanced groups, median of 20): tile_m "
                "128 -> 256 speed-up")
 
@@ -242,7 +248,8 @@ def _gmm_table(done, wheel: bool):
     if not p.name.startswith("gmm-"):
       continue
     shape = tuple(int(v) for v in p.name[4:].split("x"))
-    row = [p.name[4:], p.chip, f"{p.published:.2f}", f"{modelled:.3f}",
+    mark = "" if shape in _ISSUE16_GMM_SHAPES else " +"
+    row = [p.name[4:] + mark, p.chip, f"{p.published:.2f}", f"{modelled:.3f}",
            f"{modelled - p.published:+.3f}", "-", ""]
     if wheel:
       r = wheel_gmm_ratio(p.chip, *shape)
@@ -286,9 +293,15 @@ def main(argv=None) -> int:
                 "(benchmarks/gmm_kernel.py, tokamax's structure) and, not counted, the wheel's megablox gmm",
                 ["shape", "chip", "published", "counted", "difference", "wheel gmm", "difference"], gmm_rows,
                 width=170)
-    within = sum(abs(float(r[4])) <= GMM_RATIO_BUDGET for r in gmm_rows)
-    print(f"grouped-matmul ratios within {GMM_RATIO_BUDGET} of the published: {within} of "
-          f"{len(gmm_rows)}")
+    listed = [r for r in gmm_rows if not r[0].endswith(" +")]
+    others = [r for r in gmm_rows if r[0].endswith(" +")]
+    within = sum(abs(float(r[4])) <= GMM_RATIO_BUDGET for r in listed)
+    print(f"grouped-matmul ratios of issue 16's list within {GMM_RATIO_BUDGET} of the published: "
+          f"{within} of {len(listed)}", end="")
+    if others:
+      print(f"; the PR's other rows (+): {sum(abs(float(r[4])) <= GMM_RATIO_BUDGET for r in others)} "
+            f"of {len(others)}", end="")
+    print()
   gens = {p.chip for p, _ in done}
   med = statistics.median(abs(e) for _, e in done) if done else float("inf")
   print(f"\n{len(done)} points over {len(gens)} generations; median |error| {100 * med:.1f}% "

@@ -13,7 +13,7 @@ def test_at_least_20_points_over_at_least_4_generations_each_with_a_source():
   assert all(p.source and p.published > 0 for p in pts)
   assert len({(p.name, p.chip) for p in pts}) == len(pts)
   gmm = [p for p in pts if p.name.startswith("gmm-")]
-  assert len(gmm) == 12 and not any(p.needs_wheel for p in gmm)   # the counted kernel is palace's own
+  assert len(gmm) == 18 and not any(p.needs_wheel for p in gmm)   # the counted kernel is palace's own
 
 
 def test_published_peaks_within_half_a_percent():
