@@ -420,12 +420,13 @@ def _slice(eqn, x):
 
 @rule("dynamic_slice")
 def _dynamic_slice(eqn, x, *idx):
-  return lax_ops.dynamic_slice(x, list(idx), tuple(eqn.params["slice_sizes"]))
+  # the primitive only clamps: jax.lax.dynamic_slice already wrapped negative starts in the jaxpr
+  return lax_ops.dynamic_slice(x, list(idx), tuple(eqn.params["slice_sizes"]), allow_negative_indices=False)
 
 
 @rule("dynamic_update_slice")
 def _dynamic_update_slice(eqn, x, update, *idx):
-  return lax_ops.dynamic_update_slice(x, update, list(idx))
+  return lax_ops.dynamic_update_slice(x, update, list(idx), allow_negative_indices=False)
 
 
 @rule("rev")

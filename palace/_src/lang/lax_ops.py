@@ -215,36 +215,49 @@ def broadcast_in_dim(x, shape, broadcast_dimensions):
   return jnp.broadcast_to(jnp.reshape(x, s), shape)
 
 
-def _clamped_starts(x, start_indices, sizes, api):
+def _clamped_starts(x, start_indices, sizes, api, allow_negative_indices=True):
+  """The start of each dimension: a negative start counts from the end where allowed (JAX's
+  `allow_negative_indices`, True by default: -3 on 8 rows is row 5), then every start is clamped into
+  bounds as XLA's primitive does."""
   shape = x.shape
+  wrap = allow_negative_indices
+  wrap = [bool(w) for w in wrap] if isinstance(wrap, (list, tuple)) else [bool(wrap)] * len(shape)
   if len(start_indices) != len(shape) or len(sizes) != len(shape):
     raise ShapeError(f"{api}: {len(start_indices)} start indices and {len(sizes)} sizes for an operand of "
                      f"rank {len(shape)}; expected one of each per dimension. Fix: pass {len(shape)} start "
                      f"indices and {len(shape)} sizes.")
+  if len(wrap) != len(shape):
+    raise ShapeError(f"{api}: allow_negative_indices has {len(wrap)} entries for an operand of rank "
+                     f"{len(shape)}. Fix: pass one bool, or one per dimension.")
   starts = []
-  for s, size, dim in zip(start_indices, sizes, shape):
+  for s, size, dim, w in zip(start_indices, sizes, shape, wrap):
     if not 0 <= size <= dim:
       raise ShapeError(f"{api}: slice size {size} does not fit dimension {dim} of shape {shape}. "
                        f"Fix: use a slice size between 0 and {dim}.")
     v = concrete_int(s, f"{api} start")
+    if v < 0 and w:
+      v += dim
     starts.append(0 if v < 0 else dim - size if v > dim - size else v)  # XLA clamps starts
   return starts
 
 
-def dynamic_slice(x, start_indices, slice_sizes):
-  """`lax.dynamic_slice` of a value (starts may be runtime scalars; clamped into bounds like XLA)."""
+def dynamic_slice(x, start_indices, slice_sizes, *, allow_negative_indices=True):
+  """`lax.dynamic_slice` of a value (starts may be runtime scalars; negative ones count from the end
+  unless `allow_negative_indices=False`; then clamped into bounds like XLA)."""
   sizes = validate.as_dims(slice_sizes, "lax.dynamic_slice slice_sizes", error=ShapeError)
-  starts = _clamped_starts(x, start_indices, sizes, "lax.dynamic_slice")
+  starts = _clamped_starts(x, start_indices, sizes, "lax.dynamic_slice", allow_negative_indices)
   idx = tuple(slice(s, s + n) for s, n in zip(starts, sizes))
   return _shape_op(x, lambda v: v[idx], sizes, OpClass.XLU)
 
 
-def dynamic_update_slice(x, update, start_indices):
-  """`lax.dynamic_update_slice`: x with `update` written at (clamped) `start_indices`."""
+def dynamic_update_slice(x, update, start_indices, *, allow_negative_indices=True):
+  """`lax.dynamic_update_slice`: x with `update` written at `start_indices` (negative ones from the
+  end unless `allow_negative_indices=False`; then clamped like XLA)."""
   if update.dtype != x.dtype:
     raise ShapeError(f"lax.dynamic_update_slice: update dtype {update.dtype} differs from operand dtype "
                      f"{x.dtype}; expected equal dtypes. Fix: cast the update with .astype({x.dtype}).")
-  starts = _clamped_starts(x, start_indices, tuple(update.shape), "lax.dynamic_update_slice")
+  starts = _clamped_starts(x, start_indices, tuple(update.shape), "lax.dynamic_update_slice",
+                           allow_negative_indices)
   idx = tuple(slice(s, s + n) for s, n in zip(starts, update.shape))
   data = None
   if _has_data(x, update):

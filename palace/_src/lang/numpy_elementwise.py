@@ -8,12 +8,13 @@ from __future__ import annotations
 import math
 import operator as _operator
 
+import ml_dtypes
 import numpy as np
 
 from palace._src import dtypes as dt
-from palace._src import executor
+from palace._src import executor, validate
 from palace._src.executor import OpClass
-from palace._src.errors import ShapeError, UsageError
+from palace._src.errors import ShapeError, UnsupportedError, UsageError
 from palace._src.lang import deferred
 from palace._src.lang.array import Array, dtype_of, ready_of
 from palace._src.lang.deferred import Deferred
@@ -26,6 +27,13 @@ _IMPORTED = frozenset(globals())  # names above are imports, not this module's A
 
 _PY_COMPARE = {np.equal: _operator.eq, np.not_equal: _operator.ne, np.less: _operator.lt,
                np.less_equal: _operator.le, np.greater: _operator.gt, np.greater_equal: _operator.ge}
+
+
+def _rounded(x, rt: np.dtype, cd: np.dtype):
+  """A non-Array operand of an op whose result type `rt` is a narrow float computed in `cd`: JAX
+  converts a weak Python scalar to the array's dtype first (bf16(3.3) == 3.3 is True: 3.3 becomes
+  3.296875), so it is rounded to `rt`, then widened."""
+  return _np(x, rt).astype(cd)
 
 
 def _elementwise(fn, op_class: str, result: str = "same", name: str = ""):
@@ -104,12 +112,12 @@ def _elementwise(fn, op_class: str, result: str = "same", name: str = ""):
       if len(args) == 2:  # the list below, unrolled for binary ops
         a, b = args
         vals = ((a._data if a._data.dtype == cd else a._data.astype(cd)) if type(a) is Array
-                else _np(a, cd),
+                else _np(a, cd) if cd is rt else _rounded(a, rt, cd),
                 (b._data if b._data.dtype == cd else b._data.astype(cd)) if type(b) is Array
-                else _np(b, cd))
+                else _np(b, cd) if cd is rt else _rounded(b, rt, cd))
       else:
         vals = [(a._data if a._data.dtype == cd else a._data.astype(cd)) if type(a) is Array
-                else _np(a, cd) for a in args]
+                else _np(a, cd) if cd is rt else _rounded(a, rt, cd) for a in args]
       try:
         if ex is not None:  # kernels run under np.errstate(all="ignore") set once per core (sim)
           data = fn(*vals)
@@ -433,10 +441,58 @@ def _sign(x):
 
 sign = _elementwise(_sign, OpClass.CHEAP, name="sign")
 square = _elementwise(np.square, OpClass.CHEAP, name="square")
-floor = _elementwise(np.floor, OpClass.CHEAP, "float", name="floor")
-ceil = _elementwise(np.ceil, OpClass.CHEAP, "float", name="ceil")
-round = _elementwise(np.round, OpClass.CHEAP, "float", name="round")  # noqa: A001
-trunc = _elementwise(np.trunc, OpClass.CHEAP, "float", name="trunc")
+_floor = _elementwise(np.floor, OpClass.CHEAP, "float", name="floor")
+_ceil = _elementwise(np.ceil, OpClass.CHEAP, "float", name="ceil")
+_round = _elementwise(np.round, OpClass.CHEAP, "float", name="round")
+_trunc = _elementwise(np.trunc, OpClass.CHEAP, "float", name="trunc")
+
+
+def _integral(x) -> bool:
+  """An integer or bool operand (Array, NumPy value or Python scalar)."""
+  d = x.dtype if isinstance(x, (Array, np.ndarray, np.generic)) else np.asarray(x).dtype
+  return not dt.is_float(d)
+
+
+def _float_only(op):
+  """jnp.floor / ceil / trunc: integers and bools come back unchanged, as in JAX (no work on the TPU;
+  NumPy's ufuncs would make them float and lose integers above 2**24)."""
+  def f(x):
+    if _integral(x):
+      return x if isinstance(x, Array) else _out(np.asarray(x), np.shape(x), np.asarray(x).dtype, 0,
+                                                 OpClass.CHEAP, False)
+    return op(x)
+  f.__name__, f.__doc__ = op.__name__, op.__doc__ + " Integers and bools are returned unchanged."
+  f.scalar_form, f.op_class = op.scalar_form, op.op_class
+  return f
+
+
+floor, ceil, trunc = _float_only(_floor), _float_only(_ceil), _float_only(_trunc)
+
+
+def round(x, decimals=0):  # noqa: A001
+  """`jnp.round` (round half to even): integers come back unchanged (decimals >= 0); with `decimals`
+  a float is scaled by 10**decimals in its own dtype, rounded and scaled back, as JAX does (float16
+  through float32)."""
+  decimals = validate.as_int(decimals, "decimals of jnp.round", error=ShapeError)
+  if _integral(x):
+    if decimals < 0:
+      raise UnsupportedError(f"jnp.round of integers with decimals={decimals} ({user_frame_summary()}): "
+                             f"JAX does not implement decimals < 0 for integers either. Fix: round in "
+                             f"float (x.astype(jnp.float32)) or divide, round and multiply yourself.")
+    return _float_only(_round)(x)
+  if decimals == 0:
+    return _round(x)
+  d = dtype_of(x)
+  d = d if isinstance(d, np.dtype) else dt.float32
+  if decimals > np.log10(float(ml_dtypes.finfo(d).max)):
+    return x
+  y = x.astype(dt.float32) if d == dt.float16 else x
+  factor = 10 ** decimals
+  out = divide(_round(multiply(y, factor)), factor)
+  return out.astype(d) if d == dt.float16 else out
+
+
+round.scalar_form, round.op_class = _round.scalar_form, _round.op_class
 exp = _elementwise(np.exp, OpClass.TRANSCENDENTAL, "float", name="exp")
 exp2 = _elementwise(np.exp2, OpClass.TRANSCENDENTAL, "float", name="exp2")
 expm1 = _elementwise(np.expm1, OpClass.TRANSCENDENTAL, "float", name="expm1")

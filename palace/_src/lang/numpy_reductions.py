@@ -6,17 +6,19 @@ stays on the VPU, leading axes are plain elementwise work.
 from __future__ import annotations
 
 import contextlib
+import warnings
 
 import numpy as np
 
 from palace._src import dtypes as dt
 from palace._src import executor
 from palace._src.executor import OpClass
-from palace._src.errors import ShapeError
+from palace._src.errors import ShapeError, UnsupportedError
 from palace._src.lang.array import Array, dtype_of, ready_of
 from palace._src.lang.numpy_base import (_F32, _compute_dtype, _default_dtype, _dtype_arg, _has_data, _is_arr,
                                          _norm_axes, _np, _out, _shape_of)
 from palace._src.lang.numpy_shape import ravel
+from palace._src.util import user_frame_summary
 
 _IMPORTED = frozenset(globals())  # names above are imports, not this module's API
 
@@ -29,8 +31,24 @@ def _reduce_class(axes, ndim):
   return OpClass.CHEAP
 
 
+# keyword arguments of JAX's reductions that palace takes, per reduction (JAX's own set; `out` is
+# unsupported in JAX as well)
+_KEYWORDS = {"sum": ("where", "initial", "promote_integers"), "prod": ("where", "initial", "promote_integers"),
+             "max": ("where", "initial"), "min": ("where", "initial"), "mean": ("where",),
+             "any": ("where",), "all": ("where",), "argmax": (), "argmin": ()}
+
+
 def _reduction(npfn, name, result="same"):
+  allowed = _KEYWORDS[name]
+
   def op(a, axis=None, keepdims=False, dtype=None, **kw):
+    extra = [k for k in kw if k not in allowed]
+    if extra:
+      raise UnsupportedError(f"jnp.{name} got keyword(s) {', '.join(sorted(extra))} "
+                             f"({user_frame_summary()}); palace's jnp.{name} takes axis, keepdims, "
+                             f"dtype{''.join(', ' + k for k in allowed)}. Fix: drop them (`out` is not "
+                             f"supported by JAX either) or compute the masked form with jnp.where.")
+    where, initial = kw.get("where"), kw.get("initial")
     shape = _shape_of(a)
     axes = _norm_axes(axis, len(shape))
     in_d = dtype_of(a) if isinstance(a, Array) else _default_dtype(a)
@@ -40,7 +58,8 @@ def _reduction(npfn, name, result="same"):
       out_d = dt.bool_
     elif dtype is not None:
       out_d = _dtype_arg(dtype, f"jnp.{name}")
-    elif name in ("sum", "prod") and (in_d == dt.bool_ or dt.is_int(in_d)):
+    elif name in ("sum", "prod") and (in_d == dt.bool_ or dt.is_int(in_d)) and \
+        kw.get("promote_integers", True):
       out_d = _promoted_int(in_d)   # JAX promote_integers: narrow ints (and bool) sum in 32 bits
     elif name == "mean" and not dt.is_float(in_d):
       out_d = _F32
@@ -50,16 +69,29 @@ def _reduction(npfn, name, result="same"):
         tuple(s for i, s in enumerate(shape) if i not in axes)
     data = None
     ex = executor.maybe_current()
-    if not (ex is not None and ex.timing_only and out_shape) and _has_data(a):
+    if not (ex is not None and ex.timing_only and out_shape) and _has_data(a, where, initial):
       v = _np(a, _compute_dtype(out_d) if result == "same" else None)
+      extra_args = {}
+      if where is not None:   # JAX's mask: elements where it is False take no part
+        extra_args["where"] = np.broadcast_to(_np(where, dt.bool_), shape)
+      if initial is not None:
+        extra_args["initial"] = _np(initial, v.dtype).item()
       if result == "index" and len(axes) != 1:
         raise ShapeError(f"jnp.{name} takes a single axis; got axis={axis}. Fix: pass one int axis (or "
                          f"reshape to merge the axes first).")
       # (kernels run under np.errstate(all="ignore"), set once per core by the machine)
-      with contextlib.nullcontext() if ex is not None else np.errstate(all="ignore"):
-        data = npfn(v, axis=axes[0] if result == "index" else axes, keepdims=keepdims)
+      with contextlib.nullcontext() if ex is not None else np.errstate(all="ignore"), \
+          warnings.catch_warnings() if where is not None else contextlib.nullcontext():
+        if where is not None:   # an empty mask makes a NaN mean, silently as in JAX
+          warnings.simplefilter("ignore", RuntimeWarning)
+        try:
+          data = npfn(v, axis=axes[0] if result == "index" else axes, keepdims=keepdims, **extra_args)
+        except ValueError as e:   # e.g. max with a where mask and no initial (JAX raises ValueError too)
+          raise ShapeError(f"jnp.{name}{' ' + ex.where() if ex else ''}: {e}. Fix: pass initial= with "
+                           f"where= for max / min (there is no identity). ({user_frame_summary()})") from None
       data = np.asarray(data).astype(out_d, copy=False)
-    return _out(data, out_shape, out_d, ready_of(a), _reduce_class(axes, len(shape)), _is_arr(a))
+    return _out(data, out_shape, out_d, ready_of(a, where, initial), _reduce_class(axes, len(shape)),
+                _is_arr(a, where, initial))
 
   op.__name__ = name
   return op

@@ -1,0 +1,93 @@
+"""JAX semantics that palace once got silently wrong (session 17's bug hunt against JAX 0.12's TPU
+interpret mode): the expected values are JAX's, derived by hand below each test."""
+import numpy as np
+import pytest
+
+import palace as pl
+import palace.numpy as jnp
+from palace import lax
+from palace._src.errors import ShapeError, UnsupportedError
+
+from lang_helpers import apply
+
+BF16 = jnp.bfloat16
+
+
+def scalar(fn, x, dtype=np.float32):
+  """fn(loaded x), a 0-d result, read back through a broadcast (8, 128) block."""
+  out, _ = apply(lambda v: jnp.full((8, 128), fn(v), dtype), x, out_shape=(8, 128), out_dtype=dtype)
+  return out[0, 0]
+
+
+def test_a_python_float_meeting_bf16_is_rounded_to_bf16_first():
+  # JAX converts the weak 3.3 to bf16 (3.296875) before comparing / subtracting: bf16(3.3) == 3.3
+  x = np.full((16, 128), 3.3, BF16)
+  eq, _ = apply(lambda v: (v == 3.3).astype(jnp.float32), x, out_dtype=np.float32)
+  diff, _ = apply(lambda v: v - 3.3, x)
+  assert eq.min() == 1.0 and float(np.abs(diff.astype(np.float32)).max()) == 0.0
+  # 12.6875 * bf16(1.1) = 12.6875 * 1.1015625 = 13.976... -> bf16 14 (with 1.1 as f32: 13.9375)
+  y = np.full((16, 128), 12.6875, BF16)
+  prod, _ = apply(lambda v: v * 1.1, y)
+  assert float(prod.astype(np.float32)[0, 0]) == 14.0
+
+
+@pytest.mark.parametrize("fn", ["floor", "ceil", "trunc", "round"])
+def test_rounding_functions_return_integers_unchanged(fn):
+  x = np.full((8, 128), 16777217, np.int32)   # 2**24 + 1: not a float32
+  x[0, :2] = [123456789, -7]
+  out, dtype = apply(getattr(jnp, fn), x)
+  assert dtype == np.int32 and np.array_equal(out, x)
+  b = np.ones((8, 128), np.bool_)
+  if fn != "round":   # JAX's round of bool fails (no finfo); floor / ceil / trunc return it
+    assert apply(getattr(jnp, fn), b)[1] == np.bool_
+
+
+def test_round_with_decimals_scales_in_the_dtype():
+  # JAX: round(x * 10**d) / 10**d, each step in the operand's dtype
+  x = np.array([1.2345, -2.5551, 0.125, 7.77777] * 32 * 8, np.float32).reshape(8, 128)
+  out, _ = apply(lambda v: jnp.round(v, 2), x)
+  f = np.float32(100)
+  assert np.array_equal(out, np.round(x * f) / f)
+  with pytest.raises(UnsupportedError, match="decimals=-1"):
+    apply(lambda v: jnp.round(v, -1), np.ones((8, 128), np.int32))
+
+
+def test_dynamic_slice_negative_starts_count_from_the_end():
+  x = np.arange(8 * 128, dtype=np.float32).reshape(8, 128)
+  # lax.dynamic_slice(x, (-3, 0), (2, 128)): rows 5 and 6 (then clamped: -20 -> -12 -> row 0)
+  out, _ = apply(lambda v: lax.dynamic_slice(v, (jnp.int32(-3), 0), (2, 128)), x, out_shape=(2, 128))
+  assert np.array_equal(out, x[5:7])
+  out, _ = apply(lambda v: lax.dynamic_slice(v, (jnp.int32(-20), 0), (2, 128)), x, out_shape=(2, 128))
+  assert np.array_equal(out, x[0:2])
+  out, _ = apply(lambda v: lax.dynamic_slice(v, (jnp.int32(-3), 0), (2, 128), allow_negative_indices=False),
+                 x, out_shape=(2, 128))
+  assert np.array_equal(out, x[0:2])
+  upd, _ = apply(lambda v: lax.dynamic_update_slice(v, jnp.full((2, 128), -1.0, jnp.float32),
+                                                    (jnp.int32(-3), 0)), x)
+  want = x.copy()
+  want[5:7] = -1
+  assert np.array_equal(upd, want)
+
+
+def test_reductions_take_where_initial_and_promote_integers():
+  x = np.arange(-64, 64, dtype=np.float32).reshape(8, 16)
+  pos = x > 0
+  assert scalar(lambda v: jnp.sum(v, where=v > 0), x) == x[pos].sum()
+  assert scalar(lambda v: jnp.max(v, where=v < 0, initial=-1000.0), x) == -1.0
+  assert scalar(lambda v: jnp.max(v, initial=100.0), x) == 100.0
+  assert scalar(lambda v: jnp.sum(v, initial=10.0), x) == x.sum() + 10
+  mean, _ = apply(lambda v: jnp.mean(v, axis=1, where=v > 0, keepdims=True), x, out_shape=(8, 1))
+  assert np.array_equal(mean[4:, 0], np.array([x[i][x[i] > 0].mean() for i in range(4, 8)], np.float32))
+  i8 = np.full((32, 128), 100, np.int8)   # 409,600 wraps to 0 in int8; 409,600 in int32
+  assert scalar(lambda v: jnp.sum(v, promote_integers=False), i8, np.int8) == 0
+  assert scalar(lambda v: jnp.sum(v), i8, np.int32) == 409600
+
+
+def test_reductions_reject_what_they_do_not_take():
+  x = np.ones((8, 128), np.float32)
+  with pytest.raises(ShapeError, match="specify 'initial'"):
+    scalar(lambda v: jnp.max(v, where=v > 0), x)
+  with pytest.raises(UnsupportedError, match="jnp.sum got keyword.s. out"):
+    scalar(lambda v: jnp.sum(v, out=None), x)
+  with pytest.raises(UnsupportedError, match="jnp.argmax got keyword.s. where"):
+    scalar(lambda v: jnp.argmax(v, where=v > 0), x, np.int32)
