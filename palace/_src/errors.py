@@ -60,3 +60,24 @@ class UnsupportedError(PalaceError, NotImplementedError):
   @classmethod
   def feature(cls, api: str, hint: str = "") -> "UnsupportedError":
     return cls(f"`{api}` is not supported in palace yet." + (f" {hint}" if hint else ""))
+
+
+class MissingApiError(UnsupportedError, AttributeError):
+  """A name of jax.numpy / jax.lax that palace.numpy / palace.lax does not have (also an
+  AttributeError, so hasattr() and getattr(module, name, default) keep working)."""
+
+
+def missing_api(module: str, alias: str):
+  """The module `__getattr__` of a facade (palace.numpy, palace.lax): an unknown public name raises
+  MissingApiError with a fix instead of a bare AttributeError."""
+  def __getattr__(name: str):
+    if name.startswith("__"):
+      raise AttributeError(f"module {module!r} has no attribute {name!r}")
+    raise MissingApiError(f"{module} has no {alias}.{name}: palace does not implement it (or JAX has no "
+                          f"such name). Fix: write it with the ops {module} has (dir({module}) lists "
+                          f"them).")
+  return __getattr__
+
+
+numpy_getattr = missing_api("palace.numpy", "jnp")
+lax_getattr = missing_api("palace.lax", "lax")
