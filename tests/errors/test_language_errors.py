@@ -411,13 +411,20 @@ def test_closing_over_numpy_array_in_an_op():
     _call(kernel)(X[:8, :128])
 
 
-def test_weak_int_out_of_range_for_array_dtype():
+def test_weak_int_out_of_range_for_array_dtype_wraps_as_in_jax():
+  # JAX 0.12: int8 + 300 wraps the weak 300 into int8 (44); int8(100) - 128 is -28; uint8(1) + -1 is 0
   def kernel(x_ref, o_ref):
     o_ref[...] = x_ref[...] + 300
 
-  with pytest.raises(pl.ShapeError, match=r"Python int 300 is out of range for int8: a weak Python scalar "
-                                          r"takes the dtype of the array"):
-    _call(kernel, out_dtype=np.int8)(np.zeros((8, 128), np.int8))
+  out = _call(kernel, out_dtype=np.int8)(np.full((8, 128), 2, np.int8))
+  assert (out == 46).all()
+
+  def kernel2(x_ref, o_ref):
+    o_ref[...] = x_ref[...] + 2 ** 70
+
+  with pytest.raises(pl.ShapeError, match=r"Python int 1180591620717411303424 does not fit 64 bits: a weak "
+                                          r"Python scalar takes the dtype of the array"):
+    _call(kernel2, out_dtype=np.int8)(np.zeros((8, 128), np.int8))
 
 
 @pytest.mark.parametrize("value,pat", [(1.5, r"Python float 1\.5 into outputs\[0\] block of dtype int32"),

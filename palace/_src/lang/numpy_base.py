@@ -42,10 +42,13 @@ def _np(x, d: np.dtype | None = None):
   try:
     return np.asarray(x, dtype=d)
   except OverflowError:
-    raise ShapeError(f"Python int {x} is out of range for {d}: a weak Python scalar takes the dtype of the "
-                     f"array it meets (JAX raises OverflowError too); expected a value that fits {d}. "
-                     f"Fix: use an explicit jnp.int32(...) or widen the array with .astype(jnp.int32). "
-                     f"({user_frame_summary()})") from None
+    # a weak Python int beyond the array's integer type wraps into it, as in JAX 0.12 (int8 + 300 is
+    # int8 + 44); beyond 64 bits JAX raises OverflowError, palace this error
+    if type(x) is int and -2**63 <= x < 2**64:
+      return np.asarray(x).astype(d)
+    raise ShapeError(f"Python int {x} does not fit 64 bits: a weak Python scalar takes the dtype of the "
+                     f"array it meets ({d}), and JAX raises OverflowError for it too. Fix: use a value "
+                     f"within 64 bits (it wraps into {d}, as in JAX). ({user_frame_summary()})") from None
 
 
 _BITS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
