@@ -8,7 +8,7 @@ import palace.numpy as jnp
 from palace import lax
 from palace._src.errors import ShapeError, UnsupportedError
 
-from lang_helpers import apply
+from lang_helpers import apply, dtype_in_kernel
 
 BF16 = jnp.bfloat16
 
@@ -104,17 +104,34 @@ def test_a_jnp_or_lax_name_palace_lacks_is_a_palace_error_and_still_an_attribute
     jnp.__wrapped__   # noqa: B018  (dunder probes stay plain AttributeErrors)
 
 
-# Known gaps (found by the same hunt, not fixed yet): strict xfails, so a fix flips them to failures
-# that ask for the marker's removal.
-@pytest.mark.xfail(strict=True, reason="weak types of arrays built from Python scalars are not kept: "
-                   "jnp.full(s, 10) / jnp.asarray(2.0) / jnp.where(c, 1.0, 0.0) are strong int32 / float32")
 def test_arrays_built_from_python_scalars_are_weakly_typed():
   x = np.full((8, 128), 120, np.int8)
   # JAX: int8 + weak int32 full -> int8, 120 + 10 wraps to -126
   out, dtype = apply(lambda v: v + jnp.full((8, 128), 10), x)
   assert dtype == np.int8 and out[0, 0] == -126
+  b = np.full((16, 128), 3.0, BF16)
+  # bf16 * weak where(c, 1.1, 0.0): bf16, 1.1 rounded to bf16 (1.1015625) first: 3 * 1.1015625 =
+  # 3.3046875 rounds to bf16 3.3125 (3 * 1.1 = 3.3 would round to 3.296875)
+  out, dtype = apply(lambda v: v * jnp.where(v > 0, 1.1, 0.0), b)
+  assert dtype == BF16 and float(out.astype(np.float32)[0, 0]) == 3.3125
+  assert apply(lambda v: v + jnp.asarray(2.0), b)[1] == BF16
+  assert dtype_in_kernel(lambda v: v + jnp.full((16, 128), 2.0, jnp.float32), b)[0] == np.float32  # strong
 
 
+def test_a_weak_array_stored_into_a_ref_takes_the_ref_dtype():
+  def kernel(x_ref, o_ref):
+    o_ref[...] = jnp.full((8, 128), 300)   # JAX casts the weak int32 to int8: 300 wraps to 44
+  out = pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct((8, 128), np.int8))(np.zeros((8, 128), np.int8))
+  assert (out == 44).all()
+
+  def floats(x_ref, o_ref):
+    o_ref[...] = jnp.full((8, 128), 2.5)
+  with pytest.raises(ShapeError, match="Cannot store a value of dtype float32 into"):
+    pl.pallas_call(floats, out_shape=pl.ShapeDtypeStruct((8, 128), np.int32))(np.zeros((8, 128), np.int32))
+
+
+# A known gap (found by the same hunt, not fixed yet): a strict xfail, so a fix flips it to a failure
+# that asks for the marker's removal.
 @pytest.mark.xfail(strict=True, reason="lax.fori_loop does not check that the body keeps the carry's "
                    "dtype; JAX raises TypeError")
 def test_fori_loop_rejects_a_carry_that_changes_dtype():

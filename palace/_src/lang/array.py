@@ -123,6 +123,25 @@ def make(data, dtype=None, ready=0):
   return Array(data, data.shape, data.dtype, ready)
 
 
+class WeakArray(Array):
+  """A kernel value built from Python scalars alone (`jnp.full(s, 10)`, `jnp.asarray(2.0)`,
+  `jnp.where(c, 1.0, 0.0)`): weakly typed as in JAX, so in an op with a typed operand it takes that
+  operand's type (int8 + jnp.full(s, 10) is int8) and a store casts it to the ref's dtype. Results of
+  ops are ordinary (strong) Arrays."""
+  __slots__ = ()
+
+
+_WEAK_KIND = {"b": False, "i": 0, "u": 0, "f": 0.0, "V": 0.0}   # (V: ml_dtypes' narrow floats)
+
+
+def promotion_type(x):
+  """What `dt.result_type` takes for operand x: its dtype, or a Python value of its kind for weak
+  operands (Python scalars, WeakArrays)."""
+  if type(x) is WeakArray:
+    return _WEAK_KIND.get(x.dtype.kind, 0.0) if x.dtype != dt.bool_ else False
+  return dtype_of(x)
+
+
 def in_kernel() -> bool:
   return executor.maybe_current() is not None
 

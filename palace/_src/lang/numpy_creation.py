@@ -7,7 +7,7 @@ from palace._src import dtypes as dt
 from palace._src import executor
 from palace._src.executor import OpClass
 from palace._src.lang import deferred
-from palace._src.lang.array import dtype_of, ready_of
+from palace._src.lang.array import Array, WeakArray, dtype_of, ready_of
 from palace._src.lang.numpy_base import (_F32, _broadcast_scalar, _dtype_arg, _np, _out, _shape_arg,
                                          _shape_of)
 
@@ -27,12 +27,15 @@ def _full(shape, fill_value, dtype, api: str):
   elif ex.timing_only and shape:
     data = None
   else:  # values are immutable: a read-only broadcast view costs nothing until it is stored
-    if type(fill_value) in (int, float) and fill_value == 0 and d == _F32:
+    if type(fill_value) in (int, float) and fill_value == 0 and d == _F32 and dtype is not None:
       later = deferred.zeros(ex, shape)  # an accumulator's zero start, kept symbolic
       if later is not None:
         return later
     data = _broadcast_scalar(np.asarray(_np(fill_value), d), shape)
-  return _out(data, shape, d, ready_of(fill_value), OpClass.CHEAP, False)
+  out = _out(data, shape, d, ready_of(fill_value), OpClass.CHEAP, False)
+  if dtype is None and type(fill_value) in (bool, int, float) and type(out) is Array:
+    out = WeakArray(out._data, out.shape, out.dtype, out._ready)   # weakly typed, as in JAX
+  return out
 
 
 def zeros(shape, dtype=None):

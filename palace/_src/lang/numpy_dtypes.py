@@ -9,7 +9,7 @@ import numpy as np
 from palace._src import dtypes as dt
 from palace._src.executor import OpClass
 from palace._src.lang import deferred
-from palace._src.lang.array import Array, dtype_of, ready_of
+from palace._src.lang.array import Array, WeakArray, dtype_of, ready_of
 from palace._src.lang.deferred import Deferred
 from palace._src.lang.numpy_base import (_F32, _current_ex, _default_dtype, _dtype_arg, _has_data, _is_arr,
                                          _np, _out, _shape_of)
@@ -150,7 +150,10 @@ def asarray(x, dtype=None):
   if isinstance(x, Array):
     return x if dtype is None else astype(x, dtype)
   d = _dtype_arg(dtype, "jnp.asarray") if dtype is not None else _default_dtype(x)
-  return _out(np.asarray(x, dtype=d), np.shape(x), d, 0, OpClass.CHEAP, False)
+  out = _out(np.asarray(x, dtype=d), np.shape(x), d, 0, OpClass.CHEAP, False)
+  if dtype is None and type(x) in (bool, int, float) and type(out) is Array:
+    out = WeakArray(out._data, out.shape, out.dtype, out._ready)   # weakly typed, as in JAX
+  return out
 
 
 array = asarray

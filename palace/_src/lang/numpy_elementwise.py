@@ -16,7 +16,7 @@ from palace._src import executor, validate
 from palace._src.executor import OpClass
 from palace._src.errors import ShapeError, UnsupportedError, UsageError
 from palace._src.lang import deferred
-from palace._src.lang.array import Array, dtype_of, ready_of
+from palace._src.lang.array import Array, WeakArray, dtype_of, promotion_type, ready_of
 from palace._src.lang.deferred import Deferred
 from palace._src.lang.numpy_base import (_COMPUTE, _F32, _FLOATS, _I32, _I32_MAX, _I32_MIN, _broadcast_shapes,
                                          _current_ex, _has_data, _is_arr, _np, _out, _select, _weak_promotes)
@@ -100,7 +100,7 @@ def _elementwise(fn, op_class: str, result: str = "same", name: str = ""):
       if same and strong is not None and (strong in _FLOATS or not _weak_promotes(args, strong)):
         rt = strong
       else:
-        rt = dt.result_type(*[dtype_of(a) for a in args])
+        rt = dt.result_type(*[promotion_type(a) for a in args])
         shape = _broadcast_shapes(op.__name__, args)
     if result == "float" and rt not in _FLOATS:
       rt = _F32
@@ -538,13 +538,19 @@ def where(condition, x=None, y=None):
   if x is None or y is None:
     raise UsageError("jnp.where(condition) with one argument has a data-dependent shape. Fix: pass x "
                      "and y, jnp.where(condition, x, y).")
-  rt = dt.result_type(dtype_of(x), dtype_of(y))
+  rt = dt.result_type(promotion_type(x), promotion_type(y))
   shape = _broadcast_shapes("where", (condition, x, y))
   data = None
   ex = executor.maybe_current()
   if not (ex is not None and ex.timing_only and shape) and _has_data(condition, x, y):
     data = _select(_np(condition, dt.bool_), _np(x, rt), _np(y, rt))
-  return _out(data, shape, rt, ready_of(condition, x, y), OpClass.CHEAP, _is_arr(condition, x, y))
+  out = _out(data, shape, rt, ready_of(condition, x, y), OpClass.CHEAP, _is_arr(condition, x, y))
+  if type(x) in _PY_SCALARS and type(y) in _PY_SCALARS and type(out) is Array:
+    out = WeakArray(out._data, out.shape, out.dtype, out._ready)   # weak, as JAX's where of Python scalars
+  return out
+
+
+_PY_SCALARS = (bool, int, float)
 
 
 def _where_on_scalars(dtype):
