@@ -130,11 +130,16 @@ def test_a_weak_array_stored_into_a_ref_takes_the_ref_dtype():
     pl.pallas_call(floats, out_shape=pl.ShapeDtypeStruct((8, 128), np.int32))(np.zeros((8, 128), np.int32))
 
 
-# A known gap (found by the same hunt, not fixed yet): a strict xfail, so a fix flips it to a failure
-# that asks for the marker's removal.
-@pytest.mark.xfail(strict=True, reason="lax.fori_loop does not check that the body keeps the carry's "
-                   "dtype; JAX raises TypeError")
-def test_fori_loop_rejects_a_carry_that_changes_dtype():
-  with pytest.raises(TypeError):
+def test_loops_reject_a_carry_that_changes_dtype_or_shape():
+  # JAX raises TypeError ("carry input and carry output must have equal types"): TracingError is one
+  with pytest.raises(TypeError, match=r"lax.fori_loop body '<lambda>' changes carry leaf 0 from "
+                                      r"int32\[8, 128\] to float32\[8, 128\]"):
     apply(lambda v: lax.fori_loop(0, 3, lambda i, c: c * 1.5, v), np.ones((8, 128), np.int32),
           out_dtype=np.float32)
+  with pytest.raises(TypeError, match="lax.while_loop body"):
+    apply(lambda v: lax.while_loop(lambda c: c[0, 0] < 4, lambda c: c[:4] + 1, v),
+          np.ones((8, 128), np.int32))
+  # a weak start (Python 0, jnp.full(s, 0)) takes the body's type, as in JAX
+  out, dtype = apply(lambda v: lax.fori_loop(0, 3, lambda i, c: c + v, jnp.full((8, 128), 0)),
+                     np.full((8, 128), 50, np.int8))
+  assert dtype == np.int8 and out[0, 0] == np.int8(150 - 256)

@@ -33,7 +33,8 @@ def _reduce_class(axes, ndim):
 
 # keyword arguments of JAX's reductions that palace takes, per reduction (JAX's own set; `out` is
 # unsupported in JAX as well)
-_KEYWORDS = {"sum": ("where", "initial", "promote_integers"), "prod": ("where", "initial", "promote_integers"),
+_KEYWORDS = {"sum": ("where", "initial", "promote_integers"),
+             "prod": ("where", "initial", "promote_integers"),
              "max": ("where", "initial"), "min": ("where", "initial"), "mean": ("where",),
              "any": ("where",), "all": ("where",), "argmax": (), "argmin": ()}
 

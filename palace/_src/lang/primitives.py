@@ -13,8 +13,8 @@ import numpy as np
 from palace._src import dtypes as dt
 from palace._src import executor, validate
 from palace._src.core import DeviceIdType, SemaphoreRefType, MemoryRef
-from palace._src.errors import MemorySpaceError, PalaceError, UnsupportedError, UsageError
-from palace._src.lang.array import Array, concrete_int, concrete_value
+from palace._src.errors import MemorySpaceError, PalaceError, TracingError, UnsupportedError, UsageError
+from palace._src.lang.array import Array, WeakArray, concrete_int, concrete_value
 from palace._src.lang.refs import Ref
 from palace._src.util import tree_flatten, tree_unflatten, user_frame_summary
 
@@ -113,13 +113,51 @@ def fori_loop(lower, upper, body_fun, init_val, *, unroll=None):
       carry = body_fun(_scalar(i, ex.now), carry)
     else:
       carry = body_fun(i, carry)
+    if i == lo:
+      _check_carry(init_val, carry, "lax.fori_loop", body_fun)
   return carry
+
+
+def _carry_type(x):
+  """(shape, dtype) of a strongly typed carry leaf, None for a weak one (Python scalar, WeakArray),
+  whose type JAX lets the body's first result decide."""
+  if isinstance(x, (bool, int, float)) or type(x) is WeakArray:
+    return None
+  if isinstance(x, Array):
+    return tuple(x.shape), np.dtype(x.dtype)
+  if isinstance(x, (np.ndarray, np.generic)):
+    return tuple(np.shape(x)), dt.canonicalize(x.dtype)
+  return "other"
+
+
+def _check_carry(init, out, api: str, body) -> None:
+  """JAX's loop rule: the body returns a carry of the structure, shapes and dtypes it was given
+  (checked on the first iteration; weakly typed leaves take the body's type)."""
+  li, ti = tree_flatten(init)
+  lo, to = tree_flatten(out)
+  name = getattr(body, "__name__", body)
+  if ti != to:
+    raise TracingError(f"{api} body {name!r} returned a carry of another structure than it was given "
+                       f"({len(lo)} leaves for {len(li)}). Fix: return the carry in the same pytree "
+                       f"structure as the initial value. ({user_frame_summary()})")
+  for k, (a, b) in enumerate(zip(li, lo)):
+    ta, tb = _carry_type(a), _carry_type(b)
+    if ta is None or tb is None or ta == "other" or tb == "other" or ta == tb:
+      continue
+    raise TracingError(f"{api} body {name!r} changes carry leaf {k} from {ta[1]}{list(ta[0])} to "
+                       f"{tb[1]}{list(tb[0])}; JAX requires the carry to keep its dtype and shape "
+                       f"(TypeError there). Fix: cast in the body (.astype({ta[1].name})) or start the "
+                       f"loop with a value of the body's type. ({user_frame_summary()})")
 
 
 def while_loop(cond_fun, body_fun, init_val):
   carry = init_val
+  first = True
   while _truth(cond_fun(carry)):
     carry = body_fun(carry)
+    if first:
+      _check_carry(init_val, carry, "lax.while_loop", body_fun)
+      first = False
   return carry
 
 
