@@ -143,3 +143,11 @@ def test_loops_reject_a_carry_that_changes_dtype_or_shape():
   out, dtype = apply(lambda v: lax.fori_loop(0, 3, lambda i, c: c + v, jnp.full((8, 128), 0)),
                      np.full((8, 128), 50, np.int8))
   assert dtype == np.int8 and out[0, 0] == np.int8(150 - 256)
+
+
+def test_integers_convert_to_narrow_floats_through_float32():
+  # XLA converts int32 -> bf16 as int32 -> f32 -> bf16: 2**24 + 2**16 + 1 is f32 2**24 + 2**16, a tie in
+  # bf16 that rounds to even, 2**24 (converted directly it would round up to 2**24 + 2**17)
+  x = np.full((8, 128), 2**24 + 2**16 + 1, np.int32)
+  out, _ = apply(lambda v: v.astype(BF16), x, out_dtype=BF16)
+  assert float(out.astype(np.float32)[0, 0]) == 2.0**24

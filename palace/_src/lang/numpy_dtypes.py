@@ -79,6 +79,17 @@ def _float_to_int(v: np.ndarray, d: np.dtype) -> np.ndarray:
   return out
 
 
+def _convert(v: np.ndarray, d: np.dtype) -> np.ndarray:
+  """v.astype(d), except integers to a narrow float (bf16, f16, fp8) go through float32 as XLA converts
+  them (two roundings: int32 2**24 + 2**16 + 1 is bf16 2**24, not 2**24 + 2**17)."""
+  if d in _NARROW_FLOATS and v.dtype.kind in "iub":
+    return v.astype(dt.float32).astype(d)
+  return v.astype(d)
+
+
+_NARROW_FLOATS = frozenset({dt.bfloat16, dt.float16, dt.float8_e4m3fn, dt.float8_e5m2})
+
+
 def astype(x, dtype):
   d = _dtype_arg(dtype, "astype")
   if isinstance(x, Array) and x.dtype == d:
@@ -90,7 +101,7 @@ def astype(x, dtype):
   data = None
   if _has_data(x):
     v = _np(x)
-    data = _float_to_int(v, d) if dt.is_int(d) and dt.is_float(v.dtype) else v.astype(d)
+    data = _float_to_int(v, d) if dt.is_int(d) and dt.is_float(v.dtype) else _convert(v, d)
   return _out(data, _shape_of(x), d, ready_of(x), OpClass.CHEAP, _is_arr(x))
 
 
@@ -107,7 +118,7 @@ def _astype_on_scalars(src, dtype):
     if type(x) is Array and x.dtype is src and not x.shape:
       v, ex = x._data, _current_ex()
       if v is not None and ex is not None and v.dtype is src:
-        return Array(_float_to_int(v, d) if to_int else v.astype(d), (), d, ex.scalar_op(ready_of(x)))
+        return Array(_float_to_int(v, d) if to_int else _convert(v, d), (), d, ex.scalar_op(ready_of(x)))
     return astype(x, d)
   return convert
 
