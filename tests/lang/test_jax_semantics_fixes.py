@@ -151,3 +151,13 @@ def test_integers_convert_to_narrow_floats_through_float32():
   x = np.full((8, 128), 2**24 + 2**16 + 1, np.int32)
   out, _ = apply(lambda v: v.astype(BF16), x, out_dtype=BF16)
   assert float(out.astype(np.float32)[0, 0]) == 2.0**24
+
+
+def test_bool_arithmetic_numpy_refuses_is_a_palace_error():
+  # JAX rejects bool - bool and -bool (TypeError); palace names the op and the dtypes instead of
+  # passing NumPy's TypeError through
+  b = np.ones((8, 128), np.bool_)
+  with pytest.raises(ShapeError, match=r"Invalid operands for jnp.subtract .*dtypes bool, bool"):
+    apply(lambda v: v - v, b)
+  with pytest.raises(ShapeError, match=r"Invalid operands for jnp.negative"):
+    apply(lambda v: -v, b)

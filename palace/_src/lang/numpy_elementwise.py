@@ -124,7 +124,7 @@ def _elementwise(fn, op_class: str, result: str = "same", name: str = ""):
         else:
           with np.errstate(all="ignore"):
             data = fn(*vals)
-      except ValueError as e:  # e.g. integers to negative integer powers (JAX rejects them too)
+      except (ValueError, TypeError) as e:  # integers to negative powers, bool - bool (JAX rejects both)
         raise ShapeError(f"Invalid operands for jnp.{op.__name__}{' ' + ex.where() if ex else ''}: {e} "
                          f"(dtypes {', '.join(str(dtype_of(a)) for a in args)}). Fix: pass operands JAX "
                          f"accepts for it (e.g. cast integers to float for negative powers). "
