@@ -138,7 +138,7 @@ def promotion_type(x):
   """What `dt.result_type` takes for operand x: its dtype, or a Python value of its kind for weak
   operands (Python scalars, WeakArrays)."""
   if type(x) is WeakArray:
-    return _WEAK_KIND.get(x.dtype.kind, 0.0) if x.dtype != dt.bool_ else False
+    return _WEAK_KIND.get(x.dtype.kind, 0.0)
   return dtype_of(x)
 
 

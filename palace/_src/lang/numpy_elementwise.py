@@ -467,6 +467,7 @@ def _float_only(op):
 
 
 floor, ceil, trunc = _float_only(_floor), _float_only(_ceil), _float_only(_trunc)
+_round_int = _float_only(_round)   # (host integers: returned as NumPy data)
 
 
 def round(x, decimals=0):  # noqa: A001
@@ -479,7 +480,7 @@ def round(x, decimals=0):  # noqa: A001
       raise UnsupportedError(f"jnp.round of integers with decimals={decimals} ({user_frame_summary()}): "
                              f"JAX does not implement decimals < 0 for integers either. Fix: round in "
                              f"float (x.astype(jnp.float32)) or divide, round and multiply yourself.")
-    return _float_only(_round)(x)
+    return x if isinstance(x, Array) else _round_int(x)
   if decimals == 0:
     return _round(x)
   d = dtype_of(x)
