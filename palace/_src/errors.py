@@ -8,6 +8,8 @@ every construction of a PalaceError in palace/_src (with an allow-list for inter
 """
 from __future__ import annotations
 
+from palace._src.util import user_frame_summary
+
 
 class PalaceError(Exception):
   """Base class of every error palace raises for a user mistake or a hardware limit."""
@@ -73,9 +75,9 @@ def missing_api(module: str, alias: str):
   def __getattr__(name: str):
     if name.startswith("__"):
       raise AttributeError(f"module {module!r} has no attribute {name!r}")
-    raise MissingApiError(f"{module} has no {alias}.{name}: palace does not implement it (or JAX has no "
-                          f"such name). Fix: write it with the ops {module} has (dir({module}) lists "
-                          f"them).")
+    raise MissingApiError(f"{module} has no {alias}.{name} ({user_frame_summary()}): palace does not "
+                          f"implement it (or JAX has no such name). Fix: write it with the ops {module} "
+                          f"has (dir({module}) lists them).")
   return __getattr__
 
 

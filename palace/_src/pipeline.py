@@ -5,8 +5,8 @@ lang/tpu_primitives.py: each block copy is a `PreparedCopy`, made once by `prepa
 blocks) or `AsyncCopyDescriptor.prepare()` (ragged and squeezed blocks) and then only started and
 waited, cached per (block, slot) when blocks are revisited). The overlap of DMA and compute, the
 skipped copies for unchanged blocks and the revisit behaviour all come out of the DMA and semaphore
-model, not out of special cases in the simulator. `pallas_call` and
-`emit_pipeline` (emit_pipeline.py) both run on `run_pipeline`.
+model, not out of special cases in the simulator. `pallas_call` (launch/run.py) and `emit_pipeline`
+(emit_pipeline.py) both run on `Pipeline` (`run_pipeline`: make, run, close).
 
 Schedule per input (buffer_count b): at step s, every input whose block is not in flight yet starts it
 (the prologue issues all of step 0's copies before waiting any); then per input the block of step s is

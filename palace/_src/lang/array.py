@@ -131,14 +131,21 @@ class WeakArray(Array):
   __slots__ = ()
 
 
-_WEAK_KIND = {"b": False, "i": 0, "u": 0, "f": 0.0, "V": 0.0}   # (V: ml_dtypes' narrow floats)
+def weakly_typed(x):
+  """`x`, made by an op from Python scalars alone, as a WeakArray (a plain Array only: a Deferred or a
+  host NumPy result stays as it is)."""
+  return WeakArray(x._data, x.shape, x.dtype, x._ready) if type(x) is Array else x
+
+
+# a WeakArray's dtype is a Python scalar's default (bool, int32, float32): the Python value of its kind
+_WEAK_KIND = {"b": False, "i": 0, "f": 0.0}
 
 
 def promotion_type(x):
   """What `dt.result_type` takes for operand x: its dtype, or a Python value of its kind for weak
   operands (Python scalars, WeakArrays)."""
-  if type(x) is WeakArray:
-    return _WEAK_KIND.get(x.dtype.kind, 0.0)
+  if isinstance(x, Array):
+    return _WEAK_KIND[x.dtype.kind] if type(x) is WeakArray else x.dtype
   return dtype_of(x)
 
 

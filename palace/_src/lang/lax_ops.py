@@ -228,7 +228,7 @@ def _clamped_starts(x, start_indices, sizes, api, allow_negative_indices=True):
                      f"indices and {len(shape)} sizes.")
   if len(wrap) != len(shape):
     raise ShapeError(f"{api}: allow_negative_indices has {len(wrap)} entries for an operand of rank "
-                     f"{len(shape)}. Fix: pass one bool, or one per dimension.")
+                     f"{len(shape)}. Fix: pass one bool, or one per dimension. ({user_frame_summary()})")
   starts = []
   for s, size, dim, w in zip(start_indices, sizes, shape, wrap):
     if not 0 <= size <= dim:

@@ -7,7 +7,7 @@ from palace._src import dtypes as dt
 from palace._src import executor
 from palace._src.executor import OpClass
 from palace._src.lang import deferred
-from palace._src.lang.array import Array, WeakArray, dtype_of, ready_of
+from palace._src.lang.array import dtype_of, ready_of, weakly_typed
 from palace._src.lang.numpy_base import (_F32, _broadcast_scalar, _dtype_arg, _np, _out, _shape_arg,
                                          _shape_of)
 
@@ -33,9 +33,7 @@ def _full(shape, fill_value, dtype, api: str):
         return later
     data = _broadcast_scalar(np.asarray(_np(fill_value), d), shape)
   out = _out(data, shape, d, ready_of(fill_value), OpClass.CHEAP, False)
-  if dtype is None and type(fill_value) in (bool, int, float) and type(out) is Array:
-    out = WeakArray(out._data, out.shape, out.dtype, out._ready)   # weakly typed, as in JAX
-  return out
+  return weakly_typed(out) if dtype is None and type(fill_value) in (bool, int, float) else out  # (JAX)
 
 
 def zeros(shape, dtype=None):

@@ -9,10 +9,10 @@ import numpy as np
 from palace._src import dtypes as dt
 from palace._src.executor import OpClass
 from palace._src.lang import deferred
-from palace._src.lang.array import Array, WeakArray, dtype_of, ready_of
+from palace._src.lang.array import Array, dtype_of, ready_of, weakly_typed
 from palace._src.lang.deferred import Deferred
-from palace._src.lang.numpy_base import (_F32, _current_ex, _default_dtype, _dtype_arg, _has_data, _is_arr,
-                                         _np, _out, _shape_of)
+from palace._src.lang.numpy_base import (_COMPUTE, _F32, _current_ex, _default_dtype, _dtype_arg, _has_data,
+                                         _is_arr, _np, _out, _shape_of)
 
 _IMPORTED = frozenset(globals())  # names above are imports, not this module's API
 
@@ -82,12 +82,9 @@ def _float_to_int(v: np.ndarray, d: np.dtype) -> np.ndarray:
 def _convert(v: np.ndarray, d: np.dtype) -> np.ndarray:
   """v.astype(d), except integers to a narrow float (bf16, f16, fp8) go through float32 as XLA converts
   them (two roundings: int32 2**24 + 2**16 + 1 is bf16 2**24, not 2**24 + 2**17)."""
-  if d in _NARROW_FLOATS and v.dtype.kind in "iub":
+  if d in _COMPUTE and v.dtype.kind in "iub":   # (_COMPUTE: the narrow floats, computed in float32)
     return v.astype(dt.float32).astype(d)
   return v.astype(d)
-
-
-_NARROW_FLOATS = frozenset({dt.bfloat16, dt.float16, dt.float8_e4m3fn, dt.float8_e5m2})
 
 
 def astype(x, dtype):
@@ -162,9 +159,7 @@ def asarray(x, dtype=None):
     return x if dtype is None else astype(x, dtype)
   d = _dtype_arg(dtype, "jnp.asarray") if dtype is not None else _default_dtype(x)
   out = _out(np.asarray(x, dtype=d), np.shape(x), d, 0, OpClass.CHEAP, False)
-  if dtype is None and type(x) in (bool, int, float) and type(out) is Array:
-    out = WeakArray(out._data, out.shape, out.dtype, out._ready)   # weakly typed, as in JAX
-  return out
+  return weakly_typed(out) if dtype is None and type(x) in (bool, int, float) else out   # (as in JAX)
 
 
 array = asarray

@@ -16,7 +16,7 @@ from palace._src import executor, validate
 from palace._src.executor import OpClass
 from palace._src.errors import ShapeError, UnsupportedError, UsageError
 from palace._src.lang import deferred
-from palace._src.lang.array import Array, WeakArray, dtype_of, promotion_type, ready_of
+from palace._src.lang.array import Array, dtype_of, promotion_type, ready_of, weakly_typed
 from palace._src.lang.deferred import Deferred
 from palace._src.lang.numpy_base import (_COMPUTE, _F32, _FLOATS, _I32, _I32_MAX, _I32_MIN, _broadcast_shapes,
                                          _current_ex, _has_data, _is_arr, _np, _out, _select, _weak_promotes)
@@ -458,8 +458,10 @@ def _float_only(op):
   NumPy's ufuncs would make them float and lose integers above 2**24)."""
   def f(x):
     if _integral(x):
-      return x if isinstance(x, Array) else _out(np.asarray(x), np.shape(x), np.asarray(x).dtype, 0,
-                                                 OpClass.CHEAP, False)
+      if isinstance(x, Array):
+        return x
+      v = np.asarray(x)
+      return _out(v, v.shape, v.dtype, 0, OpClass.CHEAP, False)
     return op(x)
   f.__name__, f.__doc__ = op.__name__, op.__doc__ + " Integers and bools are returned unchanged."
   f.scalar_form, f.op_class = op.scalar_form, op.op_class
@@ -477,7 +479,9 @@ def round(x, decimals=0):  # noqa: A001
   decimals = validate.as_int(decimals, "decimals of jnp.round", error=ShapeError)
   if _integral(x):
     if decimals < 0:
-      raise UnsupportedError(f"jnp.round of integers with decimals={decimals} ({user_frame_summary()}): "
+      ex = _current_ex()
+      raise UnsupportedError(f"jnp.round of integers with decimals={decimals}"
+                             f"{' ' + ex.where() if ex else ''} ({user_frame_summary()}): "
                              f"JAX does not implement decimals < 0 for integers either. Fix: round in "
                              f"float (x.astype(jnp.float32)) or divide, round and multiply yourself.")
     return x if isinstance(x, Array) else _round_int(x)
@@ -546,9 +550,7 @@ def where(condition, x=None, y=None):
   if not (ex is not None and ex.timing_only and shape) and _has_data(condition, x, y):
     data = _select(_np(condition, dt.bool_), _np(x, rt), _np(y, rt))
   out = _out(data, shape, rt, ready_of(condition, x, y), OpClass.CHEAP, _is_arr(condition, x, y))
-  if type(x) in _PY_SCALARS and type(y) in _PY_SCALARS and type(out) is Array:
-    out = WeakArray(out._data, out.shape, out.dtype, out._ready)   # weak, as JAX's where of Python scalars
-  return out
+  return weakly_typed(out) if type(x) in _PY_SCALARS and type(y) in _PY_SCALARS else out   # (as JAX)
 
 
 _PY_SCALARS = (bool, int, float)

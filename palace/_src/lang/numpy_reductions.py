@@ -45,8 +45,9 @@ def _reduction(npfn, name, result="same"):
   def op(a, axis=None, keepdims=False, dtype=None, **kw):
     extra = [k for k in kw if k not in allowed]
     if extra:
-      raise UnsupportedError(f"jnp.{name} got keyword(s) {', '.join(sorted(extra))} "
-                             f"({user_frame_summary()}); palace's jnp.{name} takes axis, keepdims, "
+      ex = executor.maybe_current()
+      raise UnsupportedError(f"jnp.{name} got keyword(s) {', '.join(sorted(extra))}"
+                             f"{' ' + ex.where() if ex else ''} ({user_frame_summary()}); palace's jnp.{name} takes axis, keepdims, "
                              f"dtype{''.join(', ' + k for k in allowed)}. Fix: drop them (`out` is not "
                              f"supported by JAX either) or compute the masked form with jnp.where.")
     where, initial = kw.get("where"), kw.get("initial")

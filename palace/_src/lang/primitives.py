@@ -136,15 +136,17 @@ def _check_carry(init, out, api: str, body) -> None:
   li, ti = tree_flatten(init)
   lo, to = tree_flatten(out)
   name = getattr(body, "__name__", body)
+  ex = executor.maybe_current()
+  where = f" {ex.where()}" if ex else ""
   if ti != to:
-    raise TracingError(f"{api} body {name!r} returned a carry of another structure than it was given "
-                       f"({len(lo)} leaves for {len(li)}). Fix: return the carry in the same pytree "
+    raise TracingError(f"{api} body {name!r}{where} returned a carry of another structure than it was "
+                       f"given ({len(lo)} leaves for {len(li)}). Fix: return the carry in the same pytree "
                        f"structure as the initial value. ({user_frame_summary()})")
   for k, (a, b) in enumerate(zip(li, lo)):
     ta, tb = _carry_type(a), _carry_type(b)
     if ta is None or tb is None or ta == "other" or tb == "other" or ta == tb:
       continue
-    raise TracingError(f"{api} body {name!r} changes carry leaf {k} from {ta[1]}{list(ta[0])} to "
+    raise TracingError(f"{api} body {name!r}{where} changes carry leaf {k} from {ta[1]}{list(ta[0])} to "
                        f"{tb[1]}{list(tb[0])}; JAX requires the carry to keep its dtype and shape "
                        f"(TypeError there). Fix: cast in the body (.astype({ta[1].name})) or start the "
                        f"loop with a value of the body's type. ({user_frame_summary()})")

@@ -24,6 +24,7 @@ from palace._src import executor, validate
 from palace._src.core import MemorySpace, is_hbm
 from palace._src.errors import MemorySpaceError, OutOfBoundsError, ShapeError, UsageError
 from palace._src.lang import numpy_indexing, numpy_linalg, numpy_ops  # noqa: F401  (bind Array operators)
+from palace._src.lang import numpy_dtypes
 from palace._src.lang.array import Array, WeakArray, concrete_int
 from palace._src.lang.deferred import Deferred
 from palace._src.lang.indexed import is_index_source, make_indexed
@@ -399,7 +400,8 @@ def _coerce_store(view: Ref, value, timing_only: bool):
   if type(value) is WeakArray and value.dtype != d and (dt.is_float(d) or not dt.is_float(value.dtype)):
     # a weakly typed value (jnp.full(s, 10)) is cast to the ref's dtype, as JAX does (a float into an
     # integer ref stays an error, as for a Python float)
-    value = WeakArray(None if value._data is None else value._data.astype(d), value.shape, d, value._ready)
+    data = None if value._data is None else numpy_dtypes._convert(value._data, d)
+    value = WeakArray(data, value.shape, d, value._ready)
   if isinstance(value, Array):
     if value.dtype != d:
       raise ShapeError(
