@@ -1,0 +1,35 @@
+"""python -m benchmarks.hw: measured (recorded on a TPU v5e) vs modelled, per case and per family."""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+from benchmarks.hw import model
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=model.__doc__.splitlines()[0])
+  ap.add_argument("--data", default=None)
+  ap.add_argument("--only", default=None)
+  ap.add_argument("--chip", default="v5e")
+  a = ap.parse_args(argv)
+  t0 = time.process_time()
+  env, _ = model.load(a.data)
+  print(f"measured: {env.get('device_kind')} jax {env.get('jax_version')} on {env.get('date')} "
+        f"({a.data or model.newest()})")
+  rows = model.compare(a.data, a.only, a.chip)
+  print(f"{'case':58s} {'measured us':>12s} {'modelled us':>12s} {'error':>8s}")
+  for r in rows:
+    print(f"{r.name:58s} {r.measured_us:12.1f} {r.modelled_us:12.1f} {r.error * 100:+7.1f}%")
+  print(f"\n{'family':18s} {'points':>6s} {'median |err|':>13s} {'worst |err|':>12s}")
+  for fam, (n, med, worst) in model.family_stats(rows).items():
+    print(f"{fam:18s} {n:6d} {med * 100:12.1f}% {worst * 100:11.1f}%")
+  errs = [abs(r.error) for r in rows]
+  if errs:
+    print(f"{'all':18s} {len(errs):6d} {statistics.median(errs) * 100:12.1f}% {max(errs) * 100:11.1f}%")
+  print(f"({time.process_time() - t0:.0f} s CPU)")
+
+
+if __name__ == "__main__":
+  main()

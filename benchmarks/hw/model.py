@@ -1,0 +1,85 @@
+"""The recorded TPU v5e timings beside palace's model of the same kernels.
+
+    python -m benchmarks.hw [--data PATH] [--only SUBSTR|FAMILY] [--chip v5e]
+
+Needs JAX 0.12 (run with `.venv-jax/bin/python`): every case of `benchmarks/hw/cases.py` is built
+exactly as on the chip and run once under `palace.jax` with `timing_only` (no data computed), and its
+modelled device time is printed beside the measured one (`benchmarks/hw/data/v5e-timing-*.jsonl`, the
+newest unless --data), with the per-family median and worst |error|.
+"""
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import os
+import statistics
+
+from benchmarks.hw.cases import all_cases
+
+DATA_DIR = os.path.join(os.path.dirname(__file__), "data")
+
+
+def newest(kind: str = "timing") -> str:
+  files = sorted(glob.glob(os.path.join(DATA_DIR, f"v5e-{kind}-*.jsonl")))
+  if not files:
+    raise FileNotFoundError(f"no recorded {kind} data in {DATA_DIR}")
+  return files[-1]
+
+
+def load(path: str | None = None):
+  """(environment, {case name: record}) of a recorded timing file; records with an error are kept."""
+  env, recs = {}, {}
+  with open(path or newest()) as f:
+    for line in f:
+      r = json.loads(line)
+      if r.get("kind") == "environment":
+        env = r
+      else:
+        recs[r["name"]] = r
+  return env, recs
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+  name: str
+  family: str
+  measured_us: float
+  modelled_us: float
+
+  @property
+  def error(self) -> float:
+    return self.modelled_us / self.measured_us - 1.0
+
+
+def model_case(case, chip: str = "v5e") -> float:
+  """palace's modelled device time of one case, in us."""
+  import jax  # noqa: PLC0415
+  import palace.jax as pj  # noqa: PLC0415
+  fn, args = case.build()
+  with pj.virtual_tpu(chip):
+    dt = pj.device_time(jax.jit(fn), *args, timing_only=True)
+  if dt.launches != 1:
+    raise RuntimeError(f"{case.name}: {dt.launches} launches, expected 1")
+  return dt.device_time_s * 1e6
+
+
+def compare(path: str | None = None, only: str | None = None, chip: str = "v5e") -> list[Row]:
+  _, recs = load(path)
+  rows = []
+  for c in all_cases():
+    if only is not None and only not in c.name and only != c.family:
+      continue
+    r = recs.get(c.name)
+    if r is None or r.get("median_us") is None:
+      continue
+    rows.append(Row(c.name, c.family, r["median_us"], model_case(c, chip)))
+  return rows
+
+
+def family_stats(rows: list[Row]) -> dict[str, tuple[int, float, float]]:
+  """family -> (points, median |error|, worst |error|)."""
+  fams: dict[str, list[float]] = {}
+  for r in rows:
+    fams.setdefault(r.family, []).append(abs(r.error))
+  return {f: (len(e), statistics.median(e), max(e)) for f, e in fams.items()}
