@@ -18,6 +18,8 @@ sources and the reason for each point outside 15%):
   `calculate_tiling` at 90% of VMEM, one visit per (row tile, group)). The jax wheel's megablox `gmm`
   is a different kernel (every operand double-buffered, tiles within the 16/32 MiB default scoped VMEM
   because it sets no VMEM limit); its ratios are printed beside, not counted (`--no-wheel` skips them);
+* `hw-*`: the kernels of benchmarks/hw measured on a real TPU v5e (device time from the profiler; they
+  need JAX for palace.jax and are summarised per family, apart from the published points);
 * `fa-*`: v5e flash attention of the jax wheel, default 128 blocks, bf16, batch 32 x 8 heads x
   head_dim 64 (jax-ml/jax issue 24633, wall: includes the launch overhead), in TFLOP/s.
 
@@ -43,6 +45,8 @@ import palace.numpy as jnp
 from palace._src import hw
 
 from benchmarks.calibrate import TABLE, XLA_TABLE, run_config, xla_reference_s
+from benchmarks.hw import cases as hw_cases
+from benchmarks.hw import model as hw_model
 from benchmarks.tables import print_table
 
 MEDIAN_BUDGET = 0.10
@@ -191,6 +195,16 @@ def flash_attention_tflops(seq: int, module=None) -> float:
 
 
 # ---------------------------------------------------------------------------------- the point list
+_HW_SOURCE = "measured on a TPU v5e: benchmarks/hw (JAX 0.10.2, 2026-12-05, profiler device time)"
+
+
+def _hw_cases():
+  """(case, measured device us) of every kernel recorded on the chip (benchmarks/hw/data)."""
+  _, recs = hw_model.load()
+  return [(c, recs[c.name]["median_us"]) for c in hw_cases.all_cases()
+          if recs.get(c.name, {}).get("median_us") is not None]
+
+
 def points() -> list[Point]:
   pts = []
   for m, bm, bk, bn, meas_ms in TABLE:
@@ -208,6 +222,9 @@ def points() -> list[Point]:
     for chip, ratio in by_chip.items():
       pts.append(Point(f"gmm-{m}x{g}x{k}x{n}", chip, "t(128)/t(256)", ratio, _GMM_SOURCE,
                        (lambda c=chip, s=(m, g, k, n): gmm_kernel_ratio(c, *s))))
+  for case, measured_us in _hw_cases():
+    pts.append(Point(f"hw-{case.name}", "v5e", "device us", measured_us, _HW_SOURCE,
+                     (lambda c=case: hw_model.model_case(c)), needs_wheel=True))
   for seq, (ms, tflops) in _FA_PUBLISHED.items():
     pts.append(Point(f"fa-{seq}", "v5e", "wall TFLOP/s", tflops,
                      f"jax-ml/jax issue 24633 (v5e, bf16, default blocks; {ms} ms)",
@@ -279,7 +296,17 @@ def main(argv=None) -> int:
   print_table("Timing model vs published real-TPU figures (* = beyond 15%: see docs/validation.md)",
               ["point", "chip", "figure", "modelled", "published", "error", "sim s", "source"], rows,
               width=170)
-  done = [(p, e) for p, m, e, _ in results if m is not None]
+  measured = [(p, e) for p, m, e, _ in results if m is not None and p.name.startswith("hw-")]
+  if measured:
+    fams = {c.name: c.family for c, _ in _hw_cases()}
+    by_family: dict = {}
+    for p, e in measured:
+      by_family.setdefault(fams[p.name[3:]], []).append(abs(e))
+    print_table("Measured on a TPU v5e (benchmarks/hw): |error| per kernel family",
+                ["family", "points", "median", "worst"],
+                [[f, str(len(v)), f"{100 * statistics.median(v):.1f}%", f"{100 * max(v):.1f}%"]
+                 for f, v in by_family.items()], width=170)
+  done = [(p, e) for p, m, e, _ in results if m is not None and not p.name.startswith("hw-")]
   summary = []
   for gen in GENERATIONS + ("all",):
     errs = [abs(e) for p, e in done if gen in ("all", p.chip)]
@@ -303,8 +330,10 @@ def main(argv=None) -> int:
       print(f"; the PR's other rows (+): {sum(abs(float(r[4])) <= GMM_RATIO_BUDGET for r in others)} "
             f"of {len(others)}", end="")
     print()
+  if not done:   # only measured points ran (--only hw-...)
+    return 0
   gens = {p.chip for p, _ in done}
-  med = statistics.median(abs(e) for _, e in done) if done else float("inf")
+  med = statistics.median(abs(e) for _, e in done)
   print(f"\n{len(done)} points over {len(gens)} generations; median |error| {100 * med:.1f}% "
         f"(budget {100 * MEDIAN_BUDGET:.0f}%); {time.perf_counter() - t0:.0f} s")
   return 0 if med <= MEDIAN_BUDGET else 1

@@ -15,9 +15,10 @@ def main(argv=None):
   ap.add_argument("--chip", default="v5e")
   a = ap.parse_args(argv)
   t0 = time.process_time()
-  env, _ = model.load(a.data)
-  print(f"measured: {env.get('device_kind')} jax {env.get('jax_version')} on {env.get('date')} "
-        f"({a.data or model.newest()})")
+  envs, _ = model.load(a.data)
+  for env in envs:
+    print(f"measured: {env.get('device_kind')}, jax {env.get('jax_version')}, libtpu "
+          f"{env.get('libtpu_version')}, {env.get('date')} ({env['file']})")
   rows = model.compare(a.data, a.only, a.chip)
   print(f"{'case':58s} {'measured us':>12s} {'modelled us':>12s} {'error':>8s}")
   for r in rows:

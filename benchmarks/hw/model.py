@@ -27,17 +27,28 @@ def newest(kind: str = "timing") -> str:
   return files[-1]
 
 
+def timing_files() -> list[str]:
+  return sorted(glob.glob(os.path.join(DATA_DIR, "v5e-timing-*.jsonl")))
+
+
 def load(path: str | None = None):
-  """(environment, {case name: record}) of a recorded timing file; records with an error are kept."""
-  env, recs = {}, {}
-  with open(path or newest()) as f:
-    for line in f:
-      r = json.loads(line)
-      if r.get("kind") == "environment":
-        env = r
-      else:
-        recs[r["name"]] = r
-  return env, recs
+  """(environments, {case name: record}) of the recorded timing runs: one file, or every file in
+  benchmarks/hw/data (then a case measured in several runs gets the median of all its launches, and
+  `module_us` lists them all). Records with an error (the chip refused the kernel) are kept."""
+  envs, recs = [], {}
+  for p in [path] if path else timing_files():
+    with open(p) as f:
+      for line in f:
+        r = json.loads(line)
+        if r.get("kind") == "environment":
+          envs.append({**r, "file": os.path.basename(p)})
+        elif r["name"] in recs and r.get("module_us"):
+          old = recs[r["name"]]
+          times = (old.get("module_us") or []) + r["module_us"]
+          recs[r["name"]] = {**r, "module_us": times, "median_us": statistics.median(times)}
+        elif r["name"] not in recs or r.get("module_us"):
+          recs[r["name"]] = r
+  return envs, recs
 
 
 @dataclasses.dataclass(frozen=True)

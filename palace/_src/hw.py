@@ -78,6 +78,20 @@ class ChipSpec:
   # largest pod (ICI domain) in devices; the presets set it below, with its source in _LIMIT_SOURCES
   max_pod_devices: int = 4096
   semaphores_per_core: int = 4096   # live semaphores one core may allocate (see _LIMIT_SOURCES)
+  # the bookkeeping of a grid step that copies (semaphore waits, slot swaps, descriptors), charged on
+  # its first DMA start; `grid_step_overhead_cycles` is what every step pays (docs/timing-model.md 1.1)
+  grid_step_copy_cycles: int = 0
+  smem_reserved_bytes: int = 0      # SMEM the compiler keeps for itself (see _LIMIT_SOURCES)
+  # Achieved HBM rates as fractions of the datasheet `hbm_bytes_per_s_per_device` (None: 1.0), measured
+  # on a real v5e (_MEASURED_SOURCES, docs/timing-model.md 1.2): reads stream at `hbm_read_fraction`;
+  # writes at `hbm_write_fraction` when no read is streaming, else at `hbm_write_with_reads_fraction`
+  # (the bus turnaround of mixed traffic); an HBM->HBM DMA copies `hbm_copy_fraction` of the peak in
+  # bytes per second (each byte read and written; None: 0.5).
+  hbm_read_fraction: "float | None" = None
+  hbm_write_fraction: "float | None" = None
+  hbm_write_with_reads_fraction: "float | None" = None
+  hbm_copy_fraction: "float | None" = None
+  dma_hbm_hbm_latency_ns: "float | None" = None   # None: the larger of the two directions
 
   # ---- derived figures ----
   def rows_per_vmatmul(self, lhs_bits: int) -> int:
@@ -101,9 +115,19 @@ class ChipSpec:
   def hbm_bytes_per_s(self) -> float:
     return self.hbm_bytes_per_s_per_device
 
+  def hbm_weights(self) -> tuple[float, float, float, float]:
+    """Bytes of the HBM channel (`hbm_bytes_per_s_per_device`) one byte of a copy takes: (read, write
+    alone, write while reads stream, HBM->HBM per byte copied)."""
+    wr = self.hbm_write_fraction or 1.0
+    return (1.0 / (self.hbm_read_fraction or 1.0), 1.0 / wr, 1.0 / (self.hbm_write_with_reads_fraction or wr),
+            1.0 / (self.hbm_copy_fraction or 0.5))
+
   @property
   def dma_hbm_to_hbm_latency_ns(self) -> float:
-    """HBM->HBM copies: the larger of the two directions (modelling assumption)."""
+    """HBM->HBM copies: measured where known (`dma_hbm_hbm_latency_ns`), else the larger of the two
+    directions (modelling assumption)."""
+    if self.dma_hbm_hbm_latency_ns is not None:
+      return self.dma_hbm_hbm_latency_ns
     return max(self.dma_hbm_to_vmem_latency_ns, self.dma_vmem_to_hbm_latency_ns)
 
   @property
@@ -171,7 +195,12 @@ _COMMON_SOURCES = _mp(
     ici_dims="[gcp-*] topology", ici_wraparound_min_axis="[SB-tpus]",
     sparsecore="[tpu_info] SparseCoreInfo and docs/pallas/tpu/sparsecore.md (cores, subcores, lanes, "
                "TileSpmem, DMA granule); vmem_shared_bytes is a modelling assumption",
-    grid_step_overhead_cycles="calibrated on tpu-hardware.md section 7 (v5e matmul table)",
+    grid_step_overhead_cycles="measured on a TPU v5e (benchmarks/hw, 2026-12-05): 4096 grid steps that "
+                              "copy nothing run in 101.3 us, 37 cycles a step; reused in cycles on "
+                              "every chip",
+    grid_step_copy_cycles="calibrated: a step that copies pays 300 cycles in all, the per-step cost "
+                          "fitted on tpu-hardware.md section 7 (v5e matmul table), less the measured "
+                          "37 every step pays; reused in cycles on every chip",
     dma_issue_cycles="modelling assumption: one DMA request per cycle [SB-tpus] plus address "
                      "arithmetic (the sum with the step overhead is what section 7 fixes)",
     scalar_op_cycles="[SB-tpus] scalar unit issues one bundle per cycle (modelling assumption)",
@@ -181,7 +210,8 @@ _COMMON_SOURCES = _mp(
 
 # Calibrated constants (tpu-hardware.md section 7, see benchmarks/calibrate.py and docs/timing-model.md),
 # shared in cycles by every chip.
-_STEP_OVERHEAD_CYCLES = 300
+_STEP_OVERHEAD_CYCLES = 37    # measured on v5e (_MEASURED_SOURCES): every step
+_STEP_COPY_CYCLES = 263       # with it, the calibrated 300 cycles of a step that copies
 _LAUNCH_OVERHEAD_S = 115e-6
 _V5E_HBM_TO_VMEM_LATENCY_NS = 250
 # Modelling assumption (not identifiable from section 7 separately from the step overhead).
@@ -198,7 +228,7 @@ V4 = ChipSpec(
     supported_mxu_classes=frozenset({"f32", "bf16", "int8"}), sublanes=8, lanes=128, vpu_alus_per_lane=2,
     mxu_rejected_operand_classes=frozenset({("int8", "int8")}),
     sparsecore=None, ici_link_bytes_per_s_one_way=4.5e10, ici_hop_latency_ns=1000, ici_dims=3,
-    ici_wraparound_min_axis=4, grid_step_overhead_cycles=_STEP_OVERHEAD_CYCLES,
+    ici_wraparound_min_axis=4, grid_step_overhead_cycles=_STEP_OVERHEAD_CYCLES, grid_step_copy_cycles=_STEP_COPY_CYCLES,
     dma_issue_cycles=_DMA_ISSUE_CYCLES, scalar_op_cycles=1, launch_overhead_s=_LAUNCH_OVERHEAD_S,
     sources=_COMMON_SOURCES)
 
@@ -214,7 +244,7 @@ V5E = ChipSpec(
     mxu_latency_cycles=_mp(f32=131, bf16=131, int8=121, fp8=131),
     supported_mxu_classes=frozenset({"f32", "bf16", "int8", "fp8"}), sublanes=8, lanes=128,
     vpu_alus_per_lane=4, sparsecore=None, ici_link_bytes_per_s_one_way=4.5e10, ici_hop_latency_ns=1000,
-    ici_dims=2, ici_wraparound_min_axis=16, grid_step_overhead_cycles=_STEP_OVERHEAD_CYCLES,
+    ici_dims=2, ici_wraparound_min_axis=16, grid_step_overhead_cycles=_STEP_OVERHEAD_CYCLES, grid_step_copy_cycles=_STEP_COPY_CYCLES,
     dma_issue_cycles=_DMA_ISSUE_CYCLES, scalar_op_cycles=1, launch_overhead_s=_LAUNCH_OVERHEAD_S,
     sources=_COMMON_SOURCES)
 
@@ -254,13 +284,49 @@ _LIMIT_SOURCES = _mp(
     max_pod_devices="tpu-hardware.md 1.1 'Pod / largest ICI domain': v4 4096 [gcp-v4][SB-tpus], v5e 256 "
                     "[gcp-v5e], v5p 8960 [SB-tpus], v6e 256 [gcp-v6e], 7x 9216 chips [gcp-7x] = 18432 "
                     "logical devices (one TensorCore each)",
-    semaphores_per_core="modelling assumption: no public figure for the semaphore memory; 4096 is "
-                        "above any known kernel's needs (ragged paged attention uses a few hundred) and "
-                        "rejects runaway allocations like 100,000 DMA semaphores",
+    semaphores_per_core="v5e: 512, measured on a TPU v5e (benchmarks/hw/data/v5e-limits-2026-12-05."
+                        "jsonl, probe dma_semaphores_1024: 'Allocation (size=4096) would exceed memory "
+                        "(size=2048) ... space=sflag': 2048 B of semaphore memory, 4 B per semaphore; 16 "
+                        "compile). Other chips: modelling assumption, no public or measured figure; 4096 "
+                        "is above any known kernel's needs and rejects runaway allocations",
+    smem_reserved_bytes="144 B on every chip, measured on a TPU v5e (benchmarks/hw/data/v5e-limits-"
+                        "2026-12-05.jsonl, probe smem_scratch_256K_int32: a 1 MiB SMEM scratch fails "
+                        "with 'Used 1.00M of 1.00M smem. Exceeded smem capacity by 144B'; 800 KiB "
+                        "compiles). A compiler reservation, not a chip figure: assumed equal elsewhere",
 )
 V4, V5E, V5P, V6E, V7X = (
-    dataclasses.replace(c, max_pod_devices=n, sources=MappingProxyType({**c.sources, **_LIMIT_SOURCES}))
-    for c, n in ((V4, 4096), (V5E, 256), (V5P, 8960), (V6E, 256), (V7X, 18432)))
+    dataclasses.replace(c, max_pod_devices=n, semaphores_per_core=sems, smem_reserved_bytes=144,
+                        sources=MappingProxyType({**c.sources, **_LIMIT_SOURCES}))
+    for c, n, sems in ((V4, 4096, 4096), (V5E, 256, 512), (V5P, 8960, 4096), (V6E, 256, 4096),
+                       (V7X, 18432, 4096)))
+
+# Measured on a real TPU v5e (JAX 0.10.2, libtpu 0.0.42.1, 2026-12-05; benchmarks/hw, recorded in
+# benchmarks/hw/data/v5e-timing-2026-12-05*.jsonl; docs/timing-model.md 1.2 and docs/validation.md
+# "Measured on a TPU v5e"). The other generations keep the datasheet and [xla-pinfo] figures: nothing
+# measured says how far their HBM and DMAs fall short of them.
+_HW = "measured on a TPU v5e (benchmarks/hw, 2026-12-05): "
+_MEASURED_SOURCES = _mp(
+    hbm_read_fraction=_HW + "read-only streams (colsum: 64 MiB in 89.7 us, 748 GB/s of 819)",
+    hbm_write_fraction=_HW + "write-only streams (fill: 64 MiB in 103.0 us, 651 GB/s of 819)",
+    hbm_write_with_reads_fraction=_HW + "copies and adds: reads at 748 GB/s leave writes 582.6 GB/s of "
+                                  "819 (copy 32 MiB in 102.5 us, add 147.8 us)",
+    hbm_copy_fraction=_HW + "HBM->HBM DMAs of 4-128 MiB: 3.256 us per MB copied (307 GB/s of 819), "
+                      "whatever the number of DMAs in flight (1-16)",
+    dma_hbm_hbm_latency_ns=_HW + "a 4 KiB HBM->HBM DMA launch takes 0.309 us",
+    dma_hbm_to_vmem_latency_ns=_HW + "pipelined (8, 128) blocks step every 0.208 us, so a block's "
+                               "latency hides under one step; single-step launches give the sum "
+                               "with the write latency, 0.537 us (docs/timing-model.md 1.2)",
+    dma_vmem_to_hbm_latency_ns=_HW + "single-step launches: the read + write latencies sum to 0.537 us",
+)
+V5E = dataclasses.replace(
+    V5E, hbm_read_fraction=748 / 819, hbm_write_fraction=651 / 819,
+    hbm_write_with_reads_fraction=582.6 / 819, hbm_copy_fraction=307 / 819, dma_hbm_hbm_latency_ns=290, dma_hbm_to_vmem_latency_ns=190,
+    dma_vmem_to_hbm_latency_ns=348, sources=MappingProxyType({**V5E.sources, **_MEASURED_SOURCES}))
+_ABSENT = "not measured on this chip: the datasheet hbm_bytes_per_s_per_device (None; copies: half)"
+V4, V5P, V6E, V7X = (dataclasses.replace(c, sources=MappingProxyType({
+    **c.sources, **{k: _ABSENT for k in _MEASURED_SOURCES if k.startswith("hbm_")},
+    "dma_hbm_hbm_latency_ns": "not measured on this chip: the larger of the two DMA latencies (None)"}))
+    for c in (V4, V5P, V6E, V7X))
 
 CHIPS = MappingProxyType({c.name: c for c in (V4, V5E, V5P, V6E, V7X)})
 _ALIASES = {"v5litepod": "v5e", "v5lite": "v5e", "v6": "v6e", "trillium": "v6e", "v7x": "7x",

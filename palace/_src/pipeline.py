@@ -479,19 +479,21 @@ def _steps(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tai
           o.cur = cur
           call_args[k] = _alias_view(o, cur, point)
         continue
+      # double buffering: the next step's block is started before the current one is waited (JAX's
+      # order; the chip streams a read-only pipeline without a gap per step: docs/timing-model.md 1.2)
+      if ahead == 1:
+        t = s + 1
+        if t < n:
+          nxt = blocks[t] if blocks is not None else block_offsets(o, t, points[t], index_args, "")
+          if nxt != cur and t not in o.fetched:
+            _start_fetch(o, t, nxt, dma_start)
       if s == 0 or cur != o.cur:
         slot, copy = o.fetched.pop(s)
         if copy is not None:
           dma_wait(copy)
         o.cur, o.cur_slot = cur, slot
         call_args[k] = o.slots[slot]
-      if ahead == 1:   # double buffering: only the next step's block
-        t = s + 1
-        if t < n:
-          nxt = blocks[t] if blocks is not None else block_offsets(o, t, points[t], index_args, "")
-          if nxt != cur and t not in o.fetched:
-            _start_fetch(o, t, nxt, dma_start)
-      elif ahead:      # lookahead: every changed block that fits the free slots
+      if ahead > 1:    # lookahead: every changed block that fits the free slots
         prev = cur
         for t in range(s + 1, min(n, s + o.nbuf)):
           nxt = blocks[t] if blocks is not None else block_offsets(o, t, points[t], index_args, "")

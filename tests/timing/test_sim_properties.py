@@ -83,7 +83,7 @@ def test_reserve_agrees_with_an_interval_model(caps, transfers, hbm_weight):
       assert c.used[i] == pytest.approx(r.used(mid), abs=1e-6)
 
 
-S, ISSUE, SCALAR, BPC = 300, 8, 1, 1000    # UNIT_CHIP: grid step, DMA issue, scalar op, bytes per cycle
+S, ISSUE, SCALAR, BPC = 0, 8, 1, 1000   # UNIT_CHIP: the (free) first grid step, DMA issue, scalar op, B/cycle
 LAT = {"hbm->vmem": 100, "vmem->hbm": 50}
 
 

@@ -21,10 +21,11 @@ _INF = float("inf")
 class Channel:
   """Piecewise-constant bandwidth usage: `times[i]` starts a segment using `used[i]` bytes/cycle; the
   last segment runs to infinity."""
-  __slots__ = ("name", "bytes_per_cycle", "times", "used")
+  __slots__ = ("name", "bytes_per_cycle", "times", "used", "read_until")
 
   def __init__(self, name: str, bytes_per_s: float, clock_hz: float):
     self.name = name
+    self.read_until = 0.0   # (an HBM channel: the last cycle of a reserved read, sim/dma.CopyPlan)
     self.bytes_per_cycle = bytes_per_s / clock_hz
     self.times = [0.0]
     self.used = [0.0]

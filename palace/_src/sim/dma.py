@@ -91,30 +91,52 @@ class CopyPlan:
   completion latency and how many of its ends touch HBM (for the report's HBM traffic). `copies` and
   `bytes` count the copies timed with it; the machine adds them to the report's per-direction DMA
   totals when the launch finishes (`Machine.finish`)."""
-  __slots__ = ("kind", "channels", "latency_cycles", "hbm_sides", "copies", "bytes")
+  __slots__ = ("kind", "channels", "channels_alone", "hbm", "reads_hbm", "latency_cycles", "hbm_sides",
+               "copies", "bytes")
 
-  def __init__(self, kind: str, channels: list, latency_cycles: int, hbm_sides: int):
+  def __init__(self, kind: str, channels: list, latency_cycles: int, hbm_sides: int,
+               channels_alone=None, hbm=None, reads_hbm=False):
     self.kind, self.channels = kind, channels
+    self.channels_alone = channels_alone   # a write's channels while no HBM read streams (else None)
+    self.hbm, self.reads_hbm = hbm, reads_hbm
     self.latency_cycles, self.hbm_sides = latency_cycles, hbm_sides
     self.copies = self.bytes = 0
 
+  def reserve(self, start: float, nbytes: float) -> tuple[float, float]:
+    """(first, last cycle) of a copy of `nbytes` from `start` on its channels: writes run at the
+    mixed-traffic rate while an HBM read is reserved past `start` on the chip's HBM, else at the
+    write-alone rate; reads mark how far HBM reads now stream."""
+    alone = self.channels_alone
+    if alone is not None and start >= self.hbm.read_until:
+      return reserve(alone, start, nbytes)
+    first, last = reserve(self.channels, start, nbytes)
+    if self.reads_hbm and last > self.hbm.read_until:
+      self.hbm.read_until = last
+    return first, last
+
 
 def copy_timing(chip, src_space: MemorySpace, dst_space: MemorySpace) -> tuple:
-  """(kind, timing class, completion latency in cycles, HBM sides) of a copy from `src_space` to
-  `dst_space` on `chip`: a pure function of the frozen chip spec, which a VirtualTPU memoises for all
-  its launches (tensorcore.cost_memos)."""
+  """(kind, timing class, completion latency in cycles, HBM sides, HBM weights (mixed, alone)) of a
+  copy from `src_space` to `dst_space` on `chip`: a pure function of the frozen chip spec, which a
+  VirtualTPU memoises for all its launches (tensorcore.cost_memos). The weights are the HBM channel
+  bytes one byte of the copy takes (ChipSpec.hbm_weights; alone: a write while no read streams)."""
   kind = direction(src_space, dst_space)
   cls = _CLASS.get(kind) or _CLASS.setdefault(kind, _timing_class(kind))
-  return kind, cls, _latency_cycles(chip, cls), _HBM_SIDES[cls]
+  rd, wr, wr_mixed, cp = chip.hbm_weights()
+  weights = {"read": (rd, None), "write": (wr_mixed, wr), "hbm->hbm": (cp, None), "local": (0, None)}[cls]
+  return kind, cls, _latency_cycles(chip, cls), _HBM_SIDES[cls], weights
 
 
 def plan(timing: tuple, chans) -> CopyPlan:
   """The CopyPlan of a copy with `timing` (`copy_timing`) on a core whose channels are `chans` =
   (DMA engine, HBM, local)."""
-  kind, cls, latency_cycles, sides = timing
-  channels = [(chans[2], 1.0)] if cls == "local" else \
-      [(chans[0], 1.0), (chans[1], 2.0 if cls == "hbm->hbm" else 1.0)]   # HBM->HBM: read + write
-  return CopyPlan(kind, channels, latency_cycles, sides)
+  kind, cls, latency_cycles, sides, (weight, weight_alone) = timing
+  if cls == "local":
+    return CopyPlan(kind, [(chans[2], 1.0)], latency_cycles, sides)
+  alone = None if weight_alone is None or weight_alone == weight else \
+      [(chans[0], 1.0), (chans[1], weight_alone)]
+  return CopyPlan(kind, [(chans[0], 1.0), (chans[1], weight)], latency_cycles, sides, alone, chans[1],
+                  cls in ("read", "hbm->hbm"))
 
 
 def bytes_of(shape, itemsize: int) -> int:
@@ -123,12 +145,15 @@ def bytes_of(shape, itemsize: int) -> int:
 
 class DmaEngine:
   """The DMA issue of one core: plans per (spaces, semaphore), the core's channels, the start path."""
-  __slots__ = ("core", "machine", "issue_cycles", "eager", "chans", "prepared")
+  __slots__ = ("core", "machine", "issue_cycles", "step_copy_cycles", "copy_step", "eager", "chans",
+               "prepared")
 
   def __init__(self, core):
     self.core = core
     self.machine = core.machine
     self.issue_cycles = core.chip.dma_issue_cycles
+    self.step_copy_cycles = core.chip.grid_step_copy_cycles
+    self.copy_step = 1       # the last grid step whose copy bookkeeping was charged (step 1: the prologue)
     self.eager = core.machine.dma_policy.name == "eager"
     self.chans = None        # the core's (DMA engine, HBM, local) channels, resolved at the first copy
     self.prepared = {}       # (src space, dst space, semaphore) ids -> (core, CopyPlan, semaphore)
@@ -140,6 +165,9 @@ class DmaEngine:
     policy; memory.copy); its completion and source side arrive on their semaphores (sim/sync.py)."""
     core = self.core
     issue = self.issue_cycles
+    if core.steps > self.copy_step:   # the first copy of a grid step: the step's copy bookkeeping
+      self.copy_step = core.steps
+      issue += self.step_copy_cycles
     now = core.now = core.now + issue
     core.unit_busy["scalar"] += issue
     m = self.machine
@@ -170,7 +198,7 @@ class DmaEngine:
       kind = "ici"
       trace.count_dma(kind, nbytes)
     else:
-      s, read_done = reserve(p.channels, start, nbytes)
+      s, read_done = p.reserve(start, nbytes)
       done = math.ceil(read_done) + p.latency_cycles
       kind = p.kind
       rec.hbm_sides = p.hbm_sides

@@ -326,11 +326,11 @@ class TensorCore:
     # next step's bundles issue after this step's last vector/MXU result, then the step overhead.
     self.steps += 1
     start = self.now if self.now > self.compute_done else self.compute_done
-    cycles = self._step_cycles
+    cycles = self._step_cycles if self.steps > 1 else 0   # the first step's bookkeeping is the prologue
     self.now = start + cycles
     self.unit_busy["scalar"] += cycles
     trace = self.trace
-    if trace.on:
+    if trace.on and cycles:
       trace.add((self.tid, "scalar", "grid step", start, self.now, None))
 
   # ------------------------------------------------------------------ end of kernel
