@@ -18,7 +18,8 @@ both sides:
       python -c "from benchmarks.hw.limits import chip_probes; chip_probes('OUT.jsonl')"
 
   `python -m benchmarks.hw.chip --out DIR` calls it too (and puts an environment line first, which the
-  local side reads). 89 probes, each a few small arrays (the largest two 50 MiB operands); 15 s on
+  local side reads). 89 probes recorded on 2026-12-05, then 63 follow-up probes (the bounds the first
+  run's messages pointed at; no chip data yet), each a few small arrays; 15 s on
   the CPU in interpret mode, meant to stay under ~90 s on a v5e (each probe's time goes to stderr).
   `LIMITS_SKIP=name1,name2` leaves probes out; the DMA probes most likely to misbehave at run time
   come last, and records are flushed line by line.
@@ -429,6 +430,140 @@ def _(pc):
          out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)))
   return f, (_arange((16, 128), F32),)
 
+
+
+# ---------------------------------------------------------------------------------------------------
+# follow-up probes (second run, 2026-12-05): the bounds the first run's messages pointed at
+
+U8, F8 = jnp.uint8, jnp.float8_e4m3fn
+for _nm, _sh, _dt, _bl in (("int8_16x256_8x128", (16, 256), I8, (8, 128)),
+                           ("int8_32x256_8x128", (32, 256), I8, (8, 128)),
+                           ("int8_96x256_32x128", (96, 256), I8, (32, 128)),
+                           ("int8_48x256_16x128", (48, 256), I8, (16, 128)),
+                           ("uint8_64x256_16x128", (64, 256), U8, (16, 128)),
+                           ("fp8_64x256_16x128", (64, 256), F8, (16, 128)),
+                           ("fp8_64x256_32x128", (64, 256), F8, (32, 128)),
+                           ("bool_64x256_8x128", (64, 256), jnp.bool_, (8, 128)),
+                           ("int16_128x256_8x128", (128, 256), I16, (8, 128)),
+                           ("bf16_128x256_8x128", (128, 256), BF16, (8, 128))):
+  _block_probe(f"block_{_nm}", _sh, _dt, _bl, None, f"{_dt.__name__} {_sh} in {_bl} blocks")
+
+for _nm, _dt, _fn in (("add", I8, lambda a, b: a + b), ("mul", I8, lambda a, b: a * b),
+                      ("max", I8, jnp.maximum), ("neg", I8, lambda a, b: -a),
+                      ("and", I8, lambda a, b: a & b), ("shift", I8, lambda a, b: a >> 1),
+                      ("where", I8, lambda a, b: jnp.where(a > b, a, b)),
+                      ("compare", I8, lambda a, b: (a > b).astype(I32)),
+                      ("cast_add", I8, lambda a, b: a.astype(I32) + b.astype(I32)),
+                      ("to_f32", I8, lambda a, b: a.astype(F32) * 2.0),
+                      ("add", U8, lambda a, b: a + b),
+                      ("mul", I16, lambda a, b: a * b), ("rem", I16, lambda a, b: a % b),
+                      ("max", I16, jnp.maximum), ("shift", I16, lambda a, b: a >> 1),
+                      ("where", I16, lambda a, b: jnp.where(a > b, a, b)),
+                      ("to_f32", I16, lambda a, b: a.astype(F32) * 2.0)):
+  _op_probe(f"{_dt.__name__}_{_nm}_op", f"{_dt.__name__} (32,128) {_nm}", None,
+            [((32, 128), _dt)] * 2, _fn)
+
+_op_probe("gather_take_along_sublanes", "jnp.take_along_axis on the sublane axis (axis 0)", None,
+          [((8, 128), F32), ((8, 128), I32)], lambda a, i: jnp.take_along_axis(a, i % 8, axis=0))
+
+for _w in (256, 144, 128, 64, 36, 35, 0):          # bytes below 1 MiB
+  probe(f"prefetch_1MiB_minus_{_w * 4}B", f"scalar prefetch of 1 MiB - {_w * 4} B of int32", None)(
+      functools.partial(lambda pc, n: _prefetch(pc, n), n=262144 - _w))
+for _w in (256, 128, 64, 36):
+  probe(f"smem_scratch_1MiB_minus_{_w * 4}B", f"SMEM scratch of 1 MiB - {_w * 4} B of int32", None)(
+      functools.partial(lambda pc, n: _smem_scratch(pc, n), n=262144 - _w))
+
+
+def _regular_sems(pc, n):
+  def kernel(x_ref, o_ref, sems):
+    (getattr(pl, "semaphore_signal", None) or pltpu.semaphore_signal)(sems.at[n - 1], 1)
+    (getattr(pl, "semaphore_wait", None) or pltpu.semaphore_wait)(sems.at[n - 1], 1)
+    o_ref[...] = x_ref[...]
+  return _whole(pc, kernel, [_arange((8, 128), F32)], _sds((8, 128), F32),
+                scratch_shapes=[pltpu.SemaphoreType.REGULAR((n,))])
+
+
+def _grid_dma_sems(pc, n):
+  def kernel(x_ref, o_ref, sems):
+    c = pltpu.make_async_copy(x_ref, o_ref, sems.at[n - 1])
+    c.start()
+    c.wait()
+  f = pc(kernel, out_shape=_sds((16, 128), F32), grid=(2,),
+         in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+         out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+         scratch_shapes=[pltpu.SemaphoreType.DMA((n,))])
+  return f, (_arange((16, 128), F32),)
+
+
+for _n in (256, 500, 508, 511, 512, 513):
+  probe(f"dma_semaphores_{_n}", f"HBM->HBM DMA with a DMA semaphore array of {_n}", None)(
+      functools.partial(lambda pc, n: _dma_sems(pc, n), n=_n))
+for _n in (508, 512, 513):
+  probe(f"regular_semaphores_{_n}", f"a REGULAR semaphore array of {_n}", None)(
+      functools.partial(lambda pc, n: _regular_sems(pc, n), n=_n))
+  probe(f"grid_dma_semaphores_{_n}", f"grid (2,), pipelined blocks + {_n} DMA semaphores", None)(
+      functools.partial(lambda pc, n: _grid_dma_sems(pc, n), n=_n))
+
+
+def _scratch_and_blocks(pc, scratch_mib, block_mib, vmem_limit=None):
+  """grid (2,), in + out f32 blocks of `block_mib` MiB (double-buffered) and a VMEM scratch."""
+  rows, srows = block_mib * MiB // 4096, scratch_mib * MiB // 4096
+
+  def kernel(x_ref, o_ref, s_ref):
+    s_ref[pl.ds(srows - 8, 8), :] = x_ref[pl.ds(0, 8), :]
+    o_ref[...] = x_ref[...]
+    o_ref[pl.ds(0, 8), :] = s_ref[pl.ds(srows - 8, 8), :] + 1.0
+  params = None if vmem_limit is None else pltpu.CompilerParams(vmem_limit_bytes=vmem_limit)
+  f = pc(kernel, out_shape=_sds((2 * rows, 1024), F32), grid=(2,),
+         in_specs=[pl.BlockSpec((rows, 1024), lambda i: (i, 0))],
+         out_specs=pl.BlockSpec((rows, 1024), lambda i: (i, 0)),
+         scratch_shapes=[pltpu.VMEM((srows, 1024), F32)], compiler_params=params)
+  return f, (_arange((2 * rows, 1024), F32),)
+
+
+def _run_scoped_vmem(pc, mib):
+  rows = mib * MiB // 4096
+
+  def kernel(x_ref, o_ref):
+    def body(s_ref):
+      s_ref[pl.ds(rows - 8, 8), :] = x_ref[...]
+      o_ref[...] = s_ref[pl.ds(rows - 8, 8), :] + 1.0
+    pl.run_scoped(body, pltpu.VMEM((rows, 1024), F32))
+  return _whole(pc, kernel, [_arange((8, 1024), F32)], _sds((8, 1024), F32))
+
+
+probe("vmem_scratch_20MiB_limit16", "20 MiB VMEM scratch, vmem_limit_bytes=16 MiB explicitly", None)(
+    lambda pc: _vmem_scratch(pc, 20, 16 * MiB))
+probe("vmem_scratch_100MiB_default", "100 MiB VMEM scratch, default limit", None)(
+    lambda pc: _vmem_scratch(pc, 100))
+probe("vmem_scratch_127MiB_default", "127 MiB VMEM scratch, default limit", None)(
+    lambda pc: _vmem_scratch(pc, 127))
+probe("vmem_scratch_100MiB_blocks_12MiB", "100 MiB scratch + 12 MiB of blocks, default limit", None)(
+    lambda pc: _scratch_and_blocks(pc, 100, 3))
+probe("vmem_scratch_120MiB_blocks_12MiB", "120 MiB scratch + 12 MiB of blocks, default limit", None)(
+    lambda pc: _scratch_and_blocks(pc, 120, 3))
+probe("vmem_scratch_8MiB_blocks_12MiB", "8 MiB scratch + 12 MiB of blocks, default limit", None)(
+    lambda pc: _scratch_and_blocks(pc, 8, 3))
+probe("vmem_run_scoped_12MiB_default", "run_scoped 12 MiB VMEM, default limit", None)(
+    lambda pc: _run_scoped_vmem(pc, 12))
+probe("vmem_run_scoped_20MiB_default", "run_scoped 20 MiB VMEM, default limit", None)(
+    lambda pc: _run_scoped_vmem(pc, 20))
+probe("vmem_run_scoped_100MiB_default", "run_scoped 100 MiB VMEM, default limit", None)(
+    lambda pc: _run_scoped_vmem(pc, 100))
+probe("vmem_blocks_132MiB_limit256", "132 MiB of blocks (4 x 33 MiB) with vmem_limit_bytes=256 MiB",
+      None)(lambda pc: _vmem_blocks(pc, 33, 256 * MiB))
+probe("vmem_blocks_24MiB_limit20", "24 MiB of blocks with vmem_limit_bytes=20 MiB", None)(
+    lambda pc: _vmem_blocks(pc, 6, 20 * MiB))
+
+
+@probe("block_any_space_whole", "a BlockSpec in memory space ANY: whole array, index map all 0s", None)
+def _(pc):
+  def kernel(x_hbm, o_ref):
+    pltpu.sync_copy(x_hbm.at[pl.ds(0, 8)], o_ref)
+  f = pc(kernel, out_shape=_sds((16, 128), F32), grid=(2,),
+         in_specs=[pl.BlockSpec((16, 128), lambda i: (0, 0), memory_space=pl.ANY)],
+         out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)))
+  return f, (_arange((16, 128), F32),)
 
 
 # ---------------------------------------------------------------------------------------------------

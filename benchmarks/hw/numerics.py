@@ -664,137 +664,15 @@ def chip_probes(out_path: str) -> None:
 
 
 # --------------------------------------------------------------------------- compare (palace side)
+# lives in benchmarks/hw/numerics_compare.py; `compare`, `load`, `report`, `diff_stats`, `BOUNDS` are
+# also reachable from here.
 
 
-def _ordered(a: np.ndarray) -> np.ndarray:
-  """Float bit patterns mapped to integers that are monotonic in the value (+0 and -0 both 0)."""
-  width = a.dtype.itemsize
-  bits = a.view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[width]).astype(np.int64)
-  sign = np.int64(1) << (8 * width - 1)
-  mag = bits & (sign - 1)
-  return np.where(bits & sign, -mag, mag)
-
-
-def diff_stats(chip: np.ndarray, sim: np.ndarray) -> dict:
-  """Bit identity, max ulp difference, max relative error, count of differing elements."""
-  if chip.shape != sim.shape or chip.dtype != sim.dtype:
-    return {"identical": False, "max_ulp": None, "max_rel": None, "n_diff": None, "n": int(chip.size),
-            "note": f"shape/dtype {chip.shape} {chip.dtype} vs {sim.shape} {sim.dtype}"}
-  width = chip.dtype.itemsize
-  ubits = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[width]
-  identical_mask = chip.view(ubits) == sim.view(ubits)
-  n_diff = int((~identical_mask).sum())
-  out = {"identical": n_diff == 0, "n_diff": n_diff, "n": int(chip.size), "note": ""}
-  if np.issubdtype(chip.dtype, np.integer) or chip.dtype == np.bool_:
-    c, s = chip.astype(np.int64), sim.astype(np.int64)
-    d = np.abs(c - s)
-    out["max_ulp"] = int(d.max()) if d.size else 0
-    out["max_rel"] = float((d / np.maximum(np.abs(c), 1)).max()) if d.size else 0.0
-    return out
-  with np.errstate(invalid="ignore"):
-    c64, s64 = chip.astype(np.float64), sim.astype(np.float64)
-  cn, sn = np.isnan(c64), np.isnan(s64)
-  nan_mismatch = int((cn != sn).sum())
-  both = ~cn & ~sn
-  ulp = np.abs(_ordered(chip) - _ordered(sim))[both]
-  out["max_ulp"] = float("inf") if nan_mismatch else (int(ulp.max()) if ulp.size else 0)
-  with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-    cf, sf = c64[both], s64[both]
-    same = cf == sf  # incl. equal infinities
-    tiny = float(np.finfo(np.float32).tiny) if width >= 4 else 6.1e-5
-    rel = np.where(same, 0.0, np.abs(cf - sf) / np.maximum(np.abs(cf), tiny))
-    rel = np.where(np.isnan(rel), np.inf, rel)
-  out["max_rel"] = float("inf") if nan_mismatch else (float(rel.max()) if rel.size else 0.0)
-  notes = []
-  if nan_mismatch:
-    notes.append(f"{nan_mismatch} NaN mismatches")
-  nan_bits = int((cn & sn & ~identical_mask).sum())
-  if nan_bits:
-    notes.append(f"{nan_bits} NaNs with other bits")
-  zero_sign = int((both & (c64 == 0) & (s64 == 0) & ~identical_mask).sum())
-  if zero_sign:
-    notes.append(f"{zero_sign} zero-sign differences")
-  if n_diff and ulp.size:
-    i = int(np.argmax(np.abs(_ordered(chip) - _ordered(sim)) * both))
-    flat_c, flat_s = chip.ravel(), sim.ravel()
-    notes.append(f"worst at {i}: chip {flat_c[i]!r} palace {flat_s[i]!r}")
-  out["note"] = "; ".join(notes)
-  return out
-
-
-def compare(records) -> list[dict]:
-  """Recomputes every record on palace's virtual v5e and compares with its recorded output."""
-  import palace.jax  # noqa: PLC0415  (only on the palace side; the chip has no palace)
-
-  by_name = {p.name: p for p in PROBES}
-  results = []
-  for rec in records:
-    name = rec["name"]
-    res = {"name": name, "what": rec.get("what", ""), "chip_error": rec.get("error"), "palace_error": None,
-           "status": None, "identical": None, "max_ulp": None, "max_rel": None, "n_diff": None, "n": None,
-           "note": ""}
-    results.append(res)
-    p = by_name.get(name)
-    if p is None:
-      res["status"] = "unknown probe"
-      continue
-    dtypes = rec.get("dtypes") or {}
-    if rec.get("inputs"):
-      inputs = {k: decode(v, dtypes.get(k)) for k, v in rec["inputs"].items()}
-    else:
-      inputs = p.inputs()
-    sim = None
-    try:
-      with palace.jax.virtual_tpu("v5e"):
-        sim = run_probe(p, inputs, interpret=False)
-    except Exception as e:  # noqa: BLE001
-      res["palace_error"] = _first_line(e)
-    if rec.get("error") is not None or rec.get("output") is None:
-      res["status"] = "both errors" if res["palace_error"] else "chip error, palace runs"
-      continue
-    if res["palace_error"]:
-      res["status"] = "palace error"
-      continue
-    chip = decode(rec["output"], dtypes.get("output"))
-    res.update(diff_stats(chip, sim))
-    res["status"] = "identical" if res["identical"] else "differs"
-  return results
-
-
-def load(path: str) -> list[dict]:
-  with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
-
-
-def _fmt(v):
-  if v is None:
-    return "-"
-  if isinstance(v, float):
-    if v == float("inf"):
-      return "inf"
-    return f"{v:.3g}"
-  return str(v)
-
-
-def report(results, out=sys.stdout):
-  w = max(len(r["name"]) for r in results) if results else 10
-  print(f"{'probe':{w}s}  {'status':24s} {'max_ulp':>8s} {'max_rel':>9s} {'n_diff':>12s}  note", file=out)
-  for r in results:
-    nd = "-" if r["n_diff"] is None else f"{r['n_diff']}/{r['n']}"
-    note = r["note"]
-    if r["chip_error"]:
-      note = f"chip: {r['chip_error'][:120]}"
-      if r["palace_error"]:
-        note += f" | palace: {r['palace_error'][:120]}"
-    elif r["palace_error"]:
-      note = f"palace: {r['palace_error'][:160]}"
-    ulp, rel = _fmt(r["max_ulp"]), _fmt(r["max_rel"])
-    print(f"{r['name']:{w}s}  {r['status']:24s} {ulp:>8s} {rel:>9s} {nd:>12s}  {note}", file=out)
-  counts = {}
-  for r in results:
-    counts[r["status"]] = counts.get(r["status"], 0) + 1
-  print("summary: " + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + f" ({len(results)} probes)",
-        file=out)
+def __getattr__(name):
+  if name in ("compare", "load", "report", "diff_stats", "BOUNDS", "classify"):
+    from benchmarks.hw import numerics_compare  # noqa: PLC0415
+    return getattr(numerics_compare, name)
+  raise AttributeError(name)
 
 
 def _newest_data():
@@ -811,6 +689,7 @@ def main(argv=None):
   if args.chip:
     chip_probes(args.chip)
     return 0
+  from benchmarks.hw.numerics_compare import compare, load, report  # noqa: PLC0415
   path = args.data or _newest_data()
   if path is None:
     print(f"no data file: pass --data, or put v5e-numerics-*.jsonl in {DATA_DIR}")

@@ -18,7 +18,9 @@ def main():
 
   attention = jax.jit(lambda a, b, c: flash_attention.flash_attention(a, b, c, causal=True))
   loss_grad = jax.jit(jax.grad(lambda a, b, c: flash_attention.flash_attention(a, b, c).sum()))
-  with palace.jax.virtual_tpu("v5e") as tpu:
+  # HIGHEST: float32 products, to compare with a float32 reference (a TPU's default precision, and
+  # palace's, rounds f32 matmul operands to bf16: docs/numerics.md)
+  with palace.jax.virtual_tpu("v5e") as tpu, jax.default_matmul_precision("highest"):
     out = attention(q, k, v)
     dq = loss_grad(q, k, v)
     z = jax.jit(lambda a, b: matmul.matmul(a, b, block_shape=(256, 256), block_k=256))(x, y)

@@ -2,7 +2,8 @@
 
 Tiling rule (Mosaic lowering, tpu-hardware.md section 4): the last two block dims must be divisible by
 8 and 128 respectively or equal the array dims; rank-1 blocks must equal the array length, be a multiple
-of 1024, or be a power of two >= 128 * 32 / bitwidth. Squeezed and Element dims are exempt.
+of 1024, or be a power of two >= 128 * 32 / bitwidth. Squeezed and Element dims are exempt. An 8-bit
+array of 32 or more rows is tiled (32, 128) in HBM: its blocks take a multiple of 32 rows (or all).
 """
 from __future__ import annotations
 
@@ -160,6 +161,12 @@ def canonicalize(spec, shape, dtype, name: str, num_index_args: int,
   return BlockMapping(name, shape, dtype, dims, index_map, space, n, bool(mode.use_lookahead), pure)
 
 
+# rows of the HBM tile XLA gives an 8-bit array of at least this many rows: (32, 128) (measured on a
+# TPU v5e, benchmarks/hw/data/v5e-limits-2026-12-05.jsonl: an int8 (64, 256) array in (8, 128) or
+# (16, 128) blocks fails to compile, in (32, 128) blocks it runs; 16-bit arrays take 8-row blocks)
+_TILE_ROWS_8BIT = 32
+
+
 def _check_tiling(dims, shape, dtype, name):
   kinds = [k for k, _, _ in dims]
   sizes = [s for _, s, _ in dims]
@@ -181,8 +188,16 @@ def _check_tiling(dims, shape, dtype, name):
       continue
     if not (sizes[pos] == shape[pos] or sizes[pos] % unit == 0):
       bad.append((pos, sizes[pos], unit, shape[pos]))
+  block = tuple(s if k != SQUEEZED else None for k, s in zip(kinds, sizes))
+  if not bad and dt.bits(dtype) == 8 and kinds[-2] == BLOCKED and shape[-2] >= _TILE_ROWS_8BIT and \
+      sizes[-2] != shape[-2] and sizes[-2] % _TILE_ROWS_8BIT:
+    raise BlockSpecError(
+        f"Block shape for {name} (= {block}) does not fit the (32, 128) HBM tiling of an 8-bit array of "
+        f"shape {shape} ({dtype}): dim {rank - 2} is {sizes[-2]}, not a multiple of 32 nor the array "
+        f"dim {shape[-2]} (Mosaic on a TPU v5e: 'Operand of shape (..., 64, 256) has tiling (32, 128), "
+        f"but its block shape (..., 8, 128) is not divisible by tiling evenly nor matches the full "
+        f"shape'). Fix: use a multiple of 32 rows for {dtype} blocks, e.g. {block[:-2] + (32, block[-1])}.")
   if bad:
-    block = tuple(s if k != SQUEEZED else None for k, s in zip(kinds, sizes))
     what = "; ".join(f"dim {rank + p} is {b}, not a multiple of {u} nor the array dim {a}"
                      for p, b, u, a in bad)
     raise BlockSpecError(

@@ -19,6 +19,11 @@ RNG = np.random.default_rng(0)
 X = RNG.standard_normal((64, 256)).astype(np.float32)
 
 
+def _bf(a):
+  """float32 operands as the MXU reads them at the default precision: rounded to bf16 (docs/numerics.md)."""
+  return a.astype(jnp.bfloat16).astype(np.float32)
+
+
 def _checked(chip="v5e", num_chips=1, uninit=True):
   return pl.virtual_tpu(chip, num_chips, detect_races=True, uninitialized="raise" if uninit else "nan")
 
@@ -64,7 +69,7 @@ def _matmul(x, y, bm=16, bk=128, bn=128, sem=None):
 def test_pallas_call_matmul_with_accumulator():
   y = RNG.standard_normal((256, 256)).astype(np.float32)
   with _checked():
-    np.testing.assert_allclose(_matmul(X, y), X @ y, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(_matmul(X, y), _bf(X) @ _bf(y), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("chip", ["v4", "v5p"])
@@ -72,7 +77,7 @@ def test_megacore_pallas_call_matmul(chip):
   y = RNG.standard_normal((256, 256)).astype(np.float32)
   with _checked(chip):
     out = _matmul(X, y, sem=("parallel", "parallel", "arbitrary"))
-  np.testing.assert_allclose(out, X @ y, rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(out, _bf(X) @ _bf(y), rtol=1e-4, atol=1e-4)
 
 
 def test_pallas_call_ragged_blocks_and_scalar_prefetch():
@@ -316,7 +321,7 @@ def test_pallas_call_inside_shard_map():
   with _checked("v5e", 4):
     mesh = pl.make_mesh((4,), ("x",))
     out = pl.shard_map(per_chip, mesh=mesh, in_specs=pl.P("x"), out_specs=pl.P("x"))(x)
-  np.testing.assert_allclose(out, x, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(out, _bf(x), rtol=1e-5, atol=1e-5)   # x @ I: x rounded to bf16
 
 
 # ====================================================================== SparseCore

@@ -1,5 +1,7 @@
 """Acceptance 1 (part): the TPU kernels shipped in the jax wheel, from their public functions inside
 jax.jit, on palace, against JAX's pure-jnp references (float64 NumPy where the wheel has none)."""
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -8,6 +10,13 @@ import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu import flash_attention, matmul
 
 import palace.jax as pj
+
+
+def _F32_MATMULS(dtype=np.float32):
+  """float32 references: on a TPU (and on palace) a default-precision f32 matmul rounds its operands
+  to bf16 (docs/numerics.md), 1e-2 off a float32 reference; at HIGHEST it is a float32 product. (Not
+  for bf16 kernels: HIGHEST on f32 x bf16 operands is rejected, as Mosaic does.)"""
+  return jax.default_matmul_precision("highest") if dtype == np.float32 else contextlib.nullcontext()
 
 
 def _ints(shape, seed):
@@ -27,7 +36,7 @@ def test_wheel_flash_attention_forward_inside_jit_matches_mha_reference():
   r = np.random.default_rng(2)
   q, k, v = (r.standard_normal((1, 2, 256, 128)).astype(np.float32) for _ in range(3))
   f = jax.jit(lambda a, b, c: flash_attention.flash_attention(a, b, c, causal=True, sm_scale=0.125))
-  with pj.virtual_tpu("v5e") as tpu:
+  with pj.virtual_tpu("v5e") as tpu, _F32_MATMULS():
     out = np.asarray(f(q, k, v))
   ref = np.asarray(flash_attention.mha_reference(q, k, v, None, causal=True, sm_scale=0.125))
   np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)   # flash_attention_test's f32 tolerance
@@ -60,7 +69,7 @@ def test_wheel_flash_attention_grad_runs_its_custom_vjp_backward_kernels_on_pala
       block_q_dq=128)
   loss = lambda a, b, c: flash_attention.flash_attention(  # noqa: E731
       a, b, c, causal=True, sm_scale=0.125, block_sizes=bs).sum()
-  with pj.virtual_tpu("v5e") as tpu:
+  with pj.virtual_tpu("v5e") as tpu, _F32_MATMULS():
     got = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v)
   want = jax.grad(_attention_sum, argnums=(0, 1, 2))(q, k, v)
   for g, w in zip(got, want):
@@ -114,7 +123,7 @@ def test_wheel_splash_attention_forward_and_backward_with_a_causal_mask():
   kernel = sa.make_splash_mha_single_device(mask, block_sizes=bs)
   r = np.random.default_rng(7)
   q, k, v = (r.standard_normal((heads, seq, 128)).astype(np.float32) for _ in range(3))
-  with pj.virtual_tpu("v5e") as tpu:
+  with pj.virtual_tpu("v5e") as tpu, _F32_MATMULS():
     out = jax.jit(kernel)(q, k, v)
     grads = jax.jit(jax.grad(lambda a, b, c: kernel(a, b, c).sum(), argnums=(0, 1, 2)))(q, k, v)
   np.testing.assert_allclose(np.asarray(out), np.asarray(_causal(q, k, v)), rtol=1e-4, atol=1e-4)
@@ -150,7 +159,10 @@ def test_wheel_paged_attention_grouped_queries_matches_jax_interpret_mode(dtype)
   with pj.virtual_tpu("v5e") as tpu:
     out = np.asarray(f(*args)).astype(np.float32)
   want = _jax_interpret(lambda *a: pa.paged_attention(*a, pages_per_compute_block=2), *args)
-  tol = 1e-5 if dtype == np.float32 else 1e-2
+  # the chip (and palace) rounds f32 matmul operands to bf16 at the default precision; JAX's interpret
+  # mode does not: 3.0e-2 apart here (docs/numerics.md). (This kernel's f32 x bf16 product at HIGHEST
+  # is rejected, as Mosaic rejects it, so the comparison stays at the default precision.)
+  tol = 5e-2
   np.testing.assert_allclose(out, want.astype(np.float32), rtol=tol, atol=tol)
   assert len(tpu.reports) == 1
 
@@ -165,7 +177,7 @@ def test_wheel_ragged_paged_attention_mixed_prefill_and_decode():
   args = (q, kv_pages, kv_lens, page_indices, cu_q_lens, num_seqs)
   f = jax.jit(lambda *a: rpa.ragged_paged_attention(*a, sm_scale=0.1, num_kv_pages_per_block=2,
                                                     num_queries_per_block=8))
-  with pj.virtual_tpu("v5e") as tpu:
+  with pj.virtual_tpu("v5e") as tpu, _F32_MATMULS():
     out = np.asarray(f(*args))
   want = np.asarray(rpa.ref_ragged_paged_attention(*args, sm_scale=0.1))
   np.testing.assert_allclose(out[:9], want[:9], rtol=1e-5, atol=1e-5)   # the 9 real query tokens

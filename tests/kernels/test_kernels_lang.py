@@ -76,15 +76,16 @@ def test_int8_dot_single_block_large_k_exact(rng):
   np.testing.assert_array_equal(z, x.astype(np.int64) @ y.astype(np.int64))
 
 
-def test_uint8_times_int8_matmul(rng):
+def test_uint8_times_int8_matmul_is_rejected_as_on_the_chip(rng):
+  """A TPU v5e's Mosaic rejects unsigned matmul operands (benchmarks/hw/data/v5e-limits-2026-12-05)."""
   x = rng.integers(0, 256, (8, 512)).astype(np.uint8)
   y = rng.integers(-128, 128, (512, 128)).astype(np.int8)
 
   def kernel(x_ref, y_ref, o_ref):
     o_ref[...] = jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.int32)
 
-  z = pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct((8, 128), jnp.int32))(x, y)
-  np.testing.assert_array_equal(z, x.astype(np.int64) @ y.astype(np.int64))
+  with pytest.raises(pl.UnsupportedError, match="dtype uint8 .*unsigned integer.*Fix: cast"):
+    pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct((8, 128), jnp.int32))(x, y)
 
 
 @pytest.mark.parametrize("dtype", [jnp.float8_e4m3fn, jnp.float8_e5m2], ids=str)
@@ -99,7 +100,8 @@ def test_ragged_matmul_edges(rng):
   x = rng.standard_normal((200, 256)).astype(np.float32)
   y = rng.standard_normal((256, 300)).astype(np.float32)
   z = matmul(x, y, bm=128, bk=256, bn=128)     # 200 and 300 are not multiples of 128
-  np.testing.assert_allclose(z, x @ y, rtol=1e-4, atol=1e-4)
+  bf = lambda a: a.astype(BF16).astype(np.float32)   # the MXU's default precision (docs/numerics.md)
+  np.testing.assert_allclose(z, bf(x) @ bf(y), rtol=1e-4, atol=1e-4)
 
 
 def test_row_softmax(rng):
@@ -152,5 +154,6 @@ def test_block_sparse_gather_matmul(rng):
           in_specs=[pl.BlockSpec((128, 128), lambda i, r: (r[i], 0)),
                     pl.BlockSpec((128, 128), lambda i, r: (0, 0))],
           out_specs=pl.BlockSpec((128, 128), lambda i, r: (i, 0))))(rows, x, w)
-  ref = np.concatenate([x[128 * r:128 * r + 128] @ w for r in rows])
+  bf = lambda a: a.astype(BF16).astype(np.float32)   # the MXU's default precision (docs/numerics.md)
+  ref = np.concatenate([bf(x[128 * r:128 * r + 128]) @ bf(w) for r in rows])
   np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-4)

@@ -26,6 +26,12 @@ def _tiled(x, y, b):
   )(x, y)
 
 
+def _bf16_exact(x):
+  """float32 values exact in bf16: the MXU's default-precision rounding of float32 operands
+  (docs/numerics.md) leaves them alone, so the references below are plain float32 products."""
+  return np.asarray(x, np.float32).astype(jnp.bfloat16).astype(np.float32)
+
+
 @pytest.fixture
 def gemms(monkeypatch):
   """Records the BLAS calls made by deferred sums (not those of products computed when issued)."""
@@ -60,8 +66,8 @@ def _run_tiled(x, y, b, **tpu_kw):
 
 
 def test_k_sum_is_one_gemm_per_output_block_with_the_same_timeline(gemms, monkeypatch, rng):
-  x = rng.standard_normal((512, 768), dtype=np.float32)
-  y = rng.standard_normal((768, 512), dtype=np.float32)
+  x = _bf16_exact(rng.standard_normal((512, 768), dtype=np.float32))
+  y = _bf16_exact(rng.standard_normal((768, 512), dtype=np.float32))
   z, rep = _run_tiled(x, y, 256)
   assert gemms == [((256, 768), (768, 256))] * 4     # 2x2 output blocks, K = 3 blocks merged
   np.testing.assert_allclose(z, x @ y, rtol=1e-5, atol=1e-4)
@@ -97,15 +103,15 @@ def test_bf16_operands_widen_each_span_once_and_round_once(gemms, monkeypatch, r
 
 
 def test_no_deferral_while_checkers_follow_storage(gemms, rng):
-  x = rng.standard_normal((512, 512), dtype=np.float32)
+  x = _bf16_exact(rng.standard_normal((512, 512), dtype=np.float32))
   z, _ = _run_tiled(x, x, 256, detect_races=True)
   assert gemms == []
   np.testing.assert_allclose(z, x @ x, rtol=1e-5, atol=1e-4)
 
 
 def test_deferred_values_in_other_ops_partial_access_and_dmas(defer_everything, gemms, rng):
-  a = rng.standard_normal((16, 128), dtype=np.float32)
-  b = rng.standard_normal((128, 128), dtype=np.float32)
+  a = _bf16_exact(rng.standard_normal((16, 128), dtype=np.float32))
+  b = _bf16_exact(rng.standard_normal((128, 128), dtype=np.float32))
 
   def body(a_hbm, b_hbm, o_hbm, av, bv, acc, tmp):
     pltpu.sync_copy(a_hbm, av)
@@ -141,15 +147,15 @@ def test_deferred_values_in_other_ops_partial_access_and_dmas(defer_everything, 
   np.testing.assert_array_equal(out[1][:8], 5.0)
   np.testing.assert_allclose(out[2], np.maximum(3 * p, 0), **tol)
   np.testing.assert_allclose(out[3], np.broadcast_to(p.sum(0), (16, 128)), rtol=1e-4, atol=1e-3)
-  np.testing.assert_allclose(out[4], (2 * p) @ b, rtol=1e-4, atol=1e-2)
+  np.testing.assert_allclose(out[4], _bf16_exact(2 * p) @ b, rtol=1e-4, atol=1e-2)   # operand rounded to bf16
   np.testing.assert_allclose(out[5], (2 * p).astype(jnp.bfloat16).astype(np.float32), rtol=1e-2)
   assert gemms, "the kernel should have taken the deferred paths"
 
 
 def test_long_k_sums_are_computed_in_bounded_pieces(defer_everything, gemms, rng):
   n_k = deferred.MAX_TERMS + 6
-  x = rng.standard_normal((8, 128 * n_k), dtype=np.float32)
-  y = rng.standard_normal((128 * n_k, 128), dtype=np.float32)
+  x = _bf16_exact(rng.standard_normal((8, 128 * n_k), dtype=np.float32))
+  y = _bf16_exact(rng.standard_normal((128 * n_k, 128), dtype=np.float32))
   f = pl.pallas_call(
       _matmul_kernel, out_shape=pl.ShapeDtypeStruct((8, 128), np.float32), grid=(1, 1, n_k),
       in_specs=[pl.BlockSpec((8, 128), lambda i, j, kk: (i, kk)),
@@ -163,8 +169,8 @@ def test_long_k_sums_are_computed_in_bounded_pieces(defer_everything, gemms, rng
 
 
 def test_output_accumulated_in_place_through_an_alias(defer_everything, rng):
-  x = rng.standard_normal((256, 256), dtype=np.float32)
-  c = rng.standard_normal((256, 256), dtype=np.float32)
+  x = _bf16_exact(rng.standard_normal((256, 256), dtype=np.float32))
+  c = _bf16_exact(rng.standard_normal((256, 256), dtype=np.float32))
 
   def kernel(x_ref, y_ref, c_ref, o_ref):
     @pl.when(pl.program_id(2) == 0)
@@ -213,9 +219,9 @@ def test_widened_spans_are_not_reused_after_the_operand_changes(defer_everything
 def test_value_read_through_a_borrowed_block_survives_a_write_to_its_old_lender(rng):
   # av borrows a's storage (whole-buffer DMA >= 64 KiB), v views it; av then borrows b's storage, and
   # a is overwritten: v must keep a's old values
-  a = rng.standard_normal((128, 128), dtype=np.float32)
-  b = rng.standard_normal((128, 128), dtype=np.float32)
-  c = rng.standard_normal((128, 128), dtype=np.float32)
+  a = _bf16_exact(rng.standard_normal((128, 128), dtype=np.float32))
+  b = _bf16_exact(rng.standard_normal((128, 128), dtype=np.float32))
+  c = _bf16_exact(rng.standard_normal((128, 128), dtype=np.float32))
 
   def body(a_in, b_in, c_in, o_hbm, a_hbm, av, tmp):
     pltpu.sync_copy(a_in, a_hbm)
@@ -271,8 +277,8 @@ def test_host_arrays_are_recycled_only_when_nobody_holds_them():
 
 def test_lax_dot_general_and_matmul_operator_defer_like_dot(defer_everything, gemms, rng):
   from palace import lax
-  x = rng.standard_normal((16, 256), dtype=np.float32)
-  y = rng.standard_normal((256, 128), dtype=np.float32)
+  x = _bf16_exact(rng.standard_normal((16, 256), dtype=np.float32))
+  y = _bf16_exact(rng.standard_normal((256, 128), dtype=np.float32))
 
   def kernel(x_ref, y_ref, o_ref):
     a = lax.dot_general(x_ref[:, 0:128], y_ref[0:128, :], (((1,), (0,)), ((), ())),
@@ -287,8 +293,8 @@ def test_lax_dot_general_and_matmul_operator_defer_like_dot(defer_everything, ge
 
 
 def test_emit_pipeline_matmul_defers(gemms, rng):
-  x = rng.standard_normal((512, 1024), dtype=np.float32)
-  y = rng.standard_normal((1024, 512), dtype=np.float32)
+  x = _bf16_exact(rng.standard_normal((512, 1024), dtype=np.float32))
+  y = _bf16_exact(rng.standard_normal((1024, 512), dtype=np.float32))
 
   def body(x_hbm, y_hbm, z_hbm):
     def with_acc(acc_ref):
@@ -309,8 +315,8 @@ def test_emit_pipeline_matmul_defers(gemms, rng):
 
 
 def test_megacore_split_defers_on_each_core(gemms, rng):
-  x = rng.standard_normal((1024, 512), dtype=np.float32)
-  y = rng.standard_normal((512, 512), dtype=np.float32)
+  x = _bf16_exact(rng.standard_normal((1024, 512), dtype=np.float32))
+  y = _bf16_exact(rng.standard_normal((512, 512), dtype=np.float32))
   with pl.virtual_tpu("v5p") as tpu:          # two TensorCores share the "parallel" i axis
     z = _tiled(x, y, 256)
   np.testing.assert_allclose(z, x @ y, rtol=1e-5, atol=1e-3)

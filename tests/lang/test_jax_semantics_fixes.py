@@ -106,10 +106,11 @@ def test_a_jnp_or_lax_name_palace_lacks_is_a_palace_error_and_still_an_attribute
 
 
 def test_arrays_built_from_python_scalars_are_weakly_typed():
-  x = np.full((8, 128), 120, np.int8)
-  # JAX: int8 + weak int32 full -> int8, 120 + 10 wraps to -126
-  out, dtype = apply(lambda v: v + jnp.full((8, 128), 10), x)
-  assert dtype == np.int8 and out[0, 0] == -126
+  x = np.full((16, 128), 32760, np.int16)
+  # JAX: int16 + weak int32 full -> int16, 32760 + 10 wraps to -32766 (int16: 8-bit vector adds do
+  # not compile on a TPU, benchmarks/hw/data/v5e-limits-2026-12-05.jsonl)
+  out, dtype = apply(lambda v: v + jnp.full((16, 128), 10), x)
+  assert dtype == np.int16 and out[0, 0] == -32766
   b = np.full((16, 128), 3.0, BF16)
   # bf16 * weak where(c, 1.1, 0.0): bf16, 1.1 rounded to bf16 (1.1015625) first: 3 * 1.1015625 =
   # 3.3046875 rounds to bf16 3.3125 (3 * 1.1 = 3.3 would round to 3.296875)
@@ -142,9 +143,9 @@ def test_loops_reject_a_carry_that_changes_dtype_or_shape():
     apply(lambda v: lax.while_loop(lambda c: c[0, 0] < 4, lambda c: c[:4] + 1, v),
           np.ones((8, 128), np.int32))
   # a weak start (Python 0, jnp.full(s, 0)) takes the body's type, as in JAX
-  out, dtype = apply(lambda v: lax.fori_loop(0, 3, lambda i, c: c + v, jnp.full((8, 128), 0)),
-                     np.full((8, 128), 50, np.int8))
-  assert dtype == np.int8 and out[0, 0] == np.int8(150 - 256)
+  out, dtype = apply(lambda v: lax.fori_loop(0, 3, lambda i, c: c + v, jnp.full((16, 128), 0)),
+                     np.full((16, 128), 12000, np.int16))
+  assert dtype == np.int16 and out[0, 0] == np.int16(36000 - 65536)
 
 
 def test_integers_convert_to_narrow_floats_through_float32():

@@ -37,6 +37,12 @@ def test_copy_through_vmem_keeps_every_bit(dtype):
 @pytest.mark.parametrize("dtype", [d for d in ALL_DTYPES if d != jnp.bool_], ids=str)
 def test_elementwise_add_max_in_dtype(dtype):
   x, y = _sample(dtype, seed=1), _sample(dtype, seed=2)
+  if np.dtype(dtype).itemsize == 1 and np.dtype(dtype).kind in "iu":
+    # Mosaic on a TPU v5e: "Only vector<i16> and vector<i32> are supported, but got 'i8'"
+    # (benchmarks/hw/data/v5e-limits-2026-12-05.jsonl)
+    with pytest.raises(NotImplementedError, match=r"no 8-bit integer add on vectors"):
+      apply(lambda a, b: jnp.maximum(a + b, b), x, y)
+    return
   out, d = apply(lambda a, b: jnp.maximum(a + b, b), x, y)
   assert d == np.dtype(dtype)
   wide = np.float32 if np.dtype(dtype).kind not in "iu" else np.int64
@@ -73,7 +79,7 @@ PROMOTIONS = [
 @pytest.mark.parametrize("a,b,want", PROMOTIONS, ids=lambda d: str(np.dtype(d)))
 def test_binary_promotion_matches_jax(a, b, want):
   x, y = _sample(a, (8, 128), 5), _sample(b, (8, 128), 6)
-  d, _ = dtype_in_kernel(lambda u, v: u + v, x, y)
+  d, _ = dtype_in_kernel(jnp.maximum, x, y)   # (not +: 8-bit vector adds do not compile on a TPU)
   assert d == np.dtype(want)
   d2, _ = dtype_in_kernel(lambda u, v: v * u, x, y)
   assert d2 == np.dtype(want)
@@ -90,15 +96,15 @@ WEAK = [
 @pytest.mark.parametrize("a,scalar,want", WEAK, ids=str)
 def test_weak_python_scalars(a, scalar, want):
   x = _sample(a, (8, 128), 7)
-  assert dtype_in_kernel(lambda u: u + scalar, x)[0] == np.dtype(want)
+  assert dtype_in_kernel(lambda u: jnp.maximum(u, scalar), x)[0] == np.dtype(want)
   assert dtype_in_kernel(lambda u: scalar * u, x)[0] == np.dtype(want)
 
 
 def test_weak_scalar_values_are_exact():
-  x = _sample(jnp.int8, seed=8)
+  x = _sample(jnp.int16, seed=8)   # (not int8: 8-bit vector adds do not compile on a TPU)
   out, d = apply(lambda u: u * 2 + 1, x)
-  assert d == np.int8
-  np.testing.assert_array_equal(out, (x.astype(np.int32) * 2 + 1).astype(np.int8))
+  assert d == np.int16
+  np.testing.assert_array_equal(out, (x.astype(np.int32) * 2 + 1).astype(np.int16))
   xb = _sample(jnp.bfloat16, seed=9)
   out, d = apply(lambda u: u * 0.5 + 1.0, xb)
   assert d == jnp.bfloat16

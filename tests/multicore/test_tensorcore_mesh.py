@@ -135,7 +135,8 @@ def test_megacore_parallel_is_identical_and_faster():
       outs[sem[0]] = _mm(x, sem)
     times[sem[0]] = tpu.reports[-1].device_time_s
   np.testing.assert_array_equal(outs["parallel"], outs["arbitrary"])
-  np.testing.assert_allclose(outs["parallel"], x @ x, rtol=1e-4, atol=1e-3)
+  xb = x.astype(jnp.bfloat16).astype(np.float32)   # the MXU's default precision (docs/numerics.md)
+  np.testing.assert_allclose(outs["parallel"], xb @ xb, rtol=1e-4, atol=1e-3)
   assert times["parallel"] < 0.65 * times["arbitrary"]
 
 

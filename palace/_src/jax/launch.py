@@ -14,7 +14,7 @@ import numpy as np
 
 from palace._src import core as pcore
 from palace._src.blocks import INDEX_DTYPE, PURE_INDEX_MAP
-from palace._src.errors import UnsupportedError
+from palace._src.errors import BlockSpecError, UnsupportedError
 from palace._src.jax.avals import alloc_type, memory_space
 from palace._src.jax.interpret import grid_axes, kernel_site, literal, program, run_program
 from palace._src.jax.schedule import replay_blocker
@@ -128,8 +128,27 @@ def _block_spec(params, bm):
   space = memory_space(getattr(bm.transformed_block_aval, "memory_space", None), None, bm.origin)
   mode = None
   if bm.pipeline_mode is not None:
-    mode = pcore.Buffered(int(bm.pipeline_mode.buffer_count))
+    n = bm.pipeline_mode.buffer_count
+    if not isinstance(n, int) or not 1 <= n <= 2 or getattr(bm.pipeline_mode, "use_lookahead", False):
+      raise BlockSpecError(
+          f"palace.jax: pallas_call '{kernel_name(params)}': {bm.origin} has pipeline_mode "
+          f"{bm.pipeline_mode!r}; expected pl.Buffered(1) or pl.Buffered(2) without lookahead, as JAX's "
+          f"TPU pallas_call lowering takes only single and double buffering ('Only single (1) and "
+          f"double (2) buffering are supported. Got 3.', measured on a TPU v5e with JAX 0.10.2; JAX "
+          f"0.12's lowering has the same rule). Fix: use pl.Buffered(2), or deeper buffering through "
+          f"pltpu.emit_pipeline inside a pl.kernel.")
+    mode = pcore.Buffered(int(n))
   if space in (pcore.MemorySpace.ANY, pcore.MemorySpace.HBM):
+    if not bm.has_trivial_window():
+      raise BlockSpecError(
+          f"palace.jax: pallas_call '{kernel_name(params)}': {bm.origin} is in memory space {space} with "
+          f"block shape {tuple(_block_shape(params, bm))} over an array of shape "
+          f"{tuple(bm.array_aval.shape)}; expected the whole array (block shape = array shape, index "
+          f"map returning all 0s): the TPU compiler does not window ANY/HBM operands ('The Pallas TPU "
+          f"lowering currently supports in memory space ANY only blocks having the same block shape as "
+          f"the array shape and a trivial index_map', measured on a TPU v5e). Fix: "
+          f"pl.BlockSpec(memory_space=pl.ANY) and slice the HBM ref in the kernel "
+          f"(x_hbm.at[pl.ds(start, size)]), or use VMEM blocks.")
     return pcore.BlockSpec(memory_space=space)
   return pcore.BlockSpec(_block_shape(params, bm), _index_map(bm), mode, memory_space=space)
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 import numpy as np
 
 import palace._src.lang.numpy_ops as pjnp
-from palace._src.jax.interpret import compiling_rule, rule, shape_of, unsupported
-from palace._src.lang import lax_ops, numpy_linalg, tpu_primitives
+from palace._src.jax.interpret import compiling_rule, rule, shape_of, source_line, unsupported
+from palace._src.lang import lax_ops, mxu, numpy_linalg, tpu_primitives
+from palace._src.errors import UnsupportedError
 from palace._src.lang.array import Array
 from palace._src.lang.numpy_dtypes import _astype_on_scalars
 from palace._src.lang.numpy_elementwise import _on_scalars, _on_vectors, _where_on_scalars
@@ -17,7 +18,7 @@ _UNARY = {
     "rsqrt": pjnp.rsqrt, "sin": pjnp.sin, "cos": pjnp.cos, "tan": pjnp.tan, "atan": pjnp.arctan,
     "sinh": pjnp.sinh, "cosh": pjnp.cosh, "erf": pjnp.erf, "is_finite": pjnp.isfinite,
     "not": pjnp.invert, "square": pjnp.square, "copy": lambda x: x, "copy_p": lambda x: x,
-    "optimization_barrier": lambda x: x,
+    "optimization_barrier": lambda x: x, "stop_gradient": lambda x: x, "log2": pjnp.log2,
 }
 _BINARY = {
     "add": pjnp.add, "sub": pjnp.subtract, "mul": pjnp.multiply, "max": pjnp.maximum,
@@ -402,7 +403,12 @@ rule("argmin")(_arg(pjnp.argmin))
 def _dot_general(eqn, lhs, rhs):
   p = eqn.params
   pet = p.get("preferred_element_type")
-  return numpy_linalg.dot_general(lhs, rhs, p["dimension_numbers"], preferred_element_type=pet)
+  out = eqn.outvars[0].aval.dtype
+  where = f"kernel line {source_line(eqn)}"     # the Mosaic rules, named at the JAX kernel's line
+  prec = mxu.precision_of(p.get("precision"), "lax.dot_general", where)
+  mxu.check(np.dtype(lhs.dtype), np.dtype(rhs.dtype), np.dtype(out), prec, "lax.dot_general", where)
+  return numpy_linalg.dot_general(lhs, rhs, p["dimension_numbers"], precision=prec,
+                                  preferred_element_type=pet)
 
 
 @rule("concatenate")
@@ -444,3 +450,28 @@ def _cumsum(eqn, x):
 @rule("tile")
 def _tile(eqn, x):
   return pjnp.tile(x, tuple(int(r) for r in eqn.params["reps"]))
+
+
+@rule("gather")
+def _gather(eqn, x, indices):
+  """The one gather Mosaic lowers on a TensorCore: take_along_axis along one axis (every other axis
+  batched, unit slices, indices of the result's shape plus a trailing 1), as `jnp.take_along_axis`.
+  Any other gather fails as Mosaic's lowering does (measured on a TPU v5e: rows taken by an index
+  vector, 'Only take_along_axis-like gathers supported')."""
+  from jax import lax  # noqa: PLC0415
+  dn, out = eqn.params["dimension_numbers"], eqn.outvars[0].aval
+  rank, idx_shape = len(out.shape), tuple(eqn.invars[1].aval.shape)
+  ok = (len(eqn.invars[0].aval.shape) == rank and idx_shape == tuple(out.shape) + (1,)
+        and tuple(eqn.params["slice_sizes"]) == (1,) * rank and not dn.offset_dims
+        and len(dn.collapsed_slice_dims) == 1 and tuple(dn.collapsed_slice_dims) == tuple(dn.start_index_map)
+        and tuple(dn.operand_batching_dims) == tuple(dn.start_indices_batching_dims)
+        and len(dn.operand_batching_dims) == rank - 1
+        and eqn.params["mode"] in (lax.GatherScatterMode.FILL_OR_DROP,
+                                   lax.GatherScatterMode.PROMISE_IN_BOUNDS))
+  if not ok:
+    raise UnsupportedError(
+        f"palace.jax: a gather that is not take_along_axis-like (kernel line {source_line(eqn)}) does "
+        f"not compile on a TPU TensorCore (Mosaic, measured on a TPU v5e: 'Only take_along_axis-like "
+        f"gathers supported'). Fix: gather rows with DMAs from a ref (pltpu.make_async_copy of "
+        f"x_ref.at[i]), or use jnp.take_along_axis with indices of the value's shape.")
+  return pjnp.take_along_axis(x, pjnp.reshape(indices, tuple(out.shape)), int(dn.collapsed_slice_dims[0]))

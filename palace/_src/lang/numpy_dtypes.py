@@ -81,10 +81,55 @@ def _float_to_int(v: np.ndarray, d: np.dtype) -> np.ndarray:
 
 def _convert(v: np.ndarray, d: np.dtype) -> np.ndarray:
   """v.astype(d), except integers to a narrow float (bf16, f16, fp8) go through float32 as XLA converts
-  them (two roundings: int32 2**24 + 2**16 + 1 is bf16 2**24, not 2**24 + 2**17)."""
+  them (two roundings: int32 2**24 + 2**16 + 1 is bf16 2**24, not 2**24 + 2**17), and float -> float
+  conversions follow the chip (`_float_to_float`)."""
   if d in _COMPUTE and v.dtype.kind in "iub":   # (_COMPUTE: the narrow floats, computed in float32)
     return v.astype(dt.float32).astype(d)
+  if d != v.dtype and d in _CHIP_FLOATS and v.dtype in _CHIP_FLOATS:
+    return _float_to_float(v, d)
   return v.astype(d)
+
+
+# Float conversions as a TPU v5e does them (measured 2026-12-05, docs/numerics.md): float32 and bf16
+# denormals read as signed zero and are written as signed zero (all 65536 bf16 -> f32 patterns, f32 ->
+# bf16 sweep), every NaN written to float32 / bf16 is the positive quiet NaN 0x7fc00000 / 0x7fc0 (from
+# bf16, fp8 and f32 NaNs of either sign and any payload), and +-inf becomes the positive NaN 0x7f of
+# float8_e4m3fn (which has no infinity; out-of-range finite values keep their sign, 0x7f / 0xff, as
+# in ml_dtypes).
+_CHIP_FLOATS = frozenset({dt.float32, dt.bfloat16, dt.float8_e4m3fn, dt.float8_e5m2})
+_FLUSHED = {dt.float32: (np.uint32, 0x7F800000, 0x80000000, 0x7FFFFFFF, 0x7FC00000),
+            dt.bfloat16: (np.uint16, 0x7F80, 0x8000, 0x7FFF, 0x7FC0)}
+
+
+def _flush(x: np.ndarray, inputs: bool) -> np.ndarray:
+  """float32 / bf16 `x` with denormals as signed zeros and (outputs) NaNs as the positive quiet NaN;
+  a copy only when something changes."""
+  u, exp, sign, mag, qnan = _FLUSHED[x.dtype]
+  bits = x.view(u)
+  e = bits & u(exp)
+  den = (e == 0) & ((bits & u(mag)) != 0)
+  nan = None if inputs else (e == u(exp)) & ((bits & u(mag)) > u(exp)) & (bits != u(qnan))
+  if not den.any() and (nan is None or not nan.any()):
+    return x
+  bits = bits.copy()
+  np.bitwise_and(bits, u(sign), out=bits, where=den)
+  if nan is not None:
+    np.copyto(bits, u(qnan), where=nan)
+  return bits.view(x.dtype)
+
+
+def _float_to_float(v: np.ndarray, d: np.dtype) -> np.ndarray:
+  if v.dtype in _FLUSHED:
+    v = _flush(v, inputs=True)
+  out = v.astype(d)
+  if d in _FLUSHED:
+    return _flush(out, inputs=False)
+  if d == dt.float8_e4m3fn and v.dtype != dt.float8_e5m2:
+    special = ~np.isfinite(v)
+    if special.any():
+      out = out.copy()
+      np.copyto(out.view(np.uint8), np.uint8(0x7F), where=special)
+  return out
 
 
 def astype(x, dtype):

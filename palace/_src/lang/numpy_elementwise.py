@@ -36,8 +36,32 @@ def _rounded(x, rt: np.dtype, cd: np.dtype):
   return _np(x, rt).astype(cd)
 
 
-def _elementwise(fn, op_class: str, result: str = "same", name: str = ""):
-  """Build an n-ary elementwise op. result: same | bool | float | int."""
+# Integer vector ops the TPU compiler (Mosaic) rejects, by operand dtype: a Mosaic rule, not a chip
+# figure, applied on every chip. Measured on a TPU v5e (benchmarks/hw/data/v5e-limits-2026-12-05.jsonl
+# and the timing suite's int8 add): 8-bit add / subtract (what negation and floor division lower to
+# as well) fail with "Only vector<i16> and vector<i32> are supported, but got 'i8'. Please cast your
+# input."; 16-bit division with "failed to legalize operation 'arith.divsi'" (int16 add compiles).
+_I8S = frozenset([np.dtype(np.int8), np.dtype(np.uint8)])
+_I16S = frozenset([np.dtype(np.int16), np.dtype(np.uint16)])
+_ADD_I8 = "Only vector<i16> and vector<i32> are supported, but got 'i8'. Please cast your input."
+_DIV_I16 = "failed to legalize operation 'arith.divsi' ... vector<...xi16>"
+ADD_REJECTS = {d: _ADD_I8 for d in _I8S}
+DIV_REJECTS = {**ADD_REJECTS, **{d: _DIV_I16 for d in _I16S}}
+
+
+def _reject_vector_int(name: str, dtype, shape, ex) -> UnsupportedError:
+  why = ADD_REJECTS.get(dtype) if name not in ("floor_divide", "remainder", "div", "rem") else \
+      DIV_REJECTS.get(dtype)
+  return UnsupportedError(
+      f"{'lax' if name in ('div', 'rem') else 'jnp'}.{name} of {dtype} vectors of shape {tuple(shape)} {ex.where()} ({user_frame_summary()}): "
+      f"the TPU compiler has no {dt.bits(dtype)}-bit integer {name} on vectors (Mosaic, measured on a "
+      f"TPU v5e: '{why}'). Fix: cast the operands to int32 first (x.astype(jnp.int32)) and the result "
+      f"back to {dtype} if needed.")
+
+
+def _elementwise(fn, op_class: str, result: str = "same", name: str = "", rejects=None):
+  """Build an n-ary elementwise op. result: same | bool | float | int. `rejects`: {operand dtype:
+  the compiler's message} of the vector forms the TPU compiler rejects (ADD_REJECTS, DIV_REJECTS)."""
 
   scalar_fast = result in ("same", "bool")
   py_compare = _PY_COMPARE.get(fn) if result == "bool" else None
@@ -134,6 +158,8 @@ def _elementwise(fn, op_class: str, result: str = "same", name: str = ""):
     if ex is None:
       return _out(data, shape, out_dtype, ready, op_class, any_array)
     if shape:  # = _out(...) inside a kernel, inlined
+      if rejects is not None and rt in rejects:
+        raise _reject_vector_int(op.__name__, rt, shape, ex)
       if ex.timing_only:
         data = None
       ready = ex.vector_op(op_class, shape, out_dtype, ready)
@@ -145,6 +171,7 @@ def _elementwise(fn, op_class: str, result: str = "same", name: str = ""):
   op.__doc__ = f"Elementwise `{op.__name__}` (cost class: {op_class})."
   op.scalar_form = (fn, result)
   op.op_class = op_class
+  op.rejects = rejects
   return op
 
 
@@ -206,6 +233,7 @@ def _on_vectors(op, dtype, shape, arity: int, in_shapes=None):
   form, op_class = getattr(op, "scalar_form", None), getattr(op, "op_class", None)
   dtype, shape = np.dtype(dtype), tuple(shape)
   if form is None or op_class is None or not shape or arity not in (1, 2) or \
+      dtype in (getattr(op, "rejects", None) or ()) or \
       (getattr(op, "int_only", False) and dt.is_float(dtype)):
     return None
   fn, result = form
@@ -271,7 +299,7 @@ def _int_only(fn, name):
   return f
 
 
-_add = _elementwise(np.add, OpClass.CHEAP, name="add")
+_add = _elementwise(np.add, OpClass.CHEAP, name="add", rejects=ADD_REJECTS)
 
 
 def add(x1, x2):
@@ -285,8 +313,8 @@ def add(x1, x2):
 add.__doc__ = _add.__doc__
 # the specialised forms (_on_scalars, _on_vectors) compute with np.add for Arrays and call `add` itself
 # for anything else, a deferred matmul sum included (0-d values are never Deferred)
-add.scalar_form, add.op_class = _add.scalar_form, _add.op_class
-subtract = _elementwise(np.subtract, OpClass.CHEAP, name="subtract")
+add.scalar_form, add.op_class, add.rejects = _add.scalar_form, _add.op_class, _add.rejects
+subtract = _elementwise(np.subtract, OpClass.CHEAP, name="subtract", rejects=ADD_REJECTS)
 multiply = _elementwise(np.multiply, OpClass.CHEAP, name="multiply")
 true_divide = divide = _elementwise(np.true_divide, OpClass.MEDIUM, "float", name="divide")
 maximum = _elementwise(np.maximum, OpClass.CHEAP, name="maximum")
@@ -428,10 +456,10 @@ def _mod(a, b):
   return np.remainder(a, b)
 
 
-floor_divide = _elementwise(_floor_div, OpClass.MEDIUM, name="floor_divide")
-remainder = mod = _elementwise(_mod, OpClass.MEDIUM, name="remainder")
+floor_divide = _elementwise(_floor_div, OpClass.MEDIUM, name="floor_divide", rejects=DIV_REJECTS)
+remainder = mod = _elementwise(_mod, OpClass.MEDIUM, name="remainder", rejects=DIV_REJECTS)
 
-negative = _elementwise(np.negative, OpClass.CHEAP, name="negative")
+negative = _elementwise(np.negative, OpClass.CHEAP, name="negative", rejects=ADD_REJECTS)
 positive = _elementwise(np.positive, OpClass.CHEAP, name="positive")
 abs = absolute = _elementwise(np.abs, OpClass.CHEAP, name="abs")  # noqa: A001
 def _sign(x):

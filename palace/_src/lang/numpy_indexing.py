@@ -9,7 +9,7 @@ import numpy as np
 from palace._src import dtypes as dt
 from palace._src import executor, validate
 from palace._src.executor import OpClass
-from palace._src.errors import OutOfBoundsError, UsageError
+from palace._src.errors import OutOfBoundsError, UnsupportedError, UsageError
 from palace._src.lang.array import Array, ready_of
 from palace._src.lang.numpy_base import _broadcast_shapes, _compute_dtype, _has_data, _np, _out
 from palace._src.lang.numpy_shape import _shape_op
@@ -160,3 +160,40 @@ class _ValueAt:
 
 Array.__getitem__ = _array_getitem
 Array.at = property(lambda self: _ValueAt(self))
+
+
+def take_along_axis(arr, indices, axis):
+  """`jnp.take_along_axis` of a kernel value along one of its two minor dims, with `indices` of the
+  value's shape: Mosaic's in-register gather (`tpu.dynamic_gather`, an XLU op; measured on a TPU v5e:
+  take_along_axis on the lane axis compiles, a gather of rows by an index vector does not). The
+  gather has no fill: an index outside the axis is an error."""
+  if not isinstance(arr, Array) or not isinstance(indices, Array):
+    raise UsageError(f"jnp.take_along_axis takes kernel values (arrays loaded from refs){_where()} "
+                     f"({user_frame_summary()}). Fix: load them with ref[...] first.")
+  shape, rank = arr.shape, len(arr.shape)
+  ax = validate.as_int(axis, "jnp.take_along_axis(axis)")
+  ax = ax + rank if ax < 0 else ax
+  if tuple(indices.shape) != tuple(shape) or not dt.is_int(indices.dtype) or rank < 1 or \
+      not 0 <= ax < rank:
+    raise UsageError(f"jnp.take_along_axis{_where()} ({user_frame_summary()}): indices {indices.dtype}"
+                     f"{list(indices.shape)} for a value {arr.dtype}{list(shape)} along axis {axis}; "
+                     f"expected integer indices of the value's own shape and an axis of it. Fix: "
+                     f"broadcast the indices to {tuple(shape)} (jnp.broadcast_to).")
+  if ax < rank - 2:
+    raise UnsupportedError(
+        f"jnp.take_along_axis along axis {ax} of a rank-{rank} value{_where()} "
+        f"({user_frame_summary()}): the TPU compiler gathers only along the two minor dims on a "
+        f"TensorCore (Mosaic: 'Only gathers along the two minormost dimensions supported on TC'). Fix: "
+        f"move the axis last with jnp.transpose, or gather with DMAs from a ref.")
+  data = None
+  if _has_data(arr, indices):
+    idx = _np(indices, np.int64)
+    idx = np.where(idx < 0, idx + shape[ax], idx)
+    bad = (idx < 0) | (idx >= shape[ax])
+    if bad.any():
+      raise OutOfBoundsError(
+          f"jnp.take_along_axis{_where()} ({user_frame_summary()}): index {int(_np(indices, np.int64)[bad][0])}"
+          f" is outside axis {ax} of size {shape[ax]}; the TPU's in-register gather has no fill for "
+          f"it. Fix: clamp the indices (jnp.clip) or take them modulo {shape[ax]}.")
+    data = np.take_along_axis(arr._data, idx, axis=ax)
+  return _out(data, shape, arr.dtype, ready_of(arr, indices), OpClass.XLU, True)

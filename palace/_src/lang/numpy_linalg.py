@@ -1,7 +1,8 @@
 """`palace.numpy` matmuls (L4a): dot, matmul, einsum, dot_general (also `lax.dot_general`), outer, `@`.
 
-Numerics: float operands go through float32 BLAS (products of bf16/fp8 are exact in float32, sums
-accumulate in float32 like the MXU); integer operands through float32 or float64 BLAS, whichever keeps
+Numerics (lang/mxu.py, docs/numerics.md): float operands go through float32 BLAS (products of bf16/fp8
+are exact in float32, sums accumulate in float32 like the MXU), float32 operands rounded to bfloat16
+first at the default precision, as the chip does; integer operands through float32 or float64 BLAS, whichever keeps
 every partial sum exact, then cast to the int32 (or requested) result. Each call is charged to the MXU
 through the executor.
 """
@@ -15,7 +16,7 @@ from palace._src import blas
 from palace._src import dtypes as dt
 from palace._src import executor, validate
 from palace._src.errors import ShapeError, UsageError
-from palace._src.lang import deferred
+from palace._src.lang import deferred, mxu
 from palace._src.lang.array import Array, dtype_of, ready_of
 from palace._src.util import prod
 from palace._src.lang.numpy_base import _dtype_arg, _has_data, _np
@@ -30,14 +31,22 @@ def _f32(x):
   return _np(x, np.dtype(np.float32))
 
 
-def _mxu_operands(a, b, k: int):
-  """NumPy operands for an exact matmul on the host BLAS: float32 for floats (bf16/fp8 products are
-  exact in f32), float32 or float64 for integers so that sums of K products stay exact."""
+def _mxu_f32(x, precision: str):
+  """A float operand as float32 the way the MXU reads it: rounded to bfloat16 at the default precision."""
+  if mxu.rounds_to_bf16(x.dtype, precision):
+    return dt.bf16_to_f32(mxu.round_to_bf16(_np(x, np.dtype(np.float32))))
+  return _f32(x)
+
+
+def _mxu_operands(a, b, k: int, precision: str = mxu.HIGHEST):
+  """NumPy operands for the matmul on the host BLAS: float32 for floats (bf16/fp8 products are exact
+  in f32; float32 rounded to bf16 at the default precision), float32 or float64 for integers so that
+  sums of K products stay exact."""
   da, db = a.dtype, b.dtype
   if dt.is_float(da) or dt.is_float(db):
     wide = np.float64 if (da == np.float64 or db == np.float64) else np.float32
     if wide is np.float32:
-      return _f32(a), _f32(b)
+      return _mxu_f32(a, precision), _mxu_f32(b, precision)
     return _np(a, np.dtype(wide)), _np(b, np.dtype(wide))
   bound = (1 << (dt.bits(da) - 1)) * (1 << (dt.bits(db) - 1)) * builtins.max(k, 1)
   wide = np.dtype(np.float32) if bound < (1 << 24) else np.dtype(np.float64)
@@ -96,6 +105,7 @@ def _dimension_numbers(dimension_numbers, nda: int, ndb: int) -> tuple:
 def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
   """`lax.dot_general`: ((lhs_contract, rhs_contract), (lhs_batch, rhs_batch))."""
   a, b = _as_array(lhs), _as_array(rhs)
+  prec = mxu.precision_of(precision, "lax.dot_general")
   lc, rc, lb, rb = _dimension_numbers(dimension_numbers, a.ndim, b.ndim)
   for i, j in zip(lc, rc):
     if a.shape[i] != b.shape[j]:
@@ -104,7 +114,7 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
                      f"contracting dimensions.")
   if a.ndim == 2 and b.ndim == 2 and not lb and lc == (1,) and rc == (0,) and \
       a.shape[1] == b.shape[0] and executor.maybe_current() is not None:
-    return dot(a, b, preferred_element_type=preferred_element_type)  # the plain product (may defer)
+    return dot(a, b, precision=prec, preferred_element_type=preferred_element_type)  # may defer
   lf = [i for i in range(a.ndim) if i not in lc and i not in lb]
   rf = [i for i in range(b.ndim) if i not in rc and i not in rb]
   bsz = prod(a.shape[i] for i in lb)
@@ -113,10 +123,11 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
   k = prod(a.shape[i] for i in lc)
   out_shape = [a.shape[i] for i in lb] + [a.shape[i] for i in lf] + [b.shape[i] for i in rf]
   out_d = _matmul_dtype(a, b, preferred_element_type)
+  mxu.check(a.dtype, b.dtype, out_d, prec, "lax.dot_general")
   data = None
   ex = executor.maybe_current()
   if not (ex is not None and ex.timing_only) and _has_data(a, b):
-    va, vb = _mxu_operands(a, b, k)
+    va, vb = _mxu_operands(a, b, k, prec)
     if a.ndim == 2 and b.ndim == 2 and not lb and lc == (1,) and rc == (0,):
       data = blas.matmul(va, vb)  # the plain (m,k)@(k,n) product: no relayout
     else:
@@ -124,6 +135,13 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
       vb = np.transpose(vb, list(rb) + list(rc) + rf).reshape(bsz, k, n)
       data = blas.matmul(va, vb).reshape(out_shape)
   return _finish_matmul(a, b, data, out_shape, out_d, m, k, n, bsz)
+
+
+def _as_bf16(x, precision: str):
+  """An operand the MXU rounds to bfloat16 (float32 at the default precision) as a bf16 Array."""
+  if not mxu.rounds_to_bf16(x.dtype, precision):
+    return x
+  return Array(mxu.round_to_bf16(x._data), x.shape, np.dtype(dt.bfloat16), x._ready)
 
 
 def dot(a, b, *, precision=None, preferred_element_type=None):
@@ -134,12 +152,15 @@ def dot(a, b, *, precision=None, preferred_element_type=None):
     # timing only: no data, just its shape and its MXU cost
     m, k = a.shape
     n = b.shape[1]
+    prec = mxu.precision_of(precision)
     out_d = _matmul_dtype(a, b, preferred_element_type)
+    mxu.check(a.dtype, b.dtype, out_d, prec)
     data = None
     if not ex.timing_only and a._data is not None and b._data is not None:
       if 2 * m * k * n >= deferred.MIN_FLOPS and deferred.deferrable(ex, a, b, out_d):
-        return deferred.product(ex, a, b, ex.matmul(m, k, n, 1, a.dtype, b.dtype, ready_of(a, b)))
-      va, vb = _mxu_operands(a, b, k)
+        ready = ex.matmul(m, k, n, 1, a.dtype, b.dtype, ready_of(a, b))   # charged as issued
+        return deferred.product(ex, _as_bf16(a, prec), _as_bf16(b, prec), ready)
+      va, vb = _mxu_operands(a, b, k, prec)
       data = blas.matmul(va, vb)
     return _finish_matmul(a, b, data, (m, n), out_d, m, k, n, 1)
   if a.ndim == 0 or b.ndim == 0:

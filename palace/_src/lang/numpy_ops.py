@@ -18,6 +18,7 @@ from palace._src.lang.numpy_elementwise import *  # noqa: F401,F403
 from palace._src.lang.numpy_reductions import *  # noqa: F401,F403
 from palace._src.lang.numpy_shape import *  # noqa: F401,F403
 from palace._src.lang.numpy_elementwise import abs, round  # noqa: F401,A004
+from palace._src.lang.numpy_indexing import take_along_axis  # noqa: F401
 from palace._src.lang.numpy_reductions import all, any, max, min, sum  # noqa: F401,A004
 
 
@@ -56,4 +57,4 @@ _bind_methods()
 _bind_methods()
 
 __all__ = sorted({*numpy_creation.__all__, *numpy_dtypes.__all__, *numpy_elementwise.__all__,
-                  *numpy_reductions.__all__, *numpy_shape.__all__})
+                  *numpy_reductions.__all__, *numpy_shape.__all__, "take_along_axis"})

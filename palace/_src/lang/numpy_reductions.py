@@ -118,6 +118,14 @@ def _promoted_int(d: np.dtype) -> np.dtype:
 
 def cumsum(a, axis=None, dtype=None):
   """`jnp.cumsum` (axis=None scans the flattened array); narrow ints accumulate in 32 bits like JAX."""
+  ex = executor.maybe_current()
+  if ex is not None and ex.sparsecore is None and isinstance(a, Array):
+    raise UnsupportedError(
+        f"jnp.cumsum {ex.where()} ({user_frame_summary()}): the TPU compiler has no cumulative sum on "
+        f"a TensorCore (Mosaic, measured on a TPU v5e: 'Unimplemented primitive in Pallas TPU lowering "
+        f"for tc: cumsum'). Fix: build the prefix sum from adds of shifted copies (pltpu.roll with a "
+        f"mask, log2(n) steps), a matmul with a triangular ones matrix, or a pl.loop over rows; "
+        f"SparseCore kernels have plsc.cumsum.")
   if axis is None:
     a = ravel(a)
     axis = 0

@@ -248,7 +248,15 @@ class _CoreProgram:
         outputs[s.index] = r
     scratch = plan.scratch
     is_dict = isinstance(scratch, dict)
-    scr, kw_scr, bufs = open_scope(ex, () if is_dict else scratch, scratch if is_dict else {}, "scratch")
+    mem = getattr(ex, "memory", None) if plan.is_grid else None
+    if mem is not None:   # a pallas_call's scratch operands: beside the scoped stack (sim/memory.py)
+      mem.operands = True
+    try:
+      scr, kw_scr, bufs = open_scope(ex, () if is_dict else scratch, scratch if is_dict else {},
+                                     "scratch")
+    finally:
+      if mem is not None:
+        mem.operands = False
     self.scopes.append(bufs)
     if plan.is_grid:
       lead = tuple(tree_unflatten(plan.operand_tree, operands[:plan.num_prefetch]))
@@ -370,39 +378,52 @@ def _mesh_cores(machine, chip_index, mesh, params, kname):
 
 
 def _vmem_request(plan: LaunchPlan):
-  """(bytes, pipelined block mappings, [(scratch index, VMEM type)]) of a grid plan's VMEM buffers."""
+  """(block bytes, scratch bytes, pipelined block mappings, [(scratch index, VMEM type)]) of a grid
+  plan's VMEM buffers."""
   blocks = [m for m in plan.in_maps + plan.out_maps if m.pipelined]
   scratch = plan.scratch
   leaves = tree_flatten(scratch, is_leaf=lambda x: isinstance(x, (MemoryRef, SemaphoreRefType)))[0] \
       if scratch else ()
   vmem = [(i, t) for i, t in enumerate(leaves)
           if isinstance(t, MemoryRef) and t.memory_space == MemorySpace.VMEM]
-  return sum(m.buffer_count * m.block_bytes for m in blocks) + sum(t.nbytes for _, t in vmem), blocks, vmem
+  return (sum(m.buffer_count * m.block_bytes for m in blocks), sum(t.nbytes for _, t in vmem), blocks,
+          vmem)
 
 
 def _check_vmem(core, plan: LaunchPlan):
-  """Fail before running when the pipeline buffers and scratch exceed the scoped VMEM limit."""
+  """Fail before running when the pipeline buffers exceed the scoped VMEM limit, or buffers and VMEM
+  scratch operands the chip's VMEM (scratch operands are not scoped: sim/memory.Allocator)."""
   cache = plan.cache()
-  total = cache.get("vmem bytes")
-  if total is None:   # (a function of the plan alone)
-    total = cache["vmem bytes"] = _vmem_request(plan)[0]
-  if total > core.vmem_limit:   # (the breakdown is formatted only for the error)
-    kname = plan.kernel_name
-    _, blocks, vmem = _vmem_request(plan)
-    detail = " + ".join([f"{m.name} {m.buffer_count} x {fmt_bytes(m.block_bytes)} block "
-                         f"{m.dtype}{list(m.block_shape)}" for m in blocks] +
-                        [f"scratch[{i}] {fmt_bytes(t.nbytes)}" for i, t in vmem])
-    chip = core.chip
-    need = -(-(total + chip.internal_scratch_bytes) // 2**20) * 2**20   # whole MiB
-    fix = (f"or raise CompilerParams(vmem_limit_bytes=...) to at least {need} ({fmt_bytes(need)}; "
-           f"{chip.name} has {fmt_bytes(chip.vmem_bytes)} of VMEM)" if need <= chip.vmem_bytes else
-           f"raising vmem_limit_bytes cannot help: {chip.name} has only {fmt_bytes(chip.vmem_bytes)} of VMEM")
+  sizes = cache.get("vmem bytes")
+  if sizes is None:   # (a function of the plan alone)
+    sizes = cache["vmem bytes"] = _vmem_request(plan)[:2]
+  chip = core.chip
+  whole = chip.vmem_bytes - chip.internal_scratch_bytes
+  if sizes[0] <= core.vmem_limit and sizes[0] + sizes[1] <= whole:   # (breakdown only for the error)
+    return
+  kname = plan.kernel_name
+  blocks_total, scratch_total, blocks, vmem = _vmem_request(plan)
+  detail = " + ".join([f"{m.name} {m.buffer_count} x {fmt_bytes(m.block_bytes)} block "
+                       f"{m.dtype}{list(m.block_shape)}" for m in blocks])
+  if blocks_total <= core.vmem_limit:
+    scr = " + ".join(f"scratch[{i}] {fmt_bytes(t.nbytes)}" for i, t in vmem)
     raise ResourceError(
         f"VMEM over capacity for kernel '{kname}' on chip 0 core 0 ({chip.name}): "
-        f"{fmt_bytes(total)} requested ({detail}) but the scoped VMEM limit leaves "
-        f"{fmt_bytes(core.vmem_limit)} (limit {fmt_bytes(core.vmem_limit + chip.internal_scratch_bytes)}"
-        f" minus {fmt_bytes(chip.internal_scratch_bytes)} Mosaic internal scratch). Fix: reduce block "
-        f"sizes or pipeline buffer_count (pl.Buffered(1) for blocks that do not change), {fix}.")
+        f"{fmt_bytes(blocks_total + scratch_total)} requested ({detail or 'no blocks'} + {scr}) but "
+        f"{chip.name} has {fmt_bytes(whole)} of VMEM ({fmt_bytes(chip.vmem_bytes)} minus "
+        f"{fmt_bytes(chip.internal_scratch_bytes)} Mosaic internal scratch); scratch operands count "
+        f"against the whole VMEM, not the scoped limit. Fix: reduce the scratch or block sizes.")
+  need = -(-(blocks_total + chip.internal_scratch_bytes) // 2**20) * 2**20   # whole MiB
+  fix = (f"or raise CompilerParams(vmem_limit_bytes=...) to at least {need} ({fmt_bytes(need)}; "
+         f"{chip.name} has {fmt_bytes(chip.vmem_bytes)} of VMEM)" if need <= chip.vmem_bytes else
+         f"raising vmem_limit_bytes cannot help: {chip.name} has only {fmt_bytes(chip.vmem_bytes)} of VMEM")
+  raise ResourceError(
+      f"VMEM over capacity for kernel '{kname}' on chip 0 core 0 ({chip.name}): "
+      f"{fmt_bytes(blocks_total)} of pipelined blocks requested ({detail}) but the scoped VMEM limit "
+      f"leaves {fmt_bytes(core.vmem_limit)} (limit {fmt_bytes(core.vmem_limit + chip.internal_scratch_bytes)}"
+      f" minus {fmt_bytes(chip.internal_scratch_bytes)} Mosaic internal scratch; scratch operands "
+      f"are not scoped). Fix: reduce block sizes or pipeline buffer_count (pl.Buffered(1) for blocks "
+      f"that do not change), {fix}.")
 
 
 # ------------------------------------------------------------------ outputs never written

@@ -352,34 +352,43 @@ def alias_input(out: Buffer, src: np.ndarray, timing_only: bool, own: bool = Fal
 
 # ------------------------------------------------------------------ capacity
 def scoped_vmem_limit(chip, vmem_limit_bytes, kernel_name: str) -> int:
-  """VMEM a TensorCore's allocations may use: CompilerParams(vmem_limit_bytes) or the chip's default
-  scoped limit, minus Mosaic's internal scratch."""
-  if vmem_limit_bytes is not None and vmem_limit_bytes > chip.vmem_bytes:
-    raise ResourceError(
-        f"vmem_limit_bytes={vmem_limit_bytes} ({fmt_bytes(vmem_limit_bytes)}) for kernel '{kernel_name}' "
-        f"exceeds the physical VMEM of {chip.name} ({fmt_bytes(chip.vmem_bytes)} per TensorCore). "
-        f"Fix: lower vmem_limit_bytes (at most {chip.vmem_bytes}) or the block sizes.")
-  return (vmem_limit_bytes or chip.default_scoped_vmem_bytes) - chip.internal_scratch_bytes
+  """VMEM a TensorCore's scoped allocations (pipelined blocks, run_scoped buffers) may use:
+  CompilerParams(vmem_limit_bytes) or the chip's default scoped limit, minus Mosaic's internal scratch.
+  A limit above the chip's VMEM is clamped to it, as the TPU compiler does (measured on a v5e,
+  2026-12-05: vmem_limit_bytes of 130 and 256 MiB compile; 130 MiB of scratch under a 128 MiB limit
+  fails with 'Allocation (size=136314880) would exceed memory (size=134217728)')."""
+  del kernel_name   # (kept for callers; a limit is never an error now)
+  limit = vmem_limit_bytes or chip.default_scoped_vmem_bytes
+  return min(limit, chip.vmem_bytes) - chip.internal_scratch_bytes
 
 
 class Allocator:
   """One core's memories: capacity checks and accounting of scoped VMEM, shared VMEM and SMEM, and
-  the live allocations (for the breakdown in over-capacity errors)."""
+  the live allocations (for the breakdown in over-capacity errors).
+
+  A pallas_call's VMEM scratch operands (`scratch_shapes`, allocated while `operands` is True) sit
+  beside the scoped stack, as XLA allocates them: they count against the chip's whole VMEM (with the
+  scoped allocations and Mosaic's internal scratch), not against the scoped limit (measured on a v5e:
+  20 MiB of scratch compiles under the 16 MiB default limit, 20 MiB of blocks does not)."""
 
   @classmethod
   def of_core(cls, core, vmem_limit_bytes) -> "Allocator":
     """A core's memories: its chip's VMEM and SMEM, scoped VMEM as CompilerParams(vmem_limit_bytes)
-    asks (`scoped_vmem_limit`)."""
+    asks (`scoped_vmem_limit`); SMEM less what the compiler reserves (`ChipSpec.smem_reserved_bytes`)."""
     chip = core.chip
-    return cls(core, scoped_vmem_limit(chip, vmem_limit_bytes, core.kernel_name), chip.vmem_bytes,
-               chip.smem_bytes)
+    alloc = cls(core, scoped_vmem_limit(chip, vmem_limit_bytes, core.kernel_name), chip.vmem_bytes,
+                chip.smem_bytes - chip.smem_reserved_bytes)
+    alloc.vmem_total_limit = chip.vmem_bytes - chip.internal_scratch_bytes
+    return alloc
 
   def __init__(self, core, vmem_limit: int, vmem_shared_limit: int, smem_limit: int):
     self.core = core
     self.vmem_limit = vmem_limit
     self.vmem_shared_limit = vmem_shared_limit
     self.smem_limit = smem_limit
-    self.vmem_used = self.vmem_peak = self.smem_used = 0
+    self.vmem_total_limit = None   # whole VMEM for scoped + operand allocations (None: no such check)
+    self.operands = False          # allocating a pallas_call's scratch operands
+    self.vmem_used = self.vmem_peak = self.smem_used = self.vmem_operand_used = 0
     self.live = {}            # id(buf) -> (name, bytes, space)
 
   def allocate(self, mem_type, name: str) -> Buffer:
@@ -389,29 +398,43 @@ class Allocator:
                        f"pltpu.VMEM(shape, dtype), pltpu.SMEM(...) or pltpu.SemaphoreType.")
     space = mem_type.memory_space
     nbytes = mem_type.nbytes
+    tag = space
     if space == MemorySpace.VMEM_SHARED:
       if nbytes > self.vmem_shared_limit:
         raise ResourceError(
             f"VMEM_SHARED over capacity for {name} {core.where()}: {fmt_bytes(nbytes)} requested but "
             f"the shared VMEM holds {fmt_bytes(self.vmem_shared_limit)}. Fix: use smaller buffers.")
     elif space in (MemorySpace.VMEM, MemorySpace.ANY):
-      space = MemorySpace.VMEM
-      if self.vmem_used + nbytes > self.vmem_limit:
-        raise ResourceError(self._vmem_message(name, nbytes))
-      self.vmem_used += nbytes
-      self.vmem_peak = max(self.vmem_peak, self.vmem_used)
+      space = tag = MemorySpace.VMEM
+      total = self.vmem_total_limit
+      if self.operands and total is not None:
+        tag = _OPERAND
+        if self.vmem_used + self.vmem_operand_used + nbytes > total:
+          raise ResourceError(self._vmem_message(name, nbytes, whole=True))
+        self.vmem_operand_used += nbytes
+      else:
+        if self.vmem_used + nbytes > self.vmem_limit:
+          raise ResourceError(self._vmem_message(name, nbytes))
+        if total is not None and self.vmem_used + self.vmem_operand_used + nbytes > total:
+          raise ResourceError(self._vmem_message(name, nbytes, whole=True))
+        self.vmem_used += nbytes
+      in_use = self.vmem_used + self.vmem_operand_used
+      if in_use > self.vmem_peak:
+        self.vmem_peak = in_use
     elif space == MemorySpace.SMEM:
       if self.smem_used + nbytes > self.smem_limit:
+        reserved = core.chip.smem_reserved_bytes
         raise ResourceError(
             f"SMEM over capacity for {name} on chip {core.chip_index} core {core.core_id} in kernel "
             f"'{core.kernel_name}': {fmt_bytes(self.smem_used)} in use + {fmt_bytes(nbytes)} requested "
-            f"> {fmt_bytes(self.smem_limit)} on {core.chip.name}. Fix: keep SMEM for scalars and small "
-            f"index tables; move arrays to VMEM.")
+            f"> {fmt_bytes(self.smem_limit)} usable on {core.chip.name} ({fmt_bytes(core.chip.smem_bytes)} "
+            f"SMEM{f' less {reserved} B the compiler reserves' if reserved else ''}). Fix: keep SMEM for "
+            f"scalars and small index tables; move arrays to VMEM.")
       self.smem_used += nbytes
     # (large VMEM buffers: the uninitialised fill is written only if read before being overwritten)
     buf = new_buffer(mem_type.shape, mem_type.dtype, space, name, core, core.chip_index, core.timing_only,
                      core.deferred_values)
-    self.live[id(buf)] = (name, nbytes, space)
+    self.live[id(buf)] = (name, nbytes, tag)
     return buf
 
   def release(self, buf: Buffer) -> bool:
@@ -420,20 +443,34 @@ class Allocator:
     if info is None:
       return False
     _, nbytes, space = info
-    if space in (MemorySpace.VMEM, MemorySpace.VMEM_SHARED):
+    if space == _OPERAND:
+      self.vmem_operand_used -= nbytes
+    elif space in (MemorySpace.VMEM, MemorySpace.VMEM_SHARED):
       self.vmem_used -= nbytes
     elif space == MemorySpace.SMEM:
       self.smem_used -= nbytes
     return True
 
-  def _vmem_message(self, name, nbytes) -> str:
+  def _vmem_message(self, name, nbytes, whole: bool = False) -> str:
     core = self.core
     rows = "; ".join(f"{n} {fmt_bytes(b)}" for n, b, s in self.live.values()
-                     if s in (MemorySpace.VMEM, MemorySpace.VMEM_SHARED))
+                     if s in (MemorySpace.VMEM, MemorySpace.VMEM_SHARED, _OPERAND))
+    if whole:
+      chip = core.chip
+      return (f"VMEM over capacity on chip {core.chip_index} core {core.core_id} in kernel "
+              f"'{core.kernel_name}': {name} needs {fmt_bytes(nbytes)} but "
+              f"{fmt_bytes(self.vmem_used + self.vmem_operand_used)} of the "
+              f"{fmt_bytes(self.vmem_total_limit)} of VMEM on {chip.name} ({fmt_bytes(chip.vmem_bytes)} "
+              f"less {fmt_bytes(chip.internal_scratch_bytes)} Mosaic internal scratch) is in use "
+              f"({rows or 'nothing else'}). Fix: reduce scratch or block sizes; no vmem_limit_bytes "
+              f"raises the chip's VMEM.")
     return (f"VMEM over capacity on chip {core.chip_index} core {core.core_id} in kernel "
             f"'{core.kernel_name}': {name} needs {fmt_bytes(nbytes)} but {fmt_bytes(self.vmem_used)} of "
             f"the {fmt_bytes(self.vmem_limit)} scoped limit is in use ({rows or 'nothing else'}). "
             f"Fix: reduce block sizes or buffer counts, or raise CompilerParams(vmem_limit_bytes=...).")
+
+
+_OPERAND = "vmem scratch operand"   # the accounting tag of a pallas_call's VMEM scratch operands
 
 
 # ------------------------------------------------------------------ loads and stores

@@ -70,7 +70,9 @@ def case_matmul_f32_exact():
 def case_matmul_f32_random():
   r = np.random.default_rng(5)
   x, y = r.standard_normal((256, 256)).astype(np.float32), r.standard_normal((256, 256)).astype(np.float32)
-  return _matmul(x, y, 128, 128, 128, jnp.float32, jnp.float32), (x, y), (1e-5, 1e-4)
+  # palace rounds f32 operands to bf16 at the default precision as a TPU does; JAX's interpret mode
+  # does not: the chip wins (docs/numerics.md), so the tolerance is bf16 operand rounding's
+  return _matmul(x, y, 128, 128, 128, jnp.float32, jnp.float32), (x, y), (5e-2, 5e-1)
 
 
 def case_matmul_bf16_to_f32():

@@ -48,10 +48,15 @@ def _normal(*shape, seed):
   return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
 
+# f32 kernels with default-precision matmuls: palace rounds their operands to bf16 as a TPU does, JAX's
+# interpret mode does not (the chip wins, docs/numerics.md): a tolerance of bf16 operand rounding's size
+CHIP_F32_DOT_TOL = (5e-2, 5e-2)
+
+
 def case_wheel_flash_attention_causal():
   q, k, v = (_normal(1, 2, 256, 128, seed=s) for s in (54, 55, 56))
   return (lambda a, b, c: flash_attention.flash_attention(a, b, c, causal=True, sm_scale=0.125)), (q, k, v), \
-      (1e-5, 1e-5)
+      CHIP_F32_DOT_TOL
 
 
 def case_wheel_paged_attention():
@@ -60,7 +65,7 @@ def case_wheel_paged_attention():
   lengths = np.array([37, 64], np.int32)
   idx = np.array([[0, 1, 2, 3], [4, 5, 6, 7]], np.int32)
   return (lambda *a: paged_attention.paged_attention(*a, pages_per_compute_block=2)), \
-      (q, kp, vp, lengths, idx), (1e-5, 1e-5)
+      (q, kp, vp, lengths, idx), CHIP_F32_DOT_TOL
 
 
 def _paged_gqa(ratio, seed):
@@ -74,7 +79,7 @@ def _paged_gqa(ratio, seed):
   lengths = np.array([37, 64], np.int32)
   idx = np.array([[3, 1, 0, 2], [4, 6, 5, 7]], np.int32)
   return (lambda *a: paged_attention.paged_attention(*a, pages_per_compute_block=2)), \
-      (q, kp, vp, lengths, idx), (1e-5, 1e-5)
+      (q, kp, vp, lengths, idx), CHIP_F32_DOT_TOL
 
 
 def case_wheel_paged_attention_f32_gqa4():
@@ -99,4 +104,4 @@ def case_wheel_splash_attention_causal():
                                    block_kv_dq=128)
   kernel = splash_attention.make_splash_mha_single_device(mask, block_sizes=bs)
   q, k, v = (_normal(heads, seq, 128, seed=s) for s in (62, 63, 64))
-  return kernel, (q, k, v), (1e-5, 1e-5)
+  return kernel, (q, k, v), (2e-1, 2e-1)   # bf16-rounded q k^T and p v (0.11 measured)

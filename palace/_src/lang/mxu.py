@@ -1,0 +1,125 @@
+"""What the MXU accepts and how it rounds (L4a): a matmul's precision, operand and result rules.
+
+Measured on a real TPU v5e (JAX 0.10.2, libtpu 0.0.42.1, 2026-12-05; `benchmarks/hw/data`,
+docs/numerics.md):
+
+- precision DEFAULT (or None) on float32 operands: each operand is rounded to bfloat16 (to nearest
+  even), the products of the bf16 values are exact, and the sums accumulate in float32. The chip's
+  outputs lie within float32 accumulation rounding of that (at most 2.4e-7 x sum|a'||b'| on the probes),
+  against errors up to 6e-3 x sum|a||b| from the exact float32 product. Operands that are already
+  bf16, fp8 or 8-bit integers are exact in bf16 and unchanged.
+- precision HIGHEST: float32 products, float32 accumulation (within 1.9e-7 x sum|a||b| of the exact
+  product on the probes), which the host BLAS computes as it is.
+- rejected at lowering (Mosaic / Pallas TPU), so palace rejects them too: precision HIGH ("Unsupported
+  dot precision: HIGH"), a different precision per operand ("Per-operand dot precision unsupported"),
+  a result (accumulator) narrower than 32 bits, e.g. bf16 x bf16 -> bf16, also `jnp.dot(bf16, bf16)`
+  without preferred_element_type ("'tpu.matmul' op Expected matmul acc to be 32-bit"), unsigned integer
+  operands ("Unsigned integer dtype uint8 is not supported for dot_general"), and HIGHEST on a float32
+  operand mixed with a narrower float ("Mosaic failed to compile TPU kernel: Bad rhs type").
+
+These are compiler rules (JAX's Pallas TPU lowering and Mosaic's verifier), not properties of the v5e
+silicon, so palace applies them on every chip preset.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from palace._src import dtypes as dt
+from palace._src import executor
+from palace._src.errors import UnsupportedError
+from palace._src.util import user_frame_summary
+
+DEFAULT, HIGH, HIGHEST = "DEFAULT", "HIGH", "HIGHEST"
+
+# JAX's names for each precision (lax.Precision members and the strings jax.lax accepts).
+_NAMES = {"default": DEFAULT, "bfloat16": DEFAULT, "fastest": DEFAULT, "none": DEFAULT,
+          "high": HIGH, "bfloat16_3x": HIGH, "tensorfloat32": HIGH,
+          "highest": HIGHEST, "float32": HIGHEST}
+_F32 = np.dtype(np.float32)
+_WHERE = "measured on a TPU v5e with JAX 0.10.2; a compiler rule, so applied on every TPU generation"
+
+
+def _chip() -> str:
+  ex = executor.maybe_current()
+  return f"TPU {ex.chip.name}" if ex is not None else "the TPU"
+
+
+def _at(where) -> str:
+  """The kernel line named in an error (computed only when raising: frames cost a walk)."""
+  return where or user_frame_summary()
+
+
+def _one(p, site: str, where) -> str:
+  if p is None:
+    return DEFAULT
+  name = getattr(p, "name", p)
+  if isinstance(name, str) and name.lower() in _NAMES:
+    return _NAMES[name.lower()]
+  raise UnsupportedError(
+      f"{site}: precision={p!r} at {_at(where)} is not a precision palace knows (observed "
+      f"{type(p).__name__}); Mosaic lowers lax.Precision.DEFAULT and HIGHEST. Fix: pass precision=None, "
+      f"lax.Precision.DEFAULT or lax.Precision.HIGHEST.")
+
+
+def precision_of(precision, site: str = "jnp.dot", where: str | None = None) -> str:
+  """DEFAULT or HIGHEST for a matmul's `precision` argument (None, a lax.Precision, its string name or
+  a pair of them); raises UnsupportedError for what Mosaic rejects (HIGH, per-operand pairs). `where`:
+  the kernel line (default: the innermost frame outside palace)."""
+  if isinstance(precision, (tuple, list)):
+    if len(precision) != 2:
+      raise UnsupportedError(f"{site}: precision={precision!r} at {_at(where)} has "
+                             f"{len(precision)} entries, expected one or a pair. Fix: pass one "
+                             f"lax.Precision.")
+    first, second = _one(precision[0], site, where), _one(precision[1], site, where)
+    if first != second:
+      raise UnsupportedError(
+          f"{site}: precision=({first}, {second}) at {_at(where)}: Mosaic rejects a different "
+          f"precision per operand on {_chip()} ('Per-operand dot precision unsupported' at lowering, "
+          f"{_WHERE}). Fix: pass one precision for both operands (e.g. "
+          f"precision=lax.Precision.HIGHEST).")
+    p = first
+  else:
+    p = _one(precision, site, where)
+  if p == HIGH:
+    raise UnsupportedError(
+        f"{site}: precision=HIGH (bf16_3x) at {_at(where)}: Mosaic rejects it on {_chip()} "
+        f"('Unsupported dot precision: HIGH' at lowering, {_WHERE}). Fix: use precision=lax.Precision."
+        f"HIGHEST (float32 products) or DEFAULT (bf16-rounded operands, float32 accumulation).")
+  return p
+
+
+def check(a_dtype, b_dtype, out_dtype, precision: str, site: str = "jnp.dot",
+          where: str | None = None) -> None:
+  """Raise UnsupportedError for the operand and result dtypes Mosaic rejects."""
+  for which, d in (("lhs", a_dtype), ("rhs", b_dtype)):
+    if dt.is_int(d) and not dt.is_signed_int(d):
+      raise UnsupportedError(
+          f"{site}: {which} operand of dtype {d} at {_at(where)}: Mosaic rejects unsigned "
+          f"integer matmul operands on {_chip()} (it reads every integer operand as signed; "
+          f"NotImplementedError at lowering, {_WHERE}). Fix: cast the operand to a signed type first, "
+          f"e.g. x.astype(jnp.int8) when its values are below 128, or jnp.int32 / jnp.bfloat16.")
+  out = np.dtype(out_dtype)
+  if out.itemsize < 4 and (dt.is_float(out) or dt.is_int(out)):
+    raise UnsupportedError(
+        f"{site}: a {a_dtype} x {b_dtype} matmul with a {out} result at {_at(where)}: Mosaic "
+        f"rejects an accumulator narrower than 32 bits on {_chip()} ('tpu.matmul op: Expected matmul "
+        f"acc to be 32-bit', a verification error at lowering, {_WHERE}; jnp.dot of two {a_dtype} "
+        f"operands gives {a_dtype} unless told otherwise). Fix: pass preferred_element_type=jnp.float32 "
+        f"(or jnp.int32 for integers) and cast the result, e.g. jnp.dot(a, b, "
+        f"preferred_element_type=jnp.float32).astype({out}).")
+  if precision == HIGHEST and a_dtype != b_dtype and dt.is_float(a_dtype) and dt.is_float(b_dtype) \
+      and _F32 in (np.dtype(a_dtype), np.dtype(b_dtype)):
+    raise UnsupportedError(
+        f"{site}: precision=HIGHEST on {a_dtype} x {b_dtype} operands at {_at(where)}: Mosaic "
+        f"fails to compile it on {_chip()} ('Bad rhs type' for float32 x bfloat16, {_WHERE}). Fix: cast "
+        f"the narrower operand to float32 first (exact), or use the default precision.")
+
+
+def rounds_to_bf16(d, precision: str) -> bool:
+  """Whether an operand of dtype `d` is rounded to bfloat16 before the MXU multiplies it."""
+  return precision == DEFAULT and np.dtype(d) == _F32
+
+
+def round_to_bf16(v: np.ndarray) -> np.ndarray:
+  """float32 values rounded to the nearest bfloat16 (ties to even), as bfloat16."""
+  return np.asarray(v, _F32).astype(dt.bfloat16)
