@@ -78,9 +78,9 @@ class ChipSpec:
   # largest pod (ICI domain) in devices; the presets set it below, with its source in _LIMIT_SOURCES
   max_pod_devices: int = 4096
   semaphores_per_core: int = 4096   # live semaphores one core may allocate (see _LIMIT_SOURCES)
-  # the bookkeeping of a grid step that copies (semaphore waits, slot swaps, descriptors), charged on
-  # its first DMA start; `grid_step_overhead_cycles` is what every step pays (docs/timing-model.md 1.1)
-  grid_step_copy_cycles: int = 0
+  # what the scalar core pays to see a DMA's completion: the first DMA wait of a back-to-back run of
+  # waits costs this much after the data landed (docs/timing-model.md 1.2)
+  dma_wait_sync_cycles: int = 0
   smem_reserved_bytes: int = 0      # SMEM the compiler keeps for itself (see _LIMIT_SOURCES)
   # Achieved HBM rates as fractions of the datasheet `hbm_bytes_per_s_per_device` (None: 1.0), measured
   # on a real v5e (_MEASURED_SOURCES, docs/timing-model.md 1.2): reads stream at `hbm_read_fraction`;
@@ -198,9 +198,11 @@ _COMMON_SOURCES = _mp(
     grid_step_overhead_cycles="measured on a TPU v5e (benchmarks/hw, 2026-12-05): 4096 grid steps that "
                               "copy nothing run in 101.3 us, 37 cycles a step; reused in cycles on "
                               "every chip",
-    grid_step_copy_cycles="calibrated: a step that copies pays 300 cycles in all, the per-step cost "
-                          "fitted on tpu-hardware.md section 7 (v5e matmul table), less the measured "
-                          "37 every step pays; reused in cycles on every chip",
+    dma_wait_sync_cycles="calibrated: the per-step cost fitted on tpu-hardware.md section 7 (v5e matmul "
+                         "table, 300 cycles) less the measured 37-cycle step; it is what a v5e shows "
+                         "for each run of DMA waits: a start-and-wait loop of 4 KiB reads takes 0.34 us "
+                         "a copy, a pipeline of (8, 128) blocks 0.21 us a step, 16 page DMAs and their "
+                         "waits 0.53 us (benchmarks/hw); reused in cycles on every chip",
     dma_issue_cycles="modelling assumption: one DMA request per cycle [SB-tpus] plus address "
                      "arithmetic (the sum with the step overhead is what section 7 fixes)",
     scalar_op_cycles="[SB-tpus] scalar unit issues one bundle per cycle (modelling assumption)",
@@ -211,7 +213,7 @@ _COMMON_SOURCES = _mp(
 # Calibrated constants (tpu-hardware.md section 7, see benchmarks/calibrate.py and docs/timing-model.md),
 # shared in cycles by every chip.
 _STEP_OVERHEAD_CYCLES = 37    # measured on v5e (_MEASURED_SOURCES): every step
-_STEP_COPY_CYCLES = 263       # with it, the calibrated 300 cycles of a step that copies
+_DMA_WAIT_SYNC_CYCLES = 263   # with the 37-cycle step, the calibrated 300 cycles of a copying step
 _LAUNCH_OVERHEAD_S = 115e-6
 _V5E_HBM_TO_VMEM_LATENCY_NS = 250
 # Modelling assumption (not identifiable from section 7 separately from the step overhead).
@@ -228,7 +230,7 @@ V4 = ChipSpec(
     supported_mxu_classes=frozenset({"f32", "bf16", "int8"}), sublanes=8, lanes=128, vpu_alus_per_lane=2,
     mxu_rejected_operand_classes=frozenset({("int8", "int8")}),
     sparsecore=None, ici_link_bytes_per_s_one_way=4.5e10, ici_hop_latency_ns=1000, ici_dims=3,
-    ici_wraparound_min_axis=4, grid_step_overhead_cycles=_STEP_OVERHEAD_CYCLES, grid_step_copy_cycles=_STEP_COPY_CYCLES,
+    ici_wraparound_min_axis=4, grid_step_overhead_cycles=_STEP_OVERHEAD_CYCLES, dma_wait_sync_cycles=_DMA_WAIT_SYNC_CYCLES,
     dma_issue_cycles=_DMA_ISSUE_CYCLES, scalar_op_cycles=1, launch_overhead_s=_LAUNCH_OVERHEAD_S,
     sources=_COMMON_SOURCES)
 
@@ -244,7 +246,7 @@ V5E = ChipSpec(
     mxu_latency_cycles=_mp(f32=131, bf16=131, int8=121, fp8=131),
     supported_mxu_classes=frozenset({"f32", "bf16", "int8", "fp8"}), sublanes=8, lanes=128,
     vpu_alus_per_lane=4, sparsecore=None, ici_link_bytes_per_s_one_way=4.5e10, ici_hop_latency_ns=1000,
-    ici_dims=2, ici_wraparound_min_axis=16, grid_step_overhead_cycles=_STEP_OVERHEAD_CYCLES, grid_step_copy_cycles=_STEP_COPY_CYCLES,
+    ici_dims=2, ici_wraparound_min_axis=16, grid_step_overhead_cycles=_STEP_OVERHEAD_CYCLES, dma_wait_sync_cycles=_DMA_WAIT_SYNC_CYCLES,
     dma_issue_cycles=_DMA_ISSUE_CYCLES, scalar_op_cycles=1, launch_overhead_s=_LAUNCH_OVERHEAD_S,
     sources=_COMMON_SOURCES)
 
@@ -312,16 +314,17 @@ _MEASURED_SOURCES = _mp(
                                   "819 (copy 32 MiB in 102.5 us, add 147.8 us)",
     hbm_copy_fraction=_HW + "HBM->HBM DMAs of 4-128 MiB: 3.256 us per MB copied (307 GB/s of 819), "
                       "whatever the number of DMAs in flight (1-16)",
-    dma_hbm_hbm_latency_ns=_HW + "a 4 KiB HBM->HBM DMA launch takes 0.309 us",
-    dma_hbm_to_vmem_latency_ns=_HW + "pipelined (8, 128) blocks step every 0.208 us, so a block's "
-                               "latency hides under one step; single-step launches give the sum "
-                               "with the write latency, 0.537 us (docs/timing-model.md 1.2)",
-    dma_vmem_to_hbm_latency_ns=_HW + "single-step launches: the read + write latencies sum to 0.537 us",
+    dma_hbm_hbm_latency_ns=_HW + "a 4 KiB HBM->HBM DMA launch takes 0.309 us: issue, transfer, this "
+                           "latency and one DMA-wait sync (dma_wait_sync_cycles)",
+    dma_hbm_to_vmem_latency_ns=_HW + "a loop of (start; wait) 4 KiB reads takes 0.340 us a copy: issue, "
+                               "transfer, this latency and one DMA-wait sync",
+    dma_vmem_to_hbm_latency_ns=_HW + "a loop of (start; wait) 4 KiB writes takes 0.235 us a copy: issue, "
+                               "transfer, this latency and one DMA-wait sync",
 )
 V5E = dataclasses.replace(
     V5E, hbm_read_fraction=748 / 819, hbm_write_fraction=651 / 819,
-    hbm_write_with_reads_fraction=582.6 / 819, hbm_copy_fraction=307 / 819, dma_hbm_hbm_latency_ns=290, dma_hbm_to_vmem_latency_ns=190,
-    dma_vmem_to_hbm_latency_ns=348, sources=MappingProxyType({**V5E.sources, **_MEASURED_SOURCES}))
+    hbm_write_with_reads_fraction=582.6 / 819, hbm_copy_fraction=307 / 819, dma_hbm_hbm_latency_ns=109,
+    dma_hbm_to_vmem_latency_ns=147, dma_vmem_to_hbm_latency_ns=42, sources=MappingProxyType({**V5E.sources, **_MEASURED_SOURCES}))
 _ABSENT = "not measured on this chip: the datasheet hbm_bytes_per_s_per_device (None; copies: half)"
 V4, V5P, V6E, V7X = (dataclasses.replace(c, sources=MappingProxyType({
     **c.sources, **{k: _ABSENT for k in _MEASURED_SOURCES if k.startswith("hbm_")},

@@ -472,21 +472,25 @@ def _steps(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tai
         cur = o.all_blocks[s] if o.all_blocks is not None else block_offsets(o, s, point, index_args, "")
         if s == 0 or cur != o.cur:
           _start_fetch(o, s, cur, dma_start)
+    # double buffering: every input's next block is started before any current block is waited
+    # (JAX's order; one run of waits per step: the chip streams a read-only pipeline without a gap per
+    # step and pays one DMA-wait sync per step, docs/timing-model.md 1.2)
+    curs = []
     for k, o, blocks, alias, ahead in in_plan:
       cur = blocks[s] if blocks is not None else block_offsets(o, s, point, index_args, "")
-      if alias:
-        if s == 0 or cur != o.cur:
-          o.cur = cur
-          call_args[k] = _alias_view(o, cur, point)
-        continue
-      # double buffering: the next step's block is started before the current one is waited (JAX's
-      # order; the chip streams a read-only pipeline without a gap per step: docs/timing-model.md 1.2)
-      if ahead == 1:
+      curs.append(cur)
+      if ahead == 1 and not alias:
         t = s + 1
         if t < n:
           nxt = blocks[t] if blocks is not None else block_offsets(o, t, points[t], index_args, "")
           if nxt != cur and t not in o.fetched:
             _start_fetch(o, t, nxt, dma_start)
+    for (k, o, blocks, alias, ahead), cur in zip(in_plan, curs):
+      if alias:
+        if s == 0 or cur != o.cur:
+          o.cur = cur
+          call_args[k] = _alias_view(o, cur, point)
+        continue
       if s == 0 or cur != o.cur:
         slot, copy = o.fetched.pop(s)
         if copy is not None:

@@ -270,8 +270,8 @@ def test_a_cross_core_signal_wakes_the_waiter_at_the_signal_cycle():
   (copy0,) = [e for e in by_core[0] if e[0] == "dma"]
   (wait1,) = [e for e in by_core[1] if e[0] == "scalar" and e[1] == "wait scratch[1]"]
   (copy1,) = [e for e in by_core[1] if e[0] == "dma"]
-  # core 0: copy done at copy0[3]; its .wait() (one scalar op), then the signal (one scalar op)
-  signal = copy0[3] + SCALAR + SCALAR
+  # core 0: copy done at copy0[3]; its .wait() (the DMA-wait sync and one scalar op), then the signal
+  signal = copy0[3] + UNIT_CHIP.dma_wait_sync_cycles + SCALAR + SCALAR
   assert wait1[3] == signal
   # core 1 resumes at the signal, pays the wait's scalar op, then issues its copy
   assert copy1[2] == signal + SCALAR + UNIT_CHIP.dma_issue_cycles

@@ -11,13 +11,13 @@ from matmul_kernel import matmul_kernel
 
 # A v5e with round numbers so that timelines can be derived by hand: 1 GHz, 1000 B/cycle in every
 # direction (the datasheet rate: no measured read/write fractions), 100-cycle HBM->VMEM and 50-cycle
-# VMEM->HBM latency (HBM->HBM: the larger), a 40-cycle grid step plus 260 cycles for a step that copies,
-# 8-cycle DMA issue, 1-cycle scalar op.
+# VMEM->HBM latency (HBM->HBM: the larger), a 40-cycle grid step, a 260-cycle sync for the first DMA wait
+# of a run of waits, 8-cycle DMA issue, 1-cycle scalar op.
 UNIT_CHIP = dataclasses.replace(
     hw.get_chip("v5e"), name="unit", clock_hz=1e9, hbm_bytes_per_s_per_device=1e12,
     dma_bytes_per_s_per_tc=1e12, vmem_vmem_dma_bytes_per_s=2e12, dma_hbm_to_vmem_latency_ns=100,
     dma_vmem_to_hbm_latency_ns=50, dma_local_latency_cycles=20, grid_step_overhead_cycles=40,
-    grid_step_copy_cycles=260, dma_issue_cycles=8, scalar_op_cycles=1, hbm_read_fraction=None,
+    dma_wait_sync_cycles=260, dma_issue_cycles=8, scalar_op_cycles=1, hbm_read_fraction=None,
     hbm_write_fraction=None, hbm_write_with_reads_fraction=None, hbm_copy_fraction=None,
     dma_hbm_hbm_latency_ns=None)
 

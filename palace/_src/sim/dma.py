@@ -145,15 +145,12 @@ def bytes_of(shape, itemsize: int) -> int:
 
 class DmaEngine:
   """The DMA issue of one core: plans per (spaces, semaphore), the core's channels, the start path."""
-  __slots__ = ("core", "machine", "issue_cycles", "step_copy_cycles", "copy_step", "eager", "chans",
-               "prepared")
+  __slots__ = ("core", "machine", "issue_cycles", "eager", "chans", "prepared")
 
   def __init__(self, core):
     self.core = core
     self.machine = core.machine
     self.issue_cycles = core.chip.dma_issue_cycles
-    self.step_copy_cycles = core.chip.grid_step_copy_cycles
-    self.copy_step = 1       # the last grid step whose copy bookkeeping was charged (step 1: the prologue)
     self.eager = core.machine.dma_policy.name == "eager"
     self.chans = None        # the core's (DMA engine, HBM, local) channels, resolved at the first copy
     self.prepared = {}       # (src space, dst space, semaphore) ids -> (core, CopyPlan, semaphore)
@@ -165,9 +162,6 @@ class DmaEngine:
     policy; memory.copy); its completion and source side arrive on their semaphores (sim/sync.py)."""
     core = self.core
     issue = self.issue_cycles
-    if core.steps > self.copy_step:   # the first copy of a grid step: the step's copy bookkeeping
-      self.copy_step = core.steps
-      issue += self.step_copy_cycles
     now = core.now = core.now + issue
     core.unit_busy["scalar"] += issue
     m = self.machine

@@ -213,6 +213,9 @@ class Semaphores:
       core.blocked_on = None
       t = self.settle(sem, value)
     now = core.now
+    sync = 0
+    if dma is not None and now != core.wait_mark:   # the first DMA wait of a back-to-back run
+      sync = core.chip.dma_wait_sync_cycles
     if t > now:
       trace = core.trace
       if trace.on:
@@ -220,7 +223,9 @@ class Semaphores:
       now = t
     if decrement:
       sem.value -= value
-    core.now = now + core.chip.scalar_op_cycles
+    core.now = now + sync + core.chip.scalar_op_cycles
+    if dma is not None:
+      core.wait_mark = core.now
 
   def wait_copy(self, core, req, which: str = "recv") -> None:
     """`core` waits for DMA `req`: until its destination semaphore got its bytes (`which="recv"`, the
