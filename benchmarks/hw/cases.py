@@ -687,9 +687,38 @@ def _probe_cases():
   return out
 
 
+def _holdout_cases():
+  """Kernels measured after the model was fitted on the others (session 18's third chip run): a check
+  of what the rules predict on shapes they were not fitted on. Same builders, new sizes."""
+  add = lambda jnp, x, y: x + y  # noqa: E731
+  ident = lambda jnp, x: x  # noqa: E731
+  exp = lambda jnp, x: jnp.exp(x)  # noqa: E731
+  H = "holdout"
+  return [
+      Case("ho_add_f32_8192x1024_b512x1024", H, _rowwise((8192, 1024), (512, 1024), "float32", add, 2)),
+      Case("ho_copy_bf16_16384x1024_b1024x1024", H, _rowwise((16384, 1024), (1024, 1024), "bfloat16", ident, 1)),
+      Case("ho_rmsnorm_f32_4096x4096_b128", H, _rowwise((4096, 4096), (128, 4096), "float32", _rms_body, 1)),
+      Case("ho_softmax_bf16_4096x2048_b128", H, _rowwise((4096, 2048), (128, 2048), "bfloat16", _softmax_body, 1)),
+      Case("ho_exp_f32_8192x1024_b512", H, _rowwise((8192, 1024), (512, 1024), "float32", exp, 1)),
+      Case("ho_small_add_f32_2048x128_b16x128", H, _rowwise((2048, 128), (16, 128), "float32", add, 2)),
+      Case("ho_colsum_bf16_16384x1024_b1024", H, _colsum(16384, 1024, 1024, "bfloat16")),
+      Case("ho_mm_bf16_3072_b512", H, _matmul(3072, 3072, 3072, 512, 512, 512)),
+      Case("ho_mm_bf16_2048x4096x1024_b256x512x512", H, _matmul(2048, 4096, 1024, 256, 512, 512)),
+      Case("ho_mm_int8_1024_b512", H, _matmul(1024, 1024, 1024, 512, 512, 512, "int8")),
+      Case("ho_dma_hbm_f32_16384x1024_x4", H, _dma_hbm((16384, 1024), "float32", 4)),
+      Case("ho_emit_add_f32_2048x128_b8", H, _emit_pipeline_add(2048, 128, 8)),
+      Case("ho_gather_f32_rows32_8192x512_n2048", H, _gather_rows(8192, 512, 2048, 32)),
+      Case("ho_flash_full_b2h4s2048d128", H, _flash(2, 4, 2048, 128, False)),
+      Case("ho_flash_causal_b2h8s1024d64", H, _flash(2, 8, 1024, 64, True)),
+      Case("ho_gmm_bf16_8192x2048x1024_g8_t256x512x512", H, _gmm(8192, 2048, 1024, 8, (256, 512, 512))),
+      Case("ho_paged_b16q16kv4d128_p16x64_c8", H, _paged(16, 16, 4, 128, 16, 64, 8)),
+      Case("ho_paged_b8q8kv8d128_p32x32_c4", H, _paged(8, 8, 8, 128, 32, 32, 4)),
+  ]
+
+
 def all_cases() -> list[Case]:
   cases = (_matmul_cases() + _stream_cases() + _row_cases() + _misc_cases() + _dma_cases()
-           + _prefetch_cases() + _small_cases() + _wheel_cases() + _probe_cases())
+           + _prefetch_cases() + _small_cases() + _wheel_cases() + _probe_cases() + _holdout_cases())
   names = [c.name for c in cases]
   assert len(names) == len(set(names)), "case names must be unique"
   return cases
