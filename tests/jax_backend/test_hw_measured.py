@@ -30,18 +30,21 @@ BOUNDS = {
     "emit_pipeline": (0.08, 0.18), "scalar_prefetch": (0.09, 0.35), "flash": (0.06, 0.25),
     "splash": (0.21, 0.33), "gmm": (0.10, 0.18), "paged_attention": (0.08, 0.23),
     "op_chain": (0.30, 1.21), "dma_probe": (0.09, 0.40),
+    # measured after the model was fixed, predictions recorded first (v5e-holdout-predictions-*.json);
+    # the worst is JAX's emit_pipeline with (8, 128) blocks (docs/validation.md)
+    "holdout": (0.04, 1.89),
 }
 
 
 def test_every_measured_family_has_a_bound():
   _, recs = model.load()
   assert {r["family"] for r in recs.values()} == set(BOUNDS)
-  assert len(recs) >= 150
+  assert len(recs) >= 168
 
 
 @pytest.mark.parametrize("family", sorted(BOUNDS))
 def test_family_error_within_its_bound(family):
-  rows = model.compare(only=family)
+  rows = [r for r in model.compare(only=family) if r.family == family]
   assert rows, family
   errs = [abs(r.error) for r in rows]
   med_bound, worst_bound = BOUNDS[family]
@@ -50,9 +53,22 @@ def test_family_error_within_its_bound(family):
   assert abs(worst.error) <= worst_bound, (worst.name, worst.measured_us, worst.modelled_us)
 
 
+def test_the_holdout_predictions_were_recorded_before_and_still_hold():
+  """The predictions written before the holdout kernels ran on the chip are what the model gives now
+  (a model change that moves them must re-record them, with a new measurement)."""
+  import json
+  path = os.path.join(model.DATA_DIR, "v5e-holdout-predictions-2026-12-05.json")
+  with open(path) as f:
+    pred = json.load(f)["predicted_us"]
+  rows = {r.name: r for r in model.compare(only="holdout")}
+  assert set(rows) == set(pred)
+  for name, us in pred.items():
+    assert rows[name].modelled_us == pytest.approx(us, rel=1e-9), name
+
+
 def test_the_recorded_data_names_its_chip_and_jax():
   envs, _ = model.load()
-  assert len(envs) >= 3
+  assert len(envs) >= 4
   for env in envs:
     assert env["device_kind"] == "TPU v5 lite" and env["jax_version"] == "0.10.2"
     assert env["date"] == "2026-12-05" and env["platform"] == "tpu"
