@@ -716,9 +716,67 @@ def _holdout_cases():
   ]
 
 
+def _ring(streams, ahead, n, grouped):
+  """`streams` HBM->VMEM streams of 4 KiB copies, each started `ahead` iterations before it is waited
+  (a ring of ahead + 1 buffers and semaphores per stream); per iteration either every stream's next
+  copy is started and then every current one waited (`grouped`), or stream by stream (start, wait;
+  JAX's emit_pipeline order). What a DMA wait costs when its copy landed long ago, and which waits pay
+  the DMA-wait sync."""
+  def build():
+    jax, jnp, pl, pltpu = _jax()
+    slots = ahead + 1
+
+    def kernel(x_hbm, o_ref, buf, sem):
+      def cp(st, i):
+        j = i % slots
+        return pltpu.make_async_copy(x_hbm.at[st, pl.ds(i * 8, 8)], buf.at[st, j], sem.at[st, j])
+
+      for st in range(streams):
+        for i in range(ahead):
+          cp(st, i).start()
+
+      def body(i, c):
+        def start(st):
+          @pl.when(i + ahead < n)
+          def _():
+            cp(st, i + ahead).start()
+        if grouped:
+          for st in range(streams):
+            start(st)
+          for st in range(streams):
+            cp(st, i).wait()
+        else:
+          for st in range(streams):
+            start(st)
+            cp(st, i).wait()
+        return c
+
+      jax.lax.fori_loop(0, n, body, 0)
+      o_ref[...] = buf[0, 0]
+
+    call = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+                          in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                          scratch_shapes=[pltpu.VMEM((streams, slots, 8, 128), jnp.float32),
+                                          pltpu.SemaphoreType.DMA((streams, slots))])
+    return call, (_rand((streams, n * 8, 128), "float32"),)
+  return build
+
+
+def _sync_cases():
+  """Which DMA waits pay the sync (session 18's fourth chip run)."""
+  S = "dma_sync"
+  return [Case("sync_ring1_s1_x512", S, _ring(1, 1, 512, True)),
+          Case("sync_ring3_s1_x512", S, _ring(1, 3, 512, True)),
+          Case("sync_ring1_s2_grouped_x512", S, _ring(2, 1, 512, True)),
+          Case("sync_ring1_s2_alternate_x512", S, _ring(2, 1, 512, False)),
+          Case("sync_ring3_s3_grouped_x512", S, _ring(3, 3, 512, True)),
+          Case("sync_ring3_s3_alternate_x512", S, _ring(3, 3, 512, False)),
+          Case("sync_ring0_s1_x512", S, _ring(1, 0, 512, True))]
+
+
 def all_cases() -> list[Case]:
   cases = (_matmul_cases() + _stream_cases() + _row_cases() + _misc_cases() + _dma_cases()
-           + _prefetch_cases() + _small_cases() + _wheel_cases() + _probe_cases() + _holdout_cases())
+           + _prefetch_cases() + _small_cases() + _wheel_cases() + _probe_cases() + _holdout_cases() + _sync_cases())
   names = [c.name for c in cases]
   assert len(names) == len(set(names)), "case names must be unique"
   return cases

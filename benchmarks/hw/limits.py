@@ -396,28 +396,22 @@ for _n, _exp in ((16, True), (1024, None), (65536, None)):
         _exp)(functools.partial(lambda pc, n: _dma_sems(pc, n), n=_n))
 
 
-@probe("dma_shape_mismatch", "HBM (16,128) -> VMEM scratch (8,128) DMA", False)
-def _(pc):
+def _mismatched_dma(pc, src_shape, src_dtype, dst_dtype):
+  """An HBM (src_shape, src_dtype) -> VMEM scratch (8, 128) dst_dtype DMA."""
   def kernel(x_hbm, o_ref, buf, sem):
     c = pltpu.make_async_copy(x_hbm, buf, sem)
     c.start()
     c.wait()
     o_ref[...] = buf[...]
-  f = pc(kernel, out_shape=_sds((8, 128), F32), in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
-         scratch_shapes=[pltpu.VMEM((8, 128), F32), pltpu.SemaphoreType.DMA(())])
-  return f, (_arange((16, 128), F32),)
+  f = pc(kernel, out_shape=_sds((8, 128), dst_dtype), in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+         scratch_shapes=[pltpu.VMEM((8, 128), dst_dtype), pltpu.SemaphoreType.DMA(())])
+  return f, (_arange(src_shape, src_dtype),)
 
 
-@probe("dma_dtype_mismatch", "HBM f32 (8,128) -> VMEM int32 (8,128) DMA", False)
-def _(pc):
-  def kernel(x_hbm, o_ref, buf, sem):
-    c = pltpu.make_async_copy(x_hbm, buf, sem)
-    c.start()
-    c.wait()
-    o_ref[...] = buf[...]
-  f = pc(kernel, out_shape=_sds((8, 128), I32), in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
-         scratch_shapes=[pltpu.VMEM((8, 128), I32), pltpu.SemaphoreType.DMA(())])
-  return f, (_arange((8, 128), F32),)
+probe("dma_shape_mismatch", "HBM (16,128) -> VMEM scratch (8,128) DMA", False)(
+    lambda pc: _mismatched_dma(pc, (16, 128), F32, F32))
+probe("dma_dtype_mismatch", "HBM f32 (8,128) -> VMEM int32 (8,128) DMA", False)(
+    lambda pc: _mismatched_dma(pc, (8, 128), F32, I32))
 
 
 @probe("block_any_space_windowed", "a BlockSpec in memory space ANY with a real window (not the whole "

@@ -135,9 +135,9 @@ def test_grid_steps_cost_the_step_overhead_each():
 
 
 def test_a_run_of_dma_waits_pays_one_sync():
-  """The first DMA wait of a back-to-back run of waits pays SYNC after its data landed; the others only
-  their scalar op (measured on a v5e: a (start; wait) loop of 4 KiB reads takes 0.34 us a copy, 16
-  page DMAs started together and waited together 0.53 us)."""
+  """A DMA wait whose copy landed after the last DMA-wait sync pays SYNC after it landed; copies that
+  landed before that sync ended cost their scalar op only (measured on a v5e: a (start; wait) loop of
+  4 KiB reads takes 0.35 us a copy; one that starts each copy three iterations ahead 0.09 us)."""
   def k(x_hbm, o_hbm, buf, sem):
     copies = [pltpu.make_async_copy(x_hbm.at[i], buf.at[i], sem.at[0]) for i in range(4)]
     for c in copies:
@@ -244,9 +244,9 @@ def test_index_map_arithmetic_costs_nothing_on_any_grid(steps):
     cycles.append(tpu.reports[-1].device_cycles)
   computed, plain, loaded = cycles
   assert computed == plain
-  # the in and out maps' loads, on the critical path but for one, issued with the next block's copy
-  # before the current one is waited
-  assert loaded == plain + 2 * SCALAR * steps - SCALAR
+  # the in and out maps' loads (one scalar load per map per step) are charged; the ones issued while a
+  # DMA wait is pending overlap it, so between one and two per step reach the critical path
+  assert plain + SCALAR * steps <= loaded <= plain + 2 * SCALAR * steps
 
 
 @pytest.mark.parametrize("dtype,shape,index,moves", [

@@ -213,19 +213,20 @@ class Semaphores:
       core.blocked_on = None
       t = self.settle(sem, value)
     now = core.now
-    sync = 0
-    if dma is not None and now != core.wait_mark:   # the first DMA wait of a back-to-back run
-      sync = core.chip.dma_wait_sync_cycles
     if t > now:
       trace = core.trace
       if trace.on:
         trace.add((core.tid, "scalar", f"wait {buf.name}", now, t, None))
       now = t
+    if dma is not None and t > core.synced_until:   # a copy that landed after the last DMA-wait sync
+      sync = core.chip.dma_wait_sync_cycles
+      if sync and core.trace.on:
+        core.trace.add((core.tid, "scalar", "dma wait sync", now, now + sync, None))
+      now += sync
+      core.synced_until = now
     if decrement:
       sem.value -= value
-    core.now = now + sync + core.chip.scalar_op_cycles
-    if dma is not None:
-      core.wait_mark = core.now
+    core.now = now + core.chip.scalar_op_cycles
 
   def wait_copy(self, core, req, which: str = "recv") -> None:
     """`core` waits for DMA `req`: until its destination semaphore got its bytes (`which="recv"`, the
