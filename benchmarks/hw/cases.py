@@ -634,6 +634,14 @@ def _chain(op, rows, n):
         return x - jnp.max(x, axis=-1, keepdims=True) * 0.5
       if op == "sublane_sum":
         return x - jnp.sum(x, axis=0, keepdims=True) * 0.01
+      if op == "softmax":   # a row softmax: lane max, exp, lane sum, divide
+        e = jnp.exp(x - jnp.max(x, axis=-1, keepdims=True))
+        return e / jnp.sum(e, axis=-1, keepdims=True)
+      if op == "attn":      # one flash-attention inner step: dot, softmax, dot
+        s = jnp.dot(x.astype(jnp.bfloat16), w, preferred_element_type=jnp.float32)
+        e = jnp.exp(s - jnp.max(s, axis=-1, keepdims=True))
+        p = e / jnp.sum(e, axis=-1, keepdims=True)
+        return jnp.dot(p.astype(jnp.bfloat16), w, preferred_element_type=jnp.float32)
       raise ValueError(op)
 
     def kernel(x_ref, w_ref, o_ref):
@@ -762,6 +770,16 @@ def _ring(streams, ahead, n, grouped):
   return build
 
 
+def _overlap_cases():
+  """How much of a dependent chain's latency the chip hides as the value grows from 1 to 16 vregs
+  (session 18's fifth chip run): paged attention's chains are 1-vreg, flash attention's 16."""
+  out = []
+  for op, n in (("softmax", 256), ("attn", 128), ("lane_max", 256), ("dot", 256)):
+    for rows in (8, 32, 128):
+      out.append(Case(f"overlap_{op}_{rows}x128_x{n}", "op_overlap", _chain(op, rows, n)))
+  return out
+
+
 def _sync_cases():
   """Which DMA waits pay the sync (session 18's fourth chip run)."""
   S = "dma_sync"
@@ -776,7 +794,7 @@ def _sync_cases():
 
 def all_cases() -> list[Case]:
   cases = (_matmul_cases() + _stream_cases() + _row_cases() + _misc_cases() + _dma_cases()
-           + _prefetch_cases() + _small_cases() + _wheel_cases() + _probe_cases() + _holdout_cases() + _sync_cases())
+           + _prefetch_cases() + _small_cases() + _wheel_cases() + _probe_cases() + _holdout_cases() + _sync_cases() + _overlap_cases())
   names = [c.name for c in cases]
   assert len(names) == len(set(names)), "case names must be unique"
   return cases
