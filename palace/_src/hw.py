@@ -78,8 +78,8 @@ class ChipSpec:
   # largest pod (ICI domain) in devices; the presets set it below, with its source in _LIMIT_SOURCES
   max_pod_devices: int = 4096
   semaphores_per_core: int = 4096   # live semaphores one core may allocate (see _LIMIT_SOURCES)
-  # what the scalar core pays to see a DMA's completion: the first DMA wait of a back-to-back run of
-  # waits costs this much after the data landed (docs/timing-model.md 1.2)
+  # what the scalar core pays to see DMA completions: a DMA wait whose copy landed after the end of the
+  # core's last such sync pays this much after the data landed (docs/timing-model.md 1.2)
   dma_wait_sync_cycles: int = 0
   smem_reserved_bytes: int = 0      # SMEM the compiler keeps for itself (see _LIMIT_SOURCES)
   # Achieved HBM rates as fractions of the datasheet `hbm_bytes_per_s_per_device` (None: 1.0), measured
@@ -174,10 +174,10 @@ _COMMON_SOURCES = _mp(
                            "half its HBM bandwidth)",
     vmem_vmem_dma_bytes_per_s="modelling assumption: local DMAs at 4x HBM bandwidth (VMEM itself is "
                               "~22x HBM [SB-tpus]; the DMA engine, not VMEM, is assumed to limit)",
-    dma_hbm_to_vmem_latency_ns="[xla-pinfo]; v5e calibrated on tpu-hardware.md section 7 (upper bound "
-                               "from the 128^3 rows; the [xla-pinfo] 1133 ns contradicts them); "
-                               "v4 assumed equal to v5p",
-    dma_vmem_to_hbm_latency_ns="[xla-pinfo]; v4 assumed equal to v5p",
+    dma_hbm_to_vmem_latency_ns="[xla-pinfo]; v5e measured (its _MEASURED_SOURCES entry); v4 assumed "
+                               "equal to v5p",
+    dma_vmem_to_hbm_latency_ns="[xla-pinfo]; v5e measured (its _MEASURED_SOURCES entry); v4 assumed "
+                               "equal to v5p",
     dma_local_latency_cycles="modelling assumption (no public figure)",
     mxu_size="[tpu_info] mxu_column_size", num_mxus="[tpu_info] num_mxus (v6e: 2 after May 2026)",
     vmatmul_cadence_cycles="[xla-pinfo]; v4 chosen to give the [gcp-v4] peak at 1.05 GHz "
@@ -215,7 +215,6 @@ _COMMON_SOURCES = _mp(
 _STEP_OVERHEAD_CYCLES = 37    # measured on v5e (_MEASURED_SOURCES): every step
 _DMA_WAIT_SYNC_CYCLES = 263   # with the 37-cycle step, the calibrated 300 cycles of a copying step
 _LAUNCH_OVERHEAD_S = 115e-6
-_V5E_HBM_TO_VMEM_LATENCY_NS = 250
 # Modelling assumption (not identifiable from section 7 separately from the step overhead).
 _DMA_ISSUE_CYCLES = 8
 
@@ -230,8 +229,9 @@ V4 = ChipSpec(
     supported_mxu_classes=frozenset({"f32", "bf16", "int8"}), sublanes=8, lanes=128, vpu_alus_per_lane=2,
     mxu_rejected_operand_classes=frozenset({("int8", "int8")}),
     sparsecore=None, ici_link_bytes_per_s_one_way=4.5e10, ici_hop_latency_ns=1000, ici_dims=3,
-    ici_wraparound_min_axis=4, grid_step_overhead_cycles=_STEP_OVERHEAD_CYCLES, dma_wait_sync_cycles=_DMA_WAIT_SYNC_CYCLES,
-    dma_issue_cycles=_DMA_ISSUE_CYCLES, scalar_op_cycles=1, launch_overhead_s=_LAUNCH_OVERHEAD_S,
+    ici_wraparound_min_axis=4, grid_step_overhead_cycles=_STEP_OVERHEAD_CYCLES,
+    dma_wait_sync_cycles=_DMA_WAIT_SYNC_CYCLES, dma_issue_cycles=_DMA_ISSUE_CYCLES, scalar_op_cycles=1,
+    launch_overhead_s=_LAUNCH_OVERHEAD_S,
     sources=_COMMON_SOURCES)
 
 V5E = ChipSpec(
@@ -239,15 +239,16 @@ V5E = ChipSpec(
     vmem_bytes=128 * MiB, smem_bytes=1 * MiB, default_scoped_vmem_bytes=16 * MiB,
     internal_scratch_bytes=73728, hbm_bytes_per_device=17_200_000_000,
     hbm_bytes_per_s_per_device=8.19e11, dma_bytes_per_s_per_tc=8.19e11,
-    vmem_vmem_dma_bytes_per_s=3.28e12, dma_hbm_to_vmem_latency_ns=_V5E_HBM_TO_VMEM_LATENCY_NS,
-    dma_vmem_to_hbm_latency_ns=439,
+    vmem_vmem_dma_bytes_per_s=3.28e12, dma_hbm_to_vmem_latency_ns=147,
+    dma_vmem_to_hbm_latency_ns=42,
     mxu_size=128, num_mxus=4, vmatmul_cadence_cycles=_mp(f32=8, bf16=16, int8=16, fp8=32),
     latch_cadence_cycles=_mp(f32=2, bf16=4, int8=4, fp8=4),
     mxu_latency_cycles=_mp(f32=131, bf16=131, int8=121, fp8=131),
     supported_mxu_classes=frozenset({"f32", "bf16", "int8", "fp8"}), sublanes=8, lanes=128,
     vpu_alus_per_lane=4, sparsecore=None, ici_link_bytes_per_s_one_way=4.5e10, ici_hop_latency_ns=1000,
-    ici_dims=2, ici_wraparound_min_axis=16, grid_step_overhead_cycles=_STEP_OVERHEAD_CYCLES, dma_wait_sync_cycles=_DMA_WAIT_SYNC_CYCLES,
-    dma_issue_cycles=_DMA_ISSUE_CYCLES, scalar_op_cycles=1, launch_overhead_s=_LAUNCH_OVERHEAD_S,
+    ici_dims=2, ici_wraparound_min_axis=16, grid_step_overhead_cycles=_STEP_OVERHEAD_CYCLES,
+    dma_wait_sync_cycles=_DMA_WAIT_SYNC_CYCLES, dma_issue_cycles=_DMA_ISSUE_CYCLES, scalar_op_cycles=1,
+    launch_overhead_s=_LAUNCH_OVERHEAD_S,
     sources=_COMMON_SOURCES)
 
 V5P = dataclasses.replace(
@@ -324,7 +325,7 @@ _MEASURED_SOURCES = _mp(
 V5E = dataclasses.replace(
     V5E, hbm_read_fraction=748 / 819, hbm_write_fraction=651 / 819,
     hbm_write_with_reads_fraction=582.6 / 819, hbm_copy_fraction=307 / 819, dma_hbm_hbm_latency_ns=109,
-    dma_hbm_to_vmem_latency_ns=147, dma_vmem_to_hbm_latency_ns=42, sources=MappingProxyType({**V5E.sources, **_MEASURED_SOURCES}))
+    sources=MappingProxyType({**V5E.sources, **_MEASURED_SOURCES}))
 _ABSENT = "not measured on this chip: the datasheet hbm_bytes_per_s_per_device (None; copies: half)"
 V4, V5P, V6E, V7X = (dataclasses.replace(c, sources=MappingProxyType({
     **c.sources, **{k: _ABSENT for k in _MEASURED_SOURCES if k.startswith("hbm_")},

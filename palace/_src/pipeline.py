@@ -479,7 +479,7 @@ def _steps(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tai
     for k, o, blocks, alias, ahead in in_plan:
       cur = blocks[s] if blocks is not None else block_offsets(o, s, point, index_args, "")
       curs.append(cur)
-      if ahead == 1 and not alias:
+      if ahead == 1:   # (0 for an aliased input)
         t = s + 1
         if t < n:
           nxt = blocks[t] if blocks is not None else block_offsets(o, t, points[t], index_args, "")

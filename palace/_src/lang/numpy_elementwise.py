@@ -49,11 +49,11 @@ ADD_REJECTS = {d: _ADD_I8 for d in _I8S}
 DIV_REJECTS = {**ADD_REJECTS, **{d: _DIV_I16 for d in _I16S}}
 
 
-def _reject_vector_int(name: str, dtype, shape, ex) -> UnsupportedError:
-  why = ADD_REJECTS.get(dtype) if name not in ("floor_divide", "remainder", "div", "rem") else \
-      DIV_REJECTS.get(dtype)
+def _reject_vector_int(name: str, dtype, shape, ex, why: str) -> UnsupportedError:
+  """The error of a rejected integer vector op; `why` is the compiler's message (ADD_ / DIV_REJECTS)."""
+  api = "lax" if name in ("div", "rem") else "jnp"
   return UnsupportedError(
-      f"{'lax' if name in ('div', 'rem') else 'jnp'}.{name} of {dtype} vectors of shape {tuple(shape)} {ex.where()} ({user_frame_summary()}): "
+      f"{api}.{name} of {dtype} vectors of shape {tuple(shape)} {ex.where()} ({user_frame_summary()}): "
       f"the TPU compiler has no {dt.bits(dtype)}-bit integer {name} on vectors (Mosaic, measured on a "
       f"TPU v5e: '{why}'). Fix: cast the operands to int32 first (x.astype(jnp.int32)) and the result "
       f"back to {dtype} if needed.")
@@ -159,7 +159,7 @@ def _elementwise(fn, op_class: str, result: str = "same", name: str = "", reject
       return _out(data, shape, out_dtype, ready, op_class, any_array)
     if shape:  # = _out(...) inside a kernel, inlined
       if rejects is not None and rt in rejects:
-        raise _reject_vector_int(op.__name__, rt, shape, ex)
+        raise _reject_vector_int(op.__name__, rt, shape, ex, rejects[rt])
       if ex.timing_only:
         data = None
       ready = ex.vector_op(op_class, shape, out_dtype, ready)

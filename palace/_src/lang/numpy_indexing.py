@@ -187,13 +187,13 @@ def take_along_axis(arr, indices, axis):
         f"move the axis last with jnp.transpose, or gather with DMAs from a ref.")
   data = None
   if _has_data(arr, indices):
-    idx = _np(indices, np.int64)
-    idx = np.where(idx < 0, idx + shape[ax], idx)
+    given = _np(indices, np.int64)
+    idx = np.where(given < 0, given + shape[ax], given)
     bad = (idx < 0) | (idx >= shape[ax])
     if bad.any():
       raise OutOfBoundsError(
-          f"jnp.take_along_axis{_where()} ({user_frame_summary()}): index {int(_np(indices, np.int64)[bad][0])}"
-          f" is outside axis {ax} of size {shape[ax]}; the TPU's in-register gather has no fill for "
-          f"it. Fix: clamp the indices (jnp.clip) or take them modulo {shape[ax]}.")
+          f"jnp.take_along_axis{_where()} ({user_frame_summary()}): index {int(given[bad][0])} is "
+          f"outside axis {ax} of size {shape[ax]}; the TPU's in-register gather has no fill for it. "
+          f"Fix: clamp the indices (jnp.clip) or take them modulo {shape[ax]}.")
     data = np.take_along_axis(arr._data, idx, axis=ax)
   return _out(data, shape, arr.dtype, ready_of(arr, indices), OpClass.XLU, True)

@@ -351,13 +351,12 @@ def alias_input(out: Buffer, src: np.ndarray, timing_only: bool, own: bool = Fal
 
 
 # ------------------------------------------------------------------ capacity
-def scoped_vmem_limit(chip, vmem_limit_bytes, kernel_name: str) -> int:
+def scoped_vmem_limit(chip, vmem_limit_bytes) -> int:
   """VMEM a TensorCore's scoped allocations (pipelined blocks, run_scoped buffers) may use:
   CompilerParams(vmem_limit_bytes) or the chip's default scoped limit, minus Mosaic's internal scratch.
   A limit above the chip's VMEM is clamped to it, as the TPU compiler does (measured on a v5e,
   2026-12-05: vmem_limit_bytes of 130 and 256 MiB compile; 130 MiB of scratch under a 128 MiB limit
   fails with 'Allocation (size=136314880) would exceed memory (size=134217728)')."""
-  del kernel_name   # (kept for callers; a limit is never an error now)
   limit = vmem_limit_bytes or chip.default_scoped_vmem_bytes
   return min(limit, chip.vmem_bytes) - chip.internal_scratch_bytes
 
@@ -376,7 +375,7 @@ class Allocator:
     """A core's memories: its chip's VMEM and SMEM, scoped VMEM as CompilerParams(vmem_limit_bytes)
     asks (`scoped_vmem_limit`); SMEM less what the compiler reserves (`ChipSpec.smem_reserved_bytes`)."""
     chip = core.chip
-    alloc = cls(core, scoped_vmem_limit(chip, vmem_limit_bytes, core.kernel_name), chip.vmem_bytes,
+    alloc = cls(core, scoped_vmem_limit(chip, vmem_limit_bytes), chip.vmem_bytes,
                 chip.smem_bytes - chip.smem_reserved_bytes)
     alloc.vmem_total_limit = chip.vmem_bytes - chip.internal_scratch_bytes
     return alloc

@@ -93,7 +93,7 @@ class TensorCore:
     self.blocked_on = None
     self.alloc_seq = 0
     self.steps = 0            # grid steps run on this core (pallas_call and emit_pipeline)
-    self.synced_until = -1    # the end of the last DMA-wait sync: copies landed by then need none (sim/sync.py)
+    self.synced_until = -1    # end of the last DMA-wait sync: copies landed by then need none (sim/sync.py)
     self.dma = DmaEngine(self)  # this core's DMA issue, timing and data movement (sim/dma.py)
     # Executor.dma_start / dma_wait are the engine's and the semaphores' own bound methods (one call
     # from the language to the code that does the work, no forwarding frame)
