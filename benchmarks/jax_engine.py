@@ -1,8 +1,8 @@
 """palace as JAX's Pallas engine vs JAX's own TPU interpret mode, in one run (issue 17, acceptance 4).
 
 Needs JAX (`.venv-jax`): `PYTHONPATH=$PWD .venv-jax/bin/python -m benchmarks.jax_engine [--quick]
-[--only=NAME] [--floor] [--jax-dma=on_wait]` (`--only=basic:add` runs the kernels whose name contains
-that text; `--floor` prints instead, per parity kernel, the time left when palace's launch costs
+[--only=NAME] [--floor] [--fixed] [--jax-dma=on_wait]` (`--only=basic:add` runs the kernels whose name
+contains that text; `--fixed` only issue 35's fixed set, `FIXED`, which `python -m benchmarks` runs; `--floor` prints instead, per parity kernel, the time left when palace's launch costs
 nothing: `floor_table`; JAX's side runs its DMAs eagerly, as palace's default does, unless
 `--jax-dma=on_wait`, JAX's default: `JAX_DMA_MODE`).
 Every parity kernel (tests/jax_parity/kernels, the multi-chip ones on 4 host devices) runs inside
@@ -148,6 +148,31 @@ def _large_gmm(mod):   # megablox gmm: 2048 x 512 lhs over 4 groups of 512 x 512
   return (lambda a, b, c: mod.megablox.gmm(a, b, c, np.float32, (128, 128, 128))), (lhs, rhs, sizes)
 
 
+def _case(name):
+  return lambda mod: getattr(mod, name)()[:2]
+
+
+def _bf16_tiled_matmul(block, size=1024):
+  """k_basic's tiled matmul (f32 accumulator scratch, K innermost) on bf16 operands, size^3."""
+  def build(mod):
+    x = mod._ints((size, size), 70).astype(jax.numpy.bfloat16)
+    y = mod._ints((size, size), 71).astype(jax.numpy.bfloat16)
+    return mod._matmul(x, y, block, block, block, np.float32, np.float32), (x, y)
+  return build
+
+
+# Issue 35's fixed set: tiled matmuls at 128/256/512 blocks, elementwise, softmax, manual DMA, flash
+# attention, paged attention; each through palace.jax and through palace's own API (`--fixed`).
+FIXED = [("fixed:bf16_matmul_1024_blocks_128", "k_basic.py", _bf16_tiled_matmul(128)),
+         ("fixed:bf16_matmul_1024_blocks_256", "k_basic.py", _bf16_tiled_matmul(256)),
+         ("fixed:bf16_matmul_1024_blocks_512", "k_basic.py", _bf16_tiled_matmul(512)),
+         ("fixed:elementwise_transcendental", "k_basic.py", _case("case_elementwise_transcendental")),
+         ("fixed:softmax", "k_basic.py", _case("case_softmax")),
+         ("fixed:manual_dma_double_buffer", "k_dma_remote.py", _case("case_dma_double_buffer")),
+         ("fixed:flash_attention_causal_1024", "k_wheel.py", _large_flash_attention),
+         ("fixed:paged_attention", "k_wheel.py", _case("case_wheel_paged_attention"))]
+
+
 LARGE = [("large:tiled_matmul_512", "k_basic.py", _large_tiled_matmul),
          ("large:wheel_matmul_512x1024x512", "k_wheel.py", _large_wheel_matmul),
          ("large:wheel_flash_attention_causal_1024", "k_wheel.py", _large_flash_attention),
@@ -223,7 +248,7 @@ def _time_in_host(jpl, kernel, x, reps) -> float:
   return min(inside)
 
 
-def _table(title, rows, show_rows=True):
+def _table(title, rows, show_rows=True, target="target >= 30x"):
   """Print one table (or only its summary); returns the geomean ratios over JAX interpret mode
   (palace.jax, palace's own path)."""
   if show_rows:
@@ -238,7 +263,7 @@ def _table(title, rows, show_rows=True):
   own = math.exp(sum(math.log(tj / to) for _, _, tj, to, _ in rows) / len(rows))
   full = math.exp(sum(math.log(tj / tf) for _, _, tj, _, tf in rows) / len(rows))
   print(f"geomean speed-up over JAX's TPU interpret mode: palace.jax {geo:.1f}x, palace's own path "
-        f"{own:.1f}x, palace.jax with replay=False {full:.1f}x over {len(rows)} kernels (target >= 30x)\n")
+        f"{own:.1f}x, palace.jax with replay=False {full:.1f}x over {len(rows)} kernels ({target})\n")
   return geo, own
 
 
@@ -295,12 +320,19 @@ def main(argv=None) -> None:
       print("warning: threadpoolctl is not installed, so palace cannot run block-sized products on one "
             "BLAS thread; inside XLA's callback OpenBLAS then fights XLA's threads (up to 25x slower "
             "matmul kernels). pip install threadpoolctl, or set OPENBLAS_NUM_THREADS=1.")
+  from benchmarks.matmul_vs_numpy import environment  # noqa: PLC0415
+  print(environment())
   reps = 2 if "--quick" in argv else 5
   JAX_DMA_MODE[:] = [a.split("=", 1)[1] for a in argv if a.startswith("--jax-dma=")] or ["eager"]
   only = [a.split("=", 1)[1] for a in argv if a.startswith("--only=")]   # substrings of kernel names
   wanted = lambda name: not only or any(o in name for o in only)  # noqa: E731
   if "--floor" in argv:
     floor_table(reps, wanted)
+    return
+  if "--fixed" in argv:   # issue 35's fixed set only, through both front ends
+    _table("issue 35's fixed set (default BLAS threads unless the environment says otherwise)",
+           [(name, *time_build(fname, build, reps)) for name, fname, build in FIXED if wanted(name)],
+           target="issue 35's target >= 50x through both front ends")
     return
   rows = []
   for fname in sorted(p.name for p in harness.KERNELS.glob("k_*.py")):

@@ -31,6 +31,7 @@ import palace as pl
 import palace.numpy as jnp
 
 from benchmarks.kernels import best_of, tiled_matmul
+from benchmarks.matmul_vs_numpy import environment
 
 JAX_TPU_INTERPRET_STEP_S = 1.8e-3   # JAX TPU interpret mode, trivial copy kernel, per grid step (issue 10)
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -156,6 +157,7 @@ def measure(quick: bool = False):
 def main(argv=None):
   argv = sys.argv[1:] if argv is None else argv
   t0 = time.perf_counter()
+  print(environment())
   rows = measure(quick="--quick" in argv)
   head = ("target", "measured", "baseline (same run)", "ratio", "limit", "met")
   table = [head] + [(r[0], r[1], r[2], r[3], r[4], "yes" if r[5] else "NO") for r in rows]

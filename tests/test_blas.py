@@ -1,9 +1,12 @@
-"""palace._src.blas: block-sized products on one BLAS thread inside a launch, the saved thread counts
-back at the launch's end, and no BLAS query at all for a launch without a product (fake controllers
-stand in for threadpoolctl's, so the test does not depend on the host BLAS)."""
+"""palace._src.blas, the host BLAS thread policy of a launch (issue 35): OpenBLAS set to one thread once
+per launch and back at its end; products from SMALL_MATMUL_FLOPS up split over the launch's budget of
+threads (the saved BLAS count); smaller ones run inline with no hand-off. Counted, never timed: fake
+controllers stand in for threadpoolctl's, so nothing depends on the host BLAS or its load."""
 import numpy as np
 import pytest
 
+import palace as pl
+from benchmarks.kernels import tiled_matmul
 from palace._src import blas
 
 
@@ -23,26 +26,87 @@ class _FakeController:
 
 @pytest.fixture
 def fake(monkeypatch):
+  """A BLAS with 4 threads: a budget of 4 cores for the launch."""
   c = _FakeController(4)
   monkeypatch.setattr(blas, "_controllers", [c])
   return c
 
 
-def test_small_product_runs_on_one_thread_and_the_count_comes_back(fake):
-  a = np.ones((64, 64), np.float32)
+class _Counted:
+  def __init__(self):
+    self.split, self.offered, self.sets = blas.Counts.split, blas.Counts.offered, blas.Counts.sets
+
+  def since(self):
+    return (blas.Counts.split - self.split, blas.Counts.offered - self.offered,
+            blas.Counts.sets - self.sets)
+
+
+def _ints(shape, seed=0):
+  """Small integers: every product sums exactly in float32, whatever the order or the split."""
+  return np.random.default_rng(seed).integers(-4, 5, size=shape).astype(np.float32)
+
+
+def test_small_products_pay_no_hand_off_and_one_switch_per_launch(fake):
+  a = _ints((64, 64))
+  counted = _Counted()
   with blas.kernel_mode():
-    np.testing.assert_array_equal(blas.matmul(a, a), np.full((64, 64), 64, np.float32))
+    for _ in range(50):
+      np.testing.assert_array_equal(blas.matmul(a, a), a @ a)
     assert fake.n == 1
-    blas.matmul(a, a)            # the same size class: no second switch
-    assert fake.sets == [1]
-  assert fake.n == 4 and fake.sets == [1, 4]
+  assert counted.since() == (0, 0, 2)      # no product split or handed to a thread; 1 -> and back
+  assert fake.sets == [1, 4] and fake.n == 4
 
 
-def test_large_product_keeps_the_saved_count(fake):
-  big = np.ones((512, 1024), np.float32)
+def test_large_products_are_split_over_every_core_of_the_budget(fake):
+  a, b = _ints((512, 1024)), _ints((1024, 512), 1)
+  assert 2 * 512 * 1024 * 512 >= blas.SMALL_MATMUL_FLOPS
+  counted = _Counted()
   with blas.kernel_mode():
-    blas.matmul(big, big.T)      # 2 * 512 * 1024 * 512 flops: above SMALL_MATMUL_FLOPS
-  assert fake.sets == [] and fake.n == 4
+    out = np.full((512, 512), np.nan, np.float32)
+    blas.matmul(a, b, out=out)
+    np.testing.assert_array_equal(out, a @ b)
+    np.testing.assert_array_equal(blas.matmul(a[:, :640], b[:640]), a[:, :640] @ b[:640])
+    assert fake.n == 1 and blas.budget() == 4    # each part on one BLAS thread, 4 threads in all
+  split, offered, sets = counted.since()
+  assert split == 2 and offered == 2 * 3 and sets == 2   # 3 helpers offered work per product
+  assert fake.n == 4
+
+
+def test_wide_products_with_few_rows_are_split_by_columns(fake):
+  a, b = _ints((32, 2048)), _ints((2048, 2048), 1)
+  counted = _Counted()
+  with blas.kernel_mode():
+    np.testing.assert_array_equal(blas.matmul(a, b), a @ b)
+  assert counted.since()[:2] == (1, 3)
+
+
+def test_a_product_into_one_of_its_operands_is_not_split(fake):
+  x = _ints((512, 512))
+  want = x @ x
+  counted = _Counted()
+  with blas.kernel_mode():
+    blas.matmul(x, x, out=x)     # parts would overwrite rows the others still read
+  np.testing.assert_array_equal(x, want)
+  assert counted.since()[:2] == (0, 0)
+
+
+def test_one_blas_thread_means_no_helpers(monkeypatch):
+  c = _FakeController(1)            # OPENBLAS_NUM_THREADS=1 or threadpool_limits(1): a budget of one
+  monkeypatch.setattr(blas, "_controllers", [c])
+  a = _ints((512, 1024))
+  counted = _Counted()
+  with blas.kernel_mode():
+    blas.matmul(a, a.T)
+  assert counted.since() == (0, 0, 0) and c.sets == []
+
+
+def test_without_a_blas_handle_nothing_is_set_or_split(monkeypatch):
+  monkeypatch.setattr(blas, "_controllers", [])   # threadpoolctl missing: OpenBLAS's threads stay
+  a = _ints((512, 1024))
+  counted = _Counted()
+  with blas.kernel_mode():
+    np.testing.assert_array_equal(blas.matmul(a, a.T), a @ a.T)
+  assert counted.since() == (0, 0, 0)
 
 
 def test_a_launch_without_a_product_never_asks_the_blas(fake):
@@ -51,13 +115,37 @@ def test_a_launch_without_a_product_never_asks_the_blas(fake):
   assert fake.queries == 0 and fake.sets == []
 
 
-def test_nested_launches_restore_their_own_counts(fake):
-  a = np.ones((8, 8), np.float32)
+def test_nested_launches_restore_their_own_counts_and_share_the_budget(fake):
+  a = _ints((8, 8))
   with blas.kernel_mode():
     with blas.kernel_mode():
       blas.matmul(a, a)
       assert fake.n == 1
     assert fake.n == 4             # the inner launch put back what it found
     blas.matmul(a, a)
+    assert fake.n == 1 and blas.budget() == 4
+    with blas.kernel_mode():       # inside a decided launch: its budget, nothing to set
+      blas.matmul(a, a)
+      assert blas.budget() == 4 and fake.sets == [1, 4, 1]
     assert fake.n == 1
   assert fake.n == 4
+
+
+def test_a_launch_with_big_blocks_runs_its_products_on_every_free_core(fake):
+  x = _ints((1024, 1024))
+  counted = _Counted()
+  with pl.virtual_tpu("v5e"):
+    z = tiled_matmul(x, x, 512)
+  np.testing.assert_array_equal(z, x @ x)
+  split, offered, sets = counted.since()
+  assert split == 4 and offered == 4 * 3    # each output block's K sum: one product on 4 threads
+  assert sets == 2 and fake.n == 4           # OpenBLAS on one thread for the launch, then back
+
+
+def test_a_launch_of_small_blocks_hands_nothing_off(fake):
+  x = _ints((512, 512))
+  counted = _Counted()
+  with pl.virtual_tpu("v5e"):
+    z = tiled_matmul(x, x, 128)              # 64 steps of 128^3 products
+  np.testing.assert_array_equal(z, x @ x)
+  assert counted.since() == (0, 0, 2) and fake.sets == [1, 4]

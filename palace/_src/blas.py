@@ -1,19 +1,45 @@
-"""Host BLAS threading for block-sized matmuls (L0).
+"""Host BLAS threading for palace's matmuls (L0): one thread policy per launch.
 
-OpenBLAS (NumPy's BLAS) runs every product on all its threads. For kernel-block-sized products that
-costs more than it saves, and on a busy machine it collapses: a 128^3 product measured 27 us idle but
-4.6 ms per grid step with other processes on the cores, against 0.3 ms single-threaded. So products
-below `SMALL_MATMUL_FLOPS` run with one BLAS thread; large ones keep NumPy's setting. The switch uses
-threadpoolctl's handle on the loaded BLAS (a core dependency); should it be missing or unable to
-inspect the BLAS, palace leaves BLAS threading alone.
+Why (issue 35). OpenBLAS, NumPy's BLAS, splits every product over its own threads, which meet several
+times per product (each shared packed panel of the right operand) and wait for each other by spinning
+on flags with sched_yield; between products they spin-wait too before they sleep. On an idle machine
+that works. When another process holds a core, a thread waits for a partner that is runnable but not
+running until the scheduler's next slice there (ms), at each meeting: a (256x1024)@(1024x256) product,
+~1 ms alone, measured 1-30 ms on a 2-core machine with one busy process beside it, and the 16 such
+products of a 1024^3 tiled matmul with 256 blocks cost 512 ms where NumPy's one `x @ x` cost 56 ms
+(one product: the waits are paid a few times, not per output block). Toggling the thread count was not
+the cost (2-30 us per call, threadpoolctl); running mid-size products multi-threaded was.
+
+The policy, decided once per launch at its first product (`kernel_mode`), never toggled per product:
+- OpenBLAS runs on one thread, the caller's, for the whole launch: its count is set to 1 once and the
+  saved counts come back at the launch's end. No product ever waits on a spinning BLAS thread.
+- A product of at least SMALL_MATMUL_FLOPS (the measured crossover, docs/host-speed.md) is split into
+  one part per thread of the launch's `budget` (row blocks of the result, or column blocks when it has
+  few rows); the calling thread and palace's helper threads each take an unclaimed part, each part one
+  single-threaded GEMM. The budget is the saved BLAS thread count (NumPy's default: every core; OPENBLAS_NUM_THREADS or
+  threadpool_limits lower it). Threads meet once per product, and the caller waits for a claimed part by
+  sleeping, which frees its core for the part's thread; a helper that has not started by the time the
+  caller is done claims nothing, so a busy machine costs at most one part's delay, never a slice per
+  meeting.
+- Smaller products run inline on the calling thread: no hand-off at all.
+Without threadpoolctl (or a BLAS it can inspect) palace cannot stop OpenBLAS's threads, so it neither
+sets nor splits anything. Outside a launch, products below SMALL_MATMUL_FLOPS run on one BLAS thread
+(switched around each) and larger ones as NumPy would.
 """
 from __future__ import annotations
 
 import contextlib
+import itertools
+import queue
+import threading
 
 import numpy as np
 
-SMALL_MATMUL_FLOPS = 2 * 512 * 512 * 256   # below this, one BLAS thread is faster on 2 cores
+# The crossover (docs/host-speed.md, `python -m benchmarks.matmul_vs_numpy --crossover`): below it one
+# thread is as fast or faster; from it on, a launch splits the product over its budget of threads and
+# outside a launch NumPy's own threads run it.
+SMALL_MATMUL_FLOPS = 2 * 512 * 512 * 256   # = 2 x 256 x 1024 x 256: 134 MFlop, ~1.5 ms on one thread
+_MIN_PART = 64                             # rows (or columns) of the smallest part worth a thread
 
 _controllers = None
 
@@ -29,28 +55,62 @@ def _blas_controllers():
   return _controllers
 
 
-_kernel_threads = []  # per enclosing launch: [saved counts, counts set now] (process-wide, like BLAS)
+class Counts:
+  """What the policy did, process-wide (tests count hand-offs with these instead of timing them)."""
+  split = 0      # products split into parts
+  offered = 0    # parts offered to helper threads (a product split in p parts offers p - 1)
+  sets = 0       # BLAS thread-count changes made by palace
+
+
+class _Launch:
+  """The policy of one launch, fixed at its first product: `saved` counts to restore, `budget` threads."""
+  __slots__ = ("saved", "budget")
+
+  def __init__(self):
+    self.saved = None   # None until the first product
+    self.budget = 1
+
+
+_launches: list = []   # per enclosing launch (process-wide, like the BLAS's own thread count)
 
 
 class kernel_mode:
-  """`with kernel_mode():` around a launch: each product runs on the thread count of its size class
-  (one thread below SMALL_MATMUL_FLOPS, the saved count above), switching only when the class
-  changes, so a kernel of block-sized products switches once and one of large products never. The
-  saved counts come back at the end. (Switching around every large product cost up to 2x on kernels
-  run in core threads. A class, not a generator context manager: entered once per launch.)"""
+  """`with kernel_mode():` around a launch: its products follow the module's policy; the BLAS thread
+  counts it changed come back at the end. A launch without a product never asks the BLAS (threadpoolctl's
+  queries cost microseconds each). (A class, not a generator context manager: entered once per launch.)"""
   __slots__ = ("state",)
 
   def __enter__(self):
-    # [saved counts, counts set now], both read at the launch's first product (`matmul`): a launch
-    # without one never asks the BLAS (threadpoolctl's queries cost microseconds each)
-    self.state = [None, None]
-    _kernel_threads.append(self.state)
+    self.state = _Launch()
+    _launches.append(self.state)
 
   def __exit__(self, *exc):
-    _kernel_threads.pop()
-    saved, now = self.state
-    if saved is not None and now != saved:
+    _launches.pop()
+    saved = self.state.saved
+    if saved:
       _set_counts(_blas_controllers(), saved)
+
+
+def _begin(state: _Launch) -> None:
+  """The launch's first product: decide its policy (an enclosing launch's, when one has decided)."""
+  for outer in reversed(_launches):
+    if outer is not state and outer.saved is not None:
+      state.saved, state.budget = [], outer.budget   # the BLAS is already on one thread
+      return
+  ctrls = _blas_controllers()
+  if not ctrls:
+    state.saved, state.budget = [], 1
+    return
+  state.saved = [c.num_threads for c in ctrls]
+  state.budget = max(1, max(state.saved))
+  _set_counts(ctrls, [1] * len(ctrls))
+
+
+def budget() -> int:
+  """Host threads the current launch's large products use (1 outside a launch or before its first)."""
+  if not _launches or _launches[-1].saved is None:
+    return 1
+  return _launches[-1].budget
 
 
 @contextlib.contextmanager
@@ -69,6 +129,7 @@ def _set_counts(ctrls, counts) -> None:
   for c, n in zip(ctrls, counts):
     if c.num_threads != n:
       c.set_num_threads(n)
+      Counts.sets += 1
 
 
 def single_threaded():
@@ -76,25 +137,124 @@ def single_threaded():
 
 
 def matmul(a, b, out=None):
-  """np.matmul on one BLAS thread below SMALL_MATMUL_FLOPS, on the usual threads above it."""
+  """np.matmul by the policy above (inside a launch) or NumPy's threads (outside, large products)."""
   m, k = a.shape[-2], a.shape[-1]
   n = b.shape[-1]
   batch = a.size // (m * k) if m * k else 1
-  small = 2 * batch * m * k * n < SMALL_MATMUL_FLOPS
-  if _kernel_threads:  # inside a launch: switch only when the size class changes
-    ctrls = _blas_controllers()
-    if ctrls:
-      state = _kernel_threads[-1]
-      if state[0] is None:
-        state[0] = [c.num_threads for c in ctrls]
-        state[1] = list(state[0])
-      want = [1] * len(ctrls) if small else state[0]
-      if state[1] != want:
-        for c, w in zip(ctrls, want):
-          c.set_num_threads(w)
-        state[1] = list(want)
+  flops = 2 * batch * m * k * n
+  if _launches:
+    state = _launches[-1]
+    if state.saved is None:
+      _begin(state)
+    if state.budget > 1 and flops >= SMALL_MATMUL_FLOPS:
+      split = _split(a, b, out, state.budget)
+      if split is not None:
+        return split
     return np.matmul(a, b, out=out)
-  if small and _blas_controllers():
+  if flops < SMALL_MATMUL_FLOPS and _blas_controllers():
     with single_threaded():
       return np.matmul(a, b, out=out)
   return np.matmul(a, b, out=out)
+
+
+# ------------------------------------------------------------------------------ split products
+def _bounds(extent: int, parts: int) -> list:
+  """`parts` + 1 cut points of range(extent), inner ones on multiples of 16 (whole GEMM micro-tiles)."""
+  cuts = [0]
+  for p in range(1, parts):
+    cuts.append(min(extent, (extent * p // parts + 8) // 16 * 16))
+  cuts.append(extent)
+  return cuts
+
+
+def _split(a, b, out, budget: int):
+  """a @ b computed in one part per thread on up to `budget` threads, or None when it has too few rows
+  and columns to split (then the caller runs it whole). (Two parts per thread, so that a late helper
+  leaves less behind, measured slower on an idle 2-core VM: 256x1024x256 panels 16.1 vs 15.0 ms, 512x
+  2048x512 103 vs 99 ms for 16; each part repacks the whole other operand.)"""
+  m, n = a.shape[-2], b.shape[-1]
+  axis = -2 if m >= n else -1
+  parts = min(budget, (m if axis == -2 else n) // _MIN_PART)
+  if parts < 2 or a.shape[:-2] != b.shape[:-2]:   # (no broadcast batch dimensions)
+    return None
+  if out is None:
+    out = np.empty(a.shape[:-1] + (n,), np.result_type(a, b))
+  elif np.may_share_memory(out, a) or np.may_share_memory(out, b):
+    return None   # (a part's result would overwrite another part's operand: NumPy copies first)
+  cuts = _bounds(m if axis == -2 else n, parts)
+  if axis == -2:
+    work = [(a[..., i:j, :], b, out[..., i:j, :]) for i, j in zip(cuts, cuts[1:])]
+  else:
+    work = [(a, b[..., i:j], out[..., i:j]) for i, j in zip(cuts, cuts[1:])]
+  job = _Job(work)
+  Counts.split += 1
+  _helpers.offer(job, parts - 1)   # (none at interpreter shutdown: then all parts run here)
+  mine = job.work()
+  for _ in range(len(work) - mine):
+    job.done.acquire()
+  if job.error is not None:
+    raise job.error
+  return out
+
+
+class _Job:
+  """The parts of one product; any thread takes the next unclaimed one (`claims` is a C iterator:
+  next() is atomic under the GIL). `done` is released once per part a helper finished."""
+  __slots__ = ("work_items", "parts", "claims", "done", "error")
+
+  def __init__(self, work_items):
+    self.work_items = work_items
+    self.parts = len(work_items)
+    self.claims = itertools.count()
+    self.done = threading.Semaphore(0)
+    self.error = None
+
+  def work(self) -> int:
+    """Run parts until none is left unclaimed; how many this thread ran."""
+    ran = 0
+    items = self.work_items
+    for i in self.claims:
+      if i >= self.parts:
+        return ran
+      x, y, z = items[i]
+      try:
+        np.matmul(x, y, out=z)
+      except BaseException as e:  # noqa: BLE001  re-raised by the product's caller
+        self.error = e
+      ran += 1
+    return ran
+
+
+class _Helpers:
+  """Idle daemon threads waiting (asleep) on one queue of jobs; made on first demand, up to the largest
+  budget asked for. Process-wide host threads like the BLAS's own: they hold no simulator state, and a
+  job leaves them when its last part is claimed."""
+
+  def __init__(self):
+    self.jobs = queue.SimpleQueue()
+    self.threads = 0
+    self.lock = threading.Lock()
+
+  def offer(self, job: _Job, count: int) -> None:
+    if self.threads < count:
+      with self.lock:
+        try:
+          while self.threads < count:
+            threading.Thread(target=self._run, daemon=True, name="palace-blas").start()
+            self.threads += 1
+        except RuntimeError:   # no new threads at interpreter shutdown: fewer (or no) helpers
+          pass
+    count = min(count, self.threads)
+    for _ in range(count):
+      self.jobs.put(job)
+    Counts.offered += count
+
+  def _run(self) -> None:
+    while True:
+      job = self.jobs.get()
+      for _ in range(job.work()):
+        job.done.release()
+      job = None
+
+
+_helpers = _Helpers()

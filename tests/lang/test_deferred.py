@@ -80,17 +80,7 @@ def test_k_sum_is_one_gemm_per_output_block_with_the_same_timeline(gemms, monkey
 
 
 def test_bf16_operands_widen_each_span_once_and_round_once(gemms, monkeypatch, rng):
-  widened = []
-  real = deferred.HostCache.widened
-
-  def widening(cache, span, root, arrays):
-    before = len(cache._spans)
-    out = real(cache, span, root, arrays)
-    if len(cache._spans) > before:
-      widened.append(span.shape)
-    return out
-
-  monkeypatch.setattr(deferred.HostCache, "widened", widening)
+  widened = _conversions(monkeypatch)
   # small integers: every partial sum is exact in float32 whatever the host BLAS's summation order
   x = _small_ints(rng, (512, 512)).astype(jnp.bfloat16)
   y = _small_ints(rng, (512, 512)).astype(jnp.bfloat16) / 64   # exact in bf16, sums are not
@@ -100,6 +90,66 @@ def test_bf16_operands_widen_each_span_once_and_round_once(gemms, monkeypatch, r
   np.testing.assert_array_equal(z, exact.astype(np.float32).astype(jnp.bfloat16))   # f32 sum, one rounding
   assert len(gemms) == 4
   assert sorted(widened) == [(256, 512)] * 2 + [(512, 256)] * 2   # 2 row spans + 2 column spans
+
+
+def _conversions(monkeypatch):
+  """Records the shape of every operand span HostCache converts (a cache miss)."""
+  converted = []
+  real = deferred.HostCache.converted
+
+  def converting(cache, span, root, arrays, precision):
+    before = len(cache._spans)
+    out = real(cache, span, root, arrays, precision)
+    if len(cache._spans) > before:
+      converted.append(span.shape)
+    return out
+
+  monkeypatch.setattr(deferred.HostCache, "converted", converting)
+  return converted
+
+
+def test_f32_operands_are_rounded_to_bf16_once_per_span_not_copied_per_product(gemms, monkeypatch,
+                                                                                rng):
+  # at the default precision the MXU multiplies float32 operands rounded to bf16 (lang/mxu.py): the
+  # deferred sum rounds each row / column span of the HBM operands once, instead of a bf16 copy of
+  # every block per product; the values are the eager path's
+  rounded = _conversions(monkeypatch)
+  x = rng.standard_normal((512, 768), dtype=np.float32)
+  y = rng.standard_normal((768, 512), dtype=np.float32)
+  z, rep = _run_tiled(x, y, 256)
+  assert gemms == [((256, 768), (768, 256))] * 4
+  assert sorted(rounded) == [(256, 768)] * 2 + [(768, 256)] * 2   # 2 row spans + 2 column spans
+  bf = lambda v: v.astype(jnp.bfloat16).astype(np.float64)   # noqa: E731
+  exact = bf(x) @ bf(y)
+  np.testing.assert_allclose(z, exact, rtol=1e-5, atol=1e-4)
+  assert np.abs(z - x.astype(np.float64) @ y).max() > 1e-2     # (the rounding shows)
+  monkeypatch.setattr(deferred, "MIN_FLOPS", float("inf"))    # every product computed when issued
+  z_eager, rep_eager = _run_tiled(x, y, 256)
+  np.testing.assert_allclose(z, z_eager, rtol=1e-5, atol=1e-4)
+  assert rep.device_cycles == rep_eager.device_cycles
+
+
+def test_highest_precision_f32_operands_are_used_as_they_are(gemms, monkeypatch, rng):
+  rounded = _conversions(monkeypatch)
+  x = rng.standard_normal((512, 512), dtype=np.float32)
+
+  def kernel(x_ref, y_ref, z_ref, acc_ref):
+    @pl.when(pl.program_id(2) == 0)
+    def _():
+      acc_ref[...] = jnp.zeros_like(acc_ref)
+    acc_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32,
+                            precision="highest")
+    z_ref[...] = acc_ref[...]
+
+  spec = lambda f: pl.BlockSpec((256, 256), f)   # noqa: E731
+  f = pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct((512, 512), np.float32), grid=(2, 2, 2),
+                     in_specs=[spec(lambda i, j, k: (i, k)), spec(lambda i, j, k: (k, j))],
+                     out_specs=spec(lambda i, j, k: (i, j)),
+                     scratch_shapes=[pltpu.VMEM((256, 256), jnp.float32)])
+  with pl.virtual_tpu("v5e"):
+    z = f(x, x)
+  np.testing.assert_allclose(z, x.astype(np.float64) @ x, rtol=1e-4, atol=1e-4)
+  assert rounded == [] and len(gemms) == 4
 
 
 def test_no_deferral_while_checkers_follow_storage(gemms, rng):
@@ -335,9 +385,30 @@ def test_evicted_widened_spans_are_released_during_the_launch(monkeypatch):
   alive = []
   for j in range(40):
     span = root[:, 128 * j:128 * (j + 1)]
-    wide = cache.widened(span, root, [Array(span, span.shape, span.dtype, 0)])
+    wide = cache.converted(span, root, [Array(span, span.shape, span.dtype, 0)], "DEFAULT")
     alive.append(__import__("weakref").ref(wide))
     del wide
   distinct = {id(w): w for w in (r() for r in alive) if w is not None}   # recycled spans repeat
   assert len(distinct) <= 5, len(distinct)   # the 4 the cache keeps and the one evicted last
   cache.release()
+
+
+def test_f32_rounding_on_the_bits_equals_the_bf16_cast():
+  # mxu.round_to_bf16_as_f32 (the deferred sums' rounding) against bf16_to_f32(round_to_bf16(v)) on
+  # every sign and exponent with the low halves that decide rounding: ties (0x8000) with an even and
+  # an odd kept half, just below and above, carries into the exponent and to infinity, denormals,
+  # infinities and NaN payloads (all 2^32 patterns agree too: checked once, it takes ~30 s)
+  from palace._src import dtypes as dt
+  from palace._src.lang import mxu
+  high = np.arange(1 << 16, dtype=np.uint32) << 16
+  low = np.array([0, 1, 0x7FFF, 0x8000, 0x8001, 0xFFFF, 0x1234, 0xC000], np.uint32)
+  u = (high[:, None] | low[None, :]).reshape(-1)
+  u = np.concatenate([u, u + np.uint32(0x10000) * (u < 0xFFFF0000)])   # (the odd/even pairs)
+  v = u.view(np.float32).reshape(-1, 64)
+  with np.errstate(all="ignore"):
+    want = dt.bf16_to_f32(mxu.round_to_bf16(v))
+    got = mxu.round_to_bf16_as_f32(v[:, ::2], np.empty((v.shape[0], 32), np.float32).T.copy().T)
+  np.testing.assert_array_equal(got.view(np.uint32), want[:, ::2].view(np.uint32))
+  got = mxu.round_to_bf16_as_f32(v, np.empty_like(v))
+  np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+

@@ -30,6 +30,7 @@ import numpy as np
 from palace._src import blas, hostmem
 from palace._src import dtypes as dt
 from palace._src.executor import OpClass
+from palace._src.lang import mxu
 from palace._src.lang.array import Array
 
 _F32 = np.dtype(np.float32)
@@ -44,16 +45,19 @@ MAX_TERM_BYTES = 64 * 2**20       # operand bytes a sum may keep alive (copies, 
 
 
 class Deferred(Array):
-  """`base + sum(a @ b for a, b in terms)` in float32, cast to `dtype` when computed.
+  """`base + sum(a @ b for a, b in terms)` in float32, cast to `dtype` when computed; the operands as
+  given (float32 or bfloat16), read the way the MXU reads them at `precision` (mxu.py: float32 rounded
+  to bfloat16 at DEFAULT) when the sum is computed, once per operand span (HostCache).
 
   `_data` is left unset until the value is needed: reading it computes the sum once (`__getattr__`)."""
-  __slots__ = ("_terms", "_base", "_term_bytes", "_cache")
+  __slots__ = ("_terms", "_base", "_term_bytes", "_cache", "_precision")
 
-  def __init__(self, terms, base, shape, dtype, ready, term_bytes, cache):
+  def __init__(self, terms, base, shape, dtype, ready, term_bytes, cache, precision):
     self._terms = terms          # tuple of (Array, Array); None once computed
     self._base = base            # float32 Array or None (zero)
     self._term_bytes = term_bytes
     self._cache = cache          # the core's HostCache (widened panels, scratch) or None
+    self._precision = precision  # mxu.DEFAULT or mxu.HIGHEST, one for every term
     self.shape = shape
     self.dtype = dtype
     self._ready = ready
@@ -82,8 +86,9 @@ class Deferred(Array):
     cache = self._cache
     acc = out if out.dtype == _F32 else (np.empty(self.shape, _F32) if cache is None else
                                          cache.scratch(self.shape))
-    a_panel = _panel([a for a, _ in self._terms], 1, cache)
-    b_panel = _panel([b for _, b in self._terms], 0, cache)
+    prec = self._precision
+    a_panel = _panel([a for a, _ in self._terms], 1, cache, prec)
+    b_panel = _panel([b for _, b in self._terms], 0, cache, prec)
     blas.matmul(a_panel, b_panel, out=acc)
     if self._base is not None:
       np.add(acc, self._base._data, out=acc)
@@ -97,7 +102,7 @@ class Deferred(Array):
       view.flags.writeable = False
       return Array(view, self.shape, self.dtype, ready)
     return Deferred(self._terms, self._base, self.shape, self.dtype, ready, self._term_bytes,
-                    self._cache)
+                    self._cache, self._precision)
 
 
 def deferrable(ex, a, b, out_dtype) -> bool:
@@ -107,10 +112,12 @@ def deferrable(ex, a, b, out_dtype) -> bool:
           and b.dtype in _OPERAND_DTYPES and a._data is not None and b._data is not None)
 
 
-def product(ex, a, b, ready: int) -> Deferred:
-  """`a @ b` (float32) as a Deferred ready at `ready` (the MXU charge is the caller's)."""
+def product(ex, a, b, ready: int, precision: str) -> Deferred:
+  """`a @ b` (float32) at `precision` (mxu.DEFAULT or HIGHEST) as a Deferred ready at `ready` (the
+  MXU charge is the caller's). The operands are kept as they are: float32 ones are rounded to bfloat16
+  (at DEFAULT) once per span when the sum is computed, not copied per product."""
   return Deferred(((a, b),), None, (a.shape[0], b.shape[1]), _F32, ready,
-                  a._data.nbytes + b._data.nbytes, HostCache.of(ex))
+                  a._data.nbytes + b._data.nbytes, HostCache.of(ex), precision)
 
 
 def zeros(ex, shape):
@@ -120,7 +127,7 @@ def zeros(ex, shape):
       or not ex.deferred_values):
     return None
   ready = ex.vector_op(OpClass.CHEAP, shape, _F32, 0)
-  return Deferred((), None, shape, _F32, ready, 0, HostCache.of(ex))
+  return Deferred((), None, shape, _F32, ready, 0, HostCache.of(ex), None)
 
 
 def add(ex, x, y):
@@ -130,9 +137,14 @@ def add(ex, x, y):
   if d.dtype != _F32 or d._terms is None or ex is None or not ex.deferred_values:
     return None
   to = type(other)
+  precision = d._precision
   if to is Deferred:
     if (other.dtype != _F32 or other.shape != d.shape or other._terms is None
         or (d._base is not None and other._base is not None)):
+      return None
+    if precision is None or other._precision is None:   # an empty sum takes the other's precision
+      precision = other._precision if precision is None else precision
+    elif precision != other._precision:
       return None
     terms, base = d._terms + other._terms, d._base if d._base is not None else other._base
     nbytes = d._term_bytes + other._term_bytes
@@ -148,7 +160,7 @@ def add(ex, x, y):
     # compute the sum so far and start a new one on it (bounded memory, still one GEMM per piece)
     terms, base, nbytes = other._terms, Array(d._data, d.shape, _F32, d._ready), other._term_bytes
   ready = ex.vector_op(OpClass.CHEAP, d.shape, _F32, d._ready if d._ready > other._ready else other._ready)
-  return Deferred(terms, base, d.shape, _F32, ready, nbytes, d._cache)
+  return Deferred(terms, base, d.shape, _F32, ready, nbytes, d._cache, precision)
 
 
 def astype(ex, x, dtype):
@@ -157,7 +169,7 @@ def astype(ex, x, dtype):
       or not ex.deferred_values):
     return None
   ready = ex.vector_op(OpClass.CHEAP, x.shape, dtype, x._ready)
-  return Deferred(x._terms, x._base, x.shape, dtype, ready, x._term_bytes, x._cache)
+  return Deferred(x._terms, x._base, x.shape, dtype, ready, x._term_bytes, x._cache, x._precision)
 
 
 # ------------------------------------------------------------------------------- operand panels
@@ -167,20 +179,22 @@ def _root(a: np.ndarray) -> np.ndarray:
   return a
 
 
-def _panel(arrays, axis: int, cache) -> np.ndarray:
-  """The operands joined along `axis` (1: [a_0 a_1 ...], 0: [b_0; b_1; ...]) as one float32 matrix.
+def _panel(arrays, axis: int, cache, precision) -> np.ndarray:
+  """The operands joined along `axis` (1: [a_0 a_1 ...], 0: [b_0; b_1; ...]) as one float32 matrix of
+  the values the MXU multiplies (`_mxu_f32`).
 
   Adjacent views of one array (the usual case: blocks of an HBM operand) are joined by viewing the
-  span they tile, without a copy (bf16 spans are widened once and cached, see HostCache); otherwise
-  the blocks are copied into a fresh panel."""
+  span they tile, without a copy; a span that needs converting (bf16 widened, float32 rounded to bf16
+  at DEFAULT) is converted once and cached (HostCache). Otherwise the blocks are converted into a
+  fresh panel."""
   datas = [x._data for x in arrays]
   joined = datas[0] if len(datas) == 1 else _adjacent_span(datas, axis)
   if joined is not None:
-    if joined.dtype == _F32:
+    if joined.dtype == _F32 and not mxu.rounds_to_bf16(_F32, precision):
       return joined
-    if cache is not None and joined.dtype == dt.bfloat16:
-      return cache.widened(joined, _root(datas[0]), arrays)
-    return _as_f32(joined)
+    if cache is not None:
+      return cache.converted(joined, _root(datas[0]), arrays, precision)
+    return _mxu_f32(joined, precision)
   other = 1 - axis
   shape = [datas[0].shape[other]] * 2
   shape[axis] = sum(d.shape[axis] for d in datas)
@@ -188,21 +202,23 @@ def _panel(arrays, axis: int, cache) -> np.ndarray:
   at = 0
   for d in datas:
     w = d.shape[axis]
-    dst = out[:, at:at + w] if axis == 1 else out[at:at + w]
-    if d.dtype == dt.bfloat16:
-      dt.bf16_to_f32(d, out=dst)
-    else:
-      np.copyto(dst, d, casting="unsafe")
+    _mxu_f32(d, precision, out[:, at:at + w] if axis == 1 else out[at:at + w])
     at += w
   return out
 
 
-def _as_f32(d: np.ndarray) -> np.ndarray:
-  if d.dtype == _F32:
-    return d
+def _mxu_f32(d: np.ndarray, precision, out: np.ndarray | None = None) -> np.ndarray:
+  """A float32 or bfloat16 operand as the float32 values the MXU multiplies at `precision` (into `out`
+  when given): bfloat16 widened exactly, float32 rounded to bfloat16 at DEFAULT (mxu.round_to_bf16's
+  values)."""
   if d.dtype == dt.bfloat16:
-    return dt.bf16_to_f32(d)
-  return d.astype(_F32)
+    return dt.bf16_to_f32(d, out=out)
+  if mxu.rounds_to_bf16(d.dtype, precision):
+    return mxu.round_to_bf16_as_f32(d, np.empty(d.shape, _F32) if out is None else out)
+  if out is None:
+    return d
+  np.copyto(out, d)
+  return out
 
 
 def _adjacent_span(datas, axis: int):
@@ -232,9 +248,11 @@ def _addr(d: np.ndarray) -> int:
 
 
 class HostCache:
-  """Per-core host memory for deferred sums during one launch: float32 copies of bf16 operand spans and
-  a scratch array per shape (fresh pages cost more than the arithmetic: widening a 512x2048 span into
-  new memory takes ~0.85 ms, into warm memory ~0.2 ms).
+  """Per-core host memory for deferred sums during one launch: the float32 values of operand spans as
+  the MXU reads them (bf16 widened, float32 rounded to bf16 at DEFAULT) and a scratch array per shape
+  (fresh pages cost more than the arithmetic: widening a 512x2048 span into new memory takes ~0.85 ms,
+  into warm memory ~0.2 ms). A K-tiled matmul reads each row panel of x once per output column block
+  and each column panel of y once per row block: converted once here, not once per product.
 
   A widened span is reused while the values it was made from still view the same memory: they are
   copy-on-write readers of every buffer they were read through (Ref.__getitem__), so any write to that
@@ -243,7 +261,8 @@ class HostCache:
   MAX_BYTES = 64 * 2**20
 
   def __init__(self):
-    self._spans = {}   # (id of root, address, shape, strides) -> (float32 array, guards, nbytes)
+    self._spans = {}   # (id of root, address, shape, strides, dtype, rounds) -> (float32 array,
+                       # guards, nbytes)
     self._bytes = 0
     self._scratch = {}
     self._owned = []   # scratch arrays from hostmem, handed back with the spans when this cache goes
@@ -270,8 +289,11 @@ class HostCache:
       self._owned.append(buf)
     return buf
 
-  def widened(self, span: np.ndarray, root: np.ndarray, arrays) -> np.ndarray:
-    key = (id(root), _addr(span), span.shape, span.strides)
+  def converted(self, span: np.ndarray, root: np.ndarray, arrays, precision) -> np.ndarray:
+    """`_mxu_f32(span, precision)`, from the cache while `arrays` (the values the span joins) still
+    view the memory it was made from."""
+    key = (id(root), _addr(span), span.shape, span.strides, span.dtype,
+           mxu.rounds_to_bf16(span.dtype, precision))
     hit = self._spans.pop(key, None)
     if hit is not None:
       if all(type(g) is Array and g._data is not None and _addr(g._data) == a for g, a in hit[1]):
@@ -279,7 +301,7 @@ class HostCache:
         return hit[0]
       self._bytes -= hit[2]
     wide = hostmem.take(span.shape, _F32)
-    dt.bf16_to_f32(span, out=wide)
+    _mxu_f32(span, precision, wide)
     wide.flags.writeable = False
     guards = tuple((x, _addr(x._data)) for x in arrays)
     self._spans[key] = (wide, guards, wide.nbytes)

@@ -123,3 +123,30 @@ def rounds_to_bf16(d, precision: str) -> bool:
 def round_to_bf16(v: np.ndarray) -> np.ndarray:
   """float32 values rounded to the nearest bfloat16 (ties to even), as bfloat16."""
   return np.asarray(v, _F32).astype(dt.bfloat16)
+
+
+_HALF_MINUS_ONE = np.uint32(0x7FFF)
+_HIGH_HALF = np.uint32(0xFFFF0000)
+_SIGN = np.uint32(0x80000000)
+_QUIET_NAN = np.uint32(0x7FC00000)
+_ONE, _SIXTEEN = np.uint32(1), np.uint32(16)
+
+
+def round_to_bf16_as_f32(v: np.ndarray, out: np.ndarray) -> np.ndarray:
+  """`bf16_to_f32(round_to_bf16(v))` into `out` (float32, v's shape, any strides), bit for bit, on the
+  float32 bits without a bfloat16 temporary (~3x faster on a 512x2048 span): add 0x7FFF plus the kept
+  half's lowest bit (ties to even; carries into the exponent give the next binade or infinity), clear
+  the low half; NaNs become the quiet NaN of their sign, as ml_dtypes' cast gives. Equal to the cast on
+  all 2^32 float32 bit patterns (checked once, exhaustively; tests/lang/test_deferred.py checks every
+  exponent, sign and rounding case)."""
+  u = v.view(np.uint32)
+  o = out.view(np.uint32)
+  np.right_shift(u, _SIXTEEN, out=o)
+  np.bitwise_and(o, _ONE, out=o)
+  np.add(o, _HALF_MINUS_ONE, out=o)
+  np.add(o, u, out=o)
+  np.bitwise_and(o, _HIGH_HALF, out=o)
+  if np.isnan(np.max(v)):   # (max propagates NaN: one read pass when there is none)
+    nan = np.isnan(v)
+    o[nan] = (u[nan] & _SIGN) | _QUIET_NAN
+  return out

@@ -34,7 +34,8 @@ def _f32(x):
 def _mxu_f32(x, precision: str):
   """A float operand as float32 the way the MXU reads it: rounded to bfloat16 at the default precision."""
   if mxu.rounds_to_bf16(x.dtype, precision):
-    return dt.bf16_to_f32(mxu.round_to_bf16(_np(x, np.dtype(np.float32))))
+    v = _np(x, np.dtype(np.float32))
+    return mxu.round_to_bf16_as_f32(v, np.empty(v.shape, np.float32))
   return _f32(x)
 
 
@@ -137,13 +138,6 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
   return _finish_matmul(a, b, data, out_shape, out_d, m, k, n, bsz)
 
 
-def _as_bf16(x, precision: str):
-  """An operand the MXU rounds to bfloat16 (float32 at the default precision) as a bf16 Array."""
-  if not mxu.rounds_to_bf16(x.dtype, precision):
-    return x
-  return Array(mxu.round_to_bf16(x._data), x.shape, np.dtype(dt.bfloat16), x._ready)
-
-
 def dot(a, b, *, precision=None, preferred_element_type=None):
   a, b = _as_array(a), _as_array(b)
   ex = executor.maybe_current()
@@ -159,7 +153,7 @@ def dot(a, b, *, precision=None, preferred_element_type=None):
     if not ex.timing_only and a._data is not None and b._data is not None:
       if 2 * m * k * n >= deferred.MIN_FLOPS and deferred.deferrable(ex, a, b, out_d):
         ready = ex.matmul(m, k, n, 1, a.dtype, b.dtype, ready_of(a, b))   # charged as issued
-        return deferred.product(ex, _as_bf16(a, prec), _as_bf16(b, prec), ready)
+        return deferred.product(ex, a, b, ready, prec)   # rounded per span when computed
       va, vb = _mxu_operands(a, b, k, prec)
       data = blas.matmul(va, vb)
     return _finish_matmul(a, b, data, (m, n), out_d, m, k, n, 1)
