@@ -792,9 +792,15 @@ def _sync_cases():
           Case("sync_ring0_s1_x512", S, _ring(1, 0, 512, True))]
 
 
+def _step_cases() -> list[Case]:
+  from benchmarks.hw.cases_steps import loop_cases, mix_cases, step_cases  # noqa: PLC0415  (imports this)
+  return step_cases() + loop_cases() + mix_cases()
+
+
 def all_cases() -> list[Case]:
   cases = (_matmul_cases() + _stream_cases() + _row_cases() + _misc_cases() + _dma_cases()
-           + _prefetch_cases() + _small_cases() + _wheel_cases() + _probe_cases() + _holdout_cases() + _sync_cases() + _overlap_cases())
+           + _prefetch_cases() + _small_cases() + _wheel_cases() + _probe_cases() + _holdout_cases()
+           + _sync_cases() + _overlap_cases() + _step_cases())
   names = [c.name for c in cases]
   assert len(names) == len(set(names)), "case names must be unique"
   return cases

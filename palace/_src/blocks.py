@@ -3,7 +3,8 @@
 Tiling rule (Mosaic lowering, tpu-hardware.md section 4): the last two block dims must be divisible by
 8 and 128 respectively or equal the array dims; rank-1 blocks must equal the array length, be a multiple
 of 1024, or be a power of two >= 128 * 32 / bitwidth. Squeezed and Element dims are exempt. An 8-bit
-array of 32 or more rows is tiled (32, 128) in HBM: its blocks take a multiple of 32 rows (or all).
+array whose row count is a multiple of 32 is tiled (32, 128) in HBM: its blocks take a multiple of 32
+rows (or all).
 """
 from __future__ import annotations
 
@@ -161,9 +162,13 @@ def canonicalize(spec, shape, dtype, name: str, num_index_args: int,
   return BlockMapping(name, shape, dtype, dims, index_map, space, n, bool(mode.use_lookahead), pure)
 
 
-# rows of the HBM tile XLA gives an 8-bit array of at least this many rows: (32, 128) (measured on a
-# TPU v5e, benchmarks/hw/data/v5e-limits-2026-12-05.jsonl: an int8 (64, 256) array in (8, 128) or
-# (16, 128) blocks fails to compile, in (32, 128) blocks it runs; 16-bit arrays take 8-row blocks)
+# rows of the HBM tile XLA gives an 8-bit array whose row count (second-minor dim) is a multiple of
+# it: (32, 128). Measured on a TPU v5e (benchmarks/hw/data/v5e-limits-2026-12-05*.jsonl), every 8-bit
+# probe fits that rule: int8 (64, 256) fails in (8, 128) and (16, 128) blocks and runs in (32, 128);
+# uint8 and float8_e4m3fn (64, 256) fail in (16, 128) blocks; int8 (32, 256) fails in (8, 128) blocks;
+# int8 (96, 256) runs in (32, 128) blocks; int8 (48, 256) runs in (16, 128) blocks and (16, 256) in
+# (8, 128) blocks (not multiples of 32: no such tiling). 16-bit arrays take 8-row blocks. What tiling
+# XLA gives 48 rows (whether 8-row blocks fit it) is not measured: palace applies the general rule.
 _TILE_ROWS_8BIT = 32
 
 
@@ -189,14 +194,15 @@ def _check_tiling(dims, shape, dtype, name):
     if not (sizes[pos] == shape[pos] or sizes[pos] % unit == 0):
       bad.append((pos, sizes[pos], unit, shape[pos]))
   block = tuple(s if k != SQUEEZED else None for k, s in zip(kinds, sizes))
-  if not bad and dt.bits(dtype) == 8 and kinds[-2] == BLOCKED and shape[-2] >= _TILE_ROWS_8BIT and \
+  if not bad and dt.bits(dtype) == 8 and kinds[-2] == BLOCKED and shape[-2] % _TILE_ROWS_8BIT == 0 and \
       sizes[-2] != shape[-2] and sizes[-2] % _TILE_ROWS_8BIT:
     raise BlockSpecError(
         f"Block shape for {name} (= {block}) does not fit the (32, 128) HBM tiling of an 8-bit array of "
         f"shape {shape} ({dtype}): dim {rank - 2} is {sizes[-2]}, not a multiple of 32 nor the array "
-        f"dim {shape[-2]} (Mosaic on a TPU v5e: 'Operand of shape (..., 64, 256) has tiling (32, 128), "
-        f"but its block shape (..., 8, 128) is not divisible by tiling evenly nor matches the full "
-        f"shape'). Fix: use a multiple of 32 rows for {dtype} blocks, e.g. {block[:-2] + (32, block[-1])}.")
+        f"dim {shape[-2]}; XLA tiles an 8-bit array whose row count is a multiple of 32 so (Mosaic on a "
+        f"TPU v5e: 'Operand of shape (..., 64, 256) has tiling (32, 128), but its block shape (..., 8, "
+        f"128) is not divisible by tiling evenly nor matches the full shape'). Fix: use a multiple of 32 "
+        f"rows for {dtype} blocks, e.g. {block[:-2] + (32, block[-1])}.")
   if bad:
     what = "; ".join(f"dim {rank + p} is {b}, not a multiple of {u} nor the array dim {a}"
                      for p, b, u, a in bad)

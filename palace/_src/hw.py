@@ -78,6 +78,7 @@ class ChipSpec:
   # largest pod (ICI domain) in devices; the presets set it below, with its source in _LIMIT_SOURCES
   max_pod_devices: int = 4096
   semaphores_per_core: int = 4096   # live semaphores one core may allocate (see _LIMIT_SOURCES)
+  semaphores_reserved: int = 0      # of those, the compiler keeps this many for itself (_LIMIT_SOURCES)
   # what the scalar core pays to see DMA completions: a DMA wait whose copy landed after the end of the
   # core's last such sync pays this much after the data landed (docs/timing-model.md 1.2)
   dma_wait_sync_cycles: int = 0
@@ -289,17 +290,31 @@ _LIMIT_SOURCES = _mp(
                     "logical devices (one TensorCore each)",
     semaphores_per_core="v5e: 512, measured on a TPU v5e (benchmarks/hw/data/v5e-limits-2026-12-05."
                         "jsonl, probe dma_semaphores_1024: 'Allocation (size=4096) would exceed memory "
-                        "(size=2048) ... space=sflag': 2048 B of semaphore memory, 4 B per semaphore; 16 "
-                        "compile). Other chips: modelling assumption, no public or measured figure; 4096 "
-                        "is above any known kernel's needs and rejects runaway allocations",
-    smem_reserved_bytes="144 B on every chip, measured on a TPU v5e (benchmarks/hw/data/v5e-limits-"
-                        "2026-12-05.jsonl, probe smem_scratch_256K_int32: a 1 MiB SMEM scratch fails "
-                        "with 'Used 1.00M of 1.00M smem. Exceeded smem capacity by 144B'; 800 KiB "
-                        "compiles). A compiler reservation, not a chip figure: assumed equal elsewhere",
+                        "(size=2048) ... space=sflag': 2048 B of semaphore memory, 4 B per semaphore; 513: "
+                        "'Allocation (size=2052)'; 16 and 256 compile). Other chips: modelling assumption, "
+                        "no public or measured figure; 4096 is above any known kernel's needs and rejects "
+                        "runaway allocations",
+    semaphores_reserved="19 on every chip, measured on a TPU v5e (benchmarks/hw/data/v5e-limits-2026-12-05-"
+                        "followup.jsonl): beside the kernel's semaphores the compiler uses 76 B = 19 "
+                        "semaphore words of the 2048 B sflag space: 500 DMA semaphores fail with 'Used 2.0K "
+                        "of 2.0K sflag. Exceeded sflag capacity by 28B' (2000 + 76 = 2048 + 28), 508 / 511 "
+                        "/ 512 by 60 / 72 / 76 B; 256 compile. Each pipelined block buffer takes one more "
+                        "DMA semaphore (palace allocates those itself): REGULAR 508 / 512 with whole-array "
+                        "in + out blocks (2) fail by 68 / 84 B, DMA 508 / 512 over a grid (2,) with "
+                        "double-buffered in + out blocks (4) by 76 / 92 B, all 19 + those. A compiler "
+                        "figure, not a chip one: assumed equal elsewhere",
+    smem_reserved_bytes="2048 B on every chip, from a TPU v5e (benchmarks/hw/data/v5e-limits-2026-12-05"
+                        "*.jsonl): the compiler's own SMEM use depends on the kernel, implied by its "
+                        "messages at 144-1950 B: a 1 MiB SMEM scratch fails with 'Exceeded smem capacity "
+                        "by 144B', 1 MiB - 1024 B of scratch by 896 B (1920 B of its own), 1 MiB - 512 B "
+                        "by '1.4K' (about 1950 B), a scalar prefetch of 1 MiB - 1024 B by 144 B (1168 B), "
+                        "1 MiB - 576 B by 656 B (1232 B); 800 KiB of prefetch and 512 KiB of scratch "
+                        "compile. 2048 B is above every use seen. A compiler reservation, not a chip "
+                        "figure: assumed equal elsewhere",
 )
 V4, V5E, V5P, V6E, V7X = (
-    dataclasses.replace(c, max_pod_devices=n, semaphores_per_core=sems, smem_reserved_bytes=144,
-                        sources=MappingProxyType({**c.sources, **_LIMIT_SOURCES}))
+    dataclasses.replace(c, max_pod_devices=n, semaphores_per_core=sems, semaphores_reserved=19,
+                        smem_reserved_bytes=2048, sources=MappingProxyType({**c.sources, **_LIMIT_SOURCES}))
     for c, n, sems in ((V4, 4096, 4096), (V5E, 256, 512), (V5P, 8960, 4096), (V6E, 256, 4096),
                        (V7X, 18432, 4096)))
 

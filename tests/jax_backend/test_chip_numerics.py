@@ -106,3 +106,58 @@ def test_default_dot_rounds_float32_operands_to_bf16_and_highest_does_not():
   np.testing.assert_array_equal(out, np.full((8, 128), 128.0, np.float32))
   out = _kernel(lambda x, y: jnp.dot(x, y, precision=P.HIGHEST), a, b)
   np.testing.assert_array_equal(out, np.full((8, 128), 128 * (1 + 2.0 ** -12), np.float32))
+
+
+def _recorded(name):
+  """(inputs x, chip output) of a recorded elementwise probe."""
+  rec = next(r for r in nc.load(str(DATA)) if r["name"] == name)
+  dtypes = rec.get("dtypes") or {}
+  x = nc.decode(rec["inputs"]["x"], dtypes.get("x"))
+  return x, (None if rec.get("output") is None else nc.decode(rec["output"], dtypes.get("output"))), rec
+
+
+def _unary_kernel(fn, x):
+  spec = pl.BlockSpec(memory_space=pltpu.VMEM)
+  call = pl.pallas_call(lambda x_ref, o_ref: o_ref.__setitem__(..., fn(x_ref[...])),
+                        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), in_specs=[spec], out_specs=spec)
+  with palace.jax.virtual_tpu("v5e"):
+    return np.asarray(jax.jit(call)(x))
+
+
+def test_exp2_is_its_own_function_not_exp_of_x_ln2():
+  # the chip's exp2(-126) is the smallest normal (exp(x * ln2) falls just below it and flushes to 0)
+  x, chip, _ = _recorded("exp2_f32")
+  out = _unary_kernel(jnp.exp2, x)
+  at = np.flatnonzero(x.ravel() == -126.0)
+  assert at.size and (chip.ravel()[at] == np.finfo(np.float32).tiny).all()
+  np.testing.assert_array_equal(out.ravel()[at], chip.ravel()[at])
+
+
+def test_log1p_keeps_tiny_x_and_reads_denormals_as_zero():
+  # the chip: log1p(x) = x for tiny normal x (log(1 + x) gives 0); denormal inputs read as signed zero
+  x, chip, _ = _recorded("log1p_f32")
+  tiny = (np.abs(x) < 1e-8) & (np.abs(x) >= np.finfo(np.float32).tiny)   # (x*x/2 below half an ulp)
+  assert tiny.any() and (chip[tiny] == x[tiny]).all()
+  out = _unary_kernel(jnp.log1p, x)
+  np.testing.assert_array_equal(out[tiny], chip[tiny])
+  import palace.numpy as pnp  # noqa: PLC0415 -- palace's own language: the same rule outside palace.jax
+  import palace as ppl  # noqa: PLC0415
+  den = np.array([1e-45, -1e-45, 3e-39, 5.85e-8] * 32 * 8, np.float32).reshape(8, 128)
+  got = ppl.pallas_call(lambda x_ref, o_ref: o_ref.__setitem__(..., pnp.log1p(x_ref[...])),
+                        out_shape=ppl.ShapeDtypeStruct(den.shape, den.dtype))(den)
+  want = np.log1p(np.where(np.abs(den) < np.finfo(np.float32).tiny, den * 0, den))
+  np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))   # (signed zeros too)
+
+
+def test_expm1_is_rejected_in_a_kernel_as_the_chip_rejects_it():
+  _, chip, rec = _recorded("expm1_f32")
+  assert chip is None and "Unimplemented primitive in Pallas TPU lowering for tc: expm1" in rec["error"]
+  with pytest.raises(NotImplementedError, match=r"jnp\.expm1 of a float32 value of shape \(8, 128\) .*no "
+                                                r"expm1 .*for tc: expm1.*Fix: compute jnp\.exp\(x\) - 1"):
+    _unary_kernel(jnp.expm1, np.zeros((8, 128), np.float32))
+  import palace.numpy as pnp  # noqa: PLC0415 -- palace's own front end rejects it too
+  import palace as ppl  # noqa: PLC0415
+  with pytest.raises(ppl.UnsupportedError, match=r"jnp\.expm1 .*Fix: compute"):
+    ppl.pallas_call(lambda x_ref, o_ref: o_ref.__setitem__(..., pnp.expm1(x_ref[...])),
+                    out_shape=ppl.ShapeDtypeStruct((8, 128), np.float32))(np.zeros((8, 128), np.float32))
+  np.testing.assert_allclose(pnp.expm1(np.float32(1e-3)), np.expm1(np.float32(1e-3)))   # host: computed

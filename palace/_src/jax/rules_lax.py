@@ -19,6 +19,7 @@ _UNARY = {
     "sinh": pjnp.sinh, "cosh": pjnp.cosh, "erf": pjnp.erf, "is_finite": pjnp.isfinite,
     "not": pjnp.invert, "square": pjnp.square, "copy": lambda x: x, "copy_p": lambda x: x,
     "optimization_barrier": lambda x: x, "stop_gradient": lambda x: x, "log2": pjnp.log2,
+    "exp2": pjnp.exp2, "log1p": pjnp.log1p, "expm1": pjnp.expm1,   # (the chip's: docs/numerics.md)
 }
 _BINARY = {
     "add": pjnp.add, "sub": pjnp.subtract, "mul": pjnp.multiply, "max": pjnp.maximum,
@@ -207,21 +208,6 @@ def _round(eqn, x):
     return pjnp.round(x)
   # AWAY_FROM_ZERO: sign(x) * floor(|x| + 0.5)
   return pjnp.multiply(pjnp.sign(x), pjnp.floor(pjnp.add(pjnp.abs(x), np.asarray(0.5, _dtype(x)))))
-
-
-@rule("exp2")
-def _exp2(eqn, x):
-  return pjnp.exp(pjnp.multiply(x, np.asarray(np.log(2.0), _dtype(x))))
-
-
-@rule("log1p")
-def _log1p(eqn, x):
-  return pjnp.log(pjnp.add(x, np.asarray(1, _dtype(x))))
-
-
-@rule("expm1")
-def _expm1(eqn, x):
-  return pjnp.subtract(pjnp.exp(x), np.asarray(1, _dtype(x)))
 
 
 @rule("integer_pow")

@@ -12,7 +12,7 @@ from palace._src.lang import numpy_ops as jnp
 from palace._src.errors import ShapeError, UnsupportedError
 from palace._src.lang.array import Array, concrete_int, ready_of
 from palace._src.lang.numpy_base import _BITS, _current_ex, _dtype_arg, _has_data, _is_arr, _np, _out
-from palace._src.lang.numpy_elementwise import DIV_REJECTS, _elementwise, int_div, int_rem
+from palace._src.lang.numpy_elementwise import _elementwise, int_div, int_rem
 from palace._src.lang.numpy_shape import _shape_op
 from palace._src.lang.numpy_linalg import dot_general  # noqa: F401
 from palace._src.lang.tpu_primitives import bitcast
@@ -47,8 +47,8 @@ def _trunc_rem(a, b):
   return int_rem(a, b) if a.dtype.kind in "iu" else np.fmod(a, b)
 
 
-div = _elementwise(_trunc_div, OpClass.MEDIUM, name="div", rejects=DIV_REJECTS)
-rem = _elementwise(_trunc_rem, OpClass.MEDIUM, name="rem", rejects=DIV_REJECTS)
+div = _elementwise(_trunc_div, OpClass.MEDIUM, name="div")   # (VECTOR_INT_REJECTS["div"])
+rem = _elementwise(_trunc_rem, OpClass.MEDIUM, name="rem")
 max = jnp.maximum  # noqa: A001
 min = jnp.minimum  # noqa: A001
 add, sub, mul = jnp.add, jnp.subtract, jnp.multiply

@@ -18,6 +18,7 @@ from palace._src.errors import ShapeError, UnsupportedError, UsageError
 from palace._src.lang import deferred
 from palace._src.lang.array import Array, dtype_of, promotion_type, ready_of, weakly_typed
 from palace._src.lang.deferred import Deferred
+from palace._src.lang.numpy_dtypes import _FLUSHED, _flush
 from palace._src.lang.numpy_base import (_COMPUTE, _F32, _FLOATS, _I32, _I32_MAX, _I32_MIN, _broadcast_shapes,
                                          _current_ex, _has_data, _is_arr, _np, _out, _select, _weak_promotes)
 from palace._src.util import user_frame_summary
@@ -36,32 +37,89 @@ def _rounded(x, rt: np.dtype, cd: np.dtype):
   return _np(x, rt).astype(cd)
 
 
-# Integer vector ops the TPU compiler (Mosaic) rejects, by operand dtype: a Mosaic rule, not a chip
-# figure, applied on every chip. Measured on a TPU v5e (benchmarks/hw/data/v5e-limits-2026-12-05.jsonl
-# and the timing suite's int8 add): 8-bit add / subtract (what negation and floor division lower to
-# as well) fail with "Only vector<i16> and vector<i32> are supported, but got 'i8'. Please cast your
-# input."; 16-bit division with "failed to legalize operation 'arith.divsi'" (int16 add compiles).
-_I8S = frozenset([np.dtype(np.int8), np.dtype(np.uint8)])
-_I16S = frozenset([np.dtype(np.int16), np.dtype(np.uint16)])
-_ADD_I8 = "Only vector<i16> and vector<i32> are supported, but got 'i8'. Please cast your input."
-_DIV_I16 = "failed to legalize operation 'arith.divsi' ... vector<...xi16>"
-ADD_REJECTS = {d: _ADD_I8 for d in _I8S}
-DIV_REJECTS = {**ADD_REJECTS, **{d: _DIV_I16 for d in _I16S}}
+# Integer vector ops the TPU compiler (Mosaic) rejects, by op name and operand dtype: the one table
+# (`_elementwise` looks an op up by its name). Mosaic rules, not chip figures, applied on every chip.
+# Measured on a TPU v5e (benchmarks/hw/data/v5e-limits-2026-12-05*.jsonl and the timing suite's int8
+# add; the probe names are in the evidence). MLIR integers are signless: where the op has no sign
+# (add, subtract, negate, multiply) uint8 is the very op measured on int8; where it has one, the
+# unsigned twin (arith.maxui, shrui, divui, unsigned comparisons) is inferred from the signed one, and
+# minimum (arith.minsi) from maximum. Measured to compile, so accepted: 8-bit and / cast / where,
+# 16-bit add / multiply / compare / where. Unmeasured ops (8-bit abs, shifts left, xor, ...) run.
+_I8, _I16, _U8, _U16 = (np.dtype(d) for d in (np.int8, np.int16, np.uint8, np.uint16))
+_WIDTH = "Only vector<i16> and vector<i32> are supported, but got 'i8'. Please cast your input."
+_CMP = "Target does not support this comparison ... vector<8x128x4xi8>"
+
+
+def _evidence(probe: str, op: str, quote: str, inferred: str = "") -> str:
+  """The text an error quotes as its evidence: the probe, the MLIR op and the compiler's message."""
+  if inferred:
+    return f"inferred, not measured: {inferred}; a TPU v5e (probe {probe}, arith.{op}): '{quote}'"
+  return f"measured on a TPU v5e (probe {probe}, arith.{op}): '{quote}'"
+
+
+def _legalize(probe: str, op: str, bits: int, inferred: str = "") -> str:
+  return _evidence(probe, op, f"failed to legalize operation 'arith.{op}' ... vector<8x128x{32 // bits}"
+                   f"xi{bits}>", inferred)
+
+
+def _unsigned(bits: int, op: str, signed: str) -> str:
+  return f"uint{bits} lowers to arith.{op} where int{bits} lowers to arith.{signed}"
+
+
+_SUB_8 = _evidence("int8_neg_op", "subi", _WIDTH)
+_DIV_8 = _evidence("int8_div", "subi", _WIDTH)
+
+
+def _compare(name: str, dtype) -> str:
+  """int8 `a > b` measured (probes int8_compare_op, int8_where_op); other predicates and uint8 inferred."""
+  if dtype == _U8:
+    return _evidence("int8_compare_op", "cmpi", _CMP, "uint8 is arith.cmpi with an unsigned predicate")
+  if name == "greater":
+    return _evidence("int8_compare_op", "cmpi", _CMP)
+  return _evidence("int8_compare_op", "cmpi", _CMP, f"{name} is arith.cmpi with another predicate than "
+                   f"the measured a > b")
+
+
+VECTOR_INT_REJECTS = {
+    "add": {_I8: _evidence("int8_add_op", "addi", _WIDTH), _U8: _evidence("uint8_add_op", "addi", _WIDTH)},
+    "subtract": {_I8: _SUB_8, _U8: _SUB_8},
+    "negative": {_I8: _SUB_8, _U8: _SUB_8},
+    "multiply": {_I8: _evidence("int8_mul_op", "muli", _WIDTH),
+                 _U8: _evidence("int8_mul_op", "muli", _WIDTH + " (uint8: the same signless op)")},
+    "maximum": {_I8: _legalize("int8_max_op", "maxsi", 8), _I16: _legalize("int16_max_op", "maxsi", 16),
+                _U8: _legalize("int8_max_op", "maxsi", 8, _unsigned(8, "maxui", "maxsi")),
+                _U16: _legalize("int16_max_op", "maxsi", 16, _unsigned(16, "maxui", "maxsi"))},
+    "minimum": {d: _legalize(f"int{b}_max_op", "maxsi", b, f"jnp.minimum lowers to arith.min"
+                             f"{'u' if d.kind == 'u' else 's'}i, legalized beside maxsi")
+                for d, b in ((_I8, 8), (_U8, 8), (_I16, 16), (_U16, 16))},
+    "right_shift": {_I8: _legalize("int8_shift_op", "shrsi", 8), _I16: _legalize("int16_shift_op", "shrsi", 16),
+                    _U8: _legalize("int8_shift_op", "shrsi", 8, _unsigned(8, "shrui", "shrsi")),
+                    _U16: _legalize("int16_shift_op", "shrsi", 16, _unsigned(16, "shrui", "shrsi"))},
+    "floor_divide": {_I8: _DIV_8, _U8: _DIV_8, _I16: _legalize("int16_div", "divsi", 16),
+                     _U16: _legalize("int16_div", "divsi", 16, _unsigned(16, "divui", "divsi"))},
+    "remainder": {_I8: _DIV_8, _U8: _DIV_8, _I16: _legalize("int16_rem_op", "remsi", 16),
+                  _U16: _legalize("int16_rem_op", "remsi", 16, _unsigned(16, "remui", "remsi"))},
+    **{name: {d: _compare(name, d) for d in (_I8, _U8)}
+       for name in ("equal", "not_equal", "less", "less_equal", "greater", "greater_equal")},
+}
+VECTOR_INT_REJECTS["div"] = VECTOR_INT_REJECTS["floor_divide"]   # lax.div / lax.rem (lax_ops)
+VECTOR_INT_REJECTS["rem"] = VECTOR_INT_REJECTS["remainder"]
 
 
 def _reject_vector_int(name: str, dtype, shape, ex, why: str) -> UnsupportedError:
-  """The error of a rejected integer vector op; `why` is the compiler's message (ADD_ / DIV_REJECTS)."""
+  """The error of a rejected integer vector op; `why` is its evidence (VECTOR_INT_REJECTS)."""
   api = "lax" if name in ("div", "rem") else "jnp"
   return UnsupportedError(
       f"{api}.{name} of {dtype} vectors of shape {tuple(shape)} {ex.where()} ({user_frame_summary()}): "
-      f"the TPU compiler has no {dt.bits(dtype)}-bit integer {name} on vectors (Mosaic, measured on a "
-      f"TPU v5e: '{why}'). Fix: cast the operands to int32 first (x.astype(jnp.int32)) and the result "
-      f"back to {dtype} if needed.")
+      f"the TPU compiler has no {dt.bits(dtype)}-bit integer {name} on vectors (Mosaic, {why}). Fix: "
+      f"cast the operands to int32 first (x.astype(jnp.int32)) and the result back to {dtype} if "
+      f"needed.")
 
 
-def _elementwise(fn, op_class: str, result: str = "same", name: str = "", rejects=None):
-  """Build an n-ary elementwise op. result: same | bool | float | int. `rejects`: {operand dtype:
-  the compiler's message} of the vector forms the TPU compiler rejects (ADD_REJECTS, DIV_REJECTS)."""
+def _elementwise(fn, op_class: str, result: str = "same", name: str = ""):
+  """Build an n-ary elementwise op. result: same | bool | float | int. The vector forms the TPU
+  compiler rejects are `VECTOR_INT_REJECTS[name]` ({operand dtype: evidence})."""
+  rejects = VECTOR_INT_REJECTS.get(name)
 
   scalar_fast = result in ("same", "bool")
   py_compare = _PY_COMPARE.get(fn) if result == "bool" else None
@@ -295,11 +353,11 @@ def _int_only(fn, name):
         raise ShapeError(f"{name} requires integer or bool operands; got {d}. Fix: cast with "
                        f".astype(jnp.int32), or bitcast floats with pltpu.bitcast.")
     return fn(*args)
-  f.scalar_form, f.int_only, f.op_class = fn.scalar_form, True, fn.op_class
+  f.scalar_form, f.int_only, f.op_class, f.rejects = fn.scalar_form, True, fn.op_class, fn.rejects
   return f
 
 
-_add = _elementwise(np.add, OpClass.CHEAP, name="add", rejects=ADD_REJECTS)
+_add = _elementwise(np.add, OpClass.CHEAP, name="add")
 
 
 def add(x1, x2):
@@ -314,7 +372,7 @@ add.__doc__ = _add.__doc__
 # the specialised forms (_on_scalars, _on_vectors) compute with np.add for Arrays and call `add` itself
 # for anything else, a deferred matmul sum included (0-d values are never Deferred)
 add.scalar_form, add.op_class, add.rejects = _add.scalar_form, _add.op_class, _add.rejects
-subtract = _elementwise(np.subtract, OpClass.CHEAP, name="subtract", rejects=ADD_REJECTS)
+subtract = _elementwise(np.subtract, OpClass.CHEAP, name="subtract")
 multiply = _elementwise(np.multiply, OpClass.CHEAP, name="multiply")
 true_divide = divide = _elementwise(np.true_divide, OpClass.MEDIUM, "float", name="divide")
 maximum = _elementwise(np.maximum, OpClass.CHEAP, name="maximum")
@@ -456,10 +514,10 @@ def _mod(a, b):
   return np.remainder(a, b)
 
 
-floor_divide = _elementwise(_floor_div, OpClass.MEDIUM, name="floor_divide", rejects=DIV_REJECTS)
-remainder = mod = _elementwise(_mod, OpClass.MEDIUM, name="remainder", rejects=DIV_REJECTS)
+floor_divide = _elementwise(_floor_div, OpClass.MEDIUM, name="floor_divide")
+remainder = mod = _elementwise(_mod, OpClass.MEDIUM, name="remainder")
 
-negative = _elementwise(np.negative, OpClass.CHEAP, name="negative", rejects=ADD_REJECTS)
+negative = _elementwise(np.negative, OpClass.CHEAP, name="negative")
 positive = _elementwise(np.positive, OpClass.CHEAP, name="positive")
 abs = absolute = _elementwise(np.abs, OpClass.CHEAP, name="abs")  # noqa: A001
 def _sign(x):
@@ -528,10 +586,35 @@ def round(x, decimals=0):  # noqa: A001
 round.scalar_form, round.op_class = _round.scalar_form, _round.op_class
 exp = _elementwise(np.exp, OpClass.TRANSCENDENTAL, "float", name="exp")
 exp2 = _elementwise(np.exp2, OpClass.TRANSCENDENTAL, "float", name="exp2")
-expm1 = _elementwise(np.expm1, OpClass.TRANSCENDENTAL, "float", name="expm1")
+_expm1 = _elementwise(np.expm1, OpClass.TRANSCENDENTAL, "float", name="expm1")
+
+
+def expm1(x):
+  """`jnp.expm1`: computed on the host (index maps, constants); in a kernel an UnsupportedError, as the
+  TPU compiler has no expm1 (measured on a TPU v5e; JAX 0.12's Pallas TPU lowering has no rule for it
+  in TensorCore or SparseCore kernels either)."""
+  ex = _current_ex()
+  if ex is not None and isinstance(x, Array):
+    raise UnsupportedError(
+        f"jnp.expm1 of a {x.dtype} value of shape {x.shape} {ex.where()} ({user_frame_summary()}): the "
+        f"TPU compiler has no expm1 (Mosaic, measured on a TPU v5e: 'Unimplemented primitive in Pallas "
+        f"TPU lowering for tc: expm1'; JAX 0.12's lowering has no rule for it either). Fix: compute "
+        f"jnp.exp(x) - 1, which loses relative accuracy for |x| below ~1e-3; there use the series "
+        f"x + x*x/2 + x*x*x/6 (jnp.where(jnp.abs(x) < 1e-3, series, jnp.exp(x) - 1)).")
+  return _expm1(x)
+
+
 log = _elementwise(np.log, OpClass.TRANSCENDENTAL, "float", name="log")
 log2 = _elementwise(np.log2, OpClass.TRANSCENDENTAL, "float", name="log2")
-log1p = _elementwise(np.log1p, OpClass.TRANSCENDENTAL, "float", name="log1p")
+
+
+def _log1p(x: np.ndarray) -> np.ndarray:
+  """log1p with denormal float32 / bf16 inputs read as signed zero, as the TPU reads them (a v5e's
+  log1p of a denormal x is +-0, not x: benchmarks/hw/data/v5e-numerics-2026-12-05.jsonl, log1p_f32)."""
+  return np.log1p(_flush(x, inputs=True) if x.dtype in _FLUSHED else x)
+
+
+log1p = _elementwise(_log1p, OpClass.TRANSCENDENTAL, "float", name="log1p")
 tanh = _elementwise(np.tanh, OpClass.TRANSCENDENTAL, "float", name="tanh")
 sqrt = _elementwise(np.sqrt, OpClass.TRANSCENDENTAL, "float", name="sqrt")
 rsqrt = _elementwise(lambda x: 1.0 / np.sqrt(x), OpClass.TRANSCENDENTAL, "float", name="rsqrt")

@@ -362,13 +362,18 @@ def scoped_vmem_limit(chip, vmem_limit_bytes) -> int:
 
 
 class Allocator:
-  """One core's memories: capacity checks and accounting of scoped VMEM, shared VMEM and SMEM, and
-  the live allocations (for the breakdown in over-capacity errors).
+  """One core's memories: capacity checks and accounting of VMEM, shared VMEM and SMEM, and the live
+  allocations (for the breakdown in over-capacity errors).
 
-  A pallas_call's VMEM scratch operands (`scratch_shapes`, allocated while `operands` is True) sit
-  beside the scoped stack, as XLA allocates them: they count against the chip's whole VMEM (with the
-  scoped allocations and Mosaic's internal scratch), not against the scoped limit (measured on a v5e:
-  20 MiB of scratch compiles under the 16 MiB default limit, 20 MiB of blocks does not)."""
+  On a TensorCore (`vmem_total_limit` set) every VMEM allocation, scratch operands, `run_scoped`
+  buffers and emit_pipeline's block buffers alike, counts against the chip's whole VMEM less Mosaic's
+  internal scratch, not against the scoped limit: that limit bounds a pallas_call's own pipelined
+  block buffers only, which `launch/run._check_vmem` checks for the whole launch before it runs.
+  Measured on a v5e (benchmarks/hw/data/v5e-limits-2026-12-05*.jsonl), under the 16 MiB default
+  limit: 20, 100 and 127 MiB of scratch and 20 and 100 MiB of `run_scoped` VMEM compile, 20 MiB of
+  blocks does not ('Scoped allocation with size 20.00M and limit 16.00M exceeded'); emit_pipeline's
+  buffers are JAX's `run_scoped` allocations (inferred, not measured). Without `vmem_total_limit`
+  (a SparseCore subcore's TileSpmem) `vmem_limit` is the capacity."""
 
   @classmethod
   def of_core(cls, core, vmem_limit_bytes) -> "Allocator":
@@ -385,9 +390,8 @@ class Allocator:
     self.vmem_limit = vmem_limit
     self.vmem_shared_limit = vmem_shared_limit
     self.smem_limit = smem_limit
-    self.vmem_total_limit = None   # whole VMEM for scoped + operand allocations (None: no such check)
-    self.operands = False          # allocating a pallas_call's scratch operands
-    self.vmem_used = self.vmem_peak = self.smem_used = self.vmem_operand_used = 0
+    self.vmem_total_limit = None   # a TensorCore's whole VMEM for every allocation (None: vmem_limit)
+    self.vmem_used = self.vmem_peak = self.smem_used = 0
     self.live = {}            # id(buf) -> (name, bytes, space)
 
   def allocate(self, mem_type, name: str) -> Buffer:
@@ -406,20 +410,11 @@ class Allocator:
     elif space in (MemorySpace.VMEM, MemorySpace.ANY):
       space = tag = MemorySpace.VMEM
       total = self.vmem_total_limit
-      if self.operands and total is not None:
-        tag = _OPERAND
-        if self.vmem_used + self.vmem_operand_used + nbytes > total:
-          raise ResourceError(self._vmem_message(name, nbytes, whole=True))
-        self.vmem_operand_used += nbytes
-      else:
-        if self.vmem_used + nbytes > self.vmem_limit:
-          raise ResourceError(self._vmem_message(name, nbytes))
-        if total is not None and self.vmem_used + self.vmem_operand_used + nbytes > total:
-          raise ResourceError(self._vmem_message(name, nbytes, whole=True))
-        self.vmem_used += nbytes
-      in_use = self.vmem_used + self.vmem_operand_used
-      if in_use > self.vmem_peak:
-        self.vmem_peak = in_use
+      if self.vmem_used + nbytes > (self.vmem_limit if total is None else total):
+        raise ResourceError(self._vmem_message(name, nbytes, whole=total is not None))
+      self.vmem_used += nbytes
+      if self.vmem_used > self.vmem_peak:
+        self.vmem_peak = self.vmem_used
     elif space == MemorySpace.SMEM:
       if self.smem_used + nbytes > self.smem_limit:
         reserved = core.chip.smem_reserved_bytes
@@ -427,8 +422,9 @@ class Allocator:
             f"SMEM over capacity for {name} on chip {core.chip_index} core {core.core_id} in kernel "
             f"'{core.kernel_name}': {fmt_bytes(self.smem_used)} in use + {fmt_bytes(nbytes)} requested "
             f"> {fmt_bytes(self.smem_limit)} usable on {core.chip.name} ({fmt_bytes(core.chip.smem_bytes)} "
-            f"SMEM{f' less {reserved} B the compiler reserves' if reserved else ''}). Fix: keep SMEM for "
-            f"scalars and small index tables; move arrays to VMEM.")
+            f"SMEM{f' less {reserved} B the compiler reserves' if reserved else ''}"
+            f"{_SMEM_EVIDENCE if reserved else ''}). Fix: keep SMEM for scalars and small index tables; "
+            f"move arrays to VMEM.")
       self.smem_used += nbytes
     # (large VMEM buffers: the uninitialised fill is written only if read before being overwritten)
     buf = new_buffer(mem_type.shape, mem_type.dtype, space, name, core, core.chip_index, core.timing_only,
@@ -442,9 +438,7 @@ class Allocator:
     if info is None:
       return False
     _, nbytes, space = info
-    if space == _OPERAND:
-      self.vmem_operand_used -= nbytes
-    elif space in (MemorySpace.VMEM, MemorySpace.VMEM_SHARED):
+    if space == MemorySpace.VMEM:   # (VMEM_SHARED is checked per allocation, never added up)
       self.vmem_used -= nbytes
     elif space == MemorySpace.SMEM:
       self.smem_used -= nbytes
@@ -453,23 +447,26 @@ class Allocator:
   def _vmem_message(self, name, nbytes, whole: bool = False) -> str:
     core = self.core
     rows = "; ".join(f"{n} {fmt_bytes(b)}" for n, b, s in self.live.values()
-                     if s in (MemorySpace.VMEM, MemorySpace.VMEM_SHARED, _OPERAND))
+                     if s in (MemorySpace.VMEM, MemorySpace.VMEM_SHARED))
     if whole:
       chip = core.chip
       return (f"VMEM over capacity on chip {core.chip_index} core {core.core_id} in kernel "
-              f"'{core.kernel_name}': {name} needs {fmt_bytes(nbytes)} but "
-              f"{fmt_bytes(self.vmem_used + self.vmem_operand_used)} of the "
-              f"{fmt_bytes(self.vmem_total_limit)} of VMEM on {chip.name} ({fmt_bytes(chip.vmem_bytes)} "
+              f"'{core.kernel_name}': {name} needs {fmt_bytes(nbytes)} but {fmt_bytes(self.vmem_used)} of "
+              f"the {fmt_bytes(self.vmem_total_limit)} of VMEM on {chip.name} ({fmt_bytes(chip.vmem_bytes)} "
               f"less {fmt_bytes(chip.internal_scratch_bytes)} Mosaic internal scratch) is in use "
-              f"({rows or 'nothing else'}). Fix: reduce scratch or block sizes; no vmem_limit_bytes "
+              f"({rows or 'nothing else'}); scratch and run_scoped buffers count against the whole VMEM, "
+              f"not the scoped limit. Fix: reduce scratch, run_scoped or block sizes; no vmem_limit_bytes "
               f"raises the chip's VMEM.")
     return (f"VMEM over capacity on chip {core.chip_index} core {core.core_id} in kernel "
             f"'{core.kernel_name}': {name} needs {fmt_bytes(nbytes)} but {fmt_bytes(self.vmem_used)} of "
-            f"the {fmt_bytes(self.vmem_limit)} scoped limit is in use ({rows or 'nothing else'}). "
-            f"Fix: reduce block sizes or buffer counts, or raise CompilerParams(vmem_limit_bytes=...).")
+            f"the {fmt_bytes(self.vmem_limit)} of this subcore's VMEM (TileSpmem) is in use "
+            f"({rows or 'nothing else'}). Fix: reduce buffer sizes or counts.")
 
 
-_OPERAND = "vmem scratch operand"   # the accounting tag of a pallas_call's VMEM scratch operands
+# the evidence for ChipSpec.smem_reserved_bytes, quoted in SMEM over-capacity errors (hw.py has the rest)
+_SMEM_EVIDENCE = ("; the compiler's own use, measured on a TPU v5e: up to about 1950 B, e.g. SMEM scratch "
+                  "of 1 MiB - 512 B: 'Ran out of memory in memory space smem. Used 1.00M of 1.00M smem. "
+                  "Exceeded smem capacity by 1.4K'")
 
 
 # ------------------------------------------------------------------ loads and stores

@@ -37,6 +37,7 @@ class SparseSubcore(TensorCore):
     self.lanes = spec.num_lanes
     self.dma_granule_bytes = spec.dma_granule_bytes
     self.memory.vmem_limit = 0 if scalar else spec.vmem_bytes_per_subcore   # TileSpmem
+    self.memory.vmem_total_limit = None   # (TileSpmem is the capacity: no TensorCore VMEM)
     self.memory.vmem_shared_limit = spec.vmem_shared_bytes                  # Spmem
     self.share_group = (chip_index, "sc", sc_index)
     self.label = f"sc{sc_index} scalar" if scalar else f"sc{sc_index} subcore {subcore}"

@@ -259,13 +259,17 @@ class TensorCore:
     if isinstance(mem_type, SemaphoreRefType):
       count = prod(mem_type.shape)
       in_use = self.sems_in_use
-      cap = self.chip.semaphores_per_core
-      if in_use + count > cap:
+      cap, kept = self.chip.semaphores_per_core, self.chip.semaphores_reserved
+      if in_use + count > cap - kept:
         raise ResourceError(
             f"Semaphores over capacity for {name} {self.where()}: {in_use} in use + {count} requested "
-            f"{mem_type.kind} semaphores > {cap} per core on {self.chip.name}. Fix: reuse semaphores "
-            f"(one per in-flight DMA slot, e.g. SemaphoreType.DMA((2,)) for double buffering) instead of "
-            f"one per copy.")
+            f"{mem_type.kind} semaphores > {cap} per core on {self.chip.name}"
+            + (f" less {kept} the compiler keeps ({cap - kept} usable; a TPU v5e with 500 DMA "
+               f"semaphores: 'Ran out of memory in memory space sflag. Used 2.0K of 2.0K sflag. "
+               f"Exceeded sflag capacity by 28B')" if kept else "")
+            + ". A launch's pipelined blocks take one DMA semaphore per buffer. Fix: reuse semaphores "
+            f"(one per in-flight DMA slot, e.g. SemaphoreType.DMA((2,)) for double buffering) instead "
+            f"of one per copy.")
       buf = memory.new_semaphore(mem_type, name, self)
       self.sem_buffers.append(buf)
       self.sems_in_use += count

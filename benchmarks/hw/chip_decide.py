@@ -1,0 +1,171 @@
+"""Questions issue 37 left to the chip: what a real TPU computes where palace.jax and a JAX test disagree.
+
+Run on the TPU (JAX only, no palace):  python3 -m benchmarks.hw.chip_decide --out DIR
+writes DIR/v5e-decide-<date>.jsonl: the environment, then one record per question. Locally,
+`.venv-jax/bin/python -m benchmarks.hw.chip_decide` recomputes each on palace.jax (v5e) and compares.
+
+1. `paged_f32_gqa`: the jax wheel's paged attention on float32 pages with grouped queries (4 query
+   heads per KV head), as `tests/pallas/tpu_paged_attention_kernel_test.py::test_paged_attention`
+   runs it. Palace.jax's output differs from that test's reference (computed by XLA, which on a CPU
+   multiplies f32 exactly). Recorded: the chip kernel's output and XLA's reference on the chip at
+   default precision, both on inputs made here with NumPy (regenerated identically on both sides).
+2. `select_oob_scalar`: a kernel that reads `idx_ref[i + 1]` one past a scalar-prefetch array's end at
+   its last grid step and discards the value with `jnp.where`. Recorded: whether the chip runs it and
+   its output.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import datetime
+import io
+import json
+import os
+import sys
+
+import numpy as np
+
+DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
+PAGED = dict(batch=4, kv_heads=2, ratio=4, d=128, page=16, max_len=512, block=128)
+SEQ_LENS = (3, 256, 300, 512)
+
+
+def _enc(a) -> str:
+  buf = io.BytesIO()
+  np.save(buf, np.asarray(a), allow_pickle=False)
+  return base64.b64encode(buf.getvalue()).decode()
+
+
+def _dec(s: str) -> np.ndarray:
+  return np.load(io.BytesIO(base64.b64decode(s)), allow_pickle=False)
+
+
+def paged_inputs():
+  """NumPy-made inputs (the same on every machine): q, k_pages, v_pages, lengths, page_indices."""
+  p = PAGED
+  rng = np.random.default_rng(37)
+  pps = p["max_len"] // p["page"]
+  total = p["batch"] * pps
+  q = rng.standard_normal((p["batch"], p["kv_heads"] * p["ratio"], p["d"])).astype(np.float32)
+  k = rng.standard_normal((p["kv_heads"], total, p["page"], p["d"])).astype(np.float32)
+  v = rng.standard_normal((p["kv_heads"], total, p["page"], p["d"])).astype(np.float32)
+  idx = rng.permutation(total).astype(np.int32).reshape(p["batch"], pps)
+  return q, k, v, np.asarray(SEQ_LENS, np.int32), idx
+
+
+def paged_reference(q, k, v, lengths, idx, precision=None):
+  """Grouped-query attention over the gathered pages, in jnp (XLA), masked past each length."""
+  import jax.numpy as jnp  # noqa: PLC0415
+  b, hq, d = q.shape
+  hkv = k.shape[0]
+  kk = jnp.take(jnp.asarray(k), jnp.asarray(idx), axis=1).transpose(1, 0, 2, 3, 4).reshape(b, hkv, -1, d)
+  vv = jnp.take(jnp.asarray(v), jnp.asarray(idx), axis=1).transpose(1, 0, 2, 3, 4).reshape(b, hkv, -1, d)
+  qq = jnp.asarray(q).reshape(b, hkv, hq // hkv, d)
+  s = jnp.einsum("bhgd,bhtd->bhgt", qq, kk, precision=precision)
+  mask = jnp.arange(kk.shape[2])[None, None, None, :] < jnp.asarray(lengths)[:, None, None, None]
+  s = jnp.where(mask, s, -jnp.inf)
+  w = jnp.exp(s - s.max(-1, keepdims=True))
+  w = w / w.sum(-1, keepdims=True)
+  o = jnp.einsum("bhgt,bhtd->bhgd", w, vv, precision=precision)
+  return np.asarray(o.reshape(b, hq, d))
+
+
+def run_paged(q, k, v, lengths, idx):
+  import jax  # noqa: PLC0415
+  from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention  # noqa: PLC0415
+  fn = jax.jit(lambda *a: paged_attention(*a, pages_per_compute_block=PAGED["block"] // PAGED["page"]))
+  return np.asarray(fn(q, k, v, lengths, idx))
+
+
+def run_select_oob():
+  import jax  # noqa: PLC0415
+  import jax.numpy as jnp  # noqa: PLC0415
+  from jax.experimental import pallas as pl  # noqa: PLC0415
+  from jax.experimental.pallas import tpu as pltpu  # noqa: PLC0415
+  n = 8
+  idx = jnp.arange(10, 10 + n, dtype=jnp.int32)
+
+  def kernel(idx_ref, x_ref, o_ref):
+    i = pl.program_id(0)
+    nxt = idx_ref[jnp.minimum(i + 1, n)]          # i + 1 == n at the last step: one past the end
+    val = jnp.where(i + 1 < n, nxt, -1)
+    o_ref[...] = x_ref[...] + val.astype(jnp.float32)
+
+  gs = pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=1, grid=(n,),
+                                    in_specs=[pl.BlockSpec((8, 128), lambda i, s: (i, 0))],
+                                    out_specs=pl.BlockSpec((8, 128), lambda i, s: (i, 0)))
+  call = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8 * n, 128), jnp.float32), grid_spec=gs)
+  x = jnp.zeros((8 * n, 128), jnp.float32)
+  out = np.asarray(jax.jit(call)(idx, x))
+  return out[::8, 0]
+
+
+def _attempt(fn):
+  try:
+    return fn(), None
+  except Exception as e:  # noqa: BLE001  a rejection is a finding
+    return None, f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+
+
+def chip(out_dir: str) -> str:
+  import jax  # noqa: PLC0415
+  os.makedirs(out_dir, exist_ok=True)
+  path = os.path.join(out_dir, f"v5e-decide-{datetime.date.today().isoformat()}.jsonl")
+  env = {"kind": "env", "jax_version": jax.__version__, "device_kind": jax.devices()[0].device_kind,
+         "date": datetime.date.today().isoformat()}
+  recs = [env]
+  args = paged_inputs()
+  out, err = _attempt(lambda: run_paged(*args))
+  ref_default, _ = _attempt(lambda: paged_reference(*args))
+  ref_highest, _ = _attempt(lambda: paged_reference(*args, precision="highest"))
+  recs.append({"name": "paged_f32_gqa", "error": err,
+               **{k: (None if a is None else _enc(a)) for k, a in
+                  (("kernel", out), ("xla_default", ref_default), ("xla_highest", ref_highest))}})
+  out, err = _attempt(run_select_oob)
+  recs.append({"name": "select_oob_scalar", "error": err, "output": None if out is None else _enc(out)})
+  with open(path, "w") as f:
+    for r in recs:
+      f.write(json.dumps(r) + "\n")
+  print(f"wrote {path}")
+  return path
+
+
+def _rel(a, b) -> float:
+  return float(np.max(np.abs(a - b)) / np.max(np.abs(b)))
+
+
+def compare(path: str) -> None:
+  """palace.jax (v5e) against the chip's records, printed."""
+  import palace.jax as pj  # noqa: PLC0415
+  recs = {r.get("name", "env"): r for r in map(json.loads, open(path))}
+  print(f"chip: {recs['env']}")
+  args = paged_inputs()
+  r = recs["paged_f32_gqa"]
+  chip_k, chip_xla, chip_hi = (_dec(r[k]) for k in ("kernel", "xla_default", "xla_highest"))
+  with pj.virtual_tpu("v5e"):
+    pal = run_paged(*args)
+  exact = paged_reference(*args, precision="highest")   # here: XLA on the CPU, exact f32 products
+  q, k, v, lens, idx = args
+  rb = lambda a: np.asarray(a).astype("bfloat16").astype(np.float32)  # noqa: E731
+  bf = paged_reference(rb(q), rb(k), rb(v), lens, idx, precision="highest")
+  for name, a in (("palace.jax kernel", pal), ("exact f32 (CPU)", exact), ("bf16-rounded q,k,v (CPU)", bf),
+                  ("chip XLA default", chip_xla), ("chip XLA highest", chip_hi)):
+    print(f"paged_f32_gqa: chip kernel vs {name:26s} max rel {_rel(chip_k, a):.2e}")
+  print(f"select_oob_scalar: chip error={recs['select_oob_scalar']['error']}, output="
+        f"{None if recs['select_oob_scalar']['output'] is None else _dec(recs['select_oob_scalar']['output'])}")
+
+
+def main(argv=None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--out", help="chip side: write the records here")
+  ap.add_argument("--data", default=os.path.join(DATA_DIR, "v5e-decide-2026-12-05.jsonl"))
+  a = ap.parse_args(argv)
+  if a.out:
+    chip(a.out)
+  else:
+    compare(a.data)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
