@@ -7,4 +7,5 @@ palace for the kernels traced inside; PALACE_JAX=v5e activates it process-wide (
 from palace._src.jax import process_tpu  # noqa: F401
 from palace._src.jax.activation import Engine, active_engine, virtual_tpu  # noqa: F401
 from palace._src.jax.notebook import activate, timeit_line  # noqa: F401
+from palace._src.jax.pytest_plugin import pytest_configure, pytest_report_header  # noqa: F401
 from palace._src.jax.timing import DeviceTime, device_time  # noqa: F401

@@ -272,22 +272,26 @@ def _lower_pod_launch(ctx, in_nodes, engine, params, axis_ctx, manual, kind):
     pmesh = spmd.make_mesh(tuple(mesh.shape.values()), tuple(map(str, mesh.axis_names)))
   finally:
     deactivate(token)
-  group = spmd._Group(pmesh, engine.tpu)   # one rendezvous per launch site, one generation per call
+  groups = spmd.CallGroups(pmesh, engine.tpu)   # one rendezvous per call of this launch site
   out_avals = params["out_avals"]
   run = functools.partial(launch.run_pallas_call if kind == "pallas_call" else launch.run_mpmd_map,
                           cache={})   # one palace launch and plan per lowering, reused by every call
 
   def host(chip, *arrays):
     token = activate(engine.tpu)
+    call, group = groups.enter(int(chip))
     spmd_token = palace_host.set_spmd_context((group, int(chip)))
+    error = None
     try:
       outs = run(params, [np.asarray(a) for a in arrays])
     except spmd._PeerFailed:
-      raise
+      raise spmd.peer_error(group, int(chip)) from None
     except BaseException as e:  # noqa: BLE001  kept for virtual_tpu's exit, then XLA wraps it
       engine.errors.append(e)
+      error = e
       raise
     finally:
+      groups.leave(call, error)
       palace_host.reset_spmd_context(spmd_token)
       deactivate(token)
     return [np.asarray(o, dtype=a.dtype).reshape(a.shape) for o, a in zip(outs, out_avals)]

@@ -14,21 +14,18 @@ shims:
   UnsupportedError: palace models TPU kernels, not XLA's own ops, and a host CPU wall time would be
   a wrong answer to "how long on a TPU". String statements are still timed by the real timeit.
   IPython's `%timeit EXPR` (not Python) is translated by the tutorial converter into `timeit_line`.
-* **Device kind.** `Device.device_kind`, read from the notebook's own code (a caller whose module is
-  `__main__`), answers the virtual chip's kind ("TPU v5 lite" for v5e), so `assert "TPU" in
-  jax.devices()[0].device_kind` holds and prints show the chip. JAX's internals (make_mesh's device
-  order, lowering choices) still see the host "cpu" devices they run on.
+* **Device view.** The devices answer as the virtual chip's to the notebook's own code and its libraries
+  (`device_kind` "TPU v5 lite" for v5e, `platform` "tpu", `coords`, `core_on_chip`, `jax.devices("tpu")`,
+  `jax.default_backend()`), so `assert "TPU" in jax.devices()[0].device_kind` holds and prints show the
+  chip; JAX's internals (make_mesh's device order, lowering choices) still see the host "cpu" devices
+  they run on (palace/_src/jax/device_view.py).
 """
 from __future__ import annotations
 
-import sys
 import timeit as _timeit_module
 
 from palace._src.errors import UnsupportedError
-
-# palace chip name -> the device_kind string a JAX TPU device of that generation reports
-DEVICE_KINDS = {"v4": "TPU v4", "v5e": "TPU v5 lite", "v5p": "TPU v5", "v6e": "TPU v6 lite",
-                "7x": "TPU7x"}
+from palace._src.jax import device_view
 
 _real = {"timeit": _timeit_module.timeit, "repeat": _timeit_module.repeat}
 _state: dict = {}   # the shims installed by `activate` (one process-wide activation, like PALACE_JAX)
@@ -78,19 +75,12 @@ def timeit_line(fn) -> float:
   return seconds
 
 
-def _device_kind_property(kind: str, original):
-  def device_kind(self):
-    caller = sys._getframe(1).f_globals.get("__name__")
-    return kind if caller == "__main__" else original.__get__(self)
-  return property(device_kind)
-
-
 def activate(chip="v5e", num_chips: int = 1, *, modelled_timers: bool = True,
              device_kind: bool = True, **options):
   """Run every TPU kernel of this process on a virtual `chip` (options of `pl.virtual_tpu`).
 
   The process-wide counterpart of `with palace.jax.virtual_tpu(...)` for unmodified notebooks and
-  scripts; see the module docstring for the timer and device-kind shims. Returns the VirtualTPU
+  scripts; see the module docstring for the timer and device-view shims. Returns the VirtualTPU
   (`.reports`: one report per launch). Calling it again replaces the previous activation."""
   from palace._src.jax.activation import activate_global  # noqa: PLC0415
   tpu = activate_global(chip, num_chips, **options)
@@ -98,10 +88,9 @@ def activate(chip="v5e", num_chips: int = 1, *, modelled_timers: bool = True,
     _timeit_module.timeit, _timeit_module.repeat = timeit, repeat
   else:
     _timeit_module.timeit, _timeit_module.repeat = _real["timeit"], _real["repeat"]
-  import jax  # noqa: PLC0415
-  device_type = type(jax.devices()[0])
-  original = _state.setdefault("device_kind", device_type.__dict__["device_kind"])
-  device_type.device_kind = (_device_kind_property(DEVICE_KINDS[tpu.chip.name], original)
-                             if device_kind and tpu.chip.name in DEVICE_KINDS else original)
+  if device_kind:
+    device_view.install(tpu)
+  else:
+    device_view.uninstall()
   _state["tpu"] = tpu
   return tpu

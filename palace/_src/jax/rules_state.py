@@ -11,7 +11,7 @@ from palace._src import executor
 from palace._src.errors import UnsupportedError
 from palace._src.jax.interpret import (compiling_rule, grid_axes, result_unused, rule, source_line,
                                        unsupported, user_site_of)
-from palace._src.lang import lax_ops
+from palace._src.lang import context, lax_ops
 from palace._src.lang import primitives as prims
 from palace._src.lang import tpu_primitives as tpu
 from palace._src.lang.array import Array, concrete_int
@@ -35,15 +35,23 @@ class _Leaf:
     self.k = k
 
 
-def _unflatten(eqn, tree, first: int = 0):
-  """`tree` unflattened from the operands `first`... : a _Leaf(k) for operand k (numbered over all
-  of the equation's operands), literal operands as their values."""
+def _unflatten(eqn, tree, first: int = 0, stop=None):
+  """`tree` unflattened from the operands `first`...`stop` : a _Leaf(k) for operand k (numbered over
+  all of the equation's operands), literal operands as their values."""
   from jax._src import core as jax_core  # noqa: PLC0415
   from jax._src import tree_util  # noqa: PLC0415
   from palace._src.jax.interpret import literal  # noqa: PLC0415
   leaves = [literal(v) if type(v) is jax_core.Literal else _Leaf(k)
-            for k, v in enumerate(eqn.invars[first:], first)]
+            for k, v in enumerate(eqn.invars[first:stop], first)]
   return tree_util.tree_unflatten(tree, leaves)
+
+
+def _operand(eqn, k: int):
+  """Operand `k` compiled: a _Leaf, or a literal's value."""
+  from jax._src import core as jax_core  # noqa: PLC0415
+  from palace._src.jax.interpret import literal  # noqa: PLC0415
+  v = eqn.invars[k]
+  return literal(v) if type(v) is jax_core.Literal else _Leaf(k)
 
 
 def _value(x, flat):
@@ -196,8 +204,16 @@ def _ref_operand(eqn, x, transforms=(), last_index: bool = False):
       views.clear()
       base[0] = weakref.ref(ref, forget)
     v = views.get(key)
+    if not at_only:
+      # a bitcast / reshape view aliases the storage its base buffer had when it was made; a kept
+      # launch (launch/run._Warm) rebinds the same buffers to each launch's data: remade then
+      if v is not None and v[1] is ref.buf.storage:
+        return v[0]
+      v = _view(steps, ref, flat)
+      views[key] = (v, ref.buf.storage)
+      return v
     if v is None:
-      if not at_only or type(ref) is not Ref:
+      if type(ref) is not Ref:
         v = views[key] = _view(steps, ref, flat)
         return v
       ex = executor.maybe_current()   # (the bounds-check setting Ref._compose reads)
@@ -248,6 +264,8 @@ def _get(eqn):
 
 @compiling_rule("swap")
 def _swap(eqn):
+  if "add" in eqn.params:   # SparseCore's store primitive, also named "swap"
+    return _sc_swap(eqn)
   target = _ref_operand(eqn, _Leaf(0), _unflatten(eqn, eqn.params["tree"], 2), last_index=True)
   load_old = not _dropped(eqn)
 
@@ -257,6 +275,35 @@ def _swap(eqn):
     r[idx] = operands[1]
     return old
   return swap
+
+
+def _sc_swap(eqn):
+  """jax/_src/pallas/mosaic/sc_primitives.py `swap_p` (ref, value, *transforms[, mask]): a store
+  (`add`: an atomic add, plsc.addupdate), masked, or (`compress`) of the masked lanes packed to the
+  front of the ref (plsc.store_compressed / addupdate_compressed). Its result is the value."""
+  from palace._src.lang import sc_primitives as sc  # noqa: PLC0415
+  p = eqn.params
+  has_mask, add, compress = bool(p["has_mask"]), bool(p["add"]), bool(p["compress"])
+  stop = -1 if has_mask else None
+  target = _ref_operand(eqn, _Leaf(0), _unflatten(eqn, p["tree"], 2, stop), last_index=True)
+  mask = _operand(eqn, len(eqn.invars) - 1) if has_mask else None
+
+  def sc_swap(*operands):
+    r, idx = target(operands)
+    view = r if idx is ... else r.at[idx]
+    x = operands[1]
+    m = None if mask is None else _value(mask, operands)
+    if compress:
+      (sc.addupdate_compressed if add else sc.store_compressed)(view, x, mask=m)
+    elif m is None:
+      if add:
+        sc.addupdate(view, x)
+      else:
+        view[...] = x
+    else:
+      tpu.store(view, view[...] + x if add else x, mask=m)
+    return x
+  return sc_swap
 
 
 @compiling_rule("addupdate")
@@ -350,11 +397,25 @@ def _sem_signal(eqn):
   sem = _ref_operand(eqn, ref, transforms)
   device_id = _device_id(eqn, device_id)
 
+  barrier = _in_core_barrier(eqn)
+
   def signal(*flat):
+    if barrier is not None:
+      context.current().in_barrier = barrier
     prims.semaphore_signal(sem(flat), _value(inc, flat), device_id=_value(device_id, flat),
                            core_index=_value(core_index, flat))
     return []
   return signal
+
+
+def _in_core_barrier(eqn):
+  """'pltpu.core_barrier at line' for the semaphore ops of JAX's core_barrier (a composite of signals
+  and a wait in the named scope 'sync_cores', jax/_src/pallas/mosaic/helpers.py): set on the core's
+  KernelContext while it is in one, so a launch that fails there names the core left waiting
+  (launch/run.barrier_notes), as palace's own pltpu.core_barrier does."""
+  if "sync_cores" not in str(getattr(eqn.source_info, "name_stack", "")):
+    return None
+  return f"pltpu.core_barrier at {source_line(eqn)}"
 
 
 @compiling_rule("semaphore_wait")
@@ -362,8 +423,16 @@ def _sem_wait(eqn):
   ref, transforms, value, decrement = _unflatten(eqn, eqn.params["args_tree"])
   sem = _ref_operand(eqn, ref, transforms)
 
+  barrier = _in_core_barrier(eqn)
+
   def wait(*flat):
+    if barrier is None:
+      prims.semaphore_wait(sem(flat), _value(value, flat), decrement=bool(_value(decrement, flat)))
+      return []
+    kctx = context.current()
+    kctx.in_barrier = barrier
     prims.semaphore_wait(sem(flat), _value(value, flat), decrement=bool(_value(decrement, flat)))
+    kctx.in_barrier = None
     return []
   return wait
 

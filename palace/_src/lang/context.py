@@ -13,11 +13,13 @@ from palace._src.errors import UsageError
 
 class KernelContext:
   """The language's state for one kernel body on one core (fresh per core and launch)."""
-  __slots__ = ("barrier_sem", "prng")
+  __slots__ = ("barrier_sem", "prng", "in_barrier")
 
   def __init__(self):
     self.barrier_sem = None   # Ref of the barrier semaphore while the body runs (collective_id set)
     self.prng = None          # tpu_primitives._Prng once pltpu.prng_seed() ran on this core
+    self.in_barrier = None    # "pltpu.core_barrier(...) at line" while this core waits in one (kept
+    # when the wait never ends: the launch names the core in a deadlock's message)
 
 
 _current: contextvars.ContextVar = contextvars.ContextVar("palace_kernel_context", default=None)

@@ -333,11 +333,24 @@ def sem_target(sem, api: str):
   return sem.buf, sem._np_index
 
 
+SEM_MAX = 2**31 - 1   # a TPU semaphore holds a 32-bit count (JAX passes signal and wait amounts as int32)
+
+
+def _sem_amount(value, what: str, api: str, sem) -> int:
+  n = concrete_int(value, what)
+  if not 0 <= n <= SEM_MAX:
+    raise UsageError(f"{api} of {sem.origin()} with {what} {n}: out of range for a TPU semaphore, which "
+                     f"holds a 32-bit count; expected 0 <= {what} <= {SEM_MAX} (2**31 - 1). Fix: pass an "
+                     f"amount in that range (a larger one split over several signals and waits). "
+                     f"({user_frame_summary()})")
+  return n
+
+
 def semaphore_signal(sem, inc=1, *, device_id=None, device_id_type=None, core_index=None):
   ex = executor.current("pl.semaphore_signal()")
   buf, idx = sem_target(sem, "pl.semaphore_signal")
   device_id = typed_device_id(device_id, device_id_type, "pl.semaphore_signal")
-  ex.sem_signal(buf, idx, concrete_int(inc, "semaphore increment"),
+  ex.sem_signal(buf, idx, _sem_amount(inc, "semaphore increment", "pl.semaphore_signal", sem),
                 device_id=resolve_device_id(ex, device_id),
                 core_index=None if core_index is None else concrete_int(core_index, "core_index"))
 
@@ -345,7 +358,7 @@ def semaphore_signal(sem, inc=1, *, device_id=None, device_id_type=None, core_in
 def semaphore_wait(sem, value=1, *, decrement: bool = True):
   ex = executor.current("pl.semaphore_wait()")
   buf, idx = sem_target(sem, "pl.semaphore_wait")
-  ex.sem_wait(buf, idx, concrete_int(value, "semaphore value"), decrement)
+  ex.sem_wait(buf, idx, _sem_amount(value, "semaphore value", "pl.semaphore_wait", sem), decrement)
 
 
 def semaphore_read(sem) -> Array:

@@ -22,9 +22,10 @@ import numpy as np
 from palace._src import dtypes as dt
 from palace._src import executor, validate
 from palace._src.core import MemorySpace, is_hbm
-from palace._src.errors import MemorySpaceError, OutOfBoundsError, ShapeError, UsageError
+from palace._src.errors import (MemorySpaceError, OutOfBoundsError, ShapeError, UnsupportedError,
+                                 UsageError)
 from palace._src.lang import numpy_indexing, numpy_linalg, numpy_ops  # noqa: F401  (bind Array operators)
-from palace._src.lang import numpy_dtypes
+from palace._src.lang import numpy_dtypes, ref_maps
 from palace._src.lang.array import Array, WeakArray, concrete_int
 from palace._src.lang.deferred import Deferred
 from palace._src.lang.indexed import is_index_source, make_indexed
@@ -82,9 +83,16 @@ _FULL_DIMS: dict = {}   # buffer shape -> the dims of its whole view (a cache of
 _STATIC_BOUND = (int, type(None))   # slice bound types that are certainly not runtime values
 
 
+def _np_index_of(dims) -> tuple:
+  """A view's dims as the NumPy index of its elements in the array it views."""
+  return tuple([d if type(d) is int else slice(d[0], d[0] + (d[1] - 1) * d[2] + 1 if d[1] else d[0], d[2])
+                for d in dims])
+
+
 class Ref:
   """A mutable view of a buffer (VMEM, SMEM, HBM/ANY, semaphores)."""
   __slots__ = ("buf", "dims", "shape", "_np_index", "_full", "__weakref__")
+  _mapped = False   # a MappedRef (below): its elements are found through an element map
 
   def __init__(self, buf: "Buffer", dims=None):
     self.buf = buf
@@ -105,9 +113,7 @@ class Ref:
       return
     self._full = False
     self.shape = tuple([d[1] for d in dims if type(d) is tuple])
-    self._np_index = tuple([
-        d if type(d) is int else slice(d[0], d[0] + (d[1] - 1) * d[2] + 1 if d[1] else d[0], d[2])
-        for d in dims])
+    self._np_index = _np_index_of(dims)
 
   @classmethod
   def window(cls, buf: "Buffer", starts, sizes, squeezed=()) -> "Ref":
@@ -208,7 +214,8 @@ class Ref:
                              f"dimension.")
     new = list(dims)
     check = executor.maybe_current()
-    check = True if check is None else check.bounds_checks
+    # (a mapped view is always checked: its element map has no out-of-bounds form to clip)
+    check = True if check is None or self._mapped else check.bounds_checks
     for axis, (pos, i) in enumerate(zip(free, idx)):
       start, size, stride = new[pos]
       if type(i) is slice and i.start is None and i.stop is None and i.step is None:
@@ -350,44 +357,211 @@ class Ref:
 
   # ---- view transforms ----
   def bitcast(self, dtype) -> "Ref":
+    """This ref's memory as `dtype`. The same width keeps the shape (a NumPy view of the buffer); another
+    width scales the second-minor dimension, packing consecutive rows as a TPU does (a MappedRef)."""
     d = dt.canonicalize(dtype)
-    if not self._full:
-      raise UsageError(f"Ref.bitcast of the view {self.origin()}: palace bitcasts only whole refs. Fix: "
-                       f"bitcast the whole ref, then take the view of the result.")
-    if d.itemsize == self.buf.dtype.itemsize:
-      storage = None if self.buf.storage is None else self.buf.storage.view(d)
-      shape = self.buf.shape
-    else:
-      if self.buf.storage is None:
-        raise UsageError(f"Ref.bitcast of {self.origin()} to {d} changes the element width, which needs the "
-                         f"ref's data, and this ref has none (timing_only). Fix: bitcast to a dtype of "
-                         f"the same width ({self.buf.dtype.itemsize} bytes), or run with data.")
-      storage = self.buf.storage.view(d)
-      shape = storage.shape
-    return Ref(self._alias(storage=storage, shape=shape, dtype=d))
+    what = f"Ref.bitcast of {self.origin()} to {d}"
+    ref_maps.bitcast_shape(self.shape, self.dtype, d, what)   # (checks the types and the shape)
+    if d.itemsize != self.buf.dtype.itemsize:
+      return MappedRef.of(self).bitcast(d)
+    alias = self._alias(lambda s: s.view(d), shape=self.buf.shape, dtype=d)
+    return Ref(alias) if self._full else Ref(alias, self.dims)
 
   def reshape(self, *shape) -> "Ref":
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
       shape = tuple(shape[0])
-    if prod(shape) != self.size:
-      raise ShapeError(f"Cannot reshape {self.origin()} of shape {self.shape} ({self.size} elements) to "
-                       f"{tuple(shape)}. Fix: pass a shape with the same number of elements.")
+    shape = ref_maps.reshape_shape(self.shape, shape, f"Ref.reshape of {self.origin()}")
     if self._full:
-      storage = None if self.buf.storage is None else self.buf.storage.reshape(shape)
-      return Ref(self._alias(storage=storage, shape=tuple(shape)))
-    # a view (e.g. `bufs.at[slot].reshape(...)`): allowed when it is contiguous, so the result aliases it
-    probe = np.empty(self.buf.shape, np.int8)[self._np_index] if self.buf.storage is None else \
-        self.buf.storage[self._np_index]
+      return Ref(self._alias(lambda s: s.reshape(shape, copy=False), shape=shape))
+    # a contiguous view (e.g. `bufs.at[slot].reshape(...)`) aliases the buffer's storage; others map
+    probe = np.empty(self.buf.shape, np.int8)[self._np_index]
     if probe.shape != tuple(self.shape) or not probe.flags.c_contiguous:
-      raise UsageError(f"Ref.reshape of the view {self.origin()}: palace reshapes only contiguous views "
-                       f"(leading-dimension slices of a ref). Fix: reshape the whole ref and index the "
-                       f"result.")
-    storage = None if self.buf.storage is None else probe.reshape(shape)
-    return Ref(self._alias(storage=storage, shape=tuple(shape)))
+      return MappedRef.of(self).reshape(shape)
+    index = self._np_index
+    return Ref(self._alias(lambda s: s[index].reshape(shape, copy=False), shape=shape))
 
-  def _alias(self, **changes) -> "Buffer":
-    """A buffer sharing this one's storage (bitcast/reshape views): Buffer.alias."""
-    return self.buf.alias(**changes)
+  def _alias(self, view_of, **changes) -> "Buffer":
+    """A buffer sharing this one's storage (bitcast/reshape views, Buffer.alias) as `view_of(storage)`:
+    the storage is read after the buffer stopped borrowing another's (Buffer.detach_readers), so the
+    alias views memory the buffer owns, not a lender's read-only array."""
+    buf = self.buf
+    buf.detach_readers()
+    storage = buf.storage
+    return buf.alias(storage=None if storage is None else view_of(storage), **changes)
+
+
+class MappedRef(Ref):
+  """A ref view that no strided window of its buffer expresses (lang/ref_maps.py): a bitcast that
+  changes the element width (rows packed along the second-minor axis, as on a TPU) or a reshape of a
+  strided view, of a whole ref or of a view, in any order and number. It views the final array of a
+  chain of steps from a plain view (`_base`) as a Ref views its buffer (`dims`, `shape`); its `buf` is
+  an alias of the base buffer holding that memory as one flat array of the chain's narrowest unit
+  (of this ref's dtype when that is the narrowest: loads, stores and DMAs then index it directly;
+  otherwise an element is `g` units, converted on each load and store)."""
+  __slots__ = ("_base", "_steps", "_final", "_dtype", "_unit", "_desc", "_mem", "_index")
+  _mapped = True
+
+  @classmethod
+  def of(cls, ref: Ref) -> "MappedRef":
+    """`ref` itself as a chain of no steps."""
+    if ref._mapped:
+      return ref
+    return cls._make(ref, (), ref.shape, ref.buf.dtype, ref.origin(), {}, None)
+
+  @classmethod
+  def _make(cls, base, steps, final, dtype, desc, mem, dims) -> "MappedRef":
+    self = cls.__new__(cls)
+    self._base, self._steps, self._final, self._dtype, self._desc = base, steps, final, dtype, desc
+    self._unit = ref_maps.unit_of(base.buf.dtype.itemsize, steps)
+    self._unit = min(self._unit, dtype.itemsize)
+    self._mem = mem   # (storage dtype, dtype, desc) -> (the base storage it views, alias): shared by views
+    self._index = None
+    if dims is None:
+      dims = tuple([(0, n, 1) for n in final])
+    self.dims = dims
+    self.shape = tuple([d[1] for d in dims if type(d) is tuple])
+    self._full = dims == tuple([(0, n, 1) for n in final])
+    return self
+
+  def _with(self, step, final, dtype, desc) -> "MappedRef":
+    steps = self._steps if self._full else self._steps + ((ref_maps.AT, self.dims),)
+    if step is not None:
+      steps = steps + (step,)
+    return MappedRef._make(self._base, steps, final, dtype, desc, self._mem, None)
+
+  def _view(self, idx) -> "MappedRef":
+    return MappedRef._make(self._base, self._steps, self._final, self._dtype, self._desc, self._mem,
+                           self._compose(idx))
+
+  def bitcast(self, dtype) -> "MappedRef":
+    d = dt.canonicalize(dtype)
+    what = f"Ref.bitcast of {self.origin()} to {d}"
+    shape = ref_maps.bitcast_shape(self.shape, self._dtype, d, what)
+    step = None if d.itemsize == self._dtype.itemsize else \
+        (ref_maps.BITCAST, self._dtype.itemsize, d.itemsize)
+    return self._with(step, shape, d, f"{self.origin()}.bitcast({d.name})")
+
+  def reshape(self, *shape) -> "MappedRef":
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+      shape = tuple(shape[0])
+    shape = ref_maps.reshape_shape(self.shape, shape, f"Ref.reshape of {self.origin()}")
+    return self._with((ref_maps.RESHAPE, self.shape, shape), shape, self._dtype,
+                      f"{self.origin()}.reshape{shape}")
+
+  # ---- what a Ref reads from its buffer, from the chain instead
+  dtype = property(lambda self: self._dtype)
+  memory_space = property(lambda self: self._base.buf.memory_space)
+  nbytes = property(lambda self: self.size * self._dtype.itemsize)
+  at = property(lambda self: _MappedAt(self))
+
+  @property
+  def buf(self):
+    return self.unit_buffer(self._unit)
+
+  @property
+  def _np_index(self) -> tuple:
+    index = self._index
+    if index is None:
+      index = self._index = self.unit_index(self._unit)
+    return index
+
+  def unit_buffer(self, unit: int):
+    """The alias of the base buffer holding its memory as a flat array of `unit`-byte elements (of
+    this ref's dtype when that is its width), remade when the base buffer's storage changed."""
+    base = self._base.buf
+    storage_dtype = self._dtype if unit == self._dtype.itemsize else ref_maps.UNIT_DTYPES[unit]
+    key = (storage_dtype, self._dtype, self._desc)
+    hit = self._mem.get(key)
+    if hit is not None and hit[0] is base.storage and base.borrowed is None:
+      return hit[1]
+    base.detach_readers()   # (a borrowed storage is a lender's read-only array: take our own first)
+    storage = base.storage
+    if storage is not None and not storage.flags.c_contiguous:
+      raise UnsupportedError(f"{self.origin()}: a bitcast or reshape view of a buffer whose storage is "
+                             f"not contiguous is not supported in palace yet. Fix: pass the operand as a contiguous "
+                             f"array (np.ascontiguousarray).")
+    n = prod(base.shape) * base.dtype.itemsize // unit
+    alias = base.alias(storage=ref_maps.flat_units(storage, storage_dtype), shape=(n,),
+                       dtype=self._dtype, name=self._desc)   # (messages name the chain)
+    self._mem[key] = (storage, alias)
+    return alias
+
+  def unit_index(self, unit: int) -> tuple:
+    """The index into `unit_buffer(unit)` of this view's elements (a trailing axis of units when an
+    element is wider than `unit`)."""
+    base = self._base
+    return (ref_maps.positions(base.buf.shape, base.buf.dtype.itemsize, base.dims, self._steps,
+                               self.dims, unit, self._dtype.itemsize),)
+
+  def units(self) -> int:
+    """Units per element at this ref's own grain (1: its buffer holds its dtype)."""
+    return self._dtype.itemsize // self._unit
+
+  # ---- loads and stores of elements wider than the unit convert
+  def __getitem__(self, idx):
+    if self.units() == 1:
+      return Ref.__getitem__(self, idx)
+    ex = _current_ex()
+    view = self if (idx is Ellipsis or (isinstance(idx, tuple) and not idx)) else self._view(idx)
+    if ex is None:
+      return view._host_get(...)
+    buf = view.buf
+    if buf.memory_space is not _VMEM:
+      view._check_access("Load", not view.shape)
+    data, ready = ex.load(buf, view._np_index, view.shape)
+    if data is not None:
+      data = ref_maps.from_units(data, view._dtype)
+    return Array(data, view.shape, view._dtype, ready)
+
+  def __setitem__(self, idx, value):
+    if self.units() == 1:
+      return Ref.__setitem__(self, idx, value)
+    ex = _current_ex()
+    view = self if (idx is Ellipsis or (isinstance(idx, tuple) and not idx)) else self._view(idx)
+    if ex is None:
+      return view._host_set(..., value)
+    buf = view.buf
+    if buf.memory_space is not _VMEM:
+      view._check_access("Store", not view.shape)
+    data, ready = _coerce_store(view, value, ex.timing_only)
+    if data is not None:
+      data = ref_maps.to_units(data, view.shape, view._dtype, buf.storage.dtype)
+    ex.store(buf, view._np_index, view.shape, data, ready)
+
+  def _host_get(self, idx):
+    view = self._view(idx)
+    data = np.array(view.buf.storage[view._np_index], copy=True)
+    return data if view.units() == 1 else ref_maps.from_units(data, view._dtype)
+
+  def _host_set(self, idx, value):
+    view = self._view(idx)
+    buf = view.buf
+    v = np.broadcast_to(np.asarray(value).astype(view._dtype, copy=False), view.shape)
+    buf.detach_readers()
+    buf.storage[view._np_index] = v if view.units() == 1 else \
+        ref_maps.to_units(v, view.shape, view._dtype, buf.storage.dtype)
+
+  # ---- names
+  def origin(self) -> str:
+    return self._desc + ("" if self._full else describe_dims(self.dims))
+
+  def label_part(self) -> tuple:
+    return (self.origin(), None, None)
+
+  def __repr__(self):
+    return f"Ref<{self.memory_space}>{{{self._dtype}{list(self.shape)}}} {self.origin()}"
+
+
+class _MappedAt(_AtIndexer):
+  __slots__ = ()
+
+  def __getitem__(self, idx):
+    first = idx[0] if isinstance(idx, tuple) and idx else idx
+    if is_index_source(first):
+      raise UnsupportedError(f"An indexed (gather/scatter) view of {self._ref.origin()} is not "
+                             f"supported in palace yet: it is a bitcast or reshape of a view. Fix: index "
+                             f"the plain ref, or bitcast the gathered value.")
+    return self._ref._view(idx)
 
 
 _VMEM = MemorySpace.VMEM

@@ -11,7 +11,7 @@ import numpy as np
 from palace._src import dtypes as dt
 from palace._src import executor
 from palace._src.executor import OpClass
-from palace._src.errors import OutOfBoundsError, ShapeError, UsageError
+from palace._src.errors import OutOfBoundsError, ShapeError, UnsupportedError, UsageError
 from palace._src.lang.numpy_base import _out
 from palace._src.lang.array import Array, concrete_int, concrete_value, ready_of
 from palace._src.lang.primitives import loop
@@ -24,7 +24,17 @@ def _vals(x):
   return np.asarray(v)
 
 
+def _plain(ref, api: str):
+  """SparseCore ops address a ref's buffer by its view (dims, NumPy index) directly."""
+  if getattr(ref, "_mapped", False):
+    raise UnsupportedError(f"{api} of {ref.origin()} is not supported in palace yet: it is a bitcast "
+                           f"that changes the element width, or a reshape of a strided view. Fix: use "
+                           f"the plain ref, and bitcast or reshape the values instead.")
+  return ref
+
+
 def _idx_tuple(ref: Ref, indices):
+  _plain(ref, "A SparseCore gather/scatter")
   if not isinstance(indices, (list, tuple)):
     indices = [indices]
   if len(indices) != ref.ndim:
@@ -113,7 +123,7 @@ def addupdate(ref, x):
 
 def load_expanded(ref: Ref, *, mask):
   """The i-th True lane of `mask` gets ref[i]; other lanes are 0."""
-  m = _mask(mask, ref.shape[0])
+  m = _mask(mask, _plain(ref, "plsc.load_expanded").shape[0])
   executor.current("plsc.load_expanded()").note_access(ref.buf, ref._np_index, "r", ref.shape)
   src = ref.buf.storage[ref._np_index] if ref.buf.storage is not None else np.zeros(ref.shape, ref.dtype)
   out = np.zeros(ref.shape, ref.dtype)
@@ -124,6 +134,7 @@ def load_expanded(ref: Ref, *, mask):
 
 def _compressed(ref: Ref, x, mask, add: bool) -> None:
   """Pack the masked lanes of x to the front of ref, storing or (add) accumulating them."""
+  _plain(ref, "A SparseCore compressed store")
   vals = _vals(x)
   m = _mask(mask, vals.shape[0])
   packed = vals[m]
@@ -227,7 +238,8 @@ def fetch_and_add(x_ref: Ref, value, *, subcore_id):
   if ex.sparsecore is None:
     raise UsageError(f"plsc.fetch_and_add() {ex.where()}: it adds to an SMEM scalar of a SparseCore "
                      f"vector subcore. Fix: run it in a plsc.VectorSubcoreMesh kernel.")
-  target = ex.sparsecore.peer_subcore_buffer(x_ref.buf, concrete_int(subcore_id, "subcore_id"))
+  target = ex.sparsecore.peer_subcore_buffer(_plain(x_ref, "plsc.fetch_and_add").buf,
+                                             concrete_int(subcore_id, "subcore_id"))
   ex.note_access(target, x_ref._np_index, "r", (), atomic=True)
   ex.note_access(target, x_ref._np_index, "w", (), atomic=True)
   old = target.storage[x_ref._np_index].copy()

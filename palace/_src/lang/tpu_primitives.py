@@ -6,7 +6,7 @@ import numpy as np
 from palace._src import dtypes as dt
 from palace._src import executor, validate
 from palace._src.core import SemaphoreType
-from palace._src.errors import ShapeError, SyncError, UsageError
+from palace._src.errors import ShapeError, SyncError, UnsupportedError, UsageError
 from palace._src.executor import DmaRequest, OpClass
 from palace._src.lang import numpy_ops as jnp
 from palace._src.lang.numpy_base import _out
@@ -16,7 +16,7 @@ from palace._src.lang.primitives import (axis_index, axis_size, resolve_device_i
                                          sem_target, semaphore_signal, semaphore_wait,
                                          typed_device_id)
 from palace._src.lang.indexed import IndexedRef
-from palace._src.lang.refs import Ref
+from palace._src.lang.refs import MappedRef, Ref
 from palace._src.lang.numpy_indexing import _where
 from palace._src.util import prod, tree_flatten, user_frame_summary
 
@@ -124,10 +124,13 @@ class AsyncCopyDescriptor:
       ssb, ssi = sem_target(self.src_sem, "DMA source semaphore")
     dev = resolve_device_id(ex, self.device_id) if self.device_id is not None else None
     src, dst = self.src_ref, self.dst_ref
-    req = PreparedCopy(src.buf, None if isinstance(src, IndexedRef) else src._np_index, dst.buf,
-                       None if isinstance(dst, IndexedRef) else dst._np_index, src.shape, sem_buf,
-                       sem_idx, ssb, ssi, add, dev, self.core_index, self._site or ex.site(),
-                       (src, dst), src.nbytes)
+    if getattr(src, "_mapped", False) or getattr(dst, "_mapped", False):
+      sides = _mapped_sides(src, dst, dev is not None or self.core_index is not None)
+    else:
+      sides = (src.buf, None if isinstance(src, IndexedRef) else src._np_index, dst.buf,
+               None if isinstance(dst, IndexedRef) else dst._np_index)
+    req = PreparedCopy(*sides, src.shape, sem_buf, sem_idx, ssb, ssi, add, dev, self.core_index,
+                       self._site or ex.site(), (src, dst), src.nbytes)
     if isinstance(src, IndexedRef) or isinstance(dst, IndexedRef):
       _indexed_request(ex, req, src, dst)
     return req
@@ -166,6 +169,27 @@ class AsyncCopyDescriptor:
     self._for_wait(ex).wait_send()
 
   wait_read = wait_send
+
+
+def _mapped_sides(src, dst, remote: bool) -> tuple:
+  """(src buffer, index, dst buffer, index) of a DMA with a MappedRef side (a width-changing bitcast
+  or a reshape of a strided view): when one side's elements are wider than its grain, both sides are
+  moved as units of the narrower grain, so the copy is the same bytes in the same order."""
+  for side, other in ((src, dst), (dst, src)):
+    if isinstance(other, IndexedRef):
+      raise UnsupportedError(f"A gather/scatter DMA between {src.origin()} and {dst.origin()} is not "
+                             f"supported in palace yet: {side.origin()} is a bitcast or reshape view. Fix: "
+                             f"copy through a plain VMEM buffer.")
+  if remote and getattr(dst, "_mapped", False):
+    raise UnsupportedError(f"A remote DMA into {dst.origin()} is not supported in palace yet: it is a "
+                           f"bitcast or reshape view. Fix: copy into a plain ref on the other device and "
+                           f"bitcast there.")
+  src_m, dst_m = MappedRef.of(src), MappedRef.of(dst)
+  if src_m.units() == 1 and dst_m.units() == 1:
+    return src.buf, src._np_index, dst.buf, dst._np_index
+  unit = min(src_m._unit, dst_m._unit)
+  return (src_m.unit_buffer(unit), src_m.unit_index(unit), dst_m.unit_buffer(unit),
+          dst_m.unit_index(unit))
 
 
 def _indexed_request(ex, req, src, dst) -> None:
@@ -246,11 +270,14 @@ def core_barrier(sem, *, core_axis_name: str) -> None:
   """All-to-all barrier across the cores of `core_axis_name`: signal every other core, then wait."""
   n = axis_size(core_axis_name)
   me = concrete_value(axis_index(core_axis_name))
+  kctx = context.current("pltpu.core_barrier()")
   try:
     for j in range(n):
       if j != me:
         semaphore_signal(sem, 1, device_id={core_axis_name: j})
+    kctx.in_barrier = f"pltpu.core_barrier(core_axis_name={core_axis_name!r}) at {user_frame_summary()}"
     semaphore_wait(sem, n - 1)
+    kctx.in_barrier = None   # (not on an abort: the launch reads it for the deadlock's message)
   except SyncError as e:
     # a peer that skipped the barrier shows up as its semaphore gone (it finished) or a deadlock:
     # report the core stuck in the barrier, which is what the user wrote
@@ -306,27 +333,56 @@ def bitcast(x, ty, dim: int = -2):
   d = dt.canonicalize(ty)
   if isinstance(x, Ref):
     return x.bitcast(d)
-  if d.itemsize == x.dtype.itemsize:   # same width: the shape stays, whatever the rank (0-d too)
+  src_bits, dst_bits = _storage_bits(x.dtype), _storage_bits(d)
+  if src_bits == dst_bits:   # same width: the shape stays, whatever the rank (0-d too)
     data = None if x._data is None else np.asarray(x._data).view(d)
     return _out(data, tuple(x.shape), d, ready_of(x), OpClass.FREE, True)
   if not x.ndim:
     raise ShapeError(f"bitcast {x.dtype}->{d} of a scalar{_where()}: a bitcast that changes the element "
                      f"width rescales a dimension, and a scalar has none. Fix: bitcast to a dtype of the "
-                     f"same width ({x.dtype.itemsize} bytes), or bitcast an array of at least one "
+                     f"same width ({f'{src_bits // 8} bytes' if src_bits % 8 == 0 else f'{src_bits} bits'}"
+                     f"), or bitcast an array of at least one "
                      f"dimension. ({user_frame_summary()})")
+  if not -x.ndim <= dim < x.ndim or dim % x.ndim < x.ndim - 2 or (dim == -2 and x.ndim < 2):
+    raise ShapeError(f"bitcast {x.dtype}->{d} of shape {tuple(x.shape)} along dim {dim}{_where()}: a "
+                     f"bitcast that changes the element width scales the second-minor (dim=-2, the "
+                     f"default, which a 1-D array lacks) or the minormost dimension (dim=-1), as in JAX. "
+                     f"Fix: pass dim=-1 or dim=-2 (reshape a 1-D array to 2-D for dim=-2). "
+                     f"({user_frame_summary()})")
   ax = dim % x.ndim
   new = list(x.shape)
-  if (new[ax] * x.dtype.itemsize) % d.itemsize:
+  if (new[ax] * src_bits) % dst_bits:
     raise ShapeError(f"bitcast {x.dtype}->{d}: dimension {dim} of size {x.shape[ax]}{_where()} does not "
                      f"convert to a whole number of {d} elements. Fix: make that dimension a multiple of "
-                     f"{max(1, d.itemsize // x.dtype.itemsize)}, or bitcast along another one. "
+                     f"{max(1, dst_bits // src_bits)}, or bitcast along another one. "
                      f"({user_frame_summary()})")
-  new[ax] = new[ax] * x.dtype.itemsize // d.itemsize
+  new[ax] = new[ax] * src_bits // dst_bits
   data = None
   if x._data is not None:
     moved = np.ascontiguousarray(np.moveaxis(x._data, ax, -1))
-    data = np.moveaxis(moved.view(d), -1, ax)
+    data = np.moveaxis(_view_last_axis(moved, x.dtype, d), -1, ax)
   return _out(data, tuple(new), d, ready_of(x), OpClass.FREE, True)
+
+
+def _storage_bits(d) -> int:
+  """Bits of one element as a bitcast sees them: 4 for int4/uint4 (ml_dtypes keeps one per byte, in
+  its low nibble), the itemsize otherwise."""
+  return 4 if d in (dt.int4, dt.uint4) else d.itemsize * 8
+
+
+def _view_last_axis(a: np.ndarray, src, dst) -> np.ndarray:
+  """`a.view(dst)` along the last axis, with 4-bit types packed two to a byte, the first in the low
+  nibble (XLA's bitcast_convert_type, element 0 in the lowest bits)."""
+  if src in (dt.int4, dt.uint4):
+    nib = a.view(np.uint8) & 0xF
+    a = (nib[..., 0::2] | (nib[..., 1::2] << 4)).astype(np.uint8)
+  if dst not in (dt.int4, dt.uint4):
+    return a.view(dst)
+  b = a.view(np.uint8)
+  nib = np.stack([b & 0xF, b >> 4], axis=-1).reshape(*b.shape[:-1], -1)
+  if dst == dt.int4:
+    return ((nib.astype(np.int8) ^ 8) - 8).astype(dst)
+  return nib.astype(dst)
 
 
 # ------------------------------------------------------------------ PRNG (per-core, deterministic)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import sys
 
 import numpy as np
@@ -26,13 +27,30 @@ def check_params(params, api: str) -> CompilerParams:
     return CompilerParams()
   if isinstance(params, dict):
     if set(params) == {"mosaic"} or set(params) == {"mosaic_tpu"}:
-      return CompilerParams(**next(iter(params.values())))
+      return _params_of_dict(params, api)
     raise UsageError(f"{api}: compiler_params={params!r} is not compiler parameters. Fix: pass a "
                      f"pltpu.CompilerParams(...).")
   if not isinstance(params, CompilerParams):
     raise UsageError(f"{api}: compiler_params must be a pltpu.CompilerParams for TPU; got "
                      f"{type(params).__name__}. Fix: pass pltpu.CompilerParams(...) or None.")
   return params
+
+
+def _params_of_dict(params: dict, api: str) -> CompilerParams:
+  """compiler_params={"mosaic": {...}} (the dict form JAX also takes) as pltpu.CompilerParams."""
+  (platform, fields), = params.items()
+  allowed = [f.name for f in dataclasses.fields(CompilerParams)]
+  if not isinstance(fields, dict) or not all(isinstance(k, str) for k in fields):
+    raise UsageError(f"{api}: compiler_params={{{platform!r}: ...}} must map to a dict of "
+                     f"pltpu.CompilerParams fields; got {validate.describe(fields)}. Fix: pass e.g. "
+                     f"{{{platform!r}: {{'dimension_semantics': ('parallel',)}}}}, or "
+                     f"pltpu.CompilerParams(...).")
+  bad = [k for k in fields if k not in allowed]
+  if bad:
+    raise UsageError(f"{api}: compiler_params[{platform!r}] has the unknown key(s) {bad}; expected "
+                     f"pltpu.CompilerParams fields: {', '.join(allowed)}. Fix: correct the key(s), or pass "
+                     f"pltpu.CompilerParams(...).")
+  return CompilerParams(**fields)
 
 
 class SpaceConstrained:

@@ -64,6 +64,9 @@ def freeze(ref: Ref) -> np.ndarray:
   if not isinstance(ref, Ref) or ref.buf.storage is None:
     raise UsageError(f"pl.freeze expects a live mutable ref; got {ref!r}. Fix: pass a ref from "
                      f"pl.new_ref / pl.empty_ref that was not frozen or freed yet.")
+  if ref._mapped:
+    raise UsageError(f"pl.freeze of {ref.origin()}: a bitcast or reshape view of a host ref cannot be "
+                     f"frozen. Fix: freeze the ref pl.new_ref returned, then bitcast or reshape the array.")
   value = ref.buf.storage if ref._full else ref.buf.storage[ref._np_index].copy()
   ref.buf.storage = None
   return value

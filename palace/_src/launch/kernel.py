@@ -36,6 +36,10 @@ def kernel(body=_NOT_GIVEN, out_type=(), *, mesh, scratch_types=(), compiler_par
     return functools.partial(kernel, out_type=out_type, mesh=mesh, scratch_types=scratch_types,
                              compiler_params=compiler_params, interpret=interpret,
                              cost_estimate=cost_estimate, debug=debug, name=name, metadata=metadata)
+  for i, b in enumerate(body if isinstance(body, (list, tuple)) else [body]):
+    validate.as_callable(b, "pl.kernel(body)" if not isinstance(body, (list, tuple)) else
+                         f"pl.kernel(body[{i}])", hint="pass the kernel body, a function taking one "
+                         "ref per input, output and scratch (e.g. def body(x_hbm, o_hbm): ...).")
   if isinstance(body, (list, tuple)):
     return _mpmd_kernel(body, out_type, mesh, scratch_types, compiler_params, name)
   params = launch.check_params(compiler_params, "pl.kernel")

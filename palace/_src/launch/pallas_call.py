@@ -120,6 +120,8 @@ def pallas_call(kernel, out_shape, *, grid_spec=None, grid=(), in_specs=no_block
     ...   o_ref[...] = x_ref[...] + y_ref[...]
     >>> f = pl.pallas_call(add_kernel, out_shape=pl.ShapeDtypeStruct((8, 128), jnp.float32))
   """
+  validate.as_callable(kernel, "pallas_call(kernel)", hint="pass the kernel body, a function taking "
+                       "one ref per input, output and scratch (e.g. def kernel(x_ref, o_ref): ...).")
   if unsupported:
     raise UsageError(f"pallas_call got unexpected keyword(s) {sorted(unsupported)}. Fix: check the "
                      f"spelling; the keywords are grid_spec, grid, in_specs, out_specs, scratch_shapes, "

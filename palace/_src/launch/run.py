@@ -24,7 +24,7 @@ from palace._src import executor
 from palace._src.blocks import BLOCKED, SQUEEZED
 from palace._src.core import (CORE_PARALLEL, PARALLEL, MemoryRef, MemorySpace, SemaphoreRefType,
                               SemaphoreType, TensorCoreMesh, canonical_semantics)
-from palace._src.errors import ResourceError, UsageError
+from palace._src.errors import ResourceError, SyncError, UsageError
 from palace._src.launch import host
 from palace._src.launch.plan import ENTRIES, LEAVES, OPERAND, LaunchPlan
 from palace._src.launch.sc_mesh import VectorSubcoreMesh, check_for_chip
@@ -67,7 +67,11 @@ def run(plan: LaunchPlan, operands, out=None) -> list:
         launch = _Launch(plan, operands, out=out)
         keep = lm.may_keep and not any(isinstance(v, Ref) for v in operands)
         programs = launch.build(machine, 0, keep)
-        machine.run(programs)
+        try:
+          machine.run(programs)
+        except SyncError as e:
+          barrier_notes(e, programs)
+          raise
         if keep and len(programs) == 1:
           lm.keep = _Warm(*programs[0], launch.out_bufs)
   finally:
@@ -78,6 +82,22 @@ def run(plan: LaunchPlan, operands, out=None) -> list:
     lm.keep.park()
     lm.give_back()
   return results
+
+
+def barrier_notes(error, programs) -> None:
+  """A launch that failed with cores left waiting in pltpu.core_barrier (a deadlock, or a core gone
+  past the barrier): name each such core and the cores of the launch that never reached a barrier."""
+  waiting = [(core, prog.kctx.in_barrier) for core, prog in programs
+             if getattr(prog, "kctx", None) is not None and prog.kctx.in_barrier]
+  if not waiting:
+    return
+  absent = [f"chip {core.chip_index} core {core.core_id}" for core, prog in programs
+            if getattr(prog, "kctx", None) is None or not prog.kctx.in_barrier]
+  for core, where in waiting:
+    error.add_note(f"chip {core.chip_index} core {core.core_id} is left waiting in {where}: "
+                   f"{', '.join(absent) or 'no other core'} never reached a core_barrier. Fix: every core "
+                   f"of the axis must call core_barrier the same number of times; do not put it under "
+                   f"pl.when or a core-dependent loop.")
 
 
 class _Warm:
@@ -195,10 +215,11 @@ class _CoreProgram:
     self.scopes = []       # the buffers of each open scope (barrier, staged, scratch), in order
     self.pipe = None
     self.barrier = None
+    self.kctx = None       # the KernelContext of the last run (barrier_notes reads it after a failure)
 
   def __call__(self) -> None:
     ex = executor.current()
-    kctx = context.KernelContext()
+    kctx = self.kctx = context.KernelContext()
     token = context.enter(kctx)
     try:
       self._open(ex)
@@ -248,15 +269,8 @@ class _CoreProgram:
         outputs[s.index] = r
     scratch = plan.scratch
     is_dict = isinstance(scratch, dict)
-    mem = getattr(ex, "memory", None) if plan.is_grid else None
-    if mem is not None:   # a pallas_call's scratch operands: beside the scoped stack (sim/memory.py)
-      mem.operands = True
-    try:
-      scr, kw_scr, bufs = open_scope(ex, () if is_dict else scratch, scratch if is_dict else {},
-                                     "scratch")
-    finally:
-      if mem is not None:
-        mem.operands = False
+    # (scratch counts against the whole VMEM, not the scoped limit: sim/memory.Allocator)
+    scr, kw_scr, bufs = open_scope(ex, () if is_dict else scratch, scratch if is_dict else {}, "scratch")
     self.scopes.append(bufs)
     if plan.is_grid:
       lead = tuple(tree_unflatten(plan.operand_tree, operands[:plan.num_prefetch]))
@@ -391,8 +405,9 @@ def _vmem_request(plan: LaunchPlan):
 
 
 def _check_vmem(core, plan: LaunchPlan):
-  """Fail before running when the pipeline buffers exceed the scoped VMEM limit, or buffers and VMEM
-  scratch operands the chip's VMEM (scratch operands are not scoped: sim/memory.Allocator)."""
+  """Fail before running when the pipeline buffers exceed the scoped VMEM limit (the one place that
+  limit is checked: it bounds these buffers only), or buffers and VMEM scratch operands the chip's
+  VMEM (scratch operands and run_scoped buffers are not scoped: sim/memory.Allocator)."""
   cache = plan.cache()
   sizes = cache.get("vmem bytes")
   if sizes is None:   # (a function of the plan alone)

@@ -22,6 +22,7 @@ import numpy as np
 
 from palace._src import validate
 from palace._src.launch import host as launch
+from palace._src.launch.run import barrier_notes
 from palace._src.errors import SyncError, UsageError
 from palace._src.sim import workers
 from palace._src.sim.ici import Topology
@@ -257,7 +258,11 @@ class _Group:
         programs = []
         for c, (_, b, _) in enumerate(launches):
           programs += b(machine, c)
-        machine.run(programs)
+        try:
+          machine.run(programs)
+        except SyncError as e:
+          barrier_notes(e, programs)
+          raise
     except BaseException as e:  # noqa: BLE001  every chip's thread re-raises it
       with self.cv:
         self.error = e
@@ -275,6 +280,50 @@ class _Group:
                                "returned while others wait in a launch. Fix: make every chip run the "
                                "same launches in the same order.")
       self.cv.notify_all()
+
+
+class CallGroups:
+  """The rendezvous of every call of one pod launch site (palace.jax: XLA runs the N device callbacks
+  of a call concurrently, and a chip's k-th callback belongs to the site's k-th call): one `_Group`
+  per call, gone when its last chip left. So a call that failed keeps its error to itself and the
+  next call starts clean, and a chip failing before it reached the launch releases its peers."""
+
+  def __init__(self, mesh: Mesh, tpu):
+    self.mesh, self.tpu = mesh, tpu
+    self.lock = threading.Lock()
+    self.calls = [0] * mesh.size
+    self.open = {}   # call number -> [its _Group, chips that left it]
+
+  def enter(self, chip: int) -> tuple:
+    """(call number, group) of `chip`'s next call."""
+    with self.lock:
+      k = self.calls[chip]
+      self.calls[chip] = k + 1
+      entry = self.open.get(k)
+      if entry is None:
+        entry = self.open[k] = [_Group(self.mesh, self.tpu), 0]
+      return k, entry[0]
+
+  def leave(self, k: int, error=None) -> None:
+    """A chip's callback of call `k` ends (`error`: what it raised, which its waiting peers then see)."""
+    with self.lock:
+      entry = self.open[k]
+      entry[1] += 1
+      if entry[1] == self.mesh.size:
+        del self.open[k]
+    group = entry[0]
+    if error is not None:
+      with group.cv:
+        if group.error is None:
+          group.error = error
+        group.cv.notify_all()
+
+
+def peer_error(group: _Group, chip: int) -> SyncError:
+  """What a chip raises when another chip's failure ended their collective launch."""
+  e = group.error
+  return SyncError(f"Chip {chip} stopped because the collective launch failed on another chip: "
+                   f"{type(e).__name__}: {e} Fix: see that chip's error (this chip only waited for it).")
 
 
 def shard_map(f, *, mesh: Mesh, in_specs, out_specs, check_rep=True, check_vma=True, axis_names=None):

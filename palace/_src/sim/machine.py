@@ -475,6 +475,12 @@ class VirtualTPU:
       memos = self._cost_memos = (self.chip, *cost_memos(self.chip))
     return memos[1:]
 
+  def chip_coords(self, chip: int) -> tuple:
+    """(x, y, z) of logical chip `chip` in this system's ICI torus, as a JAX TPU device's `coords`
+    reads (2-D tori: z = 0)."""
+    c = Topology(self.chip, self.num_chips, self.topology).coords(chip)
+    return tuple(c) + (0,) * (3 - len(c))
+
   def new_machine(self, kernel_name: str, num_chips: int = 1) -> Machine:
     """A fresh machine for one launch: chip 0 only, or the whole pod for an SPMD (shard_map) launch."""
     return Machine(self, kernel_name, self.timing_only, num_chips)

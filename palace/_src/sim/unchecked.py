@@ -24,6 +24,8 @@ def _clip_dims(shape, index):
   out, changed = [], False
   for d, size in enumerate(shape):
     ix = index[d] if d < len(index) else slice(None)
+    if isinstance(ix, np.ndarray):
+      return None   # an element map (lang/ref_maps.py): its views are bounds-checked when made
     if type(ix) is slice:
       st = ix.step or 1
       lo = ix.start or 0

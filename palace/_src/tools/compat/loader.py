@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import builtins
 import importlib.util
+import io
 import os
 import sys
+import tokenize
 import types
 from pathlib import Path
 
@@ -130,7 +132,7 @@ class World:
     return mod
 
   def exec_file(self, name, file, package=False, run_name=None):
-    src = Path(file).read_text()
+    src = _source_text(Path(file))
     mod = self.new_module(name, file, package)
     if run_name is not None:
       mod.__name__ = run_name
@@ -152,6 +154,22 @@ class World:
         else:
           sys.modules[key] = before
     return mod
+
+
+def _source_text(path: Path) -> str:
+  """A module's source as Python reads it (PEP 263: a coding line, else UTF-8); a file that is not
+  Python text (binary, another encoding without its coding line) is a UsageError, not a decode error."""
+  data = path.read_bytes()
+  try:
+    encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+    text = data.decode(encoding)
+  except (SyntaxError, UnicodeDecodeError, LookupError) as e:
+    raise UsageError(f"palace.compat.load_module: {path} is not Python source text ({e}). Fix: pass "
+                     f"a .py file (UTF-8, or with a '# -*- coding: ...' line).") from None
+  if "\0" in text:
+    raise UsageError(f"palace.compat.load_module: {path} is not Python source text (it contains a NUL "
+                     f"byte, as binary files do). Fix: pass a .py file.")
+  return text
 
 
 def _installed_jax_root() -> Path | None:

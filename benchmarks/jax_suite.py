@@ -1,0 +1,170 @@
+"""JAX's own Pallas TPU test suite with palace as the engine: per file passed / failed / skipped / timed out,
+and every failure grouped by its first error line.
+
+    .venv-jax/bin/python -m benchmarks.jax_suite --jax PATH_TO_JAX_CHECKOUT [--only SUBSTR,...]
+        [--per-test 60] [--per-file 1800] [--workers 2] [--out palace-out/jax_suite]
+
+Nothing is fetched: PATH is a JAX source tree (its `tests/pallas/tpu_*.py` are run where they lie, with
+the installed jax, 0.12). Each file runs in its own `pytest -p palace.jax` process with PALACE_JAX set to
+the chip (and chip count) a TPU user would pick for it (`CHIPS` below: SparseCore tests on 7x,
+megacore on v5p, multi-device tests on 4 v5e chips, the rest on one v5e), XLA given that many host
+devices, JAX's test utilities told the device is that TPU (the plugin: palace/_src/jax/pytest_plugin.py).
+Per-test limit: pytest-timeout (`--timeout`; installed with `pip install pytest-timeout`); per-file
+limit: the process is stopped and its remaining tests counted as not run. Results come from pytest's
+JUnit XML; the table goes to stdout and `OUT/summary.md`, the raw per-test outcomes to `OUT/results.json`.
+
+Tests that need a real compiler (Mosaic MLIR text, compile-only APIs) fail with palace's
+UnsupportedError naming that reason; they are counted apart ("needs a compiler") from failures.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import concurrent.futures
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+
+# file stem -> PALACE_JAX value; the first matching substring wins, default v5e
+CHIPS = (("sparsecore", "7x"), ("megacore", "v5p"), ("core_map", "v5p"), ("distributed", "v5e:4"),
+         ("async", "v5e:4"), ("collective", "v5e:4"), ("", "v5e"))
+NEEDS_COMPILER = re.compile(r"needs a real compiler|Mosaic MLIR|compile-only", re.I)
+
+
+def chip_for(stem: str) -> str:
+  return next(chip for key, chip in CHIPS if key in stem)
+
+
+def _first_line(text: str) -> str:
+  for line in (text or "").splitlines():
+    line = line.strip()
+    if line and not line.startswith(("Traceback", "File ", "self =", "def ", "@")):
+      line = re.sub(r" ?\(kernel line [^()]*(\([^()]*\))?[^()]*\)", "", line)
+      return re.sub(r"0x[0-9a-f]+|\d+\.\d+|\(\d+(, \d+)*\)", "#", line)[:160]
+  return "(no message)"
+
+
+def run_file(path: str, out_dir: str, per_test: int, per_file: int, timeout_plugin: bool) -> dict:
+  stem = os.path.basename(path)[:-3]
+  chip = chip_for(stem)
+  n = int(chip.split(":")[1]) if ":" in chip else 1
+  xml = os.path.join(out_dir, f"{stem}.xml")
+  env = dict(os.environ, PALACE_JAX=chip, JAX_PLATFORMS="cpu",
+             PYTHONPATH=os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p))
+  flags = env.get("XLA_FLAGS", "")
+  if "xla_force_host_platform_device_count" not in flags:
+    env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={max(n, 1)}".strip()
+  cmd = [sys.executable, "-m", "pytest", "-p", "palace.jax", "-q", "-p", "no:cacheprovider",
+         f"--junitxml={xml}", "-o", "junit_family=xunit1", path]
+  if timeout_plugin:
+    cmd += [f"--timeout={per_test}"]
+  t0 = time.time()
+  try:
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=per_file,
+                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(path))))
+    timed_out, tail = False, (proc.stdout + proc.stderr)[-2000:]
+  except subprocess.TimeoutExpired as e:
+    timed_out, tail = True, str(e.stdout or "")[-2000:]
+  res = {"file": stem, "chip": chip, "seconds": round(time.time() - t0, 1), "file_timed_out": timed_out,
+         "tests": [], "tail": tail}
+  if os.path.exists(xml):
+    for case in ET.parse(xml).getroot().iter("testcase"):
+      name = f"{case.get('classname', '').split('.')[-1]}::{case.get('name')}"
+      outcome, msg = "passed", ""
+      for child in case:
+        if child.tag in ("failure", "error"):
+          msg = (child.get("message") or "") + "\n" + (child.text or "")
+          if "collection failure" in msg or "ERROR collecting" in msg or not case.get("classname"):
+            outcome = "not collected"   # the file does not import with this jax (a version mismatch)
+            msg = next((ln for ln in (child.text or "").splitlines() if ln.startswith("E ")), msg)[2:]
+          elif "Timeout" in msg:
+            outcome = "timeout"
+          else:
+            outcome = "needs a compiler" if NEEDS_COMPILER.search(msg) else "failed"
+        elif child.tag == "skipped":
+          outcome = "skipped"
+      res["tests"].append({"name": name, "outcome": outcome, "seconds": float(case.get("time") or 0),
+                           "first_line": _first_line(msg) if msg else ""})
+  return res
+
+
+def summarize(results: list[dict]) -> str:
+  kinds = ("passed", "failed", "needs a compiler", "skipped", "timeout", "not collected")
+  lines = ["| file | chip | " + " | ".join(kinds) + " | file over its limit | s |",
+           "|---|---|" + "---|" * (len(kinds) + 2)]
+  total = collections.Counter()
+  groups = collections.Counter()
+  for r in sorted(results, key=lambda r: r["file"]):
+    c = collections.Counter(t["outcome"] for t in r["tests"])
+    total.update(c)
+    for t in r["tests"]:
+      if t["outcome"] in ("failed", "timeout"):
+        groups[t["first_line"]] += 1
+      elif t["outcome"] == "not collected":
+        groups["(not collected) " + t["first_line"]] += 1
+    lines.append(f"| {r['file']} | {r['chip']} | " + " | ".join(str(c[k]) for k in kinds)
+                 + f" | {'yes' if r['file_timed_out'] else ''} | {r['seconds']:.0f} |")
+  ran = total["passed"] + total["failed"] + total["timeout"]
+  lines.append("| **all** | | " + " | ".join(f"**{total[k]}**" for k in kinds) + " | | |")
+  lines.append(f"\npassed {total['passed']} of {ran} run without a compiler need "
+               f"({100.0 * total['passed'] / max(ran, 1):.1f}%)\n\nfailures by first error line:")
+  for line, count in groups.most_common():
+    lines.append(f"{count:6d}  {line}")
+  return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--jax", required=True, help="a JAX source tree (holds tests/pallas/tpu_*.py)")
+  ap.add_argument("--only", default=None, help="comma-separated substrings of file names")
+  ap.add_argument("--per-test", type=int, default=60)
+  ap.add_argument("--per-file", type=int, default=1800)
+  ap.add_argument("--workers", type=int, default=2, help="files run at once")
+  ap.add_argument("--out", default="palace-out/jax_suite")
+  ap.add_argument("--interpret", action="store_true", help="also the interpret-mode test files")
+  a = ap.parse_args(argv)
+  tests_dir = os.path.join(os.path.abspath(a.jax), "tests", "pallas")
+  if not os.path.isdir(tests_dir):
+    print(f"jax_suite: {tests_dir} does not exist. Fix: pass --jax a JAX source checkout "
+          f"(git clone https://github.com/jax-ml/jax).", file=sys.stderr)
+    return 2
+  files = sorted(os.path.join(tests_dir, f) for f in os.listdir(tests_dir)
+                 if f.startswith("tpu_") and f.endswith(".py"))
+  if not a.interpret:   # JAX's interpret-mode duplicates of the TPU tests: not palace's to run
+    files = [f for f in files if "interpret" not in os.path.basename(f)]
+  if a.only:
+    keys = a.only.split(",")
+    files = [f for f in files if any(k in os.path.basename(f) for k in keys)]
+  os.makedirs(a.out, exist_ok=True)
+  try:
+    import pytest_timeout  # noqa: F401, PLC0415
+    plugin = True
+  except ImportError:
+    plugin = False
+    print("jax_suite: pytest-timeout is not installed; only the per-file limit applies "
+          "(pip install pytest-timeout)", file=sys.stderr)
+  results = []
+  with concurrent.futures.ThreadPoolExecutor(a.workers) as pool:
+    futs = {pool.submit(run_file, f, os.path.abspath(a.out), a.per_test, a.per_file, plugin): f
+            for f in files}
+    for fut in concurrent.futures.as_completed(futs):
+      r = fut.result()
+      results.append(r)
+      c = collections.Counter(t["outcome"] for t in r["tests"])
+      print(f"{r['file']:45s} {r['chip']:6s} {dict(c)} {r['seconds']:.0f}s"
+            f"{' FILE TIMED OUT' if r['file_timed_out'] else ''}", flush=True)
+  table = summarize(results)
+  print(table)
+  with open(os.path.join(a.out, "summary.md"), "w") as f:
+    f.write(table + "\n")
+  with open(os.path.join(a.out, "results.json"), "w") as f:
+    json.dump(results, f, indent=1)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,30 @@
+"""`PALACE_JAX=<chip> pytest -p palace.jax ...`: a TPU test suite runs its TPU tests on palace (L5).
+
+PALACE_JAX already makes every TPU kernel of the process run on the virtual chip and shows the devices as
+that chip to the suite's own code (device_view.py). The plugin adds what a suite's selection helpers read
+besides the devices: JAX's `jax_test_dut` flag is set to "tpu", so `jtu.test_device_matches(["tpu"])`,
+`jtu.is_device_tpu(5, "e")`, `jtu.is_device_tpu_at_least(4)` and `jtu.get_tpu_version()` answer as on
+that chip, and the header of the run names it. Without PALACE_JAX the plugin does nothing.
+"""
+from __future__ import annotations
+
+
+def _tpu():
+  from palace._src.jax import process_tpu  # noqa: PLC0415  (the package's PALACE_JAX activation)
+  return process_tpu
+
+
+def pytest_configure(config):
+  if _tpu() is None:
+    return
+  import jax  # noqa: PLC0415
+  from jax._src import test_util  # noqa: F401, PLC0415  (defines the jax_test_dut flag)
+  jax.config.update("jax_test_dut", "tpu")
+
+
+def pytest_report_header(config):
+  tpu = _tpu()
+  if tpu is None:
+    return "palace.jax: inactive (set PALACE_JAX=<chip>[:<num_chips>] to run TPU kernels on palace)"
+  return (f"palace.jax: TPU kernels run on a virtual {tpu.chip.name} ({tpu.num_chips} chip"
+          f"{'s' if tpu.num_chips != 1 else ''}); jax_test_dut=tpu")

@@ -1,0 +1,137 @@
+"""Real JAX kernels through palace.jax: ref bitcasts that change the element width (packed along the
+second-minor axis, checked against a NumPy reference and against JAX's own `state_utils.bitcast`),
+chains of ref transforms, and SparseCore stores that add or compress (`plsc.addupdate`,
+`addupdate_compressed`, `store_compressed`: JAX binds them as a `swap` with `add` / `compress`)."""
+import functools
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+from jax._src.state import utils as state_utils
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+from jax.experimental.pallas import tpu_sc as plsc
+
+import palace.jax as pj
+from bitcast_reference import ref_bitcast
+
+
+def test_the_numpy_reference_is_jax_state_bitcast(rng):
+  for src, dst, shape in [(np.int32, np.int16, (3, 8, 5)), (np.int16, np.int32, (3, 8, 5)),
+                          (np.int32, np.int8, (4, 6)), (ml_dtypes.bfloat16, np.uint32, (8, 4))]:
+    x = rng.integers(-100, 100, shape).astype(src)
+    np.testing.assert_array_equal(np.asarray(state_utils.bitcast(jnp.asarray(x), dst)),
+                                  ref_bitcast(x, dst))
+
+
+@pytest.mark.parametrize("slice_first", [True, False])
+def test_load_and_store_through_bitcast_views(slice_first):
+  x = np.arange(4 * 8 * 128, dtype=np.int32).reshape(16, 256)
+  xb = np.arange(16 * 128).astype(ml_dtypes.bfloat16).reshape(16, 128)
+
+  def load(x_ref, y_ref):
+    ref = x_ref.at[:8, :128].bitcast(jnp.int16) if slice_first else \
+        x_ref.bitcast(jnp.int16).at[:16, :128]
+    pltpu.store(y_ref, pltpu.load(ref))
+
+  def store(x_ref, y_ref):
+    y_ref[...] = jnp.zeros(y_ref.shape, jnp.int32)
+    ref = y_ref.at[:8, :128].bitcast(jnp.bfloat16) if slice_first else \
+        y_ref.bitcast(jnp.bfloat16).at[:16, :128]
+    ref[...] = x_ref[...]
+
+  with pj.virtual_tpu("v5e") as tpu:
+    y = pl.pallas_call(load, out_shape=jax.ShapeDtypeStruct((16, 128), jnp.int16))(x)
+    z = pl.pallas_call(store, out_shape=jax.ShapeDtypeStruct((16, 256), jnp.int32))(xb)
+    y, z = np.asarray(y), np.asarray(z)
+  expected = ref_bitcast(x[:8, :128], np.int16) if slice_first else ref_bitcast(x, np.int16)[:16, :128]
+  np.testing.assert_array_equal(y, expected)
+  np.testing.assert_array_equal(z[:8, :128], ref_bitcast(xb, np.int32))
+  assert len(tpu.reports) == 2
+
+
+def test_dma_of_a_bitcast_hbm_ref_and_a_chain_of_transforms():
+  x = np.arange(4 * 8 * 128, dtype=np.int32).reshape(16, 1, 256)
+  x2 = np.arange(32 * 256, dtype=np.int32).reshape(32, 256)
+
+  def dma(x_hbm, y_hbm):
+    def body(sem):
+      pltpu.async_copy(x_hbm.bitcast(jnp.int16).at[:8, :, :128], y_hbm.at[...], sem).wait()
+    pl.run_scoped(body, pltpu.SemaphoreType.DMA)
+
+  def chain(x_ref, y_ref):
+    y_ref[...] = (x_ref.at[:16, :256].bitcast(jnp.int16).reshape((2, 16, 256)).bitcast(jnp.float16)
+                  .at[1:, :, :].reshape((16, 256)).at[:, :128].bitcast(jnp.int32))[...]
+
+  with pj.virtual_tpu("v5e"):
+    y = np.asarray(pl.pallas_call(dma, in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                                  out_specs=pl.BlockSpec(memory_space=pl.ANY),
+                                  out_shape=jax.ShapeDtypeStruct((8, 2, 128), jnp.int16))(x))
+    z = np.asarray(pl.pallas_call(chain, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.int32))(x2))
+  np.testing.assert_array_equal(y, ref_bitcast(x, np.int16)[:8, :, :128])
+  np.testing.assert_array_equal(z, x2[8:16, :128])
+
+
+@pytest.mark.parametrize("transform", ["narrowing bitcast", "same-width bitcast", "reshape"])
+def test_views_of_a_replayed_launch_read_each_launchs_data(rng, transform):
+  """A kernel launched again with new data (palace.jax keeps and replays such launches, rebinding their
+  buffers): its bitcast and reshape views read the new operands, not those of the launch that made
+  them (until session 37 the same-width bitcast and the reshape read stale data from the third call)."""
+  view, shape, dtype, expected = {
+      "narrowing bitcast": (lambda r: r.bitcast(jnp.int16), (32, 128), jnp.int16,
+                            lambda x: ref_bitcast(x, np.int16)),
+      "same-width bitcast": (lambda r: r.bitcast(jnp.float32), (16, 128), jnp.float32,
+                             lambda x: x.view(np.float32)),
+      "reshape": (lambda r: r.reshape(8, 256), (8, 256), jnp.int32, lambda x: x.reshape(8, 256)),
+  }[transform]
+
+  def kernel(x_ref, y_ref):
+    y_ref[...] = view(x_ref)[...]
+
+  f = jax.jit(pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(shape, dtype)))
+  with pj.virtual_tpu("v5e"):
+    for _ in range(4):
+      x = rng.integers(-2**31, 2**31 - 1, (16, 128), dtype=np.int64).astype(np.int32)
+      got = np.asarray(f(x))
+      np.testing.assert_array_equal(got.view(np.uint8), expected(x).view(np.uint8))
+
+
+def _vector_kernel(body, out_shape, mesh):
+  """JAX's SparseCore test harness in small: `body` on whole-array VMEM blocks of a vector subcore."""
+  @functools.partial(pl.kernel, out_type=out_shape, mesh=mesh)
+  def k(*hbm):
+    pltpu.emit_pipeline(body, grid=(1,), in_specs=[pl.BlockSpec()] * (len(hbm) - 1),
+                        out_specs=[pl.BlockSpec()])(*hbm)
+  return k
+
+
+def test_sparsecore_addupdate_and_compressed_stores():
+  with pj.virtual_tpu("7x") as tpu:
+    mesh = plsc.VectorSubcoreMesh(core_axis_name="c", subcore_axis_name="s", num_cores=1,
+                                  num_subcores=1)
+    lanes = pltpu.get_tpu_info().sparse_core.num_lanes
+    out = jax.ShapeDtypeStruct((lanes,), jnp.int32)
+
+    def add(o_ref):
+      o_ref[...] = jnp.zeros_like(o_ref)
+      for i in range(lanes):
+        plsc.addupdate(o_ref.at[...], jax.lax.broadcast(i, o_ref.shape))
+
+    def compressed(x_ref, o_ref):
+      o_ref[...] = jnp.full(o_ref.shape, 100, jnp.int32)
+      m = x_ref[...] % 3 == 0
+      plsc.store_compressed(o_ref.at[...], x_ref[...], mask=m)
+      plsc.addupdate_compressed(o_ref.at[...], x_ref[...], mask=m)
+
+    added = np.asarray(_vector_kernel(add, out, mesh)())
+    x = np.arange(lanes, dtype=np.int32)
+    got = np.asarray(_vector_kernel(compressed, out, mesh)(x))
+  np.testing.assert_array_equal(added, np.full(lanes, sum(range(lanes))))
+  picked = x[x % 3 == 0]
+  expected = np.full(lanes, 100, np.int32)
+  expected[:picked.size] = 2 * picked
+  np.testing.assert_array_equal(got, expected)
+  assert len(tpu.reports) == 2
