@@ -244,6 +244,18 @@ def test_a_dma_left_in_flight_is_reported_at_the_kernel_line_that_started_it():
       jax.block_until_ready(jax.jit(f)(X))
 
 
+def test_a_dma_priority_other_than_the_default_is_refused_not_ignored():
+  import palace as ppl
+
+  def kernel(x_hbm, o_hbm, sem):
+    pltpu.async_copy(x_hbm, o_hbm, sem, priority=1).wait()
+
+  f = _hbm_call(kernel, [pltpu.SemaphoreType.DMA])
+  with pytest.raises(ppl.UnsupportedError, match=r"start\(priority=1\).*one DMA queue per core"):
+    with pj.virtual_tpu("v5e"):
+      jax.block_until_ready(jax.jit(f)(X))
+
+
 def test_a_dma_with_no_user_frame_is_reported_at_the_kernel_definition(tmp_path):
   # JAX's emit_pipeline starts its DMAs in library code, inside run_scoped: such equations have no
   # user frame, so their site is the kernel function's definition (from the jaxpr's debug info: the

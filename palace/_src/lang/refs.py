@@ -444,7 +444,3 @@ def _coerce_store(view: Ref, value, timing_only: bool):
   if timing_only and view.shape:
     data = None
   return data, ready
-
-
-def ref_for(buf: "Buffer") -> Ref:
-  return Ref(buf)

@@ -344,11 +344,3 @@ def shard_map(f, *, mesh: Mesh, in_specs, out_specs, check_rep=True, check_vma=T
     return tree_unflatten(td, outs)
 
   return run
-
-
-def axis_index_on_host(name) -> int | None:
-  ctx = launch.spmd_context()
-  if ctx is None:
-    return None
-  group, chip = ctx
-  return group.mesh.coords(chip)[name]

@@ -139,10 +139,6 @@ def plan(timing: tuple, chans) -> CopyPlan:
                   cls in ("read", "hbm->hbm"))
 
 
-def bytes_of(shape, itemsize: int) -> int:
-  return int(math.prod(shape)) * itemsize
-
-
 class DmaEngine:
   """The DMA issue of one core: plans per (spaces, semaphore), the core's channels, the start path."""
   __slots__ = ("core", "machine", "issue_cycles", "eager", "chans", "prepared")

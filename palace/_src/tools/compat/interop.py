@@ -84,14 +84,3 @@ def jax_callable(f, out_shape=None, *, tpu=None, vmap_method=None):
     return jax.pure_callback(host, types, *args, **kw)
 
   return call
-
-
-def return_like_inputs(tree, args):
-  """`tree` with NumPy leaves turned into jax.Arrays when any input leaf was a jax.Array."""
-  if "jax" not in sys.modules:
-    return tree
-  leaves, _ = tree_flatten(args)
-  if not any(is_jax_array(x) for x in leaves):
-    return tree
-  import jax.numpy as jnp  # noqa: PLC0415
-  return tree_map(lambda a: jnp.asarray(a) if isinstance(a, np.ndarray) else a, tree)
