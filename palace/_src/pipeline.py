@@ -490,17 +490,15 @@ class _Steps:
     self.out_plan = [(k, o, o.all_blocks, o.mode == _ALIAS) for k, o in outs]
     self.dma_start, self.dma_wait = ex.dma_start, ex.dma_wait
 
-  def _block(self, o: _Op, blocks, t: int):
-    """The element offsets of `o`'s block at step `t`: precomputed, or its index map run now."""
-    return blocks[t] if blocks is not None else block_offsets(o, t, self.points[t], self.index_args, "")
-
   def inputs(self, s: int, point) -> None:
     """Start every missing current input block first (the prologue issues all of step 0's copies
     before waiting any), then per input wait the current block and prefetch ahead."""
-    dma_start, call_args, n = self.dma_start, self.call_args, self.n
+    # (a block's element offsets: precomputed for every step, or its index map run now)
+    dma_start, call_args, n, points, index_args = self.dma_start, self.call_args, self.n, self.points, \
+        self.index_args
     for o in self.buffered_in:
       if s not in o.fetched:
-        cur = self._block(o, o.all_blocks, s)
+        cur = o.all_blocks[s] if o.all_blocks is not None else block_offsets(o, s, point, index_args, "")
         if s == 0 or cur != o.cur:
           _start_fetch(o, s, cur, dma_start)
     # double buffering: every input's next block is started before any current block is waited
@@ -508,12 +506,12 @@ class _Steps:
     # step and pays one DMA-wait sync per step, docs/timing-model.md 1.2)
     curs = []
     for k, o, blocks, alias, ahead in self.in_plan:
-      cur = self._block(o, blocks, s)
+      cur = blocks[s] if blocks is not None else block_offsets(o, s, point, index_args, "")
       curs.append(cur)
       if ahead == 1:   # (0 for an aliased input)
         t = s + 1
         if t < n:
-          nxt = self._block(o, blocks, t)
+          nxt = blocks[t] if blocks is not None else block_offsets(o, t, points[t], index_args, "")
           if nxt != cur and t not in o.fetched:
             _start_fetch(o, t, nxt, dma_start)
     for (k, o, blocks, alias, ahead), cur in zip(self.in_plan, curs):
@@ -531,16 +529,16 @@ class _Steps:
       if ahead > 1:    # lookahead: every changed block that fits the free slots
         prev = cur
         for t in range(s + 1, min(n, s + o.nbuf)):
-          nxt = self._block(o, blocks, t)
+          nxt = blocks[t] if blocks is not None else block_offsets(o, t, points[t], index_args, "")
           if nxt != prev and t not in o.fetched:
             _start_fetch(o, t, nxt, dma_start)
           prev = nxt
 
   def outputs(self, s: int, point) -> None:
     """Pick each output's slot for this step's block (after waiting the write-back that last used it)."""
-    call_args = self.call_args
+    call_args, index_args = self.call_args, self.index_args
     for k, o, blocks, alias in self.out_plan:
-      cur = self._block(o, blocks, s)
+      cur = blocks[s] if blocks is not None else block_offsets(o, s, point, index_args, "")
       if alias:
         if s == 0 or cur != o.cur:
           o.cur = cur
@@ -566,8 +564,11 @@ class _Steps:
     """Write back the output blocks that change next step (or at the last step)."""
     last = self.n - 1
     for o in self.buffered_out:
-      if s != last and self._block(o, o.all_blocks, s + 1) == o.cur:
-        continue
+      if s != last:
+        nxt = o.all_blocks[s + 1] if o.all_blocks is not None else \
+            block_offsets(o, s + 1, self.points[s + 1], self.index_args, "")
+        if nxt == o.cur:
+          continue
       o.written.add(o.cur)
       copy = o.prepare(o, o.cur, o.cur_slot, True)
       if copy is not None:

@@ -192,8 +192,10 @@ def test_with_scalar_prefetch_only_the_maps_reading_it_run_per_step(monkeypatch)
 def test_a_rule_giving_the_wrong_dtype_is_caught_not_computed(monkeypatch):
   import palace as ppl
   import palace.numpy as pjnp
-  from palace._src.jax import interpret
-  monkeypatch.setitem(interpret.RULES, "neg", lambda eqn, x: pjnp.astype(x, jnp.int32))  # a bad rule
+  import dataclasses
+  from palace._src.jax.registry import RULES
+  bad = lambda eqn, x: pjnp.astype(x, jnp.int32)   # noqa: E731
+  monkeypatch.setitem(RULES, "neg", dataclasses.replace(RULES["neg"], evaluate=bad, compiles=False))
 
   def kernel(x_ref, o_ref):
     o_ref[...] = -x_ref[...]

@@ -16,8 +16,8 @@ The hook, and why it is safe with jit's compilation cache:
 * The callback may run on an XLA thread, so the engine's VirtualTPU is made active there explicitly.
 
 Process-wide switch: `PALACE_JAX=v5e` (optionally `PALACE_JAX=v5e:4` for 4 chips) makes importing
-`palace.jax` install a global engine (`python -m palace._src.jax.run prog.py` and `pytest -p palace.jax` import
-it for unmodified programs and test suites).
+`palace.jax` install a global engine (`python -m palace._src.jax.run prog.py` and
+`pytest -p palace.jax` import it for unmodified programs and test suites).
 """
 from __future__ import annotations
 

@@ -13,20 +13,19 @@ import functools
 import numpy as np
 
 from palace._src.errors import UnsupportedError, UsageError
+from palace._src.jax.registry import RULES
 
 
 def _remote_ids(jaxpr, outer=()):
   """(equation, its device_id operand tree, its device_id_type, enclosing equations) of every remote
-  copy and remote signal in `jaxpr` and its sub-jaxprs."""
-  from palace._src.jax.interpret import sub_jaxprs  # noqa: PLC0415
+  copy (its start and waits) and remote signal in `jaxpr` and its sub-jaxprs (registry entries whose
+  operands have a device_id)."""
+  from palace._src.jax.registry import sub_jaxprs  # noqa: PLC0415
   for eqn in jaxpr.eqns:
-    name = eqn.primitive.name
-    if name == "dma_start":
-      dev = eqn.params["tree"].unflatten(eqn.invars)[4]
-    elif name == "semaphore_signal":
-      dev = eqn.params["args_tree"].unflatten(eqn.invars)[3]
-    else:
-      dev = None
+    entry = RULES.get(eqn.primitive.name)
+    operands = None if entry is None else entry.operands
+    dev = operands.decode(eqn).get("device_id") if operands is not None and "device_id" in operands.names \
+        else None
     if dev is not None:
       yield eqn, dev, str(getattr(eqn.params.get("device_id_type"), "value", "mesh")).lower(), outer
     for sub in sub_jaxprs(eqn):
@@ -41,7 +40,7 @@ def _communication(jaxpr, manual):
 
 
 def _named(jaxpr, manual):
-  from palace._src.jax.interpret import sub_jaxprs  # noqa: PLC0415
+  from palace._src.jax.registry import sub_jaxprs  # noqa: PLC0415
   for eqn in jaxpr.eqns:
     name = eqn.primitive.name
     if name == "axis_index":

@@ -16,7 +16,8 @@ from palace._src import core as pcore
 from palace._src.blocks import INDEX_DTYPE, PURE_INDEX_MAP
 from palace._src.errors import BlockSpecError, UnsupportedError
 from palace._src.jax.avals import alloc_type, memory_space
-from palace._src.jax.interpret import grid_axes, kernel_site, literal, program, run_program
+from palace._src.jax.interpret import grid_axes, kernel_site, program, run_program
+from palace._src.jax.registry import RULES, literal, sub_jaxprs
 from palace._src.jax.schedule import replay_blocker
 from palace._src.launch.host import with_memory_space_constraint
 from palace._src.launch.host_refs import freeze, new_ref
@@ -77,21 +78,17 @@ def _block_shape(params, bm):
   return tuple(out)
 
 
-# primitives of scalar index arithmetic (what `i // 2`, `jnp.minimum`, `lax.select`, `x % n` trace to):
-# pure functions of their operands, which palace's rules also evaluate on whole index columns
-_PURE_INDEX_PRIMITIVES = frozenset([
-    "add", "sub", "mul", "neg", "max", "min", "div", "rem", "sign", "abs", "eq", "ne", "lt", "le", "gt",
-    "ge", "and", "or", "xor", "not", "select_n", "clamp", "convert_element_type", "shift_left",
-    "shift_right_arithmetic", "shift_right_logical", "jit", "pjit", "closed_call"])
-
-
 def _pure_index_jaxpr(jaxpr) -> bool:
   """True when an index map's `jaxpr` computes its block indices from its grid indices alone: only
-  scalar arithmetic, in nested calls too, so its scalar-prefetch refs (operands after the grid
-  indices) are never read (no primitive above takes a ref)."""
-  from palace._src.jax.interpret import sub_jaxprs  # noqa: PLC0415
-  return all(e.primitive.name in _PURE_INDEX_PRIMITIVES and all(map(_pure_index_jaxpr, sub_jaxprs(e)))
-             for e in jaxpr.eqns)
+  scalar index arithmetic (registry entries marked `pure_index`: what `i // 2`, `jnp.minimum`,
+  `lax.select`, `x % n` trace to, pure functions of their operands that palace's rules also evaluate
+  on whole index columns), in nested calls too, so its scalar-prefetch refs (operands after the grid
+  indices) are never read (no such primitive takes a ref)."""
+  for e in jaxpr.eqns:
+    entry = RULES.get(e.primitive.name)
+    if entry is None or not entry.pure_index or not all(map(_pure_index_jaxpr, sub_jaxprs(e))):
+      return False
+  return True
 
 
 def _index_map(bm):

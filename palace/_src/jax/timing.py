@@ -65,7 +65,7 @@ class DeviceTime:
 
 def _launches(jaxpr, repeated: bool, out: list) -> list:
   """(eqn, inside a loop) for every kernel launch of `jaxpr` and its sub-jaxprs, in program order."""
-  from palace._src.jax.interpret import sub_jaxprs  # noqa: PLC0415
+  from palace._src.jax.registry import sub_jaxprs  # noqa: PLC0415
   for eqn in jaxpr.eqns:
     if eqn.primitive.name in _LAUNCHES:
       out.append((eqn, repeated))
@@ -89,13 +89,13 @@ def _scalar_operands(eqn) -> bool:
 
 def _prints(jaxpr) -> bool:
   """Whether a kernel jaxpr prints (pl.debug_print, jax.debug.print): it would print undefined values."""
-  from palace._src.jax.interpret import sub_jaxprs  # noqa: PLC0415
+  from palace._src.jax.registry import sub_jaxprs  # noqa: PLC0415
   return any(eqn.primitive.name in _PRINTS or any(_prints(s) for s in sub_jaxprs(eqn))
              for eqn in jaxpr.eqns)
 
 
 def _donates(jaxpr) -> bool:
-  from palace._src.jax.interpret import sub_jaxprs  # noqa: PLC0415
+  from palace._src.jax.registry import sub_jaxprs  # noqa: PLC0415
   return any(any(eqn.params.get("donated_invars", ())) or any(_donates(s) for s in sub_jaxprs(eqn))
              for eqn in jaxpr.eqns)
 
@@ -104,7 +104,7 @@ def needs_data(fn, *args, **kwargs) -> str | None:
   """Why `fn(*args, **kwargs)` must run with data to leave nothing wrong behind, or None (it
   launches kernels and only its discarded result would hold undefined values)."""
   import jax  # noqa: PLC0415
-  from palace._src.jax.interpret import sub_jaxprs  # noqa: PLC0415
+  from palace._src.jax.registry import sub_jaxprs  # noqa: PLC0415
   try:
     closed = jax.make_jaxpr(fn)(*args, **kwargs)
   except Exception as e:  # noqa: BLE001  any failure to trace: run it as it is
