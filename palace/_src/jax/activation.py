@@ -13,7 +13,8 @@ The hook, and why it is safe with jit's compilation cache:
   `palace.jax` is imported). It lowers a `pallas_call` whose `interpret` is an Engine to ONE
   `jax.pure_callback` that runs the whole launch on palace; every other `pallas_call` (no engine, GPU
   interpret params, JAX's own TPU interpret mode) is passed to JAX's own rule unchanged.
-* The callback may run on an XLA thread, so the engine's VirtualTPU is made active there explicitly.
+* The callback may run on an XLA thread, where no VirtualTPU is active: the launch runs on the
+  engine's, handed down to palace's `run` (launch/run.py).
 
 Process-wide switch: `PALACE_JAX=v5e` (optionally `PALACE_JAX=v5e:4` for 4 chips) makes importing
 `palace.jax` install a global engine (`python -m palace._src.jax.run prog.py` and
@@ -26,7 +27,7 @@ import os
 import threading
 
 from palace._src.errors import UsageError
-from palace._src.sim.machine import VirtualTPU, activate, deactivate
+from palace._src.launch.host import VirtualTPU
 
 _installed: list = []  # the lowering registration happens once per process (a registry, not state)
 # palace launches whose host callback is running now, on XLA's threads (process-wide host bookkeeping,
@@ -69,16 +70,6 @@ class Engine:
     finally:
       with self.lock:
         self.tpu.timing_only = prev
-
-  def run(self, launch_fn, params, args, out=None):
-    """Host side of one launch: the callback lands here with NumPy operands, on some XLA thread
-    (counted in `running` by the callback around it: callback._emit_callback). `out`: arrays to
-    compute the outputs in (launch.run_pallas_call's)."""
-    token = activate(self.tpu)
-    try:
-      return launch_fn(params, args) if out is None else launch_fn(params, args, out=out)
-    finally:
-      deactivate(token)
 
 
 class running:

@@ -261,26 +261,21 @@ def _lower_pod_launch(ctx, in_nodes, engine, params, axis_ctx, manual, kind):
   from jax._src.lib.mlir.dialects import hlo  # noqa: PLC0415
   from palace._src.jax import launch  # noqa: PLC0415
   from palace._src.launch import host as palace_host, spmd  # noqa: PLC0415
-  from palace._src.sim.machine import activate, deactivate  # noqa: PLC0415
 
   mesh = axis_ctx.mesh
   _check_covered(params, kind)
   check_device_ids(_kernel_jaxprs(params, kind), mesh.axis_names)
-  token = activate(engine.tpu)   # palace's make_mesh checks the chip count and picks the ring order
-  try:
+  with palace_host.on_tpu(engine.tpu):   # palace's make_mesh checks the chip count, picks the ring order
     pmesh = spmd.make_mesh(tuple(mesh.shape.values()), tuple(map(str, mesh.axis_names)))
-  finally:
-    deactivate(token)
   group = spmd._Group(pmesh, engine.tpu)   # one rendezvous per launch site, one generation per call
   out_avals = params["out_avals"]
   run = functools.partial(launch.run_pallas_call if kind == "pallas_call" else launch.run_mpmd_map,
                           cache={})   # one palace launch and plan per lowering, reused by every call
 
   def host(chip, *arrays):
-    token = activate(engine.tpu)
     spmd_token = palace_host.set_spmd_context((group, int(chip)))
     try:
-      outs = run(params, [np.asarray(a) for a in arrays])
+      outs = run(params, [np.asarray(a) for a in arrays], engine.tpu)
     except spmd._PeerFailed:
       raise
     except BaseException as e:  # noqa: BLE001  kept for virtual_tpu's exit, then XLA wraps it
@@ -288,7 +283,6 @@ def _lower_pod_launch(ctx, in_nodes, engine, params, axis_ctx, manual, kind):
       raise
     finally:
       palace_host.reset_spmd_context(spmd_token)
-      deactivate(token)
     return [np.asarray(o, dtype=a.dtype).reshape(a.shape) for o, a in zip(outs, out_avals)]
 
   pid = hlo.convert(ir.RankedTensorType.get([], ir.IntegerType.get_signless(32)), hlo.partition_id())
@@ -317,10 +311,11 @@ def lower_on_palace(ctx, in_nodes, engine, params, kind: str = "pallas_call"):
                           cache={})
   out_avals = params["out_avals"]
 
-  def host(*arrays, out=None):
+  def host(*arrays, **out):
     try:
       with engine.lock:  # per-device callbacks of a shard_map may come from several XLA threads
-        outs = engine.run(run, params, [np.asarray(a) for a in arrays], out)
+        # (the engine's VirtualTPU, handed to the launch: this XLA thread has none active)
+        outs = run(params, [np.asarray(a) for a in arrays], engine.tpu, **out)
     except BaseException as e:  # noqa: BLE001  kept for virtual_tpu's exit, then XLA wraps it
       engine.errors.append(e)
       raise
