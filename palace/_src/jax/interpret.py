@@ -215,7 +215,7 @@ def program(jaxpr) -> _Program:
   if consts:   # (missing consts are None)
     unpack.append(f"{', '.join(consts)}, = _consts(consts, {len(consts)})")
   if runs:
-    unpack.append("_ex = _sb_current()")
+    unpack.append("_ex = _sb_scalar_unit()")   # (the core's scalar_ops, None outside a kernel)
   src = "\n".join([f"def run(consts, args):\n  {'; '.join(unpack)}\n  try:",
                    *(f"    {line}" for line in body or ["pass"]),
                    "  except PalaceError as e:",

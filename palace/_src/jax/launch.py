@@ -22,7 +22,7 @@ from palace._src.jax.avals import alloc_type, memory_space
 from palace._src.jax.interpret import grid_axes, kernel_site, program, run_program
 from palace._src.jax.registry import RULES, literal, sub_jaxprs
 from palace._src.jax.schedule import replay_blocker
-from palace._src.launch import host
+from palace._src.launch import host, sc_mesh
 from palace._src.launch.host_refs import freeze, owning_ref, ref_name
 from palace._src.launch.plan import ENTRIES, OPERAND, LaunchPlan, Operand, Output, Stage, grid_stages
 from palace._src.launch.run import run
@@ -296,7 +296,6 @@ def _grid_replay_operands(params) -> tuple | None:
 # ------------------------------------------------------------------ pl.kernel / core_map
 def _palace_mesh(mesh):
   """palace's mesh for a JAX TPU mesh (TensorCore, or SparseCore vector / scalar subcores)."""
-  from palace._src.launch import sc_mesh  # noqa: PLC0415
   kind = type(mesh).__name__
   if kind == "TensorCoreMesh":
     (axis, size), = mesh.shape.items()

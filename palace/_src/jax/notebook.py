@@ -25,6 +25,8 @@ import sys
 import timeit as _timeit_module
 
 from palace._src.errors import UnsupportedError
+from palace._src.jax import timing
+from palace._src.jax.activation import activate_global
 
 # palace chip name -> the device_kind string a JAX TPU device of that generation reports
 DEVICE_KINDS = {"v4": "TPU v4", "v5e": "TPU v5 lite", "v5p": "TPU v5", "v6e": "TPU v6 lite",
@@ -35,7 +37,6 @@ _state: dict = {}   # the shims installed by `activate` (one process-wide activa
 
 
 def _modelled_seconds(stmt) -> float:
-  from palace._src.jax import timing  # noqa: PLC0415
   reason = timing.needs_data(stmt)
   t = None if reason == timing.NO_KERNEL else timing.run_timed(stmt, (), {}, "v5e", reason is None)
   if t is None or not t.launches:
@@ -92,7 +93,6 @@ def activate(chip="v5e", num_chips: int = 1, *, modelled_timers: bool = True,
   The process-wide counterpart of `with palace.jax.virtual_tpu(...)` for unmodified notebooks and
   scripts; see the module docstring for the timer and device-kind shims. Returns the VirtualTPU
   (`.reports`: one report per launch). Calling it again replaces the previous activation."""
-  from palace._src.jax.activation import activate_global  # noqa: PLC0415
   tpu = activate_global(chip, num_chips, **options)
   if modelled_timers:
     _timeit_module.timeit, _timeit_module.repeat = timeit, repeat

@@ -15,8 +15,8 @@ from palace._src.jax.registry import DATA, Deciding, literal, rule
 from palace._src.lang import lax_ops, mxu, numpy_linalg, tpu_primitives
 from palace._src.errors import UnsupportedError
 from palace._src.lang.array import Array
-from palace._src.lang.numpy_dtypes import _astype_on_scalars
-from palace._src.lang.numpy_elementwise import _on_scalars, _on_vectors, _where_on_scalars
+from palace._src.lang.numpy_dtypes import astype_on_scalars
+from palace._src.lang.numpy_elementwise import on_scalars, on_vectors, where_on_scalars
 from palace._src.util import prod
 
 def _dtype(x):
@@ -35,15 +35,15 @@ def _all_scalar(eqn) -> bool:
 
 
 def _scalar_form(eqn, op):
-  """`op` specialised to the equation's 0-d operands (numpy_elementwise._on_scalars: the same
+  """`op` specialised to the equation's 0-d operands (numpy_elementwise.on_scalars: the same
   results and charges, less work per call) when it is a scalar equation, else None."""
   if not _all_scalar(eqn):
     return None
-  return _on_scalars(op, eqn.invars[0].aval.dtype, len(eqn.invars))
+  return on_scalars(op, eqn.invars[0].aval.dtype, len(eqn.invars))
 
 
 def _vector_form(eqn, op):
-  """`op` specialised to the equation's operands (numpy_elementwise._on_vectors) when they are all
+  """`op` specialised to the equation's operands (numpy_elementwise.on_vectors) when they are all
   values of one dtype and one block shape, as its result is (one of two may be 0-d), or two such
   values of the result's rank whose unit dims broadcast to it (JAX 0.12's `max x:f32[128,128]
   y:f32[128,1]`), else None."""
@@ -59,13 +59,13 @@ def _vector_form(eqn, op):
   shapes = [tuple(a.shape) for a in avals[:len(ins)]]
   in_shapes = None
   if any(s != shape for s in shapes) and not (len(ins) == 2 and sorted(shapes) == [(), shape]):
-    # (a block with a 0-d operand is _on_vectors' own case; other shapes must broadcast by unit dims)
+    # (a block with a 0-d operand is on_vectors' own case; other shapes must broadcast by unit dims)
     if len(ins) != 2 or any(len(s) != len(shape) or any(d not in (1, n) for d, n in zip(s, shape))
                             for s in shapes):
       return None
     in_shapes = tuple(shapes)
   dtypes = {np.dtype(a.dtype) for a in avals[:len(ins)]}
-  return _on_vectors(op, dtypes.pop(), shape, len(ins), in_shapes) if len(dtypes) == 1 else None
+  return on_vectors(op, dtypes.pop(), shape, len(ins), in_shapes) if len(dtypes) == 1 else None
 
 
 def _vector_literal_form(eqn, op):
@@ -82,7 +82,7 @@ def _vector_literal_form(eqn, op):
   if not shape or getattr(var.aval, "inner_aval", None) is not None or lit.aval.shape or \
       np.dtype(lit.aval.dtype) != dtype or getattr(out, "shape", None) != shape:
     return None
-  fast = _on_vectors(op, dtype, shape, 2)
+  fast = on_vectors(op, dtype, shape, 2)
   if fast is None:
     return None
   const = Array(literal(lit), (), dtype, 0)
@@ -333,7 +333,7 @@ def _select_n(eqn):
   if n == 2 and _aval_is_bool(eqn.invars[0]):
     if all(not v.aval.shape for v in eqn.invars) and \
         np.dtype(eqn.invars[1].aval.dtype) == np.dtype(eqn.invars[2].aval.dtype):
-      select = _scalar_literals(eqn, lambda which, c0, c1, fast=_where_on_scalars(
+      select = _scalar_literals(eqn, lambda which, c0, c1, fast=where_on_scalars(
           eqn.invars[1].aval.dtype): fast(which, c1, c0))   # (lax_ops.select is jnp.where)
       return select
     return lambda which, c0, c1: lax_ops.select(which, c1, c0)
@@ -361,7 +361,7 @@ def _convert(eqn):
   new_dtype = eqn.params["new_dtype"]
   x = eqn.invars[0].aval
   if not x.shape and getattr(x, "inner_aval", None) is None:   # lax_ops.convert_element_type is astype
-    return _astype_on_scalars(x.dtype, new_dtype)
+    return astype_on_scalars(x.dtype, new_dtype)
   return lambda x: lax_ops.convert_element_type(x, new_dtype)
 
 

@@ -12,12 +12,12 @@ import weakref
 
 import numpy as np
 
-from palace._src import executor
 from palace._src.errors import UnsupportedError
 from palace._src.jax.interpret import grid_axes, result_unused, source_line, unsupported, user_site_of
 from palace._src.jax.registry import DATA, Deciding, Never, Operands, literal, rule
 from palace._src.lang import lax_ops
 from palace._src.lang import primitives as prims
+from palace._src.lang.refs import bounds_checks
 from palace._src.lang import tpu_primitives as tpu
 from palace._src.lang.array import Array, concrete_int
 from palace._src.lang.refs import Ref, ds
@@ -201,8 +201,7 @@ def _ref_operand(eqn, x, transforms=(), last_index: bool = False):
       if not at_only or type(ref) is not Ref:
         v = views[key] = _view(steps, ref, flat)
         return v
-      ex = executor.maybe_current()   # (the bounds-check setting Ref._compose reads)
-      ckey = (ref.buf.shape, ref.dims, key, True if ex is None else ex.bounds_checks)
+      ckey = (ref.buf.shape, ref.dims, key, bounds_checks())   # (the setting Ref.at composes with)
       parts = composed.get(ckey)
       if parts is None:
         v = _view(steps, ref, flat)
@@ -489,9 +488,6 @@ def _descriptor(eqn):
   return descriptor, (views if not remote and r_dst_sem is not None else None)
 
 
-_current_ex = executor._current.get
-
-
 @rule("dma_start", compiles=True, schedule=_copy, operands=DMA)
 def _dma_start(eqn):
   descriptor, views = _descriptor(eqn)
@@ -507,11 +503,8 @@ def _dma_start(eqn):
     d = descriptor(flat, v)
     d.start(priority, add=add)
     if type(v[0]) is Ref and type(v[1]) is Ref:   # (not SparseCore's indexed views)
-      store = _current_ex().host_cache
-      if store is not None:
-        started = store.get(_STARTED)
-        if started is None:
-          started = store[_STARTED] = _StartedCopies()
+      started = prims.launch_cache(_STARTED, _StartedCopies)
+      if started is not None:
         key = _queue_key(v[2])
         queue = started.get(key)
         if queue is None:
@@ -532,9 +525,7 @@ def _dma_wait(eqn):
   def wait(*flat):
     if views is not None:
       v = views(flat)
-      ex = _current_ex()
-      store = None if ex is None else ex.host_cache
-      started = None if store is None else store.get(_STARTED)
+      started = prims.launch_cache(_STARTED)
       sem = v[2]
       if started and type(sem) is Ref:
         queue = started.get(_queue_key(sem))
@@ -546,7 +537,7 @@ def _dma_wait(eqn):
           if type(src) is Ref and type(dst) is Ref and p.nbytes == src.nbytes and \
               src.shape == dst.shape and src.dtype == dst.dtype:
             del queue[0]
-            ex.dma_wait(p, "recv")
+            p.wait()
             return []
           for _, flag in queue:   # (waits here take other byte counts: stop queueing those copies)
             flag[0] = False

@@ -11,7 +11,8 @@ generates every maximal straight-line run of such equations (`runs`) as one code
   which palace's ops take as a constant ready at cycle 0), or comes from an earlier run of the same
   program that took its fused form (its flag). Otherwise the equations' own statements run, exactly
   as without fusion (host values in index maps, timing-only values, ...);
-- the run's scalar-unit charges at once (`Executor.scalar_ops(n)`: n scalar_op calls);
+- the run's scalar-unit charges at once (the core's `scalar_ops(n)`, which the language's
+  `scalar_unit()` hands out: n scalar_op calls);
 - every value computed as a Python int (wrapped to its dtype; a bool as True/False or 0/1), the
   ones nothing reads only charged;
 - a palace Array only for a value read after the run, ready at max(the clock after its equation's
@@ -31,9 +32,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from palace._src import executor
 from palace._src.jax.registry import RULES, literal
 from palace._src.lang.numpy_elementwise import div_ints, rem_ints
+from palace._src.lang.primitives import scalar_unit
 
 _I32, _U32, _BOOL = np.dtype(np.int32), np.dtype(np.uint32), np.dtype(np.bool_)
 DTYPES = (_I32, _U32, _BOOL)   # the dtypes of fused values
@@ -41,10 +42,10 @@ INTS = (_I32, _U32)
 _DTYPE_NAMES = {_I32: "_sb_int32", _U32: "_sb_uint32", _BOOL: "_sb_bool"}
 _SCALAR_NAMES = {_I32: "_sb_i32", _U32: "_sb_u32", _BOOL: "_sb_np_bool"}   # NumPy scalar types
 _MAKE = {_I32: "_sb_i32({})", _U32: "_sb_u32({})", _BOOL: "_sb_bools[{}]"}   # Python value -> data
-MIN_EQUATIONS = 2   # a lone scalar equation keeps its rule (numpy_elementwise._on_scalars & co.)
+MIN_EQUATIONS = 2   # a lone scalar equation keeps its rule (numpy_elementwise.on_scalars & co.)
 
 # names the generated code uses (merged into the program's namespace)
-NAMESPACE = {"_sb_current": executor._current.get, "_sb_div": div_ints, "_sb_rem": rem_ints,
+NAMESPACE = {"_sb_scalar_unit": scalar_unit, "_sb_div": div_ints, "_sb_rem": rem_ints,
              "_sb_i32": np.int32, "_sb_u32": np.uint32, "_sb_np_bool": np.bool_,
              "_sb_bools": (np.False_, np.True_),
              **{n: d for d, n in _DTYPE_NAMES.items()}}
@@ -261,7 +262,7 @@ def emit(eqns, ops, name, read_later, known: dict, flag: str) -> tuple:
                  f"({array} or type({n}) is {_SCALAR_NAMES[d]} and ({n}_d := {n}) is not None and "
                  f"not ({n}_r := 0))")
     lines.append(f"{n}_i = int({n}_d)")
-  lines.append(f"_t, _c = _ex.scalar_ops({pos})")
+  lines.append(f"_t, _c = _ex({pos})")
   for eqn in eqns:
     v = eqn.outvars[0]
     if v in live:

@@ -29,7 +29,7 @@ def _check_ref(x, api, arg):
                      f"kernel as refs through its operands (pl.ANY specs keep them in HBM).")
 
 
-_current_ex = executor._current.get  # executor.maybe_current without a Python frame
+_current_ex = executor.maybe_current   # (the context variable's getter: no Python frame)
 
 
 class PreparedCopy(DmaRequest):
