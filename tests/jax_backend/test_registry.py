@@ -96,3 +96,35 @@ def test_a_primitive_added_with_one_entry_is_evaluated_replayed_pure_and_fused(t
   rows = [x[(2 * i % 4) * 8:(2 * i % 4) * 8 + 8] * 2 + 4 * i for i in range(4)]
   np.testing.assert_array_equal(out, np.concatenate(rows))
   assert tpu.replays.hits == 1
+
+
+def test_split_is_covered_by_its_one_entry_as_the_slices_it_stands_for():
+  # jnp.split in a kernel traces lax.split (JAX 0.12), one entry in rules_lax.py: the same results
+  # and modelled time as the kernel written with slices (lax.slice), and still replayed
+  x = (np.arange(16 * 384) % 11).reshape(16, 384).astype(np.float32)
+
+  def with_split(x_ref, o_ref):
+    a, b = jnp.split(x_ref[...], [128], axis=1)
+    top, bottom = jnp.split(b, 2, axis=0)
+    o_ref[...] = jnp.concatenate([a[:8] * 2.0, top + bottom[:, :128].sum()], axis=1)
+
+  def with_slices(x_ref, o_ref):
+    v = x_ref[...]
+    a, b = v[:, :128], v[:, 128:]
+    top, bottom = b[:8], b[8:]
+    o_ref[...] = jnp.concatenate([a[:8] * 2.0, top + bottom[:, :128].sum()], axis=1)
+
+  outs, cycles = [], []
+  for kernel in (with_split, with_slices):
+    f = jax.jit(pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 384), jnp.float32)))
+    with pj.virtual_tpu("v5e") as tpu:
+      outs.append(np.asarray(f(x)))
+      jax.block_until_ready(f(x))
+    cycles.append(tpu.reports[0].device_cycles)
+    assert tpu.replays.hits == 1
+  ref = np.concatenate([x[:8, :128] * 2.0, x[:8, 128:] + x[8:, 128:256].sum()], axis=1)
+  np.testing.assert_array_equal(outs[0], ref)
+  np.testing.assert_array_equal(outs[1], ref)
+  assert "split" in {e.primitive.name for e in _kernel_eqns(
+      pl.pallas_call(with_split, out_shape=jax.ShapeDtypeStruct((8, 384), jnp.float32)), x)}
+  assert cycles[0] == cycles[1]

@@ -467,6 +467,17 @@ def _concatenate(eqn, *xs):
   return pjnp.concatenate(list(xs), axis=int(eqn.params["dimension"]))
 
 
+@rule("split", schedule=DATA)
+def _split(eqn, x):
+  """lax.split (jnp.split / jnp.array_split in a kernel): consecutive slices of `sizes` along `axis`,
+  each as the slice rule's (Mosaic lowers one strided slice per piece)."""
+  axis, start, pieces = int(eqn.params["axis"]), 0, []
+  for size in eqn.params["sizes"]:
+    pieces.append(x[(slice(None),) * axis + (slice(start, start + int(size)),)])
+    start += int(size)
+  return pieces
+
+
 @rule("slice", schedule=DATA)
 def _slice(eqn, x):
   p = eqn.params
