@@ -267,7 +267,7 @@ def _table(title, rows, show_rows=True, target="target >= 30x"):
   return geo, own
 
 
-def _zero_outputs(params, args, cache=None, out=None):
+def _zero_outputs(params, args, tpu=None, cache=None, out=None):
   """A stand-in for palace's launch (palace._src.jax.launch.run_*): the kernel's outputs, zeros (in
   `out`'s arrays where given, as palace computes them there)."""
   out = out or [None] * len(params["out_avals"])

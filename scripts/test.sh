@@ -30,10 +30,11 @@ if [ -z "$jax_py" ]; then
   exit 0
 fi
 [ -x .venv-jax/bin/python ] || "$jax_py" -m venv .venv-jax
-jax_ok="import jax, palace, pytest, xdist, threadpoolctl, click, rich; assert jax.__version__ == '$JAX_VERSION'"
+jax_ok="import jax, palace, pytest, xdist, threadpoolctl, click, rich, absl; assert jax.__version__ == '$JAX_VERSION'"
 if ! .venv-jax/bin/python -c "$jax_ok" 2>/dev/null; then
   .venv-jax/bin/python -m pip install -q --upgrade pip >/dev/null
-  .venv-jax/bin/python -m pip install -q "jax==$JAX_VERSION" pytest pytest-xdist
+  # absl-py: JAX's own test utilities (tests/jax_backend/test_device_view.py runs a TPU-style suite)
+  .venv-jax/bin/python -m pip install -q "jax==$JAX_VERSION" pytest pytest-xdist absl-py
   .venv-jax/bin/python -m pip install -q -e ".[perf,cli]"   # threadpoolctl: see docs/jax.md (BLAS threads); cli: `palace run --jax`
 fi
 echo "JAX parity suite (tests/jax_parity, jax $JAX_VERSION, $(.venv-jax/bin/python --version)):"

@@ -80,7 +80,7 @@ def test_front_ends_record_the_call_site_in_their_plan(monkeypatch):
   from palace._src.launch import pallas_call as pallas_mod
   plans = []
 
-  def spy(plan, operands):
+  def spy(plan, operands, out=None, tpu=None):
     plans.append(plan)
     return [np.zeros(o.shape, o.dtype) for o in plan.outputs]
 

@@ -127,8 +127,7 @@ def canonicalize(spec, shape, dtype, name: str, num_index_args: int,
           f"Block shape for {name} (= {tuple(spec.block_shape)}) must equal the array shape {shape} "
           f"for a pl.ANY / pltpu.HBM operand: those get the whole HBM ref with no windowing. Fix: drop "
           f"block_shape (pl.BlockSpec(memory_space=pl.ANY)), or use VMEM to get blocks.")
-    return BlockMapping(name, shape, dtype, tuple((BLOCKED, s, 0) for s in shape), None,
-                        MemorySpace.ANY, 1, False)
+    return whole_hbm(name, shape, dtype)
   if space not in (MemorySpace.VMEM, MemorySpace.SMEM):
     raise UnsupportedError.feature(f"BlockSpec memory_space={space}", "Fix: use pltpu.VMEM (the default), "
                                   "pltpu.SMEM, pl.ANY or pltpu.HBM.")
@@ -139,9 +138,32 @@ def canonicalize(spec, shape, dtype, name: str, num_index_args: int,
                          f"dimension ({len(shape)}), using None or pl.squeezed for size-1 ones.")
   dims = tuple(_dim(e, s, f"block_shape[{d}] of {name}")
                for d, (e, s) in enumerate(zip(block_shape, shape)))
+  check_block(name, shape, dtype, dims, space, tuple(block_shape))
+  index_map = spec.index_map
+  if index_map is None:
+    rank = len(shape)
+    index_map = lambda *args: (0,) * rank  # noqa: E731
+  n = buffer_count(dims, shape, space, None if spec.pipeline_mode is None else mode.buffer_count)
+  pure = spec.index_map is None or getattr(spec.index_map, PURE_INDEX_MAP, False) is True
+  return BlockMapping(name, shape, dtype, dims, index_map, space, n, bool(mode.use_lookahead), pure)
+
+
+# ---- the parts of a mapping, for every front end (palace.jax builds its mappings from JAX's with them)
+def whole_hbm(name: str, shape: tuple, dtype) -> BlockMapping:
+  """The mapping of an operand that stays in HBM (pl.ANY / pltpu.HBM): the kernel gets the whole ref."""
+  return BlockMapping(name, shape, dtype, tuple((BLOCKED, s, 0) for s in shape), None, MemorySpace.ANY, 1,
+                      False)
+
+
+def check_block(name: str, shape: tuple, dtype, dims: tuple, space: MemorySpace, shown=None) -> None:
+  """The checks of a VMEM / SMEM block given as canonical `dims` ((kind, size, low padding) per array
+  dim): every size >= 1; a VMEM block has rank >= 1 and follows the TPU's tiling rule. `shown`: the
+  block shape as the user wrote it, for messages (default: the sizes, None for squeezed dims)."""
+  if shown is None:
+    shown = tuple(size if kind != SQUEEZED else None for kind, size, _ in dims)
   for (kind, size, _), s in zip(dims, shape):
     if size <= 0:
-      raise BlockSpecError(f"Block shape for {name} (= {tuple(block_shape)}) has a non-positive size. "
+      raise BlockSpecError(f"Block shape for {name} (= {tuple(shown)}) has a non-positive size. "
                            f"Fix: every block dimension must be >= 1 (None for a squeezed size-1 dimension).")
   if space == MemorySpace.VMEM:
     if not shape:
@@ -150,16 +172,16 @@ def canonicalize(spec, shape, dtype, name: str, num_index_args: int,
           f"Fix: pass the scalar as shape (1,) or keep it in SMEM with "
           f"pl.BlockSpec(memory_space=pltpu.SMEM).")
     _check_tiling(dims, shape, dtype, name)
-  index_map = spec.index_map
-  if index_map is None:
-    rank = len(shape)
-    index_map = lambda *args: (0,) * rank  # noqa: E731
-  n = mode.buffer_count   # an int >= 1 (pl.Buffered checks it)
+
+
+def buffer_count(dims: tuple, shape: tuple, space: MemorySpace, requested: int | None = None) -> int:
+  """How many buffers a block gets: `requested` (pl.Buffered(n); None: double buffering), except one
+  for an SMEM block and for a block that covers the whole array without an explicit pipeline mode
+  (fetched once: [xla-cost] VMEM rule)."""
   whole = all(k == BLOCKED and sz == dim for (k, sz, _), dim in zip(dims, shape))
-  if space == MemorySpace.SMEM or (whole and spec.pipeline_mode is None):
-    n = 1  # a block that covers the whole array is fetched once: one buffer ([xla-cost] VMEM rule)
-  pure = spec.index_map is None or getattr(spec.index_map, PURE_INDEX_MAP, False) is True
-  return BlockMapping(name, shape, dtype, dims, index_map, space, n, bool(mode.use_lookahead), pure)
+  if space == MemorySpace.SMEM or (whole and requested is None):
+    return 1
+  return 2 if requested is None else requested
 
 
 # rows of the HBM tile XLA gives an 8-bit array whose row count (second-minor dim) is a multiple of

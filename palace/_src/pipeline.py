@@ -310,14 +310,12 @@ class Pipeline:
         def recorded_body(*args, **kwargs):
           tape.append((_BODY, args))
           return body(*args, **kwargs)
-        _steps(recorder, recorded_body, self.grid, self.points, self.n, self.ops_in, self.ops_out,
-               self.lead_args, self.tail_args, self.tail_kwargs, self.index_args, self.sync)
+        _steps(self, recorder, recorded_body)
         self.tape_written = {k: frozenset(o.written) for k, o in enumerate(self.ops_out) if o.written}
         self.tape = tape if len(tape) <= _TAPE_LIMIT else None
         self.record = False
       else:
-        _steps(ex, self.body, self.grid, self.points, self.n, self.ops_in, self.ops_out, self.lead_args,
-               self.tail_args, self.tail_kwargs, self.index_args, self.sync)
+        _steps(self, ex, self.body)
     finally:
       ex.grid_stack.pop()
     if written is not None:  # which output blocks were written back (for lazy output init)
@@ -438,36 +436,67 @@ def _alias_view(op: _Op, offsets, point) -> Ref:
         f"of it, so every block must be in bounds. Fix: pick a block shape that divides the array.") from e
 
 
-def _steps(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tail_kwargs, index_args,
-           sync):
+def _steps(pipe: Pipeline, ex, body) -> None:
   """The step loop (the hottest path of a launch): per grid point, start/wait the block copies, call
-  the body, write changed output blocks back."""
-  # the body's positional arguments, updated in place: lead, input blocks, output blocks, tail
-  call_args = [*lead_args, *[o.hbm if o.mode == _RAW else None for o in ops_in + ops_out], *tail_args]
-  base_in, base_out = len(lead_args), len(lead_args) + len(ops_in)
-  ins = [(base_in + k, o) for k, o in enumerate(ops_in) if o.mode != _RAW]
-  outs = [(base_out + k, o) for k, o in enumerate(ops_out) if o.mode != _RAW]
-  buffered_in = [o for _, o in ins if o.mode == _BUFFERED]
-  buffered_out = [o for _, o in outs if o.mode == _BUFFERED]
-  per_step = [o for _, o in ins + outs if o.all_blocks is None]
-  # per input: (index, op, blocks of every step or None, alias?, how many steps ahead to prefetch)
-  in_plan = [(k, o, o.all_blocks, o.mode == _ALIAS,
-              0 if o.mode == _ALIAS else min(o.nbuf - 1, 1 if not o.m.use_lookahead else o.nbuf))
-             for k, o in ins]
-  out_plan = [(k, o, o.all_blocks, o.mode == _ALIAS) for k, o in outs]
-  grid_stack = ex.grid_stack
-  grid_step = ex.grid_step
-  # the core's own DMA start / wait, bound once: what PreparedCopy.start() / .wait() call on the
-  # current core (lang/tpu_primitives.py), without looking the core up per copy
-  dma_start, dma_wait = ex.dma_start, ex.dma_wait
-  last = n - 1
-  for s in range(n):
+  the body, write changed output blocks back; then wait the last write-backs. `ex` is the core (or
+  the `_Recorder` around it), `body` the kernel body (or the recording one)."""
+  steps = _Steps(pipe, ex)
+  points, grid, kwargs, call_args = pipe.points, pipe.grid, pipe.tail_kwargs, steps.call_args
+  grid_stack, grid_step = ex.grid_stack, ex.grid_step
+  for s in range(pipe.n):
     point = points[s]
     grid_stack[-1] = (point, grid)
     grid_step()
-    # ---- inputs: start every missing current block first (the prologue issues all of step 0's
-    # copies before waiting any), then per input wait the current block and prefetch ahead
-    for o in buffered_in:
+    steps.inputs(s, point)
+    steps.outputs(s, point)
+    if kwargs:
+      body(*call_args, **kwargs)
+    else:
+      body(*call_args)
+    steps.write_backs(s)
+  dma_wait = steps.dma_wait
+  for o in pipe.ops_out:
+    for copy in o.pending_wb.values():
+      dma_wait(copy)
+    o.pending_wb.clear()
+
+
+class _Steps:
+  """What `_steps` decides per grid point, over the state fixed before the first step: the body's
+  positional arguments (lead, input blocks, output blocks, tail; updated in place), which operands
+  are buffered, aliased or have per-step block offsets, and the core's own DMA start / wait, bound
+  once (what PreparedCopy.start() / .wait() call on the current core, lang/tpu_primitives.py, without
+  looking the core up per copy)."""
+  __slots__ = ("ex", "points", "n", "index_args", "sync", "call_args", "buffered_in", "buffered_out",
+               "per_step", "in_plan", "out_plan", "dma_start", "dma_wait")
+
+  def __init__(self, pipe: Pipeline, ex):
+    ops_in, ops_out, lead = pipe.ops_in, pipe.ops_out, pipe.lead_args
+    self.ex, self.points, self.n = ex, pipe.points, pipe.n
+    self.index_args, self.sync = pipe.index_args, pipe.sync
+    self.call_args = [*lead, *[o.hbm if o.mode == _RAW else None for o in ops_in + ops_out],
+                      *pipe.tail_args]
+    base_in, base_out = len(lead), len(lead) + len(ops_in)
+    ins = [(base_in + k, o) for k, o in enumerate(ops_in) if o.mode != _RAW]
+    outs = [(base_out + k, o) for k, o in enumerate(ops_out) if o.mode != _RAW]
+    self.buffered_in = [o for _, o in ins if o.mode == _BUFFERED]
+    self.buffered_out = [o for _, o in outs if o.mode == _BUFFERED]
+    self.per_step = [o for _, o in ins + outs if o.all_blocks is None]
+    # per input: (argument index, op, blocks of every step or None, alias?, how many steps ahead to
+    # prefetch); per output: (argument index, op, blocks or None, alias?)
+    self.in_plan = [(k, o, o.all_blocks, o.mode == _ALIAS,
+                     0 if o.mode == _ALIAS else min(o.nbuf - 1, 1 if not o.m.use_lookahead else o.nbuf))
+                    for k, o in ins]
+    self.out_plan = [(k, o, o.all_blocks, o.mode == _ALIAS) for k, o in outs]
+    self.dma_start, self.dma_wait = ex.dma_start, ex.dma_wait
+
+  def inputs(self, s: int, point) -> None:
+    """Start every missing current input block first (the prologue issues all of step 0's copies
+    before waiting any), then per input wait the current block and prefetch ahead."""
+    # (a block's element offsets: precomputed for every step, or its index map run now)
+    dma_start, call_args, n, points, index_args = self.dma_start, self.call_args, self.n, self.points, \
+        self.index_args
+    for o in self.buffered_in:
       if s not in o.fetched:
         cur = o.all_blocks[s] if o.all_blocks is not None else block_offsets(o, s, point, index_args, "")
         if s == 0 or cur != o.cur:
@@ -476,7 +505,7 @@ def _steps(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tai
     # (JAX's order; one run of waits per step: the chip streams a read-only pipeline without a gap per
     # step and pays one DMA-wait sync per step, docs/timing-model.md 1.2)
     curs = []
-    for k, o, blocks, alias, ahead in in_plan:
+    for k, o, blocks, alias, ahead in self.in_plan:
       cur = blocks[s] if blocks is not None else block_offsets(o, s, point, index_args, "")
       curs.append(cur)
       if ahead == 1:   # (0 for an aliased input)
@@ -485,7 +514,7 @@ def _steps(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tai
           nxt = blocks[t] if blocks is not None else block_offsets(o, t, points[t], index_args, "")
           if nxt != cur and t not in o.fetched:
             _start_fetch(o, t, nxt, dma_start)
-    for (k, o, blocks, alias, ahead), cur in zip(in_plan, curs):
+    for (k, o, blocks, alias, ahead), cur in zip(self.in_plan, curs):
       if alias:
         if s == 0 or cur != o.cur:
           o.cur = cur
@@ -494,7 +523,7 @@ def _steps(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tai
       if s == 0 or cur != o.cur:
         slot, copy = o.fetched.pop(s)
         if copy is not None:
-          dma_wait(copy)
+          self.dma_wait(copy)
         o.cur, o.cur_slot = cur, slot
         call_args[k] = o.slots[slot]
       if ahead > 1:    # lookahead: every changed block that fits the free slots
@@ -504,8 +533,11 @@ def _steps(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tai
           if nxt != prev and t not in o.fetched:
             _start_fetch(o, t, nxt, dma_start)
           prev = nxt
-    # ---- outputs: pick the slot for this step's block
-    for k, o, blocks, alias in out_plan:
+
+  def outputs(self, s: int, point) -> None:
+    """Pick each output's slot for this step's block (after waiting the write-back that last used it)."""
+    call_args, index_args = self.call_args, self.index_args
+    for k, o, blocks, alias in self.out_plan:
       cur = blocks[s] if blocks is not None else block_offsets(o, s, point, index_args, "")
       if alias:
         if s == 0 or cur != o.cur:
@@ -514,6 +546,7 @@ def _steps(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tai
         continue
       if s == 0 or cur != o.cur:
         if cur in o.written:
+          ex = self.ex
           raise SyncError(
               f"Revisited block for {o.m.name} at grid point {point} on chip {ex.chip_index} core "
               f"{ex.core_id}: output block at offsets {cur} was written back earlier and is visited "
@@ -523,31 +556,26 @@ def _steps(ex, body, grid, points, n, ops_in, ops_out, lead_args, tail_args, tai
         o.next_slot = slot + 1 if slot + 1 < o.nbuf else 0
         wb = o.pending_wb.pop(slot, None)
         if wb is not None:
-          dma_wait(wb)
+          self.dma_wait(wb)
         o.cur, o.cur_slot = cur, slot
         call_args[k] = o.slots[slot]
-    if tail_kwargs:
-      body(*call_args, **tail_kwargs)
-    else:
-      body(*call_args)
-    # ---- outputs: write back blocks that change next step (or at the end)
-    for o in buffered_out:
+
+  def write_backs(self, s: int) -> None:
+    """Write back the output blocks that change next step (or at the last step)."""
+    last = self.n - 1
+    for o in self.buffered_out:
       if s != last:
         nxt = o.all_blocks[s + 1] if o.all_blocks is not None else \
-            block_offsets(o, s + 1, points[s + 1], index_args, "")
+            block_offsets(o, s + 1, self.points[s + 1], self.index_args, "")
         if nxt == o.cur:
           continue
       o.written.add(o.cur)
       copy = o.prepare(o, o.cur, o.cur_slot, True)
       if copy is not None:
-        dma_start(copy)
-        if sync:
-          dma_wait(copy)
+        self.dma_start(copy)
+        if self.sync:
+          self.dma_wait(copy)
         else:
           o.pending_wb[o.cur_slot] = copy
-    for o in per_step:
+    for o in self.per_step:
       o.blocks.pop(s, None)
-  for o in ops_out:
-    for copy in o.pending_wb.values():
-      dma_wait(copy)
-    o.pending_wb.clear()

@@ -126,18 +126,18 @@ def test_operands_are_views_of_xlas_buffers_not_based_on_its_buffer_objects(monk
   Engine keeps), made later launches receive corrupt buffers: test_interpreter's out-of-bounds view
   test followed by test_replay's megacore test failed with "Buffer.__array__ is only supported on
   CPU" (callback._emit_callback). (X is 256 KiB: the view path.)"""
-  from palace._src.jax.activation import Engine
-  seen, run = [], Engine.run
+  from palace._src.jax import launch as jax_launch
+  seen, run = [], jax_launch.run_pallas_call
 
   def bases(a):
     while a is not None:
       yield type(a).__name__
       a = getattr(a, "base", None)
 
-  def spy(self, launch_fn, params, args, out=None):   # (inside the callback: views valid only here)
+  def spy(params, args, tpu, cache=None, out=None):   # (inside the callback: views valid only here)
     seen.append([(a.copy(), a.flags.writeable, a.flags.owndata, list(bases(a))) for a in args])
-    return run(self, launch_fn, params, args, out)
-  monkeypatch.setattr(Engine, "run", spy)
+    return run(params, args, tpu, cache, out)
+  monkeypatch.setattr(jax_launch, "run_pallas_call", spy)
   with pj.virtual_tpu("v5e"):
     out = np.asarray(jax.jit(lambda a, b: matmul(a, b))(X, X + 1))
   np.testing.assert_array_equal(out, X @ (X + 1))
@@ -159,14 +159,14 @@ def test_large_outputs_are_computed_in_xlas_result_buffers(monkeypatch):
   """A pallas_call's outputs of 64 KiB or more are computed in XLA's result buffers (writable views:
   nothing copied after the launch), smaller ones copied in; results as palace computes them: blocks
   never written read NaN, an aliased output starts as its input (callback._emit_callback)."""
-  from palace._src.jax.activation import Engine
-  seen, run = [], Engine.run
+  from palace._src.jax import launch as jax_launch
+  seen, run = [], jax_launch.run_pallas_call
 
-  def spy(self, launch_fn, params, args, out=None):
-    res = run(self, launch_fn, params, args, out)
+  def spy(params, args, tpu, cache=None, out=None):
+    res = run(params, args, tpu, cache, out)
     seen.append([(o is not None, o is not None and np.shares_memory(o, r)) for o, r in zip(out, res)])
     return res
-  monkeypatch.setattr(Engine, "run", spy)
+  monkeypatch.setattr(jax_launch, "run_pallas_call", spy)
   small = np.ones((8, 128), np.float32)
   spec = pl.BlockSpec((128, 128), lambda i, j: (i, j))
   f = jax.jit(lambda x, s, b, a: pl.pallas_call(

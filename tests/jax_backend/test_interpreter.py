@@ -192,8 +192,10 @@ def test_with_scalar_prefetch_only_the_maps_reading_it_run_per_step(monkeypatch)
 def test_a_rule_giving_the_wrong_dtype_is_caught_not_computed(monkeypatch):
   import palace as ppl
   import palace.numpy as pjnp
-  from palace._src.jax import interpret
-  monkeypatch.setitem(interpret.RULES, "neg", lambda eqn, x: pjnp.astype(x, jnp.int32))  # a bad rule
+  import dataclasses
+  from palace._src.jax.registry import RULES
+  bad = lambda eqn, x: pjnp.astype(x, jnp.int32)   # noqa: E731
+  monkeypatch.setitem(RULES, "neg", dataclasses.replace(RULES["neg"], evaluate=bad, compiles=False))
 
   def kernel(x_ref, o_ref):
     o_ref[...] = -x_ref[...]
@@ -240,6 +242,18 @@ def test_a_dma_left_in_flight_is_reported_at_the_kernel_line_that_started_it():
   line = inspect.getsourcelines(kernel)[1] + 1
   f = _hbm_call(kernel, [pltpu.SemaphoreType.DMA])
   with pytest.raises(ppl.SyncError, match=rf"started at test_interpreter.py:{line} "):
+    with pj.virtual_tpu("v5e"):
+      jax.block_until_ready(jax.jit(f)(X))
+
+
+def test_a_dma_priority_other_than_the_default_is_refused_not_ignored():
+  import palace as ppl
+
+  def kernel(x_hbm, o_hbm, sem):
+    pltpu.async_copy(x_hbm, o_hbm, sem, priority=1).wait()
+
+  f = _hbm_call(kernel, [pltpu.SemaphoreType.DMA])
+  with pytest.raises(ppl.UnsupportedError, match=r"start\(priority=1\).*one DMA queue per core"):
     with pj.virtual_tpu("v5e"):
       jax.block_until_ready(jax.jit(f)(X))
 

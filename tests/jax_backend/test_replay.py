@@ -17,7 +17,7 @@ import jax_parity_harness as harness
 from prefetch_kernels import skip_matmul
 import palace as ppl
 import palace.jax as pj
-from palace._src.jax.interpret import sub_jaxprs
+from palace._src.jax.registry import sub_jaxprs
 from palace._src.jax.schedule import replay_blocker
 
 

@@ -20,6 +20,7 @@ import palace as pl
 import palace.jax as pj
 from palace._src import executor
 from palace._src.jax import interpret, scalar_blocks
+from palace._src.jax.registry import RULES
 from palace._src.lang.array import Array
 
 _LO, _HI = -2**31, 2**31 - 1
@@ -144,7 +145,7 @@ def test_a_run_with_an_operand_of_another_kind_takes_the_rules():
 def test_every_fused_form_is_compared_with_its_rule_above():
   # a primitive added to scalar_blocks must appear in CASES, so its Python-int form is compared with
   # palace's rule on the edge values (the fused forms restate the rules' semantics)
-  fusable = {*scalar_blocks._SOURCES, "select_n", "clamp", "convert_element_type"}
+  fusable = {name for name, entry in RULES.items() if entry.scalar is not None}
   fused = set()
   for fn, dtypes, _ in CASES.values():
     eqns = jax.make_jaxpr(fn)(*[0 if d is int else jnp.zeros((), d) for d in dtypes]).jaxpr.eqns

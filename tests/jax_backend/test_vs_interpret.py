@@ -94,8 +94,8 @@ def test_palace_jax_matches_jax_interpret_mode_bit_for_bit(name):
 
 
 # The same cases on scalars: SMEM operands read one element at a time, so every operation is a 0-d
-# equation (palace.jax's specialised scalar forms: numpy_elementwise._on_scalars, _where_on_scalars,
-# numpy_dtypes._astype_on_scalars), each result written back to SMEM.
+# equation (palace.jax's specialised scalar forms: numpy_elementwise.on_scalars, where_on_scalars,
+# numpy_dtypes.astype_on_scalars), each result written back to SMEM.
 _NOT_SCALAR = {"argmax", "max reduction with NaN",   # their fns need a row
                # Mosaic lowers population_count for vectors only (test below)
                "population_count", "population_count uint32", "population_count int8"}

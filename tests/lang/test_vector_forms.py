@@ -1,4 +1,4 @@
-"""numpy_elementwise._on_vectors (palace.jax's compiled elementwise equations on blocks): the same data,
+"""numpy_elementwise.on_vectors (palace.jax's compiled elementwise equations on blocks): the same data,
 dtype, shape and modelled cycles as the op it specialises, for every operand kind it takes, and the op
 itself for everything else. Each case runs two identical kernels, one through the op and one through
 its vector form, and compares outputs bit for bit and the launch reports."""
@@ -9,7 +9,7 @@ import pytest
 import palace as pl
 import palace.numpy as jnp
 from palace._src.lang.array import Array
-from palace._src.lang.numpy_elementwise import _on_vectors
+from palace._src.lang.numpy_elementwise import on_vectors
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 _SHAPE = (16, 128)
@@ -46,7 +46,7 @@ CASES = [  # (op, dtype, arity, operand form)
 @pytest.mark.parametrize("op, dtype, arity, form", CASES,
                          ids=[f"{c[0].__name__}-{np.dtype(c[1]).name}-{c[3]}" for c in CASES])
 def test_a_vector_form_matches_its_op(op, dtype, arity, form, timing_only):
-  fast = _on_vectors(op, dtype, _SHAPE, arity)
+  fast = on_vectors(op, dtype, _SHAPE, arity)
   assert fast is not None
   x, y = _data(dtype, 1), _data(dtype, 2)
   if dtype == np.int32 and op is jnp.right_shift:
@@ -78,9 +78,9 @@ def test_a_vector_form_matches_its_op(op, dtype, arity, form, timing_only):
 
 
 def test_other_operands_take_the_op_and_int_only_ops_have_no_float_form():
-  assert _on_vectors(jnp.bitwise_and, np.float32, _SHAPE, 2) is None
-  assert _on_vectors(jnp.multiply, np.float32, (), 2) is None
-  fast = _on_vectors(jnp.subtract, np.float32, _SHAPE, 2)
+  assert on_vectors(jnp.bitwise_and, np.float32, _SHAPE, 2) is None
+  assert on_vectors(jnp.multiply, np.float32, (), 2) is None
+  fast = on_vectors(jnp.subtract, np.float32, _SHAPE, 2)
   x = np.ones(_SHAPE, np.float32)
   # outside a kernel, other shapes and other dtypes: the op's own result (NumPy data on the host)
   np.testing.assert_array_equal(fast(x, 3 * x), -2 * x)
@@ -96,7 +96,7 @@ def test_other_operands_take_the_op_and_int_only_ops_have_no_float_form():
 def test_the_add_form_leaves_deferred_matmul_sums_to_add():
   """jnp.add grows deferred matmul sums (lang/deferred.py): its form computes Arrays itself and hands
   anything else, a deferred sum included, to jnp.add, so `acc + dot` stays one deferred product."""
-  fast = _on_vectors(jnp.add, np.float32, (128, 128), 2)
+  fast = on_vectors(jnp.add, np.float32, (128, 128), 2)
   x = np.random.default_rng(3).standard_normal((128, 128)).astype(np.float32)
 
   def run(f):

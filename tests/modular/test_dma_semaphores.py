@@ -167,6 +167,33 @@ def test_dma_never_waited_is_an_error():
     k(np.zeros((8, 128), np.float32))
 
 
+@pytest.mark.parametrize("priority,error,match", [
+    (1, pl.UnsupportedError, r"start\(priority=1\).*not supported in palace yet.*one DMA queue per core"),
+    (2, pl.UnsupportedError, r"priority=2 on a local copy.*only support priority 0 or 1.*Fix: drop"),
+    (-1, pl.UsageError, r"DMA start priority must be >= 0; got -1"),
+    (0.0, pl.UsageError, r"DMA start priority must be an integer")])
+def test_dma_priority_other_than_the_default_is_refused(priority, error, match):
+  @_kernel((8, 128), scratch_types=[pltpu.VMEM((8, 128), F32), pltpu.SemaphoreType.DMA])
+  def k(x_hbm, o_hbm, buf, sem):
+    pltpu.async_copy(x_hbm, buf, sem, priority=priority).wait()
+    pltpu.sync_copy(buf, o_hbm)
+
+  with pytest.raises(error, match=match):
+    k(np.zeros((8, 128), np.float32))
+
+
+def test_dma_priority_zero_is_the_default(rng):
+  x = rng.standard_normal((8, 128)).astype(np.float32)
+
+  @_kernel((8, 128), scratch_types=[pltpu.VMEM((8, 128), F32), pltpu.SemaphoreType.DMA])
+  def k(x_hbm, o_hbm, buf, sem):
+    pltpu.make_async_copy(x_hbm, buf, sem).start(priority=0)
+    pltpu.make_async_copy(x_hbm, buf, sem).wait()
+    pltpu.sync_copy(buf, o_hbm)
+
+  np.testing.assert_array_equal(k(x), x)
+
+
 # ------------------------------------------------------------------ semaphores
 def test_regular_semaphore_signal_wait_read():
   @functools.partial(pl.kernel, mesh=MESH, out_type=pltpu.SMEM((5,), jnp.int32),
@@ -187,15 +214,20 @@ def test_regular_semaphore_signal_wait_read():
 
 
 def test_scalar_semaphore_and_barrier_type():
-  @_kernel((8, 128), scratch_types=[pltpu.SemaphoreType.REGULAR, pltpu.SemaphoreType.BARRIER])
-  def k(x_hbm, o_hbm, sem, bar):
+  # an unindexed (scalar) REGULAR semaphore and a BARRIER semaphore in scratch: signalled, read, waited
+  @functools.partial(pl.kernel, mesh=MESH, out_type=pltpu.SMEM((4,), jnp.int32),
+                     scratch_types=[pltpu.SemaphoreType.REGULAR, pltpu.SemaphoreType.BARRIER])
+  def k(o_ref, sem, bar):
     pl.semaphore_signal(sem, 2)
-    pl.semaphore_wait(sem, 2)
     pl.semaphore_signal(bar)
+    o_ref[0] = pl.semaphore_read(sem)
+    o_ref[1] = pl.semaphore_read(bar)
+    pl.semaphore_wait(sem, 2)
     pl.semaphore_wait(bar)
-    pltpu.sync_copy(x_hbm, o_hbm)
+    o_ref[2] = pl.semaphore_read(sem)
+    o_ref[3] = pl.semaphore_read(bar)
 
-  k(np.zeros((8, 128), np.float32))
+  assert k().tolist() == [2, 1, 0, 0]
 
 
 def test_semaphore_array_needs_an_index():

@@ -4,6 +4,7 @@ Fake cores and a fake machine keep every number in hand: each expected cycle is 
 that produces it (the style of test_exact_timeline.py). A property test checks `settle` against a
 straightforward reference (sort every arrival, take the shortest prefix that reaches the value).
 """
+import itertools
 import random
 import types
 
@@ -27,7 +28,7 @@ SCALAR = 1   # UNIT_CHIP.scalar_op_cycles
 
 class _Machine:
   def __init__(self, policy="eager"):
-    self._seq = 0
+    self.sequence = itertools.count(1)
     self.kernel_name = "k"
     self.arrived = []
     self.dma_policy = types.SimpleNamespace(name=policy, rng=random.Random(0))
@@ -221,9 +222,9 @@ def test_settle_agrees_with_a_reference_over_random_arrivals_and_waits(arrivals,
   m = _Machine()
   s = m.sems.slot(_Buf(), ())
   ref_value, ref_pending = 0, []
-  for cycle, amount in arrivals:
+  for seq, (cycle, amount) in enumerate(arrivals, 1):   # (the machine's sequence numbers: 1, 2, ...)
     m.sems.arrive(s, cycle, amount)
-    ref_pending.append((cycle, m._seq, amount))
+    ref_pending.append((cycle, seq, amount))
   for need in needs:
     t, ref_value2, ref_pending2 = _reference_settle(ref_value, ref_pending, need)
     assert m.sems.settle(s, need) == t

@@ -13,11 +13,12 @@ The hook, and why it is safe with jit's compilation cache:
   `palace.jax` is imported). It lowers a `pallas_call` whose `interpret` is an Engine to ONE
   `jax.pure_callback` that runs the whole launch on palace; every other `pallas_call` (no engine, GPU
   interpret params, JAX's own TPU interpret mode) is passed to JAX's own rule unchanged.
-* The callback may run on an XLA thread, so the engine's VirtualTPU is made active there explicitly.
+* The callback may run on an XLA thread, where no VirtualTPU is active: the launch runs on the
+  engine's, handed down to palace's `run` (launch/run.py).
 
 Process-wide switch: `PALACE_JAX=v5e` (optionally `PALACE_JAX=v5e:4` for 4 chips) makes importing
-`palace.jax` install a global engine (`python -m palace.jax prog.py` and `pytest -p palace.jax` import
-it for unmodified programs and test suites).
+`palace.jax` install a global engine (`python -m palace._src.jax.run prog.py` and
+`pytest -p palace.jax` import it for unmodified programs and test suites).
 """
 from __future__ import annotations
 
@@ -26,13 +27,11 @@ import os
 import threading
 
 from palace._src.errors import UsageError
-from palace._src.sim.machine import VirtualTPU, activate, deactivate
+from palace._src.jax.callback import drain_at_exit, lower_on_palace, wait_for_dispatched
+from palace._src.jax.hardware import install_tpu_info
+from palace._src.launch.host import VirtualTPU
 
 _installed: list = []  # the lowering registration happens once per process (a registry, not state)
-# palace launches whose host callback is running now, on XLA's threads (process-wide host bookkeeping,
-# like the registration): the interpreter's exit waits for them (`_drain_at_exit`)
-_running = threading.Condition()
-_running_count = [0, 0]   # [running now, started so far]
 
 
 class Engine:
@@ -70,60 +69,6 @@ class Engine:
       with self.lock:
         self.tpu.timing_only = prev
 
-  def run(self, launch_fn, params, args, out=None):
-    """Host side of one launch: the callback lands here with NumPy operands, on some XLA thread
-    (counted in `running` by the callback around it: callback._emit_callback). `out`: arrays to
-    compute the outputs in (launch.run_pallas_call's)."""
-    token = activate(self.tpu)
-    try:
-      return launch_fn(params, args) if out is None else launch_fn(params, args, out=out)
-    finally:
-      deactivate(token)
-
-
-class running:
-  """`with running():` around every palace host callback (callback.py; counted, so that the exit can
-  wait for it). (A class, not a generator context manager: entered once per launch.)"""
-  __slots__ = ()
-
-  def __enter__(self):
-    with _running:
-      _running_count[0] += 1
-      _running_count[1] += 1
-
-  def __exit__(self, *exc):
-    with _running:
-      _running_count[0] -= 1
-      _running.notify_all()
-
-
-def _drain_at_exit(timeout_s: float = 120.0, quiet_s: float = 0.1) -> None:
-  """At interpreter exit: wait for the computations dispatched so far and for palace launches still
-  running on XLA's threads. JAX dispatches asynchronously, so a program may end (or a notebook cell
-  raise) while a launch's callback runs palace code; XLA then tears its thread pools down under it and
-  the process crashes (SIGSEGV or abort) in JAX's teardown: JAX's distributed tutorial, whose last cell
-  raises after dispatching pod launches, did so on every run. A computation whose results were dropped
-  is not visible to JAX's live arrays, so the wait also lasts until no palace launch has started for
-  `quiet_s` (the next queued one starts within microseconds of the last one's end). JAX alone has the
-  same race with any host callback still queued at exit (a plain jax.pure_callback in a dropped
-  shard_map result crashes the same way); this narrows palace's share of it to nothing measurable.
-  Errors are not raised here: whoever reads the results sees them. A launch still running after
-  `timeout_s` (a pod launch whose peers never come) is left to the teardown rather than hang the exit."""
-  if not _running_count[1]:   # no palace launch ran in this process
-    return
-  try:
-    wait_for_dispatched()
-  except Exception:  # noqa: BLE001  (a failed launch's error belongs to whoever reads its result)
-    pass
-  with _running:
-    while True:
-      started = _running_count[1]
-      if not _running.wait_for(lambda: _running_count[0] == 0, timeout=timeout_s):
-        return
-      _running.wait_for(lambda: _running_count[1] != started, timeout=quiet_s)
-      if _running_count[1] == started and _running_count[0] == 0:
-        return
-
 
 def _config():
   from jax._src import config  # noqa: PLC0415
@@ -136,7 +81,6 @@ def install() -> None:
     return
   from jax._src.interpreters import mlir  # noqa: PLC0415
   from jax._src.pallas import pallas_call as jpc  # noqa: PLC0415
-  from palace._src.jax.callback import lower_on_palace  # noqa: PLC0415
   # JAX's own (platform-independent) rules, as registered: every launch without an engine goes there
   jax_rule = mlir._lowerings[jpc.pallas_call_p].rule
 
@@ -159,10 +103,9 @@ def install() -> None:
 
   mlir.register_lowering(jpc.pallas_call_p, rule, platform="cpu")
   mlir.register_lowering(mpmd.mpmd_map_p, mpmd_rule, platform="cpu")
-  from palace._src.jax.hardware import install_tpu_info  # noqa: PLC0415
   install_tpu_info(active_engine)
   import atexit  # noqa: PLC0415
-  atexit.register(_drain_at_exit)   # after JAX's own exit handlers were registered: it runs first
+  atexit.register(drain_at_exit)   # after JAX's own exit handlers were registered: it runs first
   _installed.append(rule)
 
 
@@ -203,15 +146,6 @@ def virtual_tpu(chip="v5e", num_chips: int = 1, **options):
     raise
   finally:
     cfg.set_local(prev)
-
-
-def wait_for_dispatched() -> None:
-  """Block until every computation dispatched so far has finished. JAX dispatches asynchronously, so
-  a jitted call whose result was not read yet may still be running its launches: leaving
-  `virtual_tpu` waits for them (their reports and errors belong to it), and so does device_time
-  around its timing-only scope (no launch of another call may run inside it)."""
-  import jax  # noqa: PLC0415
-  jax.block_until_ready(jax.live_arrays())
 
 
 def activate_from_env(environ=None):

@@ -9,24 +9,86 @@ re-raises it, so `pytest.raises(pl.OutOfBoundsError)` around the `with` block wo
 from __future__ import annotations
 
 import functools
+import threading
 
 import numpy as np
 
 from palace._src.errors import UnsupportedError, UsageError
+from palace._src.jax import launch
+from palace._src.jax.interpret import check_covered, source_line
+from palace._src.jax.registry import RULES, sub_jaxprs
+from palace._src.launch import host as palace_host, spmd
+
+
+# palace launches whose host callback is running now, on XLA's threads (process-wide host bookkeeping,
+# like the lowering's registration): the interpreter's exit waits for them (`drain_at_exit`)
+_running = threading.Condition()
+_running_count = [0, 0]   # [running now, started so far]
+
+
+class running:
+  """`with running():` around every palace host callback (callback.py; counted, so that the exit can
+  wait for it). (A class, not a generator context manager: entered once per launch.)"""
+  __slots__ = ()
+
+  def __enter__(self):
+    with _running:
+      _running_count[0] += 1
+      _running_count[1] += 1
+
+  def __exit__(self, *exc):
+    with _running:
+      _running_count[0] -= 1
+      _running.notify_all()
+
+
+def drain_at_exit(timeout_s: float = 120.0, quiet_s: float = 0.1) -> None:
+  """At interpreter exit: wait for the computations dispatched so far and for palace launches still
+  running on XLA's threads. JAX dispatches asynchronously, so a program may end (or a notebook cell
+  raise) while a launch's callback runs palace code; XLA then tears its thread pools down under it and
+  the process crashes (SIGSEGV or abort) in JAX's teardown: JAX's distributed tutorial, whose last cell
+  raises after dispatching pod launches, did so on every run. A computation whose results were dropped
+  is not visible to JAX's live arrays, so the wait also lasts until no palace launch has started for
+  `quiet_s` (the next queued one starts within microseconds of the last one's end). JAX alone has the
+  same race with any host callback still queued at exit (a plain jax.pure_callback in a dropped
+  shard_map result crashes the same way); this narrows palace's share of it to nothing measurable.
+  Errors are not raised here: whoever reads the results sees them. A launch still running after
+  `timeout_s` (a pod launch whose peers never come) is left to the teardown rather than hang the exit."""
+  if not _running_count[1]:   # no palace launch ran in this process
+    return
+  try:
+    wait_for_dispatched()
+  except Exception:  # noqa: BLE001  (a failed launch's error belongs to whoever reads its result)
+    pass
+  with _running:
+    while True:
+      started = _running_count[1]
+      if not _running.wait_for(lambda: _running_count[0] == 0, timeout=timeout_s):
+        return
+      _running.wait_for(lambda: _running_count[1] != started, timeout=quiet_s)
+      if _running_count[1] == started and _running_count[0] == 0:
+        return
+
+
+def wait_for_dispatched() -> None:
+  """Block until every computation dispatched so far has finished. JAX dispatches asynchronously, so
+  a jitted call whose result was not read yet may still be running its launches: leaving
+  `virtual_tpu` waits for them (their reports and errors belong to it), and so does device_time
+  around its timing-only scope (no launch of another call may run inside it)."""
+  import jax  # noqa: PLC0415
+  jax.block_until_ready(jax.live_arrays())
+
 
 
 def _remote_ids(jaxpr, outer=()):
   """(equation, its device_id operand tree, its device_id_type, enclosing equations) of every remote
-  copy and remote signal in `jaxpr` and its sub-jaxprs."""
-  from palace._src.jax.interpret import sub_jaxprs  # noqa: PLC0415
+  copy (its start and waits) and remote signal in `jaxpr` and its sub-jaxprs (registry entries whose
+  operands have a device_id)."""
   for eqn in jaxpr.eqns:
-    name = eqn.primitive.name
-    if name == "dma_start":
-      dev = eqn.params["tree"].unflatten(eqn.invars)[4]
-    elif name == "semaphore_signal":
-      dev = eqn.params["args_tree"].unflatten(eqn.invars)[3]
-    else:
-      dev = None
+    entry = RULES.get(eqn.primitive.name)
+    operands = None if entry is None else entry.operands
+    dev = operands.decode(eqn).get("device_id") if operands is not None and "device_id" in operands.names \
+        else None
     if dev is not None:
       yield eqn, dev, str(getattr(eqn.params.get("device_id_type"), "value", "mesh")).lower(), outer
     for sub in sub_jaxprs(eqn):
@@ -41,7 +103,6 @@ def _communication(jaxpr, manual):
 
 
 def _named(jaxpr, manual):
-  from palace._src.jax.interpret import sub_jaxprs  # noqa: PLC0415
   for eqn in jaxpr.eqns:
     name = eqn.primitive.name
     if name == "axis_index":
@@ -64,7 +125,6 @@ def check_device_ids(jaxprs, mesh_axes) -> None:
   dict key such as ('x', 'y') names mesh axes only. (LOGICAL ids are scalars: JAX asserts that when
   the kernel is traced.)"""
   from jax._src import tree_util  # noqa: PLC0415
-  from palace._src.jax.interpret import source_line  # noqa: PLC0415
   axes = tuple(map(str, mesh_axes))
   for jaxpr in jaxprs:
     for eqn, dev, kind, outer in _remote_ids(jaxpr):
@@ -96,8 +156,6 @@ def check_device_ids(jaxprs, mesh_axes) -> None:
 
 def _check_covered(params, kind) -> None:
   """Launch features and primitives the adapter and the interpreter cover, checked while lowering."""
-  from palace._src.jax import launch  # noqa: PLC0415
-  from palace._src.jax.interpret import check_covered  # noqa: PLC0415
   if kind == "pallas_call":
     launch.check_launch(params)
     for bm in params["grid_mapping"].block_mappings:
@@ -134,7 +192,6 @@ def _emit_callback(ctx, host, in_nodes, direct_out: bool = False):
   from jax._src import dtypes as jax_dtypes  # noqa: PLC0415
   from jax._src import ffi  # noqa: PLC0415
   from jax._src.interpreters import mlir  # noqa: PLC0415
-  from palace._src.jax.activation import running  # noqa: PLC0415
 
   avals = [*ctx.avals_in, *ctx.avals_out]
   if any(jax_dtypes.itemsize_bits(a.dtype) < 8 for a in avals):
@@ -209,7 +266,6 @@ def _emit_python_callback(ctx, host, in_nodes):
   default device and an empty mesh for callbacks that call JAX, which palace's never do). XLA hands
   the callback operands as read-only NumPy arrays that own their data (copies made by its handler)."""
   from jax._src import callback as jax_callback  # noqa: PLC0415
-  from palace._src.jax.activation import running  # noqa: PLC0415
 
   def flat(*args):
     with running():   # (counted for the interpreter's exit, as `_emit_callback`'s callback is)
@@ -227,7 +283,6 @@ def _check_fully_manual(params, kind, axis_ctx, manual) -> None:
   (jax/_src/tpu_custom_call.py: "Mosaic kernels cannot be automatically partitioned"; its interpret
   mode cannot run there either: XLA host callbacks need every axis manual). Running it would model
   a program no TPU runs: each device would get its manual shard replicated over the automatic axes."""
-  from palace._src.jax import launch  # noqa: PLC0415
   mesh = axis_ctx.mesh
   axes = [str(a) for a in mesh.axis_names]
   if manual | frozenset(getattr(mesh, "manual_axes", ()) or ()) == frozenset(mesh.axis_names):
@@ -260,30 +315,23 @@ def _lower_pod_launch(ctx, in_nodes, engine, params, axis_ctx, manual, kind):
   from jax._src import core as jax_core  # noqa: PLC0415
   from jax._src.lib.mlir import ir  # noqa: PLC0415
   from jax._src.lib.mlir.dialects import hlo  # noqa: PLC0415
-  from palace._src.jax import launch  # noqa: PLC0415
-  from palace._src.launch import host as palace_host, spmd  # noqa: PLC0415
-  from palace._src.sim.machine import activate, deactivate  # noqa: PLC0415
 
   mesh = axis_ctx.mesh
   _check_covered(params, kind)
   check_device_ids(_kernel_jaxprs(params, kind), mesh.axis_names)
-  token = activate(engine.tpu)   # palace's make_mesh checks the chip count and picks the ring order
-  try:
+  with palace_host.on_tpu(engine.tpu):   # palace's make_mesh checks the chip count, picks the ring order
     pmesh = spmd.make_mesh(tuple(mesh.shape.values()), tuple(map(str, mesh.axis_names)))
-  finally:
-    deactivate(token)
   groups = spmd.CallGroups(pmesh, engine.tpu)   # one rendezvous per call of this launch site
   out_avals = params["out_avals"]
   run = functools.partial(launch.run_pallas_call if kind == "pallas_call" else launch.run_mpmd_map,
                           cache={})   # one palace launch and plan per lowering, reused by every call
 
   def host(chip, *arrays):
-    token = activate(engine.tpu)
     call, group = groups.enter(int(chip))
     spmd_token = palace_host.set_spmd_context((group, int(chip)))
     error = None
     try:
-      outs = run(params, [np.asarray(a) for a in arrays])
+      outs = run(params, [np.asarray(a) for a in arrays], engine.tpu)
     except spmd._PeerFailed:
       raise spmd.peer_error(group, int(chip)) from None
     except BaseException as e:  # noqa: BLE001  kept for virtual_tpu's exit, then XLA wraps it
@@ -293,7 +341,6 @@ def _lower_pod_launch(ctx, in_nodes, engine, params, axis_ctx, manual, kind):
     finally:
       groups.leave(call, error)
       palace_host.reset_spmd_context(spmd_token)
-      deactivate(token)
     return [np.asarray(o, dtype=a.dtype).reshape(a.shape) for o, a in zip(outs, out_avals)]
 
   pid = hlo.convert(ir.RankedTensorType.get([], ir.IntegerType.get_signless(32)), hlo.partition_id())
@@ -304,7 +351,6 @@ def _lower_pod_launch(ctx, in_nodes, engine, params, axis_ctx, manual, kind):
 def lower_on_palace(ctx, in_nodes, engine, params, kind: str = "pallas_call"):
   """Lower one launch (`pallas_call` or `mpmd_map`, i.e. pl.kernel / core_map) to one host callback."""
   from jax._src import core as jax_core  # noqa: PLC0415
-  from palace._src.jax import launch  # noqa: PLC0415
 
   axis_ctx = ctx.module_context.axis_context
   manual = frozenset(getattr(axis_ctx, "manual_axes", ()) or ())
@@ -322,10 +368,11 @@ def lower_on_palace(ctx, in_nodes, engine, params, kind: str = "pallas_call"):
                           cache={})
   out_avals = params["out_avals"]
 
-  def host(*arrays, out=None):
+  def host(*arrays, **out):
     try:
       with engine.lock:  # per-device callbacks of a shard_map may come from several XLA threads
-        outs = engine.run(run, params, [np.asarray(a) for a in arrays], out)
+        # (the engine's VirtualTPU, handed to the launch: this XLA thread has none active)
+        outs = run(params, [np.asarray(a) for a in arrays], engine.tpu, **out)
     except BaseException as e:  # noqa: BLE001  kept for virtual_tpu's exit, then XLA wraps it
       engine.errors.append(e)
       raise

@@ -4,12 +4,13 @@ Values are whatever palace's ops produce (palace Arrays inside a kernel, NumPy s
 index maps) and refs are palace Refs, so timing, hardware checks, race detection and palace's fast
 paths apply exactly as for a kernel written against palace directly.
 
-Rules live in `rules_lax.py` (jax.lax primitives), `rules_state.py` (ref reads/writes and their
-indexers, Pallas and Mosaic-TPU primitives) and `rules_control.py` (cond, loops, calls, run_scoped).
-A rule is `fn(eqn, *invals) -> value` (or a list of values for multi-result primitives); it reads
-static parameters from `eqn.params`. Hot rules are compiling rules, `make(eqn) -> fn(*invals)`: each
-jaxpr is compiled once (`program`) into a list of closures over flat value slots, so a kernel step
-pays one closure call per equation, not a dict lookup plus parameter parsing. Runs of 0-d int/bool
+How a primitive evaluates is its registry entry's `evaluate` (registry.py; the entries are in
+`rules_lax.py` (jax.lax primitives), `rules_state.py` (ref reads/writes and their indexers, Pallas
+and Mosaic-TPU primitives) and `rules_control.py` (cond, loops, calls, run_scoped)): `fn(eqn,
+*invals) -> value` (or a list of values for multi-result primitives), reading static parameters from
+`eqn.params`, or for hot primitives a compiling rule, `make(eqn) -> fn(*invals)`: each jaxpr is
+compiled once (`program`) into one generated function of closure calls on local variables, so a
+kernel step pays one closure call per equation, not a dict lookup plus parameter parsing. Runs of 0-d int/bool
 equations (index arithmetic) are generated as one block on Python ints instead, with the
 equations' calls as its fallback (`scalar_blocks.py`). A primitive without a rule, or a parameter
 value a rule does not cover, raises UnsupportedError naming the primitive and the kernel line from
@@ -27,9 +28,9 @@ import numpy as np
 
 from palace._src.errors import PalaceError, UnsupportedError
 from palace._src.jax import scalar_blocks
+from palace._src.jax.registry import RULES, literal, sub_jaxprs
 from palace._src.lang.array import Array
 
-RULES: dict = {}   # primitive name -> rule (plain or compiling, see `rule` / `compiling_rule`)
 _PROGRAMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # jaxpr -> its _Program (a cache)
 # the palace grid axes the kernel's program_id / num_programs axes name (None: the same); a vmapped
 # pallas_call has extra leading grid axes its kernel does not see
@@ -49,25 +50,6 @@ def result_unused(eqn) -> bool:
   Answered while the enclosing jaxpr is compiled, i.e. from a compiling rule's outer function."""
   used = _used_here.get()
   return used is not None and eqn.outvars[0] not in used
-
-
-def rule(*names):
-  """Register `fn(eqn, *invals) -> value` as the rule of the primitives `names`."""
-  def register(fn):
-    for n in names:
-      RULES[n] = fn
-    return fn
-  return register
-
-
-def compiling_rule(*names):
-  """Register `make(eqn) -> fn(*invals) -> value` as the rule of `names`: `make` runs once per
-  equation when its jaxpr is compiled (static parameters parsed, sub-jaxprs compiled, the variant
-  picked from the operands' avals), `fn` at every evaluation."""
-  def register(make):
-    make.compiles = True
-    return rule(*names)(make)
-  return register
 
 
 def source_line(eqn, outer=()) -> str:
@@ -109,14 +91,6 @@ def unsupported(eqn, what: str = "", fix: str = "", outer=()) -> UnsupportedErro
                                                    "run this kernel with JAX's interpret mode."))
 
 
-def sub_jaxprs(eqn):
-  from jax._src import core as jax_core  # noqa: PLC0415
-  for v in eqn.params.values():
-    for x in (v if isinstance(v, (tuple, list)) else (v,)):
-      if isinstance(x, jax_core.Jaxpr):  # JAX 0.12: one Jaxpr type, consts attached to constvars
-        yield x
-
-
 def check_covered(jaxpr, outer=()) -> None:
   """Raise UnsupportedError for the first equation (in any sub-jaxpr) that has no rule."""
   for eqn in jaxpr.eqns:
@@ -124,12 +98,6 @@ def check_covered(jaxpr, outer=()) -> None:
       raise unsupported(eqn, outer=outer)
     for sub in sub_jaxprs(eqn):
       check_covered(sub, (*outer, eqn))
-
-
-def literal(v):
-  """A jaxpr literal as a NumPy value of its aval's dtype (weak Python scalars keep JAX's type)."""
-  aval = v.aval
-  return np.asarray(v.val, dtype=aval.dtype) if aval.shape else np.dtype(aval.dtype).type(v.val)
 
 
 class _Program:
@@ -189,16 +157,16 @@ def program(jaxpr) -> _Program:
   token = _used_here.set(used_vars(jaxpr))
   try:
     def statements(k, eqn, indent=""):
-      fn = RULES.get(eqn.primitive.name)
-      if fn is None:
+      entry = RULES.get(eqn.primitive.name)
+      if entry is None:
         fn = _failing(unsupported(eqn))
-      elif getattr(fn, "compiles", False):
+      elif entry.compiles:
         try:
-          fn = fn(eqn)
+          fn = entry.evaluate(eqn)
         except UnsupportedError as e:  # raised if and when the equation is evaluated, as before
           fn = _failing(e)
       else:
-        fn = functools.partial(fn, eqn)
+        fn = functools.partial(entry.evaluate, eqn)
       ns[f"f{k}"], ns[f"e{k}"] = fn, eqn
       call = f"f{k}({', '.join(name(v) for v in eqn.invars)})"
       outs = [name(v) for v in eqn.outvars]
@@ -247,7 +215,7 @@ def program(jaxpr) -> _Program:
   if consts:   # (missing consts are None)
     unpack.append(f"{', '.join(consts)}, = _consts(consts, {len(consts)})")
   if runs:
-    unpack.append("_ex = _sb_current()")
+    unpack.append("_ex = _sb_scalar_unit()")   # (the core's scalar_ops, None outside a kernel)
   src = "\n".join([f"def run(consts, args):\n  {'; '.join(unpack)}\n  try:",
                    *(f"    {line}" for line in body or ["pass"]),
                    "  except PalaceError as e:",

@@ -1,10 +1,12 @@
-"""JAX launch parameters -> one palace launch.
+"""JAX launch parameters -> a palace `LaunchPlan`, run by the one `run` of launch/run.py.
 
-`run_pallas_call` (a `pallas_call`: kernel jaxpr + GridMapping) and `run_mpmd_map` (`pl.kernel` /
-`core_map`: kernel jaxpr + mesh) are the only adapters between the two worlds: today they build
-palace's own `pl.pallas_call` / `pl.kernel` (BlockSpecs whose index maps and a kernel body that run
-the jaxprs through the interpreter); when palace's flat `LaunchPlan` (launch/plan.py) lands, only
-these two functions change.
+`plan_pallas_call` reads a JAX `pallas_call` (kernel jaxpr + GridMapping) as JAX's own interpret mode
+does: each of `grid_mapping.block_mappings` (block shape, index-map jaxpr, memory space, pipeline
+mode) becomes a palace `blocks.BlockMapping` directly, checked by palace's block rules
+(`blocks.check_block`, `blocks.buffer_count`); the scalar-prefetch operands, scratch avals, aliases
+and compiler params (dimension semantics) fill the plan's other fields. `plan_mpmd_map` does the
+same for `pl.kernel` / `core_map` (kernel jaxpr + mesh). `run_pallas_call` / `run_mpmd_map` plan
+once per lowering (and grid) and then only run the plan, on the VirtualTPU their caller hands down.
 """
 from __future__ import annotations
 
@@ -12,17 +14,19 @@ import dataclasses
 
 import numpy as np
 
+from palace._src import blocks
+from palace._src import dtypes as dt
 from palace._src import core as pcore
-from palace._src.blocks import INDEX_DTYPE, PURE_INDEX_MAP
 from palace._src.errors import BlockSpecError, UnsupportedError
 from palace._src.jax.avals import alloc_type, memory_space
-from palace._src.jax.interpret import grid_axes, kernel_site, literal, program, run_program
+from palace._src.jax.interpret import grid_axes, kernel_site, program, run_program
+from palace._src.jax.registry import RULES, literal, sub_jaxprs
 from palace._src.jax.schedule import replay_blocker
-from palace._src.launch.host import with_memory_space_constraint
-from palace._src.launch.host_refs import freeze, new_ref
-from palace._src.launch.kernel import kernel as palace_kernel
-from palace._src.launch.pallas_call import pallas_call
+from palace._src.launch import host, sc_mesh
+from palace._src.launch.host_refs import freeze, owning_ref, ref_name
+from palace._src.launch.plan import ENTRIES, OPERAND, LaunchPlan, Operand, Output, Stage, grid_stages
 from palace._src.launch.run import run
+from palace._src.util import tree_flatten
 
 
 def kernel_name(params) -> str:
@@ -39,7 +43,7 @@ def _fail(params, what: str, fix: str = "") -> UnsupportedError:
                                                   "palace's own pl.pallas_call outside jax.jit."))
 
 
-def check_launch(params, avals_in=()) -> None:
+def check_launch(params) -> None:
   """Raise UnsupportedError (at lowering time) for launch features the adapter does not cover."""
   gm = params["grid_mapping"]
   if params.get("mesh") is not None:
@@ -52,19 +56,20 @@ def check_launch(params, avals_in=()) -> None:
   for bm in gm.block_mappings:
     if bm.transforms:
       raise _fail(params, f"block transforms {bm.transforms} of {bm.origin}")
-    _block_shape(params, bm)
+    _dims(params, bm)
 
 
-def _block_shape(params, bm):
+def _dims(params, bm) -> tuple:
+  """A JAX block mapping's block shape as palace's canonical dims: (kind, size, low padding) per dim."""
   from jax._src.pallas import core as jpc  # noqa: PLC0415
   out = []
   for d in bm.block_shape:
     if isinstance(d, jpc.Blocked):
-      out.append(int(d.block_size))
+      out.append((blocks.BLOCKED, int(d.block_size), 0))
     elif isinstance(d, jpc.Squeezed) or d is None:
-      out.append(pcore.squeezed)
+      out.append((blocks.SQUEEZED, 1, 0))
     elif isinstance(d, jpc.Element):
-      out.append(pcore.Element(int(d.block_size), tuple(int(p) for p in d.padding)))
+      out.append((blocks.ELEMENT, int(d.block_size), int(d.padding[0])))
     elif isinstance(d, jpc.BoundedSlice):   # (Mosaic's pallas_call lowering raises NotImplementedError)
       raise UnsupportedError(
           f"palace.jax: pallas_call '{kernel_name(params)}': pl.BoundedSlice block dims ({bm.origin}) "
@@ -77,29 +82,25 @@ def _block_shape(params, bm):
   return tuple(out)
 
 
-# primitives of scalar index arithmetic (what `i // 2`, `jnp.minimum`, `lax.select`, `x % n` trace to):
-# pure functions of their operands, which palace's rules also evaluate on whole index columns
-_PURE_INDEX_PRIMITIVES = frozenset([
-    "add", "sub", "mul", "neg", "max", "min", "div", "rem", "sign", "abs", "eq", "ne", "lt", "le", "gt",
-    "ge", "and", "or", "xor", "not", "select_n", "clamp", "convert_element_type", "shift_left",
-    "shift_right_arithmetic", "shift_right_logical", "jit", "pjit", "closed_call"])
-
-
 def _pure_index_jaxpr(jaxpr) -> bool:
   """True when an index map's `jaxpr` computes its block indices from its grid indices alone: only
-  scalar arithmetic, in nested calls too, so its scalar-prefetch refs (operands after the grid
-  indices) are never read (no primitive above takes a ref)."""
-  from palace._src.jax.interpret import sub_jaxprs  # noqa: PLC0415
-  return all(e.primitive.name in _PURE_INDEX_PRIMITIVES and all(map(_pure_index_jaxpr, sub_jaxprs(e)))
-             for e in jaxpr.eqns)
+  scalar index arithmetic (registry entries marked `pure_index`: what `i // 2`, `jnp.minimum`,
+  `lax.select`, `x % n` trace to, pure functions of their operands that palace's rules also evaluate
+  on whole index columns), in nested calls too, so its scalar-prefetch refs (operands after the grid
+  indices) are never read (no such primitive takes a ref)."""
+  for e in jaxpr.eqns:
+    entry = RULES.get(e.primitive.name)
+    if entry is None or not entry.pure_index or not all(map(_pure_index_jaxpr, sub_jaxprs(e))):
+      return False
+  return True
 
 
 def _index_map(bm):
-  """The BlockSpec index map: its jaxpr compiled once (interpret.program); one with no equations
-  (`lambda i, j: (i, 0)`, the common case) becomes a plain tuple of its inputs and literals. Both it
-  and a map of scalar index arithmetic alone (`lambda i: (2 * i + 1, 0)`, `_pure_index_jaxpr`) are
-  marked pure (blocks.PURE_INDEX_MAP): they charge nothing and run on whole index columns, so a plan
-  keeps every step's offsets, found in one vectorised evaluation on any grid
+  """The block mapping's index map: its jaxpr compiled once (interpret.program); one with no
+  equations (`lambda i, j: (i, 0)`, the common case) becomes a plain tuple of its inputs and literals.
+  Both it and a map of scalar index arithmetic alone (`lambda i: (2 * i + 1, 0)`, `_pure_index_jaxpr`)
+  are marked pure (blocks.PURE_INDEX_MAP): they charge nothing and run on whole index columns, so a
+  plan keeps every step's offsets, found in one vectorised evaluation on any grid
   (block_offsets.grid_offsets), instead of running the map per step. A JAX map computes in int32:
   its columns are int32 (blocks.INDEX_DTYPE), so it wraps where JAX's does."""
   closed = bm.index_map_jaxpr
@@ -109,13 +110,13 @@ def _index_map(bm):
     picks = tuple((True, _static_index(literal(v))) if type(v) is jax_core.Literal else (False, pos[v])
                   for v in closed.outvars)
     index_map = lambda *args: tuple(v if static else args[v] for static, v in picks)  # noqa: E731
-    setattr(index_map, PURE_INDEX_MAP, True)
+    setattr(index_map, blocks.PURE_INDEX_MAP, True)
     return index_map
   prog, consts = program(closed), closed.consts
   index_map = lambda *args: tuple(run_program(prog, consts, args))  # noqa: E731
-  setattr(index_map, INDEX_DTYPE, np.int32)
+  setattr(index_map, blocks.INDEX_DTYPE, np.int32)
   if _pure_index_jaxpr(closed.jaxpr):
-    setattr(index_map, PURE_INDEX_MAP, True)
+    setattr(index_map, blocks.PURE_INDEX_MAP, True)
   return index_map
 
 
@@ -124,9 +125,24 @@ def _static_index(x):
   return int(x) if isinstance(x, np.integer) else x
 
 
-def _block_spec(params, bm):
-  space = memory_space(getattr(bm.transformed_block_aval, "memory_space", None), None, bm.origin)
-  mode = None
+def _block_mapping(params, bm, name: str) -> blocks.BlockMapping:
+  """palace's BlockMapping of one of JAX's block mappings (of the operand or output `name`)."""
+  shape, dtype = tuple(bm.array_aval.shape), np.dtype(bm.array_aval.dtype)
+  space = memory_space(getattr(bm.transformed_block_aval, "memory_space", None), pcore.MemorySpace.VMEM,
+                       bm.origin)
+  if space in (pcore.MemorySpace.ANY, pcore.MemorySpace.HBM):
+    if not bm.has_trivial_window():
+      raise BlockSpecError(
+          f"palace.jax: pallas_call '{kernel_name(params)}': {bm.origin} is in memory space {space} with "
+          f"block shape {tuple(bm.block_shape)} over an array of shape "
+          f"{tuple(bm.array_aval.shape)}; expected the whole array (block shape = array shape, index "
+          f"map returning all 0s): the TPU compiler does not window ANY/HBM operands ('The Pallas TPU "
+          f"lowering currently supports in memory space ANY only blocks having the same block shape as "
+          f"the array shape and a trivial index_map', measured on a TPU v5e). Fix: "
+          f"pl.BlockSpec(memory_space=pl.ANY) and slice the HBM ref in the kernel "
+          f"(x_hbm.at[pl.ds(start, size)]), or use VMEM blocks.")
+    return blocks.whole_hbm(name, shape, dtype)
+  requested = None
   if bm.pipeline_mode is not None:
     n = bm.pipeline_mode.buffer_count
     if not isinstance(n, int) or not 1 <= n <= 2 or getattr(bm.pipeline_mode, "use_lookahead", False):
@@ -137,20 +153,13 @@ def _block_spec(params, bm):
           f"double (2) buffering are supported. Got 3.', measured on a TPU v5e with JAX 0.10.2; JAX "
           f"0.12's lowering has the same rule). Fix: use pl.Buffered(2), or deeper buffering through "
           f"pltpu.emit_pipeline inside a pl.kernel.")
-    mode = pcore.Buffered(int(n))
-  if space in (pcore.MemorySpace.ANY, pcore.MemorySpace.HBM):
-    if not bm.has_trivial_window():
-      raise BlockSpecError(
-          f"palace.jax: pallas_call '{kernel_name(params)}': {bm.origin} is in memory space {space} with "
-          f"block shape {tuple(_block_shape(params, bm))} over an array of shape "
-          f"{tuple(bm.array_aval.shape)}; expected the whole array (block shape = array shape, index "
-          f"map returning all 0s): the TPU compiler does not window ANY/HBM operands ('The Pallas TPU "
-          f"lowering currently supports in memory space ANY only blocks having the same block shape as "
-          f"the array shape and a trivial index_map', measured on a TPU v5e). Fix: "
-          f"pl.BlockSpec(memory_space=pl.ANY) and slice the HBM ref in the kernel "
-          f"(x_hbm.at[pl.ds(start, size)]), or use VMEM blocks.")
-    return pcore.BlockSpec(memory_space=space)
-  return pcore.BlockSpec(_block_shape(params, bm), _index_map(bm), mode, memory_space=space)
+    requested = int(n)
+  dims = _dims(params, bm)
+  blocks.check_block(name, shape, dtype, dims, space)
+  index_map = _index_map(bm)
+  return blocks.BlockMapping(name, shape, dtype, dims, index_map, space,
+                             blocks.buffer_count(dims, shape, space, requested), False,
+                             getattr(index_map, blocks.PURE_INDEX_MAP, False) is True)
 
 
 def _compiler_params(cp, grid_rank: int = 0, vmapped=()):
@@ -178,12 +187,81 @@ def _grid(gm, bounds) -> tuple:
   return tuple(int(g) if isinstance(g, (int, np.integer)) else int(np.asarray(next(it))) for g in gm.grid)
 
 
-def run_pallas_call(params, args, cache=None, out=None):
-  """Run one JAX `pallas_call` (its primitive parameters and NumPy operands) on the active palace
-  VirtualTPU; returns the list of NumPy outputs. `cache` (a dict the lowering keeps for its one
-  launch site, whose operand shapes, dtypes and engine are fixed) holds the palace LaunchPlan made
-  for each grid by the first call, so later calls only run it. `out`: launch.run's (XLA's result
-  buffers to compute the outputs in)."""
+def _grid_body(params, grid):
+  """The kernel body of a grid launch: the kernel jaxpr, compiled once, run on the block refs.
+  program_id / num_programs count the user's grid axes only (not the ones jax.vmap added)."""
+  prog = program(params["jaxpr"])
+  vmapped = tuple(int(d) for d in getattr(params["grid_mapping"], "vmapped_dims", ()))
+  user_axes = tuple(d for d in range(len(grid)) if d not in vmapped)
+
+  def kernel(*refs):
+    if not vmapped:
+      run_program(prog, (), refs)
+      return
+    token = grid_axes.set(user_axes)
+    try:
+      run_program(prog, (), refs)
+    finally:
+      grid_axes.reset(token)
+  kernel.__name__ = kernel_name(params)
+  return kernel
+
+
+def plan_pallas_call(params, grid: tuple, args, chip) -> tuple:
+  """(LaunchPlan, operand arrays) of a JAX pallas_call at one (concrete) grid, for operands like
+  `args` (NumPy arrays, dynamic grid bounds removed), on `chip`."""
+  check_launch(params)
+  gm, jaxpr, kname = params["grid_mapping"], params["jaxpr"], kernel_name(params)
+  nsp, n_in = gm.num_index_operands, gm.num_inputs
+  names = [f"scalar_prefetch[{i}]" if i < nsp else f"args[{i}]" for i in range(len(args))]
+  _check_32_bit(kname, {**dict(zip(names, args)),
+                        **{f"outputs[{i}]": a for i, a in enumerate(params["out_avals"])}})
+  arrays = [host.to_host_array(a, name) for a, name in zip(args, names)]
+  in_maps = tuple(_block_mapping(params, bm, f"args[{nsp + i}]")
+                  for i, bm in enumerate(gm.block_mappings[:n_in]))
+  outs = [host.out_struct(pcore.ShapeDtypeStruct(tuple(a.shape), np.dtype(a.dtype)), f"out_shape[{i}]")
+          for i, a in enumerate(params["out_avals"])]
+  out_maps = tuple(_block_mapping(params, bm, f"outputs[{i}]")
+                   for i, bm in enumerate(gm.block_mappings[n_in:n_in + len(outs)]))
+  scratch = tuple(alloc_type(a, f"scratch[{i}]") for i, a in enumerate(gm.scratch_avals))
+  host.check_hbm(kname, {f"args[{i}]": a for i, a in enumerate(arrays)},
+                 {f"outputs[{i}]": o for i, o in enumerate(outs)}, scratch, chip)
+  vmapped = tuple(int(d) for d in getattr(gm, "vmapped_dims", ()))
+  fixed_site = kernel_site(jaxpr)   # (no user frame is on the stack while a jaxpr runs)
+  plan = LaunchPlan(
+      kname, fixed_site or ("<unknown>", 0),
+      host.check_params(_compiler_params(params.get("compiler_params"), len(grid), vmapped), "pallas_call"),
+      tuple(Operand(name, a.shape, a.dtype) for name, a in zip(names, arrays)),
+      tree_flatten(tuple(range(nsp)))[1],
+      tuple(Output(f"outputs[{i}]", *o) for i, o in enumerate(outs)), tree_flatten(list(range(len(outs))))[1],
+      aliases=host.check_aliases(dict(params.get("input_output_aliases") or ()), kname),
+      staged=grid_stages(arrays[:nsp], in_maps, out_maps), scratch=scratch,
+      bodies=(_grid_body(params, grid),), grid=grid, in_maps=in_maps, out_maps=out_maps,
+      fixed_site=fixed_site, replay_operands=_grid_replay_operands(params))
+  return plan, arrays
+
+
+def _check_32_bit(kname: str, avals) -> None:
+  """{name: aval} of a launch's operands and outputs: a 64-bit type (JAX with jax_enable_x64) is
+  refused as XLA refuses it for a TPU custom call (measured on a TPU v5e: 'While rewriting
+  computation to not contain X64 element types, XLA encountered an HLO for which this rewriting is
+  not implemented'); palace's own front ends narrow 64-bit host arrays as JAX without x64 does."""
+  for name, aval in avals.items():
+    d = np.dtype(aval.dtype)
+    if dt.canonicalize(d) != d:
+      raise UnsupportedError(
+          f"palace.jax: kernel '{kname}': {name} is {d}{list(aval.shape)}, a 64-bit type, which a TPU "
+          f"kernel cannot take (XLA: 'While rewriting computation to not contain X64 element types, "
+          f"XLA encountered an HLO for which this rewriting is not implemented'). Fix: cast it to a "
+          f"32-bit type before the call, or run without jax_enable_x64.")
+
+
+def run_pallas_call(params, args, tpu, cache=None, out=None):
+  """Run one JAX `pallas_call` (its primitive parameters and NumPy operands) on the VirtualTPU `tpu`;
+  returns the list of NumPy outputs. `cache` (a dict the lowering keeps for its one launch site,
+  whose operand shapes, dtypes and engine are fixed) holds the LaunchPlan made for each grid by the
+  first call, so later calls only run it. `out`: launch.run's (XLA's result buffers to compute the
+  outputs in)."""
   gm = params["grid_mapping"]
   nd = gm.num_dynamic_grid_bounds
   # (the cache's key: the grid, or None for a static grid, which is then not rebuilt per call)
@@ -191,13 +269,10 @@ def run_pallas_call(params, args, cache=None, out=None):
   operands = args[nd:] if nd else args
   plan = None if cache is None else cache.get(key)
   if plan is None:
-    plan, operands = _palace_launch(params, key if nd else _grid(gm, ())).plan(*operands)
-    # (no user frame is on the stack while a jaxpr runs: messages name the kernel's line)
-    plan = dataclasses.replace(plan, fixed_site=kernel_site(params["jaxpr"]),
-                               replay_operands=_grid_replay_operands(params))
+    plan, operands = plan_pallas_call(params, key if nd else _grid(gm, ()), operands, tpu.chip)
     if cache is not None:
       cache[key] = plan
-  return run(plan, operands, out)
+  return run(plan, operands, out, tpu)
 
 
 def _replay_operands(jaxpr, keyed) -> tuple | None:
@@ -218,45 +293,9 @@ def _grid_replay_operands(params) -> tuple | None:
   return _replay_operands(params["jaxpr"], [k for k in [*range(nsp), *smem] if k not in aliased])
 
 
-def _palace_launch(params, grid):
-  """The palace `pl.pallas_call` for a JAX pallas_call's parameters at one (concrete) grid."""
-  check_launch(params)
-  gm = params["grid_mapping"]
-  nsp, n_in, n_out = gm.num_index_operands, gm.num_inputs, gm.num_outputs
-  jaxpr = params["jaxpr"]
-  specs = [_block_spec(params, bm) for bm in gm.block_mappings]
-  in_specs, out_specs = specs[:n_in], specs[n_in:n_in + n_out]
-  scratch = [alloc_type(a, f"scratch[{i}]") for i, a in enumerate(gm.scratch_avals)]
-  out_shape = [pcore.ShapeDtypeStruct(tuple(a.shape), np.dtype(a.dtype)) for a in params["out_avals"]]
-
-  vmapped = tuple(int(d) for d in getattr(gm, "vmapped_dims", ()))
-  user_axes = tuple(d for d in range(len(grid)) if d not in vmapped)
-
-  prog = program(jaxpr)
-
-  def kernel(*refs):
-    if not vmapped:
-      run_program(prog, (), refs)
-      return
-    # program_id / num_programs count the user's grid axes only (not the ones jax.vmap added)
-    token = grid_axes.set(user_axes)
-    try:
-      run_program(prog, (), refs)
-    finally:
-      grid_axes.reset(token)
-
-  kernel.__name__ = kernel_name(params)
-  grid_spec = pcore.PrefetchScalarGridSpec(nsp, grid, in_specs, out_specs, scratch)
-  return pallas_call(kernel, out_shape, grid_spec=grid_spec,
-                     input_output_aliases=dict(params.get("input_output_aliases") or ()),
-                     compiler_params=_compiler_params(params.get("compiler_params"), len(grid),
-                                                      vmapped),
-                     name=kernel_name(params))
-
-
+# ------------------------------------------------------------------ pl.kernel / core_map
 def _palace_mesh(mesh):
   """palace's mesh for a JAX TPU mesh (TensorCore, or SparseCore vector / scalar subcores)."""
-  from palace._src.launch import sc_mesh  # noqa: PLC0415
   kind = type(mesh).__name__
   if kind == "TensorCoreMesh":
     (axis, size), = mesh.shape.items()
@@ -268,6 +307,11 @@ def _palace_mesh(mesh):
 
 
 _MESHES = ("TensorCoreMesh", "VectorSubcoreMesh", "ScalarSubcoreMesh")
+
+
+def mpmd_name(params) -> str:
+  dbg = getattr(params["jaxprs"][0], "debug_info", None)
+  return str(params.get("name") or getattr(dbg, "func_name", None) or "kernel")
 
 
 def check_mpmd(params) -> None:
@@ -287,65 +331,66 @@ def check_mpmd(params) -> None:
                            f"inputs.")
 
 
-def run_mpmd_map(params, args, cache=None):
-  """Run one JAX `mpmd_map` (pl.kernel / core_map over a TensorCore or SparseCore mesh) on the active
-  VirtualTPU.
-
-  Aliased inputs (JAX mutable refs handed to the kernel, after state discharge) become palace
-  mutable refs that the kernel updates in place; their outputs are those refs' final values.
-  `cache` (the lowering's dict) keeps the palace launch and its LaunchPlan from the first call."""
-  entry = None if cache is None else cache.get("launch")
-  if entry is None:
-    entry = _mpmd_launch(params, len(args))
-    if cache is not None:
-      cache["launch"] = entry
-  call, aliases, in_of_out, n_out, spaces = entry
-  mutable = {i: new_ref(args[i]) for i in aliases}   # a private copy the kernel updates in place
-  operands = [mutable.get(i, a) for i, a in enumerate(args)]
-  plan = None if cache is None else cache.get("plan")
-  if plan is None:
-    # inputs whose kernel ref is in VMEM/SMEM (pltpu.with_memory_space_constraint on the argument):
-    # the plan stages a copy there before the body (later calls run the plan on the plain arrays)
-    plan, operands = call.plan(*[with_memory_space_constraint(a, spaces[i]) if spaces[i] is not None
-                                 else a for i, a in enumerate(operands)])
-    keyed = [i for i, sp in enumerate(spaces) if sp is pcore.MemorySpace.SMEM]   # (never aliased)
-    plan = dataclasses.replace(plan, fixed_site=kernel_site(params["jaxprs"][0]),
-                               replay_operands=_replay_operands(params["jaxprs"][0], keyed))
-    if cache is not None:
-      cache["plan"] = plan
-  res = iter(run(plan, operands))
-  return [freeze(mutable[in_of_out[o]]) if o in in_of_out else next(res) for o in range(n_out)]
-
-
-def _mpmd_launch(params, n_in: int):
-  """(palace pl.kernel call, aliased input indices, output -> input, output count) of an mpmd_map."""
+def plan_mpmd_map(params, args, chip) -> tuple:
+  """(LaunchPlan, operand arrays, aliased input indices, output -> input) of a JAX mpmd_map (one
+  mesh and body) for operands like `args`, on `chip`. Aliased inputs (JAX mutable refs handed to the
+  kernel, after state discharge) are operands the kernel updates in place (mutable refs, made per call
+  by `run_mpmd_map`); their outputs are those refs' final values, the other outputs the plan's."""
   check_mpmd(params)
-  jaxpr, mesh = params["jaxprs"][0], params["meshes"][0]
-  dbg = getattr(jaxpr, "debug_info", None)
-  name = str(params.get("name") or getattr(dbg, "func_name", None) or "kernel")
-  out_avals = params["out_avals"]
+  jaxpr, mesh, name = params["jaxprs"][0], params["meshes"][0], mpmd_name(params)
+  out_avals, n_in = params["out_avals"], len(args)
   n_out = len(out_avals)
+  _check_32_bit(name, {**{f"args[{i}]": a for i, a in enumerate(args)},
+                       **{f"outputs[{i}]": a for i, a in enumerate(out_avals)}})
   aliases = {int(i): int(o) for i, o in dict(params.get("input_output_aliases") or {}).items()}
   in_of_out = {o: i for i, o in aliases.items()}
-  scratch = [alloc_type(v.aval, f"scratch[{k}]") for k, v in enumerate(jaxpr.invars[n_in + n_out:])]
   fresh = [o for o in range(n_out) if o not in in_of_out]
-  out_type = [pcore.ShapeDtypeStruct(tuple(out_avals[o].shape), np.dtype(out_avals[o].dtype))
-              for o in fresh]
+  outs = [host.out_struct(pcore.ShapeDtypeStruct(tuple(out_avals[o].shape), np.dtype(out_avals[o].dtype)),
+                          f"out_type[{j}]") for j, o in enumerate(fresh)]
+  scratch = tuple(alloc_type(v.aval, f"scratch[{k}]") for k, v in enumerate(jaxpr.invars[n_in + n_out:]))
+  names = [ref_name(np.shape(a), a.dtype) if i in aliases else f"args[{i}]" for i, a in enumerate(args)]
+  arrays = [np.asarray(a) if i in aliases else host.to_host_array(a, f"args[{i}]")
+            for i, a in enumerate(args)]
+  host.check_hbm(name, dict(zip(names, arrays)), {f"outputs[{i}]": o for i, o in enumerate(outs)}, scratch,
+                 chip)
+  staged = []   # inputs whose kernel ref is in VMEM/SMEM (its aval's memory space): staged there
+  for i, v in enumerate(jaxpr.invars[:n_in]):
+    sp = memory_space(getattr(v.aval, "memory_space", None), pcore.MemorySpace.ANY, f"args[{i}] of {name}")
+    if sp in (pcore.MemorySpace.VMEM, pcore.MemorySpace.SMEM) and i not in aliases:
+      staged.append(Stage(OPERAND, i, pcore.MemoryRef(arrays[i].shape, arrays[i].dtype, sp), f"args[{i}]"))
   prog = program(jaxpr)
 
   def body(*refs):
-    ins, outs, scr = refs[:n_in], refs[n_in:n_in + len(fresh)], refs[n_in + len(fresh):]
-    it = iter(outs)
+    ins, outs_, scr = refs[:n_in], refs[n_in:n_in + len(fresh)], refs[n_in + len(fresh):]
+    it = iter(outs_)
     all_outs = [ins[in_of_out[o]] if o in in_of_out else next(it) for o in range(n_out)]
     run_program(prog, (), (*ins, *all_outs, *scr))
 
-  body.__name__ = name
-  call = palace_kernel(body, out_type, mesh=_palace_mesh(mesh),
-                       scratch_types=scratch, compiler_params=_compiler_params(params.get("compiler_params")),
-                       name=name)
-  spaces = []   # per input: the VMEM/SMEM its kernel ref lives in, or None (HBM / ANY)
-  for i, v in enumerate(jaxpr.invars[:n_in]):
-    sp = memory_space(getattr(v.aval, "memory_space", None), pcore.MemorySpace.ANY, f"args[{i}] of {name}")
-    spaces.append(sp if sp in (pcore.MemorySpace.VMEM, pcore.MemorySpace.SMEM) and i not in aliases
-                  else None)
-  return call, tuple(aliases), in_of_out, n_out, spaces
+  keyed = [s.index for s in staged if s.type.memory_space is pcore.MemorySpace.SMEM]   # (never aliased)
+  fixed_site = kernel_site(jaxpr)
+  plan = LaunchPlan(
+      name, fixed_site or ("<unknown>", 0),
+      host.check_params(_compiler_params(params.get("compiler_params")), "pl.kernel"),
+      tuple(Operand(n, a.shape, a.dtype) for n, a in zip(names, arrays)),
+      tree_flatten(tuple(range(n_in)))[1],
+      tuple(Output(f"outputs[{i}]", *o) for i, o in enumerate(outs)),
+      tree_flatten(list(range(len(fresh))))[1], outputs_as=ENTRIES, staged=tuple(staged), scratch=scratch,
+      bodies=(body,), meshes=(_palace_mesh(mesh),), fixed_site=fixed_site,
+      replay_operands=_replay_operands(jaxpr, keyed))
+  return plan, arrays, tuple(aliases), in_of_out
+
+
+def run_mpmd_map(params, args, tpu, cache=None):
+  """Run one JAX `mpmd_map` (pl.kernel / core_map over a TensorCore or SparseCore mesh) on the
+  VirtualTPU `tpu`. `cache` (the lowering's dict) keeps the plan from the first call."""
+  entry = None if cache is None else cache.get("plan")
+  if entry is None:
+    entry = plan_mpmd_map(params, args, tpu.chip)
+    if cache is not None:
+      cache["plan"] = entry
+    args = entry[1]
+  plan, _, aliases, in_of_out = entry
+  mutable = {i: owning_ref(np.array(args[i])) for i in aliases}   # a private copy updated in place
+  res = iter(run(plan, [mutable.get(i, a) for i, a in enumerate(args)], None, tpu))
+  return [freeze(mutable[in_of_out[o]]) if o in in_of_out else next(res)
+          for o in range(len(params["out_avals"]))]

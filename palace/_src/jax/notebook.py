@@ -25,14 +25,14 @@ from __future__ import annotations
 import timeit as _timeit_module
 
 from palace._src.errors import UnsupportedError
-from palace._src.jax import device_view
+from palace._src.jax import device_view, timing
+from palace._src.jax.activation import activate_global
 
 _real = {"timeit": _timeit_module.timeit, "repeat": _timeit_module.repeat}
 _state: dict = {}   # the shims installed by `activate` (one process-wide activation, like PALACE_JAX)
 
 
 def _modelled_seconds(stmt) -> float:
-  from palace._src.jax import timing  # noqa: PLC0415
   reason = timing.needs_data(stmt)
   t = None if reason == timing.NO_KERNEL else timing.run_timed(stmt, (), {}, "v5e", reason is None)
   if t is None or not t.launches:
@@ -82,7 +82,6 @@ def activate(chip="v5e", num_chips: int = 1, *, modelled_timers: bool = True,
   The process-wide counterpart of `with palace.jax.virtual_tpu(...)` for unmodified notebooks and
   scripts; see the module docstring for the timer and device-view shims. Returns the VirtualTPU
   (`.reports`: one report per launch). Calling it again replaces the previous activation."""
-  from palace._src.jax.activation import activate_global  # noqa: PLC0415
   tpu = activate_global(chip, num_chips, **options)
   if modelled_timers:
     _timeit_module.timeit, _timeit_module.repeat = timeit, repeat

@@ -1,22 +1,19 @@
-"""Interpreter rules for control flow and calls: jit/closed calls, custom_jvp/vjp (primal only), cond,
+"""Registry entries of control flow and calls: jit/closed calls, custom_jvp/vjp (primal only), cond,
 while, scan (fori_loop), run_scoped. Loops and branches go through palace's own control-flow
-primitives, so their scalar-unit costs are charged as for a palace kernel."""
+primitives, so their scalar-unit costs are charged as for a palace kernel; in the schedule analysis
+each runs the analysis on its sub-jaxprs (`Taint.sub`, `Taint.loop`)."""
 from __future__ import annotations
 
 from palace._src.jax.avals import alloc_type
-from palace._src.jax.interpret import compiling_rule, program, rule, run_program, unsupported
+from palace._src.jax.interpret import program, run_program, unsupported
+from palace._src.jax.registry import rule
 import palace._src.lang.numpy_ops as pjnp
 from palace._src.lang import primitives as prims
 from palace._src.lang.array import concrete_int
 
 
-# primitives that call an inner jaxpr on (the tail of) their operands (jax/schedule.py walks them too)
-CALL_PRIMITIVES = ("pjit", "jit", "closed_call", "core_call", "remat", "checkpoint", "custom_jvp_call",
-                   "custom_vjp_call", "custom_vjp_call_jaxpr", "custom_lin")
-
-
 def call_jaxpr(eqn):
-  """The inner jaxpr of a CALL_PRIMITIVES equation (it takes the last len(invars) operands), or None."""
+  """The inner jaxpr of a call primitive's equation (it takes the last len(invars) operands), or None."""
   p = eqn.params
   return next((p[k] for k in ("jaxpr", "call_jaxpr", "fun_jaxpr") if p.get(k) is not None), None)
 
@@ -29,8 +26,13 @@ def scan_counts(params) -> tuple:
   return int(params["num_consts"]), int(params["num_carry"])
 
 
-@compiling_rule(*CALL_PRIMITIVES)
+def _call_schedule(eqn, taint):
+  j = call_jaxpr(eqn)
+  return taint.sub(j, eqn.invars[len(eqn.invars) - len(j.invars):])
+
+
 def _call(eqn):
+  """A primitive that calls an inner jaxpr on (the tail of) its operands."""
   j = call_jaxpr(eqn)
   if j is None:
     raise unsupported(eqn, "no inner jaxpr")
@@ -41,19 +43,41 @@ def _call(eqn):
   return call
 
 
+# (jit, pjit and closed_call are pure index arithmetic when their inner jaxprs are: jax/launch.py)
+rule("pjit", "jit", "closed_call", compiles=True, schedule=_call_schedule, pure_index=True)(_call)
+rule("core_call", "remat", "checkpoint", "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr",
+     "custom_lin", compiles=True, schedule=_call_schedule)(_call)
+
+
 def _closed(j):
   """fn(*args) -> outputs of the closed jaxpr `j`, compiled once."""
   prog, consts = program(j), j.consts
   return lambda *args: run_program(prog, consts, args)
 
 
-@compiling_rule("cond")
+def _cond_schedule(eqn, taint):
+  taint.decide(eqn.invars[:1], eqn, "branch")
+  outs = [taint.sub(b, eqn.invars[1:]) for b in eqn.params["branches"]]
+  return [any(col) for col in zip(*outs)]
+
+
+@rule("cond", compiles=True, schedule=_cond_schedule)
 def _cond(eqn):
   fns = [_closed(b) for b in eqn.params["branches"]]
   return lambda index, *ops: prims.switch(index, fns, *ops)
 
 
-@compiling_rule("while")
+def _while_schedule(eqn, taint):
+  """Operands: the predicate's consts, the body's consts, the carries."""
+  p, ins = eqn.params, eqn.invars
+  cn, bn = int(p["cond_nconsts"]), int(p["body_nconsts"])
+  out = taint.loop(p["body_jaxpr"], ins[cn:cn + bn], ins[cn + bn:])
+  if taint.predicate_tainted(p["cond_jaxpr"], ins[:cn], out):
+    taint.refuse("a while loop's predicate depends on loaded data")
+  return out
+
+
+@rule("while", compiles=True, schedule=_while_schedule)
 def _while(eqn):
   p = eqn.params
   cn, bn = int(p["cond_nconsts"]), int(p["body_nconsts"])
@@ -80,7 +104,13 @@ def _is_fori(body, nc: int) -> bool:
   return False
 
 
-@compiling_rule("scan")
+def _scan_schedule(eqn, taint):
+  nc, ncarry = scan_counts(eqn.params)
+  ins = eqn.invars
+  return taint.loop(eqn.params["jaxpr"], ins[:nc], ins[nc:nc + ncarry], ins[nc + ncarry:])
+
+
+@rule("scan", compiles=True, schedule=_scan_schedule)
 def _scan(eqn):
   """lax.scan / fori_loop: palace's fori_loop over the carry (charged as a palace loop); scanned
   inputs are read with x[i] and stacked outputs gathered with jnp.stack, as a kernel would."""
@@ -125,7 +155,13 @@ def _scan(eqn):
   return scan
 
 
-@compiling_rule("run_scoped")
+def _run_scoped_schedule(eqn, taint):
+  """The operands are the body's constvars (closed-over values and refs); its invars fresh allocations."""
+  j = eqn.params["jaxpr"]
+  return taint.sub(j, eqn.invars, bound=j.constvars)
+
+
+@rule("run_scoped", compiles=True, schedule=_run_scoped_schedule)
 def _run_scoped(eqn):
   """The eqn's operands are the body's constvars (closed-over values and refs); its invars are the
   scoped allocations. The body is compiled with the enclosing jaxpr, not at every evaluation."""

@@ -1,36 +1,23 @@
-"""Interpreter rules for jax.lax primitives: elementwise, comparisons, shapes, reductions, dot_general."""
+"""Registry entries of the jax.lax primitives: elementwise, comparisons, shapes, reductions, dot_general.
+
+One entry per primitive (registry.py): the elementwise ones as one `unary(...)` / `binary(...)` line
+each (the palace op, and the facts: pure index arithmetic, the fused scalar form), the others as a
+`@rule(...)` function. Most are DATA in the schedule analysis: their results depend on their
+operands' values, their cost only on shapes."""
 from __future__ import annotations
 
 import numpy as np
 
 import palace._src.lang.numpy_ops as pjnp
-from palace._src.jax.interpret import compiling_rule, rule, shape_of, source_line, unsupported
+from palace._src.jax import scalar_blocks as sb
+from palace._src.jax.interpret import shape_of, source_line, unsupported
+from palace._src.jax.registry import DATA, Deciding, literal, rule
 from palace._src.lang import lax_ops, mxu, numpy_linalg, tpu_primitives
 from palace._src.errors import UnsupportedError
 from palace._src.lang.array import Array
-from palace._src.lang.numpy_dtypes import _astype_on_scalars
-from palace._src.lang.numpy_elementwise import _on_scalars, _on_vectors, _where_on_scalars
+from palace._src.lang.numpy_dtypes import astype_on_scalars
+from palace._src.lang.numpy_elementwise import on_scalars, on_vectors, where_on_scalars
 from palace._src.util import prod
-
-_UNARY = {
-    "neg": pjnp.negative, "abs": pjnp.abs, "sign": pjnp.sign, "floor": pjnp.floor, "ceil": pjnp.ceil,
-    "exp": pjnp.exp, "log": pjnp.log, "tanh": pjnp.tanh, "logistic": pjnp.logistic, "sqrt": pjnp.sqrt,
-    "rsqrt": pjnp.rsqrt, "sin": pjnp.sin, "cos": pjnp.cos, "tan": pjnp.tan, "atan": pjnp.arctan,
-    "sinh": pjnp.sinh, "cosh": pjnp.cosh, "erf": pjnp.erf, "is_finite": pjnp.isfinite,
-    "not": pjnp.invert, "square": pjnp.square, "copy": lambda x: x, "copy_p": lambda x: x,
-    "optimization_barrier": lambda x: x, "stop_gradient": lambda x: x, "log2": pjnp.log2,
-    "exp2": pjnp.exp2, "log1p": pjnp.log1p, "expm1": pjnp.expm1,   # (the chip's: docs/numerics.md)
-}
-_BINARY = {
-    "add": pjnp.add, "sub": pjnp.subtract, "mul": pjnp.multiply, "max": pjnp.maximum,
-    "min": pjnp.minimum, "pow": pjnp.power, "eq": pjnp.equal, "ne": pjnp.not_equal, "lt": pjnp.less,
-    "le": pjnp.less_equal, "gt": pjnp.greater, "ge": pjnp.greater_equal, "and": pjnp.bitwise_and,
-    "or": pjnp.bitwise_or, "xor": pjnp.bitwise_xor, "shift_left": pjnp.left_shift,
-    "shift_right_arithmetic": pjnp.right_shift, "shift_right_logical": lax_ops.shift_right_logical,
-    "add_any": pjnp.add, "atan2": pjnp.arctan2,
-}
-_BOOL_BINARY = {"and": pjnp.logical_and, "or": pjnp.logical_or, "xor": pjnp.logical_xor}
-
 
 def _dtype(x):
   return np.dtype(getattr(x, "dtype", None) or np.asarray(x).dtype)
@@ -38,12 +25,6 @@ def _dtype(x):
 
 def _aval_is_bool(var) -> bool:
   return np.dtype(var.aval.dtype) == np.bool_
-
-
-# binary ops whose palace op takes a weak Python int for an int32 scalar literal: JAX typed both
-# operands int32, so the result is the same, and palace's int32-scalar fast path applies
-_INT_LITERAL_OK = frozenset({"add", "sub", "mul", "max", "min", "eq", "ne", "lt", "le", "gt", "ge", "and",
-                             "or", "xor", "shift_left", "shift_right_arithmetic"})
 
 
 def _all_scalar(eqn) -> bool:
@@ -54,15 +35,15 @@ def _all_scalar(eqn) -> bool:
 
 
 def _scalar_form(eqn, op):
-  """`op` specialised to the equation's 0-d operands (numpy_elementwise._on_scalars: the same
+  """`op` specialised to the equation's 0-d operands (numpy_elementwise.on_scalars: the same
   results and charges, less work per call) when it is a scalar equation, else None."""
   if not _all_scalar(eqn):
     return None
-  return _on_scalars(op, eqn.invars[0].aval.dtype, len(eqn.invars))
+  return on_scalars(op, eqn.invars[0].aval.dtype, len(eqn.invars))
 
 
 def _vector_form(eqn, op):
-  """`op` specialised to the equation's operands (numpy_elementwise._on_vectors) when they are all
+  """`op` specialised to the equation's operands (numpy_elementwise.on_vectors) when they are all
   values of one dtype and one block shape, as its result is (one of two may be 0-d), or two such
   values of the result's rank whose unit dims broadcast to it (JAX 0.12's `max x:f32[128,128]
   y:f32[128,1]`), else None."""
@@ -78,13 +59,13 @@ def _vector_form(eqn, op):
   shapes = [tuple(a.shape) for a in avals[:len(ins)]]
   in_shapes = None
   if any(s != shape for s in shapes) and not (len(ins) == 2 and sorted(shapes) == [(), shape]):
-    # (a block with a 0-d operand is _on_vectors' own case; other shapes must broadcast by unit dims)
+    # (a block with a 0-d operand is on_vectors' own case; other shapes must broadcast by unit dims)
     if len(ins) != 2 or any(len(s) != len(shape) or any(d not in (1, n) for d, n in zip(s, shape))
                             for s in shapes):
       return None
     in_shapes = tuple(shapes)
   dtypes = {np.dtype(a.dtype) for a in avals[:len(ins)]}
-  return _on_vectors(op, dtypes.pop(), shape, len(ins), in_shapes) if len(dtypes) == 1 else None
+  return on_vectors(op, dtypes.pop(), shape, len(ins), in_shapes) if len(dtypes) == 1 else None
 
 
 def _vector_literal_form(eqn, op):
@@ -92,7 +73,6 @@ def _vector_literal_form(eqn, op):
   with the literal as a constant palace scalar (ready at time 0), inside a kernel; the literal's NumPy
   value on the host. None for other equations."""
   from jax._src import core as jax_core  # noqa: PLC0415
-  from palace._src.jax.interpret import literal  # noqa: PLC0415
   x, y = eqn.invars
   k = 0 if type(y) is jax_core.Literal else 1 if type(x) is jax_core.Literal else None
   if k is None or type(eqn.invars[k]) is jax_core.Literal:
@@ -102,7 +82,7 @@ def _vector_literal_form(eqn, op):
   if not shape or getattr(var.aval, "inner_aval", None) is not None or lit.aval.shape or \
       np.dtype(lit.aval.dtype) != dtype or getattr(out, "shape", None) != shape:
     return None
-  fast = _on_vectors(op, dtype, shape, 2)
+  fast = on_vectors(op, dtype, shape, 2)
   if fast is None:
     return None
   const = Array(literal(lit), (), dtype, 0)
@@ -112,21 +92,21 @@ def _vector_literal_form(eqn, op):
   return lambda _, b: fast(const, b) if type(b) is Array else op(value, b)
 
 
-def _unary(fn):
+def _unary(fn, bool_fn=None):
   def make(eqn):
-    op = pjnp.logical_not if eqn.primitive.name == "not" and _aval_is_bool(eqn.invars[0]) else fn
+    op = bool_fn if bool_fn is not None and _aval_is_bool(eqn.invars[0]) else fn
     return _scalar_form(eqn, op) or _vector_form(eqn, op) or op
   return make
 
 
-def _binary(fn, name):
-  bool_fn = _BOOL_BINARY.get(name)
-
+def _binary(fn, bool_fn=None, int_literal: bool = False):
+  """`int_literal`: the palace op takes a weak Python int for an int32 scalar literal (JAX typed both
+  operands int32, so the result is the same, and palace's int32-scalar fast path applies)."""
   def make(eqn):
     from jax._src import core as jax_core  # noqa: PLC0415
     x, y = eqn.invars
     op = bool_fn if bool_fn is not None and _aval_is_bool(x) else fn
-    if name in _INT_LITERAL_OK and type(y) is jax_core.Literal and not y.aval.shape and \
+    if int_literal and type(y) is jax_core.Literal and not y.aval.shape and \
         np.dtype(y.aval.dtype) == np.int32 and np.dtype(x.aval.dtype) == np.int32 and op is fn:
       lit, fast = int(y.val), _scalar_form(eqn, op)
       if fast is None:
@@ -145,7 +125,6 @@ def _scalar_literals(eqn, op):
   same-dtype path (and its scalar form) instead of promoting a NumPy scalar; on the host (index
   maps) they stay NumPy."""
   from jax._src import core as jax_core  # noqa: PLC0415
-  from palace._src.jax.interpret import literal  # noqa: PLC0415
   ins = eqn.invars
   consts = [Array(literal(v), (), np.dtype(v.aval.dtype), 0) if type(v) is jax_core.Literal else None
             for v in ins]
@@ -167,12 +146,6 @@ def _scalar_literals(eqn, op):
   return with_consts
 
 
-for _n, _f in _UNARY.items():
-  compiling_rule(_n)(_unary(_f))
-for _n, _f in _BINARY.items():
-  compiling_rule(_n)(_binary(_f, _n))
-
-
 def _with_literal(eqn, op):
   """`op`, or for a scalar op with a literal of its partner's dtype, `_scalar_literals`' form."""
   x, y = eqn.invars
@@ -189,19 +162,99 @@ def _inexact(var) -> bool:
   return np.issubdtype(np.dtype(var.aval.dtype), np.inexact)
 
 
-@compiling_rule("div")
+def unary(name, fn, bool_fn=None, **facts):
+  """The entry of an elementwise primitive of one operand: `fn` (the palace op; `bool_fn` for bool
+  operands), in its scalar or block form where the equation's avals allow (`_unary`)."""
+  rule(name, compiles=True, schedule=DATA, **facts)(_unary(fn, bool_fn))
+
+
+def binary(name, fn, bool_fn=None, int_literal: bool = False, **facts):
+  """The entry of an elementwise primitive of two operands (`_binary`)."""
+  rule(name, compiles=True, schedule=DATA, **facts)(_binary(fn, bool_fn, int_literal))
+
+
+def _identity(x):
+  return x
+
+
+# the fused scalar forms (scalar_blocks.py) of int32/uint32 arithmetic, comparisons and bitwise ops
+def _ints(build, arity: int = 2):
+  return sb.same_dtype(sb.INTS, build, arity)
+
+
+def _compare(op: str):
+  return sb.same_dtype(sb.DTYPES, sb.plain(op), result="bool")
+
+
+def _bitwise(op: str):
+  return sb.same_dtype(sb.DTYPES, sb.plain(op))
+
+
+unary("neg", pjnp.negative, pure_index=True, scalar=_ints(sb.negate, arity=1))
+unary("abs", pjnp.abs, pure_index=True)
+unary("sign", pjnp.sign, pure_index=True)
+unary("not", pjnp.invert, pjnp.logical_not, pure_index=True,
+      scalar=sb.same_dtype(sb.DTYPES, sb.invert, arity=1))
+unary("floor", pjnp.floor)
+unary("ceil", pjnp.ceil)
+unary("exp", pjnp.exp)
+unary("log", pjnp.log)
+unary("log2", pjnp.log2)
+unary("exp2", pjnp.exp2)     # exp2, log1p, expm1: palace's own, as the chip computes them or
+unary("log1p", pjnp.log1p)   # refuses them (expm1: no Mosaic lowering; docs/numerics.md)
+unary("expm1", pjnp.expm1)
+unary("tanh", pjnp.tanh)
+unary("logistic", pjnp.logistic)
+unary("sqrt", pjnp.sqrt)
+unary("rsqrt", pjnp.rsqrt)
+unary("sin", pjnp.sin)
+unary("cos", pjnp.cos)
+unary("tan", pjnp.tan)
+unary("atan", pjnp.arctan)
+unary("sinh", pjnp.sinh)
+unary("cosh", pjnp.cosh)
+unary("erf", pjnp.erf)
+unary("is_finite", pjnp.isfinite)
+unary("square", pjnp.square)
+unary("copy", _identity)
+unary("copy_p", _identity)
+unary("optimization_barrier", _identity)
+unary("stop_gradient", _identity)
+binary("add", pjnp.add, int_literal=True, pure_index=True, scalar=_ints(sb.arith("+")))
+binary("sub", pjnp.subtract, int_literal=True, pure_index=True, scalar=_ints(sb.arith("-")))
+binary("mul", pjnp.multiply, int_literal=True, pure_index=True, scalar=_ints(sb.arith("*")))
+binary("max", pjnp.maximum, int_literal=True, pure_index=True, scalar=_ints(sb.maximum))
+binary("min", pjnp.minimum, int_literal=True, pure_index=True, scalar=_ints(sb.minimum))
+binary("eq", pjnp.equal, int_literal=True, pure_index=True, scalar=_compare("=="))
+binary("ne", pjnp.not_equal, int_literal=True, pure_index=True, scalar=_compare("!="))
+binary("lt", pjnp.less, int_literal=True, pure_index=True, scalar=_compare("<"))
+binary("le", pjnp.less_equal, int_literal=True, pure_index=True, scalar=_compare("<="))
+binary("gt", pjnp.greater, int_literal=True, pure_index=True, scalar=_compare(">"))
+binary("ge", pjnp.greater_equal, int_literal=True, pure_index=True, scalar=_compare(">="))
+binary("and", pjnp.bitwise_and, pjnp.logical_and, int_literal=True, pure_index=True, scalar=_bitwise("&"))
+binary("or", pjnp.bitwise_or, pjnp.logical_or, int_literal=True, pure_index=True, scalar=_bitwise("|"))
+binary("xor", pjnp.bitwise_xor, pjnp.logical_xor, int_literal=True, pure_index=True, scalar=_bitwise("^"))
+binary("shift_left", pjnp.left_shift, int_literal=True, pure_index=True)
+binary("shift_right_arithmetic", pjnp.right_shift, int_literal=True, pure_index=True)
+binary("shift_right_logical", lax_ops.shift_right_logical, pure_index=True)
+binary("pow", pjnp.power)
+binary("add_any", pjnp.add)
+binary("atan2", pjnp.arctan2)
+
+
+@rule("div", compiles=True, schedule=DATA, pure_index=True, scalar=_ints(sb.divide))
 def _div(eqn):
   return _with_literal(eqn, pjnp.true_divide if _inexact(eqn.invars[0]) else lax_ops.div)
 
 
-@compiling_rule("rem")
+@rule("rem", compiles=True, schedule=DATA, pure_index=True, scalar=_ints(sb.remainder))
 def _rem(eqn):
   # palace's lax.rem for every dtype: fmod for floats, exact as XLA's rem (x - trunc(x / y) * y
   # rounds, and gives NaN for a finite x over an infinite y, where rem gives x)
   return _with_literal(eqn, lax_ops.rem)
 
 
-@rule("round")
+@rule("round", schedule=DATA)
 def _round(eqn, x):
   method = int(getattr(eqn.params.get("rounding_method"), "value", eqn.params.get("rounding_method", 0)))
   if method == 1:  # TO_NEAREST_EVEN, NumPy's rounding
@@ -210,7 +263,7 @@ def _round(eqn, x):
   return pjnp.multiply(pjnp.sign(x), pjnp.floor(pjnp.add(pjnp.abs(x), np.asarray(0.5, _dtype(x)))))
 
 
-@rule("integer_pow")
+@rule("integer_pow", schedule=DATA)
 def _integer_pow(eqn, x):
   y = int(eqn.params["y"])
   if y == 2:
@@ -234,33 +287,33 @@ def _integer_pow_pos(x, y):
   return acc
 
 
-@rule("population_count")
+@rule("population_count", schedule=DATA)
 def _population_count(eqn, x):
   return lax_ops.population_count(x)
 
 
-@rule("clz")
+@rule("clz", schedule=DATA)
 def _clz(eqn, x):
   return lax_ops.clz(x)
 
 
-@rule("nextafter")
+@rule("nextafter", schedule=DATA)
 def _nextafter(eqn, x, y):
   return lax_ops.nextafter(x, y)
 
 
-@rule("reduce_precision")
+@rule("reduce_precision", schedule=DATA)
 def _reduce_precision(eqn, x):
   p = eqn.params
   return lax_ops.reduce_precision(x, p["exponent_bits"], p["mantissa_bits"])
 
 
-@rule("reciprocal")
+@rule("reciprocal", schedule=DATA)
 def _reciprocal(eqn, x):
   return pjnp.reciprocal(x)
 
 
-@compiling_rule("select_n")
+@rule("select_n", compiles=True, schedule=DATA, pure_index=True, scalar=sb.select)
 def _select_n(eqn):
   n = len(eqn.invars) - 1
   if n == 1:
@@ -268,7 +321,7 @@ def _select_n(eqn):
   if n == 2 and _aval_is_bool(eqn.invars[0]):
     if all(not v.aval.shape for v in eqn.invars) and \
         np.dtype(eqn.invars[1].aval.dtype) == np.dtype(eqn.invars[2].aval.dtype):
-      select = _scalar_literals(eqn, lambda which, c0, c1, fast=_where_on_scalars(
+      select = _scalar_literals(eqn, lambda which, c0, c1, fast=where_on_scalars(
           eqn.invars[1].aval.dtype): fast(which, c1, c0))   # (lax_ops.select is jnp.where)
       return select
     return lambda which, c0, c1: lax_ops.select(which, c1, c0)
@@ -286,21 +339,21 @@ def _select_n(eqn):
   return select_n
 
 
-@rule("clamp")
+@rule("clamp", schedule=DATA, pure_index=True, scalar=sb.clamp)
 def _clamp(eqn, lo, x, hi):
   return pjnp.minimum(pjnp.maximum(x, lo), hi)
 
 
-@compiling_rule("convert_element_type")
+@rule("convert_element_type", compiles=True, schedule=DATA, pure_index=True, scalar=sb.convert)
 def _convert(eqn):
   new_dtype = eqn.params["new_dtype"]
   x = eqn.invars[0].aval
   if not x.shape and getattr(x, "inner_aval", None) is None:   # lax_ops.convert_element_type is astype
-    return _astype_on_scalars(x.dtype, new_dtype)
+    return astype_on_scalars(x.dtype, new_dtype)
   return lambda x: lax_ops.convert_element_type(x, new_dtype)
 
 
-@rule("bitcast_convert_type")
+@rule("bitcast_convert_type", schedule=DATA)
 def _bitcast_convert(eqn, x):
   new = np.dtype(eqn.params["new_dtype"])
   if new.itemsize != _dtype(x).itemsize:
@@ -310,13 +363,13 @@ def _bitcast_convert(eqn, x):
   return tpu_primitives.bitcast(x, new)
 
 
-@rule("iota")
+@rule("iota", schedule=DATA)
 def _iota(eqn):
   p = eqn.params
   return lax_ops.broadcasted_iota(p["dtype"], tuple(p["shape"]), int(p["dimension"]))
 
 
-@rule("broadcast_in_dim")
+@rule("broadcast_in_dim", schedule=DATA)
 def _broadcast_in_dim(eqn, x, *dyn):
   if dyn:
     raise unsupported(eqn, "dynamic shapes")
@@ -333,7 +386,7 @@ def _broadcast_in_dim(eqn, x, *dyn):
   return lax_ops.broadcast_in_dim(x, shape, dims)
 
 
-@rule("reshape")
+@rule("reshape", schedule=DATA)
 def _reshape(eqn, x, *dyn):
   p = eqn.params
   if dyn or p.get("dimensions") not in (None, ()):
@@ -341,18 +394,18 @@ def _reshape(eqn, x, *dyn):
   return pjnp.reshape(x, tuple(p["new_sizes"]))
 
 
-@rule("squeeze")
+@rule("squeeze", schedule=DATA)
 def _squeeze(eqn, x):
   dims = tuple(eqn.params["dimensions"])
   return pjnp.squeeze(x, axis=dims) if dims else x
 
 
-@rule("expand_dims")
+@rule("expand_dims", schedule=DATA)
 def _expand_dims(eqn, x):
   return pjnp.expand_dims(x, tuple(eqn.params["dimensions"]))
 
 
-@rule("transpose")
+@rule("transpose", schedule=DATA)
 def _transpose(eqn, x):
   return pjnp.transpose(x, tuple(eqn.params["permutation"]))
 
@@ -364,12 +417,12 @@ def _reduction(fn):
   return apply
 
 
-rule("reduce_sum")(_reduction(pjnp.sum))
-rule("reduce_max")(_reduction(pjnp.max))
-rule("reduce_min")(_reduction(pjnp.min))
-rule("reduce_prod")(_reduction(pjnp.prod))
-rule("reduce_and")(_reduction(pjnp.all))
-rule("reduce_or")(_reduction(pjnp.any))
+rule("reduce_sum", schedule=DATA)(_reduction(pjnp.sum))
+rule("reduce_max", schedule=DATA)(_reduction(pjnp.max))
+rule("reduce_min", schedule=DATA)(_reduction(pjnp.min))
+rule("reduce_prod", schedule=DATA)(_reduction(pjnp.prod))
+rule("reduce_and", schedule=DATA)(_reduction(pjnp.all))
+rule("reduce_or", schedule=DATA)(_reduction(pjnp.any))
 
 
 def _arg(fn):
@@ -381,11 +434,11 @@ def _arg(fn):
   return apply
 
 
-rule("argmax")(_arg(pjnp.argmax))
-rule("argmin")(_arg(pjnp.argmin))
+rule("argmax", schedule=DATA)(_arg(pjnp.argmax))
+rule("argmin", schedule=DATA)(_arg(pjnp.argmin))
 
 
-@rule("dot_general")
+@rule("dot_general", schedule=DATA)
 def _dot_general(eqn, lhs, rhs):
   p = eqn.params
   pet = p.get("preferred_element_type")
@@ -397,12 +450,23 @@ def _dot_general(eqn, lhs, rhs):
                                   preferred_element_type=pet)
 
 
-@rule("concatenate")
+@rule("concatenate", schedule=DATA)
 def _concatenate(eqn, *xs):
   return pjnp.concatenate(list(xs), axis=int(eqn.params["dimension"]))
 
 
-@rule("slice")
+@rule("split", schedule=DATA)
+def _split(eqn, x):
+  """lax.split (jnp.split / jnp.array_split in a kernel): consecutive slices of `sizes` along `axis`,
+  each as the slice rule's (Mosaic lowers one strided slice per piece)."""
+  axis, start, pieces = int(eqn.params["axis"]), 0, []
+  for size in eqn.params["sizes"]:
+    pieces.append(x[(slice(None),) * axis + (slice(start, start + int(size)),)])
+    start += int(size)
+  return pieces
+
+
+@rule("slice", schedule=DATA)
 def _slice(eqn, x):
   p = eqn.params
   strides = p.get("strides") or (1,) * len(p["start_indices"])
@@ -410,35 +474,35 @@ def _slice(eqn, x):
                  zip(p["start_indices"], p["limit_indices"], strides))]
 
 
-@rule("dynamic_slice")
+@rule("dynamic_slice", schedule=Deciding(1))   # (a slice start may change the cost: aligned windows)
 def _dynamic_slice(eqn, x, *idx):
   # the primitive only clamps: jax.lax.dynamic_slice already wrapped negative starts in the jaxpr
   return lax_ops.dynamic_slice(x, list(idx), tuple(eqn.params["slice_sizes"]), allow_negative_indices=False)
 
 
-@rule("dynamic_update_slice")
+@rule("dynamic_update_slice", schedule=Deciding(2))
 def _dynamic_update_slice(eqn, x, update, *idx):
   return lax_ops.dynamic_update_slice(x, update, list(idx), allow_negative_indices=False)
 
 
-@rule("rev")
+@rule("rev", schedule=DATA)
 def _rev(eqn, x):
   return pjnp.flip(x, tuple(eqn.params["dimensions"]))
 
 
-@rule("cumsum")
+@rule("cumsum", schedule=DATA)
 def _cumsum(eqn, x):
   if eqn.params.get("reverse"):
     raise unsupported(eqn, "reverse=True")
   return pjnp.cumsum(x, axis=int(eqn.params["axis"]))
 
 
-@rule("tile")
+@rule("tile", schedule=DATA)
 def _tile(eqn, x):
   return pjnp.tile(x, tuple(int(r) for r in eqn.params["reps"]))
 
 
-@rule("gather")
+@rule("gather")   # (schedule: not classified yet)
 def _gather(eqn, x, indices):
   """The one gather Mosaic lowers on a TensorCore: take_along_axis along one axis (every other axis
   batched, unit slices, indices of the result's shape plus a trailing 1), as `jnp.take_along_axis`.

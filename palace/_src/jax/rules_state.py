@@ -1,18 +1,23 @@
-"""Interpreter rules for refs (get/swap/addupdate and Pallas' masked load/store, with their indexer,
-bitcast and reshape transforms) and the Pallas / Mosaic-TPU primitives (program ids, semaphores, DMAs,
-barrier semaphores, roll, bitcast, PRNG, debug prints)."""
+"""Registry entries of refs (get/swap/addupdate and Pallas' masked load/store, with their indexer,
+bitcast and reshape transforms) and of the Pallas / Mosaic-TPU primitives (program ids, semaphores,
+DMAs, barrier semaphores, roll, bitcast, PRNG, debug prints).
+
+Their operands are flattened pytrees (refs with transforms, a DMA's source, destination, semaphores and
+device id): each entry's `Operands` (registry.py) is the one reading of that layout, used here to
+compile the operands once per equation, by the schedule functions below and by the lowering's
+device-id checks (callback.py)."""
 from __future__ import annotations
 
 import weakref
 
 import numpy as np
 
-from palace._src import executor
 from palace._src.errors import UnsupportedError
-from palace._src.jax.interpret import (compiling_rule, grid_axes, result_unused, rule, source_line,
-                                       unsupported, user_site_of)
+from palace._src.jax.interpret import grid_axes, result_unused, source_line, unsupported, user_site_of
+from palace._src.jax.registry import DATA, Deciding, Never, Operands, literal, rule
 from palace._src.lang import context, lax_ops
 from palace._src.lang import primitives as prims
+from palace._src.lang.refs import bounds_checks
 from palace._src.lang import tpu_primitives as tpu
 from palace._src.lang.array import Array, concrete_int
 from palace._src.lang.refs import Ref, ds
@@ -35,12 +40,18 @@ class _Leaf:
     self.k = k
 
 
+def _compiled(operands: Operands, eqn) -> dict:
+  """`eqn`'s operands decoded (`Operands.decode`) for compiling: a _Leaf(k) for flat operand k,
+  literal operands as their values."""
+  from jax._src import core as jax_core  # noqa: PLC0415
+  return operands.decode(eqn, lambda k, v: literal(v) if type(v) is jax_core.Literal else _Leaf(k))
+
+
 def _unflatten(eqn, tree, first: int = 0, stop=None):
   """`tree` unflattened from the operands `first`...`stop` : a _Leaf(k) for operand k (numbered over
   all of the equation's operands), literal operands as their values."""
   from jax._src import core as jax_core  # noqa: PLC0415
   from jax._src import tree_util  # noqa: PLC0415
-  from palace._src.jax.interpret import literal  # noqa: PLC0415
   leaves = [literal(v) if type(v) is jax_core.Literal else _Leaf(k)
             for k, v in enumerate(eqn.invars[first:stop], first)]
   return tree_util.tree_unflatten(tree, leaves)
@@ -49,7 +60,6 @@ def _unflatten(eqn, tree, first: int = 0, stop=None):
 def _operand(eqn, k: int):
   """Operand `k` compiled: a _Leaf, or a literal's value."""
   from jax._src import core as jax_core  # noqa: PLC0415
-  from palace._src.jax.interpret import literal  # noqa: PLC0415
   v = eqn.invars[k]
   return literal(v) if type(v) is jax_core.Literal else _Leaf(k)
 
@@ -216,8 +226,7 @@ def _ref_operand(eqn, x, transforms=(), last_index: bool = False):
       if type(ref) is not Ref:
         v = views[key] = _view(steps, ref, flat)
         return v
-      ex = executor.maybe_current()   # (the bounds-check setting Ref._compose reads)
-      ckey = (ref.buf.shape, ref.dims, key, True if ex is None else ex.bounds_checks)
+      ckey = (ref.buf.shape, ref.dims, key, bounds_checks())   # (the setting Ref.at composes with)
       parts = composed.get(ckey)
       if parts is None:
         v = _view(steps, ref, flat)
@@ -252,9 +261,62 @@ def _dropped(eqn) -> bool:
   return isinstance(eqn.outvars[0], jax_core.DropVar) or result_unused(eqn)
 
 
-@compiling_rule("get")
+# ---- operand layouts (registry.Operands) and the schedule roles of ref accesses
+_GET = Operands("tree", ("transforms",), lead=("ref",))
+_SWAP = Operands("tree", ("transforms",), lead=("ref", "value"))   # (swap and addupdate)
+_MASKED_LOAD = Operands("args_tree", ("ref", "transforms", "mask", "other"))
+_MASKED_SWAP = Operands("args_tree", ("ref", "transforms", "value", "mask"))
+_SEM_SIGNAL = Operands("args_tree", ("ref", "transforms", "inc", "device_id", "core_index"))
+_SEM_WAIT = Operands("args_tree", ("ref", "transforms", "value", "decrement"))
+_SEM_READ = Operands("args_tree", ("ref", "transforms"))
+DMA = Operands("tree", ("src", "dst", "sem", "src_sem", "device_id"))   # (dma_start and dma_wait)
+
+
+def _access(operands: Operands, deciding, value=None, writes: bool = False, loads_value: bool = False):
+  """The schedule role of a ref access: its `deciding` operands (index, mask) decide what it touches;
+  a write of its `value` operand into the ref; its result is loaded data unless the ref is keyed (or,
+  `loads_value`, when its value operand is: a masked load's `other`)."""
+  def schedule(eqn, taint):
+    g = operands.groups(eqn)
+    ref = g["ref"][0]
+    taint.decide([v for name in deciding for v in g[name]], eqn, "ref index (or mask)")
+    values = g[value] if value else []
+    if writes:
+      taint.write(ref, eqn, values)
+    loaded = not taint.is_keyed(ref)
+    if loads_value:
+      loaded = loaded or taint.any(values)
+    return [loaded] * len(eqn.outvars)
+  return schedule
+
+
+def _signal_or_wait(eqn, taint):
+  """A semaphore signal or wait decides by its semaphore and count; one to another device or core
+  is never replayed."""
+  g = (_SEM_SIGNAL if eqn.primitive.name == "semaphore_signal" else _SEM_WAIT).groups(eqn)
+  if g.get("device_id") or g.get("core_index"):
+    taint.refuse("'semaphore_signal' signals another device or core")
+  taint.decide(eqn.invars, eqn, "semaphore or count")
+  return [False] * len(eqn.outvars)
+
+
+def _copy(eqn, taint):
+  """A local copy decides by its windows and semaphores and writes its destination and semaphores;
+  a remote one is never replayed."""
+  g = DMA.groups(eqn)
+  if g["device_id"]:
+    taint.refuse(f"'{eqn.primitive.name}' is a remote copy (device_id)")
+  if eqn.primitive.name == "dma_start":
+    for v in (*g["dst"], *g["sem"], *g["src_sem"]):
+      taint.write(v, eqn)
+  taint.decide(eqn.invars, eqn, "copy window or semaphore")
+  return [False] * len(eqn.outvars)
+
+
+# ---- ref accesses
+@rule("get", compiles=True, schedule=_access(_GET, ("transforms",)), operands=_GET)
 def _get(eqn):
-  target = _ref_operand(eqn, _Leaf(0), _unflatten(eqn, eqn.params["tree"], 1), last_index=True)
+  target = _ref_operand(eqn, _Leaf(0), _compiled(_GET, eqn)["transforms"], last_index=True)
 
   def get(*operands):
     r, idx = target(operands)
@@ -262,11 +324,11 @@ def _get(eqn):
   return get
 
 
-@compiling_rule("swap")
+@rule("swap", compiles=True, schedule=_access(_SWAP, ("transforms",), "value", writes=True), operands=_SWAP)
 def _swap(eqn):
   if "add" in eqn.params:   # SparseCore's store primitive, also named "swap"
     return _sc_swap(eqn)
-  target = _ref_operand(eqn, _Leaf(0), _unflatten(eqn, eqn.params["tree"], 2), last_index=True)
+  target = _ref_operand(eqn, _Leaf(0), _compiled(_SWAP, eqn)["transforms"], last_index=True)
   load_old = not _dropped(eqn)
 
   def swap(*operands):
@@ -306,9 +368,10 @@ def _sc_swap(eqn):
   return sc_swap
 
 
-@compiling_rule("addupdate")
+@rule("addupdate", compiles=True, schedule=_access(_SWAP, ("transforms",), "value", writes=True),
+      operands=_SWAP)
 def _addupdate(eqn):
-  target = _ref_operand(eqn, _Leaf(0), _unflatten(eqn, eqn.params["tree"], 2), last_index=True)
+  target = _ref_operand(eqn, _Leaf(0), _compiled(_SWAP, eqn)["transforms"], last_index=True)
 
   def addupdate(*operands):
     r, idx = target(operands)
@@ -316,9 +379,10 @@ def _addupdate(eqn):
   return addupdate
 
 
-@compiling_rule("masked_load")
+@rule("masked_load", compiles=True, operands=_MASKED_LOAD,
+      schedule=_access(_MASKED_LOAD, ("transforms", "mask"), "other", loads_value=True))
 def _masked_load(eqn):
-  ref, transforms, mask, other = _unflatten(eqn, eqn.params["args_tree"])
+  ref, transforms, mask, other = _compiled(_MASKED_LOAD, eqn).values()
   target = _ref_operand(eqn, ref, transforms, last_index=True)
 
   def masked_load(*flat):
@@ -331,9 +395,10 @@ def _masked_load(eqn):
   return masked_load
 
 
-@compiling_rule("masked_swap")
+@rule("masked_swap", compiles=True,
+      schedule=_access(_MASKED_SWAP, ("transforms", "mask"), "value", writes=True), operands=_MASKED_SWAP)
 def _masked_swap(eqn):
-  ref, transforms, val, mask = _unflatten(eqn, eqn.params["args_tree"])
+  ref, transforms, val, mask = _compiled(_MASKED_SWAP, eqn).values()
   target = _ref_operand(eqn, ref, transforms, last_index=True)
   load_old = not _dropped(eqn)
 
@@ -353,22 +418,22 @@ def _grid_axis(eqn) -> int:
   return axis if axes is None else axes[axis]
 
 
-@rule("program_id")
+@rule("program_id", schedule=DATA)
 def _program_id(eqn):
   return prims.program_id(_grid_axis(eqn))
 
 
-@rule("num_programs")
+@rule("num_programs", schedule=DATA)
 def _num_programs(eqn):
   return np.int32(prims.num_programs(_grid_axis(eqn)))
 
 
-@rule("multiple_of")
+@rule("multiple_of", schedule=DATA)
 def _multiple_of(eqn, x):
   return prims.multiple_of(x, eqn.params["values"])
 
 
-@rule("axis_index")
+@rule("axis_index", schedule=Never("reads a mesh axis index"))
 def _axis_index(eqn):
   return prims.axis_index(eqn.params["axis_name"])
 
@@ -391,9 +456,9 @@ def _device_id(eqn, device_id):
   return prims.typed_device_id(device_id, kind, eqn.primitive.name)
 
 
-@compiling_rule("semaphore_signal")
+@rule("semaphore_signal", compiles=True, schedule=_signal_or_wait, operands=_SEM_SIGNAL)
 def _sem_signal(eqn):
-  ref, transforms, inc, device_id, core_index = _unflatten(eqn, eqn.params["args_tree"])
+  ref, transforms, inc, device_id, core_index = _compiled(_SEM_SIGNAL, eqn).values()
   sem = _ref_operand(eqn, ref, transforms)
   device_id = _device_id(eqn, device_id)
 
@@ -418,9 +483,9 @@ def _in_core_barrier(eqn):
   return f"pltpu.core_barrier at {source_line(eqn)}"
 
 
-@compiling_rule("semaphore_wait")
+@rule("semaphore_wait", compiles=True, schedule=_signal_or_wait, operands=_SEM_WAIT)
 def _sem_wait(eqn):
-  ref, transforms, value, decrement = _unflatten(eqn, eqn.params["args_tree"])
+  ref, transforms, value, decrement = _compiled(_SEM_WAIT, eqn).values()
   sem = _ref_operand(eqn, ref, transforms)
 
   barrier = _in_core_barrier(eqn)
@@ -437,14 +502,15 @@ def _sem_wait(eqn):
   return wait
 
 
-@compiling_rule("semaphore_read")
+@rule("semaphore_read", compiles=True,
+      schedule=Never("reads a semaphore's value (it depends on when copies land)"), operands=_SEM_READ)
 def _sem_read(eqn):
-  ref, transforms = _unflatten(eqn, eqn.params["args_tree"])
+  ref, transforms = _compiled(_SEM_READ, eqn).values()
   sem = _ref_operand(eqn, ref, transforms)
   return lambda *flat: prims.semaphore_read(sem(flat))
 
 
-@rule("get_barrier_semaphore")
+@rule("get_barrier_semaphore", schedule=Never("uses the barrier semaphore (a multi-device launch)"))
 def _barrier_sem(eqn):
   return tpu.get_barrier_semaphore()
 
@@ -480,7 +546,7 @@ def _descriptor(eqn):
   """(fn(flat, views=None) -> the AsyncCopyDescriptor of a dma_start / dma_wait, and for a local copy
   with a semaphore fn(flat) -> its (source, destination, semaphore) views, else None), operands
   compiled once."""
-  src, dst, dst_sem, src_sem, device_id = _unflatten(eqn, eqn.params["tree"])
+  src, dst, dst_sem, src_sem, device_id = _compiled(DMA, eqn).values()
   refs = [None if x is None else _ref_operand(eqn, x) for x in (src, dst, dst_sem, src_sem)]
   device_id = _device_id(eqn, device_id)
   remote = device_id is not None
@@ -500,10 +566,7 @@ def _descriptor(eqn):
   return descriptor, (views if not remote and r_dst_sem is not None else None)
 
 
-_current_ex = executor._current.get
-
-
-@compiling_rule("dma_start")
+@rule("dma_start", compiles=True, schedule=_copy, operands=DMA)
 def _dma_start(eqn):
   descriptor, views = _descriptor(eqn)
   priority, add = int(eqn.params.get("priority", 0)), bool(eqn.params.get("add"))
@@ -518,11 +581,8 @@ def _dma_start(eqn):
     d = descriptor(flat, v)
     d.start(priority, add=add)
     if type(v[0]) is Ref and type(v[1]) is Ref:   # (not SparseCore's indexed views)
-      store = _current_ex().host_cache
-      if store is not None:
-        started = store.get(_STARTED)
-        if started is None:
-          started = store[_STARTED] = _StartedCopies()
+      started = prims.launch_cache(_STARTED, _StartedCopies)
+      if started is not None:
         key = _queue_key(v[2])
         queue = started.get(key)
         if queue is None:
@@ -533,7 +593,7 @@ def _dma_start(eqn):
   return start
 
 
-@compiling_rule("dma_wait")
+@rule("dma_wait", compiles=True, schedule=_copy, operands=DMA)
 def _dma_wait(eqn):
   descriptor, views = _descriptor(eqn)
   wait_send = bool(eqn.params.get("is_wait_send"))
@@ -543,9 +603,7 @@ def _dma_wait(eqn):
   def wait(*flat):
     if views is not None:
       v = views(flat)
-      ex = _current_ex()
-      store = None if ex is None else ex.host_cache
-      started = None if store is None else store.get(_STARTED)
+      started = prims.launch_cache(_STARTED)
       sem = v[2]
       if started and type(sem) is Ref:
         queue = started.get(_queue_key(sem))
@@ -557,7 +615,7 @@ def _dma_wait(eqn):
           if type(src) is Ref and type(dst) is Ref and p.nbytes == src.nbytes and \
               src.shape == dst.shape and src.dtype == dst.dtype:
             del queue[0]
-            ex.dma_wait(p, "recv")
+            p.wait()
             return []
           for _, flag in queue:   # (waits here take other byte counts: stop queueing those copies)
             flag[0] = False
@@ -578,35 +636,35 @@ def _dma_wait(eqn):
 
 
 # ------------------------------------------------------------------ vector helpers
-@rule("roll")
+@rule("roll", schedule=Deciding(1))   # (the shift decides the lane movement)
 def _roll(eqn, x, shift):
   p = eqn.params
   return tpu.roll(x, shift, int(p["axis"]), stride=p.get("stride"), stride_axis=p.get("stride_axis"))
 
 
-@rule("bitcast")
+@rule("bitcast", schedule=DATA)
 def _bitcast(eqn, x):
   return tpu.bitcast(x, np.dtype(eqn.params["ty"]), int(eqn.params.get("dim", -2)))
 
 
-@rule("prng_seed")
+@rule("prng_seed", schedule=DATA)
 def _prng_seed(eqn, *seeds):
   tpu.prng_seed(*seeds)
   return []
 
 
-@rule("prng_random_bits")
+@rule("prng_random_bits", schedule=DATA)
 def _prng_bits(eqn):
   return tpu.prng_random_bits(tuple(eqn.params["shape"]))
 
 
-@rule("delay")
+@rule("delay", schedule=Deciding(0))
 def _delay(eqn, nanos):
   prims.delay(nanos)
   return []
 
 
-@rule("debug_callback")
+@rule("debug_callback", schedule=DATA)
 def _debug_callback(eqn, *args):
   """`jax.debug.callback` / `jax.debug.print` with keyword arguments inside a kernel: the callback
   runs with the values as NumPy data, as JAX's interpret mode runs it (Mosaic compiles it to nothing
@@ -617,7 +675,7 @@ def _debug_callback(eqn, *args):
   return []
 
 
-@rule("debug_print")
+@rule("debug_print", schedule=DATA)
 def _debug_print(eqn, *args):
   """pl.debug_print on TPU: `{}` placeholders are filled with the values, else they follow the text
   (palace's debug_print does the same); the text goes to the VirtualTPU's debug output."""

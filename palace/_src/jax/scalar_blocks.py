@@ -11,7 +11,8 @@ generates every maximal straight-line run of such equations (`runs`) as one code
   which palace's ops take as a constant ready at cycle 0), or comes from an earlier run of the same
   program that took its fused form (its flag). Otherwise the equations' own statements run, exactly
   as without fusion (host values in index maps, timing-only values, ...);
-- the run's scalar-unit charges at once (`Executor.scalar_ops(n)`: n scalar_op calls);
+- the run's scalar-unit charges at once (the core's `scalar_ops(n)`, which the language's
+  `scalar_unit()` hands out: n scalar_op calls);
 - every value computed as a Python int (wrapped to its dtype; a bool as True/False or 0/1), the
   ones nothing reads only charged;
 - a palace Array only for a value read after the run, ready at max(the clock after its equation's
@@ -21,8 +22,9 @@ generates every maximal straight-line run of such equations (`runs`) as one code
   the clock alone. An equation whose rule returns its operand (a convert to its own dtype) makes no
   charge and no new Array, as its rule.
 
-The equations' semantics on Python ints (`_SOURCES`) are palace's: lax.div / lax.rem are
-numpy_elementwise's `div_ints` / `rem_ints` (the 0-d forms of palace's own int_div / int_rem), and
+Which equations fuse, and how, is their registry entry's `scalar` (registry.py), one of the fused
+forms below. Their semantics on Python ints are palace's: lax.div / lax.rem are numpy_elementwise's
+`div_ints` / `rem_ints` (the 0-d forms of palace's own int_div / int_rem), and
 tests/jax_backend/test_scalar_blocks.py checks every form against the unfused rule on edge values
 (results, dtypes, ready cycles, the clock) and against JAX's interpret mode.
 """
@@ -30,19 +32,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from palace._src import executor
+from palace._src.jax.registry import RULES, literal
 from palace._src.lang.numpy_elementwise import div_ints, rem_ints
+from palace._src.lang.primitives import scalar_unit
 
 _I32, _U32, _BOOL = np.dtype(np.int32), np.dtype(np.uint32), np.dtype(np.bool_)
-_DTYPES = (_I32, _U32, _BOOL)
-_INTS = (_I32, _U32)
+DTYPES = (_I32, _U32, _BOOL)   # the dtypes of fused values
+INTS = (_I32, _U32)
 _DTYPE_NAMES = {_I32: "_sb_int32", _U32: "_sb_uint32", _BOOL: "_sb_bool"}
 _SCALAR_NAMES = {_I32: "_sb_i32", _U32: "_sb_u32", _BOOL: "_sb_np_bool"}   # NumPy scalar types
 _MAKE = {_I32: "_sb_i32({})", _U32: "_sb_u32({})", _BOOL: "_sb_bools[{}]"}   # Python value -> data
-MIN_EQUATIONS = 2   # a lone scalar equation keeps its rule (numpy_elementwise._on_scalars & co.)
+MIN_EQUATIONS = 2   # a lone scalar equation keeps its rule (numpy_elementwise.on_scalars & co.)
 
 # names the generated code uses (merged into the program's namespace)
-NAMESPACE = {"_sb_current": executor._current.get, "_sb_div": div_ints, "_sb_rem": rem_ints,
+NAMESPACE = {"_sb_scalar_unit": scalar_unit, "_sb_div": div_ints, "_sb_rem": rem_ints,
              "_sb_i32": np.int32, "_sb_u32": np.uint32, "_sb_np_bool": np.bool_,
              "_sb_bools": (np.False_, np.True_),
              **{n: d for d, n in _DTYPE_NAMES.items()}}
@@ -57,45 +60,6 @@ def _wrap(expr: str, d: np.dtype) -> str:
   return f"(((({expr}) + {half}) & {(1 << bits) - 1}) - {half})"
 
 
-def _arith(op):
-  return lambda d: (lambda a, b: _wrap(f"{a} {op} {b}", d))
-
-
-def _plain(op):
-  return lambda d: (lambda a, b: f"({a} {op} {b})")
-
-
-def _not(d):
-  if d is _BOOL:
-    return lambda a: f"(not {a})"
-  return lambda a: f"(~{a})" if d.kind == "i" else f"({a} ^ {(1 << d.itemsize * 8) - 1})"
-
-
-def _rem(d):
-  def source(a, b):
-    if d.kind == "u" and b.isdigit() and int(b):   # an unsigned literal divisor: Python's % is rem_ints
-      return f"({a} % {b})"
-    return f"_sb_rem({a}, {b})"
-  return source
-
-
-# primitive -> (operand dtypes allowed, result: "same" | "bool", builder dtype -> source(*operands))
-_SOURCES = {
-    "add": (_INTS, "same", _arith("+")), "sub": (_INTS, "same", _arith("-")),
-    "mul": (_INTS, "same", _arith("*")),
-    "neg": (_INTS, "same", lambda d: (lambda a: _wrap(f"-{a}", d))),
-    "max": (_INTS, "same", lambda d: (lambda a, b: f"({a} if {a} >= {b} else {b})")),
-    "min": (_INTS, "same", lambda d: (lambda a, b: f"({a} if {a} <= {b} else {b})")),
-    "eq": (_DTYPES, "bool", _plain("==")), "ne": (_DTYPES, "bool", _plain("!=")),
-    "lt": (_DTYPES, "bool", _plain("<")), "le": (_DTYPES, "bool", _plain("<=")),
-    "gt": (_DTYPES, "bool", _plain(">")), "ge": (_DTYPES, "bool", _plain(">=")),
-    "and": (_DTYPES, "same", _plain("&")), "or": (_DTYPES, "same", _plain("|")),
-    "xor": (_DTYPES, "same", _plain("^")), "not": (_DTYPES, "same", _not),
-    "div": (_INTS, "same", lambda d: (lambda a, b: _wrap(f"_sb_div({a}, {b})", d))),
-    "rem": (_INTS, "same", _rem),
-}
-
-
 class Op:
   """How one equation is fused: `charges` scalar_op calls its rule makes (0: the rule returns its
   operand itself), `source(*operand expressions)` its value's expression (None with 0 charges)."""
@@ -105,52 +69,111 @@ class Op:
     self.charges, self.source = charges, source
 
 
+# ---- the fused forms a registry entry's `scalar` names (registry.py): each is
+# fn(eqn, operand dtypes, result dtype) -> Op | None, called only on 0-d int32/uint32/bool equations
+def same_dtype(allowed, build, arity: int = 2, result: str = "same"):
+  """An op on `arity` operands of one dtype among `allowed` (INTS or DTYPES) whose result has that
+  dtype (or bool: result="bool"), fused as the expression `build(dtype)(*operands)`."""
+  def fuse(eqn, ins, out):
+    d = ins[0]
+    if d not in allowed or any(x is not d for x in ins) or len(ins) != arity or \
+        out is not (_BOOL if result == "bool" else d):
+      return None
+    return Op(1, build(d))
+  return fuse
+
+
+def arith(op: str):
+  """`a op b` wrapped to the dtype."""
+  return lambda d: (lambda a, b: _wrap(f"{a} {op} {b}", d))
+
+
+def plain(op: str):
+  """`a op b` (comparisons, bitwise ops: no wrapping needed)."""
+  return lambda d: (lambda a, b: f"({a} {op} {b})")
+
+
+def negate(d):
+  return lambda a: _wrap(f"-{a}", d)
+
+
+def maximum(d):
+  return lambda a, b: f"({a} if {a} >= {b} else {b})"
+
+
+def minimum(d):
+  return lambda a, b: f"({a} if {a} <= {b} else {b})"
+
+
+def invert(d):
+  if d is _BOOL:
+    return lambda a: f"(not {a})"
+  return lambda a: f"(~{a})" if d.kind == "i" else f"({a} ^ {(1 << d.itemsize * 8) - 1})"
+
+
+def divide(d):
+  """lax.div: palace's int_div on 0-d values (numpy_elementwise.div_ints), wrapped."""
+  return lambda a, b: _wrap(f"_sb_div({a}, {b})", d)
+
+
+def remainder(d):
+  """lax.rem: palace's int_rem on 0-d values (numpy_elementwise.rem_ints)."""
+  def source(a, b):
+    if d.kind == "u" and b.isdigit() and int(b):   # an unsigned literal divisor: Python's % is rem_ints
+      return f"({a} % {b})"
+    return f"_sb_rem({a}, {b})"
+  return source
+
+
+def select(eqn, ins, out):
+  """select_n of a bool predicate and two cases of one dtype (its rule: one where)."""
+  if len(ins) == 3 and ins[0] is _BOOL and ins[1] is ins[2] is out:
+    return Op(1, lambda p, c0, c1: f"({c1} if {p} else {c0})")
+  return None
+
+
+def clamp(eqn, ins, out):
+  """clamp of one int dtype (its rule: maximum, then minimum: two charges)."""
+  if len(ins) == 3 and ins[0] is ins[1] is ins[2] is out and out in INTS:
+    return Op(2, lambda lo, x, hi: f"min(max({x}, {lo}), {hi})")
+  return None
+
+
+def convert(eqn, ins, out):
+  """convert_element_type between int32, uint32 and bool."""
+  from jax._src import core as jax_core  # noqa: PLC0415
+  src = ins[0]
+  if np.dtype(eqn.params["new_dtype"]) is not out:
+    return None
+  if src is out:   # astype to its own dtype returns the Array itself (a literal would be charged)
+    return None if type(eqn.invars[0]) is jax_core.Literal else Op(0, None)
+  if out is _BOOL:
+    return Op(1, lambda a: f"({a} != 0)")
+  if src is _BOOL:
+    return Op(1, lambda a: a)
+  return Op(1, lambda a: _wrap(a, out))
+
+
 def _scalar_dtype(var):
   a = var.aval
   if getattr(a, "shape", None) != () or getattr(a, "inner_aval", None) is not None:
     return None
   d = np.dtype(a.dtype)
-  return d if d in _DTYPES else None
+  return d if d in DTYPES else None
 
 
 def op_of(eqn) -> Op | None:
-  """How `eqn` is fused, or None when it is not a fusable scalar equation."""
-  from jax._src import core as jax_core  # noqa: PLC0415
+  """How `eqn` is fused (its registry entry's `scalar`), or None when it is not a fusable scalar
+  equation."""
   if eqn.primitive.multiple_results or len(eqn.outvars) != 1:
     return None
   ins = [_scalar_dtype(v) for v in eqn.invars]
   out = _scalar_dtype(eqn.outvars[0])
   if out is None or None in ins or not ins:
     return None
-  name = eqn.primitive.name
-  entry = _SOURCES.get(name)
-  if entry is not None:
-    allowed, result, build = entry
-    d = ins[0]
-    if d not in allowed or any(x is not d for x in ins) or \
-        len(ins) != (1 if name in ("neg", "not") else 2) or out is not (_BOOL if result == "bool" else d):
-      return None
-    return Op(1, build(d))
-  if name == "select_n":   # (the rule: one where for a bool predicate and two cases of one dtype)
-    if len(ins) == 3 and ins[0] is _BOOL and ins[1] is ins[2] is out:
-      return Op(1, lambda p, c0, c1: f"({c1} if {p} else {c0})")
-    return None
-  if name == "clamp":      # (the rule: maximum, then minimum: two charges)
-    if len(ins) == 3 and ins[0] is ins[1] is ins[2] is out and out in _INTS:
-      return Op(2, lambda lo, x, hi: f"min(max({x}, {lo}), {hi})")
-    return None
-  if name == "convert_element_type":
-    src = ins[0]
-    if np.dtype(eqn.params["new_dtype"]) is not out:
-      return None
-    if src is out:   # astype to its own dtype returns the Array itself (a literal would be charged)
-      return None if type(eqn.invars[0]) is jax_core.Literal else Op(0, None)
-    if out is _BOOL:
-      return Op(1, lambda a: f"({a} != 0)")
-    if src is _BOOL:
-      return Op(1, lambda a: a)
-    return Op(1, lambda a: _wrap(a, out))
-  return None
+  entry = RULES.get(eqn.primitive.name)
+  fuse = None if entry is None else entry.scalar
+  return None if fuse is None else fuse(eqn, ins, out)
 
 
 def runs(eqns) -> list:
@@ -170,7 +193,6 @@ def runs(eqns) -> list:
 
 
 def _literal_source(var) -> str:
-  from palace._src.jax.interpret import literal  # noqa: PLC0415
   v = literal(var)
   return repr(bool(v)) if np.dtype(v.dtype) is _BOOL else repr(int(v))
 
@@ -240,7 +262,7 @@ def emit(eqns, ops, name, read_later, known: dict, flag: str) -> tuple:
                  f"({array} or type({n}) is {_SCALAR_NAMES[d]} and ({n}_d := {n}) is not None and "
                  f"not ({n}_r := 0))")
     lines.append(f"{n}_i = int({n}_d)")
-  lines.append(f"_t, _c = _ex.scalar_ops({pos})")
+  lines.append(f"_t, _c = _ex({pos})")
   for eqn in eqns:
     v = eqn.outvars[0]
     if v in live:

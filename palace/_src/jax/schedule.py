@@ -15,29 +15,15 @@ kernel unreplayable; so does every primitive not classified below (new primitive
 pure), a read of a semaphore's value (it depends on DMA timing), a remote copy or signal, device or
 axis ids, a copy into a keyed ref and a store of loaded data into one (stores of clean values keep it
 keyed: its contents stay a function of the key).
+
+Each primitive's role is its registry entry's `schedule` (registry.py): the generic roles (`DATA`,
+`Deciding`, `Never`) are applied here; a primitive that reads or writes refs, moves data or runs
+sub-jaxprs has its own function next to its evaluation in a rules file, written with `Taint`'s
+methods (`decide`, `write`, `sub`, `loop`, `refuse`, ...).
 """
 from __future__ import annotations
 
-from palace._src.jax.rules_control import CALL_PRIMITIVES, call_jaxpr, scan_counts
-
-# primitives whose outputs depend on their operands' values and whose cost on palace depends only on
-# shapes and dtypes (rules_lax, the value forms of rules_state): taint flows through, nothing decides
-_DATA = frozenset("""
-  abs add add_any and argmax argmin atan atan2 bitcast bitcast_convert_type broadcast_in_dim ceil clamp
-  clz concatenate convert_element_type copy copy_p cos cosh cumsum div dot_general eq erf exp exp2
-  expand_dims expm1 floor ge gt integer_pow iota is_finite le log log1p logistic lt max min mul
-  multiple_of ne neg nextafter not optimization_barrier or population_count pow prng_random_bits
-  prng_seed reciprocal reduce_and reduce_max reduce_min reduce_or reduce_precision reduce_prod
-  reduce_sum rem reshape rev round rsqrt select_n shift_left shift_right_arithmetic
-  shift_right_logical sign sin sinh slice sqrt square squeeze sub tan tanh tile transpose xor
-  debug_print debug_callback program_id num_programs
-""".split())
-# (primitive, how many leading operands are data; the rest decide): a dynamic slice's start may
-# change its cost (aligned windows select whole vregs) and a roll's shift its lane movement
-_DECIDING_TAIL = {"dynamic_slice": 1, "dynamic_update_slice": 2, "roll": 1, "delay": 0}
-_NEVER = {"semaphore_read": "reads a semaphore's value (it depends on when copies land)",
-          "get_barrier_semaphore": "uses the barrier semaphore (a multi-device launch)",
-          "axis_index": "reads a mesh axis index"}
+from palace._src.jax.registry import DATA, RULES, Deciding, Never
 
 
 class _Unreplayable(Exception):
@@ -53,18 +39,9 @@ def _is_ref(v) -> bool:
   return getattr(getattr(v, "aval", None), "inner_aval", None) is not None
 
 
-def _split(tree, flat) -> list:
-  """An equation's flat operands split by the top-level entries of its operand tree (e.g. a DMA's
-  source, destination, semaphores and device id): one list of jaxpr variables per entry."""
-  parts, at = [], 0
-  for child in tree.children():
-    parts.append(list(flat[at:at + child.num_leaves]))
-    at += child.num_leaves
-  return parts
-
-
-class _Taint:
-  """Per jaxpr variable: tainted values, and the refs whose reads are clean (keyed refs)."""
+class Taint:
+  """Per jaxpr variable: tainted values, and the refs whose reads are clean (keyed refs). What a
+  primitive's schedule function (registry.Rule.schedule) asks and tells the analysis."""
 
   def __init__(self, tainted, keyed):
     self.tainted, self.keyed = set(tainted), set(keyed)
@@ -78,6 +55,10 @@ class _Taint:
   def any(self, vs) -> bool:
     return any(self.of(v) for v in vs)
 
+  def refuse(self, why: str) -> None:
+    """The kernel is not replayable: `why`."""
+    raise _Unreplayable(why)
+
   def decide(self, vs, eqn, what: str) -> None:
     if any(self.of(v) and not _is_ref(v) for v in vs):
       raise _Unreplayable(f"'{eqn.primitive.name}' decides its {what} from loaded data")
@@ -89,109 +70,59 @@ class _Taint:
       raise _Unreplayable(f"'{eqn.primitive.name}' writes loaded data into a keyed (scalar prefetch / "
                           f"SMEM) operand")
 
+  def sub(self, jaxpr, operands, bound=None) -> list:
+    """Analyse `jaxpr` with `operands` (outer variables) bound to its invars (or to `bound`, e.g. a
+    run_scoped body's constvars); its outputs' taint."""
+    names = jaxpr.invars if bound is None else bound
+    inner = Taint((i for i, o in zip(names, operands) if self.of(o)),
+                  (i for i, o in zip(names, operands) if self.is_keyed(o)))
+    _walk(jaxpr, inner)
+    return [inner.of(v) for v in jaxpr.outvars]
 
-def _sub(jaxpr, taint: _Taint, operands) -> list:
-  """Analyse `jaxpr` with `operands` (outer variables) bound to its invars; its outputs' taint."""
-  inner = _Taint((i for i, o in zip(jaxpr.invars, operands) if taint.of(o)),
-                 (i for i, o in zip(jaxpr.invars, operands) if taint.is_keyed(o)))
-  _walk(jaxpr, inner)
-  return [inner.of(v) for v in jaxpr.outvars]
+  def _stand_ins(self, state):
+    """Fresh stand-ins for loop carries, tainted where `state` says."""
+    names = [object() for _ in state]
+    self.tainted |= {n for n, t in zip(names, state) if t}
+    return names
+
+  def loop(self, body, consts, carry, rest=()) -> list:
+    """The taint of `body`'s outputs at the fixpoint of its carries (its operands: `consts`, the
+    carries, then the scanned inputs `rest`): a carry is tainted once any iteration may taint it."""
+    state = [self.of(v) for v in carry]
+    while True:
+      probe = Taint((v for v in (*consts, *rest) if self.of(v)), (v for v in consts if self.is_keyed(v)))
+      out = probe.sub(body, [*consts, *probe._stand_ins(state), *rest])
+      new = [a or b for a, b in zip(state, out)]
+      if new == state:   # (a loop may run zero times: its carries keep their initial taint)
+        return state + out[len(state):]
+      state = new
+
+  def predicate_tainted(self, cond, consts, state) -> bool:
+    """Whether a while loop's predicate `cond` may depend on loaded data, its carries tainted as
+    `state` (the body's fixpoint)."""
+    probe = Taint((v for v in consts if self.of(v)), (v for v in consts if self.is_keyed(v)))
+    return any(probe.sub(cond, [*consts, *probe._stand_ins(state)]))
 
 
-def _stand_ins(taint, state):
-  """Fresh stand-ins for loop carries, tainted where `state` says."""
-  names = [object() for _ in state]
-  taint.tainted |= {n for n, t in zip(names, state) if t}
-  return names
-
-
-def _loop(taint, body, consts, carry, rest=()) -> list:
-  """The taint of `body`'s outputs at the fixpoint of its carries (its operands: `consts`, the
-  carries, then the scanned inputs `rest`): a carry is tainted once any iteration may taint it."""
-  state = [taint.of(v) for v in carry]
-  while True:
-    probe = _Taint((v for v in (*consts, *rest) if taint.of(v)), (v for v in consts if taint.is_keyed(v)))
-    out = _sub(body, probe, [*consts, *_stand_ins(probe, state), *rest])
-    new = [a or b for a, b in zip(state, out)]
-    if new == state:   # (a loop may run zero times: its carries keep their initial taint)
-      return state + out[len(state):]
-    state = new
-
-
-def _predicate_tainted(taint, cond, consts, state) -> bool:
-  probe = _Taint((v for v in consts if taint.of(v)), (v for v in consts if taint.is_keyed(v)))
-  return any(_sub(cond, probe, [*consts, *_stand_ins(probe, state)]))
-
-
-def _eqn(eqn, taint: _Taint) -> list:
-  """The taint of `eqn`'s outputs; raises _Unreplayable where it decides from loaded data."""
-  name, ins, p = eqn.primitive.name, eqn.invars, eqn.params
-  if name in _NEVER:
-    raise _Unreplayable(f"the kernel {_NEVER[name]}")
-  if name in _DATA:
+def _eqn(eqn, taint: Taint) -> list:
+  """The taint of `eqn`'s outputs (its entry's schedule role); raises _Unreplayable where it decides
+  from loaded data."""
+  name, ins = eqn.primitive.name, eqn.invars
+  entry = RULES.get(name)
+  role = None if entry is None else entry.schedule
+  if role is DATA:
     return [taint.any(ins)] * len(eqn.outvars)
-  if name in _DECIDING_TAIL:
-    n = _DECIDING_TAIL[name]
-    taint.decide(ins[n:], eqn, "slice start / shift / delay")
-    return [taint.any(ins[:n])] * len(eqn.outvars)
-  if name in ("get", "swap", "addupdate", "masked_load", "masked_swap"):
-    ref = ins[0]
-    if name in ("masked_load", "masked_swap"):   # (ref, transforms, mask, other) / (ref, transforms, value, mask)
-      parts = _split(p["args_tree"], ins)
-      ref = parts[0][0]
-      deciding = parts[1] + parts[3 if name == "masked_swap" else 2]
-      value = parts[2] if name == "masked_swap" else parts[3]
-    else:
-      deciding, value = (ins[1:], []) if name == "get" else (ins[2:], [ins[1]])
-    taint.decide(deciding, eqn, "ref index (or mask)")
-    if name in ("swap", "addupdate", "masked_swap"):
-      taint.write(ref, eqn, value)
-    loaded = not taint.is_keyed(ref)
-    if name == "masked_load":
-      loaded = loaded or taint.any(value)
-    return [loaded] * len(eqn.outvars)
-  if name in ("dma_start", "dma_wait"):   # (source, destination, its semaphore, source semaphore, device)
-    parts = _split(p["tree"], ins)
-    if parts[4]:
-      raise _Unreplayable(f"'{name}' is a remote copy (device_id)")
-    if name == "dma_start":
-      for v in (v for part in parts[1:4] for v in part):
-        taint.write(v, eqn)
-    taint.decide(ins, eqn, "copy window or semaphore")
-    return [False] * len(eqn.outvars)
-  if name in ("semaphore_signal", "semaphore_wait"):   # signal: (ref, transforms, inc, device, core)
-    parts = _split(p["args_tree"], ins)
-    if name == "semaphore_signal" and (parts[3] or parts[4]):
-      raise _Unreplayable("'semaphore_signal' signals another device or core")
-    taint.decide(ins, eqn, "semaphore or count")
-    return [False] * len(eqn.outvars)
-  if name == "cond":
-    taint.decide(ins[:1], eqn, "branch")
-    outs = [_sub(b, taint, ins[1:]) for b in p["branches"]]
-    return [any(col) for col in zip(*outs)]
-  if name == "while":   # operands: the predicate's consts, the body's consts, the carries
-    cn, bn = int(p["cond_nconsts"]), int(p["body_nconsts"])
-    out = _loop(taint, p["body_jaxpr"], ins[cn:cn + bn], ins[cn + bn:])
-    if _predicate_tainted(taint, p["cond_jaxpr"], ins[:cn], out):
-      raise _Unreplayable("a while loop's predicate depends on loaded data")
-    return out
-  if name == "scan":
-    nc, ncarry = scan_counts(p)
-    return _loop(taint, p["jaxpr"], ins[:nc], ins[nc:nc + ncarry], ins[nc + ncarry:])
-  if name in CALL_PRIMITIVES:
-    j = call_jaxpr(eqn)
-    return _sub(j, taint, ins[len(ins) - len(j.invars):])
-  if name == "run_scoped":
-    # the operands are the body's constvars (closed-over values and refs); its invars fresh allocations
-    j = p["jaxpr"]
-    inner = _Taint((c for c, o in zip(j.constvars, ins) if taint.of(o)),
-                   (c for c, o in zip(j.constvars, ins) if taint.is_keyed(o)))
-    _walk(j, inner)
-    return [inner.of(v) for v in j.outvars]
-  raise _Unreplayable(f"'{name}' is not known to be data-independent")
+  if role is None:
+    raise _Unreplayable(f"'{name}' is not known to be data-independent")
+  if type(role) is Never:
+    raise _Unreplayable(f"the kernel {role.why}")
+  if type(role) is Deciding:
+    taint.decide(ins[role.n:], eqn, "slice start / shift / delay")
+    return [taint.any(ins[:role.n])] * len(eqn.outvars)
+  return role(eqn, taint)
 
 
-def _walk(jaxpr, taint: _Taint) -> None:
+def _walk(jaxpr, taint: Taint) -> None:
   for eqn in jaxpr.eqns:
     for v, t in zip(eqn.outvars, _eqn(eqn, taint)):
       if t:
@@ -206,7 +137,7 @@ def replay_blocker(jaxpr, keyed=()) -> str | None:
   operand layout) makes the kernel unreplayable with the reason, never unlaunchable: replay is an
   optimisation, the full machine is always right."""
   try:
-    _walk(jaxpr, _Taint((), (jaxpr.invars[k] for k in keyed)))
+    _walk(jaxpr, Taint((), (jaxpr.invars[k] for k in keyed)))
   except _Unreplayable as e:
     return str(e)
   except (AttributeError, IndexError, KeyError, TypeError, ValueError) as e:

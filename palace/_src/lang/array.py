@@ -149,10 +149,6 @@ def promotion_type(x):
   return dtype_of(x)
 
 
-def in_kernel() -> bool:
-  return executor.maybe_current() is not None
-
-
 def dtype_of(x) -> np.dtype | int | float | bool:
   """np.dtype for arrays (strong), the Python value itself for weak scalars."""
   if isinstance(x, Array):

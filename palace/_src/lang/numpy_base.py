@@ -18,7 +18,7 @@ from palace._src.util import user_frame_summary
 _F32 = dt.float32
 _I32 = dt.int32
 _I32_MIN, _I32_MAX = -2**31, 2**31 - 1
-_current_ex = executor._current.get  # executor.maybe_current without a Python frame
+_current_ex = executor.maybe_current   # (the context variable's getter: no Python frame)
 
 
 _FLOATS = frozenset({dt.float32, dt.bfloat16, dt.float16, dt.float8_e4m3fn, dt.float8_e5m2})

@@ -147,9 +147,9 @@ def astype(x, dtype):
   return _out(data, _shape_of(x), d, ready_of(x), OpClass.CHEAP, _is_arr(x))
 
 
-def _astype_on_scalars(src, dtype):
+def astype_on_scalars(src, dtype):
   """`astype(x, dtype)` specialised to 0-d Arrays `x` of dtype `src` inside a kernel (as
-  numpy_elementwise._on_scalars): the same conversion and one `scalar_op` charge; other operands
+  numpy_elementwise.on_scalars): the same conversion and one `scalar_op` charge; other operands
   take `astype` itself."""
   src, d = np.dtype(src), dt.canonicalize(dtype, keep_64bit=True)
   if src == d or dt.is_64bit(d) or dt.is_64bit(src):   # x itself, or a context-dependent dtype

@@ -233,7 +233,7 @@ def _elementwise(fn, op_class: str, result: str = "same", name: str = ""):
   return op
 
 
-def _on_scalars(op, dtype, arity: int):
+def on_scalars(op, dtype, arity: int):
   """`op` (an elementwise op of this module, or lax's div/rem) specialised to `arity` 0-d Arrays of
   `dtype` inside a kernel, for callers that know their operands' types up front (palace.jax's
   compiled jaxpr programs, one call per scalar equation): the same NumPy function on the operands'
@@ -280,7 +280,7 @@ def _on_scalars(op, dtype, arity: int):
   return binary
 
 
-def _on_vectors(op, dtype, shape, arity: int, in_shapes=None):
+def on_vectors(op, dtype, shape, arity: int, in_shapes=None):
   """`op` specialised to `arity` Arrays of one `dtype` and one non-empty `shape` (in a binary op one of
   them may be 0-d) inside a kernel, for callers that know their operands' types up front (palace.jax's
   compiled equations on blocks): the steps `op` takes for such operands (data through the compute
@@ -369,7 +369,7 @@ def add(x1, x2):
 
 
 add.__doc__ = _add.__doc__
-# the specialised forms (_on_scalars, _on_vectors) compute with np.add for Arrays and call `add` itself
+# the specialised forms (on_scalars, on_vectors) compute with np.add for Arrays and call `add` itself
 # for anything else, a deferred matmul sum included (0-d values are never Deferred)
 add.scalar_form, add.op_class, add.rejects = _add.scalar_form, _add.op_class, _add.rejects
 subtract = _elementwise(np.subtract, OpClass.CHEAP, name="subtract")
@@ -667,9 +667,9 @@ def where(condition, x=None, y=None):
 _PY_SCALARS = (bool, int, float)
 
 
-def _where_on_scalars(dtype):
+def where_on_scalars(dtype):
   """`where(c, x, y)` specialised to a bool 0-d Array `c` and 0-d Arrays `x`, `y` of `dtype` inside a
-  kernel (see `_on_scalars`): the same NumPy where and one `scalar_op` charge; other operands take
+  kernel (see `on_scalars`): the same NumPy where and one `scalar_op` charge; other operands take
   `where` itself."""
   dtype = np.dtype(dtype)
   b = dt.bool_

@@ -19,7 +19,7 @@ from palace._src.lang.refs import Ref
 from palace._src.util import tree_flatten, tree_unflatten, user_frame_summary
 
 _I32 = dt.int32
-_current_ex = executor._current.get  # executor.maybe_current without a Python frame
+_current_ex = executor.maybe_current   # (the context variable's getter: no Python frame)
 
 
 def _scalar(v: int, ready: int = 0) -> Array:
@@ -213,6 +213,29 @@ def delay(nanos) -> None:
 
 # ------------------------------------------------------------------ scoped allocation
 _ALLOCATION_TYPES = (MemoryRef, SemaphoreRefType)
+
+
+# ------------------------------------------------------------------ for code generated from kernels
+def scalar_unit():
+  """The current core's `scalar_ops(n)` (n scalar-unit ops charged at once -> (the clock before them,
+  the cycles of one)), or None outside a kernel: what code generated for a run of scalar ops calls
+  (palace.jax's fused scalar blocks) instead of charging one `scalar_op` per op."""
+  ex = _current_ex()
+  return None if ex is None else ex.scalar_ops
+
+
+def launch_cache(key, make=None):
+  """The current core's per-launch host cache entry `key` (released with the launch, by its
+  `release()`), made by `make()` at its first use (None: only an existing one is returned); None
+  outside a kernel or on a core that keeps no host caches."""
+  ex = _current_ex()
+  store = None if ex is None else ex.host_cache
+  if store is None:
+    return None
+  entry = store.get(key)
+  if entry is None and make is not None:
+    entry = store[key] = make()
+  return entry
 
 
 def _alloc_tree(ex, types, prefix: str, shared: bool = False, names=None):

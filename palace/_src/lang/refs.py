@@ -213,9 +213,8 @@ class Ref:
                              f"{len(idx)}{_where()}. Fix: give at most {len(free)} indices, one per "
                              f"dimension.")
     new = list(dims)
-    check = executor.maybe_current()
     # (a mapped view is always checked: its element map has no out-of-bounds form to clip)
-    check = True if check is None or self._mapped else check.bounds_checks
+    check = True if self._mapped else bounds_checks()
     for axis, (pos, i) in enumerate(zip(free, idx)):
       start, size, stride = new[pos]
       if type(i) is slice and i.start is None and i.stop is None and i.step is None:
@@ -565,7 +564,14 @@ class _MappedAt(_AtIndexer):
 
 
 _VMEM = MemorySpace.VMEM
-_current_ex = executor._current.get  # executor.maybe_current without a Python frame
+_current_ex = executor.maybe_current   # (the context variable's getter: no Python frame)
+
+
+def bounds_checks() -> bool:
+  """Whether ref views made here are bounds-checked: the current core's setting
+  (CompilerParams(disable_bounds_checks)), True outside a kernel (what `Ref.at` composes with)."""
+  ex = _current_ex()
+  return True if ex is None else ex.bounds_checks
 
 
 def _coerce_store(view: Ref, value, timing_only: bool):
@@ -618,7 +624,3 @@ def _coerce_store(view: Ref, value, timing_only: bool):
   if timing_only and view.shape:
     data = None
   return data, ready
-
-
-def ref_for(buf: "Buffer") -> Ref:
-  return Ref(buf)

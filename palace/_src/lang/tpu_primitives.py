@@ -29,7 +29,7 @@ def _check_ref(x, api, arg):
                      f"kernel as refs through its operands (pl.ANY specs keep them in HBM).")
 
 
-_current_ex = executor._current.get  # executor.maybe_current without a Python frame
+_current_ex = executor.maybe_current   # (the context variable's getter: no Python frame)
 
 
 class PreparedCopy(DmaRequest):
@@ -135,8 +135,12 @@ class AsyncCopyDescriptor:
       _indexed_request(ex, req, src, dst)
     return req
 
-  def start(self, priority: int = 0, *, add: bool = False):  # noqa: D401
+  def start(self, priority: int = 0, *, add: bool = False):
+    """Issue the copy. `priority` is JAX's DMA queue priority: palace models one DMA queue per core,
+    so it takes the default 0 only (`_check_priority`)."""
     ex = executor.current("AsyncCopyDescriptor.start()")
+    if priority != 0 or type(priority) is not int:
+      _check_priority(priority, self.is_remote)
     if self.sem is None:
       raise UsageError(f"This DMA has no semaphore ({user_frame_summary()}). Fix: pass one to "
                        f"make_async_copy, or use pltpu.sync_copy.")
@@ -212,6 +216,27 @@ def _indexed_request(ex, req, src, dst) -> None:
   row_bytes = side.nbytes // max(side.n, 1)
   granule = ex.dma_granule_bytes or 1
   req.nbytes = used * (-(-row_bytes // granule) * granule)
+
+
+def _check_priority(priority, remote: bool) -> None:
+  """A DMA priority other than the default 0 is refused: JAX requires it non-negative, Mosaic compiles
+  0 or 1 on a local copy and 0 on a remote one (jaxlib/mosaic tpu_ops.cc: 'only support priority 0
+  or 1', 'non-zero priority is not supported for remote DMA'), and palace models one DMA queue, so a
+  priority-1 copy would silently be timed as a priority-0 one."""
+  p = validate.as_int(priority, "DMA start priority", min_value=0,
+                      hint="pass priority=0 (the default), or drop the argument.")
+  if p == 0:
+    return
+  if p == 1 and not remote:
+    raise UnsupportedError.feature(
+        "AsyncCopyDescriptor.start(priority=1)",
+        f"({user_frame_summary()}) palace models one DMA queue per core, so a priority-1 copy would be "
+        f"timed as a priority-0 one. Fix: drop priority= (or pass 0).")
+  raise UnsupportedError(
+      f"DMA start priority={p} on a {'remote' if remote else 'local'} copy ({user_frame_summary()}): a "
+      f"TPU compiles priority 0 or 1 on a local copy and only 0 on a remote one (Mosaic: "
+      f"{'non-zero priority is not supported for remote DMA' if remote else 'only support priority 0 or 1'}"
+      f"). Fix: drop priority= (or pass 0).")
 
 
 def make_async_copy(src_ref, dst_ref, sem=None, *, src_sem=None) -> AsyncCopyDescriptor:

@@ -17,7 +17,7 @@ from palace._src import validate
 from palace._src.errors import ResourceError, ShapeError, UnsupportedError, UsageError
 from palace._src.lang.array import Array
 from palace._src.lang.refs import Ref
-from palace._src.sim.machine import VirtualTPU, active_tpu, paused_gc
+from palace._src.sim.machine import VirtualTPU, activate, active_tpu, deactivate, paused_gc
 from palace._src.sim.memory import Buffer
 from palace._src.sim.replay import ReplayMachine, replayable
 from palace._src.util import fmt_bytes, prod, tree_flatten, tree_map, user_frame_summary
@@ -156,10 +156,10 @@ def hbm_input(a: np.ndarray, name: str, chip: int = 0, into: Buffer | None = Non
   return buf
 
 
-def eager_output_init() -> bool:
-  """Whether outputs must be filled with the uninitialised value before the launch: on timing-only
-  machines (no data moves, outputs stay deterministic) and when never-written reads are checked."""
-  tpu = active_tpu()
+def eager_output_init(tpu) -> bool:
+  """Whether outputs must be filled with the uninitialised value before a launch on `tpu`: on
+  timing-only machines (no data moves, outputs stay deterministic) and when never-written reads are
+  checked."""
   return tpu.timing_only or getattr(tpu, "uninitialized", "nan") != "nan"
 
 
@@ -176,6 +176,26 @@ def out_struct(o, name: str):
     return tuple(o.shape), d, MemorySpace.ANY
   raise UsageError(f"{name} = {o!r}: expected a pl.ShapeDtypeStruct or a memory type like "
                    f"pltpu.VMEM(shape, dtype). Fix: pass e.g. pl.ShapeDtypeStruct((8, 128), jnp.float32).")
+
+
+class on_tpu:
+  """`with on_tpu(tpu):` makes `tpu` the active VirtualTPU of this thread for the block: how a thread
+  that did not enter `pl.virtual_tpu` itself runs palace code that asks for the active TPU
+  (shard_map's chip threads, launch/spmd.py; XLA's threads under palace.jax). The one home of machine
+  activation for every front end; a launch itself takes its TPU from its caller (`run(..., tpu)`).
+  (A class, not a generator context manager: entered once per shard_map chip.)"""
+  __slots__ = ("tpu", "token")
+
+  def __init__(self, tpu: VirtualTPU):
+    self.tpu = tpu
+
+  def __enter__(self) -> VirtualTPU:
+    self.token = activate(self.tpu)
+    return self.tpu
+
+  def __exit__(self, *exc):
+    deactivate(self.token)
+    return False
 
 
 _spmd: contextvars.ContextVar = contextvars.ContextVar("palace_spmd_chip", default=None)
@@ -329,25 +349,25 @@ def check_aliases(aliases, kname: str) -> dict:
   return out
 
 
-def check_hbm(kname: str, arrays, outs, scratch) -> None:
-  """HBM capacity of the active chip for one launch: `arrays` {name: host array} (inputs), `outs`
-  {name: (shape, dtype, space)}, `scratch` the scratch types (HBM / ANY ones count). Called before any
-  output is allocated, so a launch that cannot fit fails with the numbers instead of allocating host
-  memory (timing_only too)."""
+def check_hbm(kname: str, arrays, outs, scratch, chip=None) -> None:
+  """HBM capacity of `chip` (default: the active one's) for one launch: `arrays` {name: host array}
+  (inputs), `outs` {name: (shape, dtype, space)}, `scratch` the scratch types (HBM / ANY ones count).
+  Called before any output is allocated, so a launch that cannot fit fails with the numbers instead of
+  allocating host memory (timing_only too)."""
   sizes = [(name, a.nbytes) for name, a in arrays.items()]
   sizes += [(name, prod(shape) * np.dtype(dtype).itemsize) for name, (shape, dtype, space) in outs.items()
             if space in (MemorySpace.ANY, MemorySpace.HBM)]
   leaves = tree_flatten(scratch, is_leaf=lambda x: isinstance(x, MemoryRef))[0]
   sizes += [(f"scratch[{i}]", t.nbytes) for i, t in enumerate(leaves)
             if isinstance(t, MemoryRef) and t.memory_space in (MemorySpace.ANY, MemorySpace.HBM)]
-  check_hbm_sizes(f"kernel '{kname}'", sizes, "the launch's")
+  check_hbm_sizes(f"kernel '{kname}'", sizes, "the launch's", chip)
 
 
-def check_hbm_sizes(owner: str, sizes, whose: str | None) -> None:
-  """The one HBM capacity check: `sizes` [(name, bytes)] must fit one device of the active chip.
-  `owner` names the launch or host call ("kernel 'k'", "pl.empty_ref"), `whose` the operands
-  ("the launch's"; None for a single buffer)."""
-  chip = active_tpu().chip
+def check_hbm_sizes(owner: str, sizes, whose: str | None, chip=None) -> None:
+  """The one HBM capacity check: `sizes` [(name, bytes)] must fit one device of `chip` (default: the
+  active one's). `owner` names the launch or host call ("kernel 'k'", "pl.empty_ref"), `whose` the
+  operands ("the launch's"; None for a single buffer)."""
+  chip = active_tpu().chip if chip is None else chip
   total = sum(n for _, n in sizes)
   cap = chip.hbm_bytes_per_device
   if total <= cap:

@@ -20,7 +20,7 @@ from palace._src.util import prod
 def _check_hbm(api: str, shape, dtype) -> None:
   """A host ref is an HBM buffer of one device of the active chip: checked before host memory is
   allocated for it, like pallas_call outputs."""
-  name = f"ref({np.dtype(dtype)}{list(shape)})"
+  name = ref_name(shape, dtype)
   check_hbm_sizes(api, [(name, prod(shape) * np.dtype(dtype).itemsize)], None)
 
 
@@ -32,8 +32,14 @@ def _host_array(x) -> np.ndarray:
   return a.astype(d) if d != a.dtype else a.copy()
 
 
-def _name(a: np.ndarray) -> str:
-  return f"ref({a.dtype}{list(a.shape)})"
+def ref_name(shape, dtype) -> str:
+  """A host ref's buffer name in messages: ref(float32[8, 128])."""
+  return f"ref({np.dtype(dtype)}{list(shape)})"
+
+
+def owning_ref(a: np.ndarray) -> Ref:
+  """A host ref owning `a` (an HBM buffer the ref's kernel updates in place; `a` is not copied)."""
+  return Ref(Buffer(a, a.shape, a.dtype, MemorySpace.ANY, ref_name(a.shape, a.dtype)))
 
 
 def new_ref(init_val, *, memory_space=None, kind=None, pin=False) -> Ref:
@@ -42,8 +48,7 @@ def new_ref(init_val, *, memory_space=None, kind=None, pin=False) -> Ref:
     raise UsageError(f"pl.new_ref(memory_space={memory_space}) on the host: only HBM/ANY refs can be "
                      f"created outside a kernel. Fix: drop memory_space (HBM), or allocate VMEM/SMEM inside the "
                      f"kernel with pl.run_scoped.")
-  a = _host_array(init_val)
-  return Ref(Buffer(a, a.shape, a.dtype, MemorySpace.ANY, _name(a)))
+  return owning_ref(_host_array(init_val))
 
 
 def empty_ref(ty, memory_space=None, pin=False) -> Ref:
@@ -55,8 +60,7 @@ def empty_ref(ty, memory_space=None, pin=False) -> Ref:
   shape = validate.as_dims(ty.shape, "pl.empty_ref shape")
   _check_hbm("pl.empty_ref", shape, d)
   fill = np.nan if dt.is_float(d) else 0
-  a = np.full(shape, fill, d)
-  return Ref(Buffer(a, a.shape, a.dtype, MemorySpace.ANY, _name(a)))
+  return owning_ref(np.full(shape, fill, d))
 
 
 def freeze(ref: Ref) -> np.ndarray:

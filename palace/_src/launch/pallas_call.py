@@ -4,11 +4,11 @@ from __future__ import annotations
 import functools
 
 from palace._src.blocks import canonicalize
-from palace._src.core import BlockSpec, CostEstimate, GridSpec, MemoryRef, MemorySpace, no_block_spec
+from palace._src.core import BlockSpec, CostEstimate, GridSpec, MemorySpace, no_block_spec
 from palace._src.errors import ShapeError, UsageError
 from palace._src import validate
 from palace._src.launch import host as launch
-from palace._src.launch.plan import OPERAND, OUTPUT, LaunchPlan, Operand, Output, Stage
+from palace._src.launch.plan import LaunchPlan, Operand, Output, grid_stages
 from palace._src.launch.run import run
 from palace._src.sim.machine import active_tpu
 from palace._src.util import tree_flatten, tree_unflatten, user_site
@@ -147,22 +147,26 @@ def pallas_call(kernel, out_shape, *, grid_spec=None, grid=(), in_specs=no_block
   plans = []   # [(chip, operand treedefs, operand shapes and dtypes, LaunchPlan)], newest last
 
   def plan(*args):
-    """(LaunchPlan, operand arrays) of one call: planned once per chip and operand signature (pytree
-    structure, shapes, dtypes), which fix everything a plan holds; later calls only convert their
-    operands."""
+    """(LaunchPlan, operand arrays) of one call on the active VirtualTPU (`plan_on`)."""
+    return plan_on(active_tpu(), args)
+
+  def plan_on(tpu, args):
+    """(LaunchPlan, operand arrays) of one call on `tpu`: planned once per chip and operand signature
+    (pytree structure, shapes, dtypes), which fix everything a plan holds; later calls only convert
+    their operands."""
     nsp = grid_spec.num_scalar_prefetch
     if len(args) < nsp:
-      return _plan(kernel, kname, out_shape, g, grid_spec, aliases, params, args)   # (its error)
+      return _plan(kernel, kname, out_shape, g, grid_spec, aliases, params, args, tpu.chip)   # (its error)
     pre, pre_td = tree_flatten(tuple(args[:nsp]))
     ins, in_td = tree_flatten(tuple(args[nsp:]))
     arrays = [launch.to_host_array(a, f"scalar_prefetch[{i}]") for i, a in enumerate(pre)]
     arrays += [launch.to_host_array(a, f"args[{i + nsp}]") for i, a in enumerate(ins)]
-    chip = active_tpu().chip
+    chip = tpu.chip
     sig = tuple([(a.shape, a.dtype) for a in arrays])
     for c, tds, s, p in plans:
       if c is chip and s == sig and tds == (pre_td, in_td):
         return p, arrays
-    p, arrays = _plan(kernel, kname, out_shape, g, grid_spec, aliases, params, args)
+    p, arrays = _plan(kernel, kname, out_shape, g, grid_spec, aliases, params, args, chip)
     if len(plans) >= _PLANS_KEPT:
       del plans[0]
     plans.append((chip, (pre_td, in_td), sig, p))
@@ -172,8 +176,10 @@ def pallas_call(kernel, out_shape, *, grid_spec=None, grid=(), in_specs=no_block
   def call(*args):
     launch.check_interpret(interpret, kname)
     with launch.interpret_context(interpret):
-      launch_plan, arrays = plan(*args)
-      return launch.like_inputs(tree_unflatten(launch_plan.output_tree, run(launch_plan, arrays)), args)
+      tpu = active_tpu()   # (resolved once per launch, handed to the plan and the run)
+      launch_plan, arrays = plan_on(tpu, args)
+      return launch.like_inputs(tree_unflatten(launch_plan.output_tree, run(launch_plan, arrays, None, tpu)),
+                                args)
 
   # `call.plan(*args) -> (LaunchPlan, operand arrays)`: one call's plan without running it, for front
   # ends that run one launch many times on operands of fixed shapes (palace.jax plans once per lowering)
@@ -184,9 +190,9 @@ def pallas_call(kernel, out_shape, *, grid_spec=None, grid=(), in_specs=no_block
 _PLANS_KEPT = 8   # plans a pallas_call keeps (distinct operand signatures or chips it was called with)
 
 
-def _plan(kernel, kname, out_shape, grid, grid_spec, aliases, params, args):
-  """(LaunchPlan, operand arrays) of one call: operands converted and checked, BlockSpecs canonicalised
-  into block mappings, arities and aliases validated."""
+def _plan(kernel, kname, out_shape, grid, grid_spec, aliases, params, args, chip):
+  """(LaunchPlan, operand arrays) of one call on `chip`: operands converted and checked, BlockSpecs
+  canonicalised into block mappings, arities and aliases validated."""
   nsp = grid_spec.num_scalar_prefetch
   if len(args) < nsp:
     raise UsageError(f"pallas_call '{kname}' expects {nsp} scalar-prefetch operands; got {len(args)} "
@@ -205,7 +211,7 @@ def _plan(kernel, kname, out_shape, grid, grid_spec, aliases, params, args):
              for i, (s, a) in enumerate(zip(in_specs, in_arrays))]
   outs = [launch.out_struct(o, f"out_shape[{i}]") for i, o in enumerate(out_leaves)]
   launch.check_hbm(kname, {f"args[{i}]": a for i, a in enumerate(pre_arrays + in_arrays)},
-                   {f"outputs[{i}]": o for i, o in enumerate(outs)}, scratch)
+                   {f"outputs[{i}]": o for i, o in enumerate(outs)}, scratch, chip)
   out_maps = []
   for i, (s, (shape, dtype, space)) in enumerate(zip(out_specs, outs)):
     if space in (MemorySpace.VMEM, MemorySpace.SMEM) and (s is no_block_spec or s.block_shape is None):
@@ -228,16 +234,8 @@ def _plan(kernel, kname, out_shape, grid, grid_spec, aliases, params, args):
       raise ShapeError(f"input_output_aliases {{{a_in}: {a_out}}}: input {src.dtype}{list(src.shape)} "
                        f"and output {ob.dtype}{list(ob.shape)} must have the same shape and dtype. Fix: "
                        f"make out_shape[{a_out}] match the input, or drop the alias.")
-  # scalar prefetch, then SMEM in/out BlockSpecs: whole arrays staged in SMEM around the pipeline
-  npre = len(pre_arrays)
-  staged = [Stage(OPERAND, i, MemoryRef(a.shape, a.dtype, MemorySpace.SMEM), f"scalar_prefetch[{i}]")
-            for i, a in enumerate(pre_arrays)]
-  staged += [Stage(OPERAND, npre + k, MemoryRef(m.array_shape, m.dtype, MemorySpace.SMEM), m.name)
-             for k, m in enumerate(in_maps) if m.space == MemorySpace.SMEM]
-  staged += [Stage(OUTPUT, k, MemoryRef(m.array_shape, m.dtype, MemorySpace.SMEM), m.name)
-             for k, m in enumerate(out_maps) if m.space == MemorySpace.SMEM]
   plan = LaunchPlan(kname, user_site(), params, tuple(operands), pre_td, tuple(outputs), out_td,
-                    aliases=dict(aliases), staged=tuple(staged),
+                    aliases=dict(aliases), staged=grid_stages(pre_arrays, in_maps, out_maps),
                     scratch=scratch if isinstance(scratch, dict) else tuple(scratch),
                     bodies=(_returns_none(kernel, kname),), grid=grid, in_maps=tuple(in_maps),
                     out_maps=tuple(out_maps))

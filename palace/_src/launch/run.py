@@ -39,32 +39,35 @@ from palace._src.sim.subcore import SC_BASE, SCALAR_BASE
 from palace._src.util import fmt_bytes, prod, tree_flatten, tree_unflatten
 
 
-def run(plan: LaunchPlan, operands, out=None) -> list:
-  """Run `plan` on the active virtual TPU with one HBM value per `plan.operands` entry (NumPy arrays
-  with the operand's dtype, or mutable Refs); returns the outputs' NumPy arrays in `plan.outputs` order.
-  `out`: per output, None or a writable array of its shape and dtype to compute it in (then returned
-  as that output: palace.jax hands XLA's result buffers, so no copy follows the launch)."""
+def run(plan: LaunchPlan, operands, out=None, tpu=None) -> list:
+  """Run `plan` on the VirtualTPU `tpu` (None: the active one, looked up here, once per launch) with
+  one HBM value per `plan.operands` entry (NumPy arrays with the operand's dtype, or mutable Refs);
+  returns the outputs' NumPy arrays in `plan.outputs` order. `out`: per output, None or a writable
+  array of its shape and dtype to compute it in (then returned as that output: palace.jax hands XLA's
+  result buffers, so no copy follows the launch)."""
   operands = list(operands)
+  if tpu is None:
+    tpu = active_tpu()
   ctx = host.spmd_context()
   if ctx is not None:  # inside shard_map: every chip's thread reaches this launch; one machine runs them
-    launch = _Launch(plan, operands, out=out)
+    launch = _Launch(plan, operands, tpu, out=out)
     try:
       ctx[0].collective_launch(ctx[1], plan.kernel_name, launch.build, plan.num_points)
     finally:
       launch.fill_unwritten()
     return [b.storage for b in launch.out_bufs]
   replay = None if plan.replay_operands is None else _replay_key(plan, operands)
-  lm = host.launch_machine(active_tpu(), plan.kernel_name, 1, plan.num_points, replay)
+  lm = host.launch_machine(tpu, plan.kernel_name, 1, plan.num_points, replay)
   launch = None
   try:
     with lm as machine:
       warm = lm.warm
       if warm is not None:   # a replayed launch kept from the last one with this plan and key
-        launch = _Launch(plan, operands, warm.out_bufs, out)
+        launch = _Launch(plan, operands, tpu, warm.out_bufs, out)
         warm.run(launch, machine)
         lm.keep = warm
       else:
-        launch = _Launch(plan, operands, out=out)
+        launch = _Launch(plan, operands, tpu, out=out)
         keep = lm.may_keep and not any(isinstance(v, Ref) for v in operands)
         programs = launch.build(machine, 0, keep)
         try:
@@ -147,10 +150,10 @@ def _replay_key(plan: LaunchPlan, operands):
 class _Launch:
   """The host-side state of one run: output buffers and which output blocks the pipelines wrote."""
 
-  def __init__(self, plan: LaunchPlan, operands: list, out_bufs=None, out=None):
+  def __init__(self, plan: LaunchPlan, operands: list, tpu, out_bufs=None, out=None):
     self.plan, self.operands = plan, operands
-    self.lazy = {} if not plan.is_grid or host.eager_output_init() else _lazy_outputs(plan)
-    timing_only = active_tpu().timing_only
+    self.lazy = {} if not plan.is_grid or host.eager_output_init(tpu) else _lazy_outputs(plan)
+    timing_only = tpu.timing_only
     # Pipelined outputs start as np.empty and only blocks never written back are filled afterwards
     # (same result as filling everything first, without touching every page twice); on a timing-only
     # machine outputs are shape and dtype only (memory.hbm_output).

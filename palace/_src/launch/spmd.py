@@ -26,7 +26,7 @@ from palace._src.launch.run import barrier_notes
 from palace._src.errors import SyncError, UsageError
 from palace._src.sim import workers
 from palace._src.sim.ici import Topology
-from palace._src.sim.machine import activate, active_tpu, deactivate, explicit_tpu
+from palace._src.sim.machine import active_tpu, explicit_tpu
 from palace._src.util import prod, tree_flatten, tree_unflatten
 
 
@@ -356,21 +356,20 @@ def shard_map(f, *, mesh: Mesh, in_specs, out_specs, check_rep=True, check_vma=T
     results = [None] * mesh.size
 
     def chip_main(c):   # on a worker thread (sim/workers.py): what it sets here is reset at the end
-      tpu_token = activate(tpu)
-      spmd_token = launch.set_spmd_context((group, c))
-      try:
-        results[c] = f(*shards[c])
-      except _PeerFailed:
-        pass
-      except BaseException as e:  # noqa: BLE001
-        with group.cv:
-          if group.error is None:
-            group.error = e
-          group.cv.notify_all()
-      finally:
-        group.done()
-        launch.reset_spmd_context(spmd_token)
-        deactivate(tpu_token)
+      with launch.on_tpu(tpu):
+        spmd_token = launch.set_spmd_context((group, c))
+        try:
+          results[c] = f(*shards[c])
+        except _PeerFailed:
+          pass
+        except BaseException as e:  # noqa: BLE001
+          with group.cv:
+            if group.error is None:
+              group.error = e
+            group.cv.notify_all()
+        finally:
+          group.done()
+          launch.reset_spmd_context(spmd_token)
 
     running = [workers.run_soon(functools.partial(chip_main, c)) for c in range(mesh.size)]
     for done in running:
@@ -393,11 +392,3 @@ def shard_map(f, *, mesh: Mesh, in_specs, out_specs, check_rep=True, check_vma=T
     return tree_unflatten(td, outs)
 
   return run
-
-
-def axis_index_on_host(name) -> int | None:
-  ctx = launch.spmd_context()
-  if ctx is None:
-    return None
-  group, chip = ctx
-  return group.mesh.coords(chip)[name]

@@ -44,14 +44,6 @@ class Channel:
     self.used.insert(i + 1, self.used[i])
     return i + 1
 
-  def free_at(self, t: float) -> float:
-    i = bisect.bisect_right(self.times, t) - 1
-    return self.bytes_per_cycle - (self.used[i] if i >= 0 else 0.0)
-
-  def next_break(self, t: float) -> float:
-    i = bisect.bisect_right(self.times, t + _EPS)
-    return self.times[i] if i < len(self.times) else float("inf")
-
   def add(self, t0: float, t1: float, rate: float) -> None:
     if t1 - t0 <= _EPS:
       return

@@ -8,11 +8,8 @@ storage, which the checkers would have to follow).
 """
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
-from palace._src.sim import memory
 from palace._src.sim.races import RaceDetector
 from palace._src.sim.unchecked import clip, clip_dma, garbage_buffer
 from palace._src.sim.uninit import InitTracker
@@ -85,15 +82,10 @@ class KernelChecks:
       self.init._view(rec.req.dst_buf)  # start tracking the destination before any data lands in it
     return rec.req
 
-  def move(self, req) -> None:
-    """Move a copy's data (memory.copy) and tell the checkers; never borrowing, since the checkers
-    track storage identity. The DMA path calls this (or NO_CHECKS's) bound method instead of a copy
-    followed by a hook."""
-    memory.copy(req)
+  def moved(self, req) -> None:
+    """A copy's data was moved (memory.copy, never borrowing: the checkers track storage identity)."""
     if self.init is not None:
       self.init.moved(req)
-
-  move_at_start = move
 
   def free(self, core, buf) -> None:
     if core.machine.shared_buffers.get((core.share_group, buf.key)) is buf:
@@ -131,11 +123,6 @@ class NoChecks:
 
   def with_unchecked(self) -> KernelChecks:
     return KernelChecks(None, None, True)
-
-  # the data moves straight through memory.copy (no hook to call afterwards); at the start of a copy
-  # a whole VMEM destination may borrow its source (partial: a C call, no extra Python frame)
-  move = staticmethod(memory.copy)
-  move_at_start = staticmethod(functools.partial(memory.copy, borrow=True))
 
   def free(self, core, buf) -> None:
     pass

@@ -1,5 +1,7 @@
-"""DMA engines (L4b): where a copy is issued and timed (`DmaEngine.start`); its data moves in
-sim/memory.py (`memory.copy`), its completion arrives on a semaphore in sim/sync.py.
+"""DMA engines (L4b): where a copy is issued, timed and (eagerly) moved (`DmaEngine.start`): its data
+moves by `memory.copy` (sim/memory.py), called here or, for a copy moved when waited, by the machine's
+`dma_arrived`; the bug checks only observe the moved copy (`checks.moved`); its completion arrives on
+a semaphore in sim/sync.py.
 
 Timing model (all in cycles of the chip clock):
   * A copy is issued by the scalar core at `issue` (after `dma_issue_cycles` of scalar work) and cannot
@@ -23,6 +25,7 @@ import copy
 import math
 
 from palace._src.core import MemorySpace
+from palace._src.sim import memory
 from palace._src.sim.bandwidth import reserve
 
 _SPACE_LABEL = {MemorySpace.ANY: "hbm", MemorySpace.HBM: "hbm", MemorySpace.VMEM: "vmem",
@@ -139,10 +142,6 @@ def plan(timing: tuple, chans) -> CopyPlan:
                   cls in ("read", "hbm->hbm"))
 
 
-def bytes_of(shape, itemsize: int) -> int:
-  return int(math.prod(shape)) * itemsize
-
-
 class DmaEngine:
   """The DMA issue of one core: plans per (spaces, semaphore), the core's channels, the start path."""
   __slots__ = ("core", "machine", "issue_cycles", "eager", "chans", "prepared")
@@ -159,13 +158,14 @@ class DmaEngine:
     """Issue a copy (the one path for local, remote and checked copies): one DMA issue on the scalar
     core; the transfer starts once its source's last store is done and is timed on the channels of
     its CopyPlan (or the ICI route to another chip); its data moves now or when waited (the DMA
-    policy; memory.copy); its completion and source side arrive on their semaphores (sim/sync.py)."""
+    policy: memory.copy here, or in Machine.dma_arrived); its completion and source side arrive on their
+    semaphores (sim/sync.py)."""
     core = self.core
     issue = self.issue_cycles
     now = core.now = core.now + issue
     core.unit_busy["scalar"] += issue
     m = self.machine
-    m._seq = seq = m._seq + 1
+    seq = next(m.sequence)
     rec = DmaRecord(req, seq, core, now)
     src_ready = req.src_buf.ready_cycle
     start = now if now > src_ready else src_ready
@@ -206,7 +206,11 @@ class DmaEngine:
     if core.timing_only and req.dst_buf.memory_space is not _SMEM:
       rec.moved = True  # timing only: payloads are skipped; only scalar (SMEM) data moves
     elif self.eager or m.dma_policy.move_at_start(rec):
-      checks.move_at_start(req)  # memory.copy (borrowing unless checked) + the checkers' note
+      if checks.active:   # (checked: never borrowing, the checkers follow storage identity)
+        memory.copy(req)
+        checks.moved(req)
+      else:               # a whole VMEM destination may borrow its source (Buffer.borrow)
+        memory.copy(req, borrow=True)
       rec.moved = True
     m.dma_count += 1
     sems = m.sems

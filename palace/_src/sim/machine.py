@@ -12,11 +12,13 @@ from __future__ import annotations
 import collections
 import contextvars
 import gc
+import itertools
 import random
 
 from palace._src import executor as executor_mod
 from palace._src import hostmem, hw, validate
 from palace._src.errors import SyncError, UsageError
+from palace._src.sim import memory
 from palace._src.sim.bandwidth import Channel
 from palace._src.sim.ici import Topology, check_topology
 from palace._src.sim.checks import make_checks
@@ -88,7 +90,9 @@ class Machine:
     self.dma_policy = DmaPolicy(tpu.dma_policy, tpu.seed + len(tpu.reports))
     self.trace = Trace(on=tpu.trace)
     self.inflight = {}          # seq -> DmaRecord of every copy not completed on both sides
-    self._seq = 0
+    # the machine's one counter of sequence numbers: DMA records and semaphore arrivals (sim/dma.py,
+    # sim/sync.py) take the next one, so events at one cycle keep their issue order
+    self.sequence = itertools.count(1)
     self.cores = []
     self._chans = {}
     self._hbm = {}
@@ -177,7 +181,9 @@ class Machine:
     completes only once its data has been read (the sender may reuse the buffer after .wait_send()),
     so the data moves at the first of the two completions."""
     if not rec.moved:
-      self.checks.move(rec.req)  # memory.copy + the checkers' note
+      memory.copy(rec.req)
+      if self.checks.active:
+        self.checks.moved(rec.req)
       rec.moved = True
     if src:
       rec.src_applied = True

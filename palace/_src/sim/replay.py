@@ -15,6 +15,8 @@ depends on can differ. `pl.virtual_tpu(..., replay=False)` turns it off.
 """
 from __future__ import annotations
 
+import functools
+
 from palace._src import executor as executor_mod
 from palace._src.core import MemorySpace, SemaphoreRefType
 from palace._src.errors import PalaceError
@@ -24,7 +26,8 @@ from palace._src.sim.tensorcore import TensorCore
 from palace._src.util import fmt_site, user_site
 
 _SMEM = MemorySpace.SMEM
-_copy = NO_CHECKS.move_at_start   # memory.copy, borrowing whole VMEM buffers (the eager DMA path)
+# memory.copy as the eager DMA path of an unchecked core calls it: whole VMEM buffers may borrow
+_copy = functools.partial(memory.copy, borrow=True)
 
 
 class ReplayMemo:

@@ -153,8 +153,7 @@ class Semaphores:
 
   def arrive(self, sem: Semaphore, cycle, amount: int, dma=None, src: bool = False) -> None:
     """An arrival of `amount` at `cycle` (signal, DMA completion or DMA source side)."""
-    m = self.machine
-    m._seq = seq = m._seq + 1
+    seq = next(self.machine.sequence)
     sem.pending.append(Arrival((cycle, seq, amount, dma, src)))
     checks = self.checks
     if checks.active:   # (a launch without checkers makes no hook call per arrival)

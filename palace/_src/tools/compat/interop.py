@@ -42,7 +42,8 @@ def jax_callable(f, out_shape=None, *, tpu=None, vmap_method=None):
     >>> jax.jit(lambda a, b: add(a, b) * 2)(a, b)
   """
   jax = _jax()
-  from palace._src.sim.machine import VirtualTPU, _active
+  from palace._src.launch.host import on_tpu
+  from palace._src.sim.machine import VirtualTPU, explicit_tpu
   cache = {}
 
   def result_types(args):
@@ -63,16 +64,13 @@ def jax_callable(f, out_shape=None, *, tpu=None, vmap_method=None):
 
   @functools.wraps(f)
   def call(*args):
-    run_tpu = tpu if tpu is not None else _active.get()
+    run_tpu = tpu if tpu is not None else explicit_tpu()
     types = result_types(args)
     t_leaves, t_td = tree_flatten(types)
 
     def host(*host_args):
-      token = _active.set(run_tpu if run_tpu is not None else VirtualTPU())
-      try:           # not `with run_tpu:`, which may be active in this very thread already
-        res = f(*[np.asarray(a) for a in host_args])
-      finally:
-        _active.reset(token)
+      with on_tpu(run_tpu if run_tpu is not None else VirtualTPU()):   # (not `with run_tpu:`, which
+        res = f(*[np.asarray(a) for a in host_args])                   # may be active here already)
       r_leaves, r_td = tree_flatten(res)
       if len(r_leaves) != len(t_leaves):
         raise UsageError(f"pl.jax_callable({getattr(f, '__name__', 'f')}): returned {len(r_leaves)} "
@@ -84,14 +82,3 @@ def jax_callable(f, out_shape=None, *, tpu=None, vmap_method=None):
     return jax.pure_callback(host, types, *args, **kw)
 
   return call
-
-
-def return_like_inputs(tree, args):
-  """`tree` with NumPy leaves turned into jax.Arrays when any input leaf was a jax.Array."""
-  if "jax" not in sys.modules:
-    return tree
-  leaves, _ = tree_flatten(args)
-  if not any(is_jax_array(x) for x in leaves):
-    return tree
-  import jax.numpy as jnp  # noqa: PLC0415
-  return tree_map(lambda a: jnp.asarray(a) if isinstance(a, np.ndarray) else a, tree)

@@ -295,3 +295,15 @@ def run_path(path, run_name: str = "__main__", argv=None):
   finally:
     sys.argv, sys.path[:] = old_argv, old_path
   return mod.__dict__
+
+
+def run_pallas_file(path, chip="v5e", num_chips: int = 1, argv=None, **tpu_kwargs):
+  """Run a JAX Pallas script as `__main__` on a fresh `pl.virtual_tpu(chip, num_chips)`.
+
+  Its `import jax ...` lines give palace (see load_module). Returns the VirtualTPU, whose `.reports`
+  hold one report per kernel launch."""
+  from palace._src.sim.machine import VirtualTPU  # noqa: PLC0415
+  tpu = VirtualTPU(chip, num_chips, **tpu_kwargs)
+  with tpu:
+    run_path(path, "__main__", argv)
+  return tpu
