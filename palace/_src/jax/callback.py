@@ -348,6 +348,21 @@ def _lower_pod_launch(ctx, in_nodes, engine, params, axis_ctx, manual, kind):
   return _emit_callback(ctx.replace(avals_in=(chip_aval, *ctx.avals_in)), host, (pid, *in_nodes))
 
 
+def _check_semaphore_operands(ctx, kind: str) -> None:
+  """A semaphore as a launch's operand or result (a DMA started in one pallas_call and waited in
+  another, JAX's tpu_pallas_async_test pattern) is refused by name: palace's copies and semaphores live
+  within one launch, and XLA:CPU has no buffer for a semaphore value."""
+  for where, avals in (("operand", ctx.avals_in), ("result", ctx.avals_out)):
+    for i, a in enumerate(avals):
+      name = str(getattr(a, "dtype", ""))
+      if "sem" in name:
+        raise UnsupportedError(
+            f"palace.jax: {kind} {where} {i} is a semaphore ({name}): a DMA or semaphore carried from one "
+            f"launch to another (an async copy started in one pallas_call and waited in a later one) is "
+            f"not covered; palace's copies and semaphores live within one launch. Fix: start and wait "
+            f"the copy in the same kernel.")
+
+
 def lower_on_palace(ctx, in_nodes, engine, params, kind: str = "pallas_call"):
   """Lower one launch (`pallas_call` or `mpmd_map`, i.e. pl.kernel / core_map) to one host callback."""
   from jax._src import core as jax_core  # noqa: PLC0415
@@ -361,6 +376,7 @@ def lower_on_palace(ctx, in_nodes, engine, params, kind: str = "pallas_call"):
   if any(not isinstance(a, jax_core.ShapedArray) for a in ctx.avals_in):
     raise UnsupportedError(f"palace.jax: a {kind} operand that is not an array (a closed-over ref "
                            f"or a hi-type) is not supported yet. Fix: pass the value as an array operand.")
+  _check_semaphore_operands(ctx, kind)
   _check_covered(params, kind)
   check_device_ids(_kernel_jaxprs(params, kind), ())
   # one palace launch and plan per lowering (and grid), reused by every call
