@@ -1,9 +1,14 @@
 """Semaphores as launch operands or results under palace.jax (issue 37: the callback used to fail inside
 JAX with "unexpected input: dtype=dma_sem")."""
-import jax, jax.numpy as jnp, pytest
+import pytest
+
+import jax
+import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
+
 import palace.jax as pj
+
 
 def test_a_semaphore_carried_out_of_a_launch_is_refused_by_name():
   """An async copy started in one pallas_call and waited in a later one (the launch returns its DMA
