@@ -13,6 +13,9 @@ Per-test limit: pytest-timeout (`--timeout`; installed with `pip install pytest-
 limit: the process is stopped and its remaining tests counted as not run. Results come from pytest's
 JUnit XML; the table goes to stdout and `OUT/summary.md`, the raw per-test outcomes to `OUT/results.json`.
 
+JAX's test-only helper modules that the wheel leaves out (`jax._src.hypothesis_test_util`, ...) are
+taken from the checkout (`benchmarks/jax_suite_paths.py`); a file that still does not import with the
+installed jax (a checkout newer or older than it) is counted "not collected", with the reason.
 Tests that need a real compiler (Mosaic MLIR text, compile-only APIs) fail with palace's
 UnsupportedError naming that reason; they are counted apart ("needs a compiler") from failures.
 """
@@ -53,19 +56,21 @@ def run_file(path: str, out_dir: str, per_test: int, per_file: int, timeout_plug
   chip = chip_for(stem)
   n = int(chip.split(":")[1]) if ":" in chip else 1
   xml = os.path.join(out_dir, f"{stem}.xml")
-  env = dict(os.environ, PALACE_JAX=chip, JAX_PLATFORMS="cpu",
+  checkout = os.path.dirname(os.path.dirname(os.path.dirname(path)))
+  env = dict(os.environ, PALACE_JAX=chip, JAX_PLATFORMS="cpu", JAX_SUITE_CHECKOUT=checkout,
              PYTHONPATH=os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p))
   flags = env.get("XLA_FLAGS", "")
   if "xla_force_host_platform_device_count" not in flags:
     env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={max(n, 1)}".strip()
-  cmd = [sys.executable, "-m", "pytest", "-p", "palace.jax", "-q", "-p", "no:cacheprovider",
+  cmd = [sys.executable, "-m", "pytest", "-p", "palace.jax", "-p", "benchmarks.jax_suite_paths", "-q",
+         "-p", "no:cacheprovider",
          f"--junitxml={xml}", "-o", "junit_family=xunit1", path]
   if timeout_plugin:
     cmd += [f"--timeout={per_test}"]
   t0 = time.time()
   try:
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=per_file,
-                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(path))))
+                          cwd=checkout)
     timed_out, tail = False, (proc.stdout + proc.stderr)[-2000:]
   except subprocess.TimeoutExpired as e:
     timed_out, tail = True, str(e.stdout or "")[-2000:]
