@@ -35,15 +35,32 @@ import xml.etree.ElementTree as ET
 # file stem -> PALACE_JAX value; the first matching substring wins, default v5e
 CHIPS = (("sparsecore", "7x"), ("megacore", "v5p"), ("core_map", "v5p"), ("distributed", "v5e:4"),
          ("async", "v5e:4"), ("collective", "v5e:4"), ("", "v5e"))
-NEEDS_COMPILER = re.compile(r"needs a real compiler|Mosaic MLIR|compile-only", re.I)
+# palace's own refusals of compiler-only queries, and tests that read the compiled program's text (the
+# HLO or StableHLO of a TPU compile: memory-space colours, Mosaic custom calls, mesh axes), which an
+# engine running the kernel on the host cannot give
+NEEDS_COMPILER = re.compile(r"needs a real compiler|Mosaic MLIR|compile-only|not found in '(HloModule|module @)",
+                            re.I)
 
 
 def chip_for(stem: str) -> str:
   return next(chip for key, chip in CHIPS if key in stem)
 
 
+_WRAPPED = ("Error when calling buffer callback", "CpuCallback error calling callback",
+            "JaxStackTraceBeforeTransformation")
+_EXC_LINE = re.compile(r"^(E\s+)?([\w.]+(Error|Exception|Exit)): ")
+
+
 def _first_line(text: str) -> str:
-  for line in (text or "").splitlines():
+  """The failure's first error line; for an error XLA wrapped around palace's callback (or JAX around a
+  lowering), the innermost exception's line instead, which names the cause."""
+  lines = (text or "").splitlines()
+  if any(w in (text or "") for w in _WRAPPED):
+    inner = [ln.strip() for ln in lines if _EXC_LINE.match(ln.strip()) and
+             not any(w in ln for w in _WRAPPED)]
+    if inner:
+      lines = [re.sub(r"^E\s+", "", inner[-1])]
+  for line in lines:
     line = line.strip()
     if line and not line.startswith(("Traceback", "File ", "self =", "def ", "@")):
       line = re.sub(r" ?\(kernel line [^()]*(\([^()]*\))?[^()]*\)", "", line)
