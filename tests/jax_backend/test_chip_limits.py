@@ -50,7 +50,7 @@ REJECTIONS = {
     "int16_rem_op": (_NO_OP, "no 16-bit integer rem"), "int16_max_op": (_NO_OP, "no 16-bit integer maximum"),
     "int16_shift_op": (_NO_OP, "no 16-bit integer right_shift"),
     "f64_add": (_NO_OP, ""),
-    "sort_last_axis": (_NO_OP, "'sort'"),
+    "sort_last_axis": (_NO_OP, "no sort on a TensorCore"),
     "cumsum_last_axis": (_NO_OP, "no cumulative sum on a TensorCore"),
     "gather_rows_take": (_NO_OP, "Only take_along_axis-like gathers supported"),
     "dimsem_length_mismatch": ("UsageError", "dimension_semantics has 2 entries"),

@@ -525,3 +525,40 @@ def _gather(eqn, x, indices):
         f"gathers supported'). Fix: gather rows with DMAs from a ref (pltpu.make_async_copy of "
         f"x_ref.at[i]), or use jnp.take_along_axis with indices of the value's shape.")
   return pjnp.take_along_axis(x, pjnp.reshape(indices, tuple(out.shape)), int(dn.collapsed_slice_dims[0]))
+
+
+# ------------------------------------------------------------------ SparseCore vector ops (plsc)
+def _sc():
+  from palace._src.lang import sc_primitives  # noqa: PLC0415  (SparseCore ops: only SC kernels reach here)
+  return sc_primitives
+
+
+@rule("masked_sort", schedule=DATA)
+def _masked_sort(eqn, keys, values, *mask):
+  """plsc.sort_key_val (jax/_src/pallas/mosaic/sc_primitives.py masked_sort_p): keys and values sorted
+  by key, masked-off entries last; with a mask, the sorted mask too."""
+  out = _sc().sort_key_val(keys, values, mask=mask[0] if mask else None,
+                           descending=bool(eqn.params["descending"]))
+  return list(out)
+
+
+@rule("sort", schedule=DATA)
+def _sort(eqn, keys, *values):
+  """lax.sort: by one key on a SparseCore vector subcore (Mosaic's one sort lowering); refused on a
+  TensorCore, as Mosaic refuses it (palace's sc_primitives.sort)."""
+  if int(eqn.params["num_keys"]) != 1:
+    raise UnsupportedError(f"palace.jax: lax.sort with num_keys={eqn.params['num_keys']} at "
+                           f"{source_line(eqn)}: Mosaic sorts by one key only. Fix: sort by one key.")
+  return _sc().sort(keys, *values)
+
+
+@rule("masked_cumsum", schedule=DATA)
+def _masked_cumsum(eqn, x, mask):
+  """plsc.cumsum(x, mask=): the running sum of the unmasked lanes."""
+  return _sc().cumsum(x, mask=mask)
+
+
+@rule("masked_cummax", schedule=DATA)
+def _masked_cummax(eqn, x, mask):
+  """plsc.cummax(x, mask=): the running maximum of the unmasked lanes."""
+  return _sc().cummax(x, mask=mask)

@@ -126,6 +126,11 @@ def cumsum(a, axis=None, dtype=None):
         f"for tc: cumsum'). Fix: build the prefix sum from adds of shifted copies (pltpu.roll with a "
         f"mask, log2(n) steps), a matmul with a triangular ones matrix, or a pl.loop over rows; "
         f"SparseCore kernels have plsc.cumsum.")
+  if ex is not None and ex.sparsecore is not None and isinstance(a, Array) and len(a.shape) != 1:
+    raise UnsupportedError(
+        f"jnp.cumsum {ex.where()} ({user_frame_summary()}): x of shape {a.shape} must be rank 1 on a "
+        f"SparseCore (Mosaic's SparseCore lowering: 'cumsum: x must be rank 1'). Fix: cumsum each row "
+        f"as its own rank-1 vector.")
   if axis is None:
     a = ravel(a)
     axis = 0

@@ -175,12 +175,15 @@ def cumsum(x, *, mask=None):
 
 
 def cummax(x, *, mask=None):
+  """Running maximum over the lanes; with a mask, of the unmasked lanes so far (a lane before the
+  first unmasked one keeps its own value, as JAX's masked_cummax test defines it)."""
   v = _vals(x)
   m = _mask(mask, v.shape[0])
-  if m is not None:
-    low = np.finfo(v.dtype).min if v.dtype.kind == "f" else np.iinfo(v.dtype).min
-    v = np.where(m, v, low)
-  return _vector_result(x, np.maximum.accumulate(v), op=OpClass.REDUCE_LANE)
+  if m is None:
+    return _vector_result(x, np.maximum.accumulate(v), op=OpClass.REDUCE_LANE)
+  low = np.finfo(v.dtype).min if v.dtype.kind == "f" else np.iinfo(v.dtype).min
+  run = np.maximum.accumulate(np.where(m, v, low))
+  return _vector_result(x, np.where(np.cumsum(m) > 0, run, v).astype(v.dtype), op=OpClass.REDUCE_LANE)
 
 
 def sort_key_val(keys, values, *, mask=None, descending=False):
@@ -188,8 +191,8 @@ def sort_key_val(keys, values, *, mask=None, descending=False):
   k, v = _vals(keys), _vals(values)
   m = _mask(mask, k.shape[0])
   order_keys = -k.astype(np.float64) if descending else k.astype(np.float64)
-  if m is not None:
-    order = np.lexsort((order_keys, ~m))
+  if m is not None:   # masked-off entries go last, in their original order (JAX's sort_key_val test)
+    order = np.lexsort((np.where(m, order_keys, 0.0), ~m))
   else:
     order = np.argsort(order_keys, kind="stable")
   ks = _vector_result(keys, k[order], op=OpClass.XLU)
@@ -197,6 +200,28 @@ def sort_key_val(keys, values, *, mask=None, descending=False):
   if m is None:
     return ks, vs
   return ks, vs, _vector_result(keys, m[order], dtype=dt.bool_)
+
+
+def sort(keys, *values):
+  """lax.sort by one key on a SparseCore vector subcore (Mosaic's one sort lowering: rank 1, stable):
+  [sorted keys, each value sorted by the keys]. A TensorCore has none (measured on a TPU v5e:
+  'Unimplemented primitive in Pallas TPU lowering for tc: sort')."""
+  ex = executor.maybe_current()
+  if ex is not None and ex.sparsecore is None:
+    raise UnsupportedError(
+        f"lax.sort {ex.where()}: the TPU compiler has no sort on a TensorCore (Mosaic, measured on a TPU "
+        f"v5e: 'Unimplemented primitive in Pallas TPU lowering for tc: sort'). Fix: sort on a "
+        f"SparseCore vector subcore (plsc.sort_key_val), or outside the kernel.")
+  if len(getattr(keys, "shape", ())) != 1:
+    raise UnsupportedError(f"lax.sort: keys of shape {getattr(keys, 'shape', ())} must be rank 1 on a "
+                           f"SparseCore (Mosaic's SparseCore sort). Fix: sort rank-1 vectors.")
+  if not values:
+    return [sort_key_val(keys, keys)[0]]
+  out = [None]
+  for v in values:
+    out[0], sv = sort_key_val(keys, v)
+    out.append(sv)
+  return out
 
 
 def all_reduce_population_count(x, *, reduce: int = 1):
