@@ -77,24 +77,31 @@ def main(argv=None) -> int:
   ap.add_argument("--out", help="write the fingerprint to this JSON file")
   ap.add_argument("--compare", help="compare with a fingerprint written before; exit 1 on a difference")
   args = ap.parse_args(argv)
-  fp = collect()
+  return write_or_compare(collect(), args.out, args.compare)
+
+
+def write_or_compare(fp: dict, out: str | None, compare: str | None) -> int:
+  """Write fingerprint `fp` ({source: [launch records]}) to `out` and/or compare it with the one in
+  `compare`, printing every differing field; 1 on a difference (also benchmarks.jax_fingerprint's)."""
   n = sum(len(v) for v in fp.values())
-  if args.out:
-    pathlib.Path(args.out).write_text(json.dumps(fp, indent=1, sort_keys=True))
-    print(f"{n} launches from {len(fp)} sources written to {args.out}")
-  if args.compare:
-    old = json.loads(pathlib.Path(args.compare).read_text())
+  if out:
+    pathlib.Path(out).write_text(json.dumps(fp, indent=1, sort_keys=True))
+    print(f"{n} launches from {len(fp)} sources written to {out}")
+  if compare:
+    old = json.loads(pathlib.Path(compare).read_text())
     bad = [k for k in sorted(set(old) | set(fp)) if old.get(k) != fp.get(k)]
     for k in bad:
       print(f"DIFFERS: {k}")
-      for a, b in zip(old.get(k, []), fp.get(k, [])):
+      a_list, b_list = old.get(k, []), fp.get(k, [])
+      if len(a_list) != len(b_list):
+        print(f"  {len(a_list)} launches -> {len(b_list)}")
+      for a, b in zip(a_list, b_list):
         for field in a:
           if a[field] != b.get(field):
             print(f"  {a['kernel']}: {field}: {a[field]} -> {b.get(field)}")
     print(f"{n} launches from {len(fp)} sources: {'identical' if not bad else f'{len(bad)} sources differ'}")
     return 1 if bad else 0
   return 0
-
 
 if __name__ == "__main__":
   sys.exit(main())

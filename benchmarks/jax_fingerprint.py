@@ -102,26 +102,8 @@ def main(argv=None) -> int:
       recs = tutorial(args.one, args.api_fixes)
     print(json.dumps(recs))
     return 0
-  fp = {**parity(), **tutorials()}
-  n = sum(len(v) for v in fp.values())
-  if args.out:
-    pathlib.Path(args.out).write_text(json.dumps(fp, indent=1, sort_keys=True))
-    print(f"{n} launches from {len(fp)} sources written to {args.out}")
-  if args.compare:
-    old = json.loads(pathlib.Path(args.compare).read_text())
-    bad = [k for k in sorted(set(old) | set(fp)) if old.get(k) != fp.get(k)]
-    for k in bad:
-      print(f"DIFFERS: {k}")
-      a_list, b_list = old.get(k, []), fp.get(k, [])
-      if len(a_list) != len(b_list):
-        print(f"  {len(a_list)} launches -> {len(b_list)}")
-      for a, b in zip(a_list, b_list):
-        for field in a:
-          if a[field] != b.get(field):
-            print(f"  {a['kernel']}: {field}: {a[field]} -> {b.get(field)}")
-    print(f"{n} launches from {len(fp)} sources: {'identical' if not bad else f'{len(bad)} sources differ'}")
-    return 1 if bad else 0
-  return 0
+  from benchmarks.fingerprint import write_or_compare
+  return write_or_compare({**parity(), **tutorials()}, args.out, args.compare)
 
 
 if __name__ == "__main__":
