@@ -20,7 +20,8 @@ import sys
 DEVICE_KINDS = {"v4": "TPU v4", "v5e": "TPU v5 lite", "v5p": "TPU v5", "v6e": "TPU v6 lite",
                 "7x": "TPU7x"}
 
-_INSIDE = ("jax.", "jaxlib.", "palace.", "jax", "jaxlib")
+_INSIDE = ("jax", "jaxlib", "palace")   # packages (a module named `jax_triton` or `jaxtyping` is outside)
+_INSIDE_PREFIXES = tuple(p + "." for p in _INSIDE)
 # JAX modules that ask on the program's behalf: a test suite's device selection helpers, and the TPU
 # hardware queries behind pltpu.get_tpu_info / is_tpu_device (JAX's own table of the chip)
 _OUTSIDE_OF_JAX = ("jax._src.test_util", "jax.test_util", "jax._src.tpu_info")
@@ -32,7 +33,7 @@ def _outside(depth: int = 2) -> bool:
   name = sys._getframe(depth).f_globals.get("__name__", "") or ""
   if name.startswith(_OUTSIDE_OF_JAX):
     return True
-  return not (name in _INSIDE or name.startswith(_INSIDE))
+  return not (name in _INSIDE or name.startswith(_INSIDE_PREFIXES))
 
 
 def _view(attr: str, virtual, original):

@@ -13,6 +13,7 @@ from palace._src.jax import scalar_blocks as sb
 from palace._src.jax.interpret import shape_of, source_line, unsupported
 from palace._src.jax.registry import DATA, Deciding, literal, rule
 from palace._src.lang import lax_ops, mxu, numpy_linalg, tpu_primitives
+from palace._src.lang import sc_primitives as sc
 from palace._src.errors import UnsupportedError
 from palace._src.lang.array import Array
 from palace._src.lang.numpy_dtypes import astype_on_scalars
@@ -528,16 +529,11 @@ def _gather(eqn, x, indices):
 
 
 # ------------------------------------------------------------------ SparseCore vector ops (plsc)
-def _sc():
-  from palace._src.lang import sc_primitives  # noqa: PLC0415  (SparseCore ops: only SC kernels reach here)
-  return sc_primitives
-
-
 @rule("masked_sort", schedule=DATA)
 def _masked_sort(eqn, keys, values, *mask):
   """plsc.sort_key_val (jax/_src/pallas/mosaic/sc_primitives.py masked_sort_p): keys and values sorted
   by key, masked-off entries last; with a mask, the sorted mask too."""
-  out = _sc().sort_key_val(keys, values, mask=mask[0] if mask else None,
+  out = sc.sort_key_val(keys, values, mask=mask[0] if mask else None,
                            descending=bool(eqn.params["descending"]))
   return list(out)
 
@@ -549,16 +545,16 @@ def _sort(eqn, keys, *values):
   if int(eqn.params["num_keys"]) != 1:
     raise UnsupportedError(f"palace.jax: lax.sort with num_keys={eqn.params['num_keys']} at "
                            f"{source_line(eqn)}: Mosaic sorts by one key only. Fix: sort by one key.")
-  return _sc().sort(keys, *values)
+  return sc.sort(keys, *values)
 
 
 @rule("masked_cumsum", schedule=DATA)
 def _masked_cumsum(eqn, x, mask):
   """plsc.cumsum(x, mask=): the running sum of the unmasked lanes."""
-  return _sc().cumsum(x, mask=mask)
+  return sc.cumsum(x, mask=mask)
 
 
 @rule("masked_cummax", schedule=DATA)
 def _masked_cummax(eqn, x, mask):
   """plsc.cummax(x, mask=): the running maximum of the unmasked lanes."""
-  return _sc().cummax(x, mask=mask)
+  return sc.cummax(x, mask=mask)

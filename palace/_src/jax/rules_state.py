@@ -17,6 +17,7 @@ from palace._src.jax.interpret import grid_axes, result_unused, source_line, uns
 from palace._src.jax.registry import DATA, Deciding, Never, Operands, literal, rule
 from palace._src.lang import context, lax_ops
 from palace._src.lang import primitives as prims
+from palace._src.lang import sc_primitives as sc
 from palace._src.lang.refs import bounds_checks
 from palace._src.lang import tpu_primitives as tpu
 from palace._src.lang.array import Array, concrete_int
@@ -343,7 +344,6 @@ def _sc_swap(eqn):
   """jax/_src/pallas/mosaic/sc_primitives.py `swap_p` (ref, value, *transforms[, mask]): a store
   (`add`: an atomic add, plsc.addupdate), masked, or (`compress`) of the masked lanes packed to the
   front of the ref (plsc.store_compressed / addupdate_compressed). Its result is the value."""
-  from palace._src.lang import sc_primitives as sc  # noqa: PLC0415
   p = eqn.params
   has_mask, add, compress = bool(p["has_mask"]), bool(p["add"]), bool(p["compress"])
   stop = -1 if has_mask else None

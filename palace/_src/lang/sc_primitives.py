@@ -17,6 +17,7 @@ from palace._src.lang.array import Array, concrete_int, concrete_value, ready_of
 from palace._src.lang.primitives import loop
 from palace._src.lang.refs import Ref
 from palace._src.lang.tpu_primitives import bitcast as _tpu_bitcast
+from palace._src.util import user_frame_summary
 
 
 def _vals(x):
@@ -209,12 +210,13 @@ def sort(keys, *values):
   ex = executor.maybe_current()
   if ex is not None and ex.sparsecore is None:
     raise UnsupportedError(
-        f"lax.sort {ex.where()}: the TPU compiler has no sort on a TensorCore (Mosaic, measured on a TPU "
+        f"lax.sort {ex.where()} ({user_frame_summary()}): the TPU compiler has no sort on a TensorCore (Mosaic, measured on a TPU "
         f"v5e: 'Unimplemented primitive in Pallas TPU lowering for tc: sort'). Fix: sort on a "
         f"SparseCore vector subcore (plsc.sort_key_val), or outside the kernel.")
   if len(getattr(keys, "shape", ())) != 1:
-    raise UnsupportedError(f"lax.sort: keys of shape {getattr(keys, 'shape', ())} must be rank 1 on a "
-                           f"SparseCore (Mosaic's SparseCore sort). Fix: sort rank-1 vectors.")
+    where = "" if ex is None else f" {ex.where()} ({user_frame_summary()})"
+    raise UnsupportedError(f"lax.sort{where}: keys of shape {getattr(keys, 'shape', ())} must be rank 1 on "
+                           f"a SparseCore (Mosaic's SparseCore sort). Fix: sort rank-1 vectors.")
   if not values:
     return [sort_key_val(keys, keys)[0]]
   out = [None]
