@@ -20,6 +20,6 @@ def test_a_semaphore_carried_out_of_a_launch_is_refused_by_name():
       start, in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
       out_specs=(pl.BlockSpec(memory_space=pl.ANY), pl.BlockSpec(memory_space=pltpu.SEMAPHORE)),
       out_shape=(jax.ShapeDtypeStruct((8, 128), jnp.float32), pltpu.SemaphoreType.DMA(())))
-  with pj.virtual_tpu("v5e"), pytest.raises(Exception, match=r"pallas_call result 1 is a semaphore "
+  with pj.virtual_tpu("v5e"), pytest.raises(Exception, match=r"pallas_call .start. result 1 is a semaphore "
                                             r"\(dma_sem\).*not covered.*start and wait the copy"):
     jax.jit(call)(jnp.ones((8, 128), jnp.float32))

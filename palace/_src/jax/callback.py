@@ -288,11 +288,7 @@ def _check_fully_manual(params, kind, axis_ctx, manual) -> None:
   if manual | frozenset(getattr(mesh, "manual_axes", ()) or ()) == frozenset(mesh.axis_names):
     return
   auto = [a for a in axes if a not in set(map(str, manual))]
-  if kind == "pallas_call":
-    name = launch.kernel_name(params)
-  else:
-    dbg = getattr(params["jaxprs"][0], "debug_info", None)
-    name = str(params.get("name") or getattr(dbg, "func_name", None) or "kernel")
+  name = launch.kernel_name(params)
   raise UnsupportedError(
       f"palace.jax: {'pallas_call' if kind == 'pallas_call' else 'pl.kernel'} '{name}' inside a "
       f"jax.shard_map over only some mesh axes (manual {sorted(map(str, manual))}, automatic {auto} "
@@ -348,16 +344,16 @@ def _lower_pod_launch(ctx, in_nodes, engine, params, axis_ctx, manual, kind):
   return _emit_callback(ctx.replace(avals_in=(chip_aval, *ctx.avals_in)), host, (pid, *in_nodes))
 
 
-def _check_semaphore_operands(ctx, kind: str) -> None:
+def _check_semaphore_operands(ctx, kind: str, name: str) -> None:
   """A semaphore as a launch's operand or result (a DMA started in one pallas_call and waited in
   another, JAX's tpu_pallas_async_test pattern) is refused by name: palace's copies and semaphores live
   within one launch, and XLA:CPU has no buffer for a semaphore value."""
   for where, avals in (("operand", ctx.avals_in), ("result", ctx.avals_out)):
     for i, a in enumerate(avals):
-      name = str(getattr(a, "dtype", ""))
-      if "sem" in name:
+      dtype = str(getattr(a, "dtype", ""))
+      if "sem" in dtype:
         raise UnsupportedError(
-            f"palace.jax: {kind} {where} {i} is a semaphore ({name}): a DMA or semaphore carried from one "
+            f"palace.jax: {kind} '{name}' {where} {i} is a semaphore ({dtype}): a DMA or semaphore carried from one "
             f"launch to another (an async copy started in one pallas_call and waited in a later one) is "
             f"not covered; palace's copies and semaphores live within one launch. Fix: start and wait "
             f"the copy in the same kernel.")
@@ -376,7 +372,7 @@ def lower_on_palace(ctx, in_nodes, engine, params, kind: str = "pallas_call"):
   if any(not isinstance(a, jax_core.ShapedArray) for a in ctx.avals_in):
     raise UnsupportedError(f"palace.jax: a {kind} operand that is not an array (a closed-over ref "
                            f"or a hi-type) is not supported yet. Fix: pass the value as an array operand.")
-  _check_semaphore_operands(ctx, kind)
+  _check_semaphore_operands(ctx, kind, launch.kernel_name(params))
   _check_covered(params, kind)
   check_device_ids(_kernel_jaxprs(params, kind), ())
   # one palace launch and plan per lowering (and grid), reused by every call

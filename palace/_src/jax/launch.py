@@ -30,10 +30,12 @@ from palace._src.util import tree_flatten
 
 
 def kernel_name(params) -> str:
+  """The kernel's name: a pallas_call's `name`, else its (or an mpmd_map's first) kernel function's."""
   name = params.get("name")
   if name:
     return str(name)
-  dbg = getattr(params["jaxpr"], "debug_info", None)
+  jaxpr = params["jaxpr"] if "jaxpr" in params else params["jaxprs"][0]
+  dbg = getattr(jaxpr, "debug_info", None)
   return str(getattr(dbg, "func_name", None) or "kernel")
 
 
