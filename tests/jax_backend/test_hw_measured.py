@@ -1,8 +1,8 @@
 """The timing model against the kernels measured on a real TPU v5e (benchmarks/hw, recorded data).
 
 Every case of benchmarks/hw/cases.py is built as it was on the chip, modelled by palace.jax on `v5e`
-(timing only) and compared with its recorded device time (benchmarks/hw/data/v5e-timing-*.jsonl: three
-runs on 2026-12-05, JAX 0.10.2, run-to-run spread 0.2% median). No TPU is used: the data is recorded.
+(timing only) and compared with its recorded device time (benchmarks/hw/data/v5e-timing-*.jsonl: runs
+on 2026-12-05 and 2026-12-06, JAX 0.10.2, run-to-run spread 0.2% median). No TPU is used: the data is recorded.
 
 BOUNDS holds, per family, the median and worst |error| the model reaches today (rounded up to a whole
 percent): a change that makes a family worse fails here. Families within issue 36's target (median
@@ -31,6 +31,7 @@ BOUNDS = {
     "gmm": (0.08, 0.16), "paged_attention": (0.42, 0.54), "op_chain": (0.30, 1.21),
     "dma_probe": (0.09, 0.40), "dma_sync": (0.04, 0.17), "op_overlap": (0.41, 0.57),
     "step_sweep": (0.04, 0.31), "step_loop": (0.05, 0.28), "step_mix": (0.08, 0.22),
+    "dma_curve": (0.08, 0.42),
     # measured after 655fb6c's predictions were recorded (v5e-holdout-predictions-*.json); the model
     # changed after that (the DMA-wait sync rule), so these are no longer blind predictions
     "holdout": (0.04, 0.57),
@@ -71,4 +72,4 @@ def test_the_recorded_data_names_its_chip_and_jax():
   assert len(envs) >= 6
   for env in envs:
     assert env["device_kind"] == "TPU v5 lite" and env["jax_version"] == "0.10.2"
-    assert env["date"] == "2026-12-05" and env["platform"] == "tpu"
+    assert env["date"] in ("2026-12-05", "2026-12-06") and env["platform"] == "tpu"

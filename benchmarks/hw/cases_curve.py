@@ -1,0 +1,123 @@
+"""DMA rate against copy size and copies in flight (session 20's chip run): the `dma_curve` family.
+
+Sessions 18-19 left pipelines whose steps move two copies of 16-128 KiB (a copy's read and write, or
+two inputs) 15-30% slower on the chip than modelled, while one copy a step, and copies of 256 KiB and
+more, are right; bursts of 16-64 KiB page copies run at about 600 GB/s where large streams read at
+748. These cases measure the curve the next rule needs, with no vector work: an 8 MiB f32 array read
+(HBM->VMEM) or written (VMEM->HBM) in copies of 16-512 KiB, `ahead` = 0 (each copy started and waited
+before the next), 1 or 3 copies in flight (a ring: start copy i + ahead, wait copy i); each read split
+into 2 or 4 copies started together; and a write followed at once by a read (and the reverse), both
+waited, to see whether a read waits for an earlier write. Same conventions as `cases.py` (public
+Pallas API of JAX 0.10.2 and 0.12; nothing here imports palace).
+"""
+from __future__ import annotations
+
+from benchmarks.hw.cases import MiB, Case, _jax, _rand
+
+_TOTAL = 8 * MiB
+_LANES = 128
+_ROW_BYTES = 4 * _LANES
+
+
+def _ring(kib, ahead, write=False, split=1):
+  """`_TOTAL` bytes read (or written) in copies of `kib` KiB, `ahead` copies in flight; `split` > 1:
+  each copy is `split` copies of `kib / split` KiB on one semaphore, started together and waited
+  together (a step's inputs)."""
+  def build():
+    jax, jnp, pl, pltpu = _jax()
+    rows = kib * 1024 // _ROW_BYTES
+    n = _TOTAL // (kib * 1024)
+    slots = ahead + 1
+    part = rows // split
+
+    def kernel(x_hbm, o_hbm, buf, sem):
+      if write:
+        buf[...] = jnp.zeros_like(buf)
+
+      def copies(i):
+        j = i % slots
+        out = []
+        for p in range(split):
+          vm = buf.at[j, pl.ds(p * part, part)]
+          hb = (o_hbm if write else x_hbm).at[pl.ds(i * rows + p * part, part)]
+          src, dst = (vm, hb) if write else (hb, vm)
+          out.append(pltpu.make_async_copy(src, dst, sem.at[j]))
+        return out
+
+      for i in range(ahead):
+        for cp in copies(i):
+          cp.start()
+
+      def body(i, c):
+        @pl.when(i + ahead < n)
+        def _():
+          for cp in copies(i + ahead):
+            cp.start()
+        for cp in copies(i):
+          cp.wait()
+        return c
+
+      jax.lax.fori_loop(0, n, body, 0)
+      if not write:
+        tail = pltpu.make_async_copy(buf.at[0, pl.ds(0, 8)], o_hbm.at[pl.ds(0, 8)], sem.at[0])
+        tail.start()
+        tail.wait()
+
+    out_rows = n * rows if write else 8
+    call = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((out_rows, _LANES), jnp.float32),
+                          in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                          out_specs=pl.BlockSpec(memory_space=pl.ANY),
+                          scratch_shapes=[pltpu.VMEM((slots, rows, _LANES), jnp.float32),
+                                          pltpu.SemaphoreType.DMA((slots,))])
+    return call, (_rand((8 if write else n * rows, _LANES), "float32"),)
+  return build
+
+
+def _pair(first_kib, second_kib, write_first, n=64):
+  """`n` rounds of two copies started back to back and then both waited: a write of `first_kib` then
+  a read of `second_kib` (`write_first`), or a read then a write; each round uses new HBM rows."""
+  def build():
+    jax, jnp, pl, pltpu = _jax()
+    w_kib, r_kib = (first_kib, second_kib) if write_first else (second_kib, first_kib)
+    wr, rr = w_kib * 1024 // _ROW_BYTES, r_kib * 1024 // _ROW_BYTES
+
+    def kernel(x_hbm, o_hbm, wbuf, rbuf, sem):
+      wbuf[...] = jnp.zeros_like(wbuf)
+
+      def body(i, c):
+        w = pltpu.make_async_copy(wbuf, o_hbm.at[pl.ds(i * wr, wr)], sem.at[0])
+        r = pltpu.make_async_copy(x_hbm.at[pl.ds(i * rr, rr)], rbuf, sem.at[1])
+        first, second = (w, r) if write_first else (r, w)
+        first.start()
+        second.start()
+        first.wait()
+        second.wait()
+        return c
+
+      jax.lax.fori_loop(0, n, body, 0)
+
+    call = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((n * wr, _LANES), jnp.float32),
+                          in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                          out_specs=pl.BlockSpec(memory_space=pl.ANY),
+                          scratch_shapes=[pltpu.VMEM((wr, _LANES), jnp.float32),
+                                          pltpu.VMEM((rr, _LANES), jnp.float32),
+                                          pltpu.SemaphoreType.DMA((2,))])
+    return call, (_rand((n * rr, _LANES), "float32"),)
+  return build
+
+
+def curve_cases() -> list[Case]:
+  F = "dma_curve"
+  out = []
+  for kib in (16, 32, 64, 128, 256, 512):
+    for ahead in (0, 1, 3):
+      out.append(Case(f"curve_read_{kib}KiB_ahead{ahead}", F, _ring(kib, ahead)))
+    for ahead in (0, 1):
+      out.append(Case(f"curve_write_{kib}KiB_ahead{ahead}", F, _ring(kib, ahead, write=True)))
+  for kib in (64, 128, 256):
+    for split in (2, 4):
+      out.append(Case(f"curve_read_{kib}KiB_split{split}_ahead1", F, _ring(kib, 1, split=split)))
+  for w, r in ((16, 64), (64, 16), (64, 64), (128, 128), (16, 16)):
+    out.append(Case(f"curve_pair_w{w}_then_r{r}", F, _pair(w, r, True)))
+    out.append(Case(f"curve_pair_r{r}_then_w{w}", F, _pair(r, w, False)))
+  return out
