@@ -793,9 +793,9 @@ def _sync_cases():
 
 
 def _step_cases() -> list[Case]:
-  from benchmarks.hw.cases_curve import curve_cases  # noqa: PLC0415  (imports this)
+  from benchmarks.hw.cases_curve import curve_cases, order_cases  # noqa: PLC0415  (imports this)
   from benchmarks.hw.cases_steps import loop_cases, mix_cases, step_cases  # noqa: PLC0415  (imports this)
-  return step_cases() + loop_cases() + mix_cases() + curve_cases()
+  return step_cases() + loop_cases() + mix_cases() + curve_cases() + order_cases()
 
 
 def all_cases() -> list[Case]:

@@ -73,7 +73,7 @@ def _ring(kib, ahead, write=False, split=1):
   return build
 
 
-def _pair(first_kib, second_kib, write_first, n=64):
+def _pair(first_kib, second_kib, write_first, n=64, delay_ns=0):
   """`n` rounds of two copies started back to back and then both waited: a write of `first_kib` then
   a read of `second_kib` (`write_first`), or a read then a write; each round uses new HBM rows."""
   def build():
@@ -89,6 +89,8 @@ def _pair(first_kib, second_kib, write_first, n=64):
         r = pltpu.make_async_copy(x_hbm.at[pl.ds(i * rr, rr)], rbuf, sem.at[1])
         first, second = (w, r) if write_first else (r, w)
         first.start()
+        if delay_ns:
+          pl.delay(delay_ns)
         second.start()
         first.wait()
         second.wait()
@@ -104,6 +106,87 @@ def _pair(first_kib, second_kib, write_first, n=64):
                                           pltpu.SemaphoreType.DMA((2,))])
     return call, (_rand((n * rr, _LANES), "float32"),)
   return build
+
+
+def _pair_delay(first_kib, second_kib, write_first, delay_ns, n=64):
+  """As `_pair` with `pl.delay(delay_ns)` between the two starts: how long a write's (or read's)
+  effect on the other copy lasts."""
+  return _pair(first_kib, second_kib, write_first, n, delay_ns)
+
+
+def _overtake(big_kib, big_write, small_kib=16, delay_ns=500, n=32):
+  """`n` rounds of: start a big copy (a read, or a write with `big_write`), start a 16 KiB read, wait
+  the small read, `pl.delay(delay_ns)`, wait the big copy. If the small read lands before the big copy
+  is through (no FIFO between them), the delay hides under the big copy's transfer; if it queues behind
+  it, the delay adds to every round."""
+  def build():
+    jax, jnp, pl, pltpu = _jax()
+    br, sr = big_kib * 1024 // _ROW_BYTES, small_kib * 1024 // _ROW_BYTES
+
+    def kernel(x_hbm, o_hbm, bbuf, sbuf, sem):
+      bbuf[...] = jnp.zeros_like(bbuf)
+
+      def body(i, c):
+        if big_write:
+          big = pltpu.make_async_copy(bbuf, o_hbm.at[pl.ds(i * br, br)], sem.at[0])
+        else:
+          big = pltpu.make_async_copy(x_hbm.at[pl.ds(i * br, br)], bbuf, sem.at[0])
+        small = pltpu.make_async_copy(x_hbm.at[pl.ds((n + i) * br, sr)], sbuf, sem.at[1])
+        big.start()
+        small.start()
+        small.wait()
+        if delay_ns:
+          pl.delay(delay_ns)
+        big.wait()
+        return c
+
+      jax.lax.fori_loop(0, n, body, 0)
+
+    call = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((n * br, _LANES), jnp.float32),
+                          in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                          out_specs=pl.BlockSpec(memory_space=pl.ANY),
+                          scratch_shapes=[pltpu.VMEM((br, _LANES), jnp.float32),
+                                          pltpu.VMEM((sr, _LANES), jnp.float32),
+                                          pltpu.SemaphoreType.DMA((2,))])
+    return call, (_rand((2 * n * br, _LANES), "float32"),)
+  return build
+
+
+def _delay_loop(delay_ns, n=64):
+  """`n` iterations of `pl.delay(delay_ns)` alone (what a delay costs on the chip)."""
+  def build():
+    jax, jnp, pl, pltpu = _jax()
+
+    def kernel(x_ref, o_ref):
+      def body(i, c):
+        pl.delay(delay_ns)
+        return c
+      jax.lax.fori_loop(0, n, body, 0)
+      o_ref[...] = x_ref[...]
+
+    call = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, _LANES), jnp.float32))
+    return call, (_rand((8, _LANES), "float32"),)
+  return build
+
+
+def order_cases() -> list[Case]:
+  """Session 20's second run (`dma_order`): when a copy's latency and its transfer happen, and what
+  lasts of a write's effect on a read."""
+  F = "dma_order"
+  out = [Case(f"order_delay_{d}ns_x64", F, _delay_loop(d)) for d in (100, 500)]
+  for d in (50, 100, 200, 400, 800):
+    out.append(Case(f"order_pair_w64_delay{d}ns_r64", F, _pair_delay(64, 64, True, d)))
+    out.append(Case(f"order_pair_r64_delay{d}ns_w64", F, _pair_delay(64, 64, False, d)))
+  for r in (16, 32, 64, 128, 256):
+    for w in (32, 256):
+      out.append(Case(f"order_pair_w{w}_then_r{r}", F, _pair(w, r, True)))
+  for r in (32, 256):
+    out.append(Case(f"order_pair_w64_then_r{r}", F, _pair(64, r, True)))
+  for big in (128, 512):
+    for d in (0, 500):
+      out.append(Case(f"order_overtake_read{big}_delay{d}ns", F, _overtake(big, False, delay_ns=d)))
+      out.append(Case(f"order_overtake_write{big}_delay{d}ns", F, _overtake(big, True, delay_ns=d)))
+  return out
 
 
 def curve_cases() -> list[Case]:
