@@ -21,6 +21,7 @@ from palace._src.lang import sc_primitives as sc
 from palace._src.lang.refs import bounds_checks
 from palace._src.lang import tpu_primitives as tpu
 from palace._src.lang.array import Array, concrete_int
+from palace._src.lang.indexed import Indices
 from palace._src.lang.refs import Ref, ds
 
 
@@ -98,6 +99,9 @@ def _index_entry(eqn, i):
     return (_STATIC, ds(i.start, int(i.size), int(i.stride)), 0, 0)
   if isinstance(i, types.TransformedRef):   # an index ref (SparseCore gather / scatter DMAs)
     return (_GENERAL, _ref_operand(eqn, i), 0, 0)
+  if type(i).__name__ == "Indices" and hasattr(i, "ignored_value"):   # plsc.Indices(values, ignored_value)
+    values, ignored = _index_entry(eqn, i.values), i.ignored_value
+    return (_GENERAL, lambda flat: Indices(_index((values,), flat)[0], ignored), 0, 0)
   if type(i) is _Leaf:
     return (_DYNAMIC, i.k, 0, 0)
   return (_STATIC, i, 0, 0)

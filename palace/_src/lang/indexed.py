@@ -12,7 +12,8 @@ import dataclasses
 import numpy as np
 
 from palace._src import executor
-from palace._src.errors import OutOfBoundsError, UsageError
+from palace._src.core import MemorySpace
+from palace._src.errors import OutOfBoundsError, UnsupportedError, UsageError
 from palace._src.lang.array import Array
 from palace._src.util import prod
 
@@ -42,6 +43,16 @@ class IndexedRef:
     if base.ndim < 1:
       raise UsageError(f"Indexed access of {base.origin()}: the ref needs a major dimension. Fix: "
                      f"reshape the ref to at least rank 1 (.reshape(1, ...)).")
+    src = self.source
+    if len(src.shape) != 1:
+      raise UnsupportedError(f"Indexed access of {base.origin()}: only 1D indices are supported by "
+                             f"scatter/gather DMAs on a SparseCore; the index vector has shape "
+                             f"{tuple(src.shape)} (Mosaic). Fix: index with a 1-D ref or vector.")
+    space = getattr(getattr(src, "buf", None), "memory_space", None)
+    if space is not None and space is not MemorySpace.VMEM:
+      raise UnsupportedError(f"Indexed access of {base.origin()}: the indices of a scatter/gather DMA "
+                             f"must be in VMEM, got {space.name} (Mosaic). Fix: copy the indices into "
+                             f"a VMEM ref first.")
     self.base = base
     # minor-dim slicing is applied to a row view to validate it and get the window per row
     self.rest_view = base.at[(0,) + tuple(rest)] if rest else base.at[0]
@@ -70,6 +81,14 @@ class IndexedRef:
   def origin(self) -> str:
     return f"{self.base.origin()}.at[indices]"
 
+  def _transformed(self, *_, **__):
+    raise UnsupportedError(f"{self.origin()}: the indexed ref of a scatter/gather DMA cannot have any "
+                           f"transforms following the indexer (Mosaic). Fix: apply the slice, reshape "
+                           f"or bitcast to the ref before indexing it with the index vector.")
+
+  at = property(_transformed)
+  reshape = bitcast = _transformed
+
   def rows(self, ex):
     """(absolute row numbers in the buffer, mask of used entries or None)."""
     src = self.source
@@ -81,10 +100,7 @@ class IndexedRef:
       vals = np.zeros(self.n, np.int32)
     vals = np.asarray(vals).reshape(-1).astype(np.int64)
     mask = None if self.ignored is None else vals != self.ignored
-    d0 = self.base.dims[0]
-    if type(d0) is int:
-      raise UsageError(f"Indexed access of {self.base.origin()}: its major dimension is indexed away. "
-                     f"Fix: index the major dimension with the index vector, not an int.")
+    d0 = self.base.dims[self._major()]
     used = vals if mask is None else vals[mask]
     if ex.bounds_checks and used.size and (used.min() < 0 or used.max() >= d0[1]):
       bad = int(used[(used < 0) | (used >= d0[1])][0])
@@ -94,10 +110,19 @@ class IndexedRef:
           f"plsc.Indices(idx, ignored_value=...) to skip entries.")
     return d0[0] + vals * d0[2], mask
 
+  def _major(self) -> int:
+    """The buffer dimension the index vector selects along: the view's first (the base may be a view
+    with leading dimensions indexed away, `x.at[1, 2].at[idx]`)."""
+    return next(k for k, d in enumerate(self.base.dims) if type(d) is not int)
+
   def fancy_index(self, rows, mask):
-    """NumPy index selecting the used rows and the minor window."""
+    """NumPy index selecting the used rows and the minor window (the base view's indexed-away
+    leading dimensions stay integers: with the row vector they are one advanced index, whose rows
+    lead the result)."""
     sel = rows if mask is None else rows[mask]
-    return (sel,) + tuple(self.rest_view._np_index[1:])
+    k = self._major()
+    index = tuple(self.rest_view._np_index)
+    return index[:k] + (sel,) + index[k + 1:]
 
 
 def make_indexed(base, idx):

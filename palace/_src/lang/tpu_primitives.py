@@ -5,7 +5,7 @@ import numpy as np
 
 from palace._src import dtypes as dt
 from palace._src import executor, validate
-from palace._src.core import SemaphoreType
+from palace._src.core import MemorySpace, SemaphoreType
 from palace._src.errors import ShapeError, SyncError, UnsupportedError, UsageError
 from palace._src.executor import DmaRequest, OpClass
 from palace._src.lang import numpy_ops as jnp
@@ -198,10 +198,24 @@ def _mapped_sides(src, dst, remote: bool) -> tuple:
 
 def _indexed_request(ex, req, src, dst) -> None:
   """Resolve the rows of an indexed (gather/scatter) DMA when it is issued (SparseCore)."""
-  if isinstance(src, IndexedRef) and isinstance(dst, IndexedRef):
-    raise UsageError(f"A DMA can index only one side (gather from or scatter to HBM/VMEM_SHARED) "
-                     f"({user_frame_summary()}). Fix: copy in two steps: gather into a VMEM buffer, "
-                     f"then scatter from it.")
+  far = (MemorySpace.HBM, MemorySpace.ANY, MemorySpace.VMEM_SHARED)
+  s_space, d_space = src.buf.memory_space, dst.buf.memory_space
+  if s_space in far and d_space is MemorySpace.VMEM:
+    if isinstance(dst, IndexedRef):
+      raise UsageError(f"A gather DMA into {dst.origin()} ({user_frame_summary()}): only the source ref "
+                       f"can be indexed when gathering from HBM/VMEM_SHARED into VMEM (Mosaic). Fix: "
+                       f"gather into a plain VMEM ref, then scatter from it in a second copy.")
+  elif s_space is MemorySpace.VMEM and d_space in far:
+    if isinstance(src, IndexedRef):
+      raise UsageError(f"A scatter DMA from {src.origin()} ({user_frame_summary()}): only the "
+                       f"destination ref can be indexed when scattering from VMEM into HBM/VMEM_SHARED "
+                       f"(Mosaic). Fix: gather into a plain VMEM ref first.")
+  else:
+    name = {MemorySpace.ANY: "HBM"}
+    raise UnsupportedError(
+        f"Scatter/gather DMA from {name.get(s_space, s_space.name)} to {name.get(d_space, d_space.name)} "
+        f"is not supported ({user_frame_summary()}): a SparseCore indexes HBM or VMEM_SHARED against its "
+        f"VMEM (Mosaic). Fix: gather into, or scatter from, a VMEM ref.")
   side = src if isinstance(src, IndexedRef) else dst
   rows, mask = side.rows(ex)
   fancy = side.fancy_index(rows, mask)
