@@ -238,3 +238,66 @@ def test_scratch_in_vmem_at_a_vector_subcore_mesh():
 
     out = np.asarray(k())
   np.testing.assert_array_equal(out, np.array([6, 6, 6, 6] + [2] * (L - 4)))
+
+
+def test_take_along_axis_0_int8_add_empty_ref_and_opt_level_on_a_subcore():
+  """A SparseCore gathers along any axis (a TensorCore along its two minor dims only) and adds 8-bit
+  integer vectors (the TensorCore's Mosaic refuses to); jax.empty_ref allocates one buffer per
+  equation (a loop reuses it); CompilerParams(opt_level=jax.experimental.mosaic.OptLevel.O3) runs."""
+  x = np.arange(2 * 4 * L, dtype=np.int32).reshape(2, 4, L)
+  idx = np.random.default_rng(5).integers(0, 2, x.shape).astype(np.int32)
+  b = (np.arange(4 * L) % 100).astype(np.int8)
+  with pj.virtual_tpu("7x"):
+    mesh = plsc.VectorSubcoreMesh(core_axis_name="c", subcore_axis_name="s", num_cores=1,
+                                  num_subcores=1)
+
+    @jax.jit
+    def f(x, idx, b):
+      @pl.kernel(out_type=(jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct(b.shape, b.dtype),
+                           jax.ShapeDtypeStruct((L,), jnp.float32)), mesh=mesh,
+                 compiler_params=pltpu.CompilerParams(opt_level=jax.experimental.mosaic.OptLevel.O3),
+                 scratch_types=[pltpu.VMEM(x.shape, x.dtype), pltpu.VMEM(x.shape, jnp.int32),
+                                pltpu.VMEM(b.shape, b.dtype), pltpu.VMEM((L,), jnp.float32)])
+      def k(x_hbm, i_hbm, b_hbm, o_hbm, ob_hbm, e_hbm, xv, iv, bv, ev):
+        pltpu.sync_copy(x_hbm, xv)
+        pltpu.sync_copy(i_hbm, iv)
+        pltpu.sync_copy(b_hbm, bv)
+        xv[...] = jnp.take_along_axis(xv[...], iv[...], axis=0, mode="promise_in_bounds")
+        bv[...] = bv[...] + bv[...]
+        ev[...] = jnp.zeros((L,), jnp.float32)
+
+        @pl.loop(0, 3)
+        def _(i):
+          tmp = jax.empty_ref(jax.ShapeDtypeStruct((L,), jnp.float32), memory_space=pltpu.VMEM)
+          tmp[...] = ev[...] + 1.0
+          ev[...] = tmp[...] * 2.0
+        pltpu.sync_copy(xv, o_hbm)
+        pltpu.sync_copy(bv, ob_hbm)
+        pltpu.sync_copy(ev, e_hbm)
+      return k(x, idx, b)
+
+    o, ob, e = map(np.asarray, f(x, idx, b))
+  np.testing.assert_array_equal(o, np.take_along_axis(x, idx, axis=0))
+  np.testing.assert_array_equal(ob, b + b)   # (wraps, as int8 does)
+  np.testing.assert_array_equal(e, np.full(L, 14.0, np.float32))   # ((0+1)*2+1)*2+1)*2
+
+
+def test_select_ref_picks_the_dma_source_at_run_time():
+  xs = [np.full((8, L), k, np.int32) for k in range(3)]
+  with pj.virtual_tpu("7x"):
+    mesh = plsc.VectorSubcoreMesh(core_axis_name="c", subcore_axis_name="s", num_cores=1,
+                                  num_subcores=1)
+
+    @jax.jit
+    def f(*xs):
+      @pl.kernel(out_type=jax.ShapeDtypeStruct((24, L), jnp.int32), mesh=mesh,
+                 scratch_types=[pltpu.SemaphoreType.DMA((2,))])
+      def k(a, b, c, o, sem):
+        @pl.loop(0, 3)
+        def _(i):
+          pltpu.async_copy(pl.select_ref(2 - i, a, b, c), o.at[pl.ds(8 * i, 8)],
+                           pl.select_ref(i % 2, sem.at[0], sem.at[1])).wait()
+      return k(*xs)
+
+    out = np.asarray(f(*xs))
+  np.testing.assert_array_equal(out, np.concatenate(xs[::-1]))

@@ -174,6 +174,9 @@ def _compiler_params(cp, grid_rank: int = 0, vmapped=()):
     return pcore.CompilerParams(**kw)
   fields = {f.name for f in dataclasses.fields(pcore.CompilerParams)}
   kw = {k: getattr(cp, k) for k in fields if hasattr(cp, k)}
+  level = getattr(kw.get("opt_level"), "value", None)
+  if isinstance(level, str) and level[:1] == "O" and level[1:].isdigit():   # jax.OptLevel.O2: level 2
+    kw["opt_level"] = int(level[1:])
   sem = kw.get("dimension_semantics")
   if sem is not None:
     user = iter(str(getattr(s, "value", s)).lower() if not isinstance(s, str) else s.lower()
