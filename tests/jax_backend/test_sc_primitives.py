@@ -3,6 +3,7 @@ load_gather / store_scatter / addupdate_scatter, load_expanded, parallel_loop, s
 scan_count, pack / unpack, the mask all-reduces, masked cummin, indexed DMAs of a view with its
 leading dimensions indexed away and of plsc.Indices, and scratch in `VMEM @ mesh`."""
 import collections
+import re
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import tpu_sc as plsc
 
+import palace
 import palace.jax as pj
 
 L = 16   # 7x's SparseCore lanes
@@ -301,3 +303,52 @@ def test_select_ref_picks_the_dma_source_at_run_time():
 
     out = np.asarray(f(*xs))
   np.testing.assert_array_equal(out, np.concatenate(xs[::-1]))
+
+
+def _lowering_error(body, **kernel_kw):
+  """The error jax.jit(...).lower raises for a vector-subcore kernel made of `body` (nothing runs)."""
+  with pj.virtual_tpu("7x") as tpu:
+    mesh = plsc.VectorSubcoreMesh(core_axis_name="c", subcore_axis_name="s", num_cores=1,
+                                  num_subcores=1)
+    k = pl.kernel(body, mesh=mesh, **kernel_kw)
+    with pytest.raises(Exception) as info:
+      jax.jit(k).lower(jnp.zeros((L,), jnp.int32), jnp.zeros((L,), jnp.int32)).compile()
+  assert not tpu.reports
+  return info.value
+
+
+@pytest.mark.parametrize("case,error,match", [
+    ("scalar load from VMEM", NotImplementedError, r"Fix: To load a scalar from VMEM"),
+    ("scalar store to VMEM", NotImplementedError, r"Trying to swap a scalar in VMEM"),
+    ("vector load from HBM", NotImplementedError, r"Get does not support loading from HBM"),
+    ("column write", NotImplementedError, r"Integer indexing of refs that follows a non-trivial slice"),
+    ("gather HBM to HBM", NotImplementedError, r"Scatter/gather DMA from HBM to HBM is not supported"),
+    ("indices in HBM", NotImplementedError, r"indices of a scatter/gather DMA must be in VMEM, got HBM"),
+    ("both sides indexed", ValueError, r"only the source ref can be indexed"),
+])
+def test_mosaic_sparsecore_refusals_are_raised_while_lowering(case, error, match):
+  """What JAX's SparseCore lowering refuses is refused while palace.jax lowers the kernel (in the
+  caller's thread, with its type; at run time XLA would wrap it in a JaxRuntimeError)."""
+  def body(x_hbm, i_hbm, o_hbm, v, v2, idx):
+    pltpu.sync_copy(i_hbm, idx)
+    if case == "scalar load from VMEM":
+      v[...] = lax.broadcast(v[0], (L,))
+    elif case == "scalar store to VMEM":
+      v[0] = 1
+    elif case == "vector load from HBM":
+      v[...] = x_hbm[...]
+    elif case == "column write":
+      v2[:L, 1] = v[...]
+    elif case == "gather HBM to HBM":
+      pltpu.sync_copy(x_hbm.at[idx], o_hbm)
+    elif case == "indices in HBM":
+      pltpu.sync_copy(x_hbm.at[i_hbm], v)
+    else:
+      pltpu.sync_copy(x_hbm.at[idx], v.at[idx])
+
+  e = _lowering_error(body, out_type=jax.ShapeDtypeStruct((L,), jnp.int32),
+                      scratch_types=[pltpu.VMEM((L,), jnp.int32), pltpu.VMEM((L, 4), jnp.int32),
+                                     pltpu.VMEM((L,), jnp.int32)])
+  assert isinstance(e, error) and isinstance(e, palace.UnsupportedError if error is NotImplementedError
+                                              else palace.UsageError), e
+  assert re.search(match, str(e)), e

@@ -18,6 +18,50 @@ from palace._src.lang.array import Array
 from palace._src.util import prod
 
 
+# Mosaic's rules for SparseCore scatter/gather DMAs (jax/_src/pallas/mosaic/sc_lowering.py), checked
+# when palace issues one and, for JAX kernels, when palace.jax lowers them (rules_sc.check_kernel)
+_FAR = (MemorySpace.HBM, MemorySpace.ANY, MemorySpace.VMEM_SHARED)
+
+
+def check_index_source(shape, space, origin: str) -> None:
+  """The index vector of an indexed DMA (`space`: its memory space, None for a value): 1-D, in VMEM."""
+  if len(shape) != 1:
+    raise UnsupportedError(f"Only 1D indices are supported by scatter/gather DMAs on a SparseCore "
+                           f"(Mosaic): {origin} is indexed by one of shape {tuple(shape)}. Fix: index "
+                           f"with a 1-D ref or vector.")
+  if space is not None and space is not MemorySpace.VMEM:
+    raise UnsupportedError(f"The indices of a scatter/gather DMA must be in VMEM, got {space.name} "
+                           f"({origin}; Mosaic). Fix: copy the indices into a VMEM ref first.")
+
+
+def transform_after_indexer(origin: str) -> UnsupportedError:
+  return UnsupportedError(f"{origin}: the indexed ref of a scatter/gather DMA cannot have any "
+                          f"transforms following the indexer (Mosaic). Fix: apply the slice, reshape "
+                          f"or bitcast to the ref before indexing it with the index vector.")
+
+
+def check_indexed_copy(s_space, d_space, src_indexed: bool, dst_indexed: bool, src_origin: str,
+                       dst_origin: str, where: str) -> None:
+  """A DMA with an indexed side: a gather from HBM / VMEM_SHARED into VMEM indexes its source only, a
+  scatter from VMEM into HBM / VMEM_SHARED its destination only; no other pair of spaces."""
+  if s_space in _FAR and d_space is MemorySpace.VMEM:
+    if dst_indexed:
+      raise UsageError(f"A gather DMA into {dst_origin} ({where}): only the source ref can be indexed "
+                       f"when gathering from HBM/VMEM_SHARED into VMEM (Mosaic). Fix: gather into a "
+                       f"plain VMEM ref, then scatter from it in a second copy.")
+  elif s_space is MemorySpace.VMEM and d_space in _FAR:
+    if src_indexed:
+      raise UsageError(f"A scatter DMA from {src_origin} ({where}): only the destination ref can be "
+                       f"indexed when scattering from VMEM into HBM/VMEM_SHARED (Mosaic). Fix: gather "
+                       f"into a plain VMEM ref first.")
+  else:
+    name = {MemorySpace.ANY: "HBM"}
+    raise UnsupportedError(
+        f"Scatter/gather DMA from {name.get(s_space, s_space.name)} to {name.get(d_space, d_space.name)} "
+        f"is not supported ({where}): a SparseCore indexes HBM or VMEM_SHARED against its VMEM "
+        f"(Mosaic). Fix: gather into, or scatter from, a VMEM ref.")
+
+
 @dataclasses.dataclass(frozen=True)
 class Indices:
   """`plsc.Indices(values, ignored_value=None)`: an index vector whose `ignored_value` entries are
@@ -44,15 +88,8 @@ class IndexedRef:
       raise UsageError(f"Indexed access of {base.origin()}: the ref needs a major dimension. Fix: "
                      f"reshape the ref to at least rank 1 (.reshape(1, ...)).")
     src = self.source
-    if len(src.shape) != 1:
-      raise UnsupportedError(f"Indexed access of {base.origin()}: only 1D indices are supported by "
-                             f"scatter/gather DMAs on a SparseCore; the index vector has shape "
-                             f"{tuple(src.shape)} (Mosaic). Fix: index with a 1-D ref or vector.")
-    space = getattr(getattr(src, "buf", None), "memory_space", None)
-    if space is not None and space is not MemorySpace.VMEM:
-      raise UnsupportedError(f"Indexed access of {base.origin()}: the indices of a scatter/gather DMA "
-                             f"must be in VMEM, got {space.name} (Mosaic). Fix: copy the indices into "
-                             f"a VMEM ref first.")
+    check_index_source(tuple(src.shape), getattr(getattr(src, "buf", None), "memory_space", None),
+                       base.origin())
     self.base = base
     # minor-dim slicing is applied to a row view to validate it and get the window per row
     self.rest_view = base.at[(0,) + tuple(rest)] if rest else base.at[0]
@@ -82,9 +119,7 @@ class IndexedRef:
     return f"{self.base.origin()}.at[indices]"
 
   def _transformed(self, *_, **__):
-    raise UnsupportedError(f"{self.origin()}: the indexed ref of a scatter/gather DMA cannot have any "
-                           f"transforms following the indexer (Mosaic). Fix: apply the slice, reshape "
-                           f"or bitcast to the ref before indexing it with the index vector.")
+    raise transform_after_indexer(self.origin())
 
   at = property(_transformed)
   reshape = bitcast = _transformed

@@ -5,7 +5,7 @@ import numpy as np
 
 from palace._src import dtypes as dt
 from palace._src import executor, validate
-from palace._src.core import MemorySpace, SemaphoreType
+from palace._src.core import SemaphoreType
 from palace._src.errors import ShapeError, SyncError, UnsupportedError, UsageError
 from palace._src.executor import DmaRequest, OpClass
 from palace._src.lang import numpy_ops as jnp
@@ -15,7 +15,7 @@ from palace._src.lang.array import concrete_int, concrete_value, ready_of
 from palace._src.lang.primitives import (axis_index, axis_size, resolve_device_id, run_scoped,
                                          sem_target, semaphore_signal, semaphore_wait,
                                          typed_device_id)
-from palace._src.lang.indexed import IndexedRef
+from palace._src.lang.indexed import IndexedRef, check_indexed_copy
 from palace._src.lang.refs import MappedRef, Ref
 from palace._src.lang.numpy_indexing import _where
 from palace._src.util import prod, tree_flatten, user_frame_summary
@@ -198,24 +198,8 @@ def _mapped_sides(src, dst, remote: bool) -> tuple:
 
 def _indexed_request(ex, req, src, dst) -> None:
   """Resolve the rows of an indexed (gather/scatter) DMA when it is issued (SparseCore)."""
-  far = (MemorySpace.HBM, MemorySpace.ANY, MemorySpace.VMEM_SHARED)
-  s_space, d_space = src.buf.memory_space, dst.buf.memory_space
-  if s_space in far and d_space is MemorySpace.VMEM:
-    if isinstance(dst, IndexedRef):
-      raise UsageError(f"A gather DMA into {dst.origin()} ({user_frame_summary()}): only the source ref "
-                       f"can be indexed when gathering from HBM/VMEM_SHARED into VMEM (Mosaic). Fix: "
-                       f"gather into a plain VMEM ref, then scatter from it in a second copy.")
-  elif s_space is MemorySpace.VMEM and d_space in far:
-    if isinstance(src, IndexedRef):
-      raise UsageError(f"A scatter DMA from {src.origin()} ({user_frame_summary()}): only the "
-                       f"destination ref can be indexed when scattering from VMEM into HBM/VMEM_SHARED "
-                       f"(Mosaic). Fix: gather into a plain VMEM ref first.")
-  else:
-    name = {MemorySpace.ANY: "HBM"}
-    raise UnsupportedError(
-        f"Scatter/gather DMA from {name.get(s_space, s_space.name)} to {name.get(d_space, d_space.name)} "
-        f"is not supported ({user_frame_summary()}): a SparseCore indexes HBM or VMEM_SHARED against its "
-        f"VMEM (Mosaic). Fix: gather into, or scatter from, a VMEM ref.")
+  check_indexed_copy(src.buf.memory_space, dst.buf.memory_space, isinstance(src, IndexedRef),
+                     isinstance(dst, IndexedRef), src.origin(), dst.origin(), user_frame_summary())
   side = src if isinstance(src, IndexedRef) else dst
   rows, mask = side.rows(ex)
   fancy = side.fancy_index(rows, mask)
