@@ -177,28 +177,26 @@ def cumsum(x, *, mask=None):
   return _vector_result(x, np.cumsum(v).astype(x.dtype), op=OpClass.REDUCE_LANE)
 
 
-def cummax(x, *, mask=None):
-  """Running maximum over the lanes; with a mask, of the unmasked lanes so far (a lane before the
-  first unmasked one keeps its own value, as JAX's masked_cummax test defines it)."""
+def _masked_running(x, mask, ufunc, neutral: str):
+  """The running `ufunc` (np.maximum / np.minimum) over the lanes; with a mask, of the unmasked lanes
+  so far, a lane before the first unmasked one keeping its own value (JAX's masked_cummax test)."""
   v = _vals(x)
   m = _mask(mask, v.shape[0])
   if m is None:
-    return _vector_result(x, np.maximum.accumulate(v), op=OpClass.REDUCE_LANE)
-  low = np.finfo(v.dtype).min if v.dtype.kind == "f" else np.iinfo(v.dtype).min
-  run = np.maximum.accumulate(np.where(m, v, low))
+    return _vector_result(x, ufunc.accumulate(v), op=OpClass.REDUCE_LANE)
+  info = np.finfo(v.dtype) if v.dtype.kind == "f" else np.iinfo(v.dtype)
+  run = ufunc.accumulate(np.where(m, v, getattr(info, neutral)))
   return _vector_result(x, np.where(np.cumsum(m) > 0, run, v).astype(v.dtype), op=OpClass.REDUCE_LANE)
+
+
+def cummax(x, *, mask=None):
+  """Running maximum over the (unmasked) lanes (`_masked_running`)."""
+  return _masked_running(x, mask, np.maximum, "min")
 
 
 def cummin(x, *, mask=None):
-  """Running minimum over the lanes; with a mask, of the unmasked lanes so far (a lane before the
-  first unmasked one keeps its own value, as plsc.cummax)."""
-  v = _vals(x)
-  m = _mask(mask, v.shape[0])
-  if m is None:
-    return _vector_result(x, np.minimum.accumulate(v), op=OpClass.REDUCE_LANE)
-  high = np.finfo(v.dtype).max if v.dtype.kind == "f" else np.iinfo(v.dtype).max
-  run = np.minimum.accumulate(np.where(m, v, high))
-  return _vector_result(x, np.where(np.cumsum(m) > 0, run, v).astype(v.dtype), op=OpClass.REDUCE_LANE)
+  """Running minimum over the (unmasked) lanes (`_masked_running`)."""
+  return _masked_running(x, mask, np.minimum, "max")
 
 
 def scan_count(x, mask=None):
