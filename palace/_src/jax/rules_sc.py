@@ -83,7 +83,7 @@ def _fetch_and_add(eqn, x_ref, value, *rest):
 
 
 # ------------------------------------------------------------------ synchronisation and loops
-@rule("barrier", schedule=DATA)
+@rule("barrier")   # (schedule: never replayed, it synchronises subcores)
 def _barrier(eqn):
   """plsc.subcore_barrier."""
   sc.subcore_barrier()

@@ -92,7 +92,7 @@ class SparseSubcore(TensorCore):
       sched = m.sched
       for c in peers:
         if c is not self and c.blocked_on is not None and c.blocked_on.name == "subcore barrier":
-          sched.release(c, self.now)
+          sched.ready_at(c, self.now)
       if sched.yields:
         sched.maybe_yield(self)
     while t is None:

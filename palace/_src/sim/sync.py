@@ -304,7 +304,7 @@ class Solo:
   def maybe_yield(self, core) -> None:
     pass
 
-  def release(self, core, cycle) -> None:
+  def ready_at(self, core, cycle) -> None:
     pass
 
   def stuck_cores(self, core):
@@ -382,7 +382,7 @@ class Scheduler:
         self.switch_from(core)
         return
 
-  def release(self, core, cycle) -> None:
+  def ready_at(self, core, cycle) -> None:
     """`core`, blocked in a wait that another core has just satisfied from `cycle` on (a barrier's
     last arrival), becomes ready at that cycle: until it runs, maybe_yield orders the running core
     after it (a blocked core's clock is the one it blocked at, which would let the releasing core run
