@@ -6,8 +6,8 @@ and every failure grouped by its first error line.
 
 Nothing is fetched: PATH is a JAX source tree (its `tests/pallas/tpu_*.py` are run where they lie, with
 the installed jax, 0.12). Each file runs in its own `pytest -p palace.jax` process with PALACE_JAX set to
-the chip (and chip count) a TPU user would pick for it (`CHIPS` below: SparseCore tests on 7x,
-megacore on v5p, multi-device tests on 4 v5e chips, the rest on one v5e), XLA given that many host
+the chip (and chip count) a TPU user would pick for it (`CHIPS` below: SparseCore tests on 7x, four
+for the distributed ones, megacore on v5p, multi-device tests on 4 v5e chips, the rest on one v5e), XLA given that many host
 devices, JAX's test utilities told the device is that TPU (the plugin: palace/_src/jax/pytest_plugin.py).
 Per-test limit: pytest-timeout (`--timeout`; installed with `pip install pytest-timeout`); per-file
 limit: the process is stopped and its remaining tests counted as not run. Results come from pytest's
@@ -32,9 +32,11 @@ import sys
 import time
 import xml.etree.ElementTree as ET
 
-# file stem -> PALACE_JAX value; the first matching substring wins, default v5e
-CHIPS = (("sparsecore", "7x"), ("megacore", "v5p"), ("core_map", "v5p"), ("distributed", "v5e:4"),
-         ("async", "v5e:4"), ("collective", "v5e:4"), ("", "v5e"))
+# file stem -> PALACE_JAX value; the first matching substring wins, default v5e (SparseCore's
+# distributed tests skip themselves on fewer than two devices)
+CHIPS = (("sparsecore_pallas_distributed", "7x:4"), ("sparsecore", "7x"), ("megacore", "v5p"),
+         ("core_map", "v5p"), ("distributed", "v5e:4"), ("async", "v5e:4"), ("collective", "v5e:4"),
+         ("", "v5e"))
 # palace's own refusals of compiler-only queries, and tests that read the compiled program's text (the
 # HLO or StableHLO of a TPU compile: memory-space colours, Mosaic custom calls, mesh axes), which an
 # engine running the kernel on the host cannot give

@@ -102,3 +102,71 @@ def test_indexed_dma_with_a_vmem_index_ref(direction):
     expected = np.empty_like(table)
     expected[perm] = table
     np.testing.assert_array_equal(out, expected)
+
+
+def test_every_launch_kind_yields_one_palace_report_on_7x():
+  """Issue 37: each kind of launch (pallas_call; pl.kernel and core_map over TensorCore, SparseCore
+  vector-subcore and scalar-subcore meshes; core_map eager and jitted) runs on palace and leaves
+  exactly one report, with the right result."""
+  lanes = 16
+  x = np.arange(8 * 128, dtype=np.float32).reshape(8, 128)
+  v = np.arange(16 * lanes, dtype=np.int32).reshape(16, lanes)
+  with pj.virtual_tpu("7x") as tpu:
+    tc = pltpu.create_tensorcore_mesh("core")
+    vec = plsc.VectorSubcoreMesh(core_axis_name="c", subcore_axis_name="s", num_cores=1)
+    scalar = plsc.ScalarSubcoreMesh(axis_name="c", num_cores=1)
+    counts = []
+
+    def launched(out, expected):
+      np.testing.assert_array_equal(np.asarray(out), expected)
+      counts.append(len(tpu.reports))
+
+    def add_one(x_ref, o_ref):
+      o_ref[...] = x_ref[...] + 1
+    launched(pl.pallas_call(add_one, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x), x + 1)
+
+    @pl.kernel(out_type=jax.ShapeDtypeStruct(x.shape, x.dtype), mesh=tc)
+    def tc_copy(x_hbm, o_hbm):
+      pltpu.sync_copy(x_hbm, o_hbm)
+    launched(tc_copy(x), x)
+
+    @pl.kernel(out_type=jax.ShapeDtypeStruct((lanes,), jnp.int32), mesh=scalar,
+               scratch_types=[pltpu.SMEM((lanes,), jnp.int32), pltpu.SemaphoreType.DMA])
+    def scalar_fill(o_hbm, buf, sem):
+      @pl.loop(0, lanes)
+      def _(i):
+        buf[i] = i * 3
+      pltpu.async_copy(buf, o_hbm, sem).wait()
+    launched(scalar_fill(), np.arange(lanes) * 3)
+
+    def doubled_rows(v):
+      v_ref = jax.new_ref(v)
+
+      @pl.core_map(vec)
+      def _():
+        s = jax.lax.axis_index("s")
+
+        def body(buf):
+          pltpu.sync_copy(v_ref.at[s], buf)
+          buf[...] = buf[...] * 2
+          pltpu.sync_copy(buf, v_ref.at[s])
+        pl.run_scoped(body, pltpu.VMEM((lanes,), jnp.int32))
+      return jax.freeze(v_ref)
+    launched(doubled_rows(v), 2 * v)            # eager
+    launched(jax.jit(doubled_rows)(v), 2 * v)   # jitted
+
+    @jax.jit
+    def tripled(x):
+      x_ref = jax.new_ref(x)
+
+      @pl.core_map(tc)
+      def _():
+        def body(buf):
+          pltpu.sync_copy(x_ref, buf)
+          buf[...] = buf[...] * 3
+          pltpu.sync_copy(buf, x_ref)
+        pl.run_scoped(body, pltpu.VMEM(x.shape, x.dtype))
+      return jax.freeze(x_ref)
+    launched(tripled(x), 3 * x)
+  assert counts == [1, 2, 3, 4, 5, 6]
+  assert all(r.device_cycles > 0 for r in tpu.reports)

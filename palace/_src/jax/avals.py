@@ -15,6 +15,10 @@ def memory_space(space, default=MemorySpace.VMEM, what: str = "a ref"):
   """A JAX memory space (pallas or mosaic MemorySpace, or None) as palace's MemorySpace."""
   if space is None:
     return default
+  if hasattr(space, "mesh") and hasattr(space, "memory_space"):
+    # a memory space tied to a mesh (`pltpu.VMEM(...) @ mesh`, pallas CoreMemorySpace): the memory
+    # space itself, on the cores of the kernel's mesh
+    space = space.memory_space
   value = str(getattr(space, "value", space)).lower()
   if value == "default":
     return default

@@ -23,6 +23,7 @@ from palace._src.jax.interpret import grid_axes, kernel_site, program, run_progr
 from palace._src.jax.registry import RULES, literal, sub_jaxprs
 from palace._src.jax.schedule import replay_blocker
 from palace._src.launch import host, sc_mesh
+from palace._src.jax import rules_sc
 from palace._src.launch.host_refs import freeze, owning_ref, ref_name
 from palace._src.launch.plan import ENTRIES, OPERAND, LaunchPlan, Operand, Output, Stage, grid_stages
 from palace._src.launch.run import run
@@ -174,6 +175,9 @@ def _compiler_params(cp, grid_rank: int = 0, vmapped=()):
     return pcore.CompilerParams(**kw)
   fields = {f.name for f in dataclasses.fields(pcore.CompilerParams)}
   kw = {k: getattr(cp, k) for k in fields if hasattr(cp, k)}
+  level = getattr(kw.get("opt_level"), "value", None)
+  if isinstance(level, str) and level[:1] == "O" and level[1:].isdigit():   # jax.OptLevel.O2: level 2
+    kw["opt_level"] = int(level[1:])
   sem = kw.get("dimension_semantics")
   if sem is not None:
     user = iter(str(getattr(s, "value", s)).lower() if not isinstance(s, str) else s.lower()
@@ -331,6 +335,8 @@ def check_mpmd(params) -> None:
   if params["jaxprs"][0].constvars:
     raise UnsupportedError(f"palace.jax: pl.kernel '{name}' captures constants. Fix: pass them as "
                            f"inputs.")
+  if type(mesh).__name__ == "VectorSubcoreMesh":
+    rules_sc.check_vector_subcore_kernel(params["jaxprs"][0])
 
 
 def plan_mpmd_map(params, args, chip) -> tuple:

@@ -173,3 +173,33 @@ def _run_scoped(eqn):
   prog, axes = program(jaxpr), tuple(p.get("collective_axes") or ())
   return lambda *consts: prims.run_scoped(lambda *refs: run_program(prog, consts, refs), *types,
                                           collective_axes=axes)
+
+
+class _EmptyRefs(dict):
+  """The `jax.empty_ref` allocations of one core's launch, per equation (kept in the core's launch
+  cache, released with the launch)."""
+  __slots__ = ()
+
+  def release(self) -> None:
+    self.clear()
+
+
+_EMPTY = "palace.jax empty refs"
+
+
+@rule("empty_ref", compiles=True)
+def _empty_ref(eqn):
+  """`jax.empty_ref(type, memory_space=...)` in a kernel: a fresh allocation of the ref's type that
+  lives to the end of the launch. Mosaic allocates it statically (one buffer per equation), so an
+  equation evaluated again (in a loop) gives the same buffer, not a new one."""
+  t = alloc_type(eqn.outvars[0].aval, "jax.empty_ref")
+
+  def empty_ref():
+    refs = prims.launch_cache(_EMPTY, _EmptyRefs)
+    ref = None if refs is None else refs.get(eqn)
+    if ref is None:
+      ref = prims.launch_allocation(t, "empty_ref")
+      if refs is not None:
+        refs[eqn] = ref
+    return ref
+  return empty_ref

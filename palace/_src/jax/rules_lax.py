@@ -9,11 +9,10 @@ from __future__ import annotations
 import numpy as np
 
 import palace._src.lang.numpy_ops as pjnp
-from palace._src.jax import scalar_blocks as sb
+from palace._src.jax import rules_sc, scalar_blocks as sb
 from palace._src.jax.interpret import shape_of, source_line, unsupported
 from palace._src.jax.registry import DATA, Deciding, literal, rule
 from palace._src.lang import lax_ops, mxu, numpy_linalg, tpu_primitives
-from palace._src.lang import sc_primitives as sc
 from palace._src.errors import UnsupportedError
 from palace._src.lang.array import Array
 from palace._src.lang.numpy_dtypes import astype_on_scalars
@@ -503,12 +502,15 @@ def _tile(eqn, x):
   return pjnp.tile(x, tuple(int(r) for r in eqn.params["reps"]))
 
 
-@rule("gather")   # (schedule: not classified yet)
-def _gather(eqn, x, indices):
+@rule("gather", compiles=True)   # (schedule: not classified yet)
+def _gather(eqn):
   """The one gather Mosaic lowers on a TensorCore: take_along_axis along one axis (every other axis
   batched, unit slices, indices of the result's shape plus a trailing 1), as `jnp.take_along_axis`.
   Any other gather fails as Mosaic's lowering does (measured on a TPU v5e: rows taken by an index
-  vector, 'Only take_along_axis-like gathers supported')."""
+  vector, 'Only take_along_axis-like gathers supported'). SparseCore's plsc.load_gather, a primitive
+  also named "gather" (with a `tree` parameter), is rules_sc.gather's."""
+  if "tree" in eqn.params:
+    return rules_sc.gather(eqn)
   from jax import lax  # noqa: PLC0415
   dn, out = eqn.params["dimension_numbers"], eqn.outvars[0].aval
   rank, idx_shape = len(out.shape), tuple(eqn.invars[1].aval.shape)
@@ -525,36 +527,5 @@ def _gather(eqn, x, indices):
         f"not compile on a TPU TensorCore (Mosaic, measured on a TPU v5e: 'Only take_along_axis-like "
         f"gathers supported'). Fix: gather rows with DMAs from a ref (pltpu.make_async_copy of "
         f"x_ref.at[i]), or use jnp.take_along_axis with indices of the value's shape.")
-  return pjnp.take_along_axis(x, pjnp.reshape(indices, tuple(out.shape)), int(dn.collapsed_slice_dims[0]))
-
-
-# ------------------------------------------------------------------ SparseCore vector ops (plsc)
-@rule("masked_sort", schedule=DATA)
-def _masked_sort(eqn, keys, values, *mask):
-  """plsc.sort_key_val (jax/_src/pallas/mosaic/sc_primitives.py masked_sort_p): keys and values sorted
-  by key, masked-off entries last; with a mask, the sorted mask too."""
-  out = sc.sort_key_val(keys, values, mask=mask[0] if mask else None,
-                           descending=bool(eqn.params["descending"]))
-  return list(out)
-
-
-@rule("sort", schedule=DATA)
-def _sort(eqn, keys, *values):
-  """lax.sort: by one key on a SparseCore vector subcore (Mosaic's one sort lowering); refused on a
-  TensorCore, as Mosaic refuses it (palace's sc_primitives.sort)."""
-  if int(eqn.params["num_keys"]) != 1:
-    raise UnsupportedError(f"palace.jax: lax.sort with num_keys={eqn.params['num_keys']} at "
-                           f"{source_line(eqn)}: Mosaic sorts by one key only. Fix: sort by one key.")
-  return sc.sort(keys, *values)
-
-
-@rule("masked_cumsum", schedule=DATA)
-def _masked_cumsum(eqn, x, mask):
-  """plsc.cumsum(x, mask=): the running sum of the unmasked lanes."""
-  return sc.cumsum(x, mask=mask)
-
-
-@rule("masked_cummax", schedule=DATA)
-def _masked_cummax(eqn, x, mask):
-  """plsc.cummax(x, mask=): the running maximum of the unmasked lanes."""
-  return sc.cummax(x, mask=mask)
+  shape, axis = tuple(out.shape), int(dn.collapsed_slice_dims[0])
+  return lambda x, indices: pjnp.take_along_axis(x, pjnp.reshape(indices, shape), axis)

@@ -12,7 +12,7 @@ import weakref
 
 import numpy as np
 
-from palace._src.errors import UnsupportedError
+from palace._src.errors import OutOfBoundsError, UnsupportedError
 from palace._src.jax.interpret import grid_axes, result_unused, source_line, unsupported, user_site_of
 from palace._src.jax.registry import DATA, Deciding, Never, Operands, literal, rule
 from palace._src.lang import context, lax_ops
@@ -21,6 +21,7 @@ from palace._src.lang import sc_primitives as sc
 from palace._src.lang.refs import bounds_checks
 from palace._src.lang import tpu_primitives as tpu
 from palace._src.lang.array import Array, concrete_int
+from palace._src.lang.indexed import Indices
 from palace._src.lang.refs import Ref, ds
 
 
@@ -98,6 +99,9 @@ def _index_entry(eqn, i):
     return (_STATIC, ds(i.start, int(i.size), int(i.stride)), 0, 0)
   if isinstance(i, types.TransformedRef):   # an index ref (SparseCore gather / scatter DMAs)
     return (_GENERAL, _ref_operand(eqn, i), 0, 0)
+  if type(i).__name__ == "Indices" and hasattr(i, "ignored_value"):   # plsc.Indices(values, ignored_value)
+    values, ignored = _index_entry(eqn, i.values), i.ignored_value
+    return (_GENERAL, lambda flat: Indices(_index((values,), flat)[0], ignored), 0, 0)
   if type(i) is _Leaf:
     return (_DYNAMIC, i.k, 0, 0)
   return (_STATIC, i, 0, 0)
@@ -165,6 +169,8 @@ def _ref_operand(eqn, x, transforms=(), last_index: bool = False):
   Views are cached per base ref and dynamic index values (a view is an immutable function of them;
   JAX's emit_pipeline re-derives the same few block and slot views on every step)."""
   _, types = _jax_types()
+  if isinstance(x, types.TransformedRef) and isinstance(x.ref, (tuple, list)):
+    return _selected_ref(eqn, x, transforms, last_index)
   if isinstance(x, types.TransformedRef):
     x, transforms = x.ref, tuple(x.transforms) + tuple(transforms or ())
   if type(x) is not _Leaf:
@@ -249,6 +255,26 @@ def _ref_operand(eqn, x, transforms=(), last_index: bool = False):
       return ref
     return ref, (... if last is None else _index(last, flat))
   return ref_of
+
+
+def _selected_ref(eqn, x, transforms, last_index: bool):
+  """`pl.select_ref(idx, *refs)` (a TransformedRef of a tuple of refs whose first transform selects one
+  by a runtime index; JAX allows it at the top of a DMA's operand): each candidate compiled with the
+  transforms that follow, the one `idx` picks returned."""
+  select, *rest = x.transforms
+  if type(select).__name__ != "SelectTransform":
+    raise unsupported(eqn, f"a ref tuple transformed by {type(select).__name__}")
+  rest = (*rest, *(transforms or ()))
+  choices = [_ref_operand(eqn, r, rest, last_index) for r in x.ref]
+  idx = select.idx
+
+  def selected(flat):
+    k = concrete_int(_value(idx, flat), "pl.select_ref index")
+    if not 0 <= k < len(choices):
+      raise OutOfBoundsError(f"pl.select_ref index {k} at {source_line(eqn)} is out of range for "
+                             f"{len(choices)} refs. Fix: pass an index in 0..{len(choices) - 1}.")
+    return choices[k](flat)
+  return selected
 
 
 def _check_ref(eqn, ref):

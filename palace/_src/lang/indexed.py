@@ -12,9 +12,54 @@ import dataclasses
 import numpy as np
 
 from palace._src import executor
-from palace._src.errors import OutOfBoundsError, UsageError
+from palace._src.core import MemorySpace
+from palace._src.errors import OutOfBoundsError, UnsupportedError, UsageError
 from palace._src.lang.array import Array
 from palace._src.util import prod
+
+
+# Mosaic's rules for SparseCore scatter/gather DMAs (jax/_src/pallas/mosaic/sc_lowering.py), checked
+# when palace issues one and, for JAX kernels, when palace.jax lowers them (rules_sc.check_kernel)
+_FAR = (MemorySpace.HBM, MemorySpace.ANY, MemorySpace.VMEM_SHARED)
+
+
+def check_index_source(shape, space, origin: str) -> None:
+  """The index vector of an indexed DMA (`space`: its memory space, None for a value): 1-D, in VMEM."""
+  if len(shape) != 1:
+    raise UnsupportedError(f"Only 1D indices are supported by scatter/gather DMAs on a SparseCore "
+                           f"(Mosaic): {origin} is indexed by one of shape {tuple(shape)}. Fix: index "
+                           f"with a 1-D ref or vector.")
+  if space is not None and space is not MemorySpace.VMEM:
+    raise UnsupportedError(f"The indices of a scatter/gather DMA must be in VMEM, got {space.name} "
+                           f"({origin}; Mosaic). Fix: copy the indices into a VMEM ref first.")
+
+
+def transform_after_indexer(origin: str) -> UnsupportedError:
+  return UnsupportedError(f"{origin}: the indexed ref of a scatter/gather DMA cannot have any "
+                          f"transforms following the indexer (Mosaic). Fix: apply the slice, reshape "
+                          f"or bitcast to the ref before indexing it with the index vector.")
+
+
+def check_indexed_copy(s_space, d_space, src_indexed: bool, dst_indexed: bool, src_origin: str,
+                       dst_origin: str, where: str) -> None:
+  """A DMA with an indexed side: a gather from HBM / VMEM_SHARED into VMEM indexes its source only, a
+  scatter from VMEM into HBM / VMEM_SHARED its destination only; no other pair of spaces."""
+  if s_space in _FAR and d_space is MemorySpace.VMEM:
+    if dst_indexed:
+      raise UsageError(f"A gather DMA into {dst_origin} ({where}): only the source ref can be indexed "
+                       f"when gathering from HBM/VMEM_SHARED into VMEM (Mosaic). Fix: gather into a "
+                       f"plain VMEM ref, then scatter from it in a second copy.")
+  elif s_space is MemorySpace.VMEM and d_space in _FAR:
+    if src_indexed:
+      raise UsageError(f"A scatter DMA from {src_origin} ({where}): only the destination ref can be "
+                       f"indexed when scattering from VMEM into HBM/VMEM_SHARED (Mosaic). Fix: gather "
+                       f"into a plain VMEM ref first.")
+  else:
+    name = {MemorySpace.ANY: "HBM"}
+    raise UnsupportedError(
+        f"Scatter/gather DMA from {name.get(s_space, s_space.name)} to {name.get(d_space, d_space.name)} "
+        f"is not supported ({where}): a SparseCore indexes HBM or VMEM_SHARED against its VMEM "
+        f"(Mosaic). Fix: gather into, or scatter from, a VMEM ref.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +87,9 @@ class IndexedRef:
     if base.ndim < 1:
       raise UsageError(f"Indexed access of {base.origin()}: the ref needs a major dimension. Fix: "
                      f"reshape the ref to at least rank 1 (.reshape(1, ...)).")
+    src = self.source
+    check_index_source(tuple(src.shape), getattr(getattr(src, "buf", None), "memory_space", None),
+                       base.origin())
     self.base = base
     # minor-dim slicing is applied to a row view to validate it and get the window per row
     self.rest_view = base.at[(0,) + tuple(rest)] if rest else base.at[0]
@@ -70,6 +118,12 @@ class IndexedRef:
   def origin(self) -> str:
     return f"{self.base.origin()}.at[indices]"
 
+  def _transformed(self, *_, **__):
+    raise transform_after_indexer(self.origin())
+
+  at = property(_transformed)
+  reshape = bitcast = _transformed
+
   def rows(self, ex):
     """(absolute row numbers in the buffer, mask of used entries or None)."""
     src = self.source
@@ -81,10 +135,7 @@ class IndexedRef:
       vals = np.zeros(self.n, np.int32)
     vals = np.asarray(vals).reshape(-1).astype(np.int64)
     mask = None if self.ignored is None else vals != self.ignored
-    d0 = self.base.dims[0]
-    if type(d0) is int:
-      raise UsageError(f"Indexed access of {self.base.origin()}: its major dimension is indexed away. "
-                     f"Fix: index the major dimension with the index vector, not an int.")
+    d0 = self.base.dims[self._major()]
     used = vals if mask is None else vals[mask]
     if ex.bounds_checks and used.size and (used.min() < 0 or used.max() >= d0[1]):
       bad = int(used[(used < 0) | (used >= d0[1])][0])
@@ -94,10 +145,19 @@ class IndexedRef:
           f"plsc.Indices(idx, ignored_value=...) to skip entries.")
     return d0[0] + vals * d0[2], mask
 
+  def _major(self) -> int:
+    """The buffer dimension the index vector selects along: the view's first (the base may be a view
+    with leading dimensions indexed away, `x.at[1, 2].at[idx]`)."""
+    return next(k for k, d in enumerate(self.base.dims) if type(d) is not int)
+
   def fancy_index(self, rows, mask):
-    """NumPy index selecting the used rows and the minor window."""
+    """NumPy index selecting the used rows and the minor window (the base view's indexed-away
+    leading dimensions stay integers: with the row vector they are one advanced index, whose rows
+    lead the result)."""
     sel = rows if mask is None else rows[mask]
-    return (sel,) + tuple(self.rest_view._np_index[1:])
+    k = self._major()
+    index = tuple(self.rest_view._np_index)
+    return index[:k] + (sel,) + index[k + 1:]
 
 
 def make_indexed(base, idx):

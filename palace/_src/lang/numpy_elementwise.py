@@ -45,6 +45,8 @@ def _rounded(x, rt: np.dtype, cd: np.dtype):
 # unsigned twin (arith.maxui, shrui, divui, unsigned comparisons) is inferred from the signed one, and
 # minimum (arith.minsi) from maximum. Measured to compile, so accepted: 8-bit and / cast / where,
 # 16-bit add / multiply / compare / where. Unmeasured ops (8-bit abs, shifts left, xor, ...) run.
+# TensorCore rules: a SparseCore vector subcore has its own lowering (JAX's SparseCore tests add
+# int8 and uint8 vectors), so they are not applied there.
 _I8, _I16, _U8, _U16 = (np.dtype(d) for d in (np.int8, np.int16, np.uint8, np.uint16))
 _WIDTH = "Only vector<i16> and vector<i32> are supported, but got 'i8'. Please cast your input."
 _CMP = "Target does not support this comparison ... vector<8x128x4xi8>"
@@ -216,7 +218,7 @@ def _elementwise(fn, op_class: str, result: str = "same", name: str = ""):
     if ex is None:
       return _out(data, shape, out_dtype, ready, op_class, any_array)
     if shape:  # = _out(...) inside a kernel, inlined
-      if rejects is not None and rt in rejects:
+      if rejects is not None and rt in rejects and ex.sparsecore is None:
         raise _reject_vector_int(op.__name__, rt, shape, ex, rejects[rt])
       if ex.timing_only:
         data = None

@@ -163,7 +163,8 @@ Array.at = property(lambda self: _ValueAt(self))
 
 
 def take_along_axis(arr, indices, axis):
-  """`jnp.take_along_axis` of a kernel value along one of its two minor dims, with `indices` of the
+  """`jnp.take_along_axis` of a kernel value along one of its two minor dims (on a TensorCore; any
+  axis on a SparseCore vector subcore, as JAX's SparseCore tests take it), with `indices` of the
   value's shape: Mosaic's in-register gather (`tpu.dynamic_gather`, an XLU op; measured on a TPU v5e:
   take_along_axis on the lane axis compiles, a gather of rows by an index vector does not). The
   gather has no fill: an index outside the axis is an error."""
@@ -179,7 +180,8 @@ def take_along_axis(arr, indices, axis):
                      f"{list(indices.shape)} for a value {arr.dtype}{list(shape)} along axis {axis}; "
                      f"expected integer indices of the value's own shape and an axis of it. Fix: "
                      f"broadcast the indices to {tuple(shape)} (jnp.broadcast_to).")
-  if ax < rank - 2:
+  ex = executor.maybe_current()
+  if ax < rank - 2 and (ex is None or ex.sparsecore is None):   # (a SparseCore gathers along any axis)
     raise UnsupportedError(
         f"jnp.take_along_axis along axis {ax} of a rank-{rank} value{_where()} "
         f"({user_frame_summary()}): the TPU compiler gathers only along the two minor dims on a "

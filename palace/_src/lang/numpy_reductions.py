@@ -116,6 +116,15 @@ def _promoted_int(d: np.dtype) -> np.dtype:
   return dt.uint32 if d.kind == "u" or d == dt.uint4 else dt.int32
 
 
+def sparsecore_cumsum_rank_error(shape, where: str) -> UnsupportedError:
+  """A cumsum of rank > 1 on a SparseCore vector subcore, which Mosaic does not lower (raised when
+  palace runs one, and while palace.jax lowers a JAX kernel with one)."""
+  return UnsupportedError(
+      f"jnp.cumsum {where}: x of shape {tuple(shape)} must be rank 1 on a SparseCore (Mosaic's "
+      f"SparseCore lowering: 'cumsum: x must be rank 1'). Fix: cumsum each row as its own rank-1 "
+      f"vector.")
+
+
 def cumsum(a, axis=None, dtype=None):
   """`jnp.cumsum` (axis=None scans the flattened array); narrow ints accumulate in 32 bits like JAX."""
   ex = executor.maybe_current()
@@ -127,10 +136,7 @@ def cumsum(a, axis=None, dtype=None):
         f"mask, log2(n) steps), a matmul with a triangular ones matrix, or a pl.loop over rows; "
         f"SparseCore kernels have plsc.cumsum.")
   if ex is not None and ex.sparsecore is not None and isinstance(a, Array) and len(a.shape) != 1:
-    raise UnsupportedError(
-        f"jnp.cumsum {ex.where()} ({user_frame_summary()}): x of shape {a.shape} must be rank 1 on a "
-        f"SparseCore (Mosaic's SparseCore lowering: 'cumsum: x must be rank 1'). Fix: cumsum each row "
-        f"as its own rank-1 vector.")
+    raise sparsecore_cumsum_rank_error(a.shape, f"{ex.where()} ({user_frame_summary()})")
   if axis is None:
     a = ravel(a)
     axis = 0

@@ -319,6 +319,14 @@ def open_scope(ex, types, kw_types, prefix: str, shared: bool = False, names=Non
   return pos, kws, bufs
 
 
+def launch_allocation(t, name: str):
+  """A Ref of allocation type `t` that lives to the end of the launch (no scope: `jax.empty_ref` in a
+  kernel, which Mosaic allocates statically; its buffer goes with the launch's machine)."""
+  ex = executor.current(name)
+  (ref,), _, _ = open_scope(ex, (t,), {}, name, names=[name])
+  return ref
+
+
 def close_scope(ex, bufs, quiet: bool = False) -> None:
   """Free a scope's buffers, last allocated first. `quiet`: unwinding after an error, so the
   end-of-scope checks (semaphores left nonzero by the interrupted kernel, DMAs in flight) do not hide

@@ -6,6 +6,8 @@ not written).
 """
 from __future__ import annotations
 
+import enum
+
 import numpy as np
 
 from palace._src import dtypes as dt
@@ -175,16 +177,103 @@ def cumsum(x, *, mask=None):
   return _vector_result(x, np.cumsum(v).astype(x.dtype), op=OpClass.REDUCE_LANE)
 
 
-def cummax(x, *, mask=None):
-  """Running maximum over the lanes; with a mask, of the unmasked lanes so far (a lane before the
-  first unmasked one keeps its own value, as JAX's masked_cummax test defines it)."""
+def _masked_running(x, mask, ufunc, neutral: str):
+  """The running `ufunc` (np.maximum / np.minimum) over the lanes; with a mask, of the unmasked lanes
+  so far, a lane before the first unmasked one keeping its own value (JAX's masked_cummax test)."""
   v = _vals(x)
   m = _mask(mask, v.shape[0])
   if m is None:
-    return _vector_result(x, np.maximum.accumulate(v), op=OpClass.REDUCE_LANE)
-  low = np.finfo(v.dtype).min if v.dtype.kind == "f" else np.iinfo(v.dtype).min
-  run = np.maximum.accumulate(np.where(m, v, low))
+    return _vector_result(x, ufunc.accumulate(v), op=OpClass.REDUCE_LANE)
+  info = np.finfo(v.dtype) if v.dtype.kind == "f" else np.iinfo(v.dtype)
+  run = ufunc.accumulate(np.where(m, v, getattr(info, neutral)))
   return _vector_result(x, np.where(np.cumsum(m) > 0, run, v).astype(v.dtype), op=OpClass.REDUCE_LANE)
+
+
+def cummax(x, *, mask=None):
+  """Running maximum over the (unmasked) lanes (`_masked_running`)."""
+  return _masked_running(x, mask, np.maximum, "min")
+
+
+def cummin(x, *, mask=None):
+  """Running minimum over the (unmasked) lanes (`_masked_running`)."""
+  return _masked_running(x, mask, np.minimum, "max")
+
+
+def scan_count(x, mask=None):
+  """(counts, last): counts[i] is how many unmasked lanes j <= i hold x[i] (the running occurrence
+  count of lane i's value); last[i] is True at the last unmasked occurrence of each value. Masked-off
+  lanes count nothing and get count 0 and last False (palace's choice: JAX leaves them unspecified)."""
+  v = _vals(x)
+  m = np.ones(v.shape, bool) if mask is None else _mask(mask, v.shape[0])
+  same = (v[:, None] == v[None, :]) & m[None, :] & m[:, None]   # [i, j]: lane j counts for lane i
+  before = np.tril(same)                                          # j <= i
+  counts = np.where(m, before.sum(axis=1), 0).astype(np.int32)
+  last = m & (np.triu(same, 1).sum(axis=1) == 0)
+  return (_vector_result(x, counts, dtype=dt.int32, op=OpClass.REDUCE_LANE),
+          _vector_result(x, last, dtype=dt.bool_))
+
+
+class PackFormat(enum.Enum):
+  """How plsc.pack places two vectors in one of half-width elements: COMPRESSED, shape (n, 2), holds a
+  then b (row-major: a's lanes fill the first n elements); INTERLEAVED, shape (2n,), alternates them
+  (a0, b0, a1, b1, ...)."""
+  COMPRESSED = "compressed"
+  INTERLEAVED = "interleaved"
+
+
+_PACKED = {np.dtype(np.float32): dt.bfloat16, np.dtype(np.int32): np.dtype(np.int16)}
+_UNPACKED = {dt.bfloat16: np.dtype(np.float32), np.dtype(np.int16): np.dtype(np.int32)}
+
+
+def _format(format) -> PackFormat:
+  value = getattr(format, "value", format)
+  try:
+    return PackFormat(value)
+  except ValueError:
+    raise UsageError(f"pack format {format!r} is not one of {[f.value for f in PackFormat]}. Fix: pass "
+                     f"plsc.PackFormat.COMPRESSED or plsc.PackFormat.INTERLEAVED.") from None
+
+
+def _half_type(src: np.dtype, table: dict, preferred, what: str, ratio) -> np.dtype:
+  if preferred is not None:
+    out = dt.canonicalize(preferred)
+    if out.itemsize * 8 != int(src.itemsize * 8 * ratio):
+      raise ShapeError(f"plsc.{what}: preferred_element_type={out} must have {int(src.itemsize * 8 * ratio)} "
+                       f"bits for {src} operands. Fix: pass a dtype of that width.")
+    return out
+  if src not in table:
+    raise UnsupportedError(f"plsc.{what} of {src} vectors: the SparseCore {what}s "
+                           f"{', '.join(str(k) for k in table)} only (Mosaic's pack_subelements). Fix: "
+                           f"pass preferred_element_type=, or convert with .astype().")
+  return table[src]
+
+
+def pack(a, b, *, format, preferred_element_type=None):
+  """Two vectors of 32-bit elements converted to one of 16-bit elements (float32 -> bfloat16 rounded to
+  nearest even, int32 -> int16 truncated) laid out by `format` (PackFormat)."""
+  fmt = _format(format)
+  va, vb = _vals(a), _vals(b)
+  if va.shape != vb.shape or va.ndim != 1 or va.dtype != vb.dtype:
+    raise ShapeError(f"plsc.pack of {va.dtype}{list(va.shape)} and {vb.dtype}{list(vb.shape)}: both must be "
+                     f"1-D vectors of one shape and dtype. Fix: pack matching vectors.")
+  out = _half_type(va.dtype, _PACKED, preferred_element_type, "pack", 0.5)
+  both = np.stack([va, vb])                                 # [2, n]
+  data = both.reshape(-1, 2) if fmt is PackFormat.COMPRESSED else both.T.reshape(-1)
+  return _vector_result(a, data.astype(out), dtype=out)
+
+
+def unpack(ab, *, format, preferred_element_type=None):
+  """The inverse of pack: the two vectors, widened exactly (bfloat16 -> float32, int16 -> int32 sign
+  extended)."""
+  fmt = _format(format)
+  v = _vals(ab)
+  ok = v.ndim == 2 and v.shape[1] == 2 if fmt is PackFormat.COMPRESSED else v.ndim == 1 and v.size % 2 == 0
+  if not ok:
+    raise ShapeError(f"plsc.unpack of a {list(v.shape)} vector with format {fmt.value}: it needs shape (n, 2) "
+                     f"(compressed) or (2n,) (interleaved). Fix: unpack what plsc.pack returned.")
+  out = _half_type(v.dtype, _UNPACKED, preferred_element_type, "unpack", 2)
+  pair = v.reshape(2, -1) if fmt is PackFormat.COMPRESSED else v.reshape(-1, 2).T
+  return tuple(_vector_result(ab, half.astype(out), dtype=out) for half in pair)
 
 
 def sort_key_val(keys, values, *, mask=None, descending=False):
@@ -226,14 +315,23 @@ def sort(keys, *values):
   return out
 
 
+def _reduce_one(reduce, what: str) -> None:
+  if int(reduce) != 1:
+    raise UnsupportedError(f"plsc.{what}(reduce={reduce}) is not supported in palace yet (it is for the "
+                           f"packed masks of 16-bit vectors, whose layout palace does not model). Fix: "
+                           f"pass reduce=1.")
+
+
 def all_reduce_population_count(x, *, reduce: int = 1):
   """Number of True lanes, in every lane of an int32 vector (an all-reduce across lanes)."""
+  _reduce_one(reduce, "all_reduce_population_count")
   v = _vals(x).astype(bool)
   return _vector_result(x, np.full(v.shape, int(v.sum()), np.int32), dtype=dt.int32, op=OpClass.REDUCE_LANE)
 
 
 def all_reduce_ffs(x, *, reduce: int = 1):
   """Index of the first True lane (the lane count if none), in every lane."""
+  _reduce_one(reduce, "all_reduce_ffs")
   v = _vals(x).astype(bool)
   first = int(np.argmax(v)) if v.any() else v.shape[0]
   return _vector_result(x, np.full(v.shape, first, np.int32), dtype=dt.int32, op=OpClass.REDUCE_LANE)

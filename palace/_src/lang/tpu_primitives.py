@@ -15,7 +15,7 @@ from palace._src.lang.array import concrete_int, concrete_value, ready_of
 from palace._src.lang.primitives import (axis_index, axis_size, resolve_device_id, run_scoped,
                                          sem_target, semaphore_signal, semaphore_wait,
                                          typed_device_id)
-from palace._src.lang.indexed import IndexedRef
+from palace._src.lang.indexed import IndexedRef, check_indexed_copy
 from palace._src.lang.refs import MappedRef, Ref
 from palace._src.lang.numpy_indexing import _where
 from palace._src.util import prod, tree_flatten, user_frame_summary
@@ -198,10 +198,8 @@ def _mapped_sides(src, dst, remote: bool) -> tuple:
 
 def _indexed_request(ex, req, src, dst) -> None:
   """Resolve the rows of an indexed (gather/scatter) DMA when it is issued (SparseCore)."""
-  if isinstance(src, IndexedRef) and isinstance(dst, IndexedRef):
-    raise UsageError(f"A DMA can index only one side (gather from or scatter to HBM/VMEM_SHARED) "
-                     f"({user_frame_summary()}). Fix: copy in two steps: gather into a VMEM buffer, "
-                     f"then scatter from it.")
+  check_indexed_copy(src.buf.memory_space, dst.buf.memory_space, isinstance(src, IndexedRef),
+                     isinstance(dst, IndexedRef), src.origin(), dst.origin(), user_frame_summary())
   side = src if isinstance(src, IndexedRef) else dst
   rows, mask = side.rows(ex)
   fancy = side.fancy_index(rows, mask)

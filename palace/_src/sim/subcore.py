@@ -68,20 +68,33 @@ class SparseSubcore(TensorCore):
     return self._issue(unit, busy, lat, ready, op_class)
 
   def subcore_barrier(self) -> None:
-    """Wait until every vector subcore of this SparseCore reached its barrier of the same number."""
+    """Wait until every vector subcore of this SparseCore reached its barrier of the same number; each
+    leaves at the cycle the last one arrived. Every subcore has its own barrier semaphore, and each
+    arrival lands on all of them, so each subcore settles (and, for race detection, acquires) every
+    peer's arrival itself (one shared count would release the waiters with the first one's settling,
+    at their own earlier clocks)."""
     if self.scalar:
       raise UnsupportedError("plsc.subcore_barrier() on a scalar subcore: it synchronises the vector "
                              "subcores of a SparseCore. Fix: call it in a plsc.VectorSubcoreMesh kernel.")
     m = self.machine
     sems = m.sems
-    sem = sems.keyed(("subcore_barrier", self.share_group))
+    group = self.share_group
+    peers = [c for c in m.cores if getattr(c, "share_group", None) == group
+             and not getattr(c, "scalar", True)]
     self.barrier_gen += 1
-    peers = sum(1 for c in m.cores if getattr(c, "share_group", None) == self.share_group
-                and not getattr(c, "scalar", True))
     self.now += self.chip.scalar_op_cycles
-    sems.arrive(sem, self.now, 1)   # (releases this subcore's clock for race detection)
-    target = self.barrier_gen * peers
+    for c in peers:   # (releases this subcore's clock for race detection)
+      sems.arrive(sems.keyed(("subcore_barrier", group, c.subcore)), self.now, 1)
+    sem = sems.keyed(("subcore_barrier", group, self.subcore))
+    target = self.barrier_gen * len(peers)
     t = sems.settle(sem, target)
+    if t is not None:   # the last to arrive: the waiting peers leave at its cycle, and run first
+      sched = m.sched
+      for c in peers:
+        if c is not self and c.blocked_on is not None and c.blocked_on.name == "subcore barrier":
+          sched.ready_at(c, self.now)
+      if sched.yields:
+        sched.maybe_yield(self)
     while t is None:
       self.blocked_on = SemaphoreWait("subcore barrier", target, sem, None, self.machine.site())
       m.sched.block(self)

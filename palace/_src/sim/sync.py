@@ -304,6 +304,9 @@ class Solo:
   def maybe_yield(self, core) -> None:
     pass
 
+  def ready_at(self, core, cycle) -> None:
+    pass
+
   def stuck_cores(self, core):
     return []
 
@@ -378,6 +381,15 @@ class Scheduler:
         self.state[core] = _READY
         self.switch_from(core)
         return
+
+  def ready_at(self, core, cycle) -> None:
+    """`core`, blocked in a wait that another core has just satisfied from `cycle` on (a barrier's
+    last arrival), becomes ready at that cycle: until it runs, maybe_yield orders the running core
+    after it (a blocked core's clock is the one it blocked at, which would let the releasing core run
+    ahead and move data the released core reads at `cycle`)."""
+    if self.state.get(core) is _BLOCKED:
+      core.now = max(core.now, cycle)
+      self.state[core] = _READY
 
   def stuck_cores(self, core):
     """The other unfinished cores if none of them can run (all blocked for good), else None."""
