@@ -92,10 +92,18 @@ def unsupported(eqn, what: str = "", fix: str = "", outer=()) -> UnsupportedErro
 
 
 def check_covered(jaxpr, outer=()) -> None:
-  """Raise UnsupportedError for the first equation (in any sub-jaxpr) that has no rule."""
+  """Raise UnsupportedError for the first equation (in any sub-jaxpr) that has no rule, and the
+  error of the first one whose entry `rejects` it (registry.py)."""
   for eqn in jaxpr.eqns:
-    if eqn.primitive.name not in RULES:
+    entry = RULES.get(eqn.primitive.name)
+    if entry is None:
       raise unsupported(eqn, outer=outer)
+    if entry.rejects is not None:
+      try:
+        entry.rejects(eqn)
+      except PalaceError as e:
+        _annotate(e, eqn)
+        raise
     for sub in sub_jaxprs(eqn):
       check_covered(sub, (*outer, eqn))
 

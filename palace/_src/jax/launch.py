@@ -59,6 +59,7 @@ def check_launch(params) -> None:
     if bm.transforms:
       raise _fail(params, f"block transforms {bm.transforms} of {bm.origin}")
     _dims(params, bm)
+  host.check_params(_compiler_params(params.get("compiler_params"), len(gm.grid)), "pallas_call")
 
 
 def _dims(params, bm) -> tuple:

@@ -439,16 +439,22 @@ rule("argmax", schedule=DATA)(_arg(pjnp.argmax))
 rule("argmin", schedule=DATA)(_arg(pjnp.argmin))
 
 
-@rule("dot_general", schedule=DATA)
-def _dot_general(eqn, lhs, rhs):
+def _dot_rejects(eqn) -> str:
+  """The dot's precision; raises what Mosaic rejects (mxu.py), named at the JAX kernel's line."""
   p = eqn.params
-  pet = p.get("preferred_element_type")
-  out = eqn.outvars[0].aval.dtype
-  where = f"kernel line {source_line(eqn)}"     # the Mosaic rules, named at the JAX kernel's line
+  lhs, rhs = (np.dtype(v.aval.dtype) for v in eqn.invars)
+  where = f"kernel line {source_line(eqn)}"
   prec = mxu.precision_of(p.get("precision"), "lax.dot_general", where)
-  mxu.check(np.dtype(lhs.dtype), np.dtype(rhs.dtype), np.dtype(out), prec, "lax.dot_general", where)
-  return numpy_linalg.dot_general(lhs, rhs, p["dimension_numbers"], precision=prec,
-                                  preferred_element_type=pet)
+  mxu.check(lhs, rhs, np.dtype(eqn.outvars[0].aval.dtype), prec, "lax.dot_general", where)
+  return prec
+
+
+@rule("dot_general", compiles=True, schedule=DATA, rejects=_dot_rejects)
+def _dot_general(eqn):
+  p = eqn.params
+  dims, pet, prec = p["dimension_numbers"], p.get("preferred_element_type"), _dot_rejects(eqn)
+  return lambda lhs, rhs: numpy_linalg.dot_general(lhs, rhs, dims, precision=prec,
+                                                   preferred_element_type=pet)
 
 
 @rule("concatenate", schedule=DATA)
