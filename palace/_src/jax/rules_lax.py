@@ -10,7 +10,7 @@ import numpy as np
 
 import palace._src.lang.numpy_ops as pjnp
 from palace._src.jax import scalar_blocks as sb
-from palace._src.jax.interpret import shape_of, source_line, unsupported
+from palace._src.jax.interpret import shape_of, source_line, traced, unsupported
 from palace._src.jax.registry import DATA, Deciding, literal, rule
 from palace._src.lang import lax_ops, mxu, numpy_linalg, tpu_primitives
 from palace._src.lang import sc_primitives as sc
@@ -471,6 +471,23 @@ def _split(eqn, x):
     pieces.append(x[(slice(None),) * axis + (slice(start, start + int(size)),)])
     start += int(size)
   return pieces
+
+
+@rule("unstack", schedule=DATA)
+def _unstack(eqn, x):
+  """lax's unstack (jnp.unstack, and JAX's threefry on key data): the size-1 slices along `axis`, that
+  axis dropped (Mosaic lowers one slice and one reshape per piece)."""
+  axis = int(eqn.params["axis"])
+  lead = (slice(None),) * axis
+  return [x[(*lead, i)] for i in range(x.shape[axis])]
+
+
+@rule("erf_inv", compiles=True, schedule=DATA)
+@traced
+def _erf_inv(eqn):
+  """Mosaic's own erf_inv: the polynomial of jax/_src/pallas/utils.py (jax.random.normal in a kernel)."""
+  from jax._src.pallas import utils as pallas_utils  # noqa: PLC0415
+  return pallas_utils.erf_inv_lowering_helper
 
 
 @rule("slice", schedule=DATA)
