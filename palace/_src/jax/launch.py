@@ -361,7 +361,14 @@ def plan_mpmd_map(params, args, chip) -> tuple:
   host.check_hbm(name, dict(zip(names, arrays)), {f"outputs[{i}]": o for i, o in enumerate(outs)}, scratch,
                  chip)
   staged = []   # inputs whose kernel ref is in VMEM/SMEM (its aval's memory space): staged there
+  # inputs the body takes as values, not refs (a scalar the kernel function closes over, e.g. a traced
+  # index; JAX refuses other captured arrays): staged in SMEM and read once before the body
+  values = {i for i, v in enumerate(jaxpr.invars[:n_in]) if getattr(v.aval, "inner_aval", None) is None}
   for i, v in enumerate(jaxpr.invars[:n_in]):
+    if i in values:
+      staged.append(Stage(OPERAND, i, pcore.MemoryRef(arrays[i].shape, arrays[i].dtype,
+                                                      pcore.MemorySpace.SMEM), f"args[{i}]"))
+      continue
     sp = memory_space(getattr(v.aval, "memory_space", None), pcore.MemorySpace.ANY, f"args[{i}] of {name}")
     if sp in (pcore.MemorySpace.VMEM, pcore.MemorySpace.SMEM) and i not in aliases:
       staged.append(Stage(OPERAND, i, pcore.MemoryRef(arrays[i].shape, arrays[i].dtype, sp), f"args[{i}]"))
@@ -369,6 +376,8 @@ def plan_mpmd_map(params, args, chip) -> tuple:
 
   def body(*refs):
     ins, outs_, scr = refs[:n_in], refs[n_in:n_in + len(fresh)], refs[n_in + len(fresh):]
+    if values:
+      ins = [r[...] if k in values else r for k, r in enumerate(ins)]
     it = iter(outs_)
     all_outs = [ins[in_of_out[o]] if o in in_of_out else next(it) for o in range(n_out)]
     run_program(prog, (), (*ins, *all_outs, *scr))
