@@ -1,5 +1,6 @@
-"""A pl.kernel body that closes over traced scalars (JAX passes them as value operands of mpmd_map, not
-refs): staged in SMEM and read before the body (jax/launch.py plan_mpmd_map)."""
+"""pl.kernel operands that are not HBM refs (jax/launch.py plan_mpmd_map): traced scalars the body closes
+over (value operands of mpmd_map) are staged in SMEM and read before the body; a JAX mutable ref typed
+SMEM/VMEM is staged there and copied back after the body."""
 import numpy as np
 
 import jax
@@ -28,3 +29,28 @@ def test_a_kernel_closing_over_a_traced_index_and_scalar():
   with pj.virtual_tpu("v5e"):
     for i in range(4):
       np.testing.assert_array_equal(np.asarray(f(x, i, bias))[0], np.asarray(x[i] + bias))
+
+
+def test_a_mutable_smem_ref_keeps_its_value_across_kernels():
+  # pl.empty_ref_like(pltpu.SMEM(...)) handed to two pl.kernel launches: each body gets an SMEM copy
+  # (scalar stores, which HBM would refuse), copied back after it (a Stage INOUT)
+  mesh = pltpu.TensorCoreMesh(axis_name="core", num_cores=1)
+
+  @jax.jit
+  def f():
+    y_ref = pl.empty_ref_like(pltpu.SMEM((8,), jnp.int32))
+
+    @pl.kernel(mesh=mesh, out_type=())
+    def first():
+      for i in range(8):
+        y_ref[i] = i * i
+    first()
+
+    @pl.kernel(mesh=mesh, out_type=())
+    def second():
+      for i in range(8):
+        y_ref[i] = y_ref[i] + 1
+    second()
+    return y_ref[...]
+  with pj.virtual_tpu("v5e"):
+    np.testing.assert_array_equal(np.asarray(f()), np.arange(8) ** 2 + 1)

@@ -24,7 +24,8 @@ from palace._src.jax.registry import RULES, literal, sub_jaxprs
 from palace._src.jax.schedule import replay_blocker
 from palace._src.launch import host, sc_mesh
 from palace._src.launch.host_refs import freeze, owning_ref, ref_name
-from palace._src.launch.plan import ENTRIES, OPERAND, LaunchPlan, Operand, Output, Stage, grid_stages
+from palace._src.launch.plan import (ENTRIES, INOUT, OPERAND, LaunchPlan, Operand, Output, Stage,
+                                     grid_stages)
 from palace._src.launch.run import run
 from palace._src.util import tree_flatten
 
@@ -370,8 +371,11 @@ def plan_mpmd_map(params, args, chip) -> tuple:
                                                       pcore.MemorySpace.SMEM), f"args[{i}]"))
       continue
     sp = memory_space(getattr(v.aval, "memory_space", None), pcore.MemorySpace.ANY, f"args[{i}] of {name}")
-    if sp in (pcore.MemorySpace.VMEM, pcore.MemorySpace.SMEM) and i not in aliases:
-      staged.append(Stage(OPERAND, i, pcore.MemoryRef(arrays[i].shape, arrays[i].dtype, sp), f"args[{i}]"))
+    if sp in (pcore.MemorySpace.VMEM, pcore.MemorySpace.SMEM):
+      # (a mutable ref typed SMEM/VMEM, e.g. pl.empty_ref_like(pltpu.SMEM(...)): its value lives in
+      # HBM between launches, copied in before the body and back after it)
+      staged.append(Stage(INOUT if i in aliases else OPERAND, i,
+                          pcore.MemoryRef(arrays[i].shape, arrays[i].dtype, sp), names[i]))
   prog = program(jaxpr)
 
   def body(*refs):
