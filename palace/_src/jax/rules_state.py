@@ -702,6 +702,12 @@ def _prng_bits(eqn):
   return tpu.prng_random_bits(tuple(eqn.params["shape"]))
 
 
+@rule("trace_value", schedule=Never("records a value on the timeline"))
+def _trace_value(eqn, value):
+  tpu.trace_value(eqn.params["label"], value)
+  return []
+
+
 @rule("delay", schedule=Deciding(0))
 def _delay(eqn, nanos):
   prims.delay(nanos)

@@ -447,3 +447,18 @@ def prng_random_bits(shape):
   shape = validate.as_dims(shape, "pltpu.prng_random_bits shape")
   data = gen.bits(shape)
   return _out(data, shape, dt.int32, 0, OpClass.CHEAP, True)
+
+
+def trace_value(label: str, value) -> None:
+  """`pltpu.trace_value(label, value)`: a scalar int32 or float32 value recorded on the core's
+  timeline at this point (an instant event on the scalar lane of the launch's trace: what xprof shows
+  for it on a TPU), for one scalar op."""
+  ex = executor.current("pltpu.trace_value()")
+  d = np.dtype(getattr(value, "dtype", None) or np.asarray(value).dtype)
+  shape = tuple(getattr(value, "shape", np.shape(value)))
+  if shape or d not in (dt.int32, dt.float32):
+    raise ShapeError(f"pltpu.trace_value({label!r}, ...) of {d}{list(shape)} ({user_frame_summary()}): "
+                     f"it records a scalar int32 or float32 value (JAX: 'trace_value requires a scalar "
+                     f"value'). Fix: pass a 0-d int32 or float32 value, e.g. jnp.sum(x).astype(jnp.int32).")
+  v = concrete_value(value)
+  ex.trace_value(str(label), v.item() if hasattr(v, "item") else v)
