@@ -10,7 +10,7 @@ from palace._src.errors import ShapeError, SyncError, UnsupportedError, UsageErr
 from palace._src.executor import DmaRequest, OpClass
 from palace._src.lang import numpy_ops as jnp
 from palace._src.lang.numpy_base import _out
-from palace._src.lang import context
+from palace._src.lang import context, ref_maps
 from palace._src.lang.array import concrete_int, concrete_value, ready_of
 from palace._src.lang.primitives import (axis_index, axis_size, resolve_device_id, run_scoped,
                                          sem_target, semaphore_signal, semaphore_wait,
@@ -358,7 +358,7 @@ def bitcast(x, ty, dim: int = -2):
   d = dt.canonicalize(ty)
   if isinstance(x, Ref):
     return x.bitcast(d)
-  src_bits, dst_bits = _storage_bits(x.dtype), _storage_bits(d)
+  src_bits, dst_bits = ref_maps.storage_bits(x.dtype), ref_maps.storage_bits(d)
   if src_bits == dst_bits:   # same width: the shape stays, whatever the rank (0-d too)
     data = None if x._data is None else np.asarray(x._data).view(d)
     return _out(data, tuple(x.shape), d, ready_of(x), OpClass.FREE, True)
@@ -384,30 +384,8 @@ def bitcast(x, ty, dim: int = -2):
   new[ax] = new[ax] * src_bits // dst_bits
   data = None
   if x._data is not None:
-    moved = np.ascontiguousarray(np.moveaxis(x._data, ax, -1))
-    data = np.moveaxis(_view_last_axis(moved, x.dtype, d), -1, ax)
+    data = ref_maps.bitcast_data(x._data, x.dtype, d, ax)
   return _out(data, tuple(new), d, ready_of(x), OpClass.FREE, True)
-
-
-def _storage_bits(d) -> int:
-  """Bits of one element as a bitcast sees them: 4 for int4/uint4 (ml_dtypes keeps one per byte, in
-  its low nibble), the itemsize otherwise."""
-  return 4 if d in (dt.int4, dt.uint4) else d.itemsize * 8
-
-
-def _view_last_axis(a: np.ndarray, src, dst) -> np.ndarray:
-  """`a.view(dst)` along the last axis, with 4-bit types packed two to a byte, the first in the low
-  nibble (XLA's bitcast_convert_type, element 0 in the lowest bits)."""
-  if src in (dt.int4, dt.uint4):
-    nib = a.view(np.uint8) & 0xF
-    a = (nib[..., 0::2] | (nib[..., 1::2] << 4)).astype(np.uint8)
-  if dst not in (dt.int4, dt.uint4):
-    return a.view(dst)
-  b = a.view(np.uint8)
-  nib = np.stack([b & 0xF, b >> 4], axis=-1).reshape(*b.shape[:-1], -1)
-  if dst == dt.int4:
-    return ((nib.astype(np.int8) ^ 8) - 8).astype(dst)
-  return nib.astype(dst)
 
 
 # ------------------------------------------------------------------ PRNG (per-core, deterministic)
