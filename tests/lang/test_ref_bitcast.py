@@ -279,3 +279,8 @@ def test_a_window_of_a_4_bit_ref_bitcast_view_is_refused():
     o_ref[...] = x_ref.bitcast(jnp.int4)[0:8].astype(jnp.int32)
   with pytest.raises(pl.UnsupportedError, match=r"A windowed load of .*bitcast\(int4\).*whole 4-bit"):
     _call(kernel, pl.ShapeDtypeStruct((8, 128), jnp.int32), np.zeros((2, 128), np.int32))
+
+  def dma(x_ref, o_ref):
+    pltpu.sync_copy(x_ref.bitcast(jnp.int4), o_ref)
+  with pytest.raises(pl.UnsupportedError, match=r"A DMA \(pltpu.sync_copy src_ref\) of .*bitcast\(int4\)"):
+    _call(dma, pl.ShapeDtypeStruct((16, 128), jnp.int4), np.zeros((2, 128), np.int32))

@@ -16,12 +16,14 @@ from palace._src.lang.primitives import (axis_index, axis_size, resolve_device_i
                                          sem_target, semaphore_signal, semaphore_wait,
                                          typed_device_id)
 from palace._src.lang.indexed import IndexedRef
-from palace._src.lang.refs import MappedRef, Ref
+from palace._src.lang.refs import MappedRef, PackedRef, Ref
 from palace._src.lang.numpy_indexing import _where
 from palace._src.util import prod, tree_flatten, user_frame_summary
 
 
 def _check_ref(x, api, arg):
+  if isinstance(x, PackedRef):
+    raise x._refuse(f"A DMA ({api} {arg})")
   if not isinstance(x, (Ref, IndexedRef)):
     raise UsageError(f"{api} {arg} must be a ref or a ref view `.at[...]` ({user_frame_summary()}); got "
                      f"{validate.describe(x)}. Fix: pass a kernel ref (an argument of the kernel body, a "
