@@ -20,7 +20,8 @@ CONFIGS = [(np.float32, ml_dtypes.bfloat16), (np.int32, np.int16), (np.int32, np
 
 
 def _bits(d) -> int:
-  return 4 if np.dtype(d) in (np.dtype(ml_dtypes.int4), np.dtype(ml_dtypes.uint4)) else np.dtype(d).itemsize * 8
+  four = (np.dtype(ml_dtypes.int4), np.dtype(ml_dtypes.uint4))
+  return 4 if np.dtype(d) in four else np.dtype(d).itemsize * 8
 
 
 def _sources(wide, narrow, shape=(8, 128)):

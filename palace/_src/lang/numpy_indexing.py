@@ -165,8 +165,9 @@ Array.at = property(lambda self: _ValueAt(self))
 def take_along_axis(arr, indices, axis):
   """`jnp.take_along_axis` of a kernel value along one of its two minor dims, with `indices` of the
   value's shape but along that axis, where they may be longer or shorter (the result has their
-  shape: JAX's tpu_ops_test gathers a 32-row result from an 8-row value): Mosaic's in-register gather (`tpu.dynamic_gather`, an XLU op; measured on a TPU v5e:
-  take_along_axis on the lane axis compiles, a gather of rows by an index vector does not). The
+  shape: JAX's tpu_ops_test gathers a 32-row result from an 8-row value): Mosaic's in-register
+  gather (`tpu.dynamic_gather`, an XLU op; measured on a TPU v5e: take_along_axis on the lane axis
+  compiles, a gather of rows by an index vector does not). The
   gather has no fill: an index outside the axis is an error."""
   if not isinstance(arr, Array) or not isinstance(indices, Array):
     raise UsageError(f"jnp.take_along_axis takes kernel values (arrays loaded from refs){_where()} "
