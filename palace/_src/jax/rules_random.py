@@ -17,6 +17,7 @@ import numpy as np
 from palace._src.jax.interpret import traced
 from palace._src.jax.registry import DATA, rule
 import palace._src.lang.numpy_ops as pjnp
+from palace._src.lang import lax_ops
 
 
 def _impl(eqn, k: int = 0):
@@ -84,16 +85,11 @@ def _iota_2x32_shape(eqn):
   strides = np.cumprod((1, *shape[::-1]))[:-1][::-1]
   lo = None
   for d, stride in enumerate(strides):
-    term = pjnp.multiply(pjnp.asarray(_iota(shape, d)), np.uint32(stride))
+    term = pjnp.multiply(lax_ops.broadcasted_iota(np.uint32, shape, d), np.uint32(stride))
     lo = term if lo is None else pjnp.add(lo, term)
   if lo is None:
     lo = pjnp.zeros(shape, np.uint32)
   return [pjnp.zeros(shape, np.uint32), lo]
-
-
-def _iota(shape, d):
-  from palace._src.lang import lax_ops  # noqa: PLC0415
-  return lax_ops.broadcasted_iota(np.uint32, shape, d)
 
 
 @rule("prng_split", schedule=DATA)
