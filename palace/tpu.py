@@ -6,7 +6,8 @@ from palace._src.lang.tpu_primitives import (AsyncCopyDescriptor, async_copy, as
                                              bitcast, core_barrier, get_barrier_semaphore, load,
                                              make_async_copy, make_async_remote_copy,
                                              prng_random_bits, prng_seed, roll, run_on_first_core,
-                                             store, sync_copy)
+                                             store, sync_copy, trace_value)
+from palace._src.lang.packing import pack_elementwise, stochastic_round, unpack_elementwise
 from palace._src.launch.host import with_memory_space_constraint
 from palace._src.emit_pipeline import PipelineStep, emit_pipeline, emit_pipeline_with_allocations
 

@@ -255,6 +255,10 @@ def canonical_semantics(x) -> GridDimensionSemantics:
                      f"grid axes and 'arbitrary' for axes carrying state (accumulation).") from None
 
 
+# the side effect types a kernel may declare (besides a bool), by their values in JAX's SideEffectType
+_SIDE_EFFECT_TYPES = ("pure", "dataflow_side_effecting", "side_effecting")
+
+
 @dataclasses.dataclass(frozen=True)
 class CompilerParams:
   dimension_semantics: Sequence | None = None
@@ -295,6 +299,13 @@ class CompilerParams:
                   "allow_collective_id_without_custom_barrier", "shape_invariant_numerics",
                   "needs_layout_passes", "fuse_transposed_lhs_in_matmul"):
       validate.as_bool(getattr(self, field), f"{what}({field})")
+    effect = self.has_side_effects
+    if not isinstance(effect, bool) and \
+        str(getattr(effect, "value", effect)).lower() not in _SIDE_EFFECT_TYPES:
+      raise UsageError(f"{what}(has_side_effects): Invalid side effect type: {effect!r}; expected a "
+                       f"bool or a side effect type {list(_SIDE_EFFECT_TYPES)} (JAX's TPU lowering "
+                       f"raises ValueError for it too). Fix: pass True, False or "
+                       f"pltpu.SideEffectType.SIDE_EFFECTING.")
     if self.flags is not None and not isinstance(self.flags, dict):
       raise UsageError(f"{what}(flags) must be a dict of Mosaic flags; got {self.flags!r}. Fix: pass "
                        f"e.g. flags={{'xla_tpu_...': True}} or leave it None.")

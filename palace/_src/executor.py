@@ -91,6 +91,7 @@ class Executor(Protocol):
   def where(self) -> str: ...
   def site(self) -> tuple: ...   # (file, line) of the user's code issuing the current op (records, messages)
   def debug_print(self, text: str) -> None: ...
+  def trace_value(self, label: str, value) -> None: ...   # pltpu.trace_value: a value on the timeline
 
 
 class SparseCoreExecutor(Executor, Protocol):

@@ -299,6 +299,14 @@ def test_take_along_axis_gathers_along_the_minor_dims_only():
   idx = ((np.arange(8 * 128) * 37) % 128).astype(I32).reshape(8, 128)
   out = _whole(lambda a, i: jnp.take_along_axis(a, i, axis=-1), x, idx)
   np.testing.assert_array_equal(out, np.take_along_axis(x, idx, axis=-1))
+  # indices longer than the value along the gather axis: the result has their shape (JAX's own
+  # tpu_ops_test test_dynamic_gather_along_axis gathers 32 rows from an 8-row value)
+  rows = ((np.arange(32 * 128) * 5) % 8).astype(I32).reshape(32, 128)
+
+  def longer(x_ref, i_ref, o_ref):
+    o_ref[...] = jnp.take_along_axis(x_ref[...], i_ref[...], axis=-2)
+  got = pl.pallas_call(longer, out_shape=pl.ShapeDtypeStruct((32, 128), F32))(x, rows)
+  np.testing.assert_array_equal(got, np.take_along_axis(x, rows, axis=-2))
   x3 = np.zeros((2, 8, 128), F32)
   with pytest.raises(pl.UnsupportedError, match=r"take_along_axis along axis 0 of a rank-3 value .*only "
                                                 r"along the two minor dims"):

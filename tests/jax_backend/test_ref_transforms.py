@@ -135,3 +135,28 @@ def test_sparsecore_addupdate_and_compressed_stores():
   expected[:picked.size] = 2 * picked
   np.testing.assert_array_equal(got, expected)
   assert len(tpu.reports) == 2
+
+
+@pytest.mark.parametrize("src,dst", [(np.int32, ml_dtypes.int4), (ml_dtypes.int4, np.int16),
+                                     (np.float32, ml_dtypes.int4)])
+def test_a_4_bit_ref_bitcast_equals_the_value_bitcast(src, dst):
+  # refs.PackedRef: the whole view loads as pltpu.bitcast of the whole value (JAX's tpu_ops_test
+  # test_bitcast compares the two forms the same way)
+  bits = lambda d: 4 if np.dtype(d) == np.dtype(ml_dtypes.int4) else np.dtype(d).itemsize * 8  # noqa: E731
+  rows_in, rows_out = 32 // bits(src), 32 // bits(dst)
+  x = np.arange(rows_in * 256).reshape(rows_in, 256).astype(src)
+
+  def by_ref(x_ref, o_ref):
+    o_ref[...] = x_ref.bitcast(dst)[...]
+
+  def by_value(x_ref, o_ref):
+    o_ref[...] = pltpu.bitcast(x_ref[...], dst)
+  out = jax.ShapeDtypeStruct((rows_out, 256), dst)
+  with pj.virtual_tpu("v5e"):
+    a = np.asarray(pl.pallas_call(by_ref, out_shape=out)(x))
+    b = np.asarray(pl.pallas_call(by_value, out_shape=out)(x))
+  np.testing.assert_array_equal(a.astype(np.int64) if bits(dst) == 4 else a.view(np.uint8),
+                                b.astype(np.int64) if bits(dst) == 4 else b.view(np.uint8))
+  if src == np.int32:   # row 8i + k is nibble k of row i, the lowest first
+    want = ((x[:, None, :] >> (4 * np.arange(8))[None, :, None]) & 0xF).reshape(8 * rows_in, 256)
+    np.testing.assert_array_equal(a.astype(np.int64) & 0xF, want)

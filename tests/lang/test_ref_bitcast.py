@@ -249,3 +249,38 @@ def test_value_bitcast_to_and_from_int4_packs_nibbles(rng):
                                               pl.ShapeDtypeStruct((2, 128), jnp.int32)))(x)
   np.testing.assert_array_equal(o, expected)
   np.testing.assert_array_equal(back, x)
+
+
+def _nibbles_by_rows(x: np.ndarray) -> np.ndarray:
+  """int32 (r, c) as int4 (8r, c): row 8i + k holds nibble k (the lowest first) of row i, sign-extended."""
+  u = x.view(np.uint32)
+  rows = [((u >> np.uint32(4 * k)) & np.uint32(0xF)).astype(np.int8) for k in range(8)]
+  out = np.stack(rows, axis=1).reshape(8 * x.shape[0], x.shape[1])
+  return ((out ^ 8) - 8).astype(np.int8)
+
+
+def test_a_4_bit_ref_bitcast_view_loads_and_stores_whole():
+  rng = np.random.default_rng(0)
+  x = rng.integers(-2 ** 31, 2 ** 31, (2, 256), dtype=np.int64).astype(np.int32)
+
+  def load(x_ref, o_ref):
+    o_ref[...] = x_ref.bitcast(jnp.int4)[...].astype(jnp.int8)
+  got = _call(load, pl.ShapeDtypeStruct((16, 256), jnp.int8), x)
+  np.testing.assert_array_equal(got, _nibbles_by_rows(x))
+
+  def store(n_ref, o_ref):
+    o_ref.bitcast(jnp.int4)[...] = n_ref[...].astype(jnp.int4)
+  back = _call(store, pl.ShapeDtypeStruct(x.shape, jnp.int32), _nibbles_by_rows(x))
+  np.testing.assert_array_equal(back, x)
+
+
+def test_a_window_of_a_4_bit_ref_bitcast_view_is_refused():
+  def kernel(x_ref, o_ref):
+    o_ref[...] = x_ref.bitcast(jnp.int4)[0:8].astype(jnp.int32)
+  with pytest.raises(pl.UnsupportedError, match=r"A windowed load of .*bitcast\(int4\).*whole 4-bit"):
+    _call(kernel, pl.ShapeDtypeStruct((8, 128), jnp.int32), np.zeros((2, 128), np.int32))
+
+  def dma(x_ref, o_ref):
+    pltpu.sync_copy(x_ref.bitcast(jnp.int4), o_ref)
+  with pytest.raises(pl.UnsupportedError, match=r"A DMA \(pltpu.sync_copy src_ref\) of .*bitcast\(int4\)"):
+    _call(dma, pl.ShapeDtypeStruct((16, 128), jnp.int4), np.zeros((2, 128), np.int32))

@@ -42,9 +42,23 @@ def semaphore_kind(dtype):
   return SemaphoreType.REGULAR
 
 
+def physical(aval):
+  """`aval` as palace holds its values: a PRNG key array (an extended dtype) as its key data, as
+  JAX's TPU lowering keeps it (uint32, with the key's trailing dimensions: `jax.random.key_data`'s
+  shape); any other aval unchanged."""
+  from jax._src import dtypes as jax_dtypes  # noqa: PLC0415
+  dtype = getattr(aval, "dtype", None)
+  if dtype is None or not jax_dtypes.issubdtype(dtype, jax_dtypes.extended):
+    return aval
+  from jax._src import core as jax_core  # noqa: PLC0415
+  return jax_core.physical_aval(aval)
+
+
 def alloc_type(aval, what: str):
   """A JAX ref aval (scratch operand, run_scoped allocation) as a palace allocation type."""
   inner = getattr(aval, "inner_aval", aval)
+  if semaphore_kind(inner.dtype) is None:
+    inner = physical(inner)
   shape = tuple(int(s) for s in inner.shape)
   sem = semaphore_kind(inner.dtype)
   if sem is not None:

@@ -15,6 +15,7 @@ import numpy as np
 
 from palace._src.errors import UnsupportedError, UsageError
 from palace._src.jax import launch
+from palace._src.jax.avals import physical
 from palace._src.jax.interpret import check_covered, source_line
 from palace._src.jax.registry import RULES, sub_jaxprs
 from palace._src.launch import host as palace_host, spmd
@@ -193,12 +194,12 @@ def _emit_callback(ctx, host, in_nodes, direct_out: bool = False):
   from jax._src import ffi  # noqa: PLC0415
   from jax._src.interpreters import mlir  # noqa: PLC0415
 
-  avals = [*ctx.avals_in, *ctx.avals_out]
+  avals = [physical(a) for a in (*ctx.avals_in, *ctx.avals_out)]   # (keys: their key data)
   if any(jax_dtypes.itemsize_bits(a.dtype) < 8 for a in avals):
     return _emit_python_callback(ctx, host, in_nodes)
   n_in = len(in_nodes)
-  in_avals = [(tuple(a.shape), np.dtype(a.dtype)) for a in ctx.avals_in]
-  out_avals = [(tuple(a.shape), np.dtype(a.dtype)) for a in ctx.avals_out]
+  in_avals = [(tuple(a.shape), np.dtype(a.dtype)) for a in avals[:n_in]]
+  out_avals = [(tuple(a.shape), np.dtype(a.dtype)) for a in avals[n_in:]]
 
   def call(exec_ctx, *buffers):
     # (all of it inside `running`, the one count of palace launches on XLA's threads: the
@@ -318,7 +319,7 @@ def _lower_pod_launch(ctx, in_nodes, engine, params, axis_ctx, manual, kind):
   with palace_host.on_tpu(engine.tpu):   # palace's make_mesh checks the chip count, picks the ring order
     pmesh = spmd.make_mesh(tuple(mesh.shape.values()), tuple(map(str, mesh.axis_names)))
   groups = spmd.CallGroups(pmesh, engine.tpu)   # one rendezvous per call of this launch site
-  out_avals = params["out_avals"]
+  out_avals = [physical(a) for a in params["out_avals"]]
   run = functools.partial(launch.run_pallas_call if kind == "pallas_call" else launch.run_mpmd_map,
                           cache={})   # one palace launch and plan per lowering, reused by every call
 
@@ -378,7 +379,7 @@ def lower_on_palace(ctx, in_nodes, engine, params, kind: str = "pallas_call"):
   # one palace launch and plan per lowering (and grid), reused by every call
   run = functools.partial(launch.run_pallas_call if kind == "pallas_call" else launch.run_mpmd_map,
                           cache={})
-  out_avals = params["out_avals"]
+  out_avals = [physical(a) for a in params["out_avals"]]
 
   def host(*arrays, **out):
     try:

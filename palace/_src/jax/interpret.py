@@ -28,7 +28,9 @@ import numpy as np
 
 from palace._src.errors import PalaceError, UnsupportedError
 from palace._src.jax import scalar_blocks
+from palace._src.jax.avals import physical
 from palace._src.jax.registry import RULES, literal, sub_jaxprs
+from palace._src.lang import tpu_primitives
 from palace._src.lang.array import Array
 
 _PROGRAMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # jaxpr -> its _Program (a cache)
@@ -92,10 +94,18 @@ def unsupported(eqn, what: str = "", fix: str = "", outer=()) -> UnsupportedErro
 
 
 def check_covered(jaxpr, outer=()) -> None:
-  """Raise UnsupportedError for the first equation (in any sub-jaxpr) that has no rule."""
+  """Raise UnsupportedError for the first equation (in any sub-jaxpr) that has no rule, and the
+  error of the first one whose entry `rejects` it (registry.py)."""
   for eqn in jaxpr.eqns:
-    if eqn.primitive.name not in RULES:
+    entry = RULES.get(eqn.primitive.name)
+    if entry is None:
       raise unsupported(eqn, outer=outer)
+    if entry.rejects is not None:
+      try:
+        entry.rejects(eqn)
+      except PalaceError as e:
+        _annotate(e, eqn)
+        raise
     for sub in sub_jaxprs(eqn):
       check_covered(sub, (*outer, eqn))
 
@@ -113,7 +123,8 @@ def _expected(var):
   shape = getattr(aval, "shape", None)
   if shape is None or getattr(aval, "inner_aval", None) is not None:
     return None
-  return tuple(shape), np.dtype(aval.dtype)
+  aval = physical(aval)   # (a key array: its key data)
+  return tuple(aval.shape), np.dtype(aval.dtype)
 
 
 def _failing(error):
@@ -263,6 +274,31 @@ def run_program(prog: _Program, consts, args) -> list:
     raise UnsupportedError(f"palace.jax: a jaxpr with {prog.n_in} inputs got {len(args)} "
                            f"values.")
   return prog.run(consts, args)
+
+
+def traced(fn_of):
+  """A compiling registry entry for a primitive Mosaic lowers through `lower_fun` (the JAX function
+  its TPU lowering traces in its place): `fn_of(eqn)` gives that function, traced once per equation
+  on the equation's operand types; its jaxpr then runs on palace's interpreter, so the primitive
+  computes exactly what that function computes, with every op in it charged as in a kernel."""
+  def make(eqn):
+    import jax  # noqa: PLC0415
+    structs = [jax.ShapeDtypeStruct(v.aval.shape, v.aval.dtype) for v in eqn.invars]
+    closed = jax.make_jaxpr(fn_of(eqn))(*structs)
+    prog, consts = program(closed.jaxpr), closed.consts
+    # (Mosaic's integers are signless: a result of the other signedness, e.g. the pallas_tpu key's
+    # int32 random bits for a uint32 random_bits, is the same bits, as a same-width bitcast)
+    casts = [None if np.dtype(physical(got).dtype) == np.dtype(physical(v.aval).dtype) else
+             np.dtype(physical(v.aval).dtype) for got, v in zip(closed.out_avals, eqn.outvars)]
+
+    def run(*args):
+      outs = run_program(prog, consts, args)
+      return [o if c is None else tpu_primitives.bitcast(o, c) if isinstance(o, Array) else
+              np.asarray(o).view(c) for o, c in zip(outs, casts)]
+    if eqn.primitive.multiple_results:
+      return run
+    return lambda *args: run(*args)[0]
+  return make
 
 
 def _wrong_type(eqn, x, expected) -> None:

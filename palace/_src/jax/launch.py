@@ -18,14 +18,15 @@ from palace._src import blocks
 from palace._src import dtypes as dt
 from palace._src import core as pcore
 from palace._src.errors import BlockSpecError, UnsupportedError
-from palace._src.jax.avals import alloc_type, memory_space
+from palace._src.jax.avals import alloc_type, memory_space, physical
 from palace._src.jax.interpret import grid_axes, kernel_site, program, run_program
 from palace._src.jax.registry import RULES, literal, sub_jaxprs
 from palace._src.jax.schedule import replay_blocker
 from palace._src.launch import host, sc_mesh
 from palace._src.jax import rules_sc
 from palace._src.launch.host_refs import freeze, owning_ref, ref_name
-from palace._src.launch.plan import ENTRIES, OPERAND, LaunchPlan, Operand, Output, Stage, grid_stages
+from palace._src.launch.plan import (ENTRIES, INOUT, OPERAND, LaunchPlan, Operand, Output, Stage,
+                                     grid_stages)
 from palace._src.launch.run import run
 from palace._src.util import tree_flatten
 
@@ -60,6 +61,7 @@ def check_launch(params) -> None:
     if bm.transforms:
       raise _fail(params, f"block transforms {bm.transforms} of {bm.origin}")
     _dims(params, bm)
+  host.check_params(_compiler_params(params.get("compiler_params"), len(gm.grid)), "pallas_call")
 
 
 def _dims(params, bm) -> tuple:
@@ -98,25 +100,26 @@ def _pure_index_jaxpr(jaxpr) -> bool:
   return True
 
 
-def _index_map(bm):
+def _index_map(bm, extra: int = 0):
   """The block mapping's index map: its jaxpr compiled once (interpret.program); one with no
   equations (`lambda i, j: (i, 0)`, the common case) becomes a plain tuple of its inputs and literals.
   Both it and a map of scalar index arithmetic alone (`lambda i: (2 * i + 1, 0)`, `_pure_index_jaxpr`)
   are marked pure (blocks.PURE_INDEX_MAP): they charge nothing and run on whole index columns, so a
   plan keeps every step's offsets, found in one vectorised evaluation on any grid
   (block_offsets.grid_offsets), instead of running the map per step. A JAX map computes in int32:
-  its columns are int32 (blocks.INDEX_DTYPE), so it wraps where JAX's does."""
+  its columns are int32 (blocks.INDEX_DTYPE), so it wraps where JAX's does. `extra`: trailing
+  dimensions the array has beyond the map's (a key array's key data), each block index 0."""
   closed = bm.index_map_jaxpr
   if not closed.eqns and not closed.constvars:
     from jax._src import core as jax_core  # noqa: PLC0415
     pos = {v: k for k, v in enumerate(closed.invars)}
     picks = tuple((True, _static_index(literal(v))) if type(v) is jax_core.Literal else (False, pos[v])
-                  for v in closed.outvars)
+                  for v in closed.outvars) + ((True, 0),) * extra
     index_map = lambda *args: tuple(v if static else args[v] for static, v in picks)  # noqa: E731
     setattr(index_map, blocks.PURE_INDEX_MAP, True)
     return index_map
-  prog, consts = program(closed), closed.consts
-  index_map = lambda *args: tuple(run_program(prog, consts, args))  # noqa: E731
+  prog, consts, zeros = program(closed), closed.consts, (0,) * extra
+  index_map = lambda *args: (*run_program(prog, consts, args), *zeros)  # noqa: E731
   setattr(index_map, blocks.INDEX_DTYPE, np.int32)
   if _pure_index_jaxpr(closed.jaxpr):
     setattr(index_map, blocks.PURE_INDEX_MAP, True)
@@ -129,8 +132,11 @@ def _static_index(x):
 
 
 def _block_mapping(params, bm, name: str) -> blocks.BlockMapping:
-  """palace's BlockMapping of one of JAX's block mappings (of the operand or output `name`)."""
-  shape, dtype = tuple(bm.array_aval.shape), np.dtype(bm.array_aval.dtype)
+  """palace's BlockMapping of one of JAX's block mappings (of the operand or output `name`). A key
+  array's blocks take its key data's trailing dimensions whole (avals.physical)."""
+  aval = physical(bm.array_aval)
+  shape, dtype = tuple(aval.shape), np.dtype(aval.dtype)
+  extra = len(shape) - len(bm.array_aval.shape)
   space = memory_space(getattr(bm.transformed_block_aval, "memory_space", None), pcore.MemorySpace.VMEM,
                        bm.origin)
   if space in (pcore.MemorySpace.ANY, pcore.MemorySpace.HBM):
@@ -157,9 +163,9 @@ def _block_mapping(params, bm, name: str) -> blocks.BlockMapping:
           f"0.12's lowering has the same rule). Fix: use pl.Buffered(2), or deeper buffering through "
           f"pltpu.emit_pipeline inside a pl.kernel.")
     requested = int(n)
-  dims = _dims(params, bm)
+  dims = _dims(params, bm) + tuple((blocks.BLOCKED, n, 0) for n in shape[len(shape) - extra:])
   blocks.check_block(name, shape, dtype, dims, space)
-  index_map = _index_map(bm)
+  index_map = _index_map(bm, extra)
   return blocks.BlockMapping(name, shape, dtype, dims, index_map, space,
                              blocks.buffer_count(dims, shape, space, requested), False,
                              getattr(index_map, blocks.PURE_INDEX_MAP, False) is True)
@@ -220,13 +226,13 @@ def plan_pallas_call(params, grid: tuple, args, chip) -> tuple:
   gm, jaxpr, kname = params["grid_mapping"], params["jaxpr"], kernel_name(params)
   nsp, n_in = gm.num_index_operands, gm.num_inputs
   names = [f"scalar_prefetch[{i}]" if i < nsp else f"args[{i}]" for i in range(len(args))]
-  _check_32_bit(kname, {**dict(zip(names, args)),
-                        **{f"outputs[{i}]": a for i, a in enumerate(params["out_avals"])}})
+  out_avals = [physical(a) for a in params["out_avals"]]
+  _check_32_bit(kname, {**dict(zip(names, args)), **{f"outputs[{i}]": a for i, a in enumerate(out_avals)}})
   arrays = [host.to_host_array(a, name) for a, name in zip(args, names)]
   in_maps = tuple(_block_mapping(params, bm, f"args[{nsp + i}]")
                   for i, bm in enumerate(gm.block_mappings[:n_in]))
   outs = [host.out_struct(pcore.ShapeDtypeStruct(tuple(a.shape), np.dtype(a.dtype)), f"out_shape[{i}]")
-          for i, a in enumerate(params["out_avals"])]
+          for i, a in enumerate(out_avals)]
   out_maps = tuple(_block_mapping(params, bm, f"outputs[{i}]")
                    for i, bm in enumerate(gm.block_mappings[n_in:n_in + len(outs)]))
   scratch = tuple(alloc_type(a, f"scratch[{i}]") for i, a in enumerate(gm.scratch_avals))
@@ -346,7 +352,7 @@ def plan_mpmd_map(params, args, chip) -> tuple:
   by `run_mpmd_map`); their outputs are those refs' final values, the other outputs the plan's."""
   check_mpmd(params)
   jaxpr, mesh, name = params["jaxprs"][0], params["meshes"][0], mpmd_name(params)
-  out_avals, n_in = params["out_avals"], len(args)
+  out_avals, n_in = [physical(a) for a in params["out_avals"]], len(args)
   n_out = len(out_avals)
   _check_32_bit(name, {**{f"args[{i}]": a for i, a in enumerate(args)},
                        **{f"outputs[{i}]": a for i, a in enumerate(out_avals)}})
@@ -362,14 +368,26 @@ def plan_mpmd_map(params, args, chip) -> tuple:
   host.check_hbm(name, dict(zip(names, arrays)), {f"outputs[{i}]": o for i, o in enumerate(outs)}, scratch,
                  chip)
   staged = []   # inputs whose kernel ref is in VMEM/SMEM (its aval's memory space): staged there
+  # inputs the body takes as values, not refs (a scalar the kernel function closes over, e.g. a traced
+  # index; JAX refuses other captured arrays): staged in SMEM and read once before the body
+  values = {i for i, v in enumerate(jaxpr.invars[:n_in]) if getattr(v.aval, "inner_aval", None) is None}
   for i, v in enumerate(jaxpr.invars[:n_in]):
+    if i in values:
+      staged.append(Stage(OPERAND, i, pcore.MemoryRef(arrays[i].shape, arrays[i].dtype,
+                                                      pcore.MemorySpace.SMEM), f"args[{i}]"))
+      continue
     sp = memory_space(getattr(v.aval, "memory_space", None), pcore.MemorySpace.ANY, f"args[{i}] of {name}")
-    if sp in (pcore.MemorySpace.VMEM, pcore.MemorySpace.SMEM) and i not in aliases:
-      staged.append(Stage(OPERAND, i, pcore.MemoryRef(arrays[i].shape, arrays[i].dtype, sp), f"args[{i}]"))
+    if sp in (pcore.MemorySpace.VMEM, pcore.MemorySpace.SMEM):
+      # (a mutable ref typed SMEM/VMEM, e.g. pl.empty_ref_like(pltpu.SMEM(...)): its value lives in
+      # HBM between launches, copied in before the body and back after it)
+      staged.append(Stage(INOUT if i in aliases else OPERAND, i,
+                          pcore.MemoryRef(arrays[i].shape, arrays[i].dtype, sp), names[i]))
   prog = program(jaxpr)
 
   def body(*refs):
     ins, outs_, scr = refs[:n_in], refs[n_in:n_in + len(fresh)], refs[n_in + len(fresh):]
+    if values:
+      ins = [r[...] if k in values else r for k, r in enumerate(ins)]
     it = iter(outs_)
     all_outs = [ins[in_of_out[o]] if o in in_of_out else next(it) for o in range(n_out)]
     run_program(prog, (), (*ins, *all_outs, *scr))

@@ -16,6 +16,10 @@ table keep one entry per primitive:
   runs once per plan on whole index columns, jax/launch.py);
 - `scalar`: how it fuses into a run of 0-d int/bool equations generated as Python int arithmetic
   (scalar_blocks.py): `fn(eqn, operand dtypes, result dtype) -> scalar_blocks.Op | None`; None: never;
+- `rejects`: `fn(eqn)` raising palace's error for what Mosaic rejects from the equation's types
+  alone (an unsigned matmul operand): run while palace lowers the kernel (interpret.check_covered),
+  so the caller gets that error at the call itself, as JAX on a TPU raises Mosaic's lowering errors
+  there, and not wrapped in XLA's runtime error around palace's host callback;
 - `operands`: the decoder of its operand tree (`Operands`) when its operands are a flattened pytree
   (refs with their transforms, DMAs, semaphores): the one reading of that layout, for the evaluation,
   the schedule analysis and the lowering's device-id checks (callback.py).
@@ -97,17 +101,18 @@ class Rule:
   pure_index: bool = False
   scalar: Callable | None = None
   operands: Operands | None = None
+  rejects: Callable | None = None
 
 
 RULES: dict = {}   # primitive name -> its Rule
 
 
 def rule(*names, compiles: bool = False, schedule=None, pure_index: bool = False, scalar=None,
-         operands: Operands | None = None):
+         operands: Operands | None = None, rejects: Callable | None = None):
   """Register the decorated function as the evaluation of the primitives `names`, with their facts."""
   def register(evaluate):
     for name in names:
-      RULES[name] = Rule(name, evaluate, compiles, schedule, pure_index, scalar, operands)
+      RULES[name] = Rule(name, evaluate, compiles, schedule, pure_index, scalar, operands, rejects)
     return evaluate
   return register
 

@@ -10,7 +10,7 @@ import numpy as np
 
 import palace._src.lang.numpy_ops as pjnp
 from palace._src.jax import rules_sc, scalar_blocks as sb
-from palace._src.jax.interpret import shape_of, source_line, unsupported
+from palace._src.jax.interpret import shape_of, source_line, traced, unsupported
 from palace._src.jax.registry import DATA, Deciding, literal, rule
 from palace._src.lang import lax_ops, mxu, numpy_linalg, tpu_primitives
 from palace._src.errors import UnsupportedError
@@ -438,16 +438,22 @@ rule("argmax", schedule=DATA)(_arg(pjnp.argmax))
 rule("argmin", schedule=DATA)(_arg(pjnp.argmin))
 
 
-@rule("dot_general", schedule=DATA)
-def _dot_general(eqn, lhs, rhs):
+def _dot_rejects(eqn) -> str:
+  """The dot's precision; raises what Mosaic rejects (mxu.py), named at the JAX kernel's line."""
   p = eqn.params
-  pet = p.get("preferred_element_type")
-  out = eqn.outvars[0].aval.dtype
-  where = f"kernel line {source_line(eqn)}"     # the Mosaic rules, named at the JAX kernel's line
+  lhs, rhs = (np.dtype(v.aval.dtype) for v in eqn.invars)
+  where = f"kernel line {source_line(eqn)}"
   prec = mxu.precision_of(p.get("precision"), "lax.dot_general", where)
-  mxu.check(np.dtype(lhs.dtype), np.dtype(rhs.dtype), np.dtype(out), prec, "lax.dot_general", where)
-  return numpy_linalg.dot_general(lhs, rhs, p["dimension_numbers"], precision=prec,
-                                  preferred_element_type=pet)
+  mxu.check(lhs, rhs, np.dtype(eqn.outvars[0].aval.dtype), prec, "lax.dot_general", where)
+  return prec
+
+
+@rule("dot_general", compiles=True, schedule=DATA, rejects=_dot_rejects)
+def _dot_general(eqn):
+  p = eqn.params
+  dims, pet, prec = p["dimension_numbers"], p.get("preferred_element_type"), _dot_rejects(eqn)
+  return lambda lhs, rhs: numpy_linalg.dot_general(lhs, rhs, dims, precision=prec,
+                                                   preferred_element_type=pet)
 
 
 @rule("concatenate", schedule=DATA)
@@ -464,6 +470,23 @@ def _split(eqn, x):
     pieces.append(x[(slice(None),) * axis + (slice(start, start + int(size)),)])
     start += int(size)
   return pieces
+
+
+@rule("unstack", schedule=DATA)
+def _unstack(eqn, x):
+  """lax's unstack (jnp.unstack, and JAX's threefry on key data): the size-1 slices along `axis`, that
+  axis dropped (Mosaic lowers one slice and one reshape per piece)."""
+  axis = int(eqn.params["axis"])
+  lead = (slice(None),) * axis
+  return [x[(*lead, i)] for i in range(x.shape[axis])]
+
+
+@rule("erf_inv", compiles=True, schedule=DATA)
+@traced
+def _erf_inv(eqn):
+  """Mosaic's own erf_inv: the polynomial of jax/_src/pallas/utils.py (jax.random.normal in a kernel)."""
+  from jax._src.pallas import utils as pallas_utils  # noqa: PLC0415
+  return pallas_utils.erf_inv_lowering_helper
 
 
 @rule("slice", schedule=DATA)

@@ -12,9 +12,12 @@ import weakref
 
 import numpy as np
 
-from palace._src.errors import OutOfBoundsError, UnsupportedError
+from palace._src.errors import MemorySpaceError, OutOfBoundsError, UnsupportedError
+from palace._src.core import MemorySpace
+from palace._src.jax.avals import physical
 from palace._src.jax.interpret import grid_axes, result_unused, source_line, unsupported, user_site_of
 from palace._src.jax.registry import DATA, Deciding, Never, Operands, literal, rule
+import palace._src.lang.numpy_ops as pjnp
 from palace._src.lang import context, lax_ops
 from palace._src.lang import primitives as prims
 from palace._src.lang import sc_primitives as sc
@@ -344,10 +347,33 @@ def _copy(eqn, taint):
 @rule("get", compiles=True, schedule=_access(_GET, ("transforms",)), operands=_GET)
 def _get(eqn):
   target = _ref_operand(eqn, _Leaf(0), _compiled(_GET, eqn)["transforms"], last_index=True)
+  if physical(eqn.outvars[0].aval) is not eqn.outvars[0].aval:
+    return _key_get(eqn, target)
 
   def get(*operands):
     r, idx = target(operands)
     return r[idx]
+  return get
+
+
+def _key_get(eqn, target):
+  """A PRNG key array read from a ref: its key data; from SMEM one scalar load per word, as Mosaic
+  loads a Pallas TPU key (its words then seed the core's generator, rules_random.py)."""
+  from jax._src.pallas.mosaic import random as pl_random  # noqa: PLC0415
+  pallas_key = pl_random.is_pallas_impl(eqn.outvars[0].aval.dtype._impl)
+
+  def get(*operands):
+    r, idx = target(operands)
+    view = r if idx is ... else r.at[idx]
+    if view.memory_space != MemorySpace.SMEM:
+      if pallas_key:
+        raise MemorySpaceError(
+            f"palace.jax: a Pallas TPU key read from {view.memory_space} at kernel line "
+            f"{source_line(eqn)}: Mosaic loads these keys from SMEM only (\"PRNG keys must be loaded "
+            f"from SMEM\"). Fix: give the key operand pl.BlockSpec(memory_space=pltpu.SMEM).")
+      return view[...]
+    words = [view[pos] for pos in np.ndindex(*view.shape)]
+    return pjnp.reshape(pjnp.stack(words), view.shape)
   return get
 
 
@@ -675,13 +701,37 @@ def _bitcast(eqn, x):
 
 @rule("prng_seed", schedule=DATA)
 def _prng_seed(eqn, *seeds):
-  tpu.prng_seed(*seeds)
+  """Seeded with scalars, or with a Pallas TPU key: its words, in order, as Mosaic seeds the
+  generator with the key's scalars (rules_random.py)."""
+  words = []
+  for s in seeds:
+    if isinstance(s, Array) and s.shape and s._data is not None:
+      words.extend(int(w) for w in np.asarray(s._data).reshape(-1))
+    else:
+      words.append(s)
+  tpu.prng_seed(*words)
   return []
 
 
-@rule("prng_random_bits", schedule=DATA)
+def _prng_bits_rejects(eqn) -> None:
+  shape = tuple(eqn.params["shape"])
+  if len(shape) < 2:
+    raise UnsupportedError(
+        f"palace.jax: pltpu.prng_random_bits of shape {shape} at kernel line {source_line(eqn)}: "
+        f"Mosaic draws random bits into arrays of rank 2 or more only (NotImplementedError at "
+        f"lowering: 'random_bits only supports rank>=2 outputs'). Fix: draw a 2-D block, e.g. "
+        f"(8, 128), and reshape or slice it.")
+
+
+@rule("prng_random_bits", schedule=DATA, rejects=_prng_bits_rejects)
 def _prng_bits(eqn):
   return tpu.prng_random_bits(tuple(eqn.params["shape"]))
+
+
+@rule("trace_value", schedule=Never("records a value on the timeline"))
+def _trace_value(eqn, value):
+  tpu.trace_value(eqn.params["label"], value)
+  return []
 
 
 @rule("delay", schedule=Deciding(0))

@@ -158,8 +158,8 @@ def _scalar_dtype(var):
   a = var.aval
   if getattr(a, "shape", None) != () or getattr(a, "inner_aval", None) is not None:
     return None
-  d = np.dtype(a.dtype)
-  return d if d in DTYPES else None
+  d = a.dtype
+  return d if isinstance(d, np.dtype) and d in DTYPES else None   # (not a key array's type)
 
 
 def op_of(eqn) -> Op | None:

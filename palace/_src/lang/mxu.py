@@ -96,7 +96,8 @@ def check(a_dtype, b_dtype, out_dtype, precision: str, site: str = "jnp.dot",
       raise UnsupportedError(
           f"{site}: {which} operand of dtype {d} at {_at(where)}: Mosaic rejects unsigned "
           f"integer matmul operands on {_chip()} (it reads every integer operand as signed; "
-          f"NotImplementedError at lowering, {_WHERE}). Fix: cast the operand to a signed type first, "
+          f"NotImplementedError at lowering: 'Unsigned integer dtype {d} is not supported for "
+          f"dot_general (matmul)', {_WHERE}). Fix: cast the operand to a signed type first, "
           f"e.g. x.astype(jnp.int8) when its values are below 128, or jnp.int32 / jnp.bfloat16.")
   out = np.dtype(out_dtype)
   if out.itemsize < 4 and (dt.is_float(out) or dt.is_int(out)):

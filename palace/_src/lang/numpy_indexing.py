@@ -165,8 +165,10 @@ Array.at = property(lambda self: _ValueAt(self))
 def take_along_axis(arr, indices, axis):
   """`jnp.take_along_axis` of a kernel value along one of its two minor dims (on a TensorCore; any
   axis on a SparseCore vector subcore, as JAX's SparseCore tests take it), with `indices` of the
-  value's shape: Mosaic's in-register gather (`tpu.dynamic_gather`, an XLU op; measured on a TPU v5e:
-  take_along_axis on the lane axis compiles, a gather of rows by an index vector does not). The
+  value's shape but along that axis, where they may be longer or shorter (the result has their
+  shape: JAX's tpu_ops_test gathers a 32-row result from an 8-row value): Mosaic's in-register
+  gather (`tpu.dynamic_gather`, an XLU op; measured on a TPU v5e: take_along_axis on the lane axis
+  compiles, a gather of rows by an index vector does not). The
   gather has no fill: an index outside the axis is an error."""
   if not isinstance(arr, Array) or not isinstance(indices, Array):
     raise UsageError(f"jnp.take_along_axis takes kernel values (arrays loaded from refs){_where()} "
@@ -174,12 +176,14 @@ def take_along_axis(arr, indices, axis):
   shape, rank = arr.shape, len(arr.shape)
   ax = validate.as_int(axis, "jnp.take_along_axis(axis)")
   ax = ax + rank if ax < 0 else ax
-  if tuple(indices.shape) != tuple(shape) or not dt.is_int(indices.dtype) or rank < 1 or \
-      not 0 <= ax < rank:
+  ishape = tuple(indices.shape)
+  if not dt.is_int(indices.dtype) or rank < 1 or not 0 <= ax < rank or len(ishape) != rank or \
+      any(i != n for k, (i, n) in enumerate(zip(ishape, shape)) if k != ax) or not ishape[ax]:
     raise UsageError(f"jnp.take_along_axis{_where()} ({user_frame_summary()}): indices {indices.dtype}"
                      f"{list(indices.shape)} for a value {arr.dtype}{list(shape)} along axis {axis}; "
-                     f"expected integer indices of the value's own shape and an axis of it. Fix: "
-                     f"broadcast the indices to {tuple(shape)} (jnp.broadcast_to).")
+                     f"expected integer indices of the value's shape but along the axis, and an axis "
+                     f"of it. Fix: broadcast the indices to the value's shape (jnp.broadcast_to) but "
+                     f"along the gather axis.")
   ex = executor.maybe_current()
   if ax < rank - 2 and (ex is None or ex.sparsecore is None):   # (a SparseCore gathers along any axis)
     raise UnsupportedError(
@@ -198,4 +202,4 @@ def take_along_axis(arr, indices, axis):
           f"outside axis {ax} of size {shape[ax]}; the TPU's in-register gather has no fill for it. "
           f"Fix: clamp the indices (jnp.clip) or take them modulo {shape[ax]}.")
     data = np.take_along_axis(arr._data, idx, axis=ax)
-  return _out(data, shape, arr.dtype, ready_of(arr, indices), OpClass.XLU, True)
+  return _out(data, ishape, arr.dtype, ready_of(arr, indices), OpClass.XLU, True)

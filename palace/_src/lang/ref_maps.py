@@ -32,15 +32,39 @@ UNIT_DTYPES = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uin
                8: np.dtype(np.uint64)}
 
 
+def storage_bits(d) -> int:
+  """Bits of one element as a bitcast sees them: 4 for int4/uint4 (ml_dtypes keeps one per byte, in
+  its low nibble), the itemsize otherwise."""
+  return 4 if d in (dt.int4, dt.uint4) else d.itemsize * 8
+
+
+def _view_last_axis(a: np.ndarray, src, dst) -> np.ndarray:
+  """`a.view(dst)` along the last axis, with 4-bit types packed two to a byte, the first in the low
+  nibble (XLA's bitcast_convert_type, element 0 in the lowest bits)."""
+  if src in (dt.int4, dt.uint4):
+    nib = a.view(np.uint8) & 0xF
+    a = (nib[..., 0::2] | (nib[..., 1::2] << 4)).astype(np.uint8)
+  if dst not in (dt.int4, dt.uint4):
+    return a.view(dst)
+  b = a.view(np.uint8)
+  nib = np.stack([b & 0xF, b >> 4], axis=-1).reshape(*b.shape[:-1], -1)
+  if dst == dt.int4:
+    return ((nib.astype(np.int8) ^ 8) - 8).astype(dst)
+  return nib.astype(dst)
+
+
+def bitcast_data(data: np.ndarray, src, dst, axis: int) -> np.ndarray:
+  """NumPy `data` of dtype `src` reinterpreted as `dst` along `axis`, whose length scales by the
+  width ratio (4-bit types counted as 4 bits, the first element in the lowest bits): the one
+  bit-level bitcast of values (pltpu.bitcast) and of 4-bit ref views (refs.PackedRef)."""
+  moved = np.ascontiguousarray(np.moveaxis(data, axis, -1))
+  return np.moveaxis(_view_last_axis(moved, src, dst), -1, axis)
+
+
 def bitcast_shape(shape: tuple, src, dst, what: str) -> tuple:
   """The shape of a ref of `shape` and dtype `src` bitcast to `dst`: the second-minor dimension scales
-  by the width ratio (errors as JAX's: 1-D refs and sub-byte types cannot change width)."""
-  w_in, w_out = src.itemsize, dst.itemsize
-  for d in (src, dst):
-    if dt.bits(d) != d.itemsize * 8:
-      raise UnsupportedError(f"{what}: a ref bitcast between {src} and {dst} is not supported in palace "
-                             f"yet ({d} is not a whole number of bytes per element in palace's "
-                             f"memory). Fix: bitcast between byte-sized types (8, 16, 32 bits).")
+  by the width ratio, 4-bit types counted as 4 bits (errors as JAX's: 1-D refs cannot change width)."""
+  w_in, w_out = storage_bits(src), storage_bits(dst)
   if w_in == w_out:
     return tuple(shape)
   if len(shape) < 2:

@@ -10,18 +10,20 @@ from palace._src.errors import ShapeError, SyncError, UnsupportedError, UsageErr
 from palace._src.executor import DmaRequest, OpClass
 from palace._src.lang import numpy_ops as jnp
 from palace._src.lang.numpy_base import _out
-from palace._src.lang import context
+from palace._src.lang import context, ref_maps
 from palace._src.lang.array import concrete_int, concrete_value, ready_of
 from palace._src.lang.primitives import (axis_index, axis_size, resolve_device_id, run_scoped,
                                          sem_target, semaphore_signal, semaphore_wait,
                                          typed_device_id)
 from palace._src.lang.indexed import IndexedRef, check_indexed_copy
-from palace._src.lang.refs import MappedRef, Ref
+from palace._src.lang.refs import MappedRef, PackedRef, Ref
 from palace._src.lang.numpy_indexing import _where
 from palace._src.util import prod, tree_flatten, user_frame_summary
 
 
 def _check_ref(x, api, arg):
+  if isinstance(x, PackedRef):
+    raise x._refuse(f"A DMA ({api} {arg})")
   if not isinstance(x, (Ref, IndexedRef)):
     raise UsageError(f"{api} {arg} must be a ref or a ref view `.at[...]` ({user_frame_summary()}); got "
                      f"{validate.describe(x)}. Fix: pass a kernel ref (an argument of the kernel body, a "
@@ -356,7 +358,7 @@ def bitcast(x, ty, dim: int = -2):
   d = dt.canonicalize(ty)
   if isinstance(x, Ref):
     return x.bitcast(d)
-  src_bits, dst_bits = _storage_bits(x.dtype), _storage_bits(d)
+  src_bits, dst_bits = ref_maps.storage_bits(x.dtype), ref_maps.storage_bits(d)
   if src_bits == dst_bits:   # same width: the shape stays, whatever the rank (0-d too)
     data = None if x._data is None else np.asarray(x._data).view(d)
     return _out(data, tuple(x.shape), d, ready_of(x), OpClass.FREE, True)
@@ -382,30 +384,8 @@ def bitcast(x, ty, dim: int = -2):
   new[ax] = new[ax] * src_bits // dst_bits
   data = None
   if x._data is not None:
-    moved = np.ascontiguousarray(np.moveaxis(x._data, ax, -1))
-    data = np.moveaxis(_view_last_axis(moved, x.dtype, d), -1, ax)
+    data = ref_maps.bitcast_data(x._data, x.dtype, d, ax)
   return _out(data, tuple(new), d, ready_of(x), OpClass.FREE, True)
-
-
-def _storage_bits(d) -> int:
-  """Bits of one element as a bitcast sees them: 4 for int4/uint4 (ml_dtypes keeps one per byte, in
-  its low nibble), the itemsize otherwise."""
-  return 4 if d in (dt.int4, dt.uint4) else d.itemsize * 8
-
-
-def _view_last_axis(a: np.ndarray, src, dst) -> np.ndarray:
-  """`a.view(dst)` along the last axis, with 4-bit types packed two to a byte, the first in the low
-  nibble (XLA's bitcast_convert_type, element 0 in the lowest bits)."""
-  if src in (dt.int4, dt.uint4):
-    nib = a.view(np.uint8) & 0xF
-    a = (nib[..., 0::2] | (nib[..., 1::2] << 4)).astype(np.uint8)
-  if dst not in (dt.int4, dt.uint4):
-    return a.view(dst)
-  b = a.view(np.uint8)
-  nib = np.stack([b & 0xF, b >> 4], axis=-1).reshape(*b.shape[:-1], -1)
-  if dst == dt.int4:
-    return ((nib.astype(np.int8) ^ 8) - 8).astype(dst)
-  return nib.astype(dst)
 
 
 # ------------------------------------------------------------------ PRNG (per-core, deterministic)
@@ -445,3 +425,18 @@ def prng_random_bits(shape):
   shape = validate.as_dims(shape, "pltpu.prng_random_bits shape")
   data = gen.bits(shape)
   return _out(data, shape, dt.int32, 0, OpClass.CHEAP, True)
+
+
+def trace_value(label: str, value) -> None:
+  """`pltpu.trace_value(label, value)`: a scalar int32 or float32 value recorded on the core's
+  timeline at this point (an instant event on the scalar lane of the launch's trace: what xprof shows
+  for it on a TPU), for one scalar op."""
+  ex = executor.current("pltpu.trace_value()")
+  d = np.dtype(getattr(value, "dtype", None) or np.asarray(value).dtype)
+  shape = tuple(getattr(value, "shape", np.shape(value)))
+  if shape or d not in (dt.int32, dt.float32):
+    raise ShapeError(f"pltpu.trace_value({label!r}, ...) of {d}{list(shape)} ({user_frame_summary()}): "
+                     f"it records a scalar int32 or float32 value (JAX: 'trace_value requires a scalar "
+                     f"value'). Fix: pass a 0-d int32 or float32 value, e.g. jnp.sum(x).astype(jnp.int32).")
+  v = concrete_value(value)
+  ex.trace_value(str(label), v.item() if hasattr(v, "item") else v)

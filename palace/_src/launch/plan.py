@@ -13,7 +13,7 @@ import numpy as np
 
 from palace._src.core import CompilerParams, MemoryRef, MemorySpace
 
-OPERAND, OUTPUT = "operand", "output"
+OPERAND, OUTPUT, INOUT = "operand", "output", "inout"
 LEAVES, TREE, ENTRIES = "leaves", "tree", "entries"
 
 
@@ -39,8 +39,9 @@ class Output:
 class Stage:
   """A scoped VMEM/SMEM copy of an operand or output around the body on every core: operands are
   copied in before the body (scalar prefetch, SMEM BlockSpecs) and the body gets the copy; outputs are
-  copied back to HBM after it (pl.kernel outputs typed pltpu.VMEM/SMEM, SMEM out BlockSpecs)."""
-  kind: str                 # OPERAND | OUTPUT
+  copied back to HBM after it (pl.kernel outputs typed pltpu.VMEM/SMEM, SMEM out BlockSpecs); an
+  INOUT operand is both (a mutable ref in SMEM/VMEM that a JAX program hands to pl.kernel)."""
+  kind: str                 # OPERAND | OUTPUT | INOUT
   index: int                # into LaunchPlan.operands / .outputs
   type: MemoryRef           # the scoped allocation
   name: str                 # the allocation's name in messages

@@ -26,7 +26,7 @@ from palace._src.core import (CORE_PARALLEL, PARALLEL, MemoryRef, MemorySpace, S
                               SemaphoreType, TensorCoreMesh, canonical_semantics)
 from palace._src.errors import ResourceError, SyncError, UsageError
 from palace._src.launch import host
-from palace._src.launch.plan import ENTRIES, LEAVES, OPERAND, LaunchPlan
+from palace._src.launch.plan import ENTRIES, INOUT, LEAVES, OUTPUT, LaunchPlan
 from palace._src.launch.sc_mesh import VectorSubcoreMesh, check_for_chip
 from palace._src.lang import context
 from palace._src.lang.primitives import close_scope, open_scope
@@ -262,9 +262,12 @@ class _CoreProgram:
     self.scopes.append(bufs)
     self.copy_in, self.copy_out = [], []
     for s, r in zip(plan.staged, staged):
-      if s.kind == OPERAND:
+      if s.kind != OUTPUT:
         self.copy_in.append(AsyncCopyDescriptor(operands[s.index], r, staged[-1], api="pltpu.sync_copy")
                             .prepare(ex))
+        if s.kind == INOUT:
+          self.copy_out.append(AsyncCopyDescriptor(r, operands[s.index], staged[-1],
+                                                   api="pltpu.sync_copy").prepare(ex))
         operands[s.index] = r
       else:
         self.copy_out.append(AsyncCopyDescriptor(r, outputs[s.index], staged[-1], api="pltpu.sync_copy")

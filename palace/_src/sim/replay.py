@@ -139,6 +139,10 @@ class ReplayCore:
   def debug_print(self, text: str) -> None:
     self.machine.tpu.debug_print(text)
 
+  def trace_value(self, label: str, value) -> None:
+    """Nothing: a replayed launch keeps the timeline of the launch it copies (palace.jax never replays
+    a kernel that traces values: its schedule entry is Never)."""
+
   # compute: no clock
   def vector_op(self, op_class, shape, dtype, ready: int) -> int:
     return ready

@@ -122,6 +122,14 @@ class TensorCore:
   def debug_print(self, text: str) -> None:
     self.machine.debug_print(text)
 
+  def trace_value(self, label: str, value) -> None:
+    """`pltpu.trace_value`: one scalar op (the store to the trace), and the value on the scalar lane of
+    the launch's trace, an instant event named `trace_value <label>` (what xprof shows on a TPU)."""
+    self.scalar_op()
+    if self.trace.on:
+      self.trace.add((self.tid, "scalar", f"trace_value {label}", self.now, self.now,
+                      {"label": label, "value": value}))
+
   # ------------------------------------------------------------------ compute
   def _issue(self, unit: str, busy: int, latency: int, ready: int, what: str) -> int:
     """Issue `busy` cycles on `unit` (in order after its previous op); the result is ready `latency`

@@ -1,0 +1,126 @@
+"""pltpu.pack_elementwise / unpack_elementwise / stochastic_round under palace.jax (registry entries in
+rules_tpu.py, the ops in lang/packing.py), against NumPy references written from the primitives'
+definitions (jax/_src/pallas/mosaic/primitives.py): source k fills bits [k*b, (k+1)*b) of each element,
+integers truncated, f32 rounded to bf16; an unpack sign-extends; a stochastic round gives one of the two
+neighbours."""
+import ml_dtypes
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+import palace.jax as pj
+from palace import UnsupportedError
+
+CONFIGS = [(np.float32, ml_dtypes.bfloat16), (np.int32, np.int16), (np.int32, np.int8),
+           (np.int32, ml_dtypes.int4), (np.int16, np.int8), (np.int8, ml_dtypes.int4)]
+
+
+def _bits(d) -> int:
+  four = (np.dtype(ml_dtypes.int4), np.dtype(ml_dtypes.uint4))
+  return 4 if np.dtype(d) in four else np.dtype(d).itemsize * 8
+
+
+def _sources(wide, narrow, shape=(8, 128)):
+  rng = np.random.default_rng(0)
+  n = _bits(wide) // _bits(narrow)
+  if np.dtype(wide) == np.float32:
+    return rng.standard_normal((n, *shape)).astype(np.float32)
+  info = np.iinfo(np.int8 if _bits(wide) == 4 else wide)
+  lo, hi = (-8, 8) if _bits(wide) == 4 else (info.min, info.max)
+  return rng.integers(lo, hi, (n, *shape)).astype(wide)
+
+
+def _field(x, narrow) -> np.ndarray:
+  """x narrowed to `narrow`, as its raw bits (uint64)."""
+  b = _bits(narrow)
+  if np.dtype(x.dtype) == np.float32:
+    return x.astype(ml_dtypes.bfloat16).view(np.uint16).astype(np.uint64)
+  return x.astype(np.int64).astype(np.uint64) & np.uint64((1 << b) - 1)
+
+
+def _packed(xs, narrow):
+  b = _bits(narrow)
+  out = np.zeros(xs.shape[1:], np.uint64)
+  for k, x in enumerate(xs):
+    out |= _field(x, narrow) << np.uint64(k * b)
+  return out
+
+
+@pytest.mark.parametrize("wide,narrow", CONFIGS)
+def test_pack_elementwise_interleaves_the_sources_lowest_first(wide, narrow):
+  xs = _sources(wide, narrow)
+  n, out_dtype = len(xs), {32: jnp.uint32, 16: jnp.uint16, 8: jnp.uint8}[_bits(wide)]
+
+  def kernel(x_ref, o_ref):
+    o_ref[...] = pltpu.pack_elementwise([x_ref[i] for i in range(n)], packed_dtype=narrow)
+  with pj.virtual_tpu("v5e"):
+    got = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(xs.shape[1:], out_dtype))(xs)
+  np.testing.assert_array_equal(np.asarray(got).astype(np.uint64), _packed(xs, narrow))
+
+
+@pytest.mark.parametrize("wide,narrow", CONFIGS)
+def test_unpack_elementwise_takes_each_field_back_sign_extended(wide, narrow):
+  xs = _sources(wide, narrow)
+  packed = _packed(xs, narrow).astype({32: np.uint32, 16: np.uint16, 8: np.uint8}[_bits(wide)])
+  for index in range(len(xs)):
+    def kernel(x_ref, o_ref):
+      o_ref[...] = pltpu.unpack_elementwise(x_ref[...], index=index, packed_dtype=narrow,
+                                            unpacked_dtype=wide)
+    with pj.virtual_tpu("v5e"):
+      got = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(packed.shape, wide))(packed)
+    np.testing.assert_array_equal(np.asarray(got), xs[index].astype(narrow).astype(wide))
+
+
+def test_pack_elementwise_into_a_type_palace_does_not_model_is_refused():
+  xs = np.zeros((2, 8, 128), np.int8)
+
+  def kernel(x_ref, o_ref):
+    o_ref[...] = pltpu.pack_elementwise([x_ref[0], x_ref[1]], packed_dtype=jnp.int2)
+  with pj.virtual_tpu("v5e"), pytest.raises(UnsupportedError,
+                                            match=r"pack_elementwise with int2: palace models"):
+    pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.uint8))(
+        xs.astype(ml_dtypes.int4))
+
+
+@pytest.mark.parametrize("target", [jnp.bfloat16, jnp.float8_e5m2, jnp.float8_e4m3fn])
+def test_stochastic_round_gives_a_neighbour_and_rounds_up_by_the_bits(target):
+  rng = np.random.default_rng(1)
+  x = rng.standard_normal((8, 128)).astype(np.float32)
+  x[0, :4] = [0.0, 1.0, -2.0, np.nan]   # exact values and NaN convert as astype
+  bits = rng.integers(0, 2 ** 32, (8, 128), dtype=np.uint64).astype(np.uint32)
+
+  def kernel(x_ref, b_ref, o_ref):
+    o_ref[...] = pltpu.stochastic_round(x_ref[...], b_ref[...], target_dtype=target)
+  with pj.virtual_tpu("v5e"):
+    got = np.asarray(pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, target))(x, bits))
+  t = np.dtype(target)
+  g = got.astype(np.float32)
+  np.testing.assert_array_equal(g[0, :3], x[0, :3])
+  assert np.isnan(g[0, 3])
+  # the neighbours toward and away from zero, and the rule: away when bits < frac * 2**32
+  ub = {1: np.uint8, 2: np.uint16}[t.itemsize]
+  near = x.astype(t)
+  mag_bits = near.view(ub).astype(np.int64) & ((1 << (8 * t.itemsize - 1)) - 1)
+  sign = near.view(ub).astype(np.int64) - mag_bits
+  lo_bits = np.where(np.abs(near.astype(np.float32)) > np.abs(x), mag_bits - 1, mag_bits)
+  lo = (sign + lo_bits).astype(ub).view(t).astype(np.float32)
+  hi = (sign + lo_bits + 1).astype(ub).view(t).astype(np.float32)
+  frac = (np.abs(x) - np.abs(lo)) / (np.abs(hi) - np.abs(lo))
+  want = np.where(bits.astype(np.float64) < frac * 2.0 ** 32, hi, lo)
+  inexact = np.isfinite(x) & (lo != x)
+  np.testing.assert_array_equal(g[inexact], want[inexact])
+  assert 0.2 < np.mean(g[inexact] == hi[inexact]) < 0.8   # both neighbours occur
+
+
+def test_stochastic_round_to_an_unmodelled_type_is_refused():
+  x = np.zeros((8, 128), np.float32)
+
+  def kernel(x_ref, b_ref, o_ref):
+    o_ref[...] = pltpu.stochastic_round(x_ref[...], b_ref[...],
+                                        target_dtype=jnp.float8_e4m3b11fnuz).astype(jnp.float32)
+  with pj.virtual_tpu("v5e"), pytest.raises(UnsupportedError, match="float8_e4m3b11fnuz"):
+    pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, jnp.float32))(x, x.view(np.uint32))
