@@ -92,6 +92,15 @@ class _BlockLabels(tuple):
     slot = vmem.label_part()
     return slot + hbm if to_hbm else hbm + slot
 
+  # (a trace event's DMA args name the copy by anything with `label()`: the events of steps a
+  # steady-state detector advanced over name their copies by these labels, pipeline_steady.py)
+  label = label_parts
+
+  def at(self, offsets) -> "_BlockLabels":
+    """The labels of the same copy for the block at `offsets`."""
+    buf, _, shape, vmem, to_hbm = tuple.__iter__(self)
+    return _BlockLabels((buf, offsets, shape, vmem, to_hbm))
+
 
 def _cached_copy(op: _Op, offsets, slot: int, to_hbm: bool):
   """`_prepare`, cached per (block, slot) for operands whose blocks are revisited (matmul operands): a

@@ -188,10 +188,12 @@ class Detector:
 
   def finish(self) -> None:
     """After the steps: the trace's events of the steps advanced over, where stepping them would
-    have recorded them (newest jump first: each fills only what later events leave of the trace)."""
+    have recorded them (newest jump first, each filling only what later events leave of the trace:
+    once it is full, older ones would be dropped)."""
     for mark, events, j, period, cycles, periods in reversed(self.pending):
-      self.helper.trace_splice(mark, functools.partial(self._shifted, events, j, period, cycles,
-                                                       periods))
+      if not self.helper.trace_splice(mark, functools.partial(self._shifted, events, j, period, cycles,
+                                                              periods)):
+        break
     self.pending = []
 
   @staticmethod
@@ -204,15 +206,15 @@ class Detector:
       dt, ds = q * cycles, q * period
       for ev, copy in events:
         args = ev[5]
-        if copy is not None:
-          o, slot, rel, to_hbm = copy
-          args = (o.prepare(o, o.all_blocks[j + rel + ds], slot, to_hbm), args[1])
+        if copy is not None:   # (named by its labels: pipeline._BlockLabels.label)
+          labels, blocks, rel = copy
+          args = (labels.at(blocks[j + rel + ds]), args[1])
         out.append((ev[0], ev[1], ev[2], ev[3] + dt, ev[4] + dt, args))
     return out[-count:]
 
   def _template_events(self, template, j: int, s: int):
-    """The trace events of steps [j, s), each with None or, for a pipeline block copy, (operand, slot,
-    the step of its block - j, to HBM?); None when one cannot be moved to other steps (a copy the
+    """The trace events of steps [j, s), each with None or, for a pipeline block copy, (its labels,
+    its operand's blocks, the step of its block - j); None when one cannot be moved to other steps (a copy the
     body issued, other arguments). The pipeline copies each block once per change, in step order:
     an input's copies of [j, s) fetch the changed blocks after those in flight at step j (the same
     offsets from j as the ones in flight now, from s), an output's write back the blocks of the steps
@@ -243,7 +245,7 @@ class Detector:
       t = next(due[id(o), to_hbm], None)
       if t is None or o.all_blocks[t] != labels[1]:
         return None
-      out.append((ev, (o, slot, t - j, to_hbm)))
+      out.append((ev, (labels, o.all_blocks, t - j)))
     return out
 
   def _row_major(self) -> bool:

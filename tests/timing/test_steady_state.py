@@ -228,3 +228,46 @@ def test_data_runs_step_every_point():
 def test_option_is_validated():
   with pytest.raises(pl.PalaceError, match="steady_state"):
     pl.virtual_tpu("v5e", steady_state="yes")
+
+
+def test_random_bits_continuing_across_steps_are_stepped():
+  # 0-d random bits are computed in timing-only mode and may steer control flow: a generator seeded
+  # at the first step carries its state from step to step, so no step repeats another
+  def make():
+    seeded = []
+
+    def body(x_ref, o_ref):
+      if not seeded:
+        pltpu.prng_seed(7)
+        seeded.append(True)
+      bit = pltpu.prng_random_bits(())
+
+      @pl.when(bit % 2 == 0)
+      def _():
+        o_ref[...] = jnp.exp(x_ref[...])
+
+      @pl.when(bit % 2 != 0)
+      def _():
+        o_ref[...] = x_ref[...]
+    return pl.pallas_call(body, out_shape=pl.ShapeDtypeStruct(x.shape, F32), grid=(512,),
+                          in_specs=[spec], out_specs=spec)
+  x = np.zeros((512 * 8, 128), F32)
+  spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
+  report, skipped = _same(lambda x: make()(x), x)
+  assert skipped == 0
+  assert report.unit_busy_cycles["eup"] > 0   # (some steps took the exp branch)
+
+
+def test_random_bits_seeded_every_step():
+  def body(x_ref, o_ref):
+    pltpu.prng_seed(pl.program_id(0) % 4)
+    bit = pltpu.prng_random_bits(())
+
+    @pl.when(bit % 2 == 0)
+    def _():
+      o_ref[...] = jnp.exp(x_ref[...])
+  x = np.zeros((512 * 8, 128), F32)
+  spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
+  f = pl.pallas_call(body, out_shape=pl.ShapeDtypeStruct(x.shape, F32), grid=(512,), in_specs=[spec],
+                     out_specs=spec)
+  _same(f, x)

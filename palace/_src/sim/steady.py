@@ -170,23 +170,26 @@ class SteadyState:
     after.reverse()
     return after
 
-  def trace_splice(self, mark, produce) -> None:
+  def trace_splice(self, mark, produce) -> bool:
     """Put the events of advanced-over steps where stepping them would have recorded them: before
     every event recorded since `mark` (the newest event when they were advanced over). Only the
     newest `cap` events of a launch are kept, so `produce(k)` is asked for the last k of them (none
-    when the events since `mark` fill the trace alone)."""
+    when the events since `mark` fill the trace alone). Returns whether the trace still has room
+    for older events."""
     after = self.trace_events(mark)
     if after is None:
-      return
+      return False
     trace = self.core.trace
     need = trace.cap - len(after)
     if need <= 0:
-      return
+      return False
     ring = trace._ring
     for _ in after:
       ring.pop()
-    ring.extend(produce(need))
+    events = produce(need)
+    ring.extend(events)
     ring.extend(after)
+    return len(events) < need
 
   # ------------------------------------------------------------------ counters
   def snapshot(self) -> Snapshot:
