@@ -39,6 +39,7 @@ import numpy as np
 
 MIN_STEPS = 64          # grids shorter than this are stepped (nothing to gain)
 KEEP_SIGNATURES = 1024  # signatures kept per binade before the check interval doubles
+RECENT = 4              # earlier steps with the same signature tried as the start of a period
 
 
 def _is_wait(ev) -> bool:
@@ -56,7 +57,7 @@ class Detector:
     self.alias = [(k, o) for k, o, _, alias, *_ in steps.in_plan + steps.out_plan if alias]
     # how many steps ahead a step's copies look (prefetch and lookahead, the next block of outputs)
     self.ahead = max([o.nbuf for o in self.buffered] + [1])
-    self.hist = {}      # signature -> the last step it was taken at
+    self.hist = {}      # signature -> the last steps it was taken at (at most RECENT, newest first)
     self.at = {}        # step -> (signature, snapshot, trace mark), this binade's
     self.full = None    # the points are the whole grid in row-major order (`_row_major`)
     self.pending = []   # per jump: its trace events, recorded by `finish`
@@ -115,20 +116,22 @@ class Detector:
     key = (key, self._pipeline_key(s))
     entry = (key, self.helper.snapshot(), self.helper.trace_mark())
     prev = self.hist.get(key)
-    self.hist[key] = s
+    self.hist[key] = [s] if prev is None else [s] + prev[:RECENT - 1]
     self.at[s] = entry
     if prev is None:
       if len(self.at) > KEEP_SIGNATURES:   # (no period yet: look less often, keep fewer)
         self.interval *= 2
         self.at = {t: e for t, e in self.at.items() if t % self.interval == 0}
-        self.hist = {e[0]: t for t, e in self.at.items()}
+        self.hist = {}
+        for t, e in self.at.items():
+          self.hist[e[0]] = [t] + self.hist.get(e[0], [])[:RECENT - 1]
       return s
     if self.codes is None and not self._tables():
       self.stop = -1   # (an output block revisited later: stepping raises the error where it is)
       return s
-    # the last step with this signature; then a period that also repeats the grid indices the
-    # body read (a multiple of their cycles in the row-major grid)
-    for j in (prev, self._index_period(s, prev)):
+    # the last few steps with this signature, newest first; then a period that also repeats the grid
+    # indices the body read (a multiple of their cycles in the row-major grid)
+    for j in (*prev, self._index_period(s, prev[0])):
       past = self.at.get(j)
       if past is not None and past[0] == key:
         jumped = self._attempt(s, j, past, entry, binade, hi, now)

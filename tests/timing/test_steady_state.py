@@ -4,12 +4,15 @@ skip steps where the steps repeat."""
 import functools
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import pytest
 
 import palace as pl
 import palace.numpy as jnp
 from palace import tpu as pltpu
 from palace._src.errors import SyncError
+from matmul_kernel import matmul_kernel as _matmul_kernel
 
 F32 = np.float32
 
@@ -42,17 +45,6 @@ def _add(rows, cols, bm=8, bn=128):
                      out_shape=pl.ShapeDtypeStruct(x.shape, F32), grid=(rows, cols),
                      in_specs=[spec, spec], out_specs=spec)
   return f, x, x
-
-
-def _matmul_kernel(x_ref, y_ref, o_ref, acc_ref):
-  @pl.when(pl.program_id(2) == 0)
-  def _():
-    acc_ref[...] = jnp.zeros_like(acc_ref)
-  acc_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
-
-  @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
-  def _():
-    o_ref[...] = acc_ref[...]
 
 
 def _matmul(g, b=128, semantics=None):
@@ -271,3 +263,45 @@ def test_random_bits_seeded_every_step():
   f = pl.pallas_call(body, out_shape=pl.ShapeDtypeStruct(x.shape, F32), grid=(512,), in_specs=[spec],
                      out_specs=spec)
   _same(f, x)
+
+
+@st.composite
+def _grids(draw):
+  rows = draw(st.integers(1, 12))
+  cols = draw(st.sampled_from([16, 32, 64, 96]))
+  in_map = draw(st.sampled_from(["same", "reversed", "causal", "modulo", "row"]))
+  out_revisits = draw(st.booleans())
+  buffers = draw(st.sampled_from([None, 1, 2, 3]))
+  branch_axis = draw(st.sampled_from([None, 0, 1]))
+  modulus = draw(st.integers(2, 5))
+  dtype = draw(st.sampled_from([np.float32, jnp.bfloat16]))
+  return rows, cols, in_map, out_revisits, buffers, branch_axis, modulus, dtype
+
+
+@settings(max_examples=25, deadline=None)
+@given(_grids())
+def test_random_grids_report_as_stepped(case):
+  rows, cols, in_map, out_revisits, buffers, branch_axis, modulus, dtype = case
+  maps = {"same": lambda i, j: (i, j), "reversed": lambda i, j: (rows - 1 - i, cols - 1 - j),
+          "causal": lambda i, j: (i, jnp.minimum(i, j)), "modulo": lambda i, j: (i, j % 3),
+          "row": lambda i, j: (i, 0)}
+  x = np.zeros((rows * 8, cols * 128), dtype)
+  mode = None if buffers is None else pl.Buffered(buffers)
+
+  def body(x_ref, o_ref):
+    if branch_axis is not None:
+      @pl.when(pl.program_id(branch_axis) % modulus == 1)
+      def _():
+        o_ref[...] = jnp.exp(x_ref[...].astype(F32)).astype(o_ref.dtype)
+
+      @pl.when(pl.program_id(branch_axis) % modulus != 1)
+      def _():
+        o_ref[...] = x_ref[...]
+    else:
+      o_ref[...] = x_ref[...] * 2
+  out_map = (lambda i, j: (i, 0)) if out_revisits else (lambda i, j: (i, j))
+  f = pl.pallas_call(body, grid=(rows, cols),
+                     out_shape=pl.ShapeDtypeStruct((rows * 8, (1 if out_revisits else cols) * 128), dtype),
+                     in_specs=[pl.BlockSpec((8, 128), maps[in_map], pipeline_mode=mode)],
+                     out_specs=pl.BlockSpec((8, 128), out_map))
+  _same(f, x, trace=True)

@@ -9,7 +9,8 @@ those periods would have done.
 What the signature holds (everything a later step's timing can depend on, relative to `now`):
   * the core: the clocks that only ever enter a `max` (units' free cycles, the latest result, the
     horizon, each live buffer's ready cycle, the HBM read mark) as `max(x - now, 0)`; the last DMA-wait
-    sync exactly (an arrival before it is compared with it);
+    sync exactly, unless it is before `now` and every pending arrival (only arrivals are compared
+    with it);
   * the semaphores: every element's value and pending arrivals (cycle - now, amount, side, and for a
     DMA its bytes and flags), in their order;
   * the bandwidth calendars: the segment holding `now` (its rate, and whether it starts at `now` or
@@ -78,7 +79,7 @@ class SteadyState:
     clocks += [b.ready_cycle for b in self._buffers()]
     if any(type(x) is not int for x in clocks):   # (integer cycles: shifting them is exact)
       return None
-    parts = [core.synced_until - now, tuple(rel(v) for v in core.unit_free.values()),
+    parts = [self._sync_mark(now), tuple(rel(v) for v in core.unit_free.values()),
              rel(core.compute_done), rel(core.horizon)]
     parts.append(tuple((id(b), rel(b.ready_cycle)) for b in self._buffers()))
     sems = []
@@ -124,6 +125,16 @@ class SteadyState:
         hi = ru if ru > hi else hi
       parts.append((head, tuple(tail), rel(ru)))
     return tuple(parts), now, e, hi
+
+  def _sync_mark(self, now: int):
+    """The last DMA-wait sync relative to `now`, or None when it is before `now` and every pending
+    arrival: it is compared only with the cycles of arrivals a wait applies, and every later one
+    comes at or after `now`, so its value no longer matters."""
+    synced = self.core.synced_until
+    if synced >= now:
+      return synced - now
+    low = min((a[0] for sem in self.machine.sems.slots.values() for a in sem.pending), default=now)
+    return synced - now if synced >= low else None
 
   def headroom(self, e: int, hi: float) -> float:
     """How many cycles every time may still move on before one leaves binade `e` (with a cycle of
@@ -222,8 +233,9 @@ class SteadyState:
     def later(x):
       return x + shift if x > now else x
 
+    if self._sync_mark(now) is not None:
+      core.synced_until += shift
     core.now = now + shift
-    core.synced_until += shift
     uf = core.unit_free
     for u in uf:
       uf[u] = later(uf[u])
