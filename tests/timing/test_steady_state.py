@@ -305,3 +305,20 @@ def test_random_grids_report_as_stepped(case):
                      in_specs=[pl.BlockSpec((8, 128), maps[in_map], pipeline_mode=mode)],
                      out_specs=pl.BlockSpec((8, 128), out_map))
   _same(f, x, trace=True)
+
+
+def test_copies_the_body_issues_itself():
+  # an ANY operand the body copies from at the row of its grid row: its copies are timed in the
+  # period like the pipeline's (with a trace, their events are not moved: the tail is stepped)
+  def body(x_hbm, o_ref, buf, sem):
+    copy = pltpu.make_async_copy(x_hbm.at[pl.ds(pl.program_id(0) * 8, 8)], buf, sem)
+    copy.start()
+    copy.wait()
+    o_ref[...] = buf[...] * 2
+  x = np.zeros((4 * 8, 128), F32)
+  f = pl.pallas_call(body, out_shape=pl.ShapeDtypeStruct((4 * 8, 256 * 128), F32), grid=(4, 256),
+                     in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                     out_specs=pl.BlockSpec((8, 128), lambda r, i: (r, i)),
+                     scratch_shapes=[pltpu.VMEM((8, 128), F32), pltpu.SemaphoreType.DMA])
+  assert _same(f, x)[1] > 500
+  _same(f, x, trace=True)
