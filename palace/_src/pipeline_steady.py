@@ -12,22 +12,24 @@ later. The steps from s on repeat them if each step t does what step t - P did:
     at steps [s, T + lookahead] must equal those P steps earlier (from the index maps, computed for
     the whole grid beforehand), and T stays clear of the last step;
   * the body: in timing-only mode vector data are not computed, so a body's work can depend only on
-    the grid indices it reads (pl.program_id), scalar memory (SMEM, 0-d loads), semaphore reads and
-    what it prints. While the detector runs, the core records each step's reads (`grid_reads`); a
-    step that read anything but grid indices, printed or ran a nested pipeline is never used as a
-    template. Step t then behaves as its template t - kP in [j, s) when its grid indices agree on
-    every axis the template read (the body is a function of what it reads, so equal answers to the
-    same reads take the same path);
+    the grid indices it reads (pl.program_id), scalar memory (SMEM, 0-d loads), semaphore reads,
+    random bits of a generator seeded in an earlier step and what it prints. While the detector
+    runs, the core records each step's reads (`grid_reads`); a step that read anything but grid
+    indices, printed or ran a nested pipeline is never used as a template. Step t then behaves as
+    its template t - kP in [j, s) when its grid indices agree on every axis the template read (the
+    body is a function of what it reads, so equal answers to the same reads take the same path);
   * exact arithmetic: the float times of the calendars repeat bit for bit shifted while they stay in
     one binade (sim/steady.py); the jump stops before a time would leave it.
 Then m whole periods are skipped at once: the machine's clocks move on by mD and its counters (units'
-busy cycles, flops, steps, DMA counts and bytes, sequence numbers) by m times their per-period growth
-(sim/steady.SteadyState.advance); the pipeline's state moves to step T = s + mP (the copies in flight
-become those of step T's blocks, the written-back output blocks are added). The remaining steps run
-as usual. A trace keeps only the newest `Trace.cap` events, so with tracing on the jump stops early
-enough that the stepped tail records at least that many: the kept events are exactly those of
-stepping every point. Python side effects of the body (a counter in a closure) are not modelled: a
-skipped step does not call the body.
+busy cycles, flops, steps, DMA counts and bytes, sequence numbers) by m times their per-period
+growth (sim/steady.SteadyState.advance); the pipeline's state moves to step T = s + mP (the copies in
+flight become those of step T's blocks, the written-back output blocks are added). The remaining
+steps run as usual. Trace events: those of the skipped periods are the period's shifted by whole
+periods, each pipeline copy named by the block of its new step; `finish` puts them where stepping
+would have recorded them, only as many as the trace keeps (its newest `Trace.cap`). When the period
+holds an event that cannot be moved (a copy the body issued), the jump instead stops early enough
+that the stepped tail records every kept event. Python side effects of the body (a counter in a
+closure) are not modelled: a skipped step does not call the body.
 """
 from __future__ import annotations
 
@@ -217,11 +219,11 @@ class Detector:
 
   def _template_events(self, template, j: int, s: int):
     """The trace events of steps [j, s), each with None or, for a pipeline block copy, (its labels,
-    its operand's blocks, the step of its block - j); None when one cannot be moved to other steps (a copy the
-    body issued, other arguments). The pipeline copies each block once per change, in step order:
-    an input's copies of [j, s) fetch the changed blocks after those in flight at step j (the same
-    offsets from j as the ones in flight now, from s), an output's write back the blocks of the steps
-    before a change."""
+    its operand's blocks, the step of its block - j); None when one cannot be moved to other steps
+    (a copy the body issued, other arguments). The pipeline copies each block once per change, in
+    step order: an input's copies of [j, s) fetch the changed blocks after those in flight at step j
+    (as many steps ahead of j as the ones in flight now are of s), an output's write back the blocks
+    of the steps before a change."""
     slots = {id(ref): (o, z) for o in self.buffered for z, ref in enumerate(o.slots)}
     due = {}
     for o in self.buffered:

@@ -300,8 +300,9 @@ def test_random_grids_report_as_stepped(case):
     else:
       o_ref[...] = x_ref[...] * 2
   out_map = (lambda i, j: (i, 0)) if out_revisits else (lambda i, j: (i, j))
+  out_cols = 1 if out_revisits else cols
   f = pl.pallas_call(body, grid=(rows, cols),
-                     out_shape=pl.ShapeDtypeStruct((rows * 8, (1 if out_revisits else cols) * 128), dtype),
+                     out_shape=pl.ShapeDtypeStruct((rows * 8, out_cols * 128), dtype),
                      in_specs=[pl.BlockSpec((8, 128), maps[in_map], pipeline_mode=mode)],
                      out_specs=pl.BlockSpec((8, 128), out_map))
   _same(f, x, trace=True)
