@@ -456,13 +456,21 @@ def _steps(pipe: Pipeline, ex, body) -> None:
   steps provably repeat runs its first steps under a steady-state detector, which advances over
   whole periods (pipeline_steady.py)."""
   steps = _Steps(pipe, ex)
-  step = steps.step
-  start = 0
+  enter, write_backs, args, kwargs = steps.enter, steps.write_backs, steps.call_args, pipe.tail_kwargs
   steady = Detector.make(pipe, steps, ex, _alias_view) if ex is pipe.ex else None
-  if steady is not None:
-    start = steady.run(ex, body)
-  for s in range(start, pipe.n):
-    step(s, body)
+  # (the step indices, in order: the detector's may jump over whole periods)
+  order = range(pipe.n) if steady is None else steady.order(ex)
+  try:
+    for s in order:
+      enter(s)
+      if kwargs:
+        body(*args, **kwargs)
+      else:
+        body(*args)
+      write_backs(s)
+  finally:
+    if steady is not None:
+      order.close()
   if steady is not None:
     steady.finish()
   dma_wait = steps.dma_wait
@@ -480,7 +488,7 @@ class _Steps:
   looking the core up per copy)."""
   __slots__ = ("ex", "points", "n", "index_args", "sync", "call_args", "buffered_in", "buffered_out",
                "per_step", "in_plan", "out_plan", "dma_start", "dma_wait", "grid", "grid_stack",
-               "grid_step", "kwargs")
+               "grid_step")
 
   def __init__(self, pipe: Pipeline, ex):
     ops_in, ops_out, lead = pipe.ops_in, pipe.ops_out, pipe.lead_args
@@ -501,21 +509,15 @@ class _Steps:
                     for k, o in ins]
     self.out_plan = [(k, o, o.all_blocks, o.mode == _ALIAS) for k, o in outs]
     self.dma_start, self.dma_wait = ex.dma_start, ex.dma_wait
-    self.grid, self.grid_stack, self.grid_step, self.kwargs = pipe.grid, ex.grid_stack, ex.grid_step, \
-        pipe.tail_kwargs
+    self.grid, self.grid_stack, self.grid_step = pipe.grid, ex.grid_stack, ex.grid_step
 
-  def step(self, s: int, body) -> None:
-    """Grid step `s`: the step overhead, the input and output blocks, the body, the write-backs."""
+  def enter(self, s: int) -> None:
+    """Grid step `s` up to its body: the step overhead, the input and output blocks."""
     point = self.points[s]
     self.grid_stack[-1] = (point, self.grid)
     self.grid_step()
     self.inputs(s, point)
     self.outputs(s, point)
-    if self.kwargs:
-      body(*self.call_args, **self.kwargs)
-    else:
-      body(*self.call_args)
-    self.write_backs(s)
 
   def inputs(self, s: int, point) -> None:
     """Start every missing current input block first (the prologue issues all of step 0's copies

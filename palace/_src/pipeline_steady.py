@@ -85,9 +85,10 @@ class Detector:
     return cls(pipe, steps, helper, alias_view)
 
   # ------------------------------------------------------------------ the loop
-  def run(self, ex, body) -> int:
-    """Step from 0, watching, until the rest of the grid must be stepped; returns the next step."""
-    steps, n = self.steps, self.n
+  def order(self, ex):
+    """The step indices of the grid in order (the pipeline runs each), watching the body of each
+    while a jump may still come and jumping over whole periods at step boundaries."""
+    n = self.n
     s = 0
     try:
       while s < n and s <= self.stop:
@@ -96,13 +97,13 @@ class Detector:
           if s > self.stop:
             break
         reads = ex.grid_reads = []
-        steps.step(s, body)
+        yield s
         ex.grid_reads = None
         self.reads[s] = reads
         s += 1
     finally:
       ex.grid_reads = None
-    return s
+    yield from range(s, n)
 
   def _boundary(self, s: int) -> int:
     """At the boundary before step s: remember the signature, or jump when it repeats."""
