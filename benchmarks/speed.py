@@ -16,6 +16,9 @@ Baselines, one per target:
 - 64-chip all-gather: absolute limit (30 s); NumPy copying the same bytes (every chip's gathered copy)
   is printed beside it.
 - memory: the operands' bytes, peak RSS of a fresh interpreter measured above its base after imports.
+- timing_only steady state (issue 35): a 262,144-step grid timed with steady-state extrapolation
+  (pipeline_steady.py) against stepping every point (`pl.virtual_tpu(steady_state=False)`), same run,
+  tracing on (the default); the two reports must be identical.
 """
 from __future__ import annotations
 
@@ -54,6 +57,43 @@ def step_overhead(n=4096, reps=3):
   t, y = best_of(run, reps)
   assert (y == 2).all()
   return t / n
+
+
+def _add_kernel(x_ref, y_ref, o_ref):
+  o_ref[...] = x_ref[...] + y_ref[...]
+
+
+def steady_state(reps=2):
+  """Rows for a 262,144-step elementwise add ((8, 128) blocks, grid (512, 512)) and a tiled f32
+  matmul (128 blocks, grid (64, 64, 64)) under timing_only: best-of-`reps` wall time with steady
+  state on and off, in the same run (their reports compared field by field, events included)."""
+  n = 512
+  xa = np.zeros((8 * n, 128 * n), np.float32)
+  spec = pl.BlockSpec((8, 128), lambda i, j: (i, j))
+  add = pl.pallas_call(_add_kernel, out_shape=pl.ShapeDtypeStruct(xa.shape, xa.dtype), grid=(n, n),
+                       in_specs=[spec, spec], out_specs=spec)
+  xm = np.zeros((64 * 128, 64 * 128), np.float32)
+  rows = []
+  for name, fn, args in (("elementwise add, (8,128) blocks, grid (512, 512)", add, (xa, xa)),
+                         ("f32 matmul, 128 blocks, grid (64, 64, 64)",
+                          lambda x, y: tiled_matmul(x, y, 128), (xm, xm))):
+    times, reports = [], []
+    for steady in (False, True):
+      def run():
+        with pl.virtual_tpu("v5e", timing_only=True, steady_state=steady) as tpu:
+          fn(*args)
+        return tpu.reports[-1]
+      t, rep = best_of(run, reps)
+      times.append(t)
+      reports.append(rep)
+    same = reports[0].as_dict() == reports[1].as_dict() and \
+        list(reports[0].events) == list(reports[1].events)
+    ratio = times[0] / times[1]
+    rows.append((f"timing_only {name}, steady state", f"{times[1]:.2f} s",
+                 f"every step stepped {times[0]:.2f} s",
+                 f"{ratio:.1f}x" + ("" if same else " REPORTS DIFFER"),
+                 ">= 5x, same report", ratio >= 5 and same))
+  return rows
 
 
 def matmul(x, y, b, **tpu_kw):
@@ -147,6 +187,7 @@ def measure(quick: bool = False):
     rows.append(("64 chips x 1 MiB ring all-gather", f"{ag['wall_s']:.2f} s",
                  f"NumPy copying the {ag['held_bytes'] / 2**30:.1f} GiB gathered {ag['numpy_copy_s']:.2f} s",
                  f"{ag['wall_s'] / ag['numpy_copy_s']:.1f}x", "<= 30 s", ag["wall_s"] <= 30))
+  rows += steady_state(1 if quick else 2)
   base, ops, peak = rss_check()
   rows.append(("peak RSS, 4096^2 f32 matmul (fresh process)", f"{peak - base:.0f} MiB",
                f"operands {ops:.0f} MiB (base {base:.0f} MiB)", f"{(peak - base) / ops:.2f}x",

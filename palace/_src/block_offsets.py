@@ -9,6 +9,8 @@ of a map that reads prefetched scalars, charged on every step.
 """
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from palace._src import executor
@@ -28,7 +30,9 @@ def _vectorised_offsets(op, points, min_points: int = 8, index_args=()):
   if len(points) < min_points:
     return None
   dtype = getattr(m.index_map, INDEX_DTYPE, np.int64)
-  cols = [np.fromiter((p[d] for p in points), dtype, len(points)) for d in range(len(points[0]))]
+  rank = len(points[0])   # (the points as one flat C-level iteration: no Python frame per point)
+  flat = np.fromiter(itertools.chain.from_iterable(points), dtype, len(points) * rank)
+  cols = [np.ascontiguousarray(flat[d::rank]) for d in range(rank)]
   token = executor.set_current(None)
   try:
     idx = m.index_map(*cols, *index_args)

@@ -175,6 +175,8 @@ def emit_pipeline(body, *, grid, in_specs=(), out_specs=(), tiling=None, core_ax
       outs = _rebuild(out_tds, flat[n_in_leaves:])
       lead = ()
       if _explicit_indices:
+        if ex.grid_reads is not None:   # (a step counter of its own: the steps are not a function of
+          ex.grid_reads.append(None)    # the grid indices a steady-state detector sees)
         idx = tuple(_scalar_index(v) for v in ex.grid_stack[-1][0])
         lead = (PipelineStep(idx, _scalar_index(step[0])),)
       step[0] += 1

@@ -62,6 +62,9 @@ class Executor(Protocol):
   core_id_base: int         # core id of mesh position 0 (SparseCore subcores are numbered apart)
   # state the language manages on the core
   grid_stack: list          # [(indices tuple, sizes tuple), ...] innermost last (pipelines)
+  grid_reads: Any           # None, or a list the language appends each pl.program_id axis to (and
+                            # the machine None for a read the grid does not determine): set by a
+                            # pipeline's steady-state detector around a body (pipeline_steady.py)
   now: int                  # the core's issue clock (cycles)
   host_cache: dict          # per-launch host caches owned by the language side (lang/deferred.py)
   unused_dmas: dict         # id(descriptor) -> (site, describer, descriptor), reported at kernel end
@@ -88,6 +91,7 @@ class Executor(Protocol):
   def resolve_device_id(self, device_id) -> dict: ...        # mesh coordinates -> a core/chip address
   # bookkeeping
   def grid_step(self) -> None: ...
+  def steady_state(self): ...   # -> the machine side of steady-state extrapolation, or None
   def where(self) -> str: ...
   def site(self) -> tuple: ...   # (file, line) of the user's code issuing the current op (records, messages)
   def debug_print(self, text: str) -> None: ...

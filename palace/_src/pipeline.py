@@ -31,6 +31,7 @@ from palace._src.errors import OutOfBoundsError, SyncError, UsageError
 from palace._src.lang.primitives import close_scope, open_scope, sem_target
 from palace._src.lang.refs import Ref, Slice
 from palace._src.lang.tpu_primitives import AsyncCopyDescriptor, prepare_window_copy
+from palace._src.pipeline_steady import Detector
 
 
 _PIPELINE_SITE = ("<pipeline of BlockSpec'd operands>", 0)
@@ -90,6 +91,15 @@ class _BlockLabels(tuple):
         (buf.name, offsets, shape)
     slot = vmem.label_part()
     return slot + hbm if to_hbm else hbm + slot
+
+  # (a trace event's DMA args name the copy by anything with `label()`: the events of steps a
+  # steady-state detector advanced over name their copies by these labels, pipeline_steady.py)
+  label = label_parts
+
+  def at(self, offsets) -> "_BlockLabels":
+    """The labels of the same copy for the block at `offsets`."""
+    buf, _, shape, vmem, to_hbm = tuple.__iter__(self)
+    return _BlockLabels((buf, offsets, shape, vmem, to_hbm))
 
 
 def _cached_copy(op: _Op, offsets, slot: int, to_hbm: bool):
@@ -239,7 +249,10 @@ class Pipeline:
                tail_kwargs=None, index_args=(), points=None, sync=False, allocations=None,
                smem_blocks=False, offsets_cache=None):
     ex = self.ex = executor.current("a pipeline")
+    if ex.grid_reads is not None:   # (inside a watched body: its steps are not a function of the grid)
+      ex.grid_reads.append(None)
     grid = self.grid = validate.as_dims(grid, "the pipeline grid")
+    self.full_grid = points is None   # (every point, row-major)
     if points is None:
       points = list(itertools.product(*[range(g) for g in grid]))
     self.points, self.n = points, len(points)
@@ -439,21 +452,27 @@ def _alias_view(op: _Op, offsets, point) -> Ref:
 def _steps(pipe: Pipeline, ex, body) -> None:
   """The step loop (the hottest path of a launch): per grid point, start/wait the block copies, call
   the body, write changed output blocks back; then wait the last write-backs. `ex` is the core (or
-  the `_Recorder` around it), `body` the kernel body (or the recording one)."""
+  the `_Recorder` around it), `body` the kernel body (or the recording one). A timing-only grid whose
+  steps provably repeat runs its first steps under a steady-state detector, which advances over
+  whole periods (pipeline_steady.py)."""
   steps = _Steps(pipe, ex)
-  points, grid, kwargs, call_args = pipe.points, pipe.grid, pipe.tail_kwargs, steps.call_args
-  grid_stack, grid_step = ex.grid_stack, ex.grid_step
-  for s in range(pipe.n):
-    point = points[s]
-    grid_stack[-1] = (point, grid)
-    grid_step()
-    steps.inputs(s, point)
-    steps.outputs(s, point)
-    if kwargs:
-      body(*call_args, **kwargs)
-    else:
-      body(*call_args)
-    steps.write_backs(s)
+  enter, write_backs, args, kwargs = steps.enter, steps.write_backs, steps.call_args, pipe.tail_kwargs
+  steady = Detector.make(pipe, steps, ex, _alias_view) if ex is pipe.ex else None
+  # (the step indices, in order: the detector's may jump over whole periods)
+  order = range(pipe.n) if steady is None else steady.order(ex)
+  try:
+    for s in order:
+      enter(s)
+      if kwargs:
+        body(*args, **kwargs)
+      else:
+        body(*args)
+      write_backs(s)
+  finally:
+    if steady is not None:
+      order.close()
+  if steady is not None:
+    steady.finish()
   dma_wait = steps.dma_wait
   for o in pipe.ops_out:
     for copy in o.pending_wb.values():
@@ -468,7 +487,8 @@ class _Steps:
   once (what PreparedCopy.start() / .wait() call on the current core, lang/tpu_primitives.py, without
   looking the core up per copy)."""
   __slots__ = ("ex", "points", "n", "index_args", "sync", "call_args", "buffered_in", "buffered_out",
-               "per_step", "in_plan", "out_plan", "dma_start", "dma_wait")
+               "per_step", "in_plan", "out_plan", "dma_start", "dma_wait", "grid", "grid_stack",
+               "grid_step")
 
   def __init__(self, pipe: Pipeline, ex):
     ops_in, ops_out, lead = pipe.ops_in, pipe.ops_out, pipe.lead_args
@@ -489,6 +509,15 @@ class _Steps:
                     for k, o in ins]
     self.out_plan = [(k, o, o.all_blocks, o.mode == _ALIAS) for k, o in outs]
     self.dma_start, self.dma_wait = ex.dma_start, ex.dma_wait
+    self.grid, self.grid_stack, self.grid_step = pipe.grid, ex.grid_stack, ex.grid_step
+
+  def enter(self, s: int) -> None:
+    """Grid step `s` up to its body: the step overhead, the input and output blocks."""
+    point = self.points[s]
+    self.grid_stack[-1] = (point, self.grid)
+    self.grid_step()
+    self.inputs(s, point)
+    self.outputs(s, point)
 
   def inputs(self, s: int, point) -> None:
     """Start every missing current input block first (the prologue issues all of step 0's copies

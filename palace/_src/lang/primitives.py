@@ -42,6 +42,9 @@ def program_id(axis: int) -> Array:
   if not -len(idx) <= axis < len(idx):
     raise UsageError(f"pl.program_id({axis}): the grid has {len(idx)} axes {tuple(sizes)}. Fix: pass an "
                      f"axis in 0..{len(idx) - 1} (or -{len(idx)}..-1).")
+  reads = ex.grid_reads
+  if reads is not None:   # (a steady-state detector watches which axes the body reads)
+    reads.append(axis % len(idx) if len(ex.grid_stack) == 1 else None)
   return Array(np.int32(idx[axis]), (), _I32, ex.now)
 
 

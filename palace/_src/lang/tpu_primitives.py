@@ -392,9 +392,10 @@ def bitcast(x, ty, dim: int = -2):
 class _Prng:
   """Counter-based generator: SplitMix64 over (seed, draw counter). Deterministic per seed."""
 
-  def __init__(self, seed):
+  def __init__(self, seed, step=None):
     self.key = np.uint64(seed) & np.uint64(0xFFFFFFFFFFFFFFFF)
     self.counter = 0
+    self.step = step   # the executor's grid_reads when seeded (the grid step a detector watched)
 
   def bits(self, shape):
     n = prod(shape)
@@ -413,7 +414,7 @@ def prng_seed(*seeds) -> None:
   s = 0
   for v in seeds:
     s = (s * 1_000_003 + concrete_int(v, "pltpu.prng_seed seed")) & 0xFFFFFFFFFFFFFFFF
-  context.current("pltpu.prng_seed()").prng = _Prng(s)
+  context.current("pltpu.prng_seed()").prng = _Prng(s, ex.grid_reads)
   ex.scalar_op()
 
 
@@ -423,6 +424,11 @@ def prng_random_bits(shape):
     raise UsageError("pltpu.prng_random_bits() before pltpu.prng_seed(). Fix: seed the generator first "
                      "with pltpu.prng_seed(seed).")
   shape = validate.as_dims(shape, "pltpu.prng_random_bits shape")
+  ex = executor.current("pltpu.prng_random_bits()")
+  if ex.grid_reads is not None and gen.step is not ex.grid_reads:
+    # (draws continuing a generator seeded in an earlier step: the step is not a function of the
+    # grid indices a steady-state detector sees)
+    ex.grid_reads.append(None)
   data = gen.bits(shape)
   return _out(data, shape, dt.int32, 0, OpClass.CHEAP, True)
 

@@ -368,12 +368,15 @@ class VirtualTPU:
   their figures. `replay=True` (default) lets a launch that its front end proved to have a
   data-independent schedule (palace.jax kernels: jax/schedule.py) reuse the report of an earlier launch
   of the same plan and keyed operands, computing its data on an untimed core (sim/replay.py); the
-  report is the one the full machine would give. `replay=False` runs every launch on the full machine."""
+  report is the one the full machine would give. `replay=False` runs every launch on the full machine.
+  `steady_state=True` (default) lets a timing-only grid whose steps provably repeat time one period
+  and advance over the rest (pipeline_steady.py; the report is the one stepping every point gives);
+  `steady_state=False` steps every grid point."""
 
   def __init__(self, chip="v5e", num_chips: int = 1, *, timing_only: bool = False,
                dma_policy: str = "eager", seed: int = 0, trace: bool = True, topology=None,
                detect_races: bool = False, uninitialized: str = "nan", p_state=None,
-               keep_trace_events=KEEP_TRACE_EVENTS, replay: bool = True):
+               keep_trace_events=KEEP_TRACE_EVENTS, replay: bool = True, steady_state: bool = True):
     hostmem.tune_allocator()   # (process-wide host tuning, once: keeps block-sized pages mapped)
     if not isinstance(chip, hw.ChipSpec):
       validate.as_name(chip, "pl.virtual_tpu(chip)", hint=f"pass a chip name: {', '.join(hw.CHIPS)}.")
@@ -403,6 +406,11 @@ class VirtualTPU:
         keep_trace_events, "pl.virtual_tpu(keep_trace_events)", min_value=0)
     # reports of replayable launches (sim/replay.py), None with replay=False
     self.replays = ReplayMemo() if validate.as_bool(replay, "pl.virtual_tpu(replay)") else None
+    # timing-only grids whose steps provably repeat are timed per period and extrapolated
+    # (pipeline_steady.py, sim/steady.py); False steps every grid point. `extrapolated_steps` counts
+    # the grid steps advanced over instead of stepped, over all launches
+    self.steady_state = validate.as_bool(steady_state, "pl.virtual_tpu(steady_state)")
+    self.extrapolated_steps = 0
     self._traced = collections.deque()   # the reports still holding trace events, oldest first
     self._traced_events = 0
     self.reports: list[Report] = []

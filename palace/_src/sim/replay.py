@@ -127,6 +127,7 @@ class ReplayCore:
     self.axis_env = dict(axis_env)
     self.mesh_axes = []
     self.grid_stack = []
+    self.grid_reads = None   # (never watched: steady_state is None)
     self.host_cache = {}
     self.unused_dmas = {}
     self.memory = memory.Allocator.of_core(self, params.vmem_limit_bytes)
@@ -135,6 +136,9 @@ class ReplayCore:
 
   def site(self) -> tuple:
     return self.machine.site()
+
+  def steady_state(self):
+    return None   # (no time to extrapolate)
 
   def debug_print(self, text: str) -> None:
     self.machine.tpu.debug_print(text)

@@ -21,6 +21,7 @@ from palace._src.errors import ResourceError, SyncError, UnsupportedError
 from palace._src.sim import cost, memory
 from palace._src.sim.dma import DmaEngine
 from palace._src.sim.memory import Buffer
+from palace._src.sim.steady import SteadyState
 from palace._src.util import fmt_site, prod
 
 _SMEM = MemorySpace.SMEM
@@ -77,6 +78,9 @@ class TensorCore:
     self._poll, self._polls = None, 0   # semaphore_read polling (livelock detection)
     self.unused_dmas = {}     # descriptors made but never started nor waited: key -> (site, describer, desc)
     self.grid_stack = []
+    # a list while a pipeline's steady-state detector watches a body (pipeline_steady.py): the grid
+    # axes pl.program_id read, and None for each read whose value the grid does not determine
+    self.grid_reads = None
     self.kernel_name = machine.kernel_name
     self.now = 0
     self.unit_free = dict.fromkeys(cost.UNITS, 0)
@@ -120,15 +124,26 @@ class TensorCore:
     return self.machine.site()
 
   def debug_print(self, text: str) -> None:
+    if self.grid_reads is not None:   # (output per step: a grid that prints is stepped)
+      self.grid_reads.append(None)
     self.machine.debug_print(text)
 
   def trace_value(self, label: str, value) -> None:
     """`pltpu.trace_value`: one scalar op (the store to the trace), and the value on the scalar lane of
     the launch's trace, an instant event named `trace_value <label>` (what xprof shows on a TPU)."""
+    if self.grid_reads is not None:   # (a value per step: a grid that traces values is stepped)
+      self.grid_reads.append(None)
     self.scalar_op()
     if self.trace.on:
       self.trace.add((self.tid, "scalar", f"trace_value {label}", self.now, self.now,
                       {"label": label, "value": value}))
+
+  def steady_state(self):
+    """The machine side of a pipeline's steady-state detector (sim/steady.py) on this core, or None
+    where the launch may not extrapolate: not timing-only, several cores or chips, bug checks, the
+    random DMA policy, or `pl.virtual_tpu(steady_state=False)`."""
+    # (a SparseCore subcore has state of its own the signature does not cover)
+    return SteadyState(self) if type(self) is TensorCore and SteadyState.eligible(self) else None
 
   # ------------------------------------------------------------------ compute
   def _issue(self, unit: str, busy: int, latency: int, ready: int, what: str) -> int:
@@ -201,6 +216,8 @@ class TensorCore:
       if alt is not None:
         buf, index = alt
     if not shape or buf.memory_space is _SMEM:
+      if self.grid_reads is not None:   # a scalar read: control flow may depend on its value
+        self.grid_reads.append(None)
       self.now += self.chip.scalar_op_cycles
       ready = self.now if self.now > buf.ready_cycle else buf.ready_cycle
       return memory.read_scalar(buf, index), ready
@@ -332,6 +349,8 @@ class TensorCore:
     self.machine.sems.wait(self, buf, index, int(value), decrement, dma)
 
   def sem_read(self, buf, index) -> int:
+    if self.grid_reads is not None:
+      self.grid_reads.append(None)
     return self.machine.sems.read(self, buf, index)
 
   def grid_step(self) -> None:
