@@ -1,25 +1,167 @@
-"""Semaphores as launch operands or results under palace.jax (issue 37: the callback used to fail inside
-JAX with "unexpected input: dtype=dma_sem")."""
+"""Semaphores carried between launches under palace.jax (issue 37; sim/carried.py): JAX's async pattern,
+where one pallas_call starts a DMA and returns its semaphore and a later one waits on it. Each checks
+the data against NumPy and the modelled time against the same copy started and waited in one kernel.
+(Before session 20 palace refused every semaphore result by name.)"""
+import numpy as np
 import pytest
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
+from jax.sharding import PartitionSpec as P
 
+import palace as ppl
 import palace.jax as pj
 
+ANY = pl.BlockSpec(memory_space=pl.ANY)
+SEM = pl.BlockSpec(memory_space=pltpu.SEMAPHORE)
+DMA_SEM = pltpu.SemaphoreType.DMA(())
 
-def test_a_semaphore_carried_out_of_a_launch_is_refused_by_name():
-  """An async copy started in one pallas_call and waited in a later one (the launch returns its DMA
-  semaphore): palace's copies live within one launch, so it refuses, naming the result."""
-  def start(x_ref, o_ref, sem):
-    pltpu.make_async_copy(x_ref, o_ref, sem).start()
+
+def _start(x_ref, _aliased, o_ref, sem):
+  pltpu.make_async_copy(x_ref, o_ref, sem).start()
+
+
+def _done(x_ref, o_ref, sem, _aliased):
+  pltpu.make_async_copy(x_ref, o_ref, sem).wait()
+
+
+def copy_start(x):
+  """(x, (copy of x in flight, its semaphore)), the copy started in its own launch."""
+  s = jax.ShapeDtypeStruct(x.shape, x.dtype)
+  x, out, sem = pl.pallas_call(_start, out_shape=(s, s, DMA_SEM), in_specs=[ANY], out_specs=(ANY, ANY, SEM),
+                               input_output_aliases={0: 0})(x)
+  return x, (out, sem)
+
+
+def copy_done(x, future):
+  out, sem = future
+  return pl.pallas_call(_done, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), in_specs=[ANY, ANY, SEM],
+                        out_specs=ANY, input_output_aliases={1: 0})(x, out, sem)
+
+
+def _x(shape=(256, 512), seed=0):
+  return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+
+
+def test_a_copy_started_in_one_launch_and_waited_in_the_next_moves_the_data_and_is_timed_as_one_kernel():
+  def both(x_ref, o_ref, sem):
+    copy = pltpu.make_async_copy(x_ref, o_ref, sem)
+    copy.start()
+    copy.wait()
+
+  x = _x()
+  split = jax.jit(lambda x: copy_done(*copy_start(x)))
+  one = jax.jit(pl.pallas_call(both, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), in_specs=[ANY],
+                               out_specs=ANY, scratch_shapes=[pltpu.SemaphoreType.DMA]))
+  with pj.virtual_tpu("v5e") as tpu:
+    np.testing.assert_array_equal(np.asarray(split(x)), x)
+    np.testing.assert_array_equal(np.asarray(one(x)), x)
+  start, done, whole = (r.device_cycles for r in tpu.reports)
+  assert start < 50 < whole            # the start's launch ends at the issue, the copy goes on
+  assert start + done == whole         # the wait of the next launch takes the rest of the transfer
+
+
+@pytest.mark.parametrize("policy", ["eager", "on_wait"])
+def test_two_copies_in_flight_between_launches_land_whatever_the_dma_policy(policy):
+  """Under on_wait a copy's data would move at its wait; a carried one moves when its launch ends (its
+  destination is a result XLA reads then)."""
+  @jax.jit
+  def f(x):
+    x1, fut1 = copy_start(x)
+    x2, fut2 = copy_start(x1 * 2)
+    return copy_done(x1, fut1), copy_done(x2, fut2)
+
+  x = _x((16, 128))
+  with pj.virtual_tpu("v5e", dma_policy=policy):
+    y1, y2 = f(x)
+    np.testing.assert_array_equal(np.asarray(y1), x)
+    np.testing.assert_array_equal(np.asarray(y2), x * 2)
+
+
+def test_a_copy_of_a_slice_picked_by_a_scalar_prefetch_index_in_one_launch_waited_in_another():
+  def start(idx_ref, x_ref, _aliased, o_ref, sem):
+    pltpu.make_async_copy(x_ref.at[idx_ref[0]], o_ref, sem).start()
+
+  def done(x_ref, o_ref, sem, _aliased):
+    pltpu.make_async_copy(x_ref.at[0], o_ref, sem).wait()
+
+  @jax.jit
+  def f(x, i):
+    row = jax.ShapeDtypeStruct(x.shape[1:], x.dtype)
+    x, out, sem = pl.pallas_call(
+        start, out_shape=(jax.ShapeDtypeStruct(x.shape, x.dtype), row, DMA_SEM),
+        grid_spec=pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=1, in_specs=[ANY],
+                                               out_specs=(ANY, ANY, SEM)),
+        input_output_aliases={1: 0})(i[None], x)
+    return pl.pallas_call(done, out_shape=row, in_specs=[ANY, ANY, SEM], out_specs=ANY,
+                          input_output_aliases={1: 0})(x, out, sem)
+
+  x = _x((4, 8, 128))
+  with pj.virtual_tpu("v5e"):
+    for i in (2, 3):
+      np.testing.assert_array_equal(np.asarray(f(x, jnp.int32(i))), x[i])
+
+
+def test_a_semaphore_result_never_waited_is_reported_when_the_context_ends():
+  x = _x((8, 128))
+  with pytest.raises(ppl.SyncError, match=r"1 semaphore\(s\) carried between launches ended non-zero: "
+                     r"outputs\[2\] of kernel '_start' on chip 0 \(DMA outputs\[0\] -> outputs\[1\] started at "
+                     r".*test_semaphore_results.py:\d+\) holds 4096 that no later launch waited for"):
+    with pj.virtual_tpu("v5e"):
+      out = jax.jit(lambda x: copy_start(x)[1][0])(x)   # (a jitted function cannot return a semaphore)
+      np.testing.assert_array_equal(np.asarray(out), x)
+
+
+def test_a_semaphore_result_of_a_kernel_split_over_two_tensorcores_is_refused():
+  def k(o_ref, sem):
+    pl.semaphore_signal(sem, 1)
+    o_ref[...] = jnp.zeros_like(o_ref)
 
   call = pl.pallas_call(
-      start, in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
-      out_specs=(pl.BlockSpec(memory_space=pl.ANY), pl.BlockSpec(memory_space=pltpu.SEMAPHORE)),
-      out_shape=(jax.ShapeDtypeStruct((8, 128), jnp.float32), pltpu.SemaphoreType.DMA(())))
-  with pj.virtual_tpu("v5e"), pytest.raises(Exception, match=r"pallas_call .start. result 1 is a semaphore "
-                                            r"\(dma_sem\).*not covered.*start and wait the copy"):
-    jax.jit(call)(jnp.ones((8, 128), jnp.float32))
+      k, grid=(2,), out_shape=(jax.ShapeDtypeStruct((16, 128), jnp.float32), pltpu.SemaphoreType.REGULAR(())),
+      out_specs=(pl.BlockSpec((8, 128), lambda i: (i, 0)), SEM),
+      compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel",)))
+  with pytest.raises(ppl.UnsupportedError, match=r"Kernel 'k' takes or returns a semaphore and runs on 2 "
+                     r"cores of chip 0.*Fix: run it on one core"):
+    with pj.virtual_tpu("v5p"):
+      jax.block_until_ready(jax.jit(lambda: call()[0])())
+
+
+def test_a_remote_copy_started_in_a_pod_launch_is_waited_in_each_device_own_launch():
+  """JAX's collective-permute pattern on 4 devices: the start (a barrier, then a copy to the right
+  neighbour) is one pod launch; each device then waits its send and its receive in launches of its own."""
+  def start(x_ref, _aliased, o_ref, send, recv):
+    n, me = lax.axis_size("x"), lax.axis_index("x")
+    barrier = pltpu.get_barrier_semaphore()
+    pl.semaphore_signal(barrier, device_id=lax.rem(me + n - 1, n))
+    pl.semaphore_wait(barrier, 1)
+    pltpu.make_async_remote_copy(x_ref, o_ref, send, recv, device_id=lax.rem(me + 1, n)).start()
+
+  def send_done(x_ref, send, _aliased):
+    pltpu.make_async_copy(x_ref, x_ref, send).wait()
+
+  def recv_done(x_ref, o_ref, recv, _aliased):
+    pltpu.make_async_copy(x_ref, o_ref, recv).wait()
+
+  mesh = jax.make_mesh((4,), ("x",))
+
+  @jax.jit
+  @jax.shard_map(mesh=mesh, in_specs=P("x"), out_specs=P("x"), check_vma=False)
+  def f(x):
+    s = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    x, out, send, recv = pl.pallas_call(
+        start, out_shape=(s, s, DMA_SEM, DMA_SEM), in_specs=[ANY], out_specs=(ANY, ANY, SEM, SEM),
+        input_output_aliases={0: 0}, compiler_params=pltpu.CompilerParams(collective_id=0))(x)
+    x = pl.pallas_call(send_done, out_shape=s, in_specs=[ANY, SEM], out_specs=ANY,
+                       input_output_aliases={0: 0})(x, send)
+    return pl.pallas_call(recv_done, out_shape=s, in_specs=[ANY, ANY, SEM], out_specs=ANY,
+                          input_output_aliases={1: 0})(x, out, recv)
+
+  x = _x((4 * 8, 128))
+  with pj.virtual_tpu("v5e", num_chips=4) as tpu:
+    got = f(jax.device_put(x, jax.sharding.NamedSharding(mesh, P("x"))))
+    np.testing.assert_array_equal(np.asarray(got), np.roll(x, 8, axis=0))
+  assert sorted(r.kernel_name for r in tpu.reports) == ["recv_done"] * 4 + ["send_done"] * 4 + ["start"]

@@ -47,3 +47,9 @@ def alloc_type(aval, what: str):
     return sem(shape)
   space = memory_space(getattr(aval, "memory_space", None), MemorySpace.VMEM, what)
   return space(shape, np.dtype(inner.dtype))
+
+
+def host_dtype(dtype) -> np.dtype:
+  """The NumPy dtype of a launch operand or result of JAX dtype `dtype` in XLA's buffers: int32 for a
+  semaphore (JAX's physical type of one: its handle, sim/carried.py), else the dtype itself."""
+  return np.dtype(np.int32) if semaphore_kind(dtype) is not None else np.dtype(dtype)

@@ -18,13 +18,13 @@ from palace._src import blocks
 from palace._src import dtypes as dt
 from palace._src import core as pcore
 from palace._src.errors import BlockSpecError, UnsupportedError
-from palace._src.jax.avals import alloc_type, memory_space
+from palace._src.jax.avals import alloc_type, host_dtype, memory_space, semaphore_kind
 from palace._src.jax.interpret import grid_axes, kernel_site, program, run_program
 from palace._src.jax.registry import RULES, literal, sub_jaxprs
 from palace._src.jax.schedule import replay_blocker
 from palace._src.launch import host, sc_mesh
 from palace._src.launch.host_refs import freeze, owning_ref, ref_name
-from palace._src.launch.plan import ENTRIES, OPERAND, LaunchPlan, Operand, Output, Stage, grid_stages
+from palace._src.launch.plan import ENTRIES, OPERAND, OUTPUT, LaunchPlan, Operand, Output, Stage, grid_stages
 from palace._src.launch.run import run
 from palace._src.util import tree_flatten
 
@@ -128,8 +128,11 @@ def _static_index(x):
 
 
 def _block_mapping(params, bm, name: str) -> blocks.BlockMapping:
-  """palace's BlockMapping of one of JAX's block mappings (of the operand or output `name`)."""
-  shape, dtype = tuple(bm.array_aval.shape), np.dtype(bm.array_aval.dtype)
+  """palace's BlockMapping of one of JAX's block mappings (of the operand or output `name`); a semaphore
+  operand or result is its whole array of int32 handles (`LaunchPlan.semaphores`)."""
+  shape, dtype = tuple(bm.array_aval.shape), host_dtype(bm.array_aval.dtype)
+  if semaphore_kind(bm.array_aval.dtype) is not None:
+    return blocks.whole_hbm(name, shape, dtype)
   space = memory_space(getattr(bm.transformed_block_aval, "memory_space", None), pcore.MemorySpace.VMEM,
                        bm.origin)
   if space in (pcore.MemorySpace.ANY, pcore.MemorySpace.HBM):
@@ -216,12 +219,15 @@ def plan_pallas_call(params, grid: tuple, args, chip) -> tuple:
   gm, jaxpr, kname = params["grid_mapping"], params["jaxpr"], kernel_name(params)
   nsp, n_in = gm.num_index_operands, gm.num_inputs
   names = [f"scalar_prefetch[{i}]" if i < nsp else f"args[{i}]" for i in range(len(args))]
-  _check_32_bit(kname, {**dict(zip(names, args)),
-                        **{f"outputs[{i}]": a for i, a in enumerate(params["out_avals"])}})
+  sems = _semaphores(params)
+  _check_32_bit(kname, {**{n: a for k, (n, a) in enumerate(zip(names, args))
+                           if not any(kind == OPERAND and i == k for kind, i, _ in sems)},
+                        **{f"outputs[{i}]": a for i, a in enumerate(params["out_avals"])
+                           if semaphore_kind(a.dtype) is None}})
   arrays = [host.to_host_array(a, name) for a, name in zip(args, names)]
   in_maps = tuple(_block_mapping(params, bm, f"args[{nsp + i}]")
                   for i, bm in enumerate(gm.block_mappings[:n_in]))
-  outs = [host.out_struct(pcore.ShapeDtypeStruct(tuple(a.shape), np.dtype(a.dtype)), f"out_shape[{i}]")
+  outs = [host.out_struct(pcore.ShapeDtypeStruct(tuple(a.shape), host_dtype(a.dtype)), f"out_shape[{i}]")
           for i, a in enumerate(params["out_avals"])]
   out_maps = tuple(_block_mapping(params, bm, f"outputs[{i}]")
                    for i, bm in enumerate(gm.block_mappings[n_in:n_in + len(outs)]))
@@ -239,8 +245,21 @@ def plan_pallas_call(params, grid: tuple, args, chip) -> tuple:
       aliases=host.check_aliases(dict(params.get("input_output_aliases") or ()), kname),
       staged=grid_stages(arrays[:nsp], in_maps, out_maps), scratch=scratch,
       bodies=(_grid_body(params, grid),), grid=grid, in_maps=in_maps, out_maps=out_maps,
-      fixed_site=fixed_site, replay_operands=_grid_replay_operands(params))
+      fixed_site=fixed_site, replay_operands=None if sems else _grid_replay_operands(params),
+      semaphores=sems)
   return plan, arrays
+
+
+def _semaphores(params) -> tuple:
+  """A pallas_call's `LaunchPlan.semaphores`: its semaphore operands (by operand index, scalar
+  prefetch counted) and results."""
+  gm = params["grid_mapping"]
+  nsp, n_in = gm.num_index_operands, gm.num_inputs
+  out = [(OPERAND, nsp + i, semaphore_kind(bm.array_aval.dtype)(tuple(bm.array_aval.shape)))
+         for i, bm in enumerate(gm.block_mappings[:n_in]) if semaphore_kind(bm.array_aval.dtype) is not None]
+  out += [(OUTPUT, i, semaphore_kind(a.dtype)(tuple(a.shape))) for i, a in enumerate(params["out_avals"])
+          if semaphore_kind(a.dtype) is not None]
+  return tuple(out)
 
 
 def _check_32_bit(kname: str, avals) -> None:

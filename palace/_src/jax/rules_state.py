@@ -12,7 +12,7 @@ import weakref
 
 import numpy as np
 
-from palace._src.errors import UnsupportedError
+from palace._src.errors import OutOfBoundsError, UnsupportedError
 from palace._src.jax.interpret import grid_axes, result_unused, source_line, unsupported, user_site_of
 from palace._src.jax.registry import DATA, Deciding, Never, Operands, literal, rule
 from palace._src.lang import context, lax_ops
@@ -167,6 +167,8 @@ def _ref_operand(eqn, x, transforms=(), last_index: bool = False):
   _, types = _jax_types()
   if isinstance(x, types.TransformedRef):
     x, transforms = x.ref, tuple(x.transforms) + tuple(transforms or ())
+  if isinstance(x, (tuple, list)) and transforms and isinstance(transforms[0], types.SelectTransform):
+    return _selected_ref(eqn, x, transforms, last_index)
   if type(x) is not _Leaf:
     raise unsupported(eqn, f"an operand of type {type(x).__name__} where a ref belongs")
   k = x.k
@@ -248,6 +250,26 @@ def _ref_operand(eqn, x, transforms=(), last_index: bool = False):
     if not last_index:
       return ref
     return ref, (... if last is None else _index(last, flat))
+  return ref_of
+
+
+def _selected_ref(eqn, refs, transforms, last_index: bool):
+  """`pl.select_ref(idx, *refs)` (JAX's SelectTransform, first of `transforms`): the ref a runtime
+  scalar picks, with the remaining transforms applied to it; JAX takes it as a DMA's source,
+  destination or semaphore. Each candidate is compiled as its own ref operand (views cached as
+  usual); an index outside the candidates raises OutOfBoundsError (no TPU check; the kernel would
+  address whatever ref the index computes)."""
+  idx, rest = transforms[0].idx, tuple(transforms[1:])
+  picks = [_ref_operand(eqn, r, rest, last_index) for r in refs]
+  n = len(picks)
+
+  def ref_of(flat):
+    i = int(idx) if type(idx) is not _Leaf else concrete_int(flat[idx.k], "pl.select_ref index")
+    if not 0 <= i < n:
+      raise OutOfBoundsError(
+          f"pl.select_ref index {i} at kernel line {source_line(eqn)} selects none of its {n} refs. Fix: "
+          f"keep the index in 0..{n - 1} (e.g. lax.rem(i, {n})).")
+    return picks[i](flat)
   return ref_of
 
 

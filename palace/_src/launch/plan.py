@@ -82,6 +82,12 @@ class LaunchPlan:
   fixed_site    (file, line) that the launch's records and messages name wherever they would take the
                 user's line from the stack (`Machine.site`): set for kernels with no user Python frame
                 on the stack while they run (palace.jax's jaxprs: the kernel function's definition).
+  semaphores    `(OPERAND | OUTPUT, index, SemaphoreRefType)` per operand or output that is a semaphore
+                (JAX's async copies: a DMA started in one launch and waited in a later one). Its HBM
+                value is int32 handles, one per element; the body gets a semaphore ref instead, with
+                the state kept under those handles (an output: new handles) by the VirtualTPU
+                between launches (sim/carried.py). An output aliased to a semaphore operand is that
+                operand's semaphore.
   replay_operands  None, or the indices of the operands whose contents, with the plan, determine the
                 launch's whole schedule, as its front end proved (palace.jax: jax/schedule.py): a later
                 launch with the same bytes there may be replayed (sim/replay.py).
@@ -104,6 +110,7 @@ class LaunchPlan:
   out_maps: tuple = ()
   fixed_site: tuple | None = None
   replay_operands: tuple | None = None
+  semaphores: tuple = ()
 
   def cache(self) -> dict:
     """What every launch of this plan derives from it alone, kept for the next launch (run.py: the

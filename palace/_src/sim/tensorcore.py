@@ -326,6 +326,17 @@ class TensorCore:
   def sem_read(self, buf, index) -> int:
     return self.machine.sems.read(self, buf, index)
 
+  def carry_semaphores(self, buf, name: str, handles=None):
+    """`buf`, a semaphore allocation of this core, is a launch's semaphore operand (`handles`: the
+    int32 handles it came with, one per element) or result (`handles` None: new ones): it starts with
+    the state kept under them and leaves its state there at the end of the launch (sim/carried.py).
+    Returns the handles."""
+    imported = handles is not None
+    if not imported:
+      handles = self.machine.tpu.carried.new_handles(prod(buf.shape))
+    self.machine.carry_semaphores(self, buf, handles, name, imported)
+    return handles
+
   def grid_step(self) -> None:
     # In-order VLIW issue with no software pipelining across grid steps (modelling assumption): the
     # next step's bundles issue after this step's last vector/MXU result, then the step overhead.
