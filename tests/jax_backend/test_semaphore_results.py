@@ -165,3 +165,14 @@ def test_a_remote_copy_started_in_a_pod_launch_is_waited_in_each_device_own_laun
     got = f(jax.device_put(x, jax.sharding.NamedSharding(mesh, P("x"))))
     np.testing.assert_array_equal(np.asarray(got), np.roll(x, 8, axis=0))
   assert sorted(r.kernel_name for r in tpu.reports) == ["recv_done"] * 4 + ["send_done"] * 4 + ["start"]
+
+
+def test_device_time_of_a_split_copy_without_data_equals_its_timing_with_data():
+  """device_time's timing-only run (no data) still hands the semaphore's handle to the waiting launch."""
+  split = jax.jit(lambda x: copy_done(*copy_start(x)))
+  x = _x()
+  with pj.virtual_tpu("v5e"):
+    timed = pj.device_time(split, x, timing_only=True)
+    with_data = pj.device_time(split, x, timing_only=False)
+  assert [r.device_cycles for r in timed.reports] == [r.device_cycles for r in with_data.reports]
+  assert len(timed.reports) == 2 and timed.reports[1].device_cycles > 1000

@@ -321,9 +321,12 @@ class _CoreProgram:
         outputs[i] = by_operand[aliased[i]]
         continue
       handles = ex.carry_semaphores(ref.buf, plan.outputs[i].name)
-      storage = launch.out_bufs[i].storage
-      if storage is not None:
-        storage[...] = handles.reshape(storage.shape)
+      out = launch.out_bufs[i]
+      handles = handles.reshape(out.shape).astype(out.dtype)
+      if out.storage is not None and out.storage.flags.writeable:
+        out.storage[...] = handles
+      else:   # (a timing-only launch's outputs hold no data; the handles are the result all the same)
+        out.rebind(handles)
       outputs[i] = ref
 
   def _run(self, kctx) -> None:
