@@ -176,3 +176,56 @@ def test_device_time_of_a_split_copy_without_data_equals_its_timing_with_data():
     with_data = pj.device_time(split, x, timing_only=False)
   assert [r.device_cycles for r in timed.reports] == [r.device_cycles for r in with_data.reports]
   assert len(timed.reports) == 2 and timed.reports[1].device_cycles > 1000
+
+
+def _run_kernel(body):
+  pl.kernel(body, out_type=(), mesh=pltpu.TensorCoreMesh(axis_name="core", num_cores=1))()
+
+
+def test_a_semaphore_ref_carries_a_copy_from_one_pl_kernel_to_the_next():
+  """JAX's stateful form (tpu_pallas_memory_space_test's async copy): a semaphore made with
+  pl.empty_ref_like, closed over by a kernel that starts a copy and by a later one that waits on it."""
+  @jax.jit
+  def f(x):
+    x_ref = jax.new_ref(x)
+    y_ref = pl.empty_ref_like(pltpu.HBM(x.shape, x.dtype))
+    sem = pl.empty_ref_like(pltpu.SemaphoreType.DMA(()))
+
+    @_run_kernel
+    def _():
+      pltpu.make_async_copy(x_ref, y_ref, sem).start()
+
+    @_run_kernel
+    def _():
+      pltpu.make_async_copy(x_ref, y_ref, sem).wait()
+    return y_ref[...]
+
+  x = _x()
+  with pj.virtual_tpu("v5e") as tpu:
+    np.testing.assert_array_equal(np.asarray(f(x)), x)
+  start, done = (r.device_cycles for r in tpu.reports)
+  assert start < 50 and done > 1000
+
+
+def test_two_fresh_semaphore_refs_are_two_semaphores():
+  """A semaphore ref JAX makes empty holds 0, as every other one does: each gets a handle of its own
+  when a launch first takes it, so a wait on one is not satisfied by a copy signalling the other."""
+  @jax.jit
+  def f(x):
+    x_ref = jax.new_ref(x)
+    y_ref = pl.empty_ref_like(pltpu.HBM(x.shape, x.dtype))
+    signalled = pl.empty_ref_like(pltpu.SemaphoreType.DMA(()))
+    other = pl.empty_ref_like(pltpu.SemaphoreType.DMA(()))
+
+    @_run_kernel
+    def _():
+      pltpu.make_async_copy(x_ref, y_ref, signalled).start()
+
+    @_run_kernel
+    def _():
+      pltpu.make_async_copy(x_ref, y_ref, other).wait()
+    return y_ref[...]
+
+  with pytest.raises(ppl.SyncError, match=r"(?s)Deadlock in kernel '_'.*for DMA args\[0\] -> .*needs 4096, has 0"):
+    with pj.virtual_tpu("v5e"):
+      jax.block_until_ready(f(_x((8, 128))))

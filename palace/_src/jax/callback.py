@@ -351,21 +351,6 @@ def _lower_pod_launch(ctx, in_nodes, engine, params, axis_ctx, manual, kind):
   return _emit_callback(ctx.replace(avals_in=(chip_aval, *ctx.avals_in)), host, (pid, *in_nodes))
 
 
-def _check_semaphore_operands(ctx, kind: str, name: str) -> None:
-  """A semaphore as an operand or result of a pl.kernel (mpmd_map) is refused by name: palace carries
-  semaphores between launches for pallas_call only (`LaunchPlan.semaphores`, sim/carried.py)."""
-  if kind == "pallas_call":
-    return
-  for where, avals in (("operand", ctx.avals_in), ("result", ctx.avals_out)):
-    for i, a in enumerate(avals):
-      if semaphore_kind(getattr(a, "dtype", None)) is not None:
-        raise UnsupportedError(
-            f"palace.jax: pl.kernel '{name}' {where} {i} is a semaphore ({a.dtype}): a semaphore carried "
-            f"from one launch to another is covered for pallas_call only, not for pl.kernel / core_map "
-            f"yet. Fix: start and wait the copy in the same kernel, or split it over two pallas_calls "
-            f"(the async pattern: one returns the semaphore, a later one waits on it).")
-
-
 def lower_on_palace(ctx, in_nodes, engine, params, kind: str = "pallas_call"):
   """Lower one launch (`pallas_call` or `mpmd_map`, i.e. pl.kernel / core_map) to one host callback."""
   from jax._src import core as jax_core  # noqa: PLC0415
@@ -374,7 +359,6 @@ def lower_on_palace(ctx, in_nodes, engine, params, kind: str = "pallas_call"):
   manual = frozenset(getattr(axis_ctx, "manual_axes", ()) or ())
   if manual:
     _check_fully_manual(params, kind, axis_ctx, manual)
-  _check_semaphore_operands(ctx, kind, launch.kernel_name(params))
   if manual and any(_communication(j, manual) is not None for j in _kernel_jaxprs(params, kind)):
     return _lower_pod_launch(ctx, in_nodes, engine, params, axis_ctx, manual, kind)
   if any(not isinstance(a, jax_core.ShapedArray) for a in ctx.avals_in):

@@ -361,13 +361,20 @@ def plan_mpmd_map(params, args, chip) -> tuple:
   jaxpr, mesh, name = params["jaxprs"][0], params["meshes"][0], mpmd_name(params)
   out_avals, n_in = params["out_avals"], len(args)
   n_out = len(out_avals)
-  _check_32_bit(name, {**{f"args[{i}]": a for i, a in enumerate(args)},
-                       **{f"outputs[{i}]": a for i, a in enumerate(out_avals)}})
+  in_sems = {i: semaphore_kind(v.aval.inner_aval.dtype if hasattr(v.aval, "inner_aval") else v.aval.dtype)
+             for i, v in enumerate(jaxpr.invars[:n_in])}
+  _check_32_bit(name, {**{f"args[{i}]": a for i, a in enumerate(args) if in_sems[i] is None},
+                       **{f"outputs[{i}]": a for i, a in enumerate(out_avals) if semaphore_kind(a.dtype) is None}})
   aliases = {int(i): int(o) for i, o in dict(params.get("input_output_aliases") or {}).items()}
   in_of_out = {o: i for i, o in aliases.items()}
   fresh = [o for o in range(n_out) if o not in in_of_out]
-  outs = [host.out_struct(pcore.ShapeDtypeStruct(tuple(out_avals[o].shape), np.dtype(out_avals[o].dtype)),
+  outs = [host.out_struct(pcore.ShapeDtypeStruct(tuple(out_avals[o].shape), host_dtype(out_avals[o].dtype)),
                           f"out_type[{j}]") for j, o in enumerate(fresh)]
+  # semaphores carried between launches (LaunchPlan.semaphores): JAX semaphore refs handed to the
+  # kernel (pl.empty_ref_like(pltpu.SemaphoreType.DMA(())), aliased after state discharge), results
+  sems = tuple((OPERAND, i, k(tuple(np.shape(args[i])))) for i, k in in_sems.items() if k is not None) + \
+      tuple((OUTPUT, j, semaphore_kind(out_avals[o].dtype)(tuple(out_avals[o].shape)))
+            for j, o in enumerate(fresh) if semaphore_kind(out_avals[o].dtype) is not None)
   scratch = tuple(alloc_type(v.aval, f"scratch[{k}]") for k, v in enumerate(jaxpr.invars[n_in + n_out:]))
   names = [ref_name(np.shape(a), a.dtype) if i in aliases else f"args[{i}]" for i, a in enumerate(args)]
   arrays = [np.asarray(a) if i in aliases else host.to_host_array(a, f"args[{i}]")
@@ -397,7 +404,7 @@ def plan_mpmd_map(params, args, chip) -> tuple:
       tuple(Output(f"outputs[{i}]", *o) for i, o in enumerate(outs)),
       tree_flatten(list(range(len(fresh))))[1], outputs_as=ENTRIES, staged=tuple(staged), scratch=scratch,
       bodies=(body,), meshes=(_palace_mesh(mesh),), fixed_site=fixed_site,
-      replay_operands=_replay_operands(jaxpr, keyed))
+      replay_operands=None if sems else _replay_operands(jaxpr, keyed), semaphores=sems)
   return plan, arrays, tuple(aliases), in_of_out
 
 

@@ -312,22 +312,22 @@ class _CoreProgram:
     by_operand = {}
     for (kind, i, _), ref in zip(sems, refs):
       if kind == OPERAND:
-        ex.carry_semaphores(ref.buf, plan.operands[i].name, np.asarray(launch.operands[i]))
-        operands[i] = by_operand[i] = ref
+        v = launch.operands[i]
+        given = v.buf.storage if isinstance(v, Ref) else np.asarray(v)   # (a JAX mutable ref: a Ref)
+        handles = ex.carry_semaphores(ref.buf, plan.operands[i].name, given)
+        if isinstance(v, Ref) and not np.array_equal(handles, given):   # a fresh semaphore ref's
+          _put_handles(v.buf, handles)
+        operands[i] = by_operand[i] = (ref, handles)
     for (kind, i, _), ref in zip(sems, refs):
       if kind == OPERAND:
         continue
       if i in aliased and aliased[i] in by_operand:   # the operand's semaphore, under its handles
-        outputs[i] = by_operand[aliased[i]]
-        continue
-      handles = ex.carry_semaphores(ref.buf, plan.outputs[i].name)
-      out = launch.out_bufs[i]
-      handles = handles.reshape(out.shape).astype(out.dtype)
-      if out.storage is not None and out.storage.flags.writeable:
-        out.storage[...] = handles
-      else:   # (a timing-only launch's outputs hold no data; the handles are the result all the same)
-        out.rebind(handles)
-      outputs[i] = ref
+        outputs[i], handles = by_operand[aliased[i]]
+      else:
+        outputs[i], handles = ref, ex.carry_semaphores(ref.buf, plan.outputs[i].name)
+      _put_handles(launch.out_bufs[i], handles)
+    for i, (ref, _) in by_operand.items():
+      operands[i] = ref
 
   def _run(self, kctx) -> None:
     """The staged copies in, the body (through the pipeline), the staged copies out."""
@@ -364,6 +364,15 @@ class _CoreProgram:
         memory.renew(self.pipe.bufs)
     for bufs in self.scopes:
       memory.renew(bufs)
+
+
+def _put_handles(buf, handles) -> None:
+  """A semaphore result's HBM value: its handles (`LaunchPlan.semaphores`)."""
+  handles = np.asarray(handles).reshape(buf.shape).astype(buf.dtype)
+  if buf.storage is not None and buf.storage.flags.writeable:
+    buf.storage[...] = handles
+  else:   # (a timing-only launch's outputs hold no data; the handles are the result all the same)
+    buf.rebind(handles)
 
 
 # ------------------------------------------------------------------ cores

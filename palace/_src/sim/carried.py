@@ -18,8 +18,10 @@ semaphore holds under that handle (`CarriedSemaphores`, one per VirtualTPU, no m
   this launch. The launches in between are not credited with time (palace's launches on a chip start at
   cycle 0 each, and a one-chip launch inside a shard_map does not know its device): the modelled wait is
   an upper bound of the remaining transfer time, never shorter than the chip's.
-* A handle the store does not hold is a semaphore at 0 (a result nothing signalled, or one that was
-  waited to 0: entries at 0 are dropped, so a loop of launches keeps none).
+* An issued handle the store does not hold is a semaphore at 0 (a result nothing signalled, or one
+  that was waited to 0: entries at 0 are dropped, so a loop of launches keeps none). A handle never
+  issued (0: a semaphore ref JAX made with `pl.empty_ref_like`, whose value is zeros) is a new
+  semaphore, given a new handle that the launch writes back into the ref.
 * `check_settled` (at the exit of palace.jax's `virtual_tpu`): a semaphore result left non-zero, e.g. a
   DMA started in one launch and never waited in another, raises SyncError naming the launch and copy.
 
@@ -29,7 +31,6 @@ from the exporting launch's end on).
 """
 from __future__ import annotations
 
-import itertools
 import threading
 
 import numpy as np
@@ -44,16 +45,22 @@ class CarriedSemaphores:
 
   def __init__(self):
     self._lock = threading.Lock()   # pod launches and per-device one-chip launches run on XLA's threads
-    self._next = itertools.count(1)
+    self._issued = 1   # handles 1.. were issued so far (0 is never one: a fresh semaphore ref holds 0)
     self.states = {}
 
   def new_handles(self, n: int) -> np.ndarray:
     with self._lock:
-      return np.array([next(self._next) for _ in range(n)], np.int64)
+      first, self._issued = self._issued, self._issued + n
+    return np.arange(first, first + n, dtype=np.int64)
 
   def take(self, handle: int):
+    """The state kept under `handle` (taken out: the launch holds it now), or None for a semaphore at
+    0; raises KeyError for a handle this store never issued (see `import_state`)."""
+    h = int(handle)
     with self._lock:
-      return self.states.pop(int(handle), None)
+      if not 0 < h < self._issued:
+        raise KeyError(h)
+      return self.states.pop(h, None)
 
   def put(self, handle: int, value: int, arrivals: list, origin: str) -> None:
     with self._lock:
@@ -78,12 +85,18 @@ class CarriedSemaphores:
         f"pallas_call that waits on it (pltpu.make_async_copy(src, dst, sem).wait()).")
 
 
-def import_state(machine, buf, handles) -> None:
+def import_state(machine, buf, handles) -> np.ndarray:
   """Give the semaphore elements of `buf` (a launch's semaphore operand) the state kept under
-  `handles` (one per element, row-major)."""
+  `handles` (one per element, row-major); returns the handles the launch keeps them under: the same,
+  except that a handle this VirtualTPU never issued (a semaphore ref JAX made with
+  `pl.empty_ref_like`, whose value is 0) is a new semaphore at 0 with a new handle."""
   sems, store = machine.sems, machine.tpu.carried
-  for idx, h in zip(np.ndindex(*buf.shape), np.asarray(handles).reshape(-1)):
-    state = store.take(h)
+  handles = np.array(handles, np.int64).reshape(-1)
+  for k, (idx, h) in enumerate(zip(np.ndindex(*buf.shape), handles)):
+    try:
+      state = store.take(h)
+    except KeyError:
+      handles[k], state = store.new_handles(1)[0], None
     if state is None:
       continue
     value, arrivals, _ = state
@@ -91,6 +104,7 @@ def import_state(machine, buf, handles) -> None:
     sem.value += value
     for remaining, amount in arrivals:
       sems.arrive(sem, remaining, amount)
+  return handles.reshape(buf.shape)
 
 
 def export_states(machine, carried) -> list:

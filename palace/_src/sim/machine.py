@@ -325,13 +325,15 @@ class Machine:
     launch's `fixed_site`."""
     return self.fixed_site or user_site()
 
-  def carry_semaphores(self, core, buf, handles, name: str, imported: bool) -> None:
+  def carry_semaphores(self, core, buf, handles, name: str, imported: bool):
     """`buf` (a semaphore allocation of `core`) is a semaphore operand or result of the launch, kept
     under `handles` (one per element) between launches: `imported` gives it their state now, and the
-    launch's end stores its state under them (sim/carried.py)."""
+    launch's end stores its state under them (sim/carried.py). Returns the handles (an imported
+    handle the VirtualTPU never issued is replaced: `carried.import_state`)."""
     if imported:
-      carried_mod.import_state(self, buf, handles)
+      handles = carried_mod.import_state(self, buf, handles)
     self.carried.append((core, buf, handles, name))
+    return handles
 
   def finish(self) -> Report:
     # semaphores carried to later launches first: their copies are no longer this launch's to wait

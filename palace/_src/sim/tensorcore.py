@@ -330,12 +330,12 @@ class TensorCore:
     """`buf`, a semaphore allocation of this core, is a launch's semaphore operand (`handles`: the
     int32 handles it came with, one per element) or result (`handles` None: new ones): it starts with
     the state kept under them and leaves its state there at the end of the launch (sim/carried.py).
-    Returns the handles."""
+    Returns the handles it is kept under (new ones for an operand's handle the VirtualTPU never
+    issued: a semaphore ref JAX made empty)."""
     imported = handles is not None
     if not imported:
       handles = self.machine.tpu.carried.new_handles(prod(buf.shape))
-    self.machine.carry_semaphores(self, buf, handles, name, imported)
-    return handles
+    return self.machine.carry_semaphores(self, buf, handles, name, imported)
 
   def grid_step(self) -> None:
     # In-order VLIW issue with no software pipelining across grid steps (modelling assumption): the
