@@ -229,3 +229,39 @@ def test_two_fresh_semaphore_refs_are_two_semaphores():
   with pytest.raises(ppl.SyncError, match=r"(?s)Deadlock in kernel '_'.*for DMA args\[0\] -> .*needs 4096, has 0"):
     with pj.virtual_tpu("v5e"):
       jax.block_until_ready(f(_x((8, 128))))
+
+
+VMEM = pl.BlockSpec(memory_space=pltpu.VMEM)
+
+
+def test_an_async_copy_into_an_output_xla_places_in_vmem_is_waited_on_the_same_buffer():
+  """JAX's async copy into VMEM: the start's result lives in VMEM (out_shape=pltpu.VMEM(...)); the
+  wait's kernel takes it with a VMEM BlockSpec aliased to its own VMEM result and writes nothing.
+  A grid-free kernel's refs are the buffers themselves, so the result is what the copy put there
+  (before, the wait's output block, never written, was written back: NaN)."""
+  def start(x_ref, _aliased, o_ref, sem):
+    pltpu.make_async_copy(x_ref, o_ref, sem).start()
+
+  @jax.jit
+  def f(x):
+    s = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    x, out, sem = pl.pallas_call(start, out_shape=(s, pltpu.VMEM(x.shape, x.dtype), DMA_SEM), in_specs=[ANY],
+                                 out_specs=(ANY, VMEM, SEM), input_output_aliases={0: 0})(x)
+    return pl.pallas_call(_done, out_shape=pltpu.VMEM(x.shape, x.dtype), in_specs=[ANY, VMEM, SEM],
+                          out_specs=VMEM, input_output_aliases={1: 0})(x, out, sem)
+
+  x = _x((8, 128))
+  with pj.virtual_tpu("v5e"):
+    np.testing.assert_array_equal(np.asarray(f(x)), x)
+
+
+def test_a_vmem_result_aliased_to_its_input_keeps_what_the_kernel_does_not_write():
+  def k(x_ref, o_ref):
+    o_ref[:8] = x_ref[8:] * 2
+
+  call = pl.pallas_call(k, out_shape=pltpu.VMEM((16, 128), jnp.float32), in_specs=[VMEM], out_specs=VMEM,
+                        input_output_aliases={0: 0})
+  x = _x((16, 128))
+  with pj.virtual_tpu("v5e"):
+    got = np.asarray(jax.jit(call)(x))
+  np.testing.assert_array_equal(got, np.concatenate([x[8:] * 2, x[8:]]))

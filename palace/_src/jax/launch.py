@@ -225,12 +225,12 @@ def plan_pallas_call(params, grid: tuple, args, chip) -> tuple:
                         **{f"outputs[{i}]": a for i, a in enumerate(params["out_avals"])
                            if semaphore_kind(a.dtype) is None}})
   arrays = [host.to_host_array(a, name) for a, name in zip(args, names)]
-  in_maps = tuple(_block_mapping(params, bm, f"args[{nsp + i}]")
-                  for i, bm in enumerate(gm.block_mappings[:n_in]))
+  in_maps = [_block_mapping(params, bm, f"args[{nsp + i}]") for i, bm in enumerate(gm.block_mappings[:n_in])]
   outs = [host.out_struct(pcore.ShapeDtypeStruct(tuple(a.shape), host_dtype(a.dtype)), f"out_shape[{i}]")
           for i, a in enumerate(params["out_avals"])]
-  out_maps = tuple(_block_mapping(params, bm, f"outputs[{i}]")
-                   for i, bm in enumerate(gm.block_mappings[n_in:n_in + len(outs)]))
+  out_maps = [_block_mapping(params, bm, f"outputs[{i}]")
+              for i, bm in enumerate(gm.block_mappings[n_in:n_in + len(outs)])]
+  resident = _resident_in_vmem(params, grid, in_maps, out_maps)
   scratch = tuple(alloc_type(a, f"scratch[{i}]") for i, a in enumerate(gm.scratch_avals))
   host.check_hbm(kname, {f"args[{i}]": a for i, a in enumerate(arrays)},
                  {f"outputs[{i}]": o for i, o in enumerate(outs)}, scratch, chip)
@@ -243,11 +243,36 @@ def plan_pallas_call(params, grid: tuple, args, chip) -> tuple:
       tree_flatten(tuple(range(nsp)))[1],
       tuple(Output(f"outputs[{i}]", *o) for i, o in enumerate(outs)), tree_flatten(list(range(len(outs))))[1],
       aliases=host.check_aliases(dict(params.get("input_output_aliases") or ()), kname),
-      staged=grid_stages(arrays[:nsp], in_maps, out_maps), scratch=scratch,
-      bodies=(_grid_body(params, grid),), grid=grid, in_maps=in_maps, out_maps=out_maps,
+      staged=grid_stages(arrays[:nsp], in_maps, out_maps) + resident, scratch=scratch,
+      bodies=(_grid_body(params, grid),), grid=grid, in_maps=tuple(in_maps), out_maps=tuple(out_maps),
       fixed_site=fixed_site, replay_operands=None if sems else _grid_replay_operands(params),
       semaphores=sems)
   return plan, arrays
+
+
+def _resident_in_vmem(params, grid, in_maps: list, out_maps: list) -> tuple:
+  """The `write_back` stages of a grid-free pallas_call's outputs that XLA places in VMEM
+  (`out_shape=pltpu.VMEM(...)`) and that are aliased to an input, both with VMEM BlockSpecs: Mosaic
+  windows no operand of a grid-free kernel, so the kernel's refs are the buffers themselves, and the
+  aliased input and output are one VMEM buffer (JAX's async copy into VMEM: the kernel waiting for the
+  copy writes nothing, and the output is what the copy put there). Their block mappings become raw
+  (the stage is the ref); without this the output's own VMEM block, never written, went back."""
+  if grid:
+    return ()
+  stages = []
+  nsp = params["grid_mapping"].num_index_operands
+  for k, j in dict(params.get("input_output_aliases") or {}).items():
+    k, j = int(k) - nsp, int(j)
+    space = getattr(params["out_avals"][j], "memory_space", None)
+    if (str(getattr(space, "value", space)).lower() != "vmem" or not 0 <= k < len(in_maps)
+        or in_maps[k].space != pcore.MemorySpace.VMEM or out_maps[j].space != pcore.MemorySpace.VMEM):
+      continue
+    m = in_maps[k]
+    stages.append(Stage(OPERAND, nsp + k, pcore.MemoryRef(m.array_shape, m.dtype, pcore.MemorySpace.VMEM),
+                        m.name, write_back=True))
+    in_maps[k] = blocks.whole_hbm(m.name, m.array_shape, m.dtype)
+    out_maps[j] = blocks.whole_hbm(out_maps[j].name, out_maps[j].array_shape, out_maps[j].dtype)
+  return tuple(stages)
 
 
 def _semaphores(params) -> tuple:

@@ -39,11 +39,15 @@ class Output:
 class Stage:
   """A scoped VMEM/SMEM copy of an operand or output around the body on every core: operands are
   copied in before the body (scalar prefetch, SMEM BlockSpecs) and the body gets the copy; outputs are
-  copied back to HBM after it (pl.kernel outputs typed pltpu.VMEM/SMEM, SMEM out BlockSpecs)."""
+  copied back to HBM after it (pl.kernel outputs typed pltpu.VMEM/SMEM, SMEM out BlockSpecs). An
+  operand stage with `write_back` is also the ref of the output the operand is aliased to, copied back
+  after the body: operand and output are one buffer in that memory space (palace.jax: an output XLA
+  places in VMEM, aliased to an input, in a grid-free pallas_call)."""
   kind: str                 # OPERAND | OUTPUT
   index: int                # into LaunchPlan.operands / .outputs
   type: MemoryRef           # the scoped allocation
   name: str                 # the allocation's name in messages
+  write_back: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
