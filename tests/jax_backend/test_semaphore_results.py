@@ -265,3 +265,37 @@ def test_a_vmem_result_aliased_to_its_input_keeps_what_the_kernel_does_not_write
   with pj.virtual_tpu("v5e"):
     got = np.asarray(jax.jit(call)(x))
   np.testing.assert_array_equal(got, np.concatenate([x[8:] * 2, x[8:]]))
+
+
+def test_an_smem_ref_kept_across_kernels_and_copied_out_asynchronously():
+  """A JAX mutable ref in SMEM (pl.empty_ref_like(pltpu.SMEM(...))) handed to pl.kernels is staged in
+  SMEM around each body and written back (before, the kernel got the HBM buffer and its scalar stores
+  were refused); a later pair of kernels copies it out with a semaphore ref carried between them."""
+  @jax.jit
+  def f():
+    y_ref = pl.empty_ref_like(pltpu.SMEM((8,), jnp.int32))
+
+    @_run_kernel
+    def _():
+      for i in range(8):
+        y_ref[i] = i * i
+
+    @_run_kernel
+    def _():
+      for i in range(8):
+        y_ref[i] = y_ref[i] + 1
+
+    out_ref = pl.empty_ref_like(pltpu.HBM((8,), jnp.int32))
+    sem = pl.empty_ref_like(pltpu.SemaphoreType.DMA(()))
+
+    @_run_kernel
+    def _():
+      pltpu.make_async_copy(y_ref, out_ref, sem).start()
+
+    @_run_kernel
+    def _():
+      pltpu.make_async_copy(y_ref, out_ref, sem).wait()
+    return out_ref[...]
+
+  with pj.virtual_tpu("v5e"):
+    np.testing.assert_array_equal(np.asarray(f()), np.arange(8) ** 2 + 1)

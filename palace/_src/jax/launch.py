@@ -406,11 +406,14 @@ def plan_mpmd_map(params, args, chip) -> tuple:
             for i, a in enumerate(args)]
   host.check_hbm(name, dict(zip(names, arrays)), {f"outputs[{i}]": o for i, o in enumerate(outs)}, scratch,
                  chip)
-  staged = []   # inputs whose kernel ref is in VMEM/SMEM (its aval's memory space): staged there
+  # inputs whose kernel ref is in VMEM/SMEM (its aval's memory space): staged there; a JAX mutable ref
+  # in VMEM/SMEM (pl.empty_ref_like(pltpu.SMEM(...)), aliased) is staged and written back after the body
+  staged = []
   for i, v in enumerate(jaxpr.invars[:n_in]):
     sp = memory_space(getattr(v.aval, "memory_space", None), pcore.MemorySpace.ANY, f"args[{i}] of {name}")
-    if sp in (pcore.MemorySpace.VMEM, pcore.MemorySpace.SMEM) and i not in aliases:
-      staged.append(Stage(OPERAND, i, pcore.MemoryRef(arrays[i].shape, arrays[i].dtype, sp), f"args[{i}]"))
+    if sp in (pcore.MemorySpace.VMEM, pcore.MemorySpace.SMEM):
+      staged.append(Stage(OPERAND, i, pcore.MemoryRef(arrays[i].shape, arrays[i].dtype, sp), names[i],
+                          write_back=i in aliases))
   prog = program(jaxpr)
 
   def body(*refs):
@@ -419,7 +422,7 @@ def plan_mpmd_map(params, args, chip) -> tuple:
     all_outs = [ins[in_of_out[o]] if o in in_of_out else next(it) for o in range(n_out)]
     run_program(prog, (), (*ins, *all_outs, *scr))
 
-  keyed = [s.index for s in staged if s.type.memory_space is pcore.MemorySpace.SMEM]   # (never aliased)
+  keyed = [s.index for s in staged if s.type.memory_space is pcore.MemorySpace.SMEM and not s.write_back]
   fixed_site = kernel_site(jaxpr)
   plan = LaunchPlan(
       name, fixed_site or ("<unknown>", 0),

@@ -42,7 +42,8 @@ class Stage:
   copied back to HBM after it (pl.kernel outputs typed pltpu.VMEM/SMEM, SMEM out BlockSpecs). An
   operand stage with `write_back` is also the ref of the output the operand is aliased to, copied back
   after the body: operand and output are one buffer in that memory space (palace.jax: an output XLA
-  places in VMEM, aliased to an input, in a grid-free pallas_call)."""
+  places in VMEM, aliased to an input, in a grid-free pallas_call; a JAX mutable ref in VMEM/SMEM
+  handed to a pl.kernel, which is its own output)."""
   kind: str                 # OPERAND | OUTPUT
   index: int                # into LaunchPlan.operands / .outputs
   type: MemoryRef           # the scoped allocation

@@ -277,7 +277,8 @@ class _CoreProgram:
         if s.write_back:   # the aliased output's ref too: its buffer is the operand's (Stage)
           self.copy_out.append(AsyncCopyDescriptor(r, operands[s.index], staged[-1], api="pltpu.sync_copy")
                                .prepare(ex))
-          outputs[plan.aliases[s.index]] = r
+          if s.index in plan.aliases:   # (a mesh launch's mutable ref is its own output)
+            outputs[plan.aliases[s.index]] = r
         operands[s.index] = r
       else:
         self.copy_out.append(AsyncCopyDescriptor(r, outputs[s.index], staged[-1], api="pltpu.sync_copy")
