@@ -322,7 +322,8 @@ class _CoreProgram:
         handles = ex.carry_semaphores(ref.buf, plan.operands[i].name, given)
         if isinstance(v, Ref) and not np.array_equal(handles, given):   # a fresh semaphore ref's
           _put_handles(v.buf, handles)
-        operands[i] = by_operand[i] = (ref, handles)
+        operands[i] = ref
+        by_operand[i] = (ref, handles)
     for (kind, i, _), ref in zip(sems, refs):
       if kind == OPERAND:
         continue
@@ -331,8 +332,6 @@ class _CoreProgram:
       else:
         outputs[i], handles = ref, ex.carry_semaphores(ref.buf, plan.outputs[i].name)
       _put_handles(launch.out_bufs[i], handles)
-    for i, (ref, _) in by_operand.items():
-      operands[i] = ref
 
   def _run(self, kctx) -> None:
     """The staged copies in, the body (through the pipeline), the staged copies out."""

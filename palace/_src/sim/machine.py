@@ -338,7 +338,7 @@ class Machine:
   def finish(self) -> Report:
     # semaphores carried to later launches first: their copies are no longer this launch's to wait
     states = carried_mod.export_states(self, self.carried) if self.carried else None
-    if states:
+    if states and any(arrivals for _, _, arrivals, _ in states):
       # a carried copy lands after the launch, not within it: a core's end is its clock and its
       # units' (every other copy was waited, by a core whose clock is past its completion)
       for c in self.cores:
