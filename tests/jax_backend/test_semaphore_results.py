@@ -14,36 +14,7 @@ from jax.sharding import PartitionSpec as P
 
 import palace as ppl
 import palace.jax as pj
-
-ANY = pl.BlockSpec(memory_space=pl.ANY)
-SEM = pl.BlockSpec(memory_space=pltpu.SEMAPHORE)
-DMA_SEM = pltpu.SemaphoreType.DMA(())
-
-
-def _start(x_ref, _aliased, o_ref, sem):
-  pltpu.make_async_copy(x_ref, o_ref, sem).start()
-
-
-def _done(x_ref, o_ref, sem, _aliased):
-  pltpu.make_async_copy(x_ref, o_ref, sem).wait()
-
-
-def copy_start(x):
-  """(x, (copy of x in flight, its semaphore)), the copy started in its own launch."""
-  s = jax.ShapeDtypeStruct(x.shape, x.dtype)
-  x, out, sem = pl.pallas_call(_start, out_shape=(s, s, DMA_SEM), in_specs=[ANY], out_specs=(ANY, ANY, SEM),
-                               input_output_aliases={0: 0})(x)
-  return x, (out, sem)
-
-
-def copy_done(x, future):
-  out, sem = future
-  return pl.pallas_call(_done, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), in_specs=[ANY, ANY, SEM],
-                        out_specs=ANY, input_output_aliases={1: 0})(x, out, sem)
-
-
-def _x(shape=(256, 512), seed=0):
-  return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
+from async_kernels import ANY, DMA_SEM, SEM, _run_kernel, _x, copy_done, copy_start
 
 
 def test_a_copy_started_in_one_launch_and_waited_in_the_next_moves_the_data_and_is_timed_as_one_kernel():
@@ -108,8 +79,9 @@ def test_a_copy_of_a_slice_picked_by_a_scalar_prefetch_index_in_one_launch_waite
 def test_a_semaphore_result_never_waited_is_reported_when_the_context_ends():
   x = _x((8, 128))
   with pytest.raises(ppl.SyncError, match=r"1 semaphore\(s\) carried between launches ended non-zero: "
-                     r"outputs\[2\] of kernel '_start' on chip 0 \(DMA outputs\[0\] -> outputs\[1\] started at "
-                     r".*test_semaphore_results.py:\d+\) holds 4096 that no later launch waited for"):
+                     r"outputs\[2\] of kernel '_start' on chip 0 \(DMA outputs\[0\] -> outputs\[1\] "
+                     r"started at "
+                     r"async_kernels.py:\d+\) holds 4096 that no later launch waited for"):
     with pj.virtual_tpu("v5e"):
       out = jax.jit(lambda x: copy_start(x)[1][0])(x)   # (a jitted function cannot return a semaphore)
       np.testing.assert_array_equal(np.asarray(out), x)
@@ -178,10 +150,6 @@ def test_device_time_of_a_split_copy_without_data_equals_its_timing_with_data():
   assert len(timed.reports) == 2 and timed.reports[1].device_cycles > 1000
 
 
-def _run_kernel(body):
-  pl.kernel(body, out_type=(), mesh=pltpu.TensorCoreMesh(axis_name="core", num_cores=1))()
-
-
 def test_a_semaphore_ref_carries_a_copy_from_one_pl_kernel_to_the_next():
   """JAX's stateful form (tpu_pallas_memory_space_test's async copy): a semaphore made with
   pl.empty_ref_like, closed over by a kernel that starts a copy and by a later one that waits on it."""
@@ -226,76 +194,8 @@ def test_two_fresh_semaphore_refs_are_two_semaphores():
       pltpu.make_async_copy(x_ref, y_ref, other).wait()
     return y_ref[...]
 
-  with pytest.raises(ppl.SyncError, match=r"(?s)Deadlock in kernel '_'.*for DMA args\[0\] -> .*needs 4096, has 0"):
+  with pytest.raises(ppl.SyncError,
+                     match=r"(?s)Deadlock in kernel '_'.*for DMA args\[0\] -> .*needs 4096, has 0"):
     with pj.virtual_tpu("v5e"):
       jax.block_until_ready(f(_x((8, 128))))
 
-
-VMEM = pl.BlockSpec(memory_space=pltpu.VMEM)
-
-
-def test_an_async_copy_into_an_output_xla_places_in_vmem_is_waited_on_the_same_buffer():
-  """JAX's async copy into VMEM: the start's result lives in VMEM (out_shape=pltpu.VMEM(...)); the
-  wait's kernel takes it with a VMEM BlockSpec aliased to its own VMEM result and writes nothing.
-  A grid-free kernel's refs are the buffers themselves, so the result is what the copy put there
-  (before, the wait's output block, never written, was written back: NaN)."""
-  def start(x_ref, _aliased, o_ref, sem):
-    pltpu.make_async_copy(x_ref, o_ref, sem).start()
-
-  @jax.jit
-  def f(x):
-    s = jax.ShapeDtypeStruct(x.shape, x.dtype)
-    x, out, sem = pl.pallas_call(start, out_shape=(s, pltpu.VMEM(x.shape, x.dtype), DMA_SEM), in_specs=[ANY],
-                                 out_specs=(ANY, VMEM, SEM), input_output_aliases={0: 0})(x)
-    return pl.pallas_call(_done, out_shape=pltpu.VMEM(x.shape, x.dtype), in_specs=[ANY, VMEM, SEM],
-                          out_specs=VMEM, input_output_aliases={1: 0})(x, out, sem)
-
-  x = _x((8, 128))
-  with pj.virtual_tpu("v5e"):
-    np.testing.assert_array_equal(np.asarray(f(x)), x)
-
-
-def test_a_vmem_result_aliased_to_its_input_keeps_what_the_kernel_does_not_write():
-  def k(x_ref, o_ref):
-    o_ref[:8] = x_ref[8:] * 2
-
-  call = pl.pallas_call(k, out_shape=pltpu.VMEM((16, 128), jnp.float32), in_specs=[VMEM], out_specs=VMEM,
-                        input_output_aliases={0: 0})
-  x = _x((16, 128))
-  with pj.virtual_tpu("v5e"):
-    got = np.asarray(jax.jit(call)(x))
-  np.testing.assert_array_equal(got, np.concatenate([x[8:] * 2, x[8:]]))
-
-
-def test_an_smem_ref_kept_across_kernels_and_copied_out_asynchronously():
-  """A JAX mutable ref in SMEM (pl.empty_ref_like(pltpu.SMEM(...))) handed to pl.kernels is staged in
-  SMEM around each body and written back (before, the kernel got the HBM buffer and its scalar stores
-  were refused); a later pair of kernels copies it out with a semaphore ref carried between them."""
-  @jax.jit
-  def f():
-    y_ref = pl.empty_ref_like(pltpu.SMEM((8,), jnp.int32))
-
-    @_run_kernel
-    def _():
-      for i in range(8):
-        y_ref[i] = i * i
-
-    @_run_kernel
-    def _():
-      for i in range(8):
-        y_ref[i] = y_ref[i] + 1
-
-    out_ref = pl.empty_ref_like(pltpu.HBM((8,), jnp.int32))
-    sem = pl.empty_ref_like(pltpu.SemaphoreType.DMA(()))
-
-    @_run_kernel
-    def _():
-      pltpu.make_async_copy(y_ref, out_ref, sem).start()
-
-    @_run_kernel
-    def _():
-      pltpu.make_async_copy(y_ref, out_ref, sem).wait()
-    return out_ref[...]
-
-  with pj.virtual_tpu("v5e"):
-    np.testing.assert_array_equal(np.asarray(f()), np.arange(8) ** 2 + 1)

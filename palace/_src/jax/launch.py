@@ -389,7 +389,8 @@ def plan_mpmd_map(params, args, chip) -> tuple:
   in_sems = {i: semaphore_kind(v.aval.inner_aval.dtype if hasattr(v.aval, "inner_aval") else v.aval.dtype)
              for i, v in enumerate(jaxpr.invars[:n_in])}
   _check_32_bit(name, {**{f"args[{i}]": a for i, a in enumerate(args) if in_sems[i] is None},
-                       **{f"outputs[{i}]": a for i, a in enumerate(out_avals) if semaphore_kind(a.dtype) is None}})
+                       **{f"outputs[{i}]": a for i, a in enumerate(out_avals)
+                          if semaphore_kind(a.dtype) is None}})
   aliases = {int(i): int(o) for i, o in dict(params.get("input_output_aliases") or {}).items()}
   in_of_out = {o: i for i, o in aliases.items()}
   fresh = [o for o in range(n_out) if o not in in_of_out]
@@ -414,6 +415,11 @@ def plan_mpmd_map(params, args, chip) -> tuple:
     if sp in (pcore.MemorySpace.VMEM, pcore.MemorySpace.SMEM):
       staged.append(Stage(OPERAND, i, pcore.MemoryRef(arrays[i].shape, arrays[i].dtype, sp), names[i],
                           write_back=i in aliases))
+  for j, o in enumerate(fresh):   # results typed pltpu.VMEM / SMEM: computed there, copied out after
+    sp = memory_space(getattr(jaxpr.invars[n_in + o].aval, "memory_space", None), pcore.MemorySpace.ANY,
+                      f"outputs[{o}] of {name}")
+    if sp in (pcore.MemorySpace.VMEM, pcore.MemorySpace.SMEM) and semaphore_kind(out_avals[o].dtype) is None:
+      staged.append(Stage(OUTPUT, j, pcore.MemoryRef(outs[j][0], outs[j][1], sp), f"outputs[{j}]"))
   prog = program(jaxpr)
 
   def body(*refs):

@@ -67,7 +67,8 @@ class Mesh:
     if size > tpu.num_chips or (size < tpu.num_chips and not self.placed):   # (placed: devices given)
       raise UsageError(f"make_mesh{self.shape_tuple}: the mesh has {size} chips but the virtual TPU "
                        f"has {tpu.num_chips}. Fix: use pl.virtual_tpu({tpu.chip.name!r}, num_chips={size})"
-                       + (", or pass devices= (the chips of a smaller mesh)." if size < tpu.num_chips else "."))
+                       + (", or pass devices= (the chips of a smaller mesh)." if size < tpu.num_chips
+                          else "."))
     if max(self.devices.flat) >= tpu.num_chips:
       raise UsageError(f"make_mesh{self.shape_tuple}: devices {self.device_ids} name a chip the virtual TPU "
                        f"of {tpu.num_chips} chips does not have. Fix: pass chips in 0..{tpu.num_chips - 1}.")

@@ -86,7 +86,8 @@ class Topology:
     placement = tuple(int(p) for p in placement)
     if len(set(placement)) != len(placement) or not all(0 <= p < self.num_chips for p in placement):
       raise UsageError(f"device placement {placement} does not list distinct chips of the "
-                       f"{self.num_chips}. Fix: list chip indices in 0..{self.num_chips - 1}, each at most once.")
+                       f"{self.num_chips}. Fix: list chip indices in 0..{self.num_chips - 1}, each at most "
+                       f"once.")
     self.placement = None if placement == tuple(range(len(placement))) else placement
     self._routes = {}
 
