@@ -199,3 +199,21 @@ def test_two_fresh_semaphore_refs_are_two_semaphores():
     with pj.virtual_tpu("v5e"):
       jax.block_until_ready(f(_x((8, 128))))
 
+
+
+def test_a_copy_waited_only_in_part_is_reported_with_the_launch_that_started_it():
+  """A later launch that waits for less than the copy's bytes leaves the rest on the semaphore: the
+  report at the context's end still names the copy and the launch that started it."""
+  def half_done(x_ref, o_ref, sem, _aliased):
+    pltpu.make_async_copy(x_ref.at[:4], o_ref.at[:4], sem).wait()
+
+  @jax.jit
+  def f(x):
+    x, (out, sem) = copy_start(x)
+    return pl.pallas_call(half_done, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                          in_specs=[ANY, ANY, SEM], out_specs=ANY, input_output_aliases={1: 0})(x, out, sem)
+
+  with pytest.raises(ppl.SyncError, match=r"outputs\[2\] of kernel '_start' on chip 0 \(DMA outputs\[0\] -> "
+                     r"outputs\[1\] started at async_kernels.py:\d+\) holds 2048 that no later launch"):
+    with pj.virtual_tpu("v5e"):
+      jax.block_until_ready(f(_x((8, 128))))

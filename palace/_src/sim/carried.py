@@ -85,13 +85,15 @@ class CarriedSemaphores:
         f"pallas_call that waits on it (pltpu.make_async_copy(src, dst, sem).wait()).")
 
 
-def import_state(machine, buf, handles) -> np.ndarray:
+def import_state(machine, buf, handles) -> tuple:
   """Give the semaphore elements of `buf` (a launch's semaphore operand) the state kept under
-  `handles` (one per element, row-major); returns the handles the launch keeps them under: the same,
-  except that a handle this VirtualTPU never issued (a semaphore ref JAX made with
-  `pl.empty_ref_like`, whose value is 0) is a new semaphore at 0 with a new handle."""
+  `handles` (one per element, row-major); returns (the handles the launch keeps them under, {element
+  index: what left it non-zero}). The handles are the same, except that a handle this VirtualTPU never
+  issued (a semaphore ref JAX made with `pl.empty_ref_like`, whose value is 0) is a new semaphore at 0
+  with a new handle."""
   sems, store = machine.sems, machine.tpu.carried
   handles = np.array(handles, np.int64).reshape(-1)
+  origins = {}
   for k, (idx, h) in enumerate(zip(np.ndindex(*buf.shape), handles)):
     try:
       state = store.take(h)
@@ -99,21 +101,22 @@ def import_state(machine, buf, handles) -> np.ndarray:
       handles[k], state = store.new_handles(1)[0], None
     if state is None:
       continue
-    value, arrivals, _ = state
+    value, arrivals, origins[idx] = state
     sem = sems.slot(buf, idx)
     sem.value += value
     for remaining, amount in arrivals:
       sems.arrive(sem, remaining, amount)
-  return handles.reshape(buf.shape)
+  return handles.reshape(buf.shape), origins
 
 
 def export_states(machine, carried) -> list:
   """The state of every semaphore element of the launch's carried buffers (`carried`: [(core, buf,
-  handles, name)]), taken out of the launch: the data of their pending DMAs moved, their slots cleared.
-  Returns [(handle, value, [(cycle, amount)], origin)] with cycles of this launch (`rebase` makes
-  them remaining cycles once the launch's end is known)."""
+  handles, name, {element index: origin it came in with})]), taken out of the launch: the data of their
+  pending DMAs moved, their slots cleared. Returns [(handle, value, [(cycle, amount)], origin)] with
+  cycles of this launch (`rebase` makes them remaining cycles once the launch's end is known); the
+  origin names the launch's own copy, else the one the semaphore came in with, else the launch."""
   out = []
-  for core, buf, handles, name in carried:
+  for core, buf, handles, name, came_with in carried:
     for idx, h in zip(np.ndindex(*buf.shape), np.asarray(handles).reshape(-1)):
       sem = machine.sems.find(buf, idx)
       if sem is None or (not sem.value and not sem.pending):
@@ -124,8 +127,8 @@ def export_states(machine, carried) -> list:
         if a.dma is not None:
           machine.dma_arrived(a.dma, a.src)
       where = f"{name}{list(idx) if idx else ''} of kernel '{machine.kernel_name}' on chip {core.chip_index}"
-      origin = where if dma is None else (f"{where} (DMA {dma.req.describe} started at "
-                                          f"{fmt_site(dma.req.site)})")
+      origin = came_with.get(idx, where) if dma is None else (
+          f"{where} (DMA {dma.req.describe} started at {fmt_site(dma.req.site)})")
       out.append((h, sem.value, [(a.cycle, a.amount) for a in sem.pending], origin))
       sem.value, sem.pending = 0, []
   return out

@@ -114,7 +114,7 @@ class Machine:
     self.sched = Solo(self)     # the core scheduler (a sync.Scheduler while a multi-core launch runs)
     self.cost_memos = tpu.cost_memos()   # the chip's memoised cost rules, kept across launches
     self._unchecked = None
-    self.carried = []           # [(core, buf, handles, name)]: semaphore operands/results (sim/carried.py)
+    self.carried = []   # [(core, buf, handles, name, origins)]: semaphore operands/results (sim/carried.py)
 
   def unchecked_checks(self):
     """The checks of a core running with disable_bounds_checks=True (clips out-of-bounds accesses)."""
@@ -330,9 +330,10 @@ class Machine:
     under `handles` (one per element) between launches: `imported` gives it their state now, and the
     launch's end stores its state under them (sim/carried.py). Returns the handles (an imported
     handle the VirtualTPU never issued is replaced: `carried.import_state`)."""
+    origins = {}
     if imported:
-      handles = carried_mod.import_state(self, buf, handles)
-    self.carried.append((core, buf, handles, name))
+      handles, origins = carried_mod.import_state(self, buf, handles)
+    self.carried.append((core, buf, handles, name, origins))
     return handles
 
   def finish(self) -> Report:
