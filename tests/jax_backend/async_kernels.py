@@ -40,3 +40,15 @@ def _x(shape=(256, 512), seed=0):
 
 def _run_kernel(body):
   pl.kernel(body, out_type=(), mesh=pltpu.TensorCoreMesh(axis_name="core", num_cores=1))()
+
+
+def copy_between_kernels(src_ref, dst_ref, sem, wait_sem=None):
+  """JAX's stateful async copy: one pl.kernel starts a copy of `src_ref` into `dst_ref` on the
+  semaphore ref `sem`, a later one waits for it on `wait_sem` (default: `sem`)."""
+  @_run_kernel
+  def _():
+    pltpu.make_async_copy(src_ref, dst_ref, sem).start()
+
+  @_run_kernel
+  def _():
+    pltpu.make_async_copy(src_ref, dst_ref, sem if wait_sem is None else wait_sem).wait()

@@ -10,7 +10,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import palace.jax as pj
-from async_kernels import ANY, DMA_SEM, SEM, _done, _run_kernel, _x
+from async_kernels import ANY, DMA_SEM, SEM, _done, _run_kernel, _x, copy_between_kernels
 
 
 VMEM = pl.BlockSpec(memory_space=pltpu.VMEM)
@@ -68,15 +68,7 @@ def test_an_smem_ref_kept_across_kernels_and_copied_out_asynchronously():
         y_ref[i] = y_ref[i] + 1
 
     out_ref = pl.empty_ref_like(pltpu.HBM((8,), jnp.int32))
-    sem = pl.empty_ref_like(pltpu.SemaphoreType.DMA(()))
-
-    @_run_kernel
-    def _():
-      pltpu.make_async_copy(y_ref, out_ref, sem).start()
-
-    @_run_kernel
-    def _():
-      pltpu.make_async_copy(y_ref, out_ref, sem).wait()
+    copy_between_kernels(y_ref, out_ref, pl.empty_ref_like(pltpu.SemaphoreType.DMA(())))
     return out_ref[...]
 
   with pj.virtual_tpu("v5e"):

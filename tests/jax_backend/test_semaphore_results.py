@@ -14,7 +14,7 @@ from jax.sharding import PartitionSpec as P
 
 import palace as ppl
 import palace.jax as pj
-from async_kernels import ANY, DMA_SEM, SEM, _run_kernel, _x, copy_done, copy_start
+from async_kernels import ANY, DMA_SEM, SEM, _x, copy_between_kernels, copy_done, copy_start
 
 
 def test_a_copy_started_in_one_launch_and_waited_in_the_next_moves_the_data_and_is_timed_as_one_kernel():
@@ -157,15 +157,7 @@ def test_a_semaphore_ref_carries_a_copy_from_one_pl_kernel_to_the_next():
   def f(x):
     x_ref = jax.new_ref(x)
     y_ref = pl.empty_ref_like(pltpu.HBM(x.shape, x.dtype))
-    sem = pl.empty_ref_like(pltpu.SemaphoreType.DMA(()))
-
-    @_run_kernel
-    def _():
-      pltpu.make_async_copy(x_ref, y_ref, sem).start()
-
-    @_run_kernel
-    def _():
-      pltpu.make_async_copy(x_ref, y_ref, sem).wait()
+    copy_between_kernels(x_ref, y_ref, pl.empty_ref_like(pltpu.SemaphoreType.DMA(())))
     return y_ref[...]
 
   x = _x()
@@ -184,14 +176,7 @@ def test_two_fresh_semaphore_refs_are_two_semaphores():
     y_ref = pl.empty_ref_like(pltpu.HBM(x.shape, x.dtype))
     signalled = pl.empty_ref_like(pltpu.SemaphoreType.DMA(()))
     other = pl.empty_ref_like(pltpu.SemaphoreType.DMA(()))
-
-    @_run_kernel
-    def _():
-      pltpu.make_async_copy(x_ref, y_ref, signalled).start()
-
-    @_run_kernel
-    def _():
-      pltpu.make_async_copy(x_ref, y_ref, other).wait()
+    copy_between_kernels(x_ref, y_ref, signalled, wait_sem=other)
     return y_ref[...]
 
   with pytest.raises(ppl.SyncError,
