@@ -232,7 +232,8 @@ def plan_pallas_call(params, grid: tuple, args, chip) -> tuple:
   out_avals = [physical(a) for a in params["out_avals"]]
   _check_32_bit(kname, {**{n: a for k, (n, a) in enumerate(zip(names, args))
                            if not any(kind == OPERAND and i == k for kind, i, _ in sems)},
-                        **{f"outputs[{i}]": a for i, a in enumerate(out_avals) if semaphore_kind(a.dtype) is None}})
+                        **{f"outputs[{i}]": a for i, a in enumerate(out_avals)
+                           if semaphore_kind(a.dtype) is None}})
   arrays = [host.to_host_array(a, name) for a, name in zip(args, names)]
   in_maps = [_block_mapping(params, bm, f"args[{nsp + i}]") for i, bm in enumerate(gm.block_mappings[:n_in])]
   outs = [host.out_struct(pcore.ShapeDtypeStruct(tuple(a.shape), host_dtype(a.dtype)), f"out_shape[{i}]")
