@@ -36,7 +36,7 @@ import xml.etree.ElementTree as ET
 # distributed tests skip themselves on fewer than two devices)
 CHIPS = (("sparsecore_pallas_distributed", "7x:4"), ("sparsecore", "7x"), ("megacore", "v5p"),
          ("core_map", "v5p"), ("distributed", "v5e:4"), ("async", "v5e:4"), ("collective", "v5e:4"),
-         ("", "v5e"))
+         ("all_gather", "v5e:4"), ("", "v5e"))
 # palace's own refusals of compiler-only queries, and tests that read the compiled program's text (the
 # HLO or StableHLO of a TPU compile: memory-space colours, Mosaic custom calls, mesh axes), which an
 # engine running the kernel on the host cannot give

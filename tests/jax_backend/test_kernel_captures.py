@@ -33,7 +33,7 @@ def test_a_kernel_closing_over_a_traced_index_and_scalar():
 
 def test_a_mutable_smem_ref_keeps_its_value_across_kernels():
   # pl.empty_ref_like(pltpu.SMEM(...)) handed to two pl.kernel launches: each body gets an SMEM copy
-  # (scalar stores, which HBM would refuse), copied back after it (a Stage INOUT)
+  # (scalar stores, which HBM would refuse), written back after it (a Stage with write_back)
   mesh = pltpu.TensorCoreMesh(axis_name="core", num_cores=1)
 
   @jax.jit

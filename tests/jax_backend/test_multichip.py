@@ -255,6 +255,49 @@ def test_logical_ids_and_chips_are_positions_in_the_mesh_whatever_its_device_ord
   assert results[0][1] == results[1][1]
 
 
+def _swap_kernel(api):
+  """Two devices: each tells the other its output exists, then copies its block into the other's."""
+  pl_, pltpu_, lax_, _ = api
+
+  def kernel(x_ref, o_ref, send, recv):
+    other = 1 - lax_.axis_index("x")
+    pl_.semaphore_signal(pltpu_.get_barrier_semaphore(), 1, device_id=(other,))
+    pl_.semaphore_wait(pltpu_.get_barrier_semaphore(), 1)
+    copy = pltpu_.make_async_remote_copy(x_ref, o_ref, send, recv, device_id=(other,))
+    copy.start()
+    copy.wait()
+  return kernel
+
+
+@pytest.mark.parametrize("devices", [[0, 1], [2, 3]])
+def test_a_mesh_over_some_of_the_devices_runs_on_those_chips_as_palace_own_mesh_of_them(devices):
+  """A jax.sharding.Mesh over jax.devices()[:2] (JAX's distributed tests) on a 4-chip virtual TPU:
+  a pod launch of 2 chips placed at those devices, as palace's make_mesh(devices=...) places it (before
+  session 20 palace required the mesh to cover every chip)."""
+  mesh = jax.sharding.Mesh(np.array(jax.devices())[devices], ("x",))
+  x16 = X[:16]
+  f = jax.jit(jax.shard_map(lambda a: _call(JAX, _swap_kernel(JAX), a.shape)(a), mesh=mesh,
+                            in_specs=P("x"), out_specs=P("x"), check_vma=False))
+  with pj.virtual_tpu("v5e", num_chips=4) as tpu:
+    got = np.asarray(f(jax.device_put(x16, jax.sharding.NamedSharding(mesh, P("x")))))
+  np.testing.assert_array_equal(got, np.concatenate([x16[8:], x16[:8]]))
+  (mine,) = tpu.reports
+  with ppl.virtual_tpu("v5e", num_chips=4) as own_tpu:
+    own_mesh = ppl.make_mesh((2,), ("x",), devices=devices)
+    own = ppl.shard_map(lambda a: _call(PALACE, _swap_kernel(PALACE), a.shape)(a), mesh=own_mesh,
+                        in_specs=ppl.P("x"), out_specs=ppl.P("x"))(x16)
+  np.testing.assert_array_equal(np.asarray(own), got)
+  (report,) = own_tpu.reports
+  assert (mine.num_chips, mine.device_cycles) == (2, report.device_cycles)
+
+
+def test_a_smaller_mesh_without_its_devices_is_still_refused():
+  with ppl.virtual_tpu("v5e", num_chips=4), pytest.raises(
+      ppl.UsageError, match=r"make_mesh\(2,\): the mesh has 2 chips but the virtual TPU has 4\. Fix: use "
+                            r"pl.virtual_tpu\('v5e', num_chips=2\), or pass devices="):
+    ppl.make_mesh((2,), ("x",))
+
+
 @pytest.mark.parametrize("key,jax_error,jax_says,error,palace_says", [
     (("x", "core"), NotImplementedError, r"\('x', 'core'\) mixes JAX mesh and Pallas mesh grid axes",
      ppl.UnsupportedError,

@@ -15,6 +15,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 from jax.experimental.pallas import tpu_sc as plsc
 
+import palace as ppl
 import palace.jax as pj
 from bitcast_reference import ref_bitcast
 
@@ -160,3 +161,42 @@ def test_a_4_bit_ref_bitcast_equals_the_value_bitcast(src, dst):
   if src == np.int32:   # row 8i + k is nibble k of row i, the lowest first
     want = ((x[:, None, :] >> (4 * np.arange(8))[None, :, None]) & 0xF).reshape(8 * rows_in, 256)
     np.testing.assert_array_equal(a.astype(np.int64) & 0xF, want)
+
+
+def _select_copy(num_refs):
+  """A kernel copying, per step i of a loop, the ref pl.select_ref(idx[i], *x_refs) (a DMA source picked
+  at run time) into row block i of the output, on the semaphore select_ref(i % 2, ...) picks."""
+  def kernel(idx_ref, *refs):
+    *x_refs, o_ref, sems = refs
+
+    @pl.loop(0, idx_ref.shape[0])
+    def _(i):
+      sem = pl.select_ref(i % 2, sems.at[0], sems.at[1])
+      pltpu.async_copy(pl.select_ref(idx_ref[i], *x_refs), o_ref.at[pl.ds(8 * i, 8)], sem).wait()
+
+  def call(idx, *xs):
+    return pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct((8 * idx.shape[0], 128), jnp.float32),
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1, in_specs=[pl.BlockSpec(memory_space=pl.ANY)] * num_refs,
+            out_specs=pl.BlockSpec(memory_space=pl.ANY),
+            scratch_shapes=[pltpu.SemaphoreType.DMA((2,))]))(idx, *xs)
+  return call
+
+
+def test_a_dma_of_a_ref_picked_at_run_time_by_select_ref_copies_that_ref(rng):
+  """pl.select_ref (JAX's SelectTransform) in a DMA's source and semaphore: the ref the index picks
+  (before session 20 palace refused 'an operand of type tuple where a ref belongs')."""
+  xs = [rng.standard_normal((8, 128)).astype(np.float32) for _ in range(3)]
+  idx = np.array([2, 0, 1, 2], np.int32)
+  with pj.virtual_tpu("v5e"):
+    got = np.asarray(jax.jit(_select_copy(3))(idx, *xs))
+  np.testing.assert_array_equal(got, np.concatenate([xs[i] for i in idx]))
+
+
+def test_a_select_ref_index_outside_its_refs_is_out_of_bounds(rng):
+  xs = [rng.standard_normal((8, 128)).astype(np.float32) for _ in range(2)]
+  with pytest.raises(ppl.OutOfBoundsError, match=r"pl.select_ref index 2 at kernel line "
+                     r"test_ref_transforms.py:\d+ .*selects none of its 2 refs. Fix: keep the index in 0..1"):
+    with pj.virtual_tpu("v5e"):
+      jax.block_until_ready(jax.jit(_select_copy(2))(np.array([0, 2], np.int32), *xs))

@@ -139,6 +139,7 @@ def virtual_tpu(chip="v5e", num_chips: int = 1, **options):
     with tpu:
       yield tpu
       wait_for_dispatched()
+      tpu.carried.check_settled()   # a semaphore result never waited (sim/carried.py)
   except Exception as e:
     # XLA wraps an exception raised in the callback in a JaxRuntimeError: raise palace's own error
     if engine.errors and not isinstance(e, type(engine.errors[-1])):

@@ -45,10 +45,10 @@ def semaphore_kind(dtype):
 def physical(aval):
   """`aval` as palace holds its values: a PRNG key array (an extended dtype) as its key data, as
   JAX's TPU lowering keeps it (uint32, with the key's trailing dimensions: `jax.random.key_data`'s
-  shape); any other aval unchanged."""
+  shape); any other aval unchanged (a semaphore too: its int32 handles are `host_dtype`'s)."""
   from jax._src import dtypes as jax_dtypes  # noqa: PLC0415
   dtype = getattr(aval, "dtype", None)
-  if dtype is None or not jax_dtypes.issubdtype(dtype, jax_dtypes.extended):
+  if dtype is None or not jax_dtypes.issubdtype(dtype, jax_dtypes.prng_key):
     return aval
   from jax._src import core as jax_core  # noqa: PLC0415
   return jax_core.physical_aval(aval)
@@ -56,12 +56,16 @@ def physical(aval):
 
 def alloc_type(aval, what: str):
   """A JAX ref aval (scratch operand, run_scoped allocation) as a palace allocation type."""
-  inner = getattr(aval, "inner_aval", aval)
-  if semaphore_kind(inner.dtype) is None:
-    inner = physical(inner)
+  inner = physical(getattr(aval, "inner_aval", aval))
   shape = tuple(int(s) for s in inner.shape)
   sem = semaphore_kind(inner.dtype)
   if sem is not None:
     return sem(shape)
   space = memory_space(getattr(aval, "memory_space", None), MemorySpace.VMEM, what)
   return space(shape, np.dtype(inner.dtype))
+
+
+def host_dtype(dtype) -> np.dtype:
+  """The NumPy dtype of a launch operand or result of JAX dtype `dtype` in XLA's buffers: int32 for a
+  semaphore (JAX's physical type of one: its handle, sim/carried.py), else the dtype itself."""
+  return np.dtype(np.int32) if semaphore_kind(dtype) is not None else np.dtype(dtype)

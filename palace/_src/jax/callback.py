@@ -15,7 +15,7 @@ import numpy as np
 
 from palace._src.errors import UnsupportedError, UsageError
 from palace._src.jax import launch
-from palace._src.jax.avals import physical
+from palace._src.jax.avals import host_dtype, physical, semaphore_kind
 from palace._src.jax.interpret import check_covered, source_line
 from palace._src.jax.registry import RULES, sub_jaxprs
 from palace._src.launch import host as palace_host, spmd
@@ -195,11 +195,11 @@ def _emit_callback(ctx, host, in_nodes, direct_out: bool = False):
   from jax._src.interpreters import mlir  # noqa: PLC0415
 
   avals = [physical(a) for a in (*ctx.avals_in, *ctx.avals_out)]   # (keys: their key data)
-  if any(jax_dtypes.itemsize_bits(a.dtype) < 8 for a in avals):
+  if any(semaphore_kind(a.dtype) is None and jax_dtypes.itemsize_bits(a.dtype) < 8 for a in avals):
     return _emit_python_callback(ctx, host, in_nodes)
   n_in = len(in_nodes)
-  in_avals = [(tuple(a.shape), np.dtype(a.dtype)) for a in avals[:n_in]]
-  out_avals = [(tuple(a.shape), np.dtype(a.dtype)) for a in avals[n_in:]]
+  in_avals = [(tuple(a.shape), host_dtype(a.dtype)) for a in avals[:n_in]]
+  out_avals = [(tuple(a.shape), host_dtype(a.dtype)) for a in avals[n_in:]]
 
   def call(exec_ctx, *buffers):
     # (all of it inside `running`, the one count of palace launches on XLA's threads: the
@@ -316,8 +316,14 @@ def _lower_pod_launch(ctx, in_nodes, engine, params, axis_ctx, manual, kind):
   mesh = axis_ctx.mesh
   _check_covered(params, kind)
   check_device_ids(_kernel_jaxprs(params, kind), mesh.axis_names)
-  with palace_host.on_tpu(engine.tpu):   # palace's make_mesh checks the chip count, picks the ring order
-    pmesh = spmd.make_mesh(tuple(mesh.shape.values()), tuple(map(str, mesh.axis_names)))
+  # palace's make_mesh checks the chip count and lays a mesh of every chip out as a ring (as JAX's
+  # make_mesh does on a TPU); a mesh over some of the devices (jax.devices()[:2] of 4) sits on those
+  # (an abstract mesh, of a nested shard_map, names no devices)
+  size = int(np.prod(tuple(mesh.shape.values())))
+  ids = [int(d.id) for d in np.asarray(mesh.devices).reshape(-1)] \
+      if size < engine.tpu.num_chips and type(mesh).__name__ != "AbstractMesh" else None
+  with palace_host.on_tpu(engine.tpu):
+    pmesh = spmd.make_mesh(tuple(mesh.shape.values()), tuple(map(str, mesh.axis_names)), devices=ids)
   groups = spmd.CallGroups(pmesh, engine.tpu)   # one rendezvous per call of this launch site
   out_avals = [physical(a) for a in params["out_avals"]]
   run = functools.partial(launch.run_pallas_call if kind == "pallas_call" else launch.run_mpmd_map,
@@ -338,26 +344,11 @@ def _lower_pod_launch(ctx, in_nodes, engine, params, axis_ctx, manual, kind):
     finally:
       groups.leave(call, error)
       palace_host.reset_spmd_context(spmd_token)
-    return [np.asarray(o, dtype=a.dtype).reshape(a.shape) for o, a in zip(outs, out_avals)]
+    return [np.asarray(o, dtype=host_dtype(a.dtype)).reshape(a.shape) for o, a in zip(outs, out_avals)]
 
   pid = hlo.convert(ir.RankedTensorType.get([], ir.IntegerType.get_signless(32)), hlo.partition_id())
   chip_aval = jax_core.ShapedArray((), np.dtype("int32"))
   return _emit_callback(ctx.replace(avals_in=(chip_aval, *ctx.avals_in)), host, (pid, *in_nodes))
-
-
-def _check_semaphore_operands(ctx, kind: str, name: str) -> None:
-  """A semaphore as a launch's operand or result (a DMA started in one pallas_call and waited in
-  another, JAX's tpu_pallas_async_test pattern) is refused by name: palace's copies and semaphores live
-  within one launch, and XLA:CPU has no buffer for a semaphore value."""
-  for where, avals in (("operand", ctx.avals_in), ("result", ctx.avals_out)):
-    for i, a in enumerate(avals):
-      dtype = str(getattr(a, "dtype", ""))
-      if "sem" in dtype:
-        raise UnsupportedError(
-            f"palace.jax: {kind} '{name}' {where} {i} is a semaphore ({dtype}): a DMA or semaphore carried from one "
-            f"launch to another (an async copy started in one pallas_call and waited in a later one) is "
-            f"not covered; palace's copies and semaphores live within one launch. Fix: start and wait "
-            f"the copy in the same kernel.")
 
 
 def lower_on_palace(ctx, in_nodes, engine, params, kind: str = "pallas_call"):
@@ -373,7 +364,6 @@ def lower_on_palace(ctx, in_nodes, engine, params, kind: str = "pallas_call"):
   if any(not isinstance(a, jax_core.ShapedArray) for a in ctx.avals_in):
     raise UnsupportedError(f"palace.jax: a {kind} operand that is not an array (a closed-over ref "
                            f"or a hi-type) is not supported yet. Fix: pass the value as an array operand.")
-  _check_semaphore_operands(ctx, kind, launch.kernel_name(params))
   _check_covered(params, kind)
   check_device_ids(_kernel_jaxprs(params, kind), ())
   # one palace launch and plan per lowering (and grid), reused by every call
@@ -389,7 +379,7 @@ def lower_on_palace(ctx, in_nodes, engine, params, kind: str = "pallas_call"):
     except BaseException as e:  # noqa: BLE001  kept for virtual_tpu's exit, then XLA wraps it
       engine.errors.append(e)
       raise
-    return [np.asarray(o, dtype=a.dtype).reshape(a.shape) for o, a in zip(outs, out_avals)]
+    return [np.asarray(o, dtype=host_dtype(a.dtype)).reshape(a.shape) for o, a in zip(outs, out_avals)]
 
   # (a pallas_call computes its outputs in XLA's result buffers; a pl.kernel's may be mutable refs)
   return _emit_callback(ctx, host, in_nodes, direct_out=kind == "pallas_call")

@@ -18,15 +18,14 @@ from palace._src import blocks
 from palace._src import dtypes as dt
 from palace._src import core as pcore
 from palace._src.errors import BlockSpecError, UnsupportedError
-from palace._src.jax.avals import alloc_type, memory_space, physical
+from palace._src.jax.avals import alloc_type, host_dtype, memory_space, physical, semaphore_kind
 from palace._src.jax.interpret import grid_axes, kernel_site, program, run_program
 from palace._src.jax.registry import RULES, literal, sub_jaxprs
 from palace._src.jax.schedule import replay_blocker
 from palace._src.launch import host, sc_mesh
 from palace._src.jax import rules_sc
 from palace._src.launch.host_refs import freeze, owning_ref, ref_name
-from palace._src.launch.plan import (ENTRIES, INOUT, OPERAND, LaunchPlan, Operand, Output, Stage,
-                                     grid_stages)
+from palace._src.launch.plan import ENTRIES, OPERAND, OUTPUT, LaunchPlan, Operand, Output, Stage, grid_stages
 from palace._src.launch.run import run
 from palace._src.util import tree_flatten
 
@@ -133,9 +132,12 @@ def _static_index(x):
 
 def _block_mapping(params, bm, name: str) -> blocks.BlockMapping:
   """palace's BlockMapping of one of JAX's block mappings (of the operand or output `name`). A key
-  array's blocks take its key data's trailing dimensions whole (avals.physical)."""
+  array's blocks take its key data's trailing dimensions whole (avals.physical); a semaphore operand
+  or result is its whole array of int32 handles (`LaunchPlan.semaphores`)."""
   aval = physical(bm.array_aval)
-  shape, dtype = tuple(aval.shape), np.dtype(aval.dtype)
+  shape, dtype = tuple(aval.shape), host_dtype(aval.dtype)
+  if semaphore_kind(aval.dtype) is not None:
+    return blocks.whole_hbm(name, shape, dtype)
   extra = len(shape) - len(bm.array_aval.shape)
   space = memory_space(getattr(bm.transformed_block_aval, "memory_space", None), pcore.MemorySpace.VMEM,
                        bm.origin)
@@ -226,15 +228,19 @@ def plan_pallas_call(params, grid: tuple, args, chip) -> tuple:
   gm, jaxpr, kname = params["grid_mapping"], params["jaxpr"], kernel_name(params)
   nsp, n_in = gm.num_index_operands, gm.num_inputs
   names = [f"scalar_prefetch[{i}]" if i < nsp else f"args[{i}]" for i in range(len(args))]
+  sems = _semaphores(params)
   out_avals = [physical(a) for a in params["out_avals"]]
-  _check_32_bit(kname, {**dict(zip(names, args)), **{f"outputs[{i}]": a for i, a in enumerate(out_avals)}})
+  _check_32_bit(kname, {**{n: a for k, (n, a) in enumerate(zip(names, args))
+                           if not any(kind == OPERAND and i == k for kind, i, _ in sems)},
+                        **{f"outputs[{i}]": a for i, a in enumerate(out_avals)
+                           if semaphore_kind(a.dtype) is None}})
   arrays = [host.to_host_array(a, name) for a, name in zip(args, names)]
-  in_maps = tuple(_block_mapping(params, bm, f"args[{nsp + i}]")
-                  for i, bm in enumerate(gm.block_mappings[:n_in]))
-  outs = [host.out_struct(pcore.ShapeDtypeStruct(tuple(a.shape), np.dtype(a.dtype)), f"out_shape[{i}]")
+  in_maps = [_block_mapping(params, bm, f"args[{nsp + i}]") for i, bm in enumerate(gm.block_mappings[:n_in])]
+  outs = [host.out_struct(pcore.ShapeDtypeStruct(tuple(a.shape), host_dtype(a.dtype)), f"out_shape[{i}]")
           for i, a in enumerate(out_avals)]
-  out_maps = tuple(_block_mapping(params, bm, f"outputs[{i}]")
-                   for i, bm in enumerate(gm.block_mappings[n_in:n_in + len(outs)]))
+  out_maps = [_block_mapping(params, bm, f"outputs[{i}]")
+              for i, bm in enumerate(gm.block_mappings[n_in:n_in + len(outs)])]
+  resident = _resident_in_vmem(params, grid, in_maps, out_maps)
   scratch = tuple(alloc_type(a, f"scratch[{i}]") for i, a in enumerate(gm.scratch_avals))
   host.check_hbm(kname, {f"args[{i}]": a for i, a in enumerate(arrays)},
                  {f"outputs[{i}]": o for i, o in enumerate(outs)}, scratch, chip)
@@ -247,10 +253,48 @@ def plan_pallas_call(params, grid: tuple, args, chip) -> tuple:
       tree_flatten(tuple(range(nsp)))[1],
       tuple(Output(f"outputs[{i}]", *o) for i, o in enumerate(outs)), tree_flatten(list(range(len(outs))))[1],
       aliases=host.check_aliases(dict(params.get("input_output_aliases") or ()), kname),
-      staged=grid_stages(arrays[:nsp], in_maps, out_maps), scratch=scratch,
-      bodies=(_grid_body(params, grid),), grid=grid, in_maps=in_maps, out_maps=out_maps,
-      fixed_site=fixed_site, replay_operands=_grid_replay_operands(params))
+      staged=grid_stages(arrays[:nsp], in_maps, out_maps) + resident, scratch=scratch,
+      bodies=(_grid_body(params, grid),), grid=grid, in_maps=tuple(in_maps), out_maps=tuple(out_maps),
+      fixed_site=fixed_site, replay_operands=None if sems else _grid_replay_operands(params),
+      semaphores=sems)
   return plan, arrays
+
+
+def _resident_in_vmem(params, grid, in_maps: list, out_maps: list) -> tuple:
+  """The `write_back` stages of a grid-free pallas_call's outputs that XLA places in VMEM
+  (`out_shape=pltpu.VMEM(...)`) and that are aliased to an input, both with VMEM BlockSpecs: Mosaic
+  windows no operand of a grid-free kernel, so the kernel's refs are the buffers themselves, and the
+  aliased input and output are one VMEM buffer (JAX's async copy into VMEM: the kernel waiting for the
+  copy writes nothing, and the output is what the copy put there). Their block mappings become raw
+  (the stage is the ref); without this the output's own VMEM block, never written, went back."""
+  if grid:
+    return ()
+  stages = []
+  nsp = params["grid_mapping"].num_index_operands
+  for k, j in dict(params.get("input_output_aliases") or {}).items():
+    k, j = int(k) - nsp, int(j)
+    space = getattr(params["out_avals"][j], "memory_space", None)
+    if (str(getattr(space, "value", space)).lower() != "vmem" or not 0 <= k < len(in_maps)
+        or in_maps[k].space != pcore.MemorySpace.VMEM or out_maps[j].space != pcore.MemorySpace.VMEM):
+      continue
+    m = in_maps[k]
+    stages.append(Stage(OPERAND, nsp + k, pcore.MemoryRef(m.array_shape, m.dtype, pcore.MemorySpace.VMEM),
+                        m.name, write_back=True))
+    in_maps[k] = blocks.whole_hbm(m.name, m.array_shape, m.dtype)
+    out_maps[j] = blocks.whole_hbm(out_maps[j].name, out_maps[j].array_shape, out_maps[j].dtype)
+  return tuple(stages)
+
+
+def _semaphores(params) -> tuple:
+  """A pallas_call's `LaunchPlan.semaphores`: its semaphore operands (by operand index, scalar
+  prefetch counted) and results."""
+  gm = params["grid_mapping"]
+  nsp, n_in = gm.num_index_operands, gm.num_inputs
+  out = [(OPERAND, nsp + i, semaphore_kind(bm.array_aval.dtype)(tuple(bm.array_aval.shape)))
+         for i, bm in enumerate(gm.block_mappings[:n_in]) if semaphore_kind(bm.array_aval.dtype) is not None]
+  out += [(OUTPUT, i, semaphore_kind(a.dtype)(tuple(a.shape))) for i, a in enumerate(params["out_avals"])
+          if semaphore_kind(a.dtype) is not None]
+  return tuple(out)
 
 
 def _check_32_bit(kname: str, avals) -> None:
@@ -354,20 +398,30 @@ def plan_mpmd_map(params, args, chip) -> tuple:
   jaxpr, mesh, name = params["jaxprs"][0], params["meshes"][0], mpmd_name(params)
   out_avals, n_in = [physical(a) for a in params["out_avals"]], len(args)
   n_out = len(out_avals)
-  _check_32_bit(name, {**{f"args[{i}]": a for i, a in enumerate(args)},
-                       **{f"outputs[{i}]": a for i, a in enumerate(out_avals)}})
+  in_sems = {i: semaphore_kind(v.aval.inner_aval.dtype if hasattr(v.aval, "inner_aval") else v.aval.dtype)
+             for i, v in enumerate(jaxpr.invars[:n_in])}
+  _check_32_bit(name, {**{f"args[{i}]": a for i, a in enumerate(args) if in_sems[i] is None},
+                       **{f"outputs[{i}]": a for i, a in enumerate(out_avals)
+                          if semaphore_kind(a.dtype) is None}})
   aliases = {int(i): int(o) for i, o in dict(params.get("input_output_aliases") or {}).items()}
   in_of_out = {o: i for i, o in aliases.items()}
   fresh = [o for o in range(n_out) if o not in in_of_out]
-  outs = [host.out_struct(pcore.ShapeDtypeStruct(tuple(out_avals[o].shape), np.dtype(out_avals[o].dtype)),
+  outs = [host.out_struct(pcore.ShapeDtypeStruct(tuple(out_avals[o].shape), host_dtype(out_avals[o].dtype)),
                           f"out_type[{j}]") for j, o in enumerate(fresh)]
+  # semaphores carried between launches (LaunchPlan.semaphores): JAX semaphore refs handed to the
+  # kernel (pl.empty_ref_like(pltpu.SemaphoreType.DMA(())), aliased after state discharge), results
+  sems = tuple((OPERAND, i, k(tuple(np.shape(args[i])))) for i, k in in_sems.items() if k is not None) + \
+      tuple((OUTPUT, j, semaphore_kind(out_avals[o].dtype)(tuple(out_avals[o].shape)))
+            for j, o in enumerate(fresh) if semaphore_kind(out_avals[o].dtype) is not None)
   scratch = tuple(alloc_type(v.aval, f"scratch[{k}]") for k, v in enumerate(jaxpr.invars[n_in + n_out:]))
   names = [ref_name(np.shape(a), a.dtype) if i in aliases else f"args[{i}]" for i, a in enumerate(args)]
   arrays = [np.asarray(a) if i in aliases else host.to_host_array(a, f"args[{i}]")
             for i, a in enumerate(args)]
   host.check_hbm(name, dict(zip(names, arrays)), {f"outputs[{i}]": o for i, o in enumerate(outs)}, scratch,
                  chip)
-  staged = []   # inputs whose kernel ref is in VMEM/SMEM (its aval's memory space): staged there
+  # inputs whose kernel ref is in VMEM/SMEM (its aval's memory space): staged there; a JAX mutable ref
+  # in VMEM/SMEM (pl.empty_ref_like(pltpu.SMEM(...)), aliased) is staged and written back after the body
+  staged = []
   # inputs the body takes as values, not refs (a scalar the kernel function closes over, e.g. a traced
   # index; JAX refuses other captured arrays): staged in SMEM and read once before the body
   values = {i for i, v in enumerate(jaxpr.invars[:n_in]) if getattr(v.aval, "inner_aval", None) is None}
@@ -378,10 +432,13 @@ def plan_mpmd_map(params, args, chip) -> tuple:
       continue
     sp = memory_space(getattr(v.aval, "memory_space", None), pcore.MemorySpace.ANY, f"args[{i}] of {name}")
     if sp in (pcore.MemorySpace.VMEM, pcore.MemorySpace.SMEM):
-      # (a mutable ref typed SMEM/VMEM, e.g. pl.empty_ref_like(pltpu.SMEM(...)): its value lives in
-      # HBM between launches, copied in before the body and back after it)
-      staged.append(Stage(INOUT if i in aliases else OPERAND, i,
-                          pcore.MemoryRef(arrays[i].shape, arrays[i].dtype, sp), names[i]))
+      staged.append(Stage(OPERAND, i, pcore.MemoryRef(arrays[i].shape, arrays[i].dtype, sp), names[i],
+                          write_back=i in aliases))
+  for j, o in enumerate(fresh):   # results typed pltpu.VMEM / SMEM: computed there, copied out after
+    sp = memory_space(getattr(jaxpr.invars[n_in + o].aval, "memory_space", None), pcore.MemorySpace.ANY,
+                      f"outputs[{o}] of {name}")
+    if sp in (pcore.MemorySpace.VMEM, pcore.MemorySpace.SMEM) and semaphore_kind(out_avals[o].dtype) is None:
+      staged.append(Stage(OUTPUT, j, pcore.MemoryRef(outs[j][0], outs[j][1], sp), f"outputs[{j}]"))
   prog = program(jaxpr)
 
   def body(*refs):
@@ -392,7 +449,7 @@ def plan_mpmd_map(params, args, chip) -> tuple:
     all_outs = [ins[in_of_out[o]] if o in in_of_out else next(it) for o in range(n_out)]
     run_program(prog, (), (*ins, *all_outs, *scr))
 
-  keyed = [s.index for s in staged if s.type.memory_space is pcore.MemorySpace.SMEM]   # (never aliased)
+  keyed = [s.index for s in staged if s.type.memory_space is pcore.MemorySpace.SMEM and not s.write_back]
   fixed_site = kernel_site(jaxpr)
   plan = LaunchPlan(
       name, fixed_site or ("<unknown>", 0),
@@ -402,7 +459,7 @@ def plan_mpmd_map(params, args, chip) -> tuple:
       tuple(Output(f"outputs[{i}]", *o) for i, o in enumerate(outs)),
       tree_flatten(list(range(len(fresh))))[1], outputs_as=ENTRIES, staged=tuple(staged), scratch=scratch,
       bodies=(body,), meshes=(_palace_mesh(mesh),), fixed_site=fixed_site,
-      replay_operands=_replay_operands(jaxpr, keyed))
+      replay_operands=None if sems else _replay_operands(jaxpr, keyed), semaphores=sems)
   return plan, arrays, tuple(aliases), in_of_out
 
 

@@ -172,10 +172,10 @@ def _ref_operand(eqn, x, transforms=(), last_index: bool = False):
   Views are cached per base ref and dynamic index values (a view is an immutable function of them;
   JAX's emit_pipeline re-derives the same few block and slot views on every step)."""
   _, types = _jax_types()
-  if isinstance(x, types.TransformedRef) and isinstance(x.ref, (tuple, list)):
-    return _selected_ref(eqn, x, transforms, last_index)
   if isinstance(x, types.TransformedRef):
     x, transforms = x.ref, tuple(x.transforms) + tuple(transforms or ())
+  if isinstance(x, (tuple, list)) and transforms and isinstance(transforms[0], types.SelectTransform):
+    return _selected_ref(eqn, x, transforms, last_index)
   if type(x) is not _Leaf:
     raise unsupported(eqn, f"an operand of type {type(x).__name__} where a ref belongs")
   k = x.k
@@ -260,24 +260,24 @@ def _ref_operand(eqn, x, transforms=(), last_index: bool = False):
   return ref_of
 
 
-def _selected_ref(eqn, x, transforms, last_index: bool):
-  """`pl.select_ref(idx, *refs)` (a TransformedRef of a tuple of refs whose first transform selects one
-  by a runtime index; JAX allows it at the top of a DMA's operand): each candidate compiled with the
-  transforms that follow, the one `idx` picks returned."""
-  select, *rest = x.transforms
-  if type(select).__name__ != "SelectTransform":
-    raise unsupported(eqn, f"a ref tuple transformed by {type(select).__name__}")
-  rest = (*rest, *(transforms or ()))
-  choices = [_ref_operand(eqn, r, rest, last_index) for r in x.ref]
-  idx = select.idx
+def _selected_ref(eqn, refs, transforms, last_index: bool):
+  """`pl.select_ref(idx, *refs)` (JAX's SelectTransform, first of `transforms`): the ref a runtime
+  scalar picks, with the remaining transforms applied to it; JAX takes it as a DMA's source,
+  destination or semaphore. Each candidate is compiled as its own ref operand (views cached as
+  usual); an index outside the candidates raises OutOfBoundsError (no TPU check; the kernel would
+  address whatever ref the index computes)."""
+  idx, rest = transforms[0].idx, tuple(transforms[1:])
+  picks = [_ref_operand(eqn, r, rest, last_index) for r in refs]
+  n = len(picks)
 
-  def selected(flat):
-    k = concrete_int(_value(idx, flat), "pl.select_ref index")
-    if not 0 <= k < len(choices):
-      raise OutOfBoundsError(f"pl.select_ref index {k} at {source_line(eqn)} is out of range for "
-                             f"{len(choices)} refs. Fix: pass an index in 0..{len(choices) - 1}.")
-    return choices[k](flat)
-  return selected
+  def ref_of(flat):
+    i = int(idx) if type(idx) is not _Leaf else concrete_int(flat[idx.k], "pl.select_ref index")
+    if not 0 <= i < n:
+      raise OutOfBoundsError(
+          f"pl.select_ref index {i} at kernel line {source_line(eqn)} selects none of its {n} refs. Fix: "
+          f"keep the index in 0..{n - 1} (e.g. lax.rem(i, {n})).")
+    return picks[i](flat)
+  return ref_of
 
 
 def _check_ref(eqn, ref):

@@ -13,7 +13,7 @@ import numpy as np
 
 from palace._src.core import CompilerParams, MemoryRef, MemorySpace
 
-OPERAND, OUTPUT, INOUT = "operand", "output", "inout"
+OPERAND, OUTPUT = "operand", "output"
 LEAVES, TREE, ENTRIES = "leaves", "tree", "entries"
 
 
@@ -39,12 +39,16 @@ class Output:
 class Stage:
   """A scoped VMEM/SMEM copy of an operand or output around the body on every core: operands are
   copied in before the body (scalar prefetch, SMEM BlockSpecs) and the body gets the copy; outputs are
-  copied back to HBM after it (pl.kernel outputs typed pltpu.VMEM/SMEM, SMEM out BlockSpecs); an
-  INOUT operand is both (a mutable ref in SMEM/VMEM that a JAX program hands to pl.kernel)."""
-  kind: str                 # OPERAND | OUTPUT | INOUT
+  copied back to HBM after it (pl.kernel outputs typed pltpu.VMEM/SMEM, SMEM out BlockSpecs). An
+  operand stage with `write_back` is also the ref of the output the operand is aliased to, copied back
+  after the body: operand and output are one buffer in that memory space (palace.jax: an output XLA
+  places in VMEM, aliased to an input, in a grid-free pallas_call; a JAX mutable ref in VMEM/SMEM
+  handed to a pl.kernel, which is its own output)."""
+  kind: str                 # OPERAND | OUTPUT
   index: int                # into LaunchPlan.operands / .outputs
   type: MemoryRef           # the scoped allocation
   name: str                 # the allocation's name in messages
+  write_back: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +87,12 @@ class LaunchPlan:
   fixed_site    (file, line) that the launch's records and messages name wherever they would take the
                 user's line from the stack (`Machine.site`): set for kernels with no user Python frame
                 on the stack while they run (palace.jax's jaxprs: the kernel function's definition).
+  semaphores    `(OPERAND | OUTPUT, index, SemaphoreRefType)` per operand or output that is a semaphore
+                (JAX's async copies: a DMA started in one launch and waited in a later one). Its HBM
+                value is int32 handles, one per element; the body gets a semaphore ref instead, with
+                the state kept under those handles (an output: new handles) by the VirtualTPU
+                between launches (sim/carried.py). An output aliased to a semaphore operand is that
+                operand's semaphore.
   replay_operands  None, or the indices of the operands whose contents, with the plan, determine the
                 launch's whole schedule, as its front end proved (palace.jax: jax/schedule.py): a later
                 launch with the same bytes there may be replayed (sim/replay.py).
@@ -105,6 +115,7 @@ class LaunchPlan:
   out_maps: tuple = ()
   fixed_site: tuple | None = None
   replay_operands: tuple | None = None
+  semaphores: tuple = ()
 
   def cache(self) -> dict:
     """What every launch of this plan derives from it alone, kept for the next launch (run.py: the

@@ -24,9 +24,9 @@ from palace._src import executor
 from palace._src.blocks import BLOCKED, SQUEEZED
 from palace._src.core import (CORE_PARALLEL, PARALLEL, MemoryRef, MemorySpace, SemaphoreRefType,
                               SemaphoreType, TensorCoreMesh, canonical_semantics)
-from palace._src.errors import ResourceError, SyncError, UsageError
+from palace._src.errors import ResourceError, SyncError, UnsupportedError, UsageError
 from palace._src.launch import host
-from palace._src.launch.plan import ENTRIES, INOUT, LEAVES, OUTPUT, LaunchPlan
+from palace._src.launch.plan import ENTRIES, LEAVES, OPERAND, LaunchPlan
 from palace._src.launch.sc_mesh import VectorSubcoreMesh, check_for_chip
 from palace._src.lang import context
 from palace._src.lang.primitives import close_scope, open_scope
@@ -203,6 +203,13 @@ class _Launch:
     else:
       work = [(c, body, None) for body, mesh in zip(plan.bodies, plan.meshes)
               for c in _mesh_cores(machine, chip_index, mesh, plan.params, plan.kernel_name)]
+    if plan.semaphores and len(work) > 1:
+      raise UnsupportedError(
+          f"Kernel '{plan.kernel_name}' takes or returns a semaphore and runs on {len(work)} cores of "
+          f"chip {chip_index}: a semaphore carried between launches belongs to one core here, and "
+          f"which core's copy a later launch would wait on is not modelled. Fix: run it on one core "
+          f"(dimension_semantics 'arbitrary', or a one-core mesh), or start and wait the copy in the "
+          f"same kernel.")
     machine.register_hbm(chip_index, [b.buf if isinstance(b, Ref) else b for b in in_bufs] + self.out_bufs)
     return [(c, _CoreProgram(self, in_bufs, body, pts, keep)) for c, body, pts in work]
 
@@ -253,6 +260,8 @@ class _CoreProgram:
       self.scopes.append(bufs)
     operands = [b if isinstance(b, Ref) else Ref(b) for b in self.in_bufs]
     outputs = [Ref(b) for b in launch.out_bufs]
+    if plan.semaphores:
+      self._carried_semaphores(ex, operands, outputs)
     # the staged copies: prepared once (a kept program runs them again), on one DMA semaphore
     types, names = [s.type for s in plan.staged], [s.name for s in plan.staged]
     if types:
@@ -262,12 +271,14 @@ class _CoreProgram:
     self.scopes.append(bufs)
     self.copy_in, self.copy_out = [], []
     for s, r in zip(plan.staged, staged):
-      if s.kind != OUTPUT:
+      if s.kind == OPERAND:
         self.copy_in.append(AsyncCopyDescriptor(operands[s.index], r, staged[-1], api="pltpu.sync_copy")
                             .prepare(ex))
-        if s.kind == INOUT:
-          self.copy_out.append(AsyncCopyDescriptor(r, operands[s.index], staged[-1],
-                                                   api="pltpu.sync_copy").prepare(ex))
+        if s.write_back:   # the aliased output's ref too: its buffer is the operand's (Stage)
+          self.copy_out.append(AsyncCopyDescriptor(r, operands[s.index], staged[-1], api="pltpu.sync_copy")
+                               .prepare(ex))
+          if s.index in plan.aliases:   # (a mesh launch's mutable ref is its own output)
+            outputs[plan.aliases[s.index]] = r
         operands[s.index] = r
       else:
         self.copy_out.append(AsyncCopyDescriptor(r, outputs[s.index], staged[-1], api="pltpu.sync_copy")
@@ -291,6 +302,36 @@ class _CoreProgram:
         out_args = tuple(tree) if plan.outputs_as == ENTRIES else (tree,)
       self.args = (*tree_unflatten(plan.operand_tree, operands), *out_args, *scr)
       self.kwargs = kw_scr
+
+  def _carried_semaphores(self, ex, operands, outputs) -> None:
+    """The launch's semaphore operands and results (`LaunchPlan.semaphores`): semaphore refs in place
+    of their HBM refs, carrying the state kept under their int32 handles (sim/carried.py). Not in a
+    scope of the program: the machine keeps them to the launch's end, where a peer chip's remote copy
+    may still signal them after this core's body returned."""
+    launch, plan = self.launch, self.launch.plan
+    sems = plan.semaphores
+    refs, _, _ = open_scope(ex, [t for _, _, t in sems], {}, "semaphores",
+                            names=[(plan.operands if kind == OPERAND else plan.outputs)[i].name
+                                   for kind, i, _ in sems])
+    aliased = {o: i for i, o in plan.aliases.items()}
+    by_operand = {}
+    for (kind, i, _), ref in zip(sems, refs):
+      if kind == OPERAND:
+        v = launch.operands[i]
+        given = v.buf.storage if isinstance(v, Ref) else np.asarray(v)   # (a JAX mutable ref: a Ref)
+        handles = ex.carry_semaphores(ref.buf, plan.operands[i].name, given)
+        if isinstance(v, Ref) and not np.array_equal(handles, given):   # a fresh semaphore ref's
+          _put_handles(v.buf, handles)
+        operands[i] = ref
+        by_operand[i] = (ref, handles)
+    for (kind, i, _), ref in zip(sems, refs):
+      if kind == OPERAND:
+        continue
+      if i in aliased and aliased[i] in by_operand:   # the operand's semaphore, under its handles
+        outputs[i], handles = by_operand[aliased[i]]
+      else:
+        outputs[i], handles = ref, ex.carry_semaphores(ref.buf, plan.outputs[i].name)
+      _put_handles(launch.out_bufs[i], handles)
 
   def _run(self, kctx) -> None:
     """The staged copies in, the body (through the pipeline), the staged copies out."""
@@ -327,6 +368,15 @@ class _CoreProgram:
         memory.renew(self.pipe.bufs)
     for bufs in self.scopes:
       memory.renew(bufs)
+
+
+def _put_handles(buf, handles) -> None:
+  """A semaphore result's HBM value: its handles (`LaunchPlan.semaphores`)."""
+  handles = np.asarray(handles).reshape(buf.shape).astype(buf.dtype)
+  if buf.storage is not None and buf.storage.flags.writeable:
+    buf.storage[...] = handles
+  else:   # (a timing-only launch's outputs hold no data; the handles are the result all the same)
+    buf.rebind(handles)
 
 
 # ------------------------------------------------------------------ cores

@@ -64,9 +64,14 @@ class Mesh:
     """This mesh checked against (and, when built before any pl.virtual_tpu, laid out on) the pod of
     `tpu`: meshes can be built ahead, as in JAX, and are checked when a launch uses them."""
     size = self.size
-    if size != tpu.num_chips:
+    if size > tpu.num_chips or (size < tpu.num_chips and not self.placed):   # (placed: devices given)
       raise UsageError(f"make_mesh{self.shape_tuple}: the mesh has {size} chips but the virtual TPU "
-                       f"has {tpu.num_chips}. Fix: use pl.virtual_tpu({tpu.chip.name!r}, num_chips={size}).")
+                       f"has {tpu.num_chips}. Fix: use pl.virtual_tpu({tpu.chip.name!r}, num_chips={size})"
+                       + (", or pass devices= (the chips of a smaller mesh)." if size < tpu.num_chips
+                          else "."))
+    if max(self.devices.flat) >= tpu.num_chips:
+      raise UsageError(f"make_mesh{self.shape_tuple}: devices {self.device_ids} name a chip the virtual TPU "
+                       f"of {tpu.num_chips} chips does not have. Fix: pass chips in 0..{tpu.num_chips - 1}.")
     if self.placed:
       return self
     if sum(1 for s in self.shape_tuple if s > 1) == 1:
@@ -121,10 +126,14 @@ def make_mesh(axis_shapes, axis_names, *, devices=None, axis_types=None) -> Mesh
                      f"name per axis size, e.g. pl.make_mesh((2, 4), ('x', 'y')).")
   size = prod(shape)
   if devices is not None:
-    ids = tuple(validate.as_int(d, "make_mesh devices") for d in np.asarray(devices).reshape(-1))
-    if sorted(ids) != list(range(size)):
-      raise UsageError(f"make_mesh{shape}: devices {ids} must list each of the {size} chips once. "
-                       f"Fix: pass a permutation of range({size}), or omit devices.")
+    # the chips of the mesh, row-major: all of the virtual TPU's, or some of them (a smaller mesh, as
+    # a JAX mesh over jax.devices()[:2]); checked against the TPU's chip count when it is used
+    ids = tuple(validate.as_int(d, "make_mesh devices", min_value=0) for d in np.asarray(devices).reshape(-1))
+    if len(ids) != size or len(set(ids)) != size:
+      raise UsageError(f"make_mesh{shape}: devices {ids} must list each of the {size} chips once "
+                       f"(distinct chip indices: a permutation of range({size}) for a mesh of every chip, "
+                       f"or some of the virtual TPU's chips for a smaller mesh). Fix: pass {size} distinct "
+                       f"chip indices, or omit devices.")
     mesh = Mesh(shape, names, None if ids == tuple(range(size)) else ids)
   else:
     mesh = Mesh(shape, names, None, placed=False)
@@ -341,9 +350,11 @@ def shard_map(f, *, mesh: Mesh, in_specs, out_specs, check_rep=True, check_vma=T
 
   def run(*args):
     tpu = active_tpu()
-    if built.size != tpu.num_chips:
+    if built.size > tpu.num_chips or (built.size < tpu.num_chips and not built.placed):
       raise UsageError(f"shard_map over a mesh of {built.size} chips on a virtual TPU with "
-                       f"{tpu.num_chips}. Fix: create both with the same chip count.")
+                       f"{tpu.num_chips}. Fix: create both with the same chip count"
+                       + (", or pass make_mesh(..., devices=) the chips of the smaller mesh."
+                          if built.size < tpu.num_chips else "."))
     mesh = built.placed_on(tpu)
     specs = in_specs if isinstance(in_specs, (list, tuple)) and not isinstance(in_specs, P) \
         else (in_specs,) * len(args)

@@ -81,12 +81,14 @@ class Topology:
     self._routes = {}
 
   def place(self, placement) -> None:
-    """Logical chip i sits at torus position placement[i]."""
+    """Logical chip i sits at torus position placement[i] (a launch over some of the chips, e.g. a
+    JAX mesh over jax.devices()[:2] of 4, lists fewer positions than the torus has)."""
     placement = tuple(int(p) for p in placement)
-    if sorted(placement) != list(range(self.num_chips)):
-      raise UsageError(f"device placement {placement} is not a permutation of the "
-                       f"{self.num_chips} chips. Fix: list each chip index 0..{self.num_chips - 1} once.")
-    self.placement = None if placement == tuple(range(self.num_chips)) else placement
+    if len(set(placement)) != len(placement) or not all(0 <= p < self.num_chips for p in placement):
+      raise UsageError(f"device placement {placement} does not list distinct chips of the "
+                       f"{self.num_chips}. Fix: list chip indices in 0..{self.num_chips - 1}, each at most "
+                       f"once.")
+    self.placement = None if placement == tuple(range(len(placement))) else placement
     self._routes = {}
 
   def coords(self, chip: int) -> tuple:

@@ -2,7 +2,8 @@
 
 `VirtualTPU` is the user-visible configuration (chip, chip count, policies) and collects one Report per
 launch. Each launch builds a fresh `Machine`; nothing survives between launches except HBM contents
-that the caller owns (inputs, outputs, mutable refs).
+that the caller owns (inputs, outputs, mutable refs) and the semaphores a launch takes or returns
+(sim/carried.py: the VirtualTPU's `carried` store, JAX's async copies split over two launches).
 
 Semaphores, waits and the scheduler that runs the cores (earliest clock first, each to its next
 blocking wait) are sim/sync.py's.
@@ -18,6 +19,7 @@ import random
 from palace._src import executor as executor_mod
 from palace._src import hostmem, hw, validate
 from palace._src.errors import SyncError, UsageError
+from palace._src.sim import carried as carried_mod
 from palace._src.sim import memory
 from palace._src.sim.bandwidth import Channel
 from palace._src.sim.ici import Topology, check_topology
@@ -112,6 +114,7 @@ class Machine:
     self.sched = Solo(self)     # the core scheduler (a sync.Scheduler while a multi-core launch runs)
     self.cost_memos = tpu.cost_memos()   # the chip's memoised cost rules, kept across launches
     self._unchecked = None
+    self.carried = []   # [(core, buf, handles, name, origins)]: semaphore operands/results (sim/carried.py)
 
   def unchecked_checks(self):
     """The checks of a core running with disable_bounds_checks=True (clips out-of-bounds accesses)."""
@@ -322,7 +325,25 @@ class Machine:
     launch's `fixed_site`."""
     return self.fixed_site or user_site()
 
+  def carry_semaphores(self, core, buf, handles, name: str, imported: bool):
+    """`buf` (a semaphore allocation of `core`) is a semaphore operand or result of the launch, kept
+    under `handles` (one per element) between launches: `imported` gives it their state now, and the
+    launch's end stores its state under them (sim/carried.py). Returns the handles (an imported
+    handle the VirtualTPU never issued is replaced: `carried.import_state`)."""
+    origins = {}
+    if imported:
+      handles, origins = carried_mod.import_state(self, buf, handles)
+    self.carried.append((core, buf, handles, name, origins))
+    return handles
+
   def finish(self) -> Report:
+    # semaphores carried to later launches first: their copies are no longer this launch's to wait
+    states = carried_mod.export_states(self, self.carried) if self.carried else None
+    if states and any(arrivals for _, _, arrivals, _ in states):
+      # a carried copy lands after the launch, not within it: a core's end is its clock and its
+      # units' (every other copy was waited, by a core whose clock is past its completion)
+      for c in self.cores:
+        c.horizon = c.compute_done
     if self.inflight:
       rec = min(self.inflight.values(), key=lambda r: r.seq)
       raise SyncError(
@@ -347,6 +368,8 @@ class Machine:
       vmem_peak = max(vmem_peak, c.vmem_peak)
       flops += c.flops
     self.checks.finish()
+    if states:
+      carried_mod.rebase(self.tpu, states, end)
     events = self.trace.events
     return Report(self.kernel_name, self.chip, self.num_chips, int(round(end)), flops, self.hbm_bytes,
                   busy, vmem_peak, sum(c.steps for c in self.cores) or self.grid_steps,
@@ -414,6 +437,7 @@ class VirtualTPU:
     self._traced = collections.deque()   # the reports still holding trace events, oldest first
     self._traced_events = 0
     self.reports: list[Report] = []
+    self.carried = carried_mod.CarriedSemaphores()   # semaphores kept between launches (sim/carried.py)
     self.debug_output: list[str] = []
     self._parent = None
     self._cost_memos = None

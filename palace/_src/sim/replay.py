@@ -207,6 +207,7 @@ class ReplayCore:
     pass
 
   sem_read = _never("read a semaphore")
+  carry_semaphores = _never("carried a semaphore between launches")
   resolve_device_id = _never("resolved a device id")
 
 

@@ -353,6 +353,17 @@ class TensorCore:
       self.grid_reads.append(None)
     return self.machine.sems.read(self, buf, index)
 
+  def carry_semaphores(self, buf, name: str, handles=None):
+    """`buf`, a semaphore allocation of this core, is a launch's semaphore operand (`handles`: the
+    int32 handles it came with, one per element) or result (`handles` None: new ones): it starts with
+    the state kept under them and leaves its state there at the end of the launch (sim/carried.py).
+    Returns the handles it is kept under (new ones for an operand's handle the VirtualTPU never
+    issued: a semaphore ref JAX made empty)."""
+    imported = handles is not None
+    if not imported:
+      handles = self.machine.tpu.carried.new_handles(prod(buf.shape))
+    return self.machine.carry_semaphores(self, buf, handles, name, imported)
+
   def grid_step(self) -> None:
     # In-order VLIW issue with no software pipelining across grid steps (modelling assumption): the
     # next step's bundles issue after this step's last vector/MXU result, then the step overhead.

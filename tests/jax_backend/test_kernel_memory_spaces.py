@@ -1,0 +1,89 @@
+"""Launch operands and results that live in VMEM or SMEM under palace.jax (issue 37, session 20): a
+grid-free pallas_call's VMEM result aliased to its input is one buffer with it, JAX mutable refs in
+SMEM / VMEM handed to pl.kernel are staged and written back, and pl.kernel results typed pltpu.VMEM
+are computed in VMEM. Each against a NumPy reference."""
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+import palace.jax as pj
+from async_kernels import ANY, DMA_SEM, SEM, _done, _run_kernel, _x, copy_between_kernels
+
+
+VMEM = pl.BlockSpec(memory_space=pltpu.VMEM)
+
+
+def test_an_async_copy_into_an_output_xla_places_in_vmem_is_waited_on_the_same_buffer():
+  """JAX's async copy into VMEM: the start's result lives in VMEM (out_shape=pltpu.VMEM(...)); the
+  wait's kernel takes it with a VMEM BlockSpec aliased to its own VMEM result and writes nothing.
+  A grid-free kernel's refs are the buffers themselves, so the result is what the copy put there
+  (before, the wait's output block, never written, was written back: NaN)."""
+  def start(x_ref, _aliased, o_ref, sem):
+    pltpu.make_async_copy(x_ref, o_ref, sem).start()
+
+  @jax.jit
+  def f(x):
+    s = jax.ShapeDtypeStruct(x.shape, x.dtype)
+    x, out, sem = pl.pallas_call(start, out_shape=(s, pltpu.VMEM(x.shape, x.dtype), DMA_SEM), in_specs=[ANY],
+                                 out_specs=(ANY, VMEM, SEM), input_output_aliases={0: 0})(x)
+    return pl.pallas_call(_done, out_shape=pltpu.VMEM(x.shape, x.dtype), in_specs=[ANY, VMEM, SEM],
+                          out_specs=VMEM, input_output_aliases={1: 0})(x, out, sem)
+
+  x = _x((8, 128))
+  with pj.virtual_tpu("v5e"):
+    np.testing.assert_array_equal(np.asarray(f(x)), x)
+
+
+def test_a_vmem_result_aliased_to_its_input_keeps_what_the_kernel_does_not_write():
+  def k(x_ref, o_ref):
+    o_ref[:8] = x_ref[8:] * 2
+
+  call = pl.pallas_call(k, out_shape=pltpu.VMEM((16, 128), jnp.float32), in_specs=[VMEM], out_specs=VMEM,
+                        input_output_aliases={0: 0})
+  x = _x((16, 128))
+  with pj.virtual_tpu("v5e"):
+    got = np.asarray(jax.jit(call)(x))
+  np.testing.assert_array_equal(got, np.concatenate([x[8:] * 2, x[8:]]))
+
+
+def test_an_smem_ref_kept_across_kernels_and_copied_out_asynchronously():
+  """A JAX mutable ref in SMEM (pl.empty_ref_like(pltpu.SMEM(...))) handed to pl.kernels is staged in
+  SMEM around each body and written back (before, the kernel got the HBM buffer and its scalar stores
+  were refused); a later pair of kernels copies it out with a semaphore ref carried between them."""
+  @jax.jit
+  def f():
+    y_ref = pl.empty_ref_like(pltpu.SMEM((8,), jnp.int32))
+
+    @_run_kernel
+    def _():
+      for i in range(8):
+        y_ref[i] = i * i
+
+    @_run_kernel
+    def _():
+      for i in range(8):
+        y_ref[i] = y_ref[i] + 1
+
+    out_ref = pl.empty_ref_like(pltpu.HBM((8,), jnp.int32))
+    copy_between_kernels(y_ref, out_ref, pl.empty_ref_like(pltpu.SemaphoreType.DMA(())))
+    return out_ref[...]
+
+  with pj.virtual_tpu("v5e"):
+    np.testing.assert_array_equal(np.asarray(f()), np.arange(8) ** 2 + 1)
+
+
+def test_a_pl_kernel_result_typed_vmem_is_computed_in_vmem():
+  """A pl.kernel result typed pltpu.VMEM: the body's ref is a VMEM buffer copied out after it (before,
+  the body got the HBM buffer and its vector stores were refused)."""
+  def body(x_ref, o_ref):
+    pltpu.sync_copy(x_ref, o_ref)
+    o_ref[...] = o_ref[...] * 2 + 1
+
+  x = _x((16, 128))
+  call = pl.kernel(body, out_type=pltpu.VMEM(x.shape, x.dtype),
+                   mesh=pltpu.TensorCoreMesh(axis_name="core", num_cores=1))
+  with pj.virtual_tpu("v5e"):
+    np.testing.assert_array_equal(np.asarray(jax.jit(call)(x)), x * 2 + 1)
