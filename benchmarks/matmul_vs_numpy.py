@@ -17,7 +17,14 @@ one set says so.
 on one, and palace's split over the launch budget) alternately: the measured crossover of blas.py's
 SMALL_MATMUL_FLOPS (docs/host-speed.md).
 
-Run from the repo root: .venv/bin/python -m benchmarks.matmul_vs_numpy [--reps=N] [--crossover]
+`--threads` instead runs a launch's 128^3 products on a thread that does not control threadpoolctl
+(another live thread set a count first, as XLA's first callback thread does under palace.jax) and
+prints the OpenBLAS thread count inside that launch and the process CPU time per product (mean, every
+thread's: OpenBLAS's spinning ones too), against the same
+products with OpenBLAS left on all its threads (what such a launch got before blas._set_counts used
+the library's own setter).
+
+Run from the repo root: .venv/bin/python -m benchmarks.matmul_vs_numpy [--reps=N] [--crossover | --threads]
 """
 from __future__ import annotations
 
@@ -136,12 +143,57 @@ def crossover(reps: int) -> None:
           f"{t_split * 1e3:9.3f}  {t_split / t_one:5.2f}x{mark}")
 
 
+def second_thread(reps: int) -> None:
+  import threading  # noqa: PLC0415
+  ctrls = blas._blas_controllers()
+  saved = [c.num_threads for c in ctrls]
+  if not ctrls or max(saved) < 2:
+    print("--threads: needs threadpoolctl and a BLAS on more than one thread")
+    return
+  took, stop = threading.Event(), threading.Event()
+
+  def owner():   # threadpoolctl's controlling thread from now on (a no-op count change), kept alive
+    for c, n in zip(ctrls, saved):
+      c.set_num_threads(n)
+    took.set()
+    stop.wait()
+
+  threading.Thread(target=owner, daemon=True).start()
+  took.wait()
+  a = np.random.default_rng(0).standard_normal((128, 128), dtype=np.float32)
+
+  def products(n: int = 50) -> float:
+    t = time.process_time()
+    for _ in range(n * reps):
+      blas.matmul(a, a)
+    return (time.process_time() - t) / (n * reps)
+
+  with blas.kernel_mode():
+    blas.matmul(a, a)
+    inside = [c.num_threads for c in ctrls]
+    t_launch = products()
+  t_all = products()   # outside a launch a product this small runs on one thread too
+  assert [c.num_threads for c in ctrls] == saved   # the launch gave them back
+  t0 = time.process_time()
+  for _ in range(50 * reps):
+    np.matmul(a, a)
+  t_raw = (time.process_time() - t0) / (50 * reps)
+  stop.set()
+  print(f"a launch on a thread that does not control threadpoolctl: OpenBLAS threads inside it "
+        f"{inside} (outside: {saved}); 128^3 product CPU {t_launch * 1e3:.3f} ms in the launch, "
+        f"{t_raw * 1e3:.3f} ms on OpenBLAS's {max(saved)} threads (what such a launch got before), "
+        f"{t_all * 1e3:.3f} ms outside a launch; mean of {reps} x 50")
+
+
 def main(argv=None):
   argv = sys.argv[1:] if argv is None else argv
   reps = next((int(a.split("=")[1]) for a in argv if a.startswith("--reps=")), 7)
   print(environment())
   if "--crossover" in argv:
     crossover(reps * 3)
+    return None
+  if "--threads" in argv:
+    second_thread(reps)
     return None
   settle = 0.0 if "--no-settle" in argv else SETTLE_S
   res = rows(reps, settle)

@@ -149,3 +149,83 @@ def test_a_launch_of_small_blocks_hands_nothing_off(fake):
     z = tiled_matmul(x, x, 128)              # 64 steps of 128^3 products
   np.testing.assert_array_equal(z, x @ x)
   assert counted.since() == (0, 0, 2) and fake.sets == [1, 4]
+
+
+class _GuardedController(_FakeController):
+  """threadpoolctl's OpenBLAS (pthreads) controller since 3.6: `set_num_threads` from any thread but the
+  first one that set a count (while it lives) is silently ignored; `_real_set_num_threads` always sets."""
+
+  def __init__(self, n, owner):
+    super().__init__(n)
+    self.owner = owner
+
+  def set_num_threads(self, n):
+    import threading  # noqa: PLC0415
+    if threading.current_thread() is self.owner:
+      super().set_num_threads(n)
+
+  def _real_set_num_threads(self, n):
+    super().set_num_threads(n)
+
+
+def test_a_launch_from_a_thread_that_does_not_control_threadpoolctl_still_runs_blas_on_one_thread(
+    monkeypatch):
+  import threading  # noqa: PLC0415
+  c = _GuardedController(4, owner=object())   # another (live) thread controls OpenBLAS
+  monkeypatch.setattr(blas, "_controllers", [c])
+  a = _ints((64, 64))
+  seen = []
+
+  def launch():   # e.g. XLA's second callback thread
+    with blas.kernel_mode():
+      blas.matmul(a, a)
+      seen.append(c.n)
+
+  t = threading.Thread(target=launch)
+  t.start()
+  t.join()
+  assert seen == [1] and c.n == 4 and c.sets == [1, 4]
+
+
+def test_overlapping_launches_of_two_threads_leave_the_blas_as_they_found_it(fake):
+  a = _ints((8, 8))
+  first, second = blas.kernel_mode(), blas.kernel_mode()
+  first.__enter__()
+  blas.matmul(a, a)                # the first launch decides: BLAS on one thread
+  second.__enter__()               # (another thread's launch, entered while the first runs)
+  blas.matmul(a, a)
+  first.__exit__(None, None, None)   # the first ends before the second: the second keeps one thread
+  assert fake.n == 1 and blas.budget() == 4
+  blas.matmul(a, a)
+  second.__exit__(None, None, None)
+  assert fake.n == 4 and fake.sets == [1, 4] and blas._launches == []
+
+
+def test_the_real_threadpoolctl_guard_does_not_stop_a_launch_from_another_thread():
+  """The same with the installed threadpoolctl and OpenBLAS: a live thread that set a count controls it."""
+  import threading  # noqa: PLC0415
+  ctrls = blas._blas_controllers()
+  if not ctrls or any(getattr(c, "threading_layer", "") == "openmp" for c in ctrls):
+    pytest.skip("needs threadpoolctl and an OpenBLAS on pthreads")
+  before = [c.num_threads for c in ctrls]
+  if max(before) < 2:
+    pytest.skip("the BLAS runs on one thread already")
+  took, stop = threading.Event(), threading.Event()
+
+  def owner():   # takes threadpoolctl's control (a no-op count change) and stays alive
+    for c, n in zip(ctrls, before):
+      c.set_num_threads(n)
+    took.set()
+    stop.wait()
+
+  t = threading.Thread(target=owner)
+  t.start()
+  took.wait()
+  try:
+    with blas.kernel_mode():
+      blas.matmul(_ints((8, 8)), _ints((8, 8)))
+      inside = [c.num_threads for c in ctrls]
+    assert inside == [1] * len(ctrls) and [c.num_threads for c in ctrls] == before
+  finally:
+    stop.set()
+    t.join()
