@@ -9,6 +9,11 @@ writes DIR/v5e-decide-<date>.jsonl: the environment, then one record per questio
    runs it. Palace.jax's output differs from that test's reference (computed by XLA, which on a CPU
    multiplies f32 exactly). Recorded: the chip kernel's output and XLA's reference on the chip at
    default precision, both on inputs made here with NumPy (regenerated identically on both sides).
+3. `paged_quant_bf16_gqa` (session 20): the same kernel with bfloat16 queries and int8-quantized K/V
+   pages (`QuantizedTensor`, 8 query heads per KV head, head_dim 256, 64-row pages, as the failing
+   `test_paged_attention861` / `863` / `429` cases); the kernel dequantizes to float32 and its dots run
+   at default precision. Recorded: the chip kernel's output and XLA's reference at default and highest
+   precision on the chip, on NumPy-made, NumPy-quantized inputs.
 2. `select_oob_scalar`: a kernel that reads `idx_ref[i + 1]` one past a scalar-prefetch array's end at
    its last grid step and discards the value with `jnp.where`. Recorded: whether the chip runs it and
    its output.
@@ -51,6 +56,55 @@ def paged_inputs():
   v = rng.standard_normal((p["kv_heads"], total, p["page"], p["d"])).astype(np.float32)
   idx = rng.permutation(total).astype(np.int32).reshape(p["batch"], pps)
   return q, k, v, np.asarray(SEQ_LENS, np.int32), idx
+
+
+PAGED_Q = dict(batch=4, kv_heads=2, ratio=8, d=256, page=64, max_len=512, block=128)
+SEQ_LENS_Q = (3, 200, 300, 512)
+
+
+def paged_quant_inputs():
+  """bf16-valued q (as float32), int8 K/V pages with their float32 per-row scales (quantized here in
+  NumPy, so both sides hold the same bits), lengths and page indices."""
+  p = PAGED_Q
+  rng = np.random.default_rng(861)
+  pps = p["max_len"] // p["page"]
+  total = p["batch"] * pps
+  q = rng.standard_normal((p["batch"], p["kv_heads"] * p["ratio"], p["d"])).astype(np.float32)
+  q = _bf16_values(q)
+  out = [q]
+  for _ in range(2):
+    x = rng.standard_normal((p["kv_heads"], total, p["page"], p["d"])).astype(np.float32)
+    h = np.max(np.abs(x), axis=-1, keepdims=True)
+    w = np.rint(x.astype(np.float64) * (127.5 / h.astype(np.float64))).clip(-128, 127).astype(np.int8)
+    out += [w, h]
+  idx = rng.permutation(total).astype(np.int32).reshape(p["batch"], pps)
+  return (*out, np.asarray(SEQ_LENS_Q, np.int32), idx)
+
+
+def _bf16_values(a):
+  """`a` rounded to the nearest bfloat16 value (ties to even), kept as float32."""
+  b = np.asarray(a, np.float32).view(np.uint32).astype(np.uint64)
+  b = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) << 16
+  return b.astype(np.uint32).view(np.float32)
+
+
+def run_paged_quant(q, kw, ks, vw, vs, lengths, idx):
+  import jax  # noqa: PLC0415
+  import jax.numpy as jnp  # noqa: PLC0415
+  from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention  # noqa: PLC0415
+  from jax.experimental.pallas.ops.tpu.paged_attention.quantization_utils import QuantizedTensor  # noqa: PLC0415
+
+  def f(q, kw, ks, vw, vs, lengths, idx):
+    return paged_attention(q.astype(jnp.bfloat16), QuantizedTensor(kw, ks), QuantizedTensor(vw, vs),
+                           lengths, idx, pages_per_compute_block=PAGED_Q["block"] // PAGED_Q["page"])
+  return np.asarray(jax.jit(f)(q, kw, ks, vw, vs, lengths, idx).astype(jnp.float32))
+
+
+def paged_quant_reference(q, kw, ks, vw, vs, lengths, idx, precision=None):
+  """The reference on the dequantized (float32) pages."""
+  k = kw.astype(np.float32) * ks / np.float32(127.5)
+  v = vw.astype(np.float32) * vs / np.float32(127.5)
+  return paged_reference(q, k, v, lengths, idx, precision)
 
 
 def paged_reference(q, k, v, lengths, idx, precision=None):
@@ -121,6 +175,13 @@ def chip(out_dir: str) -> str:
   recs.append({"name": "paged_f32_gqa", "error": err,
                **{k: (None if a is None else _enc(a)) for k, a in
                   (("kernel", out), ("xla_default", ref_default), ("xla_highest", ref_highest))}})
+  qargs = paged_quant_inputs()
+  out, err = _attempt(lambda: run_paged_quant(*qargs))
+  ref_default, _ = _attempt(lambda: paged_quant_reference(*qargs))
+  ref_highest, _ = _attempt(lambda: paged_quant_reference(*qargs, precision="highest"))
+  recs.append({"name": "paged_quant_bf16_gqa", "error": err,
+               **{k: (None if a is None else _enc(a)) for k, a in
+                  (("kernel", out), ("xla_default", ref_default), ("xla_highest", ref_highest))}})
   out, err = _attempt(run_select_oob)
   recs.append({"name": "select_oob_scalar", "error": err, "output": None if out is None else _enc(out)})
   with open(path, "w") as f:
@@ -151,6 +212,20 @@ def compare(path: str) -> None:
   for name, a in (("palace.jax kernel", pal), ("exact f32 (CPU)", exact), ("bf16-rounded q,k,v (CPU)", bf),
                   ("chip XLA default", chip_xla), ("chip XLA highest", chip_hi)):
     print(f"paged_f32_gqa: chip kernel vs {name:26s} max rel {_rel(chip_k, a):.2e}")
+  r = recs.get("paged_quant_bf16_gqa")
+  if r is not None:
+    qargs = paged_quant_inputs()
+    chip_k, chip_xla, chip_hi = (_dec(r[k]) for k in ("kernel", "xla_default", "xla_highest"))
+    with pj.virtual_tpu("v5e"):
+      pal = run_paged_quant(*qargs)
+    exact = paged_quant_reference(*qargs, precision="highest")
+    q, kw, ks, vw, vs, lens, idx = qargs
+    bf = paged_reference(q, rb(kw * ks / np.float32(127.5)), rb(vw * vs / np.float32(127.5)), lens, idx,
+                         precision="highest")
+    for name, a in (("palace.jax kernel", pal), ("exact f32 (CPU)", exact),
+                    ("bf16-rounded k,v (CPU)", bf), ("chip XLA default", chip_xla),
+                    ("chip XLA highest", chip_hi)):
+      print(f"paged_quant_bf16_gqa: chip kernel vs {name:23s} max rel {_rel(chip_k, a):.2e}")
   print(f"select_oob_scalar: chip error={recs['select_oob_scalar']['error']}, output="
         f"{None if recs['select_oob_scalar']['output'] is None else _dec(recs['select_oob_scalar']['output'])}")
 
@@ -158,7 +233,7 @@ def compare(path: str) -> None:
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--out", help="chip side: write the records here")
-  ap.add_argument("--data", default=os.path.join(DATA_DIR, "v5e-decide-2026-12-05.jsonl"))
+  ap.add_argument("--data", default=os.path.join(DATA_DIR, "v5e-decide-2026-12-06.jsonl"))
   a = ap.parse_args(argv)
   if a.out:
     chip(a.out)
