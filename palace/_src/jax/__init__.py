@@ -2,7 +2,7 @@
 
 Importing it registers palace's CPU lowering of `pallas_call_p` (a registry entry, inert until an
 engine is active) and honours the process-wide switch PALACE_JAX=<chip>[:<num_chips>]."""
-from palace._src.jax import rules_control, rules_lax, rules_state  # noqa: F401  (each registers its rules)
+from palace._src.jax import rules_control, rules_lax, rules_pipeline, rules_state  # noqa: F401  (each registers its rules)
 from palace._src.jax import device_view
 from palace._src.jax.activation import activate_from_env, install
 

@@ -15,6 +15,10 @@ def memory_space(space, default=MemorySpace.VMEM, what: str = "a ref"):
   """A JAX memory space (pallas or mosaic MemorySpace, or None) as palace's MemorySpace."""
   if space is None:
     return default
+  if type(space).__module__ == "jax._src.core" and getattr(space, "name", None) == "Device":
+    # JAX's own memory space of device arrays (jax.new_ref / jax.empty_ref outside a kernel): the
+    # chip's device memory, HBM, as Pallas' ANY
+    return MemorySpace.ANY
   value = str(getattr(space, "value", space)).lower()
   if value == "default":
     return default

@@ -173,3 +173,12 @@ def _run_scoped(eqn):
   prog, axes = program(jaxpr), tuple(p.get("collective_axes") or ())
   return lambda *consts: prims.run_scoped(lambda *refs: run_program(prog, consts, refs), *types,
                                           collective_axes=axes)
+
+
+@rule("empty_ref", schedule=lambda eqn, taint: [False])   # (a fresh allocation: nothing loaded)
+def _empty_ref(eqn):
+  """`jax.empty_ref(type, memory_space)` in a kernel: a scratch ref for the rest of its region.
+  `interpret.program` rewrites it, with the equations after it, into a run_scoped equation (Mosaic
+  allocates it so), so this evaluation is reached only if that rewrite was bypassed."""
+  raise unsupported(eqn, "outside a compiled region", "report this: the interpreter should have "
+                    "scoped it (interpret.scope_empty_refs).")

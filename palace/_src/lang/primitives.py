@@ -59,6 +59,23 @@ def num_programs(axis: int) -> int:
   return int(sizes[axis])
 
 
+def at_grid_point(indices, sizes, f, *args):
+  """`f(*args)` run at grid point `indices` of a grid of `sizes` (ints or int32 scalars), which
+  pl.program_id / pl.num_programs answer inside it: a step of a pipeline whose loop is kernel code
+  (JAX's emit_pipeline as a primitive, in palace.jax), not palace's own pipeline. Axes past the given
+  ones, and all sizes when `sizes` is None, are the enclosing grid's (Mosaic puts a pipeline's axes
+  before the kernel's)."""
+  ex = executor.current("pl.program_id()")
+  outer_idx, outer_sizes = ex.grid_stack[-1] if ex.grid_stack else ((), ())
+  point = tuple(concrete_int(i, "grid index") for i in indices)
+  sizes = outer_sizes if sizes is None else tuple(sizes)
+  ex.grid_stack.append(((*point, *outer_idx[len(point):]), (*sizes, *outer_sizes[len(sizes):])))
+  try:
+    return f(*args)
+  finally:
+    ex.grid_stack.pop()
+
+
 # ------------------------------------------------------------------ control flow
 def _truth(cond) -> bool:
   ex = _current_ex()
