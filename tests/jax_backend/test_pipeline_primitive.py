@@ -115,3 +115,28 @@ def test_empty_ref_in_a_kernel_is_scratch_for_the_rest_of_its_region():
       np.testing.assert_array_equal(np.asarray(jax.jit(k)(x)), x * 2 + 1)
     # the scratch is freed at the end of each outer step: peak VMEM holds one, not one per step
     assert tpu.reports[-1].vmem_peak_bytes < 2 * 16 * 512 * 4 + 4 * 16 * 512 * 4
+
+
+@pytest.mark.parametrize("primitive", [False, True])
+def test_core_map_body_closing_over_a_scalar_array_reads_its_value(primitive):
+  """A core_map body closing over a jax array takes it as a value (not a ref): here a pipeline's
+  dynamic grid bound. Before, palace handed the body an HBM ref and the bound was refused."""
+  @jax.jit
+  def f(steps):
+    o_ref = jax.empty_ref(jax.ShapeDtypeStruct((8, 128), jnp.int32))
+
+    @pl.core_map(pltpu.TensorCoreMesh(axis_name="core", num_cores=1))
+    def _():
+      def run(acc):
+        acc[...] = jnp.zeros_like(acc)
+
+        def body():
+          acc[...] += steps
+        pltpu.emit_pipeline(body, grid=(steps,))()
+        pltpu.sync_copy(acc, o_ref)
+      pl.run_scoped(run, pltpu.VMEM((8, 128), jnp.int32))
+    return jax.freeze(o_ref)
+
+  with config.use_emit_pipeline_primitive(primitive), pj.virtual_tpu("v5e"):
+    out = np.asarray(f(jnp.int32(5)))
+  np.testing.assert_array_equal(out, np.full((8, 128), 25, np.int32))

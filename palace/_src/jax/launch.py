@@ -356,14 +356,21 @@ def plan_mpmd_map(params, args, chip) -> tuple:
   host.check_hbm(name, dict(zip(names, arrays)), {f"outputs[{i}]": o for i, o in enumerate(outs)}, scratch,
                  chip)
   staged = []   # inputs whose kernel ref is in VMEM/SMEM (its aval's memory space): staged there
+  # inputs the body takes as values, not refs (arrays a core_map body closes over, e.g. a dynamic
+  # grid bound): staged in SMEM (a scalar) or VMEM and loaded when the body starts
+  values = [i for i, v in enumerate(jaxpr.invars[:n_in]) if getattr(v.aval, "inner_aval", None) is None]
   for i, v in enumerate(jaxpr.invars[:n_in]):
     sp = memory_space(getattr(v.aval, "memory_space", None), pcore.MemorySpace.ANY, f"args[{i}] of {name}")
+    if i in values:
+      sp = pcore.MemorySpace.SMEM if not np.shape(arrays[i]) else pcore.MemorySpace.VMEM
     if sp in (pcore.MemorySpace.VMEM, pcore.MemorySpace.SMEM) and i not in aliases:
       staged.append(Stage(OPERAND, i, pcore.MemoryRef(arrays[i].shape, arrays[i].dtype, sp), f"args[{i}]"))
   prog = program(jaxpr)
 
   def body(*refs):
     ins, outs_, scr = refs[:n_in], refs[n_in:n_in + len(fresh)], refs[n_in + len(fresh):]
+    if values:
+      ins = [r[...] if i in values else r for i, r in enumerate(ins)]
     it = iter(outs_)
     all_outs = [ins[in_of_out[o]] if o in in_of_out else next(it) for o in range(n_out)]
     run_program(prog, (), (*ins, *all_outs, *scr))
