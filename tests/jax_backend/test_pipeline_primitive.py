@@ -12,50 +12,31 @@ from jax._src import config
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+import jax_parity_harness as harness
 import palace.jax as pj
 
 
-def _matmul(x, y, bm=128, bk=128, bn=128):
-  m, k = x.shape
-  n = y.shape[1]
-
-  def body(x_ref, y_ref, o_ref, acc_ref):
-    @pl.when(pl.program_id(2) == 0)
-    def _():
-      acc_ref[...] = jnp.zeros_like(acc_ref)
-    acc_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
-
-    @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
-    def _():
-      o_ref[...] = acc_ref[...]
-
-  def kernel(x_hbm, y_hbm, o_hbm):
-    def run(acc_ref):
-      pltpu.emit_pipeline(
-          lambda a, b, o: body(a, b, o, acc_ref), grid=(m // bm, n // bn, k // bk),
-          in_specs=[pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
-                    pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j))],
-          out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)))(x_hbm, y_hbm, o_hbm)
-    pl.run_scoped(run, pltpu.VMEM((bm, bn), jnp.float32))
-
-  any_spec = pl.BlockSpec(memory_space=pl.ANY)
-  return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
-                        in_specs=[any_spec, any_spec], out_specs=any_spec)(x, y)
+EMIT_PIPELINE = [c for c in harness.case_names("k_kernel_pipeline.py") if "emit_pipeline" in c]
 
 
-@pytest.mark.parametrize("primitive", [False, True])
-def test_emit_pipeline_primitive_computes_and_times_as_the_traced_pipeline(primitive):
-  rng = np.random.default_rng(0)
-  x = rng.integers(-4, 4, (256, 384)).astype(jnp.bfloat16)   # exact in bf16 and f32 sums
-  y = rng.integers(-4, 4, (384, 256)).astype(jnp.bfloat16)
-  runs = {}
-  for flag in (False, primitive):
-    with config.use_emit_pipeline_primitive(flag), pj.virtual_tpu("v5e") as tpu:
-      out = np.asarray(jax.jit(_matmul)(x, y))
-    runs[flag] = (out, tpu.reports[-1].device_cycles)
-  ref = x.astype(np.float32) @ y.astype(np.float32)
-  np.testing.assert_array_equal(runs[primitive][0], ref)
-  assert runs[primitive][1] == runs[False][1]
+def _run(case, primitive: bool):
+  mod = harness.jax_module("k_kernel_pipeline.py")
+  with config.use_emit_pipeline_primitive(primitive), pj.virtual_tpu("v5e") as tpu:
+    fn, args, _ = getattr(mod, case)()
+    out = jax.block_until_ready(jax.jit(fn)(*args))
+  return ([np.asarray(x) for x in jax.tree_util.tree_leaves(out)],
+          [(r.device_cycles, dict(r.unit_busy_cycles), r.dma_count_by_direction) for r in tpu.reports])
+
+
+@pytest.mark.parametrize("case", EMIT_PIPELINE)
+def test_emit_pipeline_primitive_computes_and_times_as_the_traced_pipeline(case):
+  """The parity suite's emit_pipeline kernels with the flag on give the flag-off path's outputs and
+  reports (cycles, unit busy times, DMA counts)."""
+  out, reports = _run(case, True)
+  ref, ref_reports = _run(case, False)
+  assert reports == ref_reports
+  for x, y in zip(out, ref):
+    np.testing.assert_array_equal(x, y)
 
 
 def test_pipeline_body_grid_queries_and_device_memory_refs():
