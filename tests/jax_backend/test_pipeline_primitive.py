@@ -121,3 +121,33 @@ def test_core_map_body_closing_over_a_scalar_array_reads_its_value(primitive):
   with config.use_emit_pipeline_primitive(primitive), pj.virtual_tpu("v5e"):
     out = np.asarray(f(jnp.int32(5)))
   np.testing.assert_array_equal(out, np.full((8, 128), 25, np.int32))
+
+
+def test_custom_fusion_in_a_kernel_runs_its_pallas_implementation():
+  """`fuser.custom_fusion` called in a kernel (JAX's fusible matmuls fuse one into their epilogue):
+  its Pallas implementation when it has one, else its own jaxpr, on its arguments."""
+  from jax.experimental.pallas import fuser   # noqa: PLC0415
+
+  @fuser.custom_fusion
+  def ramp(start):
+    return jnp.broadcast_to(jnp.arange(128, dtype=jnp.float32) + start, (8, 128))
+
+  @fuser.custom_fusion
+  def ramp_with_impl(start):
+    return jnp.zeros((8, 128), jnp.float32)
+  ramp_with_impl.def_pallas_impl(
+      lambda start: jnp.broadcast_to(jnp.arange(128, dtype=jnp.float32) * 2 + start, (8, 128)))
+  for f in (ramp, ramp_with_impl):   # (rules the fuser needs before a call; unused in a kernel)
+    f.def_eval_rule(lambda ctx, *args: None)
+    f.def_pull_block_spec(lambda bss: (None,))
+
+  def kernel(x_ref, o_ref, p_ref):
+    o_ref[...] = x_ref[...] + ramp(x_ref[0, 0])
+    p_ref[...] = ramp_with_impl(1.0)
+
+  x = np.full((8, 128), 3.0, np.float32)
+  shape = jax.ShapeDtypeStruct((8, 128), jnp.float32)
+  with pj.virtual_tpu("v5e"):
+    o, p = pl.pallas_call(kernel, out_shape=(shape, shape))(x)
+  np.testing.assert_array_equal(np.asarray(o), x + 3.0 + np.arange(128, dtype=np.float32))
+  np.testing.assert_array_equal(np.asarray(p), np.broadcast_to(np.arange(128) * 2.0 + 1, (8, 128)))

@@ -49,6 +49,33 @@ rule("core_call", "remat", "checkpoint", "custom_jvp_call", "custom_vjp_call", "
      "custom_lin", compiles=True, schedule=_call_schedule)(_call)
 
 
+def _custom_fusion_parts(eqn):
+  """(jaxpr, first operand, count) a `custom_fusion` equation runs in a kernel: its Pallas
+  implementation when it has one (on its consts and the arguments), else its jaxpr (on the
+  jaxpr's consts and the arguments), as Mosaic's lowering picks (jax/_src/pallas/mosaic/lowering.py)."""
+  p = eqn.params
+  nc, npc = int(p["num_consts"]), int(p["pallas_num_consts"])
+  if p.get("pallas_jaxpr") is not None:
+    return p["pallas_jaxpr"], nc, npc
+  return p["jaxpr"], 0, nc
+
+
+def _custom_fusion_schedule(eqn, taint):
+  j, first, n = _custom_fusion_parts(eqn)
+  nargs = len(eqn.invars) - int(eqn.params["num_consts"]) - int(eqn.params["pallas_num_consts"])
+  return taint.sub(j, [*eqn.invars[first:first + n], *eqn.invars[len(eqn.invars) - nargs:]])
+
+
+@rule("custom_fusion", compiles=True, schedule=_custom_fusion_schedule)
+def _custom_fusion(eqn):
+  """A `fuser.custom_fusion` inside a kernel: its (Pallas) jaxpr called on its consts and arguments."""
+  j, first, n = _custom_fusion_parts(eqn)
+  p = eqn.params
+  skip = int(p["num_consts"]) + int(p["pallas_num_consts"])
+  prog, nv = program(j), len(j.constvars)   # (consts attached to constvars, or leading invars)
+  return lambda *ops: run_program(prog, ops[first:first + nv], [*ops[first + nv:first + n], *ops[skip:]])
+
+
 def _closed(j):
   """fn(*args) -> outputs of the closed jaxpr `j`, compiled once."""
   prog, consts = program(j), j.consts
