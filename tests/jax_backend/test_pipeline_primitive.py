@@ -3,6 +3,8 @@ pipeline library over the equation as Mosaic's lowering does, so a kernel comput
 with the flag off (JAX traces the pipeline into the kernel) in the same modelled cycles; a body's
 program_id / num_programs answer the pipeline's step and grid. Also `jax.empty_ref` inside a kernel
 (a scratch ref for the rest of its region) and refs in JAX's own device memory space."""
+import functools
+
 import numpy as np
 import pytest
 
@@ -13,6 +15,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import jax_parity_harness as harness
+import palace as ppl
 import palace.jax as pj
 
 
@@ -151,3 +154,22 @@ def test_custom_fusion_in_a_kernel_runs_its_pallas_implementation():
     o, p = pl.pallas_call(kernel, out_shape=(shape, shape))(x)
   np.testing.assert_array_equal(np.asarray(o), x + 3.0 + np.arange(128, dtype=np.float32))
   np.testing.assert_array_equal(np.asarray(p), np.broadcast_to(np.arange(128) * 2.0 + 1, (8, 128)))
+
+
+def test_checkify_check_in_a_kernel_is_lowered_as_mosaic_lowers_it():
+  """A debug check is nothing while pl.enable_debug_checks is off (JAX's fuser emits one for a
+  dynamic slice's start); a non-debug check is refused, as Mosaic refuses it."""
+  from jax.experimental import checkify   # noqa: PLC0415
+
+  def kernel(debug, x_ref, o_ref):
+    checkify.check(x_ref[0, 0] > 100.0, "start {s} too small", s=x_ref[0, 0], debug=debug)
+    o_ref[...] = x_ref[...] + 1.0
+
+  x = np.ones((8, 128), np.float32)
+  shape = jax.ShapeDtypeStruct((8, 128), jnp.float32)
+  with pj.virtual_tpu("v5e"):
+    out = pl.pallas_call(functools.partial(kernel, True), out_shape=shape)(x)
+  np.testing.assert_array_equal(np.asarray(out), x + 1.0)
+  with pytest.raises(ppl.UnsupportedError, match=r"primitive .check. with debug=False .*Non-debug checks"):
+    with pj.virtual_tpu("v5e"):
+      jax.block_until_ready(pl.pallas_call(functools.partial(kernel, False), out_shape=shape)(x))

@@ -209,3 +209,18 @@ def _empty_ref(eqn):
   allocates it so), so this evaluation is reached only if that rewrite was bypassed."""
   raise unsupported(eqn, "outside a compiled region", "report this: the interpreter should have "
                     "scoped it (interpret.scope_empty_refs).")
+
+
+@rule("check", schedule=lambda eqn, taint: [])
+def _check(eqn, *err_args):
+  """`checkify.check` in a kernel (JAX's fuser emits one for a dynamic slice's start), as Mosaic
+  lowers it: a debug check is nothing unless `pl.enable_debug_checks` is on; a non-debug check is
+  refused, as Mosaic refuses it."""
+  from jax._src.pallas import core as pallas_core  # noqa: PLC0415
+  if not eqn.params.get("debug"):
+    raise unsupported(eqn, "debug=False", "Mosaic refuses non-debug checks too ('Non-debug checks are "
+                      "not supported by the Mosaic backend'): functionalize them with "
+                      "jax.experimental.checkify, or use pl.debug_check.")
+  if pallas_core.debug_checks_enabled():
+    raise unsupported(eqn, "pl.enable_debug_checks() on", "run without debug checks enabled.")
+  return []
