@@ -173,3 +173,21 @@ def test_checkify_check_in_a_kernel_is_lowered_as_mosaic_lowers_it():
   with pytest.raises(ppl.UnsupportedError, match=r"primitive .check. with debug=False .*Non-debug checks"):
     with pj.virtual_tpu("v5e"):
       jax.block_until_ready(pl.pallas_call(functools.partial(kernel, False), out_shape=shape)(x))
+
+
+def test_pipeline_body_program_id_in_a_vmapped_pallas_call():
+  """jax.vmap adds a grid axis to the pallas_call; a primitive pipeline's body still reads its own
+  step (palace maps the kernel's axes past vmap's, not the pipeline's)."""
+  def kernel(x_vmem, o_vmem):
+    def body(x_ref, o_ref):
+      o_ref[...] = x_ref[...] + pl.program_id(0).astype(jnp.float32) * 10 + pl.program_id(1)
+    spec = pl.BlockSpec((8, 128), lambda i, j: (i, j))
+    pltpu.emit_pipeline(body, grid=(2, 2), in_specs=[spec], out_specs=[spec])(x_vmem, o_vmem)
+
+  f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((16, 256), jnp.float32))  # (VMEM blocks)
+  x = np.zeros((3, 16, 256), np.float32)
+  step = np.kron(np.array([[0, 1], [10, 11]], np.float32), np.ones((8, 128), np.float32))
+  for flag in (False, True):
+    with config.use_emit_pipeline_primitive(flag), pj.virtual_tpu("v5e"):
+      out = np.asarray(jax.jit(jax.vmap(f))(x))
+    np.testing.assert_array_equal(out, np.broadcast_to(step, x.shape))

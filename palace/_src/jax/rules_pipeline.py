@@ -18,7 +18,7 @@ grid's size, as Mosaic's lowering binds them; axes past the pipeline's are the e
 """
 from __future__ import annotations
 
-from palace._src.jax.interpret import program, run_program, unsupported
+from palace._src.jax.interpret import grid_axes, program, run_program, unsupported
 from palace._src.jax.registry import rule
 from palace._src.jax.rules_state import _Leaf, _ref_operand, _unflatten, _value
 from palace._src.lang import primitives as prims
@@ -78,7 +78,13 @@ def _pipeline_body(eqn):
   prog = program(jaxpr)
 
   def pipeline_body(*flat):
-    return prims.at_grid_point(
-        [_value(i, flat) for i in index], None, run_program, prog, [_value(c, flat) for c in consts],
-        [*(_value(x, flat) for x in lead), *(r(flat) for r in ref_ofs)])
+    args = ([_value(i, flat) for i in index], None, run_program, prog, [_value(c, flat) for c in consts],
+            [*(_value(x, flat) for x in lead), *(r(flat) for r in ref_ofs)])
+    if grid_axes.get() is None:
+      return prims.at_grid_point(*args)
+    token = grid_axes.set(None)   # (a vmapped launch's axis map is for its own grid, not the pipeline's)
+    try:
+      return prims.at_grid_point(*args)
+    finally:
+      grid_axes.reset(token)
   return pipeline_body
