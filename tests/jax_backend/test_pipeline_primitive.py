@@ -191,3 +191,19 @@ def test_pipeline_body_program_id_in_a_vmapped_pallas_call():
     with config.use_emit_pipeline_primitive(flag), pj.virtual_tpu("v5e"):
       out = np.asarray(jax.jit(jax.vmap(f))(x))
     np.testing.assert_array_equal(out, np.broadcast_to(step, x.shape))
+
+
+@pytest.mark.parametrize("case", EMIT_PIPELINE)
+def test_emit_pipeline_primitive_kernels_are_replayable_as_the_traced_ones(case):
+  """The schedule analysis reads the traced pipeline and the bodies: a primitive pipeline kernel is
+  replayed when the flag-off one is, and a repeated launch is replayed with the same report."""
+  mod = harness.jax_module("k_kernel_pipeline.py")
+  with config.use_emit_pipeline_primitive(True), pj.virtual_tpu("v5e") as tpu:
+    fn, args, _ = getattr(mod, case)()
+    f = jax.jit(fn)
+    first = [np.asarray(x) for x in jax.tree_util.tree_leaves(f(*args))]
+    again = [np.asarray(x) for x in jax.tree_util.tree_leaves(f(*args))]
+  assert tpu.replays.hits == 1
+  assert tpu.reports[0].device_cycles == tpu.reports[1].device_cycles
+  for x, y in zip(first, again):
+    np.testing.assert_array_equal(x, y)

@@ -18,14 +18,33 @@ grid's size, as Mosaic's lowering binds them; axes past the pipeline's are the e
 """
 from __future__ import annotations
 
+import collections
+
 from palace._src.jax.interpret import grid_axes, program, run_program, unsupported
 from palace._src.jax.registry import rule
 from palace._src.jax.rules_state import _Leaf, _ref_operand, _unflatten, _value
 from palace._src.lang import primitives as prims
 from palace._src.lang.array import concrete_int
 
+# id(equation) -> (the emit_pipeline equation, its traced pipeline), the last few: a kernel's plan
+# traces each pipeline once for its compilation and its schedule analysis (bounded: the traced jaxpr
+# refers to the body jaxpr, so no weak-keyed cache could let an entry go)
+_TRACED: collections.OrderedDict = collections.OrderedDict()
+_TRACED_KEPT = 16
+
 
 def _traced(eqn):
+  """(jaxpr, consts) of an `emit_pipeline` equation (`_trace`), traced once per equation: the
+  kernel's compilation and its schedule analysis read the same one."""
+  hit = _TRACED.get(id(eqn))
+  if hit is None or hit[0] is not eqn:
+    hit = _TRACED[id(eqn)] = (eqn, _trace(eqn))
+    while len(_TRACED) > _TRACED_KEPT:
+      _TRACED.popitem(last=False)
+  return hit[1]
+
+
+def _trace(eqn):
   """The jaxpr Mosaic's lowering makes of an `emit_pipeline` equation (JAX's pipeline library
   traced over the equation's operands), with its consts. The kernel's core axis (when the pipeline
   names one) is bound while tracing, as the lowering binds the kernel's grid names; JAX's jaxpr
@@ -41,7 +60,12 @@ def _traced(eqn):
   return closed.jaxpr, closed.consts
 
 
-@rule("emit_pipeline", compiles=True)
+def _emit_pipeline_schedule(eqn, taint):
+  """The traced pipeline's schedule, its operands the equation's."""
+  return taint.sub(_traced(eqn)[0], eqn.invars)
+
+
+@rule("emit_pipeline", compiles=True, schedule=_emit_pipeline_schedule)
 def _emit_pipeline(eqn):
   """pltpu.emit_pipeline as one equation: JAX's pipeline traced over its operands (`_traced`) and
   run, its grid (dynamic sizes from their operands) the one its bodies' num_programs read."""
@@ -61,7 +85,26 @@ def _emit_pipeline(eqn):
   return emit_pipeline
 
 
-@rule("pipeline_body", compiles=True)
+def _pipeline_body_schedule(eqn, taint):
+  """A step's grid indices and its views' indices decide what it touches; the body's schedule, its
+  consts, indices and (base) refs bound to its constvars and invars."""
+  from jax._src import tree_util  # noqa: PLC0415
+  from jax._src.state import types  # noqa: PLC0415
+  p = eqn.params
+  ps, consts, refs = tree_util.tree_unflatten(p["in_tree"], list(eqn.invars))
+  bases = []
+  for r in refs:
+    if isinstance(r, types.TransformedRef):
+      taint.decide(tree_util.tree_leaves(r.transforms), eqn, "block view")
+      r = r.ref
+    bases.append(r)
+  taint.decide(tree_util.tree_leaves(ps), eqn, "grid point")
+  lead = tree_util.tree_leaves(ps) if p.get("_explicit_indices", False) else []
+  j = p["jaxpr"]
+  return taint.sub(j, [*tree_util.tree_leaves(consts), *lead, *bases], bound=[*j.constvars, *j.invars])
+
+
+@rule("pipeline_body", compiles=True, schedule=_pipeline_body_schedule)
 def _pipeline_body(eqn):
   """One pipeline step's body call: the body jaxpr on the step's refs (views resolved as a ref
   access resolves them) at the step's grid point."""
