@@ -101,6 +101,7 @@ def test_empty_ref_in_a_kernel_is_scratch_for_the_rest_of_its_region():
     assert tpu.reports[-1].vmem_peak_bytes < 2 * 16 * 512 * 4 + 4 * 16 * 512 * 4
 
 
+@pytest.mark.filterwarnings("ignore:jax.experimental.pallas.core_map is deprecated")  # (JAX's own form)
 @pytest.mark.parametrize("primitive", [False, True])
 def test_core_map_body_closing_over_a_scalar_array_reads_its_value(primitive):
   """A core_map body closing over a jax array takes it as a value (not a ref): here a pipeline's
