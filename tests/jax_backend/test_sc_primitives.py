@@ -244,8 +244,8 @@ def test_scratch_in_vmem_at_a_vector_subcore_mesh():
 
 def test_take_along_axis_0_int8_add_empty_ref_and_opt_level_on_a_subcore():
   """A SparseCore gathers along any axis (a TensorCore along its two minor dims only) and adds 8-bit
-  integer vectors (the TensorCore's Mosaic refuses to); jax.empty_ref allocates one buffer per
-  equation (a loop reuses it); CompilerParams(opt_level=jax.experimental.mosaic.OptLevel.O3) runs."""
+  integer vectors (the TensorCore's Mosaic refuses to); jax.empty_ref in a loop body is scratch
+  for the rest of that body; CompilerParams(opt_level=jax.experimental.mosaic.OptLevel.O3) runs."""
   x = np.arange(2 * 4 * L, dtype=np.int32).reshape(2, 4, L)
   idx = np.random.default_rng(5).integers(0, 2, x.shape).astype(np.int32)
   b = (np.arange(4 * L) % 100).astype(np.int8)

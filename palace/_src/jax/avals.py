@@ -19,6 +19,10 @@ def memory_space(space, default=MemorySpace.VMEM, what: str = "a ref"):
     # a memory space tied to a mesh (`pltpu.VMEM(...) @ mesh`, pallas CoreMemorySpace): the memory
     # space itself, on the cores of the kernel's mesh
     space = space.memory_space
+  if type(space).__module__ == "jax._src.core" and getattr(space, "name", None) == "Device":
+    # JAX's own memory space of device arrays (jax.new_ref / jax.empty_ref outside a kernel): the
+    # chip's device memory, HBM, as Pallas' ANY
+    return MemorySpace.ANY
   value = str(getattr(space, "value", space)).lower()
   if value == "default":
     return default

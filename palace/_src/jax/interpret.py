@@ -147,6 +147,7 @@ def program(jaxpr) -> _Program:
   if prog is not None:
     return prog
   from jax._src import core as jax_core  # noqa: PLC0415
+  key, jaxpr = jaxpr, scope_empty_refs(jaxpr)
   Literal = jax_core.Literal
   names, ns = {}, {"_consts": _consts, "_wrong_type": _wrong_type, "_annotate": _annotate,
                    "Array": Array, "PalaceError": PalaceError, "isinstance": isinstance}
@@ -237,8 +238,39 @@ def program(jaxpr) -> _Program:
   exec(compile(src, _PROGRAM_FILE, "exec"), ns)  # noqa: S102  (generated from the jaxpr above)
   prog = _Program()
   prog.run, prog.n_in = ns["run"], len(ins)
-  _PROGRAMS[jaxpr] = prog
+  _PROGRAMS[key] = prog
   return prog
+
+
+def scope_empty_refs(jaxpr):
+  """`jaxpr` with its first `jax.empty_ref` equation and every equation after it made one
+  `run_scoped` equation allocating that ref for them: Mosaic allocates an empty ref for the rest of
+  the region (block) it is made in, and run_scoped is palace's one scoped allocation. Later
+  empty_refs are rewritten when the nested body is compiled."""
+  from jax._src import core as jax_core  # noqa: PLC0415
+  from jax._src import linear_util as lu  # noqa: PLC0415
+  from jax._src.pallas import primitives as pallas_primitives  # noqa: PLC0415
+  at = next((k for k, e in enumerate(jaxpr.eqns) if e.primitive is jax_core.empty_ref_p), None)
+  if at is None:
+    return jaxpr
+  alloc, rest = jaxpr.eqns[at], jaxpr.eqns[at + 1:]
+  ref = alloc.outvars[0]
+  defined = {ref, *(v for e in rest for v in e.outvars)}
+  free = []   # the outer variables the rest reads: the scoped body's constvars, in first-use order
+  for v in [*(v for e in rest for v in e.invars), *jaxpr.outvars]:
+    if type(v) is not jax_core.Literal and v not in defined and v not in free:
+      free.append(v)
+  # (as JAX's run_scoped bodies: the closed-over values are constvars with values attached, here
+  # placeholders; the equation's operands are what the interpreter binds to them)
+  info = lu.DebugInfo("palace.jax empty_ref scope", "<empty_ref scope>", ("",), None)
+  body = jax_core.Jaxpr(free, [ref], list(jaxpr.outvars), list(rest), debug_info=info,
+                        consts=[None] * len(free))
+  outs = [jax_core.Var(v.aval) for v in jaxpr.outvars]
+  scoped = jax_core.new_jaxpr_eqn(free, outs, pallas_primitives.run_scoped_p,
+                                  {"jaxpr": body, "collective_axes": ()}, jax_core.no_effects,
+                                  alloc.source_info)
+  return jax_core.Jaxpr(jaxpr.constvars, jaxpr.invars, outs, [*jaxpr.eqns[:at], scoped],
+                        debug_info=jaxpr.debug_info, consts=jaxpr.consts or None)
 
 
 def _const(x):

@@ -49,6 +49,33 @@ rule("core_call", "remat", "checkpoint", "custom_jvp_call", "custom_vjp_call", "
      "custom_lin", compiles=True, schedule=_call_schedule)(_call)
 
 
+def _custom_fusion_parts(eqn):
+  """(jaxpr, first operand, count) a `custom_fusion` equation runs in a kernel: its Pallas
+  implementation when it has one (on its consts and the arguments), else its jaxpr (on the
+  jaxpr's consts and the arguments), as Mosaic's lowering picks (jax/_src/pallas/mosaic/lowering.py)."""
+  p = eqn.params
+  nc, npc = int(p["num_consts"]), int(p["pallas_num_consts"])
+  if p.get("pallas_jaxpr") is not None:
+    return p["pallas_jaxpr"], nc, npc
+  return p["jaxpr"], 0, nc
+
+
+def _custom_fusion_schedule(eqn, taint):
+  j, first, n = _custom_fusion_parts(eqn)
+  nargs = len(eqn.invars) - int(eqn.params["num_consts"]) - int(eqn.params["pallas_num_consts"])
+  return taint.sub(j, [*eqn.invars[first:first + n], *eqn.invars[len(eqn.invars) - nargs:]])
+
+
+@rule("custom_fusion", compiles=True, schedule=_custom_fusion_schedule)
+def _custom_fusion(eqn):
+  """A `fuser.custom_fusion` inside a kernel: its (Pallas) jaxpr called on its consts and arguments."""
+  j, first, n = _custom_fusion_parts(eqn)
+  p = eqn.params
+  skip = int(p["num_consts"]) + int(p["pallas_num_consts"])
+  prog, nv = program(j), len(j.constvars)   # (consts attached to constvars, or leading invars)
+  return lambda *ops: run_program(prog, ops[first:first + nv], [*ops[first + nv:first + n], *ops[skip:]])
+
+
 def _closed(j):
   """fn(*args) -> outputs of the closed jaxpr `j`, compiled once."""
   prog, consts = program(j), j.consts
@@ -175,31 +202,25 @@ def _run_scoped(eqn):
                                           collective_axes=axes)
 
 
-class _EmptyRefs(dict):
-  """The `jax.empty_ref` allocations of one core's launch, per equation (kept in the core's launch
-  cache, released with the launch)."""
-  __slots__ = ()
-
-  def release(self) -> None:
-    self.clear()
-
-
-_EMPTY = "palace.jax empty refs"
-
-
-@rule("empty_ref", compiles=True)
+@rule("empty_ref", schedule=lambda eqn, taint: [False])   # (a fresh allocation: nothing loaded)
 def _empty_ref(eqn):
-  """`jax.empty_ref(type, memory_space=...)` in a kernel: a fresh allocation of the ref's type that
-  lives to the end of the launch. Mosaic allocates it statically (one buffer per equation), so an
-  equation evaluated again (in a loop) gives the same buffer, not a new one."""
-  t = alloc_type(eqn.outvars[0].aval, "jax.empty_ref")
+  """`jax.empty_ref(type, memory_space)` in a kernel: a scratch ref for the rest of its region.
+  `interpret.program` rewrites it, with the equations after it, into a run_scoped equation (Mosaic
+  allocates it so), so this evaluation is reached only if that rewrite was bypassed."""
+  raise unsupported(eqn, "outside a compiled region", "report this: the interpreter should have "
+                    "scoped it (interpret.scope_empty_refs).")
 
-  def empty_ref():
-    refs = prims.launch_cache(_EMPTY, _EmptyRefs)
-    ref = None if refs is None else refs.get(eqn)
-    if ref is None:
-      ref = prims.launch_allocation(t, "empty_ref")
-      if refs is not None:
-        refs[eqn] = ref
-    return ref
-  return empty_ref
+
+@rule("check", schedule=lambda eqn, taint: [])
+def _check(eqn, *err_args):
+  """`checkify.check` in a kernel (JAX's fuser emits one for a dynamic slice's start), as Mosaic
+  lowers it: a debug check is nothing unless `pl.enable_debug_checks` is on; a non-debug check is
+  refused, as Mosaic refuses it."""
+  from jax._src.pallas import core as pallas_core  # noqa: PLC0415
+  if not eqn.params.get("debug"):
+    raise unsupported(eqn, "debug=False", "Mosaic refuses non-debug checks too ('Non-debug checks are "
+                      "not supported by the Mosaic backend'): functionalize them with "
+                      "jax.experimental.checkify, or use pl.debug_check.")
+  if pallas_core.debug_checks_enabled():
+    raise unsupported(eqn, "pl.enable_debug_checks() on", "run without debug checks enabled.")
+  return []

@@ -62,6 +62,23 @@ def num_programs(axis: int) -> int:
   return int(sizes[axis])
 
 
+def at_grid_point(indices, sizes, f, *args):
+  """`f(*args)` run at grid point `indices` of a grid of `sizes` (ints or int32 scalars), which
+  pl.program_id / pl.num_programs answer inside it: a step of a pipeline whose loop is kernel code
+  (JAX's emit_pipeline as a primitive, in palace.jax), not palace's own pipeline. Axes past the given
+  ones, and all sizes when `sizes` is None, are the enclosing grid's (Mosaic puts a pipeline's axes
+  before the kernel's)."""
+  ex = executor.current("pl.program_id()")
+  outer_idx, outer_sizes = ex.grid_stack[-1] if ex.grid_stack else ((), ())
+  point = tuple(concrete_int(i, "grid index") for i in indices)
+  sizes = outer_sizes if sizes is None else tuple(sizes)
+  ex.grid_stack.append(((*point, *outer_idx[len(point):]), (*sizes, *outer_sizes[len(sizes):])))
+  try:
+    return f(*args)
+  finally:
+    ex.grid_stack.pop()
+
+
 # ------------------------------------------------------------------ control flow
 def _truth(cond) -> bool:
   ex = _current_ex()
@@ -320,14 +337,6 @@ def open_scope(ex, types, kw_types, prefix: str, shared: bool = False, names=Non
     close_scope(ex, bufs, quiet=True)
     raise
   return pos, kws, bufs
-
-
-def launch_allocation(t, name: str):
-  """A Ref of allocation type `t` that lives to the end of the launch (no scope: `jax.empty_ref` in a
-  kernel, which Mosaic allocates statically; its buffer goes with the launch's machine)."""
-  ex = executor.current(name)
-  (ref,), _, _ = open_scope(ex, (t,), {}, name, names=[name])
-  return ref
 
 
 def close_scope(ex, bufs, quiet: bool = False) -> None:
