@@ -19,6 +19,19 @@ _LANES = 128
 _ROW_BYTES = 4 * _LANES
 
 
+def _hbm_call(kernel, out_rows, in_rows, scratch_rows, sems):
+  """A pallas_call of `kernel` on an f32 (in_rows, 128) HBM input and (out_rows, 128) HBM output
+  (`pl.ANY`: no pipelining), with one f32 (*rows, 128) VMEM scratch per entry of `scratch_rows` and
+  `sems` DMA semaphores; returns (call, args)."""
+  jax, jnp, pl, pltpu = _jax()
+  scratch = [pltpu.VMEM((*rows, _LANES), jnp.float32) for rows in scratch_rows]
+  call = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((out_rows, _LANES), jnp.float32),
+                        in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                        out_specs=pl.BlockSpec(memory_space=pl.ANY),
+                        scratch_shapes=scratch + [pltpu.SemaphoreType.DMA((sems,))])
+  return call, (_rand((in_rows, _LANES), "float32"),)
+
+
 def _ring(kib, ahead, write=False, split=1):
   """`_TOTAL` bytes read (or written) in copies of `kib` KiB, `ahead` copies in flight; `split` > 1:
   each copy is `split` copies of `kib / split` KiB on one semaphore, started together and waited
@@ -63,13 +76,7 @@ def _ring(kib, ahead, write=False, split=1):
         tail.start()
         tail.wait()
 
-    out_rows = n * rows if write else 8
-    call = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((out_rows, _LANES), jnp.float32),
-                          in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
-                          out_specs=pl.BlockSpec(memory_space=pl.ANY),
-                          scratch_shapes=[pltpu.VMEM((slots, rows, _LANES), jnp.float32),
-                                          pltpu.SemaphoreType.DMA((slots,))])
-    return call, (_rand((8 if write else n * rows, _LANES), "float32"),)
+    return _hbm_call(kernel, n * rows if write else 8, 8 if write else n * rows, [(slots, rows)], slots)
   return build
 
 
@@ -98,13 +105,7 @@ def _pair(first_kib, second_kib, write_first, n=64, delay_ns=0):
 
       jax.lax.fori_loop(0, n, body, 0)
 
-    call = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((n * wr, _LANES), jnp.float32),
-                          in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
-                          out_specs=pl.BlockSpec(memory_space=pl.ANY),
-                          scratch_shapes=[pltpu.VMEM((wr, _LANES), jnp.float32),
-                                          pltpu.VMEM((rr, _LANES), jnp.float32),
-                                          pltpu.SemaphoreType.DMA((2,))])
-    return call, (_rand((n * rr, _LANES), "float32"),)
+    return _hbm_call(kernel, n * wr, n * rr, [(wr,), (rr,)], 2)
   return build
 
 
@@ -142,13 +143,7 @@ def _overtake(big_kib, big_write, small_kib=16, delay_ns=500, n=32):
 
       jax.lax.fori_loop(0, n, body, 0)
 
-    call = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((n * br, _LANES), jnp.float32),
-                          in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
-                          out_specs=pl.BlockSpec(memory_space=pl.ANY),
-                          scratch_shapes=[pltpu.VMEM((br, _LANES), jnp.float32),
-                                          pltpu.VMEM((sr, _LANES), jnp.float32),
-                                          pltpu.SemaphoreType.DMA((2,))])
-    return call, (_rand((2 * n * br, _LANES), "float32"),)
+    return _hbm_call(kernel, n * br, 2 * n * br, [(br,), (sr,)], 2)
   return build
 
 
