@@ -461,6 +461,13 @@ def _concatenate(eqn, *xs):
   return pjnp.concatenate(list(xs), axis=int(eqn.params["dimension"]))
 
 
+@rule("stack", schedule=DATA)
+def _stack(eqn, *xs):
+  """lax's stack (jnp.stack in a kernel, JAX 0.12 keeps it one primitive): each operand given a new axis
+  at `axis`, then concatenated along it."""
+  return pjnp.stack(list(xs), axis=int(eqn.params["axis"]))
+
+
 @rule("split", schedule=DATA)
 def _split(eqn, x):
   """lax.split (jnp.split / jnp.array_split in a kernel): consecutive slices of `sizes` along `axis`,
