@@ -9,14 +9,14 @@ writes DIR/v5e-decide-<date>.jsonl: the environment, then one record per questio
    runs it. Palace.jax's output differs from that test's reference (computed by XLA, which on a CPU
    multiplies f32 exactly). Recorded: the chip kernel's output and XLA's reference on the chip at
    default precision, both on inputs made here with NumPy (regenerated identically on both sides).
+2. `select_oob_scalar`: a kernel that reads `idx_ref[i + 1]` one past a scalar-prefetch array's end at
+   its last grid step and discards the value with `jnp.where`. Recorded: whether the chip runs it and
+   its output.
 3. `paged_quant_bf16_gqa` (session 20): the same kernel with bfloat16 queries and int8-quantized K/V
    pages (`QuantizedTensor`, 8 query heads per KV head, head_dim 256, 64-row pages, as the failing
    `test_paged_attention861` / `863` / `429` cases); the kernel dequantizes to float32 and its dots run
    at default precision. Recorded: the chip kernel's output and XLA's reference at default and highest
    precision on the chip, on NumPy-made, NumPy-quantized inputs.
-2. `select_oob_scalar`: a kernel that reads `idx_ref[i + 1]` one past a scalar-prefetch array's end at
-   its last grid step and discards the value with `jnp.where`. Recorded: whether the chip runs it and
-   its output.
 """
 from __future__ import annotations
 
@@ -28,6 +28,7 @@ import json
 import os
 import sys
 
+import ml_dtypes
 import numpy as np
 
 DATA_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
@@ -83,9 +84,7 @@ def paged_quant_inputs():
 
 def _bf16_values(a):
   """`a` rounded to the nearest bfloat16 value (ties to even), kept as float32."""
-  b = np.asarray(a, np.float32).view(np.uint32).astype(np.uint64)
-  b = ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) << 16
-  return b.astype(np.uint32).view(np.float32)
+  return np.asarray(a, np.float32).astype(ml_dtypes.bfloat16).astype(np.float32)
 
 
 def run_paged_quant(q, kw, ks, vw, vs, lengths, idx):
@@ -105,6 +104,19 @@ def paged_quant_reference(q, kw, ks, vw, vs, lengths, idx, precision=None):
   k = kw.astype(np.float32) * ks / np.float32(127.5)
   v = vw.astype(np.float32) * vs / np.float32(127.5)
   return paged_reference(q, k, v, lengths, idx, precision)
+
+
+def paged_bf16_reference(q, k, v, lengths, idx):
+  """The reference on bf16-rounded q, k and v, exact products (what default-precision dots compute)."""
+  r = _bf16_values
+  return paged_reference(r(q), r(k), r(v), lengths, idx, precision="highest")
+
+
+def paged_quant_bf16_reference(q, kw, ks, vw, vs, lengths, idx):
+  """The reference on the dequantized pages rounded to bf16 (q is bf16-valued already)."""
+  r = _bf16_values
+  return paged_reference(q, r(kw * ks / np.float32(127.5)), r(vw * vs / np.float32(127.5)), lengths, idx,
+                         precision="highest")
 
 
 def paged_reference(q, k, v, lengths, idx, precision=None):
@@ -154,6 +166,14 @@ def run_select_oob():
   return out[::8, 0]
 
 
+# name -> (inputs, kernel, reference, bf16-operand reference): the questions answered by a kernel's output
+KERNEL_QUESTIONS = {
+    "paged_f32_gqa": (paged_inputs, run_paged, paged_reference, paged_bf16_reference),
+    "paged_quant_bf16_gqa": (paged_quant_inputs, run_paged_quant, paged_quant_reference,
+                             paged_quant_bf16_reference),
+}
+
+
 def _attempt(fn):
   try:
     return fn(), None
@@ -168,20 +188,14 @@ def chip(out_dir: str) -> str:
   env = {"kind": "env", "jax_version": jax.__version__, "device_kind": jax.devices()[0].device_kind,
          "date": datetime.date.today().isoformat()}
   recs = [env]
-  args = paged_inputs()
-  out, err = _attempt(lambda: run_paged(*args))
-  ref_default, _ = _attempt(lambda: paged_reference(*args))
-  ref_highest, _ = _attempt(lambda: paged_reference(*args, precision="highest"))
-  recs.append({"name": "paged_f32_gqa", "error": err,
-               **{k: (None if a is None else _enc(a)) for k, a in
-                  (("kernel", out), ("xla_default", ref_default), ("xla_highest", ref_highest))}})
-  qargs = paged_quant_inputs()
-  out, err = _attempt(lambda: run_paged_quant(*qargs))
-  ref_default, _ = _attempt(lambda: paged_quant_reference(*qargs))
-  ref_highest, _ = _attempt(lambda: paged_quant_reference(*qargs, precision="highest"))
-  recs.append({"name": "paged_quant_bf16_gqa", "error": err,
-               **{k: (None if a is None else _enc(a)) for k, a in
-                  (("kernel", out), ("xla_default", ref_default), ("xla_highest", ref_highest))}})
+  for name, (inputs, run, reference, _) in KERNEL_QUESTIONS.items():
+    args = inputs()
+    out, err = _attempt(lambda: run(*args))
+    ref_default, _ = _attempt(lambda: reference(*args))
+    ref_highest, _ = _attempt(lambda: reference(*args, precision="highest"))
+    recs.append({"name": name, "error": err,
+                 **{k: (None if a is None else _enc(a)) for k, a in
+                    (("kernel", out), ("xla_default", ref_default), ("xla_highest", ref_highest))}})
   out, err = _attempt(run_select_oob)
   recs.append({"name": "select_oob_scalar", "error": err, "output": None if out is None else _enc(out)})
   with open(path, "w") as f:
@@ -200,32 +214,19 @@ def compare(path: str) -> None:
   import palace.jax as pj  # noqa: PLC0415
   recs = {r.get("name", "env"): r for r in map(json.loads, open(path))}
   print(f"chip: {recs['env']}")
-  args = paged_inputs()
-  r = recs["paged_f32_gqa"]
-  chip_k, chip_xla, chip_hi = (_dec(r[k]) for k in ("kernel", "xla_default", "xla_highest"))
-  with pj.virtual_tpu("v5e"):
-    pal = run_paged(*args)
-  exact = paged_reference(*args, precision="highest")   # here: XLA on the CPU, exact f32 products
-  q, k, v, lens, idx = args
-  rb = lambda a: np.asarray(a).astype("bfloat16").astype(np.float32)  # noqa: E731
-  bf = paged_reference(rb(q), rb(k), rb(v), lens, idx, precision="highest")
-  for name, a in (("palace.jax kernel", pal), ("exact f32 (CPU)", exact), ("bf16-rounded q,k,v (CPU)", bf),
-                  ("chip XLA default", chip_xla), ("chip XLA highest", chip_hi)):
-    print(f"paged_f32_gqa: chip kernel vs {name:26s} max rel {_rel(chip_k, a):.2e}")
-  r = recs.get("paged_quant_bf16_gqa")
-  if r is not None:
-    qargs = paged_quant_inputs()
+  for name, (inputs, run, reference, bf16_reference) in KERNEL_QUESTIONS.items():
+    r = recs.get(name)
+    if r is None:   # (an older record asked fewer questions)
+      continue
+    args = inputs()
     chip_k, chip_xla, chip_hi = (_dec(r[k]) for k in ("kernel", "xla_default", "xla_highest"))
     with pj.virtual_tpu("v5e"):
-      pal = run_paged_quant(*qargs)
-    exact = paged_quant_reference(*qargs, precision="highest")
-    q, kw, ks, vw, vs, lens, idx = qargs
-    bf = paged_reference(q, rb(kw * ks / np.float32(127.5)), rb(vw * vs / np.float32(127.5)), lens, idx,
-                         precision="highest")
-    for name, a in (("palace.jax kernel", pal), ("exact f32 (CPU)", exact),
-                    ("bf16-rounded k,v (CPU)", bf), ("chip XLA default", chip_xla),
+      pal = run(*args)
+    exact = reference(*args, precision="highest")   # here: XLA on the CPU, exact f32 products
+    for what, a in (("palace.jax kernel", pal), ("exact f32 (CPU)", exact),
+                    ("bf16-rounded operands (CPU)", bf16_reference(*args)), ("chip XLA default", chip_xla),
                     ("chip XLA highest", chip_hi)):
-      print(f"paged_quant_bf16_gqa: chip kernel vs {name:23s} max rel {_rel(chip_k, a):.2e}")
+      print(f"{name}: chip kernel vs {what:27s} max rel {_rel(chip_k, a):.2e}")
   print(f"select_oob_scalar: chip error={recs['select_oob_scalar']['error']}, output="
         f"{None if recs['select_oob_scalar']['output'] is None else _dec(recs['select_oob_scalar']['output'])}")
 

@@ -18,6 +18,18 @@ def _records(path=DATA):
   return {r.get("name", "env"): r for r in map(json.loads, path.read_text().splitlines())}
 
 
+def _kernel_question(name, path=DATA):
+  """(chip kernel, palace.jax kernel, exact f32 reference here, chip XLA at default precision) of one
+  kernel question (chip_decide.KERNEL_QUESTIONS) on its fixed inputs."""
+  rec = _records(path)[name]
+  assert rec["error"] is None
+  inputs, run, reference, _ = d.KERNEL_QUESTIONS[name]
+  args = inputs()
+  with pj.virtual_tpu("v5e"):
+    out = run(*args)
+  return d._dec(rec["kernel"]), out, reference(*args, precision="highest"), d._dec(rec["xla_default"])
+
+
 def test_the_record_is_from_a_tpu():
   env = _records()["env"]
   assert env["device_kind"].startswith("TPU v5")
@@ -31,16 +43,10 @@ def test_paged_attention_f32_grouped_queries_computes_what_the_chip_computes():
   tpu_paged_attention_kernel_test fails on palace.jax only because its reference runs on XLA:CPU,
   which multiplies f32 exactly, where the chip's XLA rounds too (the chip's own XLA reference is 2e-3
   from the kernel, inside the test's tolerance)."""
-  rec = _records()["paged_f32_gqa"]
-  assert rec["error"] is None
-  chip = d._dec(rec["kernel"])
-  args = d.paged_inputs()
-  with pj.virtual_tpu("v5e"):
-    out = d.run_paged(*args)
-  exact = d.paged_reference(*args, precision="highest")
+  chip, out, exact, chip_xla = _kernel_question("paged_f32_gqa")
   assert d._rel(chip, exact) > 5e-3             # the chip is far from exact f32 ...
   assert d._rel(out, chip) < 1e-4               # ... and palace.jax is where the chip is
-  assert d._rel(d._dec(rec["xla_default"]), chip) < 1e-2   # the chip's own XLA agrees within the test's tol
+  assert d._rel(chip_xla, chip) < 1e-2          # the chip's own XLA agrees within the test's tol
 
 
 def test_scalar_read_past_the_prefetch_end_runs_on_the_chip_but_palace_refuses_it():
@@ -65,18 +71,12 @@ def test_paged_attention_with_int8_kv_pages_computes_what_the_chip_computes():
   palace.jax's is within a bf16 output rounding (9.5e-4) of the chip's; the chip's own XLA reference at
   default precision is 5.3e-3 from its kernel. Those cases fail on palace.jax only because the test's
   reference runs on XLA:CPU (session 20's chip run)."""
-  recs = _records(DATA_20)
-  assert recs["env"]["device_kind"].startswith("TPU v5") and recs["env"]["date"] == "2026-12-06"
-  rec = recs["paged_quant_bf16_gqa"]
-  assert rec["error"] is None
-  chip = d._dec(rec["kernel"])
-  args = d.paged_quant_inputs()
-  with pj.virtual_tpu("v5e"):
-    out = d.run_paged_quant(*args)
-  exact = d.paged_quant_reference(*args, precision="highest")
+  env = _records(DATA_20)["env"]
+  assert env["device_kind"].startswith("TPU v5") and env["date"] == "2026-12-06"
+  chip, out, exact, chip_xla = _kernel_question("paged_quant_bf16_gqa", DATA_20)
   assert d._rel(chip, exact) > 1e-2
   assert d._rel(out, chip) < 2e-3
-  assert d._rel(d._dec(rec["xla_default"]), chip) < 1e-2
+  assert d._rel(chip_xla, chip) < 1e-2
 
 
 def test_the_session_20_record_repeats_the_earlier_answers():
