@@ -6,9 +6,9 @@ from palace._src.tools.autotune import autotune
 from palace._src.core import (ANY, BlockSpec, Blocked, BoundedSlice, Buffered, CompilerParams,
                               CostEstimate, DeviceIdType, Element, GridSpec, MemoryRef, MemorySpace,
                               ShapeDtypeStruct, Squeezed, no_block_spec, squeezed)
-from palace._src.errors import (BlockSpecError, MemorySpaceError, MissingApiError, OutOfBoundsError,
-                                PalaceError, RaceError, ResourceError, ShapeError, SyncError, TracingError,
-                                UninitializedReadError, UnsupportedError, UsageError)
+from palace._src.errors import (BlockSpecError, CompilerRejectError, MemorySpaceError, MissingApiError,
+                                OutOfBoundsError, PalaceError, RaceError, ResourceError, ShapeError, SyncError,
+                                TracingError, UninitializedReadError, UnsupportedError, UsageError)
 from palace._src.tools.explore import ScheduleReport, explore_schedules
 from palace._src.lang.array import Array
 from palace._src.lang.primitives import (debug_print, delay, loop, multiple_of, num_programs, program_id,

@@ -64,6 +64,12 @@ class UnsupportedError(PalaceError, NotImplementedError):
     return cls(f"`{api}` is not supported in palace yet." + (f" {hint}" if hint else ""))
 
 
+class CompilerRejectError(UnsupportedError):
+  """A kernel the TPU compiler (Mosaic) rejects, refused as the compiler refuses it: the message quotes
+  the compiler's own words. palace.jax raises it at lowering as JAX's Mosaic error type too
+  (`palace/_src/jax/compiler_errors.py`), as JAX on a TPU raises the compiler's rejections."""
+
+
 class MissingApiError(UnsupportedError, AttributeError):
   """A name of jax.numpy / jax.lax that palace.numpy / palace.lax does not have (also an
   AttributeError, so hasattr() and getattr(module, name, default) keep working)."""

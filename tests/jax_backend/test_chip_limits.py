@@ -20,6 +20,9 @@ _TILE8 = ("BlockSpecError", "(32, 128) HBM tiling of an 8-bit array")
 _SMEM = "B the compiler reserves; the compiler's own use, measured on a TPU v5e"
 _SEMS = ("ResourceError", "> 512 per core on v5e less 19 the compiler keeps (493 usable")
 _NO_OP = "UnsupportedError"
+# the integer ops the TPU compiler rejects: refused at lowering as palace's CompilerRejectError, an
+# UnsupportedError that is also JAX's MosaicError (palace/_src/jax/compiler_errors.py)
+_REJECT = "CompilerRejectError"
 # palace's error for each recorded rejection: (error class, a phrase of its message)
 REJECTIONS = {
     "block_f32_4x128": ("BlockSpecError", "divisible by 8 and 128"),
@@ -40,15 +43,15 @@ REJECTIONS = {
     **{f"prefetch_1MiB_minus_{b}B": ("ResourceError", "scalar_prefetch[0] on chip 0 core 0") for b in
        (1024, 576, 512, 256, 144, 140, 0)},
     **{f"smem_scratch_1MiB_minus_{b}B": ("ResourceError", "less 2048 " + _SMEM) for b in (1024, 512, 256, 144)},
-    "int8_div": (_NO_OP, "no 8-bit integer div"),
-    "int16_div": (_NO_OP, "no 16-bit integer div"),
-    "int8_add_op": (_NO_OP, "no 8-bit integer add"), "uint8_add_op": (_NO_OP, "no 8-bit integer add"),
-    "int8_mul_op": (_NO_OP, "no 8-bit integer multiply"), "int8_max_op": (_NO_OP, "no 8-bit integer maximum"),
-    "int8_neg_op": (_NO_OP, "no 8-bit integer negative"),
-    "int8_shift_op": (_NO_OP, "no 8-bit integer right_shift"),
-    "int8_where_op": (_NO_OP, "no 8-bit integer greater"), "int8_compare_op": (_NO_OP, "no 8-bit integer greater"),
-    "int16_rem_op": (_NO_OP, "no 16-bit integer rem"), "int16_max_op": (_NO_OP, "no 16-bit integer maximum"),
-    "int16_shift_op": (_NO_OP, "no 16-bit integer right_shift"),
+    "int8_div": (_REJECT, "no 8-bit integer div"),
+    "int16_div": (_REJECT, "no 16-bit integer div"),
+    "int8_add_op": (_REJECT, "no 8-bit integer add"), "uint8_add_op": (_REJECT, "no 8-bit integer add"),
+    "int8_mul_op": (_REJECT, "no 8-bit integer multiply"), "int8_max_op": (_REJECT, "no 8-bit integer maximum"),
+    "int8_neg_op": (_REJECT, "no 8-bit integer negative"),
+    "int8_shift_op": (_REJECT, "no 8-bit integer right_shift"),
+    "int8_where_op": (_REJECT, "no 8-bit integer greater"), "int8_compare_op": (_REJECT, "no 8-bit integer greater"),
+    "int16_rem_op": (_REJECT, "no 16-bit integer rem"), "int16_max_op": (_REJECT, "no 16-bit integer maximum"),
+    "int16_shift_op": (_REJECT, "no 16-bit integer right_shift"),
     "f64_add": (_NO_OP, ""),
     "sort_last_axis": (_NO_OP, "no sort on a TensorCore"),
     "cumsum_last_axis": (_NO_OP, "no cumulative sum on a TensorCore"),

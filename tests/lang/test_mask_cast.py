@@ -1,6 +1,6 @@
 """8-bit integer vectors compared with a scalar zero (`x != 0`, `x == 0`: Mosaic's cast of a vector to a
 mask, what jnp.where does with an int8 mask) run, as JAX's own TPU tests run them on v5 and later; other
-8-bit comparisons stay refused (measured on a TPU v5e: numpy_elementwise.VECTOR_INT_REJECTS)."""
+8-bit comparisons stay refused (measured on a TPU v5e: int_rejects.VECTOR_INT_REJECTS)."""
 import numpy as np
 import pytest
 

@@ -18,6 +18,7 @@ from palace._src.errors import ShapeError, UnsupportedError, UsageError
 from palace._src.lang import deferred
 from palace._src.lang.array import Array, dtype_of, promotion_type, ready_of, weakly_typed
 from palace._src.lang.deferred import Deferred
+from palace._src.lang.int_rejects import VECTOR_INT_REJECTS, refusal, scalar_mlir_op
 from palace._src.lang.numpy_dtypes import _FLUSHED, _flush
 from palace._src.lang.numpy_base import (_COMPUTE, _F32, _FLOATS, _I32, _I32_MAX, _I32_MIN, _broadcast_shapes,
                                          _current_ex, _has_data, _is_arr, _np, _out, _select, _weak_promotes)
@@ -37,78 +38,6 @@ def _rounded(x, rt: np.dtype, cd: np.dtype):
   return _np(x, rt).astype(cd)
 
 
-# Integer vector ops the TPU compiler (Mosaic) rejects, by op name and operand dtype: the one table
-# (`_elementwise` looks an op up by its name). Mosaic rules, not chip figures, applied on every chip.
-# Measured on a TPU v5e (benchmarks/hw/data/v5e-limits-2026-12-05*.jsonl and the timing suite's int8
-# add; the probe names are in the evidence). MLIR integers are signless: where the op has no sign
-# (add, subtract, negate, multiply) uint8 is the very op measured on int8; where it has one, the
-# unsigned twin (arith.maxui, shrui, divui, unsigned comparisons) is inferred from the signed one, and
-# minimum (arith.minsi) from maximum. Measured to compile, so accepted: 8-bit and / cast / where,
-# 8-bit `x != 0` / `x == 0` against a scalar zero (the mask cast, `_mask_cast`: JAX's own tests),
-# 16-bit add / multiply / compare / where. Unmeasured ops (8-bit abs, shifts left, xor, ...) run.
-# TensorCore rules: a SparseCore vector subcore has its own lowering (JAX's SparseCore tests add
-# int8 and uint8 vectors), so they are not applied there.
-_I8, _I16, _U8, _U16 = (np.dtype(d) for d in (np.int8, np.int16, np.uint8, np.uint16))
-_WIDTH = "Only vector<i16> and vector<i32> are supported, but got 'i8'. Please cast your input."
-_CMP = "Target does not support this comparison ... vector<8x128x4xi8>"
-
-
-def _evidence(probe: str, op: str, quote: str, inferred: str = "") -> str:
-  """The text an error quotes as its evidence: the probe, the MLIR op and the compiler's message."""
-  if inferred:
-    return f"inferred, not measured: {inferred}; a TPU v5e (probe {probe}, arith.{op}): '{quote}'"
-  return f"measured on a TPU v5e (probe {probe}, arith.{op}): '{quote}'"
-
-
-def _legalize(probe: str, op: str, bits: int, inferred: str = "") -> str:
-  return _evidence(probe, op, f"failed to legalize operation 'arith.{op}' ... vector<8x128x{32 // bits}"
-                   f"xi{bits}>", inferred)
-
-
-def _unsigned(bits: int, op: str, signed: str) -> str:
-  return f"uint{bits} lowers to arith.{op} where int{bits} lowers to arith.{signed}"
-
-
-_SUB_8 = _evidence("int8_neg_op", "subi", _WIDTH)
-_DIV_8 = _evidence("int8_div", "subi", _WIDTH)
-
-
-def _compare(name: str, dtype) -> str:
-  """int8 `a > b` measured (probes int8_compare_op, int8_where_op); other predicates and uint8 inferred."""
-  if dtype == _U8:
-    return _evidence("int8_compare_op", "cmpi", _CMP, "uint8 is arith.cmpi with an unsigned predicate")
-  if name == "greater":
-    return _evidence("int8_compare_op", "cmpi", _CMP)
-  return _evidence("int8_compare_op", "cmpi", _CMP, f"{name} is arith.cmpi with another predicate than "
-                   f"the measured a > b")
-
-
-VECTOR_INT_REJECTS = {
-    "add": {_I8: _evidence("int8_add_op", "addi", _WIDTH), _U8: _evidence("uint8_add_op", "addi", _WIDTH)},
-    "subtract": {_I8: _SUB_8, _U8: _SUB_8},
-    "negative": {_I8: _SUB_8, _U8: _SUB_8},
-    "multiply": {_I8: _evidence("int8_mul_op", "muli", _WIDTH),
-                 _U8: _evidence("int8_mul_op", "muli", _WIDTH + " (uint8: the same signless op)")},
-    "maximum": {_I8: _legalize("int8_max_op", "maxsi", 8), _I16: _legalize("int16_max_op", "maxsi", 16),
-                _U8: _legalize("int8_max_op", "maxsi", 8, _unsigned(8, "maxui", "maxsi")),
-                _U16: _legalize("int16_max_op", "maxsi", 16, _unsigned(16, "maxui", "maxsi"))},
-    "minimum": {d: _legalize(f"int{b}_max_op", "maxsi", b, f"jnp.minimum lowers to arith.min"
-                             f"{'u' if d.kind == 'u' else 's'}i, legalized beside maxsi")
-                for d, b in ((_I8, 8), (_U8, 8), (_I16, 16), (_U16, 16))},
-    "right_shift": {_I8: _legalize("int8_shift_op", "shrsi", 8), _I16: _legalize("int16_shift_op", "shrsi", 16),
-                    _U8: _legalize("int8_shift_op", "shrsi", 8, _unsigned(8, "shrui", "shrsi")),
-                    _U16: _legalize("int16_shift_op", "shrsi", 16, _unsigned(16, "shrui", "shrsi"))},
-    "floor_divide": {_I8: _DIV_8, _U8: _DIV_8, _I16: _legalize("int16_div", "divsi", 16),
-                     _U16: _legalize("int16_div", "divsi", 16, _unsigned(16, "divui", "divsi"))},
-    "remainder": {_I8: _DIV_8, _U8: _DIV_8, _I16: _legalize("int16_rem_op", "remsi", 16),
-                  _U16: _legalize("int16_rem_op", "remsi", 16, _unsigned(16, "remui", "remsi"))},
-    **{name: {d: _compare(name, d) for d in (_I8, _U8)}
-       for name in ("equal", "not_equal", "less", "less_equal", "greater", "greater_equal")},
-}
-VECTOR_INT_REJECTS["div"] = VECTOR_INT_REJECTS["floor_divide"]   # lax.div / lax.rem (lax_ops)
-VECTOR_INT_REJECTS["rem"] = VECTOR_INT_REJECTS["remainder"]
-
-
 def _mask_cast(name: str, args) -> bool:
   """`x != 0` / `x == 0` of an integer vector and a scalar zero: Mosaic's cast of a vector to a mask,
   which it compiles for 8-bit integers on TPU v5 and later, unlike the general 8-bit comparison
@@ -123,20 +52,13 @@ def _mask_cast(name: str, args) -> bool:
   return False
 
 
-def _reject_vector_int(name: str, dtype, shape, ex, why: str) -> UnsupportedError:
-  """The error of a rejected integer vector op; `why` is its evidence (VECTOR_INT_REJECTS)."""
-  api = "lax" if name in ("div", "rem") else "jnp"
-  return UnsupportedError(
-      f"{api}.{name} of {dtype} vectors of shape {tuple(shape)} {ex.where()} ({user_frame_summary()}): "
-      f"the TPU compiler has no {dt.bits(dtype)}-bit integer {name} on vectors (Mosaic, {why}). Fix: "
-      f"cast the operands to int32 first (x.astype(jnp.int32)) and the result back to {dtype} if "
-      f"needed.")
-
-
 def _elementwise(fn, op_class: str, result: str = "same", name: str = ""):
-  """Build an n-ary elementwise op. result: same | bool | float | int. The vector forms the TPU
-  compiler rejects are `VECTOR_INT_REJECTS[name]` ({operand dtype: evidence})."""
+  """Build an n-ary elementwise op. result: same | bool | float | int. The integer forms the TPU
+  compiler rejects (int_rejects.py): vectors of the dtypes `VECTOR_INT_REJECTS[name]` names, 0-d
+  values of the dtypes `scalar_mlir_op` names (`op.scalar_rejects`)."""
   rejects = VECTOR_INT_REJECTS.get(name)
+  scalar_rejects = frozenset(d for d in dt.SUPPORTED if scalar_mlir_op(name, d) is not None) \
+      if result == "same" else frozenset()
 
   scalar_fast = result in ("same", "bool")
   py_compare = _PY_COMPARE.get(fn) if result == "bool" else None
@@ -235,11 +157,13 @@ def _elementwise(fn, op_class: str, result: str = "same", name: str = ""):
     if shape:  # = _out(...) inside a kernel, inlined
       if rejects is not None and rt in rejects and ex.sparsecore is None and \
           not _mask_cast(op.__name__, args):
-        raise _reject_vector_int(op.__name__, rt, shape, ex, rejects[rt])
+        raise refusal(op.__name__, rt, shape, f"{ex.where()} ({user_frame_summary()})")
       if ex.timing_only:
         data = None
       ready = ex.vector_op(op_class, shape, out_dtype, ready)
     else:
+      if rt in scalar_rejects and ex.sparsecore is None:
+        raise refusal(op.__name__, rt, (), f"{ex.where()} ({user_frame_summary()})")
       ready = ex.scalar_op(ready)
     return Array(data, shape, out_dtype, ready)
 
@@ -248,6 +172,7 @@ def _elementwise(fn, op_class: str, result: str = "same", name: str = ""):
   op.scalar_form = (fn, result)
   op.op_class = op_class
   op.rejects = rejects
+  op.scalar_rejects = scalar_rejects
   return op
 
 
@@ -261,7 +186,7 @@ def on_scalars(op, dtype, arity: int):
   form = getattr(op, "scalar_form", None)
   dtype = np.dtype(dtype)
   if form is None or _COMPUTE.get(dtype, dtype) != dtype or arity not in (1, 2) or \
-      (getattr(op, "int_only", False) and dt.is_float(dtype)):
+      dtype in getattr(op, "scalar_rejects", ()) or (getattr(op, "int_only", False) and dt.is_float(dtype)):
     return None
   fn, result = form
   if result == "float" and dtype not in _FLOATS:
@@ -372,6 +297,7 @@ def _int_only(fn, name):
                        f".astype(jnp.int32), or bitcast floats with pltpu.bitcast.")
     return fn(*args)
   f.scalar_form, f.int_only, f.op_class, f.rejects = fn.scalar_form, True, fn.op_class, fn.rejects
+  f.scalar_rejects, f.__name__ = fn.scalar_rejects, name
   return f
 
 
@@ -390,6 +316,7 @@ add.__doc__ = _add.__doc__
 # the specialised forms (on_scalars, on_vectors) compute with np.add for Arrays and call `add` itself
 # for anything else, a deferred matmul sum included (0-d values are never Deferred)
 add.scalar_form, add.op_class, add.rejects = _add.scalar_form, _add.op_class, _add.rejects
+add.scalar_rejects = _add.scalar_rejects
 subtract = _elementwise(np.subtract, OpClass.CHEAP, name="subtract")
 multiply = _elementwise(np.multiply, OpClass.CHEAP, name="multiply")
 true_divide = divide = _elementwise(np.true_divide, OpClass.MEDIUM, "float", name="divide")
