@@ -157,14 +157,16 @@ def check_device_ids(jaxprs, mesh_axes) -> None:
 
 def _check_covered(params, kind) -> None:
   """Launch features and primitives the adapter and the interpreter cover, checked while lowering."""
+  sparsecore = False
   if kind == "pallas_call":
     launch.check_launch(params)
     for bm in params["grid_mapping"].block_mappings:
       check_covered(bm.index_map_jaxpr)
   else:
     launch.check_mpmd(params)
+    sparsecore = launch.on_sparsecore(params)
   for j in _kernel_jaxprs(params, kind):
-    check_covered(j)
+    check_covered(j, sparsecore=sparsecore)
 
 
 def _emit_callback(ctx, host, in_nodes, direct_out: bool = False):

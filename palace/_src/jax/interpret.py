@@ -27,7 +27,7 @@ import weakref
 import numpy as np
 
 from palace._src.errors import PalaceError, UnsupportedError
-from palace._src.jax import scalar_blocks
+from palace._src.jax import compiler_errors, scalar_blocks
 from palace._src.jax.avals import physical
 from palace._src.jax.registry import RULES, literal, sub_jaxprs
 from palace._src.lang import tpu_primitives
@@ -93,21 +93,26 @@ def unsupported(eqn, what: str = "", fix: str = "", outer=()) -> UnsupportedErro
                                                    "run this kernel with JAX's interpret mode."))
 
 
-def check_covered(jaxpr, outer=()) -> None:
+def check_covered(jaxpr, outer=(), sparsecore: bool = False) -> None:
   """Raise UnsupportedError for the first equation (in any sub-jaxpr) that has no rule, and the
-  error of the first one whose entry `rejects` it (registry.py)."""
+  error of the first one whose entry `rejects` it (registry.py; `sparsecore`: the kernel runs on a
+  SparseCore subcore), a refusal of what the TPU compiler rejects as JAX's Mosaic error type too
+  (compiler_errors.py)."""
   for eqn in jaxpr.eqns:
     entry = RULES.get(eqn.primitive.name)
     if entry is None:
       raise unsupported(eqn, outer=outer)
     if entry.rejects is not None:
       try:
-        entry.rejects(eqn)
+        entry.rejects(eqn, sparsecore)
       except PalaceError as e:
         _annotate(e, eqn)
-        raise
+        error = compiler_errors.as_jax_error(e)
+        if error is e:
+          raise
+        raise error from None
     for sub in sub_jaxprs(eqn):
-      check_covered(sub, (*outer, eqn))
+      check_covered(sub, (*outer, eqn), sparsecore)
 
 
 class _Program:

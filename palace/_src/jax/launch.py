@@ -365,6 +365,11 @@ def _palace_mesh(mesh):
 _MESHES = ("TensorCoreMesh", "VectorSubcoreMesh", "ScalarSubcoreMesh")
 
 
+def on_sparsecore(params) -> bool:
+  """Does a JAX mesh launch (checked by `check_mpmd`) run on SparseCore subcores?"""
+  return type(params["meshes"][0]).__name__ != "TensorCoreMesh"
+
+
 def mpmd_name(params) -> str:
   dbg = getattr(params["jaxprs"][0], "debug_info", None)
   return str(params.get("name") or getattr(dbg, "func_name", None) or "kernel")

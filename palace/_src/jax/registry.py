@@ -16,10 +16,13 @@ table keep one entry per primitive:
   runs once per plan on whole index columns, jax/launch.py);
 - `scalar`: how it fuses into a run of 0-d int/bool equations generated as Python int arithmetic
   (scalar_blocks.py): `fn(eqn, operand dtypes, result dtype) -> scalar_blocks.Op | None`; None: never;
-- `rejects`: `fn(eqn)` raising palace's error for what Mosaic rejects from the equation's types
-  alone (an unsigned matmul operand): run while palace lowers the kernel (interpret.check_covered),
-  so the caller gets that error at the call itself, as JAX on a TPU raises Mosaic's lowering errors
-  there, and not wrapped in XLA's runtime error around palace's host callback;
+- `rejects`: `fn(eqn, sparsecore)` raising palace's error for what Mosaic rejects from the equation's
+  types alone (an unsigned matmul operand, an 8-bit scalar addition; `sparsecore`: the kernel runs on
+  a SparseCore subcore, whose lowering differs): run while palace lowers the kernel
+  (interpret.check_covered), so the caller gets that error at the call itself, as JAX on a TPU raises
+  Mosaic's errors there, and not wrapped in XLA's runtime error around palace's host callback (a
+  `CompilerRejectError`, what the TPU compiler itself rejects, as JAX's MosaicError too:
+  compiler_errors.py);
 - `operands`: the decoder of its operand tree (`Operands`) when its operands are a flattened pytree
   (refs with their transforms, DMAs, semaphores): the one reading of that layout, for the evaluation,
   the schedule analysis and the lowering's device-id checks (callback.py).

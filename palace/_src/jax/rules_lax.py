@@ -12,7 +12,8 @@ import palace._src.lang.numpy_ops as pjnp
 from palace._src.jax import rules_sc, scalar_blocks as sb
 from palace._src.jax.interpret import shape_of, source_line, traced, unsupported
 from palace._src.jax.registry import DATA, Deciding, literal, rule
-from palace._src.lang import lax_ops, mxu, numpy_linalg, tpu_primitives
+from palace._src import dtypes as dt
+from palace._src.lang import int_rejects as int_rejects_lib, lax_ops, mxu, numpy_linalg, tpu_primitives
 from palace._src.errors import UnsupportedError
 from palace._src.lang.array import Array
 from palace._src.lang.numpy_dtypes import astype_on_scalars
@@ -162,15 +163,50 @@ def _inexact(var) -> bool:
   return np.issubdtype(np.dtype(var.aval.dtype), np.inexact)
 
 
+_UNSIGNED = {dt.int4: dt.uint4, dt.int8: dt.uint8, dt.int16: dt.uint16, dt.int32: dt.uint32}
+
+
+def _maybe_zero(v) -> bool:
+  """Is the operand `v` 0-d and, as far as its type tells, zero (a literal 0, or a 0-d variable)?"""
+  from jax._src import core as jax_core  # noqa: PLC0415
+  if getattr(v.aval, "shape", None) != ():
+    return False
+  return type(v) is not jax_core.Literal or literal(v) == 0
+
+
+def int_rejects(name: str, unsigned: bool = False):
+  """The `rejects` of an entry whose palace op is `name` (int_rejects.py: the integer vector and scalar
+  forms the TPU compiler rejects), decided from the equation's types on a TensorCore; `unsigned`: the
+  op works on its operands' bits as the unsigned type of their width (a logical shift)."""
+  def rejects(eqn, sparsecore: bool = False) -> None:
+    dtype = np.dtype(eqn.invars[0].aval.dtype)
+    dtype = _UNSIGNED.get(dtype, dtype) if unsigned else dtype
+    shape = tuple(getattr(eqn.outvars[0].aval, "shape", ()))
+    if sparsecore or not int_rejects_lib.rejected(name, dtype, bool(shape)):
+      return
+    if name in ("equal", "not_equal") and shape and any(_maybe_zero(v) for v in eqn.invars):
+      return   # a vector compared with a scalar zero is a mask cast, which compiles (decided when it runs)
+    raise int_rejects_lib.refusal(name, dtype, shape, f"at kernel line {source_line(eqn)}")
+  return rejects
+
+
+def _rejects_of(fn, facts: dict) -> dict:
+  """`facts` with the integer `rejects` of the palace op `fn`, where it has forms the compiler rejects."""
+  if "rejects" not in facts and (getattr(fn, "rejects", None) or getattr(fn, "scalar_rejects", None)):
+    facts = {**facts, "rejects": int_rejects(fn.__name__)}
+  return facts
+
+
 def unary(name, fn, bool_fn=None, **facts):
   """The entry of an elementwise primitive of one operand: `fn` (the palace op; `bool_fn` for bool
-  operands), in its scalar or block form where the equation's avals allow (`_unary`)."""
-  rule(name, compiles=True, schedule=DATA, **facts)(_unary(fn, bool_fn))
+  operands), in its scalar or block form where the equation's avals allow (`_unary`), refused at
+  lowering where the TPU compiler rejects its integer form (`int_rejects`)."""
+  rule(name, compiles=True, schedule=DATA, **_rejects_of(fn, facts))(_unary(fn, bool_fn))
 
 
 def binary(name, fn, bool_fn=None, int_literal: bool = False, **facts):
-  """The entry of an elementwise primitive of two operands (`_binary`)."""
-  rule(name, compiles=True, schedule=DATA, **facts)(_binary(fn, bool_fn, int_literal))
+  """The entry of an elementwise primitive of two operands (`_binary`; `int_rejects` as `unary`)."""
+  rule(name, compiles=True, schedule=DATA, **_rejects_of(fn, facts))(_binary(fn, bool_fn, int_literal))
 
 
 def _identity(x):
@@ -236,18 +272,21 @@ binary("or", pjnp.bitwise_or, pjnp.logical_or, int_literal=True, pure_index=True
 binary("xor", pjnp.bitwise_xor, pjnp.logical_xor, int_literal=True, pure_index=True, scalar=_bitwise("^"))
 binary("shift_left", pjnp.left_shift, int_literal=True, pure_index=True)
 binary("shift_right_arithmetic", pjnp.right_shift, int_literal=True, pure_index=True)
-binary("shift_right_logical", lax_ops.shift_right_logical, pure_index=True)
+binary("shift_right_logical", lax_ops.shift_right_logical, pure_index=True,
+       rejects=int_rejects("right_shift", unsigned=True))
 binary("pow", pjnp.power)
 binary("add_any", pjnp.add)
 binary("atan2", pjnp.arctan2)
 
 
-@rule("div", compiles=True, schedule=DATA, pure_index=True, scalar=_ints(sb.divide))
+@rule("div", compiles=True, schedule=DATA, pure_index=True, scalar=_ints(sb.divide),
+      rejects=int_rejects("div"))
 def _div(eqn):
   return _with_literal(eqn, pjnp.true_divide if _inexact(eqn.invars[0]) else lax_ops.div)
 
 
-@rule("rem", compiles=True, schedule=DATA, pure_index=True, scalar=_ints(sb.remainder))
+@rule("rem", compiles=True, schedule=DATA, pure_index=True, scalar=_ints(sb.remainder),
+      rejects=int_rejects("rem"))
 def _rem(eqn):
   # palace's lax.rem for every dtype: fmod for floats, exact as XLA's rem (x - trunc(x / y) * y
   # rounds, and gives NaN for a finite x over an infinite y, where rem gives x)
@@ -263,7 +302,12 @@ def _round(eqn, x):
   return pjnp.multiply(pjnp.sign(x), pjnp.floor(pjnp.add(pjnp.abs(x), np.asarray(0.5, _dtype(x)))))
 
 
-@rule("integer_pow", schedule=DATA)
+def _integer_pow_rejects(eqn, sparsecore: bool = False) -> None:
+  if int(eqn.params["y"]) not in (0, 1):   # (a product of the operand with itself)
+    int_rejects("multiply")(eqn, sparsecore)
+
+
+@rule("integer_pow", schedule=DATA, rejects=_integer_pow_rejects)
 def _integer_pow(eqn, x):
   y = int(eqn.params["y"])
   if y == 2:
@@ -292,7 +336,7 @@ def _population_count(eqn, x):
   return lax_ops.population_count(x)
 
 
-@rule("clz", schedule=DATA)
+@rule("clz", schedule=DATA, rejects=int_rejects("clz"))
 def _clz(eqn, x):
   return lax_ops.clz(x)
 
@@ -438,7 +482,7 @@ rule("argmax", schedule=DATA)(_arg(pjnp.argmax))
 rule("argmin", schedule=DATA)(_arg(pjnp.argmin))
 
 
-def _dot_rejects(eqn) -> str:
+def _dot_rejects(eqn, sparsecore: bool = False) -> str:
   """The dot's precision; raises what Mosaic rejects (mxu.py), named at the JAX kernel's line."""
   p = eqn.params
   lhs, rhs = (np.dtype(v.aval.dtype) for v in eqn.invars)

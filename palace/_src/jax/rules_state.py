@@ -713,7 +713,7 @@ def _prng_seed(eqn, *seeds):
   return []
 
 
-def _prng_bits_rejects(eqn) -> None:
+def _prng_bits_rejects(eqn, sparsecore: bool = False) -> None:
   shape = tuple(eqn.params["shape"])
   if len(shape) < 2:
     raise UnsupportedError(

@@ -14,7 +14,7 @@ def _dtype(var) -> np.dtype:
   return np.dtype(var.aval.dtype)
 
 
-def _pack_rejects(eqn) -> None:
+def _pack_rejects(eqn, sparsecore: bool = False) -> None:
   packing.check_pack(_dtype(eqn.invars[0]), eqn.params["packed_dtype"], len(eqn.invars))
 
 
@@ -23,7 +23,7 @@ def _pack_elementwise(eqn, *xs):
   return packing.pack_elementwise(xs, packed_dtype=eqn.params["packed_dtype"])
 
 
-def _unpack_rejects(eqn) -> None:
+def _unpack_rejects(eqn, sparsecore: bool = False) -> None:
   p = eqn.params
   packing.check_unpack(_dtype(eqn.invars[0]), p["packed_dtype"], p["unpacked_dtype"], p["index"])
 
@@ -35,7 +35,7 @@ def _unpack_elementwise(eqn, x):
                                     unpacked_dtype=p["unpacked_dtype"])
 
 
-def _round_rejects(eqn) -> None:
+def _round_rejects(eqn, sparsecore: bool = False) -> None:
   x, bits = (v.aval for v in eqn.invars)
   packing.check_round(x.dtype, bits.dtype, x.shape, bits.shape, eqn.params["target_dtype"])
 
