@@ -348,6 +348,30 @@ V4, V5P, V6E, V7X = (dataclasses.replace(c, sources=MappingProxyType({
     for c in (V4, V5P, V6E, V7X))
 
 CHIPS = MappingProxyType({c.name: c for c in (V4, V5E, V5P, V6E, V7X)})
+
+
+@dataclasses.dataclass(frozen=True)
+class CompilerSpec:
+  """The TPU compiler whose rules palace applies (what Mosaic compiles, rejects, how the MXU rounds):
+  one for every chip preset, since they are the compiler's rules, not the silicon's."""
+  libtpu_version: str   # the libtpu release measured, e.g. "0.0.42.1"
+  jax_version: str      # the JAX release that drove it
+  source: str
+
+
+COMPILER = CompilerSpec(
+    libtpu_version="0.0.42.1", jax_version="0.10.2",
+    source="the TPU v5e palace's compiler rules were measured on, 2026-12-05: the environment records "
+           "(libtpu_version, jax_version) of benchmarks/hw/data/v5e-limits-2026-12-05.jsonl, "
+           "v5e-numerics-2026-12-05.jsonl and v5e-timing-2026-12-05.jsonl; the rules: docs/limits.md, "
+           "lang/mxu.py, lang/int_rejects.py")
+
+
+def libtpu_at_least(version: str) -> bool:
+  """Is the modelled compiler's libtpu `version` or newer (versions compared number by number)?"""
+  def parse(v: str) -> tuple:
+    return tuple(int(part) for part in v.split("."))
+  return parse(COMPILER.libtpu_version) >= parse(version)
 _ALIASES = {"v5litepod": "v5e", "v5lite": "v5e", "v6": "v6e", "trillium": "v6e", "v7x": "7x",
             "tpu7x": "7x", "ironwood": "7x", "v7": "7x"}
 DEFAULT_CHIP = "v5e"

@@ -89,6 +89,18 @@ class T(jtu.JaxTestCase):
     self.assertEqual(jtu.get_tpu_version(), 5)
     self.assertTrue(pltpu.is_tpu_device())
 
+  def test_libtpu_version_is_the_modelled_compilers(self):
+    # palace models libtpu 0.0.42.1 (hw.COMPILER, measured on a TPU v5e); JAX answers True off a TPU
+    self.assertTrue(jtu.is_libtpu_at_least("0.0.42.1"))
+    self.assertTrue(jtu.is_libtpu_at_least("0.0.42"))
+    self.assertFalse(jtu.is_libtpu_at_least("0.0.45"))
+    self.assertFalse(jtu.is_libtpu_at_least("0.45.0"))
+
+  def test_a_newer_compiler_skips(self):
+    if not jtu.is_libtpu_at_least("0.0.45"):
+      self.skipTest("Requires libtpu 0.0.45 or newer")
+    raise AssertionError("ran on a compiler palace does not model")
+
   def test_a_kernel(self):
     def k(x_ref, o_ref):
       o_ref[...] = x_ref[...] * 2
@@ -110,11 +122,13 @@ def _run_suite(tmp_path, palace_jax):
 
 def test_pytest_plugin_runs_a_tpu_suite_on_palace(tmp_path):
   r = _run_suite(tmp_path, "v5e")
-  assert "2 passed" in r.stdout, r.stdout + r.stderr
+  assert "3 passed, 1 skipped" in r.stdout, r.stdout + r.stderr
+  assert "Requires libtpu 0.0.45 or newer" in r.stdout
   assert "palace.jax: TPU kernels run on a virtual v5e (1 chip)" in r.stdout
+  assert "libtpu 0.0.42.1 modelled" in r.stdout
 
 
 def test_pytest_plugin_is_inert_without_palace_jax(tmp_path):
   r = _run_suite(tmp_path, None)
-  assert "2 skipped" in r.stdout, r.stdout + r.stderr
+  assert "4 skipped" in r.stdout, r.stdout + r.stderr
   assert "palace.jax: inactive" in r.stdout

@@ -1,5 +1,8 @@
 """Chip rules that are hardware data (issue 16): the 7x clock and P-states, operand dtypes a chip's
 compiler rejects (int8 x int8 on TPU v4, jax-ml/jax issue 37367)."""
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -85,3 +88,16 @@ def test_the_rejection_is_data_not_a_chip_name():
   strict = dataclasses.replace(hw.get_chip("v5e"), mxu_rejected_operand_classes=frozenset({("int8", "int8")}))
   with pytest.raises(UnsupportedError, match="does not compile on TPU v5e"):
     _run_int_matmul(strict, np.int8)
+
+
+def test_the_modelled_compiler_is_the_one_the_v5e_data_recorded():
+  # hw.COMPILER (what the pytest plugin's jtu.is_libtpu_at_least answers for) against the environment
+  # records of the measured data it names
+  data = Path(__file__).resolve().parents[2] / "benchmarks" / "hw" / "data"
+  for name in ("v5e-limits-2026-12-05.jsonl", "v5e-numerics-2026-12-05.jsonl", "v5e-timing-2026-12-05.jsonl"):
+    assert name in hw.COMPILER.source
+    with open(data / name) as f:
+      env = json.loads(f.readline())
+    assert (env["libtpu_version"], env["jax_version"]) == (hw.COMPILER.libtpu_version, hw.COMPILER.jax_version)
+  assert hw.libtpu_at_least("0.0.42.1") and hw.libtpu_at_least("0.0.42") and hw.libtpu_at_least("0.0.9")
+  assert not hw.libtpu_at_least("0.0.45") and not hw.libtpu_at_least("0.0.42.2") and not hw.libtpu_at_least("0.1")

@@ -4,9 +4,18 @@ PALACE_JAX already makes every TPU kernel of the process run on the virtual chip
 that chip to the suite's own code (device_view.py). The plugin adds what a suite's selection helpers read
 besides the devices: JAX's `jax_test_dut` flag is set to "tpu", so `jtu.test_device_matches(["tpu"])`,
 `jtu.is_device_tpu(5, "e")`, `jtu.is_device_tpu_at_least(4)` and `jtu.get_tpu_version()` answer as on
-that chip, and the header of the run names it. Without PALACE_JAX the plugin does nothing.
+that chip, and `jtu.is_libtpu_at_least(v)` answers for the TPU compiler palace models
+(`hw.COMPILER.libtpu_version`, the one measured on a TPU v5e) instead of JAX's "True" off a Cloud TPU,
+so a test that needs a newer compiler skips as it would on the measured chip. Only the test utilities'
+name is answered so: JAX's own lowering code keeps its own version check, and no kernel or result is
+touched. The header of the run names the chip and the compiler. Without PALACE_JAX the plugin does
+nothing.
 """
 from __future__ import annotations
+
+from palace._src import hw
+
+_saved: dict = {}   # what pytest_configure replaced, restored by pytest_unconfigure
 
 
 def _tpu():
@@ -18,8 +27,16 @@ def pytest_configure(config):
   if _tpu() is None:
     return
   import jax  # noqa: PLC0415
-  from jax._src import test_util  # noqa: F401, PLC0415  (defines the jax_test_dut flag)
+  from jax._src import test_util  # noqa: PLC0415  (defines the jax_test_dut flag)
   jax.config.update("jax_test_dut", "tpu")
+  _saved.setdefault("is_libtpu_at_least", test_util.is_libtpu_at_least)
+  test_util.is_libtpu_at_least = hw.libtpu_at_least
+
+
+def pytest_unconfigure(config):
+  if "is_libtpu_at_least" in _saved:
+    from jax._src import test_util  # noqa: PLC0415
+    test_util.is_libtpu_at_least = _saved.pop("is_libtpu_at_least")
 
 
 def pytest_report_header(config):
@@ -27,4 +44,5 @@ def pytest_report_header(config):
   if tpu is None:
     return "palace.jax: inactive (set PALACE_JAX=<chip>[:<num_chips>] to run TPU kernels on palace)"
   return (f"palace.jax: TPU kernels run on a virtual {tpu.chip.name} ({tpu.num_chips} chip"
-          f"{'s' if tpu.num_chips != 1 else ''}); jax_test_dut=tpu")
+          f"{'s' if tpu.num_chips != 1 else ''}); jax_test_dut=tpu; libtpu "
+          f"{hw.COMPILER.libtpu_version} modelled (jtu.is_libtpu_at_least answers for it)")
