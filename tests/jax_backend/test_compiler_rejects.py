@@ -23,7 +23,8 @@ _SMEM = dict(in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM)],
 _NARROW = [jnp.int4, jnp.int8, jnp.int16, jnp.uint4, jnp.uint8, jnp.uint16]
 _OPS = {"and": lambda a, b: a & b, "or": lambda a, b: a | b, "xor": lambda a, b: a ^ b,
         "mul": lambda a, b: a * b, "sub": lambda a, b: b - a, "max": jnp.maximum, "min": jnp.minimum,
-        "shl": lambda a, b: a << b, "shr": lambda a, b: a >> b, "div": lambda a, b: a // b}
+        "shl": lambda a, b: a << b, "shr": lambda a, b: a >> b, "div": lambda a, b: a // b,
+        "clamp": lambda a, b: jax.lax.clamp(a, b, b), "square": lambda a, b: a ** 2}
 
 
 def _scalar_call(op, dtype):

@@ -383,8 +383,8 @@ def _select_n(eqn):
   return select_n
 
 
-@rule("clamp", schedule=DATA, pure_index=True, scalar=sb.clamp)
-def _clamp(eqn, lo, x, hi):
+@rule("clamp", schedule=DATA, pure_index=True, scalar=sb.clamp, rejects=int_rejects("maximum"))
+def _clamp(eqn, lo, x, hi):   # (lowered as a maximum, then a minimum)
   return pjnp.minimum(pjnp.maximum(x, lo), hi)
 
 
