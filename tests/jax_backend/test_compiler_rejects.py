@@ -64,6 +64,12 @@ def test_32_bit_scalar_integer_ops_compute(dtype):
       np.testing.assert_array_equal(_scalar_call(op, dtype), np.asarray([op(x[1], x[2])], dtype), name)
 
 
+def test_a_narrow_scalar_clz_is_rejected_where_the_interpret_mode_computes_it():
+  with pj.virtual_tpu("v5e"), pytest.raises(error_handling.MosaicError, match=r"lax\.clz of int8 scalars .*"
+                                                                           r"math\.ctlz on i8.*" + _SCALAR):
+    _scalar_call(lambda a, b: jax.lax.clz(a), jnp.int8)
+
+
 def test_a_rejected_op_in_a_branch_never_taken_is_still_rejected():
   # Mosaic compiles every branch; palace decides from the types, not from the run
   def kernel(x_ref, y_ref):

@@ -149,7 +149,7 @@ def refusal(name: str, dtype, shape, where: str) -> CompilerRejectError | None:
   """The error of `name` on `dtype` operands with result shape `shape` where the TPU compiler rejects
   it (None where it compiles); `where`: the grid point or kernel line and the user's frame."""
   dtype, shape = np.dtype(dtype), tuple(shape)
-  api = "lax" if name in ("div", "rem") else "jnp"
+  api = "lax" if name in ("div", "rem", "clz") else "jnp"
   bits = dt.bits(dtype)
   fix = (f"Fix: cast the operands to int32 first (x.astype(jnp.int32)) and the result back to {dtype} "
          f"if needed.")
