@@ -70,6 +70,8 @@ class ChipSpec:
   dma_local_latency_cycles: int = 64        # VMEM<->SMEM/VMEM copy completion latency
   # MXU operand pairs Mosaic rejects on this chip: ((lhs class, rhs class), ...) -> compile error
   mxu_rejected_operand_classes: frozenset = frozenset()
+  # names of palace's kernel dtypes (dtypes.SUPPORTED) this chip's compiler lacks -> ShapeError
+  unsupported_dtypes: frozenset = frozenset()
   # selectable clocks (P-states, index -> Hz); empty when the chip has one clock. `p_state` is the
   # index `clock_hz` comes from (None: no P-states)
   p_state_clocks_hz: tuple = ()
@@ -162,6 +164,10 @@ _COMMON_SOURCES = _mp(
                                  "to compile on TPU v4 ('Unsupported matmul RHS type on target: "
                                  "vector<128x128xi8>'); [tpu_info] is_matmul_supported has no "
                                  "integer LHS on v4 (f32/bf16 LHS only). None known on other chips",
+    unsupported_dtypes="float8_e4m3b11fnuz on v4 and 7x: [tpu_info] is_matmul_supported takes it on "
+                       "v5e/v5p/v6e only, and JAX's tests/pallas/tpu_pallas_test.py "
+                       "test_mixed_precision_dot skips 'float8_e4m3b11fnuz not supported on TPU "
+                       "generations <= 4' and '... not supported on TPU v7x'. None known otherwise",
     num_tensorcores_per_device="[tpu_info]; 7x: one TC per logical device [tpu_info]",
     megacore="[details] megacore on v4 and v5p only",
     vmem_bytes="[tpu_info] vmem_capacity_bytes", smem_bytes="[tpu_info] smem_capacity_bytes",
@@ -229,6 +235,7 @@ V4 = ChipSpec(
     latch_cadence_cycles=_mp(f32=2, bf16=4, int8=4), mxu_latency_cycles=_mp(f32=131, bf16=131, int8=121),
     supported_mxu_classes=frozenset({"f32", "bf16", "int8"}), sublanes=8, lanes=128, vpu_alus_per_lane=2,
     mxu_rejected_operand_classes=frozenset({("int8", "int8")}),
+    unsupported_dtypes=frozenset({"float8_e4m3b11fnuz"}),
     sparsecore=None, ici_link_bytes_per_s_one_way=4.5e10, ici_hop_latency_ns=1000, ici_dims=3,
     ici_wraparound_min_axis=4, grid_step_overhead_cycles=_STEP_OVERHEAD_CYCLES,
     dma_wait_sync_cycles=_DMA_WAIT_SYNC_CYCLES, dma_issue_cycles=_DMA_ISSUE_CYCLES, scalar_op_cycles=1,
@@ -280,6 +287,7 @@ V7X = dataclasses.replace(
     vmatmul_cadence_cycles=_mp(f32=4, bf16=8, fp8=8), latch_cadence_cycles=_mp(f32=2, bf16=4, fp8=4),
     mxu_latency_cycles=_mp(f32=211, bf16=211, fp8=204),
     supported_mxu_classes=frozenset({"f32", "bf16", "fp8"}),
+    unsupported_dtypes=frozenset({"float8_e4m3b11fnuz"}),
     sparsecore=SparseCoreSpec(2, 16, 16, 512 * KiB, 8 * MiB, 32),
     ici_link_bytes_per_s_one_way=9e10, ici_dims=3, ici_wraparound_min_axis=4)
 

@@ -23,11 +23,12 @@ from palace._src import dtypes as dt
 from palace._src.errors import ShapeError, UnsupportedError
 from palace._src.executor import OpClass
 from palace._src.lang.array import Array, ready_of
-from palace._src.lang.numpy_base import _out
+from palace._src.lang.numpy_base import _dtype_arg, _out
 from palace._src.util import user_frame_summary
 
 _UINT_OF_BITS = {4: dt.uint4, 8: np.dtype(np.uint8), 16: np.dtype(np.uint16), 32: np.dtype(np.uint32)}
-_ROUND_TARGETS = (dt.bfloat16, dt.float8_e5m2, dt.float8_e4m3fn)
+_ROUND_TARGETS = (dt.bfloat16, dt.float8_e5m2, dt.float8_e4m3fn, dt.float8_e4m3b11fnuz)
+_NO_NEGATIVE_ZERO = frozenset({dt.float8_e4m3b11fnuz})   # "fnuz": 0x80 is the NaN
 
 
 def _dtype(x) -> np.dtype:
@@ -153,20 +154,25 @@ def _stochastic(x: np.ndarray, bits: np.ndarray, target: np.dtype) -> np.ndarray
   ut = _UINT_OF_BITS[w]
   mag = np.abs(x)
   nb = nearest.view(ut).astype(np.int64)
-  sign = nb & (1 << (w - 1))
+  # x's sign, not the nearest's: an "fnuz" type's zero has none (its sign-bit pattern is the NaN)
+  sign = np.where(np.signbit(x), 1 << (w - 1), 0)
   mag_bits = nb & ((1 << (w - 1)) - 1)
   # lo: the neighbour toward zero (the nearest, or the one below it when the nearest is above |x|)
-  above = np.abs(nearest.astype(np.float32)) > mag
+  near32 = nearest.astype(np.float32)
+  above = np.abs(near32) > mag
   lo_bits = np.where(above & (mag_bits > 0), mag_bits - 1, mag_bits)
   hi_bits = lo_bits + 1
-  lo = np.asarray((sign | lo_bits).astype(ut)).view(target).astype(np.float32)
+  lo_pat = sign | lo_bits
+  if target in _NO_NEGATIVE_ZERO:
+    lo_pat = np.where(lo_bits == 0, 0, lo_pat)
+  lo = np.asarray(lo_pat.astype(ut)).view(target).astype(np.float32)
   hi = np.asarray((sign | hi_bits).astype(ut)).view(target).astype(np.float32)
   with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
     frac = (mag - np.abs(lo)) / (np.abs(hi) - np.abs(lo))
   up = bits.astype(np.float64) < frac.astype(np.float64) * 2.0 ** 32
-  out_bits = np.where(up & np.isfinite(hi), sign | hi_bits, sign | lo_bits)
+  out_bits = np.where(up & np.isfinite(hi), sign | hi_bits, lo_pat)
   out = out_bits.astype(ut).view(target)
-  exact = (lo == x) | ~np.isfinite(x) | ~np.isfinite(lo)
+  exact = (lo == x) | ~np.isfinite(x) | ~np.isfinite(lo) | np.isnan(near32)
   return np.where(exact, nearest, out)
 
 
@@ -179,13 +185,13 @@ def check_round(d, bits_dtype, shape, bits_shape, target_dtype) -> None:
                      f"and {bd}{list(bits_shape)} ({user_frame_summary()}). Fix: pass matching arrays.")
   if t not in _ROUND_TARGETS:
     raise UnsupportedError(f"{api} to {t}: palace covers {[str(r) for r in _ROUND_TARGETS]} (Mosaic "
-                           f"also takes float8_e4m3b11fnuz, float4_e2m1fn and int4, which palace does "
+                           f"also takes float4_e2m1fn and int4, which palace does "
                            f"not model) ({user_frame_summary()}). Fix: round to a covered type.")
 
 
 def stochastic_round(x, random_bits, *, target_dtype):
   """float32 `x` rounded to `target_dtype` by the uint32 `random_bits` (module docstring)."""
-  t = dt.canonicalize(target_dtype)
+  t = _dtype_arg(target_dtype, "pltpu.stochastic_round")
   shape = tuple(x.shape) if isinstance(x, Array) else np.shape(x)
   bshape = tuple(random_bits.shape) if isinstance(random_bits, Array) else np.shape(random_bits)
   check_round(_dtype(x), _dtype(random_bits), shape, bshape, t)

@@ -276,6 +276,7 @@ def _alloc_leaves(ex, leaves, names, shared: bool):
                        f"pltpu.SMEM(...) or pltpu.SemaphoreType.DMA / .REGULAR.")
     if isinstance(t, MemoryRef):
       dt.check_kernel_dtype(t.dtype, name)
+      dt.check_on_chip(t.dtype, ex.chip, name)
     bufs.append(ex.alloc(t, name, shared=shared))
   return bufs
 

@@ -353,14 +353,23 @@ def check_hbm(kname: str, arrays, outs, scratch, chip=None) -> None:
   """HBM capacity of `chip` (default: the active one's) for one launch: `arrays` {name: host array}
   (inputs), `outs` {name: (shape, dtype, space)}, `scratch` the scratch types (HBM / ANY ones count).
   Called before any output is allocated, so a launch that cannot fit fails with the numbers instead of
-  allocating host memory (timing_only too)."""
+  allocating host memory (timing_only too). Every operand's dtype is checked against the chip first
+  (dtypes.check_on_chip: float8_e4m3b11fnuz is not on every chip)."""
+  spec = active_tpu().chip if chip is None else chip
+  for name, a in arrays.items():
+    dt.check_on_chip(a.dtype, spec, name)
+  for name, (_, dtype, _) in outs.items():
+    dt.check_on_chip(dtype, spec, name)
+  leaves = tree_flatten(scratch, is_leaf=lambda x: isinstance(x, MemoryRef))[0]
+  for i, t in enumerate(leaves):
+    if isinstance(t, MemoryRef):
+      dt.check_on_chip(t.dtype, spec, f"scratch[{i}]")
   sizes = [(name, a.nbytes) for name, a in arrays.items()]
   sizes += [(name, prod(shape) * np.dtype(dtype).itemsize) for name, (shape, dtype, space) in outs.items()
             if space in (MemorySpace.ANY, MemorySpace.HBM)]
-  leaves = tree_flatten(scratch, is_leaf=lambda x: isinstance(x, MemoryRef))[0]
   sizes += [(f"scratch[{i}]", t.nbytes) for i, t in enumerate(leaves)
             if isinstance(t, MemoryRef) and t.memory_space in (MemorySpace.ANY, MemorySpace.HBM)]
-  check_hbm_sizes(f"kernel '{kname}'", sizes, "the launch's", chip)
+  check_hbm_sizes(f"kernel '{kname}'", sizes, "the launch's", spec)
 
 
 def check_hbm_sizes(owner: str, sizes, whose: str | None, chip=None) -> None:
