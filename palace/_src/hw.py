@@ -72,6 +72,9 @@ class ChipSpec:
   mxu_rejected_operand_classes: frozenset = frozenset()
   # names of palace's kernel dtypes (dtypes.SUPPORTED) this chip's compiler lacks -> ShapeError
   unsupported_dtypes: frozenset = frozenset()
+  # the MXU result FIFO of pltpu.matmul_lhs_fifo, bounded in 8 x 128 result vregs: (known to fit,
+  # known to overflow); () when the chip has none (lang/mxu_fifo.py)
+  mxu_result_fifo_vregs: tuple = ()
   # selectable clocks (P-states, index -> Hz); empty when the chip has one clock. `p_state` is the
   # index `clock_hz` comes from (None: no P-states)
   p_state_clocks_hz: tuple = ()
@@ -168,6 +171,12 @@ _COMMON_SOURCES = _mp(
                        "v5e/v5p/v6e only, and JAX's tests/pallas/tpu_pallas_test.py "
                        "test_mixed_precision_dot skips 'float8_e4m3b11fnuz not supported on TPU "
                        "generations <= 4' and '... not supported on TPU v7x'. None known otherwise",
+    mxu_result_fifo_vregs="not published; bounded from JAX's tests/pallas/tpu_pallas_test.py "
+                          "ExplicitMXUTest (v5e and later): test_fifo pops after each push and expects "
+                          "success with results of up to 4 vregs (int8: 32 x 128 int32), test_fifo_overflow "
+                          "expects 'FIFO is full' from 32 queued (16, 128) float32 results (64 vregs); 7x: "
+                          "none ('MatmulLhsFifoOp not supported on TPU generations >= 7'); v4: none "
+                          "known (the tests need v5e or later)",
     num_tensorcores_per_device="[tpu_info]; 7x: one TC per logical device [tpu_info]",
     megacore="[details] megacore on v4 and v5p only",
     vmem_bytes="[tpu_info] vmem_capacity_bytes", smem_bytes="[tpu_info] smem_capacity_bytes",
@@ -253,7 +262,8 @@ V5E = ChipSpec(
     latch_cadence_cycles=_mp(f32=2, bf16=4, int8=4, fp8=4),
     mxu_latency_cycles=_mp(f32=131, bf16=131, int8=121, fp8=131),
     supported_mxu_classes=frozenset({"f32", "bf16", "int8", "fp8"}), sublanes=8, lanes=128,
-    vpu_alus_per_lane=4, sparsecore=None, ici_link_bytes_per_s_one_way=4.5e10, ici_hop_latency_ns=1000,
+    mxu_result_fifo_vregs=(4, 64), vpu_alus_per_lane=4, sparsecore=None,
+    ici_link_bytes_per_s_one_way=4.5e10, ici_hop_latency_ns=1000,
     ici_dims=2, ici_wraparound_min_axis=16, grid_step_overhead_cycles=_STEP_OVERHEAD_CYCLES,
     dma_wait_sync_cycles=_DMA_WAIT_SYNC_CYCLES, dma_issue_cycles=_DMA_ISSUE_CYCLES, scalar_op_cycles=1,
     launch_overhead_s=_LAUNCH_OVERHEAD_S,
@@ -287,7 +297,7 @@ V7X = dataclasses.replace(
     vmatmul_cadence_cycles=_mp(f32=4, bf16=8, fp8=8), latch_cadence_cycles=_mp(f32=2, bf16=4, fp8=4),
     mxu_latency_cycles=_mp(f32=211, bf16=211, fp8=204),
     supported_mxu_classes=frozenset({"f32", "bf16", "fp8"}),
-    unsupported_dtypes=frozenset({"float8_e4m3b11fnuz"}),
+    unsupported_dtypes=frozenset({"float8_e4m3b11fnuz"}), mxu_result_fifo_vregs=(),
     sparsecore=SparseCoreSpec(2, 16, 16, 512 * KiB, 8 * MiB, 32),
     ici_link_bytes_per_s_one_way=9e10, ici_dims=3, ici_wraparound_min_axis=4)
 
