@@ -21,6 +21,7 @@ uint8, uint16, uint32 = np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.uin
 bool_ = np.dtype(np.bool_)
 int4 = np.dtype(ml_dtypes.int4)
 uint4 = np.dtype(ml_dtypes.uint4)
+int2, uint2 = np.dtype(ml_dtypes.int2), np.dtype(ml_dtypes.uint2)   # field types of pack/unpack only
 
 SUPPORTED = (float32, bfloat16, float16, float8_e4m3fn, float8_e5m2, float8_e4m3b11fnuz, int8, int16,
              int32, uint8, uint16, uint32, bool_, int4, uint4)
@@ -96,7 +97,7 @@ def check_on_chip(dtype, chip, what: str) -> None:
   others = [c.name for c in hw.CHIPS.values() if d.name not in c.unsupported_dtypes]
   raise ShapeError(f"{what} has dtype {d}, which TPU {chip.name} kernels do not support (its compiler "
                    f"has no {d}; {', '.join(others)} have it: ChipSpec.unsupported_dtypes); expected "
-                   f"another TPU dtype. Fix: cast it (e.g. .astype(jnp.float32)), or run on "
+                   f"another TPU dtype. Fix: use another dtype (e.g. cast to jnp.float32), or run on "
                    f"{' / '.join(others)}.")
 
 
@@ -109,16 +110,18 @@ CHIP_DEPENDENT = frozenset({float8_e4m3b11fnuz})   # dtypes some chip lacks (Chi
 
 
 def is_int(d: np.dtype) -> bool:
-  return d.kind in "iu" or d in (int4, uint4)
+  return d.kind in "iu" or d in (int4, uint4, int2, uint2)
 
 
 def is_signed_int(d: np.dtype) -> bool:
-  return d.kind == "i" or d == int4
+  return d.kind == "i" or d in (int4, int2)
 
 
 def bits(d: np.dtype) -> int:
   if d in (int4, uint4):
     return 4
+  if d in (int2, uint2):
+    return 2
   if d == bool_:
     return 32  # masks occupy 32-bit vregs on the VPU
   return d.itemsize * 8

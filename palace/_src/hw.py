@@ -170,7 +170,9 @@ _COMMON_SOURCES = _mp(
     unsupported_dtypes="float8_e4m3b11fnuz on v4 and 7x: [tpu_info] is_matmul_supported takes it on "
                        "v5e/v5p/v6e only, and JAX's tests/pallas/tpu_pallas_test.py "
                        "test_mixed_precision_dot skips 'float8_e4m3b11fnuz not supported on TPU "
-                       "generations <= 4' and '... not supported on TPU v7x'. None known otherwise",
+                       "generations <= 4' and '... not supported on TPU v7x'. int2 / uint2 (field "
+                       "types of pack/unpack_elementwise) on v4: JAX's tests/pallas/tpu_ops_test.py "
+                       "skips its int2 packs below v5 ('Requires TPU v5+'). None known otherwise",
     mxu_result_fifo_vregs="not published; bounded from JAX's tests/pallas/tpu_pallas_test.py "
                           "ExplicitMXUTest (v5e and later): test_fifo pops after each push and expects "
                           "success with results of up to 4 vregs (int8: 32 x 128 int32), test_fifo_overflow "
@@ -244,7 +246,7 @@ V4 = ChipSpec(
     latch_cadence_cycles=_mp(f32=2, bf16=4, int8=4), mxu_latency_cycles=_mp(f32=131, bf16=131, int8=121),
     supported_mxu_classes=frozenset({"f32", "bf16", "int8"}), sublanes=8, lanes=128, vpu_alus_per_lane=2,
     mxu_rejected_operand_classes=frozenset({("int8", "int8")}),
-    unsupported_dtypes=frozenset({"float8_e4m3b11fnuz"}),
+    unsupported_dtypes=frozenset({"float8_e4m3b11fnuz", "int2", "uint2"}),
     sparsecore=None, ici_link_bytes_per_s_one_way=4.5e10, ici_hop_latency_ns=1000, ici_dims=3,
     ici_wraparound_min_axis=4, grid_step_overhead_cycles=_STEP_OVERHEAD_CYCLES,
     dma_wait_sync_cycles=_DMA_WAIT_SYNC_CYCLES, dma_issue_cycles=_DMA_ISSUE_CYCLES, scalar_op_cycles=1,

@@ -75,15 +75,42 @@ def test_unpack_elementwise_takes_each_field_back_sign_extended(wide, narrow):
     np.testing.assert_array_equal(np.asarray(got), xs[index].astype(narrow).astype(wide))
 
 
-def test_pack_elementwise_into_a_type_palace_does_not_model_is_refused():
-  xs = np.zeros((2, 8, 128), np.int8)
+def test_int4_sources_pack_into_int2_fields_and_unpack_sign_extended():
+  """Two int4 values per uint4 element, the first in bits 0-1 (truncated to 2 bits); the unpack of
+  field k sign-extends its 2 bits. Shapes of whole vregs (128 x 128), as Mosaic needs for int2."""
+  rng = np.random.default_rng(4)
+  xs = rng.integers(-8, 8, (2, 128, 128)).astype(ml_dtypes.int4)
+  fields = xs.astype(np.int64) & 3
+  want = (fields[0] | (fields[1] << 2)).astype(np.uint8)
 
+  def pack(x_ref, o_ref):
+    o_ref[...] = pltpu.pack_elementwise([x_ref[0], x_ref[1]], packed_dtype=jnp.int2)
+  with pj.virtual_tpu("v5e"):
+    got = pl.pallas_call(pack, out_shape=jax.ShapeDtypeStruct((128, 128), jnp.uint4))(xs)
+  np.testing.assert_array_equal(np.asarray(got).astype(np.uint8), want)
+  for index in range(2):
+    def unpack(x_ref, o_ref):
+      o_ref[...] = pltpu.unpack_elementwise(x_ref[...], index=index, packed_dtype=jnp.int2,
+                                            unpacked_dtype=jnp.int4)
+    with pj.virtual_tpu("v5e"):
+      back = pl.pallas_call(unpack, out_shape=jax.ShapeDtypeStruct((128, 128), jnp.int4))(
+          want.astype(ml_dtypes.uint4))
+    f = fields[index]
+    np.testing.assert_array_equal(np.asarray(back).astype(np.int64), np.where(f >= 2, f - 4, f))
+
+
+def test_int2_packs_of_partial_vregs_and_on_v4_are_refused():
   def kernel(x_ref, o_ref):
     o_ref[...] = pltpu.pack_elementwise([x_ref[0], x_ref[1]], packed_dtype=jnp.int2)
+  small = np.zeros((2, 8, 128), ml_dtypes.int4)
   with pj.virtual_tpu("v5e"), pytest.raises(UnsupportedError,
-                                            match=r"pack_elementwise with int2: palace models"):
-    pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.uint8))(
-        xs.astype(ml_dtypes.int4))
+                                            match=r"pack_elementwise with int2 fields on a \[8, 128\] "
+                                                  r"array .*multiples of 128 and 128"):
+    pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.uint4))(small)
+  big = np.zeros((2, 128, 128), ml_dtypes.int4)
+  with pj.virtual_tpu("v4"), pytest.raises(Exception, match=r"ShapeError: pltpu.pack_elementwise .*"
+                                                          r"has dtype int2, which TPU v4 kernels"):
+    pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((128, 128), jnp.uint4))(big)
 
 
 @pytest.mark.parametrize("target", [jnp.bfloat16, jnp.float8_e5m2, jnp.float8_e4m3fn])

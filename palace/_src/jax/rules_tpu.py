@@ -17,7 +17,8 @@ def _dtype(var) -> np.dtype:
 
 
 def _pack_rejects(eqn) -> None:
-  packing.check_pack(_dtype(eqn.invars[0]), eqn.params["packed_dtype"], len(eqn.invars))
+  packing.check_pack(_dtype(eqn.invars[0]), eqn.params["packed_dtype"], len(eqn.invars),
+                     tuple(eqn.invars[0].aval.shape))
 
 
 @rule("pack_elementwise", schedule=DATA, rejects=_pack_rejects)
@@ -27,7 +28,8 @@ def _pack_elementwise(eqn, *xs):
 
 def _unpack_rejects(eqn) -> None:
   p = eqn.params
-  packing.check_unpack(_dtype(eqn.invars[0]), p["packed_dtype"], p["unpacked_dtype"], p["index"])
+  packing.check_unpack(_dtype(eqn.invars[0]), p["packed_dtype"], p["unpacked_dtype"], p["index"],
+                       tuple(eqn.invars[0].aval.shape))
 
 
 @rule("unpack_elementwise", schedule=DATA, rejects=_unpack_rejects)
