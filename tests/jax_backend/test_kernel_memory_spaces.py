@@ -87,3 +87,21 @@ def test_a_pl_kernel_result_typed_vmem_is_computed_in_vmem():
                    mesh=pltpu.TensorCoreMesh(axis_name="core", num_cores=1))
   with pj.virtual_tpu("v5e"):
     np.testing.assert_array_equal(np.asarray(jax.jit(call)(x)), x * 2 + 1)
+
+
+def test_a_pallas_call_smem_block_is_a_window_with_its_squeezed_dims_dropped():
+  """SMEM BlockSpecs window their array per grid step, as Mosaic pipelines them (JAX's interpret mode
+  agrees); a squeezed dim leaves the block ref: a (squeezed, 1, 2) block of a (3, 1, 2) array is
+  uint32[1, 2] (JAX's test_squeezed_blockspec read a squeezed key block so). Before session 21 palace
+  gave every step the whole array."""
+  x = np.arange(6, dtype=np.uint32).reshape(3, 1, 2) * 7
+
+  def kernel(k_ref, o_ref):
+    o_ref[...] = jnp.zeros(o_ref.shape, jnp.uint32) + k_ref[0, 1] * 100 + k_ref[0, 0]
+  with pj.virtual_tpu("v5e"):
+    got = np.asarray(pl.pallas_call(
+        kernel, grid=(3,),
+        in_specs=[pl.BlockSpec((pl.squeezed, 1, 2), lambda i: (i, 0, 0), memory_space=pltpu.SMEM)],
+        out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((24, 128), jnp.uint32))(x))
+  np.testing.assert_array_equal(got[::8, 0], x[:, 0, 1] * 100 + x[:, 0, 0])
