@@ -3,6 +3,7 @@ grid-free pallas_call's VMEM result aliased to its input is one buffer with it, 
 SMEM / VMEM handed to pl.kernel are staged and written back, and pl.kernel results typed pltpu.VMEM
 are computed in VMEM. Each against a NumPy reference."""
 import numpy as np
+import pytest
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +11,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import palace.jax as pj
+from palace import UnsupportedError
 from async_kernels import ANY, DMA_SEM, SEM, _done, _run_kernel, _x, copy_between_kernels
 
 
@@ -105,3 +107,17 @@ def test_a_pallas_call_smem_block_is_a_window_with_its_squeezed_dims_dropped():
         out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
         out_shape=jax.ShapeDtypeStruct((24, 128), jnp.uint32))(x))
   np.testing.assert_array_equal(got[::8, 0], x[:, 0, 1] * 100 + x[:, 0, 0])
+
+
+def test_pinned_host_memory_is_refused_with_the_reason():
+  """pl.HOST operands: palace has no host-link (PCIe) bandwidth or latency to time their DMAs."""
+  def kernel(x_host_ref, y_ref):
+    def body(sem):
+      pltpu.async_copy(x_host_ref, y_ref, sem).wait()
+    pl.run_scoped(body, pltpu.SemaphoreType.DMA)
+  x = np.zeros((8, 128), np.float32)
+  with pj.virtual_tpu("v5e"), pytest.raises(UnsupportedError, match=r"pl.HOST, pinned host memory\) of "
+                                            r"args\[0\] is not modelled: its DMAs cross the host link"):
+    pl.pallas_call(kernel, in_specs=[pl.BlockSpec(memory_space=pl.HOST)],
+                   out_specs=pl.BlockSpec(memory_space=pl.ANY),
+                   out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32))(x)
