@@ -616,7 +616,22 @@ def _descriptor(eqn):
   return descriptor, (views if not remote and r_dst_sem is not None else None)
 
 
-@rule("dma_start", compiles=True, schedule=_copy, operands=DMA)
+def _dma_rejects(eqn) -> None:
+  """A DMA of bool refs: Mosaic refuses it ('DMAs with bool dtypes are not supported.', which JAX's
+  test_bool_dma_not_implemented expects from a TPU, before the device id's checks); a pallas_call's
+  bool blocks are not such DMAs."""
+  g = DMA.groups(eqn)
+  for part in ("src", "dst"):
+    for v in g.get(part, ()):
+      aval = v.aval
+      if getattr(aval, "inner_aval", None) is not None and np.dtype(aval.dtype) == np.bool_:
+        raise UnsupportedError(
+            f"DMAs with bool dtypes are not supported. (palace.jax: the {part} of dma_start at kernel "
+            f"line {source_line(eqn)} is a bool ref, which the TPU compiler refuses to copy.) Fix: "
+            f"copy the mask as int32 (x.astype(jnp.int32)) and compare it after the copy.")
+
+
+@rule("dma_start", compiles=True, schedule=_copy, operands=DMA, rejects=_dma_rejects)
 def _dma_start(eqn):
   descriptor, views = _descriptor(eqn)
   priority, add = int(eqn.params.get("priority", 0)), bool(eqn.params.get("add"))
