@@ -15,7 +15,7 @@ bfloat16 = np.dtype(ml_dtypes.bfloat16)
 float16 = np.dtype(np.float16)
 float8_e4m3fn = np.dtype(ml_dtypes.float8_e4m3fn)
 float8_e5m2 = np.dtype(ml_dtypes.float8_e5m2)
-float8_e4m3b11fnuz = np.dtype(ml_dtypes.float8_e4m3b11fnuz)   # not on every chip: check_on_chip
+float8_e4m3b11fnuz = np.dtype(ml_dtypes.float8_e4m3b11fnuz)   # not on every chip: hw.check_dtype
 int8, int16, int32 = np.dtype(np.int8), np.dtype(np.int16), np.dtype(np.int32)
 uint8, uint16, uint32 = np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.uint32)
 bool_ = np.dtype(np.bool_)
@@ -87,26 +87,12 @@ def check_kernel_dtype(dtype, what: str, hint: str = "") -> np.dtype:
   return d
 
 
-def check_on_chip(dtype, chip, what: str) -> None:
-  """A kernel-supported `dtype` that `chip` (a hw.ChipSpec) lacks, from its `unsupported_dtypes`
-  (float8_e4m3b11fnuz on v4 and 7x): ShapeError naming `what`, the chip and the chips that have it."""
-  d = np.dtype(dtype)
-  if d.name not in chip.unsupported_dtypes:
-    return
-  from palace._src import hw   # (L1; imported late: dtypes is L0)
-  others = [c.name for c in hw.CHIPS.values() if d.name not in c.unsupported_dtypes]
-  raise ShapeError(f"{what} has dtype {d}, which TPU {chip.name} kernels do not support (its compiler "
-                   f"has no {d}; {', '.join(others)} have it: ChipSpec.unsupported_dtypes); expected "
-                   f"another TPU dtype. Fix: use another dtype (e.g. cast to jnp.float32), or run on "
-                   f"{' / '.join(others)}.")
-
-
 def is_float(d: np.dtype) -> bool:
   return d.kind == "f" or d in NARROW_FLOATS
 
 
 NARROW_FLOATS = frozenset({bfloat16, float8_e4m3fn, float8_e5m2, float8_e4m3b11fnuz})  # (NumPy kind "V")
-CHIP_DEPENDENT = frozenset({float8_e4m3b11fnuz})   # dtypes some chip lacks (ChipSpec.unsupported_dtypes)
+CHIP_DEPENDENT = frozenset({float8_e4m3b11fnuz})   # dtypes some chip lacks (hw.check_dtype)
 
 
 def is_int(d: np.dtype) -> bool:

@@ -13,7 +13,9 @@ from __future__ import annotations
 import dataclasses
 from types import MappingProxyType
 
-from palace._src.errors import UsageError
+import numpy as np
+
+from palace._src.errors import ShapeError, UsageError
 from palace._src.validate import as_int
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
@@ -368,6 +370,19 @@ V4, V5P, V6E, V7X = (dataclasses.replace(c, sources=MappingProxyType({
     for c in (V4, V5P, V6E, V7X))
 
 CHIPS = MappingProxyType({c.name: c for c in (V4, V5E, V5P, V6E, V7X)})
+
+
+def check_dtype(chip: ChipSpec, dtype, what: str) -> None:
+  """A palace dtype that `chip` lacks (`ChipSpec.unsupported_dtypes`: float8_e4m3b11fnuz on v4 and
+  7x): ShapeError naming `what`, the chip and the chips that have it."""
+  d = np.dtype(dtype)
+  if d.name not in chip.unsupported_dtypes:
+    return
+  others = [c.name for c in CHIPS.values() if d.name not in c.unsupported_dtypes]
+  raise ShapeError(f"{what} has dtype {d}, which TPU {chip.name} kernels do not support (its compiler "
+                   f"has no {d}; {', '.join(others)} have it: ChipSpec.unsupported_dtypes); expected "
+                   f"another TPU dtype. Fix: use another dtype (e.g. cast to jnp.float32), or run on "
+                   f"{' / '.join(others)}.")
 _ALIASES = {"v5litepod": "v5e", "v5lite": "v5e", "v6": "v6e", "trillium": "v6e", "v7x": "7x",
             "tpu7x": "7x", "ironwood": "7x", "v7": "7x"}
 DEFAULT_CHIP = "v5e"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from palace._src import dtypes as dt
+from palace._src import hw
 from palace._src import executor, validate
 from palace._src.errors import ShapeError, UsageError
 from palace._src.lang.array import Array
@@ -175,7 +176,7 @@ def _dtype_arg(dtype, api: str) -> np.dtype:
   if d in dt.CHIP_DEPENDENT:
     ex = executor.maybe_current()
     if ex is not None:
-      dt.check_on_chip(d, ex.chip, f"{api} {ex.where()} ({user_frame_summary()})")
+      hw.check_dtype(ex.chip, d, f"{api} {ex.where()} ({user_frame_summary()})")
   return d
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from palace._src import dtypes as dt
+from palace._src import hw
 from palace._src import executor
 from palace._src.errors import ShapeError, UnsupportedError
 from palace._src.executor import OpClass
@@ -84,7 +85,7 @@ def _check_int2_shape(p: np.dtype, shape, api: str) -> None:
 def _check_field_on_chip(p: np.dtype, api: str) -> None:
   ex = executor.maybe_current()
   if ex is not None:
-    dt.check_on_chip(p, ex.chip, f"{api} {ex.where()} ({user_frame_summary()})")
+    hw.check_dtype(ex.chip, p, f"{api} {ex.where()} ({user_frame_summary()})")
 
 
 def check_pack(d, packed_dtype, count: int, shape=None) -> None:

@@ -11,6 +11,7 @@ import numpy as np
 
 from palace._src import blas
 from palace._src import dtypes as dt
+from palace._src import hw
 from palace._src.core import (CompilerParams, InterpretParams, MemoryRef, MemorySpace,
                               ShapeDtypeStruct)
 from palace._src import validate
@@ -354,16 +355,16 @@ def check_hbm(kname: str, arrays, outs, scratch, chip=None) -> None:
   (inputs), `outs` {name: (shape, dtype, space)}, `scratch` the scratch types (HBM / ANY ones count).
   Called before any output is allocated, so a launch that cannot fit fails with the numbers instead of
   allocating host memory (timing_only too). Every operand's dtype is checked against the chip first
-  (dtypes.check_on_chip: float8_e4m3b11fnuz is not on every chip)."""
+  (hw.check_dtype: float8_e4m3b11fnuz is not on every chip)."""
   spec = active_tpu().chip if chip is None else chip
   for name, a in arrays.items():
-    dt.check_on_chip(a.dtype, spec, name)
+    hw.check_dtype(spec, a.dtype, name)
   for name, (_, dtype, _) in outs.items():
-    dt.check_on_chip(dtype, spec, name)
+    hw.check_dtype(spec, dtype, name)
   leaves = tree_flatten(scratch, is_leaf=lambda x: isinstance(x, MemoryRef))[0]
   for i, t in enumerate(leaves):
     if isinstance(t, MemoryRef):
-      dt.check_on_chip(t.dtype, spec, f"scratch[{i}]")
+      hw.check_dtype(spec, t.dtype, f"scratch[{i}]")
   sizes = [(name, a.nbytes) for name, a in arrays.items()]
   sizes += [(name, prod(shape) * np.dtype(dtype).itemsize) for name, (shape, dtype, space) in outs.items()
             if space in (MemorySpace.ANY, MemorySpace.HBM)]
