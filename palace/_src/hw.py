@@ -375,7 +375,10 @@ CHIPS = MappingProxyType({c.name: c for c in (V4, V5E, V5P, V6E, V7X)})
 def check_dtype(chip: ChipSpec, dtype, what: str) -> None:
   """A palace dtype that `chip` lacks (`ChipSpec.unsupported_dtypes`: float8_e4m3b11fnuz on v4 and
   7x): ShapeError naming `what`, the chip and the chips that have it."""
-  d = np.dtype(dtype)
+  try:
+    d = np.dtype(dtype)
+  except TypeError:   # an extended JAX dtype (a PRNG key's): not one of palace's dtypes
+    return
   if d.name not in chip.unsupported_dtypes:
     return
   others = [c.name for c in CHIPS.values() if d.name not in c.unsupported_dtypes]

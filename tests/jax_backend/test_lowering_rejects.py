@@ -73,3 +73,18 @@ def test_a_dma_of_bool_refs_is_refused_at_lowering_but_bool_blocks_are_not():
   with pj.virtual_tpu("v5e"):
     got = pl.pallas_call(where, out_shape=jax.ShapeDtypeStruct(mask.shape, jnp.int32))(mask)
   np.testing.assert_array_equal(np.asarray(got), np.where(mask, 1, 2))
+
+
+def test_a_dma_of_a_key_ref_is_not_taken_for_a_bool_one():
+  """The bool-DMA check reads a ref's dtype without NumPy (a PRNG key's has none): a key copied with
+  sync_copy keeps its key data (JAX's test_output_physical_key)."""
+  key = pltpu.to_pallas_key(jax.random.key(0, impl="threefry2x32"))
+
+  def body(x_ref, o_ref):
+    pltpu.sync_copy(x_ref, o_ref)
+  with pj.virtual_tpu("v5e"):
+    y = jax.jit(lambda x: pl.pallas_call(
+        body, out_shape=jax.ShapeDtypeStruct((), jax.typeof(x).dtype),
+        in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM)],
+        out_specs=pl.BlockSpec(memory_space=pltpu.SMEM))(x))(key)
+  np.testing.assert_array_equal(jax.random.key_data(y), jax.random.key_data(key))

@@ -624,7 +624,7 @@ def _dma_rejects(eqn) -> None:
   for part in ("src", "dst"):
     for v in g.get(part, ()):
       aval = v.aval
-      if getattr(aval, "inner_aval", None) is not None and np.dtype(aval.dtype) == np.bool_:
+      if getattr(aval, "inner_aval", None) is not None and str(aval.dtype) == "bool":   # (a key: no np dtype)
         raise UnsupportedError(
             f"DMAs with bool dtypes are not supported. (palace.jax: the {part} of dma_start at kernel "
             f"line {source_line(eqn)} is a bool ref, which the TPU compiler refuses to copy.) Fix: "
