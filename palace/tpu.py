@@ -8,6 +8,7 @@ from palace._src.lang.tpu_primitives import (AsyncCopyDescriptor, async_copy, as
                                              prng_random_bits, prng_seed, roll, run_on_first_core,
                                              store, sync_copy, trace_value)
 from palace._src.lang.packing import pack_elementwise, stochastic_round, unpack_elementwise
+from palace._src.lang.mxu_fifo import matmul_lhs_fifo, matmul_pop_fifo, matmul_push_rhs
 from palace._src.launch.host import with_memory_space_constraint
 from palace._src.emit_pipeline import PipelineStep, emit_pipeline, emit_pipeline_with_allocations
 

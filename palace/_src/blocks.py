@@ -36,7 +36,7 @@ class BlockMapping:
   dtype: object
   dims: tuple                 # per array dim: (kind, size, pad_lo)
   index_map: Callable | None
-  space: MemorySpace          # VMEM (pipelined), SMEM (whole array), ANY (raw HBM ref)
+  space: MemorySpace          # VMEM (pipelined), SMEM (whole array staged, else windowed), ANY (raw HBM)
   buffer_count: int
   use_lookahead: bool
   # the index map is a pure function of the grid indices that charges no work (palace's own, of a
@@ -66,6 +66,9 @@ class BlockMapping:
                                    for (kind, size, _), dim in zip(dims, shape)])
     derived["full_slices"] = tuple([slice(0, dim) if size == dim else None
                                     for (_, size, _), dim in zip(dims, shape)])
+    # the block is the whole array, every dim kept: an SMEM one is staged whole around the pipeline
+    # (launch/plan.grid_stages), any other SMEM block is windowed through SMEM buffers (pipeline._mode)
+    derived["whole_array"] = all([kind == BLOCKED and size == dim for (kind, size, _), dim in zip(dims, shape)])
 
   def buffer_types(self, n: int, space: MemorySpace) -> tuple:
     """((n block buffer types in `space`), their DMA semaphore array type): immutable, so made once

@@ -15,14 +15,16 @@ bfloat16 = np.dtype(ml_dtypes.bfloat16)
 float16 = np.dtype(np.float16)
 float8_e4m3fn = np.dtype(ml_dtypes.float8_e4m3fn)
 float8_e5m2 = np.dtype(ml_dtypes.float8_e5m2)
+float8_e4m3b11fnuz = np.dtype(ml_dtypes.float8_e4m3b11fnuz)   # not on every chip: hw.check_dtype
 int8, int16, int32 = np.dtype(np.int8), np.dtype(np.int16), np.dtype(np.int32)
 uint8, uint16, uint32 = np.dtype(np.uint8), np.dtype(np.uint16), np.dtype(np.uint32)
 bool_ = np.dtype(np.bool_)
 int4 = np.dtype(ml_dtypes.int4)
 uint4 = np.dtype(ml_dtypes.uint4)
+int2, uint2 = np.dtype(ml_dtypes.int2), np.dtype(ml_dtypes.uint2)   # field types of pack/unpack only
 
-SUPPORTED = (float32, bfloat16, float16, float8_e4m3fn, float8_e5m2, int8, int16, int32, uint8,
-             uint16, uint32, bool_, int4, uint4)
+SUPPORTED = (float32, bfloat16, float16, float8_e4m3fn, float8_e5m2, float8_e4m3b11fnuz, int8, int16,
+             int32, uint8, uint16, uint32, bool_, int4, uint4)
 _SUPPORTED_SET = frozenset(SUPPORTED)
 _64BIT = frozenset(np.dtype(t) for t in (np.float64, np.int64, np.uint64, np.complex64,
                                            np.complex128))
@@ -86,20 +88,26 @@ def check_kernel_dtype(dtype, what: str, hint: str = "") -> np.dtype:
 
 
 def is_float(d: np.dtype) -> bool:
-  return d.kind == "f" or d in (bfloat16, float8_e4m3fn, float8_e5m2)
+  return d.kind == "f" or d in NARROW_FLOATS
+
+
+NARROW_FLOATS = frozenset({bfloat16, float8_e4m3fn, float8_e5m2, float8_e4m3b11fnuz})  # (NumPy kind "V")
+CHIP_DEPENDENT = frozenset({float8_e4m3b11fnuz})   # dtypes some chip lacks (hw.check_dtype)
 
 
 def is_int(d: np.dtype) -> bool:
-  return d.kind in "iu" or d in (int4, uint4)
+  return d.kind in "iu" or d in (int4, uint4, int2, uint2)
 
 
 def is_signed_int(d: np.dtype) -> bool:
-  return d.kind == "i" or d == int4
+  return d.kind == "i" or d in (int4, int2)
 
 
 def bits(d: np.dtype) -> int:
   if d in (int4, uint4):
     return 4
+  if d in (int2, uint2):
+    return 2
   if d == bool_:
     return 32  # masks occupy 32-bit vregs on the VPU
   return d.itemsize * 8
@@ -111,7 +119,7 @@ def packing(d: np.dtype) -> int:
 
 
 # JAX's promotion lattice restricted to TPU types, as explicit pairs (x64 disabled).
-_FLOAT_ORDER = {float8_e4m3fn: 0, float8_e5m2: 0, bfloat16: 1, float16: 1, float32: 2}
+_FLOAT_ORDER = {float8_e4m3fn: 0, float8_e5m2: 0, float8_e4m3b11fnuz: 0, bfloat16: 1, float16: 1, float32: 2}
 _INT_RANK = {int4: 0, int8: 1, int16: 2, int32: 3}
 _UINT_RANK = {uint4: 0, uint8: 1, uint16: 2, uint32: 3}
 _INT_BY_RANK = [int4, int8, int16, int32]
@@ -119,7 +127,7 @@ _INT_BY_RANK = [int4, int8, int16, int32]
 
 # fp8 and 4-bit types have no implicit promotion edges in JAX: mixing them with another type (other than
 # bool, or an integer for fp8) raises TypePromotionError; users must cast explicitly.
-_FP8 = frozenset({float8_e4m3fn, float8_e5m2})
+_FP8 = frozenset({float8_e4m3fn, float8_e5m2, float8_e4m3b11fnuz})
 _ISOLATED = _FP8 | {int4, uint4}
 
 

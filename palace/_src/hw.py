@@ -13,7 +13,9 @@ from __future__ import annotations
 import dataclasses
 from types import MappingProxyType
 
-from palace._src.errors import UsageError
+import numpy as np
+
+from palace._src.errors import ShapeError, UsageError
 from palace._src.validate import as_int
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
@@ -70,6 +72,11 @@ class ChipSpec:
   dma_local_latency_cycles: int = 64        # VMEM<->SMEM/VMEM copy completion latency
   # MXU operand pairs Mosaic rejects on this chip: ((lhs class, rhs class), ...) -> compile error
   mxu_rejected_operand_classes: frozenset = frozenset()
+  # names of palace's kernel dtypes (dtypes.SUPPORTED) this chip's compiler lacks -> ShapeError
+  unsupported_dtypes: frozenset = frozenset()
+  # the MXU result FIFO of pltpu.matmul_lhs_fifo, bounded in 8 x 128 result vregs: (known to fit,
+  # known to overflow); () when the chip has none (lang/mxu_fifo.py)
+  mxu_result_fifo_vregs: tuple = ()
   # selectable clocks (P-states, index -> Hz); empty when the chip has one clock. `p_state` is the
   # index `clock_hz` comes from (None: no P-states)
   p_state_clocks_hz: tuple = ()
@@ -162,6 +169,18 @@ _COMMON_SOURCES = _mp(
                                  "to compile on TPU v4 ('Unsupported matmul RHS type on target: "
                                  "vector<128x128xi8>'); [tpu_info] is_matmul_supported has no "
                                  "integer LHS on v4 (f32/bf16 LHS only). None known on other chips",
+    unsupported_dtypes="float8_e4m3b11fnuz on v4 and 7x: [tpu_info] is_matmul_supported takes it on "
+                       "v5e/v5p/v6e only, and JAX's tests/pallas/tpu_pallas_test.py "
+                       "test_mixed_precision_dot skips 'float8_e4m3b11fnuz not supported on TPU "
+                       "generations <= 4' and '... not supported on TPU v7x'. int2 / uint2 (field "
+                       "types of pack/unpack_elementwise) on v4: JAX's tests/pallas/tpu_ops_test.py "
+                       "skips its int2 packs below v5 ('Requires TPU v5+'). None known otherwise",
+    mxu_result_fifo_vregs="not published; bounded from JAX's tests/pallas/tpu_pallas_test.py "
+                          "ExplicitMXUTest (v5e and later): test_fifo pops after each push and expects "
+                          "success with results of up to 4 vregs (int8: 32 x 128 int32), test_fifo_overflow "
+                          "expects 'FIFO is full' from 32 queued (16, 128) float32 results (64 vregs); 7x: "
+                          "none ('MatmulLhsFifoOp not supported on TPU generations >= 7'); v4: none "
+                          "known (the tests need v5e or later)",
     num_tensorcores_per_device="[tpu_info]; 7x: one TC per logical device [tpu_info]",
     megacore="[details] megacore on v4 and v5p only",
     vmem_bytes="[tpu_info] vmem_capacity_bytes", smem_bytes="[tpu_info] smem_capacity_bytes",
@@ -229,6 +248,7 @@ V4 = ChipSpec(
     latch_cadence_cycles=_mp(f32=2, bf16=4, int8=4), mxu_latency_cycles=_mp(f32=131, bf16=131, int8=121),
     supported_mxu_classes=frozenset({"f32", "bf16", "int8"}), sublanes=8, lanes=128, vpu_alus_per_lane=2,
     mxu_rejected_operand_classes=frozenset({("int8", "int8")}),
+    unsupported_dtypes=frozenset({"float8_e4m3b11fnuz", "int2", "uint2"}),
     sparsecore=None, ici_link_bytes_per_s_one_way=4.5e10, ici_hop_latency_ns=1000, ici_dims=3,
     ici_wraparound_min_axis=4, grid_step_overhead_cycles=_STEP_OVERHEAD_CYCLES,
     dma_wait_sync_cycles=_DMA_WAIT_SYNC_CYCLES, dma_issue_cycles=_DMA_ISSUE_CYCLES, scalar_op_cycles=1,
@@ -246,7 +266,8 @@ V5E = ChipSpec(
     latch_cadence_cycles=_mp(f32=2, bf16=4, int8=4, fp8=4),
     mxu_latency_cycles=_mp(f32=131, bf16=131, int8=121, fp8=131),
     supported_mxu_classes=frozenset({"f32", "bf16", "int8", "fp8"}), sublanes=8, lanes=128,
-    vpu_alus_per_lane=4, sparsecore=None, ici_link_bytes_per_s_one_way=4.5e10, ici_hop_latency_ns=1000,
+    mxu_result_fifo_vregs=(4, 64), vpu_alus_per_lane=4, sparsecore=None,
+    ici_link_bytes_per_s_one_way=4.5e10, ici_hop_latency_ns=1000,
     ici_dims=2, ici_wraparound_min_axis=16, grid_step_overhead_cycles=_STEP_OVERHEAD_CYCLES,
     dma_wait_sync_cycles=_DMA_WAIT_SYNC_CYCLES, dma_issue_cycles=_DMA_ISSUE_CYCLES, scalar_op_cycles=1,
     launch_overhead_s=_LAUNCH_OVERHEAD_S,
@@ -280,6 +301,7 @@ V7X = dataclasses.replace(
     vmatmul_cadence_cycles=_mp(f32=4, bf16=8, fp8=8), latch_cadence_cycles=_mp(f32=2, bf16=4, fp8=4),
     mxu_latency_cycles=_mp(f32=211, bf16=211, fp8=204),
     supported_mxu_classes=frozenset({"f32", "bf16", "fp8"}),
+    unsupported_dtypes=frozenset({"float8_e4m3b11fnuz"}), mxu_result_fifo_vregs=(),
     sparsecore=SparseCoreSpec(2, 16, 16, 512 * KiB, 8 * MiB, 32),
     ici_link_bytes_per_s_one_way=9e10, ici_dims=3, ici_wraparound_min_axis=4)
 
@@ -372,6 +394,24 @@ def libtpu_at_least(version: str) -> bool:
   def parse(v: str) -> tuple:
     return tuple(int(part) for part in v.split("."))
   return parse(COMPILER.libtpu_version) >= parse(version)
+
+
+def check_dtype(chip: ChipSpec, dtype, what: str) -> None:
+  """A palace dtype that `chip` lacks (`ChipSpec.unsupported_dtypes`: float8_e4m3b11fnuz on v4 and
+  7x): ShapeError naming `what`, the chip and the chips that have it."""
+  try:
+    d = np.dtype(dtype)
+  except TypeError:   # an extended JAX dtype (a PRNG key's): not one of palace's dtypes
+    return
+  if d.name not in chip.unsupported_dtypes:
+    return
+  others = [c.name for c in CHIPS.values() if d.name not in c.unsupported_dtypes]
+  raise ShapeError(f"{what} has dtype {d}, which TPU {chip.name} kernels do not support (its compiler "
+                   f"has no {d}; {', '.join(others)} have it: ChipSpec.unsupported_dtypes); expected "
+                   f"another TPU dtype. Fix: use another dtype (e.g. cast to jnp.float32), or run on "
+                   f"{' / '.join(others)}.")
+
+
 _ALIASES = {"v5litepod": "v5e", "v5lite": "v5e", "v6": "v6e", "trillium": "v6e", "v7x": "7x",
             "tpu7x": "7x", "ironwood": "7x", "v7": "7x"}
 DEFAULT_CHIP = "v5e"

@@ -190,7 +190,8 @@ _RAW, _ALIAS, _BUFFERED = "raw", "alias", "buffered"
 def _mode(m: BlockMapping, ref, smem_blocks: bool) -> str:
   """raw: the body gets the ref itself; alias: a view of a source already in the block's memory;
   buffered: DMA'd into scoped block buffers."""
-  if not (m.space == MemorySpace.VMEM or (smem_blocks and m.space == MemorySpace.SMEM)):
+  if not (m.space == MemorySpace.VMEM or
+          (m.space == MemorySpace.SMEM and (smem_blocks or not m.whole_array))):
     return _RAW
   if isinstance(ref, Ref) and ref.buf.memory_space == m.space:
     return _ALIAS

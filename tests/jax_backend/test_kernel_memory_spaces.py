@@ -3,6 +3,7 @@ grid-free pallas_call's VMEM result aliased to its input is one buffer with it, 
 SMEM / VMEM handed to pl.kernel are staged and written back, and pl.kernel results typed pltpu.VMEM
 are computed in VMEM. Each against a NumPy reference."""
 import numpy as np
+import pytest
 
 import jax
 import jax.numpy as jnp
@@ -10,6 +11,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import palace.jax as pj
+from palace import UnsupportedError
 from async_kernels import ANY, DMA_SEM, SEM, _done, _run_kernel, _x, copy_between_kernels
 
 
@@ -87,3 +89,35 @@ def test_a_pl_kernel_result_typed_vmem_is_computed_in_vmem():
                    mesh=pltpu.TensorCoreMesh(axis_name="core", num_cores=1))
   with pj.virtual_tpu("v5e"):
     np.testing.assert_array_equal(np.asarray(jax.jit(call)(x)), x * 2 + 1)
+
+
+def test_a_pallas_call_smem_block_is_a_window_with_its_squeezed_dims_dropped():
+  """SMEM BlockSpecs window their array per grid step, as Mosaic pipelines them (JAX's interpret mode
+  agrees); a squeezed dim leaves the block ref: a (squeezed, 1, 2) block of a (3, 1, 2) array is
+  uint32[1, 2] (JAX's test_squeezed_blockspec read a squeezed key block so). Before session 21 palace
+  gave every step the whole array."""
+  x = np.arange(6, dtype=np.uint32).reshape(3, 1, 2) * 7
+
+  def kernel(k_ref, o_ref):
+    o_ref[...] = jnp.zeros(o_ref.shape, jnp.uint32) + k_ref[0, 1] * 100 + k_ref[0, 0]
+  with pj.virtual_tpu("v5e"):
+    got = np.asarray(pl.pallas_call(
+        kernel, grid=(3,),
+        in_specs=[pl.BlockSpec((pl.squeezed, 1, 2), lambda i: (i, 0, 0), memory_space=pltpu.SMEM)],
+        out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+        out_shape=jax.ShapeDtypeStruct((24, 128), jnp.uint32))(x))
+  np.testing.assert_array_equal(got[::8, 0], x[:, 0, 1] * 100 + x[:, 0, 0])
+
+
+def test_pinned_host_memory_is_refused_with_the_reason():
+  """pl.HOST operands: palace has no host-link (PCIe) bandwidth or latency to time their DMAs."""
+  def kernel(x_host_ref, y_ref):
+    def body(sem):
+      pltpu.async_copy(x_host_ref, y_ref, sem).wait()
+    pl.run_scoped(body, pltpu.SemaphoreType.DMA)
+  x = np.zeros((8, 128), np.float32)
+  with pj.virtual_tpu("v5e"), pytest.raises(UnsupportedError, match=r"pl.HOST, pinned host memory\) of "
+                                            r"args\[0\] is not modelled: its DMAs cross the host link"):
+    pl.pallas_call(kernel, in_specs=[pl.BlockSpec(memory_space=pl.HOST)],
+                   out_specs=pl.BlockSpec(memory_space=pl.ANY),
+                   out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32))(x)

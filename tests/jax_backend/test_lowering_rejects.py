@@ -53,3 +53,38 @@ def test_an_error_while_the_kernel_runs_still_reaches_the_caller_wrapped_by_xla(
                    in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM), pl.BlockSpec()])(
         jnp.array([4], jnp.int32), x)
   assert type(e.value).__name__ == "JaxRuntimeError"
+
+
+def test_a_dma_of_bool_refs_is_refused_at_lowering_but_bool_blocks_are_not():
+  """Mosaic: 'DMAs with bool dtypes are not supported.' (JAX's test_bool_dma_not_implemented); a
+  pallas_call's bool VMEM blocks still carry the mask."""
+  mask = np.arange(8 * 128).reshape(8, 128) % 3 == 0
+
+  def dma(x_hbm, o_hbm):
+    pl.run_scoped(lambda sem: pltpu.async_copy(x_hbm, o_hbm, sem).wait(), pltpu.SemaphoreType.DMA)
+  with pj.virtual_tpu("v5e"), pytest.raises(UnsupportedError, match=r"DMAs with bool dtypes are not "
+                                            r"supported. \(palace.jax: the src of dma_start"):
+    pl.pallas_call(dma, in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                   out_specs=pl.BlockSpec(memory_space=pl.ANY),
+                   out_shape=jax.ShapeDtypeStruct(mask.shape, jnp.bool_))(mask)
+
+  def where(m_ref, o_ref):
+    o_ref[...] = jnp.where(m_ref[...], 1, 2)
+  with pj.virtual_tpu("v5e"):
+    got = pl.pallas_call(where, out_shape=jax.ShapeDtypeStruct(mask.shape, jnp.int32))(mask)
+  np.testing.assert_array_equal(np.asarray(got), np.where(mask, 1, 2))
+
+
+def test_a_dma_of_a_key_ref_is_not_taken_for_a_bool_one():
+  """The bool-DMA check reads a ref's dtype without NumPy (a PRNG key's has none): a key copied with
+  sync_copy keeps its key data (JAX's test_output_physical_key)."""
+  key = pltpu.to_pallas_key(jax.random.key(0, impl="threefry2x32"))
+
+  def body(x_ref, o_ref):
+    pltpu.sync_copy(x_ref, o_ref)
+  with pj.virtual_tpu("v5e"):
+    y = jax.jit(lambda x: pl.pallas_call(
+        body, out_shape=jax.ShapeDtypeStruct((), jax.typeof(x).dtype),
+        in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM)],
+        out_specs=pl.BlockSpec(memory_space=pltpu.SMEM))(x))(key)
+  np.testing.assert_array_equal(jax.random.key_data(y), jax.random.key_data(key))

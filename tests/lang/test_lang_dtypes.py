@@ -234,3 +234,44 @@ def test_issubdtype_knows_tpu_types():
   assert jnp.issubdtype(jnp.uint8, jnp.unsignedinteger) and not jnp.issubdtype(jnp.uint8, jnp.signedinteger)
   assert jnp.issubdtype(jnp.bfloat16, jnp.bfloat16) and not jnp.issubdtype(jnp.bfloat16, jnp.float32)
   assert not jnp.issubdtype(jnp.bool_, jnp.integer)
+
+
+def _b11_values():
+  """Every finite float8_e4m3b11fnuz value (0x80 is its only NaN), ascending, as float32."""
+  v = np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3b11fnuz).astype(np.float32)
+  return np.unique(v[np.isfinite(v)])
+
+
+@pytest.mark.parametrize("chip", ["v5e", "v5p", "v6e"])
+def test_float8_e4m3b11fnuz_is_a_kernel_dtype_where_the_chip_has_it(chip):
+  """[tpu_info] is_matmul_supported takes float8_e4m3b11fnuz on v5e / v5p / v6e: operands of it load,
+  convert (as ml_dtypes rounds) and store bit-exactly."""
+  b11 = jnp.float8_e4m3b11fnuz
+  vals = _b11_values()
+  x = np.resize(vals, (8, 128)).astype(b11)
+  y = np.linspace(-40, 40, 8 * 128, dtype=np.float32).reshape(8, 128)
+
+  def kernel(x_ref, y_ref, o_ref, c_ref):
+    o_ref[...] = x_ref[...].astype(jnp.float32) * 2
+    c_ref[...] = y_ref[...].astype(b11)
+  with pl.virtual_tpu(chip):
+    out, conv = pl.pallas_call(kernel, out_shape=(pl.ShapeDtypeStruct(x.shape, jnp.float32),
+                                                  pl.ShapeDtypeStruct(y.shape, b11)))(x, y)
+  np.testing.assert_array_equal(out, np.resize(vals, (8, 128)) * 2)
+  assert conv.dtype == np.dtype(b11)
+  np.testing.assert_array_equal(conv.view(np.uint8), y.astype(b11).view(np.uint8))   # overflow: NaN
+
+
+@pytest.mark.parametrize("chip", ["v4", "7x"])
+def test_float8_e4m3b11fnuz_is_refused_on_chips_without_it(chip):
+  x = np.zeros((8, 128), ml_dtypes.float8_e4m3b11fnuz)
+  with pl.virtual_tpu(chip), pytest.raises(
+      pl.ShapeError, match=rf"args\[0\] has dtype float8_e4m3b11fnuz, which TPU {chip} kernels do not "
+                           rf"support .*v5e, v5p, v6e have it"):
+    pl.pallas_call(lambda x_ref, o_ref: o_ref.__setitem__(..., x_ref[...].astype(jnp.float32)),
+                   out_shape=pl.ShapeDtypeStruct(x.shape, jnp.float32))(x)
+
+  def cast(x_ref, o_ref):   # a cast inside the kernel too
+    o_ref[...] = x_ref[...].astype(jnp.float8_e4m3b11fnuz).astype(jnp.float32)
+  with pl.virtual_tpu(chip), pytest.raises(pl.ShapeError, match=rf"astype .*which TPU {chip} kernels"):
+    pl.pallas_call(cast, out_shape=pl.ShapeDtypeStruct(x.shape, jnp.float32))(x.astype(np.float32))

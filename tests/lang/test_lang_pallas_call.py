@@ -447,3 +447,21 @@ def test_index_maps_may_use_jnp_and_lax_on_grid_indices(x):
                        out_specs=pl.BlockSpec((8, 256), lambda i: (i, 0)))(x)
   rows = [min(i, 2) + i % 2 for i in range(5)]
   np.testing.assert_array_equal(out, np.concatenate([x[8 * r:8 * r + 8] for r in rows]))
+
+
+def test_smem_blocks_are_windowed_per_grid_step():
+  """An SMEM BlockSpec smaller than its array is a window, as Mosaic pipelines it: step i sees row i
+  (before session 21 every step saw the whole array, row 0 first: a wrong answer). A squeezed dim
+  leaves the block ref."""
+  x = np.arange(4 * 128, dtype=np.int32).reshape(4, 128)
+
+  def kernel(x_ref, o_ref):
+    o_ref[...] = jnp.zeros(o_ref.shape, jnp.int32) + x_ref[0, 1] + x_ref.shape[0] * 1000
+
+  def squeezed(x_ref, o_ref):
+    o_ref[...] = jnp.zeros(o_ref.shape, jnp.int32) + x_ref[1] + len(x_ref.shape) * 1000
+  for k, spec, rows in ((kernel, pl.BlockSpec((1, 128), lambda i: (i, 0), memory_space=pltpu.SMEM), 1),
+                        (squeezed, pl.BlockSpec((None, 128), lambda i: (i, 0), memory_space=pltpu.SMEM), 1)):
+    out = pl.pallas_call(k, grid=(4,), in_specs=[spec], out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+                         out_shape=pl.ShapeDtypeStruct((32, 128), jnp.int32))(x)
+    np.testing.assert_array_equal(out[::8, 0], x[:, 1] + rows * 1000)

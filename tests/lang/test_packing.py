@@ -57,3 +57,15 @@ def test_stochastic_round_to_bf16_rounds_up_below_the_fraction():
   got = pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct(x.shape, jnp.float32))(x, bits)
   up = bits.astype(np.float64) < 0.25 * 2.0 ** 32
   np.testing.assert_array_equal(got, np.where(up, np.float32(1.0 + 2.0 ** -7), np.float32(1.0)))
+
+
+def test_pack_int4_into_int2_fields():
+  """int2 is a field type only (no kernel dtype): two int4 sources, truncated to 2 bits, lowest first."""
+  rng = np.random.default_rng(5)
+  xs = rng.integers(-8, 8, (2, 128, 128)).astype(ml_dtypes.int4)
+
+  def kernel(x_ref, o_ref):
+    o_ref[...] = pltpu.pack_elementwise([x_ref[0], x_ref[1]], packed_dtype=ml_dtypes.int2)
+  got = pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct((128, 128), jnp.uint4))(xs)
+  f = xs.astype(np.int64) & 3
+  np.testing.assert_array_equal(got.astype(np.int64), f[0] | (f[1] << 2))

@@ -26,6 +26,13 @@ def memory_space(space, default=MemorySpace.VMEM, what: str = "a ref"):
   value = str(getattr(space, "value", space)).lower()
   if value == "default":
     return default
+  if value == "host" or str(getattr(space, "name", "")).lower() == "host":   # (pl.HOST's enum: core's)
+    raise UnsupportedError(
+        f"palace.jax: memory space {space!r} (pl.HOST, pinned host memory) of {what} is not modelled: "
+        f"its DMAs cross the host link (PCIe), and palace has no bandwidth or latency for it on any "
+        f"chip (no public per-chip figure, none measured: ChipSpec has no host-link field), so it "
+        f"could not time them. Fix: keep the operand in device memory (pl.ANY / pltpu.HBM, e.g. "
+        f"jax.device_put it to the device first) and move it to the host outside the kernel.")
   if value not in _SPACES:
     raise UnsupportedError(f"palace.jax: memory space {space!r} of {what} is not covered "
                            f"(covered: {sorted(_SPACES)}). Fix: use one of the covered memory spaces.")

@@ -60,6 +60,8 @@ def check_launch(params) -> None:
     if bm.transforms:
       raise _fail(params, f"block transforms {bm.transforms} of {bm.origin}")
     _dims(params, bm)
+    memory_space(getattr(bm.transformed_block_aval, "memory_space", None), pcore.MemorySpace.VMEM,
+                 bm.origin)
   host.check_params(_compiler_params(params.get("compiler_params"), len(gm.grid)), "pallas_call")
 
 

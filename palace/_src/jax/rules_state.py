@@ -12,7 +12,7 @@ import weakref
 
 import numpy as np
 
-from palace._src.errors import MemorySpaceError, OutOfBoundsError, UnsupportedError
+from palace._src.errors import MemorySpaceError, UnsupportedError
 from palace._src.core import MemorySpace
 from palace._src.jax.avals import physical
 from palace._src.jax.interpret import grid_axes, result_unused, source_line, unsupported, user_site_of
@@ -172,8 +172,9 @@ def _ref_operand(eqn, x, transforms=(), last_index: bool = False):
   Views are cached per base ref and dynamic index values (a view is an immutable function of them;
   JAX's emit_pipeline re-derives the same few block and slot views on every step)."""
   _, types = _jax_types()
-  if isinstance(x, types.TransformedRef):
-    x, transforms = x.ref, tuple(x.transforms) + tuple(transforms or ())
+  transforms = tuple(transforms or ())
+  while isinstance(x, types.TransformedRef):   # (a view of a select_ref nests one: ref=TransformedRef)
+    x, transforms = x.ref, tuple(x.transforms) + transforms
   if isinstance(x, (tuple, list)) and transforms and isinstance(transforms[0], types.SelectTransform):
     return _selected_ref(eqn, x, transforms, last_index)
   if type(x) is not _Leaf:
@@ -264,19 +265,16 @@ def _selected_ref(eqn, refs, transforms, last_index: bool):
   """`pl.select_ref(idx, *refs)` (JAX's SelectTransform, first of `transforms`): the ref a runtime
   scalar picks, with the remaining transforms applied to it; JAX takes it as a DMA's source,
   destination or semaphore. Each candidate is compiled as its own ref operand (views cached as
-  usual); an index outside the candidates raises OutOfBoundsError (no TPU check; the kernel would
-  address whatever ref the index computes)."""
+  usual). The index picks as JAX's TPU lowering computes it (`_select_to_ifop`: a chain of `idx == 0`
+  tests, each else branch taking idx - 1 on to the remaining refs, the last else the last ref): 0..n-2
+  pick their ref, any other index (n - 1 and beyond, or negative) the last one."""
   idx, rest = transforms[0].idx, tuple(transforms[1:])
   picks = [_ref_operand(eqn, r, rest, last_index) for r in refs]
-  n = len(picks)
+  last = len(picks) - 1
 
   def ref_of(flat):
     i = int(idx) if type(idx) is not _Leaf else concrete_int(flat[idx.k], "pl.select_ref index")
-    if not 0 <= i < n:
-      raise OutOfBoundsError(
-          f"pl.select_ref index {i} at kernel line {source_line(eqn)} selects none of its {n} refs. Fix: "
-          f"keep the index in 0..{n - 1} (e.g. lax.rem(i, {n})).")
-    return picks[i](flat)
+    return picks[i if 0 <= i < last else last](flat)
   return ref_of
 
 
@@ -618,7 +616,22 @@ def _descriptor(eqn):
   return descriptor, (views if not remote and r_dst_sem is not None else None)
 
 
-@rule("dma_start", compiles=True, schedule=_copy, operands=DMA)
+def _dma_rejects(eqn) -> None:
+  """A DMA of bool refs: Mosaic refuses it ('DMAs with bool dtypes are not supported.', which JAX's
+  test_bool_dma_not_implemented expects from a TPU, before the device id's checks); a pallas_call's
+  bool blocks are not such DMAs."""
+  g = DMA.groups(eqn)
+  for part in ("src", "dst"):
+    for v in g.get(part, ()):
+      aval = v.aval
+      if getattr(aval, "inner_aval", None) is not None and str(aval.dtype) == "bool":   # (a key: no np dtype)
+        raise UnsupportedError(
+            f"DMAs with bool dtypes are not supported. (palace.jax: the {part} of dma_start at kernel "
+            f"line {source_line(eqn)} is a bool ref, which the TPU compiler refuses to copy.) Fix: "
+            f"copy the mask as int32 (x.astype(jnp.int32)) and compare it after the copy.")
+
+
+@rule("dma_start", compiles=True, schedule=_copy, operands=DMA, rejects=_dma_rejects)
 def _dma_start(eqn):
   descriptor, views = _descriptor(eqn)
   priority, add = int(eqn.params.get("priority", 0)), bool(eqn.params.get("add"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from palace._src import dtypes as dt
+from palace._src import hw
 from palace._src import executor, validate
 from palace._src.errors import ShapeError, UsageError
 from palace._src.lang.array import Array
@@ -21,8 +22,8 @@ _I32_MIN, _I32_MAX = -2**31, 2**31 - 1
 _current_ex = executor.maybe_current   # (the context variable's getter: no Python frame)
 
 
-_FLOATS = frozenset({dt.float32, dt.bfloat16, dt.float16, dt.float8_e4m3fn, dt.float8_e5m2})
-_COMPUTE = {dt.bfloat16: _F32, dt.float16: _F32, dt.float8_e4m3fn: _F32, dt.float8_e5m2: _F32}
+_FLOATS = frozenset({dt.float32, dt.float16, *dt.NARROW_FLOATS})
+_COMPUTE = {d: _F32 for d in (dt.float16, *dt.NARROW_FLOATS)}
 
 
 def _compute_dtype(d: np.dtype) -> np.dtype:
@@ -172,6 +173,10 @@ def _dtype_arg(dtype, api: str) -> np.dtype:
       return dt.narrowed(d)
     raise ShapeError(f"Unsupported dtype for {api} {ex.where()}: {d}; expected a 32-bit or narrower "
                      f"type, TPUs have no 64-bit types. Fix: use {dt.narrowed(d)}. ({user_frame_summary()})")
+  if d in dt.CHIP_DEPENDENT:
+    ex = executor.maybe_current()
+    if ex is not None:
+      hw.check_dtype(ex.chip, d, f"{api} {ex.where()} ({user_frame_summary()})")
   return d
 
 

@@ -50,6 +50,7 @@ def _scalar_type(d: np.dtype) -> _ScalarType:
 # dtype names re-exported by palace.numpy
 float32, bfloat16, float16 = _scalar_type(dt.float32), _scalar_type(dt.bfloat16), _scalar_type(dt.float16)
 float8_e4m3fn, float8_e5m2 = _scalar_type(dt.float8_e4m3fn), _scalar_type(dt.float8_e5m2)
+float8_e4m3b11fnuz = _scalar_type(dt.float8_e4m3b11fnuz)
 int8, int16, int32 = _scalar_type(dt.int8), _scalar_type(dt.int16), _scalar_type(dt.int32)
 uint8, uint16, uint32 = _scalar_type(dt.uint8), _scalar_type(dt.uint16), _scalar_type(dt.uint32)
 int4, uint4, bool_ = _scalar_type(dt.int4), _scalar_type(dt.uint4), _scalar_type(dt.bool_)
@@ -95,8 +96,10 @@ def _convert(v: np.ndarray, d: np.dtype) -> np.ndarray:
 # bf16 sweep), every NaN written to float32 / bf16 is the positive quiet NaN 0x7fc00000 / 0x7fc0 (from
 # bf16, fp8 and f32 NaNs of either sign and any payload), and +-inf becomes the positive NaN 0x7f of
 # float8_e4m3fn (which has no infinity; out-of-range finite values keep their sign, 0x7f / 0xff, as
-# in ml_dtypes).
-_CHIP_FLOATS = frozenset({dt.float32, dt.bfloat16, dt.float8_e4m3fn, dt.float8_e5m2})
+# in ml_dtypes). float8_e4m3b11fnuz (v5e/v5p/v6e; not measured) converts as ml_dtypes does (it has no
+# infinity and one NaN, 0x80, which every NaN and overflow becomes), with the float32 / bf16 side's
+# measured rules above.
+_CHIP_FLOATS = frozenset({dt.float32, dt.bfloat16, dt.float8_e4m3fn, dt.float8_e5m2, dt.float8_e4m3b11fnuz})
 _FLUSHED = {dt.float32: (np.uint32, 0x7F800000, 0x80000000, 0x7FFFFFFF, 0x7FC00000),
             dt.bfloat16: (np.uint16, 0x7F80, 0x8000, 0x7FFF, 0x7FC0)}
 

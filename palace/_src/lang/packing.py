@@ -20,14 +20,21 @@ from __future__ import annotations
 import numpy as np
 
 from palace._src import dtypes as dt
+from palace._src import hw
+from palace._src import executor
 from palace._src.errors import ShapeError, UnsupportedError
 from palace._src.executor import OpClass
 from palace._src.lang.array import Array, ready_of
-from palace._src.lang.numpy_base import _out
+from palace._src.lang.numpy_base import _dtype_arg, _out
 from palace._src.util import user_frame_summary
 
 _UINT_OF_BITS = {4: dt.uint4, 8: np.dtype(np.uint8), 16: np.dtype(np.uint16), 32: np.dtype(np.uint32)}
-_ROUND_TARGETS = (dt.bfloat16, dt.float8_e5m2, dt.float8_e4m3fn)
+_ROUND_TARGETS = (dt.bfloat16, dt.float8_e5m2, dt.float8_e4m3fn, dt.float8_e4m3b11fnuz)
+_FIELD_ONLY = (dt.int2, dt.uint2)   # packed field types that are no kernel dtype
+# int2 fields: JAX's tpu_ops_test skips other shapes ("int2 is only supported for shapes with vreg
+# alignment": the last two dimensions multiples of 8 x 16 and 128), so palace refuses them
+_INT2_ALIGN = (128, 128)
+_NO_NEGATIVE_ZERO = frozenset({dt.float8_e4m3b11fnuz})   # "fnuz": 0x80 is the NaN
 
 
 def _dtype(x) -> np.dtype:
@@ -46,8 +53,8 @@ def _raw_bits(a: np.ndarray) -> np.ndarray:
   return a.view(_UINT_OF_BITS[d.itemsize * 8]).astype(np.uint64)
 
 
-def _covered(d: np.dtype, api: str) -> np.dtype:
-  if d not in dt.SUPPORTED:
+def _covered(d: np.dtype, api: str, field: bool = False) -> np.dtype:
+  if d not in dt.SUPPORTED and not (field and d in _FIELD_ONLY):
     raise UnsupportedError(f"{api} with {d}: palace models {', '.join(map(str, dt.SUPPORTED))} "
                            f"({user_frame_summary()}); {d} is not one of them. Fix: pack into a "
                            f"covered type (e.g. int4 rather than int2).")
@@ -56,7 +63,7 @@ def _covered(d: np.dtype, api: str) -> np.dtype:
 
 def _packing_factor(wide: np.dtype, narrow: np.dtype, api: str) -> int:
   _covered(wide, api)
-  _covered(narrow, api)
+  _covered(narrow, api, field=True)
   wb, nb = dt.bits(wide), dt.bits(narrow)
   if wb % nb:
     raise ShapeError(f"{api}: a {wide} element does not hold a whole number of {narrow} values "
@@ -65,7 +72,23 @@ def _packing_factor(wide: np.dtype, narrow: np.dtype, api: str) -> int:
   return wb // nb
 
 
-def check_pack(d, packed_dtype, count: int) -> None:
+def _check_int2_shape(p: np.dtype, shape, api: str) -> None:
+  if p not in _FIELD_ONLY or shape is None:
+    return
+  if len(shape) < 2 or shape[-2] % _INT2_ALIGN[0] or shape[-1] % _INT2_ALIGN[1]:
+    raise UnsupportedError(f"{api} with {p} fields on a {list(shape)} array ({user_frame_summary()}): "
+                           f"{p} needs the last two dimensions to be multiples of {_INT2_ALIGN[0]} and "
+                           f"{_INT2_ALIGN[1]} (whole vregs: JAX's tests skip other shapes, 'int2 is only "
+                           f"supported for shapes with vreg alignment'). Fix: pad the array to that.")
+
+
+def _check_field_on_chip(p: np.dtype, api: str) -> None:
+  ex = executor.maybe_current()
+  if ex is not None:
+    hw.check_dtype(ex.chip, p, f"{api} {ex.where()} ({user_frame_summary()})")
+
+
+def check_pack(d, packed_dtype, count: int, shape=None) -> None:
   """Raise palace's error for a pack of `count` `d` sources into `packed_dtype` that Mosaic (or
   palace) refuses; types only, so palace.jax checks it while lowering (rules_tpu.py)."""
   api = "pltpu.pack_elementwise"
@@ -78,6 +101,7 @@ def check_pack(d, packed_dtype, count: int) -> None:
   if count != n:
     raise ShapeError(f"{api}: {count} sources of {d} into {p}, whose packing factor is {n} "
                      f"({user_frame_summary()}). Fix: pass exactly {n} arrays.")
+  _check_int2_shape(p, shape, api)
 
 
 def pack_elementwise(xs, *, packed_dtype):
@@ -96,7 +120,8 @@ def pack_elementwise(xs, *, packed_dtype):
       raise ShapeError(f"{api}: every source must have the first one's shape and dtype "
                        f"({d}{list(shape)}); got {_dtype(x)}{list(xshape)} ({user_frame_summary()}). "
                        f"Fix: cast or broadcast the sources to one shape and dtype.")
-  check_pack(d, p, len(xs))
+  check_pack(d, p, len(xs), shape)
+  _check_field_on_chip(p, api)
   out_dtype = _UINT_OF_BITS[dt.bits(d)]
   data = None
   if all(_data(x) is not None for x in xs):
@@ -110,7 +135,7 @@ def pack_elementwise(xs, *, packed_dtype):
   return _out(data, shape, out_dtype, ready_of(*xs), OpClass.CHEAP, any(isinstance(x, Array) for x in xs))
 
 
-def check_unpack(d, packed_dtype, unpacked_dtype, index: int) -> None:
+def check_unpack(d, packed_dtype, unpacked_dtype, index: int, shape=None) -> None:
   """Raise palace's error for an unpack Mosaic (or palace) refuses; types only (check_pack)."""
   api = "pltpu.unpack_elementwise"
   d, p, u = np.dtype(d), dt.canonicalize(packed_dtype), dt.canonicalize(unpacked_dtype)
@@ -125,14 +150,16 @@ def check_unpack(d, packed_dtype, unpacked_dtype, index: int) -> None:
     raise UnsupportedError(f"{api} of {p} fields into {u}: Mosaic unpacks bfloat16 into float32 and "
                            f"integers into wider integers only ({user_frame_summary()}). Fix: unpack "
                            f"to one of those and convert.")
+  _check_int2_shape(p, shape, api)
 
 
 def unpack_elementwise(x, *, index, packed_dtype, unpacked_dtype):
   """Field `index` (of width `packed_dtype`) of each element of `x`, as `unpacked_dtype` (whose width
   is x's): sign-extended for signed integers, bf16 widened to f32 exactly (module docstring)."""
   d, p, u = _dtype(x), dt.canonicalize(packed_dtype), dt.canonicalize(unpacked_dtype)
-  check_unpack(d, p, u, index)
   shape = tuple(x.shape) if isinstance(x, Array) else np.shape(x)
+  check_unpack(d, p, u, index, shape)
+  _check_field_on_chip(p, "pltpu.unpack_elementwise")
   data = None if _data(x) is None else np.asarray(_data(x))
   if data is not None:
     b = dt.bits(p)
@@ -153,20 +180,25 @@ def _stochastic(x: np.ndarray, bits: np.ndarray, target: np.dtype) -> np.ndarray
   ut = _UINT_OF_BITS[w]
   mag = np.abs(x)
   nb = nearest.view(ut).astype(np.int64)
-  sign = nb & (1 << (w - 1))
+  # x's sign, not the nearest's: an "fnuz" type's zero has none (its sign-bit pattern is the NaN)
+  sign = np.where(np.signbit(x), 1 << (w - 1), 0)
   mag_bits = nb & ((1 << (w - 1)) - 1)
   # lo: the neighbour toward zero (the nearest, or the one below it when the nearest is above |x|)
-  above = np.abs(nearest.astype(np.float32)) > mag
+  near32 = nearest.astype(np.float32)
+  above = np.abs(near32) > mag
   lo_bits = np.where(above & (mag_bits > 0), mag_bits - 1, mag_bits)
   hi_bits = lo_bits + 1
-  lo = np.asarray((sign | lo_bits).astype(ut)).view(target).astype(np.float32)
+  lo_pat = sign | lo_bits
+  if target in _NO_NEGATIVE_ZERO:
+    lo_pat = np.where(lo_bits == 0, 0, lo_pat)
+  lo = np.asarray(lo_pat.astype(ut)).view(target).astype(np.float32)
   hi = np.asarray((sign | hi_bits).astype(ut)).view(target).astype(np.float32)
   with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
     frac = (mag - np.abs(lo)) / (np.abs(hi) - np.abs(lo))
   up = bits.astype(np.float64) < frac.astype(np.float64) * 2.0 ** 32
-  out_bits = np.where(up & np.isfinite(hi), sign | hi_bits, sign | lo_bits)
+  out_bits = np.where(up & np.isfinite(hi), sign | hi_bits, lo_pat)
   out = out_bits.astype(ut).view(target)
-  exact = (lo == x) | ~np.isfinite(x) | ~np.isfinite(lo)
+  exact = (lo == x) | ~np.isfinite(x) | ~np.isfinite(lo) | np.isnan(near32)
   return np.where(exact, nearest, out)
 
 
@@ -179,13 +211,13 @@ def check_round(d, bits_dtype, shape, bits_shape, target_dtype) -> None:
                      f"and {bd}{list(bits_shape)} ({user_frame_summary()}). Fix: pass matching arrays.")
   if t not in _ROUND_TARGETS:
     raise UnsupportedError(f"{api} to {t}: palace covers {[str(r) for r in _ROUND_TARGETS]} (Mosaic "
-                           f"also takes float8_e4m3b11fnuz, float4_e2m1fn and int4, which palace does "
+                           f"also takes float4_e2m1fn and int4, which palace does "
                            f"not model) ({user_frame_summary()}). Fix: round to a covered type.")
 
 
 def stochastic_round(x, random_bits, *, target_dtype):
   """float32 `x` rounded to `target_dtype` by the uint32 `random_bits` (module docstring)."""
-  t = dt.canonicalize(target_dtype)
+  t = _dtype_arg(target_dtype, "pltpu.stochastic_round")
   shape = tuple(x.shape) if isinstance(x, Array) else np.shape(x)
   bshape = tuple(random_bits.shape) if isinstance(random_bits, Array) else np.shape(random_bits)
   check_round(_dtype(x), _dtype(random_bits), shape, bshape, t)

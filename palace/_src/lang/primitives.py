@@ -11,6 +11,7 @@ import functools
 import numpy as np
 
 from palace._src import dtypes as dt
+from palace._src import hw
 from palace._src import executor, validate
 from palace._src.core import DeviceIdType, SemaphoreRefType, MemoryRef
 from palace._src.errors import MemorySpaceError, PalaceError, TracingError, UnsupportedError, UsageError
@@ -276,6 +277,7 @@ def _alloc_leaves(ex, leaves, names, shared: bool):
                        f"pltpu.SMEM(...) or pltpu.SemaphoreType.DMA / .REGULAR.")
     if isinstance(t, MemoryRef):
       dt.check_kernel_dtype(t.dtype, name)
+      hw.check_dtype(ex.chip, t.dtype, name)
     bufs.append(ex.alloc(t, name, shared=shared))
   return bufs
 

@@ -231,7 +231,10 @@ def _check_priority(priority, remote: bool) -> None:
     raise UnsupportedError.feature(
         "AsyncCopyDescriptor.start(priority=1)",
         f"({user_frame_summary()}) palace models one DMA queue per core, so a priority-1 copy would be "
-        f"timed as a priority-0 one. Fix: drop priority= (or pass 0).")
+        f"timed as a priority-0 one; what priority 1 changes is not defined by JAX (its TPU lowering "
+        f"passes it to tpu.enqueue_dma, its discharge rule drops it) nor measured (a v5e has separate "
+        f"read and write DMA queues per core; how a priority arbitrates them is unknown). The data "
+        f"would be the same. Fix: drop priority= (or pass 0).")
   raise UnsupportedError(
       f"DMA start priority={p} on a {'remote' if remote else 'local'} copy ({user_frame_summary()}): a "
       f"TPU compiles priority 0 or 1 on a local copy and only 0 on a remote one (Mosaic: "

@@ -11,6 +11,7 @@ import numpy as np
 
 from palace._src import blas
 from palace._src import dtypes as dt
+from palace._src import hw
 from palace._src.core import (CompilerParams, InterpretParams, MemoryRef, MemorySpace,
                               ShapeDtypeStruct)
 from palace._src import validate
@@ -353,14 +354,23 @@ def check_hbm(kname: str, arrays, outs, scratch, chip=None) -> None:
   """HBM capacity of `chip` (default: the active one's) for one launch: `arrays` {name: host array}
   (inputs), `outs` {name: (shape, dtype, space)}, `scratch` the scratch types (HBM / ANY ones count).
   Called before any output is allocated, so a launch that cannot fit fails with the numbers instead of
-  allocating host memory (timing_only too)."""
+  allocating host memory (timing_only too). Every operand's dtype is checked against the chip first
+  (hw.check_dtype: float8_e4m3b11fnuz is not on every chip)."""
+  spec = active_tpu().chip if chip is None else chip
+  for name, a in arrays.items():
+    hw.check_dtype(spec, a.dtype, name)
+  for name, (_, dtype, _) in outs.items():
+    hw.check_dtype(spec, dtype, name)
+  leaves = tree_flatten(scratch, is_leaf=lambda x: isinstance(x, MemoryRef))[0]
+  for i, t in enumerate(leaves):
+    if isinstance(t, MemoryRef):
+      hw.check_dtype(spec, t.dtype, f"scratch[{i}]")
   sizes = [(name, a.nbytes) for name, a in arrays.items()]
   sizes += [(name, prod(shape) * np.dtype(dtype).itemsize) for name, (shape, dtype, space) in outs.items()
             if space in (MemorySpace.ANY, MemorySpace.HBM)]
-  leaves = tree_flatten(scratch, is_leaf=lambda x: isinstance(x, MemoryRef))[0]
   sizes += [(f"scratch[{i}]", t.nbytes) for i, t in enumerate(leaves)
             if isinstance(t, MemoryRef) and t.memory_space in (MemorySpace.ANY, MemorySpace.HBM)]
-  check_hbm_sizes(f"kernel '{kname}'", sizes, "the launch's", chip)
+  check_hbm_sizes(f"kernel '{kname}'", sizes, "the launch's", spec)
 
 
 def check_hbm_sizes(owner: str, sizes, whose: str | None, chip=None) -> None:

@@ -143,12 +143,13 @@ class LaunchPlan:
 
 def grid_stages(prefetch, in_maps, out_maps) -> tuple:
   """A grid launch's `Stage`s: its scalar-prefetch operands (`prefetch`: their arrays), then the
-  operands and outputs of its SMEM block mappings, whole arrays staged in SMEM around the pipeline."""
+  operands and outputs of its SMEM block mappings whose block is the whole array, staged in SMEM around
+  the pipeline (other SMEM blocks are windowed by the pipeline, as Mosaic windows them)."""
   smem = MemorySpace.SMEM
   staged = [Stage(OPERAND, i, MemoryRef(a.shape, a.dtype, smem), f"scalar_prefetch[{i}]")
             for i, a in enumerate(prefetch)]
   staged += [Stage(OPERAND, len(prefetch) + k, MemoryRef(m.array_shape, m.dtype, smem), m.name)
-             for k, m in enumerate(in_maps) if m.space == smem]
+             for k, m in enumerate(in_maps) if m.space == smem and m.whole_array]
   staged += [Stage(OUTPUT, k, MemoryRef(m.array_shape, m.dtype, smem), m.name)
-             for k, m in enumerate(out_maps) if m.space == smem]
+             for k, m in enumerate(out_maps) if m.space == smem and m.whole_array]
   return tuple(staged)

@@ -28,7 +28,7 @@ from palace._src.errors import ResourceError, SyncError, UnsupportedError, Usage
 from palace._src.launch import host
 from palace._src.launch.plan import ENTRIES, LEAVES, OPERAND, LaunchPlan
 from palace._src.launch.sc_mesh import VectorSubcoreMesh, check_for_chip
-from palace._src.lang import context
+from palace._src.lang import context, mxu_fifo
 from palace._src.lang.primitives import close_scope, open_scope
 from palace._src.lang.refs import Ref
 from palace._src.lang.tpu_primitives import AsyncCopyDescriptor
@@ -234,6 +234,7 @@ class _CoreProgram:
     try:
       self._open(ex)
       self._run(kctx)
+      mxu_fifo.check_end(kctx)
       if not self.keep:
         self._close(ex)
     except BaseException:
@@ -249,6 +250,7 @@ class _CoreProgram:
     token = context.enter(kctx)
     try:
       self._run(kctx)
+      mxu_fifo.check_end(kctx)
     finally:
       context.leave(token)
 

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from palace._src import dtypes as dt
 from palace._src.core import MemoryRef, MemorySpace, SemaphoreKind
 from palace._src.errors import ResourceError, UsageError
 from palace._src.util import fmt_bytes, prod
@@ -238,8 +239,7 @@ def fill_value(dtype):
   """The value never-written memory reads as: NaN for floats, the type's minimum for 8-32 bit ints."""
   value = _FILL.get(dtype, _FILL)
   if value is _FILL:   # (kept per dtype: str(dtype) costs microseconds, and every allocation asks)
-    float_like = dtype.kind == "f" or str(dtype) in ("bfloat16", "float8_e4m3fn", "float8_e5m2")
-    value = _FILL[dtype] = np.nan if float_like else _SENTINEL.get(dtype, 0)
+    value = _FILL[dtype] = np.nan if dt.is_float(dtype) else _SENTINEL.get(dtype, 0)
   return value
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from palace._src import dtypes as dt
 from palace._src.core import MemorySpace
 from palace._src.errors import UninitializedReadError
 from palace._src.sim import memory
@@ -119,7 +120,7 @@ class InitTracker:
 
 
 def _all_fill(a) -> bool:
-  if a.dtype.kind == "f" or str(a.dtype) in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
+  if dt.is_float(a.dtype):
     return bool(np.isnan(a.astype(np.float32)).all())
   if a.dtype.kind in "iu":
     return bool((a == memory.fill_value(a.dtype)).all())

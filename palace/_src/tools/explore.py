@@ -17,6 +17,7 @@ import dataclasses
 
 import numpy as np
 
+from palace._src import dtypes as dt
 from palace._src import validate
 from palace._src.errors import UsageError
 from palace._src.sim.machine import DMA_POLICIES, VirtualTPU
@@ -74,7 +75,7 @@ def _compare(ref_leaves, leaves, label):
       continue
     if a.tobytes() == b.tobytes():
       continue
-    if a.dtype.kind in "fc" or str(a.dtype) in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
+    if a.dtype.kind == "c" or dt.is_float(a.dtype):
       fa, fb = a.astype(np.float64), b.astype(np.float64)
       same = (fa == fb) | (np.isnan(fa) & np.isnan(fb))
       with np.errstate(invalid="ignore"):
