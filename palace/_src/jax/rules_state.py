@@ -616,7 +616,7 @@ def _descriptor(eqn):
   return descriptor, (views if not remote and r_dst_sem is not None else None)
 
 
-def _dma_rejects(eqn) -> None:
+def _dma_rejects(eqn, sparsecore: bool = False) -> None:
   """A DMA of bool refs: Mosaic refuses it ('DMAs with bool dtypes are not supported.', which JAX's
   test_bool_dma_not_implemented expects from a TPU, before the device id's checks); a pallas_call's
   bool blocks are not such DMAs."""
