@@ -173,12 +173,16 @@ def recheck_exact(path: str, tests: list, env: dict, checkout: str, xml: str, pe
     return {"ran": 0, "passed": 0, "timed_out": False}
   timed_out, _ = _pytest([node_id(path, t["name"]) for t in again], xml, dict(env, **{EXACT_F32_DOTS: "1"}),
                          checkout, per_test, per_file, timeout_plugin)
-  passed = {name for name, outcome, _, _ in (read_junit(xml) if os.path.exists(xml) else ())
-            if outcome == "passed"}
+  rerun = {name: (outcome, msg) for name, outcome, _, msg in (read_junit(xml) if os.path.exists(xml) else ())}
+  passed = {name for name, (outcome, _) in rerun.items() if outcome == "passed"}
   for t in again:
     if t["name"] in passed:
       t["outcome"] = "reference on XLA:CPU"
       t["evidence"] = f"passes when re-run with {EXACT_F32_DOTS}=1 (float32 dots exact, as XLA:CPU)"
+    elif t["name"] in rerun:   # still failing: what the re-run saw (e.g. fewer mismatched elements)
+      msg = rerun[t["name"]][1]
+      t["exact_f32_rerun"] = next((re.sub(r"^E\s+", "", ln).strip() for ln in msg.splitlines() if "Mismatch" in ln),
+                                  _first_line(msg) if msg else rerun[t["name"]][0])
   return {"ran": len(again), "passed": len(passed & {t["name"] for t in again}), "timed_out": timed_out}
 
 

@@ -146,6 +146,8 @@ def test_a_file_is_classified_by_evidence(tmp_path, fake_pytest):
   evidence = {t["name"].split("::")[1]: t.get("evidence") for t in res["tests"]}
   assert "PALACE_JAX_EXACT_F32_DOTS=1" in evidence["test_f32"] and evidence["test_ref"] == DOT_THUNK
   assert all("numeric" not in t for t in res["tests"])
+  rerun = {t["name"].split("::")[1]: t.get("exact_f32_rerun") for t in res["tests"]}
+  assert rerun["test_bf16"] == "Mismatched elements: 55 / 4194304 (0.00131%)" and rerun["test_f32"] is None
 
   table = js.summarize([res])
   header = table.splitlines()[0]
