@@ -181,8 +181,8 @@ def recheck_exact(path: str, tests: list, env: dict, checkout: str, xml: str, pe
       t["evidence"] = f"passes when re-run with {EXACT_F32_DOTS}=1 (float32 dots exact, as XLA:CPU)"
     elif t["name"] in rerun:   # still failing: what the re-run saw (e.g. fewer mismatched elements)
       msg = rerun[t["name"]][1]
-      t["exact_f32_rerun"] = next((re.sub(r"^E\s+", "", ln).strip() for ln in msg.splitlines() if "Mismatch" in ln),
-                                  _first_line(msg) if msg else rerun[t["name"]][0])
+      t["exact_f32_rerun"] = next((re.sub(r"^E\s+", "", ln).strip() for ln in msg.splitlines()
+                                   if "Mismatch" in ln), _first_line(msg) if msg else rerun[t["name"]][0])
   return {"ran": len(again), "passed": len(passed & {t["name"] for t in again}), "timed_out": timed_out}
 
 
