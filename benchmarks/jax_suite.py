@@ -204,7 +204,8 @@ def run_file(path: str, out_dir: str, per_test: int, per_file: int, timeout_plug
   res = {"file": stem, "chip": chip, "seconds": 0.0, "file_timed_out": timed_out, "tests": [], "tail": tail}
   if os.path.exists(xml):
     for name, outcome, seconds, msg in read_junit(xml):
-      t = {"name": name, "outcome": outcome, "seconds": seconds, "first_line": _first_line(msg) if msg else ""}
+      t = {"name": name, "outcome": outcome, "seconds": seconds,
+           "first_line": _first_line(msg) if msg else ""}
       if outcome == "failed" and is_numeric_assertion(msg):
         t["numeric"] = True
       elif outcome == "reference fails on XLA:CPU":
