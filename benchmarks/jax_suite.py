@@ -38,6 +38,7 @@ import concurrent.futures
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -128,11 +129,12 @@ def node_id(path: str, name: str) -> str:
 
 
 def _pytest(targets: list, xml: str, env: dict, checkout: str, per_test: int, per_file: int,
-            timeout_plugin: bool) -> tuple:
-  """Run pytest on `targets` (a file or node ids) into the JUnit file `xml`: (timed out, output tail)."""
+            timeout_plugin: bool, keyword: str | None = None) -> tuple:
+  """Run pytest on `targets` (a file or node ids; `-k keyword`) into the JUnit file `xml`: (timed out,
+  output tail)."""
   cmd = [sys.executable, "-m", "pytest", "-p", "palace.jax", "-p", "benchmarks.jax_suite_paths", "-q",
          "-p", "no:cacheprovider",
-         f"--junitxml={xml}", "-o", "junit_family=xunit1", *targets]
+         f"--junitxml={xml}", "-o", "junit_family=xunit1", *targets, *(["-k", keyword] if keyword else [])]
   if timeout_plugin:
     cmd += [f"--timeout={per_test}"]
   try:
@@ -165,14 +167,15 @@ def read_junit(xml: str) -> list:
 
 
 def recheck_exact(path: str, tests: list, env: dict, checkout: str, xml: str, per_test: int,
-                  per_file: int, timeout_plugin: bool) -> dict:
-  """Re-run the numeric failures among `tests` once under the exact-f32-dots diagnostic; each that
-  passes becomes "reference on XLA:CPU". Returns {"ran", "passed", "timed_out"} for the record."""
+                  per_file: int, timeout_plugin: bool, keyword: str | None = None) -> dict:
+  """Re-run the numeric failures among `tests` (those `keyword` selects) once under the exact-f32-dots
+  diagnostic; each that passes becomes "reference on XLA:CPU". Returns {"ran", "passed", "timed_out"}
+  for the record ("ran": the tests the re-run reported)."""
   again = [t for t in tests if t["outcome"] == "failed" and t.pop("numeric", False)]
   if not again:
     return {"ran": 0, "passed": 0, "timed_out": False}
   timed_out, _ = _pytest([node_id(path, t["name"]) for t in again], xml, dict(env, **{EXACT_F32_DOTS: "1"}),
-                         checkout, per_test, per_file, timeout_plugin)
+                         checkout, per_test, per_file, timeout_plugin, keyword)
   rerun = {name: (outcome, msg) for name, outcome, _, msg in (read_junit(xml) if os.path.exists(xml) else ())}
   passed = {name for name, (outcome, _) in rerun.items() if outcome == "passed"}
   for t in again:
@@ -183,11 +186,14 @@ def recheck_exact(path: str, tests: list, env: dict, checkout: str, xml: str, pe
       msg = rerun[t["name"]][1]
       t["exact_f32_rerun"] = next((re.sub(r"^E\s+", "", ln).strip() for ln in msg.splitlines()
                                    if "Mismatch" in ln), _first_line(msg) if msg else rerun[t["name"]][0])
-  return {"ran": len(again), "passed": len(passed & {t["name"] for t in again}), "timed_out": timed_out}
+  names = {t["name"] for t in again}
+  return {"ran": len(names & set(rerun)), "passed": len(passed & names), "timed_out": timed_out}
 
 
 def run_file(path: str, out_dir: str, per_test: int, per_file: int, timeout_plugin: bool,
-             recheck: bool = True) -> dict:
+             recheck: bool = True, keyword: str | None = None, reuse: str | None = None) -> dict:
+  """Run one test file (or, with `reuse`, take its JUnit file from that earlier run's folder instead:
+  only the classification and the re-run are done) and classify its outcomes."""
   stem = os.path.basename(path)[:-3]
   chip = chip_for(stem)
   n = int(chip.split(":")[1]) if ":" in chip else 1
@@ -200,7 +206,13 @@ def run_file(path: str, out_dir: str, per_test: int, per_file: int, timeout_plug
   if "xla_force_host_platform_device_count" not in flags:
     env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={max(n, 1)}".strip()
   t0 = time.time()
-  timed_out, tail = _pytest([path], xml, env, checkout, per_test, per_file, timeout_plugin)
+  earlier = reuse and os.path.join(reuse, f"{stem}.xml")
+  if earlier and os.path.exists(earlier):
+    if os.path.abspath(earlier) != os.path.abspath(xml):
+      shutil.copyfile(earlier, xml)
+    timed_out, tail = False, f"(the first run's outcomes reused from {earlier})"
+  else:
+    timed_out, tail = _pytest([path], xml, env, checkout, per_test, per_file, timeout_plugin, keyword)
   res = {"file": stem, "chip": chip, "seconds": 0.0, "file_timed_out": timed_out, "tests": [], "tail": tail}
   if os.path.exists(xml):
     for name, outcome, seconds, msg in read_junit(xml):
@@ -214,7 +226,7 @@ def run_file(path: str, out_dir: str, per_test: int, per_file: int, timeout_plug
   if recheck:
     res["exact_f32_recheck"] = recheck_exact(path, res["tests"], env, checkout,
                                              os.path.join(out_dir, f"{stem}.exact_f32_dots.xml"),
-                                             per_test, per_file, timeout_plugin)
+                                             per_test, per_file, timeout_plugin, keyword)
   for t in res["tests"]:
     t.pop("numeric", None)
   res["seconds"] = round(time.time() - t0, 1)
@@ -270,6 +282,10 @@ def main(argv=None) -> int:
   ap.add_argument("--workers", type=int, default=2, help="files run at once")
   ap.add_argument("--out", default="palace-out/jax_suite")
   ap.add_argument("--interpret", action="store_true", help="also the interpret-mode test files")
+  ap.add_argument("-k", dest="keyword", default=None, help="pytest's -k: only the tests it selects")
+  ap.add_argument("--reuse", default=None, metavar="DIR",
+                  help="take each file's first-run JUnit file from DIR (an earlier run's --out) instead "
+                       "of running it: only classify and re-run")
   ap.add_argument("--no-recheck", action="store_true",
                   help=f"do not re-run numeric failures under {EXACT_F32_DOTS}=1 (they stay 'failed')")
   a = ap.parse_args(argv)
@@ -296,7 +312,7 @@ def main(argv=None) -> int:
   results = []
   with concurrent.futures.ThreadPoolExecutor(a.workers) as pool:
     futs = {pool.submit(run_file, f, os.path.abspath(a.out), a.per_test, a.per_file, plugin,
-                        not a.no_recheck): f
+                        not a.no_recheck, a.keyword, a.reuse and os.path.abspath(a.reuse)): f
             for f in files}
     for fut in concurrent.futures.as_completed(futs):
       r = fut.result()

@@ -119,7 +119,7 @@ def fake_pytest(monkeypatch):
   diagnostic gives: test_f32 passes, test_bf16 fails again. Records each call's targets and env."""
   calls = []
 
-  def run(targets, xml, env, checkout, per_test, per_file, timeout_plugin):
+  def run(targets, xml, env, checkout, per_test, per_file, timeout_plugin, keyword=None):
     calls.append((list(targets), env.get(js.EXACT_F32_DOTS)))
     if len(targets) == 1 and targets[0].endswith(".py"):
       _junit(xml, FIRST_RUN)
@@ -167,3 +167,16 @@ def test_without_the_recheck_numeric_failures_stay_failed(tmp_path, fake_pytest)
   assert c["failed"] == 3 and c["reference on XLA:CPU"] == 0 and len(fake_pytest) == 1
   assert "no exact-f32-dots re-run" in js.summarize([res])
   assert os.path.exists(tmp_path / "tpu_x_test.xml")
+
+
+def test_an_earlier_runs_outcomes_are_reused_and_only_rechecked(tmp_path, fake_pytest):
+  earlier = tmp_path / "earlier"
+  earlier.mkdir()
+  _junit(str(earlier / "tpu_x_test.xml"), FIRST_RUN)
+  out = tmp_path / "out"
+  out.mkdir()
+  path = str(tmp_path / "jax" / "tests" / "pallas" / "tpu_x_test.py")
+  res = js.run_file(path, str(out), 60, 600, True, reuse=str(earlier))
+  assert [env for _, env in fake_pytest] == ["1"]    # no first run: only the re-run, under the diagnostic
+  assert collections.Counter(t["outcome"] for t in res["tests"])["reference on XLA:CPU"] == 1
+  assert "reused" in res["tail"] and (out / "tpu_x_test.xml").exists()
