@@ -18,6 +18,17 @@ taken from the checkout (`benchmarks/jax_suite_paths.py`); a file that still doe
 installed jax (a checkout newer or older than it) is counted "not collected", with the reason.
 Tests that need a real compiler (Mosaic MLIR text, compile-only APIs) fail with palace's
 UnsupportedError naming that reason; they are counted apart ("needs a compiler") from failures.
+
+Two more classes are set apart from "failed", each by evidence per test (`classify`):
+- "reference on XLA:CPU": a numeric assertion (NumPy's array comparison) that passes when the test is
+  re-run (once, all such tests of the file in one process) under PALACE_JAX_EXACT_F32_DOTS=1, the
+  diagnostic under which palace multiplies DEFAULT-precision float32 dot operands unrounded, as XLA:CPU
+  computes the test's reference, instead of rounded to bfloat16 as the chip does (lang/mxu.py). On a
+  TPU the reference rounds as the kernel does; only the exact CPU reference makes them differ.
+  `--no-recheck` skips the re-run (they then stay "failed").
+- "reference fails on XLA:CPU": XLA:CPU itself raised (a JaxRuntimeError, e.g. "Unsupported element
+  type for DotThunk::Execute: BF16 x BF16 = F32") running code outside the kernel: no frame of the
+  traceback is palace's or JAX's Pallas code, and no palace callback error is wrapped in it.
 """
 from __future__ import annotations
 
@@ -27,6 +38,7 @@ import concurrent.futures
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -47,6 +59,16 @@ NEEDS_COMPILER = re.compile(r"needs a real compiler|Mosaic MLIR|compile-only|not
 def chip_for(stem: str) -> str:
   return next(chip for key, chip in CHIPS if key in stem)
 
+
+EXACT_F32_DOTS = "PALACE_JAX_EXACT_F32_DOTS"
+# NumPy's array comparisons (np.testing, and jtu.assertAllClose / assertArraysEqual, which use them)
+_NUMERIC = re.compile(r"Not equal to tolerance|Arrays are not (almost )?equal|Mismatched elements|"
+                      r"Mismatch at ind")
+_XLA_ERROR = re.compile(r"^E\s+((jax\.errors\.|jaxlib\.[\w.]+\.)?(JaxRuntimeError|XlaRuntimeError): .*)$",
+                        re.M)
+_FRAME = re.compile(r"^(\S+\.py):\d+: ", re.M)
+# frames that are the kernel call: palace's (any install) or JAX's Pallas front end and lowering
+_KERNEL_FRAME = re.compile(r"(^|[/\\])palace[/\\]|[/\\]jax[/\\]_src[/\\]pallas[/\\]")
 
 _WRAPPED = ("Error when calling buffer callback", "CpuCallback error calling callback",
             "JaxStackTraceBeforeTransformation")
@@ -70,7 +92,108 @@ def _first_line(text: str) -> str:
   return "(no message)"
 
 
-def run_file(path: str, out_dir: str, per_test: int, per_file: int, timeout_plugin: bool) -> dict:
+def is_numeric_assertion(text: str) -> bool:
+  """A failure that is NumPy's array comparison (values differ), the kind the exact-f32-dots re-run
+  may explain."""
+  return bool(_NUMERIC.search(text or ""))
+
+
+def xla_cpu_error(text: str) -> str | None:
+  """The error line when XLA:CPU itself failed running code outside the kernel (the test's reference):
+  an XLA runtime error that wraps no palace callback error, raised where no traceback frame is palace's
+  or JAX's Pallas code (the kernel call). None otherwise."""
+  text = text or ""
+  errors = _XLA_ERROR.findall(text)
+  if not errors or any(w in text for w in _WRAPPED):
+    return None
+  if any(_KERNEL_FRAME.search(f) for f in _FRAME.findall(text)):
+    return None
+  return errors[-1][0]
+
+
+def classify(text: str) -> str:
+  """The outcome of one failed test from its failure text, before any re-run: "not collected" and
+  "timeout" as the runner saw them, then "needs a compiler", "reference fails on XLA:CPU", "failed"."""
+  if NEEDS_COMPILER.search(text):
+    return "needs a compiler"
+  if xla_cpu_error(text):
+    return "reference fails on XLA:CPU"
+  return "failed"
+
+
+def node_id(path: str, name: str) -> str:
+  """pytest's id of test `name` ("Class::test", or "<file stem>::test" for a module-level test, as
+  read_junit names them) in the file `path`."""
+  cls, _, test = name.partition("::")
+  return f"{path}::{test}" if cls == os.path.basename(path)[:-3] else f"{path}::{name}"
+
+
+def _pytest(targets: list, xml: str, env: dict, checkout: str, per_test: int, per_file: int,
+            timeout_plugin: bool, keyword: str | None = None) -> tuple:
+  """Run pytest on `targets` (a file or node ids; `-k keyword`) into the JUnit file `xml`: (timed out,
+  output tail)."""
+  cmd = [sys.executable, "-m", "pytest", "-p", "palace.jax", "-p", "benchmarks.jax_suite_paths", "-q",
+         "-p", "no:cacheprovider",
+         f"--junitxml={xml}", "-o", "junit_family=xunit1", *targets, *(["-k", keyword] if keyword else [])]
+  if timeout_plugin:
+    cmd += [f"--timeout={per_test}"]
+  try:
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=per_file, cwd=checkout)
+    return False, (proc.stdout + proc.stderr)[-2000:]
+  except subprocess.TimeoutExpired as e:
+    return True, str(e.stdout or "")[-2000:]
+
+
+def read_junit(xml: str) -> list:
+  """[(name "Class::test", outcome, seconds, failure text)] of a pytest JUnit file (xunit1)."""
+  cases = []
+  for case in ET.parse(xml).getroot().iter("testcase"):
+    name = f"{case.get('classname', '').split('.')[-1]}::{case.get('name')}"
+    outcome, msg = "passed", ""
+    for child in case:
+      if child.tag in ("failure", "error"):
+        msg = (child.get("message") or "") + "\n" + (child.text or "")
+        if "collection failure" in msg or "ERROR collecting" in msg or not case.get("classname"):
+          outcome = "not collected"   # the file does not import with this jax (a version mismatch)
+          msg = next((ln for ln in (child.text or "").splitlines() if ln.startswith("E ")), msg)[2:]
+        elif "Timeout" in msg:
+          outcome = "timeout"
+        else:
+          outcome = classify(msg)
+      elif child.tag == "skipped":
+        outcome = "skipped"
+    cases.append((name, outcome, float(case.get("time") or 0), msg))
+  return cases
+
+
+def recheck_exact(path: str, tests: list, env: dict, checkout: str, xml: str, per_test: int,
+                  per_file: int, timeout_plugin: bool, keyword: str | None = None) -> dict:
+  """Re-run the numeric failures among `tests` (those `keyword` selects) once under the exact-f32-dots
+  diagnostic; each that passes becomes "reference on XLA:CPU". Returns {"ran", "passed", "timed_out"}
+  for the record ("ran": the tests the re-run reported)."""
+  again = [t for t in tests if t["outcome"] == "failed" and t.pop("numeric", False)]
+  if not again:
+    return {"ran": 0, "passed": 0, "timed_out": False}
+  timed_out, _ = _pytest([node_id(path, t["name"]) for t in again], xml, dict(env, **{EXACT_F32_DOTS: "1"}),
+                         checkout, per_test, per_file, timeout_plugin, keyword)
+  rerun = {name: (outcome, msg) for name, outcome, _, msg in (read_junit(xml) if os.path.exists(xml) else ())}
+  passed = {name for name, (outcome, _) in rerun.items() if outcome == "passed"}
+  for t in again:
+    if t["name"] in passed:
+      t["outcome"] = "reference on XLA:CPU"
+      t["evidence"] = f"passes when re-run with {EXACT_F32_DOTS}=1 (float32 dots exact, as XLA:CPU)"
+    elif t["name"] in rerun:   # still failing: what the re-run saw (e.g. fewer mismatched elements)
+      msg = rerun[t["name"]][1]
+      t["exact_f32_rerun"] = next((re.sub(r"^E\s+", "", ln).strip() for ln in msg.splitlines()
+                                   if "Mismatch" in ln), _first_line(msg) if msg else rerun[t["name"]][0])
+  names = {t["name"] for t in again}
+  return {"ran": len(names & set(rerun)), "passed": len(passed & names), "timed_out": timed_out}
+
+
+def run_file(path: str, out_dir: str, per_test: int, per_file: int, timeout_plugin: bool,
+             recheck: bool = True, keyword: str | None = None, reuse: str | None = None) -> dict:
+  """Run one test file (or, with `reuse`, take its JUnit file from that earlier run's folder instead:
+  only the classification and the re-run are done) and classify its outcomes."""
   stem = os.path.basename(path)[:-3]
   chip = chip_for(stem)
   n = int(chip.split(":")[1]) if ":" in chip else 1
@@ -78,46 +201,44 @@ def run_file(path: str, out_dir: str, per_test: int, per_file: int, timeout_plug
   checkout = os.path.dirname(os.path.dirname(os.path.dirname(path)))
   env = dict(os.environ, PALACE_JAX=chip, JAX_PLATFORMS="cpu", JAX_SUITE_CHECKOUT=checkout,
              PYTHONPATH=os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p))
+  env.pop(EXACT_F32_DOTS, None)   # the first run is the chip's numerics, whatever the caller's shell has
   flags = env.get("XLA_FLAGS", "")
   if "xla_force_host_platform_device_count" not in flags:
     env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={max(n, 1)}".strip()
-  cmd = [sys.executable, "-m", "pytest", "-p", "palace.jax", "-p", "benchmarks.jax_suite_paths", "-q",
-         "-p", "no:cacheprovider",
-         f"--junitxml={xml}", "-o", "junit_family=xunit1", path]
-  if timeout_plugin:
-    cmd += [f"--timeout={per_test}"]
   t0 = time.time()
-  try:
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=per_file,
-                          cwd=checkout)
-    timed_out, tail = False, (proc.stdout + proc.stderr)[-2000:]
-  except subprocess.TimeoutExpired as e:
-    timed_out, tail = True, str(e.stdout or "")[-2000:]
-  res = {"file": stem, "chip": chip, "seconds": round(time.time() - t0, 1), "file_timed_out": timed_out,
-         "tests": [], "tail": tail}
+  earlier = reuse and os.path.join(reuse, f"{stem}.xml")
+  if earlier and os.path.exists(earlier):
+    if os.path.abspath(earlier) != os.path.abspath(xml):
+      shutil.copyfile(earlier, xml)
+    timed_out, tail = False, f"(the first run's outcomes reused from {earlier})"
+  else:
+    timed_out, tail = _pytest([path], xml, env, checkout, per_test, per_file, timeout_plugin, keyword)
+  res = {"file": stem, "chip": chip, "seconds": 0.0, "file_timed_out": timed_out, "tests": [], "tail": tail}
   if os.path.exists(xml):
-    for case in ET.parse(xml).getroot().iter("testcase"):
-      name = f"{case.get('classname', '').split('.')[-1]}::{case.get('name')}"
-      outcome, msg = "passed", ""
-      for child in case:
-        if child.tag in ("failure", "error"):
-          msg = (child.get("message") or "") + "\n" + (child.text or "")
-          if "collection failure" in msg or "ERROR collecting" in msg or not case.get("classname"):
-            outcome = "not collected"   # the file does not import with this jax (a version mismatch)
-            msg = next((ln for ln in (child.text or "").splitlines() if ln.startswith("E ")), msg)[2:]
-          elif "Timeout" in msg:
-            outcome = "timeout"
-          else:
-            outcome = "needs a compiler" if NEEDS_COMPILER.search(msg) else "failed"
-        elif child.tag == "skipped":
-          outcome = "skipped"
-      res["tests"].append({"name": name, "outcome": outcome, "seconds": float(case.get("time") or 0),
-                           "first_line": _first_line(msg) if msg else ""})
+    for name, outcome, seconds, msg in read_junit(xml):
+      t = {"name": name, "outcome": outcome, "seconds": seconds,
+           "first_line": _first_line(msg) if msg else ""}
+      if outcome == "failed" and is_numeric_assertion(msg):
+        t["numeric"] = True
+      elif outcome == "reference fails on XLA:CPU":
+        t["evidence"] = xla_cpu_error(msg)
+      res["tests"].append(t)
+  if recheck:
+    res["exact_f32_recheck"] = recheck_exact(path, res["tests"], env, checkout,
+                                             os.path.join(out_dir, f"{stem}.exact_f32_dots.xml"),
+                                             per_test, per_file, timeout_plugin, keyword)
+  for t in res["tests"]:
+    t.pop("numeric", None)
+  res["seconds"] = round(time.time() - t0, 1)
   return res
 
 
+KINDS = ("passed", "failed", "reference on XLA:CPU", "reference fails on XLA:CPU", "needs a compiler",
+         "skipped", "timeout", "not collected")
+
+
 def summarize(results: list[dict]) -> str:
-  kinds = ("passed", "failed", "needs a compiler", "skipped", "timeout", "not collected")
+  kinds = KINDS
   lines = ["| file | chip | " + " | ".join(kinds) + " | file over its limit | s |",
            "|---|---|" + "---|" * (len(kinds) + 2)]
   total = collections.Counter()
@@ -133,9 +254,20 @@ def summarize(results: list[dict]) -> str:
     lines.append(f"| {r['file']} | {r['chip']} | " + " | ".join(str(c[k]) for k in kinds)
                  + f" | {'yes' if r['file_timed_out'] else ''} | {r['seconds']:.0f} |")
   ran = total["passed"] + total["failed"] + total["timeout"]
+  rechecked = [r["exact_f32_recheck"] for r in results if "exact_f32_recheck" in r]
   lines.append("| **all** | | " + " | ".join(f"**{total[k]}**" for k in kinds) + " | | |")
-  lines.append(f"\npassed {total['passed']} of {ran} run without a compiler need "
-               f"({100.0 * total['passed'] / max(ran, 1):.1f}%)\n\nfailures by first error line:")
+  lines.append(f"\npassed {total['passed']} of {ran} run, excluding needs-a-compiler and reference-on-CPU "
+               f"({100.0 * total['passed'] / max(ran, 1):.1f}%)")
+  if rechecked:
+    lines.append(
+        f"\nreference on XLA:CPU: {total['reference on XLA:CPU']} numeric failures that pass when re-run "
+        f"under the diagnostic {EXACT_F32_DOTS}=1 ({sum(c['ran'] for c in rechecked)} re-run"
+        + ("; a re-run ran past its file limit" if any(c["timed_out"] for c in rechecked) else "")
+        + "), which computes float32 dots exactly as XLA:CPU does, NOT as the chip computes them; "
+          "reference fails on XLA:CPU: XLA:CPU raised running code outside the kernel")
+  else:
+    lines.append(f"\n(no exact-f32-dots re-run: numeric failures stay \"failed\")")
+  lines.append("\nfailures by first error line:")
   for line, count in groups.most_common():
     lines.append(f"{count:6d}  {line}")
   return "\n".join(lines)
@@ -150,6 +282,12 @@ def main(argv=None) -> int:
   ap.add_argument("--workers", type=int, default=2, help="files run at once")
   ap.add_argument("--out", default="palace-out/jax_suite")
   ap.add_argument("--interpret", action="store_true", help="also the interpret-mode test files")
+  ap.add_argument("-k", dest="keyword", default=None, help="pytest's -k: only the tests it selects")
+  ap.add_argument("--reuse", default=None, metavar="DIR",
+                  help="take each file's first-run JUnit file from DIR (an earlier run's --out) instead "
+                       "of running it: only classify and re-run")
+  ap.add_argument("--no-recheck", action="store_true",
+                  help=f"do not re-run numeric failures under {EXACT_F32_DOTS}=1 (they stay 'failed')")
   a = ap.parse_args(argv)
   tests_dir = os.path.join(os.path.abspath(a.jax), "tests", "pallas")
   if not os.path.isdir(tests_dir):
@@ -173,7 +311,8 @@ def main(argv=None) -> int:
           "(pip install pytest-timeout)", file=sys.stderr)
   results = []
   with concurrent.futures.ThreadPoolExecutor(a.workers) as pool:
-    futs = {pool.submit(run_file, f, os.path.abspath(a.out), a.per_test, a.per_file, plugin): f
+    futs = {pool.submit(run_file, f, os.path.abspath(a.out), a.per_test, a.per_file, plugin,
+                        not a.no_recheck, a.keyword, a.reuse and os.path.abspath(a.reuse)): f
             for f in files}
     for fut in concurrent.futures.as_completed(futs):
       r = fut.result()

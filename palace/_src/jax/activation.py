@@ -18,7 +18,11 @@ The hook, and why it is safe with jit's compilation cache:
 
 Process-wide switch: `PALACE_JAX=v5e` (optionally `PALACE_JAX=v5e:4` for 4 chips) makes importing
 `palace.jax` install a global engine (`python -m palace._src.jax.run prog.py` and
-`pytest -p palace.jax` import it for unmodified programs and test suites).
+`pytest -p palace.jax` import it for unmodified programs and test suites). Beside it,
+`PALACE_JAX_EXACT_F32_DOTS=1` is a diagnostic that makes that engine compute NOT what the chip computes:
+float32 dots at the default precision unrounded, as XLA:CPU does (VirtualTPU(exact_f32_dots=True); its
+reports and the pytest header say so). benchmarks/jax_suite.py re-runs numeric failures under it to
+tell a test whose reference ran exactly on the CPU from a kernel palace computes wrong.
 """
 from __future__ import annotations
 
@@ -150,17 +154,29 @@ def virtual_tpu(chip="v5e", num_chips: int = 1, **options):
 
 
 def activate_from_env(environ=None):
-  """PALACE_JAX=<chip>[:<num_chips>]: install a process-wide engine; returns its VirtualTPU or None."""
-  spec = (os.environ if environ is None else environ).get("PALACE_JAX", "").strip()
+  """PALACE_JAX=<chip>[:<num_chips>]: install a process-wide engine; returns its VirtualTPU or None.
+  PALACE_JAX_EXACT_F32_DOTS=1 gives that engine the exact-f32-dots diagnostic (module docstring)."""
+  environ = os.environ if environ is None else environ
+  spec = environ.get("PALACE_JAX", "").strip()
   if not spec or spec == "0":
     return None
+  exact = environ.get("PALACE_JAX_EXACT_F32_DOTS", "").strip()
+  if exact not in ("", "0", "1"):
+    raise UsageError(f"PALACE_JAX_EXACT_F32_DOTS={exact!r}: expected 1 (the diagnostic on: float32 dots "
+                     f"at the default precision computed exactly, not as the chip computes them) or 0 "
+                     f"(off, the chip's rounding). Fix: set it to 1 or 0, or unset it.")
   chip, _, n = spec.partition(":")
   try:
     num_chips = int(n) if n else 1
   except ValueError:
     raise UsageError(f"PALACE_JAX={spec!r}: expected <chip>[:<num_chips>]. Fix: set it to a chip "
                      f"name and an optional integer chip count, e.g. 'v5e' or 'v5p:4'.") from None
-  return activate_global(chip, num_chips)
+  if exact == "1":
+    import sys  # noqa: PLC0415
+    print("palace.jax: DIAGNOSTIC PALACE_JAX_EXACT_F32_DOTS=1: float32 dots at the default precision are "
+          "computed exactly, NOT as the chip computes them (it rounds their operands to bfloat16)",
+          file=sys.stderr)
+  return activate_global(chip, num_chips, exact_f32_dots=exact == "1")
 
 
 def activate_global(chip="v5e", num_chips: int = 1, **options):

@@ -45,4 +45,7 @@ def pytest_report_header(config):
     return "palace.jax: inactive (set PALACE_JAX=<chip>[:<num_chips>] to run TPU kernels on palace)"
   return (f"palace.jax: TPU kernels run on a virtual {tpu.chip.name} ({tpu.num_chips} chip"
           f"{'s' if tpu.num_chips != 1 else ''}); jax_test_dut=tpu; libtpu "
-          f"{hw.COMPILER.libtpu_version} modelled (jtu.is_libtpu_at_least answers for it)")
+          f"{hw.COMPILER.libtpu_version} modelled (jtu.is_libtpu_at_least answers for it)"
+          + ("; DIAGNOSTIC PALACE_JAX_EXACT_F32_DOTS=1: float32 dots at the default precision are "
+             "computed exactly, NOT as the chip computes them (it rounds their operands to bfloat16)"
+             if tpu.exact_f32_dots else ""))

@@ -117,8 +117,14 @@ def check(a_dtype, b_dtype, out_dtype, precision: str, site: str = "jnp.dot",
 
 
 def rounds_to_bf16(d, precision: str) -> bool:
-  """Whether an operand of dtype `d` is rounded to bfloat16 before the MXU multiplies it."""
-  return precision == DEFAULT and np.dtype(d) == _F32
+  """Whether an operand of dtype `d` is rounded to bfloat16 before the MXU multiplies it: float32 at
+  DEFAULT, as the chip does, except under the exact-f32-dots diagnostic of the running launch
+  (VirtualTPU(exact_f32_dots=True), PALACE_JAX_EXACT_F32_DOTS=1), which multiplies them unrounded as
+  XLA:CPU does and so is NOT what the chip computes (its reports say so). Every matmul path asks here."""
+  if precision != DEFAULT or np.dtype(d) != _F32:
+    return False
+  ex = executor.maybe_current()
+  return ex is None or not ex.exact_f32_dots
 
 
 def round_to_bf16(v: np.ndarray) -> np.ndarray:

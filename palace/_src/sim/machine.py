@@ -374,7 +374,7 @@ class Machine:
     return Report(self.kernel_name, self.chip, self.num_chips, int(round(end)), flops, self.hbm_bytes,
                   busy, vmem_peak, sum(c.steps for c in self.cores) or self.grid_steps,
                   self.dma_count, events, self.ici_bytes,
-                  self.timing_only)
+                  self.timing_only, exact_f32_dots=self.tpu.exact_f32_dots)
 
 
 class VirtualTPU:
@@ -394,12 +394,17 @@ class VirtualTPU:
   report is the one the full machine would give. `replay=False` runs every launch on the full machine.
   `steady_state=True` (default) lets a timing-only grid whose steps provably repeat time one period
   and advance over the rest (pipeline_steady.py; the report is the one stepping every point gives);
-  `steady_state=False` steps every grid point."""
+  `steady_state=False` steps every grid point. `exact_f32_dots=True` is a diagnostic, NOT the chip:
+  float32 dots at the default precision multiply their operands unrounded (as XLA:CPU and JAX's
+  interpret mode do) instead of rounded to bfloat16 as the chip's MXU does (lang/mxu.py); every report
+  made under it says so. It tells a test whose reference was computed exactly on the CPU apart from a
+  wrong kernel (docs/jax.md, "Diagnostic: exact float32 dots")."""
 
   def __init__(self, chip="v5e", num_chips: int = 1, *, timing_only: bool = False,
                dma_policy: str = "eager", seed: int = 0, trace: bool = True, topology=None,
                detect_races: bool = False, uninitialized: str = "nan", p_state=None,
-               keep_trace_events=KEEP_TRACE_EVENTS, replay: bool = True, steady_state: bool = True):
+               keep_trace_events=KEEP_TRACE_EVENTS, replay: bool = True, steady_state: bool = True,
+               exact_f32_dots: bool = False):
     hostmem.tune_allocator()   # (process-wide host tuning, once: keeps block-sized pages mapped)
     if not isinstance(chip, hw.ChipSpec):
       validate.as_name(chip, "pl.virtual_tpu(chip)", hint=f"pass a chip name: {', '.join(hw.CHIPS)}.")
@@ -433,6 +438,8 @@ class VirtualTPU:
     # (pipeline_steady.py, sim/steady.py); False steps every grid point. `extrapolated_steps` counts
     # the grid steps advanced over instead of stepped, over all launches
     self.steady_state = validate.as_bool(steady_state, "pl.virtual_tpu(steady_state)")
+    # a diagnostic that is not the chip: DEFAULT-precision f32 dots unrounded (lang/mxu.rounds_to_bf16)
+    self.exact_f32_dots = validate.as_bool(exact_f32_dots, "pl.virtual_tpu(exact_f32_dots)")
     self.extrapolated_steps = 0
     self._traced = collections.deque()   # the reports still holding trace events, oldest first
     self._traced_events = 0
@@ -525,7 +532,9 @@ class VirtualTPU:
 
   def __repr__(self):
     return (f"VirtualTPU(chip={self.chip.name!r}, num_chips={self.num_chips}, timing_only="
-            f"{self.timing_only}, dma_policy={self.dma_policy!r}, launches={len(self.reports)})")
+            f"{self.timing_only}, dma_policy={self.dma_policy!r}, launches={len(self.reports)}"
+            + (", exact_f32_dots=True (a diagnostic: not the chip's numerics)" if self.exact_f32_dots
+               else "") + ")")
 
 
 _active: contextvars.ContextVar = contextvars.ContextVar("palace_virtual_tpu", default=None)

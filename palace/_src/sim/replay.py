@@ -124,6 +124,7 @@ class ReplayCore:
     self.chip = machine.chip
     self.chip_index, self.core_id = chip_index, core_id
     self.kernel_name = machine.kernel_name
+    self.exact_f32_dots = machine.tpu.exact_f32_dots
     self.axis_env = dict(axis_env)
     self.mesh_axes = []
     self.grid_stack = []

@@ -32,6 +32,7 @@ class Report:
   trace_log: list = dataclasses.field(repr=False, default_factory=list)   # (read it as `events`)
   ici_bytes: int = 0
   timing_only: bool = False
+  exact_f32_dots: bool = False   # made under the exact-f32-dots diagnostic (not the chip's numerics)
   stats: dict | None = dataclasses.field(default=None, repr=False)
 
   def __post_init__(self):
@@ -139,7 +140,8 @@ class Report:
             "vmem_peak_bytes": self.vmem_peak_bytes, "grid_steps": self.grid_steps,
             "dma_count": self.dma_count, "unit_busy_cycles": dict(self.unit_busy_cycles),
             "dma_bytes_by_direction": self.dma_bytes_by_direction,
-            "dma_count_by_direction": self.dma_count_by_direction, "timing_only": self.timing_only}
+            "dma_count_by_direction": self.dma_count_by_direction, "timing_only": self.timing_only,
+            "exact_f32_dots": self.exact_f32_dots}
 
   # ---- exports
   def drop_trace(self, budget: int) -> None:
@@ -204,7 +206,8 @@ class Report:
     lines = [
         f"kernel '{self.kernel_name}' on {self.chip.name}" + (f" x{self.num_chips}" if self.num_chips > 1
                                                                else "")
-        + (" (timing only)" if self.timing_only else ""),
+        + (" (timing only)" if self.timing_only else "")
+        + (" (DIAGNOSTIC exact_f32_dots: not the chip's numerics)" if self.exact_f32_dots else ""),
         f"  device time     {us:,.3f} us  ({self.device_cycles:,} cycles at "
         f"{self.chip.clock_hz / 1e9:.2f} GHz); launch overhead {self.launch_overhead_s * 1e6:.1f} us",
         f"  compute         {self.flops / 1e9:,.3f} GFLOP, {self.flops_per_s / 1e12:,.2f} TFLOP/s "
@@ -224,4 +227,8 @@ class Report:
           for k, v in self.dma_bytes_by_direction.items()))
     if self.ici_bytes:
       lines.append(f"  ICI traffic     {fmt_bytes(self.ici_bytes)}")
+    if self.exact_f32_dots:
+      lines.append("  numerics        DIAGNOSTIC: float32 dots at the default precision were computed "
+                   "exactly; the chip rounds their operands to bfloat16 (VirtualTPU(exact_f32_dots=True), "
+                   "PALACE_JAX_EXACT_F32_DOTS)")
     return "\n".join(lines)

@@ -1,0 +1,182 @@
+"""benchmarks/jax_suite.py sorts each failure of JAX's suite by evidence: the test's reference failing on
+XLA:CPU (from the traceback), a numeric failure that passes when re-run under the exact-f32-dots
+diagnostic (reference on XLA:CPU), or palace's own failure. Synthetic JUnit files and tracebacks; the
+re-run's pytest is replaced by one that writes the JUnit file a re-run would."""
+import collections
+import os
+
+import pytest
+
+from benchmarks import jax_suite as js
+
+SITE = "/venv/lib/python3.12/site-packages"
+DOT_THUNK = ("jax.errors.JaxRuntimeError: UNIMPLEMENTED: Unsupported element type for DotThunk::Execute: "
+             "BF16 x BF16 = F32")
+
+# XLA:CPU failing on the test's reference: materialized in assertAllClose, no palace or Pallas frame
+REFERENCE_FAILS = f"""self = <tpu_fusible_matmul_test.FusibleMatmulTest testMethod=test_matmul_out_transpose3>
+
+>     self.assertAllClose(
+          jax.jit(impl_fused)(x, y),
+          jax.jit(ref)(x, y),
+      )
+
+tests/pallas/tpu_fusible_matmul_test.py:1037: 
+{SITE}/jax/_src/test_util.py:1361: in assertAllClose
+    desired = np.asarray(desired)
+{SITE}/jax/_src/array.py:448: in __array__
+    return np.asarray(self._value, dtype=dtype, **kwds)
+>         npy_value, did_copy = self._to_np_array_did_copy()
+E         {DOT_THUNK}
+
+{SITE}/jax/_src/array.py:696: JaxRuntimeError"""
+
+# the same error type raised through palace's callback (a palace error XLA wrapped): palace's
+PALACE_WRAPPED = f"""tests/pallas/tpu_x_test.py:50: 
+{SITE}/jax/_src/array.py:696: in _value
+E   jax.errors.JaxRuntimeError: INTERNAL: Error when calling buffer callback: Traceback (most recent call last):
+E     File "/work/palace/_src/jax/callback.py", line 80, in run
+E   palace._src.errors.OutOfBoundsError: index 9 of args[0]
+
+{SITE}/jax/_src/array.py:696: JaxRuntimeError"""
+
+# an XLA error raised while the kernel call was lowered or run (a Pallas or palace frame)
+KERNEL_FRAME = f"""tests/pallas/tpu_x_test.py:50: 
+{SITE}/jax/_src/pallas/pallas_call.py:1200: in _pallas_call_impl
+    return ...
+/work/wt/palace/_src/jax/launch.py:10: in plan
+E   jax.errors.JaxRuntimeError: INVALID_ARGUMENT: something
+
+{SITE}/jax/_src/pallas/pallas_call.py:1200: JaxRuntimeError"""
+
+NUMERIC = """>       np.testing.assert_allclose(a, b, atol=5e-05)
+E       AssertionError: 
+E       Not equal to tolerance rtol=1e-06, atol=5e-05
+E       
+E       Mismatched elements: 4 / 131072 (0.00305%)
+
+tests/pallas/tpu_x_test.py:655: AssertionError"""
+
+EXACT_EQUAL = """E       AssertionError: 
+E       Arrays are not equal
+E       Mismatched elements: 55 / 4194304 (0.00131%)"""
+
+NOT_RAISED = """E   AssertionError: MosaicError not raised"""
+
+
+def test_xla_cpu_failing_on_the_reference_is_recognised_from_the_traceback():
+  assert js.xla_cpu_error(REFERENCE_FAILS) == DOT_THUNK
+  assert js.classify("jax.errors.JaxRuntimeError: UNIMPLEMENTED\n" + REFERENCE_FAILS) == \
+      "reference fails on XLA:CPU"
+
+
+@pytest.mark.parametrize("text", [PALACE_WRAPPED, KERNEL_FRAME, NUMERIC, NOT_RAISED],
+                         ids=["palace_callback", "kernel_frame", "numeric", "not_raised"])
+def test_failures_in_palace_or_the_kernel_call_stay_failed(text):
+  assert js.xla_cpu_error(text) is None
+  assert js.classify(text) == "failed"
+
+
+def test_numeric_assertions_are_numpy_comparisons():
+  assert js.is_numeric_assertion(NUMERIC) and js.is_numeric_assertion(EXACT_EQUAL)
+  assert not js.is_numeric_assertion(NOT_RAISED) and not js.is_numeric_assertion(REFERENCE_FAILS)
+
+
+def test_node_ids_of_class_and_module_level_tests():
+  path = "/jax/tests/pallas/tpu_x_test.py"
+  assert js.node_id(path, "FooTest::test_a3") == f"{path}::FooTest::test_a3"
+  assert js.node_id(path, "tpu_x_test::test_b[1-2]") == f"{path}::test_b[1-2]"
+
+
+def _case(cls, name, tag=None, message="", text=""):
+  body = "" if tag is None else (f'<{tag} message="{message}"/>' if tag == "skipped" else
+                                 f'<{tag} message="{message}"><![CDATA[{text}]]></{tag}>')
+  return (f'<testcase classname="tests.pallas.tpu_x_test.{cls}" name="{name}" file="tests/pallas/'
+          f'tpu_x_test.py" time="0.5">{body}</testcase>')
+
+
+def _junit(path, cases):
+  with open(path, "w") as f:
+    f.write('<?xml version="1.0"?><testsuites><testsuite name="pytest">' + "".join(cases)
+            + "</testsuite></testsuites>")
+
+
+FIRST_RUN = [
+    _case("T", "test_ok"),
+    _case("T", "test_skip", "skipped", "no"),
+    _case("T", "test_f32", "failure", "AssertionError", NUMERIC),          # passes under the diagnostic
+    _case("T", "test_bf16", "failure", "AssertionError", EXACT_EQUAL),     # fails again under it
+    _case("T", "test_ref", "failure", "JaxRuntimeError", REFERENCE_FAILS),
+    _case("T", "test_poison", "failure", "AssertionError: MosaicError not raised", NOT_RAISED),  # no re-run
+    _case("T", "test_mlir", "failure", "AssertionError", "AssertionError: 'tpu_custom_call' not found "
+          "in 'module @jit_f'"),
+]
+
+
+@pytest.fixture
+def fake_pytest(monkeypatch):
+  """Replace the runner's pytest: the first run writes FIRST_RUN; a re-run (node ids) writes what the
+  diagnostic gives: test_f32 passes, test_bf16 fails again. Records each call's targets and env."""
+  calls = []
+
+  def run(targets, xml, env, checkout, per_test, per_file, timeout_plugin, keyword=None):
+    calls.append((list(targets), env.get(js.EXACT_F32_DOTS)))
+    if len(targets) == 1 and targets[0].endswith(".py"):
+      _junit(xml, FIRST_RUN)
+    else:
+      _junit(xml, [_case("T", "test_f32"),
+                   _case("T", "test_bf16", "failure", "AssertionError", EXACT_EQUAL)])
+    return False, ""
+  monkeypatch.setattr(js, "_pytest", run)
+  monkeypatch.setenv(js.EXACT_F32_DOTS, "1")   # a caller's shell: the first run must not inherit it
+  return calls
+
+
+def test_a_file_is_classified_by_evidence(tmp_path, fake_pytest):
+  path = str(tmp_path / "jax" / "tests" / "pallas" / "tpu_x_test.py")
+  res = js.run_file(path, str(tmp_path), 60, 600, True)
+  outcomes = {t["name"].split("::")[1]: t["outcome"] for t in res["tests"]}
+  assert outcomes == {"test_ok": "passed", "test_skip": "skipped", "test_f32": "reference on XLA:CPU",
+                      "test_bf16": "failed", "test_ref": "reference fails on XLA:CPU",
+                      "test_poison": "failed", "test_mlir": "needs a compiler"}
+  (first, first_env), (again, again_env) = fake_pytest
+  assert first == [path] and first_env is None           # the chip's numerics first
+  assert again == [f"{path}::T::test_f32", f"{path}::T::test_bf16"] and again_env == "1"
+  assert res["exact_f32_recheck"] == {"ran": 2, "passed": 1, "timed_out": False}
+  evidence = {t["name"].split("::")[1]: t.get("evidence") for t in res["tests"]}
+  assert "PALACE_JAX_EXACT_F32_DOTS=1" in evidence["test_f32"] and evidence["test_ref"] == DOT_THUNK
+  assert all("numeric" not in t for t in res["tests"])
+  rerun = {t["name"].split("::")[1]: t.get("exact_f32_rerun") for t in res["tests"]}
+  assert rerun["test_bf16"] == "Mismatched elements: 55 / 4194304 (0.00131%)" and rerun["test_f32"] is None
+
+  table = js.summarize([res])
+  header = table.splitlines()[0]
+  assert "| reference on XLA:CPU | reference fails on XLA:CPU |" in header
+  assert "| **1** | **2** | **1** | **1** | **1** | **1** | **0** | **0** |" in table
+  # passed of run: passed / (passed + failed + timeout); the reference classes are not run failures
+  assert "passed 1 of 3 run, excluding needs-a-compiler and reference-on-CPU (33.3%)" in table
+  assert "under the diagnostic PALACE_JAX_EXACT_F32_DOTS=1" in table and "NOT as the chip" in table
+  groups = table.split("failures by first error line:")[1]
+  assert "MosaicError not raised" in groups and "DotThunk" not in groups
+
+
+def test_without_the_recheck_numeric_failures_stay_failed(tmp_path, fake_pytest):
+  path = str(tmp_path / "jax" / "tests" / "pallas" / "tpu_x_test.py")
+  res = js.run_file(path, str(tmp_path), 60, 600, True, recheck=False)
+  c = collections.Counter(t["outcome"] for t in res["tests"])
+  assert c["failed"] == 3 and c["reference on XLA:CPU"] == 0 and len(fake_pytest) == 1
+  assert "no exact-f32-dots re-run" in js.summarize([res])
+  assert os.path.exists(tmp_path / "tpu_x_test.xml")
+
+
+def test_an_earlier_runs_outcomes_are_reused_and_only_rechecked(tmp_path, fake_pytest):
+  earlier = tmp_path / "earlier"
+  earlier.mkdir()
+  _junit(str(earlier / "tpu_x_test.xml"), FIRST_RUN)
+  out = tmp_path / "out"
+  out.mkdir()
+  path = str(tmp_path / "jax" / "tests" / "pallas" / "tpu_x_test.py")
+  res = js.run_file(path, str(out), 60, 600, True, reuse=str(earlier))
+  assert [env for _, env in fake_pytest] == ["1"]    # no first run: only the re-run, under the diagnostic
+  assert collections.Counter(t["outcome"] for t in res["tests"])["reference on XLA:CPU"] == 1
+  assert "reused" in res["tail"] and (out / "tpu_x_test.xml").exists()
