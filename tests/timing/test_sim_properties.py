@@ -7,7 +7,9 @@
 (Semaphore settle against a reference: tests/timing/test_sync.py.)
 """
 import functools
+import inspect
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -17,6 +19,9 @@ from hypothesis import strategies as st
 import palace as pl
 import palace.numpy as jnp
 from palace import tpu as pltpu
+from palace._src.core import MemorySpace
+from palace._src.hw import get_chip
+from palace._src.sim import dma
 from palace._src.sim.bandwidth import Channel, reserve
 
 from timing_helpers import ANY_SPEC, UNIT_CHIP
@@ -130,3 +135,51 @@ def test_dma_timing_of_random_copy_sets_matches_a_fifo_recomputation(copies):
       synced = end
     end += SCALAR
   assert tpu.reports[-1].device_cycles == end
+
+
+def _reserve_steps(run):
+  """(run()'s result, how many times `bandwidth.reserve` ran its general stepping loop in it, the
+  pass that walks the calendars' breakpoints): line events on its first line, counted (not timed)."""
+  code = reserve.__code__
+  line = code.co_firstlineno + next(i for i, text in enumerate(inspect.getsource(reserve).splitlines())
+                                    if text.strip() == "avail = nxt = _INF")
+  steps = [0]
+
+  def tracer(frame, event, arg):
+    if frame.f_code is not code:
+      return None
+    if event == "line" and frame.f_lineno == line:
+      steps[0] += 1
+    return tracer
+  sys.settrace(tracer)
+  try:
+    out = run()
+  finally:
+    sys.settrace(None)
+  return out, steps[0]
+
+
+def test_a_stream_of_reads_reserves_each_copy_without_stepping_whatever_its_channel_order():
+  """A stream of HBM->VMEM copies on a v5e core is queued behind its previous copy, which fills the
+  slower of its two channels (HBM: its read weight makes it slower than the DMA engine) to its end.
+  With the slowest channel first (the CopyPlan's order) each reservation jumps there and takes the
+  rest in one segment; listed second (the order before), every copy after the first ran the general
+  stepping loop once more. Same cycles, bit for bit, in either order."""
+  chip = get_chip("v5e")
+
+  def stream(order):
+    chans = (Channel("tc-dma", chip.dma_bytes_per_s_per_tc, chip.clock_hz),
+             Channel("hbm", chip.hbm_bytes_per_s_per_device, chip.clock_hz),
+             Channel("local", chip.vmem_vmem_dma_bytes_per_s, chip.clock_hz))
+    p = dma.plan(dma.copy_timing(chip, MemorySpace.HBM, MemorySpace.VMEM), chans)
+    channels = p.channels if order == "plan" else p.channels[::-1]
+    return [reserve(channels, 10.0 * i, 256 * 1024) for i in range(32)]
+
+  (planned, steps), (reversed_, steps_rev) = _reserve_steps(lambda: stream("plan")), \
+      _reserve_steps(lambda: stream("reversed"))
+  assert planned == reversed_    # bit for bit
+  assert [c.name for c, _ in dma.plan(dma.copy_timing(chip, MemorySpace.HBM, MemorySpace.VMEM),
+                                       (Channel("tc-dma", 1.0, 1.0), Channel("hbm", 1.0, 1.0),
+                                        Channel("local", 1.0, 1.0))).channels] == ["hbm", "tc-dma"]
+  assert steps == 0
+  assert steps_rev == 31

@@ -137,9 +137,19 @@ def plan(timing: tuple, chans) -> CopyPlan:
   if cls == "local":
     return CopyPlan(kind, [(chans[2], 1.0)], latency_cycles, sides)
   alone = None if weight_alone is None or weight_alone == weight else \
-      [(chans[0], 1.0), (chans[1], weight_alone)]
-  return CopyPlan(kind, [(chans[0], 1.0), (chans[1], weight)], latency_cycles, sides, alone, chans[1],
-                  cls in ("read", "hbm->hbm"))
+      _slowest_first([(chans[0], 1.0), (chans[1], weight_alone)])
+  return CopyPlan(kind, _slowest_first([(chans[0], 1.0), (chans[1], weight)]), latency_cycles, sides,
+                  alone, chans[1], cls in ("read", "hbm->hbm"))
+
+
+def _slowest_first(channels: list) -> list:
+  """`channels` ([(channel, weight)]) with the one that carries the fewest bytes of the copy per cycle
+  first (stable on ties). A stream of copies is queued behind its previous copy, which fills its
+  slowest channel up to its end; bandwidth.reserve jumps there at once when the first channel with
+  a later reservation is full, and otherwise steps there through the general loop (the same cycles:
+  the order of a copy's channels changes no result, only how many passes the reservation takes; v5e
+  reads: the HBM channel, second before, cost each copy an extra pass)."""
+  return sorted(channels, key=lambda cw: cw[0].bytes_per_cycle / cw[1])
 
 
 class DmaEngine:
