@@ -93,6 +93,7 @@ class Executor(Protocol):
   def resolve_device_id(self, device_id) -> dict: ...        # mesh coordinates -> a core/chip address
   # bookkeeping
   def grid_step(self) -> None: ...
+  def loop_back_edge(self) -> None: ...   # a rolled loop's iteration ends (a basic block's end)
   def steady_state(self): ...   # -> the machine side of steady-state extrapolation, or None
   def where(self) -> str: ...
   def site(self) -> tuple: ...   # (file, line) of the user's code issuing the current op (records, messages)

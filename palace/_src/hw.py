@@ -89,6 +89,15 @@ class ChipSpec:
   # what the scalar core pays to see DMA completions: a DMA wait whose copy landed after the end of the
   # core's last such sync pays this much after the data landed (docs/timing-model.md 1.2)
   dma_wait_sync_cycles: int = 0
+  # a rolled loop's back edge (lax.fori_loop / while_loop / pl.loop iteration, not unrolled): the next
+  # iteration issues after this one's vector/MXU results have drained, plus these cycles of branch and
+  # counter work (docs/timing-model.md 1.1)
+  loop_back_edge_cycles: int = 3
+  # one core's DMA engine serves HBM writes ahead of reads, except a read's first
+  # `dma_read_head_bytes`; a read held behind a write, or queued behind one, pays the bus turnaround
+  # (sim/dma_arbiter.py)
+  dma_read_head_bytes: int = 32 * 1024
+  dma_write_turnaround_cycles: int = 142
   smem_reserved_bytes: int = 0      # SMEM the compiler keeps for itself (see _LIMIT_SOURCES)
   # Achieved HBM rates as fractions of the datasheet `hbm_bytes_per_s_per_device` (None: 1.0), measured
   # on a real v5e (_MEASURED_SOURCES, docs/timing-model.md 1.2): reads stream at `hbm_read_fraction`;
@@ -223,6 +232,20 @@ _COMMON_SOURCES = _mp(
                          "for each run of DMA waits: a start-and-wait loop of 4 KiB reads takes 0.34 us "
                          "a copy, a pipeline of (8, 128) blocks 0.21 us a step, 16 page DMAs and their "
                          "waits 0.53 us (benchmarks/hw); reused in cycles on every chip",
+    loop_back_edge_cycles="measured on a TPU v5e (benchmarks/hw loop_ilp, 2026-12-06): a chain of "
+                          "dependent multiply-adds on one vreg costs 9.9 cycles an iteration in a rolled "
+                          "fori_loop and 5.1 unrolled by 8 (6.8 / 3.5 us for 1024); with the drain, the "
+                          "loop counter's scalar op and the 4-cycle chain, 3 cycles remain; reused in "
+                          "cycles on every chip",
+    dma_read_head_bytes="measured on a TPU v5e (benchmarks/hw dma_curve, dma_order, dma_chunk, "
+                        "2026-12-06): reads of 16-32 KiB started beside a 32-256 KiB write cost their "
+                        "own round trip (373-391 ns, +0-37), reads of 64 KiB and more pay the write's "
+                        "transfer and the turnaround; 40-56 KiB lie between (+58 to +131 ns beside a 64 "
+                        "KiB write); reused on every chip",
+    dma_write_turnaround_cycles="fitted on a TPU v5e (benchmarks/hw dma_curve pairs, 2026-12-06): a "
+                                "read of 64-256 KiB beside a write of 16-256 KiB pays the write's "
+                                "transfer and 51-163 ns more, median 95 ns (142 cycles at 1.5 GHz); "
+                                "reused in cycles on every chip",
     dma_issue_cycles="modelling assumption: one DMA request per cycle [SB-tpus] plus address "
                      "arithmetic (the sum with the step overhead is what section 7 fixes)",
     scalar_op_cycles="[SB-tpus] scalar unit issues one bundle per cycle (modelling assumption)",

@@ -73,13 +73,15 @@ def test_reproduces_the_known_best_v5e_matmul_blocks():
   among the tutorial's blocks. 1024^3 blocks (12 MiB of blocks; the 4 MiB accumulator is scratch, which
   the chip does not count against the 16 MiB scoped default: benchmarks/hw limits) fit too, and on a
   real v5e they ran 4096^3 in 737.9 us of device time (benchmarks/hw mm_bf16_4096_b1024), the fastest
-  measured; the model ranks them first and the tutorial's best within 3%."""
+  measured; the model ranks them first. The tutorial's best took 0.889 ms there with 100-115 us of host
+  dispatch, so 774-789 us of device time: 4.9-6.9% over 1024^3 on the chip; the model puts it within
+  that (at most 7% over the best)."""
   m = 4096
   x = np.zeros((m, m), BF16)
   grid = [256, 512, 1024]
   res = pl.autotune(lambda c: make_matmul(m, m, m, **c), {"bm": grid, "bk": grid, "bn": grid}, (x, x),
                     chip="v5e")
   known = next(t for t in res.trials if t.config == dict(bm=512, bk=1024, bn=1024))
-  assert known.time_s <= 1.03 * res.best.time_s, str(res)
+  assert known.time_s <= 1.07 * res.best.time_s, str(res)
   assert res.best_config == dict(bm=1024, bk=1024, bn=1024), str(res)
   assert not res.rejected   # every configuration fits the 16 MiB of scoped VMEM

@@ -103,13 +103,15 @@ def test_one_matmul():
   x_done = math.ceil(x_end) + LAT_READ
   y_done = math.ceil(max(y_issue, x_end) + in_bytes / BPC) + LAT_READ
   body = max(x_done + SYNC + SCALAR, y_done) + SCALAR          # one sync for the run of two waits
-  # Loads: a bf16 (128,128) block is 8 packed vregs, 3 loads per cycle -> 3 cycles each.
-  assert _events(r, "vld") == [("load", body, body + 3), ("load", body + 3, body + 6)]
+  # Loads: a bf16 (128,128) block is 8 packed vregs, 3 loads per cycle -> 3 cycles each. The second
+  # interleaves with the first on the load unit: it issues with it and its vregs end 3 cycles later.
+  assert _events(r, "vld") == [("load", body, body + 3), ("load", body, body + 6)]
   # MXU (v5e rules): 1 latch, 128/16 = 8 vmatmuls spread over 4 MXUs -> 2 * cadence 16 = 32 cycles,
   # plus the first latch, 4 * 128 / 16 = 32 cycles, never hidden. Result after the 131-cycle latency.
   mxu_busy = 2 * 16 + 32
-  assert _events(r, "mxu") == [("matmul 128x128x128", body + 3, body + 3 + mxu_busy)]
-  result = body + 3 + mxu_busy + 131
+  # It issues with the loads (its operands stream in behind them: ready at body + 6 + 4, before its end).
+  assert _events(r, "mxu") == [("matmul 128x128x128", body, body + mxu_busy)]
+  result = body + mxu_busy + 131
   # The f32 (128,128) store is 16 vregs at 1 per cycle; it ends 2 cycles after the result it streams.
   store_done = result + 2
   wb_start = store_done                                       # the write-back waits for the store

@@ -4,6 +4,7 @@ primitives, so their scalar-unit costs are charged as for a palace kernel; in th
 each runs the analysis on its sub-jaxprs (`Taint.sub`, `Taint.loop`)."""
 from __future__ import annotations
 
+from palace._src import executor
 from palace._src.jax.avals import alloc_type
 from palace._src.jax.interpret import program, run_program, unsupported
 from palace._src.jax.registry import rule
@@ -147,21 +148,25 @@ def _scan(eqn):
   body = _closed(body_jaxpr)
   n_ys = len(body_jaxpr.outvars) - ncarry
   n_xs = len(body_jaxpr.invars) - nc - ncarry
+  unroll = prims.unrolled(p.get("unroll", 1), length, "lax.scan")   # iterations per basic block
   if not n_xs and not n_ys:
     if _is_fori(body_jaxpr, nc):
       # fori_loop's scan increments its counter itself (`i + 1` in the body): that add is the
       # loop's scalar cost, which palace's fori_loop would charge a second time
       def fori(*args):
+        ex = executor.maybe_current()
         consts, carry = args[:nc], args[nc:]
-        for _ in range(length):
+        for it in range(length):
           carry = body(*consts, *carry)
+          if ex is not None and (it + 1) % unroll == 0:
+            ex.loop_back_edge()   # (as palace's fori_loop: the compiled loop's basic block ends)
         return list(carry)
       return fori
 
     def loop(*args):
       consts = args[:nc]
       return list(prims.fori_loop(0, length, lambda i, c: tuple(body(*consts, *c)),
-                                  tuple(args[nc:])))
+                                  tuple(args[nc:]), unroll=unroll))
     return loop
 
   def scan(*args):
@@ -175,7 +180,7 @@ def _scan(eqn):
         y[k] = v
       return tuple(out[:ncarry])
 
-    carry = prims.fori_loop(0, length, step, tuple(init))
+    carry = prims.fori_loop(0, length, step, tuple(init), unroll=unroll)
     if length == 0:   # nothing to stack: empty arrays of the outputs' shapes (leading dim 0)
       return [*carry, *(pjnp.zeros(tuple(v.aval.shape), v.aval.dtype) for v in eqn.outvars[ncarry:])]
     return [*carry, *(pjnp.stack(y) for y in ys)]

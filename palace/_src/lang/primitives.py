@@ -127,6 +127,7 @@ def fori_loop(lower, upper, body_fun, init_val, *, unroll=None):
       f"lax.fori_loop body {getattr(body_fun, '__name__', body_fun)!r} cannot be called as "
       f"body(i, carry) ({e}). Fix: define it with two parameters and return the new carry."))
   ex = executor.maybe_current()
+  block = unrolled(unroll, hi - lo, "lax.fori_loop")
   carry = init_val
   for i in range(lo, hi):
     if ex is not None:
@@ -136,7 +137,21 @@ def fori_loop(lower, upper, body_fun, init_val, *, unroll=None):
       carry = body_fun(i, carry)
     if i == lo:
       _check_carry(init_val, carry, "lax.fori_loop", body_fun)
+    if ex is not None and (i - lo + 1) % block == 0:
+      ex.loop_back_edge()
   return carry
+
+
+def unrolled(unroll, trips: int, api: str) -> int:
+  """Iterations per basic block of a loop unrolled as `unroll` says (JAX: None / False / 1 rolled,
+  True fully unrolled, k > 1 k iterations a block); the compiled loop's back edge follows each block
+  (Executor.loop_back_edge)."""
+  if unroll is None or unroll is False:
+    return 1
+  if unroll is True:
+    return max(trips, 1)
+  k = validate.as_int(unroll, f"{api} unroll", min_value=1)
+  return k
 
 
 def _carry_type(x):
@@ -174,6 +189,7 @@ def _check_carry(init, out, api: str, body) -> None:
 
 
 def while_loop(cond_fun, body_fun, init_val):
+  ex = executor.maybe_current()
   carry = init_val
   first = True
   while _truth(cond_fun(carry)):
@@ -181,6 +197,8 @@ def while_loop(cond_fun, body_fun, init_val):
     if first:
       _check_carry(init_val, carry, "lax.while_loop", body_fun)
       first = False
+    if ex is not None:
+      ex.loop_back_edge()
   return carry
 
 
@@ -192,7 +210,9 @@ def loop(lower, upper, *, step: int = 1, init_carry=None, unroll=None):
   def deco(f):
     ex = executor.maybe_current()
     carry = init_carry
-    for i in range(lo, hi, step):
+    trips = len(range(lo, hi, step))
+    block = unrolled(unroll, trips, "pl.loop")
+    for k, i in enumerate(range(lo, hi, step)):
       idx = _scalar(i, ex.now) if ex is not None else i
       if ex is not None:
         ex.scalar_op()
@@ -200,6 +220,8 @@ def loop(lower, upper, *, step: int = 1, init_carry=None, unroll=None):
         f(idx)
       else:
         carry = f(idx, carry)
+      if ex is not None and (k + 1) % block == 0:
+        ex.loop_back_edge()
     return carry
 
   return deco

@@ -27,6 +27,7 @@ import math
 from palace._src.core import MemorySpace
 from palace._src.sim import memory
 from palace._src.sim.bandwidth import reserve
+from palace._src.sim.dma_arbiter import READ, WRITE, Arbiter
 
 _SPACE_LABEL = {MemorySpace.ANY: "hbm", MemorySpace.HBM: "hbm", MemorySpace.VMEM: "vmem",
                 MemorySpace.VMEM_SHARED: "vmem", MemorySpace.CMEM: "vmem", MemorySpace.SMEM: "smem",
@@ -36,12 +37,13 @@ _SPACE_LABEL = {MemorySpace.ANY: "hbm", MemorySpace.HBM: "hbm", MemorySpace.VMEM
 class DmaRecord:
   """One in-flight copy."""
   __slots__ = ("req", "seq", "issue_cycle", "start_cycle", "done_cycle", "read_done_cycle", "moved",
-               "core", "applied", "src_applied", "hbm_sides")
+               "core", "applied", "src_applied", "hbm_sides", "held")
 
   def __init__(self, req, seq, core, issue_cycle=0, start_cycle=0, done_cycle=0, read_done_cycle=0,
                hbm_sides=0):
     self.req, self.seq, self.core = req, seq, core
     self.hbm_sides = hbm_sides
+    self.held = False        # delayed behind a write once already (sim/dma_arbiter.py)
     self.moved = False
     self.applied = False
     self.src_applied = req.src_sem_buf is None
@@ -51,6 +53,7 @@ class DmaRecord:
 
 _SMEM = MemorySpace.SMEM
 _DIRECTIONS: dict = {}
+_DIRECTION = {"hbm->vmem": READ, "hbm->smem": READ, "vmem->hbm": WRITE, "smem->hbm": WRITE}
 
 
 def direction(src_space: MemorySpace, dst_space: MemorySpace) -> str:
@@ -95,7 +98,7 @@ class CopyPlan:
   `bytes` count the copies timed with it; the machine adds them to the report's per-direction DMA
   totals when the launch finishes (`Machine.finish`)."""
   __slots__ = ("kind", "channels", "channels_alone", "hbm", "reads_hbm", "latency_cycles", "hbm_sides",
-               "copies", "bytes")
+               "copies", "bytes", "direction")
 
   def __init__(self, kind: str, channels: list, latency_cycles: int, hbm_sides: int,
                channels_alone=None, hbm=None, reads_hbm=False):
@@ -104,6 +107,7 @@ class CopyPlan:
     self.hbm, self.reads_hbm = hbm, reads_hbm
     self.latency_cycles, self.hbm_sides = latency_cycles, hbm_sides
     self.copies = self.bytes = 0
+    self.direction = _DIRECTION.get(kind)   # READ / WRITE for the arbiter, None for other copies
 
   def reserve(self, start: float, nbytes: float) -> tuple[float, float]:
     """(first, last cycle) of a copy of `nbytes` from `start` on its channels: writes run at the
@@ -154,7 +158,7 @@ def _slowest_first(channels: list) -> list:
 
 class DmaEngine:
   """The DMA issue of one core: plans per (spaces, semaphore), the core's channels, the start path."""
-  __slots__ = ("core", "machine", "issue_cycles", "eager", "chans", "prepared")
+  __slots__ = ("core", "machine", "issue_cycles", "eager", "chans", "prepared", "arbiter")
 
   def __init__(self, core):
     self.core = core
@@ -163,6 +167,7 @@ class DmaEngine:
     self.eager = core.machine.dma_policy.name == "eager"
     self.chans = None        # the core's (DMA engine, HBM, local) channels, resolved at the first copy
     self.prepared = {}       # (src space, dst space, semaphore) ids -> (core, CopyPlan, semaphore)
+    self.arbiter = Arbiter(core)   # the order of this core's HBM reads and writes (sim/dma_arbiter.py)
 
   def start(self, req) -> None:
     """Issue a copy (the one path for local, remote and checked copies): one DMA issue on the scalar
@@ -203,6 +208,8 @@ class DmaEngine:
       trace.count_dma(kind, nbytes)
     else:
       s, read_done = p.reserve(start, nbytes)
+      if p.direction is not None:   # an HBM read or write: this core's engine orders them
+        s, read_done = self.arbiter.timed(p.direction, start, s, read_done, rec)
       done = math.ceil(read_done) + p.latency_cycles
       kind = p.kind
       rec.hbm_sides = p.hbm_sides

@@ -75,11 +75,13 @@ class SteadyState:
     def rel(x):   # a clock that only enters max(): as far as it is in the future
       return x - now if x > now else 0
 
-    clocks = [core.synced_until, core.compute_done, core.horizon, *core.unit_free.values()]
+    clocks = [core.synced_until, core.compute_done, core.horizon, *core.unit_free.values(),
+              *core.unit_issued.values()]
     clocks += [b.ready_cycle for b in self._buffers()]
     if any(type(x) is not int for x in clocks):   # (integer cycles: shifting them is exact)
       return None
     parts = [self._sync_mark(now), tuple(rel(v) for v in core.unit_free.values()),
+             tuple(rel(v) for v in core.unit_issued.values()),
              rel(core.compute_done), rel(core.horizon)]
     parts.append(tuple((id(b), rel(b.ready_cycle)) for b in self._buffers()))
     sems = []
@@ -93,11 +95,13 @@ class SteadyState:
         if rec is None:
           arr.append((a[0] - now, a[2], a[4]))
           continue
-        # (a record's start and read-done times are never read after its start: not part of it)
+        # (a record's start and read-done times are never read after its start, except by the DMA
+        # arbiter, whose reads are in its own part below)
         arr.append((a[0] - now, a[2], a[4], rec.req.nbytes, rec.moved, rec.applied, rec.src_applied))
       sems.append((key, sem.value, tuple(arr)))
     parts.append(tuple(sems))
     parts.append(len(m.inflight))
+    parts.append(core.dma.arbiter.signature(now, rel))
     for ch in self._channels():
       times, used = ch.times, ch.used
       i = bisect.bisect_right(times, now) - 1
@@ -236,9 +240,10 @@ class SteadyState:
     if self._sync_mark(now) is not None:
       core.synced_until += shift
     core.now = now + shift
-    uf = core.unit_free
-    for u in uf:
-      uf[u] = later(uf[u])
+    core.dma.arbiter.shift(now, later)
+    for uf in (core.unit_free, core.unit_issued):
+      for u in uf:
+        uf[u] = later(uf[u])
     core.compute_done = later(core.compute_done)
     core.horizon = later(core.horizon)
     for buf in self._buffers():

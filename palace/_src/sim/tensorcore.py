@@ -5,9 +5,15 @@ The core owns its clock and units and delegates the rest: storage and capacity t
 sim/sync.py (the machine's `Semaphores` and scheduler), bug checks to sim/checks.py.
 
 Time model of the core (cycles of the chip clock):
-  * `now` is the in-order issue point of the scalar core. Every vector op issues at or after `now` and
-    after its unit is free; issuing moves `now` to the op's start (in-order VLIW issue), so the scalar
-    core cannot run more than one op ahead of a busy unit.
+  * `now` is the in-order issue point of the scalar core. Every vector op issues at or after `now`;
+    issuing moves `now` to the op's start (in-order VLIW issue). An op on a unit still busy with
+    earlier ops does not wait for it to finish: the compiled bundles interleave consecutive ops' vregs,
+    so it starts when the unit's previous op started (or at `now`, if later) and its work queues behind
+    the unit's (it ends `busy` cycles after the unit frees up). Measured on a v5e: a multiply, an add
+    and a store over 512 vregs take the store's 512 cycles, not the multiply's then the store's
+    (benchmarks/hw `pipe_fence`, `dma_fence`).
+  * A rolled loop's iteration, a grid step, ends its basic block: the next issues after the last
+    vector/MXU result (`loop_back_edge`, `grid_step`).
   * An op's result is ready at max(start + busy, inputs ready + latency): consumers stream behind their
     producers, as the pipelined VLIW schedule does; only the MXU fill/drain latency is exposed.
   * Waits (DMA, semaphores) move `now` to the moment the awaited count arrived.
@@ -85,6 +91,7 @@ class TensorCore:
     self.kernel_name = machine.kernel_name
     self.now = 0
     self.unit_free = dict.fromkeys(cost.UNITS, 0)
+    self.unit_issued = dict.fromkeys(cost.UNITS, 0)   # start of each unit's latest op (_issue)
     self.unit_busy = dict.fromkeys(cost.UNITS, 0)
     self.horizon = 0
     self.compute_done = 0     # latest result of any vector/MXU op (drained at grid-step boundaries)
@@ -105,6 +112,7 @@ class TensorCore:
     self.dma_start = self.dma.start
     self.dma_wait = functools.partial(machine.sems.wait_copy, self)
     self._scalar_cycles = self.chip.scalar_op_cycles
+    self._loop_cycles = self.chip.loop_back_edge_cycles
     self._step_cycles = self.chip.grid_step_overhead_cycles
     # this chip's cost rules and copy timings (DmaEngine), memoised (cost_memos)
     self._vcost, self._mcost, self.copy_timings = machine.cost_memos
@@ -154,8 +162,14 @@ class TensorCore:
     unit_free = self.unit_free
     now = self.now
     free = unit_free[unit]
-    start = self.now = now if now > free else free
-    end = unit_free[unit] = start + busy
+    if free > now:   # the unit is still busy: this op's vregs interleave with the earlier ops' there
+      last = self.unit_issued[unit]
+      start = self.now = now if now > last else last
+      end = unit_free[unit] = free + busy
+    else:
+      start = self.now = now
+      end = unit_free[unit] = now + busy
+    self.unit_issued[unit] = start
     self.unit_busy[unit] += busy
     done = (end if end > ready else ready) + latency
     if done > self.compute_done:
@@ -364,6 +378,15 @@ class TensorCore:
     if not imported:
       handles = self.machine.tpu.carried.new_handles(prod(buf.shape))
     return self.machine.carry_semaphores(self, buf, handles, name, imported)
+
+  def loop_back_edge(self) -> None:
+    # A rolled loop's iteration is a basic block of the compiled kernel: the VLIW schedule has no
+    # interlocks, so the next iteration issues after this one's last vector/MXU result, then the back
+    # edge's branch and counter work (measured: ChipSpec.loop_back_edge_cycles; docs/timing-model.md).
+    start = self.now if self.now > self.compute_done else self.compute_done
+    cycles = self._loop_cycles
+    self.now = start + cycles
+    self.unit_busy["scalar"] += cycles
 
   def grid_step(self) -> None:
     # In-order VLIW issue with no software pipelining across grid steps (modelling assumption): the

@@ -1,0 +1,109 @@
+"""The issue rules measured on a TPU v5e in session 21 (docs/timing-model.md 1.1 and 1.2), as exact
+timelines on UNIT_CHIP (timing_helpers.py): ops on a busy unit interleave, a rolled loop's back edge
+drains, and a core's DMA engine serves HBM writes ahead of the tails of its reads."""
+import dataclasses
+import math
+
+import numpy as np
+import pytest
+
+import palace as pl
+import palace.numpy as jnp
+from palace import lax
+from palace import tpu as pltpu
+
+from timing_helpers import ANY_SPEC, UNIT_CHIP
+
+SYNC, ISSUE, SCALAR, BPC, LAT_READ, LAT_WRITE = 260, 8, 1, 1000, 100, 50
+
+
+def _events(report, unit):
+  return [(e[2], e[3], e[4]) for e in report.events if e[1] == unit]
+
+
+def test_ops_on_a_busy_unit_interleave():
+  """x * 2 + 1 over 64 vregs: the add does not wait for the multiply to finish on the VPU (their vregs
+  interleave: it issues with it and its work queues behind it), and the store streams from the same
+  cycle: 64 stores, not 16 cycles of multiply and then 64 stores (measured: `pipe_fence`)."""
+  def k(x_ref, o_ref):
+    o_ref[...] = x_ref[...] * 2.0 + 1.0
+
+  x = np.ones((512, 128), np.float32)
+  with pl.virtual_tpu(UNIT_CHIP) as tpu:
+    out = pl.pallas_call(k, out_shape=pl.ShapeDtypeStruct(x.shape, x.dtype))(x)
+  np.testing.assert_array_equal(out, x * 2 + 1)
+  r = tpu.reports[-1]
+  (load,) = _events(r, "vld")
+  t = load[1]
+  vpu = 64 // UNIT_CHIP.vpu_alus_per_lane   # 16 cycles per op on 4 ALUs
+  assert _events(r, "vpu") == [("cheap", t, t + vpu), ("cheap", t, t + 2 * vpu)]
+  assert _events(r, "vst") == [("store", t, t + 64)]
+
+
+@pytest.mark.parametrize("back_edge", [3, 11])
+def test_a_rolled_loop_pays_its_back_edge_and_drains(back_edge):
+  """A rolled fori_loop's iteration ends when its vector results are ready, then the back edge's
+  cycles; unrolled (unroll=True) there is no back edge and the chain streams. One more iteration of
+  v + 1 on one vreg: the counter's scalar op, the add (1 cycle, latency 2), the back edge."""
+  chip = dataclasses.replace(UNIT_CHIP, loop_back_edge_cycles=back_edge)
+
+  def cycles(n, unroll):
+    def k(x_ref, o_ref):
+      o_ref[...] = lax.fori_loop(0, n, lambda i, v: v + 1.0, x_ref[...], unroll=unroll)
+
+    x = np.ones((8, 128), np.float32)
+    with pl.virtual_tpu(chip) as tpu:
+      out = pl.pallas_call(k, out_shape=pl.ShapeDtypeStruct(x.shape, x.dtype))(x)
+    np.testing.assert_array_equal(out, x + n)
+    return tpu.reports[-1].device_cycles
+
+  assert cycles(5, None) - cycles(4, None) == SCALAR + 1 + 2 + back_edge
+  assert cycles(5, True) - cycles(4, True) == SCALAR + 1    # unrolled: no drain, no back edge
+  # unroll=4: one back edge per 4 iterations, after a chain of 4 dependent adds (latency 2 each) that
+  # started after one scalar op and one cycle of issue
+  assert cycles(8, 4) - cycles(4, 4) == SCALAR + 1 + 4 * 2 + back_edge
+
+
+def _read_and_write(read_rows, turnaround=142):
+  """A read of `read_rows` x 128 f32 and a 64 KiB write started together (read first), both waited."""
+  def k(x_hbm, o_hbm, rbuf, wbuf, sem):
+    rd = pltpu.make_async_copy(x_hbm, rbuf, sem.at[0])
+    wr = pltpu.make_async_copy(wbuf, o_hbm, sem.at[1])
+    rd.start()
+    wr.start()
+    rd.wait()
+    wr.wait()
+
+  chip = dataclasses.replace(UNIT_CHIP, dma_write_turnaround_cycles=turnaround)
+  x = np.ones((read_rows, 128), np.float32)
+  with pl.virtual_tpu(chip) as tpu:
+    pl.pallas_call(k, out_shape=pl.ShapeDtypeStruct((128, 128), np.float32), in_specs=[ANY_SPEC],
+                   out_specs=ANY_SPEC,
+                   scratch_shapes=[pltpu.VMEM((read_rows, 128), jnp.float32),
+                                   pltpu.VMEM((128, 128), jnp.float32), pltpu.SemaphoreType.DMA((2,))])(x)
+  return tpu.reports[-1]
+
+
+@pytest.mark.parametrize("turnaround", [142, 30])
+def test_a_write_goes_ahead_of_a_reads_tail(turnaround):
+  """A 64 KiB read (over the 32 KiB head) started just before a 64 KiB write lands after the write's
+  transfer and the turnaround (measured: `dma_curve` pairs); the write runs from its own start."""
+  r = _read_and_write(128, turnaround)
+  nbytes = 128 * 128 * 4
+  read_end = ISSUE + nbytes / BPC
+  read_done = math.ceil(read_end) + LAT_READ
+  w_start = 2 * ISSUE
+  held = read_done + math.ceil(nbytes / BPC) + turnaround
+  assert _events(r, "dma") == [("hbm->vmem", ISSUE, read_done),
+                               ("read held behind a write", read_done, held),
+                               ("vmem->hbm", w_start, math.ceil(w_start + nbytes / BPC) + LAT_WRITE)]
+  assert r.device_cycles == held + SYNC + SCALAR + SCALAR
+
+
+def test_a_read_within_the_head_is_not_held():
+  """A 16 KiB read beside the same write is not held: the write queues behind it on the calendar."""
+  r = _read_and_write(32)
+  nbytes = 32 * 128 * 4
+  read_end = ISSUE + nbytes / BPC
+  assert _events(r, "dma")[0] == ("hbm->vmem", ISSUE, math.ceil(read_end) + LAT_READ)
+  assert [e[0] for e in _events(r, "dma")] == ["hbm->vmem", "vmem->hbm"]
