@@ -4,7 +4,6 @@ primitives, so their scalar-unit costs are charged as for a palace kernel; in th
 each runs the analysis on its sub-jaxprs (`Taint.sub`, `Taint.loop`)."""
 from __future__ import annotations
 
-from palace._src import executor
 from palace._src.jax.avals import alloc_type
 from palace._src.jax.interpret import program, run_program, unsupported
 from palace._src.jax.registry import rule
@@ -154,12 +153,11 @@ def _scan(eqn):
       # fori_loop's scan increments its counter itself (`i + 1` in the body): that add is the
       # loop's scalar cost, which palace's fori_loop would charge a second time
       def fori(*args):
-        ex = executor.maybe_current()
         consts, carry = args[:nc], args[nc:]
         for it in range(length):
           carry = body(*consts, *carry)
-          if ex is not None and (it + 1) % unroll == 0:
-            ex.loop_back_edge()   # (as palace's fori_loop: the compiled loop's basic block ends)
+          if (it + 1) % unroll == 0:
+            prims.back_edge()   # (as palace's fori_loop: the compiled loop's basic block ends)
         return list(carry)
       return fori
 

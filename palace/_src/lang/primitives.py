@@ -142,6 +142,14 @@ def fori_loop(lower, upper, body_fun, init_val, *, unroll=None):
   return carry
 
 
+def back_edge() -> None:
+  """A rolled loop's iteration ends (for front ends that run a loop body themselves): the executor's
+  loop_back_edge, if a kernel is running."""
+  ex = executor.maybe_current()
+  if ex is not None:
+    ex.loop_back_edge()
+
+
 def unrolled(unroll, trips: int, api: str) -> int:
   """Iterations per basic block of a loop unrolled as `unroll` says (JAX: None / False / 1 rolled,
   True fully unrolled, k > 1 k iterations a block); the compiled loop's back edge follows each block
