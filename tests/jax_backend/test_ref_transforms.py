@@ -224,3 +224,48 @@ def test_a_reshaped_select_ref_of_select_refs_is_a_dma_source(rng):
         out_shape=jax.ShapeDtypeStruct((8, 256), jnp.float32))(a, b))
   np.testing.assert_array_equal(got, np.concatenate([a[:, 128:].reshape(4, 256),
                                                      b[:, :128].reshape(4, 256)]))
+
+
+def _table_kernel(steps: int):
+  """A grid of `steps` 8-row blocks whose index map reads its block from an SMEM table and whose
+  body reads a scale from it and counts its steps in an SMEM scratch (scalar reads and a scalar
+  read-modify-write at indices that change every step)."""
+  def kernel(tbl_ref, x_ref, o_ref, n_ref):
+    i = pl.program_id(0)
+
+    @pl.when(i == 0)
+    def _():
+      n_ref[0] = 0
+    n_ref[0] = n_ref[0] + tbl_ref[i, 1]
+    o_ref[...] = x_ref[...] * (tbl_ref[i, 1] + n_ref[0]).astype(jnp.float32)
+  return pl.pallas_call(
+      kernel, out_shape=jax.ShapeDtypeStruct((8 * steps, 128), jnp.float32),
+      grid_spec=pltpu.PrefetchScalarGridSpec(
+          num_scalar_prefetch=1, grid=(steps,),
+          in_specs=[pl.BlockSpec((8, 128), lambda i, t: (t[i, 0], 0))],
+          out_specs=pl.BlockSpec((8, 128), lambda i, t: (i, 0)),
+          scratch_shapes=[pltpu.SMEM((1,), jnp.int32)]))
+
+
+def test_scalar_reads_and_writes_at_runtime_indices_make_no_view_per_step(monkeypatch):
+  # an element of an SMEM table at a grid-dependent index is read or written without making a Ref
+  # view per access (Ref._target; a view per scalar access was most of a splash attention index
+  # map's cost): the views a kernel's first launch makes do not grow with its steps
+  from palace._src.lang import refs
+  made = []
+  real = refs.Ref.__init__
+  monkeypatch.setattr(refs.Ref, "__init__", lambda self, *a, **k: made.append(1) or real(self, *a, **k))
+  views = {}
+  for steps in (4, 32):
+    rng = np.random.default_rng(3)
+    tbl = np.stack([rng.permutation(steps), rng.integers(1, 5, steps)], axis=1).astype(np.int32)
+    x = rng.standard_normal((8 * steps, 128)).astype(np.float32)
+    f = jax.jit(_table_kernel(steps))
+    made.clear()
+    with pj.virtual_tpu("v5e"):
+      out = np.asarray(f(tbl, x))   # (a new kernel: nothing kept from an earlier launch)
+    views[steps] = len(made)
+    scale = (tbl[:, 1] + np.cumsum(tbl[:, 1])).astype(np.float32)
+    want = np.concatenate([x[8 * b:8 * b + 8] * s for b, s in zip(tbl[:, 0], scale)])
+    np.testing.assert_array_equal(out, want)
+  assert views[32] == views[4], views

@@ -166,11 +166,14 @@ def _index_key(x):
   return None
 
 
-def _ref_operand(eqn, x, transforms=(), last_index: bool = False):
+def _ref_operand(eqn, x, transforms=(), last_index: bool = False, element: bool = False):
   """A compiled ref operand (a _Leaf, or a TransformedRef of one, plus `transforms`): a function
   flat -> the palace Ref view (and, with last_index, the trailing index: ... when there is none).
   Views are cached per base ref and dynamic index values (a view is an immutable function of them;
-  JAX's emit_pipeline re-derives the same few block and slot views on every step)."""
+  JAX's emit_pipeline re-derives the same few block and slot views on every step). An `element`
+  access (a scalar read or write) at a runtime index keeps its index apart: such indices change
+  nearly every step (SMEM tables indexed by the grid), and a ref indexed down to one element makes
+  no view (Ref._target)."""
   _, types = _jax_types()
   transforms = tuple(transforms or ())
   while isinstance(x, types.TransformedRef):   # (a view of a select_ref nests one: ref=TransformedRef)
@@ -181,7 +184,10 @@ def _ref_operand(eqn, x, transforms=(), last_index: bool = False):
     raise unsupported(eqn, f"an operand of type {type(x).__name__} where a ref belongs")
   k = x.k
   steps, last = _transforms(eqn, transforms, last_index)
-  if last is not None and all(e[0] != _GENERAL for e in last):
+  if last is not None and element and any(e[0] == _DYNAMIC for e in last) and \
+      all(e[0] == _DYNAMIC or (e[0] == _STATIC and isinstance(e[1], (int, np.integer))) for e in last):
+    pass   # (an element at a runtime index: indexed by the read or write itself)
+  elif last is not None and all(e[0] != _GENERAL for e in last):
     # the read/write's own index becomes the last view step, cached like the others: `r[idx]` is
     # then `view[...]`, the same view built once per base ref and index values, not every step
     steps, last = (*steps, (_AT, last)), None
@@ -344,7 +350,8 @@ def _copy(eqn, taint):
 # ---- ref accesses
 @rule("get", compiles=True, schedule=_access(_GET, ("transforms",)), operands=_GET)
 def _get(eqn):
-  target = _ref_operand(eqn, _Leaf(0), _compiled(_GET, eqn)["transforms"], last_index=True)
+  target = _ref_operand(eqn, _Leaf(0), _compiled(_GET, eqn)["transforms"], last_index=True,
+                        element=not eqn.outvars[0].aval.shape)
   if physical(eqn.outvars[0].aval) is not eqn.outvars[0].aval:
     return _key_get(eqn, target)
 
@@ -379,7 +386,8 @@ def _key_get(eqn, target):
 def _swap(eqn):
   if "add" in eqn.params:   # SparseCore's store primitive, also named "swap"
     return _sc_swap(eqn)
-  target = _ref_operand(eqn, _Leaf(0), _compiled(_SWAP, eqn)["transforms"], last_index=True)
+  target = _ref_operand(eqn, _Leaf(0), _compiled(_SWAP, eqn)["transforms"], last_index=True,
+                        element=not eqn.outvars[0].aval.shape)
   load_old = not _dropped(eqn)
 
   def swap(*operands):

@@ -278,18 +278,30 @@ class Ref:
           f"scalars only. Fix: index down to a single element (e.g. ref[i, j]) or put the array in VMEM. "
           f"({user_frame_summary()})")
 
+  def _target(self, idx) -> tuple:
+    """(view, NumPy index, shape) of what `self[idx]` loads or stores. An index that selects one
+    element makes no view (None): its composed dims are its NumPy index. Kernels read and write SMEM
+    scalars at a new index on nearly every grid step, where a view would be built for one access."""
+    if idx is Ellipsis or (isinstance(idx, tuple) and not idx):
+      return self, self._np_index, self.shape
+    dims = None if self._mapped else self._compose(idx)   # (a mapped view has an element map)
+    if dims is None or tuple in map(type, dims):
+      view = self._view(idx) if dims is None else Ref(self.buf, dims)
+      return view, view._np_index, view.shape
+    return None, dims, ()
+
   def __getitem__(self, idx):
     ex = _current_ex()
     if ex is None:
       return self._host_get(idx)
-    view = self if (idx is Ellipsis or (isinstance(idx, tuple) and not idx)) else self._view(idx)
+    view, index, shape = self._target(idx)
     buf = self.buf
-    if buf.memory_space is not _VMEM:
-      view._check_access("Load", not view.shape)
-    data, ready = ex.load(buf, view._np_index, view.shape)
+    if buf.memory_space is not _VMEM and (view is not None or buf.memory_space is not _SMEM):
+      (Ref(buf, index) if view is None else view)._check_access("Load", not shape)
+    data, ready = ex.load(buf, index, shape)
     if type(data) is Deferred:
       return data._again(ready)
-    value = Array(data, view.shape, buf.dtype, ready)
+    value = Array(data, shape, buf.dtype, ready)
     if data is not None and data.base is not None and data.ndim:
       buf.watch(value)   # a zero-copy view of the buffer: detached by its next write (copy on write)
     return value
@@ -298,19 +310,19 @@ class Ref:
     ex = _current_ex()
     if ex is None:
       return self._host_set(idx, value)
-    view = self if (idx is Ellipsis or (isinstance(idx, tuple) and not idx)) else self._view(idx)
-    if self.buf.memory_space is not _VMEM:
-      view._check_access("Store", not view.shape)
-    if type(value) is Array and value.shape == view.shape and value.dtype == self.buf.dtype:
-      data, ready = (None if ex.timing_only and view.shape else value._data), value._ready
-    elif (type(value) is Deferred and view._np_index == () and value.shape == view.shape
-          and value.dtype == self.buf.dtype and self.buf.memory_space is _VMEM and not self.buf.aliased
+    view, index, shape = self._target(idx)
+    buf = self.buf
+    if buf.memory_space is not _VMEM and (view is not None or buf.memory_space is not _SMEM):
+      (Ref(buf, index) if view is None else view)._check_access("Store", not shape)
+    if type(value) is Array and value.shape == shape and value.dtype == buf.dtype:
+      data, ready = (None if ex.timing_only and shape else value._data), value._ready
+    elif (type(value) is Deferred and index == () and value.shape == shape
+          and value.dtype == buf.dtype and buf.memory_space is _VMEM and not buf.aliased
           and ex.deferred_values):
       data, ready = value, value._ready  # the buffer keeps the deferred sum (lang/deferred.py)
     else:
-      data, ready = _coerce_store(view, value, ex.timing_only)
-    buf = self.buf
-    ex.store(buf, view._np_index, view.shape, data, ready)
+      data, ready = _coerce_store(Ref(buf, index) if view is None else view, value, ex.timing_only)
+    ex.store(buf, index, shape, data, ready)
     if type(data) is np.ndarray:
       buf.stored(data, value if type(value) is Array else None)   # (an adopted array: copy on write)
 
@@ -652,6 +664,7 @@ class _MappedAt(_AtIndexer):
 
 
 _VMEM = MemorySpace.VMEM
+_SMEM = MemorySpace.SMEM
 _current_ex = executor.maybe_current   # (the context variable's getter: no Python frame)
 
 
