@@ -22,19 +22,23 @@ from benchmarks.hw import model  # noqa: E402
 TARGET = (0.05, 0.15)
 # family: (median |error| bound, worst |error| bound); "*": within issue 36's target
 BOUNDS = {
-    "elementwise": (0.02, 0.04), "transcendental": (0.01, 0.02), "softmax": (0.01, 0.05),   # *
-    "norm": (0.01, 0.03), "reduce": (0.01, 0.02), "fill": (0.02, 0.02), "dma_hbm": (0.01, 0.11),  # *
-    "dma_loop": (0.01, 0.01), "matmul_dtype": (0.04, 0.11),                                   # *
-    "matmul": (0.04, 0.20), "matmul_skinny": (0.07, 0.11), "small_launch": (0.10, 0.14),
-    "copy": (0.01, 0.32), "transpose": (0.10, 0.43), "emit_pipeline": (0.10, 0.33),
-    "scalar_prefetch": (0.13, 0.35), "flash": (0.08, 0.26), "splash": (0.21, 0.33),
-    "gmm": (0.08, 0.16), "paged_attention": (0.42, 0.54), "op_chain": (0.30, 1.21),
-    "dma_probe": (0.09, 0.40), "dma_sync": (0.04, 0.17), "op_overlap": (0.41, 0.57),
-    "step_sweep": (0.04, 0.31), "step_loop": (0.05, 0.28), "step_mix": (0.08, 0.22),
-    "dma_curve": (0.08, 0.42), "dma_order": (0.17, 0.64),
+    "elementwise": (0.01, 0.04), "transcendental": (0.01, 0.02), "softmax": (0.01, 0.07),   # *
+    "norm": (0.01, 0.01), "reduce": (0.01, 0.02), "fill": (0.01, 0.02), "dma_hbm": (0.01, 0.11),  # *
+    "dma_loop": (0.01, 0.01), "copy": (0.01, 0.08), "emit_pipeline": (0.03, 0.15),            # *
+    "step_loop": (0.05, 0.13),                                                                # *
+    "matmul": (0.06, 0.20), "matmul_dtype": (0.06, 0.16), "matmul_skinny": (0.07, 0.24),
+    "transpose": (0.07, 0.11), "scalar_prefetch": (0.08, 0.18), "small_launch": (0.07, 0.14),
+    "flash": (0.09, 0.15), "splash": (0.22, 0.34), "gmm": (0.09, 0.12),
+    "paged_attention": (0.10, 0.18), "op_chain": (0.13, 1.48), "dma_probe": (0.08, 0.39),
+    "dma_sync": (0.03, 0.19), "op_overlap": (0.35, 0.54), "step_sweep": (0.04, 0.20),
+    "step_mix": (0.08, 0.23), "dma_curve": (0.07, 0.34), "dma_order": (0.10, 0.64),
+    # session 21 (cases_fence.py): probes of the issue rules; loop_ilp and compute_parts hold the
+    # per-class latencies not adopted yet (docs/validation.md, "Session 21")
+    "dma_fence": (0.03, 0.23), "loop_ilp": (0.39, 0.95), "dma_chunk": (0.10, 0.30),
+    "pipe_fence": (0.17, 0.31), "flash_parts": (0.07, 0.39), "compute_parts": (0.12, 0.64),
     # measured after 655fb6c's predictions were recorded (v5e-holdout-predictions-*.json); the model
     # changed after that (the DMA-wait sync rule), so these are no longer blind predictions
-    "holdout": (0.04, 0.57),
+    "holdout": (0.04, 0.33),
 }
 
 
