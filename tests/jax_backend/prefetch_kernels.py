@@ -10,7 +10,7 @@ def _skip_kernel(flags_ref, x_ref, o_ref):
   @pl.when(flags_ref[pl.program_id(0)] != 0)
   def _():
     y = jnp.dot(x_ref[...], x_ref[...], preferred_element_type=jnp.float32)
-    for _ in range(16):   # value-neutral vector work, so that a computed block costs more than the
+    for _ in range(64):   # value-neutral vector work, so that a computed block costs more than the
       y = y + 0.0 * jnp.tanh(y)   # step's DMA wait hides (the flags must change the modelled time)
     o_ref[...] = y
 
