@@ -318,6 +318,17 @@ def _compute_part(op, n=512, blk=128):
         r_ref[...] += jnp.sum(acc_ref[...] + x, axis=-1, keepdims=True)
       elif op == "scale":
         acc_ref[...] = acc_ref[...] * (r_ref[...] * 1e-3 + 1.0) + x
+      elif op == "sub_max":     # a reduction's (keepdims) result broadcast back: x - max(x)
+        v = acc_ref[...] * 0.5 + x
+        acc_ref[...] = v - jnp.max(v, axis=-1, keepdims=True)
+      elif op == "bcast":       # a loaded (N, 1) column broadcast across lanes, nothing else
+        acc_ref[...] = jnp.broadcast_to(r_ref[...], acc_ref.shape) + x
+      elif op == "sublane_sum":
+        acc_ref[0:8, :] += jnp.sum(acc_ref[...] + x, axis=0, keepdims=True)
+      elif op == "tanh":
+        acc_ref[...] = jnp.tanh(acc_ref[...] * 1e-3 + x)
+      elif op == "div":
+        acc_ref[...] = x / (acc_ref[...] * 1e-3 + 2.0)
       else:
         raise ValueError(op)
 
@@ -336,7 +347,15 @@ def _compute_part(op, n=512, blk=128):
 
 
 def compute_part_cases() -> list[Case]:
-  """`compute_parts`: one flash-step operation a grid step, no copies: the chip's cost of each."""
+  """`compute_parts`: one flash-step operation a grid step, no copies: the chip's cost of each;
+  `latency_parts` (session 21's last call): the broadcasts, reductions and divisions that the
+  per-class latencies need told apart, and 8-row blocks where a latency is not hidden by 16 vregs."""
   F = "compute_parts"
-  return [Case(f"cpart_{op}", F, _compute_part(op))
-          for op in ("nn", "nt", "nt2", "acc", "exp", "lane_max", "lane_sum", "scale")]
+  out = [Case(f"cpart_{op}", F, _compute_part(op))
+         for op in ("nn", "nt", "nt2", "acc", "exp", "lane_max", "lane_sum", "scale")]
+  for op in ("sub_max", "bcast", "sublane_sum", "tanh", "div"):
+    out.append(Case(f"lpart_{op}", "latency_parts", _compute_part(op)))
+    out.append(Case(f"lpart_{op}_8rows", "latency_parts", _compute_part(op, blk=8)))
+  for op in ("lane_max", "scale", "exp", "acc"):
+    out.append(Case(f"lpart_{op}_8rows", "latency_parts", _compute_part(op, blk=8)))
+  return out

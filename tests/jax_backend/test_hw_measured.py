@@ -36,6 +36,7 @@ BOUNDS = {
     # per-class latencies not adopted yet (docs/validation.md, "Session 21")
     "dma_fence": (0.03, 0.23), "loop_ilp": (0.39, 0.95), "dma_chunk": (0.10, 0.30),
     "pipe_fence": (0.17, 0.31), "flash_parts": (0.07, 0.39), "compute_parts": (0.12, 0.64),
+    "latency_parts": (0.36, 0.88),
     # measured after 655fb6c's predictions were recorded (v5e-holdout-predictions-*.json); the model
     # changed after that (the DMA-wait sync rule), so these are no longer blind predictions
     "holdout": (0.04, 0.33),
