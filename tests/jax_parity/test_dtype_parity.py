@@ -14,7 +14,7 @@ import palace.compat  # noqa: E402
 from palace._src import dtypes as dt  # noqa: E402
 
 NAMES = ["bool_", "int4", "int8", "int16", "int32", "uint4", "uint8", "uint16", "uint32", "bfloat16",
-         "float16", "float32", "float8_e4m3fn", "float8_e5m2"]
+         "float16", "float32", "float8_e4m3fn", "float8_e5m2", "float8_e4m3b11fnuz"]
 CATEGORIES = ["generic", "number", "integer", "signedinteger", "unsignedinteger", "inexact",
               "floating", "bool_"]
 
