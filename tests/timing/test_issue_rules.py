@@ -59,6 +59,7 @@ def test_a_rolled_loop_pays_its_back_edge_and_drains(back_edge):
 
   assert cycles(5, None) - cycles(4, None) == SCALAR + 1 + 2 + back_edge
   assert cycles(5, True) - cycles(4, True) == SCALAR + 1    # unrolled: no drain, no back edge
+  assert cycles(5, 0) == cycles(5, True)                    # (JAX: unroll=0 unrolls the whole loop)
   # unroll=4: one back edge per 4 iterations, after a chain of 4 dependent adds (latency 2 each) that
   # started after one scalar op and one cycle of issue
   assert cycles(8, 4) - cycles(4, 4) == SCALAR + 1 + 4 * 2 + back_edge

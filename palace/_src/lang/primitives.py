@@ -152,14 +152,14 @@ def back_edge() -> None:
 
 def unrolled(unroll, trips: int, api: str) -> int:
   """Iterations per basic block of a loop unrolled as `unroll` says (JAX: None / False / 1 rolled,
-  True fully unrolled, k > 1 k iterations a block); the compiled loop's back edge follows each block
-  (Executor.loop_back_edge)."""
+  True or 0 fully unrolled, k > 1 k iterations a block); the compiled loop's back edge follows each
+  block (Executor.loop_back_edge)."""
   if unroll is None or unroll is False:
     return 1
   if unroll is True:
     return max(trips, 1)
-  k = validate.as_int(unroll, f"{api} unroll", min_value=1)
-  return k
+  k = validate.as_int(unroll, f"{api} unroll", min_value=0)
+  return k if k else max(trips, 1)
 
 
 def _carry_type(x):
