@@ -61,20 +61,23 @@ class Arbiter:
     if rec.req.nbytes > self.head_bytes:
       if self.write_until > start:
         last += self.turnaround
-      reads = self.reads
-      if reads:
-        reads[:] = [r for r in reads if r.read_done_cycle > start]
-      reads.append(rec)
+      self._forget_landed(start)
+      self.reads.append(rec)
     return first, last
+
+  def _forget_landed(self, t) -> None:
+    """Drop the reads whose transfer ended by cycle `t`: no write starting then can hold them."""
+    if self.reads:
+      self.reads = [r for r in self.reads if r.read_done_cycle > t]
 
   def signature(self, now, rel) -> tuple:
     """The arbiter's state relative to `now` (sim/steady.py): the reads it may still hold."""
-    self.reads = [r for r in self.reads if r.read_done_cycle > now]
+    self._forget_landed(now)
     return rel(self.write_until), tuple((rel(r.read_done_cycle), r.req.nbytes, r.held) for r in self.reads)
 
   def shift(self, now, later) -> None:
     """Advance the state by a steady-state jump (its records are shifted with the machine's)."""
-    self.reads = [r for r in self.reads if r.read_done_cycle > now]
+    self._forget_landed(now)
     self.write_until = later(self.write_until)
 
   def _hold(self, rec, transfer) -> bool:
