@@ -108,3 +108,15 @@ def test_a_read_within_the_head_is_not_held():
   read_end = ISSUE + nbytes / BPC
   assert _events(r, "dma")[0] == ("hbm->vmem", ISSUE, math.ceil(read_end) + LAT_READ)
   assert [e[0] for e in _events(r, "dma")] == ["hbm->vmem", "vmem->hbm"]
+
+
+def test_a_negative_unroll_is_refused_with_its_place():
+  def k(x_ref, o_ref):
+    o_ref[...] = lax.fori_loop(0, 4, lambda i, v: v + 1.0, x_ref[...], unroll=-1)
+
+  x = np.ones((8, 128), np.float32)
+  with pytest.raises(pl.UsageError, match=r"lax.fori_loop unroll at grid point \(\) on chip 0 core 0 "
+                     r"in kernel 'k' at test_issue_rules.py:\d+ must be >= 0; got -1. Fix: pass an "
+                     r"integer >= 0"):
+    with pl.virtual_tpu(UNIT_CHIP):
+      pl.pallas_call(k, out_shape=pl.ShapeDtypeStruct(x.shape, x.dtype))(x)

@@ -158,7 +158,11 @@ def unrolled(unroll, trips: int, api: str) -> int:
     return 1
   if unroll is True:
     return max(trips, 1)
-  k = validate.as_int(unroll, f"{api} unroll", min_value=0)
+  if type(unroll) is not int or unroll < 0:   # (the place is named only when refusing: a frame walk)
+    ex = executor.maybe_current()
+    where = f" {ex.where()}" if ex is not None else ""
+    validate.as_int(unroll, f"{api} unroll{where} at {user_frame_summary()}", min_value=0)
+  k = int(unroll)
   return k if k else max(trips, 1)
 
 
