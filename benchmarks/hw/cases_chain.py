@@ -1,0 +1,94 @@
+"""Chains of dependent vector ops inside a grid step and inside a rolled loop (session 22's chip run):
+the `step_chain` and `loop_chain` families.
+
+Session 21's `latency_parts` timed one op a grid step; its per-op figures differ from the same op in a
+rolled loop (a lane max adds ~91 cycles to a step and ~115 to a loop iteration), so either the grid
+step's bookkeeping overlaps the tail of a step's results or the step's bookkeeping is partly
+hidden. These cases vary the chain's length `k` inside one grid step (fixed blocks, no copies after the
+first) so the slope is the op's latency and the intercept what the step boundary adds; the loop cases
+give the same ops' latency where a back edge drains each iteration. Same conventions as `cases.py`
+(public Pallas API shared by JAX 0.10.2 and 0.12; nothing here imports palace).
+"""
+from __future__ import annotations
+
+from benchmarks.hw.cases import Case, _jax, _rand
+
+_LANES = 128
+
+
+def _op(jax, jnp, op):
+  """One link of a chain on an f32 value (each converges, so long chains stay finite)."""
+  if op == "fma":
+    return lambda x: x * 1.0001 + 0.5
+  if op == "lane_max":
+    return lambda x: x - jnp.max(x, axis=-1, keepdims=True) * 0.5
+  if op == "exp":
+    return lambda x: jnp.exp(x) * 0.25
+  if op == "tanh":
+    return lambda x: jnp.tanh(x) * 0.9
+  if op == "div":
+    return lambda x: 1.0 / (x + 2.0)
+  if op == "sublane_sum":
+    return lambda x: x - jnp.sum(x, axis=0, keepdims=True) * 0.01
+  if op == "colbcast":   # a computed (N, 1) column (not a reduction) broadcast across lanes
+    return lambda x: x * 0.5 + x[:, 0:1] * 0.25
+  raise ValueError(op)
+
+
+def _step_chain(op, k, rows=8, n=512):
+  """A pallas_call grid of `n` steps on fixed (rows, 128) blocks: each step applies `k` dependent links
+  of `op` to an f32 VMEM accumulator and stores it back."""
+  def build():
+    jax, jnp, pl, pltpu = _jax()
+    link = _op(jax, jnp, op)
+
+    def kernel(x_ref, o_ref, acc_ref):
+      @pl.when(pl.program_id(0) == 0)
+      def _():
+        acc_ref[...] = x_ref[...]
+
+      v = acc_ref[...]
+      for _ in range(k):
+        v = link(v)
+      acc_ref[...] = v
+
+      @pl.when(pl.program_id(0) == n - 1)
+      def _():
+        o_ref[...] = acc_ref[...]
+
+    fixed = lambda i: (0, 0)  # noqa: E731
+    call = pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct((rows, _LANES), jnp.float32), grid=(n,),
+        in_specs=[pl.BlockSpec((rows, _LANES), fixed)],
+        out_specs=pl.BlockSpec((rows, _LANES), fixed),
+        scratch_shapes=[pltpu.VMEM((rows, _LANES), jnp.float32)])
+    return call, (_rand((rows, _LANES), "float32", 1) * 0.01,)
+  return build
+
+
+def _loop_chain(op, unroll, n=512):
+  """`n` dependent links of `op` on one (8, 128) f32 vreg in a `fori_loop` unrolled by `unroll`."""
+  def build():
+    jax, jnp, pl, pltpu = _jax()
+    link = _op(jax, jnp, op)
+
+    def kernel(x_ref, o_ref):
+      o_ref[...] = jax.lax.fori_loop(0, n, lambda i, x: link(x), x_ref[...], unroll=unroll)
+
+    call = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, _LANES), jnp.float32))
+    return call, (_rand((8, _LANES), "float32", 1) * 0.01,)
+  return build
+
+
+def chain_cases() -> list[Case]:
+  out = []
+  for op in ("fma", "lane_max", "exp", "div", "sublane_sum", "colbcast"):
+    for k in (1, 2, 4, 8):
+      out.append(Case(f"schain_{op}_k{k}", "step_chain", _step_chain(op, k)))
+  for op in ("lane_max", "exp"):
+    for k in (1, 4):
+      out.append(Case(f"schain_{op}_k{k}_128rows", "step_chain", _step_chain(op, k, rows=128)))
+  for op in ("div", "tanh", "sublane_sum", "colbcast", "exp", "lane_max"):
+    for unroll in (1, 8):
+      out.append(Case(f"lchain_{op}_u{unroll}", "loop_chain", _loop_chain(op, unroll)))
+  return out
