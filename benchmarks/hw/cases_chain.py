@@ -32,6 +32,16 @@ def _op(jax, jnp, op):
     return lambda x: x - jnp.sum(x, axis=0, keepdims=True) * 0.01
   if op == "colbcast":   # a computed (N, 1) column (not a reduction) broadcast across lanes
     return lambda x: x * 0.5 + x[:, 0:1] * 0.25
+  if op == "softmax":    # a row softmax (lane max, exp, lane sum, divide), plus a shift to keep it moving
+    def softmax(x):
+      e = jnp.exp(x - jnp.max(x, axis=-1, keepdims=True))
+      return e / jnp.sum(e, axis=-1, keepdims=True) + 0.5
+    return softmax
+  if op == "layernorm":  # mean and variance over lanes, rsqrt, scale
+    def layernorm(x):
+      c = x - jnp.mean(x, axis=-1, keepdims=True)
+      return c * jax.lax.rsqrt(jnp.mean(c * c, axis=-1, keepdims=True) + 1e-5) * 0.5 + 0.25
+    return layernorm
   raise ValueError(op)
 
 
@@ -91,4 +101,16 @@ def chain_cases() -> list[Case]:
   for op in ("div", "tanh", "sublane_sum", "colbcast", "exp", "lane_max"):
     for unroll in (1, 8):
       out.append(Case(f"lchain_{op}_u{unroll}", "loop_chain", _loop_chain(op, unroll)))
+  return out
+
+
+def holdout_chain_cases() -> list[Case]:
+  """Session 22's second chip run: compositions of the fitted ops, modelled before they were measured
+  (the predictions are kept beside the data: v5e-holdout-predictions-2026-12-06.json)."""
+  out = []
+  for op in ("softmax", "layernorm"):
+    for rows in (8, 128):
+      for k in (1, 2):
+        out.append(Case(f"hchain_{op}_k{k}_{rows}rows", "holdout_chain", _step_chain(op, k, rows=rows)))
+    out.append(Case(f"hchain_{op}_loop_u1", "holdout_chain", _loop_chain(op, 1, n=256)))
   return out
