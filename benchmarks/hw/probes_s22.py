@@ -321,6 +321,9 @@ def main(argv=None) -> int:
       ("kblocked_bf16_normal", lambda o: probe_kblocked(
           o, "kblocked_bf16_normal", normal(1, (512, 512), BF16), normal(2, (512, 512), BF16), 128,
           "tpu_fusible_matmul_test test_matmul3-5 (bf16)", 5e-5)),
+      ("kblocked256_f32_normal", lambda o: probe_kblocked(
+          o, "kblocked256_f32_normal", normal(1, (512, 512)), normal(2, (512, 512)), 256,
+          "K blocked by 256 (two MXU passes a block on v5e)", 5e-5)),
       ("fullk_f32_normal", lambda o: probe_kblocked(
           o, "fullk_f32_normal", normal(1, (512, 512)), normal(2, (512, 512)), 512,
           "the whole K in one in-kernel dot", 5e-5)),
