@@ -311,22 +311,23 @@ def main(argv=None) -> int:
   t0 = time.time()
   print(json.dumps({"probe": "_env", "jax": jax.__version__, "backend": jax.default_backend(),
                     "devices": [d.device_kind for d in jax.devices()], "interpret": INTERPRET}), flush=True)
-  runs = [
-      ("kblocked_f32_normal", lambda o: probe_kblocked(
-          o, "kblocked_f32_normal", normal(1, (512, 512)), normal(2, (512, 512)), 128,
-          "tpu_fusible_matmul_test test_matmul0-2 (f32)", 5e-5)),
-      ("kblocked_f32_uniform", lambda o: probe_kblocked(
-          o, "kblocked_f32_uniform", uniform(3, (512, 512)), uniform(4, (512, 512)), 128,
-          "tpu_pallas_pipeline_test test_matmul*, test_pipeline_matmul*", 5e-5)),
-      ("kblocked_bf16_normal", lambda o: probe_kblocked(
-          o, "kblocked_bf16_normal", normal(1, (512, 512), BF16), normal(2, (512, 512), BF16), 128,
-          "tpu_fusible_matmul_test test_matmul3-5 (bf16)", 5e-5)),
-      ("kblocked256_f32_normal", lambda o: probe_kblocked(
-          o, "kblocked256_f32_normal", normal(1, (512, 512)), normal(2, (512, 512)), 256,
-          "K blocked by 256 (two MXU passes a block on v5e)", 5e-5)),
-      ("fullk_f32_normal", lambda o: probe_kblocked(
-          o, "fullk_f32_normal", normal(1, (512, 512)), normal(2, (512, 512)), 512,
-          "the whole K in one in-kernel dot", 5e-5)),
+  # (name, operands, K block, the JAX tests whose tolerance the answer decides)
+  kblocked = (
+      ("kblocked_f32_normal", lambda: (normal(1, (512, 512)), normal(2, (512, 512))), 128,
+       "tpu_fusible_matmul_test test_matmul0-2 (f32)"),
+      ("kblocked_f32_uniform", lambda: (uniform(3, (512, 512)), uniform(4, (512, 512))), 128,
+       "tpu_pallas_pipeline_test test_matmul*, test_pipeline_matmul*"),
+      ("kblocked_bf16_normal", lambda: (normal(1, (512, 512), BF16), normal(2, (512, 512), BF16)), 128,
+       "tpu_fusible_matmul_test test_matmul3-5 (bf16)"),
+      ("kblocked256_f32_normal", lambda: (normal(1, (512, 512)), normal(2, (512, 512))), 256,
+       "K blocked by 256 (two MXU passes a block on v5e)"),
+      ("fullk_f32_normal", lambda: (normal(1, (512, 512)), normal(2, (512, 512))), 512,
+       "the whole K in one in-kernel dot"),
+  )
+  runs = [(name, functools.partial(lambda o, name, operands, bk, test: probe_kblocked(
+      o, name, *operands(), bk, test, 5e-5), name=name, operands=operands, bk=bk, test=test))
+          for name, operands, bk, test in kblocked]
+  runs += [
       ("dot_dot_bf16", probe_chained),
       ("xla_default_f32_einsum", probe_xla_default_rounding),
       ("paged_attention_f32", probe_paged_attention),

@@ -2,11 +2,7 @@
 in palace's kernels and in XLA:CPU's code outside them (jax/shared_dots.py), summed by one rule
 (lang/mxu.shared_product: exact per 128 of K, chunks added in float32 in order), float32 operands
 rounded to bfloat16 at DEFAULT precision on both sides as on the chip. Not the chip's numerics: every
-report made under it says so."""
-import os
-import subprocess
-import sys
-
+report made under it says so (the environment switch: test_exact_f32_dots.py)."""
 import numpy as np
 import pytest
 
@@ -82,20 +78,3 @@ def test_one_diagnostic_at_a_time_and_bad_environment_values_are_usage_errors():
   with pytest.raises(palace.UsageError, match="PALACE_JAX_SHARED_DOTS='yes': expected 1"):
     activate_from_env({"PALACE_JAX": "v5e", "PALACE_JAX_SHARED_DOTS": "yes"})
 
-
-def test_the_environment_switch_says_so(tmp_path):
-  prog = tmp_path / "prog.py"
-  prog.write_text(
-      "import sys, numpy as np, jax\n"
-      f"sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
-      "from test_shared_dots import _k_tiled, _xla_dot, X, Y, RULE\n"
-      "np.testing.assert_array_equal(np.asarray(jax.jit(_k_tiled)(X, Y)), RULE)\n"
-      "np.testing.assert_array_equal(np.asarray(_xla_dot(X, Y)), RULE)\n")
-  env = dict(os.environ, PALACE_JAX="v5e", PALACE_JAX_SHARED_DOTS="1", JAX_PLATFORMS="cpu",
-             PYTHONPATH=os.pathsep.join(sys.path))
-  env.pop("PALACE_JAX_EXACT_F32_DOTS", None)
-  r = subprocess.run([sys.executable, "-m", "palace._src.jax.run", str(prog)], env=env,
-                     capture_output=True, text=True, timeout=300)
-  assert r.returncode == 0, r.stderr[-2000:]
-  assert "DIAGNOSTIC PALACE_JAX_SHARED_DOTS=1" in r.stderr                  # at activation
-  assert "[DIAGNOSTIC shared_dots: not the chip's numerics]" in r.stderr    # each launch's line
