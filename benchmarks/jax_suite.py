@@ -26,6 +26,15 @@ Two more classes are set apart from "failed", each by evidence per test (`classi
   computes the test's reference, instead of rounded to bfloat16 as the chip does (lang/mxu.py). On a
   TPU the reference rounds as the kernel does; only the exact CPU reference makes them differ.
   `--no-recheck` skips the re-run (they then stay "failed").
+- "dot order on XLA:CPU": a numeric failure still failing after that re-run that passes when re-run
+  (once more, those tests of the file in one process) under PALACE_JAX_SHARED_DOTS=1, the diagnostic
+  under which palace's kernels and XLA:CPU's dots outside them (the test's reference) sum every float
+  dot by one rule, exact per 128 of K with the chunks added in float32 in order, and XLA:CPU rounds
+  DEFAULT-precision float32 operands to bfloat16 as the chip's XLA does (palace/_src/jax/shared_dots.py).
+  On a TPU the kernel and its reference run on the same MXU: a K-tiled kernel's accumulation and XLA's
+  one dot agree there (JAX's test_stateful_matmul asserts bit equality on v5e; benchmarks/hw/
+  probes_s22.py measures it); under palace they are summed in two orders (the host BLAS's and
+  XLA:CPU's Eigen). Also skipped by `--no-recheck`.
 - "reference fails on XLA:CPU": XLA:CPU itself raised (a JaxRuntimeError, e.g. "Unsupported element
   type for DotThunk::Execute: BF16 x BF16 = F32") running code outside the kernel: no frame of the
   traceback is palace's or JAX's Pallas code, and no palace callback error is wrapped in it.
@@ -61,6 +70,14 @@ def chip_for(stem: str) -> str:
 
 
 EXACT_F32_DOTS = "PALACE_JAX_EXACT_F32_DOTS"
+SHARED_DOTS = "PALACE_JAX_SHARED_DOTS"
+# the re-runs of numeric failures, in order: (record key, diagnostic variable, class, evidence); each
+# takes the numeric failures the ones before it left "failed"
+RECHECKS = (("exact_f32_recheck", EXACT_F32_DOTS, "reference on XLA:CPU",
+             f"passes when re-run with {EXACT_F32_DOTS}=1 (float32 dots exact, as XLA:CPU)"),
+            ("shared_dots_recheck", SHARED_DOTS, "dot order on XLA:CPU",
+             f"passes when re-run with {SHARED_DOTS}=1 (the kernel's and XLA:CPU's dots summed by one "
+             f"rule, float32 operands rounded to bfloat16 on both sides as on the chip)"))
 # NumPy's array comparisons (np.testing, and jtu.assertAllClose / assertArraysEqual, which use them)
 _NUMERIC = re.compile(r"Not equal to tolerance|Arrays are not (almost )?equal|Mismatched elements|"
                       r"Mismatch at ind")
@@ -166,25 +183,27 @@ def read_junit(xml: str) -> list:
   return cases
 
 
-def recheck_exact(path: str, tests: list, env: dict, checkout: str, xml: str, per_test: int,
-                  per_file: int, timeout_plugin: bool, keyword: str | None = None) -> dict:
-  """Re-run the numeric failures among `tests` (those `keyword` selects) once under the exact-f32-dots
-  diagnostic; each that passes becomes "reference on XLA:CPU". Returns {"ran", "passed", "timed_out"}
-  for the record ("ran": the tests the re-run reported)."""
-  again = [t for t in tests if t["outcome"] == "failed" and t.pop("numeric", False)]
+def recheck_numeric(path: str, tests: list, env: dict, checkout: str, xml: str, per_test: int,
+                    per_file: int, timeout_plugin: bool, keyword: str | None = None,
+                    which: tuple = RECHECKS[0]) -> dict:
+  """Re-run the numeric failures among `tests` that are still "failed" (those `keyword` selects) once
+  under the diagnostic of `which` (an entry of RECHECKS); each that passes gets its class. Returns
+  {"ran", "passed", "timed_out"} for the record ("ran": the tests the re-run reported)."""
+  key, variable, outcome, evidence = which
+  again = [t for t in tests if t["outcome"] == "failed" and t.get("numeric")]
   if not again:
     return {"ran": 0, "passed": 0, "timed_out": False}
-  timed_out, _ = _pytest([node_id(path, t["name"]) for t in again], xml, dict(env, **{EXACT_F32_DOTS: "1"}),
+  timed_out, _ = _pytest([node_id(path, t["name"]) for t in again], xml, dict(env, **{variable: "1"}),
                          checkout, per_test, per_file, timeout_plugin, keyword)
   rerun = {name: (outcome, msg) for name, outcome, _, msg in (read_junit(xml) if os.path.exists(xml) else ())}
   passed = {name for name, (outcome, _) in rerun.items() if outcome == "passed"}
   for t in again:
     if t["name"] in passed:
-      t["outcome"] = "reference on XLA:CPU"
-      t["evidence"] = f"passes when re-run with {EXACT_F32_DOTS}=1 (float32 dots exact, as XLA:CPU)"
+      t["outcome"] = outcome
+      t["evidence"] = evidence
     elif t["name"] in rerun:   # still failing: what the re-run saw (e.g. fewer mismatched elements)
       msg = rerun[t["name"]][1]
-      t["exact_f32_rerun"] = next((re.sub(r"^E\s+", "", ln).strip() for ln in msg.splitlines()
+      t[key.replace("_recheck", "_rerun")] = next((re.sub(r"^E\s+", "", ln).strip() for ln in msg.splitlines()
                                    if "Mismatch" in ln), _first_line(msg) if msg else rerun[t["name"]][0])
   names = {t["name"] for t in again}
   return {"ran": len(names & set(rerun)), "passed": len(passed & names), "timed_out": timed_out}
@@ -201,7 +220,8 @@ def run_file(path: str, out_dir: str, per_test: int, per_file: int, timeout_plug
   checkout = os.path.dirname(os.path.dirname(os.path.dirname(path)))
   env = dict(os.environ, PALACE_JAX=chip, JAX_PLATFORMS="cpu", JAX_SUITE_CHECKOUT=checkout,
              PYTHONPATH=os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p))
-  env.pop(EXACT_F32_DOTS, None)   # the first run is the chip's numerics, whatever the caller's shell has
+  for _, variable, _, _ in RECHECKS:   # the first run is the chip's numerics, whatever the caller's shell has
+    env.pop(variable, None)
   flags = env.get("XLA_FLAGS", "")
   if "xla_force_host_platform_device_count" not in flags:
     env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={max(n, 1)}".strip()
@@ -224,17 +244,18 @@ def run_file(path: str, out_dir: str, per_test: int, per_file: int, timeout_plug
         t["evidence"] = xla_cpu_error(msg)
       res["tests"].append(t)
   if recheck:
-    res["exact_f32_recheck"] = recheck_exact(path, res["tests"], env, checkout,
-                                             os.path.join(out_dir, f"{stem}.exact_f32_dots.xml"),
-                                             per_test, per_file, timeout_plugin, keyword)
+    for which in RECHECKS:
+      res[which[0]] = recheck_numeric(path, res["tests"], env, checkout,
+                                      os.path.join(out_dir, f"{stem}.{which[0].replace('_recheck', '')}.xml"),
+                                      per_test, per_file, timeout_plugin, keyword, which)
   for t in res["tests"]:
     t.pop("numeric", None)
   res["seconds"] = round(time.time() - t0, 1)
   return res
 
 
-KINDS = ("passed", "failed", "reference on XLA:CPU", "reference fails on XLA:CPU", "needs a compiler",
-         "skipped", "timeout", "not collected")
+KINDS = ("passed", "failed", "reference on XLA:CPU", "dot order on XLA:CPU", "reference fails on XLA:CPU",
+         "needs a compiler", "skipped", "timeout", "not collected")
 
 
 def summarize(results: list[dict]) -> str:
@@ -256,7 +277,8 @@ def summarize(results: list[dict]) -> str:
   ran = total["passed"] + total["failed"] + total["timeout"]
   rechecked = [r["exact_f32_recheck"] for r in results if "exact_f32_recheck" in r]
   lines.append("| **all** | | " + " | ".join(f"**{total[k]}**" for k in kinds) + " | | |")
-  lines.append(f"\npassed {total['passed']} of {ran} run, excluding needs-a-compiler and reference-on-CPU "
+  lines.append(f"\npassed {total['passed']} of {ran} run, excluding needs-a-compiler, reference-on-CPU and "
+               f"dot-order "
                f"({100.0 * total['passed'] / max(ran, 1):.1f}%)")
   if rechecked:
     lines.append(
@@ -265,6 +287,13 @@ def summarize(results: list[dict]) -> str:
         + ("; a re-run ran past its file limit" if any(c["timed_out"] for c in rechecked) else "")
         + "), which computes float32 dots exactly as XLA:CPU does, NOT as the chip computes them; "
           "reference fails on XLA:CPU: XLA:CPU raised running code outside the kernel")
+    shared = [r["shared_dots_recheck"] for r in results if "shared_dots_recheck" in r]
+    lines.append(
+        f"\ndot order on XLA:CPU: {total['dot order on XLA:CPU']} numeric failures left that pass when "
+        f"re-run under the diagnostic {SHARED_DOTS}=1 ({sum(c['ran'] for c in shared)} re-run"
+        + ("; a re-run ran past its file limit" if any(c["timed_out"] for c in shared) else "")
+        + "), under which the kernel's dots and XLA:CPU's outside it are summed by one rule and rounded "
+          "as on the chip, NOT in the chip's order")
   else:
     lines.append(f"\n(no exact-f32-dots re-run: numeric failures stay \"failed\")")
   lines.append("\nfailures by first error line:")
@@ -287,7 +316,8 @@ def main(argv=None) -> int:
                   help="take each file's first-run JUnit file from DIR (an earlier run's --out) instead "
                        "of running it: only classify and re-run")
   ap.add_argument("--no-recheck", action="store_true",
-                  help=f"do not re-run numeric failures under {EXACT_F32_DOTS}=1 (they stay 'failed')")
+                  help=f"do not re-run numeric failures under {EXACT_F32_DOTS}=1 or {SHARED_DOTS}=1 "
+                       f"(they stay 'failed')")
   a = ap.parse_args(argv)
   tests_dir = os.path.join(os.path.abspath(a.jax), "tests", "pallas")
   if not os.path.isdir(tests_dir):

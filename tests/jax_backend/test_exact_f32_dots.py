@@ -88,20 +88,29 @@ def test_a_bad_environment_value_is_a_usage_error():
     activate_from_env({"PALACE_JAX": "v5e", "PALACE_JAX_EXACT_F32_DOTS": "yes"})
 
 
-def test_the_environment_switch_says_so_in_every_report(tmp_path):
+@pytest.mark.parametrize("variable, flag, body", [
+    ("PALACE_JAX_EXACT_F32_DOTS", "exact_f32_dots",
+     "from test_exact_f32_dots import _dot, A, B, EXACT\n"
+     "np.testing.assert_array_equal(np.asarray(jax.jit(_dot)(A, B)), EXACT)\n"),
+    ("PALACE_JAX_SHARED_DOTS", "shared_dots",   # tests/jax_backend/test_shared_dots.py
+     "from test_shared_dots import _k_tiled, _xla_dot, X, Y, RULE\n"
+     "np.testing.assert_array_equal(np.asarray(jax.jit(_k_tiled)(X, Y)), RULE)\n"
+     "np.testing.assert_array_equal(np.asarray(_xla_dot(X, Y)), RULE)\n")], ids=["exact", "shared"])
+def test_the_environment_switch_says_so_in_every_report(tmp_path, variable, flag, body):
   prog = tmp_path / "prog.py"
   prog.write_text(
       "import sys, numpy as np, jax\n"
-      f"sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
-      "from test_exact_f32_dots import _dot, A, B, EXACT\n"
-      "np.testing.assert_array_equal(np.asarray(jax.jit(_dot)(A, B)), EXACT)\n"
+      f"sys.path.insert(0, {os.path.dirname(__file__)!r})\n" + body +
       "import palace.jax\n"
       "print(palace.jax.process_tpu.reports[-1])\n")
-  env = dict(os.environ, PALACE_JAX="v5e", PALACE_JAX_EXACT_F32_DOTS="1", JAX_PLATFORMS="cpu",
-             PYTHONPATH=os.pathsep.join(sys.path))
+  env = dict(os.environ, PALACE_JAX="v5e", JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join(sys.path),
+             **{variable: "1"})
+  for other in ("PALACE_JAX_EXACT_F32_DOTS", "PALACE_JAX_SHARED_DOTS"):
+    if other != variable:
+      env.pop(other, None)
   r = subprocess.run([sys.executable, "-m", "palace._src.jax.run", str(prog)], env=env,
                      capture_output=True, text=True, timeout=300)
   assert r.returncode == 0, r.stderr[-2000:]
-  assert "DIAGNOSTIC PALACE_JAX_EXACT_F32_DOTS=1" in r.stderr          # at activation
-  assert "[DIAGNOSTIC exact_f32_dots: not the chip's numerics]" in r.stderr   # each launch's line
-  assert "DIAGNOSTIC exact_f32_dots" in r.stdout                        # the report itself
+  assert f"DIAGNOSTIC {variable}=1" in r.stderr                          # at activation
+  assert f"[DIAGNOSTIC {flag}: not the chip's numerics]" in r.stderr     # each launch's line
+  assert f"DIAGNOSTIC {flag}" in r.stdout                                # the report itself

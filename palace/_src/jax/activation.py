@@ -23,6 +23,10 @@ Process-wide switch: `PALACE_JAX=v5e` (optionally `PALACE_JAX=v5e:4` for 4 chips
 float32 dots at the default precision unrounded, as XLA:CPU does (VirtualTPU(exact_f32_dots=True); its
 reports and the pytest header say so). benchmarks/jax_suite.py re-runs numeric failures under it to
 tell a test whose reference ran exactly on the CPU from a kernel palace computes wrong.
+`PALACE_JAX_SHARED_DOTS=1`, another diagnostic that is not the chip, sums every float dot by one rule
+on both sides of a comparison: in palace's kernels and in XLA:CPU's code outside them (shared_dots.py;
+VirtualTPU(shared_dots=True)). The runner re-runs what the first diagnostic leaves failing under it,
+to tell a summation-order difference (which on the chip both sides share) from a wrong kernel.
 """
 from __future__ import annotations
 
@@ -136,6 +140,7 @@ def virtual_tpu(chip="v5e", num_chips: int = 1, **options):
   outside the context are re-traced inside it (and vice versa); see the module docstring."""
   install()
   tpu = VirtualTPU(chip, num_chips, **options)
+  _install_shared_dots(tpu)
   engine = Engine(tpu)
   cfg = _config()
   prev = cfg.swap_local(engine)
@@ -165,6 +170,11 @@ def activate_from_env(environ=None):
     raise UsageError(f"PALACE_JAX_EXACT_F32_DOTS={exact!r}: expected 1 (the diagnostic on: float32 dots "
                      f"at the default precision computed exactly, not as the chip computes them) or 0 "
                      f"(off, the chip's rounding). Fix: set it to 1 or 0, or unset it.")
+  shared = environ.get("PALACE_JAX_SHARED_DOTS", "").strip()
+  if shared not in ("", "0", "1"):
+    raise UsageError(f"PALACE_JAX_SHARED_DOTS={shared!r}: expected 1 (the diagnostic on: float dots in "
+                     f"kernels and in XLA:CPU's code outside them summed by one rule, not in the chip's "
+                     f"order) or 0 (off). Fix: set it to 1 or 0, or unset it.")
   chip, _, n = spec.partition(":")
   try:
     num_chips = int(n) if n else 1
@@ -176,15 +186,29 @@ def activate_from_env(environ=None):
     print("palace.jax: DIAGNOSTIC PALACE_JAX_EXACT_F32_DOTS=1: float32 dots at the default precision are "
           "computed exactly, NOT as the chip computes them (it rounds their operands to bfloat16)",
           file=sys.stderr)
-  return activate_global(chip, num_chips, exact_f32_dots=exact == "1")
+  if shared == "1":
+    import sys  # noqa: PLC0415
+    print("palace.jax: DIAGNOSTIC PALACE_JAX_SHARED_DOTS=1: float dots in kernels and in XLA:CPU's code "
+          "outside them are summed by one rule (exact per 128 of K, chunks added in float32), NOT in "
+          "the chip's order", file=sys.stderr)
+  return activate_global(chip, num_chips, exact_f32_dots=exact == "1", shared_dots=shared == "1")
 
 
 def activate_global(chip="v5e", num_chips: int = 1, **options):
   """Install a process-wide engine on a new VirtualTPU(chip, num_chips, **options); returns it."""
   install()
   tpu = VirtualTPU(chip, num_chips, **options)
+  _install_shared_dots(tpu)
   _config().set_global(Engine(tpu))
   return tpu
+
+
+def _install_shared_dots(tpu) -> None:
+  """The shared-dots diagnostic's lowering of XLA:CPU's dots (shared_dots.py), registered the first
+  time an engine has it on (it defers to JAX's own lowering while the active engine has it off)."""
+  if tpu.shared_dots:
+    from palace._src.jax import shared_dots  # noqa: PLC0415
+    shared_dots.install(active_engine)
 
 
 def active_engine():

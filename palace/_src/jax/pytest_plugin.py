@@ -48,4 +48,6 @@ def pytest_report_header(config):
           f"{hw.COMPILER.libtpu_version} modelled (jtu.is_libtpu_at_least answers for it)"
           + ("; DIAGNOSTIC PALACE_JAX_EXACT_F32_DOTS=1: float32 dots at the default precision are "
              "computed exactly, NOT as the chip computes them (it rounds their operands to bfloat16)"
-             if tpu.exact_f32_dots else ""))
+             if tpu.exact_f32_dots else "")
+          + ("; DIAGNOSTIC PALACE_JAX_SHARED_DOTS=1: float dots in kernels and in XLA:CPU's code outside "
+             "them are summed by one rule, NOT in the chip's order" if tpu.shared_dots else ""))

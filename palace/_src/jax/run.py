@@ -20,7 +20,8 @@ def main(argv=None) -> int:
   finally:
     for r in engine.process_tpu.reports:
       print(f"palace: {r.kernel_name}: {r.device_cycles} cycles ({r.device_time_s * 1e6:.2f} us)"
-            + (" [DIAGNOSTIC exact_f32_dots: not the chip's numerics]" if r.exact_f32_dots else ""),
+            + (" [DIAGNOSTIC exact_f32_dots: not the chip's numerics]" if r.exact_f32_dots else "")
+            + (" [DIAGNOSTIC shared_dots: not the chip's numerics]" if r.shared_dots else ""),
             file=sys.stderr)
   return 0
 

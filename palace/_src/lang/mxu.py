@@ -127,6 +127,35 @@ def rounds_to_bf16(d, precision: str) -> bool:
   return ex is None or not ex.exact_f32_dots
 
 
+def shares_dots() -> bool:
+  """Whether the running launch is under the shared-dots diagnostic (VirtualTPU(shared_dots=True),
+  PALACE_JAX_SHARED_DOTS=1): every float product is `shared_product`, inside palace's kernels and, with
+  palace.jax, in XLA:CPU's code outside them (jax/shared_dots.py). NOT what the chip computes."""
+  ex = executor.maybe_current()
+  return ex is not None and ex.shared_dots
+
+
+SHARED_CHUNK = 128   # K per exactly summed chunk: the contraction depth of one MXU pass on v5e (128x128)
+
+
+def shared_product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+  """`a @ b` ((..., m, k) @ (..., k, n), the float values the MXU multiplies) by the shared-dots rule,
+  a fixed summation order that both sides of a comparison can follow: the products of each 128-long
+  chunk of K summed in float64 and rounded to float32 once, the chunks added in float32 in order. A
+  kernel that accumulates `acc += jnp.dot(x_k, y_k)` over K blocks of 128 thus gets the bits of one
+  dot over the whole K. float32 result. With bf16-valued operands (DEFAULT precision, bf16 inputs) the
+  float64 chunk sums are exact, so the result does not depend on the host BLAS's order."""
+  k = a.shape[-1]
+  if k <= SHARED_CHUNK:
+    return np.matmul(a.astype(np.float64), b.astype(np.float64)).astype(np.float32)
+  out = None
+  for start in range(0, k, SHARED_CHUNK):   # block-level: one float64 GEMM per chunk
+    part = np.matmul(a[..., start:start + SHARED_CHUNK].astype(np.float64),
+                     b[..., start:start + SHARED_CHUNK, :].astype(np.float64)).astype(np.float32)
+    out = part if out is None else np.add(out, part, out=out)
+  return out
+
+
 def round_to_bf16(v: np.ndarray) -> np.ndarray:
   """float32 values rounded to the nearest bfloat16 (ties to even), as bfloat16."""
   return np.asarray(v, _F32).astype(dt.bfloat16)

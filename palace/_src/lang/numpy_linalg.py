@@ -54,6 +54,14 @@ def _mxu_operands(a, b, k: int, precision: str = mxu.HIGHEST):
   return _np(a, wide), _np(b, wide)
 
 
+def _product(va: np.ndarray, vb: np.ndarray) -> np.ndarray:
+  """The host product of `_mxu_operands`: the host BLAS, or the shared-dots diagnostic's rule for float
+  operands (mxu.shared_product; not the chip's order, the one XLA:CPU then follows too)."""
+  if va.dtype == np.float32 and mxu.shares_dots():
+    return mxu.shared_product(va, vb)
+  return blas.matmul(va, vb)
+
+
 def _finish_matmul(a, b, data, out_shape, out_d, m, k, n, batch):
   if data is not None:
     if dt.is_int(out_d) and data.dtype.kind == "f":
@@ -130,11 +138,11 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
   if not (ex is not None and ex.timing_only) and _has_data(a, b):
     va, vb = _mxu_operands(a, b, k, prec)
     if a.ndim == 2 and b.ndim == 2 and not lb and lc == (1,) and rc == (0,):
-      data = blas.matmul(va, vb)  # the plain (m,k)@(k,n) product: no relayout
+      data = _product(va, vb)  # the plain (m,k)@(k,n) product: no relayout
     else:
       va = np.transpose(va, list(lb) + lf + list(lc)).reshape(bsz, m, k)
       vb = np.transpose(vb, list(rb) + list(rc) + rf).reshape(bsz, k, n)
-      data = blas.matmul(va, vb).reshape(out_shape)
+      data = _product(va, vb).reshape(out_shape)
   return _finish_matmul(a, b, data, out_shape, out_d, m, k, n, bsz)
 
 
@@ -155,7 +163,7 @@ def dot(a, b, *, precision=None, preferred_element_type=None):
         ready = ex.matmul(m, k, n, 1, a.dtype, b.dtype, ready_of(a, b))   # charged as issued
         return deferred.product(ex, a, b, ready, prec)   # rounded per span when computed
       va, vb = _mxu_operands(a, b, k, prec)
-      data = blas.matmul(va, vb)
+      data = _product(va, vb)
     return _finish_matmul(a, b, data, (m, n), out_d, m, k, n, 1)
   if a.ndim == 0 or b.ndim == 0:
     return multiply(a, b)

@@ -321,7 +321,8 @@ def interpret_context(interpret):
                      seed=parent.seed if interpret.random_seed is None else interpret.random_seed,
                      trace=parent.trace, topology=parent.topology,
                      detect_races=interpret.detect_races or parent.detect_races,
-                     uninitialized=parent.uninitialized, exact_f32_dots=parent.exact_f32_dots)
+                     uninitialized=parent.uninitialized, exact_f32_dots=parent.exact_f32_dots,
+                     shared_dots=parent.shared_dots)
   with child:
     yield
 

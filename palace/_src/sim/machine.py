@@ -374,7 +374,8 @@ class Machine:
     return Report(self.kernel_name, self.chip, self.num_chips, int(round(end)), flops, self.hbm_bytes,
                   busy, vmem_peak, sum(c.steps for c in self.cores) or self.grid_steps,
                   self.dma_count, events, self.ici_bytes,
-                  self.timing_only, exact_f32_dots=self.tpu.exact_f32_dots)
+                  self.timing_only, exact_f32_dots=self.tpu.exact_f32_dots,
+                  shared_dots=self.tpu.shared_dots)
 
 
 class VirtualTPU:
@@ -398,13 +399,16 @@ class VirtualTPU:
   float32 dots at the default precision multiply their operands unrounded (as XLA:CPU and JAX's
   interpret mode do) instead of rounded to bfloat16 as the chip's MXU does (lang/mxu.py); every report
   made under it says so. It tells a test whose reference was computed exactly on the CPU apart from a
-  wrong kernel (docs/jax.md, "Diagnostic: exact float32 dots")."""
+  wrong kernel (docs/jax.md, "Diagnostic: exact float32 dots"). `shared_dots=True`, also a diagnostic
+  and NOT the chip, keeps the chip's rounding and sums every float dot by one fixed rule
+  (lang/mxu.shared_product), which palace.jax applies to XLA:CPU's dots outside the kernel too
+  (docs/jax.md, "Diagnostic: shared dots")."""
 
   def __init__(self, chip="v5e", num_chips: int = 1, *, timing_only: bool = False,
                dma_policy: str = "eager", seed: int = 0, trace: bool = True, topology=None,
                detect_races: bool = False, uninitialized: str = "nan", p_state=None,
                keep_trace_events=KEEP_TRACE_EVENTS, replay: bool = True, steady_state: bool = True,
-               exact_f32_dots: bool = False):
+               exact_f32_dots: bool = False, shared_dots: bool = False):
     hostmem.tune_allocator()   # (process-wide host tuning, once: keeps block-sized pages mapped)
     if not isinstance(chip, hw.ChipSpec):
       validate.as_name(chip, "pl.virtual_tpu(chip)", hint=f"pass a chip name: {', '.join(hw.CHIPS)}.")
@@ -440,6 +444,12 @@ class VirtualTPU:
     self.steady_state = validate.as_bool(steady_state, "pl.virtual_tpu(steady_state)")
     # a diagnostic that is not the chip: DEFAULT-precision f32 dots unrounded (lang/mxu.rounds_to_bf16)
     self.exact_f32_dots = validate.as_bool(exact_f32_dots, "pl.virtual_tpu(exact_f32_dots)")
+    # a diagnostic that is not the chip: float dots by one summation rule (lang/mxu.shared_product)
+    self.shared_dots = validate.as_bool(shared_dots, "pl.virtual_tpu(shared_dots)")
+    if self.exact_f32_dots and self.shared_dots:
+      raise UsageError("pl.virtual_tpu(exact_f32_dots=True, shared_dots=True): two diagnostics that "
+                       "compute float32 dots differently, observed both on; expected at most one. Fix: "
+                       "pass one of them.")
     self.extrapolated_steps = 0
     self._traced = collections.deque()   # the reports still holding trace events, oldest first
     self._traced_events = 0
@@ -534,7 +544,9 @@ class VirtualTPU:
     return (f"VirtualTPU(chip={self.chip.name!r}, num_chips={self.num_chips}, timing_only="
             f"{self.timing_only}, dma_policy={self.dma_policy!r}, launches={len(self.reports)}"
             + (", exact_f32_dots=True (a diagnostic: not the chip's numerics)" if self.exact_f32_dots
-               else "") + ")")
+               else "")
+            + (", shared_dots=True (a diagnostic: not the chip's numerics)" if self.shared_dots else "")
+            + ")")
 
 
 _active: contextvars.ContextVar = contextvars.ContextVar("palace_virtual_tpu", default=None)

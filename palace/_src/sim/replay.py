@@ -125,6 +125,7 @@ class ReplayCore:
     self.chip_index, self.core_id = chip_index, core_id
     self.kernel_name = machine.kernel_name
     self.exact_f32_dots = machine.tpu.exact_f32_dots
+    self.shared_dots = machine.tpu.shared_dots
     self.axis_env = dict(axis_env)
     self.mesh_axes = []
     self.grid_stack = []

@@ -33,6 +33,7 @@ class Report:
   ici_bytes: int = 0
   timing_only: bool = False
   exact_f32_dots: bool = False   # made under the exact-f32-dots diagnostic (not the chip's numerics)
+  shared_dots: bool = False      # made under the shared-dots diagnostic (not the chip's numerics)
   stats: dict | None = dataclasses.field(default=None, repr=False)
 
   def __post_init__(self):
@@ -141,7 +142,7 @@ class Report:
             "dma_count": self.dma_count, "unit_busy_cycles": dict(self.unit_busy_cycles),
             "dma_bytes_by_direction": self.dma_bytes_by_direction,
             "dma_count_by_direction": self.dma_count_by_direction, "timing_only": self.timing_only,
-            "exact_f32_dots": self.exact_f32_dots}
+            "exact_f32_dots": self.exact_f32_dots, "shared_dots": self.shared_dots}
 
   # ---- exports
   def drop_trace(self, budget: int) -> None:
@@ -207,7 +208,8 @@ class Report:
         f"kernel '{self.kernel_name}' on {self.chip.name}" + (f" x{self.num_chips}" if self.num_chips > 1
                                                                else "")
         + (" (timing only)" if self.timing_only else "")
-        + (" (DIAGNOSTIC exact_f32_dots: not the chip's numerics)" if self.exact_f32_dots else ""),
+        + (" (DIAGNOSTIC exact_f32_dots: not the chip's numerics)" if self.exact_f32_dots else "")
+        + (" (DIAGNOSTIC shared_dots: not the chip's numerics)" if self.shared_dots else ""),
         f"  device time     {us:,.3f} us  ({self.device_cycles:,} cycles at "
         f"{self.chip.clock_hz / 1e9:.2f} GHz); launch overhead {self.launch_overhead_s * 1e6:.1f} us",
         f"  compute         {self.flops / 1e9:,.3f} GFLOP, {self.flops_per_s / 1e12:,.2f} TFLOP/s "
@@ -231,4 +233,8 @@ class Report:
       lines.append("  numerics        DIAGNOSTIC: float32 dots at the default precision were computed "
                    "exactly; the chip rounds their operands to bfloat16 (VirtualTPU(exact_f32_dots=True), "
                    "PALACE_JAX_EXACT_F32_DOTS)")
+    if self.shared_dots:
+      lines.append("  numerics        DIAGNOSTIC: float dots were summed by one fixed rule (exact per 128 "
+                   "of K, chunks added in float32), not in the chip's order (VirtualTPU(shared_dots=True), "
+                   "PALACE_JAX_SHARED_DOTS)")
     return "\n".join(lines)

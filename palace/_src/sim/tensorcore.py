@@ -76,6 +76,7 @@ class TensorCore:
     self.axis_env = dict(axis_env)
     self.timing_only = machine.timing_only
     self.exact_f32_dots = machine.tpu.exact_f32_dots
+    self.shared_dots = machine.tpu.shared_dots
     self.bounds_checks = not params.disable_bounds_checks
     self.semaphore_checks = not params.disable_semaphore_checks
     self.checks = machine.checks if self.bounds_checks else machine.unchecked_checks()
