@@ -87,9 +87,11 @@ def _whole_vregs(shape, idx, pack: int) -> bool:
   minor-two-dim offsets and sizes are multiples of the native (8 * packing, 128) tiling by taking the
   sub-array of the operand's vregs, without touching any (apply_vector_layout's
   vector.extract_strided_slice rule, jax-ml/jax jaxlib/mosaic/dialect/tpu/transforms). Leading dims
-  index vregs directly (ints and unit-step slices are free there); a slice may end at its dim's end
-  (the last, partial tile is the operand's own). None (new axes), strides, ints on the minor two dims
-  and other indices move data."""
+  index vregs directly (ints and unit-step slices are free there); a slice that starts on a tile may
+  end anywhere (its last, partial tile is the operand's own vreg: measured on a v5e, `x[:, 0:1]`
+  broadcast back across lanes costs what a loaded column's broadcast does, benchmarks/hw loop_chain
+  and step_chain `colbcast`). None (new axes), strides, ints on the minor two dims and other indices
+  move data."""
   if len(shape) < 2:
     return False
   full = []
@@ -109,7 +111,7 @@ def _whole_vregs(shape, idx, pack: int) -> bool:
         return False
       if d >= n - 2:
         tile = 128 if d == n - 1 else 8 * pack
-        if start % tile or (stop % tile and stop != size):
+        if start % tile:
           return False
     elif not (isinstance(i, (int, np.integer)) and d < n - 2):
       return False
