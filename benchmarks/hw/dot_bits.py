@@ -31,6 +31,27 @@ def _inputs(k: int, dtype: str):
   return x, y
 
 
+def mxu_rule(x, y):
+  """The v5e's DEFAULT-precision dot as measured (session 22): operands rounded to bf16 (the caller
+  passes them rounded), products exact; per 128-long chunk of K, each group of 8 products is two exact
+  sums of 4, each rounded to float32 once, added in float32; the chunk's 16 group sums are added in
+  order from zero in float32; the chunks' sums are added in order in float32. Bit-identical to the chip
+  on all but 3-9 of 65536 outputs (1 ulp) for K = 128-2048 (`v5e-dot-bits-k128-2026-12-06.npz` keeps K
+  = 128). NumPy float64 work of K/4 batched products: a reference, far slower than a BLAS dot."""
+  x = np.asarray(x, np.float64)
+  y = np.asarray(y, np.float64)
+  m, k = x.shape
+  total = None
+  for c in range(0, k, 128):
+    acc = np.zeros((m, y.shape[1]), np.float32)
+    for s in range(c, min(c + 128, k), 8):
+      lo = (x[:, s:s + 4] @ y[s:s + 4]).astype(np.float32)        # 4 exact products, exactly summed
+      hi = (x[:, s + 4:s + 8] @ y[s + 4:s + 8]).astype(np.float32)
+      acc = (acc + (lo + hi)).astype(np.float32)
+    total = acc if total is None else (total + acc).astype(np.float32)
+  return total
+
+
 def name(k: int, dtype: str, prec: str, where: str = "xla") -> str:
   return f"{where}_k{k}_{dtype}_{prec}"
 
