@@ -12,7 +12,7 @@ from palace._src.executor import OpClass
 from palace._src.errors import OutOfBoundsError, UnsupportedError, UsageError
 from palace._src.lang.array import Array, ready_of
 from palace._src.lang.numpy_base import _broadcast_shapes, _compute_dtype, _has_data, _np, _out
-from palace._src.lang.numpy_shape import _shape_op
+from palace._src.lang.numpy_shape import _shape_op, reshape
 from palace._src.util import user_frame_summary
 
 
@@ -78,6 +78,8 @@ def _array_getitem(self, idx):
   """Static indexing of a value (slices, ints, None, Ellipsis); dynamic indices need refs + pl.ds.
   Costs an XLU relayout, unless it only selects whole vregs (`_whole_vregs`): then nothing."""
   idx, shape = _static_index(self.shape, idx)
+  if all(i is None or i is Ellipsis or i == slice(None) for i in idx) and None in idx:
+    return reshape(self, shape)   # only new unit axes (x[:, None]): a reshape, costed as one
   free = _whole_vregs(self.shape, idx, dt.packing(self.dtype))
   return _shape_op(self, lambda v: v[idx], shape, OpClass.FREE if free else OpClass.XLU)
 
