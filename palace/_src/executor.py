@@ -29,7 +29,8 @@ class OpClass:
   """Cost classes of vector ops (the `op_class` of `Executor.vector_op`). Values are the names the
   machine's cost tables and trace labels use."""
   CHEAP = "cheap"                    # + - * max min where compare cast
-  BROADCAST = "broadcast"            # broadcast_to
+  BROADCAST = "broadcast"            # broadcast_to (sublanes, or a lane-replicated value across lanes)
+  LANE_BROADCAST = "lane_broadcast"  # an (N, 1) column that is not lane-replicated, across lanes
   MEDIUM = "medium"                  # divide, pow, integer div/mod
   TRANSCENDENTAL = "transcendental"  # exp, log, tanh, sqrt, rsqrt, erf (the EUP)
   EXPENSIVE = "expensive"            # sin, cos, tan, arctan (polynomials on the VPU)
@@ -39,7 +40,7 @@ class OpClass:
   LOAD = "load"                      # vreg loads (packed tiles)
   STORE = "store"                    # vreg stores (packed tiles)
   FREE = "free"                      # leading-dim reshapes and transposes, bitcasts: no work
-  ALL = (CHEAP, BROADCAST, MEDIUM, TRANSCENDENTAL, EXPENSIVE, REDUCE_SUBLANE, REDUCE_LANE, XLU, LOAD,
+  ALL = (CHEAP, BROADCAST, LANE_BROADCAST, MEDIUM, TRANSCENDENTAL, EXPENSIVE, REDUCE_SUBLANE, REDUCE_LANE, XLU, LOAD,
          STORE, FREE)
 
 

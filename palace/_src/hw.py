@@ -93,6 +93,11 @@ class ChipSpec:
   # iteration issues after this one's vector/MXU results have drained, plus these cycles of branch and
   # counter work (docs/timing-model.md 1.1)
   loop_back_edge_cycles: int = 3
+  # a grid step's bookkeeping (grid_step_overhead_cycles) starts once the step's vector work has issued
+  # and its MXU results are out, while vector and EUP/XLU results are still in flight; the next step
+  # issues after both, and at least this many cycles after the last of those results
+  # (docs/timing-model.md 1.1)
+  grid_step_drain_cycles: int = 10
   # one core's DMA engine serves HBM writes ahead of reads, except a read's first
   # `dma_read_head_bytes`; a read held behind a write, or queued behind one, pays the bus turnaround
   # (sim/dma_arbiter.py)
@@ -237,6 +242,13 @@ _COMMON_SOURCES = _mp(
                           "fori_loop and 5.1 unrolled by 8 (6.8 / 3.5 us for 1024); with the drain, the "
                           "loop counter's scalar op and the 4-cycle chain, 3 cycles remain; reused in "
                           "cycles on every chip",
+    grid_step_drain_cycles="fitted on a TPU v5e (benchmarks/hw step_chain, 2026-12-06): a grid step "
+                           "holding k dependent links of one op on one vreg costs the chain plus about "
+                           "13 cycles (lane max: 133, 253, 493, 925 cycles for k = 1, 2, 4, 8; exp, "
+                           "division and sublane sums alike), and a chain shorter than the step's "
+                           "37-cycle bookkeeping costs the bookkeeping alone (multiply-add: 37.5-40); "
+                           "the 13 are this drain and the chain's first load and last store; reused in "
+                           "cycles on every chip",
     dma_read_head_bytes="measured on a TPU v5e (benchmarks/hw dma_curve, dma_order, dma_chunk, "
                         "2026-12-06): reads of 16-32 KiB started beside a 32-256 KiB write cost their "
                         "own round trip (373-391 ns, +0-37), reads of 64 KiB and more pay the write's "

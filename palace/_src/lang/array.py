@@ -14,14 +14,18 @@ from palace._src.util import user_frame_summary
 
 
 class Array:
-  __slots__ = ("_data", "shape", "dtype", "_ready", "__weakref__")
+  # `_lanes`: the value is lane-replicated (a reduction over the last axis, or elementwise work on such
+  # values): Mosaic keeps each row's result in every lane (an implicit minor dim), so re-inserting the
+  # reduced axis is free and broadcasting it across lanes is a VPU op, not a lane broadcast (sim/cost.py)
+  __slots__ = ("_data", "shape", "dtype", "_ready", "_lanes", "__weakref__")
   __array_priority__ = 1000  # so `np_array + Array` defers to Array
 
-  def __init__(self, data, shape, dtype, ready=0):
+  def __init__(self, data, shape, dtype, ready=0, lanes=False):
     self._data = data
     self.shape = shape
     self.dtype = dtype
     self._ready = ready
+    self._lanes = lanes
 
   # ---- metadata ----
   @property

@@ -52,6 +52,30 @@ def _mask_cast(name: str, args) -> bool:
   return False
 
 
+def _all_lanes(args, shape) -> bool:
+  """Whether an elementwise result of `shape` is lane-replicated (Array._lanes): every operand of its
+  shape is, the others are 0-d."""
+  for a in args:
+    if type(a) is Array and a.shape and (a.shape != shape or not a._lanes):
+      return False
+  return True
+
+
+def _columns(args, shape) -> list:
+  """The operands an elementwise op of result `shape` broadcasts across lanes with the XLU: (..., 1)
+  columns that are not lane-replicated (Array._lanes), where the result has more than one lane."""
+  if not shape or shape[-1] == 1:
+    return []
+  return [a for a in args if type(a) is Array and a.shape and a.shape[-1] == 1 and not a._lanes]
+
+
+def _any_lanes(args) -> bool:
+  for a in args:
+    if type(a) is Array and a._lanes:
+      return True
+  return False
+
+
 def _elementwise(fn, op_class: str, result: str = "same", name: str = ""):
   """Build an n-ary elementwise op. result: same | bool | float | int. The integer forms the TPU
   compiler rejects (int_rejects.py): vectors of the dtypes `VECTOR_INT_REJECTS[name]` names, 0-d
@@ -89,6 +113,7 @@ def _elementwise(fn, op_class: str, result: str = "same", name: str = ""):
       # two Arrays of one dtype, of one shape (acc + dot) or one of them 0-d (x * scale, a typed
       # constant): the pass below, whose result type is theirs and shape the larger one's
       a, b = args
+      columns = None
       shape, rt, any_array = a.shape or b.shape, a.dtype, True
       has_data = a._data is not None and b._data is not None
       ready = a._ready if a._ready > 0 else 0
@@ -123,6 +148,7 @@ def _elementwise(fn, op_class: str, result: str = "same", name: str = ""):
       else:
         rt = dt.result_type(*[promotion_type(a) for a in args])
         shape = _broadcast_shapes(op.__name__, args)
+      columns = None if same else _columns(args, shape)
     if result == "float" and rt not in _FLOATS:
       rt = _F32
     out_dtype = dt.bool_ if result == "bool" else rt
@@ -160,7 +186,14 @@ def _elementwise(fn, op_class: str, result: str = "same", name: str = ""):
         raise refusal(op.__name__, rt, shape, f"{ex.where()} ({user_frame_summary()})")
       if ex.timing_only:
         data = None
+      if columns:
+        for a in columns:   # each (N, 1) column broadcast across lanes first
+          b = ex.vector_op(OpClass.LANE_BROADCAST, shape, out_dtype, a._ready)
+          ready = b if b > ready else ready
       ready = ex.vector_op(op_class, shape, out_dtype, ready)
+      a0 = args[0]
+      if a0._lanes if type(a0) is Array and a0.shape else _any_lanes(args):
+        return Array(data, shape, out_dtype, ready, _all_lanes(args, shape))
     else:
       if rt in scalar_rejects and ex.sparsecore is None:
         raise refusal(op.__name__, rt, (), f"{ex.where()} ({user_frame_summary()})")
@@ -242,12 +275,12 @@ def on_vectors(op, dtype, shape, arity: int, in_shapes=None):
   out = dt.bool_ if result == "bool" else rt
   cd = _COMPUTE.get(rt, rt)
 
-  def finish(data, ready, ex):
+  def finish(data, ready, ex, lanes=False):
     if ex.timing_only:
       data = None
     elif data is not None and data.dtype != out:
       data = data.astype(out)
-    return Array(data, shape, out, ex.vector_op(op_class, shape, out, ready))
+    return Array(data, shape, out, ex.vector_op(op_class, shape, out, ready), lanes)
 
   if arity == 1:
     def unary(a):
@@ -260,7 +293,7 @@ def on_vectors(op, dtype, shape, arity: int, in_shapes=None):
           da = fn(da if da.dtype == cd else da.astype(cd))
         except ValueError:   # invalid operands: `op` raises its error
           return op(a)
-      return finish(da, a._ready if a._ready > 0 else 0, ex)
+      return finish(da, a._ready if a._ready > 0 else 0, ex, a._lanes)
     return unary
 
   def binary(a, b):   # (one operand may be 0-d: a typed constant, broadcast as op broadcasts it)
@@ -284,7 +317,15 @@ def on_vectors(op, dtype, shape, arity: int, in_shapes=None):
     ready = a._ready if a._ready > 0 else 0
     if b._ready > ready:
       ready = b._ready
-    return finish(data, ready, ex)
+    if in_shapes is not None:
+      if lane_wide:
+        for x in (a, b):   # an (N, 1) column broadcast across lanes first (`_columns`)
+          if x.shape and x.shape[-1] == 1 and not x._lanes:
+            r = ex.vector_op(OpClass.LANE_BROADCAST, shape, out, x._ready)
+            ready = r if r > ready else ready
+      return finish(data, ready, ex)
+    return finish(data, ready, ex, (a._lanes or not sa) and (b._lanes or not sb) and (a._lanes or b._lanes))
+  lane_wide = shape[-1] > 1
   return binary
 
 

@@ -12,7 +12,7 @@ from palace._src.executor import OpClass
 from palace._src.errors import OutOfBoundsError, UnsupportedError, UsageError
 from palace._src.lang.array import Array, ready_of
 from palace._src.lang.numpy_base import _broadcast_shapes, _compute_dtype, _has_data, _np, _out
-from palace._src.lang.numpy_shape import _shape_op
+from palace._src.lang.numpy_shape import _shape_op, reshape
 from palace._src.util import user_frame_summary
 
 
@@ -78,6 +78,8 @@ def _array_getitem(self, idx):
   """Static indexing of a value (slices, ints, None, Ellipsis); dynamic indices need refs + pl.ds.
   Costs an XLU relayout, unless it only selects whole vregs (`_whole_vregs`): then nothing."""
   idx, shape = _static_index(self.shape, idx)
+  if all(i is None or i is Ellipsis or i == slice(None) for i in idx) and None in idx:
+    return reshape(self, shape)   # only new unit axes (x[:, None]): a reshape, costed as one
   free = _whole_vregs(self.shape, idx, dt.packing(self.dtype))
   return _shape_op(self, lambda v: v[idx], shape, OpClass.FREE if free else OpClass.XLU)
 
@@ -87,9 +89,11 @@ def _whole_vregs(shape, idx, pack: int) -> bool:
   minor-two-dim offsets and sizes are multiples of the native (8 * packing, 128) tiling by taking the
   sub-array of the operand's vregs, without touching any (apply_vector_layout's
   vector.extract_strided_slice rule, jax-ml/jax jaxlib/mosaic/dialect/tpu/transforms). Leading dims
-  index vregs directly (ints and unit-step slices are free there); a slice may end at its dim's end
-  (the last, partial tile is the operand's own). None (new axes), strides, ints on the minor two dims
-  and other indices move data."""
+  index vregs directly (ints and unit-step slices are free there); a slice that starts on a tile may
+  end anywhere (its last, partial tile is the operand's own vreg: measured on a v5e, `x[:, 0:1]`
+  broadcast back across lanes costs what a loaded column's broadcast does, benchmarks/hw loop_chain
+  and step_chain `colbcast`). None (new axes), strides, ints on the minor two dims and other indices
+  move data."""
   if len(shape) < 2:
     return False
   full = []
@@ -109,7 +113,7 @@ def _whole_vregs(shape, idx, pack: int) -> bool:
         return False
       if d >= n - 2:
         tile = 128 if d == n - 1 else 8 * pack
-        if start % tile or (stop % tile and stop != size):
+        if start % tile:
           return False
     elif not (isinstance(i, (int, np.integer)) and d < n - 2):
       return False

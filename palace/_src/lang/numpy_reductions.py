@@ -23,6 +23,16 @@ from palace._src.util import user_frame_summary
 _IMPORTED = frozenset(globals())  # names above are imports, not this module's API
 
 
+def _charge(ex, cls, shape, dtype, ready) -> int:
+  """Charge a reduction of an operand of `shape` to the core; its result's ready cycle. Rows wider than
+  one vreg (128 lanes) are first folded to one vreg per 8 rows with elementwise VPU ops, then reduced
+  across lanes once per 8 rows on the XLU (measured on a v5e: docs/timing-model.md)."""
+  if cls is OpClass.REDUCE_LANE and shape[-1] > 128:
+    ready = ex.vector_op(OpClass.CHEAP, shape[:-1] + (shape[-1] - 128,), dtype, ready)
+    shape = shape[:-1] + (128,)
+  return ex.vector_op(cls, shape, dtype, ready)
+
+
 def _reduce_class(axes, ndim):
   if ndim >= 1 and (ndim - 1) in axes:
     return OpClass.REDUCE_LANE
@@ -92,8 +102,16 @@ def _reduction(npfn, name, result="same"):
           raise ShapeError(f"jnp.{name}{' ' + ex.where() if ex else ''}: {e}. Fix: pass initial= with "
                            f"where= for max / min (there is no identity). ({user_frame_summary()})") from None
       data = np.asarray(data).astype(out_d, copy=False)
-    return _out(data, out_shape, out_d, ready_of(a, where, initial), _reduce_class(axes, len(shape)),
-                _is_arr(a, where, initial))
+    cls = _reduce_class(axes, len(shape))
+    ready = ready_of(a, where, initial)
+    if ex is None or not shape:
+      return _out(data, out_shape, out_d, ready, cls, _is_arr(a, where, initial))
+    # inside a kernel the work is the operand's vregs' (a (128, 128) block's 16), whatever the result's
+    # shape; the XLU leaves each row's lane reduction in every lane (Array._lanes)
+    if ex.timing_only and out_shape:
+      data = None
+    return Array(data, out_shape, out_d, _charge(ex, cls, shape, in_d, ready),
+                 cls is OpClass.REDUCE_LANE and bool(out_shape))
 
   op.__name__ = name
   return op

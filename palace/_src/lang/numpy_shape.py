@@ -48,10 +48,21 @@ def reshape(a, *shape, order="C"):
   # second-minor dim when both second-minor sizes are whole numbers of (8 * packing)-row tiles: the
   # vregs stay as they are (apply_vector_layout's vector.shape_cast rule, "fold or unfold sublane dim,
   # but keeping a whole number of vregs"). Anything else touching the last two dims needs the XLU.
+  # A 1-D value is lane-major, so giving it unit leading dims ((L,) -> (1, L)) or taking them off is
+  # free too; and a lane-replicated value (Array._lanes: a reduction over lanes) gains or loses its
+  # reduced unit minor dim ((N,) <-> (N, 1)) for free, keeping its layout.
   rows = 8 * dt.packing(dtype_of(a) if isinstance(a, Array) else _default_dtype(a))
-  free = len(src) >= 2 and len(shape) >= 2 and src[-1] == shape[-1] and (
-      src[-2] == shape[-2] or (src[-2] % rows == 0 and shape[-2] % rows == 0))
-  return _shape_op(a, lambda v: v.reshape(shape), shape, OpClass.FREE if free else OpClass.XLU)
+  shape = tuple(shape)
+  lanes = isinstance(a, Array) and a._lanes and src and shape and \
+      (shape == src + (1,) or src == shape + (1,))
+  free = lanes or (len(src) >= 2 and len(shape) >= 2 and src[-1] == shape[-1] and (
+      src[-2] == shape[-2] or (src[-2] % rows == 0 and shape[-2] % rows == 0))) or \
+      (src and shape and src[-1] == shape[-1] and (len(src) == 1 or len(shape) == 1) and
+       prod(src[:-1]) == 1 and prod(shape[:-1]) == 1)
+  out = _shape_op(a, lambda v: v.reshape(shape), shape, OpClass.FREE if free else OpClass.XLU)
+  if lanes and type(out) is Array:
+    out._lanes = True
+  return out
 
 
 def transpose(a, axes=None):
@@ -86,7 +97,15 @@ def broadcast_to(a, shape):
                      f"the value must equal the target's or be 1; reshape it first.") from None
   if not isinstance(a, Array):
     a = asarray(a)
-  return _shape_op(a, lambda v: np.broadcast_to(v, shape), shape, OpClass.BROADCAST)  # values are immutable
+  src = a.shape
+  # across lanes ((..., 1) -> (..., L)): a lane-replicated value needs one VPU op, any other column a
+  # lane broadcast on the XLU (measured on a v5e: docs/timing-model.md)
+  cls = OpClass.LANE_BROADCAST if src and src[-1] == 1 and shape and shape[-1] > 1 and \
+      not a._lanes else OpClass.BROADCAST
+  out = _shape_op(a, lambda v: np.broadcast_to(v, shape), shape, cls)  # values are immutable
+  if a._lanes and src and shape and shape[-1] == src[-1] and type(out) is Array:
+    out._lanes = True
+  return out
 
 
 def expand_dims(a, axis):

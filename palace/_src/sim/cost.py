@@ -26,15 +26,16 @@ from palace._src.hw import CHIPS, MXU_CLASS_BITS, ChipSpec
 # and [SB-tpus] appendix A (see the module docstring).
 VECTOR_CLASSES = {
     _C.CHEAP: ("vpu", 1, 2),            # + - * max min where compare cast: 1-cycle issue, 2 latency
-    _C.BROADCAST: ("vpu", 1, 2),
-    _C.MEDIUM: ("vpu", 4, 8),           # divide / pow / integer div: a few VPU ops (Newton steps)
-    _C.TRANSCENDENTAL: ("eup", 1, 16),  # exp / log / tanh / rsqrt: one EUP push per tile
+    _C.BROADCAST: ("vpu", 1, 2),        # sublane broadcasts; a lane-replicated value across lanes
+    _C.LANE_BROADCAST: ("xlu", 5, 108), # any other (N, 1) column across lanes (measured, below)
+    _C.MEDIUM: ("vpu", 12, 17),         # divide / pow / integer div: Newton steps on the VPU (measured)
+    _C.TRANSCENDENTAL: ("eup", 1, 10),  # exp / log / tanh / rsqrt: one EUP push per tile (measured)
     _C.EXPENSIVE: ("vpu", 16, 16),      # sin / cos: a polynomial on the VPU ([details]: expensive)
-    _C.REDUCE_SUBLANE: ("vpu", 1, 4),   # second-minor reductions: in-lane shuffles, ~1 cycle per roll
-    _C.REDUCE_LANE: ("xlu", 2, 32),     # last-dim reductions: cross-lane unit, "slow and fairly expensive"
+    _C.REDUCE_SUBLANE: ("vpu", 1, 10),  # second-minor reductions: in-lane shuffles (measured)
+    _C.REDUCE_LANE: ("xlu", 7, 114),    # last-dim reductions, one per 8 rows of 128 lanes (measured)
     _C.XLU: ("xlu", 2, 32),             # minor-dim transposes, relayouts, rolls
-    _C.LOAD: ("vld", 1, 4),             # vreg loads (packed tiles)
-    _C.STORE: ("vst", 1, 2),            # vreg stores (packed tiles)
+    _C.LOAD: ("vld", 1, 1),             # vreg loads (packed tiles) (measured: a chain's load)
+    _C.STORE: ("vst", 1, 1),            # vreg stores (packed tiles)
     _C.FREE: (None, 0, 0),              # leading-dim reshapes / transposes
 }
 

@@ -96,6 +96,7 @@ class TensorCore:
     self.unit_busy = dict.fromkeys(cost.UNITS, 0)
     self.horizon = 0
     self.compute_done = 0     # latest result of any vector/MXU op (drained at grid-step boundaries)
+    self.mxu_done = 0         # latest MXU result (popped by issue slots before a step's bookkeeping)
     self.flops = 0
     # this core's memories (capacity, live allocations; VMEM_SHARED is modelled as VMEM on a TensorCore)
     self.memory = memory.Allocator.of_core(self, params.vmem_limit_bytes)
@@ -115,6 +116,7 @@ class TensorCore:
     self._scalar_cycles = self.chip.scalar_op_cycles
     self._loop_cycles = self.chip.loop_back_edge_cycles
     self._step_cycles = self.chip.grid_step_overhead_cycles
+    self._step_drain = self.chip.grid_step_drain_cycles
     # this chip's cost rules and copy timings (DmaEngine), memoised (cost_memos)
     self._vcost, self._mcost, self.copy_timings = machine.cost_memos
     self.share_group = (chip_index,)   # cores that see the same shared allocations
@@ -198,7 +200,10 @@ class TensorCore:
       hit = self._mcost[key]
     busy, lat, flops, label = hit
     self.flops += flops
-    return self._issue("mxu", busy, lat, ready, label)
+    done = self._issue("mxu", busy, lat, ready, label)
+    if done > self.mxu_done:
+      self.mxu_done = done
+    return done
 
   def scalar_op(self, ready: int = 0) -> int:
     cycles = self._scalar_cycles
@@ -390,12 +395,22 @@ class TensorCore:
     self.unit_busy["scalar"] += cycles
 
   def grid_step(self) -> None:
-    # In-order VLIW issue with no software pipelining across grid steps (modelling assumption): the
-    # next step's bundles issue after this step's last vector/MXU result, then the step overhead.
+    # No software pipelining across grid steps: the step's bookkeeping starts once its vector work has
+    # issued (every unit's queue) and its MXU results are out, overlapping the vector results still in
+    # flight; the next step issues after the bookkeeping and `grid_step_drain_cycles` after the last
+    # result (measured on a v5e: docs/timing-model.md 1.1).
     self.steps += 1
-    start = self.now if self.now > self.compute_done else self.compute_done
-    cycles = self._step_cycles if self.steps > 1 else 0   # the first step's bookkeeping is the prologue
-    self.now = start + cycles
+    if self.steps == 1:   # the first step's bookkeeping is the kernel's prologue
+      self.now = self.now if self.now > self.compute_done else self.compute_done
+      return
+    start = self.now if self.now > self.mxu_done else self.mxu_done
+    for t in self.unit_free.values():
+      if t > start:
+        start = t
+    cycles = self._step_cycles
+    end = start + cycles
+    drained = self.compute_done + self._step_drain
+    self.now = end if end > drained else drained
     self.unit_busy["scalar"] += cycles
     trace = self.trace
     if trace.on and cycles:

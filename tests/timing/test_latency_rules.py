@@ -1,0 +1,123 @@
+"""The vector-latency rules measured on a TPU v5e in session 22 (docs/timing-model.md 1.1 and 1.4), as
+exact timelines on UNIT_CHIP: lane-replicated reduction results broadcast on the VPU while any other
+(N, 1) column needs an XLU lane broadcast, reductions are charged on their operand's vregs, and a grid
+step's bookkeeping overlaps the tail of the step's vector results."""
+import numpy as np
+import pytest
+
+import palace as pl
+import palace.numpy as jnp
+from palace import tpu as pltpu
+from palace._src.sim import cost
+
+from timing_helpers import UNIT_CHIP
+
+RED = cost.VECTOR_CLASSES["reduce_lane"]
+LBC = cost.VECTOR_CLASSES["lane_broadcast"]
+CHEAP_LAT = cost.VECTOR_CLASSES["cheap"][2]
+
+
+def _run(kernel, *args, out_shape, grid=(), in_specs=None, scratch=()):
+  kw = {} if in_specs is None else {"in_specs": in_specs, "out_specs": pl.BlockSpec(out_shape, lambda i: (0, 0))}
+  with pl.virtual_tpu(UNIT_CHIP) as tpu:
+    out = pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct(out_shape, np.float32), grid=grid,
+                         scratch_shapes=list(scratch), **kw)(*args)
+  return out, tpu.reports[-1]
+
+
+def _ops(report, unit):
+  return [(e[2], e[4] - e[3]) for e in report.events if e[1] == unit]
+
+
+def test_a_reduction_result_broadcasts_back_on_the_vpu_a_loaded_column_on_the_xlu():
+  """x - max(x) needs no lane broadcast (the XLU leaves the max in every lane); x + c for a loaded
+  (8, 1) column c does: one XLU lane broadcast of the (8, 128) result's vreg."""
+  x = np.arange(8 * 128, dtype=np.float32).reshape(8, 128) % 13
+  c = np.arange(8, dtype=np.float32).reshape(8, 1)
+
+  def sub_max(x_ref, o_ref):
+    v = x_ref[...]
+    o_ref[...] = v - jnp.max(v, axis=-1, keepdims=True)
+
+  def add_col(x_ref, c_ref, o_ref):
+    o_ref[...] = x_ref[...] + c_ref[...]
+
+  out, r = _run(sub_max, x, out_shape=(8, 128))
+  np.testing.assert_array_equal(out, x - x.max(-1, keepdims=True))
+  busy = -(-RED[1] // UNIT_CHIP.num_xlus)
+  assert _ops(r, "xlu") == [("reduce_lane", busy)]
+
+  out, r = _run(add_col, x, c, out_shape=(8, 128))
+  np.testing.assert_array_equal(out, x + c)
+  assert _ops(r, "xlu") == [("lane_broadcast", -(-LBC[1] // UNIT_CHIP.num_xlus))]
+
+
+def test_reductions_are_charged_on_the_operand_vregs():
+  """A lane max of (128, 128) is 16 XLU reductions (one per 8 rows); of (8, 1024) one, after VPU folds
+  of the 7 other lane tiles; a sum over rows of (128, 128) is 16 vregs of VPU work."""
+  def lane_max(x_ref, o_ref):
+    o_ref[...] = jnp.broadcast_to(jnp.max(x_ref[...], axis=-1, keepdims=True), o_ref.shape)
+
+  def col_sum(x_ref, o_ref):
+    o_ref[...] = jnp.broadcast_to(jnp.sum(x_ref[...], axis=0, keepdims=True), o_ref.shape)
+
+  x = np.arange(128 * 128, dtype=np.float32).reshape(128, 128) % 17
+  out, r = _run(lane_max, x, out_shape=(128, 128))
+  np.testing.assert_array_equal(out, np.broadcast_to(x.max(-1, keepdims=True), x.shape))
+  assert _ops(r, "xlu") == [("reduce_lane", -(-16 * RED[1] // UNIT_CHIP.num_xlus))]
+
+  w = np.arange(8 * 1024, dtype=np.float32).reshape(8, 1024) % 19
+  out, r = _run(lane_max, w, out_shape=(8, 1024))
+  np.testing.assert_array_equal(out, np.broadcast_to(w.max(-1, keepdims=True), w.shape))
+  assert _ops(r, "xlu") == [("reduce_lane", -(-RED[1] // UNIT_CHIP.num_xlus))]
+  assert ("cheap", -(-7 // UNIT_CHIP.vpu_alus_per_lane)) in _ops(r, "vpu")   # the 7 folds
+
+  out, r = _run(col_sum, x, out_shape=(128, 128))
+  np.testing.assert_array_equal(out, np.broadcast_to(x.sum(0, keepdims=True), x.shape))
+  assert ("reduce_sublane", 16 // UNIT_CHIP.vpu_alus_per_lane) in _ops(r, "vpu")
+
+
+@pytest.mark.parametrize("links", [2, 3])
+def test_a_grid_step_overlaps_the_tail_of_its_chain(links):
+  """A grid step with `links` dependent x - max(x) * 0.5 on one vreg costs its chain plus the drain (the
+  step's bookkeeping overlaps the chain's tail), so each link more adds its latency (the reduction, the
+  multiply, the VPU broadcast back, the subtract) to every step, and a step with no chain costs the
+  bookkeeping alone: the one-link step is shorter than bookkeeping + chain by the bookkeeping less the
+  drain."""
+  steps = 4
+
+  def cycles(n):
+    def kernel(x_ref, o_ref, acc_ref):
+      @pl.when(pl.program_id(0) == 0)
+      def _():
+        acc_ref[...] = x_ref[...]
+      v = acc_ref[...]
+      for _ in range(n):
+        v = v - jnp.max(v, axis=-1, keepdims=True) * 0.5
+      acc_ref[...] = v
+      o_ref[...] = v
+
+    x = np.full((8, 128), 2.0, np.float32)
+    spec = pl.BlockSpec((8, 128), lambda i: (0, 0))
+    out, r = _run(kernel, x, out_shape=(8, 128), grid=(steps,), in_specs=[spec],
+                  scratch=[pltpu.VMEM((8, 128), jnp.float32)])
+    v = x.copy()
+    for _ in range(n * steps):
+      v = v - v.max(-1, keepdims=True) * 0.5
+    np.testing.assert_allclose(out, v)
+    grid = [e for e in r.events if e[1] == "scalar" and e[2] == "grid step"]
+    return r.device_cycles, grid
+
+  link = RED[2] + 2 * CHEAP_LAT   # the reduction, * 0.5, the subtract (its lane-replicated operand: no broadcast)
+  base, grid0 = cycles(0)
+  one, _ = cycles(1)
+  more, _ = cycles(links)
+  assert more - one == steps * (links - 1) * link
+  # the bookkeeping overlaps a chain's tail: one link costs each step less than its latency (where a
+  # drain before the bookkeeping would add it in full), but more than the latency less the bookkeeping
+  overlap = UNIT_CHIP.grid_step_overhead_cycles - UNIT_CHIP.grid_step_drain_cycles
+  assert steps * (link - overlap) < one - base < steps * link
+  # with no chain the next step issues the bookkeeping after the previous one: 40 cycles a step apart
+  starts = [e[3] for e in grid0]
+  ends = [e[4] for e in grid0]
+  assert all(e - s == UNIT_CHIP.grid_step_overhead_cycles for s, e in zip(starts, ends))
