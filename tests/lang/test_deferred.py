@@ -36,13 +36,17 @@ def _bf16_exact(x):
 def gemms(monkeypatch):
   """Records the BLAS calls made by deferred sums (not those of products computed when issued)."""
   calls = []
-  real = deferred.blas.matmul
+  real, real_batch = deferred.blas.matmul, deferred.blas.matmuls
 
   def counting(a, b, out=None):
     calls.append((a.shape, b.shape))
     return real(a, b, out=out)
 
-  monkeypatch.setattr(deferred, "blas", types.SimpleNamespace(matmul=counting))
+  def counting_batch(products):   # (a batch of output blocks, sim/memory.PendingBlocks)
+    calls.extend((a.shape, b.shape) for a, b, _ in products)
+    return real_batch(products)
+
+  monkeypatch.setattr(deferred, "blas", types.SimpleNamespace(matmul=counting, matmuls=counting_batch))
   return calls
 
 
@@ -200,6 +204,52 @@ def test_deferred_values_in_other_ops_partial_access_and_dmas(defer_everything, 
   np.testing.assert_allclose(out[4], _bf16_exact(2 * p) @ b, rtol=1e-4, atol=1e-2)   # operand rounded to bf16
   np.testing.assert_allclose(out[5], (2 * p).astype(jnp.bfloat16).astype(np.float32), rtol=1e-2)
   assert gemms, "the kernel should have taken the deferred paths"
+
+
+def test_blocks_written_back_pending_read_back_and_overwritten(defer_everything, monkeypatch, rng):
+  # deferred sums DMA'd into blocks of an HBM buffer stay pending there (sim/memory.PendingBlocks) until
+  # something reads the buffer; a later copy over a pending block wins, pending or not
+  batches = []
+  real = memory.PendingBlocks.compute
+  monkeypatch.setattr(memory.PendingBlocks, "compute",
+                      lambda self: (batches.append(len(self.blocks)), real(self)))
+  a = _bf16_exact(rng.standard_normal((16, 128), dtype=np.float32))
+  b = _bf16_exact(rng.standard_normal((128, 128), dtype=np.float32))
+
+  def body(a_hbm, b_hbm, o_hbm, av, bv, acc, back):
+    pltpu.sync_copy(a_hbm, av)
+    pltpu.sync_copy(b_hbm, bv)
+    p = jnp.dot(av[...], bv[...], preferred_element_type=jnp.float32)
+    acc[...] = p
+    pltpu.sync_copy(acc, o_hbm.at[0])              # pending
+    acc[...] = p + p
+    pltpu.sync_copy(acc, o_hbm.at[1])              # pending
+    pltpu.sync_copy(o_hbm.at[0], back)             # a read of the buffer computes both
+    acc[...] = back[...] * 3.0
+    pltpu.sync_copy(acc, o_hbm.at[2])
+    acc[...] = p + p + p
+    pltpu.sync_copy(acc, o_hbm.at[3])              # pending
+    acc[...] = p
+    pltpu.sync_copy(acc, o_hbm.at[3])              # over a pending block: the first one is computed
+    acc[...] = p + p
+    pltpu.sync_copy(acc, o_hbm.at[4])              # pending, then a plain copy over it
+    back[...] = jnp.full((16, 128), 7.0, jnp.float32)
+    pltpu.sync_copy(back, o_hbm.at[4])
+
+  k = pl.kernel(body, out_type=pl.ShapeDtypeStruct((5, 16, 128), np.float32),
+                mesh=pltpu.TensorCoreMesh("core", 1),
+                scratch_types=[pltpu.VMEM((16, 128), jnp.float32), pltpu.VMEM((128, 128), jnp.float32),
+                               pltpu.VMEM((16, 128), jnp.float32), pltpu.VMEM((16, 128), jnp.float32)])
+  with pl.virtual_tpu("v5e"):
+    out = k(a, b)
+  p = a @ b
+  tol = dict(rtol=1e-5, atol=1e-4)
+  for i, want in enumerate([p, 2 * p, 3 * p, p]):
+    np.testing.assert_allclose(out[i], want, **tol)
+  np.testing.assert_array_equal(out[4], 7.0)
+  # blocks 0 and 1 at the read; the first block 3 under the second; the second and block 4 under the
+  # plain copy (any other write computes the buffer's pending blocks first)
+  assert batches == [2, 1, 2]
 
 
 def test_long_k_sums_are_computed_in_bounded_pieces(defer_everything, gemms, rng):
