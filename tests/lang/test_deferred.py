@@ -252,6 +252,22 @@ def test_blocks_written_back_pending_read_back_and_overwritten(defer_everything,
   assert batches == [2, 1, 2]
 
 
+def test_pending_blocks_hold_bounded_operand_memory(monkeypatch, rng):
+  batches = []
+  real = memory.PendingBlocks.compute
+  monkeypatch.setattr(memory.PendingBlocks, "compute",
+                      lambda self: (batches.append(len(self.blocks)), real(self)))
+  x = _bf16_exact(rng.standard_normal((512, 512), dtype=np.float32))
+  z, _ = _run_tiled(x, x, 256)                 # 4 output blocks, each sum holding 2 x 2 blocks (1 MiB)
+  np.testing.assert_allclose(z, x @ x, rtol=1e-5, atol=1e-3)
+  assert batches == [4]                        # one batch, at the end of the launch
+  batches.clear()
+  monkeypatch.setattr(memory.PendingBlocks, "MAX_BYTES", 3 * 2**19)   # room for one sum's operands
+  z2, _ = _run_tiled(x, x, 256)
+  np.testing.assert_array_equal(z2, z)
+  assert batches == [1, 1, 1, 1]
+
+
 def test_long_k_sums_are_computed_in_bounded_pieces(defer_everything, gemms, rng):
   n_k = deferred.MAX_TERMS + 6
   x = _bf16_exact(rng.standard_normal((8, 128 * n_k), dtype=np.float32))

@@ -71,6 +71,12 @@ class Deferred(Array):
     self._terms = self._base = None
     return out
 
+  @property
+  def held_bytes(self) -> int:
+    """Operand bytes this value keeps alive until computed (an upper bound: views of HBM blocks count
+    too); a machine keeping it pending bounds their sum (sim/memory.PendingBlocks)."""
+    return 0 if self._terms is None else self._term_bytes
+
   def compute_into(self, out: np.ndarray) -> None:
     """Write the value into `out` (an array or view of this shape and dtype): the machine calls this
     for a buffer holding the value, with `out` its new storage or a DMA's destination view."""

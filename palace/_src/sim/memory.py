@@ -288,21 +288,25 @@ class PendingBlocks:
   Unlike a whole-buffer pending value (`Buffer.defer`), the buffer keeps its storage (`_storage`): the
   blocks are views of it (the caller's array, under palace.jax XLA's result buffer), written in place
   by `compute`; every other element is already current. Only values whose type offers
-  `compute_all(pairs)` are kept (structural, like PendingValue), only in HBM buffers that no alias
-  views, at most MAX_BLOCKS at once; a value whose block overlaps a kept one computes the kept ones
-  first (values are computed in the order their copies ran)."""
-  __slots__ = ("blocks",)
+  `compute_all(pairs)` and `held_bytes` (the host memory the value keeps alive until computed) are
+  kept (structural, like PendingValue), only in HBM buffers that no alias views, at most MAX_BLOCKS
+  values and MAX_BYTES held at once (then the kept ones are computed first, as when a value's block
+  overlaps a kept one: values are computed in the order their copies ran)."""
+  __slots__ = ("blocks", "held")
   MAX_BLOCKS = 64
+  MAX_BYTES = 256 * 2**20
 
   def __init__(self):
     self.blocks = []   # (value, destination view)
+    self.held = 0
 
   def add(self, buf: Buffer, value, out: np.ndarray) -> None:
-    if len(self.blocks) >= self.MAX_BLOCKS or any(np.may_share_memory(out, o) and np.shares_memory(out, o)
-                                                  for _, o in self.blocks):
+    if (len(self.blocks) >= self.MAX_BLOCKS or self.held + value.held_bytes > self.MAX_BYTES
+        or any(np.may_share_memory(out, o) and np.shares_memory(out, o) for _, o in self.blocks)):
       buf.materialize()
       buf.pending = self = PendingBlocks()
     self.blocks.append((value, out))
+    self.held += value.held_bytes
 
   def compute(self) -> None:
     blocks, self.blocks = self.blocks, []
@@ -628,7 +632,8 @@ def copy(req, borrow: bool = False) -> None:
     out = dst[req.dst_index]
     if out.shape == src_buf.shape and out.dtype == src_buf.dtype:
       if ((dst_buf.memory_space is _ANY or dst_buf.memory_space is _HBM) and not dst_buf.aliased
-          and getattr(pending, "compute_all", None) is not None):   # into HBM: kept for a batch
+          and getattr(pending, "compute_all", None) is not None
+          and pending.held_bytes <= PendingBlocks.MAX_BYTES):   # into HBM: kept for a batch
         if blocks is None:
           blocks = dst_buf.pending = PendingBlocks()
         blocks.add(dst_buf, pending, out)
