@@ -8,8 +8,9 @@ one ended: OpenBLAS's idle threads spin for ~0.1 s after each multi-threaded pro
 here) before they sleep, and a palace launch started in that window shares its second core with them
 (`--no-settle` times back to back). Also printed per row: what the GEMMs palace
 computes cost alone (one (block x K) @ (K x block) GEMM per output block, lang/deferred.py): on
-OpenBLAS's own threads, as palace ran them before issue 35, and split over palace's threads with
-OpenBLAS on one, as a launch runs them now (palace/_src/blas.py). The header says which BLAS threading
+OpenBLAS's own threads, as palace ran them before issue 35; each split over palace's threads with
+OpenBLAS on one, as a launch ran them until session 22; and as one batch of whole products over those
+threads, as a launch runs them now (sim/memory.PendingBlocks, palace/_src/blas.py). The header says which BLAS threading
 the run had: the figures are meant for the default environment (no OPENBLAS_NUM_THREADS); a run with
 one set says so.
 
@@ -79,6 +80,15 @@ def panel_gemms(x, y, block, matmul=np.matmul):
   return z
 
 
+def panel_batch(x, y, block):
+  """The same GEMMs as one batch (blas.matmuls), as a launch computes its pending output blocks at its
+  end (sim/memory.PendingBlocks): whole products spread over the launch's threads."""
+  z = np.empty((x.shape[0], y.shape[1]), x.dtype)
+  blas.matmuls([(x[i:i + block], y[:, j:j + block], z[i:i + block, j:j + block])
+                for i in range(0, x.shape[0], block) for j in range(0, y.shape[1], block)])
+  return z
+
+
 def _in_launch(fn):
   """fn() under a launch's BLAS policy (blas.kernel_mode), as palace's products run."""
   def run():
@@ -103,10 +113,11 @@ def rows(reps: int, settle: float):
     z = palace_call()
     bf = lambda v: v.astype(pl.numpy.bfloat16).astype(np.float32)   # noqa: E731  DEFAULT precision
     np.testing.assert_allclose(z, bf(x) @ bf(y), rtol=1e-4, atol=1e-2)
-    t_pl, t_np, t_g1, t_gs = alternate(
+    t_pl, t_np, t_g1, t_gs, t_gb = alternate(
         [palace_call, lambda: x @ y, lambda: panel_gemms(x, y, block, np.matmul),
-         _in_launch(lambda: panel_gemms(x, y, block, blas.matmul))], reps, settle)
-    out.append((size, block, inside, t_pl, t_np, t_g1, t_gs))
+         _in_launch(lambda: panel_gemms(x, y, block, blas.matmul)),
+         _in_launch(lambda: panel_batch(x, y, block))], reps, settle)
+    out.append((size, block, inside, t_pl, t_np, t_g1, t_gs, t_gb))
   return out
 
 
@@ -198,14 +209,15 @@ def main(argv=None):
   settle = 0.0 if "--no-settle" in argv else SETTLE_S
   res = rows(reps, settle)
   met = 0
-  for size, block, inside, t_pl, t_np, t_g1, t_gs in res:
+  for size, block, inside, t_pl, t_np, t_g1, t_gs, t_gb in res:
     ok = t_pl / t_np <= LIMIT
     met += ok
     where = 'inside `with pl.virtual_tpu("v5e")`' if inside else "no `with`"
     print(f"{size}^3 f32, {block} blocks, {where}: palace {t_pl * 1e3:.1f} ms, NumPy x @ y "
           f"{t_np * 1e3:.1f} ms, ratio {t_pl / t_np:.2f}x (limit {LIMIT}x: {'met' if ok else 'NO'}); "
           f"its {(size // block) ** 2} panel GEMMs alone {t_g1 * 1e3:.1f} ms on OpenBLAS's threads, "
-          f"{t_gs * 1e3:.1f} ms split as in a launch")
+          f"{t_gs * 1e3:.1f} ms each split over palace's threads, {t_gb * 1e3:.1f} ms as one batch "
+          f"(as a launch runs them)")
   print(f"{met}/{len(res)} rows within {LIMIT}x of NumPy (best of {reps}, alternated, {settle} s apart)")
   return res
 

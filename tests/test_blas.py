@@ -35,6 +35,7 @@ def fake(monkeypatch):
 class _Counted:
   def __init__(self):
     self.split, self.offered, self.sets = blas.Counts.split, blas.Counts.offered, blas.Counts.sets
+    self.batches = blas.Counts.batches
 
   def since(self):
     return (blas.Counts.split - self.split, blas.Counts.offered - self.offered,
@@ -138,8 +139,25 @@ def test_a_launch_with_big_blocks_runs_its_products_on_every_free_core(fake):
     z = tiled_matmul(x, x, 512)
   np.testing.assert_array_equal(z, x @ x)
   split, offered, sets = counted.since()
-  assert split == 4 and offered == 4 * 3    # each output block's K sum: one product on 4 threads
+  # the 4 output blocks' K sums, written back pending (sim/memory.PendingBlocks), run at the launch's
+  # end as one batch: a whole product per thread, 3 handed to helpers, none split
+  assert blas.Counts.batches - counted.batches == 1 and split == 0 and offered == 3
   assert sets == 2 and fake.n == 4           # OpenBLAS on one thread for the launch, then back
+
+
+def test_a_batch_of_products_spreads_whole_products_over_the_budget(fake):
+  a, b = _ints((256, 512)), _ints((512, 256), seed=1)
+  outs = [np.empty((256, 256), np.float32) for _ in range(6)]
+  counted = _Counted()
+  with blas.kernel_mode():
+    blas.matmuls([(a, b, o) for o in outs])   # 6 x 67 MFlop: each whole, on 4 threads
+  for o in outs:
+    np.testing.assert_array_equal(o, a @ b)
+  assert blas.Counts.batches - counted.batches == 1 and counted.since() == (0, 3, 2)
+  counted = _Counted()
+  with blas.kernel_mode():
+    blas.matmuls([(a[:64], b[:, :64], o[:64, :64]) for o in outs])   # too little work: inline
+  assert blas.Counts.batches == counted.batches and counted.since() == (0, 0, 2)
 
 
 def test_a_launch_of_small_blocks_hands_nothing_off(fake):

@@ -59,6 +59,7 @@ class Counts:
   """What the policy did, process-wide (tests count hand-offs with these instead of timing them)."""
   split = 0      # products split into parts
   offered = 0    # parts offered to helper threads (a product split in p parts offers p - 1)
+  batches = 0    # batches of whole products spread over threads (matmuls)
   sets = 0       # BLAS thread-count changes made by palace
 
 
@@ -169,6 +170,26 @@ def matmul(a, b, out=None):
   return np.matmul(a, b, out=out)
 
 
+def matmuls(products) -> None:
+  """`np.matmul(a, b, out=out)` for each (a, b, out) of `products`, independent products whose outputs
+  do not overlap their operands or each other (a deferred sum's batch, lang/deferred.py). Inside a
+  launch with a budget of several threads and enough work, whole products are spread over the launch's
+  threads (the caller and palace's helpers each take the next unclaimed product, single-threaded): one
+  meeting for the batch, and no operand packed twice, where splitting each product meets once per
+  product and each part packs the whole other operand. Otherwise each product runs by `matmul`."""
+  if len(products) > 1 and _launches:
+    state = _launches[-1]
+    if state.saved is None:
+      _begin(state)
+    flops = sum(2 * a.shape[-2] * a.shape[-1] * b.shape[-1] for a, b, _ in products)
+    if state.budget > 1 and flops >= SMALL_MATMUL_FLOPS and all(a.ndim == 2 for a, _, _ in products):
+      Counts.batches += 1
+      _run(_Job(list(products)), state.budget)
+      return
+  for a, b, out in products:
+    matmul(a, b, out=out)
+
+
 # ------------------------------------------------------------------------------ split products
 def _bounds(extent: int, parts: int) -> list:
   """`parts` + 1 cut points of range(extent), inner ones on multiples of 16 (whole GEMM micro-tiles)."""
@@ -198,15 +219,19 @@ def _split(a, b, out, budget: int):
     work = [(a[..., i:j, :], b, out[..., i:j, :]) for i, j in zip(cuts, cuts[1:])]
   else:
     work = [(a, b[..., i:j], out[..., i:j]) for i, j in zip(cuts, cuts[1:])]
-  job = _Job(work)
   Counts.split += 1
-  _helpers.offer(job, parts - 1)   # (none at interpreter shutdown: then all parts run here)
+  _run(_Job(work), parts)
+  return out
+
+
+def _run(job: "_Job", threads: int) -> None:
+  """Run `job`'s parts on this thread and up to `threads` - 1 helpers; return when all are done."""
+  _helpers.offer(job, min(threads, job.parts) - 1)   # (none at interpreter shutdown: all run here)
   mine = job.work()
-  for _ in range(len(work) - mine):
+  for _ in range(job.parts - mine):
     job.done.acquire()
   if job.error is not None:
     raise job.error
-  return out
 
 
 class _Job:

@@ -434,6 +434,8 @@ def libtpu_at_least(version: str) -> bool:
 def check_dtype(chip: ChipSpec, dtype, what: str) -> None:
   """A palace dtype that `chip` lacks (`ChipSpec.unsupported_dtypes`: float8_e4m3b11fnuz on v4 and
   7x): ShapeError naming `what`, the chip and the chips that have it."""
+  if not chip.unsupported_dtypes:   # (most chips; asked per operand of every launch: dtype.name is
+    return                          # Python code in NumPy)
   try:
     d = np.dtype(dtype)
   except TypeError:   # an extended JAX dtype (a PRNG key's): not one of palace's dtypes

@@ -36,13 +36,17 @@ def _bf16_exact(x):
 def gemms(monkeypatch):
   """Records the BLAS calls made by deferred sums (not those of products computed when issued)."""
   calls = []
-  real = deferred.blas.matmul
+  real, real_batch = deferred.blas.matmul, deferred.blas.matmuls
 
   def counting(a, b, out=None):
     calls.append((a.shape, b.shape))
     return real(a, b, out=out)
 
-  monkeypatch.setattr(deferred, "blas", types.SimpleNamespace(matmul=counting))
+  def counting_batch(products):   # (a batch of output blocks, sim/memory.PendingBlocks)
+    calls.extend((a.shape, b.shape) for a, b, _ in products)
+    return real_batch(products)
+
+  monkeypatch.setattr(deferred, "blas", types.SimpleNamespace(matmul=counting, matmuls=counting_batch))
   return calls
 
 
@@ -159,14 +163,38 @@ def test_no_deferral_while_checkers_follow_storage(gemms, rng):
   np.testing.assert_allclose(z, x @ x, rtol=1e-5, atol=1e-4)
 
 
-def test_deferred_values_in_other_ops_partial_access_and_dmas(defer_everything, gemms, rng):
+def _one_core(rng, n_out, rest):
+  """On one core: (16, 128) a and (128, 128) b copied to VMEM, p = a @ b (float32), then
+  `rest(p, bv, o_hbm, acc, tmp)` with n_out (16, 128) float32 output blocks in HBM and two (16, 128)
+  float32 VMEM buffers. Returns (the output, a, b)."""
   a = _bf16_exact(rng.standard_normal((16, 128), dtype=np.float32))
   b = _bf16_exact(rng.standard_normal((128, 128), dtype=np.float32))
 
   def body(a_hbm, b_hbm, o_hbm, av, bv, acc, tmp):
     pltpu.sync_copy(a_hbm, av)
     pltpu.sync_copy(b_hbm, bv)
-    p = jnp.dot(av[...], bv[...], preferred_element_type=jnp.float32)
+    rest(jnp.dot(av[...], bv[...], preferred_element_type=jnp.float32), bv, o_hbm, acc, tmp)
+
+  k = pl.kernel(body, out_type=pl.ShapeDtypeStruct((n_out, 16, 128), np.float32),
+                mesh=pltpu.TensorCoreMesh("core", 1),
+                scratch_types=[pltpu.VMEM((16, 128), jnp.float32), pltpu.VMEM((128, 128), jnp.float32),
+                               pltpu.VMEM((16, 128), jnp.float32), pltpu.VMEM((16, 128), jnp.float32)])
+  with pl.virtual_tpu("v5e"):
+    return k(a, b), a, b
+
+
+@pytest.fixture
+def pending_batches(monkeypatch):
+  """The size of every batch of pending HBM blocks computed (sim/memory.PendingBlocks)."""
+  batches = []
+  real = memory.PendingBlocks.compute
+  monkeypatch.setattr(memory.PendingBlocks, "compute",
+                      lambda self: (batches.append(len(self.blocks)), real(self)))
+  return batches
+
+
+def test_deferred_values_in_other_ops_partial_access_and_dmas(defer_everything, gemms, rng):
+  def rest(p, bv, o_hbm, acc, tmp):
     acc[...] = jnp.zeros((16, 128), jnp.float32)
     acc[...] += p
     acc[...] = acc[...] + p                        # 2 a @ b, still one deferred sum
@@ -184,12 +212,7 @@ def test_deferred_values_in_other_ops_partial_access_and_dmas(defer_everything, 
     tmp[...] = acc[...].astype(jnp.bfloat16).astype(jnp.float32)
     pltpu.sync_copy(tmp, o_hbm.at[5])
 
-  k = pl.kernel(body, out_type=pl.ShapeDtypeStruct((6, 16, 128), np.float32),
-                mesh=pltpu.TensorCoreMesh("core", 1),
-                scratch_types=[pltpu.VMEM((16, 128), jnp.float32), pltpu.VMEM((128, 128), jnp.float32),
-                               pltpu.VMEM((16, 128), jnp.float32), pltpu.VMEM((16, 128), jnp.float32)])
-  with pl.virtual_tpu("v5e"):
-    out = k(a, b)
+  out, a, b = _one_core(rng, 6, rest)
   p = a @ b
   tol = dict(rtol=1e-5, atol=1e-4)
   np.testing.assert_allclose(out[0], 2 * p, **tol)
@@ -200,6 +223,50 @@ def test_deferred_values_in_other_ops_partial_access_and_dmas(defer_everything, 
   np.testing.assert_allclose(out[4], _bf16_exact(2 * p) @ b, rtol=1e-4, atol=1e-2)   # operand rounded to bf16
   np.testing.assert_allclose(out[5], (2 * p).astype(jnp.bfloat16).astype(np.float32), rtol=1e-2)
   assert gemms, "the kernel should have taken the deferred paths"
+
+
+def test_blocks_written_back_pending_read_back_and_overwritten(defer_everything, pending_batches, rng):
+  # deferred sums DMA'd into blocks of an HBM buffer stay pending there (sim/memory.PendingBlocks) until
+  # something reads the buffer; a later copy over a pending block wins, pending or not
+  def rest(p, bv, o_hbm, acc, back):
+    acc[...] = p
+    pltpu.sync_copy(acc, o_hbm.at[0])              # pending
+    acc[...] = p + p
+    pltpu.sync_copy(acc, o_hbm.at[1])              # pending
+    pltpu.sync_copy(o_hbm.at[0], back)             # a read of the buffer computes both
+    acc[...] = back[...] * 3.0
+    pltpu.sync_copy(acc, o_hbm.at[2])
+    acc[...] = p + p + p
+    pltpu.sync_copy(acc, o_hbm.at[3])              # pending
+    acc[...] = p
+    pltpu.sync_copy(acc, o_hbm.at[3])              # over a pending block: the first one is computed
+    acc[...] = p + p
+    pltpu.sync_copy(acc, o_hbm.at[4])              # pending, then a plain copy over it
+    back[...] = jnp.full((16, 128), 7.0, jnp.float32)
+    pltpu.sync_copy(back, o_hbm.at[4])
+
+  out, a, b = _one_core(rng, 5, rest)
+  p = a @ b
+  tol = dict(rtol=1e-5, atol=1e-4)
+  for i, want in enumerate([p, 2 * p, 3 * p, p]):
+    np.testing.assert_allclose(out[i], want, **tol)
+  np.testing.assert_array_equal(out[4], 7.0)
+  # blocks 0 and 1 at the read; the first block 3 under the second; the second and block 4 under the
+  # plain copy (any other write computes the buffer's pending blocks first)
+  assert pending_batches == [2, 1, 2]
+
+
+def test_pending_blocks_hold_bounded_operand_memory(monkeypatch, pending_batches, rng):
+  batches = pending_batches
+  x = _bf16_exact(rng.standard_normal((512, 512), dtype=np.float32))
+  z, _ = _run_tiled(x, x, 256)                 # 4 output blocks, each sum holding 2 x 2 blocks (1 MiB)
+  np.testing.assert_allclose(z, x @ x, rtol=1e-5, atol=1e-3)
+  assert batches == [4]                        # one batch, at the end of the launch
+  batches.clear()
+  monkeypatch.setattr(memory.PendingBlocks, "MAX_BYTES", 3 * 2**19)   # room for one sum's operands
+  z2, _ = _run_tiled(x, x, 256)
+  np.testing.assert_array_equal(z2, z)
+  assert batches == [1, 1, 1, 1]
 
 
 def test_long_k_sums_are_computed_in_bounded_pieces(defer_everything, gemms, rng):

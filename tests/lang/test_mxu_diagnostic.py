@@ -59,3 +59,17 @@ def test_palace_own_virtual_tpu_takes_the_shared_dots_diagnostic():
   assert tpu.reports[-1].shared_dots and "DIAGNOSTIC shared_dots" in str(tpu.reports[-1])
   with pytest.raises(palace.UsageError, match=r"exact_f32_dots=True, shared_dots=True.*observed both"):
     palace.virtual_tpu("v5e", exact_f32_dots=True, shared_dots=True)
+
+
+def test_the_diagnostic_holds_for_sums_computed_after_the_kernel_body():
+  # 256 blocks: each output block's K sum is deferred, written back pending and computed at the end of
+  # the launch (sim/memory.PendingBlocks), when no executor is current: its rounding was fixed when the
+  # product was made
+  from benchmarks.kernels import tiled_matmul
+  x = np.full((512, 512), 1 + 2.0 ** -12, np.float32)
+  y = np.ones((512, 512), np.float32)
+  with palace.virtual_tpu("v5e"):
+    np.testing.assert_array_equal(tiled_matmul(x, y, 256), np.full((512, 512), 512.0, np.float32))
+  with palace.virtual_tpu("v5e", exact_f32_dots=True):
+    np.testing.assert_array_equal(tiled_matmul(x, y, 256),
+                                  np.full((512, 512), 512 * (1 + 2.0 ** -12), np.float32))

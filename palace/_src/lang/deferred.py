@@ -71,25 +71,65 @@ class Deferred(Array):
     self._terms = self._base = None
     return out
 
+  @property
+  def held_bytes(self) -> int:
+    """Operand bytes this value keeps alive until computed (an upper bound: views of HBM blocks count
+    too); a machine keeping it pending bounds their sum (sim/memory.PendingBlocks)."""
+    return 0 if self._terms is None else self._term_bytes
+
   def compute_into(self, out: np.ndarray) -> None:
     """Write the value into `out` (an array or view of this shape and dtype): the machine calls this
     for a buffer holding the value, with `out` its new storage or a DMA's destination view."""
+    gemm = self._gemm(out, True)
+    if gemm is not None:
+      blas.matmul(*gemm)
+      self._finish(gemm[2], out)
+
+  @staticmethod
+  def compute_all(pairs) -> None:
+    """`value.compute_into(out)` for every (value, out) of `pairs`, destinations that do not overlap
+    (the machine's batch of values DMA'd into blocks of one HBM buffer, sim/memory.PendingBlocks): the
+    operand panels are made here, then the GEMMs run as one batch (blas.matmuls: whole products spread
+    over the launch's threads), then the bases are added. Each value's numbers are those
+    `compute_into` gives: the same panels, the same GEMM, the same additions. A batch holds at most
+    HostCache.MAX_BYTES of distinct panels (then it runs and the next one starts), as the cache does."""
+    gemms, finish, panels = [], [], {}
+    for i, (value, out) in enumerate(pairs):
+      gemm = value._gemm(out, len(pairs) == 1)
+      if gemm is not None:
+        gemms.append(gemm)
+        finish.append((value, gemm[2], out))
+        panels[id(gemm[0])], panels[id(gemm[1])] = gemm[0].nbytes, gemm[1].nbytes
+      if gemms and (i == len(pairs) - 1 or sum(panels.values()) > HostCache.MAX_BYTES):
+        blas.matmuls(gemms)
+        for done in finish:
+          done[0]._finish(done[1], done[2])
+        gemms, finish, panels = [], [], {}
+
+  def _gemm(self, out: np.ndarray, scratch: bool):
+    """(row panel, column panel, float32 result) of the GEMM that computes this sum into `out`, or None
+    when there is none (computed already, or an empty sum: then `out` is written here). The result is
+    `out` itself when it is float32, else the cache's scratch (`scratch`: no other value's GEMM uses it
+    before this one is finished) or a new array."""
     if self._terms is None:
       np.copyto(out, self._data)
-      return
+      return None
     if not self._terms:
       if self._base is None:
         out.fill(0)
       else:
         np.copyto(out, self._base._data, casting="unsafe")
-      return
+      return None
     cache = self._cache
-    acc = out if out.dtype == _F32 else (np.empty(self.shape, _F32) if cache is None else
-                                         cache.scratch(self.shape))
+    acc = out if out.dtype == _F32 else (cache.scratch(self.shape) if cache is not None and scratch
+                                         else np.empty(self.shape, _F32))
     prec = self._precision
     a_panel = _panel([a for a, _ in self._terms], 1, cache, prec)
     b_panel = _panel([b for _, b in self._terms], 0, cache, prec)
-    blas.matmul(a_panel, b_panel, out=acc)
+    return a_panel, b_panel, acc
+
+  def _finish(self, acc: np.ndarray, out: np.ndarray) -> None:
+    """After the GEMM into `acc`: add the base, cast into `out`."""
     if self._base is not None:
       np.add(acc, self._base._data, out=acc)
     if acc is not out:
@@ -113,10 +153,19 @@ def deferrable(ex, a, b, out_dtype) -> bool:
           and b.dtype in _OPERAND_DTYPES and a._data is not None and b._data is not None)
 
 
+# DEFAULT under the running launch's exact-f32-dots diagnostic (mxu.rounds_to_bf16): float32 operands
+# unrounded. A product's rounding is fixed when it is made, since its sum may be computed after the
+# launch's executor is gone (an HBM buffer's pending blocks, sim/memory.PendingBlocks); a token of its
+# own, so sums merge exactly as they did (never with a HIGHEST one).
+_EXACT_DEFAULT = "DEFAULT (unrounded: exact-f32 diagnostic)"
+
+
 def product(ex, a, b, ready: int, precision: str) -> Deferred:
   """`a @ b` (float32) at `precision` (mxu.DEFAULT or HIGHEST) as a Deferred ready at `ready` (the
   MXU charge is the caller's). The operands are kept as they are: float32 ones are rounded to bfloat16
   (at DEFAULT) once per span when the sum is computed, not copied per product."""
+  if precision == mxu.DEFAULT and not mxu.rounds_to_bf16(_F32, precision):
+    precision = _EXACT_DEFAULT
   return Deferred(((a, b),), None, (a.shape[0], b.shape[1]), _F32, ready,
                   a._data.nbytes + b._data.nbytes, HostCache.of(ex), precision)
 

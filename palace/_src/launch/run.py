@@ -77,6 +77,7 @@ def run(plan: LaunchPlan, operands, out=None, tpu=None) -> list:
           raise
         if keep and len(programs) == 1:
           lm.keep = _Warm(*programs[0], launch.out_bufs)
+      memory.settle(launch.out_bufs)   # (matmul outputs: one batch of GEMMs on the launch's threads)
   finally:
     if launch is not None:
       launch.fill_unwritten()

@@ -13,7 +13,8 @@ skip copies while values never change after they are made:
     its numbers (`Buffer.pending`, the PendingValue protocol below): a partial load or store, a DMA out
     of the buffer (computed straight into the destination) or reading `storage`. Fresh VMEM buffers
     start with a pending `Fill`; the language's deferred matmul sums (lang/deferred.py) are the other
-    implementation.
+    implementation. Such a sum DMA'd into a block of an HBM buffer stays pending there with the
+    buffer's other pending blocks (`PendingBlocks`), computed as one batch when the buffer is read.
 A timing-only machine keeps no storage for vector memories: their buffers are shape and dtype only.
 """
 from __future__ import annotations
@@ -31,6 +32,7 @@ from palace._src.util import fmt_bytes, prod
 
 _SMEM = MemorySpace.SMEM
 _VMEM = MemorySpace.VMEM
+_ANY, _HBM = MemorySpace.ANY, MemorySpace.HBM
 
 
 class PendingValue(Protocol):
@@ -78,6 +80,8 @@ class Buffer:
   # (storage is computed on first read); not an __init__ field, so dataclasses.replace never copies it
   _ro: object = dataclasses.field(default=None, init=False, repr=False)  # a read-only view of the
   # current storage (loads index it: a view of a read-only view is read-only); reset with `storage`
+  _readers_cap: int = dataclasses.field(default=64, init=False, repr=False)  # `readers` length that
+  # triggers dropping dead entries (add_reader)
 
   def rebind(self, storage) -> None:
     """This buffer as if made anew holding `storage` (None: none): no readers, lenders, borrowed or
@@ -85,6 +89,7 @@ class Buffer:
     (launch/run.py `_Warm`: HBM operands rebound per launch, released when parked; memory.renew)."""
     self.storage = storage   # (drops a pending value and the read-only view)
     self.borrowed = self.lenders = self.readers = None
+    self._readers_cap = 64
     self.aliased = False
     self.ready_cycle = 0
 
@@ -172,13 +177,17 @@ class Buffer:
 
   def add_reader(self, ref) -> None:
     """Register a weakref to a value viewing this storage (copy on write); dead entries are dropped
-    once the list passes 64, so a buffer read every grid step keeps a short list."""
+    when the list passes its cap, which is then twice the live entries (at least 64): a buffer read
+    every grid step keeps a short list, and one with many live readers (an HBM operand whose blocks
+    a deferred sum's cached panels keep alive: ~70 in a 2048^3 matmul with 256 blocks) is scanned
+    once per doubling, not on every load."""
     readers = self.readers
     if readers is None:
       self.readers = [ref]
       return
-    if len(readers) > 64:
+    if len(readers) > self._readers_cap:
       readers = self.readers = [r for r in readers if r() is not None]
+      self._readers_cap = max(64, 2 * len(readers))
     readers.append(ref)
 
   def owners(self) -> list:
@@ -200,9 +209,12 @@ class Buffer:
     self.pending = value
 
   def materialize(self) -> None:
-    """Compute the pending value into fresh storage."""
+    """Compute the pending value into fresh storage (pending blocks: into the storage they belong to)."""
     value = self.pending
     self.pending = None
+    if type(value) is PendingBlocks:
+      value.compute()
+      return
     out = np.empty(self.shape, self.dtype)
     value.compute_into(out)
     self._storage = out
@@ -264,6 +276,53 @@ class Fill:
 
   def compute_into(self, out) -> None:
     out.fill(self.value)
+
+
+class PendingBlocks:
+  """Pending values DMA'd into blocks of an HBM buffer, computed together when anything needs the
+  buffer's numbers (a read of its storage: a DMA out of it, the launch's outputs, a load, a partial
+  write): a K-tiled matmul writes back one deferred sum per output block, and computed as a batch
+  their GEMMs run whole, spread over the launch's threads (lang/deferred.py `Deferred.compute_all`,
+  blas.matmuls), instead of one product at a time, each split over the threads.
+
+  Unlike a whole-buffer pending value (`Buffer.defer`), the buffer keeps its storage (`_storage`): the
+  blocks are views of it (the caller's array, under palace.jax XLA's result buffer), written in place
+  by `compute`; every other element is already current. Only values whose type offers
+  `compute_all(pairs)` and `held_bytes` (the host memory the value keeps alive until computed) are
+  kept (structural, like PendingValue), only in HBM buffers that no alias views, at most MAX_BLOCKS
+  values and MAX_BYTES held at once (then the kept ones are computed first, as when a value's block
+  overlaps a kept one: values are computed in the order their copies ran)."""
+  __slots__ = ("blocks", "held")
+  MAX_BLOCKS = 64
+  MAX_BYTES = 256 * 2**20
+
+  def __init__(self):
+    self.blocks = []   # (value, destination view)
+    self.held = 0
+
+  def add(self, buf: Buffer, value, out: np.ndarray) -> None:
+    if (len(self.blocks) >= self.MAX_BLOCKS or self.held + value.held_bytes > self.MAX_BYTES
+        or any(np.may_share_memory(out, o) and np.shares_memory(out, o) for _, o in self.blocks)):
+      buf.materialize()
+      buf.pending = self = PendingBlocks()
+    self.blocks.append((value, out))
+    self.held += value.held_bytes
+
+  def compute(self) -> None:
+    blocks, self.blocks = self.blocks, []
+    start = 0
+    for i in range(1, len(blocks) + 1):   # (runs of one value type, in order)
+      if i == len(blocks) or type(blocks[i][0]) is not type(blocks[start][0]):
+        type(blocks[start][0]).compute_all(blocks[start:i])
+        start = i
+
+
+def settle(bufs) -> None:
+  """Compute the pending blocks of `bufs` now (a launch's outputs, at its end: on the launch's BLAS
+  threads and before its host caches are released)."""
+  for buf in bufs:
+    if type(buf.pending) is PendingBlocks:
+      buf.materialize()
 
 
 def new_semaphore(mem_type, name: str, core) -> Buffer:
@@ -487,7 +546,7 @@ def read(buf: Buffer, index, timing_only: bool):
   whole, or None (timing only / no storage)."""
   pending = buf.pending
   if pending is not None:
-    if index == () and type(pending) is not Fill:
+    if index == () and type(pending) is not Fill and type(pending) is not PendingBlocks:
       return pending   # a pending value read whole stays pending
     storage = buf.storage
   else:
@@ -555,11 +614,16 @@ def copy(req, borrow: bool = False) -> None:
   dst_buf = req.dst_buf
   src_buf = req.src_buf
   plain = not req.add and req.src_indices is None and req.dst_indices is None and req.mask is None
+  blocks = dst_buf.pending if type(dst_buf.pending) is PendingBlocks else None
   if dst_buf.pending is not None and plain and req.dst_index == ():
-    dst_buf.storage = np.empty(dst_buf.shape, dst_buf.dtype)  # overwritten whole: drop the old value
+    if blocks is not None:   # overwritten whole: drop the blocks, keep the storage they were part of
+      dst_buf.pending = blocks = None
+    else:
+      dst_buf.storage = np.empty(dst_buf.shape, dst_buf.dtype)  # overwritten whole: drop the old value
   pending = src_buf.pending
-  if pending is not None and plain and req.src_index == () and dst_buf is not src_buf:
-    dst = dst_buf.storage
+  if (pending is not None and plain and req.src_index == () and dst_buf is not src_buf
+      and type(pending) is not PendingBlocks):
+    dst = dst_buf.storage if blocks is None else dst_buf._storage
     if dst is None:
       return
     if dst_buf.readers or dst_buf.borrowed is not None:
@@ -567,6 +631,15 @@ def copy(req, borrow: bool = False) -> None:
       dst = dst_buf._storage
     out = dst[req.dst_index]
     if out.shape == src_buf.shape and out.dtype == src_buf.dtype:
+      if ((dst_buf.memory_space is _ANY or dst_buf.memory_space is _HBM) and not dst_buf.aliased
+          and getattr(pending, "compute_all", None) is not None
+          and pending.held_bytes <= PendingBlocks.MAX_BYTES):   # into HBM: kept for a batch
+        if blocks is None:
+          blocks = dst_buf.pending = PendingBlocks()
+        blocks.add(dst_buf, pending, out)
+        return
+      if blocks is not None:
+        dst_buf.materialize()
       pending.compute_into(out)
       return
   # raw storages when nothing is pending (the common case; `storage` would compute a pending value)

@@ -28,7 +28,8 @@ from palace._src.lang import primitives as prims
 
 
 class ShimModule(types.ModuleType):
-  """A module of the JAX shim: own names first, then the palace modules in `_palace_sources`."""
+  """A module of the JAX shim: own names first, then the palace modules in `_palace_sources` (a name
+  found there is kept as the module's own on first use)."""
 
   def __init__(self, name: str, sources=(), names=None, doc=""):
     super().__init__(name, doc or f"palace's stand-in for `{name}` (see palace.compat).")
@@ -40,9 +41,13 @@ class ShimModule(types.ModuleType):
       raise AttributeError(attr)
     for src in self._palace_sources:
       try:
-        return getattr(src, attr)
+        value = getattr(src, attr)
       except AttributeError:
-        pass
+        continue
+      # kept as this module's own: later lookups (a kernel body's `jnp.dot`, once per grid step) are
+      # plain attribute reads, not this method and a failed getattr per earlier source
+      self.__dict__[attr] = value
+      return value
     raise host.MissingNameError(
         f"`{self.__name__}.{attr}` is not provided by palace's JAX shim (palace.compat.load_module). "
         f"Fix: use the palace equivalent if there is one, or report the missing name.")
