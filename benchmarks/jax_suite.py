@@ -132,7 +132,8 @@ def _pytest(targets: list, xml: str, env: dict, checkout: str, per_test: int, pe
             timeout_plugin: bool, keyword: str | None = None) -> tuple:
   """Run pytest on `targets` (a file or node ids; `-k keyword`) into the JUnit file `xml`: (timed out,
   output tail)."""
-  cmd = [sys.executable, "-m", "pytest", "-p", "palace.jax", "-p", "benchmarks.jax_suite_paths", "-q",
+  cmd = [sys.executable, "-m", "pytest", "-p", "palace.jax", "-p", "benchmarks.jax_suite_paths",
+         "-p", "benchmarks.jax_suite_hypothesis", "-q",
          "-p", "no:cacheprovider",
          f"--junitxml={xml}", "-o", "junit_family=xunit1", *targets, *(["-k", keyword] if keyword else [])]
   if timeout_plugin:

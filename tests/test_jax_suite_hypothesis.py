@@ -1,0 +1,68 @@
+"""benchmarks/jax_suite_hypothesis.py: the suite runner's Hypothesis tests run their generated examples
+and report the first failing one, without shrinking or explaining it (the verdict is unchanged)."""
+import functools
+
+import pytest
+
+hp = pytest.importorskip("hypothesis")
+st = pytest.importorskip("hypothesis.strategies")
+
+from benchmarks import jax_suite_hypothesis as jh  # noqa: E402
+
+DETERMINISTIC = dict(database=None, derandomize=True, deadline=None, max_examples=5)
+
+
+def _failing_test(calls):
+  @hp.given(st.integers(0, 1000), st.lists(st.integers(), min_size=3))
+  @hp.settings(**DETERMINISTIC)
+  def test(x, xs):
+    calls.append((x, tuple(xs)))
+    assert False, "always fails"
+  return test
+
+
+def _parameterized_copy(test):
+  """As absl's parameterized.product makes each case: a functools.wraps wrapper (which copies the
+  Hypothesis attributes, settings included, onto itself) around the shared Hypothesis test."""
+  @functools.wraps(test)
+  def case():
+    return test()
+  return case
+
+
+def test_a_failing_example_is_not_shrunk_or_explained():
+  shrunk, plain = [], []
+  with pytest.raises(AssertionError, match="always fails"):
+    _failing_test(shrunk)()
+  case = _parameterized_copy(_failing_test(plain))
+  assert jh.without_shrinking(case) == 2   # the copy's settings and the Hypothesis test's own
+  with pytest.raises(AssertionError, match="always fails"):
+    case()
+  # Hypothesis's defaults shrink the failure over many more calls; without: the failing example
+  # and Hypothesis's one replay of it
+  assert len(shrunk) > 4
+  assert plain == [plain[0], plain[0]]
+  assert set(case.__wrapped__._hypothesis_internal_use_settings.phases) == set(jh.PHASES)
+
+
+def test_a_passing_test_runs_the_same_examples():
+  def run(strip):
+    seen = []
+
+    @hp.given(st.integers(0, 10**6))
+    @hp.settings(**DETERMINISTIC)
+    def test(x):
+      seen.append(x)
+    if strip:
+      assert jh.without_shrinking(test) == 1
+      assert jh.without_shrinking(test) == 0   # (idempotent)
+    test()
+    return seen
+  assert run(True) == run(False) and len(run(True)) == 5
+
+
+def test_other_objects_are_left_alone():
+  def plain():
+    pass
+  assert jh.without_shrinking(plain) == 0
+  assert jh.without_shrinking(None) == 0
