@@ -11,7 +11,17 @@ s and 98 explained examples in 57 s). The verdict is the same without them: this
 those two phases, so every test runs its generated examples (the same ones, in the same order) and a
 failure is the first failing example, replayed once by Hypothesis as usual. Test bodies, strategies and
 example counts are untouched.
+
+A test that runs past pytest-timeout's limit (`--timeout`) is stopped by the alarm inside one example,
+which Hypothesis takes for a failing example and runs once more; on a slow kernel that doubled the
+time over the limit (JAX's gmm tests: 120 and 179 s at a 60 s limit). Past the limit, no further
+example of the test starts: each raises pytest-timeout's failure at once. (Hypothesis then reports
+its own inconsistency error, as the refused replay drew no data; the failure of a test that ran past
+its limit is reported as pytest-timeout's, that error below it, so the runner counts it a timeout.)
 """
+import functools
+import time
+
 import hypothesis as hp
 import pytest
 
@@ -30,8 +40,50 @@ def without_shrinking(fn) -> int:
     if isinstance(s, hp.settings) and not set(s.phases) <= set(PHASES):
       fn._hypothesis_internal_use_settings = hp.settings(s, phases=[p for p in s.phases if p in PHASES])
       changed += 1
+    handle = getattr(fn, "hypothesis", None)
+    inner = getattr(handle, "inner_test", None)
+    if inner is not None and not getattr(inner, "_stops_at_the_limit", False):
+      handle.inner_test = _stopped_past_the_limit(inner)
     fn = getattr(fn, "__wrapped__", None)
   return changed
+
+
+# the running test's pytest-timeout limit: (deadline on time.monotonic, seconds), None between tests
+# (this plugin's process-wide record of the one test pytest runs at a time, like pytest-timeout's alarm)
+_limit = [None]
+
+
+def _stopped_past_the_limit(inner):
+  """The Hypothesis test body `inner`, refusing to start an example past the running test's limit."""
+  @functools.wraps(inner)
+  def example(*args, **kwargs):
+    limit = _limit[0]
+    if limit is not None and time.monotonic() >= limit[0]:
+      pytest.fail(f"Timeout (>{limit[1]}s) from pytest-timeout; no further Hypothesis example started "
+                  f"(benchmarks/jax_suite_hypothesis.py).")
+    return inner(*args, **kwargs)
+  example._stops_at_the_limit = True
+  return example
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_timeout_set_timer(item, settings):
+  _limit[0] = (time.monotonic() + settings.timeout, settings.timeout)   # (pytest-timeout sets its alarm next)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+  outcome = yield
+  report, limit = outcome.get_result(), _limit[0]
+  if (call.when == "call" and report.failed and limit is not None and time.monotonic() >= limit[0]
+      and "Timeout" not in str(report.longrepr)):
+    report.longrepr = (f"Timeout (>{limit[1]}s) from pytest-timeout: the test ran past its limit; "
+                       f"Hypothesis then raised:\n{report.longrepr}")
+
+
+@pytest.hookimpl(optionalhook=True, tryfirst=True)
+def pytest_timeout_cancel_timer(item):
+  _limit[0] = None
 
 
 @pytest.hookimpl(trylast=True)

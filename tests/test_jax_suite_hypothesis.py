@@ -9,6 +9,8 @@ st = pytest.importorskip("hypothesis.strategies")
 
 from benchmarks import jax_suite_hypothesis as jh  # noqa: E402
 
+pytest_plugins = ["pytester"]
+
 DETERMINISTIC = dict(database=None, derandomize=True, deadline=None, max_examples=5)
 
 
@@ -66,3 +68,52 @@ def test_other_objects_are_left_alone():
     pass
   assert jh.without_shrinking(plain) == 0
   assert jh.without_shrinking(None) == 0
+
+
+def test_no_example_starts_past_the_time_limit():
+  """pytest-timeout's alarm stops one example; Hypothesis would run it again (and, with shrinking,
+  more): past the limit each further example fails at once with the timeout."""
+  calls = []
+
+  @hp.given(st.integers(0, 1000))
+  @hp.settings(**DETERMINISTIC)
+  def test(x):
+    calls.append(x)
+    if len(calls) == 2:   # the alarm lands in the second example
+      jh._limit[0] = (0.0, 60)
+      pytest.fail("Timeout (>60s) from pytest-timeout.")
+  jh.without_shrinking(test)
+
+  class Settings:
+    timeout = 3600
+  jh.pytest_timeout_set_timer(None, Settings)
+  try:
+    with pytest.raises(BaseException, match="Timeout") as e:
+      test()
+  finally:
+    jh.pytest_timeout_cancel_timer(None)
+  assert len(calls) == 2 and jh._limit[0] is None
+  assert "no further Hypothesis example started" in str(e.value) + "".join(
+      str(x) for x in getattr(e.value, "exceptions", ()))
+
+
+def test_a_test_past_its_limit_is_reported_as_a_timeout(pytester):
+  """In pytest with pytest-timeout: the alarm lands in the second example, the replay is refused and
+  the test's failure is pytest-timeout's (the runner counts it a timeout), after ~one limit."""
+  pytest.importorskip("pytest_timeout")
+  pytester.makepyfile(test_slow="""
+    import time
+    import hypothesis as hp, hypothesis.strategies as st
+
+    @hp.given(st.integers(0, 1000))
+    @hp.settings(database=None, derandomize=True, deadline=None, max_examples=5)
+    def test_slow(x):
+      with open("examples.txt", "a") as f:
+        f.write("x\\n")
+      time.sleep(0.7)
+  """)
+  result = pytester.runpytest_inprocess("-p", "benchmarks.jax_suite_hypothesis", "--timeout=1",
+                                        "--timeout-method=signal")
+  result.assert_outcomes(failed=1)
+  result.stdout.fnmatch_lines(["*Timeout (>1.0s) from pytest-timeout*"])
+  assert len((pytester.path / "examples.txt").read_text().split()) == 2
