@@ -167,6 +167,17 @@ def read_junit(xml: str) -> list:
   return cases
 
 
+def read_cpu(xml: str) -> dict:
+  """{name "Class::test": CPU seconds of its call} from the "cpu_s" property the runner's plugin
+  (benchmarks/jax_suite_hypothesis.py) gives each test, where present."""
+  cpu = {}
+  for case in ET.parse(xml).getroot().iter("testcase"):
+    for prop in case.iter("property"):
+      if prop.get("name") == "cpu_s":
+        cpu[f"{case.get('classname', '').split('.')[-1]}::{case.get('name')}"] = float(prop.get("value"))
+  return cpu
+
+
 def recheck_exact(path: str, tests: list, env: dict, checkout: str, xml: str, per_test: int,
                   per_file: int, timeout_plugin: bool, keyword: str | None = None) -> dict:
   """Re-run the numeric failures among `tests` (those `keyword` selects) once under the exact-f32-dots
@@ -216,9 +227,12 @@ def run_file(path: str, out_dir: str, per_test: int, per_file: int, timeout_plug
     timed_out, tail = _pytest([path], xml, env, checkout, per_test, per_file, timeout_plugin, keyword)
   res = {"file": stem, "chip": chip, "seconds": 0.0, "file_timed_out": timed_out, "tests": [], "tail": tail}
   if os.path.exists(xml):
+    cpu = read_cpu(xml)
     for name, outcome, seconds, msg in read_junit(xml):
       t = {"name": name, "outcome": outcome, "seconds": seconds,
            "first_line": _first_line(msg) if msg else ""}
+      if name in cpu:
+        t["cpu_s"] = cpu[name]
       if outcome == "failed" and is_numeric_assertion(msg):
         t["numeric"] = True
       elif outcome == "reference fails on XLA:CPU":
@@ -240,8 +254,9 @@ KINDS = ("passed", "failed", "reference on XLA:CPU", "reference fails on XLA:CPU
 
 def summarize(results: list[dict]) -> str:
   kinds = KINDS
-  lines = ["| file | chip | " + " | ".join(kinds) + " | file over its limit | s |",
-           "|---|---|" + "---|" * (len(kinds) + 2)]
+  lines = ["| file | chip | " + " | ".join(kinds)
+           + " | file over its limit | s | tests' cpu s | slowest test s (cpu s) |",
+           "|---|---|" + "---|" * (len(kinds) + 4)]
   total = collections.Counter()
   groups = collections.Counter()
   for r in sorted(results, key=lambda r: r["file"]):
@@ -252,11 +267,17 @@ def summarize(results: list[dict]) -> str:
         groups[t["first_line"]] += 1
       elif t["outcome"] == "not collected":
         groups["(not collected) " + t["first_line"]] += 1
+    # (CPU seconds: each test's call, from the plugin's "cpu_s"; a busy machine stretches the wall
+    # time, not these)
+    slow = max(r["tests"], key=lambda t: t["seconds"], default=None)
+    cpu = sum(t.get("cpu_s", 0.0) for t in r["tests"])
+    slow_cpu = f"{slow['cpu_s']:.0f}" if slow and "cpu_s" in slow else "?"
     lines.append(f"| {r['file']} | {r['chip']} | " + " | ".join(str(c[k]) for k in kinds)
-                 + f" | {'yes' if r['file_timed_out'] else ''} | {r['seconds']:.0f} |")
+                 + f" | {'yes' if r['file_timed_out'] else ''} | {r['seconds']:.0f} | {cpu:.0f} | "
+                 + (f"{slow['seconds']:.0f} ({slow_cpu})" if slow else "") + " |")
   ran = total["passed"] + total["failed"] + total["timeout"]
   rechecked = [r["exact_f32_recheck"] for r in results if "exact_f32_recheck" in r]
-  lines.append("| **all** | | " + " | ".join(f"**{total[k]}**" for k in kinds) + " | | |")
+  lines.append("| **all** | | " + " | ".join(f"**{total[k]}**" for k in kinds) + " | | | | |")
   lines.append(f"\npassed {total['passed']} of {ran} run, excluding needs-a-compiler and reference-on-CPU "
                f"({100.0 * total['passed'] / max(ran, 1):.1f}%)")
   if rechecked:

@@ -86,6 +86,18 @@ def pytest_timeout_cancel_timer(item):
   _limit[0] = None
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+  """Each test's CPU seconds (the process's, all threads: XLA's compiles and palace's callbacks too) as
+  the JUnit property "cpu_s": on a machine shared with other work the wall time alone does not tell a
+  slow test from a busy machine."""
+  t0 = time.process_time()
+  try:
+    yield
+  finally:
+    item.user_properties.append(("cpu_s", round(time.process_time() - t0, 2)))
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(items):
   for item in items:

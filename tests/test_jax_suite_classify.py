@@ -180,3 +180,25 @@ def test_an_earlier_runs_outcomes_are_reused_and_only_rechecked(tmp_path, fake_p
   assert [env for _, env in fake_pytest] == ["1"]    # no first run: only the re-run, under the diagnostic
   assert collections.Counter(t["outcome"] for t in res["tests"])["reference on XLA:CPU"] == 1
   assert "reused" in res["tail"] and (out / "tpu_x_test.xml").exists()
+
+
+def test_each_tests_cpu_seconds_are_read_and_summed(tmp_path, monkeypatch):
+  """The runner's plugin gives each test a "cpu_s" JUnit property; the table shows the file's sum and
+  its slowest test's wall and CPU seconds (a busy machine stretches the wall time only)."""
+  cases = [_case("T", "test_a").replace(">", '><properties><property name="cpu_s" value="2.5"/>'
+                                        "</properties>", 1),
+           _case("T", "test_b").replace('time="0.5"', 'time="70.0"').replace(
+               ">", '><properties><property name="cpu_s" value="12.25"/></properties>', 1),
+           _case("T", "test_c", "skipped", "no")]
+
+  def run(targets, xml, *args, **kwargs):
+    _junit(xml, cases)
+    return False, ""
+  monkeypatch.setattr(js, "_pytest", run)
+  path = str(tmp_path / "jax" / "tests" / "pallas" / "tpu_x_test.py")
+  res = js.run_file(path, str(tmp_path), 60, 600, True, recheck=False)
+  cpu = {t["name"].split("::")[1]: t.get("cpu_s") for t in res["tests"]}
+  assert cpu == {"test_a": 2.5, "test_b": 12.25, "test_c": None}
+  table = js.summarize([res])
+  assert "| tests' cpu s | slowest test s (cpu s) |" in table.splitlines()[0]
+  assert table.splitlines()[2].endswith("| 15 | 70 (12) |")

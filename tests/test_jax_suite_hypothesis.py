@@ -113,7 +113,8 @@ def test_a_test_past_its_limit_is_reported_as_a_timeout(pytester):
       time.sleep(0.7)
   """)
   result = pytester.runpytest_inprocess("-p", "benchmarks.jax_suite_hypothesis", "--timeout=1",
-                                        "--timeout-method=signal")
+                                        "--timeout-method=signal", "--junitxml=out.xml")
   result.assert_outcomes(failed=1)
   result.stdout.fnmatch_lines(["*Timeout (>1.0s) from pytest-timeout*"])
   assert len((pytester.path / "examples.txt").read_text().split()) == 2
+  assert '<property name="cpu_s" value="' in (pytester.path / "out.xml").read_text()   # (its CPU seconds)
