@@ -167,6 +167,15 @@ def read_junit(xml: str) -> list:
   return cases
 
 
+# Hypothesis's failure report (JAX's profile prints it): the failing example, replayable
+_REPRODUCE_BLOB = re.compile(r"@reproduce_failure\('([^']+)', b'([^']*)'\)")
+# the replayed failing example passed (Hypothesis's DidNotReproduce)
+_DID_NOT_REPRODUCE = "Expected the test to raise an error, but it completed successfully"
+# the re-run's {test id after the file's "::": [Hypothesis version, blob]} file, read by the plugin
+# benchmarks/jax_suite_hypothesis.py
+REPRODUCE = "JAX_SUITE_REPRODUCE"
+
+
 def read_cpu(xml: str) -> dict:
   """{name "Class::test": CPU seconds of its call} from the "cpu_s" property the runner's plugin
   (benchmarks/jax_suite_hypothesis.py) gives each test, where present."""
@@ -184,12 +193,22 @@ def recheck_exact(path: str, tests: list, env: dict, checkout: str, xml: str, pe
   diagnostic; each that passes becomes "reference on XLA:CPU". Returns {"ran", "passed", "timed_out"}
   for the record ("ran": the tests the re-run reported)."""
   again = [t for t in tests if t["outcome"] == "failed" and t.pop("numeric", False)]
+  blobs = {node_id(path, t["name"]).split("::", 1)[1]: t.pop("hypothesis_blob") for t in again
+           if t.get("hypothesis_blob")}
+  for t in tests:
+    t.pop("hypothesis_blob", None)
   if not again:
     return {"ran": 0, "passed": 0, "timed_out": False}
-  timed_out, _ = _pytest([node_id(path, t["name"]) for t in again], xml, dict(env, **{EXACT_F32_DOTS: "1"}),
+  env = dict(env, **{EXACT_F32_DOTS: "1"})
+  if blobs:   # Hypothesis tests replay their failing example only (benchmarks/jax_suite_hypothesis.py)
+    env[REPRODUCE] = xml[:-4] + ".reproduce.json"
+    with open(env[REPRODUCE], "w") as f:
+      json.dump(blobs, f)
+  timed_out, _ = _pytest([node_id(path, t["name"]) for t in again], xml, env,
                          checkout, per_test, per_file, timeout_plugin, keyword)
   rerun = {name: (outcome, msg) for name, outcome, _, msg in (read_junit(xml) if os.path.exists(xml) else ())}
-  passed = {name for name, (outcome, _) in rerun.items() if outcome == "passed"}
+  passed = {name for name, (outcome, msg) in rerun.items()
+            if outcome == "passed" or _DID_NOT_REPRODUCE in msg}
   for t in again:
     if t["name"] in passed:
       t["outcome"] = "reference on XLA:CPU"
@@ -235,6 +254,9 @@ def run_file(path: str, out_dir: str, per_test: int, per_file: int, timeout_plug
         t["cpu_s"] = cpu[name]
       if outcome == "failed" and is_numeric_assertion(msg):
         t["numeric"] = True
+        blob = _REPRODUCE_BLOB.search(msg)
+        if blob:
+          t["hypothesis_blob"] = [blob.group(1), blob.group(2)]
       elif outcome == "reference fails on XLA:CPU":
         t["evidence"] = xla_cpu_error(msg)
       res["tests"].append(t)
@@ -244,6 +266,7 @@ def run_file(path: str, out_dir: str, per_test: int, per_file: int, timeout_plug
                                              per_test, per_file, timeout_plugin, keyword)
   for t in res["tests"]:
     t.pop("numeric", None)
+    t.pop("hypothesis_blob", None)
   res["seconds"] = round(time.time() - t0, 1)
   return res
 

@@ -20,10 +20,14 @@ its own inconsistency error, as the refused replay drew no data; the failure of 
 its limit is reported as pytest-timeout's, that error below it, so the runner counts it a timeout.)
 """
 import functools
+import json
+import os
 import time
 
 import hypothesis as hp
 import pytest
+
+from benchmarks.jax_suite import REPRODUCE   # the failing examples an exact-f32-dots re-run replays
 
 PHASES = (hp.Phase.explicit, hp.Phase.reuse, hp.Phase.generate, hp.Phase.target)
 
@@ -86,15 +90,47 @@ def pytest_timeout_cancel_timer(item):
   _limit[0] = None
 
 
+
+
+def _reproduce(item) -> tuple | None:
+  path = os.environ.get(REPRODUCE)
+  if not path:
+    return None
+  with open(path) as f:
+    blob = json.load(f).get(item.nodeid.split("::", 1)[-1])
+  return (blob[0], blob[1].encode()) if blob else None
+
+
+def _hypothesis_tests(fn) -> list:
+  """The functions on `fn`'s `__wrapped__` chain that carry Hypothesis's per-test attributes."""
+  out, seen = [], set()
+  fn = getattr(fn, "__func__", fn)
+  while fn is not None and id(fn) not in seen:
+    seen.add(id(fn))
+    if hasattr(fn, "_hypothesis_internal_use_reproduce_failure"):
+      out.append(fn)
+    fn = getattr(fn, "__wrapped__", None)
+  return out
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item):
   """Each test's CPU seconds (the process's, all threads: XLA's compiles and palace's callbacks too) as
   the JUnit property "cpu_s": on a machine shared with other work the wall time alone does not tell a
-  slow test from a busy machine."""
+  slow test from a busy machine. Where JAX_SUITE_REPRODUCE names this test, Hypothesis runs only that
+  failing example, as `@reproduce_failure` would (set for this call only: parameterized cases share
+  one Hypothesis test); it raises DidNotReproduce when the example passes."""
   t0 = time.process_time()
+  blob = _reproduce(item)
+  fns = _hypothesis_tests(getattr(item, "obj", None)) if blob else []
+  saved = [f._hypothesis_internal_use_reproduce_failure for f in fns]
+  for f in fns:
+    f._hypothesis_internal_use_reproduce_failure = blob
   try:
     yield
   finally:
+    for f, old in zip(fns, saved):
+      f._hypothesis_internal_use_reproduce_failure = old
     item.user_properties.append(("cpu_s", round(time.process_time() - t0, 2)))
 
 

@@ -3,6 +3,7 @@ XLA:CPU (from the traceback), a numeric failure that passes when re-run under th
 diagnostic (reference on XLA:CPU), or palace's own failure. Synthetic JUnit files and tracebacks; the
 re-run's pytest is replaced by one that writes the JUnit file a re-run would."""
 import collections
+import json
 import os
 
 import pytest
@@ -202,3 +203,35 @@ def test_each_tests_cpu_seconds_are_read_and_summed(tmp_path, monkeypatch):
   table = js.summarize([res])
   assert "| tests' cpu s | slowest test s (cpu s) |" in table.splitlines()[0]
   assert table.splitlines()[2].endswith("| 15 | 70 (12) |")
+
+
+BLOB = "AXicY2BgAAAAAgAB"
+HYPOTHESIS_NUMERIC = NUMERIC + (f"\nE     You can reproduce this test case by temporarily adding "
+                                f"@reproduce_failure('6.170.27', b'{BLOB}') as a decorator on your test function")
+DID_NOT_REPRODUCE = ("hypothesis.errors.DidNotReproduce: Expected the test to raise an error, but it completed "
+                     "successfully.")
+
+
+def test_a_hypothesis_failure_is_rechecked_on_its_failing_example(tmp_path, monkeypatch):
+  """The re-run of a Hypothesis test replays its failing example only (the blob JAX's profile prints,
+  handed to the plugin in JAX_SUITE_REPRODUCE); Hypothesis's DidNotReproduce (the example passed under
+  the diagnostic) makes it "reference on XLA:CPU"."""
+  seen = {}
+
+  def run(targets, xml, env, *args, **kwargs):
+    if len(targets) == 1 and targets[0].endswith(".py"):
+      _junit(xml, [_case("T", "test_h0", "failure", "AssertionError", HYPOTHESIS_NUMERIC),
+                   _case("T", "test_h1", "failure", "AssertionError", HYPOTHESIS_NUMERIC)])
+    else:
+      with open(env[js.REPRODUCE]) as f:
+        seen.update(json.load(f))
+      _junit(xml, [_case("T", "test_h0", "failure", "DidNotReproduce", DID_NOT_REPRODUCE),
+                   _case("T", "test_h1", "failure", "AssertionError", HYPOTHESIS_NUMERIC)])
+    return False, ""
+  monkeypatch.setattr(js, "_pytest", run)
+  path = str(tmp_path / "jax" / "tests" / "pallas" / "tpu_x_test.py")
+  res = js.run_file(path, str(tmp_path), 60, 600, True)
+  assert seen == {"T::test_h0": ["6.170.27", BLOB], "T::test_h1": ["6.170.27", BLOB]}
+  outcomes = {t["name"].split("::")[1]: t["outcome"] for t in res["tests"]}
+  assert outcomes == {"test_h0": "reference on XLA:CPU", "test_h1": "failed"}
+  assert all("hypothesis_blob" not in t for t in res["tests"])

@@ -1,12 +1,14 @@
 """benchmarks/jax_suite_hypothesis.py: the suite runner's Hypothesis tests run their generated examples
 and report the first failing one, without shrinking or explaining it (the verdict is unchanged)."""
 import functools
+import json
 
 import pytest
 
 hp = pytest.importorskip("hypothesis")
 st = pytest.importorskip("hypothesis.strategies")
 
+from benchmarks import jax_suite as js  # noqa: E402
 from benchmarks import jax_suite_hypothesis as jh  # noqa: E402
 
 pytest_plugins = ["pytester"]
@@ -118,3 +120,33 @@ def test_a_test_past_its_limit_is_reported_as_a_timeout(pytester):
   result.stdout.fnmatch_lines(["*Timeout (>1.0s) from pytest-timeout*"])
   assert len((pytester.path / "examples.txt").read_text().split()) == 2
   assert '<property name="cpu_s" value="' in (pytester.path / "out.xml").read_text()   # (its CPU seconds)
+
+
+def test_a_named_failing_example_is_replayed_alone(pytester, monkeypatch):
+  """JAX_SUITE_REPRODUCE (the runner's exact-f32-dots re-run) names a test's failing example: only that
+  example runs, for that parameterized case only; it passing is Hypothesis's DidNotReproduce."""
+  pytest.importorskip("absl.testing.parameterized")   # (as JAX's tests parameterize)
+  pytester.makepyfile(test_h="""
+    import hypothesis as hp, hypothesis.strategies as st
+    from absl.testing import parameterized
+
+    class T(parameterized.TestCase):
+      @parameterized.parameters(0, 1)
+      @hp.given(st.integers(0, 1000))
+      @hp.settings(database=None, derandomize=True, deadline=None, max_examples=5, print_blob=True)
+      def test_h(self, case, x):
+        with open("examples.txt", "a") as f:
+          f.write(f"{case}:{x}\\n")
+        assert x < 0 or case == 0
+  """)
+  first = pytester.runpytest_inprocess("-p", "benchmarks.jax_suite_hypothesis")
+  first.assert_outcomes(passed=1, failed=1)
+  blob = next(ln for ln in first.stdout.lines if "@reproduce_failure(" in ln)
+  version, data = blob.split("@reproduce_failure('")[1].split("')")[0].split("', b'")
+  (pytester.path / "examples.txt").unlink()
+  (pytester.path / "repro.json").write_text(json.dumps({"T::test_h1": [version, data]}))
+  monkeypatch.setenv(js.REPRODUCE, str(pytester.path / "repro.json"))
+  again = pytester.runpytest_inprocess("-p", "benchmarks.jax_suite_hypothesis", "-k", "test_h1")
+  again.assert_outcomes(failed=1)   # the example fails again: Hypothesis reports it
+  assert len((pytester.path / "examples.txt").read_text().split()) == 1
+  assert "DidNotReproduce" not in again.stdout.str()
