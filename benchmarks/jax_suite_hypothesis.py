@@ -18,6 +18,9 @@ time over the limit (JAX's gmm tests: 120 and 179 s at a 60 s limit). Past the l
 example of the test starts: each raises pytest-timeout's failure at once. (Hypothesis then reports
 its own inconsistency error, as the refused replay drew no data; the failure of a test that ran past
 its limit is reported as pytest-timeout's, that error below it, so the runner counts it a timeout.)
+
+Each test's CPU seconds go into its JUnit record (property "cpu_s"), and the runner's exact-f32-dots
+re-run can name a test's failing example for Hypothesis to replay alone (JAX_SUITE_REPRODUCE).
 """
 import functools
 import json
@@ -32,23 +35,32 @@ from benchmarks.jax_suite import REPRODUCE   # the failing examples an exact-f32
 PHASES = (hp.Phase.explicit, hp.Phase.reuse, hp.Phase.generate, hp.Phase.target)
 
 
-def without_shrinking(fn) -> int:
-  """Drop the shrink and explain phases from the settings of the Hypothesis test behind `fn` (a test
-  function, bound method or a wrapper of one, e.g. absl's parameterized copies, which carry copies of
-  the settings attribute: each one on the `__wrapped__` chain is replaced). Returns how many were."""
-  changed, seen = 0, set()
+def _chain(fn):
+  """`fn` (a test function or bound method) and the functions it wraps (`__wrapped__`), outermost first.
+  A Hypothesis test's attributes are on the innermost one that has them, and copied onto wrappers made
+  with functools.wraps (absl's parameterized cases): Hypothesis reads its own."""
+  seen = set()
   fn = getattr(fn, "__func__", fn)
   while fn is not None and id(fn) not in seen:
     seen.add(id(fn))
-    s = getattr(fn, "_hypothesis_internal_use_settings", None)
+    yield fn
+    fn = getattr(fn, "__wrapped__", None)
+
+
+def without_shrinking(fn) -> int:
+  """Drop the shrink and explain phases from the settings of the Hypothesis test behind `fn` (each
+  copy of the settings attribute on its `_chain` is replaced; returns how many were), and make its
+  body refuse to start an example past the running test's time limit."""
+  changed = 0
+  for f in _chain(fn):
+    s = getattr(f, "_hypothesis_internal_use_settings", None)
     if isinstance(s, hp.settings) and not set(s.phases) <= set(PHASES):
-      fn._hypothesis_internal_use_settings = hp.settings(s, phases=[p for p in s.phases if p in PHASES])
+      f._hypothesis_internal_use_settings = hp.settings(s, phases=[p for p in s.phases if p in PHASES])
       changed += 1
-    handle = getattr(fn, "hypothesis", None)
+    handle = getattr(f, "hypothesis", None)
     inner = getattr(handle, "inner_test", None)
     if inner is not None and not getattr(inner, "_stops_at_the_limit", False):
       handle.inner_test = _stopped_past_the_limit(inner)
-    fn = getattr(fn, "__wrapped__", None)
   return changed
 
 
@@ -90,27 +102,14 @@ def pytest_timeout_cancel_timer(item):
   _limit[0] = None
 
 
-
-
 def _reproduce(item) -> tuple | None:
+  """(Hypothesis version, blob) of the failing example JAX_SUITE_REPRODUCE names for `item`, or None."""
   path = os.environ.get(REPRODUCE)
   if not path:
     return None
   with open(path) as f:
     blob = json.load(f).get(item.nodeid.split("::", 1)[-1])
   return (blob[0], blob[1].encode()) if blob else None
-
-
-def _hypothesis_tests(fn) -> list:
-  """The functions on `fn`'s `__wrapped__` chain that carry Hypothesis's per-test attributes."""
-  out, seen = [], set()
-  fn = getattr(fn, "__func__", fn)
-  while fn is not None and id(fn) not in seen:
-    seen.add(id(fn))
-    if hasattr(fn, "_hypothesis_internal_use_reproduce_failure"):
-      out.append(fn)
-    fn = getattr(fn, "__wrapped__", None)
-  return out
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -122,7 +121,8 @@ def pytest_runtest_call(item):
   one Hypothesis test); it raises DidNotReproduce when the example passes."""
   t0 = time.process_time()
   blob = _reproduce(item)
-  fns = _hypothesis_tests(getattr(item, "obj", None)) if blob else []
+  fns = [f for f in _chain(getattr(item, "obj", None)) if blob
+         and hasattr(f, "_hypothesis_internal_use_reproduce_failure")]
   saved = [f._hypothesis_internal_use_reproduce_failure for f in fns]
   for f in fns:
     f._hypothesis_internal_use_reproduce_failure = blob
