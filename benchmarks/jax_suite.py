@@ -149,7 +149,8 @@ def _pytest(targets: list, xml: str, env: dict, checkout: str, per_test: int, pe
             timeout_plugin: bool, keyword: str | None = None) -> tuple:
   """Run pytest on `targets` (a file or node ids; `-k keyword`) into the JUnit file `xml`: (timed out,
   output tail)."""
-  cmd = [sys.executable, "-m", "pytest", "-p", "palace.jax", "-p", "benchmarks.jax_suite_paths", "-q",
+  cmd = [sys.executable, "-m", "pytest", "-p", "palace.jax", "-p", "benchmarks.jax_suite_paths",
+         "-p", "benchmarks.jax_suite_hypothesis", "-q",
          "-p", "no:cacheprovider",
          f"--junitxml={xml}", "-o", "junit_family=xunit1", *targets, *(["-k", keyword] if keyword else [])]
   if timeout_plugin:
@@ -183,20 +184,49 @@ def read_junit(xml: str) -> list:
   return cases
 
 
+# Hypothesis's failure report (JAX's profile prints it): the failing example, replayable
+_REPRODUCE_BLOB = re.compile(r"@reproduce_failure\('([^']+)', b'([^']*)'\)")
+# the replayed failing example passed (Hypothesis's DidNotReproduce)
+_DID_NOT_REPRODUCE = "Expected the test to raise an error, but it completed successfully"
+# the re-run's {test id after the file's "::": [Hypothesis version, blob]} file, read by the plugin
+# benchmarks/jax_suite_hypothesis.py
+REPRODUCE = "JAX_SUITE_REPRODUCE"
+
+
+def read_cpu(xml: str) -> dict:
+  """{name "Class::test": CPU seconds of its call} from the "cpu_s" property the runner's plugin
+  (benchmarks/jax_suite_hypothesis.py) gives each test, where present."""
+  cpu = {}
+  for case in ET.parse(xml).getroot().iter("testcase"):
+    for prop in case.iter("property"):
+      if prop.get("name") == "cpu_s":
+        cpu[f"{case.get('classname', '').split('.')[-1]}::{case.get('name')}"] = float(prop.get("value"))
+  return cpu
+
+
 def recheck_numeric(path: str, tests: list, env: dict, checkout: str, xml: str, per_test: int,
                     per_file: int, timeout_plugin: bool, keyword: str | None = None,
                     which: tuple = RECHECKS[0]) -> dict:
   """Re-run the numeric failures among `tests` that are still "failed" (those `keyword` selects) once
-  under the diagnostic of `which` (an entry of RECHECKS); each that passes gets its class. Returns
-  {"ran", "passed", "timed_out"} for the record ("ran": the tests the re-run reported)."""
+  under the diagnostic of `which` (an entry of RECHECKS); each that passes gets its class. A Hypothesis
+  test replays its failing example only (benchmarks/jax_suite_hypothesis.py). Returns {"ran",
+  "passed", "timed_out"} for the record ("ran": the tests the re-run reported)."""
   key, variable, outcome, evidence = which
   again = [t for t in tests if t["outcome"] == "failed" and t.get("numeric")]
   if not again:
     return {"ran": 0, "passed": 0, "timed_out": False}
-  timed_out, _ = _pytest([node_id(path, t["name"]) for t in again], xml, dict(env, **{variable: "1"}),
+  blobs = {node_id(path, t["name"]).split("::", 1)[1]: t["hypothesis_blob"] for t in again
+           if t.get("hypothesis_blob")}
+  env = dict(env, **{variable: "1"})
+  if blobs:
+    env[REPRODUCE] = xml[:-4] + ".reproduce.json"
+    with open(env[REPRODUCE], "w") as f:
+      json.dump(blobs, f)
+  timed_out, _ = _pytest([node_id(path, t["name"]) for t in again], xml, env,
                          checkout, per_test, per_file, timeout_plugin, keyword)
   rerun = {name: (outcome, msg) for name, outcome, _, msg in (read_junit(xml) if os.path.exists(xml) else ())}
-  passed = {name for name, (outcome, _) in rerun.items() if outcome == "passed"}
+  passed = {name for name, (outcome, msg) in rerun.items()
+            if outcome == "passed" or _DID_NOT_REPRODUCE in msg}
   for t in again:
     if t["name"] in passed:
       t["outcome"] = outcome
@@ -235,11 +265,17 @@ def run_file(path: str, out_dir: str, per_test: int, per_file: int, timeout_plug
     timed_out, tail = _pytest([path], xml, env, checkout, per_test, per_file, timeout_plugin, keyword)
   res = {"file": stem, "chip": chip, "seconds": 0.0, "file_timed_out": timed_out, "tests": [], "tail": tail}
   if os.path.exists(xml):
+    cpu = read_cpu(xml)
     for name, outcome, seconds, msg in read_junit(xml):
       t = {"name": name, "outcome": outcome, "seconds": seconds,
            "first_line": _first_line(msg) if msg else ""}
+      if name in cpu:
+        t["cpu_s"] = cpu[name]
       if outcome == "failed" and is_numeric_assertion(msg):
         t["numeric"] = True
+        blob = _REPRODUCE_BLOB.search(msg)
+        if blob:
+          t["hypothesis_blob"] = [blob.group(1), blob.group(2)]
       elif outcome == "reference fails on XLA:CPU":
         t["evidence"] = xla_cpu_error(msg)
       res["tests"].append(t)
@@ -250,6 +286,7 @@ def run_file(path: str, out_dir: str, per_test: int, per_file: int, timeout_plug
                                       per_test, per_file, timeout_plugin, keyword, which)
   for t in res["tests"]:
     t.pop("numeric", None)
+    t.pop("hypothesis_blob", None)
   res["seconds"] = round(time.time() - t0, 1)
   return res
 
@@ -260,8 +297,9 @@ KINDS = ("passed", "failed", "reference on XLA:CPU", "dot order on XLA:CPU", "re
 
 def summarize(results: list[dict]) -> str:
   kinds = KINDS
-  lines = ["| file | chip | " + " | ".join(kinds) + " | file over its limit | s |",
-           "|---|---|" + "---|" * (len(kinds) + 2)]
+  lines = ["| file | chip | " + " | ".join(kinds)
+           + " | file over its limit | s | tests' cpu s | slowest test s (cpu s) |",
+           "|---|---|" + "---|" * (len(kinds) + 4)]
   total = collections.Counter()
   groups = collections.Counter()
   for r in sorted(results, key=lambda r: r["file"]):
@@ -272,11 +310,17 @@ def summarize(results: list[dict]) -> str:
         groups[t["first_line"]] += 1
       elif t["outcome"] == "not collected":
         groups["(not collected) " + t["first_line"]] += 1
+    # (CPU seconds: each test's call, from the plugin's "cpu_s"; a busy machine stretches the wall
+    # time, not these)
+    slow = max(r["tests"], key=lambda t: t["seconds"], default=None)
+    cpu = sum(t.get("cpu_s", 0.0) for t in r["tests"])
+    slow_cpu = f"{slow['cpu_s']:.0f}" if slow and "cpu_s" in slow else "?"
     lines.append(f"| {r['file']} | {r['chip']} | " + " | ".join(str(c[k]) for k in kinds)
-                 + f" | {'yes' if r['file_timed_out'] else ''} | {r['seconds']:.0f} |")
+                 + f" | {'yes' if r['file_timed_out'] else ''} | {r['seconds']:.0f} | {cpu:.0f} | "
+                 + (f"{slow['seconds']:.0f} ({slow_cpu})" if slow else "") + " |")
   ran = total["passed"] + total["failed"] + total["timeout"]
   rechecked = [r["exact_f32_recheck"] for r in results if "exact_f32_recheck" in r]
-  lines.append("| **all** | | " + " | ".join(f"**{total[k]}**" for k in kinds) + " | | |")
+  lines.append("| **all** | | " + " | ".join(f"**{total[k]}**" for k in kinds) + " | | | | |")
   lines.append(f"\npassed {total['passed']} of {ran} run, excluding needs-a-compiler, reference-on-CPU and "
                f"dot-order "
                f"({100.0 * total['passed'] / max(ran, 1):.1f}%)")

@@ -3,6 +3,7 @@ XLA:CPU (from the traceback), a numeric failure that passes when re-run under th
 diagnostic (reference on XLA:CPU), or palace's own failure. Synthetic JUnit files and tracebacks; the
 re-run's pytest is replaced by one that writes the JUnit file a re-run would."""
 import collections
+import json
 import os
 
 import pytest
@@ -190,3 +191,57 @@ def test_an_earlier_runs_outcomes_are_reused_and_only_rechecked(tmp_path, fake_p
   assert [envs for _, *envs in fake_pytest] == [["1", None], [None, "1"]]
   assert collections.Counter(t["outcome"] for t in res["tests"])["reference on XLA:CPU"] == 1
   assert "reused" in res["tail"] and (out / "tpu_x_test.xml").exists()
+
+
+def test_each_tests_cpu_seconds_are_read_and_summed(tmp_path, monkeypatch):
+  """The runner's plugin gives each test a "cpu_s" JUnit property; the table shows the file's sum and
+  its slowest test's wall and CPU seconds (a busy machine stretches the wall time only)."""
+  cases = [_case("T", "test_a").replace(">", '><properties><property name="cpu_s" value="2.5"/>'
+                                        "</properties>", 1),
+           _case("T", "test_b").replace('time="0.5"', 'time="70.0"').replace(
+               ">", '><properties><property name="cpu_s" value="12.25"/></properties>', 1),
+           _case("T", "test_c", "skipped", "no")]
+
+  def run(targets, xml, *args, **kwargs):
+    _junit(xml, cases)
+    return False, ""
+  monkeypatch.setattr(js, "_pytest", run)
+  path = str(tmp_path / "jax" / "tests" / "pallas" / "tpu_x_test.py")
+  res = js.run_file(path, str(tmp_path), 60, 600, True, recheck=False)
+  cpu = {t["name"].split("::")[1]: t.get("cpu_s") for t in res["tests"]}
+  assert cpu == {"test_a": 2.5, "test_b": 12.25, "test_c": None}
+  table = js.summarize([res])
+  assert "| tests' cpu s | slowest test s (cpu s) |" in table.splitlines()[0]
+  assert table.splitlines()[2].endswith("| 15 | 70 (12) |")
+
+
+BLOB = "AXicY2BgAAAAAgAB"
+HYPOTHESIS_NUMERIC = NUMERIC + (f"\nE     You can reproduce this test case by temporarily adding "
+                                f"@reproduce_failure('6.170.27', b'{BLOB}') as a decorator on your test function")
+DID_NOT_REPRODUCE = ("hypothesis.errors.DidNotReproduce: Expected the test to raise an error, but it completed "
+                     "successfully.")
+
+
+def test_a_hypothesis_failure_is_rechecked_on_its_failing_example(tmp_path, monkeypatch):
+  """The re-run of a Hypothesis test replays its failing example only (the blob JAX's profile prints,
+  handed to the plugin in JAX_SUITE_REPRODUCE); Hypothesis's DidNotReproduce (the example passed under
+  the diagnostic) makes it "reference on XLA:CPU"."""
+  seen = {}
+
+  def run(targets, xml, env, *args, **kwargs):
+    if len(targets) == 1 and targets[0].endswith(".py"):
+      _junit(xml, [_case("T", "test_h0", "failure", "AssertionError", HYPOTHESIS_NUMERIC),
+                   _case("T", "test_h1", "failure", "AssertionError", HYPOTHESIS_NUMERIC)])
+    else:
+      with open(env[js.REPRODUCE]) as f:
+        seen.update(json.load(f))
+      _junit(xml, [_case("T", "test_h0", "failure", "DidNotReproduce", DID_NOT_REPRODUCE),
+                   _case("T", "test_h1", "failure", "AssertionError", HYPOTHESIS_NUMERIC)])
+    return False, ""
+  monkeypatch.setattr(js, "_pytest", run)
+  path = str(tmp_path / "jax" / "tests" / "pallas" / "tpu_x_test.py")
+  res = js.run_file(path, str(tmp_path), 60, 600, True)
+  assert seen == {"T::test_h0": ["6.170.27", BLOB], "T::test_h1": ["6.170.27", BLOB]}
+  outcomes = {t["name"].split("::")[1]: t["outcome"] for t in res["tests"]}
+  assert outcomes == {"test_h0": "reference on XLA:CPU", "test_h1": "failed"}
+  assert all("hypothesis_blob" not in t for t in res["tests"])
