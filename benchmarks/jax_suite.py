@@ -56,6 +56,33 @@ NEEDS_COMPILER = re.compile(r"needs a real compiler|Mosaic MLIR|compile-only|not
                             re.I)
 
 
+# a test's own check of what only a TPU compile gives, read from the test's source in the traceback
+# (the lines of its frame above the failing '>' line): the lowered or compiled program's text
+# (`compiler_ir()`, `as_text()`, `pl.lower_as_mlir`), XLA's cost analysis of it, or the Mosaic MLIR a
+# `debug=True` pallas_call prints on a TPU (read through `capture_stdout`)
+_COMPILER_READS = re.compile(r"\.compiler_ir\(|\.as_text\(|\.cost_analysis\(|lower_as_mlir\(|"
+                             r"capture_stdout\(\)(?s:.*)debug=True|debug=True(?s:.*)capture_stdout\(\)")
+# the failure is raised by the test's own statement (its frame is the last location: a file of the
+# suite, tests/pallas/...), as an assertion or a failed match (`re.search(...).group` on no match)
+_OWN_CHECK = re.compile(r"^tests[/\\]pallas[/\\]\w+\.py:\d+: (AssertionError|AttributeError)\s*$", re.M)
+# an error palace raised where the compiler raises its own (VMEM / SMEM over capacity), which the test
+# matches by the compiler's wording
+_COMPILER_WORDING = re.compile(r"AssertionError: .* not found in '.*(ResourceError|ResourceError: \w+): "
+                               r"(VMEM|SMEM) over capacity", re.S)
+
+
+def reads_compiler_output(text: str) -> bool:
+  """The failure is the test's own check of a compiler artifact (`_COMPILER_READS` in the test's source
+  above the failing line, the failure raised by that check, not a numeric comparison), or of the
+  compiler's wording of an over-capacity error palace raised too (`_COMPILER_WORDING`)."""
+  text = text or ""
+  if _COMPILER_WORDING.search(text):
+    return True
+  head, sep, _ = text.partition("\n>")
+  return bool(sep and _OWN_CHECK.search(text) and not is_numeric_assertion(text) and
+              _COMPILER_READS.search(head))
+
+
 def chip_for(stem: str) -> str:
   return next(chip for key, chip in CHIPS if key in stem)
 
@@ -114,7 +141,7 @@ def xla_cpu_error(text: str) -> str | None:
 def classify(text: str) -> str:
   """The outcome of one failed test from its failure text, before any re-run: "not collected" and
   "timeout" as the runner saw them, then "needs a compiler", "reference fails on XLA:CPU", "failed"."""
-  if NEEDS_COMPILER.search(text):
+  if NEEDS_COMPILER.search(text) or reads_compiler_output(text):
     return "needs a compiler"
   if xla_cpu_error(text):
     return "reference fails on XLA:CPU"

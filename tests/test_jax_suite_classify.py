@@ -180,3 +180,65 @@ def test_an_earlier_runs_outcomes_are_reused_and_only_rechecked(tmp_path, fake_p
   assert [env for _, env in fake_pytest] == ["1"]    # no first run: only the re-run, under the diagnostic
   assert collections.Counter(t["outcome"] for t in res["tests"])["reference on XLA:CPU"] == 1
   assert "reused" in res["tail"] and (out / "tpu_x_test.xml").exists()
+
+
+# a test's own check of what a TPU compile gives (the compiled program's text, the Mosaic MLIR a
+# debug=True call prints), read from the test's source above the failing line
+COMPILED_TEXT = """    def test_x(self):
+      compiled = vadd.lower(x, y).compile().as_text()
+      pattern = r'"used_scoped_memory_configs":(\\d+)'
+>     vmem_usage = int(re.search(pattern, compiled).group(1))
+E     AttributeError: 'NoneType' object has no attribute 'group'
+
+tests/pallas/tpu_pallas_test.py:131: AttributeError"""
+
+DEBUG_MLIR = """    def test_trace(self):
+      with jtu.capture_stdout() as get_output:
+        _ = self.pallas_call(kernel, out_shape=s, debug=True)()
+      debug_string = get_output()
+>     self.assertEqual(debug_string.count('tpu.trace_start'), 1)
+E     AssertionError: 0 != 1
+
+tests/pallas/tpu_pallas_test.py:3661: AssertionError"""
+
+# palace's own VMEM refusal, which the test matches by the compiler's words
+OOM_WORDING = """>     self.assertIn('input window allocation for operator input 0', error_message)
+E     AssertionError: 'input window allocation for operator input 0' not found in 'INTERNAL: Error when \
+calling buffer callback: Traceback (most recent call last):\\n  File "x.py", line 1\\nResourceError: VMEM over \
+capacity for kernel 'kernel' on chip 0 core 0 (v5e): 128.00 MiB of pipelined blocks requested'
+
+tests/pallas/tpu_pallas_test.py:2631: AssertionError"""
+
+# the same reads, but the failure is the kernel's result (numeric) or raised inside the kernel call
+COMPILED_THEN_NUMERIC = """    def test_x(self):
+      compiled = f.lower(x).compile().as_text()
+      z = f(x)
+>     np.testing.assert_allclose(z, x + y)
+E     AssertionError: 
+E     Not equal to tolerance rtol=1e-07, atol=0
+E     Mismatched elements: 4 / 131072 (0.00305%)
+
+tests/pallas/tpu_pallas_test.py:135: AssertionError"""
+
+COMPILED_THEN_PALACE_ERROR = """    def test_x(self):
+      compiled = f.lower(x).compile().as_text()
+>     z = f(x)
+E     jax.errors.JaxRuntimeError: INTERNAL: Error when calling buffer callback
+E   palace._src.errors.OutOfBoundsError: index 9 of args[0]
+
+/venv/lib/python3.12/site-packages/jax/_src/interpreters/pxla.py:413: JaxRuntimeError"""
+
+
+@pytest.mark.parametrize("text", [COMPILED_TEXT, DEBUG_MLIR, OOM_WORDING],
+                         ids=["compiled_text", "debug_mlir", "oom_wording"])
+def test_checks_of_compiler_output_need_a_compiler(text):
+  assert js.reads_compiler_output(text)
+  assert js.classify(text) == "needs a compiler"
+
+
+@pytest.mark.parametrize("text", [COMPILED_THEN_NUMERIC, COMPILED_THEN_PALACE_ERROR, NUMERIC, NOT_RAISED],
+                         ids=["numeric_after_compile", "palace_error_after_compile", "numeric",
+                              "not_raised"])
+def test_kernel_failures_beside_compiler_reads_stay_failed(text):
+  assert not js.reads_compiler_output(text)
+  assert js.classify(text) == "failed"

@@ -17,7 +17,7 @@ import numpy as np
 from palace._src import blocks
 from palace._src import dtypes as dt
 from palace._src import core as pcore
-from palace._src.errors import BlockSpecError, UnsupportedError
+from palace._src.errors import BlockSpecError, UnsupportedError, UsageError
 from palace._src.jax.avals import alloc_type, host_dtype, memory_space, physical, semaphore_kind
 from palace._src.jax.interpret import grid_axes, kernel_site, program, run_program
 from palace._src.jax.registry import RULES, literal, sub_jaxprs
@@ -155,7 +155,7 @@ def _block_mapping(params, bm, name: str) -> blocks.BlockMapping:
           f"pl.BlockSpec(memory_space=pl.ANY) and slice the HBM ref in the kernel "
           f"(x_hbm.at[pl.ds(start, size)]), or use VMEM blocks.")
     return blocks.whole_hbm(name, shape, dtype)
-  requested = None
+  requested, revisit_any = None, False
   if bm.pipeline_mode is not None:
     n = bm.pipeline_mode.buffer_count
     if not isinstance(n, int) or not 1 <= n <= 2 or getattr(bm.pipeline_mode, "use_lookahead", False):
@@ -167,12 +167,28 @@ def _block_mapping(params, bm, name: str) -> blocks.BlockMapping:
           f"0.12's lowering has the same rule). Fix: use pl.Buffered(2), or deeper buffering through "
           f"pltpu.emit_pipeline inside a pl.kernel.")
     requested = int(n)
+    revisit_any = _revisit_any(params, bm, requested)
   dims = _dims(params, bm) + tuple((blocks.BLOCKED, n, 0) for n in shape[len(shape) - extra:])
   blocks.check_block(name, shape, dtype, dims, space)
   index_map = _index_map(bm, extra)
   return blocks.BlockMapping(name, shape, dtype, dims, index_map, space,
                              blocks.buffer_count(dims, shape, space, requested), False,
-                             getattr(index_map, blocks.PURE_INDEX_MAP, False) is True)
+                             getattr(index_map, blocks.PURE_INDEX_MAP, False) is True, revisit_any)
+
+
+def _revisit_any(params, bm, buffer_count: int) -> bool:
+  """Whether the block spec asks for pl.RevisitMode.ANY (a block revisited at any later step is read
+  back first); refused with double buffering, as JAX's TPU lowering refuses it."""
+  mode = getattr(bm.pipeline_mode, "revisit", None)
+  if mode is None or getattr(mode, "value", mode) != "any":
+    return False
+  if buffer_count > 1:
+    raise BlockSpecError(
+        f"palace.jax: pallas_call '{kernel_name(params)}': {bm.origin} has pipeline_mode "
+        f"{bm.pipeline_mode!r}: RevisitMode.ANY with double buffering, which JAX's TPU lowering refuses "
+        f"('RevisitMode.ANY is not supported with double buffering.', jax/_src/pallas/mosaic/"
+        f"lowering.py). Fix: pl.Buffered(1, revisit=pl.RevisitMode.ANY).")
+  return True
 
 
 def _compiler_params(cp, grid_rank: int = 0, vmapped=()):
@@ -198,9 +214,20 @@ def _compiler_params(cp, grid_rank: int = 0, vmapped=()):
 
 
 def _grid(gm, bounds) -> tuple:
-  """The grid with its dynamic bounds (the launch's leading operands, concrete by now) filled in."""
+  """The grid with its dynamic bounds (the launch's leading operands, concrete by now) filled in. JAX
+  passes each bound as a size-1 array (a scalar, or a shape-(1,) array such as `jax.random.randint(key,
+  (1,), ...)`, which its TPU lowering also takes)."""
   it = iter(bounds)
-  return tuple(int(g) if isinstance(g, (int, np.integer)) else int(np.asarray(next(it))) for g in gm.grid)
+  return tuple(int(g) if isinstance(g, (int, np.integer)) else _bound(next(it)) for g in gm.grid)
+
+
+def _bound(value) -> int:
+  """One dynamic grid bound: the element of a size-1 array."""
+  a = np.asarray(value)
+  if a.size != 1:
+    raise UsageError(f"palace.jax: a dynamic grid bound is an array of shape {a.shape}; expected one "
+                     f"value (a scalar or a size-1 array). Fix: pass the grid size as a scalar.")
+  return int(a.reshape(-1)[0])
 
 
 def _grid_body(params, grid):

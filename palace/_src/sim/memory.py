@@ -352,13 +352,16 @@ def alias_input(out: Buffer, src: np.ndarray, timing_only: bool, own: bool = Fal
 
 # ------------------------------------------------------------------ capacity
 def scoped_vmem_limit(chip, vmem_limit_bytes) -> int:
-  """VMEM a TensorCore's scoped allocations (pipelined blocks, run_scoped buffers) may use:
-  CompilerParams(vmem_limit_bytes) or the chip's default scoped limit, minus Mosaic's internal scratch.
-  A limit above the chip's VMEM is clamped to it, as the TPU compiler does (measured on a v5e,
-  2026-12-05: vmem_limit_bytes of 130 and 256 MiB compile; 130 MiB of scratch under a 128 MiB limit
-  fails with 'Allocation (size=136314880) would exceed memory (size=134217728)')."""
+  """VMEM a pallas_call's pipelined blocks may use: CompilerParams(vmem_limit_bytes) or the chip's
+  default scoped limit. A limit above the chip's VMEM is clamped to it, as the TPU compiler does
+  (measured on a v5e, 2026-12-05: vmem_limit_bytes of 130 and 256 MiB compile; 130 MiB of scratch under
+  a 128 MiB limit fails with 'Allocation (size=136314880) would exceed memory (size=134217728)').
+  Mosaic's internal scratch is not taken from it: the chip's refusal of 20 MiB of blocks under the
+  16 MiB default reads 'Scoped allocation with size 20.00M and limit 16.00M' (the blocks alone against
+  the whole limit), and JAX's test_input_output_aliasing_with_scalar_prefetch runs exactly 16 MiB of
+  blocks under that default; the internal scratch counts against the whole VMEM (`of_core`)."""
   limit = vmem_limit_bytes or chip.default_scoped_vmem_bytes
-  return min(limit, chip.vmem_bytes) - chip.internal_scratch_bytes
+  return min(limit, chip.vmem_bytes)
 
 
 class Allocator:
