@@ -17,7 +17,12 @@ JAX's test-only helper modules that the wheel leaves out (`jax._src.hypothesis_t
 taken from the checkout (`benchmarks/jax_suite_paths.py`); a file that still does not import with the
 installed jax (a checkout newer or older than it) is counted "not collected", with the reason.
 Tests that need a real compiler (Mosaic MLIR text, compile-only APIs) fail with palace's
-UnsupportedError naming that reason; they are counted apart ("needs a compiler") from failures.
+UnsupportedError naming that reason, or are the test's own check of what a TPU compile gives (the
+lowered or compiled program's text, XLA's cost analysis, the MLIR a debug=True call prints, the
+compiler's wording of an over-capacity error palace raised too: `reads_compiler_output`); they are
+counted apart ("needs a compiler") from failures. A test that reads a name the installed jax removed
+(JAX's "was deprecated in JAX v..., and removed in JAX v..." AttributeError, e.g. pltpu.HOST) is
+counted "needs another jax": written for another jax, it cannot run on a TPU with this one either.
 
 Two more classes are set apart from "failed", each by evidence per test (`classify`):
 - "reference on XLA:CPU": a numeric assertion (NumPy's array comparison) that passes when the test is
@@ -69,6 +74,12 @@ _OWN_CHECK = re.compile(r"^tests[/\\]pallas[/\\]\w+\.py:\d+: (AssertionError|Att
 # matches by the compiler's wording
 _COMPILER_WORDING = re.compile(r"AssertionError: .* not found in '.*(ResourceError|ResourceError: \w+): "
                                r"(VMEM|SMEM) over capacity", re.S)
+
+
+# a name the checkout's test uses that the installed jax removed (JAX's deprecation module raises it
+# when the test reads the name, e.g. pltpu.HOST in a checkout older than jax 0.12): the test was written
+# for another jax, and neither palace nor a TPU running the installed jax can run it
+_REMOVED_API = re.compile(r"AttributeError: \S+ was deprecated in JAX v[\d.]+, and removed in JAX v[\d.]+")
 
 
 def reads_compiler_output(text: str) -> bool:
@@ -140,9 +151,12 @@ def xla_cpu_error(text: str) -> str | None:
 
 def classify(text: str) -> str:
   """The outcome of one failed test from its failure text, before any re-run: "not collected" and
-  "timeout" as the runner saw them, then "needs a compiler", "reference fails on XLA:CPU", "failed"."""
+  "timeout" as the runner saw them, then "needs a compiler", "needs another jax" (the test reads a name
+  the installed jax removed), "reference fails on XLA:CPU", "failed"."""
   if NEEDS_COMPILER.search(text) or reads_compiler_output(text):
     return "needs a compiler"
+  if _REMOVED_API.search(text):
+    return "needs another jax"
   if xla_cpu_error(text):
     return "reference fails on XLA:CPU"
   return "failed"
@@ -261,7 +275,7 @@ def run_file(path: str, out_dir: str, per_test: int, per_file: int, timeout_plug
 
 
 KINDS = ("passed", "failed", "reference on XLA:CPU", "reference fails on XLA:CPU", "needs a compiler",
-         "skipped", "timeout", "not collected")
+         "needs another jax", "skipped", "timeout", "not collected")
 
 
 def summarize(results: list[dict]) -> str:
@@ -283,7 +297,8 @@ def summarize(results: list[dict]) -> str:
   ran = total["passed"] + total["failed"] + total["timeout"]
   rechecked = [r["exact_f32_recheck"] for r in results if "exact_f32_recheck" in r]
   lines.append("| **all** | | " + " | ".join(f"**{total[k]}**" for k in kinds) + " | | |")
-  lines.append(f"\npassed {total['passed']} of {ran} run, excluding needs-a-compiler and reference-on-CPU "
+  lines.append(f"\npassed {total['passed']} of {ran} run, excluding needs-a-compiler, needs-another-jax and "
+               f"reference-on-CPU "
                f"({100.0 * total['passed'] / max(ran, 1):.1f}%)")
   if rechecked:
     lines.append(

@@ -152,9 +152,9 @@ def test_a_file_is_classified_by_evidence(tmp_path, fake_pytest):
   table = js.summarize([res])
   header = table.splitlines()[0]
   assert "| reference on XLA:CPU | reference fails on XLA:CPU |" in header
-  assert "| **1** | **2** | **1** | **1** | **1** | **1** | **0** | **0** |" in table
+  assert "| **1** | **2** | **1** | **1** | **1** | **0** | **1** | **0** | **0** |" in table
   # passed of run: passed / (passed + failed + timeout); the reference classes are not run failures
-  assert "passed 1 of 3 run, excluding needs-a-compiler and reference-on-CPU (33.3%)" in table
+  assert "passed 1 of 3 run, excluding needs-a-compiler, needs-another-jax and reference-on-CPU (33.3%)" in table
   assert "under the diagnostic PALACE_JAX_EXACT_F32_DOTS=1" in table and "NOT as the chip" in table
   groups = table.split("failures by first error line:")[1]
   assert "MosaicError not raised" in groups and "DotThunk" not in groups
@@ -242,3 +242,19 @@ def test_checks_of_compiler_output_need_a_compiler(text):
 def test_kernel_failures_beside_compiler_reads_stay_failed(text):
   assert not js.reads_compiler_output(text)
   assert js.classify(text) == "failed"
+
+
+REMOVED_API = """>     pltpu.HOST,
+E     AttributeError: pltpu.HOST was deprecated in JAX v0.8.0, and removed in JAX v0.10.0. Use pl.HOST instead.
+
+tests/pallas/tpu_sparsecore_pallas_test.py:512: AttributeError"""
+
+
+def test_a_name_the_installed_jax_removed_needs_another_jax():
+  assert js.classify(REMOVED_API) == "needs another jax"
+  assert js.classify(REMOVED_API.replace("was deprecated in JAX v0.8.0, and removed in JAX v0.10.0",
+                                         "has no attribute 'HOST'")) == "failed"
+  table = js.summarize([{"file": "tpu_x_test", "chip": "7x", "seconds": 1.0, "file_timed_out": False,
+                         "tests": [{"name": "A::t", "outcome": "needs another jax", "first_line": ""},
+                                   {"name": "A::u", "outcome": "passed", "first_line": ""}]}])
+  assert "| needs another jax |" in table and "passed 1 of 1 run" in table
