@@ -22,7 +22,9 @@ lowered or compiled program's text, XLA's cost analysis, the MLIR a debug=True c
 compiler's wording of an over-capacity error palace raised too: `reads_compiler_output`); they are
 counted apart ("needs a compiler") from failures. A test that reads a name the installed jax removed
 (JAX's "was deprecated in JAX v..., and removed in JAX v..." AttributeError, e.g. pltpu.HOST) is
-counted "needs another jax": written for another jax, it cannot run on a TPU with this one either.
+counted "needs another jax": written for another jax, it cannot run on a TPU with this one either;
+so is a test whose kernel the installed jax itself refuses while tracing it (no palace frame: the
+error comes before any engine sees the kernel, `jax_refuses_when_tracing`).
 
 Two more classes are set apart from "failed", each by evidence per test (`classify`):
 - "reference on XLA:CPU": a numeric assertion (NumPy's array comparison) that passes when the test is
@@ -80,6 +82,22 @@ _COMPILER_WORDING = re.compile(r"AssertionError: .* not found in '.*(ResourceErr
 # when the test reads the name, e.g. pltpu.HOST in a checkout older than jax 0.12): the test was written
 # for another jax, and neither palace nor a TPU running the installed jax can run it
 _REMOVED_API = re.compile(r"AttributeError: \S+ was deprecated in JAX v[\d.]+, and removed in JAX v[\d.]+")
+
+
+_PALACE_FRAME = re.compile(r"(^|[/\\])palace[/\\]", re.M)
+_LAST_LOCATION = re.compile(r"^(\S+\.py):\d+: \w+\s*$", re.M)
+
+
+def jax_refuses_when_tracing(text: str) -> bool:
+  """The installed jax itself raised while tracing the test's kernel (`_trace_kernel_to_jaxpr` in the
+  traceback, the error raised inside jax, no frame of palace's): the same happens on a TPU with this
+  jax, before any engine sees the kernel (a checkout written for another jax, e.g. an out-of-bounds
+  `pl.ds` read that a newer jax lets `disable_bounds_checks` allow)."""
+  text = text or ""
+  if "in _trace_kernel_to_jaxpr" not in text or _PALACE_FRAME.search(text):
+    return False
+  last = _LAST_LOCATION.findall(text)
+  return bool(last) and re.search(r"[/\\]jax[/\\]_src[/\\]", last[-1]) is not None
 
 
 def reads_compiler_output(text: str) -> bool:
@@ -152,10 +170,11 @@ def xla_cpu_error(text: str) -> str | None:
 def classify(text: str) -> str:
   """The outcome of one failed test from its failure text, before any re-run: "not collected" and
   "timeout" as the runner saw them, then "needs a compiler", "needs another jax" (the test reads a name
-  the installed jax removed), "reference fails on XLA:CPU", "failed"."""
+  the installed jax removed, or that jax refuses its kernel while tracing it), "reference fails on
+  XLA:CPU", "failed"."""
   if NEEDS_COMPILER.search(text) or reads_compiler_output(text):
     return "needs a compiler"
-  if _REMOVED_API.search(text):
+  if _REMOVED_API.search(text) or jax_refuses_when_tracing(text):
     return "needs another jax"
   if xla_cpu_error(text):
     return "reference fails on XLA:CPU"

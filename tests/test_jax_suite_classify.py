@@ -258,3 +258,27 @@ def test_a_name_the_installed_jax_removed_needs_another_jax():
                          "tests": [{"name": "A::t", "outcome": "needs another jax", "first_line": ""},
                                    {"name": "A::u", "outcome": "passed", "first_line": ""}]}])
   assert "| needs another jax |" in table and "passed 1 of 1 run" in table
+
+
+TRACE_REFUSED = f"""tests/pallas/tpu_ops_test.py:732: in test_disable_bounds_check
+    output = run(x)
+{SITE}/jax/_src/pallas/pallas_call.py:815: in _trace_kernel_to_jaxpr
+    closed_jaxpr, out_avals = pe.trace_to_jaxpr(
+tests/pallas/tpu_ops_test.py:724: in kernel
+    tgt[:] = src[tuple(pl.ds(d) for d in tgt.shape)]
+>               raise ValueError(
+E               ValueError: Out of bound slice: start=0, size=16, stride=1, dim=8.
+
+{SITE}/jax/_src/state/indexing.py:113: ValueError"""
+
+
+def test_a_kernel_the_installed_jax_refuses_when_tracing_needs_another_jax():
+  assert js.jax_refuses_when_tracing(TRACE_REFUSED)
+  assert js.classify(TRACE_REFUSED) == "needs another jax"
+  # a palace frame (palace's rule ran while tracing), or the test's own assertion: palace's failure
+  with_palace = TRACE_REFUSED.replace("tests/pallas/tpu_ops_test.py:724: in kernel",
+                                      "/work/palace/_src/jax/rules_lax.py:9: in rule")
+  assert js.classify(with_palace) == "failed"
+  own = TRACE_REFUSED.replace(f"{SITE}/jax/_src/state/indexing.py:113: ValueError",
+                              "tests/pallas/tpu_ops_test.py:733: AssertionError")
+  assert js.classify(own) == "failed"
