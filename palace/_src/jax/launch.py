@@ -379,24 +379,41 @@ def _grid_replay_operands(params) -> tuple | None:
 
 
 # ------------------------------------------------------------------ pl.kernel / core_map
+# JAX's pallas Mesh is a protocol (jax/_src/pallas/core.py): a TPU mesh is known by its `core_type`
+# (pltpu.CoreType, whose values these are) and its axes by its `shape` (axis name -> size, the core
+# axis first), as JAX's own lowering reads any mesh, not by its class
+_MESHES = {"tc": "TensorCoreMesh", "sc_vector_subcore": "VectorSubcoreMesh",
+           "sc_scalar_subcore": "ScalarSubcoreMesh"}
+_MESH_RANKS = {"tc": 1, "sc_vector_subcore": 2, "sc_scalar_subcore": 1}
+
+
+def _mesh_kind(mesh) -> str | None:
+  """'tc', 'sc_vector_subcore' or 'sc_scalar_subcore' for a TPU mesh of that core type and rank."""
+  kind = getattr(getattr(mesh, "core_type", None), "value", None)
+  if kind not in _MESHES:
+    return None
+  try:
+    ok = len(dict(mesh.shape)) == _MESH_RANKS[kind]
+  except (TypeError, ValueError):
+    ok = False
+  return kind if ok else None
+
+
 def _palace_mesh(mesh):
   """palace's mesh for a JAX TPU mesh (TensorCore, or SparseCore vector / scalar subcores)."""
-  kind = type(mesh).__name__
-  if kind == "TensorCoreMesh":
-    (axis, size), = mesh.shape.items()
-    return pcore.TensorCoreMesh(str(axis), int(size))
-  if kind == "VectorSubcoreMesh":
-    return sc_mesh.VectorSubcoreMesh(str(mesh.core_axis_name), str(mesh.subcore_axis_name),
-                                     int(mesh.num_cores), int(mesh.num_subcores))
-  return sc_mesh.ScalarSubcoreMesh(str(mesh.axis_name), int(mesh.num_cores))
-
-
-_MESHES = ("TensorCoreMesh", "VectorSubcoreMesh", "ScalarSubcoreMesh")
+  kind = _mesh_kind(mesh)
+  axes = [(str(a), int(n)) for a, n in dict(mesh.shape).items()]
+  if kind == "tc":
+    return pcore.TensorCoreMesh(*axes[0])
+  if kind == "sc_vector_subcore":
+    (core_axis, cores), (subcore_axis, subcores) = axes
+    return sc_mesh.VectorSubcoreMesh(core_axis, subcore_axis, cores, subcores)
+  return sc_mesh.ScalarSubcoreMesh(*axes[0])
 
 
 def on_sparsecore(params) -> bool:
   """Does a JAX mesh launch (checked by `check_mpmd`) run on SparseCore subcores?"""
-  return type(params["meshes"][0]).__name__ != "TensorCoreMesh"
+  return _mesh_kind(params["meshes"][0]) != "tc"
 
 
 def mpmd_name(params) -> str:
@@ -412,14 +429,15 @@ def check_mpmd(params) -> None:
                            f"external meshes is not supported yet. Fix: use one TensorCoreMesh body, or call "
                            f"palace's pl.kernel outside jax.jit.")
   mesh = params["meshes"][0]
-  if type(mesh).__name__ not in _MESHES:
-    raise UnsupportedError(f"palace.jax: pl.kernel '{name}' over a {type(mesh).__name__} is not supported "
-                           f"yet ({', '.join(_MESHES)} are). Fix: call palace's pl.kernel outside jax.jit "
-                           f"for this mesh.")
+  if _mesh_kind(mesh) is None:
+    raise UnsupportedError(f"palace.jax: pl.kernel '{name}' over a {type(mesh).__name__} (core type "
+                           f"{getattr(mesh, 'core_type', None)!r}) is not supported yet (meshes of core "
+                           f"type {', '.join(_MESHES)}: {', '.join(_MESHES.values())}, are). Fix: call "
+                           f"palace's pl.kernel outside jax.jit for this mesh.")
   if params["jaxprs"][0].constvars:
     raise UnsupportedError(f"palace.jax: pl.kernel '{name}' captures constants. Fix: pass them as "
                            f"inputs.")
-  if type(mesh).__name__ == "VectorSubcoreMesh":
+  if _mesh_kind(mesh) == "sc_vector_subcore":
     rules_sc.check_vector_subcore_kernel(params["jaxprs"][0])
 
 
