@@ -117,3 +117,19 @@ def test_slicing_the_ref_instead_computes():
                          in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM), pl.BlockSpec()])(
         jnp.array([16], jnp.int32), x)
   np.testing.assert_array_equal(np.asarray(out), np.asarray(x)[16:24])
+
+
+def test_never_written_scratch_reads_the_chips_poison_values():
+  # int32 minimum / int8 minimum / NaN, and True for a bool (a 32-bit word holding the int32 minimum)
+  def kernel(f_ref, i_ref, b_ref, f_scr, i_scr, b_scr):
+    f_ref[...] = f_scr[...]
+    i_ref[...] = i_scr[...]
+    b_ref[...] = b_scr[...]
+
+  shapes = [jax.ShapeDtypeStruct((8, 128), d) for d in (jnp.float32, jnp.int8, jnp.bool_)]
+  with pj.virtual_tpu("v5e"):
+    f, i, b = pl.pallas_call(kernel, out_shape=shapes,
+                             scratch_shapes=[pltpu.VMEM(s.shape, s.dtype) for s in shapes])()
+  assert np.isnan(np.asarray(f)).all()
+  assert (np.asarray(i) == -128).all()
+  assert np.asarray(b).all()

@@ -230,13 +230,16 @@ Buffer.storage = property(_get_storage, _set_storage, doc="The NumPy storage (co
 
 
 # ------------------------------------------------------------------ allocation
+# (a bool is held in a 32-bit word on a TPU, whose poison, the int32 minimum, is non-zero: it reads as
+# True, as JAX's test_poison_buffers expects of never-written bool scratch)
 _SENTINEL = {np.dtype(np.int32): np.iinfo(np.int32).min, np.dtype(np.int16): np.iinfo(np.int16).min,
-             np.dtype(np.int8): np.iinfo(np.int8).min}
+             np.dtype(np.int8): np.iinfo(np.int8).min, np.dtype(np.bool_): True}
 LAZY_FILL_BYTES = 64 * 1024  # VMEM buffers this large start with a pending fill instead of one
 
 
 def fill_value(dtype):
-  """The value never-written memory reads as: NaN for floats, the type's minimum for 8-32 bit ints."""
+  """The value never-written memory reads as: NaN for floats, the type's minimum for 8-32 bit ints,
+  True for bools."""
   value = _FILL.get(dtype, _FILL)
   if value is _FILL:   # (kept per dtype: str(dtype) costs microseconds, and every allocation asks)
     value = _FILL[dtype] = np.nan if dt.is_float(dtype) else _SENTINEL.get(dtype, 0)
