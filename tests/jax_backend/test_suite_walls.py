@@ -3,6 +3,8 @@ refusal JAX's TPU lowering gives: an output block revisited at any step under
 pl.Buffered(1, revisit=pl.RevisitMode.ANY); exactly the scoped VMEM limit of pipelined blocks; a
 dynamic grid bound passed as a shape-(1,) array; `lax.dynamic_slice` of a value, which Mosaic has no
 lowering for."""
+import functools
+
 import numpy as np
 import pytest
 
@@ -133,3 +135,67 @@ def test_never_written_scratch_reads_the_chips_poison_values():
   assert np.isnan(np.asarray(f)).all()
   assert (np.asarray(i) == -128).all()
   assert np.asarray(b).all()
+
+
+def _edge_matmul(x, y, bm, bk, bn):
+  """JAX's emit_pipeline over HBM refs whose blocks do not divide them (the padded matmul of JAX's
+  tpu_pallas_pipeline_test): the edge blocks' DMAs are rounded up to the HBM tiling, into the array's
+  tile padding; the kernel masks the K padding."""
+  m, k = x.shape
+  n = y.shape[1]
+
+  def body(x_ref, y_ref, o_ref, acc_ref):
+    kk = pl.program_id(2)
+
+    @pl.when(kk == 0)
+    def _():
+      acc_ref[...] = jnp.zeros_like(acc_ref)
+    cols = kk * bk + lax.broadcasted_iota(jnp.int32, x_ref.shape, 1)
+    rows = kk * bk + lax.broadcasted_iota(jnp.int32, y_ref.shape, 0)
+    a = jnp.where(cols < k, x_ref[...], 0)
+    b = jnp.where(rows < k, y_ref[...], 0)
+    acc_ref[...] += jnp.dot(a, b, preferred_element_type=jnp.float32)
+    o_ref[...] = acc_ref[...]
+
+  def kernel(x_hbm, y_hbm, o_hbm):
+    def run(acc_ref):
+      pltpu.emit_pipeline(
+          functools.partial(body, acc_ref=acc_ref),
+          in_specs=[pl.BlockSpec((bm, bk), lambda i, j, kk: (i, kk)),
+                    pl.BlockSpec((bk, bn), lambda i, j, kk: (kk, j))],
+          out_specs=pl.BlockSpec((bm, bn), lambda i, j, kk: (i, j)),
+          grid=(pl.cdiv(m, bm), pl.cdiv(n, bn), pl.cdiv(k, bk)))(x_hbm, y_hbm, o_hbm)
+    pl.run_scoped(run, pltpu.VMEM((bm, bn), jnp.float32))
+
+  return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((m, n), jnp.float32),
+                        in_specs=[pl.BlockSpec(memory_space=pl.ANY)] * 2,
+                        out_specs=pl.BlockSpec(memory_space=pl.ANY))(x, y)
+
+
+@pytest.mark.parametrize("m,k,n", [(37, 200, 300), (64, 130, 129)])
+def test_emit_pipeline_edge_blocks_reach_into_hbm_tile_padding(m, k, n):
+  # integers, exact in any summation order
+  x = (np.arange(m * k) % 7 - 3).reshape(m, k).astype(np.float32)
+  y = (np.arange(k * n) % 5 - 2).reshape(k, n).astype(np.float32)
+  with pj.virtual_tpu("v5e"):
+    out = _edge_matmul(jnp.asarray(x), jnp.asarray(y), 32, 128, 128)
+  np.testing.assert_array_equal(np.asarray(out), x @ y)
+
+
+def test_a_window_past_the_tile_padding_is_still_out_of_bounds():
+  def kernel(s_ref, x_hbm, o_ref, buf, sem):
+    # (8, 922) float32 pads to (8, 1024): columns [1024, 1152) are past it (a start JAX cannot check
+    # when it traces the kernel)
+    copy = pltpu.make_async_copy(x_hbm.at[:, pl.ds(s_ref[0], 128)], buf, sem)
+    copy.start()
+    copy.wait()
+    o_ref[...] = buf[...]
+
+  with pj.virtual_tpu("v5e"), pytest.raises(Exception, match=r"Slice \[1024:1152\] out of bounds for "
+                                            r"axis 1 of args\[1\] .* start \+ size <= 922 \(or, "
+                                            r"unit-stride, <= 1024: the end of the last HBM tile"):
+    jax.block_until_ready(pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32),
+        in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM), pl.BlockSpec(memory_space=pl.ANY)],
+        scratch_shapes=[pltpu.VMEM((8, 128), jnp.float32), pltpu.SemaphoreType.DMA])(
+            jnp.array([1024], jnp.int32), jnp.zeros((8, 922), jnp.float32)))
