@@ -1,4 +1,4 @@
-"""Windows of an HBM array that reach into its tile padding (L2).
+"""Windows of an HBM array that reach into its tile padding (L4a).
 
 On a TPU an array in HBM is laid out in tiles: its minor dim in rows of 128 lanes, its second-minor dim
 in groups of 8 rows of 32-bit words (16 of 16-bit, 32 of 8-bit values), so a (551, 922) float32 array
