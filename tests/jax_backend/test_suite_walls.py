@@ -199,3 +199,27 @@ def test_a_window_past_the_tile_padding_is_still_out_of_bounds():
         in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM), pl.BlockSpec(memory_space=pl.ANY)],
         scratch_shapes=[pltpu.VMEM((8, 128), jnp.float32), pltpu.SemaphoreType.DMA])(
             jnp.array([1024], jnp.int32), jnp.zeros((8, 922), jnp.float32)))
+
+
+def _window_call(index_map, grid=(4, 1)):
+  """A 10 MiB int8 output block over a 40 MiB array: two buffers of it would pass v5e's 16 MiB scoped
+  limit, one fits."""
+  window = 10 * 1024 * 1024
+
+  def body(o_ref):
+    o_ref[...] = jnp.full(o_ref.shape, 7, jnp.int8)
+  return pl.pallas_call(body, grid=grid, out_shape=jax.ShapeDtypeStruct((4 * window,), jnp.int8),
+                        out_specs=pl.BlockSpec((window,), index_map))()
+
+
+def test_a_block_with_one_window_over_the_grid_gets_one_buffer():
+  # indexed by the size-1 grid dim only: one window, single-buffered as the TPU compiler does it
+  with pj.virtual_tpu("v5e"):
+    out = np.asarray(_window_call(lambda i, j: (j,)))
+  assert (out[:10 * 1024 * 1024] == 7).all()
+
+
+def test_a_block_that_changes_over_the_grid_is_double_buffered():
+  with pj.virtual_tpu("v5e"), pytest.raises(Exception, match=r"VMEM over capacity .* outputs\[0\] 2 x "
+                                            r"10\.00 MiB block"):
+    jax.block_until_ready(_window_call(lambda i, j: (j + i,)))

@@ -155,7 +155,7 @@ def _block_mapping(params, bm, name: str) -> blocks.BlockMapping:
           f"pl.BlockSpec(memory_space=pl.ANY) and slice the HBM ref in the kernel "
           f"(x_hbm.at[pl.ds(start, size)]), or use VMEM blocks.")
     return blocks.whole_hbm(name, shape, dtype)
-  requested, revisit_any = None, False
+  requested, revisit_any = (1 if _single_window(params, bm) else None), False
   if bm.pipeline_mode is not None:
     n = bm.pipeline_mode.buffer_count
     if not isinstance(n, int) or not 1 <= n <= 2 or getattr(bm.pipeline_mode, "use_lookahead", False):
@@ -174,6 +174,23 @@ def _block_mapping(params, bm, name: str) -> blocks.BlockMapping:
   return blocks.BlockMapping(name, shape, dtype, dims, index_map, space,
                              blocks.buffer_count(dims, shape, space, requested), False,
                              getattr(index_map, blocks.PURE_INDEX_MAP, False) is True, revisit_any)
+
+
+def _single_window(params, bm) -> bool:
+  """Does the block's index map give one block for the whole grid (its outputs depend on no grid index
+  of a dimension larger than 1, nor on a scalar-prefetch operand)? The TPU compiler then gives a block
+  without a pipeline_mode one buffer, not two (JAX's test_automatic_single_buffering: a 10 MiB window
+  indexed by a size-1 grid dim compiles under v5e's 16 MiB scoped limit, one indexed by a size-4 dim
+  runs out of memory)."""
+  closed = bm.index_map_jaxpr
+  grid = params["grid_mapping"].grid
+  invars = closed.jaxpr.invars
+  varying = {v for k, v in enumerate(invars)
+             if k >= len(grid) or not isinstance(grid[k], (int, np.integer)) or grid[k] != 1}
+  for eqn in closed.jaxpr.eqns:
+    if any(not hasattr(v, "val") and v in varying for v in eqn.invars):
+      varying.update(eqn.outvars)
+  return not any(not hasattr(v, "val") and v in varying for v in closed.jaxpr.outvars)
 
 
 def _revisit_any(params, bm, buffer_count: int) -> bool:
