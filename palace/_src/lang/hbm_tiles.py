@@ -40,13 +40,15 @@ def padded_extent(buf, axis: int) -> int:
 def allows(buf, axis: int, dim, s0: int, size: int, stride: int) -> bool:
   """May a view of `buf` whose dim `axis` is still `dim` (start, size, stride) take [s0, s0 + size)
   of it, reaching into the tile padding?"""
-  return (stride == 1 and s0 >= 0 and dim == (0, buf.shape[axis], 1) and
+  return (stride == 1 and s0 >= 0 and axis < len(buf.shape) and dim == (0, buf.shape[axis], 1) and
           s0 + size <= padded_extent(buf, axis))
 
 
 def padding_note(buf, axis: int, dim) -> str:
   """For the out-of-bounds message of a tiled HBM dim: the end of its last tile, up to which a
   unit-stride window may reach."""
+  if axis >= len(buf.shape):
+    return ""
   end = padded_extent(buf, axis)
   if end == buf.shape[axis] or dim != (0, buf.shape[axis], 1):
     return ""
@@ -55,9 +57,12 @@ def padding_note(buf, axis: int, dim) -> str:
 
 def beyond(ref) -> bool:
   """Does this view reach past its buffer's elements (into the tile padding)?"""
-  if ref._full or not is_hbm(ref.buf.memory_space):
-    return False
   shape = ref.buf.shape
+  # (a view whose dims are not the buffer's, e.g. a reshaped or bitcast one, never takes the padding:
+  # `allows` gives it only to a dim of the buffer itself)
+  if ref._full or getattr(ref, "_mapped", False) or len(ref.dims) != len(shape) or \
+      not is_hbm(ref.buf.memory_space):
+    return False
   return any(type(d) is tuple and d[0] + d[1] > shape[k] for k, d in enumerate(ref.dims))
 
 
