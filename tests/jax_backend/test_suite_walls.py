@@ -220,6 +220,6 @@ def test_a_block_with_one_window_over_the_grid_gets_one_buffer():
 
 
 def test_a_block_that_changes_over_the_grid_is_double_buffered():
-  with pj.virtual_tpu("v5e"), pytest.raises(Exception, match=r"VMEM over capacity .* outputs\[0\] 2 x "
+  with pj.virtual_tpu("v5e"), pytest.raises(Exception, match=r"VMEM over capacity .*\(outputs\[0\] 2 x "
                                             r"10\.00 MiB block"):
     jax.block_until_ready(_window_call(lambda i, j: (j + i,)))
