@@ -17,7 +17,14 @@ JAX's test-only helper modules that the wheel leaves out (`jax._src.hypothesis_t
 taken from the checkout (`benchmarks/jax_suite_paths.py`); a file that still does not import with the
 installed jax (a checkout newer or older than it) is counted "not collected", with the reason.
 Tests that need a real compiler (Mosaic MLIR text, compile-only APIs) fail with palace's
-UnsupportedError naming that reason; they are counted apart ("needs a compiler") from failures.
+UnsupportedError naming that reason, or are the test's own check of what a TPU compile gives (the
+lowered or compiled program's text, XLA's cost analysis, the MLIR a debug=True call prints, the
+compiler's wording of an over-capacity error palace raised too: `reads_compiler_output`); they are
+counted apart ("needs a compiler") from failures. A test that reads a name the installed jax removed
+(JAX's "was deprecated in JAX v..., and removed in JAX v..." AttributeError, e.g. pltpu.HOST) is
+counted "needs another jax": written for another jax, it cannot run on a TPU with this one either;
+so is a test whose kernel the installed jax itself refuses while tracing it (no palace frame: the
+error comes before any engine sees the kernel, `jax_refuses_when_tracing`).
 
 Two more classes are set apart from "failed", each by evidence per test (`classify`):
 - "reference on XLA:CPU": a numeric assertion (NumPy's array comparison) that passes when the test is
@@ -63,6 +70,55 @@ CHIPS = (("sparsecore_pallas_distributed", "7x:4"), ("sparsecore", "7x"), ("mega
 # engine running the kernel on the host cannot give
 NEEDS_COMPILER = re.compile(r"needs a real compiler|Mosaic MLIR|compile-only|not found in '(HloModule|module @)",
                             re.I)
+
+
+# a test's own check of what only a TPU compile gives, read from the test's source in the traceback
+# (the lines of its frame above the failing '>' line): the lowered or compiled program's text
+# (`compiler_ir()`, `as_text()`, `pl.lower_as_mlir`), XLA's cost analysis of it, or the Mosaic MLIR a
+# `debug=True` pallas_call prints on a TPU (read through `capture_stdout`)
+_COMPILER_READS = re.compile(r"\.compiler_ir\(|\.as_text\(|\.cost_analysis\(|lower_as_mlir\(|"
+                             r"capture_stdout\(\)(?s:.*)debug=True|debug=True(?s:.*)capture_stdout\(\)")
+# the failure is raised by the test's own statement (its frame is the last location: a file of the
+# suite, tests/pallas/...), as an assertion or a failed match (`re.search(...).group` on no match)
+_OWN_CHECK = re.compile(r"^tests[/\\]pallas[/\\]\w+\.py:\d+: (AssertionError|AttributeError)\s*$", re.M)
+# an error palace raised where the compiler raises its own (VMEM / SMEM over capacity), which the test
+# matches by the compiler's wording
+_COMPILER_WORDING = re.compile(r"AssertionError: .* not found in '.*(ResourceError|ResourceError: \w+): "
+                               r"(VMEM|SMEM) over capacity", re.S)
+
+
+# a name the checkout's test uses that the installed jax removed (JAX's deprecation module raises it
+# when the test reads the name, e.g. pltpu.HOST in a checkout older than jax 0.12): the test was written
+# for another jax, and neither palace nor a TPU running the installed jax can run it
+_REMOVED_API = re.compile(r"AttributeError: \S+ was deprecated in JAX v[\d.]+, and removed in JAX v[\d.]+")
+
+
+_PALACE_FRAME = re.compile(r"(^|[/\\])palace[/\\]", re.M)
+_LAST_LOCATION = re.compile(r"^(\S+\.py):\d+: \w+\s*$", re.M)
+
+
+def jax_refuses_when_tracing(text: str) -> bool:
+  """The installed jax itself raised while tracing the test's kernel (`_trace_kernel_to_jaxpr` in the
+  traceback, the error raised inside jax, no frame of palace's): the same happens on a TPU with this
+  jax, before any engine sees the kernel (a checkout written for another jax, e.g. an out-of-bounds
+  `pl.ds` read that a newer jax lets `disable_bounds_checks` allow)."""
+  text = text or ""
+  if "in _trace_kernel_to_jaxpr" not in text or _PALACE_FRAME.search(text):
+    return False
+  last = _LAST_LOCATION.findall(text)
+  return bool(last) and re.search(r"[/\\]jax[/\\]_src[/\\]", last[-1]) is not None
+
+
+def reads_compiler_output(text: str) -> bool:
+  """The failure is the test's own check of a compiler artifact (`_COMPILER_READS` in the test's source
+  above the failing line, the failure raised by that check, not a numeric comparison), or of the
+  compiler's wording of an over-capacity error palace raised too (`_COMPILER_WORDING`)."""
+  text = text or ""
+  if _COMPILER_WORDING.search(text):
+    return True
+  head, sep, _ = text.partition("\n>")
+  return bool(sep and _OWN_CHECK.search(text) and not is_numeric_assertion(text) and
+              _COMPILER_READS.search(head))
 
 
 def chip_for(stem: str) -> str:
@@ -130,9 +186,13 @@ def xla_cpu_error(text: str) -> str | None:
 
 def classify(text: str) -> str:
   """The outcome of one failed test from its failure text, before any re-run: "not collected" and
-  "timeout" as the runner saw them, then "needs a compiler", "reference fails on XLA:CPU", "failed"."""
-  if NEEDS_COMPILER.search(text):
+  "timeout" as the runner saw them, then "needs a compiler", "needs another jax" (the test reads a name
+  the installed jax removed, or that jax refuses its kernel while tracing it), "reference fails on
+  XLA:CPU", "failed"."""
+  if NEEDS_COMPILER.search(text) or reads_compiler_output(text):
     return "needs a compiler"
+  if _REMOVED_API.search(text) or jax_refuses_when_tracing(text):
+    return "needs another jax"
   if xla_cpu_error(text):
     return "reference fails on XLA:CPU"
   return "failed"
@@ -292,7 +352,7 @@ def run_file(path: str, out_dir: str, per_test: int, per_file: int, timeout_plug
 
 
 KINDS = ("passed", "failed", "reference on XLA:CPU", "dot order on XLA:CPU", "reference fails on XLA:CPU",
-         "needs a compiler", "skipped", "timeout", "not collected")
+         "needs a compiler", "needs another jax", "skipped", "timeout", "not collected")
 
 
 def summarize(results: list[dict]) -> str:
@@ -321,8 +381,8 @@ def summarize(results: list[dict]) -> str:
   ran = total["passed"] + total["failed"] + total["timeout"]
   rechecked = [r["exact_f32_recheck"] for r in results if "exact_f32_recheck" in r]
   lines.append("| **all** | | " + " | ".join(f"**{total[k]}**" for k in kinds) + " | | | | |")
-  lines.append(f"\npassed {total['passed']} of {ran} run, excluding needs-a-compiler, reference-on-CPU and "
-               f"dot-order "
+  lines.append(f"\npassed {total['passed']} of {ran} run, excluding needs-a-compiler, needs-another-jax, "
+               f"reference-on-CPU and dot-order "
                f"({100.0 * total['passed'] / max(ran, 1):.1f}%)")
   if rechecked:
     lines.append(

@@ -160,9 +160,11 @@ def test_a_file_is_classified_by_evidence(tmp_path, fake_pytest):
   table = js.summarize([res])
   header = table.splitlines()[0]
   assert "| reference on XLA:CPU | dot order on XLA:CPU | reference fails on XLA:CPU |" in header
-  assert "| **1** | **1** | **1** | **1** | **1** | **1** | **1** | **0** | **0** |" in table
+  assert "| needs a compiler | needs another jax |" in header
+  assert "| **1** | **1** | **1** | **1** | **1** | **1** | **0** | **1** | **0** | **0** |" in table
   # passed of run: passed / (passed + failed + timeout); the reference classes are not run failures
-  assert "passed 1 of 2 run, excluding needs-a-compiler, reference-on-CPU and dot-order (50.0%)" in table
+  assert ("passed 1 of 2 run, excluding needs-a-compiler, needs-another-jax, reference-on-CPU and "
+          "dot-order (50.0%)") in table
   assert "under the diagnostic PALACE_JAX_EXACT_F32_DOTS=1" in table and "NOT as the chip" in table
   assert "dot order on XLA:CPU: 1 numeric failures left" in table and "PALACE_JAX_SHARED_DOTS=1 (1 re-run" in table
   groups = table.split("failures by first error line:")[1]
@@ -245,3 +247,106 @@ def test_a_hypothesis_failure_is_rechecked_on_its_failing_example(tmp_path, monk
   outcomes = {t["name"].split("::")[1]: t["outcome"] for t in res["tests"]}
   assert outcomes == {"test_h0": "reference on XLA:CPU", "test_h1": "failed"}
   assert all("hypothesis_blob" not in t for t in res["tests"])
+
+
+# a test's own check of what a TPU compile gives (the compiled program's text, the Mosaic MLIR a
+# debug=True call prints), read from the test's source above the failing line
+COMPILED_TEXT = """    def test_x(self):
+      compiled = vadd.lower(x, y).compile().as_text()
+      pattern = r'"used_scoped_memory_configs":(\\d+)'
+>     vmem_usage = int(re.search(pattern, compiled).group(1))
+E     AttributeError: 'NoneType' object has no attribute 'group'
+
+tests/pallas/tpu_pallas_test.py:131: AttributeError"""
+
+DEBUG_MLIR = """    def test_trace(self):
+      with jtu.capture_stdout() as get_output:
+        _ = self.pallas_call(kernel, out_shape=s, debug=True)()
+      debug_string = get_output()
+>     self.assertEqual(debug_string.count('tpu.trace_start'), 1)
+E     AssertionError: 0 != 1
+
+tests/pallas/tpu_pallas_test.py:3661: AssertionError"""
+
+# palace's own VMEM refusal, which the test matches by the compiler's words
+OOM_WORDING = """>     self.assertIn('input window allocation for operator input 0', error_message)
+E     AssertionError: 'input window allocation for operator input 0' not found in 'INTERNAL: Error when \
+calling buffer callback: Traceback (most recent call last):\\n  File "x.py", line 1\\nResourceError: VMEM over \
+capacity for kernel 'kernel' on chip 0 core 0 (v5e): 128.00 MiB of pipelined blocks requested'
+
+tests/pallas/tpu_pallas_test.py:2631: AssertionError"""
+
+# the same reads, but the failure is the kernel's result (numeric) or raised inside the kernel call
+COMPILED_THEN_NUMERIC = """    def test_x(self):
+      compiled = f.lower(x).compile().as_text()
+      z = f(x)
+>     np.testing.assert_allclose(z, x + y)
+E     AssertionError: 
+E     Not equal to tolerance rtol=1e-07, atol=0
+E     Mismatched elements: 4 / 131072 (0.00305%)
+
+tests/pallas/tpu_pallas_test.py:135: AssertionError"""
+
+COMPILED_THEN_PALACE_ERROR = """    def test_x(self):
+      compiled = f.lower(x).compile().as_text()
+>     z = f(x)
+E     jax.errors.JaxRuntimeError: INTERNAL: Error when calling buffer callback
+E   palace._src.errors.OutOfBoundsError: index 9 of args[0]
+
+/venv/lib/python3.12/site-packages/jax/_src/interpreters/pxla.py:413: JaxRuntimeError"""
+
+
+@pytest.mark.parametrize("text", [COMPILED_TEXT, DEBUG_MLIR, OOM_WORDING],
+                         ids=["compiled_text", "debug_mlir", "oom_wording"])
+def test_checks_of_compiler_output_need_a_compiler(text):
+  assert js.reads_compiler_output(text)
+  assert js.classify(text) == "needs a compiler"
+
+
+@pytest.mark.parametrize("text", [COMPILED_THEN_NUMERIC, COMPILED_THEN_PALACE_ERROR, NUMERIC, NOT_RAISED],
+                         ids=["numeric_after_compile", "palace_error_after_compile", "numeric",
+                              "not_raised"])
+def test_kernel_failures_beside_compiler_reads_stay_failed(text):
+  assert not js.reads_compiler_output(text)
+  assert js.classify(text) == "failed"
+
+
+REMOVED_API = """>     pltpu.HOST,
+E     AttributeError: pltpu.HOST was deprecated in JAX v0.8.0, and removed in JAX v0.10.0. Use pl.HOST instead.
+
+tests/pallas/tpu_sparsecore_pallas_test.py:512: AttributeError"""
+
+
+def test_a_name_the_installed_jax_removed_needs_another_jax():
+  assert js.classify(REMOVED_API) == "needs another jax"
+  assert js.classify(REMOVED_API.replace("was deprecated in JAX v0.8.0, and removed in JAX v0.10.0",
+                                         "has no attribute 'HOST'")) == "failed"
+  table = js.summarize([{"file": "tpu_x_test", "chip": "7x", "seconds": 1.0, "file_timed_out": False,
+                         "tests": [{"name": "A::t", "outcome": "needs another jax", "first_line": "",
+                                    "seconds": 0.1},
+                                   {"name": "A::u", "outcome": "passed", "first_line": "", "seconds": 0.2}]}])
+  assert "| needs another jax |" in table and "passed 1 of 1 run" in table
+
+
+TRACE_REFUSED = f"""tests/pallas/tpu_ops_test.py:732: in test_disable_bounds_check
+    output = run(x)
+{SITE}/jax/_src/pallas/pallas_call.py:815: in _trace_kernel_to_jaxpr
+    closed_jaxpr, out_avals = pe.trace_to_jaxpr(
+tests/pallas/tpu_ops_test.py:724: in kernel
+    tgt[:] = src[tuple(pl.ds(d) for d in tgt.shape)]
+>               raise ValueError(
+E               ValueError: Out of bound slice: start=0, size=16, stride=1, dim=8.
+
+{SITE}/jax/_src/state/indexing.py:113: ValueError"""
+
+
+def test_a_kernel_the_installed_jax_refuses_when_tracing_needs_another_jax():
+  assert js.jax_refuses_when_tracing(TRACE_REFUSED)
+  assert js.classify(TRACE_REFUSED) == "needs another jax"
+  # a palace frame (palace's rule ran while tracing), or the test's own assertion: palace's failure
+  with_palace = TRACE_REFUSED.replace("tests/pallas/tpu_ops_test.py:724: in kernel",
+                                      "/work/palace/_src/jax/rules_lax.py:9: in rule")
+  assert js.classify(with_palace) == "failed"
+  own = TRACE_REFUSED.replace(f"{SITE}/jax/_src/state/indexing.py:113: ValueError",
+                              "tests/pallas/tpu_ops_test.py:733: AssertionError")
+  assert js.classify(own) == "failed"

@@ -43,6 +43,10 @@ class BlockMapping:
   # BlockSpec without one, or one marked PURE_INDEX_MAP): a launch plan may keep its offsets for
   # every step of any grid (block_offsets.grid_offsets) instead of calling it per step
   pure_index_map: bool = False
+  # an output block may be revisited at any later step, not only the next one (JAX's
+  # pl.Buffered(1, revisit=pl.RevisitMode.ANY)): the pipeline reads a block written back earlier back
+  # into its slot before the body sees it again (pipeline._Steps.outputs)
+  revisit_any: bool = False
 
   # (derived once per mapping: a mapping is immutable and read by every launch of its plan)
   @functools.cached_property

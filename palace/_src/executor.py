@@ -60,7 +60,7 @@ class Executor(Protocol):
   dma_granule_bytes: int    # indexed DMAs move whole granules of this many bytes (0: byte-exact)
   sparsecore: Any           # this executor as a SparseCoreExecutor on SparseCore subcores, else None
   # set by the launch before the core runs (launch/run.py; the pallas_call VMEM check reads vmem_limit)
-  vmem_limit: int           # bytes of scoped VMEM left to the kernel (the limit minus internal scratch)
+  vmem_limit: int           # bytes of scoped VMEM for the kernel's pipelined blocks (the limit)
   mesh_axes: list           # [(axis name, size)] of the core-level mesh (pl.kernel), for device_id
   core_id_base: int         # core id of mesh position 0 (SparseCore subcores are numbered apart)
   # state the language manages on the core

@@ -132,14 +132,18 @@ def _prepare(op: _Op, offsets, slot: int, to_hbm: bool):
     else:
       idx = tuple([slice(o, o + z) for o, z in zip(offsets, shape)])
     labels = _BlockLabels((buf, offsets, shape, vmem, to_hbm))
-    like = op.last_copy[slot]   # (same spaces and semaphore: the executor's cache carries over)
+    # (same spaces and semaphore: the executor's cache carries over; not for an output block read
+    # back, RevisitMode.ANY, whose copy runs the other way)
+    usual = to_hbm == op.is_out
+    like = op.last_copy[slot] if usual else None
     if to_hbm:
       req = prepare_window_copy(vmem.buf, vmem._np_index, buf, idx, shape, op.sem_targets[slot],
                                 nbytes=op.block_nbytes, site=_PIPELINE_SITE, labels=labels, like=like)
     else:
       req = prepare_window_copy(buf, idx, vmem.buf, vmem._np_index, shape, op.sem_targets[slot],
                                 nbytes=op.block_nbytes, site=_PIPELINE_SITE, labels=labels, like=like)
-    op.last_copy[slot] = req
+    if usual:
+      op.last_copy[slot] = req
     return req
   views = _make_copy_views(op, offsets, slot)
   if views is None:
@@ -575,18 +579,26 @@ class _Steps:
           call_args[k] = _alias_view(o, cur, point)
         continue
       if s == 0 or cur != o.cur:
-        if cur in o.written:
+        revisit = cur in o.written
+        if revisit and not o.m.revisit_any:
           ex = self.ex
           raise SyncError(
               f"Revisited block for {o.m.name} at grid point {point} on chip {ex.chip_index} core "
               f"{ex.core_id}: output block at offsets {cur} was written back earlier and is visited "
               f"again non-consecutively, so the pipeline would overwrite it and lose data. Fix: put the "
-              f"reduction axis last in the grid (mark it 'arbitrary') so revisits are consecutive.")
+              f"reduction axis last in the grid (mark it 'arbitrary') so revisits are consecutive, "
+              f"or give the out spec pipeline_mode=pl.Buffered(1, revisit=pl.RevisitMode.ANY), which "
+              f"reads the block back before revisiting it.")
         slot = o.next_slot
         o.next_slot = slot + 1 if slot + 1 < o.nbuf else 0
         wb = o.pending_wb.pop(slot, None)
         if wb is not None:
           self.dma_wait(wb)
+        if revisit:   # RevisitMode.ANY (one slot): the block's contents come back from memory first
+          copy = _prepare(o, cur, slot, False)
+          if copy is not None:
+            self.dma_start(copy)
+            self.dma_wait(copy)
         o.cur, o.cur_slot = cur, slot
         call_args[k] = o.slots[slot]
 

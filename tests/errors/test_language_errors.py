@@ -313,8 +313,8 @@ def test_vmem_over_scoped_limit_shows_arithmetic_and_fix():
   pat = (r"VMEM over capacity for kernel 'kernel' on chip 0 core 0 \(v5e\): 32\.00 MiB of pipelined "
          r"blocks requested "
          r"\(args\[0\] 2 x 8\.00 MiB block float32\[2048, 1024\] \+ outputs\[0\] 2 x 8\.00 MiB block .*\) "
-         r"but the scoped VMEM limit leaves 15\.93 MiB .*raise CompilerParams\(vmem_limit_bytes=\.\.\.\) "
-         r"to at least 34603008 \(33\.00 MiB; v5e has 128\.00 MiB of VMEM\)")
+         r"but the scoped VMEM limit is 16\.00 MiB .*raise CompilerParams\(vmem_limit_bytes=\.\.\.\) "
+         r"to at least 33554432 \(32\.00 MiB; v5e has 128\.00 MiB of VMEM\)")
   with pytest.raises(pl.ResourceError, match=pat) as e:
     with pl.virtual_tpu("v5e"):
       _two_step_copy(x, (2048, 1024))

@@ -170,3 +170,47 @@ def test_every_launch_kind_yields_one_palace_report_on_7x():
     launched(tripled(x), 3 * x)
   assert counts == [1, 2, 3, 4, 5, 6]
   assert all(r.device_cycles > 0 for r in tpu.reports)
+
+
+
+def _protocol_mesh(core_type, shape, space):
+  """A mesh that is none of JAX's mesh classes, only something answering JAX's Mesh protocol (built as
+  JAX's own tpu_sparsecore_pallas_test builds one, with unittest.mock): palace knows it by its core
+  type and shape."""
+  from unittest import mock  # noqa: PLC0415
+  mesh = mock.MagicMock()
+  mesh.axis_names, mesh.shape, mesh.axis_sizes = tuple(shape), dict(shape), dict(shape)
+  mesh.core_type, mesh.default_memory_space = core_type, space
+  mesh.dimension_semantics = [pltpu.GridDimensionSemantics.PARALLEL] * len(shape)
+  return mesh
+
+
+def test_a_mesh_is_known_by_its_core_type_not_its_class():
+  # (one core, as JAX's mock: a MagicMock also answers `discharges_effect` truthily, which changes
+  # how JAX traces a kernel of several cores)
+  x = (np.arange(16) % 7).reshape(1, 16).astype(np.int32)
+  mesh = _protocol_mesh(pltpu.CoreType.SC_SCALAR_SUBCORE, {"c": 1}, pltpu.SMEM)
+  with pj.virtual_tpu("7x") as tpu:
+    @jax.jit
+    def double(x):
+      @pl.kernel(out_type=x, mesh=mesh, scratch_types=[pltpu.SMEM((16,), jnp.int32)])
+      def k(x_hbm, o_hbm, buf):
+        pltpu.sync_copy(x_hbm.at[0], buf)
+        for i in range(16):
+          buf[i] = buf[i] * 2
+        pltpu.sync_copy(buf, o_hbm.at[0])
+      return k(x)
+
+    out = np.asarray(double(x))
+  np.testing.assert_array_equal(out, 2 * x)
+  assert len(tpu.reports) == 1
+
+
+def test_a_mesh_of_another_core_type_is_refused():
+  mesh = _protocol_mesh("gpu_warp", {"c": 2}, pltpu.SMEM)
+  with pj.virtual_tpu("7x"), pytest.raises(Exception, match=r"pl\.kernel '\w+' over a MagicMock "
+                                           r"\(core type 'gpu_warp'\) is not supported yet"):
+    @pl.kernel(out_type=jax.ShapeDtypeStruct((8,), jnp.int32), mesh=mesh)
+    def k(o_hbm):
+      del o_hbm
+    jax.block_until_ready(jax.jit(k)())

@@ -17,7 +17,7 @@ import numpy as np
 from palace._src import blocks
 from palace._src import dtypes as dt
 from palace._src import core as pcore
-from palace._src.errors import BlockSpecError, UnsupportedError
+from palace._src.errors import BlockSpecError, UnsupportedError, UsageError
 from palace._src.jax.avals import alloc_type, host_dtype, memory_space, physical, semaphore_kind
 from palace._src.jax.interpret import grid_axes, kernel_site, program, run_program
 from palace._src.jax.registry import RULES, literal, sub_jaxprs
@@ -155,7 +155,7 @@ def _block_mapping(params, bm, name: str) -> blocks.BlockMapping:
           f"pl.BlockSpec(memory_space=pl.ANY) and slice the HBM ref in the kernel "
           f"(x_hbm.at[pl.ds(start, size)]), or use VMEM blocks.")
     return blocks.whole_hbm(name, shape, dtype)
-  requested = None
+  requested, revisit_any = (1 if _single_window(params, bm) else None), False
   if bm.pipeline_mode is not None:
     n = bm.pipeline_mode.buffer_count
     if not isinstance(n, int) or not 1 <= n <= 2 or getattr(bm.pipeline_mode, "use_lookahead", False):
@@ -167,12 +167,45 @@ def _block_mapping(params, bm, name: str) -> blocks.BlockMapping:
           f"0.12's lowering has the same rule). Fix: use pl.Buffered(2), or deeper buffering through "
           f"pltpu.emit_pipeline inside a pl.kernel.")
     requested = int(n)
+    revisit_any = _revisit_any(params, bm, requested)
   dims = _dims(params, bm) + tuple((blocks.BLOCKED, n, 0) for n in shape[len(shape) - extra:])
   blocks.check_block(name, shape, dtype, dims, space)
   index_map = _index_map(bm, extra)
   return blocks.BlockMapping(name, shape, dtype, dims, index_map, space,
                              blocks.buffer_count(dims, shape, space, requested), False,
-                             getattr(index_map, blocks.PURE_INDEX_MAP, False) is True)
+                             getattr(index_map, blocks.PURE_INDEX_MAP, False) is True, revisit_any)
+
+
+def _single_window(params, bm) -> bool:
+  """Does the block's index map give one block for the whole grid (its outputs depend on no grid index
+  of a dimension larger than 1, nor on a scalar-prefetch operand)? The TPU compiler then gives a block
+  without a pipeline_mode one buffer, not two (JAX's test_automatic_single_buffering: a 10 MiB window
+  indexed by a size-1 grid dim compiles under v5e's 16 MiB scoped limit, one indexed by a size-4 dim
+  runs out of memory)."""
+  closed = bm.index_map_jaxpr
+  grid = params["grid_mapping"].grid
+  invars = closed.jaxpr.invars
+  varying = {v for k, v in enumerate(invars)
+             if k >= len(grid) or not isinstance(grid[k], (int, np.integer)) or grid[k] != 1}
+  for eqn in closed.jaxpr.eqns:
+    if any(not hasattr(v, "val") and v in varying for v in eqn.invars):
+      varying.update(eqn.outvars)
+  return not any(not hasattr(v, "val") and v in varying for v in closed.jaxpr.outvars)
+
+
+def _revisit_any(params, bm, buffer_count: int) -> bool:
+  """Whether the block spec asks for pl.RevisitMode.ANY (a block revisited at any later step is read
+  back first); refused with double buffering, as JAX's TPU lowering refuses it."""
+  mode = getattr(bm.pipeline_mode, "revisit", None)
+  if mode is None or getattr(mode, "value", mode) != "any":
+    return False
+  if buffer_count > 1:
+    raise BlockSpecError(
+        f"palace.jax: pallas_call '{kernel_name(params)}': {bm.origin} has pipeline_mode "
+        f"{bm.pipeline_mode!r}: RevisitMode.ANY with double buffering, which JAX's TPU lowering refuses "
+        f"('RevisitMode.ANY is not supported with double buffering.', jax/_src/pallas/mosaic/"
+        f"lowering.py). Fix: pl.Buffered(1, revisit=pl.RevisitMode.ANY).")
+  return True
 
 
 def _compiler_params(cp, grid_rank: int = 0, vmapped=()):
@@ -198,9 +231,20 @@ def _compiler_params(cp, grid_rank: int = 0, vmapped=()):
 
 
 def _grid(gm, bounds) -> tuple:
-  """The grid with its dynamic bounds (the launch's leading operands, concrete by now) filled in."""
+  """The grid with its dynamic bounds (the launch's leading operands, concrete by now) filled in. JAX
+  passes each bound as a size-1 array (a scalar, or a shape-(1,) array such as `jax.random.randint(key,
+  (1,), ...)`, which its TPU lowering also takes)."""
   it = iter(bounds)
-  return tuple(int(g) if isinstance(g, (int, np.integer)) else int(np.asarray(next(it))) for g in gm.grid)
+  return tuple(int(g) if isinstance(g, (int, np.integer)) else _bound(next(it)) for g in gm.grid)
+
+
+def _bound(value) -> int:
+  """One dynamic grid bound: the element of a size-1 array."""
+  a = np.asarray(value)
+  if a.size != 1:
+    raise UsageError(f"palace.jax: a dynamic grid bound is an array of shape {a.shape}; expected one "
+                     f"value (a scalar or a size-1 array). Fix: pass the grid size as a scalar.")
+  return int(a.reshape(-1)[0])
 
 
 def _grid_body(params, grid):
@@ -352,24 +396,41 @@ def _grid_replay_operands(params) -> tuple | None:
 
 
 # ------------------------------------------------------------------ pl.kernel / core_map
+# JAX's pallas Mesh is a protocol (jax/_src/pallas/core.py): a TPU mesh is known by its `core_type`
+# (pltpu.CoreType, whose values these are) and its axes by its `shape` (axis name -> size, the core
+# axis first), as JAX's own lowering reads any mesh, not by its class
+_MESHES = {"tc": "TensorCoreMesh", "sc_vector_subcore": "VectorSubcoreMesh",
+           "sc_scalar_subcore": "ScalarSubcoreMesh"}
+_MESH_RANKS = {"tc": 1, "sc_vector_subcore": 2, "sc_scalar_subcore": 1}
+
+
+def _mesh_kind(mesh) -> str | None:
+  """'tc', 'sc_vector_subcore' or 'sc_scalar_subcore' for a TPU mesh of that core type and rank."""
+  kind = getattr(getattr(mesh, "core_type", None), "value", None)
+  if kind not in _MESHES:
+    return None
+  try:
+    ok = len(dict(mesh.shape)) == _MESH_RANKS[kind]
+  except (TypeError, ValueError):
+    ok = False
+  return kind if ok else None
+
+
 def _palace_mesh(mesh):
   """palace's mesh for a JAX TPU mesh (TensorCore, or SparseCore vector / scalar subcores)."""
-  kind = type(mesh).__name__
-  if kind == "TensorCoreMesh":
-    (axis, size), = mesh.shape.items()
-    return pcore.TensorCoreMesh(str(axis), int(size))
-  if kind == "VectorSubcoreMesh":
-    return sc_mesh.VectorSubcoreMesh(str(mesh.core_axis_name), str(mesh.subcore_axis_name),
-                                     int(mesh.num_cores), int(mesh.num_subcores))
-  return sc_mesh.ScalarSubcoreMesh(str(mesh.axis_name), int(mesh.num_cores))
-
-
-_MESHES = ("TensorCoreMesh", "VectorSubcoreMesh", "ScalarSubcoreMesh")
+  kind = _mesh_kind(mesh)
+  axes = [(str(a), int(n)) for a, n in dict(mesh.shape).items()]
+  if kind == "tc":
+    return pcore.TensorCoreMesh(*axes[0])
+  if kind == "sc_vector_subcore":
+    (core_axis, cores), (subcore_axis, subcores) = axes
+    return sc_mesh.VectorSubcoreMesh(core_axis, subcore_axis, cores, subcores)
+  return sc_mesh.ScalarSubcoreMesh(*axes[0])
 
 
 def on_sparsecore(params) -> bool:
   """Does a JAX mesh launch (checked by `check_mpmd`) run on SparseCore subcores?"""
-  return type(params["meshes"][0]).__name__ != "TensorCoreMesh"
+  return _mesh_kind(params["meshes"][0]) != "tc"
 
 
 def mpmd_name(params) -> str:
@@ -385,14 +446,15 @@ def check_mpmd(params) -> None:
                            f"external meshes is not supported yet. Fix: use one TensorCoreMesh body, or call "
                            f"palace's pl.kernel outside jax.jit.")
   mesh = params["meshes"][0]
-  if type(mesh).__name__ not in _MESHES:
-    raise UnsupportedError(f"palace.jax: pl.kernel '{name}' over a {type(mesh).__name__} is not supported "
-                           f"yet ({', '.join(_MESHES)} are). Fix: call palace's pl.kernel outside jax.jit "
-                           f"for this mesh.")
+  if _mesh_kind(mesh) is None:
+    raise UnsupportedError(f"palace.jax: pl.kernel '{name}' over a {type(mesh).__name__} (core type "
+                           f"{getattr(mesh, 'core_type', None)!r}) is not supported yet (meshes of core "
+                           f"type {', '.join(_MESHES)}: {', '.join(_MESHES.values())}, are). Fix: call "
+                           f"palace's pl.kernel outside jax.jit for this mesh.")
   if params["jaxprs"][0].constvars:
     raise UnsupportedError(f"palace.jax: pl.kernel '{name}' captures constants. Fix: pass them as "
                            f"inputs.")
-  if type(mesh).__name__ == "VectorSubcoreMesh":
+  if _mesh_kind(mesh) == "sc_vector_subcore":
     rules_sc.check_vector_subcore_kernel(params["jaxprs"][0])
 
 

@@ -14,7 +14,7 @@ from palace._src.jax.interpret import shape_of, source_line, traced, unsupported
 from palace._src.jax.registry import DATA, Deciding, literal, rule
 from palace._src import dtypes as dt
 from palace._src.lang import int_rejects as int_rejects_lib, lax_ops, mxu, numpy_linalg, tpu_primitives
-from palace._src.errors import UnsupportedError
+from palace._src.errors import CompilerRejectError, UnsupportedError
 from palace._src.lang.array import Array
 from palace._src.lang.numpy_dtypes import astype_on_scalars
 from palace._src.lang.numpy_elementwise import on_scalars, on_vectors, where_on_scalars
@@ -548,13 +548,27 @@ def _slice(eqn, x):
                  zip(p["start_indices"], p["limit_indices"], strides))]
 
 
-@rule("dynamic_slice", schedule=Deciding(1))   # (a slice start may change the cost: aligned windows)
+def _dynamic_slice_rejects(eqn, sparsecore: bool = False) -> None:
+  """JAX 0.12's Mosaic lowering has no rule for `dynamic_slice` / `dynamic_update_slice` of a value, on
+  a TensorCore or a SparseCore (jax/_src/pallas/mosaic/lowering.py raises 'Unimplemented primitive in
+  Pallas TPU lowering for tc: dynamic_slice'; JAX's test_lane_dynamic_slice expects the refusal). A
+  kernel slices the ref instead, which lowers to a memref slice."""
+  name = eqn.primitive.name
+  kind = "sc" if sparsecore else "tc"
+  raise CompilerRejectError(
+      f"lax.{name} of a {eqn.invars[0].aval.str_short()} value at kernel line {source_line(eqn)}: the "
+      f"TPU compiler has no {name} of values (JAX 0.12's Mosaic lowering: 'Unimplemented primitive in "
+      f"Pallas TPU lowering for {kind}: {name}'). Fix: index the ref instead (x_ref[pl.ds(start, size)] "
+      f"to read, x_ref[pl.ds(start, size)] = v to write), or use a static slice of the value.")
+
+
+@rule("dynamic_slice", schedule=Deciding(1), rejects=_dynamic_slice_rejects)
 def _dynamic_slice(eqn, x, *idx):
   # the primitive only clamps: jax.lax.dynamic_slice already wrapped negative starts in the jaxpr
   return lax_ops.dynamic_slice(x, list(idx), tuple(eqn.params["slice_sizes"]), allow_negative_indices=False)
 
 
-@rule("dynamic_update_slice", schedule=Deciding(2))
+@rule("dynamic_update_slice", schedule=Deciding(2), rejects=_dynamic_slice_rejects)
 def _dynamic_update_slice(eqn, x, update, *idx):
   return lax_ops.dynamic_update_slice(x, update, list(idx), allow_negative_indices=False)
 

@@ -25,7 +25,7 @@ from palace._src.core import MemorySpace, is_hbm
 from palace._src.errors import (MemorySpaceError, OutOfBoundsError, ShapeError, UnsupportedError,
                                  UsageError)
 from palace._src.lang import numpy_indexing, numpy_linalg, numpy_ops  # noqa: F401  (bind Array operators)
-from palace._src.lang import numpy_dtypes, ref_maps
+from palace._src.lang import hbm_tiles, numpy_dtypes, ref_maps
 from palace._src.lang.array import Array, WeakArray, concrete_int
 from palace._src.lang.deferred import Deferred
 from palace._src.lang.indexed import is_index_source, make_indexed
@@ -250,12 +250,13 @@ class Ref:
       else:
         raise UsageError(f"Unsupported index {i!r} for {self.buf.name}{_where()}. Fix: use ints, slices or "
                          f"pl.ds.")
-      if check and sz > 0 and (s0 < 0 or s0 + (sz - 1) * st >= size):
+      if check and sz > 0 and (s0 < 0 or s0 + (sz - 1) * st >= size) and \
+          not hbm_tiles.allows(self.buf, pos, new[pos], s0, sz, st):   # (an HBM tile's padding)
         raise OutOfBoundsError(
             f"Slice [{s0}:{s0 + sz * st}] out of bounds for axis {axis} of {self.origin()} (shape "
             f"{self.shape}, {self.buf.memory_space}){_where()}: expected 0 <= start and "
-            f"start + size <= {size}. Fix: keep the slice inside the {size} elements of axis {axis}. "
-            f"({user_frame_summary()})")
+            f"start + size <= {size}{hbm_tiles.padding_note(self.buf, pos, new[pos])}. Fix: keep the "
+            f"slice inside the {size} elements of axis {axis}. ({user_frame_summary()})")
       new[pos] = (start + s0 * stride, sz, stride * st)
     return tuple(new)
 

@@ -10,7 +10,7 @@ from palace._src.errors import ShapeError, SyncError, UnsupportedError, UsageErr
 from palace._src.executor import DmaRequest, OpClass
 from palace._src.lang import numpy_ops as jnp
 from palace._src.lang.numpy_base import _out
-from palace._src.lang import context, ref_maps
+from palace._src.lang import context, hbm_tiles, ref_maps
 from palace._src.lang.array import concrete_int, concrete_value, ready_of
 from palace._src.lang.primitives import (axis_index, axis_size, resolve_device_id, run_scoped,
                                          sem_target, semaphore_signal, semaphore_wait,
@@ -131,7 +131,13 @@ class AsyncCopyDescriptor:
     else:
       sides = (src.buf, None if isinstance(src, IndexedRef) else src._np_index, dst.buf,
                None if isinstance(dst, IndexedRef) else dst._np_index)
-    req = PreparedCopy(*sides, src.shape, sem_buf, sem_idx, ssb, ssi, add, dev, self.core_index,
+    shape = src.shape
+    if isinstance(src, Ref) and isinstance(dst, Ref) and (hbm_tiles.beyond(src) or hbm_tiles.beyond(dst)):
+      # a window into an HBM array's tile padding: only the elements inside the array move (the DMA
+      # still moves, and is timed for, the whole window)
+      src_index, dst_index, shape = hbm_tiles.clipped(src, dst)
+      sides = (src.buf, src_index, dst.buf, dst_index)
+    req = PreparedCopy(*sides, shape, sem_buf, sem_idx, ssb, ssi, add, dev, self.core_index,
                        self._site or ex.site(), (src, dst), src.nbytes)
     if isinstance(src, IndexedRef) or isinstance(dst, IndexedRef):
       _indexed_request(ex, req, src, dst)

@@ -483,20 +483,19 @@ def _check_vmem(core, plan: LaunchPlan):
     scr = " + ".join(f"scratch[{i}] {fmt_bytes(t.nbytes)}" for i, t in vmem)
     raise ResourceError(
         f"VMEM over capacity for kernel '{kname}' on chip 0 core 0 ({chip.name}): "
-        f"{fmt_bytes(blocks_total + scratch_total)} requested ({detail or 'no blocks'} + {scr}) but "
+        f"{fmt_bytes(blocks_total + scratch_total)} requested ({' + '.join(x for x in (detail, scr) if x)}) but "
         f"{chip.name} has {fmt_bytes(whole)} of VMEM ({fmt_bytes(chip.vmem_bytes)} minus "
         f"{fmt_bytes(chip.internal_scratch_bytes)} Mosaic internal scratch); scratch operands count "
         f"against the whole VMEM, not the scoped limit. Fix: reduce the scratch or block sizes.")
-  need = -(-(blocks_total + chip.internal_scratch_bytes) // 2**20) * 2**20   # whole MiB
+  need = -(-blocks_total // 2**20) * 2**20   # whole MiB
   fix = (f"or raise CompilerParams(vmem_limit_bytes=...) to at least {need} ({fmt_bytes(need)}; "
          f"{chip.name} has {fmt_bytes(chip.vmem_bytes)} of VMEM)" if need <= chip.vmem_bytes else
          f"raising vmem_limit_bytes cannot help: {chip.name} has only {fmt_bytes(chip.vmem_bytes)} of VMEM")
   raise ResourceError(
       f"VMEM over capacity for kernel '{kname}' on chip 0 core 0 ({chip.name}): "
       f"{fmt_bytes(blocks_total)} of pipelined blocks requested ({detail}) but the scoped VMEM limit "
-      f"leaves {fmt_bytes(core.vmem_limit)} (limit {fmt_bytes(core.vmem_limit + chip.internal_scratch_bytes)}"
-      f" minus {fmt_bytes(chip.internal_scratch_bytes)} Mosaic internal scratch; scratch operands "
-      f"are not scoped). Fix: reduce block sizes or pipeline buffer_count (pl.Buffered(1) for blocks "
+      f"is {fmt_bytes(core.vmem_limit)} (scratch operands are not scoped). Fix: reduce block sizes or "
+      f"pipeline buffer_count (pl.Buffered(1) for blocks "
       f"that do not change), {fix}.")
 
 

@@ -242,13 +242,16 @@ Buffer.storage = property(_get_storage, _set_storage, doc="The NumPy storage (co
 
 
 # ------------------------------------------------------------------ allocation
+# (a bool is held in a 32-bit word on a TPU, whose poison, the int32 minimum, is non-zero: it reads as
+# True, as JAX's test_poison_buffers expects of never-written bool scratch)
 _SENTINEL = {np.dtype(np.int32): np.iinfo(np.int32).min, np.dtype(np.int16): np.iinfo(np.int16).min,
-             np.dtype(np.int8): np.iinfo(np.int8).min}
+             np.dtype(np.int8): np.iinfo(np.int8).min, np.dtype(np.bool_): True}
 LAZY_FILL_BYTES = 64 * 1024  # VMEM buffers this large start with a pending fill instead of one
 
 
 def fill_value(dtype):
-  """The value never-written memory reads as: NaN for floats, the type's minimum for 8-32 bit ints."""
+  """The value never-written memory reads as: NaN for floats, the type's minimum for 8-32 bit ints,
+  True for bools."""
   value = _FILL.get(dtype, _FILL)
   if value is _FILL:   # (kept per dtype: str(dtype) costs microseconds, and every allocation asks)
     value = _FILL[dtype] = np.nan if dt.is_float(dtype) else _SENTINEL.get(dtype, 0)
@@ -411,13 +414,16 @@ def alias_input(out: Buffer, src: np.ndarray, timing_only: bool, own: bool = Fal
 
 # ------------------------------------------------------------------ capacity
 def scoped_vmem_limit(chip, vmem_limit_bytes) -> int:
-  """VMEM a TensorCore's scoped allocations (pipelined blocks, run_scoped buffers) may use:
-  CompilerParams(vmem_limit_bytes) or the chip's default scoped limit, minus Mosaic's internal scratch.
-  A limit above the chip's VMEM is clamped to it, as the TPU compiler does (measured on a v5e,
-  2026-12-05: vmem_limit_bytes of 130 and 256 MiB compile; 130 MiB of scratch under a 128 MiB limit
-  fails with 'Allocation (size=136314880) would exceed memory (size=134217728)')."""
+  """VMEM a pallas_call's pipelined blocks may use: CompilerParams(vmem_limit_bytes) or the chip's
+  default scoped limit. A limit above the chip's VMEM is clamped to it, as the TPU compiler does
+  (measured on a v5e, 2026-12-05: vmem_limit_bytes of 130 and 256 MiB compile; 130 MiB of scratch under
+  a 128 MiB limit fails with 'Allocation (size=136314880) would exceed memory (size=134217728)').
+  Mosaic's internal scratch is not taken from it: the chip's refusal of 20 MiB of blocks under the
+  16 MiB default reads 'Scoped allocation with size 20.00M and limit 16.00M' (the blocks alone against
+  the whole limit), and JAX's test_input_output_aliasing_with_scalar_prefetch runs exactly 16 MiB of
+  blocks under that default; the internal scratch counts against the whole VMEM (`of_core`)."""
   limit = vmem_limit_bytes or chip.default_scoped_vmem_bytes
-  return min(limit, chip.vmem_bytes) - chip.internal_scratch_bytes
+  return min(limit, chip.vmem_bytes)
 
 
 class Allocator:
