@@ -97,13 +97,14 @@ def broadcast_to(a, shape):
                      f"the value must equal the target's or be 1; reshape it first.") from None
   if not isinstance(a, Array):
     a = asarray(a)
-  src = a.shape
+  src = np.shape(a)
+  lanes = getattr(a, "_lanes", False)   # (host data, outside a kernel: a NumPy array)
   # across lanes ((..., 1) -> (..., L)): a lane-replicated value needs one VPU op, any other column a
   # lane broadcast on the XLU (measured on a v5e: docs/timing-model.md)
   cls = OpClass.LANE_BROADCAST if src and src[-1] == 1 and shape and shape[-1] > 1 and \
-      not a._lanes else OpClass.BROADCAST
+      not lanes else OpClass.BROADCAST
   out = _shape_op(a, lambda v: np.broadcast_to(v, shape), shape, cls)  # values are immutable
-  if a._lanes and src and shape and shape[-1] == src[-1] and type(out) is Array:
+  if lanes and src and shape and shape[-1] == src[-1] and type(out) is Array:
     out._lanes = True
   return out
 
