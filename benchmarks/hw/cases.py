@@ -795,12 +795,12 @@ def _sync_cases():
 def _step_cases() -> list[Case]:
   from benchmarks.hw.cases_curve import curve_cases, order_cases  # noqa: PLC0415  (imports this)
   from benchmarks.hw.cases_fence import (chunk_cases, compute_part_cases, fence_cases,  # noqa: PLC0415
-                                         flash_part_cases, ilp_cases, pipe_cases)
+                                         flash_part_cases, ilp_cases, pipe_cases, sync_sweep_cases)
   from benchmarks.hw.cases_steps import loop_cases, mix_cases, step_cases  # noqa: PLC0415  (imports this)
   from benchmarks.hw.cases_chain import chain_cases, holdout_chain_cases  # noqa: PLC0415
   return (step_cases() + loop_cases() + mix_cases() + curve_cases() + order_cases() + fence_cases()
           + ilp_cases() + chunk_cases() + pipe_cases() + flash_part_cases()
-          + compute_part_cases() + chain_cases() + holdout_chain_cases())
+          + compute_part_cases() + chain_cases() + holdout_chain_cases() + sync_sweep_cases())
 
 
 def all_cases() -> list[Case]:

@@ -220,6 +220,23 @@ def pipe_cases() -> list[Case]:
   return out
 
 
+def sync_sweep_cases() -> list[Case]:
+  """`sync_sweep` (session 22's last call, for the next model step): two moving 32 KiB input blocks a
+  step beside 0-4096 rows of vector work or a 128-2048-row MXU dot, and the same work with fixed
+  blocks: where between the matmul table's short steps (the DMA-wait sync paid in full) and flash
+  attention's long ones (about 20-30 cycles an input) a pipelined step's wait stops costing the sync."""
+  F = "sync_sweep"
+  out = []
+  for rows in (0, 256, 512, 1024, 2048, 3072, 4096):
+    out.append(Case(f"ssweep_vpu{rows}_in2_b32KiB", F, _pipe("vpu", rows, 2, block_rows=64, n=256)))
+  for rows in (128, 512, 2048):
+    out.append(Case(f"ssweep_mxu{rows}_in2_b32KiB", F, _pipe("mxu", rows, 2, block_rows=64, n=256)))
+  for kind, rows in (("vpu", 1024), ("vpu", 4096), ("mxu", 512)):
+    out.append(Case(f"ssweep_{kind}{rows}_in2_b32KiB_fixed", F,
+                    _pipe(kind, rows, 2, moving=False, block_rows=64, n=256)))
+  return out
+
+
 def _flash_part(part, moving=True, n=512, blk=128):
   """One flash-attention inner step cut at `part`, as a pallas_call grid of `n` kv steps on (blk, 128)
   bf16 blocks (q fixed, k and v moving unless not `moving`), state in f32 VMEM scratch: 'qk' (s = q k^T,
