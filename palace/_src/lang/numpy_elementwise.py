@@ -54,19 +54,24 @@ def _mask_cast(name: str, args) -> bool:
 
 def _all_lanes(args, shape) -> bool:
   """Whether an elementwise result of `shape` is lane-replicated (Array._lanes): every operand of its
-  shape is, the others are 0-d."""
+  shape is, the others are 0-d (kernels cannot close over array constants)."""
   for a in args:
     if type(a) is Array and a.shape and (a.shape != shape or not a._lanes):
       return False
   return True
 
 
-def _columns(args, shape) -> list:
-  """The operands an elementwise op of result `shape` broadcasts across lanes with the XLU: (..., 1)
-  columns that are not lane-replicated (Array._lanes), where the result has more than one lane."""
-  if not shape or shape[-1] == 1:
-    return []
-  return [a for a in args if type(a) is Array and a.shape and a.shape[-1] == 1 and not a._lanes]
+def _lane_broadcasts(ex, args, shape, dtype, ready: int) -> int:
+  """Charge the XLU lane broadcast of every operand an elementwise op of result `shape` broadcasts
+  across lanes ((..., 1) columns that are not lane-replicated, where the result has more than one lane),
+  each after its operand is ready; the ready cycle of the op's operands with them."""
+  if shape[-1] == 1:
+    return ready
+  for a in args:
+    if type(a) is Array and a.shape and a.shape[-1] == 1 and not a._lanes:
+      b = ex.vector_op(OpClass.LANE_BROADCAST, shape, dtype, a._ready)
+      ready = b if b > ready else ready
+  return ready
 
 
 def _any_lanes(args) -> bool:
@@ -113,7 +118,7 @@ def _elementwise(fn, op_class: str, result: str = "same", name: str = ""):
       # two Arrays of one dtype, of one shape (acc + dot) or one of them 0-d (x * scale, a typed
       # constant): the pass below, whose result type is theirs and shape the larger one's
       a, b = args
-      columns = None
+      same = True
       shape, rt, any_array = a.shape or b.shape, a.dtype, True
       has_data = a._data is not None and b._data is not None
       ready = a._ready if a._ready > 0 else 0
@@ -148,7 +153,6 @@ def _elementwise(fn, op_class: str, result: str = "same", name: str = ""):
       else:
         rt = dt.result_type(*[promotion_type(a) for a in args])
         shape = _broadcast_shapes(op.__name__, args)
-      columns = None if same else _columns(args, shape)
     if result == "float" and rt not in _FLOATS:
       rt = _F32
     out_dtype = dt.bool_ if result == "bool" else rt
@@ -186,10 +190,8 @@ def _elementwise(fn, op_class: str, result: str = "same", name: str = ""):
         raise refusal(op.__name__, rt, shape, f"{ex.where()} ({user_frame_summary()})")
       if ex.timing_only:
         data = None
-      if columns:
-        for a in columns:   # each (N, 1) column broadcast across lanes first
-          b = ex.vector_op(OpClass.LANE_BROADCAST, shape, out_dtype, a._ready)
-          ready = b if b > ready else ready
+      if not same:   # (operands of other shapes: (N, 1) columns are broadcast across lanes first)
+        ready = _lane_broadcasts(ex, args, shape, out_dtype, ready)
       ready = ex.vector_op(op_class, shape, out_dtype, ready)
       a0 = args[0]
       if a0._lanes if type(a0) is Array and a0.shape else _any_lanes(args):
@@ -318,14 +320,8 @@ def on_vectors(op, dtype, shape, arity: int, in_shapes=None):
     if b._ready > ready:
       ready = b._ready
     if in_shapes is not None:
-      if lane_wide:
-        for x in (a, b):   # an (N, 1) column broadcast across lanes first (`_columns`)
-          if x.shape and x.shape[-1] == 1 and not x._lanes:
-            r = ex.vector_op(OpClass.LANE_BROADCAST, shape, out, x._ready)
-            ready = r if r > ready else ready
-      return finish(data, ready, ex)
+      return finish(data, _lane_broadcasts(ex, (a, b), shape, out, ready), ex)
     return finish(data, ready, ex, (a._lanes or not sa) and (b._lanes or not sb) and (a._lanes or b._lanes))
-  lane_wide = shape[-1] > 1
   return binary
 
 

@@ -4,9 +4,10 @@ Vector work is counted in (8, 128) vreg tiles: "all vector computation is padded
 ([details]). Arithmetic is counted in 32-bit tiles (elementwise math is effectively 32-bit,
 tpu-hardware.md section 4); loads and stores move packed tiles (a bf16 vreg holds (16, 128)). Units and
 throughputs come from [SB-tpus] appendix A: the VPU retires `vpu_alus_per_lane` tile-ops per cycle (1-cycle
-issue, 2-cycle latency), 3 vreg loads and 1 vreg store per cycle, 2 XLUs. The number of VPU ops per tile of
-each op class (cheap / medium / expensive, [details]) and the EUP/XLU per-tile costs are modelling
-assumptions: no public figure exists and none is fitted.
+issue, 2-cycle latency), 3 vreg loads and 1 vreg store per cycle, 2 XLUs. The latencies of loads,
+stores, divisions, transcendentals, reductions and lane broadcasts, and the unit-ops per tile of
+divisions and reductions, are measured on a TPU v5e (docs/timing-model.md 1.4); the expensive class
+and the XLU relayouts keep their assumed costs ([details] classes).
 
 The MXU rule is [xla-cost]'s vmatmul cadence model (tpu-hardware.md section 2.2).
 """
@@ -22,12 +23,12 @@ from palace._src.executor import OpClass as _C
 from palace._src.hw import CHIPS, MXU_CLASS_BITS, ChipSpec
 
 # op class (executor.OpClass: the language's names for kinds of vector work) -> (unit, unit-ops per
-# 32-bit (8,128) tile, result latency cycles). Modelling assumptions built on [details] cost classes
-# and [SB-tpus] appendix A (see the module docstring).
+# 32-bit (8,128) tile, result latency cycles): [SB-tpus] appendix A, chip measurements and [details]
+# cost classes (see the module docstring).
 VECTOR_CLASSES = {
     _C.CHEAP: ("vpu", 1, 2),            # + - * max min where compare cast: 1-cycle issue, 2 latency
     _C.BROADCAST: ("vpu", 1, 2),        # sublane broadcasts; a lane-replicated value across lanes
-    _C.LANE_BROADCAST: ("xlu", 5, 108), # any other (N, 1) column across lanes (measured, below)
+    _C.LANE_BROADCAST: ("xlu", 5, 108), # any other (N, 1) column across lanes (measured)
     _C.MEDIUM: ("vpu", 12, 17),         # divide / pow / integer div: Newton steps on the VPU (measured)
     _C.TRANSCENDENTAL: ("eup", 1, 10),  # exp / log / tanh / rsqrt: one EUP push per tile (measured)
     _C.EXPENSIVE: ("vpu", 16, 16),      # sin / cos: a polynomial on the VPU ([details]: expensive)

@@ -12,8 +12,9 @@ Time model of the core (cycles of the chip clock):
     the unit's (it ends `busy` cycles after the unit frees up). Measured on a v5e: a multiply, an add
     and a store over 512 vregs take the store's 512 cycles, not the multiply's then the store's
     (benchmarks/hw `pipe_fence`, `dma_fence`).
-  * A rolled loop's iteration, a grid step, ends its basic block: the next issues after the last
-    vector/MXU result (`loop_back_edge`, `grid_step`).
+  * A rolled loop's iteration ends its basic block: the next issues after the last vector/MXU result
+    (`loop_back_edge`). A grid step's bookkeeping starts once the step's work has issued and its MXU
+    results are out, overlapping the vector results in flight (`grid_step`, measured on a v5e).
   * An op's result is ready at max(start + busy, inputs ready + latency): consumers stream behind their
     producers, as the pipelined VLIW schedule does; only the MXU fill/drain latency is exposed.
   * Waits (DMA, semaphores) move `now` to the moment the awaited count arrived.
@@ -95,7 +96,7 @@ class TensorCore:
     self.unit_issued = dict.fromkeys(cost.UNITS, 0)   # start of each unit's latest op (_issue)
     self.unit_busy = dict.fromkeys(cost.UNITS, 0)
     self.horizon = 0
-    self.compute_done = 0     # latest result of any vector/MXU op (drained at grid-step boundaries)
+    self.compute_done = 0     # latest result of any vector/MXU op (loop back edges drain it; grid_step)
     self.mxu_done = 0         # latest MXU result (popped by issue slots before a step's bookkeeping)
     self.flops = 0
     # this core's memories (capacity, live allocations; VMEM_SHARED is modelled as VMEM on a TensorCore)
