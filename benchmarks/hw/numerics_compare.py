@@ -135,8 +135,9 @@ def diff_stats(chip: np.ndarray, sim: np.ndarray) -> dict:
   return out
 
 
-def compare(records) -> list[dict]:
-  """Recomputes every record on palace's virtual v5e and compares with its recorded output."""
+def compare(records, dot_numerics: str = "blas") -> list[dict]:
+  """Recomputes every record on palace's virtual v5e (VirtualTPU(dot_numerics=...)) and compares with
+  its recorded output."""
   import palace.jax  # noqa: PLC0415  (only on the palace side; the chip has no palace)
 
   by_name = {p.name: p for p in PROBES}
@@ -158,7 +159,7 @@ def compare(records) -> list[dict]:
       inputs = p.inputs()
     sim = None
     try:
-      with palace.jax.virtual_tpu("v5e"):
+      with palace.jax.virtual_tpu("v5e", dot_numerics=dot_numerics):
         sim = run_probe(p, inputs, interpret=False)
     except Exception as e:  # noqa: BLE001
       res["palace_error"] = _first_line(e)

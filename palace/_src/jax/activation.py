@@ -27,6 +27,8 @@ tell a test whose reference ran exactly on the CPU from a kernel palace computes
 on both sides of a comparison: in palace's kernels and in XLA:CPU's code outside them (shared_dots.py;
 VirtualTPU(shared_dots=True)). The runner re-runs what the first diagnostic leaves failing under it,
 to tell a summation-order difference (which on the chip both sides share) from a wrong kernel.
+`PALACE_JAX_DOT_NUMERICS=mxu` is no diagnostic: it sums the kernels' float dots in the chip's measured
+order (VirtualTPU(dot_numerics="mxu"), lang/mxu.chip_product) instead of the host BLAS's.
 """
 from __future__ import annotations
 
@@ -160,7 +162,9 @@ def virtual_tpu(chip="v5e", num_chips: int = 1, **options):
 
 def activate_from_env(environ=None):
   """PALACE_JAX=<chip>[:<num_chips>]: install a process-wide engine; returns its VirtualTPU or None.
-  PALACE_JAX_EXACT_F32_DOTS=1 gives that engine the exact-f32-dots diagnostic (module docstring)."""
+  PALACE_JAX_EXACT_F32_DOTS=1 gives that engine the exact-f32-dots diagnostic (module docstring);
+  PALACE_JAX_DOT_NUMERICS=mxu|blas its VirtualTPU's `dot_numerics` (the chip's summation order, or
+  the host BLAS's: lang/mxu.follows_chip)."""
   environ = os.environ if environ is None else environ
   spec = environ.get("PALACE_JAX", "").strip()
   if not spec or spec == "0":
@@ -175,6 +179,11 @@ def activate_from_env(environ=None):
     raise UsageError(f"PALACE_JAX_SHARED_DOTS={shared!r}: expected 1 (the diagnostic on: float dots in "
                      f"kernels and in XLA:CPU's code outside them summed by one rule, not in the chip's "
                      f"order) or 0 (off). Fix: set it to 1 or 0, or unset it.")
+  numerics = environ.get("PALACE_JAX_DOT_NUMERICS", "").strip() or "blas"
+  if numerics not in ("blas", "mxu"):
+    raise UsageError(f"PALACE_JAX_DOT_NUMERICS={numerics!r}: expected mxu (float dots in kernels summed "
+                     f"in the order the chip's MXU sums them, about ten times the host CPU) or blas (the "
+                     f"host BLAS's order, the default). Fix: set it to mxu or blas, or unset it.")
   chip, _, n = spec.partition(":")
   try:
     num_chips = int(n) if n else 1
@@ -191,7 +200,8 @@ def activate_from_env(environ=None):
     print("palace.jax: DIAGNOSTIC PALACE_JAX_SHARED_DOTS=1: float dots in kernels and in XLA:CPU's code "
           "outside them are summed by one rule (exact per 128 of K, chunks added in float32), NOT in "
           "the chip's order", file=sys.stderr)
-  return activate_global(chip, num_chips, exact_f32_dots=exact == "1", shared_dots=shared == "1")
+  return activate_global(chip, num_chips, exact_f32_dots=exact == "1", shared_dots=shared == "1",
+                         dot_numerics=numerics)
 
 
 def activate_global(chip="v5e", num_chips: int = 1, **options):

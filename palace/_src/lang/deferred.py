@@ -147,7 +147,9 @@ class Deferred(Array):
 
 def deferrable(ex, a, b, out_dtype) -> bool:
   """Whether `jnp.dot(a, b)` (2-D, at least MIN_FLOPS) is computed later on this executor (never under
-  the shared-dots diagnostic: each dot is then its own `mxu.shared_product`, summed as issued)."""
+  the shared-dots diagnostic: each dot is then its own `mxu.shared_product`, summed as issued; the
+  caller never defers a dot summed by the chip's rule either, mxu.follows_chip: each is its own
+  `mxu.chip_product`, added as the kernel adds it)."""
   return (out_dtype == _F32 and type(a) is Array and type(b) is Array
           and ex is not None and ex.deferred_values and not ex.shared_dots and a.dtype in _OPERAND_DTYPES
           and b.dtype in _OPERAND_DTYPES and a._data is not None and b._data is not None)

@@ -186,3 +186,124 @@ def round_to_bf16_as_f32(v: np.ndarray, out: np.ndarray) -> np.ndarray:
     nan = np.isnan(v)
     o[nan] = (u[nan] & _SIGN) | _QUIET_NAN
   return out
+
+
+# ------------------------------------------------------------------------ the chip's summation rule
+CHUNK = 128                      # K of one MXU pass on v5e (128x128): chunk sums are added in order
+_HALF = 4                        # products summed exactly, then rounded to float32 once
+_EXACT_SPREAD = 35               # float64 holds every partial sum of 4 such products exactly when their
+                                 # exponents span at most this many binades (module docs below)
+_TILE_BYTES = 1 << 20            # float64 four-sums of one output tile (cache-sized)
+_TILE_ROWS = 64
+
+
+def follows_chip(a_dtype, b_dtype, precision: str) -> bool:
+  """Whether a float dot of these operands at `precision` is summed by the chip's rule (`chip_product`)
+  in the running launch: VirtualTPU(dot_numerics="mxu"), no numerics diagnostic on, and both operands'
+  values bfloat16-exact as the MXU multiplies them (float32 at DEFAULT, rounded; bfloat16; fp8; int8
+  beside a float), the operands the rule was measured on. Float32 at HIGHEST (the chip's multi-pass
+  products, unmeasured), float16 and float64 keep the host BLAS."""
+  ex = executor.maybe_current()
+  if ex is None or ex.dot_numerics != "mxu" or ex.exact_f32_dots or ex.shared_dots:
+    return False
+  if not (dt.is_float(a_dtype) or dt.is_float(b_dtype)):
+    return False   # integer dots are exact either way
+  return _bf16_exact(a_dtype, precision) and _bf16_exact(b_dtype, precision)
+
+
+def _bf16_exact(d, precision: str) -> bool:
+  d = np.dtype(d)
+  if d == _F32:
+    return rounds_to_bf16(d, precision)
+  return d in dt.NARROW_FLOATS or (dt.is_signed_int(d) and dt.bits(d) <= 8)
+
+
+def chip_product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+  """`a @ b` ((..., m, k) @ (..., k, n) float32 arrays of bfloat16-exact values, the same batch shape)
+  summed as the v5e's MXU sums a DEFAULT-precision dot (measured, docs/numerics.md): K in chunks of 128
+  (the last one shorter), each chunk in groups of 8 products (K padded with zeros to a multiple of 8);
+  a group is two exact sums of 4 products, each rounded to float32 once, added in float32; a chunk's
+  group sums are added in order, from zero, in float32; the chunks' sums are added in order in float32.
+
+  How, at block level: the four-sums of a tile of the output are float64 GEMMs of depth 4 (one batched
+  `np.matmul` per chunk and tile); products of bfloat16 values have at most 16 significant bits, so a
+  sum of four is exact in float64 (whatever order the BLAS adds them in) whenever their exponents span
+  at most 35 binades (16 bits a product, 2 of carry, 53 in all). Where a row's four values and a
+  column's four span more than that together (a product 2^35 times another of its group: checked per
+  four-slice of K, from the operands' exponents), those slices' four-sums are summed in a fixed order
+  in float64 (((p0 + p1) + p2) + p3) instead: deterministic, independent of the BLAS, and not measured
+  on the chip. Then the float32 roundings and in-order additions are whole-tile NumPy operations.
+  About ten times the CPU of a float32 BLAS product (docs/numerics.md)."""
+  if a.ndim == 2:
+    return _chip_2d(a, b)
+  out = np.empty(a.shape[:-1] + (b.shape[-1],), _F32)
+  for i in np.ndindex(a.shape[:-2]):   # block level: one 2-D product per batch entry
+    out[i] = _chip_2d(a[i], b[i])
+  return out
+
+
+def _chip_2d(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+  m, k = a.shape
+  n = b.shape[1]
+  out = np.zeros((m, n), _F32)
+  if m == 0 or n == 0 or k == 0:
+    return out
+  kp = -(-k // 8) * 8
+  a64 = np.zeros((m, kp), np.float64)
+  a64[:, :k] = a
+  b64 = np.zeros((kp, n), np.float64)
+  b64[:k] = b
+  wide = _spread(a64, 1) + _spread(b64, 0) > _EXACT_SPREAD   # per four-slice of K
+  rows = min(m, _TILE_ROWS)
+  cols = min(n, max(128, _TILE_BYTES // (32 * rows * 8) // 128 * 128))
+  four = np.empty((32, rows, cols), np.float64)
+  rounded = np.empty((32, rows, cols), _F32)
+  groups = np.empty((16, rows, cols), _F32)
+  chunk_sum = np.empty((rows, cols), _F32)
+  for c0 in range(0, kp, CHUNK):
+    g = min(CHUNK, kp - c0) // 8
+    # batch entry h * g + j: half h of group j (its K slice c0 + 8j + 4h .. + 4)
+    lhs = a64[:, c0:c0 + 8 * g].reshape(m, g, 2, _HALF).transpose(2, 1, 0, 3).reshape(2 * g, m, _HALF)
+    rhs = b64[c0:c0 + 8 * g].reshape(g, 2, _HALF, n).transpose(1, 0, 2, 3).reshape(2 * g, _HALF, n)
+    slices = c0 // _HALF + 2 * np.arange(g)[None, :] + np.arange(2)[:, None]   # (2, g): K slice index
+    fixed = np.flatnonzero(wide[slices.ravel()])
+    for r0 in range(0, m, rows):
+      r1 = min(m, r0 + rows)
+      for n0 in range(0, n, cols):
+        n1 = min(n, n0 + cols)
+        p = four[:2 * g, :r1 - r0, :n1 - n0]
+        np.matmul(lhs[:, r0:r1], rhs[:, :, n0:n1], out=p)
+        for e in fixed:
+          _fixed_order(lhs[e, r0:r1], rhs[e, :, n0:n1], p[e])
+        f = rounded[:2 * g, :r1 - r0, :n1 - n0]
+        np.copyto(f, p, casting="same_kind")
+        s = groups[:g, :r1 - r0, :n1 - n0]
+        np.add(f[:g], f[g:], out=s)
+        o = out[r0:r1, n0:n1]
+        acc = o if c0 == 0 else chunk_sum[:r1 - r0, :n1 - n0]
+        np.add(s[0], np.float32(0), out=acc)   # from zero: a -0 group sum becomes +0
+        for j in range(1, g):
+          np.add(acc, s[j], out=acc)
+        if c0:
+          np.add(o, acc, out=o)
+  return out
+
+
+def _spread(v: np.ndarray, axis: int) -> np.ndarray:
+  """Per four-slice of `v` along `axis` (the K axis, a multiple of 4 long), the largest span of binary
+  exponents among the finite nonzero values of one row (or column) in that slice (0 for none or one)."""
+  e = np.frexp(v)[1]
+  ok = np.isfinite(v) & (v != 0)
+  hi = np.where(ok, e, -(1 << 20))
+  lo = np.where(ok, e, 1 << 20)
+  part = [(slice(None),) * axis + (slice(t, None, _HALF),) for t in range(_HALF)]
+  top = np.maximum(np.maximum(hi[part[0]], hi[part[1]]), np.maximum(hi[part[2]], hi[part[3]]))
+  bottom = np.minimum(np.minimum(lo[part[0]], lo[part[1]]), np.minimum(lo[part[2]], lo[part[3]]))
+  return np.maximum(top - bottom, 0).max(axis=1 - axis, initial=0)
+
+
+def _fixed_order(x: np.ndarray, y: np.ndarray, out: np.ndarray) -> None:
+  """out = ((x0 y0 + x1 y1) + x2 y2) + x3 y3 in float64 (x: (r, 4), y: (4, c)), elementwise."""
+  np.multiply(x[:, 0, None], y[0], out=out)
+  for t in range(1, _HALF):
+    np.add(out, x[:, t, None] * y[t], out=out)

@@ -54,9 +54,12 @@ def _mxu_operands(a, b, k: int, precision: str = mxu.HIGHEST):
   return _np(a, wide), _np(b, wide)
 
 
-def _product(va: np.ndarray, vb: np.ndarray) -> np.ndarray:
-  """The host product of `_mxu_operands`: the host BLAS, or the shared-dots diagnostic's rule for float
-  operands (mxu.shared_product; not the chip's order, the one XLA:CPU then follows too)."""
+def _product(va: np.ndarray, vb: np.ndarray, chip_order: bool) -> np.ndarray:
+  """The host product of `_mxu_operands`: the chip's summation rule (`chip_order`, mxu.follows_chip:
+  VirtualTPU(dot_numerics="mxu")), the shared-dots diagnostic's rule for float operands
+  (mxu.shared_product; not the chip's order, the one XLA:CPU then follows too), or the host BLAS."""
+  if chip_order:
+    return mxu.chip_product(va, vb)
   if va.dtype == np.float32 and mxu.shares_dots():
     return mxu.shared_product(va, vb)
   return blas.matmul(va, vb)
@@ -137,12 +140,13 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
   ex = executor.maybe_current()
   if not (ex is not None and ex.timing_only) and _has_data(a, b):
     va, vb = _mxu_operands(a, b, k, prec)
+    chip_order = mxu.follows_chip(a.dtype, b.dtype, prec)
     if a.ndim == 2 and b.ndim == 2 and not lb and lc == (1,) and rc == (0,):
-      data = _product(va, vb)  # the plain (m,k)@(k,n) product: no relayout
+      data = _product(va, vb, chip_order)  # the plain (m,k)@(k,n) product: no relayout
     else:
       va = np.transpose(va, list(lb) + lf + list(lc)).reshape(bsz, m, k)
       vb = np.transpose(vb, list(rb) + list(rc) + rf).reshape(bsz, k, n)
-      data = _product(va, vb).reshape(out_shape)
+      data = _product(va, vb, chip_order).reshape(out_shape)
   return _finish_matmul(a, b, data, out_shape, out_d, m, k, n, bsz)
 
 
@@ -159,11 +163,12 @@ def dot(a, b, *, precision=None, preferred_element_type=None):
     mxu.check(a.dtype, b.dtype, out_d, prec)
     data = None
     if not ex.timing_only and a._data is not None and b._data is not None:
-      if 2 * m * k * n >= deferred.MIN_FLOPS and deferred.deferrable(ex, a, b, out_d):
+      chip_order = mxu.follows_chip(a.dtype, b.dtype, prec)
+      if 2 * m * k * n >= deferred.MIN_FLOPS and not chip_order and deferred.deferrable(ex, a, b, out_d):
         ready = ex.matmul(m, k, n, 1, a.dtype, b.dtype, ready_of(a, b))   # charged as issued
         return deferred.product(ex, a, b, ready, prec)   # rounded per span when computed
       va, vb = _mxu_operands(a, b, k, prec)
-      data = _product(va, vb)
+      data = _product(va, vb, chip_order)
     return _finish_matmul(a, b, data, (m, n), out_d, m, k, n, 1)
   if a.ndim == 0 or b.ndim == 0:
     return multiply(a, b)

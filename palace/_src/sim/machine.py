@@ -33,6 +33,7 @@ from palace._src.sim.trace import Trace
 from palace._src.util import fmt_site, user_site
 
 DMA_POLICIES = ("eager", "on_wait", "random")
+DOT_NUMERICS = ("blas", "mxu")   # who orders a float dot's sums in a kernel (lang/mxu.follows_chip)
 # trace events the reports of one VirtualTPU keep in all (about 150 MB); older launches drop theirs
 KEEP_TRACE_EVENTS = 1_000_000
 
@@ -125,6 +126,7 @@ class Machine:
   # ------------------------------------------------------------------ construction
   def add_core(self, chip_index: int, core_id: int, axis_env: dict, params) -> TensorCore:
     core = TensorCore(self, chip_index, core_id, axis_env, params)
+    core.dot_numerics = self.tpu.dot_numerics
     self.cores.append(core)
     return core
 
@@ -133,6 +135,7 @@ class Machine:
     spec = self.chip.sparsecore
     core_id = (SCALAR_BASE + sc_index) if scalar else (SC_BASE + sc_index * spec.num_subcores + subcore)
     core = SparseSubcore(self, chip_index, core_id, axis_env, params, sc_index, subcore, scalar)
+    core.dot_numerics = self.tpu.dot_numerics
     self.cores.append(core)
     return core
 
@@ -402,13 +405,16 @@ class VirtualTPU:
   wrong kernel (docs/jax.md, "Diagnostic: exact float32 dots"). `shared_dots=True`, also a diagnostic
   and NOT the chip, keeps the chip's rounding and sums every float dot by one fixed rule
   (lang/mxu.shared_product), which palace.jax applies to XLA:CPU's dots outside the kernel too
-  (docs/jax.md, "Diagnostic: shared dots")."""
+  (docs/jax.md, "Diagnostic: shared dots"). `dot_numerics=` chooses who orders the sums of a float dot
+  in a kernel: "blas" (default) the host BLAS's float32 GEMM (the chip's rounding of operands, the
+  machine's summation order); "mxu" the v5e's measured order, bit for bit on the recorded chip outputs
+  but about ten times the host CPU (lang/mxu.chip_product, docs/numerics.md). Timing is the same in both."""
 
   def __init__(self, chip="v5e", num_chips: int = 1, *, timing_only: bool = False,
                dma_policy: str = "eager", seed: int = 0, trace: bool = True, topology=None,
                detect_races: bool = False, uninitialized: str = "nan", p_state=None,
                keep_trace_events=KEEP_TRACE_EVENTS, replay: bool = True, steady_state: bool = True,
-               exact_f32_dots: bool = False, shared_dots: bool = False):
+               exact_f32_dots: bool = False, shared_dots: bool = False, dot_numerics: str = "blas"):
     hostmem.tune_allocator()   # (process-wide host tuning, once: keeps block-sized pages mapped)
     if not isinstance(chip, hw.ChipSpec):
       validate.as_name(chip, "pl.virtual_tpu(chip)", hint=f"pass a chip name: {', '.join(hw.CHIPS)}.")
@@ -450,6 +456,8 @@ class VirtualTPU:
       raise UsageError("pl.virtual_tpu(exact_f32_dots=True, shared_dots=True): two diagnostics that "
                        "compute float32 dots differently, observed both on; expected at most one. Fix: "
                        "pass one of them.")
+    # who orders a float dot's sums: the host BLAS, or the chip's measured rule (lang/mxu.chip_product)
+    self.dot_numerics = validate.as_choice(dot_numerics, "pl.virtual_tpu(dot_numerics)", DOT_NUMERICS)
     self.extrapolated_steps = 0
     self._traced = collections.deque()   # the reports still holding trace events, oldest first
     self._traced_events = 0
@@ -546,6 +554,7 @@ class VirtualTPU:
             + (", exact_f32_dots=True (a diagnostic: not the chip's numerics)" if self.exact_f32_dots
                else "")
             + (", shared_dots=True (a diagnostic: not the chip's numerics)" if self.shared_dots else "")
+            + (f", dot_numerics={self.dot_numerics!r}" if self.dot_numerics != "blas" else "")
             + ")")
 
 
