@@ -37,7 +37,9 @@ def mxu_rule(x, y):
   sums of 4, each rounded to float32 once, added in float32; the chunk's 16 group sums are added in
   order from zero in float32; the chunks' sums are added in order in float32. Bit-identical to the chip
   on all but 3-9 of 65536 outputs (1 ulp) for K = 128-2048 (`v5e-dot-bits-k128-2026-12-06.npz` keeps K
-  = 128). NumPy float64 work of K/4 batched products: a reference, far slower than a BLAS dot."""
+  = 128). NumPy float64 work of K/4 batched products: a reference, far slower than a BLAS dot, kept
+  as the independent oracle of palace's block-level form (lang/mxu.chip_product, VirtualTPU(
+  dot_numerics="mxu"); tests/lang/test_dot_numerics.py compares the two bit for bit)."""
   x = np.asarray(x, np.float64)
   y = np.asarray(y, np.float64)
   m, k = x.shape

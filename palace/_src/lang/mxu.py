@@ -19,6 +19,9 @@ docs/numerics.md):
 
 These are compiler rules (JAX's Pallas TPU lowering and Mosaic's verifier), not properties of the v5e
 silicon, so palace applies them on every chip preset.
+
+Summation order: the host BLAS's by default; VirtualTPU(dot_numerics="mxu") sums DEFAULT-precision
+float dots in the chip's measured order (`follows_chip`, `chip_product`, docs/numerics.md).
 """
 from __future__ import annotations
 

@@ -3,8 +3,10 @@
 Numerics (lang/mxu.py, docs/numerics.md): float operands go through float32 BLAS (products of bf16/fp8
 are exact in float32, sums accumulate in float32 like the MXU), float32 operands rounded to bfloat16
 first at the default precision, as the chip does; integer operands through float32 or float64 BLAS, whichever keeps
-every partial sum exact, then cast to the int32 (or requested) result. Each call is charged to the MXU
-through the executor.
+every partial sum exact, then cast to the int32 (or requested) result. Under
+VirtualTPU(dot_numerics="mxu") a float dot whose operands the MXU reads as bfloat16 values is summed in
+the chip's measured order instead (mxu.chip_product; never deferred). Each call is charged to the MXU
+through the executor, the same in every numerics mode.
 """
 from __future__ import annotations
 
