@@ -58,6 +58,25 @@ def name(k: int, dtype: str, prec: str, where: str = "xla") -> str:
   return f"{where}_k{k}_{dtype}_{prec}"
 
 
+RECORD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "v5e-dot-bits-k128-2026-12-06.npz")
+
+
+def recorded(dtype: str, k: int = 128, prec: str = "default"):
+  """(x, y, chip output) of a recorded case: the operands in `dtype` (float32 or bfloat16, as the chip
+  got them) and the chip's float32 result of x @ y (RECORD keeps K = 128)."""
+  import ml_dtypes  # noqa: PLC0415
+  x, y = _inputs(k, dtype)
+  if dtype == "bfloat16":
+    x, y = x.astype(ml_dtypes.bfloat16), y.astype(ml_dtypes.bfloat16)
+  return x, y, np.load(RECORD)[name(k, dtype, prec)]
+
+
+def ulps(got, want) -> np.ndarray:
+  """|got - want| in float32 units in the last place (same-sign values: their bit patterns' distance)."""
+  return np.abs(np.asarray(got, np.float32).view(np.int32).astype(np.int64)
+                - np.asarray(want, np.float32).view(np.int32).astype(np.int64))
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser()
   ap.add_argument("--out", required=True)

@@ -5,7 +5,6 @@ outliers) and a numerics probe whose operands span 2^+-30 within rows and column
 exact four-sums are not what the chip computes). palace's own side: tests/lang/test_dot_numerics.py."""
 import os
 
-import ml_dtypes
 import numpy as np
 import pytest
 
@@ -19,26 +18,18 @@ from benchmarks.hw import dot_bits
 from benchmarks.hw import numerics_compare as nc
 from palace._src.jax.activation import activate_from_env
 
-DOT_BITS = os.path.join(os.path.dirname(dot_bits.__file__), "data", "v5e-dot-bits-k128-2026-12-06.npz")
 PROBES = os.path.join(os.path.dirname(dot_bits.__file__), "data", "v5e-numerics-2026-12-05.jsonl")
-
-
-def _ulps(got, want):
-  return np.abs(got.view(np.int32).astype(np.int64) - want.view(np.int32).astype(np.int64))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_a_jax_kernel_dot_reproduces_the_chip_bits(dtype):
-  chip = np.load(DOT_BITS)[dot_bits.name(128, dtype, "default")]
-  x, y = dot_bits._inputs(128, dtype)
-  if dtype == "bfloat16":
-    x, y = x.astype(ml_dtypes.bfloat16), y.astype(ml_dtypes.bfloat16)
+  x, y, chip = dot_bits.recorded(dtype)
 
   def kernel(x_ref, y_ref, o_ref):
     o_ref[...] = jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
   call = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((256, 256), jnp.float32))
   with palace.jax.virtual_tpu("v5e", dot_numerics="mxu"):
-    ulps = _ulps(np.asarray(call(x, y)), chip)
+    ulps = dot_bits.ulps(np.asarray(call(x, y)), chip)
   assert (ulps != 0).sum() == 3 and ulps.max() == 1
 
 
@@ -56,7 +47,7 @@ def test_operands_spanning_2_to_the_60_differ_from_the_chip_only_in_their_rows_a
                          preferred_element_type=jnp.float32)
   call = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32))
   with palace.jax.virtual_tpu("v5e", dot_numerics="mxu"):
-    differ = _ulps(np.asarray(call(a, b)), chip) != 0
+    differ = dot_bits.ulps(np.asarray(call(a, b)), chip) != 0
   wide = np.zeros((8, 128), bool)
   wide[4:6] = True
   wide[:, 64:96] = True

@@ -2,8 +2,6 @@
 (lang/mxu.chip_product, docs/numerics.md), against the chip's recorded outputs
 (benchmarks/hw/data/v5e-dot-bits-k128-2026-12-06.npz) and the slow reference rule
 (benchmarks/hw/dot_bits.mxu_rule). palace.jax's side: tests/jax_backend/test_dot_numerics.py."""
-import os
-
 import ml_dtypes
 import numpy as np
 import pytest
@@ -16,7 +14,6 @@ from benchmarks.kernels import tiled_matmul
 from palace import lax
 from palace._src.lang import mxu
 
-DATA = os.path.join(os.path.dirname(dot_bits.__file__), "data", "v5e-dot-bits-k128-2026-12-06.npz")
 BF16 = ml_dtypes.bfloat16
 
 
@@ -40,23 +37,15 @@ def _call(shape):
   return palace.pallas_call(_dot_kernel, out_shape=palace.ShapeDtypeStruct(shape, np.float32))
 
 
-def _ulps(got, want):
-  return np.abs(got.view(np.int32).astype(np.int64) - want.view(np.int32).astype(np.int64))
-
-
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_a_kernel_dot_reproduces_the_chip_bits(dtype):
-  chip = np.load(DATA)[dot_bits.name(128, dtype, "default")]
-  x, y = dot_bits._inputs(128, dtype)
-  if dtype == "bfloat16":
-    x, y = x.astype(BF16), y.astype(BF16)
+  x, y, chip = dot_bits.recorded(dtype)
   with palace.virtual_tpu("v5e", dot_numerics="mxu"):
-    got = np.asarray(_call((256, 256))(x, y))
-  ulps = _ulps(got, chip)
+    ulps = dot_bits.ulps(np.asarray(_call((256, 256))(x, y)), chip)
   # the rule's known outliers on this record: 3 of 65536 outputs, each 1 ulp (docs/numerics.md)
   assert (ulps != 0).sum() == 3 and ulps.max() == 1
   with palace.virtual_tpu("v5e"):   # the default, the host BLAS's order: thousands differ
-    assert (_ulps(np.asarray(_call((256, 256))(x, y)), chip) != 0).sum() > 10000
+    assert (dot_bits.ulps(np.asarray(_call((256, 256))(x, y)), chip) != 0).sum() > 10000
 
 
 @pytest.mark.parametrize("m,k,n", [(8, 128, 128), (64, 200, 96), (33, 384, 130), (8, 5, 7), (16, 1000, 128)])
