@@ -57,3 +57,11 @@ def test_operands_spanning_2_to_the_60_differ_from_the_chip_only_in_their_rows_a
 def test_a_bad_environment_value_is_a_usage_error():
   with pytest.raises(palace.UsageError, match="PALACE_JAX_DOT_NUMERICS='chip': expected mxu .* or blas"):
     activate_from_env({"PALACE_JAX": "v5e", "PALACE_JAX_DOT_NUMERICS": "chip"})
+
+
+def test_pytest_header_names_the_mode(monkeypatch):
+  from palace._src.jax import pytest_plugin
+  monkeypatch.setattr(pytest_plugin, "_tpu", lambda: palace.virtual_tpu("v5e", dot_numerics="mxu"))
+  assert "PALACE_JAX_DOT_NUMERICS=mxu" in pytest_plugin.pytest_report_header(None)
+  monkeypatch.setattr(pytest_plugin, "_tpu", lambda: palace.virtual_tpu("v5e"))
+  assert "DOT_NUMERICS" not in pytest_plugin.pytest_report_header(None)

@@ -50,4 +50,6 @@ def pytest_report_header(config):
              "computed exactly, NOT as the chip computes them (it rounds their operands to bfloat16)"
              if tpu.exact_f32_dots else "")
           + ("; DIAGNOSTIC PALACE_JAX_SHARED_DOTS=1: float dots in kernels and in XLA:CPU's code outside "
-             "them are summed by one rule, NOT in the chip's order" if tpu.shared_dots else ""))
+             "them are summed by one rule, NOT in the chip's order" if tpu.shared_dots else "")
+          + ("; PALACE_JAX_DOT_NUMERICS=mxu: float dots in kernels summed in the chip's measured order"
+             if tpu.dot_numerics == "mxu" else ""))
