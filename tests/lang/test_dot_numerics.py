@@ -9,6 +9,7 @@ import threadpoolctl
 
 import palace
 import palace.numpy as pnp
+import palace.tpu as pltpu
 from benchmarks.hw import dot_bits
 from benchmarks.kernels import tiled_matmul
 from palace import lax
@@ -46,6 +47,15 @@ def test_a_kernel_dot_reproduces_the_chip_bits(dtype):
   assert (ulps != 0).sum() == 3 and ulps.max() == 1
   with palace.virtual_tpu("v5e"):   # the default, the host BLAS's order: thousands differ
     assert (dot_bits.ulps(np.asarray(_call((256, 256))(x, y)), chip) != 0).sum() > 10000
+
+
+def test_a_launch_in_interpret_mode_keeps_the_mode():
+  # interpret=InterpretParams runs on a VirtualTPU made like the active one (launch/host.interpret_context)
+  x, y, chip = dot_bits.recorded("float32")
+  call = palace.pallas_call(_dot_kernel, out_shape=palace.ShapeDtypeStruct((256, 256), np.float32),
+                            interpret=pltpu.InterpretParams())
+  with palace.virtual_tpu("v5e", dot_numerics="mxu"):
+    assert (dot_bits.ulps(np.asarray(call(x, y)), chip) != 0).sum() == 3
 
 
 @pytest.mark.parametrize("m,k,n", [(8, 128, 128), (64, 200, 96), (33, 384, 130), (8, 5, 7), (16, 1000, 128)])
