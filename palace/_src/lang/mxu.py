@@ -195,7 +195,7 @@ def round_to_bf16_as_f32(v: np.ndarray, out: np.ndarray) -> np.ndarray:
 CHUNK = 128                      # K of one MXU pass on v5e (128x128): chunk sums are added in order
 _HALF = 4                        # products summed exactly, then rounded to float32 once
 _EXACT_SPREAD = 35               # float64 holds every partial sum of 4 such products exactly when their
-                                 # exponents span at most this many binades (module docs below)
+                                 # exponents span at most this many binades (chip_product)
 _TILE_BYTES = 1 << 22            # float64 four-sums of one output tile (measured best: 128 x 128)
 _TILE_ROWS = 128
 
