@@ -1,0 +1,191 @@
+"""Session 23's chip call: the two questions session 22's data left for the next model step.
+
+`sync_size`: is a pipelined step's DMA wait a latency counted from the copy's landing (a step of
+compute c with moving inputs costs about max(c + a little, (round trip + c) / 2), as `sync_sweep`
+suggests for two 32 KiB inputs) or a stall paid after the wait is reached (the model's rule since
+session 19)? The same pipeline as `sync_sweep` (`cases_fence._pipe`) with 1, 2 or 4 moving f32 input
+blocks of 8, 32 or 128 KiB, beside no work or 2048 rows of vector work (and that work with fixed blocks).
+
+`stream_pair`: does a consumer op stream behind its producer when the consumer's unit is slower (the
+model lets a consumer's busy cycles start when it issues, before its producer has made anything), or do
+the two units' times add? A producer and a consumer on different units, on (rows, 128) values of 128,
+512 and 2048 rows, one pair a grid step, no copies: an MXU dot into a lane max (XLU), an MXU dot into
+exp (EUP), a lane max broadcast back and subtracted then exp (XLU -> VPU -> EUP), exp into an MXU dot
+(EUP -> MXU); and flash attention's inner step with fixed blocks of 256 rows (`cases_fence._flash_part`;
+its 128-row form was measured in session 22).
+
+`unit_overlap` (the same call's second half): do independent MXU, XLU and EUP work in one step overlap
+(the step costs the longest unit) or add? Each alone and in pairs on 512 and 2048 rows, fixed blocks;
+and flash attention's inner step at 256 rows cut into parts (q k^T; + the row max; + exp and the row
+sum; + p v) and whole at 512 rows, fixed blocks, where session 23's first call found the step 46% longer
+than the model.
+
+Same conventions as `cases.py` (public Pallas API shared by JAX 0.10.2 and 0.12; nothing here imports palace).
+"""
+from __future__ import annotations
+
+from benchmarks.hw.cases import Case, _jax, _rand
+from benchmarks.hw.cases_fence import _flash_part, _pipe
+
+_LANES = 128
+
+
+def _pair(op, rows, n=256):
+  """A pallas_call grid of `n` steps on fixed (rows, 128) blocks (no copies after the first): one
+  producer -> consumer pair (module docstring) a step, accumulated into f32 VMEM scratch."""
+  def build():
+    jax, jnp, pl, pltpu = _jax()
+
+    def kernel(x_ref, w_ref, o_ref, acc_ref, r_ref):
+      @pl.when(pl.program_id(0) == 0)
+      def _():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+        r_ref[...] = jnp.zeros_like(r_ref)
+
+      x = x_ref[...]
+      if op == "dot_max":
+        s = jnp.dot(x, w_ref[...], preferred_element_type=jnp.float32)
+        r_ref[...] += jnp.max(s, axis=-1, keepdims=True)
+      elif op == "dot_exp":
+        s = jnp.dot(x, w_ref[...], preferred_element_type=jnp.float32)
+        acc_ref[...] += jnp.exp(s * 1e-2)
+      elif op == "max_exp":
+        v = acc_ref[...] * 0.5 + x.astype(jnp.float32)
+        acc_ref[...] = jnp.exp(v - jnp.max(v, axis=-1, keepdims=True))
+      elif op == "exp_dot":
+        p = jnp.exp(acc_ref[...] * 1e-3 + x.astype(jnp.float32))
+        acc_ref[...] = jnp.dot(p.astype(jnp.bfloat16), w_ref[...], preferred_element_type=jnp.float32) * 1e-3
+      else:
+        raise ValueError(op)
+
+      @pl.when(pl.program_id(0) == n - 1)
+      def _():
+        o_ref[...] = acc_ref[...] + r_ref[...]
+
+    fixed = lambda i: (0, 0)  # noqa: E731
+    call = pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct((rows, _LANES), jnp.float32), grid=(n,),
+        in_specs=[pl.BlockSpec((rows, _LANES), fixed), pl.BlockSpec((_LANES, _LANES), fixed)],
+        out_specs=pl.BlockSpec((rows, _LANES), fixed),
+        scratch_shapes=[pltpu.VMEM((rows, _LANES), jnp.float32), pltpu.VMEM((rows, 1), jnp.float32)])
+    return call, (_rand((rows, _LANES), "bfloat16", 1), _rand((_LANES, _LANES), "bfloat16", 2) * 0.1)
+  return build
+
+
+def sync_size_cases() -> list[Case]:
+  F = "sync_size"
+  out = []
+  for kib, block_rows in ((8, 16), (32, 64), (128, 256)):
+    for inputs in (1, 2, 4):
+      for rows in (0, 2048):
+        out.append(Case(f"ssize_vpu{rows}_in{inputs}_b{kib}KiB", F,
+                        _pipe("vpu", rows, inputs, block_rows=block_rows, n=256)))
+  out.append(Case("ssize_vpu2048_in1_b8KiB_fixed", F, _pipe("vpu", 2048, 1, moving=False, block_rows=16,
+                                                            n=256)))
+  return out
+
+
+def stream_pair_cases() -> list[Case]:
+  F = "stream_pair"
+  out = [Case(f"spair_{op}_r{rows}", F, _pair(op, rows))
+         for op in ("dot_max", "dot_exp", "max_exp", "exp_dot") for rows in (128, 512, 2048)]
+  out.append(Case("spair_flash_full_fixed_blk256", F, _flash_part("full", moving=False, n=256, blk=256)))
+  return out
+
+
+def _units(ops, rows, n=256):
+  """A pallas_call grid of `n` steps on fixed blocks: in each step the independent pieces of work named
+  in `ops` ('dot': an (rows, 128) x (128, 128) bf16 dot accumulated into f32 scratch; 'max': a lane max
+  of an (rows, 128) f32 scratch accumulated into a column; 'exp': exp of an (rows, 128) f32 scratch
+  accumulated into another), each on its own data."""
+  def build():
+    jax, jnp, pl, pltpu = _jax()
+
+    def kernel(x_ref, w_ref, o_ref, a_ref, b_ref, c_ref, r_ref):
+      @pl.when(pl.program_id(0) == 0)
+      def _():
+        for ref in (a_ref, b_ref, c_ref, r_ref):
+          ref[...] = jnp.zeros_like(ref)
+
+      if "dot" in ops:
+        a_ref[...] += jnp.dot(x_ref[...], w_ref[...], preferred_element_type=jnp.float32)
+      if "max" in ops:
+        r_ref[...] += jnp.max(b_ref[...], axis=-1, keepdims=True)
+      if "exp" in ops:
+        c_ref[...] += jnp.exp(b_ref[...] * 1e-3)
+
+      @pl.when(pl.program_id(0) == n - 1)
+      def _():
+        o_ref[...] = a_ref[...] + c_ref[...] + r_ref[...]
+
+    fixed = lambda i: (0, 0)  # noqa: E731
+    call = pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct((rows, _LANES), jnp.float32), grid=(n,),
+        in_specs=[pl.BlockSpec((rows, _LANES), fixed), pl.BlockSpec((_LANES, _LANES), fixed)],
+        out_specs=pl.BlockSpec((rows, _LANES), fixed),
+        scratch_shapes=[pltpu.VMEM((rows, _LANES), jnp.float32) for _ in range(3)]
+        + [pltpu.VMEM((rows, 1), jnp.float32)])
+    return call, (_rand((rows, _LANES), "bfloat16", 1), _rand((_LANES, _LANES), "bfloat16", 2) * 0.1)
+  return build
+
+
+def _flash_cut(part, blk, n=256):
+  """Flash attention's inner step on fixed (blk, 128) bf16 q, k, v blocks, cut at `part` ('qk': s = q k^T
+  accumulated into a (blk, blk) f32 scratch; 'max': + the running row max; 'softmax': + exp(s - m), the
+  row sum and the l update, p accumulated; 'full': + p v and the rescaled (blk, 128) accumulator)."""
+  def build():
+    jax, jnp, pl, pltpu = _jax()
+
+    def kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref, s_ref):
+      @pl.when(pl.program_id(0) == 0)
+      def _():
+        m_ref[...] = jnp.full_like(m_ref, -1e30)
+        l_ref[...] = jnp.zeros_like(l_ref)
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+        s_ref[...] = jnp.zeros_like(s_ref)
+
+      s = jax.lax.dot_general(q_ref[...], k_ref[...], (((1,), (1,)), ((), ())),
+                              preferred_element_type=jnp.float32)
+      if part == "qk":
+        s_ref[...] += s
+      else:
+        m_prev = m_ref[...]
+        m_new = jnp.maximum(m_prev, jnp.max(s, axis=-1, keepdims=True))
+        m_ref[...] = m_new
+        if part == "max":
+          s_ref[...] += s
+        else:
+          p = jnp.exp(s - m_new)
+          alpha = jnp.exp(m_prev - m_new)
+          l_ref[...] = alpha * l_ref[...] + jnp.sum(p, axis=-1, keepdims=True)
+          if part == "softmax":
+            s_ref[...] += p
+          else:
+            pv = jnp.dot(p.astype(jnp.bfloat16), v_ref[...], preferred_element_type=jnp.float32)
+            acc_ref[...] = acc_ref[...] * alpha + pv
+
+      @pl.when(pl.program_id(0) == n - 1)
+      def _():
+        o_ref[...] = acc_ref[...] + s_ref[:, 0:_LANES] + l_ref[...]
+
+    fixed = lambda i: (0, 0)  # noqa: E731
+    spec = pl.BlockSpec((blk, _LANES), fixed)
+    call = pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct((blk, _LANES), jnp.float32), grid=(n,),
+        in_specs=[spec, spec, spec], out_specs=spec,
+        scratch_shapes=[pltpu.VMEM((blk, 1), jnp.float32), pltpu.VMEM((blk, 1), jnp.float32),
+                        pltpu.VMEM((blk, _LANES), jnp.float32), pltpu.VMEM((blk, blk), jnp.float32)])
+    return call, tuple(_rand((blk, _LANES), "bfloat16", k) for k in (1, 2, 3))
+  return build
+
+
+def unit_overlap_cases() -> list[Case]:
+  F = "unit_overlap"
+  out = []
+  for rows in (512, 2048):
+    for ops in (("dot",), ("max",), ("exp",), ("dot", "max"), ("dot", "exp"), ("max", "exp")):
+      out.append(Case(f"uover_{'_'.join(ops)}_r{rows}", F, _units(ops, rows)))
+  for part in ("qk", "max", "softmax", "full"):
+    out.append(Case(f"uover_flash_{part}_blk256", F, _flash_cut(part, 256)))
+  out.append(Case("uover_flash_full_blk512", F, _flash_cut("full", 512, n=128)))
+  return out
