@@ -591,3 +591,23 @@ def test_a_zero_length_scan_gives_empty_stacked_outputs():
     got = np.asarray(f(x))
   np.testing.assert_array_equal(got, want)
   np.testing.assert_array_equal(got, x + 3)
+
+
+def test_kernels_that_differ_only_in_shape_share_one_compiled_program_text(monkeypatch):
+  # the generated program names every value through its namespace, so a kernel launched at another
+  # shape compiles nothing new, and still computes at its own shape
+  from palace._src.jax import interpret
+  compiled = []
+  real = compile
+  monkeypatch.setattr(interpret, "_CODE", {})
+  monkeypatch.setattr(interpret, "compile", lambda *a: compiled.append(a[0]) or real(*a), raising=False)
+
+  def kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[...] * 2.0 + 1.0
+  outs = []
+  for rows in (8, 16, 24):
+    x = (np.arange(rows * 128) % 7).reshape(rows, 128).astype(np.float32)
+    out, _ = _run(kernel, jax.ShapeDtypeStruct((rows, 128), jnp.float32), x)
+    np.testing.assert_array_equal(out, x * 2.0 + 1.0)
+    outs.append(len(compiled))
+  assert outs[0] >= 1 and outs[1] == outs[0] and outs[2] == outs[0], outs
