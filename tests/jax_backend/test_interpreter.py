@@ -246,16 +246,20 @@ def test_a_dma_left_in_flight_is_reported_at_the_kernel_line_that_started_it():
       jax.block_until_ready(jax.jit(f)(X))
 
 
-def test_a_dma_priority_other_than_the_default_is_refused_not_ignored():
+def test_a_dma_on_the_priority_one_queue_moves_the_same_data_and_a_priority_two_is_refused():
   import palace as ppl
 
-  def kernel(x_hbm, o_hbm, sem):
-    pltpu.async_copy(x_hbm, o_hbm, sem, priority=1).wait()
+  def kernel(priority):
+    def k(x_hbm, o_hbm, sem):
+      pltpu.async_copy(x_hbm, o_hbm, sem, priority=priority).wait()
+    return k
 
-  f = _hbm_call(kernel, [pltpu.SemaphoreType.DMA])
-  with pytest.raises(ppl.UnsupportedError, match=r"start\(priority=1\).*one DMA queue per core"):
+  with pj.virtual_tpu("v5e"):
+    out = jax.jit(_hbm_call(kernel(1), [pltpu.SemaphoreType.DMA]))(X)
+  np.testing.assert_array_equal(np.asarray(out), X)
+  with pytest.raises(ppl.UnsupportedError, match=r"priority=2 on a local copy.*only support priority 0 or 1"):
     with pj.virtual_tpu("v5e"):
-      jax.block_until_ready(jax.jit(f)(X))
+      jax.block_until_ready(jax.jit(_hbm_call(kernel(2), [pltpu.SemaphoreType.DMA]))(X))
 
 
 def test_a_dma_with_no_user_frame_is_reported_at_the_kernel_definition(tmp_path):
