@@ -143,7 +143,7 @@ def _block_mapping(params, bm, name: str) -> blocks.BlockMapping:
   extra = len(shape) - len(bm.array_aval.shape)
   space = memory_space(getattr(bm.transformed_block_aval, "memory_space", None), pcore.MemorySpace.VMEM,
                        bm.origin)
-  if space in (pcore.MemorySpace.ANY, pcore.MemorySpace.HBM):
+  if space in (pcore.MemorySpace.ANY, pcore.MemorySpace.HBM, pcore.MemorySpace.HOST):
     if not bm.has_trivial_window():
       raise BlockSpecError(
           f"palace.jax: pallas_call '{kernel_name(params)}': {bm.origin} is in memory space {space} with "
@@ -154,7 +154,8 @@ def _block_mapping(params, bm, name: str) -> blocks.BlockMapping:
           f"the array shape and a trivial index_map', measured on a TPU v5e). Fix: "
           f"pl.BlockSpec(memory_space=pl.ANY) and slice the HBM ref in the kernel "
           f"(x_hbm.at[pl.ds(start, size)]), or use VMEM blocks.")
-    return blocks.whole_hbm(name, shape, dtype)
+    return blocks.whole_hbm(name, shape, dtype, pcore.MemorySpace.ANY if space is pcore.MemorySpace.HBM
+                            else space)
   requested, revisit_any = (1 if _single_window(params, bm) else None), False
   if bm.pipeline_mode is not None:
     n = bm.pipeline_mode.buffer_count

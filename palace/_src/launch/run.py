@@ -148,6 +148,16 @@ def _replay_key(plan: LaunchPlan, operands):
   return plan, tuple(key)
 
 
+def _in_host_memory(plan: LaunchPlan) -> tuple:
+  """(operand indices, output indices) of a grid launch's operands and outputs in the host's pinned
+  memory (pl.HOST block mappings): their buffers live there, reached by DMA across the host link."""
+  if not plan.is_grid:
+    return frozenset(), frozenset()
+  nsp = plan.num_prefetch
+  return (frozenset(nsp + k for k, m in enumerate(plan.in_maps) if m.space is MemorySpace.HOST),
+          frozenset(i for i, m in enumerate(plan.out_maps) if m.space is MemorySpace.HOST))
+
+
 class _Launch:
   """The host-side state of one run: output buffers and which output blocks the pipelines wrote."""
 
@@ -163,6 +173,10 @@ class _Launch:
     self.out_bufs = [memory.hbm_output(o.shape, o.dtype, o.name, timing_only, lazy=i in self.lazy,
                                        into=None if out_bufs is None else out_bufs[i], storage=out[i])
                      for i, o in enumerate(plan.outputs)]
+    host_ins, host_outs = _in_host_memory(plan)
+    for i in host_outs:
+      self.out_bufs[i].memory_space = MemorySpace.HOST
+    self.host_ins = host_ins
     for a_in, a_out in plan.aliases.items():
       memory.alias_input(self.out_bufs[a_out], operands[a_in], timing_only, own=out[a_out] is not None)
     self.written = {}   # output index -> element offsets of the blocks written back (all cores)
@@ -188,6 +202,8 @@ class _Launch:
         in_bufs.append(self.out_bufs[plan.aliases[k]])
       else:
         in_bufs.append(host.hbm_input(v, o.name, chip_index))
+        if k in self.host_ins:
+          in_bufs[-1].memory_space = MemorySpace.HOST
     for b in self.out_bufs:
       b.chip = chip_index  # each chip's outputs live on it (remote DMAs to chip 0 found the sender's own)
     if plan.is_grid:
