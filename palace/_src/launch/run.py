@@ -469,8 +469,11 @@ def _mesh_cores(machine, chip_index, mesh, params, kname):
 def _vmem_request(plan: LaunchPlan):
   """(block bytes, scratch bytes, pipelined block mappings, [(scratch index, VMEM type)]) of a grid
   plan's VMEM buffers."""
-  blocks = [m for m in plan.in_maps + plan.out_maps if m.pipelined]
-  scratch = plan.scratch
+  return _vmem_request_of(plan.in_maps + plan.out_maps, plan.scratch)
+
+
+def _vmem_request_of(maps, scratch):
+  blocks = [m for m in maps if m.pipelined]
   leaves = tree_flatten(scratch, is_leaf=lambda x: isinstance(x, (MemoryRef, SemaphoreRefType)))[0] \
       if scratch else ()
   vmem = [(i, t) for i, t in enumerate(leaves)
@@ -488,14 +491,27 @@ def _check_vmem(core, plan: LaunchPlan):
   if sizes is None:   # (a function of the plan alone)
     sizes = cache["vmem bytes"] = _vmem_request(plan)[:2]
   chip = core.chip
-  whole = chip.vmem_bytes - chip.internal_scratch_bytes
-  if sizes[0] <= core.vmem_limit and sizes[0] + sizes[1] <= whole:   # (breakdown only for the error)
+  if sizes[0] <= core.vmem_limit and sizes[0] + sizes[1] <= chip.vmem_bytes - chip.internal_scratch_bytes:
     return
-  kname = plan.kernel_name
-  blocks_total, scratch_total, blocks, vmem = _vmem_request(plan)
+  _vmem_error(plan.kernel_name, chip, core.vmem_limit, plan.in_maps + plan.out_maps, plan.scratch)
+
+
+def check_vmem_request(kname: str, chip, params, maps, scratch) -> None:
+  """`_check_vmem` for a grid launch not planned yet, from its block mappings `maps`, `scratch` types
+  and CompilerParams `params` on `chip` (palace.jax while it lowers a pallas_call: the TPU compiler
+  refuses such a kernel when it compiles it, before any run)."""
+  blocks_total, scratch_total, _, _ = _vmem_request_of(maps, scratch)
+  limit = memory.scoped_vmem_limit(chip, getattr(params, "vmem_limit_bytes", None))
+  if blocks_total > limit or blocks_total + scratch_total > chip.vmem_bytes - chip.internal_scratch_bytes:
+    _vmem_error(kname, chip, limit, maps, scratch)
+
+
+def _vmem_error(kname: str, chip, vmem_limit: int, maps, scratch):
+  whole = chip.vmem_bytes - chip.internal_scratch_bytes
+  blocks_total, scratch_total, blocks, vmem = _vmem_request_of(maps, scratch)
   detail = " + ".join([f"{m.name} {m.buffer_count} x {fmt_bytes(m.block_bytes)} block "
                        f"{m.dtype}{list(m.block_shape)}" for m in blocks])
-  if blocks_total <= core.vmem_limit:
+  if blocks_total <= vmem_limit:
     scr = " + ".join(f"scratch[{i}] {fmt_bytes(t.nbytes)}" for i, t in vmem)
     raise ResourceError(
         f"VMEM over capacity for kernel '{kname}' on chip 0 core 0 ({chip.name}): "
@@ -510,7 +526,7 @@ def _check_vmem(core, plan: LaunchPlan):
   raise ResourceError(
       f"VMEM over capacity for kernel '{kname}' on chip 0 core 0 ({chip.name}): "
       f"{fmt_bytes(blocks_total)} of pipelined blocks requested ({detail}) but the scoped VMEM limit "
-      f"is {fmt_bytes(core.vmem_limit)} (scratch operands are not scoped). Fix: reduce block sizes or "
+      f"is {fmt_bytes(vmem_limit)} (scratch operands are not scoped). Fix: reduce block sizes or "
       f"pipeline buffer_count (pl.Buffered(1) for blocks "
       f"that do not change), {fix}.")
 
