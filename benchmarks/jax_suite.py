@@ -84,7 +84,7 @@ _OWN_CHECK = re.compile(r"^tests[/\\]pallas[/\\]\w+\.py:\d+: (AssertionError|Att
 # an error palace raised where the compiler raises its own (VMEM / SMEM over capacity), which the test
 # matches by the compiler's wording (assertIn's "not found in", or assertRaisesRegex's "does not match"
 # of the message of the error palace.jax raised where the compiler does, at lowering)
-_COMPILER_WORDING = re.compile(r"AssertionError: .* (not found in '.*(ResourceError|ResourceError: \w+): |"
+_COMPILER_WORDING = re.compile(r"AssertionError: .* (not found in ['\"](.*ResourceError(: \w+)?: )?|"
                                r"does not match \")(VMEM|SMEM) over capacity", re.S)
 
 
