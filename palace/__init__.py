@@ -4,7 +4,7 @@ This module only re-exports; the implementation lives in `palace._src`.
 """
 from palace._src.tools.autotune import autotune
 from palace._src.core import (ANY, BlockSpec, Blocked, BoundedSlice, Buffered, CompilerParams,
-                              CostEstimate, DeviceIdType, Element, GridSpec, MemoryRef, MemorySpace,
+                              CostEstimate, DeviceIdType, Element, GridSpec, HOST, MemoryRef, MemorySpace,
                               ShapeDtypeStruct, Squeezed, no_block_spec, squeezed)
 from palace._src.errors import (BlockSpecError, CompilerRejectError, MemorySpaceError, MissingApiError,
                                 OutOfBoundsError, PalaceError, RaceError, ResourceError, ShapeError, SyncError,

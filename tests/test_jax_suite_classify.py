@@ -276,6 +276,18 @@ capacity for kernel 'kernel' on chip 0 core 0 (v5e): 128.00 MiB of pipelined blo
 
 tests/pallas/tpu_pallas_test.py:2631: AssertionError"""
 
+# palace.jax's VMEM refusal at lowering (where the compiler refuses), matched by the compiler's words
+OOM_WORDING_RAISED = """E   AssertionError: "(Ran out of memory)|(exceed memory)" does not match "VMEM over capacity for \
+kernel 'body' on chip 0 core 0 (v5e): 20.00 MiB of pipelined blocks requested"
+
+tests/pallas/tpu_pallas_test.py:2727: AssertionError"""
+
+OOM_WORDING_AT_LOWERING = """>     self.assertIn('input window allocation for operator input 0', error_message)
+E     AssertionError: 'input window allocation for operator input 0' not found in "VMEM over capacity \
+for kernel 'kernel' on chip 0 core 0 (v5e): 128.00 MiB of pipelined blocks requested"
+
+tests/pallas/tpu_pallas_test.py:2631: AssertionError"""
+
 # the same reads, but the failure is the kernel's result (numeric) or raised inside the kernel call
 COMPILED_THEN_NUMERIC = """    def test_x(self):
       compiled = f.lower(x).compile().as_text()
@@ -296,8 +308,10 @@ E   palace._src.errors.OutOfBoundsError: index 9 of args[0]
 /venv/lib/python3.12/site-packages/jax/_src/interpreters/pxla.py:413: JaxRuntimeError"""
 
 
-@pytest.mark.parametrize("text", [COMPILED_TEXT, DEBUG_MLIR, OOM_WORDING],
-                         ids=["compiled_text", "debug_mlir", "oom_wording"])
+@pytest.mark.parametrize("text", [COMPILED_TEXT, DEBUG_MLIR, OOM_WORDING, OOM_WORDING_RAISED,
+                                  OOM_WORDING_AT_LOWERING],
+                         ids=["compiled_text", "debug_mlir", "oom_wording", "oom_wording_raised",
+                              "oom_wording_at_lowering"])
 def test_checks_of_compiler_output_need_a_compiler(text):
   assert js.reads_compiler_output(text)
   assert js.classify(text) == "needs a compiler"

@@ -135,6 +135,13 @@ def canonicalize(spec, shape, dtype, name: str, num_index_args: int,
           f"for a pl.ANY / pltpu.HBM operand: those get the whole HBM ref with no windowing. Fix: drop "
           f"block_shape (pl.BlockSpec(memory_space=pl.ANY)), or use VMEM to get blocks.")
     return whole_hbm(name, shape, dtype)
+  if space == MemorySpace.HOST:
+    if spec.block_shape is not None and tuple(spec.block_shape) != shape:
+      raise BlockSpecError(
+          f"Block shape for {name} (= {tuple(spec.block_shape)}) must equal the array shape {shape} "
+          f"for a pl.HOST operand: it stays in host memory, reached by DMA only. Fix: drop "
+          f"block_shape (pl.BlockSpec(memory_space=pl.HOST)) and copy windows of the host ref.")
+    return whole_hbm(name, shape, dtype, MemorySpace.HOST)
   if space not in (MemorySpace.VMEM, MemorySpace.SMEM):
     raise UnsupportedError.feature(f"BlockSpec memory_space={space}", "Fix: use pltpu.VMEM (the default), "
                                   "pltpu.SMEM, pl.ANY or pltpu.HBM.")
@@ -156,10 +163,10 @@ def canonicalize(spec, shape, dtype, name: str, num_index_args: int,
 
 
 # ---- the parts of a mapping, for every front end (palace.jax builds its mappings from JAX's with them)
-def whole_hbm(name: str, shape: tuple, dtype) -> BlockMapping:
-  """The mapping of an operand that stays in HBM (pl.ANY / pltpu.HBM): the kernel gets the whole ref."""
-  return BlockMapping(name, shape, dtype, tuple((BLOCKED, s, 0) for s in shape), None, MemorySpace.ANY, 1,
-                      False)
+def whole_hbm(name: str, shape: tuple, dtype, space: MemorySpace = MemorySpace.ANY) -> BlockMapping:
+  """The mapping of an operand that stays in HBM (pl.ANY / pltpu.HBM), or in `space` = HOST (pl.HOST,
+  the host's pinned memory): the kernel gets the whole ref."""
+  return BlockMapping(name, shape, dtype, tuple((BLOCKED, s, 0) for s in shape), None, space, 1, False)
 
 
 def check_block(name: str, shape: tuple, dtype, dims: tuple, space: MemorySpace, shown=None) -> None:

@@ -26,6 +26,7 @@ class MemorySpace(enum.Enum):
   VMEM_SHARED = "vmem_shared"
   CMEM = "cmem"
   SEMAPHORE = "semaphore_mem"
+  HOST = "host"   # the host's pinned memory: reached by DMA only, across the chip's host link (PCIe)
 
   def __str__(self):
     return self.value
@@ -42,6 +43,7 @@ class MemorySpace(enum.Enum):
 
 
 ANY = MemorySpace.ANY
+HOST = MemorySpace.HOST
 
 
 def is_hbm(space: MemorySpace) -> bool:

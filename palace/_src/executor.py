@@ -180,7 +180,7 @@ class DmaRequest:
   """
   __slots__ = ("src_buf", "src_index", "dst_buf", "dst_index", "shape", "sem_buf", "sem_index",
                "src_sem_buf", "src_sem_index", "add", "device_id", "core_index", "site", "labels",
-               "nbytes", "src_indices", "dst_indices", "mask", "fast")
+               "nbytes", "src_indices", "dst_indices", "mask", "fast", "priority")
 
   def __init__(self, src_buf, src_index, dst_buf, dst_index, shape, sem_buf=None, sem_index=(),
                src_sem_buf=None, src_sem_index=(), add=False, device_id=None, core_index=None,
@@ -191,6 +191,7 @@ class DmaRequest:
     self.device_id, self.core_index, self.site, self.labels = device_id, core_index, site, labels
     self.nbytes, self.src_indices, self.dst_indices = nbytes, src_indices, dst_indices
     self.mask = None  # indexed DMAs: which index entries are used (None: all)
+    self.priority = 0  # the DMA queue of a TensorCore copy (0 or 1: `.start(priority=)`); timed alike
     self.fast = None  # the executor's cache (sim/dma.DmaEngine.start); it depends only on the memory
                       # spaces and the destination semaphore, so a request with the same ones may
                       # start with another's (lang/tpu_primitives.prepare_window_copy(like=...))

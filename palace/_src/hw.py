@@ -114,6 +114,9 @@ class ChipSpec:
   hbm_write_with_reads_fraction: "float | None" = None
   hbm_copy_fraction: "float | None" = None
   dma_hbm_hbm_latency_ns: "float | None" = None   # None: the larger of the two directions
+  # the chip's link to its host's memory (PCIe): DMAs to and from pinned host memory (pl.HOST) cross it
+  host_link_bytes_per_s_one_way: float = 1.6e10
+  host_link_latency_ns: float = 1000.0
 
   # ---- derived figures ----
   def rows_per_vmatmul(self, lhs_bits: int) -> int:
@@ -403,6 +406,17 @@ V4, V5P, V6E, V7X = (dataclasses.replace(c, sources=MappingProxyType({
     **c.sources, **{k: _ABSENT for k in _MEASURED_SOURCES if k.startswith("hbm_")},
     "dma_hbm_hbm_latency_ns": "not measured on this chip: the larger of the two DMA latencies (None)"}))
     for c in (V4, V5P, V6E, V7X))
+
+_HOST_LINK_SOURCES = _mp(
+    host_link_bytes_per_s_one_way="tpu-hardware.md 1.1 'PCIe host<->chip' [SB-tpus]: v4 16 GB/s each way, "
+                                  "v5e and v5p ~1.6e10 B/s, v6e 3.2e10 B/s (PCIe Gen5, [gcp-v6e]); 7x: "
+                                  "no public figure, modelling assumption: v6e's",
+    host_link_latency_ns="modelling assumption (no public or measured figure): 1 us, a PCIe round trip's "
+                         "order of magnitude, the same on every chip",
+)
+V6E, V7X = (dataclasses.replace(c, host_link_bytes_per_s_one_way=3.2e10) for c in (V6E, V7X))
+V4, V5E, V5P, V6E, V7X = (dataclasses.replace(c, sources=MappingProxyType({**c.sources, **_HOST_LINK_SOURCES}))
+                          for c in (V4, V5E, V5P, V6E, V7X))
 
 CHIPS = MappingProxyType({c.name: c for c in (V4, V5E, V5P, V6E, V7X)})
 

@@ -246,16 +246,20 @@ def test_a_dma_left_in_flight_is_reported_at_the_kernel_line_that_started_it():
       jax.block_until_ready(jax.jit(f)(X))
 
 
-def test_a_dma_priority_other_than_the_default_is_refused_not_ignored():
+def test_a_dma_on_the_priority_one_queue_moves_the_same_data_and_a_priority_two_is_refused():
   import palace as ppl
 
-  def kernel(x_hbm, o_hbm, sem):
-    pltpu.async_copy(x_hbm, o_hbm, sem, priority=1).wait()
+  def kernel(priority):
+    def k(x_hbm, o_hbm, sem):
+      pltpu.async_copy(x_hbm, o_hbm, sem, priority=priority).wait()
+    return k
 
-  f = _hbm_call(kernel, [pltpu.SemaphoreType.DMA])
-  with pytest.raises(ppl.UnsupportedError, match=r"start\(priority=1\).*one DMA queue per core"):
+  with pj.virtual_tpu("v5e"):
+    out = jax.jit(_hbm_call(kernel(1), [pltpu.SemaphoreType.DMA]))(X)
+  np.testing.assert_array_equal(np.asarray(out), X)
+  with pytest.raises(ppl.UnsupportedError, match=r"priority=2 on a local copy.*only support priority 0 or 1"):
     with pj.virtual_tpu("v5e"):
-      jax.block_until_ready(jax.jit(f)(X))
+      jax.block_until_ready(jax.jit(_hbm_call(kernel(2), [pltpu.SemaphoreType.DMA]))(X))
 
 
 def test_a_dma_with_no_user_frame_is_reported_at_the_kernel_definition(tmp_path):
@@ -591,3 +595,23 @@ def test_a_zero_length_scan_gives_empty_stacked_outputs():
     got = np.asarray(f(x))
   np.testing.assert_array_equal(got, want)
   np.testing.assert_array_equal(got, x + 3)
+
+
+def test_kernels_that_differ_only_in_shape_share_one_compiled_program_text(monkeypatch):
+  # the generated program names every value through its namespace, so a kernel launched at another
+  # shape compiles nothing new, and still computes at its own shape
+  from palace._src.jax import interpret
+  compiled = []
+  real = compile
+  monkeypatch.setattr(interpret, "_CODE", {})
+  monkeypatch.setattr(interpret, "compile", lambda *a: compiled.append(a[0]) or real(*a), raising=False)
+
+  def kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[...] * 2.0 + 1.0
+  outs = []
+  for rows in (8, 16, 24):
+    x = (np.arange(rows * 128) % 7).reshape(rows, 128).astype(np.float32)
+    out, _ = _run(kernel, jax.ShapeDtypeStruct((rows, 128), jnp.float32), x)
+    np.testing.assert_array_equal(out, x * 2.0 + 1.0)
+    outs.append(len(compiled))
+  assert outs[0] >= 1 and outs[1] == outs[0] and outs[2] == outs[0], outs

@@ -109,15 +109,49 @@ def test_a_pallas_call_smem_block_is_a_window_with_its_squeezed_dims_dropped():
   np.testing.assert_array_equal(got[::8, 0], x[:, 0, 1] * 100 + x[:, 0, 0])
 
 
-def test_pinned_host_memory_is_refused_with_the_reason():
-  """pl.HOST operands: palace has no host-link (PCIe) bandwidth or latency to time their DMAs."""
-  def kernel(x_host_ref, y_ref):
-    def body(sem):
-      pltpu.async_copy(x_host_ref, y_ref, sem).wait()
-    pl.run_scoped(body, pltpu.SemaphoreType.DMA)
-  x = np.zeros((8, 128), np.float32)
-  with pj.virtual_tpu("v5e"), pytest.raises(UnsupportedError, match=r"pl.HOST, pinned host memory\) of "
-                                            r"args\[0\] is not modelled: its DMAs cross the host link"):
-    pl.pallas_call(kernel, in_specs=[pl.BlockSpec(memory_space=pl.HOST)],
-                   out_specs=pl.BlockSpec(memory_space=pl.ANY),
-                   out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32))(x)
+def _host_sharding():
+  return jax.sharding.NamedSharding(jax.sharding.Mesh(jax.devices()[:1], "x"), jax.sharding.PartitionSpec(),
+                                    memory_kind="pinned_host")
+
+
+def test_pinned_host_operands_and_results_move_by_dma_across_the_host_link():
+  """pl.HOST (JAX's test_host_input_host_to_hbm_dma, test_hbm_to_host_host_output_dma): an operand
+  the caller put in pinned host memory is read by DMA into HBM, and a result in host memory written
+  by DMA from HBM; both cross the chip's host link (its one-way bandwidth, hw.ChipSpec)."""
+  def to_hbm(x_host_ref, y_ref):
+    pl.run_scoped(lambda sem: pltpu.async_copy(x_host_ref, y_ref, sem).wait(), pltpu.SemaphoreType.DMA)
+
+  def to_host(y_ref, x_host_ref):
+    pl.run_scoped(lambda sem: pltpu.async_copy(y_ref, x_host_ref, sem).wait(), pltpu.SemaphoreType.DMA)
+
+  x = _x((8, 128))
+  with pj.virtual_tpu("v5e") as tpu:
+    xh = jax.device_put(x, _host_sharding())
+    y = pl.pallas_call(to_hbm, in_specs=[pl.BlockSpec(memory_space=pl.HOST)],
+                       out_specs=pl.BlockSpec(memory_space=pl.ANY),
+                       out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(xh)
+    np.testing.assert_array_equal(np.asarray(y), x)
+    assert tpu.reports[-1].dma_bytes_by_direction == {"host->hbm": x.nbytes}
+    z = jax.jit(lambda a: pl.pallas_call(
+        to_host, in_specs=[pl.BlockSpec(memory_space=pl.ANY)], out_specs=pl.BlockSpec(memory_space=pl.HOST),
+        out_shape=pl.MemoryRef(jax.core.ShapedArray(x.shape, x.dtype), pl.HOST))(a),
+        out_shardings=_host_sharding())(x)
+    np.testing.assert_array_equal(np.asarray(z), x)
+    assert tpu.reports[-1].dma_bytes_by_direction == {"hbm->host": x.nbytes}
+
+
+def test_a_kernel_cannot_load_a_pinned_host_operand_nor_allocate_host_scratch():
+  from palace import MemorySpaceError
+
+  def load(x_host_ref, y_ref):
+    y_ref[...] = x_host_ref[...]
+  x = _x((8, 128))
+  with pytest.raises(MemorySpaceError, match=r"host memory\) from the vector unit.*by DMA only"):
+    with pj.virtual_tpu("v5e"):
+      jax.block_until_ready(pl.pallas_call(load, in_specs=[pl.BlockSpec(memory_space=pl.HOST)],
+                                           out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x))
+  with pytest.raises(UnsupportedError, match=r"in host memory \(pl.HOST\) is not supported"):
+    with pj.virtual_tpu("v5e"):
+      jax.block_until_ready(pl.pallas_call(
+          lambda x_ref, y_ref, s_ref: None, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+          scratch_shapes=[pl.MemoryRef(jax.core.ShapedArray(x.shape, x.dtype), pl.HOST)])(x))

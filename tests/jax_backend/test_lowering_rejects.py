@@ -88,3 +88,24 @@ def test_a_dma_of_a_key_ref_is_not_taken_for_a_bool_one():
         in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM)],
         out_specs=pl.BlockSpec(memory_space=pltpu.SMEM))(x))(key)
   np.testing.assert_array_equal(jax.random.key_data(y), jax.random.key_data(key))
+
+
+def test_blocks_over_the_scoped_vmem_limit_are_refused_when_compiled_as_the_compiler_refuses_them():
+  """The TPU compiler refuses a kernel whose pipelined blocks exceed the scoped VMEM limit when it
+  compiles it (`.lower().compile()`, JAX's test_automatic_single_buffering): palace.jax refuses it
+  there too, with palace's ResourceError that is also JAX's JaxRuntimeError. A window fetched once
+  (single-buffered) fits; one that moves with the grid (double-buffered, 2 x 10 MiB) does not."""
+  from palace import ResourceError
+  x = jax.ShapeDtypeStruct((40 * 2**20,), jnp.int8)
+  window = 10 * 2**20
+
+  def call(index_map):
+    return jax.jit(pl.pallas_call(lambda *_: None, grid=(4, 1), out_shape=x,
+                                  out_specs=pl.BlockSpec((window,), index_map)))
+
+  with pj.virtual_tpu("v5e"):
+    call(lambda i, j: (j,)).lower().compile()
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"20.00 MiB of pipelined blocks requested.*scoped "
+                                                         r"VMEM limit is 16.00 MiB") as e:
+      call(lambda i, j: (i + j,)).lower().compile()
+  assert isinstance(e.value, ResourceError)

@@ -371,3 +371,30 @@ def test_a_jax_module_with_logical_ids_runs_alike_through_palace_jax_and_palace_
   np.testing.assert_array_equal(got, np.roll(X.reshape(4, 8, 128), 1, axis=0).reshape(32, 128))
   np.testing.assert_array_equal(got, want)
   assert tpu.reports[0].device_cycles == own.reports[0].device_cycles
+
+
+@pytest.mark.parametrize("chip,cores", [("v5e", 1), ("v5p", 2)])
+def test_a_default_size_tensorcore_mesh_inside_a_shard_map_has_the_chips_cores(chip, cores):
+  """Inside a jax.shard_map JAX sizes `TensorCoreMesh(axis_name=...)` from the mesh's abstract device,
+  which keeps `num_cores` for TPU devices only: on the CPU devices it was None and `lax.axis_size`
+  raised a bare TypeError (JAX's test_multi_device_core_local_kernel). Each core copies its own
+  slice, so a wrong core count leaves part of the output unwritten."""
+  x = np.arange(4 * cores * 8 * 128, dtype=np.int32).reshape(4, cores, 8, 128)
+
+  def body(a):
+    x_ref, y_ref = jax.new_ref(a), jax.new_ref(jnp.zeros_like(a))
+
+    @pl.core_map(pltpu.TensorCoreMesh(axis_name="core"))
+    def _():
+      for c in range(lax.axis_size("core")):
+        @pl.when(lax.axis_index("core") == c)
+        def _():
+          pltpu.sync_copy(x_ref.at[:, c], y_ref.at[:, c])
+    return jax.freeze(y_ref)
+
+  with pj.virtual_tpu(chip, num_chips=4):
+    mesh = jax.make_mesh((4,), ("x",))
+    y = jax.jit(jax.shard_map(body, mesh=mesh, in_specs=P("x"), out_specs=P("x"),
+                              check_vma=False))(jax.device_put(x, jax.NamedSharding(mesh, P("x"))))
+    assert pltpu.TensorCoreMesh(axis_name="core").num_cores == cores
+  np.testing.assert_array_equal(np.asarray(y), x)

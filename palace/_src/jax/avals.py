@@ -27,12 +27,7 @@ def memory_space(space, default=MemorySpace.VMEM, what: str = "a ref"):
   if value == "default":
     return default
   if value == "host" or str(getattr(space, "name", "")).lower() == "host":   # (pl.HOST's enum: core's)
-    raise UnsupportedError(
-        f"palace.jax: memory space {space!r} (pl.HOST, pinned host memory) of {what} is not modelled: "
-        f"its DMAs cross the host link (PCIe), and palace has no bandwidth or latency for it on any "
-        f"chip (no public per-chip figure, none measured: ChipSpec has no host-link field), so it "
-        f"could not time them. Fix: keep the operand in device memory (pl.ANY / pltpu.HBM, e.g. "
-        f"jax.device_put it to the device first) and move it to the host outside the kernel.")
+    return MemorySpace.HOST   # (the host's pinned memory: pallas_call operands and outputs only)
   if value not in _SPACES:
     raise UnsupportedError(f"palace.jax: memory space {space!r} of {what} is not covered "
                            f"(covered: {sorted(_SPACES)}). Fix: use one of the covered memory spaces.")
@@ -73,6 +68,11 @@ def alloc_type(aval, what: str):
   if sem is not None:
     return sem(shape)
   space = memory_space(getattr(aval, "memory_space", None), MemorySpace.VMEM, what)
+  if space is MemorySpace.HOST:
+    raise UnsupportedError(
+        f"palace.jax: {what} in host memory (pl.HOST) is not supported: palace places pallas_call "
+        f"operands and outputs in the host's pinned memory, not scratch or scoped allocations. Fix: "
+        f"allocate it in VMEM or HBM (pl.ANY), or pass a pl.HOST operand.")
   return space(shape, np.dtype(inner.dtype))
 
 

@@ -13,8 +13,8 @@ import threading
 
 import numpy as np
 
-from palace._src.errors import UnsupportedError, UsageError
-from palace._src.jax import launch
+from palace._src.errors import ResourceError, UnsupportedError, UsageError
+from palace._src.jax import compiler_errors, launch
 from palace._src.jax.avals import host_dtype, physical, semaphore_kind
 from palace._src.jax.interpret import check_covered, source_line
 from palace._src.jax.registry import RULES, sub_jaxprs
@@ -368,6 +368,11 @@ def lower_on_palace(ctx, in_nodes, engine, params, kind: str = "pallas_call"):
                            f"or a hi-type) is not supported yet. Fix: pass the value as an array operand.")
   _check_covered(params, kind)
   check_device_ids(_kernel_jaxprs(params, kind), ())
+  if kind == "pallas_call":
+    try:
+      launch.check_vmem_when_lowered(params, engine.tpu.chip)
+    except ResourceError as e:
+      raise compiler_errors.as_jax_resource_error(e) from None
   # one palace launch and plan per lowering (and grid), reused by every call
   run = functools.partial(launch.run_pallas_call if kind == "pallas_call" else launch.run_mpmd_map,
                           cache={})

@@ -32,6 +32,33 @@ def jax_class() -> type:
   return CompilerRejectError
 
 
+@functools.cache
+def jax_resource_class() -> type:
+  """palace's ResourceError as JAX's JaxRuntimeError too: a kernel over the chip's VMEM, refused while
+  palace.jax lowers it, as the TPU compiler's refusal reaches JAX's caller when it compiles
+  (`jax.errors.JaxRuntimeError`, RESOURCE_EXHAUSTED; palace's message is its own)."""
+  import jax  # noqa: PLC0415
+
+  class ResourceError(errors.ResourceError, jax.errors.JaxRuntimeError):
+    """A kernel over the chip's memory (palace's ResourceError), refused at lowering by palace.jax as
+    the TPU compiler refuses it: also a `JaxRuntimeError` (status RESOURCE_EXHAUSTED)."""
+
+    def __init__(self, message: str):
+      errors.ResourceError.__init__(self, message)
+      jax.errors.JaxRuntimeError.__init__(self, message, 8)   # (absl's RESOURCE_EXHAUSTED)
+
+  ResourceError.__module__, ResourceError.__qualname__ = __name__, "ResourceError"
+  return ResourceError
+
+
+def as_jax_resource_error(e: BaseException) -> BaseException:
+  """A palace ResourceError raised at lowering as `jax_resource_class()` (message and notes kept)."""
+  cls = jax_resource_class()
+  out = cls(str(e.args[0]) if e.args else str(e))
+  out.__dict__.update(e.__dict__)
+  return out
+
+
 def as_jax_error(e: BaseException) -> BaseException:
   """`e` as JAX would raise it: a palace CompilerRejectError becomes the same error of `jax_class()`
   (message, notes, traceback and palace's annotations kept); any other error is `e` itself."""

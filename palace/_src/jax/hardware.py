@@ -8,7 +8,14 @@ the engine, so each context gets its own answer.
 
 A TPU device also reports `num_cores` (its TensorCores), which `pltpu.TensorCoreMesh(axis_name=...)`
 reads as its default size; the host CPU devices have no such attribute, so palace gives their type one
-that answers for the active engine's chip and, with no engine active, raises AttributeError as before."""
+that answers for the active engine's chip and, with no engine active, raises AttributeError as before.
+Inside a `jax.shard_map` JAX reads that size from the mesh's abstract device instead, which it builds
+from the first device keeping `num_cores` for TPU devices only (`jax._src.mesh.abstract_device_from`),
+so it was None there and `lax.axis_size` raised a bare TypeError (JAX's
+test_multi_device_core_local_kernel). A CPU device's abstract device answers `num_cores` as the device
+does, when asked (a mesh caches its abstract device, and one process may run several virtual chips
+in turn); it compares and hashes as JAX's own CPU abstract device, so no cache or sharding check sees
+a difference."""
 from __future__ import annotations
 
 # palace chip name -> JAX ChipVersion member name
@@ -58,3 +65,44 @@ def _install_num_cores(active_engine) -> None:
     return int(engine.tpu.chip.num_tensorcores_per_device)
 
   device_type.num_cores = property(num_cores)
+  _install_abstract_device(active_engine)
+
+
+def _install_abstract_device(active_engine) -> None:
+  from jax._src import mesh  # noqa: PLC0415
+  jax_from = mesh.abstract_device_from
+  if getattr(jax_from, "_palace", False):
+    return
+
+  class CpuAbstractDevice(mesh.AbstractDevice):
+    """JAX's abstract device of a host CPU device, whose `num_cores` is the active chip's."""
+    __slots__ = ()
+
+    @property
+    def num_cores(self):
+      engine = active_engine()
+      return None if engine is None else int(engine.tpu.chip.num_tensorcores_per_device)
+
+    def __eq__(self, other):
+      if not isinstance(other, mesh.AbstractDevice):
+        return NotImplemented
+      return (self.device_kind, self.platform) == (other.device_kind, other.platform) and \
+          (isinstance(other, CpuAbstractDevice) or other.num_cores is None)
+
+    def __hash__(self):
+      return hash((self.device_kind, None, self.platform))
+
+    def __reduce__(self):   # (pickled as JAX's own, which it equals)
+      return mesh.AbstractDevice, (self.device_kind, None, self.platform)
+
+  def abstract_device_from(d):
+    a = jax_from(d)
+    if a is None or type(a) is not mesh.AbstractDevice or a.platform != "cpu" or a.num_cores is not None:
+      return a
+    cpu = object.__new__(CpuAbstractDevice)
+    object.__setattr__(cpu, "device_kind", a.device_kind)
+    object.__setattr__(cpu, "platform", a.platform)
+    return cpu
+  abstract_device_from._palace = True
+  abstract_device_from.__wrapped__ = jax_from
+  mesh.abstract_device_from = abstract_device_from

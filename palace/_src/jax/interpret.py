@@ -240,11 +240,28 @@ def program(jaxpr) -> _Program:
                    "    raise",
                    f"  return [{', '.join(outs)}]"])
   ns["_eqn_at"] = eqn_at
-  exec(compile(src, _PROGRAM_FILE, "exec"), ns)  # noqa: S102  (generated from the jaxpr above)
+  exec(_code(src), ns)  # noqa: S102  (generated from the jaxpr above)
   prog = _Program()
   prog.run, prog.n_in = ns["run"], len(ins)
   _PROGRAMS[key] = prog
   return prog
+
+
+# generated source -> its code object. The source names every value through the namespace (rules,
+# literals, expected types), so kernels that differ only in shapes, dtypes or constants generate the
+# same text: JAX's tests that launch one kernel at 200 shapes compiled it 200 times (~1 ms a
+# program, 30 programs a launch of an emit_pipeline matmul). Bounded: first in, first out.
+_CODE: dict = {}
+_CODE_LIMIT = 4096
+
+
+def _code(src: str):
+  code = _CODE.get(src)
+  if code is None:
+    if len(_CODE) >= _CODE_LIMIT:
+      _CODE.pop(next(iter(_CODE), None), None)
+    code = _CODE[src] = compile(src, _PROGRAM_FILE, "exec")
+  return code
 
 
 def scope_empty_refs(jaxpr):

@@ -17,7 +17,7 @@ import numpy as np
 from palace._src import blocks
 from palace._src import dtypes as dt
 from palace._src import core as pcore
-from palace._src.errors import BlockSpecError, UnsupportedError, UsageError
+from palace._src.errors import BlockSpecError, PalaceError, ResourceError, UnsupportedError, UsageError
 from palace._src.jax.avals import alloc_type, host_dtype, memory_space, physical, semaphore_kind
 from palace._src.jax.interpret import grid_axes, kernel_site, program, run_program
 from palace._src.jax.registry import RULES, literal, sub_jaxprs
@@ -26,7 +26,7 @@ from palace._src.launch import host, sc_mesh
 from palace._src.jax import rules_sc
 from palace._src.launch.host_refs import freeze, owning_ref, ref_name
 from palace._src.launch.plan import ENTRIES, OPERAND, OUTPUT, LaunchPlan, Operand, Output, Stage, grid_stages
-from palace._src.launch.run import run
+from palace._src.launch.run import check_vmem_request, run
 from palace._src.util import tree_flatten
 
 
@@ -143,7 +143,7 @@ def _block_mapping(params, bm, name: str) -> blocks.BlockMapping:
   extra = len(shape) - len(bm.array_aval.shape)
   space = memory_space(getattr(bm.transformed_block_aval, "memory_space", None), pcore.MemorySpace.VMEM,
                        bm.origin)
-  if space in (pcore.MemorySpace.ANY, pcore.MemorySpace.HBM):
+  if space in (pcore.MemorySpace.ANY, pcore.MemorySpace.HBM, pcore.MemorySpace.HOST):
     if not bm.has_trivial_window():
       raise BlockSpecError(
           f"palace.jax: pallas_call '{kernel_name(params)}': {bm.origin} is in memory space {space} with "
@@ -154,7 +154,8 @@ def _block_mapping(params, bm, name: str) -> blocks.BlockMapping:
           f"the array shape and a trivial index_map', measured on a TPU v5e). Fix: "
           f"pl.BlockSpec(memory_space=pl.ANY) and slice the HBM ref in the kernel "
           f"(x_hbm.at[pl.ds(start, size)]), or use VMEM blocks.")
-    return blocks.whole_hbm(name, shape, dtype)
+    return blocks.whole_hbm(name, shape, dtype, pcore.MemorySpace.ANY if space is pcore.MemorySpace.HBM
+                            else space)
   requested, revisit_any = (1 if _single_window(params, bm) else None), False
   if bm.pipeline_mode is not None:
     n = bm.pipeline_mode.buffer_count
@@ -304,6 +305,31 @@ def plan_pallas_call(params, grid: tuple, args, chip) -> tuple:
       fixed_site=fixed_site, replay_operands=None if sems else _grid_replay_operands(params),
       semaphores=sems)
   return plan, arrays
+
+
+def check_vmem_when_lowered(params, chip) -> None:
+  """A static-grid pallas_call whose pipelined blocks and VMEM scratch do not fit VMEM is refused
+  while palace.jax lowers it, where the TPU compiler refuses it (`.lower().compile()` raises on a TPU
+  before anything runs; JAX's test_automatic_single_buffering), by the check every launch makes
+  (launch/run.py `check_vmem_request`). Any other error making the block mappings is left to the
+  launch, which raises it as before."""
+  gm = params["grid_mapping"]
+  if gm.num_dynamic_grid_bounds:
+    return
+  nsp, n_in, n_out = gm.num_index_operands, gm.num_inputs, len(params["out_avals"])
+  try:
+    maps = [_block_mapping(params, bm, f"args[{nsp + i}]") for i, bm in enumerate(gm.block_mappings[:n_in])]
+    maps += [_block_mapping(params, bm, f"outputs[{i}]")
+             for i, bm in enumerate(gm.block_mappings[n_in:n_in + n_out])]
+    scratch = tuple(alloc_type(a, f"scratch[{i}]") for i, a in enumerate(gm.scratch_avals))
+    cp = _compiler_params(params.get("compiler_params"), len(gm.grid),
+                          tuple(int(d) for d in getattr(gm, "vmapped_dims", ())))
+  except PalaceError:
+    return
+  try:
+    check_vmem_request(kernel_name(params), chip, cp, maps, scratch)
+  except ResourceError as e:
+    raise e.with_traceback(None) from None
 
 
 def _resident_in_vmem(params, grid, in_maps: list, out_maps: list) -> tuple:

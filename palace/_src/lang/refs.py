@@ -270,6 +270,11 @@ class Ref:
           f"{what} of {self.buf.name} ({space}) from the vector unit{_where()}: buffers in HBM/ANY "
           f"cannot be referenced directly. Fix: copy a block into VMEM with pltpu.sync_copy / "
           f"pltpu.async_copy (or use a VMEM BlockSpec). ({user_frame_summary()})")
+    if space is MemorySpace.HOST:
+      raise MemorySpaceError(
+          f"{what} of {self.buf.name} (host memory) from the vector unit{_where()}: a kernel reaches the "
+          f"host's pinned memory (pl.HOST) by DMA only. Fix: copy it into VMEM (or HBM) with "
+          f"pltpu.sync_copy / pltpu.async_copy first. ({user_frame_summary()})")
     if space == MemorySpace.SEMAPHORE:
       raise MemorySpaceError(f"{what} of semaphore {self.buf.name}{_where()}: semaphores are not data. Fix: "
                              f"use pl.semaphore_read / pl.semaphore_signal / pl.semaphore_wait.")

@@ -144,16 +144,19 @@ class AsyncCopyDescriptor:
     return req
 
   def start(self, priority: int = 0, *, add: bool = False):
-    """Issue the copy. `priority` is JAX's DMA queue priority: palace models one DMA queue per core,
-    so it takes the default 0 only (`_check_priority`)."""
+    """Issue the copy. `priority` is JAX's DMA queue priority: 0 (the default) or, on a local copy, 1
+    (`_check_priority`); the copy moves the same data and is timed alike on either queue (docs/jax.md,
+    "DMA priority"), the queue kept on the request (`DmaRequest.priority`)."""
     ex = executor.current("AsyncCopyDescriptor.start()")
     if priority != 0 or type(priority) is not int:
-      _check_priority(priority, self.is_remote)
+      priority = _check_priority(priority, self.is_remote)
     if self.sem is None:
       raise UsageError(f"This DMA has no semaphore ({user_frame_summary()}). Fix: pass one to "
                        f"make_async_copy, or use pltpu.sync_copy.")
     self._used()
     self._prepared = self.prepare(ex, add=add)
+    if priority:
+      self._prepared.priority = priority
     self._prepared.start()
     return self
 
@@ -224,28 +227,19 @@ def _indexed_request(ex, req, src, dst) -> None:
   req.nbytes = used * (-(-row_bytes // granule) * granule)
 
 
-def _check_priority(priority, remote: bool) -> None:
-  """A DMA priority other than the default 0 is refused: JAX requires it non-negative, Mosaic compiles
-  0 or 1 on a local copy and 0 on a remote one (jaxlib/mosaic tpu_ops.cc: 'only support priority 0
-  or 1', 'non-zero priority is not supported for remote DMA'), and palace models one DMA queue, so a
-  priority-1 copy would silently be timed as a priority-0 one."""
+def _check_priority(priority, remote: bool) -> int:
+  """A DMA priority as Mosaic compiles it: JAX requires it non-negative, Mosaic takes 0 or 1 on a
+  local copy and 0 on a remote one (jaxlib/mosaic tpu_ops.cc: 'only support priority 0 or 1',
+  'non-zero priority is not supported for remote DMA'). Returns it (0 or 1)."""
   p = validate.as_int(priority, "DMA start priority", min_value=0,
-                      hint="pass priority=0 (the default), or drop the argument.")
-  if p == 0:
-    return
-  if p == 1 and not remote:
-    raise UnsupportedError.feature(
-        "AsyncCopyDescriptor.start(priority=1)",
-        f"({user_frame_summary()}) palace models one DMA queue per core, so a priority-1 copy would be "
-        f"timed as a priority-0 one; what priority 1 changes is not defined by JAX (its TPU lowering "
-        f"passes it to tpu.enqueue_dma, its discharge rule drops it) nor measured (a v5e has separate "
-        f"read and write DMA queues per core; how a priority arbitrates them is unknown). The data "
-        f"would be the same. Fix: drop priority= (or pass 0).")
+                      hint="pass priority=0 (the default) or 1 (a local copy's second queue).")
+  if p == 0 or (p == 1 and not remote):
+    return p
   raise UnsupportedError(
       f"DMA start priority={p} on a {'remote' if remote else 'local'} copy ({user_frame_summary()}): a "
       f"TPU compiles priority 0 or 1 on a local copy and only 0 on a remote one (Mosaic: "
       f"{'non-zero priority is not supported for remote DMA' if remote else 'only support priority 0 or 1'}"
-      f"). Fix: drop priority= (or pass 0).")
+      f"). Fix: drop priority= (or pass 0{'' if remote else ' or 1'}).")
 
 
 def make_async_copy(src_ref, dst_ref, sem=None, *, src_sem=None) -> AsyncCopyDescriptor:

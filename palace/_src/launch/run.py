@@ -148,6 +148,16 @@ def _replay_key(plan: LaunchPlan, operands):
   return plan, tuple(key)
 
 
+def _in_host_memory(plan: LaunchPlan) -> tuple:
+  """(operand indices, output indices) of a grid launch's operands and outputs in the host's pinned
+  memory (pl.HOST block mappings): their buffers live there, reached by DMA across the host link."""
+  if not plan.is_grid:
+    return frozenset(), frozenset()
+  nsp = plan.num_prefetch
+  return (frozenset(nsp + k for k, m in enumerate(plan.in_maps) if m.space is MemorySpace.HOST),
+          frozenset(i for i, m in enumerate(plan.out_maps) if m.space is MemorySpace.HOST))
+
+
 class _Launch:
   """The host-side state of one run: output buffers and which output blocks the pipelines wrote."""
 
@@ -163,6 +173,10 @@ class _Launch:
     self.out_bufs = [memory.hbm_output(o.shape, o.dtype, o.name, timing_only, lazy=i in self.lazy,
                                        into=None if out_bufs is None else out_bufs[i], storage=out[i])
                      for i, o in enumerate(plan.outputs)]
+    host_ins, host_outs = _in_host_memory(plan)
+    for i in host_outs:
+      self.out_bufs[i].memory_space = MemorySpace.HOST
+    self.host_ins = host_ins
     for a_in, a_out in plan.aliases.items():
       memory.alias_input(self.out_bufs[a_out], operands[a_in], timing_only, own=out[a_out] is not None)
     self.written = {}   # output index -> element offsets of the blocks written back (all cores)
@@ -188,6 +202,8 @@ class _Launch:
         in_bufs.append(self.out_bufs[plan.aliases[k]])
       else:
         in_bufs.append(host.hbm_input(v, o.name, chip_index))
+        if k in self.host_ins:
+          in_bufs[-1].memory_space = MemorySpace.HOST
     for b in self.out_bufs:
       b.chip = chip_index  # each chip's outputs live on it (remote DMAs to chip 0 found the sender's own)
     if plan.is_grid:
@@ -453,8 +469,11 @@ def _mesh_cores(machine, chip_index, mesh, params, kname):
 def _vmem_request(plan: LaunchPlan):
   """(block bytes, scratch bytes, pipelined block mappings, [(scratch index, VMEM type)]) of a grid
   plan's VMEM buffers."""
-  blocks = [m for m in plan.in_maps + plan.out_maps if m.pipelined]
-  scratch = plan.scratch
+  return _vmem_request_of(plan.in_maps + plan.out_maps, plan.scratch)
+
+
+def _vmem_request_of(maps, scratch):
+  blocks = [m for m in maps if m.pipelined]
   leaves = tree_flatten(scratch, is_leaf=lambda x: isinstance(x, (MemoryRef, SemaphoreRefType)))[0] \
       if scratch else ()
   vmem = [(i, t) for i, t in enumerate(leaves)
@@ -472,14 +491,27 @@ def _check_vmem(core, plan: LaunchPlan):
   if sizes is None:   # (a function of the plan alone)
     sizes = cache["vmem bytes"] = _vmem_request(plan)[:2]
   chip = core.chip
-  whole = chip.vmem_bytes - chip.internal_scratch_bytes
-  if sizes[0] <= core.vmem_limit and sizes[0] + sizes[1] <= whole:   # (breakdown only for the error)
+  if sizes[0] <= core.vmem_limit and sizes[0] + sizes[1] <= chip.vmem_bytes - chip.internal_scratch_bytes:
     return
-  kname = plan.kernel_name
-  blocks_total, scratch_total, blocks, vmem = _vmem_request(plan)
+  _vmem_error(plan.kernel_name, chip, core.vmem_limit, plan.in_maps + plan.out_maps, plan.scratch)
+
+
+def check_vmem_request(kname: str, chip, params, maps, scratch) -> None:
+  """`_check_vmem` for a grid launch not planned yet, from its block mappings `maps`, `scratch` types
+  and CompilerParams `params` on `chip` (palace.jax while it lowers a pallas_call: the TPU compiler
+  refuses such a kernel when it compiles it, before any run)."""
+  blocks_total, scratch_total, _, _ = _vmem_request_of(maps, scratch)
+  limit = memory.scoped_vmem_limit(chip, getattr(params, "vmem_limit_bytes", None))
+  if blocks_total > limit or blocks_total + scratch_total > chip.vmem_bytes - chip.internal_scratch_bytes:
+    _vmem_error(kname, chip, limit, maps, scratch)
+
+
+def _vmem_error(kname: str, chip, vmem_limit: int, maps, scratch):
+  whole = chip.vmem_bytes - chip.internal_scratch_bytes
+  blocks_total, scratch_total, blocks, vmem = _vmem_request_of(maps, scratch)
   detail = " + ".join([f"{m.name} {m.buffer_count} x {fmt_bytes(m.block_bytes)} block "
                        f"{m.dtype}{list(m.block_shape)}" for m in blocks])
-  if blocks_total <= core.vmem_limit:
+  if blocks_total <= vmem_limit:
     scr = " + ".join(f"scratch[{i}] {fmt_bytes(t.nbytes)}" for i, t in vmem)
     raise ResourceError(
         f"VMEM over capacity for kernel '{kname}' on chip 0 core 0 ({chip.name}): "
@@ -494,7 +526,7 @@ def _check_vmem(core, plan: LaunchPlan):
   raise ResourceError(
       f"VMEM over capacity for kernel '{kname}' on chip 0 core 0 ({chip.name}): "
       f"{fmt_bytes(blocks_total)} of pipelined blocks requested ({detail}) but the scoped VMEM limit "
-      f"is {fmt_bytes(core.vmem_limit)} (scratch operands are not scoped). Fix: reduce block sizes or "
+      f"is {fmt_bytes(vmem_limit)} (scratch operands are not scoped). Fix: reduce block sizes or "
       f"pipeline buffer_count (pl.Buffered(1) for blocks "
       f"that do not change), {fix}.")
 

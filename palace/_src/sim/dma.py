@@ -31,7 +31,7 @@ from palace._src.sim.dma_arbiter import READ, WRITE, Arbiter
 
 _SPACE_LABEL = {MemorySpace.ANY: "hbm", MemorySpace.HBM: "hbm", MemorySpace.VMEM: "vmem",
                 MemorySpace.VMEM_SHARED: "vmem", MemorySpace.CMEM: "vmem", MemorySpace.SMEM: "smem",
-                MemorySpace.SEMAPHORE: "smem"}
+                MemorySpace.SEMAPHORE: "smem", MemorySpace.HOST: "host"}
 
 
 class DmaRecord:
@@ -67,6 +67,8 @@ def direction(src_space: MemorySpace, dst_space: MemorySpace) -> str:
 
 def _timing_class(kind: str) -> str:
   src, dst = kind.split("->")
+  if "host" in (src, dst):   # across the chip's host link (PCIe), one channel each way
+    return "host->" if src == "host" else "->host"
   if src == "hbm":
     return "hbm->hbm" if dst == "hbm" else "read"
   return "write" if dst == "hbm" else "local"
@@ -79,12 +81,17 @@ _HBM_SIDES = {"read": 1, "write": 1, "hbm->hbm": 2, "local": 0}
 def hbm_sides(kind: str) -> int:
   """How many ends of a copy of this kind touch HBM (for the report's HBM traffic)."""
   cls = _CLASS.get(kind) or _CLASS.setdefault(kind, _timing_class(kind))
-  return _HBM_SIDES[cls]
+  return kind.split("->").count("hbm") if cls in _HOST_CLASSES else _HBM_SIDES[cls]
+
+
+_HOST_CLASSES = ("host->", "->host")
 
 
 def _latency_cycles(chip, cls: str) -> int:
   if cls == "local":
     return chip.dma_local_latency_cycles
+  if cls in _HOST_CLASSES:
+    return chip.ns_to_cycles(chip.host_link_latency_ns)
   lat_ns = {"read": chip.dma_hbm_to_vmem_latency_ns, "write": chip.dma_vmem_to_hbm_latency_ns,
             "hbm->hbm": chip.dma_hbm_to_hbm_latency_ns}[cls]
   return chip.ns_to_cycles(lat_ns)
@@ -130,16 +137,24 @@ def copy_timing(chip, src_space: MemorySpace, dst_space: MemorySpace) -> tuple:
   kind = direction(src_space, dst_space)
   cls = _CLASS.get(kind) or _CLASS.setdefault(kind, _timing_class(kind))
   rd, wr, wr_mixed, cp = chip.hbm_weights()
-  weights = {"read": (rd, None), "write": (wr_mixed, wr), "hbm->hbm": (cp, None), "local": (0, None)}[cls]
-  return kind, cls, _latency_cycles(chip, cls), _HBM_SIDES[cls], weights
+  if cls in _HOST_CLASSES:   # the HBM end, if any, is read (to the host) or written (from it)
+    weights = ((rd, None) if cls == "->host" else (wr_mixed, wr)) if "hbm" in kind else (0, None)
+  else:
+    weights = {"read": (rd, None), "write": (wr_mixed, wr), "hbm->hbm": (cp, None), "local": (0, None)}[cls]
+  return kind, cls, _latency_cycles(chip, cls), hbm_sides(kind), weights
 
 
-def plan(timing: tuple, chans) -> CopyPlan:
+def plan(timing: tuple, chans, link=None) -> CopyPlan:
   """The CopyPlan of a copy with `timing` (`copy_timing`) on a core whose channels are `chans` =
-  (DMA engine, HBM, local)."""
+  (DMA engine, HBM, local); `link`: the chip's host-link channel of the copy's direction, for a copy
+  to or from host memory (it crosses the link, the core's DMA engine and, at an HBM end, HBM)."""
   kind, cls, latency_cycles, sides, (weight, weight_alone) = timing
   if cls == "local":
     return CopyPlan(kind, [(chans[2], 1.0)], latency_cycles, sides)
+  if cls in _HOST_CLASSES:
+    through = [(link, 1.0), (chans[0], 1.0)] + ([(chans[1], weight)] if weight else [])
+    return CopyPlan(kind, _slowest_first(through), latency_cycles, sides, None, chans[1] if weight else None,
+                    bool(weight) and cls == "->host")
   alone = None if weight_alone is None or weight_alone == weight else \
       _slowest_first([(chans[0], 1.0), (chans[1], weight_alone)])
   return CopyPlan(kind, _slowest_first([(chans[0], 1.0), (chans[1], weight)]), latency_cycles, sides,
@@ -268,5 +283,6 @@ class DmaEngine:
     if timing is None:
       timing = timings[key[:2]] = copy_timing(self.core.chip, req.src_buf.memory_space,
                                               req.dst_buf.memory_space)
-    fast = self.prepared[key] = (self.core, plan(timing, self.chans), sem)
+    link = self.machine.host_link(self.core.chip_index, timing[1]) if timing[1] in _HOST_CLASSES else None
+    fast = self.prepared[key] = (self.core, plan(timing, self.chans, link), sem)
     return fast

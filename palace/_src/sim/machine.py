@@ -152,6 +152,16 @@ class Machine:
           Channel("local", self.chip.vmem_vmem_dma_bytes_per_s, self.chip.clock_hz))
     return ch
 
+  def host_link(self, chip_index: int, way: str):
+    """Chip `chip_index`'s link to its host's memory in one direction (`way`: "host->" or "->host"),
+    shared by its cores (ChipSpec.host_link_bytes_per_s_one_way each way)."""
+    key = (chip_index, way)
+    ch = self._chans.get(key)
+    if ch is None:
+      ch = self._chans[key] = (Channel(f"host-link {way}", self.chip.host_link_bytes_per_s_one_way,
+                                       self.chip.clock_hz),)
+    return ch[0]
+
   def chip_axis_env(self, chip_index: int) -> dict:
     """{mesh axis: (coordinate, size)} of a chip for the chip-level (shard_map) axes."""
     env = {}
