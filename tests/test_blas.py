@@ -35,7 +35,7 @@ def fake(monkeypatch):
 class _Counted:
   def __init__(self):
     self.split, self.offered, self.sets = blas.Counts.split, blas.Counts.offered, blas.Counts.sets
-    self.batches, self.shared = blas.Counts.batches, blas.Counts.shared
+    self.batches = blas.Counts.batches
 
   def since(self):
     return (blas.Counts.split - self.split, blas.Counts.offered - self.offered,
@@ -140,10 +140,8 @@ def test_a_launch_with_big_blocks_runs_its_products_on_every_free_core(fake):
   np.testing.assert_array_equal(z, x @ x)
   split, offered, sets = counted.since()
   # the 4 output blocks' K sums, written back pending (sim/memory.PendingBlocks), run at the launch's
-  # end as one batch: a whole product per thread, 3 handed to helpers, none split; before them the
-  # 4 operand panels (2 MiB each) are rounded to bf16 as one batch over the threads too
-  assert blas.Counts.batches - counted.batches == 1 and split == 0 and offered == 3 + 3
-  assert blas.Counts.shared - counted.shared == 1
+  # end as one batch: a whole product per thread, 3 handed to helpers, none split
+  assert blas.Counts.batches - counted.batches == 1 and split == 0 and offered == 3
   assert sets == 2 and fake.n == 4           # OpenBLAS on one thread for the launch, then back
 
 
@@ -160,31 +158,6 @@ def test_a_batch_of_products_spreads_whole_products_over_the_budget(fake):
   with blas.kernel_mode():
     blas.matmuls([(a[:64], b[:, :64], o[:64, :64]) for o in outs])   # too little work: inline
   assert blas.Counts.batches == counted.batches and counted.since() == (0, 0, 2)
-
-
-def test_a_batch_of_calls_spreads_over_the_budget_only_when_large(fake):
-  outs = [np.zeros(2**18, np.float32) for _ in range(6)]   # 1 MiB each
-  fill = lambda o, v: o.fill(v)  # noqa: E731
-  counted = _Counted()
-  with blas.kernel_mode():
-    blas.each(fill, [(o, k) for k, o in enumerate(outs)], sum(o.nbytes for o in outs))
-  assert [o[0] for o in outs] == list(range(6)) and all((o == o[0]).all() for o in outs)
-  assert blas.Counts.shared - counted.shared == 1 and counted.since() == (0, 3, 2)
-  counted = _Counted()
-  with blas.kernel_mode():   # under SHARED_BYTES in all: in order on this thread, nothing asked
-    blas.each(fill, [(o[:1024], -1) for o in outs], 6 * 4096)
-  assert blas.Counts.shared == counted.shared and counted.since() == (0, 0, 0)
-  assert all(o[0] == -1 for o in outs)
-  blas.each(fill, [(o, 7) for o in outs], 6 * 2**20)   # outside a launch: inline
-  assert blas.Counts.shared == counted.shared and all(o[0] == 7 for o in outs)
-
-
-def test_an_error_in_a_shared_batch_reaches_the_caller(fake):
-  def fail(k):
-    if k == 3:
-      raise FloatingPointError(f"call {k}")
-  with blas.kernel_mode(), pytest.raises(FloatingPointError, match="call 3"):
-    blas.each(fail, [(k,) for k in range(6)], blas.SHARED_BYTES)
 
 
 def test_a_launch_of_small_blocks_hands_nothing_off(fake):

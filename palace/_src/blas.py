@@ -40,8 +40,6 @@ import numpy as np
 # outside a launch NumPy's own threads run it.
 SMALL_MATMUL_FLOPS = 2 * 512 * 512 * 256   # = 2 x 256 x 1024 x 256: 134 MFlop, ~1.5 ms on one thread
 _MIN_PART = 64                             # rows (or columns) of the smallest part worth a thread
-SHARED_BYTES = 4 * 2**20                   # `each`: memory a batch of calls touches before threads
-                                           # share it (a 1 MiB panel's bf16 rounding: ~0.15 ms)
 
 _controllers = None
 
@@ -62,7 +60,6 @@ class Counts:
   split = 0      # products split into parts
   offered = 0    # parts offered to helper threads (a product split in p parts offers p - 1)
   batches = 0    # batches of whole products spread over threads (matmuls)
-  shared = 0     # batches of other calls spread over threads (each)
   sets = 0       # BLAS thread-count changes made by palace
 
 
@@ -187,31 +184,10 @@ def matmuls(products) -> None:
     flops = sum(2 * a.shape[-2] * a.shape[-1] * b.shape[-1] for a, b, _ in products)
     if state.budget > 1 and flops >= SMALL_MATMUL_FLOPS and all(a.ndim == 2 for a, _, _ in products):
       Counts.batches += 1
-      _run(_Job(_matmul_into, list(products)), state.budget)
+      _run(_Job(list(products)), state.budget)
       return
   for a, b, out in products:
     matmul(a, b, out=out)
-
-
-def each(fn, items, nbytes: int) -> None:
-  """`fn(*item)` for every item of `items`, independent calls that write disjoint memory (a batch's
-  operand panels to convert, lang/deferred.py), spread over the current launch's threads like
-  `matmuls` when there are several and they touch at least SHARED_BYTES in all (`nbytes`); else in
-  order on this thread. Which thread runs a call changes nothing in what it writes."""
-  if len(items) > 1 and nbytes >= SHARED_BYTES and _launches:
-    state = _launches[-1]
-    if state.saved is None:
-      _begin(state)
-    if state.budget > 1:
-      Counts.shared += 1
-      _run(_Job(fn, list(items)), state.budget)
-      return
-  for item in items:
-    fn(*item)
-
-
-def _matmul_into(a, b, out) -> None:
-  np.matmul(a, b, out=out)
 
 
 # ------------------------------------------------------------------------------ split products
@@ -244,7 +220,7 @@ def _split(a, b, out, budget: int):
   else:
     work = [(a, b[..., i:j], out[..., i:j]) for i, j in zip(cuts, cuts[1:])]
   Counts.split += 1
-  _run(_Job(_matmul_into, work), parts)
+  _run(_Job(work), parts)
   return out
 
 
@@ -259,13 +235,11 @@ def _run(job: "_Job", threads: int) -> None:
 
 
 class _Job:
-  """Calls `fn(*item)` for the items of one batch (a product's parts, a batch's products or other
-  calls); any thread takes the next unclaimed item (`claims` is a C iterator: next() is atomic under
-  the GIL). `done` is released once per item a helper finished."""
-  __slots__ = ("fn", "work_items", "parts", "claims", "done", "error")
+  """The parts of one product; any thread takes the next unclaimed one (`claims` is a C iterator:
+  next() is atomic under the GIL). `done` is released once per part a helper finished."""
+  __slots__ = ("work_items", "parts", "claims", "done", "error")
 
-  def __init__(self, fn, work_items):
-    self.fn = fn
+  def __init__(self, work_items):
     self.work_items = work_items
     self.parts = len(work_items)
     self.claims = itertools.count()
@@ -273,15 +247,16 @@ class _Job:
     self.error = None
 
   def work(self) -> int:
-    """Run items until none is left unclaimed; how many this thread ran."""
+    """Run parts until none is left unclaimed; how many this thread ran."""
     ran = 0
-    items, fn = self.work_items, self.fn
+    items = self.work_items
     for i in self.claims:
       if i >= self.parts:
         return ran
+      x, y, z = items[i]
       try:
-        fn(*items[i])
-      except BaseException as e:  # noqa: BLE001  re-raised by the batch's caller
+        np.matmul(x, y, out=z)
+      except BaseException as e:  # noqa: BLE001  re-raised by the product's caller
         self.error = e
       ran += 1
     return ran

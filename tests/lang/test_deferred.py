@@ -46,8 +46,7 @@ def gemms(monkeypatch):
     calls.extend((a.shape, b.shape) for a, b, _ in products)
     return real_batch(products)
 
-  monkeypatch.setattr(deferred, "blas", types.SimpleNamespace(matmul=counting, matmuls=counting_batch,
-                                                              each=deferred.blas.each))
+  monkeypatch.setattr(deferred, "blas", types.SimpleNamespace(matmul=counting, matmuls=counting_batch))
   return calls
 
 
@@ -102,9 +101,9 @@ def _conversions(monkeypatch):
   converted = []
   real = deferred.HostCache.converted
 
-  def converting(cache, span, root, arrays, precision, convert=None):
+  def converting(cache, span, root, arrays, precision):
     before = len(cache._spans)
-    out = real(cache, span, root, arrays, precision, convert)
+    out = real(cache, span, root, arrays, precision)
     if len(cache._spans) > before:
       converted.append(span.shape)
     return out
@@ -461,52 +460,24 @@ def test_evicted_widened_spans_are_released_during_the_launch(monkeypatch):
   cache.release()
 
 
-class _FourThreads:
-  """A BLAS on 4 threads (blas.py's launch budget), standing in for threadpoolctl's controller."""
-  num_threads = 4
-
-  def set_num_threads(self, n):
-    self.num_threads = n
-
-
-def test_operand_panels_are_rounded_on_the_launch_threads_with_the_same_bits(monkeypatch,
-                                                                            defer_everything, rng):
-  # a batch of pending output blocks converts the panels it lacks first, as one batch over the launch's
-  # threads (blas.each), then runs the GEMMs: each panel's values are mxu.round_to_bf16_as_f32's,
-  # whichever thread made it. Values 1 + m/256 (m odd: ties) round to 8 bits, so with K = 256 every
-  # sum of the rounded products is exact in float32 in any order: the result is known bit for bit.
-  from palace._src import blas
-  monkeypatch.setattr(blas, "_controllers", [_FourThreads()])
-  monkeypatch.setattr(blas, "SHARED_BYTES", 0)
-  rounded = _conversions(monkeypatch)
-  sign = lambda shape: rng.choice(np.array([-1, 1], np.float32), size=shape)  # noqa: E731
-  x = sign((512, 256)) * (1 + rng.integers(0, 256, (512, 256)) / 256).astype(np.float32)
-  y = sign((256, 512)) * (1 + rng.integers(0, 256, (256, 512)) / 256).astype(np.float32)
-  shared = blas.Counts.shared
-  z, _ = _run_tiled(x, y, 128)
-  assert blas.Counts.shared - shared == 1        # the 4 row and 4 column panels: one shared batch
-  assert sorted(rounded) == [(128, 256)] * 4 + [(256, 128)] * 4
-  bf = lambda v: v.astype(jnp.bfloat16).astype(np.float64)   # noqa: E731
-  np.testing.assert_array_equal(z, (bf(x) @ bf(y)).astype(np.float32))
-  assert not np.array_equal(z, (x.astype(np.float64) @ y).astype(np.float32))   # (the rounding shows)
-
-
-def test_a_failed_panel_conversion_leaves_no_unwritten_panel_in_the_cache(monkeypatch):
+def test_a_strided_f32_span_is_rounded_to_the_same_bits_as_a_contiguous_one():
+  # HostCache stages a non-contiguous float32 span (a column panel) through contiguous scratch before
+  # rounding it: every sign, exponent and deciding low half (ties with even and odd kept halves,
+  # carries, NaN payloads) as the bf16 cast rounds them
+  from palace._src import dtypes as dt
   from palace._src.lang.array import Array
+  high = np.arange(0, 1 << 16, 4, dtype=np.uint32) << 16   # (with the low halves: 32 to a row)
+  low = np.array([0, 1, 0x7FFF, 0x8000, 0x8001, 0xFFFF, 0x1234, 0xC000], np.uint32)
+  u = (high[:, None] | low[None, :]).reshape(-1, 32)
+  root = np.zeros((u.shape[0], 96), np.float32)
+  root[:, 32:64] = u.view(np.float32)
+  span = root[:, 32:64]
+  assert not span.flags.c_contiguous
   cache = deferred.HostCache()
-  root = np.ones((64, 256), np.float32)
-  spans = [root[:, :128], root[:, 128:]]
-  convert = []
-  for span in spans:
-    cache.converted(span, root, [Array(span, span.shape, span.dtype, 0)], "DEFAULT", convert)
-  assert len(convert) == 2 and len(cache._spans) == 2   # entries made, conversions left to the caller
-
-  def broken(d, precision, out=None):
-    raise MemoryError("no room")
-  monkeypatch.setattr(deferred, "_mxu_f32", broken)
-  with pytest.raises(MemoryError, match="no room"):
-    deferred._convert_all(convert)
-  assert not cache._spans and cache._bytes == 0
+  wide = cache.converted(span, root, [Array(span, span.shape, span.dtype, 0)], "DEFAULT")
+  with np.errstate(invalid="ignore"):   # (the cast of NaN payloads)
+    expected = dt.bf16_to_f32(span.astype(dt.bfloat16))
+  np.testing.assert_array_equal(wide.view(np.uint32), expected.view(np.uint32))
   cache.release()
 
 

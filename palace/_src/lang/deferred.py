@@ -89,32 +89,28 @@ class Deferred(Array):
   def compute_all(pairs) -> None:
     """`value.compute_into(out)` for every (value, out) of `pairs`, destinations that do not overlap
     (the machine's batch of values DMA'd into blocks of one HBM buffer, sim/memory.PendingBlocks): the
-    operand panels the cache lacks are converted first, spread over the launch's threads (blas.each),
-    then the GEMMs run as one batch (blas.matmuls: whole products spread over those threads), then the
-    bases are added. Each value's numbers are those `compute_into` gives: the same panels, the same
-    GEMM, the same additions. A batch holds at most HostCache.MAX_BYTES of distinct panels (then it
-    runs and the next one starts), as the cache does."""
-    gemms, finish, panels, convert = [], [], {}, []
+    operand panels are made here, then the GEMMs run as one batch (blas.matmuls: whole products spread
+    over the launch's threads), then the bases are added. Each value's numbers are those
+    `compute_into` gives: the same panels, the same GEMM, the same additions. A batch holds at most
+    HostCache.MAX_BYTES of distinct panels (then it runs and the next one starts), as the cache does."""
+    gemms, finish, panels = [], [], {}
     for i, (value, out) in enumerate(pairs):
-      gemm = value._gemm(out, len(pairs) == 1, convert)
+      gemm = value._gemm(out, len(pairs) == 1)
       if gemm is not None:
         gemms.append(gemm)
         finish.append((value, gemm[2], out))
         panels[id(gemm[0])], panels[id(gemm[1])] = gemm[0].nbytes, gemm[1].nbytes
       if gemms and (i == len(pairs) - 1 or sum(panels.values()) > HostCache.MAX_BYTES):
-        _convert_all(convert)
         blas.matmuls(gemms)
         for done in finish:
           done[0]._finish(done[1], done[2])
-        gemms, finish, panels, convert = [], [], {}, []
+        gemms, finish, panels = [], [], {}
 
-  def _gemm(self, out: np.ndarray, scratch: bool, convert=None):
+  def _gemm(self, out: np.ndarray, scratch: bool):
     """(row panel, column panel, float32 result) of the GEMM that computes this sum into `out`, or None
     when there is none (computed already, or an empty sum: then `out` is written here). The result is
     `out` itself when it is float32, else the cache's scratch (`scratch`: no other value's GEMM uses it
-    before this one is finished) or a new array. `convert`: a list that takes the conversions of panels
-    new to the cache (HostCache.converted) instead of running them here; they must run (`_convert_all`)
-    before the GEMM."""
+    before this one is finished) or a new array."""
     if self._terms is None:
       np.copyto(out, self._data)
       return None
@@ -128,8 +124,8 @@ class Deferred(Array):
     acc = out if out.dtype == _F32 else (cache.scratch(self.shape) if cache is not None and scratch
                                          else np.empty(self.shape, _F32))
     prec = self._precision
-    a_panel = _panel([a for a, _ in self._terms], 1, cache, prec, convert)
-    b_panel = _panel([b for _, b in self._terms], 0, cache, prec, convert)
+    a_panel = _panel([a for a, _ in self._terms], 1, cache, prec)
+    b_panel = _panel([b for _, b in self._terms], 0, cache, prec)
     return a_panel, b_panel, acc
 
   def _finish(self, acc: np.ndarray, out: np.ndarray) -> None:
@@ -233,21 +229,21 @@ def _root(a: np.ndarray) -> np.ndarray:
   return a
 
 
-def _panel(arrays, axis: int, cache, precision, convert=None) -> np.ndarray:
+def _panel(arrays, axis: int, cache, precision) -> np.ndarray:
   """The operands joined along `axis` (1: [a_0 a_1 ...], 0: [b_0; b_1; ...]) as one float32 matrix of
   the values the MXU multiplies (`_mxu_f32`).
 
   Adjacent views of one array (the usual case: blocks of an HBM operand) are joined by viewing the
   span they tile, without a copy; a span that needs converting (bf16 widened, float32 rounded to bf16
   at DEFAULT) is converted once and cached (HostCache). Otherwise the blocks are converted into a
-  fresh panel. `convert`: see Deferred._gemm."""
+  fresh panel."""
   datas = [x._data for x in arrays]
   joined = datas[0] if len(datas) == 1 else _adjacent_span(datas, axis)
   if joined is not None:
     if joined.dtype == _F32 and not mxu.rounds_to_bf16(_F32, precision):
       return joined
     if cache is not None:
-      return cache.converted(joined, _root(datas[0]), arrays, precision, convert)
+      return cache.converted(joined, _root(datas[0]), arrays, precision)
     return _mxu_f32(joined, precision)
   other = 1 - axis
   shape = [datas[0].shape[other]] * 2
@@ -289,20 +285,6 @@ def _convert(span: np.ndarray, precision, wide: np.ndarray) -> None:
   else:
     _mxu_f32(span, precision, wide)
   wide.flags.writeable = False
-
-
-def _convert_all(convert: list) -> None:
-  """Run the conversions `Deferred._gemm` left in `convert` ((cache, key, span, precision, wide) each:
-  distinct arrays), over the launch's threads when they are large (blas.each). If any fails, their
-  cache entries are dropped, so no later sum finds an unwritten panel."""
-  if not convert:
-    return
-  try:
-    blas.each(_convert, [c[2:] for c in convert], sum(c[4].nbytes for c in convert))
-  except BaseException:
-    for cache, key, _, _, wide in convert:
-      cache.drop(key, wide)
-    raise
 
 
 def _adjacent_span(datas, axis: int):
@@ -373,11 +355,9 @@ class HostCache:
       self._owned.append(buf)
     return buf
 
-  def converted(self, span: np.ndarray, root: np.ndarray, arrays, precision, convert=None) -> np.ndarray:
+  def converted(self, span: np.ndarray, root: np.ndarray, arrays, precision) -> np.ndarray:
     """`_mxu_f32(span, precision)`, from the cache while `arrays` (the values the span joins) still
-    view the memory it was made from. `convert`: a list that takes a new entry's conversion,
-    (self, key, span, precision, array), for the caller to run (`_convert_all`) before it reads the
-    array, instead of converting it here."""
+    view the memory it was made from."""
     key = (id(root), _addr(span), span.shape, span.strides, span.dtype,
            mxu.rounds_to_bf16(span.dtype, precision))
     hit = self._spans.pop(key, None)
@@ -387,30 +367,19 @@ class HostCache:
         return hit[0]
       self._bytes -= hit[2]
     wide = hostmem.take(span.shape, _F32)
-    if convert is None:
-      _convert(span, precision, wide)
-    else:
-      convert.append((self, key, span, precision, wide))
+    _convert(span, precision, wide)
     guards = tuple((x, _addr(x._data)) for x in arrays)
     self._spans[key] = (wide, guards, wide.nbytes)
     self._bytes += wide.nbytes
     while self._bytes > self.MAX_BYTES and len(self._spans) > 1:
-      # an evicted span goes back at once (hostmem takes it only once nothing reads it, so not while
-      # a batch's conversion or GEMM still holds it), not at the end of the launch: kept to the end,
-      # a 8192^3 matmul with 512x1024 blocks, re-widening its 32 MiB panels of y per output block,
-      # held 5.6 GB
+      # an evicted span goes back at once (hostmem takes it only once nothing reads it), not at
+      # the end of the launch: kept to the end, a 8192^3 matmul with 512x1024 blocks, re-widening
+      # its 32 MiB panels of y per output block, held 5.6 GB
       evicted = [self._spans.pop(next(iter(self._spans)))]
       self._bytes -= evicted[0][2]
       evicted[0] = evicted[0][0]
       hostmem.give_back(evicted)
     return wide
-
-  def drop(self, key, wide: np.ndarray) -> None:
-    """Forget the entry `key` if it holds `wide` (a conversion that did not run)."""
-    hit = self._spans.get(key)
-    if hit is not None and hit[0] is wide:
-      del self._spans[key]
-      self._bytes -= hit[2]
 
 
 def _release(spans: dict, scratch: dict, owned: list) -> None:
