@@ -34,6 +34,7 @@ from palace._src.lang import mxu
 from palace._src.lang.array import Array
 
 _F32 = np.dtype(np.float32)
+_ZERO = np.float32(0)
 _OPERAND_DTYPES = (np.dtype(np.float32), np.dtype(dt.bfloat16))
 _ENDS = (np.dtype(np.float32), np.dtype(dt.bfloat16), np.dtype(np.float16))
 
@@ -117,8 +118,8 @@ class Deferred(Array):
     if not self._terms:
       if self._base is None:
         out.fill(0)
-      else:
-        np.copyto(out, self._base._data, casting="unsafe")
+      else:   # 0 + base, added: a -0.0 of the base becomes +0.0, as the eager add gives (a copy kept it)
+        np.add(self._base._data, _ZERO, out=out, casting="unsafe")
       return None
     cache = self._cache
     acc = out if out.dtype == _F32 else (cache.scratch(self.shape) if cache is not None and scratch
