@@ -460,6 +460,54 @@ def test_evicted_widened_spans_are_released_during_the_launch(monkeypatch):
   cache.release()
 
 
+def test_a_strided_f32_span_is_rounded_to_the_same_bits_as_a_contiguous_one():
+  # HostCache stages a non-contiguous float32 span (a column panel) through contiguous scratch before
+  # rounding it: every sign, exponent and deciding low half (ties with even and odd kept halves,
+  # carries, NaN payloads) as the bf16 cast rounds them
+  from palace._src import dtypes as dt
+  from palace._src.lang.array import Array
+  high = np.arange(0, 1 << 16, 4, dtype=np.uint32) << 16   # (with the low halves: 32 to a row)
+  low = np.array([0, 1, 0x7FFF, 0x8000, 0x8001, 0xFFFF, 0x1234, 0xC000], np.uint32)
+  u = (high[:, None] | low[None, :]).reshape(-1, 32)
+  root = np.zeros((u.shape[0], 96), np.float32)
+  root[:, 32:64] = u.view(np.float32)
+  span = root[:, 32:64]
+  assert not span.flags.c_contiguous
+  cache = deferred.HostCache()
+  wide = cache.converted(span, root, [Array(span, span.shape, span.dtype, 0)], "DEFAULT")
+  with np.errstate(invalid="ignore"):   # (the cast of NaN payloads)
+    expected = dt.bf16_to_f32(span.astype(dt.bfloat16))
+  np.testing.assert_array_equal(wide.view(np.uint32), expected.view(np.uint32))
+  cache.release()
+
+
+def test_zeros_plus_an_array_adds_so_negative_zeros_become_positive(monkeypatch, rng):
+  # `acc = zeros; acc += x` keeps 0 + x pending (an empty sum with x as its base); computed, it is the
+  # float32 add, not a copy of x: 0.0 + -0.0 is +0.0, as the eager add (and a TPU) gives
+  def kernel(x_ref, o_ref, acc_ref):
+    acc_ref[...] = jnp.zeros_like(acc_ref)
+    acc_ref[...] += x_ref[...]
+    o_ref[...] = acc_ref[...].astype(o_ref.dtype)
+
+  x = rng.standard_normal((128, 128), dtype=np.float32)
+  x[::3] = -0.0
+  x[1, :4] = [np.inf, -np.inf, np.nan, 0.0]
+
+  def run(out_dtype):
+    with pl.virtual_tpu("v5e"):
+      return pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct(x.shape, out_dtype),
+                            scratch_shapes=[pltpu.VMEM((128, 128), jnp.float32)])(x)
+  expected = np.float32(0) + x
+  bits = lambda a: a.view(np.uint16 if a.dtype == jnp.bfloat16 else np.uint32)  # noqa: E731
+  for out_dtype in (np.float32, jnp.bfloat16):
+    z = run(out_dtype)
+    assert not np.signbit(z[::3]).any()
+    np.testing.assert_array_equal(bits(z), bits(expected.astype(out_dtype)))
+    with monkeypatch.context() as m:   # the eager path (no empty sum): the same bits
+      m.setattr(deferred, "ZEROS_MIN_BYTES", float("inf"))
+      np.testing.assert_array_equal(bits(run(out_dtype)), bits(z))
+
+
 def test_f32_rounding_on_the_bits_equals_the_bf16_cast():
   # mxu.round_to_bf16_as_f32 (the deferred sums' rounding) against bf16_to_f32(round_to_bf16(v)) on
   # every sign and exponent with the low halves that decide rounding: ties (0x8000) with an even and

@@ -80,3 +80,53 @@ def test_fresh_large_vmem_starts_with_a_pending_fill_and_timing_only_has_no_stor
   assert t.storage is None and t.pending is None
   s = memory.new_buffer((4,), np.dtype(np.int32), MemorySpace.SMEM, "s", None, 0, True, True)
   np.testing.assert_array_equal(s.storage, np.iinfo(np.int32).min)   # SMEM data moves even then
+
+
+class _Batched(_Pending):
+  """A value the machine keeps as a pending block of an HBM buffer (sim/memory.PendingBlocks)."""
+  held_bytes = 0
+
+  @staticmethod
+  def compute_all(pairs):
+    for value, out in pairs:
+      value.compute_into(out)
+
+
+def test_pending_blocks_start_a_new_batch_exactly_when_a_block_overlaps_a_kept_one():
+  # tiles of one block grid are told apart by their start (a set), any other window by a memory test;
+  # either way a batch ends exactly where the block DMA'd in shares memory with one kept (checked
+  # against np.shares_memory on tiles, revisited tiles, unaligned windows, other shapes, row views)
+  rng = np.random.default_rng(0)
+  storage = np.zeros((64, 96), np.float32)
+  tiles = [(slice(r, r + 16), slice(c, c + 32)) for r in range(0, 64, 16) for c in range(0, 96, 32)]
+  other = [(slice(4, 20), slice(8, 40)), (slice(0, 16), slice(16, 48)), (slice(0, 8), slice(0, 96)),
+           (slice(48, 64), slice(64, 96)), (5, slice(0, 32)), (slice(16, 32), slice(32, 33))]
+  for trial in range(40):
+    picks = [tiles[k] for k in rng.integers(0, len(tiles), 10)]
+    if trial % 2:
+      picks += [other[k] for k in rng.integers(0, len(other), 3)]
+      rng.shuffle(picks)
+    hbm = memory.Buffer(storage, storage.shape, storage.dtype, MemorySpace.ANY, "out")
+    hbm.pending = memory.PendingBlocks()
+    kept = []
+    for idx in picks:
+      out = storage[idx]
+      if any(np.shares_memory(out, o) for o in kept):   # the reference: a new batch begins here
+        kept = []
+      kept.append(out)
+      hbm.pending.add(hbm, _Batched(1.0), out)
+      assert len(hbm.pending.blocks) == len(kept), (trial, idx)
+    assert [tuple(o.__array_interface__["data"]) for _, o in hbm.pending.blocks] == \
+        [tuple(o.__array_interface__["data"]) for o in kept]
+
+
+def test_tile_starts_only_for_windows_on_the_block_grid():
+  a = np.zeros((64, 96), np.float32)
+  assert memory._tile_start(a, a[16:32, 64:96]) == (16, 64)
+  assert memory._tile_start(a, a) == (0, 0)
+  assert memory._tile_start(a, a[8:24, 0:32]) is None      # not a multiple of its shape
+  assert memory._tile_start(a, a[3]) is None               # another rank
+  assert memory._tile_start(a, a[::2, :32]) is None        # other strides
+  assert memory._tile_start(a, a[:0, :32]) is None         # empty
+  assert memory._tile_start(a.T, a.T[:32, :16]) is None    # not C-contiguous
+  assert memory._tile_start(a, np.zeros((16, 96), np.float32)) is None   # another array

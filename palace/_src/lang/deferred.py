@@ -34,6 +34,7 @@ from palace._src.lang import mxu
 from palace._src.lang.array import Array
 
 _F32 = np.dtype(np.float32)
+_ZERO = np.float32(0)
 _OPERAND_DTYPES = (np.dtype(np.float32), np.dtype(dt.bfloat16))
 _ENDS = (np.dtype(np.float32), np.dtype(dt.bfloat16), np.dtype(np.float16))
 
@@ -117,8 +118,8 @@ class Deferred(Array):
     if not self._terms:
       if self._base is None:
         out.fill(0)
-      else:
-        np.copyto(out, self._base._data, casting="unsafe")
+      else:   # 0 + base, added: a -0.0 of the base becomes +0.0, as the eager add gives (a copy kept it)
+        np.add(self._base._data, _ZERO, out=out, casting="unsafe")
       return None
     cache = self._cache
     acc = out if out.dtype == _F32 else (cache.scratch(self.shape) if cache is not None and scratch
@@ -273,6 +274,22 @@ def _mxu_f32(d: np.ndarray, precision, out: np.ndarray | None = None) -> np.ndar
   return out
 
 
+def _convert(span: np.ndarray, precision, wide: np.ndarray) -> None:
+  """A cache entry's conversion (HostCache.converted), made read-only once written. A float32 span
+  to round that is not contiguous (a column panel of a row-major operand) is copied into contiguous
+  scratch first: the rounding's passes then read that once-strided copy instead of each reading the
+  strided span (a 2048 x 512 column panel of a 2048^2 operand: 1.64 -> 1.00 ms; the same bits, the
+  rounding is element by element)."""
+  if span.dtype == _F32 and not span.flags.c_contiguous and mxu.rounds_to_bf16(_F32, precision):
+    staged = [hostmem.take(span.shape, _F32)]
+    np.copyto(staged[0], span)
+    _mxu_f32(staged[0], precision, wide)
+    hostmem.give_back(staged)
+  else:
+    _mxu_f32(span, precision, wide)
+  wide.flags.writeable = False
+
+
 def _adjacent_span(datas, axis: int):
   """A view covering datas[0], datas[1], ... laid end to end along `axis` in one array's memory, or None.
 
@@ -353,8 +370,7 @@ class HostCache:
         return hit[0]
       self._bytes -= hit[2]
     wide = hostmem.take(span.shape, _F32)
-    _mxu_f32(span, precision, wide)
-    wide.flags.writeable = False
+    _convert(span, precision, wide)
     guards = tuple((x, _addr(x._data)) for x in arrays)
     self._spans[key] = (wide, guards, wide.nbytes)
     self._bytes += wide.nbytes

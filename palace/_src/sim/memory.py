@@ -295,21 +295,42 @@ class PendingBlocks:
   kept (structural, like PendingValue), only in HBM buffers that no alias views, at most MAX_BLOCKS
   values and MAX_BYTES held at once (then the kept ones are computed first, as when a value's block
   overlaps a kept one: values are computed in the order their copies ran)."""
-  __slots__ = ("blocks", "held")
+  __slots__ = ("blocks", "held", "tiles")
   MAX_BLOCKS = 64
   MAX_BYTES = 256 * 2**20
 
   def __init__(self):
     self.blocks = []   # (value, destination view)
     self.held = 0
+    # while every kept block is a whole tile of one grid over the storage (the pipeline's write-backs
+    # of blocks that tile the output): (block shape, starts of the kept tiles); else None
+    self.tiles = None
 
   def add(self, buf: Buffer, value, out: np.ndarray) -> None:
-    if (len(self.blocks) >= self.MAX_BLOCKS or self.held + value.held_bytes > self.MAX_BYTES
-        or any(np.may_share_memory(out, o) and np.shares_memory(out, o) for _, o in self.blocks)):
+    if len(self.blocks) >= self.MAX_BLOCKS or self.held + value.held_bytes > self.MAX_BYTES \
+        or self._overlaps(buf._storage, out):
       buf.materialize()
       buf.pending = self = PendingBlocks()
+      self._overlaps(buf._storage, out)   # (the new batch's tiles)
     self.blocks.append((value, out))
     self.held += value.held_bytes
+
+  def _overlaps(self, storage, out: np.ndarray) -> bool:
+    """Whether `out` shares memory with a kept block. Tiles of one grid over the storage (windows of
+    one shape starting at multiples of it) are disjoint unless they start at the same element: a set
+    lookup instead of a memory test per kept block (64 blocks: 2016 tests, 1.7 ms)."""
+    start = _tile_start(storage, out)
+    tiles = self.tiles
+    if start is not None and (tiles is not None or not self.blocks):
+      if tiles is None:
+        tiles = self.tiles = (out.shape, set())
+      if out.shape == tiles[0]:
+        if start in tiles[1]:
+          return True
+        tiles[1].add(start)
+        return False
+    self.tiles = None
+    return any(np.may_share_memory(out, o) and np.shares_memory(out, o) for _, o in self.blocks)
 
   def compute(self) -> None:
     blocks, self.blocks = self.blocks, []
@@ -318,6 +339,26 @@ class PendingBlocks:
       if i == len(blocks) or type(blocks[i][0]) is not type(blocks[start][0]):
         type(blocks[start][0]).compute_all(blocks[start:i])
         start = i
+
+
+def _tile_start(storage, out: np.ndarray):
+  """The index of `out`'s first element in `storage` when `out` is a window of it (storage C-contiguous,
+  the same strides, inside it, not empty) whose start is a multiple of its shape (a tile of the grid of
+  blocks of that shape), else None. Windows of a C-contiguous array hold distinct elements at distinct
+  indices, so two such tiles of one shape share memory only if they start at the same index."""
+  if (storage is None or out.strides != storage.strides or out.ndim == 0 or not out.size
+      or not storage.flags.c_contiguous):
+    return None
+  off = out.__array_interface__["data"][0] - storage.__array_interface__["data"][0]
+  if off < 0:
+    return None
+  start = []
+  for stride, size, dim in zip(storage.strides, out.shape, storage.shape):
+    at, off = divmod(off, stride)
+    if at % size or at + size > dim:
+      return None
+    start.append(at)
+  return None if off else tuple(start)
 
 
 def settle(bufs) -> None:
