@@ -20,7 +20,9 @@ and flash attention's inner step at 256 rows cut into parts (q k^T; + the row ma
 sum; + p v) and whole at 512 rows, fixed blocks, where session 23's first call found the step 46% longer
 than the model. `pv_parts` (a third call): that step's p v part taken apart (the K = 256 dot from a loaded
 LHS, from a cast, from an exp; with the rescale; the whole softmax-and-dot from a loaded s), and the
-same at 128 rows, a K = 512 dot and a 512-row one.
+same at 128 rows, a K = 512 dot and a 512-row one. `xlu_eup` (a fourth call): row reductions fed by
+exp and exp fed by a row reduction (sum, exp then sum, exp then max, max then exp then sum) on 8-2048
+rows, where `pv_parts` located the missing cycles.
 
 Same conventions as `cases.py` (public Pallas API shared by JAX 0.10.2 and 0.12; nothing here imports palace).
 """
@@ -247,3 +249,48 @@ def pv_part_cases() -> list[Case]:
   out.append(Case("pv_ref_blk256_k512", F, _pv("ref", k=512)))
   out.append(Case("pv_ref_blk512_k128", F, _pv("ref", blk=512, k=128)))
   return out
+
+
+def _red(op, rows, n=256):
+  """One chain of lane reductions and exps a step on a fixed f32 (rows, 128) block v (no copies):
+  'sum': the row sum of v; 'exp_sum': the row sum of exp(v); 'exp_max': the row max of exp(v);
+  'max_exp_sum': m = the row max, then the row sum of exp(v - m); each accumulated into an (rows, 1)
+  f32 column."""
+  def build():
+    jax, jnp, pl, pltpu = _jax()
+
+    def kernel(v_ref, o_ref, r_ref):
+      @pl.when(pl.program_id(0) == 0)
+      def _():
+        r_ref[...] = jnp.zeros_like(r_ref)
+
+      v = v_ref[...]
+      if op == "sum":
+        r = jnp.sum(v, axis=-1, keepdims=True)
+      elif op == "exp_sum":
+        r = jnp.sum(jnp.exp(v), axis=-1, keepdims=True)
+      elif op == "exp_max":
+        r = jnp.max(jnp.exp(v), axis=-1, keepdims=True)
+      elif op == "max_exp_sum":
+        r = jnp.sum(jnp.exp(v - jnp.max(v, axis=-1, keepdims=True)), axis=-1, keepdims=True)
+      else:
+        raise ValueError(op)
+      r_ref[...] += r
+
+      @pl.when(pl.program_id(0) == n - 1)
+      def _():
+        o_ref[...] = r_ref[...]
+
+    fixed = lambda i: (0, 0)  # noqa: E731
+    call = pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct((rows, 1), jnp.float32), grid=(n,),
+        in_specs=[pl.BlockSpec((rows, _LANES), fixed)], out_specs=pl.BlockSpec((rows, 1), fixed),
+        scratch_shapes=[pltpu.VMEM((rows, 1), jnp.float32)])
+    return call, (_rand((rows, _LANES), "float32", 1),)
+  return build
+
+
+def xlu_eup_cases() -> list[Case]:
+  F = "xlu_eup"
+  return [Case(f"xe_{op}_r{rows}", F, _red(op, rows))
+          for op in ("sum", "exp_sum", "exp_max", "max_exp_sum") for rows in (8, 128, 512, 2048)]
