@@ -18,7 +18,11 @@ its 128-row form was measured in session 22).
 (the step costs the longest unit) or add? Each alone and in pairs on 512 and 2048 rows, fixed blocks;
 and flash attention's inner step at 256 rows cut into parts (q k^T; + the row max; + exp and the row
 sum; + p v) and whole at 512 rows, fixed blocks, where session 23's first call found the step 46% longer
-than the model.
+than the model. `pv_parts` (a third call): that step's p v part taken apart (the K = 256 dot from a loaded
+LHS, from a cast, from an exp; with the rescale; the whole softmax-and-dot from a loaded s), and the
+same at 128 rows, a K = 512 dot and a 512-row one. `xlu_eup` (a fourth call): row reductions fed by
+exp and exp fed by a row reduction (sum, exp then sum, exp then max, max then exp then sum) on 8-2048
+rows, where `pv_parts` located the missing cycles.
 
 Same conventions as `cases.py` (public Pallas API shared by JAX 0.10.2 and 0.12; nothing here imports palace).
 """
@@ -189,3 +193,104 @@ def unit_overlap_cases() -> list[Case]:
     out.append(Case(f"uover_flash_{part}_blk256", F, _flash_cut(part, 256)))
   out.append(Case("uover_flash_full_blk512", F, _flash_cut("full", 512, n=128)))
   return out
+
+
+def _pv(op, blk=256, k=256, n=256):
+  """The p v part of a flash step on fixed blocks, taken apart: a (blk, k) x (k, 128) bf16 dot into an
+  f32 (blk, 128) accumulator with its LHS 'ref' (loaded bf16), 'cast' (loaded f32, cast to bf16), 'exp'
+  (exp of loaded f32, cast), 'rescale' (loaded bf16, and the accumulator rescaled by a loaded (blk, 1)
+  column), or 'softmax' (flash's whole step from a loaded s: row max, exp, row sum, cast, dot, rescale)."""
+  def build():
+    jax, jnp, pl, pltpu = _jax()
+
+    def kernel(p_ref, s_ref, v_ref, c_ref, o_ref, acc_ref, l_ref):
+      @pl.when(pl.program_id(0) == 0)
+      def _():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+        l_ref[...] = jnp.zeros_like(l_ref)
+
+      if op == "ref" or op == "rescale":
+        p = p_ref[...]
+      elif op == "cast":
+        p = s_ref[...].astype(jnp.bfloat16)
+      elif op == "exp":
+        p = jnp.exp(s_ref[...] - 1.0).astype(jnp.bfloat16)
+      else:
+        s = s_ref[...]
+        e = jnp.exp(s - jnp.max(s, axis=-1, keepdims=True))
+        l_ref[...] = l_ref[...] * c_ref[...] + jnp.sum(e, axis=-1, keepdims=True)
+        p = e.astype(jnp.bfloat16)
+      pv = jnp.dot(p, v_ref[...], preferred_element_type=jnp.float32)
+      if op in ("rescale", "softmax"):
+        acc_ref[...] = acc_ref[...] * c_ref[...] + pv
+      else:
+        acc_ref[...] += pv
+
+      @pl.when(pl.program_id(0) == n - 1)
+      def _():
+        o_ref[...] = acc_ref[...] + l_ref[...]
+
+    fixed = lambda i: (0, 0)  # noqa: E731
+    call = pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct((blk, _LANES), jnp.float32), grid=(n,),
+        in_specs=[pl.BlockSpec((blk, k), fixed), pl.BlockSpec((blk, k), fixed),
+                  pl.BlockSpec((k, _LANES), fixed), pl.BlockSpec((blk, 1), fixed)],
+        out_specs=pl.BlockSpec((blk, _LANES), fixed),
+        scratch_shapes=[pltpu.VMEM((blk, _LANES), jnp.float32), pltpu.VMEM((blk, 1), jnp.float32)])
+    return call, (_rand((blk, k), "bfloat16", 1), _rand((blk, k), "float32", 2),
+                  _rand((k, _LANES), "bfloat16", 3), _rand((blk, 1), "float32", 4) * 0.01 + 1.0)
+  return build
+
+
+def pv_part_cases() -> list[Case]:
+  F = "pv_parts"
+  out = [Case(f"pv_{op}_blk256_k256", F, _pv(op)) for op in ("ref", "cast", "exp", "rescale", "softmax")]
+  out += [Case(f"pv_{op}_blk128_k128", F, _pv(op, blk=128, k=128)) for op in ("ref", "softmax")]
+  out.append(Case("pv_ref_blk256_k512", F, _pv("ref", k=512)))
+  out.append(Case("pv_ref_blk512_k128", F, _pv("ref", blk=512, k=128)))
+  return out
+
+
+def _red(op, rows, n=256):
+  """One chain of lane reductions and exps a step on a fixed f32 (rows, 128) block v (no copies):
+  'sum': the row sum of v; 'exp_sum': the row sum of exp(v); 'exp_max': the row max of exp(v);
+  'max_exp_sum': m = the row max, then the row sum of exp(v - m); each accumulated into an (rows, 1)
+  f32 column."""
+  def build():
+    jax, jnp, pl, pltpu = _jax()
+
+    def kernel(v_ref, o_ref, r_ref):
+      @pl.when(pl.program_id(0) == 0)
+      def _():
+        r_ref[...] = jnp.zeros_like(r_ref)
+
+      v = v_ref[...]
+      if op == "sum":
+        r = jnp.sum(v, axis=-1, keepdims=True)
+      elif op == "exp_sum":
+        r = jnp.sum(jnp.exp(v), axis=-1, keepdims=True)
+      elif op == "exp_max":
+        r = jnp.max(jnp.exp(v), axis=-1, keepdims=True)
+      elif op == "max_exp_sum":
+        r = jnp.sum(jnp.exp(v - jnp.max(v, axis=-1, keepdims=True)), axis=-1, keepdims=True)
+      else:
+        raise ValueError(op)
+      r_ref[...] += r
+
+      @pl.when(pl.program_id(0) == n - 1)
+      def _():
+        o_ref[...] = r_ref[...]
+
+    fixed = lambda i: (0, 0)  # noqa: E731
+    call = pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct((rows, 1), jnp.float32), grid=(n,),
+        in_specs=[pl.BlockSpec((rows, _LANES), fixed)], out_specs=pl.BlockSpec((rows, 1), fixed),
+        scratch_shapes=[pltpu.VMEM((rows, 1), jnp.float32)])
+    return call, (_rand((rows, _LANES), "float32", 1),)
+  return build
+
+
+def xlu_eup_cases() -> list[Case]:
+  F = "xlu_eup"
+  return [Case(f"xe_{op}_r{rows}", F, _red(op, rows))
+          for op in ("sum", "exp_sum", "exp_max", "max_exp_sum") for rows in (8, 128, 512, 2048)]

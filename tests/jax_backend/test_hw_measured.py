@@ -22,7 +22,7 @@ from benchmarks.hw import model  # noqa: E402
 TARGET = (0.05, 0.15)
 # family: (median |error| bound, worst |error| bound); "*": within issue 36's target
 BOUNDS = {
-    "elementwise": (0.01, 0.04), "transcendental": (0.02, 0.02), "softmax": (0.05, 0.13),   # *
+    "elementwise": (0.01, 0.04), "transcendental": (0.02, 0.02), "softmax": (0.03, 0.13),   # *
     "norm": (0.02, 0.02), "reduce": (0.01, 0.02), "fill": (0.01, 0.02), "dma_hbm": (0.01, 0.11),  # *
     "dma_loop": (0.01, 0.01), "copy": (0.01, 0.08), "emit_pipeline": (0.03, 0.15),            # *
     "step_loop": (0.05, 0.13),                                                                # *
@@ -30,18 +30,20 @@ BOUNDS = {
     "transpose": (0.07, 0.11), "scalar_prefetch": (0.08, 0.19), "small_launch": (0.08, 0.14),
     "flash": (0.08, 0.16), "splash": (0.18, 0.30), "gmm": (0.09, 0.12),
     "paged_attention": (0.06, 0.18), "op_chain": (0.10, 0.38), "dma_probe": (0.08, 0.39),
-    "dma_sync": (0.03, 0.19), "op_overlap": (0.04, 0.16), "step_sweep": (0.05, 0.20),
+    "dma_sync": (0.03, 0.19), "op_overlap": (0.03, 0.16), "step_sweep": (0.05, 0.20),
     "step_mix": (0.08, 0.23), "dma_curve": (0.07, 0.34), "dma_order": (0.10, 0.64),
     # session 21 (cases_fence.py): probes of the issue rules
-    "dma_fence": (0.03, 0.23), "loop_ilp": (0.08, 0.95), "dma_chunk": (0.10, 0.30),
-    "pipe_fence": (0.16, 0.31), "flash_parts": (0.14, 0.27), "compute_parts": (0.07, 0.23),
-    "latency_parts": (0.05, 0.24),
+    "dma_fence": (0.03, 0.23), "loop_ilp": (0.06, 0.95), "dma_chunk": (0.10, 0.30),
+    "pipe_fence": (0.16, 0.31), "flash_parts": (0.14, 0.27), "compute_parts": (0.08, 0.23),
+    "latency_parts": (0.06, 0.24),
     # session 22 (cases_chain.py): the chains the vector latencies were fitted on
     "step_chain": (0.05, 0.16), "loop_chain": (0.10, 0.60),
     # session 22's last call, recorded for the next model step (the DMA-wait sync beside compute)
     "sync_sweep": (0.18, 0.35),
     # session 23 (cases_stream.py): the DMA wait's form and unit streaming, recorded for the next step
-    "sync_size": (0.05, 0.26), "stream_pair": (0.05, 0.46), "unit_overlap": (0.14, 0.46),
+    "sync_size": (0.05, 0.26), "stream_pair": (0.05, 0.46), "unit_overlap": (0.14, 0.48),
+    "pv_parts": (0.04, 0.34),
+    "xlu_eup": (0.03, 0.09),                                                                 # *
     # measured after 655fb6c's predictions were recorded (v5e-holdout-predictions-*.json); the model
     # changed after that (the DMA-wait sync rule), so these are no longer blind predictions
     "holdout": (0.06, 0.32),
@@ -53,7 +55,7 @@ BOUNDS = {
 def test_every_measured_family_has_a_bound():
   _, recs = model.load()
   assert {r["family"] for r in recs.values()} == set(BOUNDS)
-  assert len(recs) >= 514
+  assert len(recs) >= 539
 
 
 @pytest.mark.parametrize("family", sorted(BOUNDS))

@@ -33,7 +33,7 @@ VECTOR_CLASSES = {
     _C.TRANSCENDENTAL: ("eup", 1, 10),  # exp / log / tanh / rsqrt: one EUP push per tile (measured)
     _C.EXPENSIVE: ("vpu", 16, 16),      # sin / cos: a polynomial on the VPU ([details]: expensive)
     _C.REDUCE_SUBLANE: ("vpu", 1, 10),  # second-minor reductions: in-lane shuffles (measured)
-    _C.REDUCE_LANE: ("xlu", 7, 114),    # last-dim reductions, one per 8 rows of 128 lanes (measured)
+    _C.REDUCE_LANE: ("xlu", 5.5, 114),  # last-dim reductions, one per 8 rows of 128 lanes (measured)
     _C.XLU: ("xlu", 2, 32),             # minor-dim transposes, relayouts, rolls
     _C.LOAD: ("vld", 1, 1),             # vreg loads (packed tiles) (measured: a chain's load)
     _C.STORE: ("vst", 1, 1),            # vreg stores (packed tiles)
