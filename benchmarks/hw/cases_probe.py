@@ -4,7 +4,9 @@ rules apart (`dma_sync`), and how much of a chain's latency the chip hides as th
 (`op_overlap`). Split from `cases.py` (same conventions; nothing here imports palace)."""
 from __future__ import annotations
 
-from benchmarks.hw.cases import MiB, Case, _jax, _rand, _params
+import numpy as np
+
+from benchmarks.hw.cases import MiB, Case, _jax, _params, _rand
 
 
 def _seq_dma(rows, n, write=False):
