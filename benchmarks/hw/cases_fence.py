@@ -237,6 +237,40 @@ def sync_sweep_cases() -> list[Case]:
   return out
 
 
+def flash_step(jax, jnp, pl, part, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, part_ref):
+  """The body of one flash-attention kv step cut at `part` (`_flash_part`): on the first grid step the
+  running max, sum and accumulators are initialised; then s = q k^T, and 'qk' accumulates s into
+  `part_ref`, 'max' adds the running row max, 'softmax' exp(s - m), the row sum and the l update (p into
+  `part_ref`), 'full' the p v dot and the rescaled `acc_ref`."""
+  @pl.when(pl.program_id(0) == 0)
+  def _():
+    m_ref[...] = jnp.full_like(m_ref, -1e30)
+    l_ref[...] = jnp.zeros_like(l_ref)
+    acc_ref[...] = jnp.zeros_like(acc_ref)
+    if part_ref is not acc_ref:
+      part_ref[...] = jnp.zeros_like(part_ref)
+
+  s = jax.lax.dot_general(q_ref[...], k_ref[...], (((1,), (1,)), ((), ())),
+                          preferred_element_type=jnp.float32)
+  if part == "qk":
+    part_ref[...] += s
+    return
+  m_prev = m_ref[...]
+  m_new = jnp.maximum(m_prev, jnp.max(s, axis=-1, keepdims=True))
+  m_ref[...] = m_new
+  if part == "max":
+    part_ref[...] += s
+    return
+  p = jnp.exp(s - m_new)
+  alpha = jnp.exp(m_prev - m_new)
+  l_ref[...] = alpha * l_ref[...] + jnp.sum(p, axis=-1, keepdims=True)
+  if part == "softmax":
+    part_ref[...] += p
+    return
+  pv = jnp.dot(p.astype(jnp.bfloat16), v_ref[...], preferred_element_type=jnp.float32)
+  acc_ref[...] = acc_ref[...] * alpha + pv
+
+
 def _flash_part(part, moving=True, n=512, blk=128):
   """One flash-attention inner step cut at `part`, as a pallas_call grid of `n` kv steps on (blk, 128)
   bf16 blocks (q fixed, k and v moving unless not `moving`), state in f32 VMEM scratch: 'qk' (s = q k^T,
@@ -246,31 +280,7 @@ def _flash_part(part, moving=True, n=512, blk=128):
     jax, jnp, pl, pltpu = _jax()
 
     def kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref):
-      @pl.when(pl.program_id(0) == 0)
-      def _():
-        m_ref[...] = jnp.full_like(m_ref, -1e30)
-        l_ref[...] = jnp.zeros_like(l_ref)
-        acc_ref[...] = jnp.zeros_like(acc_ref)
-
-      s = jax.lax.dot_general(q_ref[...], k_ref[...], (((1,), (1,)), ((), ())),
-                              preferred_element_type=jnp.float32)
-      if part == "qk":
-        acc_ref[...] += s
-      else:
-        m_prev = m_ref[...]
-        m_new = jnp.maximum(m_prev, jnp.max(s, axis=-1, keepdims=True))
-        m_ref[...] = m_new
-        if part == "max":
-          acc_ref[...] += s
-        else:
-          p = jnp.exp(s - m_new)
-          alpha = jnp.exp(m_prev - m_new)
-          l_ref[...] = alpha * l_ref[...] + jnp.sum(p, axis=-1, keepdims=True)
-          if part == "softmax":
-            acc_ref[...] += p
-          else:
-            pv = jnp.dot(p.astype(jnp.bfloat16), v_ref[...], preferred_element_type=jnp.float32)
-            acc_ref[...] = acc_ref[...] * alpha + pv
+      flash_step(jax, jnp, pl, part, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, acc_ref)
 
       @pl.when(pl.program_id(0) == n - 1)
       def _():

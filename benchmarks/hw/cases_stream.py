@@ -29,7 +29,7 @@ Same conventions as `cases.py` (public Pallas API shared by JAX 0.10.2 and 0.12;
 from __future__ import annotations
 
 from benchmarks.hw.cases import Case, _jax, _rand
-from benchmarks.hw.cases_fence import _flash_part, _pipe
+from benchmarks.hw.cases_fence import _flash_part, _pipe, flash_step
 
 _LANES = 128
 
@@ -141,32 +141,7 @@ def _flash_cut(part, blk, n=256):
     jax, jnp, pl, pltpu = _jax()
 
     def kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref, s_ref):
-      @pl.when(pl.program_id(0) == 0)
-      def _():
-        m_ref[...] = jnp.full_like(m_ref, -1e30)
-        l_ref[...] = jnp.zeros_like(l_ref)
-        acc_ref[...] = jnp.zeros_like(acc_ref)
-        s_ref[...] = jnp.zeros_like(s_ref)
-
-      s = jax.lax.dot_general(q_ref[...], k_ref[...], (((1,), (1,)), ((), ())),
-                              preferred_element_type=jnp.float32)
-      if part == "qk":
-        s_ref[...] += s
-      else:
-        m_prev = m_ref[...]
-        m_new = jnp.maximum(m_prev, jnp.max(s, axis=-1, keepdims=True))
-        m_ref[...] = m_new
-        if part == "max":
-          s_ref[...] += s
-        else:
-          p = jnp.exp(s - m_new)
-          alpha = jnp.exp(m_prev - m_new)
-          l_ref[...] = alpha * l_ref[...] + jnp.sum(p, axis=-1, keepdims=True)
-          if part == "softmax":
-            s_ref[...] += p
-          else:
-            pv = jnp.dot(p.astype(jnp.bfloat16), v_ref[...], preferred_element_type=jnp.float32)
-            acc_ref[...] = acc_ref[...] * alpha + pv
+      flash_step(jax, jnp, pl, part, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, s_ref)
 
       @pl.when(pl.program_id(0) == n - 1)
       def _():
