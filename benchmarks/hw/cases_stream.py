@@ -22,7 +22,9 @@ than the model. `pv_parts` (a third call): that step's p v part taken apart (the
 LHS, from a cast, from an exp; with the rescale; the whole softmax-and-dot from a loaded s), and the
 same at 128 rows, a K = 512 dot and a 512-row one. `xlu_eup` (a fourth call): row reductions fed by
 exp and exp fed by a row reduction (sum, exp then sum, exp then max, max then exp then sum) on 8-2048
-rows, where `pv_parts` located the missing cycles.
+rows, where `pv_parts` located the missing cycles. `chain_dot` (a fifth call): those chains feeding an
+MXU dot (one consumer of the exp stream, or the row sum and the dot both), and a dot beside an
+independent row sum.
 
 Same conventions as `cases.py` (public Pallas API shared by JAX 0.10.2 and 0.12; nothing here imports palace).
 """
@@ -269,3 +271,52 @@ def xlu_eup_cases() -> list[Case]:
   F = "xlu_eup"
   return [Case(f"xe_{op}_r{rows}", F, _red(op, rows))
           for op in ("sum", "exp_sum", "exp_max", "max_exp_sum") for rows in (8, 128, 512, 2048)]
+
+
+def _chain_dot(op, rows, n=256):
+  """A chain of row reductions, exp and an MXU dot on a fixed f32 (rows, 128) block s (no copies):
+  'exp_dot': acc += exp(s) v; 'exp_sum_dot': p = exp(s), the row sum of p and acc += p v (two consumers of
+  one exp stream); 'max_dot': acc += exp(s - max(s)) v; 'max_sum_dot': flash's chain without its
+  rescale (row max, exp, row sum, dot); 'dot_and_sum': an independent dot of a bf16 block and row sum of s."""
+  def build():
+    jax, jnp, pl, pltpu = _jax()
+
+    def kernel(s_ref, x_ref, v_ref, o_ref, acc_ref, r_ref):
+      @pl.when(pl.program_id(0) == 0)
+      def _():
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+        r_ref[...] = jnp.zeros_like(r_ref)
+
+      s = s_ref[...]
+      if op == "dot_and_sum":
+        acc_ref[...] += jnp.dot(x_ref[...], v_ref[...], preferred_element_type=jnp.float32)
+        r_ref[...] += jnp.sum(s, axis=-1, keepdims=True)
+      else:
+        if op in ("max_dot", "max_sum_dot"):
+          s = s - jnp.max(s, axis=-1, keepdims=True)
+        p = jnp.exp(s)
+        if op in ("exp_sum_dot", "max_sum_dot"):
+          r_ref[...] += jnp.sum(p, axis=-1, keepdims=True)
+        acc_ref[...] += jnp.dot(p.astype(jnp.bfloat16), v_ref[...], preferred_element_type=jnp.float32)
+
+      @pl.when(pl.program_id(0) == n - 1)
+      def _():
+        o_ref[...] = acc_ref[...] + r_ref[...]
+
+    fixed = lambda i: (0, 0)  # noqa: E731
+    row = pl.BlockSpec((rows, _LANES), fixed)
+    call = pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct((rows, _LANES), jnp.float32), grid=(n,),
+        in_specs=[row, row, pl.BlockSpec((_LANES, _LANES), fixed)], out_specs=row,
+        scratch_shapes=[pltpu.VMEM((rows, _LANES), jnp.float32), pltpu.VMEM((rows, 1), jnp.float32)])
+    return call, (_rand((rows, _LANES), "float32", 1), _rand((rows, _LANES), "bfloat16", 2),
+                  _rand((_LANES, _LANES), "bfloat16", 3) * 0.1)
+  return build
+
+
+def chain_dot_cases() -> list[Case]:
+  F = "chain_dot"
+  out = [Case(f"cdot_{op}_r{rows}", F, _chain_dot(op, rows))
+         for op in ("exp_dot", "exp_sum_dot", "max_dot", "max_sum_dot", "dot_and_sum") for rows in (128, 512)]
+  out += [Case(f"cdot_{op}_r2048", F, _chain_dot(op, 2048)) for op in ("exp_dot", "exp_sum_dot", "max_sum_dot")]
+  return out
