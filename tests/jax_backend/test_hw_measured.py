@@ -34,15 +34,15 @@ BOUNDS = {
     "step_mix": (0.08, 0.23), "dma_curve": (0.07, 0.34), "dma_order": (0.10, 0.64),
     # session 21 (cases_fence.py): probes of the issue rules
     "dma_fence": (0.03, 0.23), "loop_ilp": (0.06, 0.95), "dma_chunk": (0.10, 0.30),
-    "pipe_fence": (0.16, 0.31), "flash_parts": (0.14, 0.27), "compute_parts": (0.08, 0.23),
+    "pipe_fence": (0.16, 0.31), "flash_parts": (0.14, 0.22), "compute_parts": (0.08, 0.23),
     "latency_parts": (0.06, 0.24),
     # session 22 (cases_chain.py): the chains the vector latencies were fitted on
     "step_chain": (0.05, 0.16), "loop_chain": (0.10, 0.60),
     # session 22's last call, recorded for the next model step (the DMA-wait sync beside compute)
     "sync_sweep": (0.18, 0.35),
     # session 23 (cases_stream.py): the DMA wait's form and unit streaming, recorded for the next step
-    "sync_size": (0.05, 0.26), "stream_pair": (0.05, 0.46), "unit_overlap": (0.14, 0.48),
-    "pv_parts": (0.04, 0.34),
+    "sync_size": (0.05, 0.26), "stream_pair": (0.05, 0.40), "unit_overlap": (0.13, 0.40),
+    "pv_parts": (0.04, 0.28),
     "xlu_eup": (0.03, 0.09), "chain_dot": (0.03, 0.06),                                      # *
     # measured after 655fb6c's predictions were recorded (v5e-holdout-predictions-*.json); the model
     # changed after that (the DMA-wait sync rule), so these are no longer blind predictions

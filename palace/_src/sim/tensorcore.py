@@ -175,6 +175,8 @@ class TensorCore:
       end = unit_free[unit] = now + busy
     self.unit_issued[unit] = start
     self.unit_busy[unit] += busy
+    if unit == "xlu" and ready > end:   # the in-order XLU holds an op until its last input vreg came
+      unit_free[unit] = ready            # (measured on a v5e, session 23: docs/timing-model.md 1.4)
     done = (end if end > ready else ready) + latency
     if done > self.compute_done:
       self.compute_done = done
