@@ -310,6 +310,38 @@ def flash_part_cases() -> list[Case]:
   return out
 
 
+def fixed_grid(jax, jnp, pl, n, in_blocks, out_block, scratch, body, finish):
+  """A pallas_call grid of `n` steps whose blocks never change (no copies after the first): every
+  scratch ref zeroed on the first step, `body(ins, out, scratch)` on every step, `finish(out, scratch)`
+  on the last; f32 output. The frame of the `compute_parts` and session 23's fixed-block cases."""
+  k = len(in_blocks)
+
+  def kernel(*refs):
+    ins, out, scr = refs[:k], refs[k], refs[k + 1:]
+
+    @pl.when(pl.program_id(0) == 0)
+    def _():
+      for ref in scr:
+        ref[...] = jnp.zeros_like(ref)
+
+    body(ins, out, scr)
+
+    @pl.when(pl.program_id(0) == n - 1)
+    def _():
+      finish(out, scr)
+
+  fixed = lambda i: (0, 0)  # noqa: E731
+  return pl.pallas_call(
+      kernel, out_shape=jax.ShapeDtypeStruct(out_block, jnp.float32), grid=(n,),
+      in_specs=[pl.BlockSpec(b, fixed) for b in in_blocks], out_specs=pl.BlockSpec(out_block, fixed),
+      scratch_shapes=scratch)
+
+
+def _sum_out(o_ref, scratch):
+  """`fixed_grid`'s last step for an (N, 128) accumulator and an (N, 1) column: their sum."""
+  o_ref[...] = scratch[0][...] + scratch[1][...]
+
+
 def _compute_part(op, n=512, blk=128):
   """A pallas_call grid of `n` steps whose blocks never change (no copies after the first): one
   flash-step operation on (blk, 128) values a step, accumulated into f32 VMEM scratch. 'nn': q @ k,
@@ -319,12 +351,8 @@ def _compute_part(op, n=512, blk=128):
   def build():
     jax, jnp, pl, pltpu = _jax()
 
-    def kernel(q_ref, k_ref, o_ref, acc_ref, r_ref):
-      @pl.when(pl.program_id(0) == 0)
-      def _():
-        acc_ref[...] = jnp.zeros_like(acc_ref)
-        r_ref[...] = jnp.zeros_like(r_ref)
-
+    def body(ins, o_ref, scratch):
+      (q_ref, k_ref), (acc_ref, r_ref) = ins, scratch
       q, k = q_ref[...], k_ref[...]
       x = q.astype(jnp.float32)
       if op == "nn":
@@ -359,16 +387,9 @@ def _compute_part(op, n=512, blk=128):
       else:
         raise ValueError(op)
 
-      @pl.when(pl.program_id(0) == n - 1)
-      def _():
-        o_ref[...] = acc_ref[...] + r_ref[...]
-
-    fixed = lambda i: (0, 0)  # noqa: E731
-    call = pl.pallas_call(
-        kernel, out_shape=jax.ShapeDtypeStruct((blk, _LANES), jnp.float32), grid=(n,),
-        in_specs=[pl.BlockSpec((blk, _LANES), fixed), pl.BlockSpec((blk, _LANES), fixed)],
-        out_specs=pl.BlockSpec((blk, _LANES), fixed),
-        scratch_shapes=[pltpu.VMEM((blk, _LANES), jnp.float32), pltpu.VMEM((blk, 1), jnp.float32)])
+    call = fixed_grid(jax, jnp, pl, n, [(blk, _LANES), (blk, _LANES)], (blk, _LANES),
+                      [pltpu.VMEM((blk, _LANES), jnp.float32), pltpu.VMEM((blk, 1), jnp.float32)],
+                      body, _sum_out)
     return call, (_rand((blk, _LANES), "bfloat16", 1), _rand((blk, _LANES), "bfloat16", 2))
   return build
 

@@ -31,7 +31,7 @@ Same conventions as `cases.py` (public Pallas API shared by JAX 0.10.2 and 0.12;
 from __future__ import annotations
 
 from benchmarks.hw.cases import Case, _jax, _rand
-from benchmarks.hw.cases_fence import _flash_part, _pipe, flash_step
+from benchmarks.hw.cases_fence import _flash_part, _pipe, _sum_out, fixed_grid, flash_step
 
 _LANES = 128
 
@@ -42,12 +42,8 @@ def _pair(op, rows, n=256):
   def build():
     jax, jnp, pl, pltpu = _jax()
 
-    def kernel(x_ref, w_ref, o_ref, acc_ref, r_ref):
-      @pl.when(pl.program_id(0) == 0)
-      def _():
-        acc_ref[...] = jnp.zeros_like(acc_ref)
-        r_ref[...] = jnp.zeros_like(r_ref)
-
+    def body(ins, o_ref, scratch):
+      (x_ref, w_ref), (acc_ref, r_ref) = ins, scratch
       x = x_ref[...]
       if op == "dot_max":
         s = jnp.dot(x, w_ref[...], preferred_element_type=jnp.float32)
@@ -64,16 +60,9 @@ def _pair(op, rows, n=256):
       else:
         raise ValueError(op)
 
-      @pl.when(pl.program_id(0) == n - 1)
-      def _():
-        o_ref[...] = acc_ref[...] + r_ref[...]
-
-    fixed = lambda i: (0, 0)  # noqa: E731
-    call = pl.pallas_call(
-        kernel, out_shape=jax.ShapeDtypeStruct((rows, _LANES), jnp.float32), grid=(n,),
-        in_specs=[pl.BlockSpec((rows, _LANES), fixed), pl.BlockSpec((_LANES, _LANES), fixed)],
-        out_specs=pl.BlockSpec((rows, _LANES), fixed),
-        scratch_shapes=[pltpu.VMEM((rows, _LANES), jnp.float32), pltpu.VMEM((rows, 1), jnp.float32)])
+    call = fixed_grid(jax, jnp, pl, n, [(rows, _LANES), (_LANES, _LANES)], (rows, _LANES),
+                      [pltpu.VMEM((rows, _LANES), jnp.float32), pltpu.VMEM((rows, 1), jnp.float32)],
+                      body, _sum_out)
     return call, (_rand((rows, _LANES), "bfloat16", 1), _rand((_LANES, _LANES), "bfloat16", 2) * 0.1)
   return build
 
@@ -107,12 +96,8 @@ def _units(ops, rows, n=256):
   def build():
     jax, jnp, pl, pltpu = _jax()
 
-    def kernel(x_ref, w_ref, o_ref, a_ref, b_ref, c_ref, r_ref):
-      @pl.when(pl.program_id(0) == 0)
-      def _():
-        for ref in (a_ref, b_ref, c_ref, r_ref):
-          ref[...] = jnp.zeros_like(ref)
-
+    def body(ins, o_ref, scratch):
+      (x_ref, w_ref), (a_ref, b_ref, c_ref, r_ref) = ins, scratch
       if "dot" in ops:
         a_ref[...] += jnp.dot(x_ref[...], w_ref[...], preferred_element_type=jnp.float32)
       if "max" in ops:
@@ -120,17 +105,13 @@ def _units(ops, rows, n=256):
       if "exp" in ops:
         c_ref[...] += jnp.exp(b_ref[...] * 1e-3)
 
-      @pl.when(pl.program_id(0) == n - 1)
-      def _():
-        o_ref[...] = a_ref[...] + c_ref[...] + r_ref[...]
+    def finish(o_ref, scratch):
+      a_ref, _, c_ref, r_ref = scratch
+      o_ref[...] = a_ref[...] + c_ref[...] + r_ref[...]
 
-    fixed = lambda i: (0, 0)  # noqa: E731
-    call = pl.pallas_call(
-        kernel, out_shape=jax.ShapeDtypeStruct((rows, _LANES), jnp.float32), grid=(n,),
-        in_specs=[pl.BlockSpec((rows, _LANES), fixed), pl.BlockSpec((_LANES, _LANES), fixed)],
-        out_specs=pl.BlockSpec((rows, _LANES), fixed),
-        scratch_shapes=[pltpu.VMEM((rows, _LANES), jnp.float32) for _ in range(3)]
-        + [pltpu.VMEM((rows, 1), jnp.float32)])
+    call = fixed_grid(jax, jnp, pl, n, [(rows, _LANES), (_LANES, _LANES)], (rows, _LANES),
+                      [pltpu.VMEM((rows, _LANES), jnp.float32) for _ in range(3)]
+                      + [pltpu.VMEM((rows, 1), jnp.float32)], body, finish)
     return call, (_rand((rows, _LANES), "bfloat16", 1), _rand((_LANES, _LANES), "bfloat16", 2) * 0.1)
   return build
 
@@ -180,12 +161,8 @@ def _pv(op, blk=256, k=256, n=256):
   def build():
     jax, jnp, pl, pltpu = _jax()
 
-    def kernel(p_ref, s_ref, v_ref, c_ref, o_ref, acc_ref, l_ref):
-      @pl.when(pl.program_id(0) == 0)
-      def _():
-        acc_ref[...] = jnp.zeros_like(acc_ref)
-        l_ref[...] = jnp.zeros_like(l_ref)
-
+    def body(ins, o_ref, scratch):
+      (p_ref, s_ref, v_ref, c_ref), (acc_ref, l_ref) = ins, scratch
       if op == "ref" or op == "rescale":
         p = p_ref[...]
       elif op == "cast":
@@ -203,17 +180,9 @@ def _pv(op, blk=256, k=256, n=256):
       else:
         acc_ref[...] += pv
 
-      @pl.when(pl.program_id(0) == n - 1)
-      def _():
-        o_ref[...] = acc_ref[...] + l_ref[...]
-
-    fixed = lambda i: (0, 0)  # noqa: E731
-    call = pl.pallas_call(
-        kernel, out_shape=jax.ShapeDtypeStruct((blk, _LANES), jnp.float32), grid=(n,),
-        in_specs=[pl.BlockSpec((blk, k), fixed), pl.BlockSpec((blk, k), fixed),
-                  pl.BlockSpec((k, _LANES), fixed), pl.BlockSpec((blk, 1), fixed)],
-        out_specs=pl.BlockSpec((blk, _LANES), fixed),
-        scratch_shapes=[pltpu.VMEM((blk, _LANES), jnp.float32), pltpu.VMEM((blk, 1), jnp.float32)])
+    call = fixed_grid(jax, jnp, pl, n, [(blk, k), (blk, k), (k, _LANES), (blk, 1)], (blk, _LANES),
+                      [pltpu.VMEM((blk, _LANES), jnp.float32), pltpu.VMEM((blk, 1), jnp.float32)],
+                      body, _sum_out)
     return call, (_rand((blk, k), "bfloat16", 1), _rand((blk, k), "float32", 2),
                   _rand((k, _LANES), "bfloat16", 3), _rand((blk, 1), "float32", 4) * 0.01 + 1.0)
   return build
@@ -236,11 +205,8 @@ def _red(op, rows, n=256):
   def build():
     jax, jnp, pl, pltpu = _jax()
 
-    def kernel(v_ref, o_ref, r_ref):
-      @pl.when(pl.program_id(0) == 0)
-      def _():
-        r_ref[...] = jnp.zeros_like(r_ref)
-
+    def body(ins, o_ref, scratch):
+      (v_ref,), (r_ref,) = ins, scratch
       v = v_ref[...]
       if op == "sum":
         r = jnp.sum(v, axis=-1, keepdims=True)
@@ -254,15 +220,11 @@ def _red(op, rows, n=256):
         raise ValueError(op)
       r_ref[...] += r
 
-      @pl.when(pl.program_id(0) == n - 1)
-      def _():
-        o_ref[...] = r_ref[...]
+    def finish(o_ref, scratch):
+      o_ref[...] = scratch[0][...]
 
-    fixed = lambda i: (0, 0)  # noqa: E731
-    call = pl.pallas_call(
-        kernel, out_shape=jax.ShapeDtypeStruct((rows, 1), jnp.float32), grid=(n,),
-        in_specs=[pl.BlockSpec((rows, _LANES), fixed)], out_specs=pl.BlockSpec((rows, 1), fixed),
-        scratch_shapes=[pltpu.VMEM((rows, 1), jnp.float32)])
+    call = fixed_grid(jax, jnp, pl, n, [(rows, _LANES)], (rows, 1), [pltpu.VMEM((rows, 1), jnp.float32)],
+                      body, finish)
     return call, (_rand((rows, _LANES), "float32", 1),)
   return build
 
@@ -281,12 +243,8 @@ def _chain_dot(op, rows, n=256):
   def build():
     jax, jnp, pl, pltpu = _jax()
 
-    def kernel(s_ref, x_ref, v_ref, o_ref, acc_ref, r_ref):
-      @pl.when(pl.program_id(0) == 0)
-      def _():
-        acc_ref[...] = jnp.zeros_like(acc_ref)
-        r_ref[...] = jnp.zeros_like(r_ref)
-
+    def body(ins, o_ref, scratch):
+      (s_ref, x_ref, v_ref), (acc_ref, r_ref) = ins, scratch
       s = s_ref[...]
       if op == "dot_and_sum":
         acc_ref[...] += jnp.dot(x_ref[...], v_ref[...], preferred_element_type=jnp.float32)
@@ -299,16 +257,10 @@ def _chain_dot(op, rows, n=256):
           r_ref[...] += jnp.sum(p, axis=-1, keepdims=True)
         acc_ref[...] += jnp.dot(p.astype(jnp.bfloat16), v_ref[...], preferred_element_type=jnp.float32)
 
-      @pl.when(pl.program_id(0) == n - 1)
-      def _():
-        o_ref[...] = acc_ref[...] + r_ref[...]
-
-    fixed = lambda i: (0, 0)  # noqa: E731
-    row = pl.BlockSpec((rows, _LANES), fixed)
-    call = pl.pallas_call(
-        kernel, out_shape=jax.ShapeDtypeStruct((rows, _LANES), jnp.float32), grid=(n,),
-        in_specs=[row, row, pl.BlockSpec((_LANES, _LANES), fixed)], out_specs=row,
-        scratch_shapes=[pltpu.VMEM((rows, _LANES), jnp.float32), pltpu.VMEM((rows, 1), jnp.float32)])
+    call = fixed_grid(jax, jnp, pl, n, [(rows, _LANES), (rows, _LANES), (_LANES, _LANES)],
+                      (rows, _LANES),
+                      [pltpu.VMEM((rows, _LANES), jnp.float32), pltpu.VMEM((rows, 1), jnp.float32)],
+                      body, _sum_out)
     return call, (_rand((rows, _LANES), "float32", 1), _rand((rows, _LANES), "bfloat16", 2),
                   _rand((_LANES, _LANES), "bfloat16", 3) * 0.1)
   return build
@@ -318,5 +270,6 @@ def chain_dot_cases() -> list[Case]:
   F = "chain_dot"
   out = [Case(f"cdot_{op}_r{rows}", F, _chain_dot(op, rows))
          for op in ("exp_dot", "exp_sum_dot", "max_dot", "max_sum_dot", "dot_and_sum") for rows in (128, 512)]
-  out += [Case(f"cdot_{op}_r2048", F, _chain_dot(op, 2048)) for op in ("exp_dot", "exp_sum_dot", "max_sum_dot")]
+  out += [Case(f"cdot_{op}_r2048", F, _chain_dot(op, 2048))
+          for op in ("exp_dot", "exp_sum_dot", "max_sum_dot")]
   return out
