@@ -16,7 +16,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 import palace.jax as pj
-from palace import CompilerRejectError, ResourceError, SyncError
+from palace import CompilerRejectError, ResourceError, SyncError, UsageError
 
 
 def _accumulate(mode):
@@ -94,6 +94,22 @@ def test_a_dynamic_grid_bound_given_as_a_size_one_array():
     for k in (1, 5):
       n = jnp.array([k], jnp.int32)
       np.testing.assert_array_equal(np.asarray(jax.jit(run)(n)), [k])
+
+
+def test_a_dynamic_grid_bound_of_several_values_is_refused_naming_the_kernel_and_axis():
+  def body(_, o_ref):
+    o_ref[0] = 1
+
+  def run(n):
+    return pl.pallas_call(
+        body, out_shape=pltpu.SMEM((1,), dtype=jnp.int32), name="bounds_kernel",
+        grid_spec=pl.GridSpec(grid=(n,), in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM)],
+                              out_specs=pl.BlockSpec(memory_space=pltpu.SMEM)))(n)
+  # (the error leaving virtual_tpu is palace's own; inside it, XLA's JaxRuntimeError carries its text)
+  with pytest.raises(UsageError, match=r"pallas_call 'bounds_kernel': the dynamic bound of grid axis 0 "
+                                       r"is an array of shape \(2,\); .* Fix: pass the grid size as a "
+                                       r"scalar"), pj.virtual_tpu("v5e"):
+    jax.jit(run)(jnp.array([2, 3], jnp.int32))
 
 
 def test_dynamic_slice_of_a_value_is_rejected_as_mosaic_does():

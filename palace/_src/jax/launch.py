@@ -231,20 +231,22 @@ def _compiler_params(cp, grid_rank: int = 0, vmapped=()):
   return pcore.CompilerParams(**kw)
 
 
-def _grid(gm, bounds) -> tuple:
+def _grid(gm, bounds, kname: str) -> tuple:
   """The grid with its dynamic bounds (the launch's leading operands, concrete by now) filled in. JAX
   passes each bound as a size-1 array (a scalar, or a shape-(1,) array such as `jax.random.randint(key,
   (1,), ...)`, which its TPU lowering also takes)."""
   it = iter(bounds)
-  return tuple(int(g) if isinstance(g, (int, np.integer)) else _bound(next(it)) for g in gm.grid)
+  return tuple(int(g) if isinstance(g, (int, np.integer)) else _bound(next(it), kname, axis)
+               for axis, g in enumerate(gm.grid))
 
 
-def _bound(value) -> int:
-  """One dynamic grid bound: the element of a size-1 array."""
+def _bound(value, kname: str, axis: int) -> int:
+  """One dynamic grid bound (of grid axis `axis` of pallas_call `kname`): the element of a size-1 array."""
   a = np.asarray(value)
   if a.size != 1:
-    raise UsageError(f"palace.jax: a dynamic grid bound is an array of shape {a.shape}; expected one "
-                     f"value (a scalar or a size-1 array). Fix: pass the grid size as a scalar.")
+    raise UsageError(f"palace.jax: pallas_call '{kname}': the dynamic bound of grid axis {axis} is an "
+                     f"array of shape {a.shape}; expected one value (a scalar or a size-1 array). Fix: "
+                     f"pass the grid size as a scalar.")
   return int(a.reshape(-1)[0])
 
 
@@ -393,11 +395,11 @@ def run_pallas_call(params, args, tpu, cache=None, out=None):
   gm = params["grid_mapping"]
   nd = gm.num_dynamic_grid_bounds
   # (the cache's key: the grid, or None for a static grid, which is then not rebuilt per call)
-  key = _grid(gm, args[:nd]) if nd else None
+  key = _grid(gm, args[:nd], kernel_name(params)) if nd else None
   operands = args[nd:] if nd else args
   plan = None if cache is None else cache.get(key)
   if plan is None:
-    plan, operands = plan_pallas_call(params, key if nd else _grid(gm, ()), operands, tpu.chip)
+    plan, operands = plan_pallas_call(params, key if nd else _grid(gm, (), ""), operands, tpu.chip)
     if cache is not None:
       cache[key] = plan
   return run(plan, operands, out, tpu)
