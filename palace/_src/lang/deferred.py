@@ -24,6 +24,7 @@ those follow storage identity (`Executor.deferred_values`).
 from __future__ import annotations
 
 import functools
+import operator
 import weakref
 
 import numpy as np
@@ -35,6 +36,7 @@ from palace._src.lang import mxu
 from palace._src.lang.array import Array
 
 _F32 = np.dtype(np.float32)
+_DATA = operator.attrgetter("_data")
 _ZERO = np.float32(0)
 _OPERAND_DTYPES = (np.dtype(np.float32), np.dtype(dt.bfloat16))
 _ENDS = (np.dtype(np.float32), np.dtype(dt.bfloat16), np.dtype(np.float16))
@@ -338,13 +340,14 @@ class HostCache:
 
   A widened span is reused while the values it was made from still view the same memory: they are
   copy-on-write readers of every buffer they were read through (Ref.__getitem__), so any write to that
-  memory detaches them (their `_data` moves) and the entry stops matching. Entries are kept in use
-  order up to MAX_BYTES."""
+  memory detaches them (their `_data` becomes another array) and the entry stops matching (the guards
+  compare the values' `_data` by identity: one C pass, where comparing addresses cost a NumPy array
+  interface, ~2 us, per operand block). Entries are kept in use order up to MAX_BYTES."""
   MAX_BYTES = 64 * 2**20
 
   def __init__(self):
     self._spans = {}   # (id of root, address, shape, strides, dtype, rounds) -> (float32 array,
-                       # guards, nbytes)
+                       # guards: (values, their _data arrays), nbytes, blas.Lazy or None)
     self._bytes = 0
     self._scratch = {}
     self._owned = []   # scratch arrays from hostmem, handed back with the spans when this cache goes
@@ -381,7 +384,8 @@ class HostCache:
     key = (id(root), _addr(span), span.shape, span.strides, span.dtype, rounds)
     hit = self._spans.pop(key, None)
     if hit is not None:
-      if all(type(g) is Array and g._data is not None and _addr(g._data) == a for g, a in hit[1]):
+      values, datas = hit[1]
+      if all(map(operator.is_, map(_DATA, values), datas)):
         pending = hit[3]
         if pending is not None and not (lazy and not pending.done):
           try:
@@ -398,7 +402,7 @@ class HostCache:
         if lazy else None
     if pending is None:
       _convert(span, rounds, wide)
-    guards = tuple((x, _addr(x._data)) for x in arrays)
+    guards = (tuple(arrays), tuple(map(_DATA, arrays)))
     self._spans[key] = (wide, guards, wide.nbytes, pending)
     self._bytes += wide.nbytes
     while self._bytes > self.MAX_BYTES and len(self._spans) > 1:

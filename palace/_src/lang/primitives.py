@@ -104,7 +104,13 @@ def when(condition):
   """Decorator: run the function only when `condition` holds (a Python bool or a runtime scalar)."""
 
   def deco(f):
-    if _truth(condition):
+    if type(condition) is Array and type(condition._data) is np.bool_:   # (_truth's common case)
+      ex = _current_ex()
+      if ex is not None:
+        ex.scalar_op()
+      if condition._data:
+        f()
+    elif _truth(condition):
       f()
     return None
 
