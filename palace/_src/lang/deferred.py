@@ -175,7 +175,7 @@ def product(ex, a, b, ready: int, precision: str) -> Deferred:
   """`a @ b` (float32) at `precision` (mxu.DEFAULT or HIGHEST) as a Deferred ready at `ready` (the
   MXU charge is the caller's). The operands are kept as they are: float32 ones are rounded to bfloat16
   (at DEFAULT) once per span when the sum is computed, not copied per product."""
-  if precision == mxu.DEFAULT and not mxu.rounds_to_bf16(_F32, precision):
+  if precision == mxu.DEFAULT and ex.exact_f32_dots:   # (= not mxu.rounds_to_bf16(_F32, precision) on ex)
     precision = _EXACT_DEFAULT
   return Deferred(((a, b),), None, (a.shape[0], b.shape[1]), _F32, ready,
                   a._data.nbytes + b._data.nbytes, HostCache.of(ex), precision)

@@ -180,7 +180,10 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
 
 
 def dot(a, b, *, precision=None, preferred_element_type=None):
-  a, b = _as_array(a), _as_array(b)
+  if not isinstance(a, Array):   # (a kernel's operands are Arrays: no call for them)
+    a = _as_array(a)
+  if not isinstance(b, Array):
+    b = _as_array(b)
   ex = executor.maybe_current()
   if ex is not None and len(a.shape) == 2 and len(b.shape) == 2 and a.shape[1] == b.shape[0]:
     # the plain (m,k)@(k,n) product (the common kernel case) without dot_general's normalisation;

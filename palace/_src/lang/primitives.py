@@ -50,7 +50,9 @@ def program_id(axis: int) -> Array:
 
 
 def num_programs(axis: int) -> int:
-  ex = executor.current("pl.num_programs()")
+  ex = _current_ex()
+  if ex is None:
+    ex = executor.current("pl.num_programs()")
   if not ex.grid_stack:
     raise UsageError("pl.num_programs() has no grid here (pl.kernel bodies have no grid). Fix: use "
                      "lax.axis_size(name) for the size of a mesh axis.")
