@@ -155,11 +155,7 @@ class Buffer:
     owners watch the value too, so a write to them still detaches it after this buffer stops borrowing
     (next DMA, store or free)."""
     ref = weakref.ref(value)
-    readers = self.readers
-    if readers is not None and len(readers) <= self._readers_cap:   # (add_reader's common case)
-      readers.append(ref)
-    else:
-      self.add_reader(ref)
+    self.add_reader(ref)
     if self.borrowed is not None:
       for owner in self.owners():
         owner.add_reader(ref)
@@ -212,11 +208,7 @@ class Buffer:
     if (memo is not None and memo[0] is storage and memo[1] is lenders and len(memo[2]) == len(lenders)
         and all(map(is_, map(_STORAGE, lenders), memo[2]))):
       return memo[3]
-    found = []
-    for b in lenders:   # (= _may_overlap(b._storage, storage), without a call per lender)
-      theirs = b._storage
-      if theirs is not None and np.may_share_memory(theirs, storage):
-        found.append(b)
+    found = [b for b in lenders if _may_overlap(b._storage, storage)]
     self._owners = (storage, lenders, tuple(map(_STORAGE, lenders)), found)
     return found
 
