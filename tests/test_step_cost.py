@@ -12,7 +12,6 @@ import palace as pl
 from benchmarks.kernels import tiled_matmul
 from palace._src import blas
 from palace._src.lang import mxu, primitives, refs
-from palace._src.sim import memory
 
 STEPS = 64
 
