@@ -7,7 +7,10 @@ Compare another checkout:  PYTHONPATH=/path/to/other python benchmarks/step_prof
 its `benchmarks` package then comes from that tree).
 
 Kernels: the (8, 128) f32 copy kernel of benchmarks.speed (512 steps), the 1024^3 f32 tiled matmul
-in 128^3 blocks under timing_only (512 steps), and benchmarks.allgather_64's ring all-gather on 16 chips
+in 128^3 blocks under timing_only (512 steps), the same matmul with data in 256^3 blocks (issue 35's
+first row: 64 steps, the launch and its deferred sums' GEMM bookkeeping included; BLAS held to one
+thread with threadpoolctl while counted, so that every conversion runs on the calling thread in a fixed
+order), and benchmarks.allgather_64's ring all-gather on 16 chips
 of 16 KiB shards (counted per remote DMA: 240, with the launch, the chip threads and the check). Counts come from sys.settrace opcode events and
 sys.setprofile call events over the second of two identical launches (the first warms the caches);
 they are deterministic for a given Python version. Wall time follows them closely but not exactly
@@ -44,6 +47,25 @@ def _matmul(n=1024, b=128):
   def run():
     with pl.virtual_tpu("v5e", timing_only=True):
       return tiled_matmul(x, x, b)
+  return run, (n // b) ** 3
+
+
+def _matmul_data(n=1024, b=256):
+  x = (np.arange(n * n) % 7 - 3).reshape(n, n).astype(np.float32)
+
+  def run():
+    try:
+      from threadpoolctl import threadpool_limits  # noqa: PLC0415
+    except ImportError:
+      limit = None
+    else:
+      limit = threadpool_limits(1)
+    try:
+      with pl.virtual_tpu("v5e"):
+        return tiled_matmul(x, x, b)
+    finally:
+      if limit is not None:
+        limit.restore_original_limits()
   return run, (n // b) ** 3
 
 
@@ -91,6 +113,7 @@ def count(run) -> tuple[int, int]:
 def main():
   for name, make in (("copy kernel, (8,128) f32 blocks", _copy),
                      ("tiled matmul 1024^3, 128 blocks, timing_only", _matmul),
+                     ("tiled matmul 1024^3 f32, 256 blocks, data", _matmul_data),
                      ("ring all-gather, 16 chips x 16 KiB (per DMA)", _allgather)):
     run, steps = make()
     ops, calls = count(run)

@@ -160,6 +160,38 @@ def test_a_batch_of_products_spreads_whole_products_over_the_budget(fake):
   assert blas.Counts.batches == counted.batches and counted.since() == (0, 0, 2)
 
 
+def test_a_batch_makes_each_lazy_operand_once_on_its_threads(fake):
+  # a batch operand made on first use (blas.Lazy: a deferred sum's panel still to round to bf16) is made
+  # once, by the first of the batch's threads whose product needs it, the others waiting for it; an
+  # error making it reaches the batch's caller
+  a, b = _ints((256, 512)), _ints((512, 256), seed=1)
+  made = []
+
+  def make():
+    made.append(len(made))
+    return a
+  lazy = blas.Lazy(make, a.shape, a.nbytes)
+  assert not lazy.done and lazy.shape == a.shape and lazy.ndim == 2
+  outs = [np.empty((256, 256), np.float32) for _ in range(6)]
+  counted = _Counted()
+  with blas.kernel_mode():
+    blas.matmuls([(lazy, b, o) for o in outs])   # 6 x 67 MFlop: each whole, on 4 threads
+  assert made == [0] and lazy.done and lazy.get() is a
+  for o in outs:
+    np.testing.assert_array_equal(o, a @ b)
+  assert blas.Counts.batches - counted.batches == 1 and counted.since() == (0, 3, 2)
+  again = blas.Lazy(make, a.shape, a.nbytes)
+  blas.matmuls([(again, b, o) for o in outs[:2]])   # outside a launch: one product after the other
+  assert made == [0, 1]
+  np.testing.assert_array_equal(outs[1], a @ b)
+
+  def fail():
+    raise MemoryError("no room for the panel")
+  with pytest.raises(MemoryError, match="no room for the panel"):
+    with blas.kernel_mode():
+      blas.matmuls([(blas.Lazy(fail, a.shape, a.nbytes), b, o) for o in outs])
+
+
 def test_a_launch_of_small_blocks_hands_nothing_off(fake):
   x = _ints((512, 512))
   counted = _Counted()

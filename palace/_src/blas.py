@@ -176,7 +176,8 @@ def matmuls(products) -> None:
   launch with a budget of several threads and enough work, whole products are spread over the launch's
   threads (the caller and palace's helpers each take the next unclaimed product, single-threaded): one
   meeting for the batch, and no operand packed twice, where splitting each product meets once per
-  product and each part packs the whole other operand. Otherwise each product runs by `matmul`."""
+  product and each part packs the whole other operand. Otherwise each product runs by `matmul`.
+  An operand may be a `Lazy` (made by the first thread that needs it, below)."""
   if len(products) > 1 and _launches:
     state = _launches[-1]
     if state.saved is None:
@@ -187,7 +188,63 @@ def matmuls(products) -> None:
       _run(_Job(list(products)), state.budget)
       return
   for a, b, out in products:
+    if type(a) is Lazy or type(b) is Lazy:
+      a, b = _made(a, b)
     matmul(a, b, out=out)
+
+
+class Lazy:
+  """An operand of a batch (`matmuls`) made on first use: `make()` returns the array (`shape`,
+  `nbytes` known up front), run once by the first of the batch's threads that needs it while any
+  other that needs it waits. A batch whose operands need preparing (a deferred sum's panels rounded
+  to bfloat16 or widened, lang/deferred.py) thus prepares each on the launch's threads beside the
+  other products' GEMMs, instead of all of them on the caller's thread before the batch. A product
+  first makes whichever of its operands no thread has claimed, then waits for the rest. An error in
+  `make` is raised to every thread that needs the operand."""
+  __slots__ = ("_make", "shape", "ndim", "nbytes", "_lock", "_value", "_error")
+
+  def __init__(self, make, shape, nbytes: int):
+    self._make = make
+    self.shape, self.ndim, self.nbytes = tuple(shape), len(shape), nbytes
+    self._lock = threading.Lock()
+    self._value = self._error = None
+
+  @property
+  def done(self) -> bool:
+    return self._value is not None or self._error is not None
+
+  def claim(self) -> None:
+    """Make it now, unless another thread is making it or has (then return at once)."""
+    if self._value is None and self._error is None and self._lock.acquire(blocking=False):
+      try:
+        self._run()
+      finally:
+        self._lock.release()
+
+  def get(self):
+    """The array, made here or waited for."""
+    if self._value is None:
+      with self._lock:
+        self._run()
+      if self._error is not None:
+        raise self._error
+    return self._value
+
+  def _run(self) -> None:
+    if self._value is None and self._error is None:
+      try:
+        self._value = self._make()
+      except BaseException as e:  # noqa: BLE001  raised to every thread that needs it (get)
+        self._error = e
+      self._make = None
+
+
+def _made(a, b) -> tuple:
+  """The arrays of a product's operands, Lazy ones made (unclaimed ones first, then the others waited)."""
+  for x in (a, b):
+    if type(x) is Lazy:
+      x.claim()
+  return (a.get() if type(a) is Lazy else a), (b.get() if type(b) is Lazy else b)
 
 
 # ------------------------------------------------------------------------------ split products
@@ -255,6 +312,8 @@ class _Job:
         return ran
       x, y, z = items[i]
       try:
+        if type(x) is Lazy or type(y) is Lazy:
+          x, y = _made(x, y)
         np.matmul(x, y, out=z)
       except BaseException as e:  # noqa: BLE001  re-raised by the product's caller
         self.error = e

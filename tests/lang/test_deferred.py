@@ -46,7 +46,8 @@ def gemms(monkeypatch):
     calls.extend((a.shape, b.shape) for a, b, _ in products)
     return real_batch(products)
 
-  monkeypatch.setattr(deferred, "blas", types.SimpleNamespace(matmul=counting, matmuls=counting_batch))
+  monkeypatch.setattr(deferred, "blas", types.SimpleNamespace(matmul=counting, matmuls=counting_batch,
+                                                              Lazy=deferred.blas.Lazy))
   return calls
 
 
@@ -101,9 +102,9 @@ def _conversions(monkeypatch):
   converted = []
   real = deferred.HostCache.converted
 
-  def converting(cache, span, root, arrays, precision):
+  def converting(cache, span, root, arrays, precision, *lazy):
     before = len(cache._spans)
-    out = real(cache, span, root, arrays, precision)
+    out = real(cache, span, root, arrays, precision, *lazy)
     if len(cache._spans) > before:
       converted.append(span.shape)
     return out
@@ -131,6 +132,31 @@ def test_f32_operands_are_rounded_to_bf16_once_per_span_not_copied_per_product(g
   z_eager, rep_eager = _run_tiled(x, y, 256)
   np.testing.assert_allclose(z, z_eager, rtol=1e-5, atol=1e-4)
   assert rep.device_cycles == rep_eager.device_cycles
+
+
+def test_a_batch_rounds_its_panels_on_its_threads_beside_the_gemms(monkeypatch, rng):
+  # a launch's pending output blocks run as one batch (blas.matmuls): the operand spans their GEMMs need
+  # rounded to bf16 are handed to it unconverted (blas.Lazy), each converted once by the first of the
+  # batch's threads whose product needs it, so that one thread's conversions run beside another's
+  # GEMMs (until session 24 all 8 were converted on the launch's thread before the batch started)
+  from palace._src import blas
+  monkeypatch.setattr(blas, "_controllers", [types.SimpleNamespace(num_threads=2, set_num_threads=id)])
+  seen = []
+  real = blas.matmuls
+
+  def recording(products):
+    seen.append([(a, b) for a, b, _ in products])
+    return real(products)
+  monkeypatch.setattr(blas, "matmuls", recording)
+  ints = _small_ints(rng, (2, 1024, 1024))
+  # 1 + 2^-9 rounds to 1 in bf16: the MXU's operands are the integers, whose products sum exactly
+  x, y = ints[0] * np.float32(1 + 2**-9), ints[1] * np.float32(1 - 2**-10)
+  z, _ = _run_tiled(x, y, 256)
+  np.testing.assert_array_equal(z, ints[0] @ ints[1])
+  assert len(seen) == 1 and len(seen[0]) == 16                     # 4 x 4 output blocks, one batch
+  lazy = {id(p): p for pair in seen[0] for p in pair if type(p) is blas.Lazy}
+  assert len(lazy) == 8 and all(p.done for p in lazy.values())     # 4 row + 4 column panels, made once
+  assert all(type(p) is blas.Lazy for pair in seen[0] for p in pair)
 
 
 def test_highest_precision_f32_operands_are_used_as_they_are(gemms, monkeypatch, rng):

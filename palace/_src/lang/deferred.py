@@ -23,6 +23,8 @@ those follow storage identity (`Executor.deferred_values`).
 """
 from __future__ import annotations
 
+import functools
+import operator
 import weakref
 
 import numpy as np
@@ -34,6 +36,7 @@ from palace._src.lang import mxu
 from palace._src.lang.array import Array
 
 _F32 = np.dtype(np.float32)
+_DATA = operator.attrgetter("_data")
 _ZERO = np.float32(0)
 _OPERAND_DTYPES = (np.dtype(np.float32), np.dtype(dt.bfloat16))
 _ENDS = (np.dtype(np.float32), np.dtype(dt.bfloat16), np.dtype(np.float16))
@@ -91,12 +94,16 @@ class Deferred(Array):
     """`value.compute_into(out)` for every (value, out) of `pairs`, destinations that do not overlap
     (the machine's batch of values DMA'd into blocks of one HBM buffer, sim/memory.PendingBlocks): the
     operand panels are made here, then the GEMMs run as one batch (blas.matmuls: whole products spread
-    over the launch's threads), then the bases are added. Each value's numbers are those
-    `compute_into` gives: the same panels, the same GEMM, the same additions. A batch holds at most
-    HostCache.MAX_BYTES of distinct panels (then it runs and the next one starts), as the cache does."""
+    over the launch's threads), then the bases are added. A panel still to convert (rounded to bf16,
+    widened) is handed to the batch unconverted (`blas.Lazy`): the first of its threads whose product
+    needs it converts it, beside the other threads' GEMMs (before, every panel was converted on this
+    thread before the batch started: 2048^3 with 512 blocks, 8 panels of 4 MiB, ~10 ms). Each value's
+    numbers are those `compute_into` gives: the same panels, the same GEMM, the same additions. A batch
+    holds at most HostCache.MAX_BYTES of distinct panels (then it runs and the next one starts), as the
+    cache does."""
     gemms, finish, panels = [], [], {}
     for i, (value, out) in enumerate(pairs):
-      gemm = value._gemm(out, len(pairs) == 1)
+      gemm = value._gemm(out, len(pairs) == 1, True)
       if gemm is not None:
         gemms.append(gemm)
         finish.append((value, gemm[2], out))
@@ -107,11 +114,12 @@ class Deferred(Array):
           done[0]._finish(done[1], done[2])
         gemms, finish, panels = [], [], {}
 
-  def _gemm(self, out: np.ndarray, scratch: bool):
+  def _gemm(self, out: np.ndarray, scratch: bool, lazy: bool = False):
     """(row panel, column panel, float32 result) of the GEMM that computes this sum into `out`, or None
     when there is none (computed already, or an empty sum: then `out` is written here). The result is
     `out` itself when it is float32, else the cache's scratch (`scratch`: no other value's GEMM uses it
-    before this one is finished) or a new array."""
+    before this one is finished) or a new array. `lazy`: a cached panel not converted yet may be a
+    `blas.Lazy` (for a batch, blas.matmuls)."""
     if self._terms is None:
       np.copyto(out, self._data)
       return None
@@ -125,8 +133,8 @@ class Deferred(Array):
     acc = out if out.dtype == _F32 else (cache.scratch(self.shape) if cache is not None and scratch
                                          else np.empty(self.shape, _F32))
     prec = self._precision
-    a_panel = _panel([a for a, _ in self._terms], 1, cache, prec)
-    b_panel = _panel([b for _, b in self._terms], 0, cache, prec)
+    a_panel = _panel([a for a, _ in self._terms], 1, cache, prec, lazy)
+    b_panel = _panel([b for _, b in self._terms], 0, cache, prec, lazy)
     return a_panel, b_panel, acc
 
   def _finish(self, acc: np.ndarray, out: np.ndarray) -> None:
@@ -167,7 +175,7 @@ def product(ex, a, b, ready: int, precision: str) -> Deferred:
   """`a @ b` (float32) at `precision` (mxu.DEFAULT or HIGHEST) as a Deferred ready at `ready` (the
   MXU charge is the caller's). The operands are kept as they are: float32 ones are rounded to bfloat16
   (at DEFAULT) once per span when the sum is computed, not copied per product."""
-  if precision == mxu.DEFAULT and not mxu.rounds_to_bf16(_F32, precision):
+  if precision == mxu.DEFAULT and ex.exact_f32_dots:   # (= not mxu.rounds_to_bf16(_F32, precision) on ex)
     precision = _EXACT_DEFAULT
   return Deferred(((a, b),), None, (a.shape[0], b.shape[1]), _F32, ready,
                   a._data.nbytes + b._data.nbytes, HostCache.of(ex), precision)
@@ -232,21 +240,21 @@ def _root(a: np.ndarray) -> np.ndarray:
   return a
 
 
-def _panel(arrays, axis: int, cache, precision) -> np.ndarray:
+def _panel(arrays, axis: int, cache, precision, lazy: bool = False):
   """The operands joined along `axis` (1: [a_0 a_1 ...], 0: [b_0; b_1; ...]) as one float32 matrix of
   the values the MXU multiplies (`_mxu_f32`).
 
   Adjacent views of one array (the usual case: blocks of an HBM operand) are joined by viewing the
   span they tile, without a copy; a span that needs converting (bf16 widened, float32 rounded to bf16
-  at DEFAULT) is converted once and cached (HostCache). Otherwise the blocks are converted into a
-  fresh panel."""
+  at DEFAULT) is converted once and cached (HostCache; `lazy`: a `blas.Lazy` when not converted yet).
+  Otherwise the blocks are converted into a fresh panel."""
   datas = [x._data for x in arrays]
   joined = datas[0] if len(datas) == 1 else _adjacent_span(datas, axis)
   if joined is not None:
     if joined.dtype == _F32 and not mxu.rounds_to_bf16(_F32, precision):
       return joined
     if cache is not None:
-      return cache.converted(joined, _root(datas[0]), arrays, precision)
+      return cache.converted(joined, _root(datas[0]), arrays, precision, lazy)
     return _mxu_f32(joined, precision)
   other = 1 - axis
   shape = [datas[0].shape[other]] * 2
@@ -274,20 +282,27 @@ def _mxu_f32(d: np.ndarray, precision, out: np.ndarray | None = None) -> np.ndar
   return out
 
 
-def _convert(span: np.ndarray, precision, wide: np.ndarray) -> None:
-  """A cache entry's conversion (HostCache.converted), made read-only once written. A float32 span
+def _convert(span: np.ndarray, rounds: bool, wide: np.ndarray) -> np.ndarray:
+  """A cache entry's conversion (HostCache.converted) into `wide`, made read-only once written:
+  `_mxu_f32`'s, with its rounding decided by the caller (`rounds`: mxu.rounds_to_bf16 of the span, asked
+  on the launch's thread; this may run on a helper thread of a batch, blas.Lazy). A float32 span
   to round that is not contiguous (a column panel of a row-major operand) is copied into contiguous
   scratch first: the rounding's passes then read that once-strided copy instead of each reading the
   strided span (a 2048 x 512 column panel of a 2048^2 operand: 1.64 -> 1.00 ms; the same bits, the
   rounding is element by element)."""
-  if span.dtype == _F32 and not span.flags.c_contiguous and mxu.rounds_to_bf16(_F32, precision):
+  if span.dtype == dt.bfloat16:
+    dt.bf16_to_f32(span, out=wide)
+  elif not rounds:
+    np.copyto(wide, span)
+  elif not span.flags.c_contiguous:
     staged = [hostmem.take(span.shape, _F32)]
     np.copyto(staged[0], span)
-    _mxu_f32(staged[0], precision, wide)
+    mxu.round_to_bf16_as_f32(staged[0], wide)
     hostmem.give_back(staged)
   else:
-    _mxu_f32(span, precision, wide)
+    mxu.round_to_bf16_as_f32(span, wide)
   wide.flags.writeable = False
+  return wide
 
 
 def _adjacent_span(datas, axis: int):
@@ -325,13 +340,14 @@ class HostCache:
 
   A widened span is reused while the values it was made from still view the same memory: they are
   copy-on-write readers of every buffer they were read through (Ref.__getitem__), so any write to that
-  memory detaches them (their `_data` moves) and the entry stops matching. Entries are kept in use
-  order up to MAX_BYTES."""
+  memory detaches them (their `_data` becomes another array) and the entry stops matching (the guards
+  compare the values' `_data` by identity: one C pass, where comparing addresses cost a NumPy array
+  interface, ~2 us, per operand block). Entries are kept in use order up to MAX_BYTES."""
   MAX_BYTES = 64 * 2**20
 
   def __init__(self):
     self._spans = {}   # (id of root, address, shape, strides, dtype, rounds) -> (float32 array,
-                       # guards, nbytes)
+                       # guards: (values, their _data arrays), nbytes, blas.Lazy or None)
     self._bytes = 0
     self._scratch = {}
     self._owned = []   # scratch arrays from hostmem, handed back with the spans when this cache goes
@@ -358,21 +374,36 @@ class HostCache:
       self._owned.append(buf)
     return buf
 
-  def converted(self, span: np.ndarray, root: np.ndarray, arrays, precision) -> np.ndarray:
+  def converted(self, span: np.ndarray, root: np.ndarray, arrays, precision, lazy: bool = False):
     """`_mxu_f32(span, precision)`, from the cache while `arrays` (the values the span joins) still
-    view the memory it was made from."""
-    key = (id(root), _addr(span), span.shape, span.strides, span.dtype,
-           mxu.rounds_to_bf16(span.dtype, precision))
+    view the memory it was made from. `lazy` (a batch's panels, Deferred.compute_all): a span not
+    converted yet is returned as a `blas.Lazy` that converts it when first needed, on whichever thread
+    of the batch needs it first; the entry is cached at once (a later product of the batch that reads
+    the same span gets the same Lazy; outside a batch a pending one is converted before it is returned)."""
+    rounds = mxu.rounds_to_bf16(span.dtype, precision)
+    key = (id(root), _addr(span), span.shape, span.strides, span.dtype, rounds)
     hit = self._spans.pop(key, None)
     if hit is not None:
-      if all(type(g) is Array and g._data is not None and _addr(g._data) == a for g, a in hit[1]):
+      values, datas = hit[1]
+      if all(map(operator.is_, map(_DATA, values), datas)):
+        pending = hit[3]
+        if pending is not None and not (lazy and not pending.done):
+          try:
+            pending.get()
+          except BaseException:   # the conversion failed: the entry goes
+            self._bytes -= hit[2]
+            raise
+          hit = hit[:3] + (None,)
         self._spans[key] = hit   # most recently used last
-        return hit[0]
+        return hit[0] if hit[3] is None else hit[3]
       self._bytes -= hit[2]
     wide = hostmem.take(span.shape, _F32)
-    _convert(span, precision, wide)
-    guards = tuple((x, _addr(x._data)) for x in arrays)
-    self._spans[key] = (wide, guards, wide.nbytes)
+    pending = blas.Lazy(functools.partial(_convert, span, rounds, wide), span.shape, wide.nbytes) \
+        if lazy else None
+    if pending is None:
+      _convert(span, rounds, wide)
+    guards = (tuple(arrays), tuple(map(_DATA, arrays)))
+    self._spans[key] = (wide, guards, wide.nbytes, pending)
     self._bytes += wide.nbytes
     while self._bytes > self.MAX_BYTES and len(self._spans) > 1:
       # an evicted span goes back at once (hostmem takes it only once nothing reads it), not at
@@ -381,12 +412,12 @@ class HostCache:
       evicted = [self._spans.pop(next(iter(self._spans)))]
       self._bytes -= evicted[0][2]
       evicted[0] = evicted[0][0]
-      hostmem.give_back(evicted)
-    return wide
+      hostmem.give_back(evicted)   # (a Lazy still to run holds its array: hostmem leaves it)
+    return wide if pending is None else pending
 
 
 def _release(spans: dict, scratch: dict, owned: list) -> None:
-  owned.extend(wide for wide, _, _ in spans.values())
+  owned.extend(entry[0] for entry in spans.values())
   spans.clear()
   scratch.clear()
   hostmem.give_back(owned)

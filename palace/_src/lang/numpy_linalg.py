@@ -87,6 +87,33 @@ def _as_array(x):
   return Array(v, v.shape, dtype_of(v), 0)
 
 
+_DOT_TYPES: dict = {}   # memo of _dot_types' answers (a pure function of its key)
+
+
+def _dot_types(a_dtype, b_dtype, precision, preferred_element_type) -> tuple:
+  """(precision, result dtype) of `jnp.dot(a, b, precision=, preferred_element_type=)`, raising what
+  Mosaic rejects (mxu.precision_of, mxu.check, numpy_base._dtype_arg). Memoised: a kernel's dot passes
+  the same types every grid step, and these checks are ~10 Python calls. The answer depends only on the
+  key (types included, so that values equal across types never share an entry), except for a result
+  dtype some chip lacks (dtypes.CHIP_DEPENDENT), which is checked on every call; errors are not kept."""
+  key = (a_dtype, b_dtype, precision, type(precision), preferred_element_type, type(preferred_element_type))
+  try:
+    hit = _DOT_TYPES.get(key)
+  except TypeError:   # an unhashable argument (a precision list): checked every time
+    key, hit = None, None
+  if hit is not None:
+    return hit
+  prec = mxu.precision_of(precision)
+  out_d = dt.result_type(a_dtype, b_dtype) if preferred_element_type is None else \
+      _dtype_arg(preferred_element_type, "preferred_element_type")
+  mxu.check(a_dtype, b_dtype, out_d, prec)
+  if key is not None and out_d not in dt.CHIP_DEPENDENT:
+    if len(_DOT_TYPES) > 1024:
+      _DOT_TYPES.clear()
+    _DOT_TYPES[key] = (prec, out_d)
+  return prec, out_d
+
+
 def _matmul_dtype(a, b, preferred_element_type):
   if preferred_element_type is not None:
     return _dtype_arg(preferred_element_type, "preferred_element_type")
@@ -153,16 +180,17 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
 
 
 def dot(a, b, *, precision=None, preferred_element_type=None):
-  a, b = _as_array(a), _as_array(b)
+  if not isinstance(a, Array):   # (a kernel's operands are Arrays: no call for them)
+    a = _as_array(a)
+  if not isinstance(b, Array):
+    b = _as_array(b)
   ex = executor.maybe_current()
   if ex is not None and len(a.shape) == 2 and len(b.shape) == 2 and a.shape[1] == b.shape[0]:
     # the plain (m,k)@(k,n) product (the common kernel case) without dot_general's normalisation;
     # timing only: no data, just its shape and its MXU cost
     m, k = a.shape
     n = b.shape[1]
-    prec = mxu.precision_of(precision)
-    out_d = _matmul_dtype(a, b, preferred_element_type)
-    mxu.check(a.dtype, b.dtype, out_d, prec)
+    prec, out_d = _dot_types(a.dtype, b.dtype, precision, preferred_element_type)
     data = None
     if not ex.timing_only and a._data is not None and b._data is not None:
       chip_order = mxu.follows_chip(a.dtype, b.dtype, prec)

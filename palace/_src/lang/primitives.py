@@ -50,7 +50,9 @@ def program_id(axis: int) -> Array:
 
 
 def num_programs(axis: int) -> int:
-  ex = executor.current("pl.num_programs()")
+  ex = _current_ex()
+  if ex is None:
+    ex = executor.current("pl.num_programs()")
   if not ex.grid_stack:
     raise UsageError("pl.num_programs() has no grid here (pl.kernel bodies have no grid). Fix: use "
                      "lax.axis_size(name) for the size of a mesh axis.")
@@ -104,7 +106,13 @@ def when(condition):
   """Decorator: run the function only when `condition` holds (a Python bool or a runtime scalar)."""
 
   def deco(f):
-    if _truth(condition):
+    if type(condition) is Array and type(condition._data) is np.bool_:   # (_truth's common case)
+      ex = _current_ex()
+      if ex is not None:
+        ex.scalar_op()
+      if condition._data:
+        f()
+    elif _truth(condition):
       f()
     return None
 

@@ -300,7 +300,8 @@ class Ref:
     ex = _current_ex()
     if ex is None:
       return self._host_get(idx)
-    view, index, shape = self._target(idx)
+    # (a whole-ref load, `x_ref[...]`, the common case: _target's first answer without its call)
+    view, index, shape = (self, self._np_index, self.shape) if idx is Ellipsis else self._target(idx)
     buf = self.buf
     if buf.memory_space is not _VMEM and (view is not None or buf.memory_space is not _SMEM):
       (Ref(buf, index) if view is None else view)._check_access("Load", not shape)
@@ -316,7 +317,7 @@ class Ref:
     ex = _current_ex()
     if ex is None:
       return self._host_set(idx, value)
-    view, index, shape = self._target(idx)
+    view, index, shape = (self, self._np_index, self.shape) if idx is Ellipsis else self._target(idx)
     buf = self.buf
     if buf.memory_space is not _VMEM and (view is not None or buf.memory_space is not _SMEM):
       (Ref(buf, index) if view is None else view)._check_access("Store", not shape)

@@ -67,8 +67,13 @@ class Arbiter:
 
   def _forget_landed(self, t) -> None:
     """Drop the reads whose transfer ended by cycle `t`: no write starting then can hold them."""
-    if self.reads:
-      self.reads = [r for r in self.reads if r.read_done_cycle > t]
+    reads = self.reads
+    if reads:
+      kept = []
+      for r in reads:   # (a loop, not a comprehension: no frame per call, once per read issued)
+        if r.read_done_cycle > t:
+          kept.append(r)
+      self.reads = kept
 
   def signature(self, now, rel) -> tuple:
     """The arbiter's state relative to `now` (sim/steady.py): the reads it may still hold."""

@@ -20,6 +20,7 @@ A timing-only machine keeps no storage for vector memories: their buffers are sh
 from __future__ import annotations
 
 import dataclasses
+import operator
 import weakref
 from typing import Any, Protocol
 
@@ -33,6 +34,8 @@ from palace._src.util import fmt_bytes, prod
 _SMEM = MemorySpace.SMEM
 _VMEM = MemorySpace.VMEM
 _ANY, _HBM = MemorySpace.ANY, MemorySpace.HBM
+_STORAGE = operator.attrgetter("_storage")
+is_ = operator.is_
 
 
 class PendingValue(Protocol):
@@ -82,6 +85,8 @@ class Buffer:
   # current storage (loads index it: a view of a read-only view is read-only); reset with `storage`
   _readers_cap: int = dataclasses.field(default=64, init=False, repr=False)  # `readers` length that
   # triggers dropping dead entries (add_reader)
+  _owners: object = dataclasses.field(default=None, init=False, repr=False)  # owners()'s last answer
+  # with what it was computed from; reset with `storage`
 
   def rebind(self, storage) -> None:
     """This buffer as if made anew holding `storage` (None: none): no readers, lenders, borrowed or
@@ -137,7 +142,8 @@ class Buffer:
     # `borrowed` links of buffers that moved on are stale and may even form a cycle: bounded walk.
     owner, hops = lender, 0
     while owner is not None and owner is not self and hops < 8:
-      if not any(known is owner for known in self.lenders):   # else already on its reader list
+      # (`in` compares by identity here: buffers (eq=False) and the caller's-array lender have no __eq__)
+      if owner not in self.lenders:   # else already on its reader list
         self.lenders.append(owner)
         owner.add_reader(weakref.ref(self))
       owner = owner.borrowed
@@ -191,11 +197,20 @@ class Buffer:
     readers.append(ref)
 
   def owners(self) -> list:
-    """The buffers whose memory this buffer's (borrowed) storage views right now."""
+    """The buffers whose memory this buffer's (borrowed) storage views right now. Kept (`_owners`) while
+    this buffer's storage, its lender list and every lender's storage are the same objects (a borrowed
+    block is loaded once or more per grid step; the memory test costs a NumPy dispatch per lender)."""
     storage = self._storage
-    if self.borrowed is None or storage is None or not self.lenders:
+    lenders = self.lenders
+    if self.borrowed is None or storage is None or not lenders:
       return []
-    return [b for b in self.lenders if _may_overlap(b._storage, storage)]
+    memo = self._owners
+    if (memo is not None and memo[0] is storage and memo[1] is lenders and len(memo[2]) == len(lenders)
+        and all(map(is_, map(_STORAGE, lenders), memo[2]))):
+      return memo[3]
+    found = [b for b in lenders if _may_overlap(b._storage, storage)]
+    self._owners = (storage, lenders, tuple(map(_STORAGE, lenders)), found)
+    return found
 
   @property
   def nbytes(self) -> int:
@@ -232,7 +247,7 @@ def _get_storage(buf):
 
 
 def _set_storage(buf, value):
-  buf.pending = buf._ro = None
+  buf.pending = buf._ro = buf._owners = None
   buf._storage = value
 
 

@@ -1,0 +1,57 @@
+"""Host work per grid step of a K-tiled matmul (issue 35), counted, never timed: the Python calls one
+launch makes (sys.setprofile), so the figures hold on any machine however busy. The kernel is the
+tiled f32 matmul of issue 35's table (3-D grid, f32 accumulator scratch, pl.when init/finalize on k)
+at 1024^3 with 256 blocks: 64 grid steps, 128 block DMAs in, 16 write-backs, 16 deferred K sums."""
+import collections
+import sys
+
+import numpy as np
+import pytest
+
+import palace as pl
+from benchmarks.kernels import tiled_matmul
+from palace._src import blas
+from palace._src.lang import mxu, primitives, refs
+
+STEPS = 64
+
+
+@pytest.fixture
+def one_thread(monkeypatch):
+  """No BLAS controller: the launch's products and panel conversions all run on the calling thread
+  (blas.py), so every Python call is seen by the profiler, in the same order every run."""
+  monkeypatch.setattr(blas, "_controllers", [])
+
+
+def _counted_launch():
+  """(output, Counter of code object -> calls) of the second of two identical launches."""
+  x = (np.arange(1024 * 1024) % 7 - 3).reshape(1024, 1024).astype(np.float32)
+
+  def run():
+    with pl.virtual_tpu("v5e"):
+      return tiled_matmul(x, x, 256)
+  run()
+  calls = collections.Counter()
+
+  def profile(frame, event, arg):
+    if event == "call":
+      calls[frame.f_code] += 1
+  sys.setprofile(profile)
+  try:
+    z = run()
+  finally:
+    sys.setprofile(None)
+  np.testing.assert_array_equal(z, x @ x)   # (small integers: exact in bf16 and in any summation order)
+  return z, calls
+
+
+def test_a_k_tiled_matmul_step_makes_few_python_calls(one_thread):
+  _, calls = _counted_launch()
+  per_step = sum(calls.values()) / STEPS
+  # 190.6 calls a step (launch and end-of-launch GEMM bookkeeping included) until session 24; 156 since
+  assert per_step <= 160, per_step
+  # what went: a whole-ref load or store (x_ref[...]) composes no index, pl.when on a bool scalar
+  # calls no _truth, and jnp.dot's precision and result-type checks run once per kernel signature, not per step
+  assert calls[refs.Ref._target.__code__] == 0
+  assert calls[primitives._truth.__code__] == 0
+  assert calls[mxu.precision_of.__code__] == 0 and calls[mxu.check.__code__] == 0
