@@ -44,6 +44,9 @@ BOUNDS = {
     "sync_size": (0.05, 0.26), "stream_pair": (0.05, 0.40), "unit_overlap": (0.13, 0.40),
     "pv_parts": (0.04, 0.28),
     "xlu_eup": (0.03, 0.09), "chain_dot": (0.03, 0.06),                                      # *
+    # session 24 (cases_parts.py): a matmul step's compute and copies apart, pv_softmax's rescale taken
+    # apart, the pipeline's per-step cost per operand and grid rank, the wheel's flash step on fixed blocks
+    "mm_parts": (0.06, 0.17), "pv_more": (0.10, 0.28), "step_ops": (0.13, 0.30), "wheel_step": (0.14, 0.24),
     # measured after 655fb6c's predictions were recorded (v5e-holdout-predictions-*.json); the model
     # changed after that (the DMA-wait sync rule), so these are no longer blind predictions
     "holdout": (0.06, 0.32),
