@@ -259,6 +259,9 @@ def _ref_operand(eqn, x, transforms=(), last_index: bool = False, element: bool 
       views[key] = v
     return v
 
+  # (an element's index: one runtime index alone, the common case, without _index's generator)
+  lone = last[0][1] if last is not None and len(last) == 1 and last[0][0] == _DYNAMIC else None
+
   def ref_of(flat):
     ref = flat[k]
     if type(ref) is not Ref:
@@ -266,7 +269,7 @@ def _ref_operand(eqn, x, transforms=(), last_index: bool = False, element: bool 
     ref = view_of(ref, flat)
     if not last_index:
       return ref
-    return ref, (... if last is None else _index(last, flat))
+    return ref, (... if last is None else (flat[lone],) if lone is not None else _index(last, flat))
   return ref_of
 
 
