@@ -247,25 +247,74 @@ def _table_kernel(steps: int):
           scratch_shapes=[pltpu.SMEM((1,), jnp.int32)]))
 
 
-def test_scalar_reads_and_writes_at_runtime_indices_make_no_view_per_step(monkeypatch):
-  # an element of an SMEM table at a grid-dependent index is read or written without making a Ref
-  # view per access (Ref._target; a view per scalar access was most of a splash attention index
-  # map's cost): the views a kernel's first launch makes do not grow with its steps
+def _calls_per_launch(monkeypatch, method: str) -> dict:
+  """{steps: calls of refs.Ref.<method> in the first launch of the table kernel at that many steps},
+  for 4 and 32 steps, each launch's output checked against the NumPy reference."""
   from palace._src.lang import refs
-  made = []
-  real = refs.Ref.__init__
-  monkeypatch.setattr(refs.Ref, "__init__", lambda self, *a, **k: made.append(1) or real(self, *a, **k))
-  views = {}
+  calls = []
+  real = getattr(refs.Ref, method)
+  monkeypatch.setattr(refs.Ref, method, lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+  counts = {}
   for steps in (4, 32):
     rng = np.random.default_rng(3)
     tbl = np.stack([rng.permutation(steps), rng.integers(1, 5, steps)], axis=1).astype(np.int32)
     x = rng.standard_normal((8 * steps, 128)).astype(np.float32)
     f = jax.jit(_table_kernel(steps))
-    made.clear()
+    calls.clear()
     with pj.virtual_tpu("v5e"):
       out = np.asarray(f(tbl, x))   # (a new kernel: nothing kept from an earlier launch)
-    views[steps] = len(made)
+    counts[steps] = len(calls)
     scale = (tbl[:, 1] + np.cumsum(tbl[:, 1])).astype(np.float32)
     want = np.concatenate([x[8 * b:8 * b + 8] * s for b, s in zip(tbl[:, 0], scale)])
     np.testing.assert_array_equal(out, want)
+  return counts
+
+
+def test_scalar_reads_and_writes_at_runtime_indices_make_no_view_per_step(monkeypatch):
+  # an element of an SMEM table at a grid-dependent index is read or written without making a Ref
+  # view per access (Ref._target; a view per scalar access was most of a splash attention index
+  # map's cost): the views a kernel's first launch makes do not grow with its steps
+  views = _calls_per_launch(monkeypatch, "__init__")
   assert views[32] == views[4], views
+
+
+def test_scalar_reads_and_writes_at_runtime_indices_compose_no_index_per_step(monkeypatch):
+  # an in-range element of an SMEM ref at a runtime index is read (the body's table reads and the
+  # index map's) and written (the scratch counter) without composing the index as a view would
+  # (Ref._element_index): the compositions of a launch do not grow with its steps
+  composed = _calls_per_launch(monkeypatch, "_compose")
+  assert composed[32] == composed[4], composed
+
+
+_OUT_OF_RANGE = r"Index {} out of bounds for axis 0 of args\[0\] \(shape \(4,\), smem\) at grid point \(0,\)"
+
+
+@pytest.mark.parametrize("index, message", [(lambda i: i + 100, _OUT_OF_RANGE.format(100)),
+                                            (lambda i: i - 4, _OUT_OF_RANGE.format(-4))])
+def test_an_out_of_range_scalar_read_at_a_runtime_index_is_still_refused(index, message):
+  # (an index outside the ref takes the general path: its bounds check and message)
+  def kernel(t_ref, o_ref):
+    o_ref[...] = jnp.full(o_ref.shape, t_ref[index(pl.program_id(0))], jnp.int32)
+  f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.int32), grid=(4,),
+                     in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM)],
+                     out_specs=pl.BlockSpec((8, 128), lambda i: (0, 0)))
+  with pytest.raises(ppl.OutOfBoundsError, match=message), pj.virtual_tpu("v5e"):
+    jax.block_until_ready(jax.jit(f)(np.arange(4, dtype=np.int32)))
+
+
+def test_a_scalar_read_and_write_of_a_windowed_smem_view_at_a_runtime_index():
+  # an element of a view (a window of an SMEM ref: start and stride) at a runtime index reads and
+  # writes the element the view selects
+  def kernel(t_ref, o_ref, s_ref):
+    i = pl.program_id(0)
+    s_ref[i] = t_ref.at[pl.ds(1, 4, 2)][i] * 10
+    o_ref[...] = jnp.full(o_ref.shape, s_ref.at[pl.ds(0, 4)][i] + s_ref[i], jnp.int32)
+  f = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((32, 128), jnp.int32), grid=(4,),
+                     in_specs=[pl.BlockSpec(memory_space=pltpu.SMEM)],
+                     out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)),
+                     scratch_shapes=[pltpu.SMEM((4,), jnp.int32)])
+  t = np.arange(8, dtype=np.int32) * 3
+  with pj.virtual_tpu("v5e"):
+    out = np.asarray(jax.jit(f)(t))
+  want = np.repeat(t[1::2] * 20, 8)[:, None] * np.ones((1, 128), np.int32)
+  np.testing.assert_array_equal(out, want)

@@ -195,10 +195,10 @@ def program(jaxpr) -> _Program:
       body.append(indent + call)
       for j, (v, out) in enumerate(zip(eqn.outvars, outs)):
         c = _expected(v)
-        if c is not None:
-          ns[f"c{k}_{j}"] = c
-          body.append(f"{indent}if isinstance({out}, Array) and ({out}.shape != c{k}_{j}[0] or "
-                      f"{out}.dtype != c{k}_{j}[1]): _wrong_type(e{k}, {out}, c{k}_{j})")
+        if c is not None:   # (the shape and dtype apart: no indexing of the pair per evaluation)
+          ns[f"c{k}_{j}"], ns[f"s{k}_{j}"], ns[f"d{k}_{j}"] = c, c[0], c[1]
+          body.append(f"{indent}if isinstance({out}, Array) and ({out}.shape != s{k}_{j} or "
+                      f"{out}.dtype != d{k}_{j}): _wrong_type(e{k}, {out}, c{k}_{j})")
 
     # runs of scalar int/bool equations: one fused block each, the statements above as its fallback
     runs = {start: (stop, ops) for start, stop, ops in scalar_blocks.runs(eqns)}

@@ -186,7 +186,10 @@ def _ref_operand(eqn, x, transforms=(), last_index: bool = False, element: bool 
   steps, last = _transforms(eqn, transforms, last_index)
   if last is not None and element and any(e[0] == _DYNAMIC for e in last) and \
       all(e[0] == _DYNAMIC or (e[0] == _STATIC and isinstance(e[1], (int, np.integer))) for e in last):
-    pass   # (an element at a runtime index: indexed by the read or write itself)
+    # (an element at a runtime index: indexed by the read or write itself; its static entries as
+    # Python ints, which Ref.load_element / store_element take as they are, as the ref's own indexing
+    # takes an integer NumPy scalar)
+    last = tuple((_STATIC, int(e[1]), 0, 0) if e[0] == _STATIC else e for e in last)
   elif last is not None and all(e[0] != _GENERAL for e in last):
     # the read/write's own index becomes the last view step, cached like the others: `r[idx]` is
     # then `view[...]`, the same view built once per base ref and index values, not every step
@@ -256,6 +259,9 @@ def _ref_operand(eqn, x, transforms=(), last_index: bool = False, element: bool 
       views[key] = v
     return v
 
+  # (an element's index: one runtime index alone, the common case, without _index's generator)
+  lone = last[0][1] if last is not None and len(last) == 1 and last[0][0] == _DYNAMIC else None
+
   def ref_of(flat):
     ref = flat[k]
     if type(ref) is not Ref:
@@ -263,7 +269,7 @@ def _ref_operand(eqn, x, transforms=(), last_index: bool = False, element: bool 
     ref = view_of(ref, flat)
     if not last_index:
       return ref
-    return ref, (... if last is None else _index(last, flat))
+    return ref, (... if last is None else (flat[lone],) if lone is not None else _index(last, flat))
   return ref_of
 
 
@@ -357,7 +363,8 @@ def _get(eqn):
 
   def get(*operands):
     r, idx = target(operands)
-    return r[idx]
+    # (an element at a runtime index, kept apart by _ref_operand: read without composing a view)
+    return r[idx] if idx is ... else r.load_element(idx)
   return get
 
 
@@ -392,8 +399,13 @@ def _swap(eqn):
 
   def swap(*operands):
     r, idx = target(operands)
-    old = r[idx] if load_old else None
-    r[idx] = operands[1]
+    if idx is ...:
+      old = r[idx] if load_old else None
+      r[idx] = operands[1]
+      return old
+    # (an element at a runtime index, kept apart by _ref_operand: accessed without composing a view)
+    old = r.load_element(idx) if load_old else None
+    r.store_element(idx, operands[1])
     return old
   return swap
 

@@ -313,6 +313,49 @@ class Ref:
       buf.watch(value)   # a zero-copy view of the buffer: detached by its next write (copy on write)
     return value
 
+  def _element_index(self, idx: tuple):
+    """The NumPy index of the element `idx` selects, when `idx` holds one index per dimension of this
+    VMEM / SMEM ref (unmapped, none indexed away), each a Python int or a 0-d integer Array, all in
+    range; else None. (An SMEM table read at a grid index is the scalar access of nearly every grid
+    step; `load_element` / `store_element` then compose no view.)"""
+    space, dims = self.buf.memory_space, self.dims
+    if (space is not _SMEM and space is not _VMEM) or self._mapped or len(idx) != len(dims) or \
+        len(dims) != len(self.shape):
+      return None
+    index = []
+    for i, d in zip(idx, dims):
+      if type(i) is not int:
+        if type(i) is not Array or i.shape or i.dtype.kind not in "iu" or i._data is None:
+          return None
+        i = int(i._data)
+      if not 0 <= i < d[1]:
+        return None
+      index.append(d[0] + i * d[2])
+    return tuple(index)
+
+  def load_element(self, idx: tuple):
+    """`self[idx]` for an element index (`_element_index`); any other index, or no kernel, is
+    `self[idx]` itself, whose conversions, checks and errors apply as they are."""
+    ex = _current_ex()
+    index = None if ex is None else self._element_index(idx)
+    if index is None:
+      return self[idx]
+    buf = self.buf
+    data, ready = ex.load(buf, index, ())
+    return Array(data, (), buf.dtype, ready)
+
+  def store_element(self, idx: tuple, value) -> None:
+    """`self[idx] = value` for an element index (`_element_index`) and a 0-d Array of the ref's
+    dtype; anything else is `self[idx] = value` itself. (Such a store never adopts the value's
+    array, so nothing is registered for copy on write: Buffer.stored.)"""
+    ex = _current_ex()
+    index = None if ex is None or type(value) is not Array or value.shape or \
+        value.dtype != self.buf.dtype else self._element_index(idx)
+    if index is None:
+      self[idx] = value
+      return
+    ex.store(self.buf, index, (), value._data, value._ready)
+
   def __setitem__(self, idx, value):
     ex = _current_ex()
     if ex is None:
