@@ -180,7 +180,9 @@ def _wheel_step(op, blk=128, n=512):
   product scaled by 1 / l_next) on fixed (blk, 128) bf16 q, k, v blocks, `n` steps: 'full'; 'nodiv' (no
   1 / l_next: the rescale by l_corr, p v added); 'noalpha' (no exp(m_prev - m_next): alpha = 1);
   'nopv' (everything up to l and m, no p v dot and no accumulator); 'noacc' (the p v dot accumulated,
-  no rescale, no division)."""
+  no rescale, no division); the chain cut after q k^T ('qk': s accumulated), the row max ('max': m
+  stored) and the exp ('exp': m stored, p accumulated); 'nomax': q k^T, exp and the p v dot without
+  the row reductions."""
   def build():
     jax, jnp, pl, pltpu = _jax()
     nt = (((1,), (1,)), ((), ()))
@@ -189,8 +191,22 @@ def _wheel_step(op, blk=128, n=512):
       (q_ref, k_ref, v_ref), (m_ref, l_ref, acc_ref) = ins, scratch
       m_prev, l_prev = m_ref[...], l_ref[...]
       s = jax.lax.dot_general(q_ref[...], k_ref[...], nt, preferred_element_type=jnp.float32)
+      if op == "qk":   # the chain cut after each link (session 24's third call)
+        acc_ref[...] += s[:, :128] if blk == 128 else s[:, :128] + s[:, 128:]
+        return
+      if op == "nomax":   # q k^T, exp, p v: the dot -> exp -> dot chain without the row reductions
+        p = jnp.exp(s * 0.01)
+        acc_ref[...] += jnp.dot(p.astype(jnp.bfloat16), v_ref[...], preferred_element_type=jnp.float32)
+        return
       m_next = jnp.maximum(m_prev, jnp.max(s, axis=1)[:, None])
+      if op == "max":
+        m_ref[...] = m_next
+        return
       p = jnp.exp(s - (m_next if blk == 128 else jnp.tile(m_next, (1, blk // 128))))
+      if op == "exp":
+        m_ref[...] = m_next
+        acc_ref[...] += p[:, :128] if blk == 128 else p[:, :128] + p[:, 128:]
+        return
       alpha = 1.0 if op == "noalpha" else jnp.exp(m_prev - m_next)
       l_corr = alpha * l_prev
       l_next = jnp.sum(p, axis=1)[:, None] + l_corr
@@ -221,6 +237,8 @@ def wheel_step_cases() -> list[Case]:
   F = "wheel_step"
   out = [Case(f"wstep_{op}_blk128", F, _wheel_step(op)) for op in ("full", "nodiv", "noalpha", "nopv", "noacc")]
   out += [Case(f"wstep_{op}_blk256", F, _wheel_step(op, blk=256, n=256)) for op in ("full", "nopv")]
+  out += [Case(f"wstep_{op}_blk{b}", F, _wheel_step(op, blk=b, n=512 if b == 128 else 256))
+          for b in (128, 256) for op in ("qk", "max", "exp", "nomax")]
   return out
 
 
