@@ -310,7 +310,7 @@ def _two_step_copy(x, block):
 
 def test_vmem_over_scoped_limit_shows_arithmetic_and_fix():
   x = np.zeros((4096, 1024), F32)   # two 8 MiB blocks, double-buffered
-  pat = (r"VMEM over capacity for kernel 'kernel' on chip 0 core 0 \(v5e\): 32\.00 MiB of pipelined "
+  pat = (r"VMEM over capacity for kernel 'kernel' on each TensorCore \(v5e\): 32\.00 MiB of pipelined "
          r"blocks requested "
          r"\(args\[0\] 2 x 8\.00 MiB block float32\[2048, 1024\] \+ outputs\[0\] 2 x 8\.00 MiB block .*\) "
          r"but the scoped VMEM limit is 16\.00 MiB .*raise CompilerParams\(vmem_limit_bytes=\.\.\.\) "

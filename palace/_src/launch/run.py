@@ -514,7 +514,7 @@ def _vmem_error(kname: str, chip, vmem_limit: int, maps, scratch):
   if blocks_total <= vmem_limit:
     scr = " + ".join(f"scratch[{i}] {fmt_bytes(t.nbytes)}" for i, t in vmem)
     raise ResourceError(
-        f"VMEM over capacity for kernel '{kname}' on chip 0 core 0 ({chip.name}): "
+        f"VMEM over capacity for kernel '{kname}' on each TensorCore ({chip.name}): "
         f"{fmt_bytes(blocks_total + scratch_total)} requested ({' + '.join(x for x in (detail, scr) if x)}) but "
         f"{chip.name} has {fmt_bytes(whole)} of VMEM ({fmt_bytes(chip.vmem_bytes)} minus "
         f"{fmt_bytes(chip.internal_scratch_bytes)} Mosaic internal scratch); scratch operands count "
@@ -524,7 +524,7 @@ def _vmem_error(kname: str, chip, vmem_limit: int, maps, scratch):
          f"{chip.name} has {fmt_bytes(chip.vmem_bytes)} of VMEM)" if need <= chip.vmem_bytes else
          f"raising vmem_limit_bytes cannot help: {chip.name} has only {fmt_bytes(chip.vmem_bytes)} of VMEM")
   raise ResourceError(
-      f"VMEM over capacity for kernel '{kname}' on chip 0 core 0 ({chip.name}): "
+      f"VMEM over capacity for kernel '{kname}' on each TensorCore ({chip.name}): "
       f"{fmt_bytes(blocks_total)} of pipelined blocks requested ({detail}) but the scoped VMEM limit "
       f"is {fmt_bytes(vmem_limit)} (scratch operands are not scoped). Fix: reduce block sizes or "
       f"pipeline buffer_count (pl.Buffered(1) for blocks "
