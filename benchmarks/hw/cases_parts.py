@@ -1,5 +1,7 @@
-"""Session 24's measured kernels: a matmul grid step's compute alone, and flash's softmax-and-p-v part
-with its l update and rescale taken apart (cycles a step on the chip; docs/validation.md "Session 24").
+"""Session 24's measured kernels: a matmul grid step's compute and copies apart, flash's softmax-and-p-v
+part with its l update and rescale taken apart, the pipeline's per-step cost per operand and grid rank,
+and the jax wheel's flash step cut link by link (cycles a step on the chip; docs/validation.md "Session
+24").
 
 `mm_parts`: a tiled matmul's step on fixed blocks (no copies after the first): acc += x y into an f32
 (int32 for int8) VMEM accumulator, bf16 at 128, 256 and 512 blocks, f32 and int8 at 256: what the step
@@ -15,6 +17,9 @@ them: 'nol' (r += sum, rescale kept), 'noresc' (l update kept, acc += pv), 'nolc
 (both, c loaded lane-dense as (rows, 128): no lane broadcast), 'bcast_sum' (no softmax: a loaded p into
 the dot with the rescale, beside an independent row sum of s), at 128 rows with K = 128 and 256 rows with
 K = 256.
+
+`step_ops`: 4096 grid steps of rank 1, 2 or 4 with 1, 3 or 6 inputs, blocks fixed or moving (`_step_ops`).
+`wheel_step`: the jax wheel's flash inner step on fixed blocks, whole and cut (`_wheel_step`).
 
 Same conventions as `cases.py` (public Pallas API shared by JAX 0.10.2 and 0.12; nothing here imports palace).
 """
@@ -129,7 +134,7 @@ def _step_ops(rank, nin, moving):
   def build():
     jax, jnp, pl, _ = _jax()
     grid = _RANK_GRIDS[rank]
-    half = rank // 2 or 1
+    half = rank // 2   # the first `half` grid indices pick the block row, the others its column
     rows = 1
     for g in grid[:half]:
       rows *= g
@@ -140,7 +145,7 @@ def _step_ops(rank, nin, moving):
         return (0, 0)
       r = c = 0
       for d, gi in enumerate(g):
-        if d < half and rank > 1:
+        if d < half:
           r = r * grid[d] + gi
         else:
           c = c * grid[d] + gi
@@ -159,7 +164,7 @@ def _step_ops(rank, nin, moving):
         acc = acc + r[...]
       o_ref[...] += acc
 
-    shape = (8 * (rows if rank > 1 else 1), 128 * (cols if rank > 1 else 4096)) if moving else (8, 128)
+    shape = (8 * rows, 128 * cols) if moving else (8, 128)
     call = pl.pallas_call(
         kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32), grid=grid,
         in_specs=[pl.BlockSpec((8, 128), in_map) for _ in range(nin)],
@@ -187,12 +192,15 @@ def _wheel_step(op, blk=128, n=512):
     jax, jnp, pl, pltpu = _jax()
     nt = (((1,), (1,)), ((), ()))
 
+    def lanes(x):   # a (blk, blk) value folded to (blk, 128) for the accumulator
+      return x[:, :128] if blk == 128 else x[:, :128] + x[:, 128:]
+
     def body(ins, o_ref, scratch):
       (q_ref, k_ref, v_ref), (m_ref, l_ref, acc_ref) = ins, scratch
       m_prev, l_prev = m_ref[...], l_ref[...]
       s = jax.lax.dot_general(q_ref[...], k_ref[...], nt, preferred_element_type=jnp.float32)
       if op == "qk":   # the chain cut after each link (session 24's third call)
-        acc_ref[...] += s[:, :128] if blk == 128 else s[:, :128] + s[:, 128:]
+        acc_ref[...] += lanes(s)
         return
       if op == "nomax":   # q k^T, exp, p v: the dot -> exp -> dot chain without the row reductions
         p = jnp.exp(s * 0.01)
@@ -205,7 +213,7 @@ def _wheel_step(op, blk=128, n=512):
       p = jnp.exp(s - (m_next if blk == 128 else jnp.tile(m_next, (1, blk // 128))))
       if op == "exp":
         m_ref[...] = m_next
-        acc_ref[...] += p[:, :128] if blk == 128 else p[:, :128] + p[:, 128:]
+        acc_ref[...] += lanes(p)
         return
       alpha = 1.0 if op == "noalpha" else jnp.exp(m_prev - m_next)
       l_corr = alpha * l_prev
