@@ -81,6 +81,18 @@ class _AtIndexer:
 
 _FULL_DIMS: dict = {}   # buffer shape -> the dims of its whole view (a cache of a pure function)
 _STATIC_BOUND = (int, type(None))   # slice bound types that are certainly not runtime values
+# Composed static indices of VMEM / SMEM refs (Ref._target): (buffer shape, view dims, index, index
+# types, bounds checked) -> the view's parts, or (dims,) for one element. A cache of a pure function
+# of its key (an index that raises is never kept), cleared when it grows past _VIEWS_MAX entries.
+_VIEWS: dict = {}
+_VIEWS_MAX = 4096
+_STATIC_KINDS = frozenset({int, Slice, slice, type(Ellipsis)})
+
+
+def _remember_view(key, parts) -> None:
+  if len(_VIEWS) >= _VIEWS_MAX:
+    _VIEWS.clear()
+  _VIEWS[key] = parts
 
 
 def _np_index_of(dims) -> tuple:
@@ -285,23 +297,57 @@ class Ref:
           f"({user_frame_summary()})")
 
   def _target(self, idx) -> tuple:
-    """(view, NumPy index, shape) of what `self[idx]` loads or stores. An index that selects one
-    element makes no view (None): its composed dims are its NumPy index. Kernels read and write SMEM
-    scalars at a new index on nearly every grid step, where a view would be built for one access."""
-    if idx is Ellipsis or (isinstance(idx, tuple) and not idx):
+    """(view, NumPy index, shape) of what `self[idx]` loads or stores. A whole-ref index (`...`, what
+    nearly every load and store of a pipelined block uses) is tested first and answered from the ref's
+    own fields. An index that selects one element makes no view (None): its composed dims are its NumPy
+    index. Kernels read and write SMEM scalars at a new index on nearly every grid step, where a view
+    would be built for one access. A static index of a VMEM / SMEM ref (Python ints, `pl.ds` with an
+    int start, `:`, `...`: `q_ref[b, h]` in a kernel body, every grid step) is composed once per
+    (buffer shape, view, index, index types, bounds-check setting): `_VIEWS`."""
+    if idx is Ellipsis or (type(idx) is tuple and not idx):
       return self, self._np_index, self.shape
-    dims = None if self._mapped else self._compose(idx)   # (a mapped view has an element map)
-    if dims is None or tuple in map(type, dims):
-      view = self._view(idx) if dims is None else Ref(self.buf, dims)
+    if self._mapped:   # (a mapped view has an element map)
+      view = self._view(idx)
       return view, view._np_index, view.shape
+    buf = self.buf
+    key = None
+    if buf.memory_space is _VMEM or buf.memory_space is _SMEM:
+      t = idx if type(idx) is tuple else (idx,)
+      kinds = tuple(map(type, t))
+      # (only exact ints, int-start pl.ds, `:` and `...`: a slice's bounds are not in `kinds`, and
+      # 1.0 == 1, so a slice other than `:` is composed every time and its bounds checked as written)
+      static = _STATIC_KINDS.issuperset(kinds)
+      if static and slice in kinds:
+        for i in t:
+          if type(i) is slice and (i.start is not None or i.stop is not None or i.step is not None):
+            static = False
+      if static:
+        ex = _current_ex()
+        key = (buf.shape, self.dims, t, kinds, True if ex is None else ex.bounds_checks)
+        try:
+          hit = _VIEWS.get(key)
+        except TypeError:   # a pl.ds with a runtime start
+          hit = key = None
+        if hit is not None:
+          if len(hit) == 1:
+            return None, hit[0], ()
+          view = Ref.from_parts(buf, hit)
+          return view, view._np_index, view.shape
+    dims = self._compose(idx)
+    if tuple in map(type, dims):
+      view = Ref(buf, dims)
+      if key is not None:
+        _remember_view(key, view.parts())
+      return view, view._np_index, view.shape
+    if key is not None:
+      _remember_view(key, (dims,))
     return None, dims, ()
 
   def __getitem__(self, idx):
     ex = _current_ex()
     if ex is None:
       return self._host_get(idx)
-    # (a whole-ref load, `x_ref[...]`, the common case: _target's first answer without its call)
-    view, index, shape = (self, self._np_index, self.shape) if idx is Ellipsis else self._target(idx)
+    view, index, shape = self._target(idx)
     buf = self.buf
     if buf.memory_space is not _VMEM and (view is not None or buf.memory_space is not _SMEM):
       (Ref(buf, index) if view is None else view)._check_access("Load", not shape)
@@ -360,7 +406,7 @@ class Ref:
     ex = _current_ex()
     if ex is None:
       return self._host_set(idx, value)
-    view, index, shape = (self, self._np_index, self.shape) if idx is Ellipsis else self._target(idx)
+    view, index, shape = self._target(idx)
     buf = self.buf
     if buf.memory_space is not _VMEM and (view is not None or buf.memory_space is not _SMEM):
       (Ref(buf, index) if view is None else view)._check_access("Store", not shape)
