@@ -317,10 +317,16 @@ class Ref:
       # (only exact ints, int-start pl.ds, `:` and `...`: a slice's bounds are not in `kinds`, and
       # 1.0 == 1, so a slice other than `:` is composed every time and its bounds checked as written)
       static = _STATIC_KINDS.issuperset(kinds)
-      if static and slice in kinds:
+      if static and slice in kinds:   # (each `:` keyed as None: slices are unhashable before 3.12)
+        plain = []
         for i in t:
-          if type(i) is slice and (i.start is not None or i.stop is not None or i.step is not None):
-            static = False
+          if type(i) is slice:
+            if i.start is not None or i.stop is not None or i.step is not None:
+              static = False
+              break
+            i = None
+          plain.append(i)
+        t = tuple(plain)
       if static:
         ex = _current_ex()
         key = (buf.shape, self.dims, t, kinds, True if ex is None else ex.bounds_checks)
