@@ -90,12 +90,14 @@ def _as_array(x):
 _DOT_TYPES: dict = {}   # memo of _dot_types' answers (a pure function of its key)
 
 
-def _dot_types(a_dtype, b_dtype, precision, preferred_element_type) -> tuple:
-  """(precision, result dtype) of `jnp.dot(a, b, precision=, preferred_element_type=)`, raising what
-  Mosaic rejects (mxu.precision_of, mxu.check, numpy_base._dtype_arg). Memoised: a kernel's dot passes
-  the same types every grid step, and these checks are ~10 Python calls. The answer depends only on the
-  key (types included, so that values equal across types never share an entry), except for a result
-  dtype some chip lacks (dtypes.CHIP_DEPENDENT), which is checked on every call; errors are not kept."""
+def _dot_types(a_dtype, b_dtype, precision, preferred_element_type, site: str = "jnp.dot") -> tuple:
+  """(precision, result dtype) of `jnp.dot(a, b, precision=, preferred_element_type=)` (or of the
+  `site` named, lax.dot_general), raising what Mosaic rejects (mxu.precision_of, mxu.check,
+  numpy_base._dtype_arg). Memoised: a kernel's dot passes the same types every grid step, and these
+  checks are ~10 Python calls. The answer depends only on the key (types included, so that values
+  equal across types never share an entry), except for a result dtype some chip lacks
+  (dtypes.CHIP_DEPENDENT), which is checked on every call; errors are not kept (so each names its
+  own site)."""
   key = (a_dtype, b_dtype, precision, type(precision), preferred_element_type, type(preferred_element_type))
   try:
     hit = _DOT_TYPES.get(key)
@@ -103,10 +105,10 @@ def _dot_types(a_dtype, b_dtype, precision, preferred_element_type) -> tuple:
     key, hit = None, None
   if hit is not None:
     return hit
-  prec = mxu.precision_of(precision)
+  prec = mxu.precision_of(precision, site)
   out_d = dt.result_type(a_dtype, b_dtype) if preferred_element_type is None else \
       _dtype_arg(preferred_element_type, "preferred_element_type")
-  mxu.check(a_dtype, b_dtype, out_d, prec)
+  mxu.check(a_dtype, b_dtype, out_d, prec, site)
   if key is not None and out_d not in dt.CHIP_DEPENDENT:
     if len(_DOT_TYPES) > 1024:
       _DOT_TYPES.clear()
@@ -143,38 +145,56 @@ def _dimension_numbers(dimension_numbers, nda: int, ndb: int) -> tuple:
   return dims
 
 
+_DOT_SHAPES: dict = {}   # memo of _dot_shapes' answers (a pure function of its key)
+
+
+def _dot_shapes(a_shape, b_shape, dims) -> tuple:
+  """(lhs free dims, rhs free dims, batch, m, n, k, output shape, plain) of a dot_general of these
+  shapes with normalised dimension numbers `dims` (`_dimension_numbers`), `plain`: the (m,k)@(k,n)
+  product. Memoised (a kernel's dot_general has the same shapes every grid step); raises ShapeError
+  when the contracting dimensions differ."""
+  key = (a_shape, b_shape, dims)
+  hit = _DOT_SHAPES.get(key)
+  if hit is not None:
+    return hit
+  lc, rc, lb, rb = dims
+  for i, j in zip(lc, rc):
+    if a_shape[i] != b_shape[j]:
+      raise ShapeError(f"dot_general contracting dimensions differ: lhs {a_shape} dim {i} vs rhs "
+                       f"{b_shape} dim {j}. Fix: transpose an operand or choose matching "
+                       f"contracting dimensions.")
+  lf = tuple([i for i in range(len(a_shape)) if i not in lc and i not in lb])
+  rf = tuple([i for i in range(len(b_shape)) if i not in rc and i not in rb])
+  out_shape = tuple([a_shape[i] for i in lb] + [a_shape[i] for i in lf] + [b_shape[i] for i in rf])
+  plain = len(a_shape) == 2 and len(b_shape) == 2 and not lb and lc == (1,) and rc == (0,)
+  hit = (lf, rf, prod([a_shape[i] for i in lb]), prod([a_shape[i] for i in lf]),
+         prod([b_shape[i] for i in rf]), prod([a_shape[i] for i in lc]), out_shape, plain)
+  if len(_DOT_SHAPES) > 1024:
+    _DOT_SHAPES.clear()
+  _DOT_SHAPES[key] = hit
+  return hit
+
+
 def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
   """`lax.dot_general`: ((lhs_contract, rhs_contract), (lhs_batch, rhs_batch))."""
-  a, b = _as_array(lhs), _as_array(rhs)
-  prec = mxu.precision_of(precision, "lax.dot_general")
-  lc, rc, lb, rb = _dimension_numbers(dimension_numbers, a.ndim, b.ndim)
-  for i, j in zip(lc, rc):
-    if a.shape[i] != b.shape[j]:
-      raise ShapeError(f"dot_general contracting dimensions differ: lhs {a.shape} dim {i} vs rhs "
-                       f"{b.shape} dim {j}. Fix: transpose an operand or choose matching "
-                     f"contracting dimensions.")
-  if a.ndim == 2 and b.ndim == 2 and not lb and lc == (1,) and rc == (0,) and \
-      a.shape[1] == b.shape[0] and executor.maybe_current() is not None:
-    return dot(a, b, precision=prec, preferred_element_type=preferred_element_type)  # may defer
-  lf = [i for i in range(a.ndim) if i not in lc and i not in lb]
-  rf = [i for i in range(b.ndim) if i not in rc and i not in rb]
-  bsz = prod(a.shape[i] for i in lb)
-  m = prod(a.shape[i] for i in lf)
-  n = prod(b.shape[i] for i in rf)
-  k = prod(a.shape[i] for i in lc)
-  out_shape = [a.shape[i] for i in lb] + [a.shape[i] for i in lf] + [b.shape[i] for i in rf]
-  out_d = _matmul_dtype(a, b, preferred_element_type)
-  mxu.check(a.dtype, b.dtype, out_d, prec, "lax.dot_general")
-  data = None
+  a = lhs if type(lhs) is Array else _as_array(lhs)
+  b = rhs if type(rhs) is Array else _as_array(rhs)
+  prec, out_d = _dot_types(a.dtype, b.dtype, precision, preferred_element_type, "lax.dot_general")
+  dims = _dimension_numbers(dimension_numbers, len(a.shape), len(b.shape))
+  lf, rf, bsz, m, n, k, out_shape, plain = _dot_shapes(a.shape, b.shape, dims)
   ex = executor.maybe_current()
-  if not (ex is not None and ex.timing_only) and _has_data(a, b):
+  if plain and ex is not None:
+    return dot(a, b, precision=prec, preferred_element_type=preferred_element_type)  # may defer
+  data = None
+  if not (ex is not None and ex.timing_only) and a._data is not None and b._data is not None:
     va, vb = _mxu_operands(a, b, k, prec)
     chip_order = mxu.follows_chip(a.dtype, b.dtype, prec)
-    if a.ndim == 2 and b.ndim == 2 and not lb and lc == (1,) and rc == (0,):
+    if plain:
       data = _product(va, vb, chip_order)  # the plain (m,k)@(k,n) product: no relayout
     else:
-      va = np.transpose(va, list(lb) + lf + list(lc)).reshape(bsz, m, k)
-      vb = np.transpose(vb, list(rb) + list(rc) + rf).reshape(bsz, k, n)
+      lc, rc, lb, rb = dims
+      va = va.transpose(lb + lf + lc).reshape(bsz, m, k)
+      vb = vb.transpose(rb + rc + rf).reshape(bsz, k, n)
       data = _product(va, vb, chip_order).reshape(out_shape)
   return _finish_matmul(a, b, data, out_shape, out_d, m, k, n, bsz)
 

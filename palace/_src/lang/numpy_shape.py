@@ -160,8 +160,21 @@ def tile(a, reps):
   s = _shape_of(a)
   full_reps = (1,) * (len(s) - len(reps)) + reps if len(reps) < len(s) else reps
   s2 = (1,) * (len(full_reps) - len(s)) + tuple(s)
-  out = tuple(x * r for x, r in zip(s2, full_reps))
-  return _shape_op(a, lambda v: np.tile(v, reps), out, OpClass.CHEAP)
+  out = tuple([x * r for x, r in zip(s2, full_reps)])
+  return _shape_op(a, lambda v: _tiled(v, s2, full_reps, out), out, OpClass.CHEAP)
+
+
+def _tiled(v: np.ndarray, shape, reps, out_shape) -> np.ndarray:
+  """`np.tile(v, reps)` (`shape`: v's shape with unit dims in front to the rank of `reps`, given in
+  full): one broadcasting copy into the result viewed as (reps[0], shape[0], reps[1], shape[1], ...),
+  without np.tile's Python layers (a repeat per axis; jnp.tile runs on many kernels' grid steps)."""
+  pairs, ones = [], []
+  for r, n in zip(reps, shape):
+    pairs += (r, n)
+    ones += (1, n)
+  out = np.empty(out_shape, v.dtype)
+  out.reshape(pairs)[...] = v.reshape(ones)
+  return out
 
 
 def repeat(a, repeats, axis=None):

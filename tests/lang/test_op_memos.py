@@ -1,0 +1,132 @@
+"""Per-op work a kernel repeats every grid step, done once (session 25): a static ref index composed
+once (refs._VIEWS), lax.dot_general's shapes and type checks once per signature (numpy_linalg
+_dot_shapes / _dot_types), jnp.tile without np.tile's Python layers. Counted, and compared with NumPy."""
+import numpy as np
+import pytest
+
+import palace as pl
+import palace.lax as lax
+import palace.numpy as jnp
+from palace._src.lang import mxu, numpy_linalg, refs
+
+STEPS = 8
+
+
+def _counting(monkeypatch, owner, name):
+  calls = [0]
+  real = getattr(owner, name)
+
+  def counted(*a, **k):
+    calls[0] += 1
+    return real(*a, **k)
+  monkeypatch.setattr(owner, name, counted)
+  return calls
+
+
+def _ints(shape, seed):
+  return np.random.default_rng(seed).integers(-4, 5, shape).astype(np.float32)
+
+
+def test_a_static_ref_index_is_composed_once_per_view(monkeypatch):
+  x = _ints((STEPS, 2, 16, 128), 0)
+  composed = _counting(monkeypatch, refs.Ref, "_compose")
+
+  def kernel(x_ref, o_ref):
+    o_ref[0, 0] = x_ref[0, 1] * 2.0                          # ints: a view
+    o_ref[0, 1, pl.ds(8, 8), :] = x_ref[0, 0, pl.ds(0, 8), :]   # ints, pl.ds and ':'
+    o_ref[0, 1, 0:8] = x_ref[0, 0, 8:16] + 1.0              # a bounded slice: composed every time
+    o_ref[0, 1, 0, 0] = x_ref[0, 1, 3, 5]                   # one element
+
+  out = pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct(x.shape, x.dtype), grid=(STEPS,),
+                       in_specs=[pl.BlockSpec((1, 2, 16, 128), lambda i: (i, 0, 0, 0))],
+                       out_specs=pl.BlockSpec((1, 2, 16, 128), lambda i: (i, 0, 0, 0)))(x)
+  ref = np.empty_like(x)
+  ref[:, 0] = x[:, 1] * 2
+  ref[:, 1, 8:16] = x[:, 0, 0:8]
+  ref[:, 1, 0:8] = x[:, 0, 8:16] + 1
+  ref[:, 1, 0, 0] = x[:, 1, 3, 5]
+  np.testing.assert_array_equal(out, ref)
+  # six static indices once each (the first step; the blocks' two slots share a shape and view) and
+  # the two bounded slices every step
+  assert composed[0] == 6 + 2 * STEPS
+
+
+@pytest.mark.parametrize("bad, error, match", [
+    (1.0, pl.UsageError, "Unsupported index 1.0"),
+    (True, pl.UsageError, "a bool is not an index"),
+    (16, pl.OutOfBoundsError, "Index 16 out of bounds"),
+    (slice(0.0, 8), pl.UsageError, "slice start 0.0 .*not an integer"),
+])
+def test_a_kept_index_never_answers_an_equal_index_of_another_type(bad, error, match):
+  """1.0 == True == 1 and slice(0.0, 8) == slice(0, 8): each is checked as written, after the int
+  form's view was kept."""
+  x = _ints((16, 128), 1)
+
+  def run(index):
+    def kernel(x_ref, o_ref):
+      o_ref[...] = jnp.zeros_like(o_ref)
+      o_ref[0:8] = jnp.broadcast_to(x_ref[index], (8, 128)) if type(index) is not slice else \
+          x_ref[index]
+    return pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct(x.shape, x.dtype))(x)
+  good = slice(0, 8) if type(bad) is slice else 1
+  np.testing.assert_array_equal(run(good)[0:8], np.broadcast_to(x[good], (8, 128)))
+  with pytest.raises(error, match=match):
+    run(bad)
+
+
+def test_dot_general_checks_its_signature_once_and_matches_numpy(monkeypatch):
+  q, k = _ints((STEPS * 128, 64), 2), _ints((128, 64), 3)
+  a, b = _ints((STEPS * 2, 32, 16), 4), _ints((2, 16, 128), 5)
+  checks = _counting(monkeypatch, mxu, "check")
+  numpy_linalg._DOT_TYPES.clear()
+  numpy_linalg._DOT_SHAPES.clear()
+
+  def kernel(q_ref, k_ref, a_ref, b_ref, s_ref, c_ref):
+    s_ref[...] = lax.dot_general(q_ref[...], k_ref[...], (((1,), (1,)), ((), ())),
+                                 preferred_element_type=jnp.float32)      # q @ k.T
+    c_ref[...] = lax.dot_general(a_ref[...], b_ref[...], (((2,), (1,)), ((0,), (0,))),
+                                 precision="HIGHEST")         # batched
+
+  s, c = pl.pallas_call(
+      kernel, grid=(STEPS,),
+      out_shape=(pl.ShapeDtypeStruct((STEPS * 128, 128), np.float32),
+                 pl.ShapeDtypeStruct((STEPS * 2, 32, 128), np.float32)),
+      in_specs=[pl.BlockSpec((128, 64), lambda i: (i, 0)), pl.BlockSpec((128, 64), lambda i: (0, 0)),
+                pl.BlockSpec((2, 32, 16), lambda i: (i, 0, 0)),
+                pl.BlockSpec((2, 16, 128), lambda i: (0, 0, 0))],
+      out_specs=(pl.BlockSpec((128, 128), lambda i: (i, 0)),
+                 pl.BlockSpec((2, 32, 128), lambda i: (i, 0, 0))))(q, k, a, b)
+  np.testing.assert_array_equal(s, q @ k.T)   # (small integers: exact in any summation order)
+  np.testing.assert_array_equal(c, np.einsum("bij,bjk->bik", a, np.tile(b, (STEPS, 1, 1))))
+  assert checks[0] == 2   # once per signature, not per step
+
+
+def test_dot_general_errors_name_it():
+  x = np.ones((8, 128), np.uint8)
+
+  def kernel(x_ref, o_ref):
+    o_ref[...] = lax.dot_general(x_ref[...], x_ref[...], (((1,), (1,)), ((), ())))
+
+  with pytest.raises(pl.UnsupportedError, match="lax.dot_general"):
+    pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct((8, 8), np.uint8))(x)
+  with pytest.raises(pl.ShapeError, match="contracting dimensions differ"):
+    pl.pallas_call(lambda x_ref, o_ref: lax.dot_general(
+        x_ref[...], x_ref[...], (((1,), (0,)), ((), ()))),
+        out_shape=pl.ShapeDtypeStruct((8, 8), np.float32))(x.astype(np.float32))
+
+
+@pytest.mark.parametrize("shape, reps", [((8, 128), (1, 2)), ((8, 128), (2, 3)), ((16, 1), (1, 128)),
+                                         ((128,), (2,)), ((2, 8, 128), (2, 1)), ((8, 128), (1, 2, 1))])
+@pytest.mark.parametrize("dtype", [np.float32, jnp.bfloat16.dtype, np.int32])
+def test_tile_is_numpys(shape, reps, dtype, monkeypatch):
+  x = _ints(shape, 6).astype(dtype)
+  want = np.tile(x, reps)
+  numpys = _counting(monkeypatch, np, "tile")   # (one broadcasting copy instead: no np.tile per step)
+
+  def kernel(x_ref, o_ref):
+    o_ref[...] = jnp.tile(x_ref[...], reps)
+
+  out = pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct(want.shape, want.dtype))(x)
+  assert out.dtype == want.dtype
+  np.testing.assert_array_equal(out.view(np.uint8), want.view(np.uint8))
+  assert numpys[0] == 0
