@@ -130,3 +130,56 @@ def test_tile_is_numpys(shape, reps, dtype, monkeypatch):
   assert out.dtype == want.dtype
   np.testing.assert_array_equal(out.view(np.uint8), want.view(np.uint8))
   assert numpys[0] == 0
+
+
+def test_value_indexing_and_reshapes_are_checked_once_per_signature(monkeypatch):
+  from palace._src.lang import numpy_indexing, numpy_shape
+  x = _ints((STEPS * 8, 128), 7)
+  numpy_indexing._GETITEMS.clear()
+  numpy_shape._RESHAPES.clear()
+  indexed = _counting(monkeypatch, numpy_indexing, "_static_index")
+  shaped = _counting(monkeypatch, numpy_shape, "_shape_of")   # (reshape's checks start with it)
+
+  def kernel(x_ref, o_ref):
+    v = x_ref[...]
+    m = jnp.max(v, axis=1)[:, None]              # (8,) -> (8, 1): a reshape
+    row = v[3]                                    # an int: a relayout
+    o_ref[...] = v - m + row[None, :] + v.reshape(8, 128)[:, ...][0:8]   # (a bounded slice: every step)
+
+  out = pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct(x.shape, x.dtype), grid=(STEPS,),
+                       in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+                       out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)))(x)
+  blocks = x.reshape(STEPS, 8, 128)
+  want = blocks - blocks.max(axis=2, keepdims=True) + blocks[:, 3:4, :] + blocks
+  np.testing.assert_array_equal(out, want.reshape(x.shape))
+  assert indexed[0] == 4 + STEPS   # [:, None], [3], [None, :], [:, ...] once; [0:8] every step
+  assert shaped[0] == 3            # reshapes (8,)->(8,1), (128,)->(1,128), (8,128)->(8,128) once
+
+
+@pytest.mark.parametrize("bad, error, match", [
+    ((1.0,), pl.UsageError, "indices must be integers"),
+    ((True,), pl.UsageError, "indices must be integers"),
+])
+def test_a_kept_value_index_never_answers_an_equal_index_of_another_type(bad, error, match):
+  x = _ints((8, 128), 8)
+
+  def run(index):
+    def kernel(x_ref, o_ref):
+      o_ref[...] = jnp.broadcast_to(x_ref[...][index], (8, 128))
+    return pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct(x.shape, x.dtype))(x)
+  np.testing.assert_array_equal(run((1,)), np.broadcast_to(x[1], (8, 128)))
+  with pytest.raises(error, match=match):
+    run(bad)
+
+
+def test_a_kept_reshape_never_answers_an_equal_shape_of_another_type():
+  x = _ints((8, 128), 9)
+
+  def run(shape):
+    def kernel(x_ref, o_ref):
+      o_ref[...] = x_ref[...].reshape(shape).reshape(8, 128)
+    return pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct(x.shape, x.dtype))(x)
+  np.testing.assert_array_equal(run((4, 256)), x)
+  np.testing.assert_array_equal(run((np.int32(4), 256)), x)
+  with pytest.raises(pl.ShapeError, match=r"reshape shape\[0\]"):
+    run((4.0, 256))

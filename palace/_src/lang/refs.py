@@ -29,7 +29,7 @@ from palace._src.lang import hbm_tiles, numpy_dtypes, ref_maps
 from palace._src.lang.array import Array, WeakArray, concrete_int
 from palace._src.lang.deferred import Deferred
 from palace._src.lang.indexed import is_index_source, make_indexed
-from palace._src.lang.numpy_indexing import _where
+from palace._src.lang.numpy_indexing import _where, plain_index
 from palace._src.util import describe_dims, prod, user_frame_summary
 
 
@@ -317,16 +317,9 @@ class Ref:
       # (only exact ints, int-start pl.ds, `:` and `...`: a slice's bounds are not in `kinds`, and
       # 1.0 == 1, so a slice other than `:` is composed every time and its bounds checked as written)
       static = _STATIC_KINDS.issuperset(kinds)
-      if static and slice in kinds:   # (each `:` keyed as None: slices are unhashable before 3.12)
-        plain = []
-        for i in t:
-          if type(i) is slice:
-            if i.start is not None or i.stop is not None or i.step is not None:
-              static = False
-              break
-            i = None
-          plain.append(i)
-        t = tuple(plain)
+      if static and slice in kinds:   # (each `:` keyed as None)
+        t = plain_index(t)
+        static = t is not None
       if static:
         ex = _current_ex()
         key = (buf.shape, self.dims, t, kinds, True if ex is None else ex.bounds_checks)
