@@ -81,9 +81,9 @@ class _AtIndexer:
 
 _FULL_DIMS: dict = {}   # buffer shape -> the dims of its whole view (a cache of a pure function)
 _STATIC_BOUND = (int, type(None))   # slice bound types that are certainly not runtime values
-# Composed static indices of VMEM / SMEM refs (Ref._target): (buffer shape, view dims, index, index
-# types, bounds checked) -> the view's parts, or (dims,) for one element. A cache of a pure function
-# of its key (an index that raises is never kept), cleared when it grows past _VIEWS_MAX entries.
+# Composed static indices of refs (Ref._target): (HBM or not, dtype and shape of the buffer, view
+# dims, index, index types, bounds checked) -> the view's parts, or (dims,) for one element. A cache
+# of a pure function of its key (an index that raises is never kept), cleared past _VIEWS_MAX entries.
 _VIEWS: dict = {}
 _VIEWS_MAX = 4096
 _STATIC_KINDS = frozenset({int, Slice, slice, type(Ellipsis)})
@@ -198,7 +198,8 @@ class Ref:
 
   # ---- views ----
   def _view(self, idx) -> "Ref":
-    return Ref(self.buf, self._compose(idx))
+    view, index, _ = self._target(idx)
+    return Ref(self.buf, index) if view is None else view   # (an element: a 0-d view of it)
 
   def _index_site(self, idx, axis: int) -> str:
     """`x_ref[200:208, :]` (axis 0 of args[0], shape (128, 256), VMEM) at grid point ... line: the
@@ -301,37 +302,40 @@ class Ref:
     nearly every load and store of a pipelined block uses) is tested first and answered from the ref's
     own fields. An index that selects one element makes no view (None): its composed dims are its NumPy
     index. Kernels read and write SMEM scalars at a new index on nearly every grid step, where a view
-    would be built for one access. A static index of a VMEM / SMEM ref (Python ints, `pl.ds` with an
-    int start, `:`, `...`: `q_ref[b, h]` in a kernel body, every grid step) is composed once per
-    (buffer shape, view, index, index types, bounds-check setting): `_VIEWS`."""
+    would be built for one access. A static index (Python ints, `pl.ds` with an int start, `:`, `...`:
+    `q_ref[b, h]` in a kernel body every grid step, `x_hbm.at[pl.ds(k * n, n)]` for a DMA) is composed
+    once per (HBM or not, dtype and shape of the buffer, view, index, index types, bounds-check
+    setting): `_VIEWS`."""
     if idx is Ellipsis or (type(idx) is tuple and not idx):
       return self, self._np_index, self.shape
     if self._mapped:   # (a mapped view has an element map)
       view = self._view(idx)
       return view, view._np_index, view.shape
     buf = self.buf
+    t = idx if type(idx) is tuple else (idx,)
+    kinds = tuple(map(type, t))
     key = None
-    if buf.memory_space is _VMEM or buf.memory_space is _SMEM:
-      t = idx if type(idx) is tuple else (idx,)
-      kinds = tuple(map(type, t))
-      # (only exact ints, int-start pl.ds, `:` and `...`: a slice's bounds are not in `kinds`, and
-      # 1.0 == 1, so a slice other than `:` is composed every time and its bounds checked as written)
-      static = _STATIC_KINDS.issuperset(kinds)
-      if static and slice in kinds:   # (each `:` keyed as None)
-        t = plain_index(t)
-        static = t is not None
-      if static:
-        ex = _current_ex()
-        key = (buf.shape, self.dims, t, kinds, True if ex is None else ex.bounds_checks)
-        try:
-          hit = _VIEWS.get(key)
-        except TypeError:   # a pl.ds with a runtime start
-          hit = key = None
-        if hit is not None:
-          if len(hit) == 1:
-            return None, hit[0], ()
-          view = Ref.from_parts(buf, hit)
-          return view, view._np_index, view.shape
+    # (only exact ints, int-start pl.ds, `:` and `...`: a slice's bounds are not in `kinds`, and
+    # 1.0 == 1, so a slice other than `:` is composed every time and its bounds checked as written)
+    static = _STATIC_KINDS.issuperset(kinds)
+    if static and slice in kinds:   # (each `:` keyed as None)
+      t = plain_index(t)
+      static = t is not None
+    if static:
+      ex = _current_ex()
+      # (whether the buffer is in HBM, its dtype and shape: an HBM dim may reach into its tile padding)
+      space = buf.memory_space
+      key = (space is _HBM or space is _ANY, buf.dtype, buf.shape, self.dims, t, kinds,
+             True if ex is None else ex.bounds_checks)
+      try:
+        hit = _VIEWS.get(key)
+      except TypeError:   # a pl.ds with a runtime start
+        hit = key = None
+      if hit is not None:
+        if len(hit) == 1:
+          return None, hit[0], ()
+        view = Ref.from_parts(buf, hit)
+        return view, view._np_index, view.shape
     dims = self._compose(idx)
     if tuple in map(type, dims):
       view = Ref(buf, dims)
@@ -760,6 +764,7 @@ class _MappedAt(_AtIndexer):
 
 _VMEM = MemorySpace.VMEM
 _SMEM = MemorySpace.SMEM
+_HBM, _ANY = MemorySpace.HBM, MemorySpace.ANY
 _current_ex = executor.maybe_current   # (the context variable's getter: no Python frame)
 
 
