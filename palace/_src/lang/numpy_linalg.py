@@ -22,23 +22,22 @@ from palace._src.lang import deferred, mxu
 from palace._src.lang.array import Array, dtype_of, ready_of
 from palace._src.util import prod
 from palace._src.lang.numpy_base import _dtype_arg, _has_data, _np
+from palace._src.lang.numpy_dtypes import _ScalarType
 from palace._src.lang.numpy_elementwise import multiply
 from palace._src.lang.numpy_shape import reshape, transpose
 
 
-def _f32(x):
-  """Operand as float32 (bfloat16 by dtypes.bf16_to_f32)."""
-  if x.dtype == dt.bfloat16 and x._data is not None:
-    return dt.bf16_to_f32(x._data)
-  return _np(x, np.dtype(np.float32))
-
-
 def _mxu_f32(x, precision: str):
-  """A float operand as float32 the way the MXU reads it: rounded to bfloat16 at the default precision."""
-  if mxu.rounds_to_bf16(x.dtype, precision):
-    v = _np(x, np.dtype(np.float32))
-    return mxu.round_to_bf16_as_f32(v, np.empty(v.shape, np.float32))
-  return _f32(x)
+  """A float operand as float32 the way the MXU reads it: rounded to bfloat16 at the default precision
+  (float32 only: mxu.rounds_to_bf16), bfloat16 widened by dtypes.bf16_to_f32, others cast."""
+  d = x.dtype
+  if d == _F32:
+    v = _np(x, _F32)
+    return mxu.round_to_bf16_as_f32(v, np.empty(v.shape, np.float32)) if mxu.rounds_to_bf16(d, precision) \
+        else v
+  if d == dt.bfloat16 and x._data is not None:
+    return dt.bf16_to_f32(x._data)
+  return _np(x, _F32)
 
 
 def _mxu_operands(a, b, k: int, precision: str = mxu.HIGHEST):
@@ -87,6 +86,7 @@ def _as_array(x):
   return Array(v, v.shape, dtype_of(v), 0)
 
 
+_F32 = np.dtype(np.float32)
 _DOT_TYPES: dict = {}   # memo of _dot_types' answers (a pure function of its key)
 
 
@@ -98,7 +98,9 @@ def _dot_types(a_dtype, b_dtype, precision, preferred_element_type, site: str = 
   equal across types never share an entry), except for a result dtype some chip lacks
   (dtypes.CHIP_DEPENDENT), which is checked on every call; errors are not kept (so each names its
   own site)."""
-  key = (a_dtype, b_dtype, precision, type(precision), preferred_element_type, type(preferred_element_type))
+  pet = preferred_element_type   # (jnp.float32 & co. keyed by their dtype: their hash is Python code)
+  key = (a_dtype, b_dtype, precision, type(precision), pet.dtype if type(pet) is _ScalarType else pet,
+         type(pet))
   try:
     hit = _DOT_TYPES.get(key)
   except TypeError:   # an unhashable argument (a precision list): checked every time
