@@ -7,6 +7,7 @@ import pytest
 import palace as pl
 import palace.lax as lax
 import palace.numpy as jnp
+from palace import tpu as pltpu
 from palace._src.lang import mxu, numpy_linalg, refs
 
 STEPS = 8
@@ -183,3 +184,23 @@ def test_a_kept_reshape_never_answers_an_equal_shape_of_another_type():
   np.testing.assert_array_equal(run((np.int32(4), 256)), x)
   with pytest.raises(pl.ShapeError, match=r"reshape shape\[0\]"):
     run((4.0, 256))
+
+
+def test_a_kept_hbm_view_into_the_tile_padding_is_not_a_vmem_ones():
+  """x_hbm.at[pl.ds(0, 16)] of a (12, 128) float32 HBM array reaches into its last 8-row tile's
+  padding (hbm_tiles); the same window of a VMEM buffer of that shape and dtype is out of bounds,
+  after the HBM view was kept."""
+  x = _ints((12, 128), 10)
+  seen = []
+
+  def kernel(x_hbm, o_ref, scratch):
+    for _ in range(2):
+      seen.append(x_hbm.at[pl.ds(0, 16)].shape)
+    o_ref[...] = jnp.zeros_like(o_ref)
+    scratch.at[pl.ds(0, 16)]
+
+  with pytest.raises(pl.OutOfBoundsError, match=r"Slice \[0:16\] out of bounds for axis 0"):
+    pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct((8, 128), np.float32),
+                   in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                   scratch_shapes=[pltpu.VMEM((12, 128), np.float32)])(x)
+  assert seen == [(16, 128)] * 2
