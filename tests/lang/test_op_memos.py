@@ -220,3 +220,40 @@ def test_a_kernel_reduction_enters_no_context_manager(monkeypatch):
   out = pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct(x.shape, x.dtype))(x)
   np.testing.assert_array_equal(out, x - x.max(axis=1, keepdims=True) + x.sum(axis=0)[None, :])
   assert entered[0] == 0
+
+
+def test_iota_and_where_are_worked_out_once_per_signature(monkeypatch):
+  from palace._src.lang import lax_ops, numpy_elementwise
+  lax_ops._IOTAS.clear()
+  numpy_elementwise._WHERES.clear()
+  iotas = _counting(monkeypatch, lax_ops, "_dtype_arg")   # (an iota's checks, then its data)
+  promotions = _counting(monkeypatch, numpy_elementwise, "_broadcast_shapes")
+  x = _ints((STEPS * 8, 128), 12)
+
+  def kernel(x_ref, o_ref, i_ref):
+    rows = lax.broadcasted_iota(jnp.int32, (8, 128), 0) + pl.program_id(0) * 8
+    cols = lax.broadcasted_iota(jnp.int32, (8, 128), 1)
+    o_ref[...] = jnp.where(cols <= rows, x_ref[...], -1e9)        # a causal mask
+    i_ref[...] = jnp.where(cols < 64, lax.broadcasted_iota(jnp.float32, (8, 128), 1), 2)
+
+  out, io = pl.pallas_call(
+      kernel, grid=(STEPS,),
+      out_shape=(pl.ShapeDtypeStruct(x.shape, x.dtype), pl.ShapeDtypeStruct(x.shape, np.float32)),
+      in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+      out_specs=(pl.BlockSpec((8, 128), lambda i: (i, 0)), pl.BlockSpec((8, 128), lambda i: (i, 0))))(x)
+  r, c = np.indices(x.shape)
+  np.testing.assert_array_equal(out, np.where(c <= r, x, np.float32(-1e9)))
+  np.testing.assert_array_equal(io, np.where(c < 64, c, 2).astype(np.float32))
+  assert iotas[0] == 3                    # three iotas (int32 rows, int32 cols, float32 cols), once each
+  # the two wheres' promotion and broadcasting once each (the elementwise ops take their fast paths)
+  assert promotions[0] == 2
+
+
+def test_a_kept_iota_never_answers_an_equal_dimension_of_another_type():
+  def run(dimension):
+    def kernel(o_ref):
+      o_ref[...] = lax.broadcasted_iota(jnp.int32, (8, 128), dimension)
+    return pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct((8, 128), np.int32))()
+  np.testing.assert_array_equal(run(1), np.indices((8, 128))[1])
+  with pytest.raises(pl.ShapeError, match="dimension"):
+    run(1.0)
