@@ -257,3 +257,22 @@ def test_a_kept_iota_never_answers_an_equal_dimension_of_another_type():
   np.testing.assert_array_equal(run(1), np.indices((8, 128))[1])
   with pytest.raises(pl.ShapeError, match="dimension"):
     run(1.0)
+
+
+def test_broadcasting_is_worked_out_once_per_shapes(monkeypatch):
+  from palace._src.lang import numpy_base
+  numpy_base._BROADCASTS.clear()
+  x = _ints((STEPS * 8, 128), 13)
+  numpys = _counting(monkeypatch, np, "broadcast_shapes")
+
+  def kernel(x_ref, o_ref):
+    v = x_ref[...]
+    o_ref[...] = v * jnp.max(v, axis=1, keepdims=True) - jnp.min(v, axis=0, keepdims=True)
+
+  out = pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct(x.shape, x.dtype), grid=(STEPS,),
+                       in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+                       out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)))(x)
+  b = x.reshape(STEPS, 8, 128)
+  want = b * b.max(axis=2, keepdims=True) - b.min(axis=1, keepdims=True)
+  np.testing.assert_array_equal(out, want.reshape(x.shape))
+  assert numpys[0] == 2   # ((8, 128), (8, 1)) and ((8, 128), (1, 128)), once each

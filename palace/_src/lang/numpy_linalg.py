@@ -32,7 +32,7 @@ def _mxu_f32(x, precision: str):
   (float32 only: mxu.rounds_to_bf16), bfloat16 widened by dtypes.bf16_to_f32, others cast."""
   d = x.dtype
   if d == _F32:
-    v = _np(x, _F32)
+    v = x._data   # (an Array: its float32 data as it is)
     return mxu.round_to_bf16_as_f32(v, np.empty(v.shape, np.float32)) if mxu.rounds_to_bf16(d, precision) \
         else v
   if d == dt.bfloat16 and x._data is not None:
