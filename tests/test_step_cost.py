@@ -49,9 +49,10 @@ def test_a_k_tiled_matmul_step_makes_few_python_calls(one_thread):
   _, calls = _counted_launch()
   per_step = sum(calls.values()) / STEPS
   # 190.6 calls a step (launch and end-of-launch GEMM bookkeeping included) until session 24, 158.1
-  # after it; session 25: every load, store and pl.when calls its one function (+6.75 a step), and
-  # a borrowed block's owners are found without a frame per lender (-8)
-  assert per_step <= 156, per_step
+  # after it (156.4 counted here); session 25: every load, store and pl.when calls its one function
+  # (+6.75 a step), a borrowed block's owners are found without a frame per lender (-8), the bf16
+  # rounding's NaN test and the dot's operand conversion make fewer calls: 153.6
+  assert per_step <= 154, per_step
   # jnp.dot's precision and result-type checks run once per kernel signature, not per step
   assert calls[mxu.precision_of.__code__] == 0 and calls[mxu.check.__code__] == 0
 
