@@ -176,7 +176,7 @@ class Ref:
 
   @property
   def nbytes(self) -> int:
-    return self.size * self.buf.dtype.itemsize
+    return prod(self.shape) * self.buf.dtype.itemsize
 
   def __len__(self):
     return self.shape[0]
