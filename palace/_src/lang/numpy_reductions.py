@@ -92,8 +92,9 @@ def _reduction(npfn, name, result="same"):
         raise ShapeError(f"jnp.{name} takes a single axis; got axis={axis}. Fix: pass one int axis (or "
                          f"reshape to merge the axes first).")
       ax = axes[0] if result == "index" else axes
-      if ex is not None and where is None:   # (kernels run under np.errstate(all="ignore"), set once per
-        data = _reduce(npfn, v, ax, keepdims, extra_args, name, ex)   # core by the machine)
+      # (kernels run under np.errstate(all="ignore"), set once per core by the machine)
+      if ex is not None and where is None:
+        data = _reduce(npfn, v, ax, keepdims, extra_args, name, ex)
       else:
         with contextlib.nullcontext() if ex is not None else np.errstate(all="ignore"), \
             warnings.catch_warnings() if where is not None else contextlib.nullcontext():
