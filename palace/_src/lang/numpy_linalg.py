@@ -21,7 +21,7 @@ from palace._src.errors import ShapeError, UsageError
 from palace._src.lang import deferred, mxu
 from palace._src.lang.array import Array, dtype_of, ready_of
 from palace._src.util import prod
-from palace._src.lang.numpy_base import _dtype_arg, _has_data, _np
+from palace._src.lang.numpy_base import _dtype_arg, _np
 from palace._src.lang.numpy_dtypes import _ScalarType
 from palace._src.lang.numpy_elementwise import multiply
 from palace._src.lang.numpy_shape import reshape, transpose
