@@ -23,13 +23,9 @@ def one_thread(monkeypatch):
   monkeypatch.setattr(blas, "_controllers", [])
 
 
-def _counted_launch():
-  """(output, Counter of code object -> calls) of the second of two identical launches."""
-  x = (np.arange(1024 * 1024) % 7 - 3).reshape(1024, 1024).astype(np.float32)
-
-  def run():
-    with pl.virtual_tpu("v5e"):
-      return tiled_matmul(x, x, 256)
+def _counted(run):
+  """(run(), Counter of code object -> Python calls made by that call), after a first call of `run`
+  (which warms the caches)."""
   run()
   calls = collections.Counter()
 
@@ -38,9 +34,20 @@ def _counted_launch():
       calls[frame.f_code] += 1
   sys.setprofile(profile)
   try:
-    z = run()
+    out = run()
   finally:
     sys.setprofile(None)
+  return out, calls
+
+
+def _counted_launch():
+  """(output, Counter of code object -> calls) of the second of two identical launches."""
+  x = (np.arange(1024 * 1024) % 7 - 3).reshape(1024, 1024).astype(np.float32)
+
+  def run():
+    with pl.virtual_tpu("v5e"):
+      return tiled_matmul(x, x, 256)
+  z, calls = _counted(run)
   np.testing.assert_array_equal(z, x @ x)   # (small integers: exact in bf16 and in any summation order)
   return z, calls
 
@@ -94,17 +101,7 @@ def test_a_manual_dma_start_makes_few_python_calls():
                      in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
                      scratch_shapes=[pltpu.VMEM((rows, 128), np.float32), pltpu.SemaphoreType.DMA])
   with pl.virtual_tpu("v5e"):
-    f(x)
-    calls = collections.Counter()
-
-    def profile(frame, event, arg):
-      if event == "call":
-        calls[frame.f_code] += 1
-    sys.setprofile(profile)
-    try:
-      out = f(x)
-    finally:
-      sys.setprofile(None)
+    out, calls = _counted(lambda: f(x))
   np.testing.assert_array_equal(out, x.reshape(n, rows, 128).sum(axis=0))
   assert calls[tpu_primitives.AsyncCopyDescriptor._used.__code__] == n
   assert calls[hbm_tiles.beyond.__code__] == 2 * n
