@@ -276,3 +276,22 @@ def test_broadcasting_is_worked_out_once_per_shapes(monkeypatch):
   want = b * b.max(axis=2, keepdims=True) - b.min(axis=1, keepdims=True)
   np.testing.assert_array_equal(out, want.reshape(x.shape))
   assert numpys[0] == 2   # ((8, 128), (8, 1)) and ((8, 128), (1, 128)), once each
+
+
+def test_einsum_parses_its_subscripts_once():
+  """One dimension-numbers tuple per subscripts: dot_general's identity-keyed memo finds it on every
+  later step (a fresh tuple per call missed it and was kept alive, up to 1024 of them)."""
+  numpy_linalg._EINSUMS.clear()
+  numpy_linalg._DIMENSION_NUMBERS.clear()
+  q, k = _ints((STEPS * 8, 128), 14), _ints((STEPS * 128, 128), 15)
+
+  def kernel(q_ref, k_ref, o_ref):
+    o_ref[...] = jnp.einsum("qd,kd->qk", q_ref[...], k_ref[...], preferred_element_type=jnp.float32)
+
+  out = pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct((STEPS * 8, 128), np.float32), grid=(STEPS,),
+                       in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0)),
+                                 pl.BlockSpec((128, 128), lambda i: (i, 0))],
+                       out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)))(q, k)
+  want = np.einsum("bqd,bkd->bqk", q.reshape(STEPS, 8, 128), k.reshape(STEPS, 128, 128))
+  np.testing.assert_array_equal(out, want.reshape(STEPS * 8, 128))
+  assert len(numpy_linalg._EINSUMS) == 1 and len(numpy_linalg._DIMENSION_NUMBERS) == 1

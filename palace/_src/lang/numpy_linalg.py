@@ -242,22 +242,34 @@ def matmul(a, b, *, precision=None, preferred_element_type=None):
                      preferred_element_type)
 
 
+# subscripts -> (dimension numbers, the result's transpose or None), one tuple object per subscripts:
+# dot_general's memo of dimension numbers is keyed by identity, and a fresh tuple per call missed it
+# every time (and kept each one alive, up to its 1024 entries)
+_EINSUMS: dict = {}
+
+
 def einsum(spec, *operands, precision=None, preferred_element_type=None, optimize=None):
   spec = spec.replace(" ", "")
   if "..." in spec or len(operands) != 2 or "->" not in spec:
     raise UsageError(f"jnp.einsum in kernels supports two operands with an explicit output ('ij,jk->ik');"
                      f" got {spec!r}. Fix: write the subscripts with '->', or use jnp.dot / lax.dot_general.")
-  ins, out = spec.split("->")
-  sa, sb = ins.split(",")
+  hit = _EINSUMS.get(spec)
+  if hit is None:
+    ins, out = spec.split("->")
+    sa, sb = ins.split(",")
+    batch = [c for c in sa if c in sb and c in out]
+    contract = [c for c in sa if c in sb and c not in out]
+    dims = ((tuple([sa.index(c) for c in contract]), tuple([sb.index(c) for c in contract])),
+            (tuple([sa.index(c) for c in batch]), tuple([sb.index(c) for c in batch])))
+    produced = batch + [c for c in sa if c not in sb] + [c for c in sb if c not in sa]
+    hit = (dims, None if produced == list(out) else [produced.index(c) for c in out])
+    if len(_EINSUMS) > 256:
+      _EINSUMS.clear()
+    _EINSUMS[spec] = hit
   a, b = _as_array(operands[0]), _as_array(operands[1])
-  batch = [c for c in sa if c in sb and c in out]
-  contract = [c for c in sa if c in sb and c not in out]
-  res = dot_general(a, b, ((tuple(sa.index(c) for c in contract), tuple(sb.index(c) for c in contract)),
-                           (tuple(sa.index(c) for c in batch), tuple(sb.index(c) for c in batch))),
-                    precision, preferred_element_type)
-  produced = batch + [c for c in sa if c not in sb] + [c for c in sb if c not in sa]
-  if produced != list(out):
-    res = transpose(res, [produced.index(c) for c in out])
+  res = dot_general(a, b, hit[0], precision, preferred_element_type)
+  if hit[1] is not None:
+    res = transpose(res, hit[1])
   return res
 
 
