@@ -1,8 +1,10 @@
 """palace as JAX's Pallas engine vs JAX's own TPU interpret mode, in one run (issue 17, acceptance 4).
 
 Needs JAX (`.venv-jax`): `PYTHONPATH=$PWD .venv-jax/bin/python -m benchmarks.jax_engine [--quick]
-[--only=NAME] [--floor] [--fixed] [--jax-dma=on_wait]` (`--only=basic:add` runs the kernels whose name
-contains that text; `--fixed` only issue 35's fixed set, `FIXED`, which `python -m benchmarks` runs; `--floor` prints instead, per parity kernel, the time left when palace's launch costs
+[--only=NAME] [--floor] [--fixed] [--calls] [--jax-dma=on_wait]` (`--only=basic:add` runs the kernels whose name
+contains that text; `--fixed` only issue 35's fixed set, `FIXED`, which `python -m benchmarks` runs;
+`--calls` counts instead the Python calls of one launch of each of them through palace's own API,
+`own_calls`); `--floor` prints instead, per parity kernel, the time left when palace's launch costs
 nothing: `floor_table`; JAX's side runs its DMAs eagerly, as palace's default does, unless
 `--jax-dma=on_wait`, JAX's default: `JAX_DMA_MODE`).
 Every parity kernel (tests/jax_parity/kernels, the multi-chip ones on 4 host devices) runs inside
@@ -248,6 +250,29 @@ def _time_in_host(jpl, kernel, x, reps) -> float:
   return min(inside)
 
 
+def own_calls(fname, build) -> int:
+  """Python calls (sys.setprofile call events of the launching thread: BLAS helpers run as the OS
+  schedules them) of the third launch of `build(module)` through palace's own API: deterministic for
+  a Python version, so two trees compare exactly on a busy machine (`PYTHONPATH=<tree> python -m
+  benchmarks.jax_engine --calls`)."""
+  own = harness.palace_module(fname)
+  calls = [0]
+
+  def profile(frame, event, arg):
+    if event == "call":
+      calls[0] += 1
+  with pl.virtual_tpu("v5e", num_chips=getattr(own, "NUM_DEVICES", 1)):
+    fn, args = build(own)
+    fn(*args)
+    fn(*args)
+    sys.setprofile(profile)
+    try:
+      fn(*args)
+    finally:
+      sys.setprofile(None)
+  return calls[0]
+
+
 def _table(title, rows, show_rows=True, target="target >= 30x"):
   """Print one table (or only its summary); returns the geomean ratios over JAX interpret mode
   (palace.jax, palace's own path)."""
@@ -328,6 +353,11 @@ def main(argv=None) -> None:
   wanted = lambda name: not only or any(o in name for o in only)  # noqa: E731
   if "--floor" in argv:
     floor_table(reps, wanted)
+    return
+  if "--calls" in argv:   # counted, not timed: issue 35's fixed set through palace's own API
+    for name, fname, build in FIXED:
+      if wanted(name):
+        print(f"{name:48s} {own_calls(fname, build):9,d} Python calls per launch (palace's own API)")
     return
   if "--fixed" in argv:   # issue 35's fixed set only, through both front ends
     _table("issue 35's fixed set (default BLAS threads unless the environment says otherwise)",

@@ -63,7 +63,10 @@ def beyond(ref) -> bool:
   if ref._full or getattr(ref, "_mapped", False) or len(ref.dims) != len(shape) or \
       not is_hbm(ref.buf.memory_space):
     return False
-  return any(type(d) is tuple and d[0] + d[1] > shape[k] for k, d in enumerate(ref.dims))
+  for k, d in enumerate(ref.dims):   # (a loop: no generator frame per dim, on every DMA's start)
+    if type(d) is tuple and d[0] + d[1] > shape[k]:
+      return True
+  return False
 
 
 def clipped(src, dst) -> tuple:

@@ -12,6 +12,7 @@ from palace._src.lang import numpy_ops as jnp
 from palace._src.errors import ShapeError, UnsupportedError
 from palace._src.lang.array import Array, concrete_int, ready_of
 from palace._src.lang.numpy_base import _BITS, _current_ex, _dtype_arg, _has_data, _is_arr, _np, _out
+from palace._src.lang.numpy_dtypes import _ScalarType
 from palace._src.lang.numpy_elementwise import _elementwise, int_div, int_rem
 from palace._src.lang.numpy_shape import _shape_op
 from palace._src.lang.numpy_linalg import dot_general  # noqa: F401
@@ -26,12 +27,32 @@ def select(pred, on_true, on_false):
   return jnp.where(pred, on_true, on_false)
 
 
+# (dtype argument, its type, shape, its entries' types, dimension, outside a kernel?) -> (shape, dtype,
+# data): broadcasted_iota's checked arguments and its read-only data, shared by every call with the
+# same key (a kernel's causal mask makes the same iotas every grid step); not for a dtype some chip lacks
+_IOTAS: dict = {}
+
+
 def broadcasted_iota(dtype, shape, dimension: int):
+  key = None
+  if type(shape) is tuple and type(dimension) is int:
+    key = (dtype.dtype if type(dtype) is _ScalarType else dtype, type(dtype), shape,
+           tuple(map(type, shape)), dimension, _current_ex() is None)
+    try:
+      hit = _IOTAS.get(key)
+    except TypeError:   # (an unhashable dtype argument: checked below)
+      key = hit = None
+    if hit is not None:
+      return _out(hit[2], hit[0], hit[1], 0, OpClass.CHEAP, False)
   shape = validate.as_dims(shape, "lax.broadcasted_iota shape", error=ShapeError)
   dimension = validate.as_int(dimension, "lax.broadcasted_iota dimension", error=ShapeError)
   d = _dtype_arg(dtype, "lax.broadcasted_iota")
   data = np.broadcast_to(np.arange(shape[dimension], dtype=d).reshape(
-      [-1 if i == dimension else 1 for i in range(len(shape))]), shape)
+      [-1 if i == dimension else 1 for i in range(len(shape))]), shape)   # (a read-only view)
+  if key is not None and d not in dt.CHIP_DEPENDENT:
+    if len(_IOTAS) > 256:
+      _IOTAS.clear()
+    _IOTAS[key] = (shape, d, data)
   return _out(data, shape, d, 0, OpClass.CHEAP, False)
 
 

@@ -185,7 +185,7 @@ def round_to_bf16_as_f32(v: np.ndarray, out: np.ndarray) -> np.ndarray:
   np.add(o, _HALF_MINUS_ONE, out=o)
   np.add(o, u, out=o)
   np.bitwise_and(o, _HIGH_HALF, out=o)
-  if np.isnan(np.max(v)):   # (max propagates NaN: one read pass when there is none)
+  if np.isnan(np.maximum.reduce(v, axis=None)):   # (max propagates NaN: one read pass when there is none)
     nan = np.isnan(v)
     o[nan] = (u[nan] & _SIGN) | _QUIET_NAN
   return out

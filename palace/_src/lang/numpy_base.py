@@ -135,6 +135,9 @@ def _has_data(*xs):
 
 
 
+_BROADCASTS: dict = {}   # operand shapes -> their broadcast shape (a memo of NumPy's rule)
+
+
 def _broadcast_shapes(name: str, args) -> tuple:
   shapes = [_shape_of(a) for a in args]
   first = shapes[0]
@@ -143,8 +146,16 @@ def _broadcast_shapes(name: str, args) -> tuple:
       break
   else:   # all equal (scalar code: index arithmetic, selects): nothing to broadcast
     return tuple(first)
+  key = tuple(shapes)
+  hit = _BROADCASTS.get(key)
+  if hit is not None:
+    return hit
   try:
-    return np.broadcast_shapes(*shapes)
+    hit = np.broadcast_shapes(*shapes)
+    if len(_BROADCASTS) > 1024:
+      _BROADCASTS.clear()
+    _BROADCASTS[key] = hit
+    return hit
   except ValueError:
     ex = executor.maybe_current()
     raise ShapeError(f"Incompatible shapes for jnp.{name}{' ' + ex.where() if ex else ''}: "

@@ -16,7 +16,7 @@ from palace._src import executor, validate
 from palace._src.executor import OpClass
 from palace._src.errors import ShapeError, UnsupportedError, UsageError
 from palace._src.lang import deferred
-from palace._src.lang.array import Array, dtype_of, promotion_type, ready_of, weakly_typed
+from palace._src.lang.array import Array, WeakArray, dtype_of, promotion_type, ready_of, weakly_typed
 from palace._src.lang.deferred import Deferred
 from palace._src.lang.int_rejects import VECTOR_INT_REJECTS, refusal, scalar_mlir_op
 from palace._src.lang.numpy_dtypes import _FLUSHED, _flush
@@ -631,13 +631,33 @@ def _erf(x):
 erf = _elementwise(_erf, OpClass.TRANSCENDENTAL, "float", name="erf")
 
 
+# (each operand's type, shape, and x's and y's dtypes) -> (result dtype, shape): a memo of where's type
+# promotion and broadcasting for kernel values and Python scalars (a causal mask's jnp.where(mask, s,
+# -inf) runs every grid step)
+_WHERES: dict = {}
+_WHERE_KINDS = frozenset({Array, WeakArray, bool, int, float})
+
+
 def where(condition, x=None, y=None):
   """`jnp.where(c, x, y)` (the one-argument form is not available in kernels)."""
   if x is None or y is None:
     raise UsageError("jnp.where(condition) with one argument has a data-dependent shape. Fix: pass x "
                      "and y, jnp.where(condition, x, y).")
-  rt = dt.result_type(promotion_type(x), promotion_type(y))
-  shape = _broadcast_shapes("where", (condition, x, y))
+  tc, tx, ty = type(condition), type(x), type(y)
+  key = None
+  if tc in _WHERE_KINDS and tx in _WHERE_KINDS and ty in _WHERE_KINDS:   # (not NumPy values)
+    key = (tc, tx, ty, getattr(condition, "shape", None), getattr(x, "shape", None),
+           getattr(y, "shape", None), getattr(x, "dtype", None), getattr(y, "dtype", None))
+    hit = _WHERES.get(key)
+  if key is not None and hit is not None:
+    rt, shape = hit
+  else:
+    rt = dt.result_type(promotion_type(x), promotion_type(y))
+    shape = _broadcast_shapes("where", (condition, x, y))
+    if key is not None:
+      if len(_WHERES) > 1024:
+        _WHERES.clear()
+      _WHERES[key] = (rt, shape)
   data = None
   ex = executor.maybe_current()
   if not (ex is not None and ex.timing_only and shape) and _has_data(condition, x, y):

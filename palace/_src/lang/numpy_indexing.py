@@ -74,14 +74,56 @@ def _check_static(shape, idx) -> None:
       axis += 1
 
 
+def plain_index(t: tuple):
+  """The index `t` with each `:` as None, a memo key on every Python (slices are unhashable before
+  3.12), or None when it holds a slice with bounds (their types are not in the index's, and 1.0 == 1:
+  such an index is never a memo key). Keys also hold the entries' types, so a None that was `:` stays
+  apart from a None that is a new axis."""
+  plain = []
+  for i in t:
+    if type(i) is slice:
+      if i.start is not None or i.stop is not None or i.step is not None:
+        return None
+      i = None
+    plain.append(i)
+  return tuple(plain)
+
+
+# (value shape, index with each ':' as None, index types, dtype) -> (index, result shape, how): a memo of
+# _array_getitem's checks for indices of ints, None, '...' and ':' (a bounded slice's bounds are not in
+# its type, and 1.0 == 1: such indices are checked every time); `how` is "reshape", "free" or "xlu"
+_GETITEMS: dict = {}
+_MEMO_KINDS = frozenset({int, slice, type(None), type(Ellipsis)})
+
+
 def _array_getitem(self, idx):
   """Static indexing of a value (slices, ints, None, Ellipsis); dynamic indices need refs + pl.ds.
   Costs an XLU relayout, unless it only selects whole vregs (`_whole_vregs`): then nothing."""
+  t = idx if type(idx) is tuple else (idx,)
+  kinds = tuple(map(type, t))
+  key = None
+  if _MEMO_KINDS.issuperset(kinds):   # (`m[:, None]` on every grid step of a kernel)
+    plain = plain_index(t) if slice in kinds else t
+    if plain is not None:
+      key = (self.shape, plain, kinds, self.dtype)
+      hit = _GETITEMS.get(key)
+      if hit is not None:
+        idx, shape, how = hit
+        if how == "reshape":
+          return reshape(self, shape)
+        return _shape_op(self, lambda v: v[idx], shape, OpClass.FREE if how == "free" else OpClass.XLU)
   idx, shape = _static_index(self.shape, idx)
   if all(i is None or i is Ellipsis or i == slice(None) for i in idx) and None in idx:
-    return reshape(self, shape)   # only new unit axes (x[:, None]): a reshape, costed as one
-  free = _whole_vregs(self.shape, idx, dt.packing(self.dtype))
-  return _shape_op(self, lambda v: v[idx], shape, OpClass.FREE if free else OpClass.XLU)
+    how = "reshape"   # only new unit axes (x[:, None]): a reshape, costed as one
+  else:
+    how = "free" if _whole_vregs(self.shape, idx, dt.packing(self.dtype)) else "xlu"
+  if key is not None:
+    if len(_GETITEMS) > 1024:
+      _GETITEMS.clear()
+    _GETITEMS[key] = (idx, shape, how)
+  if how == "reshape":
+    return reshape(self, shape)
+  return _shape_op(self, lambda v: v[idx], shape, OpClass.FREE if how == "free" else OpClass.XLU)
 
 
 def _whole_vregs(shape, idx, pack: int) -> bool:

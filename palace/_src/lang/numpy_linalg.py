@@ -21,24 +21,23 @@ from palace._src.errors import ShapeError, UsageError
 from palace._src.lang import deferred, mxu
 from palace._src.lang.array import Array, dtype_of, ready_of
 from palace._src.util import prod
-from palace._src.lang.numpy_base import _dtype_arg, _has_data, _np
+from palace._src.lang.numpy_base import _dtype_arg, _np
+from palace._src.lang.numpy_dtypes import _ScalarType
 from palace._src.lang.numpy_elementwise import multiply
 from palace._src.lang.numpy_shape import reshape, transpose
 
 
-def _f32(x):
-  """Operand as float32 (bfloat16 by dtypes.bf16_to_f32)."""
-  if x.dtype == dt.bfloat16 and x._data is not None:
-    return dt.bf16_to_f32(x._data)
-  return _np(x, np.dtype(np.float32))
-
-
 def _mxu_f32(x, precision: str):
-  """A float operand as float32 the way the MXU reads it: rounded to bfloat16 at the default precision."""
-  if mxu.rounds_to_bf16(x.dtype, precision):
-    v = _np(x, np.dtype(np.float32))
-    return mxu.round_to_bf16_as_f32(v, np.empty(v.shape, np.float32))
-  return _f32(x)
+  """A float operand as float32 the way the MXU reads it: rounded to bfloat16 at the default precision
+  (float32 only: mxu.rounds_to_bf16), bfloat16 widened by dtypes.bf16_to_f32, others cast."""
+  d = x.dtype
+  if d == _F32:
+    v = x._data   # (an Array: its float32 data as it is)
+    return mxu.round_to_bf16_as_f32(v, np.empty(v.shape, np.float32)) if mxu.rounds_to_bf16(d, precision) \
+        else v
+  if d == dt.bfloat16 and x._data is not None:
+    return dt.bf16_to_f32(x._data)
+  return _np(x, _F32)
 
 
 def _mxu_operands(a, b, k: int, precision: str = mxu.HIGHEST):
@@ -87,26 +86,31 @@ def _as_array(x):
   return Array(v, v.shape, dtype_of(v), 0)
 
 
+_F32 = np.dtype(np.float32)
 _DOT_TYPES: dict = {}   # memo of _dot_types' answers (a pure function of its key)
 
 
-def _dot_types(a_dtype, b_dtype, precision, preferred_element_type) -> tuple:
-  """(precision, result dtype) of `jnp.dot(a, b, precision=, preferred_element_type=)`, raising what
-  Mosaic rejects (mxu.precision_of, mxu.check, numpy_base._dtype_arg). Memoised: a kernel's dot passes
-  the same types every grid step, and these checks are ~10 Python calls. The answer depends only on the
-  key (types included, so that values equal across types never share an entry), except for a result
-  dtype some chip lacks (dtypes.CHIP_DEPENDENT), which is checked on every call; errors are not kept."""
-  key = (a_dtype, b_dtype, precision, type(precision), preferred_element_type, type(preferred_element_type))
+def _dot_types(a_dtype, b_dtype, precision, preferred_element_type, site: str = "jnp.dot") -> tuple:
+  """(precision, result dtype) of `jnp.dot(a, b, precision=, preferred_element_type=)` (or of the
+  `site` named, lax.dot_general), raising what Mosaic rejects (mxu.precision_of, mxu.check,
+  numpy_base._dtype_arg). Memoised: a kernel's dot passes the same types every grid step, and these
+  checks are ~10 Python calls. The answer depends only on the key (types included, so that values
+  equal across types never share an entry), except for a result dtype some chip lacks
+  (dtypes.CHIP_DEPENDENT), which is checked on every call; errors are not kept (so each names its
+  own site)."""
+  pet = preferred_element_type   # (jnp.float32 & co. keyed by their dtype: their hash is Python code)
+  key = (a_dtype, b_dtype, precision, type(precision), pet.dtype if type(pet) is _ScalarType else pet,
+         type(pet))
   try:
     hit = _DOT_TYPES.get(key)
   except TypeError:   # an unhashable argument (a precision list): checked every time
     key, hit = None, None
   if hit is not None:
     return hit
-  prec = mxu.precision_of(precision)
+  prec = mxu.precision_of(precision, site)
   out_d = dt.result_type(a_dtype, b_dtype) if preferred_element_type is None else \
       _dtype_arg(preferred_element_type, "preferred_element_type")
-  mxu.check(a_dtype, b_dtype, out_d, prec)
+  mxu.check(a_dtype, b_dtype, out_d, prec, site)
   if key is not None and out_d not in dt.CHIP_DEPENDENT:
     if len(_DOT_TYPES) > 1024:
       _DOT_TYPES.clear()
@@ -143,38 +147,56 @@ def _dimension_numbers(dimension_numbers, nda: int, ndb: int) -> tuple:
   return dims
 
 
+_DOT_SHAPES: dict = {}   # memo of _dot_shapes' answers (a pure function of its key)
+
+
+def _dot_shapes(a_shape, b_shape, dims) -> tuple:
+  """(lhs free dims, rhs free dims, batch, m, n, k, output shape, plain) of a dot_general of these
+  shapes with normalised dimension numbers `dims` (`_dimension_numbers`), `plain`: the (m,k)@(k,n)
+  product. Memoised (a kernel's dot_general has the same shapes every grid step); raises ShapeError
+  when the contracting dimensions differ."""
+  key = (a_shape, b_shape, dims)
+  hit = _DOT_SHAPES.get(key)
+  if hit is not None:
+    return hit
+  lc, rc, lb, rb = dims
+  for i, j in zip(lc, rc):
+    if a_shape[i] != b_shape[j]:
+      raise ShapeError(f"dot_general contracting dimensions differ: lhs {a_shape} dim {i} vs rhs "
+                       f"{b_shape} dim {j}. Fix: transpose an operand or choose matching "
+                       f"contracting dimensions.")
+  lf = tuple([i for i in range(len(a_shape)) if i not in lc and i not in lb])
+  rf = tuple([i for i in range(len(b_shape)) if i not in rc and i not in rb])
+  out_shape = tuple([a_shape[i] for i in lb] + [a_shape[i] for i in lf] + [b_shape[i] for i in rf])
+  plain = len(a_shape) == 2 and len(b_shape) == 2 and not lb and lc == (1,) and rc == (0,)
+  hit = (lf, rf, prod([a_shape[i] for i in lb]), prod([a_shape[i] for i in lf]),
+         prod([b_shape[i] for i in rf]), prod([a_shape[i] for i in lc]), out_shape, plain)
+  if len(_DOT_SHAPES) > 1024:
+    _DOT_SHAPES.clear()
+  _DOT_SHAPES[key] = hit
+  return hit
+
+
 def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
   """`lax.dot_general`: ((lhs_contract, rhs_contract), (lhs_batch, rhs_batch))."""
-  a, b = _as_array(lhs), _as_array(rhs)
-  prec = mxu.precision_of(precision, "lax.dot_general")
-  lc, rc, lb, rb = _dimension_numbers(dimension_numbers, a.ndim, b.ndim)
-  for i, j in zip(lc, rc):
-    if a.shape[i] != b.shape[j]:
-      raise ShapeError(f"dot_general contracting dimensions differ: lhs {a.shape} dim {i} vs rhs "
-                       f"{b.shape} dim {j}. Fix: transpose an operand or choose matching "
-                     f"contracting dimensions.")
-  if a.ndim == 2 and b.ndim == 2 and not lb and lc == (1,) and rc == (0,) and \
-      a.shape[1] == b.shape[0] and executor.maybe_current() is not None:
-    return dot(a, b, precision=prec, preferred_element_type=preferred_element_type)  # may defer
-  lf = [i for i in range(a.ndim) if i not in lc and i not in lb]
-  rf = [i for i in range(b.ndim) if i not in rc and i not in rb]
-  bsz = prod(a.shape[i] for i in lb)
-  m = prod(a.shape[i] for i in lf)
-  n = prod(b.shape[i] for i in rf)
-  k = prod(a.shape[i] for i in lc)
-  out_shape = [a.shape[i] for i in lb] + [a.shape[i] for i in lf] + [b.shape[i] for i in rf]
-  out_d = _matmul_dtype(a, b, preferred_element_type)
-  mxu.check(a.dtype, b.dtype, out_d, prec, "lax.dot_general")
-  data = None
+  a = lhs if type(lhs) is Array else _as_array(lhs)
+  b = rhs if type(rhs) is Array else _as_array(rhs)
+  prec, out_d = _dot_types(a.dtype, b.dtype, precision, preferred_element_type, "lax.dot_general")
+  dims = _dimension_numbers(dimension_numbers, len(a.shape), len(b.shape))
+  lf, rf, bsz, m, n, k, out_shape, plain = _dot_shapes(a.shape, b.shape, dims)
   ex = executor.maybe_current()
-  if not (ex is not None and ex.timing_only) and _has_data(a, b):
+  if plain and ex is not None:
+    return dot(a, b, precision=prec, preferred_element_type=preferred_element_type)  # may defer
+  data = None
+  if not (ex is not None and ex.timing_only) and a._data is not None and b._data is not None:
     va, vb = _mxu_operands(a, b, k, prec)
     chip_order = mxu.follows_chip(a.dtype, b.dtype, prec)
-    if a.ndim == 2 and b.ndim == 2 and not lb and lc == (1,) and rc == (0,):
+    if plain:
       data = _product(va, vb, chip_order)  # the plain (m,k)@(k,n) product: no relayout
     else:
-      va = np.transpose(va, list(lb) + lf + list(lc)).reshape(bsz, m, k)
-      vb = np.transpose(vb, list(rb) + list(rc) + rf).reshape(bsz, k, n)
+      lc, rc, lb, rb = dims
+      va = va.transpose(lb + lf + lc).reshape(bsz, m, k)
+      vb = vb.transpose(rb + rc + rf).reshape(bsz, k, n)
       data = _product(va, vb, chip_order).reshape(out_shape)
   return _finish_matmul(a, b, data, out_shape, out_d, m, k, n, bsz)
 
@@ -220,22 +242,34 @@ def matmul(a, b, *, precision=None, preferred_element_type=None):
                      preferred_element_type)
 
 
+# subscripts -> (dimension numbers, the result's transpose or None), one tuple object per subscripts:
+# dot_general's memo of dimension numbers is keyed by identity, and a fresh tuple per call missed it
+# every time (and kept each one alive, up to its 1024 entries)
+_EINSUMS: dict = {}
+
+
 def einsum(spec, *operands, precision=None, preferred_element_type=None, optimize=None):
   spec = spec.replace(" ", "")
   if "..." in spec or len(operands) != 2 or "->" not in spec:
     raise UsageError(f"jnp.einsum in kernels supports two operands with an explicit output ('ij,jk->ik');"
                      f" got {spec!r}. Fix: write the subscripts with '->', or use jnp.dot / lax.dot_general.")
-  ins, out = spec.split("->")
-  sa, sb = ins.split(",")
+  hit = _EINSUMS.get(spec)
+  if hit is None:
+    ins, out = spec.split("->")
+    sa, sb = ins.split(",")
+    batch = [c for c in sa if c in sb and c in out]
+    contract = [c for c in sa if c in sb and c not in out]
+    dims = ((tuple([sa.index(c) for c in contract]), tuple([sb.index(c) for c in contract])),
+            (tuple([sa.index(c) for c in batch]), tuple([sb.index(c) for c in batch])))
+    produced = batch + [c for c in sa if c not in sb] + [c for c in sb if c not in sa]
+    hit = (dims, None if produced == list(out) else [produced.index(c) for c in out])
+    if len(_EINSUMS) > 256:
+      _EINSUMS.clear()
+    _EINSUMS[spec] = hit
   a, b = _as_array(operands[0]), _as_array(operands[1])
-  batch = [c for c in sa if c in sb and c in out]
-  contract = [c for c in sa if c in sb and c not in out]
-  res = dot_general(a, b, ((tuple(sa.index(c) for c in contract), tuple(sb.index(c) for c in contract)),
-                           (tuple(sa.index(c) for c in batch), tuple(sb.index(c) for c in batch))),
-                    precision, preferred_element_type)
-  produced = batch + [c for c in sa if c not in sb] + [c for c in sb if c not in sa]
-  if produced != list(out):
-    res = transpose(res, [produced.index(c) for c in out])
+  res = dot_general(a, b, hit[0], precision, preferred_element_type)
+  if hit[1] is not None:
+    res = transpose(res, hit[1])
   return res
 
 

@@ -77,8 +77,8 @@ def _reduction(npfn, name, result="same"):
       out_d = _F32
     else:
       out_d = in_d
-    out_shape = tuple((1 if i in axes else s) for i, s in enumerate(shape)) if keepdims else \
-        tuple(s for i, s in enumerate(shape) if i not in axes)
+    out_shape = tuple([(1 if i in axes else s) for i, s in enumerate(shape)]) if keepdims else \
+        tuple([s for i, s in enumerate(shape) if i not in axes])
     data = None
     ex = executor.maybe_current()
     if not (ex is not None and ex.timing_only and out_shape) and _has_data(a, where, initial):
@@ -91,16 +91,16 @@ def _reduction(npfn, name, result="same"):
       if result == "index" and len(axes) != 1:
         raise ShapeError(f"jnp.{name} takes a single axis; got axis={axis}. Fix: pass one int axis (or "
                          f"reshape to merge the axes first).")
+      ax = axes[0] if result == "index" else axes
       # (kernels run under np.errstate(all="ignore"), set once per core by the machine)
-      with contextlib.nullcontext() if ex is not None else np.errstate(all="ignore"), \
-          warnings.catch_warnings() if where is not None else contextlib.nullcontext():
-        if where is not None:   # an empty mask makes a NaN mean, silently as in JAX
-          warnings.simplefilter("ignore", RuntimeWarning)
-        try:
-          data = npfn(v, axis=axes[0] if result == "index" else axes, keepdims=keepdims, **extra_args)
-        except ValueError as e:   # e.g. max with a where mask and no initial (JAX raises ValueError too)
-          raise ShapeError(f"jnp.{name}{' ' + ex.where() if ex else ''}: {e}. Fix: pass initial= with "
-                           f"where= for max / min (there is no identity). ({user_frame_summary()})") from None
+      if ex is not None and where is None:
+        data = _reduce(npfn, v, ax, keepdims, extra_args, name, ex)
+      else:
+        with contextlib.nullcontext() if ex is not None else np.errstate(all="ignore"), \
+            warnings.catch_warnings() if where is not None else contextlib.nullcontext():
+          if where is not None:   # an empty mask makes a NaN mean, silently as in JAX
+            warnings.simplefilter("ignore", RuntimeWarning)
+          data = _reduce(npfn, v, ax, keepdims, extra_args, name, ex)
       data = np.asarray(data).astype(out_d, copy=False)
     cls = _reduce_class(axes, len(shape))
     ready = ready_of(a, where, initial)
@@ -128,6 +128,15 @@ argmax = _reduction(np.argmax, "argmax", "index")
 argmin = _reduction(np.argmin, "argmin", "index")
 any = _reduction(np.any, "any", "bool")  # noqa: A001
 all = _reduction(np.all, "all", "bool")  # noqa: A001
+
+
+def _reduce(npfn, v, axis, keepdims: bool, extra_args: dict, name: str, ex):
+  """`npfn(v, axis=, keepdims=, **extra_args)`, a ValueError raised as palace's ShapeError."""
+  try:
+    return npfn(v, axis=axis, keepdims=keepdims, **extra_args)
+  except ValueError as e:   # e.g. max with a where mask and no initial (JAX raises ValueError too)
+    raise ShapeError(f"jnp.{name}{' ' + ex.where() if ex else ''}: {e}. Fix: pass initial= with "
+                     f"where= for max / min (there is no identity). ({user_frame_summary()})") from None
 
 
 def _promoted_int(d: np.dtype) -> np.dtype:

@@ -22,6 +22,11 @@ _IMPORTED = frozenset(globals())  # names above are imports, not this module's A
 
 
 def _shape_op(a, fn, out_shape, op_class=OpClass.CHEAP):
+  if type(a) is Array:   # (a kernel value, the common case: the general path below without its helpers)
+    data = a._data
+    ex = executor.maybe_current()
+    data = None if data is None or (ex is not None and ex.timing_only) else fn(data)
+    return _out(data, tuple(out_shape), a.dtype, a._ready if a._ready > 0 else 0, op_class, True)
   data = None
   ex = executor.maybe_current()
   if not (ex is not None and ex.timing_only) and _has_data(a):
@@ -30,9 +35,26 @@ def _shape_op(a, fn, out_shape, op_class=OpClass.CHEAP):
   return _out(data, tuple(out_shape), d, ready_of(a), op_class, _is_arr(a))
 
 
+_RESHAPES: dict = {}   # (shape, requested shape, its element types, dtype, lane-replicated) -> (new
+                       # shape, free, lanes): a memo of reshape's checks and costing for kernel values
+
+
 def reshape(a, *shape, order="C"):
   if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
     shape = tuple(shape[0])
+  key = None
+  if type(a) is Array:   # (a kernel reshapes the same shapes every grid step: `x[:, None]`, `m.reshape(...)`)
+    key = (a.shape, shape, tuple(map(type, shape)), a.dtype, a._lanes)
+    try:
+      hit = _RESHAPES.get(key)
+    except TypeError:   # (a runtime value in the shape: the checks below raise)
+      key = hit = None
+    if hit is not None:
+      new, free, lanes = hit
+      out = _shape_op(a, lambda v: v.reshape(new), new, OpClass.FREE if free else OpClass.XLU)
+      if lanes:
+        out._lanes = True
+      return out
   src = _shape_of(a)
   n = prod(src)
   shape = [validate.as_int(s, f"reshape shape[{i}]", min_value=-1, error=ShapeError)
@@ -59,6 +81,10 @@ def reshape(a, *shape, order="C"):
       src[-2] == shape[-2] or (src[-2] % rows == 0 and shape[-2] % rows == 0))) or \
       (src and shape and src[-1] == shape[-1] and (len(src) == 1 or len(shape) == 1) and
        prod(src[:-1]) == 1 and prod(shape[:-1]) == 1)
+  if key is not None:
+    if len(_RESHAPES) > 1024:
+      _RESHAPES.clear()
+    _RESHAPES[key] = (shape, bool(free), bool(lanes))
   out = _shape_op(a, lambda v: v.reshape(shape), shape, OpClass.FREE if free else OpClass.XLU)
   if lanes and type(out) is Array:
     out._lanes = True
@@ -160,8 +186,21 @@ def tile(a, reps):
   s = _shape_of(a)
   full_reps = (1,) * (len(s) - len(reps)) + reps if len(reps) < len(s) else reps
   s2 = (1,) * (len(full_reps) - len(s)) + tuple(s)
-  out = tuple(x * r for x, r in zip(s2, full_reps))
-  return _shape_op(a, lambda v: np.tile(v, reps), out, OpClass.CHEAP)
+  out = tuple([x * r for x, r in zip(s2, full_reps)])
+  return _shape_op(a, lambda v: _tiled(v, s2, full_reps, out), out, OpClass.CHEAP)
+
+
+def _tiled(v: np.ndarray, shape, reps, out_shape) -> np.ndarray:
+  """`np.tile(v, reps)` (`shape`: v's shape with unit dims in front to the rank of `reps`, given in
+  full): one broadcasting copy into the result viewed as (reps[0], shape[0], reps[1], shape[1], ...),
+  without np.tile's Python layers (a repeat per axis; jnp.tile runs on many kernels' grid steps)."""
+  pairs, ones = [], []
+  for r, n in zip(reps, shape):
+    pairs += (r, n)
+    ones += (1, n)
+  out = np.empty(out_shape, v.dtype)
+  out.reshape(pairs)[...] = v.reshape(ones)
+  return out
 
 
 def repeat(a, repeats, axis=None):

@@ -84,13 +84,19 @@ def at_grid_point(indices, sizes, f, *args):
 
 # ------------------------------------------------------------------ control flow
 def _truth(cond) -> bool:
+  """The Python bool of a branch condition, charging the scalar op that tests it. Its common cases
+  (a bool scalar Array, what `pl.program_id(0) == 0` gives; a Python bool) are tested first, without a
+  call: `pl.when` runs it once or twice on every grid step."""
   ex = _current_ex()
   if ex is not None:
     ex.scalar_op()
-  if type(cond) is bool:
+  t = type(cond)
+  if t is Array:
+    data = cond._data
+    if type(data) is np.bool_:
+      return True if data else False
+  elif t is bool:
     return cond
-  if type(cond) is Array and type(cond._data) is np.bool_:
-    return bool(cond._data)
   v = concrete_value(cond, "condition")
   if type(v) is np.bool_:
     return bool(v)
@@ -106,15 +112,8 @@ def when(condition):
   """Decorator: run the function only when `condition` holds (a Python bool or a runtime scalar)."""
 
   def deco(f):
-    if type(condition) is Array and type(condition._data) is np.bool_:   # (_truth's common case)
-      ex = _current_ex()
-      if ex is not None:
-        ex.scalar_op()
-      if condition._data:
-        f()
-    elif _truth(condition):
+    if _truth(condition):
       f()
-    return None
 
   return deco
 

@@ -29,7 +29,7 @@ from palace._src.lang import hbm_tiles, numpy_dtypes, ref_maps
 from palace._src.lang.array import Array, WeakArray, concrete_int
 from palace._src.lang.deferred import Deferred
 from palace._src.lang.indexed import is_index_source, make_indexed
-from palace._src.lang.numpy_indexing import _where
+from palace._src.lang.numpy_indexing import _where, plain_index
 from palace._src.util import describe_dims, prod, user_frame_summary
 
 
@@ -81,6 +81,18 @@ class _AtIndexer:
 
 _FULL_DIMS: dict = {}   # buffer shape -> the dims of its whole view (a cache of a pure function)
 _STATIC_BOUND = (int, type(None))   # slice bound types that are certainly not runtime values
+# Composed static indices of refs (Ref._target): (HBM or not, dtype and shape of the buffer, view
+# dims, index, index types, bounds checked) -> the view's parts, or (dims,) for one element. A cache
+# of a pure function of its key (an index that raises is never kept), cleared past _VIEWS_MAX entries.
+_VIEWS: dict = {}
+_VIEWS_MAX = 4096
+_STATIC_KINDS = frozenset({int, Slice, slice, type(Ellipsis)})
+
+
+def _remember_view(key, parts) -> None:
+  if len(_VIEWS) >= _VIEWS_MAX:
+    _VIEWS.clear()
+  _VIEWS[key] = parts
 
 
 def _np_index_of(dims) -> tuple:
@@ -164,7 +176,7 @@ class Ref:
 
   @property
   def nbytes(self) -> int:
-    return self.size * self.buf.dtype.itemsize
+    return prod(self.shape) * self.buf.dtype.itemsize
 
   def __len__(self):
     return self.shape[0]
@@ -186,7 +198,8 @@ class Ref:
 
   # ---- views ----
   def _view(self, idx) -> "Ref":
-    return Ref(self.buf, self._compose(idx))
+    view, index, _ = self._target(idx)
+    return Ref(self.buf, index) if view is None else view   # (an element: a 0-d view of it)
 
   def _index_site(self, idx, axis: int) -> str:
     """`x_ref[200:208, :]` (axis 0 of args[0], shape (128, 256), VMEM) at grid point ... line: the
@@ -285,23 +298,59 @@ class Ref:
           f"({user_frame_summary()})")
 
   def _target(self, idx) -> tuple:
-    """(view, NumPy index, shape) of what `self[idx]` loads or stores. An index that selects one
-    element makes no view (None): its composed dims are its NumPy index. Kernels read and write SMEM
-    scalars at a new index on nearly every grid step, where a view would be built for one access."""
-    if idx is Ellipsis or (isinstance(idx, tuple) and not idx):
+    """(view, NumPy index, shape) of what `self[idx]` loads or stores. A whole-ref index (`...`, what
+    nearly every load and store of a pipelined block uses) is tested first and answered from the ref's
+    own fields. An index that selects one element makes no view (None): its composed dims are its NumPy
+    index. Kernels read and write SMEM scalars at a new index on nearly every grid step, where a view
+    would be built for one access. A static index (Python ints, `pl.ds` with an int start, `:`, `...`:
+    `q_ref[b, h]` in a kernel body every grid step, `x_hbm.at[pl.ds(k * n, n)]` for a DMA) is composed
+    once per (HBM or not, dtype and shape of the buffer, view, index, index types, bounds-check
+    setting): `_VIEWS`."""
+    if idx is Ellipsis or (type(idx) is tuple and not idx):
       return self, self._np_index, self.shape
-    dims = None if self._mapped else self._compose(idx)   # (a mapped view has an element map)
-    if dims is None or tuple in map(type, dims):
-      view = self._view(idx) if dims is None else Ref(self.buf, dims)
+    if self._mapped:   # (a mapped view has an element map)
+      view = self._view(idx)
       return view, view._np_index, view.shape
+    buf = self.buf
+    t = idx if type(idx) is tuple else (idx,)
+    kinds = tuple(map(type, t))
+    key = None
+    # (only exact ints, int-start pl.ds, `:` and `...`: a slice's bounds are not in `kinds`, and
+    # 1.0 == 1, so a slice other than `:` is composed every time and its bounds checked as written)
+    static = _STATIC_KINDS.issuperset(kinds)
+    if static and slice in kinds:   # (each `:` keyed as None)
+      t = plain_index(t)
+      static = t is not None
+    if static:
+      ex = _current_ex()
+      # (whether the buffer is in HBM, its dtype and shape: an HBM dim may reach into its tile padding)
+      space = buf.memory_space
+      key = (space is _HBM or space is _ANY, buf.dtype, buf.shape, self.dims, t, kinds,
+             True if ex is None else ex.bounds_checks)
+      try:
+        hit = _VIEWS.get(key)
+      except TypeError:   # a pl.ds with a runtime start
+        hit = key = None
+      if hit is not None:
+        if len(hit) == 1:
+          return None, hit[0], ()
+        view = Ref.from_parts(buf, hit)
+        return view, view._np_index, view.shape
+    dims = self._compose(idx)
+    if tuple in map(type, dims):
+      view = Ref(buf, dims)
+      if key is not None:
+        _remember_view(key, view.parts())
+      return view, view._np_index, view.shape
+    if key is not None:
+      _remember_view(key, (dims,))
     return None, dims, ()
 
   def __getitem__(self, idx):
     ex = _current_ex()
     if ex is None:
       return self._host_get(idx)
-    # (a whole-ref load, `x_ref[...]`, the common case: _target's first answer without its call)
-    view, index, shape = (self, self._np_index, self.shape) if idx is Ellipsis else self._target(idx)
+    view, index, shape = self._target(idx)
     buf = self.buf
     if buf.memory_space is not _VMEM and (view is not None or buf.memory_space is not _SMEM):
       (Ref(buf, index) if view is None else view)._check_access("Load", not shape)
@@ -360,7 +409,7 @@ class Ref:
     ex = _current_ex()
     if ex is None:
       return self._host_set(idx, value)
-    view, index, shape = (self, self._np_index, self.shape) if idx is Ellipsis else self._target(idx)
+    view, index, shape = self._target(idx)
     buf = self.buf
     if buf.memory_space is not _VMEM and (view is not None or buf.memory_space is not _SMEM):
       (Ref(buf, index) if view is None else view)._check_access("Store", not shape)
@@ -715,6 +764,7 @@ class _MappedAt(_AtIndexer):
 
 _VMEM = MemorySpace.VMEM
 _SMEM = MemorySpace.SMEM
+_HBM, _ANY = MemorySpace.HBM, MemorySpace.ANY
 _current_ex = executor.maybe_current   # (the context variable's getter: no Python frame)
 
 

@@ -153,8 +153,7 @@ class AsyncCopyDescriptor:
     if self.sem is None:
       raise UsageError(f"This DMA has no semaphore ({user_frame_summary()}). Fix: pass one to "
                        f"make_async_copy, or use pltpu.sync_copy.")
-    self._used()
-    self._prepared = self.prepare(ex, add=add)
+    self._prepared = self.prepare(ex, add=add)   # (which marks the descriptor used)
     if priority:
       self._prepared.priority = priority
     self._prepared.start()

@@ -208,7 +208,11 @@ class Buffer:
     if (memo is not None and memo[0] is storage and memo[1] is lenders and len(memo[2]) == len(lenders)
         and all(map(is_, map(_STORAGE, lenders), memo[2]))):
       return memo[3]
-    found = [b for b in lenders if _may_overlap(b._storage, storage)]
+    found = []   # (a loop, not a comprehension or _may_overlap: no Python frame per lender)
+    for b in lenders:
+      lent = b._storage
+      if lent is not None and _may_share(lent, storage):
+        found.append(b)
     self._owners = (storage, lenders, tuple(map(_STORAGE, lenders)), found)
     return found
 
@@ -236,8 +240,13 @@ class Buffer:
     self._ro = None
 
 
+# NumPy's bounds test of two arrays' memory without its __array_function__ dispatch (a Python frame per
+# call, and palace passes plain ndarrays only); NumPy's own function where the attribute is missing
+_may_share = getattr(np.may_share_memory, "_implementation", np.may_share_memory)
+
+
 def _may_overlap(a, b) -> bool:
-  return a is not None and b is not None and np.may_share_memory(a, b)
+  return a is not None and b is not None and _may_share(a, b)
 
 
 def _get_storage(buf):
