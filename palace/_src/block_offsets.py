@@ -5,7 +5,9 @@ step (`blocks`, `all_blocks`) and whether bounds are checked.
 
 Index maps charge nothing on any grid, whether evaluated once for the whole grid or once per step:
 their work is part of the calibrated grid-step overhead (docs/timing-model.md), except the SMEM loads
-of a map that reads prefetched scalars, charged on every step.
+and scalar ops of a map that reads prefetched scalars, charged on every step (when the map reads only
+tables the kernel never writes, its offsets are still found for the whole grid at once, after its first
+step, and each step's charges replayed: prefetch_maps.py).
 """
 from __future__ import annotations
 
@@ -105,6 +107,8 @@ def _index_map(op, point, index_args):
       op.map_on_core = True
     finally:
       executor.reset_current(token)
+  if op.prefetch is not None:   # (a map over scalar-prefetch tables: its first step recorded)
+    return op.prefetch.evaluate(m, point, index_args)
   return m.index_map(*point, *index_args)
 
 
@@ -114,6 +118,10 @@ def block_offsets(op, step: int, point, index_args, where) -> tuple:
   hit = op.blocks.get(step)
   if hit is not None:
     return hit
+  pre = op.prefetch
+  if pre is not None and pre.rows is not None:   # (every step's offsets found: this one charged)
+    offsets = op.blocks[step] = pre.charge(step)
+    return offsets
   m = op.m
   try:
     idx = _index_map(op, point, index_args)
@@ -149,4 +157,6 @@ def block_offsets(op, step: int, point, index_args, where) -> tuple:
             f"Fix: check the index_map and the grid"
             + (f" (dim {d} has blocks 0..{-(-dim // size) - 1} of {size})." if kind == BLOCKED else "."))
   op.blocks[step] = offsets
+  if pre is not None and op.map_on_core and not pre.tried:
+    pre.settle(op, step, offsets, index_args, _vectorised_offsets)
   return offsets

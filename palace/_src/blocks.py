@@ -47,6 +47,11 @@ class BlockMapping:
   # pl.Buffered(1, revisit=pl.RevisitMode.ANY)): the pipeline reads a block written back earlier back
   # into its slot before the body sees it again (pipeline._Steps.outputs)
   revisit_any: bool = False
+  # the index map reads scalar-prefetch refs (in SMEM) that the kernel never writes, and nothing else
+  # of the kernel's memory (a front end's proof: palace.jax's, from the kernel's effects): a pipeline
+  # may find its offsets for every step in one pass over the grid once those refs hold their data,
+  # each step still charged the loads and scalar ops its own evaluation makes (prefetch_maps.py)
+  prefetch_index_map: bool = False
 
   # (derived once per mapping: a mapping is immutable and read by every launch of its plan)
   @functools.cached_property

@@ -25,6 +25,7 @@ import itertools
 
 from palace._src import executor, validate
 from palace._src.block_offsets import block_offsets, grid_offsets
+from palace._src.prefetch_maps import PrefetchMap
 from palace._src.blocks import SQUEEZED, BlockMapping
 from palace._src.core import MemorySpace
 from palace._src.errors import OutOfBoundsError, SyncError, UsageError
@@ -43,7 +44,7 @@ class _Op:
                "next_slot", "pending_wb", "written", "squeezed", "sem_views", "mode", "nbuf",
                "bounds_checks", "views", "all_blocks", "sem_targets", "simple", "whole_blocks",
                "block_nbytes", "prepare", "block_is_array", "full_slices", "ex", "last_copy",
-               "map_on_core")
+               "map_on_core", "prefetch")
 
   def __init__(self, m: BlockMapping, hbm: Ref, is_out: bool):
     self.m, self.hbm, self.is_out = m, hbm, is_out
@@ -74,6 +75,7 @@ class _Op:
     self.prepare = _cached_copy
     self.last_copy = []     # per slot: the last whole-block copy prepared for it (or None)
     self.map_on_core = False  # the index map reads kernel memory (block_offsets: evaluated on the core)
+    self.prefetch = None      # a map over scalar-prefetch tables: its PrefetchMap (prefetch_maps.py)
 
 
 class _BlockLabels(tuple):
@@ -280,6 +282,8 @@ class Pipeline:
         o.all_blocks, distinct = grid_offsets(o, k, points, offsets_cache, index_args)
         if distinct:
           o.prepare = _prepare
+      elif o.mode != _RAW and o.m.prefetch_index_map:
+        o.prefetch = PrefetchMap(points)
     self.bufs = None   # the block buffers this pipeline allocated (None: the caller's, or no steps)
     self.record = False   # the next run records its schedule (after a park)
     self.tape = None      # the recorded schedule: [(kind, payload)], and the blocks written back
@@ -380,6 +384,8 @@ class Pipeline:
       o.written = set()
       o.next_slot = o.cur_slot = 0
       o.cur = None
+      if o.prefetch is not None:
+        o.prefetch.reset()
 
 
 _STEP, _START, _WAIT, _BODY = "step", "start", "wait", "body"   # the kinds of a recorded schedule's entries

@@ -162,9 +162,11 @@ def test_index_maps_of_scalar_arithmetic_run_once_per_plan_on_int32_columns(monk
   assert tpu.reports[2].grid_steps == 2
 
 
-def test_with_scalar_prefetch_only_the_maps_reading_it_run_per_step(monkeypatch):
-  # `3 - i` reads no prefetched scalar: one evaluation on the grid's columns for the plan; `s[i]` is
-  # evaluated per step (on the core, charging its SMEM loads), at every launch
+def test_with_scalar_prefetch_only_the_maps_reading_it_run_at_every_launch(monkeypatch):
+  # `3 - i` reads no prefetched scalar: one evaluation on the grid's columns for the plan; `s[i]` reads
+  # a table the kernel never writes: at every launch its first step on the core (charging its SMEM
+  # loads, recorded), then one evaluation on the columns, the table's contents at hand
+  # (prefetch_maps.py; tests/jax_backend/test_prefetch_maps.py checks the later steps' charges)
   calls = _index_map_calls(monkeypatch, 2)
   rows = np.array([2, 0, 3, 1], np.int32)
   x = (np.arange(32 * 128) % 9).reshape(32, 128).astype(np.float32)
@@ -184,9 +186,9 @@ def test_with_scalar_prefetch_only_the_maps_reading_it_run_per_step(monkeypatch)
   want = np.concatenate([x[8 * r:8 * r + 8] + x[8 * (3 - i):8 * (4 - i)] * 100 for i, r in enumerate(rows)])
   np.testing.assert_array_equal(out, want)
   columns = [c for c in calls if isinstance(c, np.ndarray)]
-  assert [c.tolist() for c in columns] == [[0, 1, 2, 3]]
-  # s[i] at each step of both launches (step 0 twice: first tried on the host, which has no SMEM)
-  assert [c for c in calls if not isinstance(c, np.ndarray)] == [0, 0, 1, 2, 3] * 2
+  assert [c.tolist() for c in columns] == [[0, 1, 2, 3]] * 3   # (the plan's, then one per launch)
+  # s[i] at step 0 of both launches: first tried on the host, which has no SMEM, then on the core
+  assert [c for c in calls if not isinstance(c, np.ndarray)] == [0, 0] * 2
 
 
 def test_a_rule_giving_the_wrong_dtype_is_caught_not_computed(monkeypatch):

@@ -19,7 +19,7 @@ from palace._src import dtypes as dt
 from palace._src import core as pcore
 from palace._src.errors import BlockSpecError, PalaceError, ResourceError, UnsupportedError, UsageError
 from palace._src.jax.avals import alloc_type, host_dtype, memory_space, physical, semaphore_kind
-from palace._src.jax.interpret import grid_axes, kernel_site, program, run_program
+from palace._src.jax.interpret import grid_axes, kernel_site, program, run_program, used_vars
 from palace._src.jax.registry import RULES, literal, sub_jaxprs
 from palace._src.jax.schedule import replay_blocker
 from palace._src.launch import host, sc_mesh
@@ -172,9 +172,29 @@ def _block_mapping(params, bm, name: str) -> blocks.BlockMapping:
   dims = _dims(params, bm) + tuple((blocks.BLOCKED, n, 0) for n in shape[len(shape) - extra:])
   blocks.check_block(name, shape, dtype, dims, space)
   index_map = _index_map(bm, extra)
+  pure = getattr(index_map, blocks.PURE_INDEX_MAP, False) is True
   return blocks.BlockMapping(name, shape, dtype, dims, index_map, space,
-                             blocks.buffer_count(dims, shape, space, requested), False,
-                             getattr(index_map, blocks.PURE_INDEX_MAP, False) is True, revisit_any)
+                             blocks.buffer_count(dims, shape, space, requested), False, pure, revisit_any,
+                             not pure and _reads_unwritten_tables(params, bm))
+
+
+def _reads_unwritten_tables(params, bm) -> bool:
+  """Does the index map read scalar-prefetch refs, none of which the kernel writes (blocks.BlockMapping.
+  prefetch_index_map)? JAX types every ref a kernel writes, in any nested jaxpr or by a DMA into it,
+  as a write (or accumulate) effect of the kernel jaxpr on that input; an operand aliased to an output
+  counts as written too; and the map itself must write nothing."""
+  from jax._src.state import types as state_types  # noqa: PLC0415
+  writes = (state_types.WriteEffect, state_types.AccumEffect)
+  closed, jaxpr = bm.index_map_jaxpr, params["jaxpr"]
+  nsp = params["grid_mapping"].num_index_operands
+  if not nsp or not closed.jaxpr.eqns or any(isinstance(e, writes) for e in closed.jaxpr.effects):
+    return False
+  written = {e.input for e in jaxpr.effects if isinstance(e, writes)}   # (a Var, or an index)
+  aliased = {int(i) for i in dict(params.get("input_output_aliases") or {})}
+  kernel_refs, map_refs = jaxpr.invars[:nsp], closed.jaxpr.invars[len(closed.jaxpr.invars) - nsp:]
+  used = used_vars(closed.jaxpr)
+  read = [k for k, v in enumerate(map_refs) if v in used]
+  return bool(read) and not any(k in aliased or k in written or kernel_refs[k] in written for k in read)
 
 
 def _single_window(params, bm) -> bool:
