@@ -179,6 +179,50 @@ def step_op_cases() -> list[Case]:
           for mv in (False, True) for rank in (1, 2, 4) for nin in (1, 3, 6)]
 
 
+def wheel_compute(jax, jnp, op, blk, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref):
+  """One jax-wheel flash step on (blk, 128) q, k, v refs and lane-dense m, l, acc scratch: 'full',
+  or one of the cuts `_wheel_step` names (also the body of cases_move's moving-block steps)."""
+  nt = (((1,), (1,)), ((), ()))
+
+  def lanes(x):   # a (blk, blk) value folded to (blk, 128) for the accumulator
+    return x[:, :128] if blk == 128 else x[:, :128] + x[:, 128:]
+
+  m_prev, l_prev = m_ref[...], l_ref[...]
+  s = jax.lax.dot_general(q_ref[...], k_ref[...], nt, preferred_element_type=jnp.float32)
+  if op == "qk":   # the chain cut after each link (session 24's third call)
+    acc_ref[...] += lanes(s)
+    return
+  if op == "nomax":   # q k^T, exp, p v: the dot -> exp -> dot chain without the row reductions
+    p = jnp.exp(s * 0.01)
+    acc_ref[...] += jnp.dot(p.astype(jnp.bfloat16), v_ref[...], preferred_element_type=jnp.float32)
+    return
+  m_next = jnp.maximum(m_prev, jnp.max(s, axis=1)[:, None])
+  if op == "max":
+    m_ref[...] = m_next
+    return
+  p = jnp.exp(s - (m_next if blk == 128 else jnp.tile(m_next, (1, blk // 128))))
+  if op == "exp":
+    m_ref[...] = m_next
+    acc_ref[...] += lanes(p)
+    return
+  alpha = 1.0 if op == "noalpha" else jnp.exp(m_prev - m_next)
+  l_corr = alpha * l_prev
+  l_next = jnp.sum(p, axis=1)[:, None] + l_corr
+  m_ref[...] = m_next
+  l_ref[...] = l_next
+  if op == "nopv":
+    return
+  pv = jnp.dot(p.astype(jnp.bfloat16), v_ref[...], preferred_element_type=jnp.float32)
+  if op == "noacc":
+    acc_ref[...] += pv
+  elif op == "nodiv":
+    acc_ref[...] = acc_ref[...] * l_corr + pv
+  else:
+    inv = jnp.where(l_next == 0.0, 1.0, 1.0 / l_next)
+    acc_ref[...] *= l_corr * inv
+    acc_ref[...] += pv * inv
+
+
 def _wheel_step(op, blk=128, n=512):
   """The jax wheel's flash-attention inner step (ops/tpu/flash_attention.py: m and l kept lane-dense as
   (blk, 128), the row max and sum broadcast back, the accumulator rescaled by l_corr / l_next and the p v
@@ -187,50 +231,12 @@ def _wheel_step(op, blk=128, n=512):
   'nopv' (everything up to l and m, no p v dot and no accumulator); 'noacc' (the p v dot accumulated,
   no rescale, no division); the chain cut after q k^T ('qk': s accumulated), the row max ('max': m
   stored) and the exp ('exp': m stored, p accumulated); 'nomax': q k^T, exp and the p v dot without
-  the row reductions."""
+  the row reductions (`wheel_compute`)."""
   def build():
     jax, jnp, pl, pltpu = _jax()
-    nt = (((1,), (1,)), ((), ()))
-
-    def lanes(x):   # a (blk, blk) value folded to (blk, 128) for the accumulator
-      return x[:, :128] if blk == 128 else x[:, :128] + x[:, 128:]
 
     def body(ins, o_ref, scratch):
-      (q_ref, k_ref, v_ref), (m_ref, l_ref, acc_ref) = ins, scratch
-      m_prev, l_prev = m_ref[...], l_ref[...]
-      s = jax.lax.dot_general(q_ref[...], k_ref[...], nt, preferred_element_type=jnp.float32)
-      if op == "qk":   # the chain cut after each link (session 24's third call)
-        acc_ref[...] += lanes(s)
-        return
-      if op == "nomax":   # q k^T, exp, p v: the dot -> exp -> dot chain without the row reductions
-        p = jnp.exp(s * 0.01)
-        acc_ref[...] += jnp.dot(p.astype(jnp.bfloat16), v_ref[...], preferred_element_type=jnp.float32)
-        return
-      m_next = jnp.maximum(m_prev, jnp.max(s, axis=1)[:, None])
-      if op == "max":
-        m_ref[...] = m_next
-        return
-      p = jnp.exp(s - (m_next if blk == 128 else jnp.tile(m_next, (1, blk // 128))))
-      if op == "exp":
-        m_ref[...] = m_next
-        acc_ref[...] += lanes(p)
-        return
-      alpha = 1.0 if op == "noalpha" else jnp.exp(m_prev - m_next)
-      l_corr = alpha * l_prev
-      l_next = jnp.sum(p, axis=1)[:, None] + l_corr
-      m_ref[...] = m_next
-      l_ref[...] = l_next
-      if op == "nopv":
-        return
-      pv = jnp.dot(p.astype(jnp.bfloat16), v_ref[...], preferred_element_type=jnp.float32)
-      if op == "noacc":
-        acc_ref[...] += pv
-      elif op == "nodiv":
-        acc_ref[...] = acc_ref[...] * l_corr + pv
-      else:
-        inv = jnp.where(l_next == 0.0, 1.0, 1.0 / l_next)
-        acc_ref[...] *= l_corr * inv
-        acc_ref[...] += pv * inv
+      wheel_compute(jax, jnp, op, blk, *ins, *scratch)
 
     def finish(o_ref, scratch):
       o_ref[...] = scratch[2][...] + scratch[0][...] + scratch[1][...]
