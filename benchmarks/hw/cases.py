@@ -591,7 +591,7 @@ def _step_cases() -> list[Case]:
                                           chain_dot_cases)
   from benchmarks.hw.cases_parts import (mm_part_cases, pv_more_cases,  # noqa: PLC0415
                                           step_op_cases, wheel_step_cases)  # noqa: PLC0415  (imports this)
-  from benchmarks.hw.cases_move import (mxu_chain_cases, out_switch_cases,  # noqa: PLC0415
+  from benchmarks.hw.cases_move import (copy_cost_cases, mxu_chain_cases, out_switch_cases,  # noqa: PLC0415
                                         skip_step_cases, wheel_move_cases)  # noqa: PLC0415  (imports this)
   return (probe_cases() + sync_cases() + overlap_cases() + step_cases() + loop_cases() + mix_cases() + curve_cases() + order_cases() + fence_cases()
           + ilp_cases() + chunk_cases() + pipe_cases() + flash_part_cases()
@@ -599,7 +599,7 @@ def _step_cases() -> list[Case]:
           + sync_size_cases() + stream_pair_cases() + unit_overlap_cases() + pv_part_cases()
           + xlu_eup_cases() + chain_dot_cases() + mm_part_cases() + pv_more_cases() + step_op_cases()
           + wheel_step_cases() + wheel_move_cases() + mxu_chain_cases()
-          + out_switch_cases() + skip_step_cases())
+          + out_switch_cases() + skip_step_cases() + copy_cost_cases())
 
 
 def all_cases() -> list[Case]:

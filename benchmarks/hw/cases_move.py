@@ -28,6 +28,10 @@ acc += s v with s cast to bf16) at 128 and 256 rows, 'dd_n128' (256 rows, s of o
 above the diagonal: its causal launches are modelled ~20% fast with the latency form): grid (512,), the
 body run on 4 steps of every 8, k and v clamped to block 0 where it is skipped (`_skip`).
 
+`copy_cost`: what two moving (r, 128) f32 inputs (4-128 KiB each, a new block every step) cost a step
+beside a light body (the first 8 rows of each added into scratch) and beside the wheel's flash step on
+fixed blocks (601 cycles a step alone, `wheel_step`), for the per-copy cost of pipelined copies by size.
+
 `out_switch`: what an output block change costs a grid step. The matmul table's kernels (an output block
 kept over the K axis, written back when it changes) are modelled 8-15% fast with the latency form of the
 DMA wait, by about 650-900 cycles per output change. Grid (512 / K, K), acc += x into f32 scratch, the
@@ -284,6 +288,44 @@ def _skip(mode, n=512, m=8):
 def skip_step_cases() -> list[Case]:
   F = "skip_step"
   return [Case(f"skip_{mode}", F, _skip(mode)) for mode in ("when", "clamp", "whenfixed", "acc_when")]
+
+
+def _copy_cost(body, rows, n=512, m=8):
+  """`copy_cost` (module docstring): grid (n,), two moving (rows, 128) f32 inputs cycling over `m` blocks."""
+  def build():
+    jax, jnp, pl, pltpu = _jax()
+    blk = (_B, _B)
+
+    def kernel(x_ref, y_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref, r_ref):
+      @pl.when(pl.program_id(0) == 0)
+      def _():
+        for ref in (m_ref, l_ref, acc_ref, r_ref):
+          ref[...] = jnp.zeros_like(ref)
+
+      r_ref[...] += x_ref[:8, :] + y_ref[:8, :]
+      if body == "heavy":
+        wheel_compute(jax, jnp, "full", _B, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref)
+
+      @pl.when(pl.program_id(0) == n - 1)
+      def _():
+        o_ref[...] = acc_ref[...] + m_ref[...] + l_ref[...]
+        o_ref[:8, :] += r_ref[...]
+
+    moving = pl.BlockSpec((rows, _B), lambda i: (i % m, 0))
+    fixed = pl.BlockSpec(blk, lambda i: (0, 0))
+    call = pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct(blk, jnp.float32), grid=(n,),
+        in_specs=[moving, moving, fixed, fixed, fixed], out_specs=fixed,
+        scratch_shapes=[pltpu.VMEM(blk, jnp.float32) for _ in range(3)] + [pltpu.VMEM((8, _B), jnp.float32)])
+    return call, (_rand((m * rows, _B), "float32", 60), _rand((m * rows, _B), "float32", 61),
+                  _rand(blk, "bfloat16", 30), _rand(blk, "bfloat16", 31), _rand(blk, "bfloat16", 32))
+  return build
+
+
+def copy_cost_cases() -> list[Case]:
+  F = "copy_cost"
+  return [Case(f"ccost_{body}_r{rows}", F, _copy_cost(body, rows))
+          for body in ("light", "heavy") for rows in (8, 32, 64, 128, 256)]
 
 
 def wheel_move_cases() -> list[Case]:
