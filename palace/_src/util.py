@@ -14,6 +14,16 @@ def cdiv(a: int, b: int) -> int:
   return -(-a // b)
 
 
+def keep(memo: dict, key, value, limit: int = 1024):
+  """`memo[key] = value` in a memo of a pure function (a kernel asks the same questions every grid
+  step), started over once it holds more than `limit` entries (a long-lived process meeting ever new
+  keys); returns `value`."""
+  if len(memo) > limit:
+    memo.clear()
+  memo[key] = value
+  return value
+
+
 def prod(xs) -> int:
   """The product of a shape's sizes as a Python int (NumPy integers included)."""
   return math.prod(map(int, xs))

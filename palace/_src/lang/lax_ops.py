@@ -17,7 +17,7 @@ from palace._src.lang.numpy_elementwise import _elementwise, int_div, int_rem
 from palace._src.lang.numpy_shape import _shape_op
 from palace._src.lang.numpy_linalg import dot_general  # noqa: F401
 from palace._src.lang.tpu_primitives import bitcast
-from palace._src.util import user_frame_summary
+from palace._src.util import keep, user_frame_summary
 from palace._src.lang.primitives import (axis_index, axis_size, cond, fori_loop, switch,  # noqa: F401
                                          while_loop)
 
@@ -34,25 +34,23 @@ _IOTAS: dict = {}
 
 
 def broadcasted_iota(dtype, shape, dimension: int):
-  key = None
+  key = hit = None
   if type(shape) is tuple and type(dimension) is int:
     key = (dtype.dtype if type(dtype) is _ScalarType else dtype, type(dtype), shape,
            tuple(map(type, shape)), dimension, _current_ex() is None)
     try:
       hit = _IOTAS.get(key)
     except TypeError:   # (an unhashable dtype argument: checked below)
-      key = hit = None
-    if hit is not None:
-      return _out(hit[2], hit[0], hit[1], 0, OpClass.CHEAP, False)
-  shape = validate.as_dims(shape, "lax.broadcasted_iota shape", error=ShapeError)
-  dimension = validate.as_int(dimension, "lax.broadcasted_iota dimension", error=ShapeError)
-  d = _dtype_arg(dtype, "lax.broadcasted_iota")
-  data = np.broadcast_to(np.arange(shape[dimension], dtype=d).reshape(
-      [-1 if i == dimension else 1 for i in range(len(shape))]), shape)   # (a read-only view)
-  if key is not None and d not in dt.CHIP_DEPENDENT:
-    if len(_IOTAS) > 256:
-      _IOTAS.clear()
-    _IOTAS[key] = (shape, d, data)
+      key = None
+  if hit is None:
+    shape = validate.as_dims(shape, "lax.broadcasted_iota shape", error=ShapeError)
+    dimension = validate.as_int(dimension, "lax.broadcasted_iota dimension", error=ShapeError)
+    d = _dtype_arg(dtype, "lax.broadcasted_iota")
+    hit = (shape, d, np.broadcast_to(np.arange(shape[dimension], dtype=d).reshape(
+        [-1 if i == dimension else 1 for i in range(len(shape))]), shape))   # (the data: a read-only view)
+    if key is not None and d not in dt.CHIP_DEPENDENT:
+      keep(_IOTAS, key, hit, 256)
+  shape, d, data = hit
   return _out(data, shape, d, 0, OpClass.CHEAP, False)
 
 

@@ -14,7 +14,7 @@ from palace._src import hw
 from palace._src import executor, validate
 from palace._src.errors import ShapeError, UsageError
 from palace._src.lang.array import Array
-from palace._src.util import user_frame_summary
+from palace._src.util import keep, user_frame_summary
 
 _F32 = dt.float32
 _I32 = dt.int32
@@ -151,11 +151,7 @@ def _broadcast_shapes(name: str, args) -> tuple:
   if hit is not None:
     return hit
   try:
-    hit = np.broadcast_shapes(*shapes)
-    if len(_BROADCASTS) > 1024:
-      _BROADCASTS.clear()
-    _BROADCASTS[key] = hit
-    return hit
+    return keep(_BROADCASTS, key, np.broadcast_shapes(*shapes))
   except ValueError:
     ex = executor.maybe_current()
     raise ShapeError(f"Incompatible shapes for jnp.{name}{' ' + ex.where() if ex else ''}: "

@@ -22,7 +22,7 @@ from palace._src.lang.int_rejects import VECTOR_INT_REJECTS, refusal, scalar_mli
 from palace._src.lang.numpy_dtypes import _FLUSHED, _flush
 from palace._src.lang.numpy_base import (_COMPUTE, _F32, _FLOATS, _I32, _I32_MAX, _I32_MIN, _broadcast_shapes,
                                          _current_ex, _has_data, _is_arr, _np, _out, _select, _weak_promotes)
-from palace._src.util import user_frame_summary
+from palace._src.util import keep, user_frame_summary
 
 _IMPORTED = frozenset(globals())  # names above are imports, not this module's API
 
@@ -655,9 +655,7 @@ def where(condition, x=None, y=None):
     rt = dt.result_type(promotion_type(x), promotion_type(y))
     shape = _broadcast_shapes("where", (condition, x, y))
     if key is not None:
-      if len(_WHERES) > 1024:
-        _WHERES.clear()
-      _WHERES[key] = (rt, shape)
+      keep(_WHERES, key, (rt, shape))
   data = None
   ex = executor.maybe_current()
   if not (ex is not None and ex.timing_only and shape) and _has_data(condition, x, y):

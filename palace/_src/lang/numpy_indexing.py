@@ -13,7 +13,7 @@ from palace._src.errors import OutOfBoundsError, UnsupportedError, UsageError
 from palace._src.lang.array import Array, ready_of
 from palace._src.lang.numpy_base import _broadcast_shapes, _compute_dtype, _has_data, _np, _out
 from palace._src.lang.numpy_shape import _shape_op, reshape
-from palace._src.util import user_frame_summary
+from palace._src.util import keep, user_frame_summary
 
 
 def _where() -> str:
@@ -106,21 +106,17 @@ def _array_getitem(self, idx):
     plain = plain_index(t) if slice in kinds else t
     if plain is not None:
       key = (self.shape, plain, kinds, self.dtype)
-      hit = _GETITEMS.get(key)
-      if hit is not None:
-        idx, shape, how = hit
-        if how == "reshape":
-          return reshape(self, shape)
-        return _shape_op(self, lambda v: v[idx], shape, OpClass.FREE if how == "free" else OpClass.XLU)
-  idx, shape = _static_index(self.shape, idx)
-  if all(i is None or i is Ellipsis or i == slice(None) for i in idx) and None in idx:
-    how = "reshape"   # only new unit axes (x[:, None]): a reshape, costed as one
+  hit = None if key is None else _GETITEMS.get(key)
+  if hit is not None:
+    idx, shape, how = hit
   else:
-    how = "free" if _whole_vregs(self.shape, idx, dt.packing(self.dtype)) else "xlu"
-  if key is not None:
-    if len(_GETITEMS) > 1024:
-      _GETITEMS.clear()
-    _GETITEMS[key] = (idx, shape, how)
+    idx, shape = _static_index(self.shape, idx)
+    if all(i is None or i is Ellipsis or i == slice(None) for i in idx) and None in idx:
+      how = "reshape"   # only new unit axes (x[:, None]): a reshape, costed as one
+    else:
+      how = "free" if _whole_vregs(self.shape, idx, dt.packing(self.dtype)) else "xlu"
+    if key is not None:
+      keep(_GETITEMS, key, (idx, shape, how))
   if how == "reshape":
     return reshape(self, shape)
   return _shape_op(self, lambda v: v[idx], shape, OpClass.FREE if how == "free" else OpClass.XLU)

@@ -20,7 +20,7 @@ from palace._src import executor, validate
 from palace._src.errors import ShapeError, UsageError
 from palace._src.lang import deferred, mxu
 from palace._src.lang.array import Array, dtype_of, ready_of
-from palace._src.util import prod
+from palace._src.util import keep, prod
 from palace._src.lang.numpy_base import _dtype_arg, _np
 from palace._src.lang.numpy_dtypes import _ScalarType
 from palace._src.lang.numpy_elementwise import multiply
@@ -112,16 +112,8 @@ def _dot_types(a_dtype, b_dtype, precision, preferred_element_type, site: str = 
       _dtype_arg(preferred_element_type, "preferred_element_type")
   mxu.check(a_dtype, b_dtype, out_d, prec, site)
   if key is not None and out_d not in dt.CHIP_DEPENDENT:
-    if len(_DOT_TYPES) > 1024:
-      _DOT_TYPES.clear()
-    _DOT_TYPES[key] = (prec, out_d)
+    keep(_DOT_TYPES, key, (prec, out_d))
   return prec, out_d
-
-
-def _matmul_dtype(a, b, preferred_element_type):
-  if preferred_element_type is not None:
-    return _dtype_arg(preferred_element_type, "preferred_element_type")
-  return dt.result_type(a.dtype, b.dtype)
 
 
 _DIMENSION_NUMBERS: dict = {}   # id(dimension_numbers) -> (them, lhs ndim, rhs ndim, normalised): a memo
@@ -141,9 +133,7 @@ def _dimension_numbers(dimension_numbers, nda: int, ndb: int) -> tuple:
                      for x in t) for t, nd in ((lc, nda), (rc, ndb), (lb, nda), (rb, ndb)))
   if type(dimension_numbers) is tuple and all(type(p) is tuple for p in dimension_numbers) and \
       all(type(t) is tuple for p in dimension_numbers for t in p):
-    if len(_DIMENSION_NUMBERS) > 1024:
-      _DIMENSION_NUMBERS.clear()
-    _DIMENSION_NUMBERS[id(dimension_numbers)] = (dimension_numbers, nda, ndb, dims)
+    keep(_DIMENSION_NUMBERS, id(dimension_numbers), (dimension_numbers, nda, ndb, dims))
   return dims
 
 
@@ -171,10 +161,7 @@ def _dot_shapes(a_shape, b_shape, dims) -> tuple:
   plain = len(a_shape) == 2 and len(b_shape) == 2 and not lb and lc == (1,) and rc == (0,)
   hit = (lf, rf, prod([a_shape[i] for i in lb]), prod([a_shape[i] for i in lf]),
          prod([b_shape[i] for i in rf]), prod([a_shape[i] for i in lc]), out_shape, plain)
-  if len(_DOT_SHAPES) > 1024:
-    _DOT_SHAPES.clear()
-  _DOT_SHAPES[key] = hit
-  return hit
+  return keep(_DOT_SHAPES, key, hit)
 
 
 def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
@@ -262,10 +249,8 @@ def einsum(spec, *operands, precision=None, preferred_element_type=None, optimiz
     dims = ((tuple([sa.index(c) for c in contract]), tuple([sb.index(c) for c in contract])),
             (tuple([sa.index(c) for c in batch]), tuple([sb.index(c) for c in batch])))
     produced = batch + [c for c in sa if c not in sb] + [c for c in sb if c not in sa]
-    hit = (dims, None if produced == list(out) else [produced.index(c) for c in out])
-    if len(_EINSUMS) > 256:
-      _EINSUMS.clear()
-    _EINSUMS[spec] = hit
+    hit = keep(_EINSUMS, spec, (dims, None if produced == list(out) else [produced.index(c) for c in out]),
+               256)
   a, b = _as_array(operands[0]), _as_array(operands[1])
   res = dot_general(a, b, hit[0], precision, preferred_element_type)
   if hit[1] is not None:

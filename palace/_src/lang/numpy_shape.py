@@ -10,7 +10,7 @@ import numpy as np
 
 from palace._src import dtypes as dt
 from palace._src import executor, validate
-from palace._src.util import prod
+from palace._src.util import keep, prod
 from palace._src.executor import OpClass
 from palace._src.errors import ShapeError
 from palace._src.lang.array import Array, dtype_of, ready_of
@@ -22,17 +22,13 @@ _IMPORTED = frozenset(globals())  # names above are imports, not this module's A
 
 
 def _shape_op(a, fn, out_shape, op_class=OpClass.CHEAP):
-  if type(a) is Array:   # (a kernel value, the common case: the general path below without its helpers)
+  ex = executor.maybe_current()
+  if isinstance(a, Array):   # (a kernel value: its fields read here, no helper per operand)
     data = a._data
-    ex = executor.maybe_current()
     data = None if data is None or (ex is not None and ex.timing_only) else fn(data)
     return _out(data, tuple(out_shape), a.dtype, a._ready if a._ready > 0 else 0, op_class, True)
-  data = None
-  ex = executor.maybe_current()
-  if not (ex is not None and ex.timing_only) and _has_data(a):
-    data = fn(_np(a))
-  d = a.dtype if isinstance(a, Array) else _default_dtype(a)
-  return _out(data, tuple(out_shape), d, ready_of(a), op_class, _is_arr(a))
+  data = None if ex is not None and ex.timing_only else fn(_np(a))
+  return _out(data, tuple(out_shape), _default_dtype(a), 0, op_class, False)
 
 
 _RESHAPES: dict = {}   # (shape, requested shape, its element types, dtype, lane-replicated) -> (new
@@ -42,19 +38,26 @@ _RESHAPES: dict = {}   # (shape, requested shape, its element types, dtype, lane
 def reshape(a, *shape, order="C"):
   if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
     shape = tuple(shape[0])
-  key = None
+  key = hit = None
   if type(a) is Array:   # (a kernel reshapes the same shapes every grid step: `x[:, None]`, `m.reshape(...)`)
     key = (a.shape, shape, tuple(map(type, shape)), a.dtype, a._lanes)
     try:
       hit = _RESHAPES.get(key)
-    except TypeError:   # (a runtime value in the shape: the checks below raise)
-      key = hit = None
-    if hit is not None:
-      new, free, lanes = hit
-      out = _shape_op(a, lambda v: v.reshape(new), new, OpClass.FREE if free else OpClass.XLU)
-      if lanes:
-        out._lanes = True
-      return out
+    except TypeError:   # (a runtime value in the shape: _reshape_plan's checks raise)
+      key = None
+  if hit is None:
+    hit = _reshape_plan(a, shape)
+    if key is not None:
+      keep(_RESHAPES, key, hit)
+  shape, free, lanes = hit
+  out = _shape_op(a, lambda v: v.reshape(shape), shape, OpClass.FREE if free else OpClass.XLU)
+  if lanes and type(out) is Array:
+    out._lanes = True
+  return out
+
+
+def _reshape_plan(a, shape) -> tuple:
+  """(new shape, free, lane-replicated) of reshaping `a` to `shape`, raising what a reshape refuses."""
   src = _shape_of(a)
   n = prod(src)
   shape = [validate.as_int(s, f"reshape shape[{i}]", min_value=-1, error=ShapeError)
@@ -81,14 +84,7 @@ def reshape(a, *shape, order="C"):
       src[-2] == shape[-2] or (src[-2] % rows == 0 and shape[-2] % rows == 0))) or \
       (src and shape and src[-1] == shape[-1] and (len(src) == 1 or len(shape) == 1) and
        prod(src[:-1]) == 1 and prod(shape[:-1]) == 1)
-  if key is not None:
-    if len(_RESHAPES) > 1024:
-      _RESHAPES.clear()
-    _RESHAPES[key] = (shape, bool(free), bool(lanes))
-  out = _shape_op(a, lambda v: v.reshape(shape), shape, OpClass.FREE if free else OpClass.XLU)
-  if lanes and type(out) is Array:
-    out._lanes = True
-  return out
+  return shape, bool(free), bool(lanes)
 
 
 def transpose(a, axes=None):

@@ -30,7 +30,7 @@ from palace._src.lang.array import Array, WeakArray, concrete_int
 from palace._src.lang.deferred import Deferred
 from palace._src.lang.indexed import is_index_source, make_indexed
 from palace._src.lang.numpy_indexing import _where, plain_index
-from palace._src.util import describe_dims, prod, user_frame_summary
+from palace._src.util import describe_dims, keep, prod, user_frame_summary
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,12 +87,6 @@ _STATIC_BOUND = (int, type(None))   # slice bound types that are certainly not r
 _VIEWS: dict = {}
 _VIEWS_MAX = 4096
 _STATIC_KINDS = frozenset({int, Slice, slice, type(Ellipsis)})
-
-
-def _remember_view(key, parts) -> None:
-  if len(_VIEWS) >= _VIEWS_MAX:
-    _VIEWS.clear()
-  _VIEWS[key] = parts
 
 
 def _np_index_of(dims) -> tuple:
@@ -340,10 +334,10 @@ class Ref:
     if tuple in map(type, dims):
       view = Ref(buf, dims)
       if key is not None:
-        _remember_view(key, view.parts())
+        keep(_VIEWS, key, view.parts(), _VIEWS_MAX)
       return view, view._np_index, view.shape
     if key is not None:
-      _remember_view(key, (dims,))
+      keep(_VIEWS, key, (dims,), _VIEWS_MAX)
     return None, dims, ()
 
   def __getitem__(self, idx):
