@@ -50,6 +50,14 @@ from benchmarks.hw.cases_parts import wheel_compute
 _B = 128
 
 
+def _zero_when(pl, jnp, cond, refs) -> None:
+  """Zero each of `refs` when `cond` holds (the kernels' scratch reset at the first step of a run)."""
+  @pl.when(cond)
+  def _():
+    for ref in refs:
+      ref[...] = jnp.zeros_like(ref)
+
+
 def _light(jnp, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref):
   acc_ref[...] += k_ref[...].astype(jnp.float32) + v_ref[...].astype(jnp.float32)
 
@@ -74,10 +82,7 @@ def _wheel_moving(body_op, mode, n=512, m=8):
       def kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref):
         kv = pl.program_id(2)
 
-        @pl.when(kv == 0)
-        def _():
-          for ref in (m_ref, l_ref, acc_ref):
-            ref[...] = jnp.zeros_like(ref)
+        _zero_when(pl, jnp, kv == 0, (m_ref, l_ref, acc_ref))
 
         if causal:
           @pl.when(kv <= pl.program_id(1))
@@ -101,10 +106,7 @@ def _wheel_moving(body_op, mode, n=512, m=8):
                     _rand((heads * nkv * _B, _B), "bfloat16", 32))
 
     def run(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref):
-      @pl.when(pl.program_id(0) == 0)
-      def _():
-        for ref in (m_ref, l_ref, acc_ref):
-          ref[...] = jnp.zeros_like(ref)
+      _zero_when(pl, jnp, pl.program_id(0) == 0, (m_ref, l_ref, acc_ref))
 
       compute((q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref))
 
@@ -129,10 +131,7 @@ def _wheel_moving(body_op, mode, n=512, m=8):
       if mode == "smemwhen":
         flag = f_ref[pl.program_id(0)]
 
-        @pl.when(pl.program_id(0) == 0)
-        def _():
-          for ref in refs[4:]:
-            ref[...] = jnp.zeros_like(ref)
+        _zero_when(pl, jnp, pl.program_id(0) == 0, refs[4:])
 
         @pl.when(flag != 0)
         def _():
@@ -160,9 +159,7 @@ def _mxu_chain(op, rows, n=512):
     nt = (((1,), (1,)), ((), ()))
 
     def kernel(q_ref, k_ref, v_ref, o_ref, acc_ref):
-      @pl.when(pl.program_id(0) == 0)
-      def _():
-        acc_ref[...] = jnp.zeros_like(acc_ref)
+      _zero_when(pl, jnp, pl.program_id(0) == 0, (acc_ref,))
 
       s = jax.lax.dot_general(q_ref[...], k_ref[...], nt, preferred_element_type=jnp.float32)
       t = jnp.dot(s.astype(jnp.bfloat16), v_ref[...], preferred_element_type=jnp.float32)
@@ -201,9 +198,7 @@ def _out_switch(mode, k, out_dtype="float32", n=512, m=8):
     def kernel(x_ref, o_ref, acc_ref):
       kk = pl.program_id(len(grid) - 1)
 
-      @pl.when(kk == 0)
-      def _():
-        acc_ref[...] = jnp.zeros_like(acc_ref)
+      _zero_when(pl, jnp, kk == 0, (acc_ref,))
 
       acc_ref[...] += x_ref[...]
 
@@ -253,10 +248,7 @@ def _skip(mode, n=512, m=8):
     def kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref):
       i = pl.program_id(0)
 
-      @pl.when(i == 0)
-      def _():
-        for ref in (m_ref, l_ref, acc_ref):
-          ref[...] = jnp.zeros_like(ref)
+      _zero_when(pl, jnp, i == 0, (m_ref, l_ref, acc_ref))
 
       refs = (q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref)
       if mode == "clamp":
@@ -297,10 +289,7 @@ def _copy_cost(body, rows, n=512, m=8):
     blk = (_B, _B)
 
     def kernel(x_ref, y_ref, q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref, r_ref):
-      @pl.when(pl.program_id(0) == 0)
-      def _():
-        for ref in (m_ref, l_ref, acc_ref, r_ref):
-          ref[...] = jnp.zeros_like(ref)
+      _zero_when(pl, jnp, pl.program_id(0) == 0, (m_ref, l_ref, acc_ref, r_ref))
 
       r_ref[...] += x_ref[:8, :] + y_ref[:8, :]
       if body == "heavy":
