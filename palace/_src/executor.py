@@ -156,18 +156,43 @@ class running_on:
     self.errstate.__exit__(*exc)
 
 
+def flat_label(label) -> tuple:
+  """A copy's label (`DmaRequest.label`: (name, dims, shape) of the source, then of the destination)
+  as one tuple of names, numbers and Nones with nothing nested: what a report keeps per DMA event
+  (sim/trace.Trace.events). Each side is its name, then None for a whole view, or its rank and one
+  (start, size, stride) per dimension ((index, None, None) for a dimension indexed away). The cyclic
+  GC stops tracking a tuple of such values at the first collection that examines it, whatever the order
+  it examines objects in; a nested one needs one collection per level (CPython examines a young
+  tuple after its parent), so an event holding nested labels reached the oldest generation."""
+  out = []
+  for name, dims, shape in (label[:3], label[3:6]):
+    if dims is None:
+      out += (name, None)
+      continue
+    out += (name, len(dims))
+    if shape is not None:   # a unit-stride window: offsets and shape
+      for o, z in zip(dims, shape):
+        out += (o, z, 1)
+      continue
+    for d in dims:   # a view's dims (Ref.dims)
+      out += d if type(d) is tuple else (d, None, None)
+  return tuple(out)
+
+
 def label_text(label) -> str:
-  """A copy's label (`DmaRequest.label`) as text: 'args[0][0:8, 0:128] -> args[0] block'."""
-  return f"{_side(*label[:3])} -> {_side(*label[3:6])}"
-
-
-def _side(name: str, dims, shape) -> str:
-  """One side of a label: a whole view (dims None), a view (Ref.dims), or a window (offsets, shape)."""
-  if dims is None:
-    return name
-  if shape is None:
-    return name + describe_dims(dims)
-  return name + describe_dims([(o, z, 1) for o, z in zip(dims, shape)])
+  """A copy's flat label (`flat_label`) as text: 'args[0][0:8, 0:128] -> args[0] block'."""
+  sides = []
+  i = 0
+  for _ in range(2):
+    name, n = label[i], label[i + 1]
+    i += 2
+    if n is None:
+      sides.append(name)
+      continue
+    dims = [label[j] if label[j + 1] is None else label[j:j + 3] for j in range(i, i + 3 * n, 3)]
+    i += 3 * n
+    sides.append(name + describe_dims(dims))
+  return " -> ".join(sides)
 
 
 class DmaRequest:
@@ -199,15 +224,13 @@ class DmaRequest:
   @property
   def describe(self) -> str:
     """'src -> dst' with operand names and windows (built only when a message needs it)."""
-    return label_text(self.label())
+    return label_text(flat_label(self.label()))
 
   def label(self) -> tuple:
     """What `describe` says, unformatted and holding no buffer (a launch's report keeps one per DMA):
     one flat tuple, (name, dims, shape) of the source then of the destination, each side a whole view
     (name, None, None), a view (name, Ref.dims, None) or a unit-stride window (name, offsets, shape);
-    `label_text` formats it. Names and tuples of ints only, no nesting of its own: the cyclic GC stops
-    tracking such tuples at its first collection, so the labels a process's reports keep cost its
-    later collections nothing (sim/trace.Trace.events)."""
+    a report keeps it as `flat_label` makes it (sim/trace.Trace.events), which `label_text` formats."""
     labels = self.labels
     if labels is None:
       return (self.src_buf.name, None, None, self.dst_buf.name, None, None)
