@@ -194,11 +194,14 @@ def test_a_dma_label_is_one_flat_tuple_and_reads_back_as_its_text():
   """executor.flat_label: both sides of a label (a whole view, a view with indexed-away and strided
   dims, a window) as one tuple of atoms, which label_text formats as before."""
   from palace._src.executor import flat_label, label_text
-  label = ("args[0]", (3, (8, 16, 2), (0, 128, 1)), None, "scratch[1]", (16, 0), (8, 128))
-  flat = flat_label(label)
+
+  class Labels(tuple):   # (what a pipeline copy's labels give: both sides' (name, dims, shape))
+    def label_parts(self):
+      return tuple(self)
+  flat = flat_label(Labels(("args[0]", (3, (8, 16, 2), (0, 128, 1)), None, "scratch[1]", (16, 0), (8, 128))))
   assert not [v for v in flat if isinstance(v, (tuple, list, dict))]
   assert label_text(flat) == "args[0][3, 8:40:2, 0:128] -> scratch[1][16:24, 0:128]"
-  assert label_text(flat_label(("a", None, None, "b", (), None))) == "a -> b[]"
+  assert label_text(flat_label(Labels(("a", None, None, "b", (), None)))) == "a -> b[]"
 
 
 def test_the_collector_stays_paused_until_the_launchs_machine_is_released():

@@ -156,14 +156,27 @@ class running_on:
     self.errstate.__exit__(*exc)
 
 
-def flat_label(label) -> tuple:
-  """A copy's label (`DmaRequest.label`: (name, dims, shape) of the source, then of the destination)
-  as one tuple of names, numbers and Nones with nothing nested: what a report keeps per DMA event
-  (sim/trace.Trace.events). Each side is its name, then None for a whole view, or its rank and one
-  (start, size, stride) per dimension ((index, None, None) for a dimension indexed away). The cyclic
-  GC stops tracking a tuple of such values at the first collection that examines it, whatever the order
-  it examines objects in; a nested one needs one collection per level (CPython examines a young
-  tuple after its parent), so an event holding nested labels reached the oldest generation."""
+def flat_label(copy) -> tuple:
+  """A copy's label: what its description says, unformatted and holding no buffer (a launch's report
+  keeps one per DMA event, sim/trace.Trace.events), for a DmaRequest or a pipeline copy's labels
+  (anything with `label_parts()`: (name, dims, shape) of each side, pipeline._BlockLabels, which also
+  names the copies of steps a steady-state detector advanced over). One tuple of names, numbers and
+  Nones with nothing nested: the source side, then the destination side, each its name, then None for
+  a whole view, or its rank and one (start, size, stride) per dimension ((index, None, None) for a
+  dimension indexed away; a unit-stride window's offsets and shape as (offset, size, 1)); `label_text`
+  formats it. The cyclic GC stops tracking a tuple of such values at the first collection that
+  examines it, whatever the order it examines objects in; a nested one needs one collection per level
+  (CPython examines a young tuple after the one holding it), so an event holding nested labels reached
+  the oldest generation."""
+  labels = copy.labels if isinstance(copy, DmaRequest) else copy
+  if labels is None:
+    return (copy.src_buf.name, None, copy.dst_buf.name, None)
+  parts = getattr(labels, "label_parts", None)   # (pipeline copies: no view is built)
+  if parts is not None:
+    label = parts()
+  else:
+    src, dst = [v.label_part() if hasattr(v, "label_part") else (v.origin(), None, None) for v in labels]
+    label = src + dst
   out = []
   for name, dims, shape in (label[:3], label[3:6]):
     if dims is None:
@@ -224,21 +237,7 @@ class DmaRequest:
   @property
   def describe(self) -> str:
     """'src -> dst' with operand names and windows (built only when a message needs it)."""
-    return label_text(flat_label(self.label()))
-
-  def label(self) -> tuple:
-    """What `describe` says, unformatted and holding no buffer (a launch's report keeps one per DMA):
-    one flat tuple, (name, dims, shape) of the source then of the destination, each side a whole view
-    (name, None, None), a view (name, Ref.dims, None) or a unit-stride window (name, offsets, shape);
-    a report keeps it as `flat_label` makes it (sim/trace.Trace.events), which `label_text` formats."""
-    labels = self.labels
-    if labels is None:
-      return (self.src_buf.name, None, None, self.dst_buf.name, None, None)
-    parts = getattr(labels, "label_parts", None)   # (pipeline copies: no view is built)
-    if parts is not None:
-      return parts()
-    src, dst = [v.label_part() if hasattr(v, "label_part") else (v.origin(), None, None) for v in labels]
-    return src + dst
+    return label_text(flat_label(self))
 
   def __str__(self):
     return self.describe

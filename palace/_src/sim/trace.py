@@ -66,10 +66,10 @@ class Trace:
   def events(self) -> EventLog:
     """The kept events, for the launch's report. A DMA is recorded with its request and byte count as
     args (`(DmaRequest, bytes)`: naming it costs the hot path nothing); the report gets the request's
-    label instead (executor.DmaRequest.label: names and indices), so it holds no buffer of the launch:
+    label instead (executor.flat_label: names and indices), so it holds no buffer of the launch:
     a process running launch after launch in one `virtual_tpu` keeps every report, and a request would
     keep that launch's HBM operands, outputs and VMEM alive with it (about an output's size per launch,
-    without bound). A kept DMA event's args stay the tuple `flat_label(label) + (bytes,)` until the
+    without bound). A kept DMA event's args stay the tuple `flat_label(request) + (bytes,)` until the
     report's events are first read (`Report.events` -> `EventLog.name_copies` makes the args dicts and
     formats the labels: formatting every copy's windows cost more per DMA than timing it). Its args
     hold only names, numbers and Nones, so the first young collection stops tracking them and the
@@ -96,7 +96,7 @@ class Trace:
         req = args[0]
         label = named.get(id(req))
         if label is None:
-          label = named[id(req)] = flat_label(req.label())
+          label = named[id(req)] = flat_label(req)
         log[i] = (ev[0], ev[1], ev[2], ev[3], ev[4], label + (args[1],))   # (flat: see the docstring)
         unnamed.append(i)
     log.unnamed = unnamed or None
