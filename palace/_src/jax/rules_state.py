@@ -21,11 +21,11 @@ import palace._src.lang.numpy_ops as pjnp
 from palace._src.lang import context, lax_ops
 from palace._src.lang import primitives as prims
 from palace._src.lang import sc_primitives as sc
-from palace._src.lang.refs import bounds_checks
+from palace._src.lang.ref_index import bounds_checks, ds
 from palace._src.lang import tpu_primitives as tpu
 from palace._src.lang.array import Array, concrete_int
 from palace._src.lang.indexed import Indices
-from palace._src.lang.refs import Ref, ds
+from palace._src.lang.refs import Ref
 
 
 def _jax_types():
