@@ -5,6 +5,7 @@ and `_ref_operand`: a function of the flat operands giving the palace Ref view (
 of a read or write), its views cached per base ref and index values."""
 from __future__ import annotations
 
+import operator
 import weakref
 
 import numpy as np
@@ -92,17 +93,39 @@ def _index_entry(eqn, i):
   if isinstance(i, types.TransformedRef):   # an index ref (SparseCore gather / scatter DMAs)
     return (_GENERAL, _ref_operand(eqn, i), 0, 0)
   if type(i).__name__ == "Indices" and hasattr(i, "ignored_value"):   # plsc.Indices(values, ignored_value)
-    values, ignored = _index_entry(eqn, i.values), i.ignored_value
-    return (_GENERAL, lambda flat: Indices(_index((values,), flat)[0], ignored), 0, 0)
+    values, ignored = _index_builder((_index_entry(eqn, i.values),)), i.ignored_value
+    return (_GENERAL, lambda flat: Indices(values(flat)[0], ignored), 0, 0)
   if type(i) is _Leaf:
     return (_DYNAMIC, i.k, 0, 0)
   return (_STATIC, i, 0, 0)
 
 
-def _index(entries, flat) -> tuple:
-  return tuple(a if kind == _STATIC else flat[a] if kind == _DYNAMIC else
-               ds(flat[a], size, stride) if kind == _DYNAMIC_SLICE else a(flat)
-               for kind, a, size, stride in entries)
+def _index_builder(entries):
+  """fn(flat) -> the index `entries` select at run time (flat: the tuple of an equation's operands, as
+  its evaluation receives them), made once per entry list. Runtime indices alone are one C call
+  (`itemgetter`: several operands, or a lone one as the one-element slice of the operands, so a
+  scalar read at a grid index costs no Python frame for its index); any other list is one generated
+  function that builds the tuple (static entries as constants, `pl.ds` windows at a runtime start,
+  the general entries' functions)."""
+  if entries and all(e[0] == _DYNAMIC for e in entries):
+    if len(entries) == 1:
+      k = entries[0][1]
+      return operator.itemgetter(slice(k, k + 1))
+    return operator.itemgetter(*[e[1] for e in entries])
+  names = {"ds": ds}
+  parts = []
+  for n, (kind, a, size, stride) in enumerate(entries):
+    if kind == _STATIC:
+      names[f"c{n}"] = a
+      parts.append(f"c{n}")
+    elif kind == _DYNAMIC:
+      parts.append(f"flat[{int(a)}]")
+    elif kind == _DYNAMIC_SLICE:
+      parts.append(f"ds(flat[{int(a)}], {int(size)}, {int(stride)})")
+    else:
+      names[f"g{n}"] = a
+      parts.append(f"g{n}(flat)")
+  return eval("lambda flat: (" + "".join(p + ", " for p in parts) + ")", names)  # noqa: S307  (above)
 
 
 _AT, _BITCAST, _RESHAPE = 0, 1, 2
@@ -130,9 +153,10 @@ def _transforms(eqn, transforms, last_index: bool = False):
 
 
 def _view(steps, ref, flat):
+  """The view `steps` make of `ref` (their indexers compiled: `(_AT, an _index_builder)`)."""
   for kind, a in steps:
     if kind == _AT:
-      ref = ref.at[_index(a, flat)]
+      ref = ref.at[a(flat)]
     elif kind == _BITCAST:
       ref = ref.bitcast(a)
     else:
@@ -186,6 +210,8 @@ def _ref_operand(eqn, x, transforms=(), last_index: bool = False, element: bool 
   dynamic = tuple(sorted({a for kind, entries in steps if kind == _AT
                           for e_kind, a, _, _ in entries if e_kind in (_DYNAMIC, _DYNAMIC_SLICE)}))
   cacheable = not any(e[0] == _GENERAL for kind, entries in steps if kind == _AT for e in entries)
+  steps = tuple((kind, _index_builder(a) if kind == _AT else a) for kind, a in steps)
+  index_of = None if last is None else _index_builder(last)   # (the read or write's own index)
   # views made only of indexing are also kept across launches as their parts (Ref.parts: dims, shape,
   # NumPy index), per base view, index values and bounds-check setting: a pure function of those, so
   # a later launch rebuilds the view on its own buffer without composing and checking the index again
@@ -248,9 +274,6 @@ def _ref_operand(eqn, x, transforms=(), last_index: bool = False, element: bool 
       views[key] = v
     return v
 
-  # (an element's index: one runtime index alone, the common case, without _index's generator)
-  lone = last[0][1] if last is not None and len(last) == 1 and last[0][0] == _DYNAMIC else None
-
   def ref_of(flat):
     ref = flat[k]
     if type(ref) is not Ref:
@@ -258,7 +281,7 @@ def _ref_operand(eqn, x, transforms=(), last_index: bool = False, element: bool 
     ref = view_of(ref, flat)
     if not last_index:
       return ref
-    return ref, (... if last is None else (flat[lone],) if lone is not None else _index(last, flat))
+    return ref, (... if index_of is None else index_of(flat))
   return ref_of
 
 
