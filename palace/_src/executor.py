@@ -156,18 +156,21 @@ class running_on:
     self.errstate.__exit__(*exc)
 
 
+_WINDOW, _VIEW = "window", "view"   # (the forms of a side of a flat label)
+
+
 def flat_label(copy) -> tuple:
   """A copy's label: what its description says, unformatted and holding no buffer (a launch's report
   keeps one per DMA event, sim/trace.Trace.events), for a DmaRequest or a pipeline copy's labels
   (anything with `label_parts()`: (name, dims, shape) of each side, pipeline._BlockLabels, which also
   names the copies of steps a steady-state detector advanced over). One tuple of names, numbers and
   Nones with nothing nested: the source side, then the destination side, each its name, then None for
-  a whole view, or its rank and one (start, size, stride) per dimension ((index, None, None) for a
-  dimension indexed away; a unit-stride window's offsets and shape as (offset, size, 1)); `label_text`
-  formats it. The cyclic GC stops tracking a tuple of such values at the first collection that
-  examines it, whatever the order it examines objects in; a nested one needs one collection per level
-  (CPython examines a young tuple after the one holding it), so an event holding nested labels reached
-  the oldest generation."""
+  a whole view; or "window", the rank n, n offsets and n sizes for a unit-stride window; or "view",
+  the rank n and one (start, size, stride) per dimension of a view's dims (Ref.dims; (index, None,
+  None) for a dimension indexed away). `label_text` formats it. The cyclic GC stops tracking a tuple
+  of such values at the first collection that examines it, whatever the order it examines objects
+  in; a nested one needs one collection per level (CPython examines a young tuple after the one
+  holding it), so an event holding nested labels reached the oldest generation."""
   labels = copy.labels if isinstance(copy, DmaRequest) else copy
   if labels is None:
     return (copy.src_buf.name, None, copy.dst_buf.name, None)
@@ -177,18 +180,20 @@ def flat_label(copy) -> tuple:
   else:
     src, dst = [v.label_part() if hasattr(v, "label_part") else (v.origin(), None, None) for v in labels]
     label = src + dst
+  sn, sd, sz, dn, dd, dz = label
+  if (sd is None or sz is not None) and (dd is None or dz is not None):   # (no view dims: a pipeline's)
+    return ((sn, None) if sd is None else (sn, _WINDOW, len(sd), *sd, *sz)) + \
+        ((dn, None) if dd is None else (dn, _WINDOW, len(dd), *dd, *dz))
   out = []
   for name, dims, shape in (label[:3], label[3:6]):
     if dims is None:
       out += (name, None)
-      continue
-    out += (name, len(dims))
-    if shape is not None:   # a unit-stride window: offsets and shape
-      for o, z in zip(dims, shape):
-        out += (o, z, 1)
-      continue
-    for d in dims:   # a view's dims (Ref.dims)
-      out += d if type(d) is tuple else (d, None, None)
+    elif shape is not None:
+      out += (name, _WINDOW, len(dims), *dims, *shape)
+    else:
+      out += (name, _VIEW, len(dims))
+      for d in dims:
+        out += d if type(d) is tuple else (d, None, None)
   return tuple(out)
 
 
@@ -197,13 +202,19 @@ def label_text(label) -> str:
   sides = []
   i = 0
   for _ in range(2):
-    name, n = label[i], label[i + 1]
-    i += 2
-    if n is None:
+    name, form = label[i], label[i + 1]
+    if form is None:
       sides.append(name)
+      i += 2
       continue
-    dims = [label[j] if label[j + 1] is None else label[j:j + 3] for j in range(i, i + 3 * n, 3)]
-    i += 3 * n
+    n = label[i + 2]
+    i += 3
+    if form == _WINDOW:
+      dims = [(o, z, 1) for o, z in zip(label[i:i + n], label[i + n:i + 2 * n])]
+      i += 2 * n
+    else:
+      dims = [label[j] if label[j + 1] is None else label[j:j + 3] for j in range(i, i + 3 * n, 3)]
+      i += 3 * n
     sides.append(name + describe_dims(dims))
   return " -> ".join(sides)
 
