@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import palace as pl
+from benchmarks.kernels import window_copies
 from palace import tpu as pltpu
 
 
@@ -146,26 +147,7 @@ def test_a_kept_reports_events_leave_the_collectors_lists(make):
              for a in dmas)
 
 
-def _manual_dma_call(n=8, rows=16):
-  """A kernel copying the windows `x_hbm.at[pl.ds(k * rows, rows)]` into a VMEM slot: DMAs between
-  views (a label side with view dims), as JAX's paged attention makes."""
-  import palace.numpy as jnp
-
-  def kernel(x_hbm, o_ref, buf, sem):
-    o_ref[...] = jnp.zeros_like(o_ref)
-    for k in range(n):
-      copy = pltpu.make_async_copy(x_hbm.at[pl.ds(k * rows, rows)], buf, sem)
-      copy.start()
-      copy.wait()
-      o_ref[...] += buf[...]
-  x = np.arange(n * rows * 128, dtype=np.float32).reshape(n * rows, 128)
-  f = pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct((rows, 128), np.float32),
-                     in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
-                     scratch_shapes=[pltpu.VMEM((rows, 128), np.float32), pltpu.SemaphoreType.DMA])
-  return f, x
-
-
-@pytest.mark.parametrize("make", [lambda: _copy_call(4), _manual_dma_call], ids=["pipeline", "views"])
+@pytest.mark.parametrize("make", [lambda: _copy_call(4), window_copies], ids=["pipeline", "views"])
 def test_a_launch_leaves_only_its_report_tracked_after_two_young_collections(make):
   """Counted with gc.get_objects / gc.is_tracked: what a launch leaves for the collector after one
   collection of each young generation is its report, its event list and their dict and list, not its
