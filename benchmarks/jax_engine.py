@@ -1,12 +1,13 @@
 """palace as JAX's Pallas engine vs JAX's own TPU interpret mode, in one run (issue 17, acceptance 4).
 
 Needs JAX (`.venv-jax`): `PYTHONPATH=$PWD .venv-jax/bin/python -m benchmarks.jax_engine [--quick]
-[--only=NAME] [--floor] [--fixed] [--calls] [--jax-dma=on_wait]` (`--only=basic:add` runs the kernels whose name
-contains that text; `--fixed` only issue 35's fixed set, `FIXED`, which `python -m benchmarks` runs;
-`--calls` counts instead the Python calls of one launch of each of them through palace's own API,
-`own_calls`); `--floor` prints instead, per parity kernel, the time left when palace's launch costs
-nothing: `floor_table`; JAX's side runs its DMAs eagerly, as palace's default does, unless
-`--jax-dma=on_wait`, JAX's default: `JAX_DMA_MODE`).
+[--only=NAME] [--floor] [--fixed] [--calls] [--gc] [--jax-dma=on_wait]` (`--only=basic:add` runs the kernels
+whose name contains that text; `--fixed` only issue 35's fixed set, `FIXED`, which `python -m benchmarks`
+runs; `--calls` counts instead the Python calls of one launch of each of them through palace's own API,
+`own_calls`; `--gc` the full cyclic collections their reports cause over 1000 launches, `own_gc`);
+`--floor` prints instead, per parity kernel, the time left when palace's launch costs nothing:
+`floor_table`; JAX's side runs its DMAs eagerly, as palace's default does, unless `--jax-dma=on_wait`,
+JAX's default: `JAX_DMA_MODE`).
 Every parity kernel (tests/jax_parity/kernels, the multi-chip ones on 4 host devices) runs inside
 `jax.jit` through `palace.jax.virtual_tpu` and through `pltpu.force_tpu_interpret_mode`; each side is
 timed best-of-N on a warm cache (the jit compile is excluded on both sides; N >= 5, more until 0.25 s
@@ -22,6 +23,7 @@ operands, for comparison).
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import os
 import sys
@@ -273,6 +275,25 @@ def own_calls(fname, build) -> int:
   return calls[0]
 
 
+def own_gc(fname, build, launches: int = 1000) -> tuple:
+  """(full cyclic collections per 100 launches, growth of the collector's oldest generation per
+  launch) over `launches` launches of `build(module)` through palace's own API in one virtual_tpu,
+  after three launches and a full collection, the collector left to its thresholds as in a test
+  process: what the reports a process keeps cost its collector (docs/host-speed.md, session 26)."""
+  own = harness.palace_module(fname)
+  with pl.virtual_tpu("v5e", num_chips=getattr(own, "NUM_DEVICES", 1)):
+    fn, args = build(own)
+    for _ in range(3):
+      fn(*args)
+    gc.collect()
+    oldest, full = len(gc.get_objects(2)), gc.get_stats()[2]["collections"]
+    for _ in range(launches):
+      fn(*args)
+    full = gc.get_stats()[2]["collections"] - full
+    oldest = len(gc.get_objects(2)) - oldest
+  return 100 * full / launches, oldest / launches
+
+
 def _table(title, rows, show_rows=True, target="target >= 30x"):
   """Print one table (or only its summary); returns the geomean ratios over JAX interpret mode
   (palace.jax, palace's own path)."""
@@ -358,6 +379,13 @@ def main(argv=None) -> None:
     for name, fname, build in FIXED:
       if wanted(name):
         print(f"{name:48s} {own_calls(fname, build):9,d} Python calls per launch (palace's own API)")
+    return
+  if "--gc" in argv:   # counted: the cyclic GC's work left by the fixed set's reports
+    for name, fname, build in FIXED:
+      if wanted(name):
+        per_100, oldest = own_gc(fname, build)
+        print(f"{name:48s} {per_100:5.1f} full collections per 100 launches, {oldest:6.1f} objects a "
+              f"launch in the oldest generation (palace's own API, 1000 launches)")
     return
   if "--fixed" in argv:   # issue 35's fixed set only, through both front ends
     _table("issue 35's fixed set (default BLAS threads unless the environment says otherwise)",

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+
 import palace as pl
 import palace.numpy as jnp
 from palace import tpu as pltpu
@@ -19,6 +21,24 @@ def matmul_kernel(x_ref, y_ref, z_ref, acc_ref):
   @pl.when(pl.program_id(2) == pl.num_programs(2) - 1)
   def _():
     z_ref[...] = acc_ref[...].astype(z_ref.dtype)
+
+
+def window_copies(n: int = 8, rows: int = 16):
+  """(call, x): a kernel summing the `n` windows `x_hbm.at[pl.ds(k * rows, rows)]` of x, each copied
+  into one VMEM slot by make_async_copy, start and wait (DMAs between views, as JAX's paged attention
+  makes them); its output is x.reshape(n, rows, 128).sum(axis=0)."""
+  def kernel(x_hbm, o_ref, buf, sem):
+    o_ref[...] = jnp.zeros_like(o_ref)
+    for k in range(n):
+      copy = pltpu.make_async_copy(x_hbm.at[pl.ds(k * rows, rows)], buf, sem)
+      copy.start()
+      copy.wait()
+      o_ref[...] += buf[...]
+  x = np.arange(n * rows * 128, dtype=np.float32).reshape(n * rows, 128)
+  call = pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct((rows, 128), np.float32),
+                        in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                        scratch_shapes=[pltpu.VMEM((rows, 128), np.float32), pltpu.SemaphoreType.DMA])
+  return call, x
 
 
 def tiled_matmul(x, y, bm, bk=None, bn=None, *, vmem_limit_bytes=None):

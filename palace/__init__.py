@@ -14,7 +14,8 @@ from palace._src.lang.array import Array
 from palace._src.lang.primitives import (debug_print, delay, loop, multiple_of, num_programs, program_id,
                                          run_scoped, semaphore_read, semaphore_signal, semaphore_wait,
                                          when, with_scoped)
-from palace._src.lang.refs import Ref, Slice, ds
+from palace._src.lang.ref_index import Slice, ds
+from palace._src.lang.refs import Ref
 from palace._src.lang.numpy_ops import broadcast_to
 from palace._src.launch.pallas_call import pallas_call
 from palace._src.launch.kernel import kernel

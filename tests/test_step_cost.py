@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import palace as pl
-from benchmarks.kernels import tiled_matmul
+from benchmarks.kernels import tiled_matmul, window_copies
 from palace._src import blas
 from palace._src.lang import mxu, primitives, refs
 
@@ -83,23 +83,9 @@ def test_a_manual_dma_start_makes_few_python_calls():
   """make_async_copy(...).start() of an HBM window into a VMEM slot: the descriptor is marked used
   once (by prepare) and the HBM tile-padding test makes no generator frame (session 25: 31 -> 24
   calls a start in JAX's paged attention)."""
-  import palace.numpy as jnp
-  from palace import tpu as pltpu
   from palace._src.lang import hbm_tiles, tpu_primitives
   n, rows = 8, 16
-  x = np.arange(n * rows * 128, dtype=np.float32).reshape(n * rows, 128)
-
-  def kernel(x_hbm, o_ref, buf, sem):
-    o_ref[...] = jnp.zeros_like(o_ref)
-    for k in range(n):
-      copy = pltpu.make_async_copy(x_hbm.at[pl.ds(k * rows, rows)], buf, sem)
-      copy.start()
-      copy.wait()
-      o_ref[...] += buf[...]
-
-  f = pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct((rows, 128), np.float32),
-                     in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
-                     scratch_shapes=[pltpu.VMEM((rows, 128), np.float32), pltpu.SemaphoreType.DMA])
+  f, x = window_copies(n, rows)
   with pl.virtual_tpu("v5e"):
     out, calls = _counted(lambda: f(x))
   np.testing.assert_array_equal(out, x.reshape(n, rows, 128).sum(axis=0))

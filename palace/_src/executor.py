@@ -156,18 +156,67 @@ class running_on:
     self.errstate.__exit__(*exc)
 
 
+_WINDOW, _VIEW = "window", "view"   # (the forms of a side of a flat label)
+
+
+def flat_label(copy) -> tuple:
+  """A copy's label: what its description says, unformatted and holding no buffer (a launch's report
+  keeps one per DMA event, sim/trace.Trace.events), for a DmaRequest or a pipeline copy's labels
+  (anything with `label_parts()`: (name, dims, shape) of each side, pipeline._BlockLabels, which also
+  names the copies of steps a steady-state detector advanced over). One tuple of names, numbers and
+  Nones with nothing nested: the source side, then the destination side, each its name, then None for
+  a whole view; or "window", the rank n, n offsets and n sizes for a unit-stride window; or "view",
+  the rank n and one (start, size, stride) per dimension of a view's dims (Ref.dims; (index, None,
+  None) for a dimension indexed away). `label_text` formats it. The cyclic GC stops tracking a tuple
+  of such values at the first collection that examines it, whatever the order it examines objects
+  in; a nested one needs one collection per level (CPython examines a young tuple after the one
+  holding it), so an event holding nested labels reached the oldest generation."""
+  labels = copy.labels if isinstance(copy, DmaRequest) else copy
+  if labels is None:
+    return (copy.src_buf.name, None, copy.dst_buf.name, None)
+  parts = getattr(labels, "label_parts", None)   # (pipeline copies: no view is built)
+  if parts is not None:
+    label = parts()
+  else:
+    src, dst = [v.label_part() if hasattr(v, "label_part") else (v.origin(), None, None) for v in labels]
+    label = src + dst
+  sn, sd, sz, dn, dd, dz = label
+  if (sd is None or sz is not None) and (dd is None or dz is not None):   # (no view dims: a pipeline's)
+    return ((sn, None) if sd is None else (sn, _WINDOW, len(sd), *sd, *sz)) + \
+        ((dn, None) if dd is None else (dn, _WINDOW, len(dd), *dd, *dz))
+  out = []
+  for name, dims, shape in (label[:3], label[3:6]):
+    if dims is None:
+      out += (name, None)
+    elif shape is not None:
+      out += (name, _WINDOW, len(dims), *dims, *shape)
+    else:
+      out += (name, _VIEW, len(dims))
+      for d in dims:
+        out += d if type(d) is tuple else (d, None, None)
+  return tuple(out)
+
+
 def label_text(label) -> str:
-  """A copy's label (`DmaRequest.label`) as text: 'args[0][0:8, 0:128] -> args[0] block'."""
-  return f"{_side(*label[:3])} -> {_side(*label[3:6])}"
-
-
-def _side(name: str, dims, shape) -> str:
-  """One side of a label: a whole view (dims None), a view (Ref.dims), or a window (offsets, shape)."""
-  if dims is None:
-    return name
-  if shape is None:
-    return name + describe_dims(dims)
-  return name + describe_dims([(o, z, 1) for o, z in zip(dims, shape)])
+  """A copy's flat label (`flat_label`) as text: 'args[0][0:8, 0:128] -> args[0] block'."""
+  sides = []
+  i = 0
+  for _ in range(2):
+    name, form = label[i], label[i + 1]
+    if form is None:
+      sides.append(name)
+      i += 2
+      continue
+    n = label[i + 2]
+    i += 3
+    if form == _WINDOW:
+      dims = [(o, z, 1) for o, z in zip(label[i:i + n], label[i + n:i + 2 * n])]
+      i += 2 * n
+    else:
+      dims = [label[j] if label[j + 1] is None else label[j:j + 3] for j in range(i, i + 3 * n, 3)]
+      i += 3 * n
+    sides.append(name + describe_dims(dims))
+  return " -> ".join(sides)
 
 
 class DmaRequest:
@@ -199,23 +248,7 @@ class DmaRequest:
   @property
   def describe(self) -> str:
     """'src -> dst' with operand names and windows (built only when a message needs it)."""
-    return label_text(self.label())
-
-  def label(self) -> tuple:
-    """What `describe` says, unformatted and holding no buffer (a launch's report keeps one per DMA):
-    one flat tuple, (name, dims, shape) of the source then of the destination, each side a whole view
-    (name, None, None), a view (name, Ref.dims, None) or a unit-stride window (name, offsets, shape);
-    `label_text` formats it. Names and tuples of ints only, no nesting of its own: the cyclic GC stops
-    tracking such tuples at its first collection, so the labels a process's reports keep cost its
-    later collections nothing (sim/trace.Trace.events)."""
-    labels = self.labels
-    if labels is None:
-      return (self.src_buf.name, None, None, self.dst_buf.name, None, None)
-    parts = getattr(labels, "label_parts", None)   # (pipeline copies: no view is built)
-    if parts is not None:
-      return parts()
-    src, dst = [v.label_part() if hasattr(v, "label_part") else (v.origin(), None, None) for v in labels]
-    return src + dst
+    return label_text(flat_label(self))
 
   def __str__(self):
     return self.describe

@@ -212,7 +212,7 @@ class Detector:
       dt, ds = q * cycles, q * period
       for ev, copy in events:
         args = ev[5]
-        if copy is not None:   # (named by its labels: pipeline._BlockLabels.label)
+        if copy is not None:   # (named by its labels: pipeline._BlockLabels, executor.flat_label)
           labels, blocks, rel = copy
           args = (labels.at(blocks[j + rel + ds]), args[1])
         out.append((ev[0], ev[1], ev[2], ev[3] + dt, ev[4] + dt, args))

@@ -318,3 +318,22 @@ def test_a_scalar_read_and_write_of_a_windowed_smem_view_at_a_runtime_index():
     out = np.asarray(jax.jit(f)(t))
   want = np.repeat(t[1::2] * 20, 8)[:, None] * np.ones((1, 128), np.int32)
   np.testing.assert_array_equal(out, want)
+
+
+def test_an_index_is_built_by_one_builder_made_once_per_entry_list():
+  """ref_operands._index_builder: the index a ref access reads or writes at, for every entry kind
+  (a static int, runtime indices, a pl.ds at a runtime start, a general entry's function); runtime
+  indices alone are built by a C call (no Python frame per access)."""
+  import operator
+
+  from palace._src.jax import ref_operands as ro
+  from palace._src.lang.ref_index import Slice
+  flat = ("ref", 7, 3, 5)
+  build = ro._index_builder(((ro._DYNAMIC, 2, 0, 0),))
+  assert type(build) is operator.itemgetter and build(flat) == (3,)
+  build = ro._index_builder(((ro._DYNAMIC, 3, 0, 0), (ro._DYNAMIC, 1, 0, 0)))
+  assert type(build) is operator.itemgetter and build(flat) == (5, 7)
+  build = ro._index_builder(((ro._STATIC, 4, 0, 0), (ro._DYNAMIC, 1, 0, 0), (ro._DYNAMIC_SLICE, 2, 8, 2),
+                             (ro._GENERAL, lambda f: f[3] * 10, 0, 0)))
+  assert build(flat) == (4, 7, Slice(3, 8, 2), 50)
+  assert ro._index_builder(())(flat) == ()

@@ -211,3 +211,26 @@ def test_borrowed_chain_survives_the_middle_buffer_moving_on(rng):
   np.testing.assert_array_equal(o1, 2 * z0)
   np.testing.assert_array_equal(o2, z0)
   np.testing.assert_array_equal(z_final, z1)
+
+
+def test_buffer_owners_and_a_write_through_a_stale_borrow_chain():
+  """Buffer.owners is the one memory test of the borrowing bookkeeping: a borrower's owners are the
+  lenders whose storage its own views, and a write to a buffer detaches a borrower whose chain has
+  gone stale (its lender moved on) by the same test, `owners((writer,))`."""
+  from palace._src.core import MemorySpace
+  from palace._src.sim.memory import Buffer
+
+  def buf(name, data):
+    return Buffer(data, data.shape, data.dtype, MemorySpace.VMEM, name)
+  a, d = buf("a", np.arange(8.0)), buf("d", np.full(8, -1.0))
+  b, c = buf("b", np.zeros(8)), buf("c", np.zeros(8))
+  b.borrow(a, a.storage)
+  c.borrow(b, b.storage)   # (c now views a's memory through b: it watches b and a)
+  assert c.owners() == [b, a] and c.owners() is c.owners()   # (kept while nothing changed)
+  b.borrow(d, d.storage)   # b moves on: c's chain through b is stale
+  assert c.owners() == [a] and b.owners() == [d]
+  assert c.owners((d,)) == [] and b.owners((a, c)) == []
+  a.detach_readers()   # what a write to a does first
+  assert c.borrowed is None and not np.shares_memory(c.storage, a.storage)
+  np.testing.assert_array_equal(c.storage, np.arange(8.0))
+  assert b.borrowed is d and np.shares_memory(b.storage, d.storage)   # (it views d: left alone)

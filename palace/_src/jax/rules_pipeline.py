@@ -22,7 +22,7 @@ import collections
 
 from palace._src.jax.interpret import grid_axes, program, run_program, unsupported
 from palace._src.jax.registry import rule
-from palace._src.jax.rules_state import _Leaf, _ref_operand, _unflatten, _value
+from palace._src.jax.ref_operands import _Leaf, _ref_operand, _unflatten, _value
 from palace._src.lang import primitives as prims
 from palace._src.lang.array import concrete_int
 

@@ -15,7 +15,8 @@ from palace._src.errors import UnsupportedError
 from palace._src.jax.avals import memory_space
 from palace._src.jax.interpret import program, run_program, source_line, unsupported
 from palace._src.jax.registry import DATA, rule
-from palace._src.jax.rules_state import DMA, _Leaf, _operand, _ref_operand, _unflatten, _value
+from palace._src.jax.ref_operands import _Leaf, _operand, _ref_operand, _unflatten, _value
+from palace._src.jax.rules_state import DMA
 from palace._src.lang import indexed as indexing_check
 from palace._src.lang.numpy_reductions import sparsecore_cumsum_rank_error
 from palace._src.lang import primitives as prims

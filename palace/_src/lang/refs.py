@@ -2,68 +2,29 @@
 
 A Ref is a Buffer plus a view: one entry per buffer dimension, either an int (that dimension is indexed
 away) or a (start, size, stride) window. `ref.at[...]` composes views without touching data; `ref[...]`
-loads through the executor and returns an Array; `ref[...] = v` stores.
-
-Every index is bounds-checked, each form in one place: ints (negative ones count from the end, as in
-NumPy), `pl.ds(start, size, stride)` (start >= 0 and the window inside the axis) and static Python
-slices (validate.static_slice: legal negative bounds keep NumPy's meaning, but a bound outside
-[-size, size] is an OutOfBoundsError instead of NumPy's silent clipping; JAX rejects an out-of-range
-start too but clamps a stop beyond the end, which palace rejects as well, since the shortened window
-is almost always a kernel bug). Indices must be integers: floats and bools are errors, never truncated.
+loads through the executor and returns an Array; `ref[...] = v` stores. Every index is bounds-checked
+(ref_index.py: `pl.ds` and the composition of an index with a view); what a load or store may reach
+and how a stored value is coerced are ref_access.py's; a bitcast or reshape that no strided window
+expresses is a MappedRef (below), a 4-bit bitcast with a width change a PackedRef (packed_refs.py).
 """
 from __future__ import annotations
-
-import dataclasses
-import itertools
-import operator
 
 import numpy as np
 
 from palace._src import dtypes as dt
-from palace._src import executor, validate
-from palace._src.core import MemorySpace, is_hbm
-from palace._src.errors import (MemorySpaceError, OutOfBoundsError, ShapeError, UnsupportedError,
-                                 UsageError)
+from palace._src import executor
+from palace._src.core import MemorySpace
+from palace._src.errors import ShapeError, UnsupportedError, UsageError
 from palace._src.lang import numpy_indexing, numpy_linalg, numpy_ops  # noqa: F401  (bind Array operators)
-from palace._src.lang import hbm_tiles, numpy_dtypes, ref_maps
-from palace._src.lang.array import Array, WeakArray, concrete_int
+from palace._src.lang import ref_maps
+from palace._src.lang.array import Array
 from palace._src.lang.deferred import Deferred
 from palace._src.lang.indexed import is_index_source, make_indexed
-from palace._src.lang.numpy_indexing import _where, plain_index
-from palace._src.util import describe_dims, keep, prod, user_frame_summary
-
-
-@dataclasses.dataclass(frozen=True)
-class Slice:
-  """`pl.ds(start, size, stride)` / `pl.Slice`: start may be a runtime scalar; size is static."""
-  start: object
-  size: int
-  stride: int = 1
-
-  def __post_init__(self):
-    start, size, stride = self.start, self.size, self.stride
-    if (type(size) is int and size >= 0 and type(stride) is int and stride >= 1 and
-        (type(start) is int or type(start) is Array)):
-      return   # the common case, cheap (pl.ds is built on every step of a kernel loop)
-    if isinstance(self.size, Array) or isinstance(self.stride, Array):
-      raise UsageError(f"pl.ds size must be a static Python int (only the start may be dynamic); got "
-                       f"size={self.size!r}, stride={self.stride!r}. Fix: pass the size as a Python int (e.g. "
-                       f"the block size); a dynamic extent needs a fixed-size window and a mask. "
-                       f"({user_frame_summary()})")
-    hint = "pass an integer; floats are never truncated."
-    if not isinstance(self.start, Array):
-      object.__setattr__(self, "start", validate.as_int(
-          self.start, f"pl.ds start ({user_frame_summary()})", hint=hint))
-    object.__setattr__(self, "size", validate.as_int(
-        self.size, f"pl.ds size ({user_frame_summary()})", min_value=0, hint=hint))
-    object.__setattr__(self, "stride", validate.as_int(
-        self.stride, f"pl.ds stride ({user_frame_summary()})", min_value=1, hint=hint))
-
-
-def ds(start, size=None, stride: int = 1) -> Slice:
-  if size is None:
-    start, size = 0, start
-  return Slice(start, size, stride)
+from palace._src.lang.numpy_indexing import plain_index
+from palace._src.lang.packed_refs import PackedRef
+from palace._src.lang.ref_access import check_access, coerce_store
+from palace._src.lang.ref_index import RefIndexing, Slice, np_index_of
+from palace._src.util import describe_dims, keep, prod
 
 
 class _AtIndexer:
@@ -80,7 +41,6 @@ class _AtIndexer:
 
 
 _FULL_DIMS: dict = {}   # buffer shape -> the dims of its whole view (a cache of a pure function)
-_STATIC_BOUND = (int, type(None))   # slice bound types that are certainly not runtime values
 # Composed static indices of refs (Ref._target): (HBM or not, dtype and shape of the buffer, view
 # dims, index, index types, bounds checked) -> the view's parts, or (dims,) for one element. A cache
 # of a pure function of its key (an index that raises is never kept), cleared past _VIEWS_MAX entries.
@@ -89,13 +49,7 @@ _VIEWS_MAX = 4096
 _STATIC_KINDS = frozenset({int, Slice, slice, type(Ellipsis)})
 
 
-def _np_index_of(dims) -> tuple:
-  """A view's dims as the NumPy index of its elements in the array it views."""
-  return tuple([d if type(d) is int else slice(d[0], d[0] + (d[1] - 1) * d[2] + 1 if d[1] else d[0], d[2])
-                for d in dims])
-
-
-class Ref:
+class Ref(RefIndexing):
   """A mutable view of a buffer (VMEM, SMEM, HBM/ANY, semaphores)."""
   __slots__ = ("buf", "dims", "shape", "_np_index", "_full", "__weakref__")
   _mapped = False   # a MappedRef (below): its elements are found through an element map
@@ -119,7 +73,7 @@ class Ref:
       return
     self._full = False
     self.shape = tuple([d[1] for d in dims if type(d) is tuple])
-    self._np_index = _np_index_of(dims)
+    self._np_index = np_index_of(dims)
 
   @classmethod
   def window(cls, buf: "Buffer", starts, sizes, squeezed=()) -> "Ref":
@@ -195,102 +149,9 @@ class Ref:
     view, index, _ = self._target(idx)
     return Ref(self.buf, index) if view is None else view   # (an element: a 0-d view of it)
 
-  def _index_site(self, idx, axis: int) -> str:
-    """`x_ref[200:208, :]` (axis 0 of args[0], shape (128, 256), VMEM) at grid point ... line: the
-    place of a bad index, for its error message."""
-    return (f"Index {self.buf.name}[{validate.fmt_index(idx)}] (axis {axis} of {self.origin()}, shape "
-            f"{self.shape}, {self.buf.memory_space}){_where()} at {user_frame_summary()}")
 
-  def _compose(self, idx):
-    if type(idx) is not tuple:
-      idx = tuple(idx) if isinstance(idx, tuple) else (idx,)
-    dims = self.dims
-    # the positions of the dims not indexed away yet (all of them unless a dim is an int)
-    free = range(len(dims)) if len(self.shape) == len(dims) else \
-        [i for i, d in enumerate(dims) if not isinstance(d, int)]
-    n_ell = sum(map(operator.is_, idx, itertools.repeat(Ellipsis)))
-    if n_ell > 1:
-      raise UsageError(f"An index of {self.buf.name} can only have a single ellipsis ('...'){_where()}. "
-                         f"Fix: keep one '...' and spell out the other dimensions with ':'.")
-    if n_ell:
-      k = idx.index(Ellipsis)
-      idx = idx[:k] + (slice(None),) * (len(free) - len(idx) + 1) + idx[k + 1:]
-    if len(idx) > len(free):
-      raise OutOfBoundsError(f"Too many indices for {self.buf.name} of shape {self.shape}: got "
-                             f"{len(idx)}{_where()}. Fix: give at most {len(free)} indices, one per "
-                             f"dimension.")
-    new = list(dims)
-    # (a mapped view is always checked: its element map has no out-of-bounds form to clip)
-    check = True if self._mapped else bounds_checks()
-    for axis, (pos, i) in enumerate(zip(free, idx)):
-      start, size, stride = new[pos]
-      if type(i) is slice and i.start is None and i.stop is None and i.step is None:
-        continue   # `:` keeps the dim as it is (static_slice gives (0, size, 1), always in bounds)
-      if isinstance(i, (Array, int, np.integer)):   # (first: indexing by ints is the common case)
-        if type(i) is bool:
-          raise UsageError(f"{self._index_site(idx, axis)}: a bool is not an index. Fix: index with an "
-                           f"integer, a slice or pl.ds (boolean masks are not supported on refs).")
-        v = concrete_int(i, "index")
-        if isinstance(i, (int, np.integer)) and v < 0:
-          v += size
-        if check and not 0 <= v < size:
-          raise OutOfBoundsError(
-              f"Index {v} out of bounds for axis {axis} of {self.origin()} (shape {self.shape}, "
-              f"{self.buf.memory_space}){_where()}: expected 0 <= index < {size}. Fix: keep the index "
-              f"in 0..{size - 1}. ({user_frame_summary()})")
-        new[pos] = start + v * stride
-        continue
-      if isinstance(i, Slice):
-        s0 = concrete_int(i.start, "pl.ds start")
-        sz, st = i.size, i.stride
-      elif type(i) is slice:
-        if not (type(i.start) in _STATIC_BOUND and type(i.stop) in _STATIC_BOUND and
-                type(i.step) in _STATIC_BOUND) and \
-            any(isinstance(v, Array) for v in (i.start, i.stop, i.step)):
-          raise UsageError(f"Slicing {self.buf.name} with runtime bounds needs pl.ds(start, size): a "
-                           f"Python slice must be static. Fix: use x_ref[pl.ds(start, size)] with a static "
-                           f"size.")
-        s0, sz, st = validate.static_slice(i, size, lambda: self._index_site(idx, axis))
-      elif isinstance(i, Ref):
-        raise UsageError(f"Indexing {self.buf.name} with a ref (indexed DMA) is a SparseCore feature; "
-                         f"Fix: use it as the source or destination of pltpu.sync_copy/async_copy.")
-      else:
-        raise UsageError(f"Unsupported index {i!r} for {self.buf.name}{_where()}. Fix: use ints, slices or "
-                         f"pl.ds.")
-      if check and sz > 0 and (s0 < 0 or s0 + (sz - 1) * st >= size) and \
-          not hbm_tiles.allows(self.buf, pos, new[pos], s0, sz, st):   # (an HBM tile's padding)
-        raise OutOfBoundsError(
-            f"Slice [{s0}:{s0 + sz * st}] out of bounds for axis {axis} of {self.origin()} (shape "
-            f"{self.shape}, {self.buf.memory_space}){_where()}: expected 0 <= start and "
-            f"start + size <= {size}{hbm_tiles.padding_note(self.buf, pos, new[pos])}. Fix: keep the "
-            f"slice inside the {size} elements of axis {axis}. ({user_frame_summary()})")
-      new[pos] = (start + s0 * stride, sz, stride * st)
-    return tuple(new)
 
   # ---- loads and stores ----
-  def _check_access(self, what: str, scalar: bool):
-    space = self.buf.memory_space
-    if space is _VMEM:
-      return
-    if is_hbm(space):
-      raise MemorySpaceError(
-          f"{what} of {self.buf.name} ({space}) from the vector unit{_where()}: buffers in HBM/ANY "
-          f"cannot be referenced directly. Fix: copy a block into VMEM with pltpu.sync_copy / "
-          f"pltpu.async_copy (or use a VMEM BlockSpec). ({user_frame_summary()})")
-    if space is MemorySpace.HOST:
-      raise MemorySpaceError(
-          f"{what} of {self.buf.name} (host memory) from the vector unit{_where()}: a kernel reaches the "
-          f"host's pinned memory (pl.HOST) by DMA only. Fix: copy it into VMEM (or HBM) with "
-          f"pltpu.sync_copy / pltpu.async_copy first. ({user_frame_summary()})")
-    if space == MemorySpace.SEMAPHORE:
-      raise MemorySpaceError(f"{what} of semaphore {self.buf.name}{_where()}: semaphores are not data. Fix: "
-                             f"use pl.semaphore_read / pl.semaphore_signal / pl.semaphore_wait.")
-    if space == MemorySpace.SMEM and not scalar:
-      raise MemorySpaceError(
-          f"Vector {what.lower()} of {self.origin()} (shape {self.shape}) in SMEM{_where()}: SMEM holds "
-          f"scalars only. Fix: index down to a single element (e.g. ref[i, j]) or put the array in VMEM. "
-          f"({user_frame_summary()})")
-
   def _target(self, idx) -> tuple:
     """(view, NumPy index, shape) of what `self[idx]` loads or stores. A whole-ref index (`...`, what
     nearly every load and store of a pipelined block uses) is tested first and answered from the ref's
@@ -347,7 +208,7 @@ class Ref:
     view, index, shape = self._target(idx)
     buf = self.buf
     if buf.memory_space is not _VMEM and (view is not None or buf.memory_space is not _SMEM):
-      (Ref(buf, index) if view is None else view)._check_access("Load", not shape)
+      check_access(Ref(buf, index) if view is None else view, "Load", not shape)
     data, ready = ex.load(buf, index, shape)
     if type(data) is Deferred:
       return data._again(ready)
@@ -406,7 +267,7 @@ class Ref:
     view, index, shape = self._target(idx)
     buf = self.buf
     if buf.memory_space is not _VMEM and (view is not None or buf.memory_space is not _SMEM):
-      (Ref(buf, index) if view is None else view)._check_access("Store", not shape)
+      check_access(Ref(buf, index) if view is None else view, "Store", not shape)
     if type(value) is Array and value.shape == shape and value.dtype == buf.dtype:
       data, ready = (None if ex.timing_only and shape else value._data), value._ready
     elif (type(value) is Deferred and index == () and value.shape == shape
@@ -414,7 +275,7 @@ class Ref:
           and ex.deferred_values):
       data, ready = value, value._ready  # the buffer keeps the deferred sum (lang/deferred.py)
     else:
-      data, ready = _coerce_store(Ref(buf, index) if view is None else view, value, ex.timing_only)
+      data, ready = coerce_store(Ref(buf, index) if view is None else view, value, ex.timing_only)
     ex.store(buf, index, shape, data, ready)
     if type(data) is np.ndarray:
       buf.stored(data, value if type(value) is Array else None)   # (an adopted array: copy on write)
@@ -615,7 +476,7 @@ class MappedRef(Ref):
       return view._host_get(...)
     buf = view.buf
     if buf.memory_space is not _VMEM:
-      view._check_access("Load", not view.shape)
+      check_access(view, "Load", not view.shape)
     data, ready = ex.load(buf, view._np_index, view.shape)
     if data is not None:
       data = ref_maps.from_units(data, view._dtype)
@@ -630,8 +491,8 @@ class MappedRef(Ref):
       return view._host_set(..., value)
     buf = view.buf
     if buf.memory_space is not _VMEM:
-      view._check_access("Store", not view.shape)
-    data, ready = _coerce_store(view, value, ex.timing_only)
+      check_access(view, "Store", not view.shape)
+    data, ready = coerce_store(view, value, ex.timing_only)
     if data is not None:
       data = ref_maps.to_units(data, view.shape, view._dtype, buf.storage.dtype)
     ex.store(buf, view._np_index, view.shape, data, ready)
@@ -660,88 +521,6 @@ class MappedRef(Ref):
     return f"Ref<{self.memory_space}>{{{self._dtype}{list(self.shape)}}} {self.origin()}"
 
 
-class PackedRef:
-  """A ref bitcast to or from a 4-bit type with a width change (int4 <-> int8, bf16, f32, ...): palace
-  keeps one 4-bit element per byte, so no map of the buffer's memory expresses it (ref_maps). A load of
-  the whole view loads the whole base ref and bitcasts the value (ref_maps.bitcast_data: rows packed
-  along the second-minor axis, the first in the lowest bits, as pltpu.bitcast of a value); a store of
-  the whole view bitcasts the value back and stores it. Windows of it, DMAs of it and further views
-  are not covered (UnsupportedError naming them)."""
-  __slots__ = ("_base", "dtype", "shape")
-
-  def __init__(self, base, dtype):
-    self._base, self.dtype = base, dtype
-    self.shape = ref_maps.bitcast_shape(base.shape, base.dtype, dtype, f"Ref.bitcast of {base.origin()}")
-
-  @staticmethod
-  def packs(src, dst) -> bool:
-    """Whether a bitcast from `src` to `dst` changes the width with a 4-bit type on one side."""
-    bits = ref_maps.storage_bits
-    return bits(src) != bits(dst) and 4 in (bits(src), bits(dst))
-
-  ndim = property(lambda self: len(self.shape))
-  size = property(lambda self: prod(self.shape))
-  memory_space = property(lambda self: self._base.memory_space)
-  at = property(lambda self: _PackedAt(self))
-
-  def origin(self) -> str:
-    return f"{self._base.origin()}.bitcast({self.dtype.name})"
-
-  def __repr__(self):
-    return f"Ref<{self.memory_space}>{{{self.dtype}{list(self.shape)}}} {self.origin()}"
-
-  def _refuse(self, what: str) -> UnsupportedError:
-    return UnsupportedError(
-        f"{what} of {self.origin()}{_where()}: palace covers loads and stores of a whole 4-bit ref "
-        f"bitcast view only (it keeps one 4-bit element per byte, so the view maps no window of the "
-        f"buffer). Fix: load the whole view (ref.bitcast(...)[...]) and slice the value, or bitcast "
-        f"the value with pltpu.bitcast. ({user_frame_summary()})")
-
-  def _whole(self, idx, what: str) -> None:
-    if idx is Ellipsis or (isinstance(idx, tuple) and (not idx or all(
-        isinstance(i, slice) and i == slice(None) for i in idx))):
-      return
-    raise self._refuse(what)
-
-  def __getitem__(self, idx):
-    self._whole(idx, "A windowed load")
-    v = self._base[...]
-    data = v._data if isinstance(v, Array) else np.asarray(v)
-    out = None if data is None else ref_maps.bitcast_data(data, self._base.dtype, self.dtype, -2)
-    if not isinstance(v, Array):
-      return out
-    return Array(out, self.shape, self.dtype, v._ready)
-
-  def __setitem__(self, idx, value):
-    self._whole(idx, "A windowed store")
-    if not isinstance(value, Array):
-      value = np.broadcast_to(np.asarray(value, self.dtype), self.shape)
-      self._base[...] = ref_maps.bitcast_data(value, self.dtype, self._base.dtype, -2)
-      return
-    if value.shape != self.shape or value.dtype != self.dtype:
-      raise ShapeError(f"Store of {value.dtype}{list(value.shape)} into {self!r}{_where()}: expected "
-                       f"{self.dtype}{list(self.shape)}. Fix: cast or broadcast the value first. "
-                       f"({user_frame_summary()})")
-    data = None if value._data is None else \
-        ref_maps.bitcast_data(value._data, self.dtype, self._base.dtype, -2)
-    self._base[...] = Array(data, self._base.shape, self._base.dtype, value._ready)
-
-  def bitcast(self, dtype):
-    raise self._refuse(f"A bitcast to {dt.canonicalize(dtype)}")
-
-  def reshape(self, *shape):
-    raise self._refuse("A reshape")
-
-
-class _PackedAt:
-  __slots__ = ("_ref",)
-
-  def __init__(self, ref):
-    self._ref = ref
-
-  def __getitem__(self, idx):
-    self._ref._whole(idx, "A window (.at[...])")
-    return self._ref
 
 
 class _MappedAt(_AtIndexer):
@@ -760,62 +539,3 @@ _VMEM = MemorySpace.VMEM
 _SMEM = MemorySpace.SMEM
 _HBM, _ANY = MemorySpace.HBM, MemorySpace.ANY
 _current_ex = executor.maybe_current   # (the context variable's getter: no Python frame)
-
-
-def bounds_checks() -> bool:
-  """Whether ref views made here are bounds-checked: the current core's setting
-  (CompilerParams(disable_bounds_checks)), True outside a kernel (what `Ref.at` composes with)."""
-  ex = _current_ex()
-  return True if ex is None else ex.bounds_checks
-
-
-def _coerce_store(view: Ref, value, timing_only: bool):
-  """(data, ready) for storing `value` into `view`: dtype must match (weak scalars are cast)."""
-  d = view.buf.dtype
-  if type(value) is WeakArray and value.dtype != d and (dt.is_float(d) or not dt.is_float(value.dtype)):
-    # a weakly typed value (jnp.full(s, 10)) is cast to the ref's dtype, as JAX does (a float into an
-    # integer ref stays an error, as for a Python float)
-    data = None if value._data is None else numpy_dtypes._convert(value._data, d)
-    value = WeakArray(data, value.shape, d, value._ready)
-  if isinstance(value, Array):
-    if value.dtype != d:
-      raise ShapeError(
-          f"Cannot store a value of dtype {value.dtype} into {view.origin()} of dtype {d}{_where()}: "
-          f"stores require the ref's dtype. Fix: use .astype({d.name}). ({user_frame_summary()})")
-    vshape, data, ready = value.shape, value._data, value._ready
-  elif isinstance(value, (bool, int, float, np.generic)):
-    if isinstance(value, np.generic) and dt.canonicalize(value.dtype) != d:
-      raise ShapeError(f"Cannot store a {value.dtype} scalar into {view.origin()} of dtype {d}"
-                       f"{_where()}. Fix: cast it first, e.g. jnp.{d.name}(value). ({user_frame_summary()})")
-    if type(value) is float and not dt.is_float(d):
-      raise ShapeError(f"Cannot store the Python float {value!r} into {view.origin()} of dtype {d}"
-                       f"{_where()}: stores require the ref's dtype; expected an int. Fix: store an int, or "
-                       f"round explicitly (int(x), jnp.round). ({user_frame_summary()})")
-    try:
-      data = np.asarray(value, dtype=d)
-    except OverflowError:
-      raise ShapeError(f"Cannot store the Python int {value!r} into {view.origin()} of dtype {d}"
-                       f"{_where()}: out of range for {d}. Fix: store a value that fits {d}, or use a wider "
-                       f"ref. ({user_frame_summary()})") from None
-    vshape, ready = (), 0
-  elif isinstance(value, np.ndarray):
-    raise UsageError(f"Storing a NumPy array into {view.origin()} inside a kernel: kernels cannot close "
-                     f"over array constants. Fix: pass the array as an input instead.")
-  else:
-    raise ShapeError(f"Cannot store a {type(value).__name__} into {view.origin()}{_where()}. Fix: store a "
-                     f"kernel value (jnp array), a NumPy scalar or a Python number.")
-  if vshape != view.shape:
-    try:
-      bshape = np.broadcast_shapes(vshape, view.shape)
-    except ValueError:
-      bshape = None
-    if bshape != view.shape:
-      raise ShapeError(
-          f"Cannot store a value of shape {vshape} into {view.origin()} of shape {view.shape}"
-          f"{_where()}: shapes must match or broadcast. Fix: store a value of shape {view.shape}, or index "
-          f"the ref down to the value's shape. ({user_frame_summary()})")
-    if data is not None and not timing_only:
-      data = np.broadcast_to(data, view.shape)
-  if timing_only and view.shape:
-    data = None
-  return data, ready

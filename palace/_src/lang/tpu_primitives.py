@@ -16,7 +16,8 @@ from palace._src.lang.primitives import (axis_index, axis_size, resolve_device_i
                                          sem_target, semaphore_signal, semaphore_wait,
                                          typed_device_id)
 from palace._src.lang.indexed import IndexedRef, check_indexed_copy
-from palace._src.lang.refs import MappedRef, PackedRef, Ref
+from palace._src.lang.packed_refs import PackedRef
+from palace._src.lang.refs import MappedRef, Ref
 from palace._src.lang.numpy_indexing import _where
 from palace._src.util import prod, tree_flatten, user_frame_summary
 

@@ -111,8 +111,7 @@ class Buffer:
         if isinstance(value, Buffer):
           # a borrower registered here views this storage: directly (`borrowed is self`) or through a
           # buffer that has since stopped borrowing it (a stale chain; the memory decides)
-          if value.borrowed is self or (value.borrowed is not None and
-                                        _may_overlap(value._storage, self._storage)):
+          if value.borrowed is self or (value.borrowed is not None and value.owners((self,))):
             value.unborrow()
           if value.lenders:
             value.lenders = [known for known in value.lenders if known is not self]
@@ -196,24 +195,33 @@ class Buffer:
       self._readers_cap = max(64, 2 * len(readers))
     readers.append(ref)
 
-  def owners(self) -> list:
-    """The buffers whose memory this buffer's (borrowed) storage views right now. Kept (`_owners`) while
-    this buffer's storage, its lender list and every lender's storage are the same objects (a borrowed
-    block is loaded once or more per grid step; the memory test costs a NumPy dispatch per lender)."""
+  def owners(self, among=None) -> list:
+    """The buffers whose memory this buffer's (borrowed) storage views right now: those of its lenders
+    (or of `among`) whose storage may share memory with it (the one home of that test; a buffer with
+    no storage shares none). For its lenders the answer is kept (`_owners`) while this buffer's
+    storage, its lender list and every lender's storage are the same objects (a borrowed block is
+    loaded once or more per grid step; the memory test costs a NumPy dispatch per lender)."""
     storage = self._storage
-    lenders = self.lenders
-    if self.borrowed is None or storage is None or not lenders:
+    if among is None:
+      among = self.lenders
+      if self.borrowed is None or storage is None or not among:
+        return []
+      memo = self._owners
+      if (memo is not None and memo[0] is storage and memo[1] is among and len(memo[2]) == len(among)
+          and all(map(is_, map(_STORAGE, among), memo[2]))):
+        return memo[3]
+      keep = True
+    elif storage is None:
       return []
-    memo = self._owners
-    if (memo is not None and memo[0] is storage and memo[1] is lenders and len(memo[2]) == len(lenders)
-        and all(map(is_, map(_STORAGE, lenders), memo[2]))):
-      return memo[3]
-    found = []   # (a loop, not a comprehension or _may_overlap: no Python frame per lender)
-    for b in lenders:
+    else:
+      keep = False
+    found = []   # (a loop, not a comprehension: no Python frame per buffer)
+    for b in among:
       lent = b._storage
       if lent is not None and _may_share(lent, storage):
         found.append(b)
-    self._owners = (storage, lenders, tuple(map(_STORAGE, lenders)), found)
+    if keep:
+      self._owners = (storage, among, tuple(map(_STORAGE, among)), found)
     return found
 
   @property
@@ -244,9 +252,6 @@ class Buffer:
 # call, and palace passes plain ndarrays only); NumPy's own function where the attribute is missing
 _may_share = getattr(np.may_share_memory, "_implementation", np.may_share_memory)
 
-
-def _may_overlap(a, b) -> bool:
-  return a is not None and b is not None and _may_share(a, b)
 
 
 def _get_storage(buf):

@@ -6,7 +6,7 @@ import itertools
 import json
 import operator
 
-from palace._src.executor import label_text
+from palace._src.executor import flat_label, label_text
 
 UNIT_ORDER = ("scalar", "dma", "mxu", "vpu", "eup", "xlu", "vld", "vst", "ici")
 _UNIT_LABEL = {"scalar": "scalar core", "dma": "DMA engines", "mxu": "MXU", "vpu": "VPU",
@@ -25,7 +25,7 @@ class EventLog(list):
     super().__init__()
     self.stats = {"dma_bytes": {}, "dma_count": {}}
     self.dropped = None   # (events, budget) once Report.drop_trace freed them
-    self.unnamed = None   # positions of DMA events whose args are still label + (bytes,) (Trace.events)
+    self.unnamed = None   # positions of DMA events whose args are a flat label + (bytes,) (Trace.events)
 
   def name_copies(self) -> None:
     """Give every DMA event its args dict, {"copy": 'src -> dst', "bytes": n}, once, when a report's
@@ -36,11 +36,11 @@ class EventLog(list):
       ev = self[i]
       args = ev[5]
       if type(args) is tuple:
-        label = args[:6]
+        label = args[:-1]
         text = texts.get(label)
         if text is None:
           text = texts[label] = label_text(label)
-        self[i] = (ev[0], ev[1], ev[2], ev[3], ev[4], {"copy": text, "bytes": args[6]})
+        self[i] = (ev[0], ev[1], ev[2], ev[3], ev[4], {"copy": text, "bytes": args[-1]})
     self.unnamed = None
 
 
@@ -66,16 +66,18 @@ class Trace:
   def events(self) -> EventLog:
     """The kept events, for the launch's report. A DMA is recorded with its request and byte count as
     args (`(DmaRequest, bytes)`: naming it costs the hot path nothing); the report gets the request's
-    label instead (executor.DmaRequest.label: names and indices), so it holds no buffer of the launch:
+    label instead (executor.flat_label: names and indices), so it holds no buffer of the launch:
     a process running launch after launch in one `virtual_tpu` keeps every report, and a request would
     keep that launch's HBM operands, outputs and VMEM alive with it (about an output's size per launch,
-    without bound). A kept DMA event's args stay the flat tuple `label + (bytes,)` until the report's
-    events are first read (`Report.events` -> `EventLog.name_copies` makes the args dicts and formats
-    the labels: formatting every copy's windows cost more per DMA than timing it). Such an event is
-    two levels of plain tuples of names and numbers, which the cyclic GC stops tracking in the young
-    collections the report survives: the events of the reports a process keeps neither count towards
-    nor get rescanned by its full collections (with an args dict and a label object per DMA they did:
-    full collections were 9% of paged attention's mean launch time through palace.jax)."""
+    without bound). A kept DMA event's args stay the tuple `flat_label(request) + (bytes,)` until the
+    report's events are first read (`Report.events` -> `EventLog.name_copies` makes the args dicts and
+    formats the labels: formatting every copy's windows cost more per DMA than timing it). Its args
+    hold only names, numbers and Nones, so the first young collection stops tracking them and the
+    next one the event: the events of the reports a process keeps neither count towards nor get
+    rescanned by its full collections. (With an args dict and a label object per DMA they did: full
+    collections were 9% of paged attention's mean launch time through palace.jax; with nested label
+    tuples, one collection per level of nesting, ~100 events of paged attention a launch reached the
+    oldest generation until session 26.)"""
     log = EventLog()
     log.stats = self.stats
     ring = self._ring
@@ -94,7 +96,7 @@ class Trace:
         req = args[0]
         label = named.get(id(req))
         if label is None:
-          label = named[id(req)] = req.label()
+          label = named[id(req)] = flat_label(req)
         log[i] = (ev[0], ev[1], ev[2], ev[3], ev[4], label + (args[1],))   # (flat: see the docstring)
         unnamed.append(i)
     log.unnamed = unnamed or None
