@@ -42,6 +42,7 @@ import os
 import threading
 
 from palace._src.errors import UsageError
+from palace._src.jax import pinned
 from palace._src.jax.callback import drain_at_exit, lower_on_palace, wait_for_dispatched
 from palace._src.jax.hardware import install_tpu_info
 from palace._src.launch.host import VirtualTPU
@@ -91,7 +92,8 @@ def _config():
 
 
 def install() -> None:
-  """Register palace's CPU lowering of `pallas_call_p` (idempotent)."""
+  """Register palace's CPU lowering of `pallas_call_p` and `mpmd_map_p`, and of the pinned buffers a
+  `pallas_call` may alias (pinned.py) (idempotent)."""
   if _installed:
     return
   from jax._src.interpreters import mlir  # noqa: PLC0415
@@ -118,6 +120,7 @@ def install() -> None:
 
   mlir.register_lowering(jpc.pallas_call_p, rule, platform="cpu")
   mlir.register_lowering(mpmd.mpmd_map_p, mpmd_rule, platform="cpu")
+  pinned.install(active_engine)   # JAX's pin / unpin around a kernel: the value itself
   install_tpu_info(active_engine)
   import atexit  # noqa: PLC0415
   atexit.register(drain_at_exit)   # after JAX's own exit handlers were registered: it runs first
