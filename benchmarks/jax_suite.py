@@ -142,7 +142,7 @@ RECHECKS = (("exact_f32_recheck", (EXACT_F32_DOTS,), "reference on XLA:CPU",
             ("shared_dots_recheck", (SHARED_DOTS,), "dot order on XLA:CPU",
              f"passes when re-run with {SHARED_DOTS}=1 (the kernel's and XLA:CPU's dots summed by one "
              f"rule, float32 operands rounded to bfloat16 on both sides as on the chip)"),
-            ("host_math_recheck", (SHARED_DOTS, HOST_MATH), "math on XLA:CPU",
+            ("host_math_recheck", (HOST_MATH, SHARED_DOTS), "math on XLA:CPU",
              f"passes when re-run with {HOST_MATH}=1 and {SHARED_DOTS}=1 (the kernel's transcendentals "
              f"XLA:CPU's, as the reference's are, and the dots shared as in the re-run before)"))
 # NumPy's array comparisons (np.testing, and jtu.assertAllClose / assertArraysEqual, which use them)
@@ -369,6 +369,18 @@ KINDS = ("passed", "failed", "reference on XLA:CPU", "dot order on XLA:CPU", "ma
          "not collected")
 
 
+def _recheck_line(results: list, total: dict, which: tuple, left: str, meaning: str) -> str:
+  """The summary's line of one re-run (an entry of RECHECKS): its class's count, the diagnostics, how
+  many tests it re-ran, and what the diagnostics compute."""
+  key, variables, outcome, _ = which
+  runs = [r[key] for r in results if key in r]
+  return (f"\n{outcome}: {total[outcome]} numeric failures{left} that pass when re-run under the "
+          f"diagnostic{'s' if len(variables) > 1 else ''} {' and '.join(f'{v}=1' for v in variables)} "
+          f"({sum(c['ran'] for c in runs)} re-run"
+          + ("; a re-run ran past its file limit" if any(c["timed_out"] for c in runs) else "")
+          + f"), {meaning}")
+
+
 def summarize(results: list[dict]) -> str:
   kinds = KINDS
   lines = ["| file | chip | " + " | ".join(kinds)
@@ -393,32 +405,22 @@ def summarize(results: list[dict]) -> str:
                  + f" | {'yes' if r['file_timed_out'] else ''} | {r['seconds']:.0f} | {cpu:.0f} | "
                  + (f"{slow['seconds']:.0f} ({slow_cpu})" if slow else "") + " |")
   ran = total["passed"] + total["failed"] + total["timeout"]
-  rechecked = [r["exact_f32_recheck"] for r in results if "exact_f32_recheck" in r]
+  rechecked = any("exact_f32_recheck" in r for r in results)
   lines.append("| **all** | | " + " | ".join(f"**{total[k]}**" for k in kinds) + " | | | | |")
   lines.append(f"\npassed {total['passed']} of {ran} run, excluding needs-a-compiler, needs-another-jax, "
                f"reference-on-CPU, dot-order and math-on-CPU "
                f"({100.0 * total['passed'] / max(ran, 1):.1f}%)")
   if rechecked:
-    lines.append(
-        f"\nreference on XLA:CPU: {total['reference on XLA:CPU']} numeric failures that pass when re-run "
-        f"under the diagnostic {EXACT_F32_DOTS}=1 ({sum(c['ran'] for c in rechecked)} re-run"
-        + ("; a re-run ran past its file limit" if any(c["timed_out"] for c in rechecked) else "")
-        + "), which computes float32 dots exactly as XLA:CPU does, NOT as the chip computes them; "
-          "reference fails on XLA:CPU: XLA:CPU raised running code outside the kernel")
-    shared = [r["shared_dots_recheck"] for r in results if "shared_dots_recheck" in r]
-    lines.append(
-        f"\ndot order on XLA:CPU: {total['dot order on XLA:CPU']} numeric failures left that pass when "
-        f"re-run under the diagnostic {SHARED_DOTS}=1 ({sum(c['ran'] for c in shared)} re-run"
-        + ("; a re-run ran past its file limit" if any(c["timed_out"] for c in shared) else "")
-        + "), under which the kernel's dots and XLA:CPU's outside it are summed by one rule and rounded "
-          "as on the chip, NOT in the chip's order")
-    host = [r["host_math_recheck"] for r in results if "host_math_recheck" in r]
-    lines.append(
-        f"\nmath on XLA:CPU: {total['math on XLA:CPU']} numeric failures left that pass when re-run under "
-        f"the diagnostics {HOST_MATH}=1 and {SHARED_DOTS}=1 ({sum(c['ran'] for c in host)} re-run"
-        + ("; a re-run ran past its file limit" if any(c["timed_out"] for c in host) else "")
-        + "), under which the kernel's transcendentals are XLA:CPU's, as its reference's are, NOT the "
-          "chip's")
+    lines.append(_recheck_line(results, total, RECHECKS[0], "",
+                               "which computes float32 dots exactly as XLA:CPU does, NOT as the chip computes "
+                               "them; reference fails on XLA:CPU: XLA:CPU raised running code outside the "
+                               "kernel"))
+    lines.append(_recheck_line(results, total, RECHECKS[1], " left",
+                               "under which the kernel's dots and XLA:CPU's outside it are summed by one rule "
+                               "and rounded as on the chip, NOT in the chip's order"))
+    lines.append(_recheck_line(results, total, RECHECKS[2], " left",
+                               "under which the kernel's transcendentals are XLA:CPU's, as its reference's "
+                               "are, NOT the chip's"))
   else:
     lines.append(f"\n(no exact-f32-dots re-run: numeric failures stay \"failed\")")
   lines.append("\nfailures by first error line:")
