@@ -16,6 +16,8 @@ function) or ends in `result` (a function computed as a sequence of ops), and bo
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from palace._src import executor
@@ -36,7 +38,9 @@ def active() -> bool:
   return ex is not None and ex.host_math
 
 
+@functools.cache
 def _jax_function(name: str):
+  """The jitted JAX function of `name` (jax.jit keeps one XLA:CPU executable per operand type)."""
   import jax  # noqa: PLC0415
   path = FUNCTIONS[name]
   if path.startswith("lax."):
@@ -44,15 +48,10 @@ def _jax_function(name: str):
   return jax.jit(getattr(jax.numpy, path))
 
 
-_JITTED: dict = {}   # name -> its jitted JAX function (jax.jit keeps one XLA:CPU executable per type)
-
-
 def xla_cpu(name: str, x: np.ndarray) -> np.ndarray:
   """`name` of the NumPy block `x` as XLA:CPU computes it, in x's dtype."""
   import jax  # noqa: PLC0415
-  fn = _JITTED.get(name)
-  if fn is None:
-    fn = _JITTED[name] = _jax_function(name)
+  fn = _jax_function(name)
   x = np.asarray(x)
   cpu = jax.devices("cpu")[0]
   out = np.asarray(fn(jax.device_put(x, cpu))).astype(x.dtype, copy=False)
