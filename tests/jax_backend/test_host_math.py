@@ -81,3 +81,15 @@ def test_every_report_and_the_virtual_tpu_say_so():
 def test_a_bad_environment_value_is_a_usage_error():
   with pytest.raises(palace.UsageError, match="PALACE_JAX_HOST_MATH='yes': expected 1"):
     activate_from_env({"PALACE_JAX": "v5e", "PALACE_JAX_HOST_MATH": "yes"})
+
+
+def test_palace_own_kernels_take_the_diagnostic_too():
+  import palace.numpy as pnp
+
+  def kernel(x_ref, o_ref):
+    o_ref[...] = pnp.tanh(x_ref[...])
+  call = palace.pallas_call(kernel, out_shape=palace.ShapeDtypeStruct(X.shape, np.float32))
+  with palace.virtual_tpu("v5e", host_math=True) as tpu:
+    under = np.asarray(call(X))
+  np.testing.assert_array_equal(under, _xla_cpu(jnp.tanh, X))
+  assert tpu.reports[-1].host_math
