@@ -42,6 +42,12 @@ Two more classes are set apart from "failed", each by evidence per test (`classi
   one dot agree there (JAX's test_stateful_matmul asserts bit equality on v5e; benchmarks/hw/
   probes_s22.py measures it); under palace they are summed in two orders (the host BLAS's and
   XLA:CPU's Eigen). Also skipped by `--no-recheck`.
+- "math on XLA:CPU": a numeric failure the two re-runs leave failing that passes when re-run (once more)
+  under PALACE_JAX_HOST_MATH=1 with PALACE_JAX_SHARED_DOTS=1: the kernel's transcendentals (exp, log,
+  tanh, erf_inv, ...) evaluated by XLA:CPU, as the test's reference outside the kernel is
+  (lang/host_math.py), with the dots shared as before. On a TPU the kernel and its reference share the
+  chip's functions (benchmarks/hw/data/v5e-probes-s22-*.jsonl); XLA:CPU's differ in the last bits (its
+  own exp, log, tanh; fused multiply-adds in its erf_inv). Also skipped by `--no-recheck`.
 - "reference fails on XLA:CPU": XLA:CPU itself raised (a JaxRuntimeError, e.g. "Unsupported element
   type for DotThunk::Execute: BF16 x BF16 = F32") running code outside the kernel: no frame of the
   traceback is palace's or JAX's Pallas code, and no palace callback error is wrapped in it.
@@ -128,13 +134,17 @@ def chip_for(stem: str) -> str:
 
 EXACT_F32_DOTS = "PALACE_JAX_EXACT_F32_DOTS"
 SHARED_DOTS = "PALACE_JAX_SHARED_DOTS"
-# the re-runs of numeric failures, in order: (record key, diagnostic variable, class, evidence); each
+HOST_MATH = "PALACE_JAX_HOST_MATH"
+# the re-runs of numeric failures, in order: (record key, diagnostic variables, class, evidence); each
 # takes the numeric failures the ones before it left "failed"
-RECHECKS = (("exact_f32_recheck", EXACT_F32_DOTS, "reference on XLA:CPU",
+RECHECKS = (("exact_f32_recheck", (EXACT_F32_DOTS,), "reference on XLA:CPU",
              f"passes when re-run with {EXACT_F32_DOTS}=1 (float32 dots exact, as XLA:CPU)"),
-            ("shared_dots_recheck", SHARED_DOTS, "dot order on XLA:CPU",
+            ("shared_dots_recheck", (SHARED_DOTS,), "dot order on XLA:CPU",
              f"passes when re-run with {SHARED_DOTS}=1 (the kernel's and XLA:CPU's dots summed by one "
-             f"rule, float32 operands rounded to bfloat16 on both sides as on the chip)"))
+             f"rule, float32 operands rounded to bfloat16 on both sides as on the chip)"),
+            ("host_math_recheck", (HOST_MATH, SHARED_DOTS), "math on XLA:CPU",
+             f"passes when re-run with {HOST_MATH}=1 and {SHARED_DOTS}=1 (the kernel's transcendentals "
+             f"XLA:CPU's, as the reference's are, and the dots shared as in the re-run before)"))
 # NumPy's array comparisons (np.testing, and jtu.assertAllClose / assertArraysEqual, which use them)
 _NUMERIC = re.compile(r"Not equal to tolerance|Arrays are not (almost )?equal|Mismatched elements|"
                       r"Mismatch at ind")
@@ -272,13 +282,13 @@ def recheck_numeric(path: str, tests: list, env: dict, checkout: str, xml: str, 
   under the diagnostic of `which` (an entry of RECHECKS); each that passes gets its class. A Hypothesis
   test replays its failing example only (benchmarks/jax_suite_hypothesis.py). Returns {"ran",
   "passed", "timed_out"} for the record ("ran": the tests the re-run reported)."""
-  key, variable, outcome, evidence = which
+  key, variables, outcome, evidence = which
   again = [t for t in tests if t["outcome"] == "failed" and t.get("numeric")]
   if not again:
     return {"ran": 0, "passed": 0, "timed_out": False}
   blobs = {node_id(path, t["name"]).split("::", 1)[1]: t["hypothesis_blob"] for t in again
            if t.get("hypothesis_blob")}
-  env = dict(env, **{variable: "1"})
+  env = dict(env, **{variable: "1" for variable in variables})
   if blobs:
     env[REPRODUCE] = xml[:-4] + ".reproduce.json"
     with open(env[REPRODUCE], "w") as f:
@@ -311,8 +321,10 @@ def run_file(path: str, out_dir: str, per_test: int, per_file: int, timeout_plug
   checkout = os.path.dirname(os.path.dirname(os.path.dirname(path)))
   env = dict(os.environ, PALACE_JAX=chip, JAX_PLATFORMS="cpu", JAX_SUITE_CHECKOUT=checkout,
              PYTHONPATH=os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p))
-  for _, variable, _, _ in RECHECKS:   # the first run is the chip's numerics, whatever the caller's shell has
-    env.pop(variable, None)
+  # the first run is the chip's numerics, whatever the caller's shell has
+  for _, variables, _, _ in RECHECKS:
+    for variable in variables:
+      env.pop(variable, None)
   flags = env.get("XLA_FLAGS", "")
   if "xla_force_host_platform_device_count" not in flags:
     env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={max(n, 1)}".strip()
@@ -352,8 +364,21 @@ def run_file(path: str, out_dir: str, per_test: int, per_file: int, timeout_plug
   return res
 
 
-KINDS = ("passed", "failed", "reference on XLA:CPU", "dot order on XLA:CPU", "reference fails on XLA:CPU",
-         "needs a compiler", "needs another jax", "skipped", "timeout", "not collected")
+KINDS = ("passed", "failed", "reference on XLA:CPU", "dot order on XLA:CPU", "math on XLA:CPU",
+         "reference fails on XLA:CPU", "needs a compiler", "needs another jax", "skipped", "timeout",
+         "not collected")
+
+
+def _recheck_line(results: list, total: dict, which: tuple, left: str, meaning: str) -> str:
+  """The summary's line of one re-run (an entry of RECHECKS): its class's count, the diagnostics, how
+  many tests it re-ran, and what the diagnostics compute."""
+  key, variables, outcome, _ = which
+  runs = [r[key] for r in results if key in r]
+  return (f"\n{outcome}: {total[outcome]} numeric failures{left} that pass when re-run under the "
+          f"diagnostic{'s' if len(variables) > 1 else ''} {' and '.join(f'{v}=1' for v in variables)} "
+          f"({sum(c['ran'] for c in runs)} re-run"
+          + ("; a re-run ran past its file limit" if any(c["timed_out"] for c in runs) else "")
+          + f"), {meaning}")
 
 
 def summarize(results: list[dict]) -> str:
@@ -380,25 +405,22 @@ def summarize(results: list[dict]) -> str:
                  + f" | {'yes' if r['file_timed_out'] else ''} | {r['seconds']:.0f} | {cpu:.0f} | "
                  + (f"{slow['seconds']:.0f} ({slow_cpu})" if slow else "") + " |")
   ran = total["passed"] + total["failed"] + total["timeout"]
-  rechecked = [r["exact_f32_recheck"] for r in results if "exact_f32_recheck" in r]
+  rechecked = any("exact_f32_recheck" in r for r in results)
   lines.append("| **all** | | " + " | ".join(f"**{total[k]}**" for k in kinds) + " | | | | |")
   lines.append(f"\npassed {total['passed']} of {ran} run, excluding needs-a-compiler, needs-another-jax, "
-               f"reference-on-CPU and dot-order "
+               f"reference-on-CPU, dot-order and math-on-CPU "
                f"({100.0 * total['passed'] / max(ran, 1):.1f}%)")
   if rechecked:
-    lines.append(
-        f"\nreference on XLA:CPU: {total['reference on XLA:CPU']} numeric failures that pass when re-run "
-        f"under the diagnostic {EXACT_F32_DOTS}=1 ({sum(c['ran'] for c in rechecked)} re-run"
-        + ("; a re-run ran past its file limit" if any(c["timed_out"] for c in rechecked) else "")
-        + "), which computes float32 dots exactly as XLA:CPU does, NOT as the chip computes them; "
-          "reference fails on XLA:CPU: XLA:CPU raised running code outside the kernel")
-    shared = [r["shared_dots_recheck"] for r in results if "shared_dots_recheck" in r]
-    lines.append(
-        f"\ndot order on XLA:CPU: {total['dot order on XLA:CPU']} numeric failures left that pass when "
-        f"re-run under the diagnostic {SHARED_DOTS}=1 ({sum(c['ran'] for c in shared)} re-run"
-        + ("; a re-run ran past its file limit" if any(c["timed_out"] for c in shared) else "")
-        + "), under which the kernel's dots and XLA:CPU's outside it are summed by one rule and rounded "
-          "as on the chip, NOT in the chip's order")
+    lines.append(_recheck_line(results, total, RECHECKS[0], "",
+                               "which computes float32 dots exactly as XLA:CPU does, NOT as the chip computes "
+                               "them; reference fails on XLA:CPU: XLA:CPU raised running code outside the "
+                               "kernel"))
+    lines.append(_recheck_line(results, total, RECHECKS[1], " left",
+                               "under which the kernel's dots and XLA:CPU's outside it are summed by one rule "
+                               "and rounded as on the chip, NOT in the chip's order"))
+    lines.append(_recheck_line(results, total, RECHECKS[2], " left",
+                               "under which the kernel's transcendentals are XLA:CPU's, as its reference's "
+                               "are, NOT the chip's"))
   else:
     lines.append(f"\n(no exact-f32-dots re-run: numeric failures stay \"failed\")")
   lines.append("\nfailures by first error line:")
@@ -421,8 +443,8 @@ def main(argv=None) -> int:
                   help="take each file's first-run JUnit file from DIR (an earlier run's --out) instead "
                        "of running it: only classify and re-run")
   ap.add_argument("--no-recheck", action="store_true",
-                  help=f"do not re-run numeric failures under {EXACT_F32_DOTS}=1 or {SHARED_DOTS}=1 "
-                       f"(they stay 'failed')")
+                  help=f"do not re-run numeric failures under {EXACT_F32_DOTS}=1, {SHARED_DOTS}=1 or "
+                       f"{HOST_MATH}=1 (they stay 'failed')")
   a = ap.parse_args(argv)
   tests_dir = os.path.join(os.path.abspath(a.jax), "tests", "pallas")
   if not os.path.isdir(tests_dir):

@@ -107,6 +107,7 @@ FIRST_RUN = [
     _case("T", "test_skip", "skipped", "no"),
     _case("T", "test_f32", "failure", "AssertionError", NUMERIC),          # passes under the diagnostic
     _case("T", "test_bf16", "failure", "AssertionError", EXACT_EQUAL),     # fails again under it
+    _case("T", "test_tanh", "failure", "AssertionError", EXACT_EQUAL),     # passes under host math only
     _case("T", "test_ref", "failure", "JaxRuntimeError", REFERENCE_FAILS),
     _case("T", "test_poison", "failure", "AssertionError: MosaicError not raised", NOT_RAISED),  # no re-run
     _case("T", "test_mlir", "failure", "AssertionError", "AssertionError: 'tpu_custom_call' not found "
@@ -117,23 +118,29 @@ FIRST_RUN = [
 @pytest.fixture
 def fake_pytest(monkeypatch):
   """Replace the runner's pytest: the first run writes FIRST_RUN; a re-run (node ids) writes what the
-  diagnostic gives: under exact f32 dots test_f32 passes and test_bf16 fails again, under shared dots
-  test_bf16 passes. Records each call's targets and env."""
+  diagnostic gives: under exact f32 dots test_f32 passes and test_bf16 and test_tanh fail again, under
+  shared dots test_bf16 passes and test_tanh fails again, under host math (with shared dots) test_tanh
+  passes. Records each call's targets and env."""
   calls = []
 
   def run(targets, xml, env, checkout, per_test, per_file, timeout_plugin, keyword=None):
-    calls.append((list(targets), env.get(js.EXACT_F32_DOTS), env.get(js.SHARED_DOTS)))
+    calls.append((list(targets), env.get(js.EXACT_F32_DOTS), env.get(js.SHARED_DOTS), env.get(js.HOST_MATH)))
+    names = [name.split("::")[-1] for name in targets]
     if len(targets) == 1 and targets[0].endswith(".py"):
       _junit(xml, FIRST_RUN)
+    elif env.get(js.HOST_MATH) == "1":
+      _junit(xml, [_case("T", name) for name in names])
     elif env.get(js.SHARED_DOTS) == "1":
-      _junit(xml, [_case("T", name.split("::")[-1]) for name in targets])
+      _junit(xml, [_case("T", name) if name == "test_bf16" else
+                   _case("T", name, "failure", "AssertionError", EXACT_EQUAL) for name in names])
     else:
-      _junit(xml, [_case("T", "test_f32"),
-                   _case("T", "test_bf16", "failure", "AssertionError", EXACT_EQUAL)])
+      _junit(xml, [_case("T", name) if name == "test_f32" else
+                   _case("T", name, "failure", "AssertionError", EXACT_EQUAL) for name in names])
     return False, ""
   monkeypatch.setattr(js, "_pytest", run)
   monkeypatch.setenv(js.EXACT_F32_DOTS, "1")   # a caller's shell: the first run must not inherit it
   monkeypatch.setenv(js.SHARED_DOTS, "1")
+  monkeypatch.setenv(js.HOST_MATH, "1")
   return calls
 
 
@@ -142,31 +149,41 @@ def test_a_file_is_classified_by_evidence(tmp_path, fake_pytest):
   res = js.run_file(path, str(tmp_path), 60, 600, True)
   outcomes = {t["name"].split("::")[1]: t["outcome"] for t in res["tests"]}
   assert outcomes == {"test_ok": "passed", "test_skip": "skipped", "test_f32": "reference on XLA:CPU",
-                      "test_bf16": "dot order on XLA:CPU", "test_ref": "reference fails on XLA:CPU",
-                      "test_poison": "failed", "test_mlir": "needs a compiler"}
-  (first, *first_env), (again, *again_env), (third, *third_env) = fake_pytest
-  assert first == [path] and first_env == [None, None]           # the chip's numerics first
-  assert again == [f"{path}::T::test_f32", f"{path}::T::test_bf16"] and again_env == ["1", None]
-  assert third == [f"{path}::T::test_bf16"] and third_env == [None, "1"]   # only what is left failing
-  assert res["exact_f32_recheck"] == {"ran": 2, "passed": 1, "timed_out": False}
-  assert res["shared_dots_recheck"] == {"ran": 1, "passed": 1, "timed_out": False}
+                      "test_bf16": "dot order on XLA:CPU", "test_tanh": "math on XLA:CPU",
+                      "test_ref": "reference fails on XLA:CPU", "test_poison": "failed",
+                      "test_mlir": "needs a compiler"}
+  (first, *first_env), (again, *again_env), (third, *third_env), (fourth, *fourth_env) = fake_pytest
+  assert first == [path] and first_env == [None, None, None]           # the chip's numerics first
+  assert again == [f"{path}::T::test_f32", f"{path}::T::test_bf16", f"{path}::T::test_tanh"]
+  assert again_env == ["1", None, None]
+  # each re-run takes only what is left failing
+  assert third == [f"{path}::T::test_bf16", f"{path}::T::test_tanh"] and third_env == [None, "1", None]
+  assert fourth == [f"{path}::T::test_tanh"] and fourth_env == [None, "1", "1"]
+  assert res["exact_f32_recheck"] == {"ran": 3, "passed": 1, "timed_out": False}
+  assert res["shared_dots_recheck"] == {"ran": 2, "passed": 1, "timed_out": False}
+  assert res["host_math_recheck"] == {"ran": 1, "passed": 1, "timed_out": False}
   evidence = {t["name"].split("::")[1]: t.get("evidence") for t in res["tests"]}
   assert "PALACE_JAX_EXACT_F32_DOTS=1" in evidence["test_f32"] and evidence["test_ref"] == DOT_THUNK
   assert "PALACE_JAX_SHARED_DOTS=1" in evidence["test_bf16"]
+  assert "PALACE_JAX_HOST_MATH=1 and PALACE_JAX_SHARED_DOTS=1" in evidence["test_tanh"]
   assert all("numeric" not in t for t in res["tests"])
   rerun = {t["name"].split("::")[1]: t.get("exact_f32_rerun") for t in res["tests"]}
   assert rerun["test_bf16"] == "Mismatched elements: 55 / 4194304 (0.00131%)" and rerun["test_f32"] is None
 
   table = js.summarize([res])
   header = table.splitlines()[0]
-  assert "| reference on XLA:CPU | dot order on XLA:CPU | reference fails on XLA:CPU |" in header
+  assert ("| reference on XLA:CPU | dot order on XLA:CPU | math on XLA:CPU | reference fails on XLA:CPU |"
+          in header)
   assert "| needs a compiler | needs another jax |" in header
-  assert "| **1** | **1** | **1** | **1** | **1** | **1** | **0** | **1** | **0** | **0** |" in table
+  assert "| **1** | **1** | **1** | **1** | **1** | **1** | **1** | **0** | **1** | **0** | **0** |" in table
   # passed of run: passed / (passed + failed + timeout); the reference classes are not run failures
-  assert ("passed 1 of 2 run, excluding needs-a-compiler, needs-another-jax, reference-on-CPU and "
-          "dot-order (50.0%)") in table
+  assert ("passed 1 of 2 run, excluding needs-a-compiler, needs-another-jax, reference-on-CPU, "
+          "dot-order and math-on-CPU (50.0%)") in table
   assert "under the diagnostic PALACE_JAX_EXACT_F32_DOTS=1" in table and "NOT as the chip" in table
-  assert "dot order on XLA:CPU: 1 numeric failures left" in table and "PALACE_JAX_SHARED_DOTS=1 (1 re-run" in table
+  assert "dot order on XLA:CPU: 1 numeric failures left" in table
+  assert "PALACE_JAX_SHARED_DOTS=1 (2 re-run" in table
+  assert ("math on XLA:CPU: 1 numeric failures left" in table and
+          "PALACE_JAX_HOST_MATH=1 and PALACE_JAX_SHARED_DOTS=1 (1 re-run" in table)
   groups = table.split("failures by first error line:")[1]
   assert "MosaicError not raised" in groups and "DotThunk" not in groups
 
@@ -175,7 +192,8 @@ def test_without_the_recheck_numeric_failures_stay_failed(tmp_path, fake_pytest)
   path = str(tmp_path / "jax" / "tests" / "pallas" / "tpu_x_test.py")
   res = js.run_file(path, str(tmp_path), 60, 600, True, recheck=False)
   c = collections.Counter(t["outcome"] for t in res["tests"])
-  assert c["failed"] == 3 and c["reference on XLA:CPU"] == c["dot order on XLA:CPU"] == 0
+  assert c["failed"] == 4 and c["reference on XLA:CPU"] == c["dot order on XLA:CPU"] == 0
+  assert c["math on XLA:CPU"] == 0
   assert len(fake_pytest) == 1
   assert "no exact-f32-dots re-run" in js.summarize([res])
   assert os.path.exists(tmp_path / "tpu_x_test.xml")
@@ -190,7 +208,7 @@ def test_an_earlier_runs_outcomes_are_reused_and_only_rechecked(tmp_path, fake_p
   path = str(tmp_path / "jax" / "tests" / "pallas" / "tpu_x_test.py")
   res = js.run_file(path, str(out), 60, 600, True, reuse=str(earlier))
   # no first run: only the re-runs, under each diagnostic
-  assert [envs for _, *envs in fake_pytest] == [["1", None], [None, "1"]]
+  assert [envs for _, *envs in fake_pytest] == [["1", None, None], [None, "1", None], [None, "1", "1"]]
   assert collections.Counter(t["outcome"] for t in res["tests"])["reference on XLA:CPU"] == 1
   assert "reused" in res["tail"] and (out / "tpu_x_test.xml").exists()
 

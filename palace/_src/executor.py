@@ -54,6 +54,7 @@ class Executor(Protocol):
   timing_only: bool         # no data moves: values carry shapes and ready cycles only
   exact_f32_dots: bool      # diagnostic, not the chip: DEFAULT-precision f32 dots unrounded (lang/mxu.py)
   shared_dots: bool         # diagnostic, not the chip: float dots summed by mxu.shared_product's rule
+  host_math: bool           # diagnostic, not the chip: transcendentals as XLA:CPU's (lang/host_math.py)
   dot_numerics: str         # "blas" (host BLAS order) or "mxu" (the chip's measured sums, mxu.chip_product)
   bounds_checks: bool       # CompilerParams(disable_bounds_checks=False)
   deferred_values: bool     # whole-buffer stores may keep deferred values (load then returns them)

@@ -90,7 +90,7 @@ class _At:
 # the core's configuration (executor.Executor's read-only members): the same on every step, so an
 # evaluation that reads it (a view composed with the core's bounds-check setting) still replays
 _CONFIG = frozenset({"chip", "chip_index", "core_id", "kernel_name", "timing_only", "exact_f32_dots",
-                     "shared_dots", "dot_numerics", "bounds_checks", "deferred_values", "axis_env",
+                     "shared_dots", "host_math", "dot_numerics", "bounds_checks", "deferred_values", "axis_env",
                      "dma_granule_bytes", "sparsecore"})
 
 

@@ -43,6 +43,18 @@ def test_a_library_sees_the_virtual_chip(view):
   assert tpus == jax.devices("cpu")
 
 
+def test_local_devices_take_their_backend_by_keyword_and_position(view):
+  """jax.local_devices' backend is its second argument (after process_index): asked for the CPU
+  devices by keyword, a library gets them (it raised TypeError when the view passed "cpu" on as the
+  process index); asked for "tpu", the virtual chip's."""
+  cpus = jax.local_devices(backend="cpu")
+  assert _read_as("somelib", "def f():\n  import jax\n  return jax.local_devices(backend='cpu')\n") == cpus
+  assert _read_as("somelib", "def f():\n  import jax\n  return jax.local_devices(None, 'cpu')\n") == cpus
+  assert _read_as("somelib", "def f():\n  import jax\n  return jax.local_devices(backend='tpu')\n") == cpus
+  assert _read_as("somelib", "def f():\n  import jax\n  return jax.local_devices(0)\n") == jax.local_devices(0)
+  assert _read_as("somelib", "def f():\n  import jax\n  return jax.devices(backend='tpu')\n") == cpus
+
+
 def test_coords_follow_the_torus(view):
   # 4 v5e chips: a 2x2 torus, the last axis fastest; z is 0 on a 2-D torus
   assert [view.chip_coords(i) for i in range(4)] == [(0, 0, 0), (0, 1, 0), (1, 0, 0), (1, 1, 0)]

@@ -95,7 +95,12 @@ def test_a_bad_environment_value_is_a_usage_error():
     ("PALACE_JAX_SHARED_DOTS", "shared_dots",   # tests/jax_backend/test_shared_dots.py
      "from test_shared_dots import _k_tiled, _xla_dot, X, Y, RULE\n"
      "np.testing.assert_array_equal(np.asarray(jax.jit(_k_tiled)(X, Y)), RULE)\n"
-     "np.testing.assert_array_equal(np.asarray(_xla_dot(X, Y)), RULE)\n")], ids=["exact", "shared"])
+     "np.testing.assert_array_equal(np.asarray(_xla_dot(X, Y)), RULE)\n"),
+    ("PALACE_JAX_HOST_MATH", "host_math",   # tests/jax_backend/test_host_math.py
+     "import jax.numpy as jnp\n"
+     "from test_host_math import _unary, X\n"
+     "np.testing.assert_array_equal(np.asarray(jax.jit(_unary(jnp.exp))(X)), np.asarray(jax.jit(jnp.exp)(X)))\n")],
+    ids=["exact", "shared", "host_math"])
 def test_the_environment_switch_says_so_in_every_report(tmp_path, variable, flag, body):
   prog = tmp_path / "prog.py"
   prog.write_text(
@@ -105,7 +110,7 @@ def test_the_environment_switch_says_so_in_every_report(tmp_path, variable, flag
       "print(palace.jax.process_tpu.reports[-1])\n")
   env = dict(os.environ, PALACE_JAX="v5e", JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join(sys.path),
              **{variable: "1"})
-  for other in ("PALACE_JAX_EXACT_F32_DOTS", "PALACE_JAX_SHARED_DOTS"):
+  for other in ("PALACE_JAX_EXACT_F32_DOTS", "PALACE_JAX_SHARED_DOTS", "PALACE_JAX_HOST_MATH"):
     if other != variable:
       env.pop(other, None)
   r = subprocess.run([sys.executable, "-m", "palace._src.jax.run", str(prog)], env=env,

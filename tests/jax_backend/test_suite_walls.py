@@ -2,7 +2,7 @@
 refusal JAX's TPU lowering gives: an output block revisited at any step under
 pl.Buffered(1, revisit=pl.RevisitMode.ANY); exactly the scoped VMEM limit of pipelined blocks; a
 dynamic grid bound passed as a shape-(1,) array; `lax.dynamic_slice` of a value, which Mosaic has no
-lowering for."""
+lowering for; a pinned buffer (JAX's `pin`) aliased through a kernel (session 26)."""
 import functools
 
 import numpy as np
@@ -239,3 +239,49 @@ def test_a_block_that_changes_over_the_grid_is_double_buffered():
   with pj.virtual_tpu("v5e"), pytest.raises(Exception, match=r"VMEM over capacity .*\(outputs\[0\] 2 x "
                                             r"10\.00 MiB block"):
     jax.block_until_ready(_window_call(lambda i, j: (j + i,)))
+
+
+def _pinned_double(memory_space=None):
+  """JAX's pinned buffer (tpu_pallas_state_test's PinnedBufferTest): x pinned, doubled in place by a
+  kernel that aliases it as input and output, unpinned."""
+  from jax._src.state.primitives import pin, unpin
+
+  def kernel(x_ref, o_ref):
+    if memory_space is None:
+      o_ref[...] = x_ref[...] * 2
+    else:   # (HBM refs: a copy through a VMEM scratch)
+      def body(scratch, sem):
+        pltpu.async_copy(x_ref, scratch, sem).wait()
+        scratch[...] = scratch[...] * 2
+        pltpu.async_copy(scratch, o_ref, sem).wait()
+      pl.run_scoped(body, pltpu.VMEM((8, 128), jnp.float32), pltpu.SemaphoreType.DMA)
+
+  @jax.jit
+  def f(x):
+    x_pinned = pin(x)
+    spec = pl.BlockSpec() if memory_space is None else pl.BlockSpec(memory_space=memory_space)
+    x_pinned = pl.pallas_call(kernel, out_shape=x_pinned, in_specs=[spec], out_specs=spec,
+                              input_output_aliases={0: 0})(x_pinned)
+    return unpin(x_pinned)
+  return f
+
+
+@pytest.mark.parametrize("memory_space", [None, pl.ANY], ids=["vmem_block", "any"])
+def test_a_pinned_buffer_aliased_through_a_kernel_is_its_array(memory_space):
+  x = np.arange(8 * 128, dtype=np.float32).reshape(8, 128)
+  f = _pinned_double(memory_space)
+  with pj.virtual_tpu("v5e") as tpu:
+    np.testing.assert_array_equal(np.asarray(f(x)), x * 2)
+    hlo = f.lower(x).compile().as_text()
+  assert len(tpu.reports) == 1 and '"color"' not in hlo
+
+
+def test_without_an_engine_pin_keeps_jax_own_lowering():
+  """Outside palace's engine, JAX's Pin custom call reaches XLA:CPU, which has no implementation of it;
+  inside, the pinned value is the value."""
+  from jax._src.state.primitives import pin, unpin
+  x = np.arange(8 * 128, dtype=np.float32).reshape(8, 128)
+  with pj.virtual_tpu("v5e"):   # (palace's lowerings installed)
+    np.testing.assert_array_equal(np.asarray(jax.jit(lambda v: unpin(pin(v)))(x)), x)
+  with pytest.raises(Exception, match="custom call to Pin"):
+    jax.jit(lambda v: unpin(pin(v)) + 1)(x)

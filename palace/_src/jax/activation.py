@@ -27,6 +27,11 @@ tell a test whose reference ran exactly on the CPU from a kernel palace computes
 on both sides of a comparison: in palace's kernels and in XLA:CPU's code outside them (shared_dots.py;
 VirtualTPU(shared_dots=True)). The runner re-runs what the first diagnostic leaves failing under it,
 to tell a summation-order difference (which on the chip both sides share) from a wrong kernel.
+`PALACE_JAX_HOST_MATH=1`, a third diagnostic that is not the chip (combinable with either), evaluates the
+kernels' transcendentals (exp, log, tanh, erf_inv, ...) by XLA:CPU, as the test's reference outside them
+is (lang/host_math.py; VirtualTPU(host_math=True)); the runner re-runs what the dot diagnostics leave
+failing under it and the shared dots, to tell XLA:CPU's functions (on a TPU the kernel and its reference
+share the chip's) from a wrong kernel.
 `PALACE_JAX_DOT_NUMERICS=mxu` is no diagnostic: it sums the kernels' float dots in the chip's measured
 order (VirtualTPU(dot_numerics="mxu"), lang/mxu.chip_product) instead of the host BLAS's.
 """
@@ -37,6 +42,7 @@ import os
 import threading
 
 from palace._src.errors import UsageError
+from palace._src.jax import pinned
 from palace._src.jax.callback import drain_at_exit, lower_on_palace, wait_for_dispatched
 from palace._src.jax.hardware import install_tpu_info
 from palace._src.launch.host import VirtualTPU
@@ -86,7 +92,8 @@ def _config():
 
 
 def install() -> None:
-  """Register palace's CPU lowering of `pallas_call_p` (idempotent)."""
+  """Register palace's CPU lowering of `pallas_call_p` and `mpmd_map_p`, and of the pinned buffers a
+  `pallas_call` may alias (pinned.py) (idempotent)."""
   if _installed:
     return
   from jax._src.interpreters import mlir  # noqa: PLC0415
@@ -113,6 +120,7 @@ def install() -> None:
 
   mlir.register_lowering(jpc.pallas_call_p, rule, platform="cpu")
   mlir.register_lowering(mpmd.mpmd_map_p, mpmd_rule, platform="cpu")
+  pinned.install(active_engine)   # JAX's pin / unpin around a kernel: the value itself
   install_tpu_info(active_engine)
   import atexit  # noqa: PLC0415
   atexit.register(drain_at_exit)   # after JAX's own exit handlers were registered: it runs first
@@ -162,7 +170,8 @@ def virtual_tpu(chip="v5e", num_chips: int = 1, **options):
 
 def activate_from_env(environ=None):
   """PALACE_JAX=<chip>[:<num_chips>]: install a process-wide engine; returns its VirtualTPU or None.
-  PALACE_JAX_EXACT_F32_DOTS=1 gives that engine the exact-f32-dots diagnostic (module docstring);
+  PALACE_JAX_EXACT_F32_DOTS=1 gives that engine the exact-f32-dots diagnostic (module docstring),
+  PALACE_JAX_SHARED_DOTS=1 the shared-dots one, PALACE_JAX_HOST_MATH=1 the host-math one;
   PALACE_JAX_DOT_NUMERICS=mxu|blas its VirtualTPU's `dot_numerics` (the chip's summation order, or
   the host BLAS's: lang/mxu.follows_chip)."""
   environ = os.environ if environ is None else environ
@@ -179,6 +188,11 @@ def activate_from_env(environ=None):
     raise UsageError(f"PALACE_JAX_SHARED_DOTS={shared!r}: expected 1 (the diagnostic on: float dots in "
                      f"kernels and in XLA:CPU's code outside them summed by one rule, not in the chip's "
                      f"order) or 0 (off). Fix: set it to 1 or 0, or unset it.")
+  host_math = environ.get("PALACE_JAX_HOST_MATH", "").strip()
+  if host_math not in ("", "0", "1"):
+    raise UsageError(f"PALACE_JAX_HOST_MATH={host_math!r}: expected 1 (the diagnostic on: the kernels' "
+                     f"transcendentals computed as XLA:CPU computes them, not as the chip does) or 0 "
+                     f"(off). Fix: set it to 1 or 0, or unset it.")
   numerics = environ.get("PALACE_JAX_DOT_NUMERICS", "").strip() or "blas"
   if numerics not in ("blas", "mxu"):
     raise UsageError(f"PALACE_JAX_DOT_NUMERICS={numerics!r}: expected mxu (float dots in kernels summed "
@@ -200,8 +214,12 @@ def activate_from_env(environ=None):
     print("palace.jax: DIAGNOSTIC PALACE_JAX_SHARED_DOTS=1: float dots in kernels and in XLA:CPU's code "
           "outside them are summed by one rule (exact per 128 of K, chunks added in float32), NOT in "
           "the chip's order", file=sys.stderr)
+  if host_math == "1":
+    import sys  # noqa: PLC0415
+    print("palace.jax: DIAGNOSTIC PALACE_JAX_HOST_MATH=1: the kernels' transcendentals (exp, log, tanh, "
+          "erf_inv, ...) are computed as XLA:CPU computes them, NOT as the chip does", file=sys.stderr)
   return activate_global(chip, num_chips, exact_f32_dots=exact == "1", shared_dots=shared == "1",
-                         dot_numerics=numerics)
+                         host_math=host_math == "1", dot_numerics=numerics)
 
 
 def activate_global(chip="v5e", num_chips: int = 1, **options):

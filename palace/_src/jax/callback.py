@@ -17,6 +17,7 @@ from palace._src.errors import ResourceError, UnsupportedError, UsageError
 from palace._src.jax import compiler_errors, launch
 from palace._src.jax.avals import host_dtype, physical, semaphore_kind
 from palace._src.jax.interpret import check_covered, source_line
+from palace._src.jax.pinned import unpinned
 from palace._src.jax.registry import RULES, sub_jaxprs
 from palace._src.launch import host as palace_host, spmd
 
@@ -354,8 +355,13 @@ def _lower_pod_launch(ctx, in_nodes, engine, params, axis_ctx, manual, kind):
 
 
 def lower_on_palace(ctx, in_nodes, engine, params, kind: str = "pallas_call"):
-  """Lower one launch (`pallas_call` or `mpmd_map`, i.e. pl.kernel / core_map) to one host callback."""
+  """Lower one launch (`pallas_call` or `mpmd_map`, i.e. pl.kernel / core_map) to one host callback. A
+  pinned operand or result (JAX's `pin`, aliased in and out) is its array (pinned.py)."""
   from jax._src import core as jax_core  # noqa: PLC0415
+
+  ctx = ctx.replace(avals_in=[unpinned(a) for a in ctx.avals_in],
+                    avals_out=[unpinned(a) for a in ctx.avals_out])
+  params = dict(params, out_avals=tuple(unpinned(a) for a in params["out_avals"]))
 
   axis_ctx = ctx.module_context.axis_context
   manual = frozenset(getattr(axis_ctx, "manual_axes", ()) or ())

@@ -48,11 +48,15 @@ def _view(attr: str, virtual, original):
   return property(get)
 
 
-def _wrap_devices(fn, tpu_devices):
-  def devices(backend=None, *args, **kwargs):
+def _wrap_devices(fn, tpu_devices, backend_at: int):
+  """`fn` (jax.devices, whose `backend` is its argument 0, or jax.local_devices, whose is argument 1
+  after `process_index`) answering "tpu" with `tpu_devices()` to outside readers; every call passed
+  on unchanged otherwise."""
+  def devices(*args, **kwargs):
+    backend = kwargs.get("backend", args[backend_at] if len(args) > backend_at else None)
     if backend == "tpu" and _outside(2):
       return tpu_devices()
-    return fn(backend, *args, **kwargs)
+    return fn(*args, **kwargs)
   devices.__wrapped__ = fn
   return devices
 
@@ -71,9 +75,9 @@ def install(tpu) -> None:
   dev_type.coords = _view("coords", lambda d: tpu.chip_coords(d.id % n), saved["coords"])
   dev_type.core_on_chip = _view("core_on_chip", lambda d: 0, saved["core_on_chip"])
   _state["jax"] = {a: getattr(jax, a) for a in ("devices", "local_devices", "default_backend")}
-  jax.devices = _wrap_devices(_state["jax"]["devices"], lambda: _state["jax"]["devices"]("cpu"))
+  jax.devices = _wrap_devices(_state["jax"]["devices"], lambda: _state["jax"]["devices"]("cpu"), 0)
   jax.local_devices = _wrap_devices(_state["jax"]["local_devices"],
-                                    lambda: _state["jax"]["local_devices"](backend="cpu"))
+                                    lambda: _state["jax"]["local_devices"](backend="cpu"), 1)
   real_backend = _state["jax"]["default_backend"]
   jax.default_backend = lambda: "tpu" if _outside(2) else real_backend()
 

@@ -51,5 +51,7 @@ def pytest_report_header(config):
              if tpu.exact_f32_dots else "")
           + ("; DIAGNOSTIC PALACE_JAX_SHARED_DOTS=1: float dots in kernels and in XLA:CPU's code outside "
              "them are summed by one rule, NOT in the chip's order" if tpu.shared_dots else "")
+          + ("; DIAGNOSTIC PALACE_JAX_HOST_MATH=1: the kernels' transcendentals are XLA:CPU's, NOT the "
+             "chip's" if tpu.host_math else "")
           + ("; PALACE_JAX_DOT_NUMERICS=mxu: float dots in kernels summed in the chip's measured order"
              if tpu.dot_numerics == "mxu" else ""))

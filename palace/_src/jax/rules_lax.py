@@ -13,7 +13,8 @@ from palace._src.jax import rules_sc, scalar_blocks as sb
 from palace._src.jax.interpret import shape_of, source_line, traced, unsupported
 from palace._src.jax.registry import DATA, Deciding, literal, rule
 from palace._src import dtypes as dt
-from palace._src.lang import int_rejects as int_rejects_lib, lax_ops, mxu, numpy_linalg, tpu_primitives
+from palace._src.lang import host_math, int_rejects as int_rejects_lib, lax_ops, mxu, numpy_linalg
+from palace._src.lang import tpu_primitives
 from palace._src.errors import CompilerRejectError, UnsupportedError
 from palace._src.lang.array import Array
 from palace._src.lang.numpy_dtypes import astype_on_scalars
@@ -532,12 +533,19 @@ def _unstack(eqn, x):
   return [x[(*lead, i)] for i in range(x.shape[axis])]
 
 
-@rule("erf_inv", compiles=True, schedule=DATA)
 @traced
-def _erf_inv(eqn):
+def _erf_inv_chip(eqn):
   """Mosaic's own erf_inv: the polynomial of jax/_src/pallas/utils.py (jax.random.normal in a kernel)."""
   from jax._src.pallas import utils as pallas_utils  # noqa: PLC0415
   return pallas_utils.erf_inv_lowering_helper
+
+
+@rule("erf_inv", compiles=True, schedule=DATA)
+def _erf_inv(eqn):
+  """Mosaic's polynomial (charged op by op); under the host-math diagnostic its value is XLA:CPU's
+  erf_inv (lang/host_math.py)."""
+  chip = _erf_inv_chip(eqn)
+  return lambda x: host_math.result("erf_inv", x, chip(x))
 
 
 @rule("slice", schedule=DATA)

@@ -21,7 +21,8 @@ def main(argv=None) -> int:
     for r in engine.process_tpu.reports:
       print(f"palace: {r.kernel_name}: {r.device_cycles} cycles ({r.device_time_s * 1e6:.2f} us)"
             + (" [DIAGNOSTIC exact_f32_dots: not the chip's numerics]" if r.exact_f32_dots else "")
-            + (" [DIAGNOSTIC shared_dots: not the chip's numerics]" if r.shared_dots else ""),
+            + (" [DIAGNOSTIC shared_dots: not the chip's numerics]" if r.shared_dots else "")
+            + (" [DIAGNOSTIC host_math: not the chip's numerics]" if r.host_math else ""),
             file=sys.stderr)
   return 0
 

@@ -16,6 +16,7 @@ from palace._src import executor, validate
 from palace._src.executor import OpClass
 from palace._src.errors import ShapeError, UnsupportedError, UsageError
 from palace._src.lang import deferred
+from palace._src.lang.host_math import pick as _math
 from palace._src.lang.array import Array, WeakArray, dtype_of, promotion_type, ready_of, weakly_typed
 from palace._src.lang.deferred import Deferred
 from palace._src.lang.int_rejects import VECTOR_INT_REJECTS, refusal, scalar_mlir_op
@@ -566,8 +567,8 @@ def round(x, decimals=0):  # noqa: A001
 
 
 round.scalar_form, round.op_class = _round.scalar_form, _round.op_class
-exp = _elementwise(np.exp, OpClass.TRANSCENDENTAL, "float", name="exp")
-exp2 = _elementwise(np.exp2, OpClass.TRANSCENDENTAL, "float", name="exp2")
+exp = _elementwise(_math('exp', np.exp), OpClass.TRANSCENDENTAL, "float", name="exp")
+exp2 = _elementwise(_math('exp2', np.exp2), OpClass.TRANSCENDENTAL, "float", name="exp2")
 _expm1 = _elementwise(np.expm1, OpClass.TRANSCENDENTAL, "float", name="expm1")
 
 
@@ -586,8 +587,8 @@ def expm1(x):
   return _expm1(x)
 
 
-log = _elementwise(np.log, OpClass.TRANSCENDENTAL, "float", name="log")
-log2 = _elementwise(np.log2, OpClass.TRANSCENDENTAL, "float", name="log2")
+log = _elementwise(_math('log', np.log), OpClass.TRANSCENDENTAL, "float", name="log")
+log2 = _elementwise(_math('log2', np.log2), OpClass.TRANSCENDENTAL, "float", name="log2")
 
 
 def _log1p(x: np.ndarray) -> np.ndarray:
@@ -596,21 +597,23 @@ def _log1p(x: np.ndarray) -> np.ndarray:
   return np.log1p(_flush(x, inputs=True) if x.dtype in _FLUSHED else x)
 
 
-log1p = _elementwise(_log1p, OpClass.TRANSCENDENTAL, "float", name="log1p")
-tanh = _elementwise(np.tanh, OpClass.TRANSCENDENTAL, "float", name="tanh")
-sqrt = _elementwise(np.sqrt, OpClass.TRANSCENDENTAL, "float", name="sqrt")
-rsqrt = _elementwise(lambda x: 1.0 / np.sqrt(x), OpClass.TRANSCENDENTAL, "float", name="rsqrt")
+log1p = _elementwise(_math('log1p', _log1p), OpClass.TRANSCENDENTAL, "float", name="log1p")
+tanh = _elementwise(_math('tanh', np.tanh), OpClass.TRANSCENDENTAL, "float", name="tanh")
+sqrt = _elementwise(_math('sqrt', np.sqrt), OpClass.TRANSCENDENTAL, "float", name="sqrt")
+rsqrt = _elementwise(_math('rsqrt', lambda x: 1.0 / np.sqrt(x)), OpClass.TRANSCENDENTAL, "float",
+                     name="rsqrt")
 reciprocal = _elementwise(np.reciprocal, OpClass.TRANSCENDENTAL, "float", name="reciprocal")
-sin = _elementwise(np.sin, OpClass.EXPENSIVE, "float", name="sin")
-cos = _elementwise(np.cos, OpClass.EXPENSIVE, "float", name="cos")
-tan = _elementwise(np.tan, OpClass.EXPENSIVE, "float", name="tan")
-arctan = _elementwise(np.arctan, OpClass.EXPENSIVE, "float", name="arctan")
-sinh = _elementwise(np.sinh, OpClass.TRANSCENDENTAL, "float", name="sinh")
-cosh = _elementwise(np.cosh, OpClass.TRANSCENDENTAL, "float", name="cosh")
+sin = _elementwise(_math('sin', np.sin), OpClass.EXPENSIVE, "float", name="sin")
+cos = _elementwise(_math('cos', np.cos), OpClass.EXPENSIVE, "float", name="cos")
+tan = _elementwise(_math('tan', np.tan), OpClass.EXPENSIVE, "float", name="tan")
+arctan = _elementwise(_math('arctan', np.arctan), OpClass.EXPENSIVE, "float", name="arctan")
+sinh = _elementwise(_math('sinh', np.sinh), OpClass.TRANSCENDENTAL, "float", name="sinh")
+cosh = _elementwise(_math('cosh', np.cosh), OpClass.TRANSCENDENTAL, "float", name="cosh")
 isnan = _elementwise(np.isnan, OpClass.CHEAP, "bool", name="isnan")
 isinf = _elementwise(np.isinf, OpClass.CHEAP, "bool", name="isinf")
 isfinite = _elementwise(np.isfinite, OpClass.CHEAP, "bool", name="isfinite")
-logistic = _elementwise(lambda x: 1.0 / (1.0 + np.exp(-x)), OpClass.TRANSCENDENTAL, "float", name="logistic")
+logistic = _elementwise(_math('logistic', lambda x: 1.0 / (1.0 + np.exp(-x))), OpClass.TRANSCENDENTAL,
+                        "float", name="logistic")
 
 
 def _erf(x):
@@ -628,7 +631,7 @@ def _erf(x):
   return (np.sign(v) * np.where(a < 0.5, near, far)).astype(x.dtype)
 
 
-erf = _elementwise(_erf, OpClass.TRANSCENDENTAL, "float", name="erf")
+erf = _elementwise(_math('erf', _erf), OpClass.TRANSCENDENTAL, "float", name="erf")
 
 
 # (each operand's type, shape, and x's and y's dtypes) -> (result dtype, shape): a memo of where's type

@@ -322,7 +322,8 @@ def interpret_context(interpret):
                      trace=parent.trace, topology=parent.topology,
                      detect_races=interpret.detect_races or parent.detect_races,
                      uninitialized=parent.uninitialized, exact_f32_dots=parent.exact_f32_dots,
-                     shared_dots=parent.shared_dots, dot_numerics=parent.dot_numerics)
+                     shared_dots=parent.shared_dots, dot_numerics=parent.dot_numerics,
+                     host_math=parent.host_math)
   with child:
     yield
 

@@ -13,12 +13,13 @@ from __future__ import annotations
 import collections
 import contextvars
 import gc
+import importlib.util
 import itertools
 import random
 
 from palace._src import executor as executor_mod
 from palace._src import hostmem, hw, validate
-from palace._src.errors import SyncError, UsageError
+from palace._src.errors import SyncError, UnsupportedError, UsageError
 from palace._src.sim import carried as carried_mod
 from palace._src.sim import memory
 from palace._src.sim.bandwidth import Channel
@@ -388,7 +389,7 @@ class Machine:
                   busy, vmem_peak, sum(c.steps for c in self.cores) or self.grid_steps,
                   self.dma_count, events, self.ici_bytes,
                   self.timing_only, exact_f32_dots=self.tpu.exact_f32_dots,
-                  shared_dots=self.tpu.shared_dots)
+                  shared_dots=self.tpu.shared_dots, host_math=self.tpu.host_math)
 
 
 class VirtualTPU:
@@ -418,13 +419,17 @@ class VirtualTPU:
   (docs/jax.md, "Diagnostic: shared dots"). `dot_numerics=` chooses who orders the sums of a float dot
   in a kernel: "blas" (default) the host BLAS's float32 GEMM (the chip's rounding of operands, the
   machine's summation order); "mxu" the v5e's measured order, bit for bit on the recorded chip outputs
-  but about ten times the host CPU (lang/mxu.chip_product, docs/numerics.md). Timing is the same in both."""
+  but about ten times the host CPU (lang/mxu.chip_product, docs/numerics.md). Timing is the same in both.
+  `host_math=True`, a diagnostic and NOT the chip (combinable with either dot diagnostic), evaluates a
+  kernel's transcendentals (exp, log, tanh, erf_inv, ...) by XLA:CPU through JAX instead of palace's rule
+  of the chip's (lang/host_math.py; docs/jax.md, "Diagnostic: math on XLA:CPU"); timing is unchanged."""
 
   def __init__(self, chip="v5e", num_chips: int = 1, *, timing_only: bool = False,
                dma_policy: str = "eager", seed: int = 0, trace: bool = True, topology=None,
                detect_races: bool = False, uninitialized: str = "nan", p_state=None,
                keep_trace_events=KEEP_TRACE_EVENTS, replay: bool = True, steady_state: bool = True,
-               exact_f32_dots: bool = False, shared_dots: bool = False, dot_numerics: str = "blas"):
+               exact_f32_dots: bool = False, shared_dots: bool = False, dot_numerics: str = "blas",
+               host_math: bool = False):
     hostmem.tune_allocator()   # (process-wide host tuning, once: keeps block-sized pages mapped)
     if not isinstance(chip, hw.ChipSpec):
       validate.as_name(chip, "pl.virtual_tpu(chip)", hint=f"pass a chip name: {', '.join(hw.CHIPS)}.")
@@ -466,6 +471,12 @@ class VirtualTPU:
       raise UsageError("pl.virtual_tpu(exact_f32_dots=True, shared_dots=True): two diagnostics that "
                        "compute float32 dots differently, observed both on; expected at most one. Fix: "
                        "pass one of them.")
+    # a diagnostic that is not the chip: transcendentals as XLA:CPU computes them (lang/host_math.py)
+    self.host_math = validate.as_bool(host_math, "pl.virtual_tpu(host_math)")
+    if self.host_math and importlib.util.find_spec("jax") is None:
+      raise UnsupportedError("pl.virtual_tpu(host_math=True): the diagnostic evaluates a kernel's "
+                             "transcendentals by XLA:CPU through JAX, which is not installed here. Fix: "
+                             "install jax, or leave host_math off (the chip's rule).")
     # who orders a float dot's sums: the host BLAS, or the chip's measured rule (lang/mxu.chip_product)
     self.dot_numerics = validate.as_choice(dot_numerics, "pl.virtual_tpu(dot_numerics)", DOT_NUMERICS)
     self.extrapolated_steps = 0
@@ -564,6 +575,7 @@ class VirtualTPU:
             + (", exact_f32_dots=True (a diagnostic: not the chip's numerics)" if self.exact_f32_dots
                else "")
             + (", shared_dots=True (a diagnostic: not the chip's numerics)" if self.shared_dots else "")
+            + (", host_math=True (a diagnostic: not the chip's numerics)" if self.host_math else "")
             + (f", dot_numerics={self.dot_numerics!r}" if self.dot_numerics != "blas" else "")
             + ")")
 

@@ -126,6 +126,7 @@ class ReplayCore:
     self.kernel_name = machine.kernel_name
     self.exact_f32_dots = machine.tpu.exact_f32_dots
     self.shared_dots = machine.tpu.shared_dots
+    self.host_math = machine.tpu.host_math
     self.dot_numerics = machine.tpu.dot_numerics
     self.axis_env = dict(axis_env)
     self.mesh_axes = []

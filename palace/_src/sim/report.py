@@ -34,6 +34,7 @@ class Report:
   timing_only: bool = False
   exact_f32_dots: bool = False   # made under the exact-f32-dots diagnostic (not the chip's numerics)
   shared_dots: bool = False      # made under the shared-dots diagnostic (not the chip's numerics)
+  host_math: bool = False        # made under the host-math diagnostic (not the chip's numerics)
   stats: dict | None = dataclasses.field(default=None, repr=False)
 
   def __post_init__(self):
@@ -142,7 +143,8 @@ class Report:
             "dma_count": self.dma_count, "unit_busy_cycles": dict(self.unit_busy_cycles),
             "dma_bytes_by_direction": self.dma_bytes_by_direction,
             "dma_count_by_direction": self.dma_count_by_direction, "timing_only": self.timing_only,
-            "exact_f32_dots": self.exact_f32_dots, "shared_dots": self.shared_dots}
+            "exact_f32_dots": self.exact_f32_dots, "shared_dots": self.shared_dots,
+            "host_math": self.host_math}
 
   # ---- exports
   def drop_trace(self, budget: int) -> None:
@@ -209,7 +211,8 @@ class Report:
                                                                else "")
         + (" (timing only)" if self.timing_only else "")
         + (" (DIAGNOSTIC exact_f32_dots: not the chip's numerics)" if self.exact_f32_dots else "")
-        + (" (DIAGNOSTIC shared_dots: not the chip's numerics)" if self.shared_dots else ""),
+        + (" (DIAGNOSTIC shared_dots: not the chip's numerics)" if self.shared_dots else "")
+        + (" (DIAGNOSTIC host_math: not the chip's numerics)" if self.host_math else ""),
         f"  device time     {us:,.3f} us  ({self.device_cycles:,} cycles at "
         f"{self.chip.clock_hz / 1e9:.2f} GHz); launch overhead {self.launch_overhead_s * 1e6:.1f} us",
         f"  compute         {self.flops / 1e9:,.3f} GFLOP, {self.flops_per_s / 1e12:,.2f} TFLOP/s "
@@ -237,4 +240,7 @@ class Report:
       lines.append("  numerics        DIAGNOSTIC: float dots were summed by one fixed rule (exact per 128 "
                    "of K, chunks added in float32), not in the chip's order (VirtualTPU(shared_dots=True), "
                    "PALACE_JAX_SHARED_DOTS)")
+    if self.host_math:
+      lines.append("  numerics        DIAGNOSTIC: the kernel's transcendentals (exp, log, tanh, erf_inv, "
+                   "...) were XLA:CPU's, not the chip's (VirtualTPU(host_math=True), PALACE_JAX_HOST_MATH)")
     return "\n".join(lines)

@@ -78,6 +78,7 @@ class TensorCore:
     self.timing_only = machine.timing_only
     self.exact_f32_dots = machine.tpu.exact_f32_dots
     self.shared_dots = machine.tpu.shared_dots
+    self.host_math = machine.tpu.host_math
     self.bounds_checks = not params.disable_bounds_checks
     self.semaphore_checks = not params.disable_semaphore_checks
     self.checks = machine.checks if self.bounds_checks else machine.unchecked_checks()
