@@ -15,7 +15,19 @@ grid indices and adds `where(mask, 0, -inf-ish)` to s before the row max (`flash
 step it runs; its causal launches are modelled 20% fast once the DMA wait is a latency. On fixed blocks
 (no copies, `cases_parts.wheel_compute`'s frame): 'full' (the wheel step with the mask), 'max' (q k^T,
 the mask, the row max stored), 'qk' (q k^T and the mask accumulated), 'only' (the mask added to a loaded
-f32 block, accumulated: no MXU), at 128 rows (and 'full' at 256). Same conventions as `cases.py` (public
+f32 block, accumulated: no MXU), at 128 rows (and 'full' at 256).
+
+`splash_step`: splash attention's step body (`splash_attention_kernel.flash_attention_kernel`, no mask:
+m and l lane-dense, v cast to f32 and the p v product an f32 x f32 dot at the default precision,
+the accumulator rescaled by alpha) on fixed (128, 128) blocks, 512 steps: its launches cost the chip
+~100 cycles a step more than the wheel's flash step, which palace models alike. 'full'; 'bf16pv' (the
+p v dot in the wheel's form: p cast to bf16, v bf16); 'nopv' (up to m and l); 'f32dot' / 'bf16dot' (only
+an f32 x f32 / bf16 x bf16 p v dot of a loaded f32 p, accumulated); 'full_moving' (k and v a new block
+every step).
+
+`out_heavy`: session 25's `out_switch` with the wheel's flash step as the body (fixed q, k, v): does a
+kept output block's write-back hide under a heavy step? Grid (512 / K, K), the (128, 128) f32 output
+block changing with the first index, written at k == K - 1; K in 1, 2, 8. Same conventions as `cases.py` (public
 Pallas API shared by JAX 0.10.2 and 0.12; nothing here imports palace).
 """
 from __future__ import annotations
@@ -23,6 +35,7 @@ from __future__ import annotations
 import numpy as np
 
 from benchmarks.hw.cases import Case, _jax, _rand
+from benchmarks.hw.cases_parts import wheel_compute
 
 _L = 128
 _MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
@@ -157,3 +170,98 @@ def causal_mask_cases() -> list[Case]:
   out.append(Case("cmask_full_blk256", F, _causal_mask("full", blk=256, n=256)))
   return out
 
+
+
+def _splash_body(jax, jnp, op, q_ref, k_ref, v_ref, s_ref, m_ref, l_ref, acc_ref):
+  """One `splash_step` case's step body (`_splash_step`)."""
+  if op in ("f32dot", "bf16dot"):   # the p v dot alone, p loaded as f32
+    s = s_ref[...]
+    if op == "f32dot":
+      acc_ref[...] += jax.lax.dot_general(s, v_ref[...].astype(jnp.float32), (((1,), (0,)), ((), ())))
+    else:
+      acc_ref[...] += jnp.dot(s.astype(jnp.bfloat16), v_ref[...], preferred_element_type=jnp.float32)
+    return
+  nt = (((1,), (1,)), ((), ()))
+  m_prev, l_prev = m_ref[...], l_ref[...]
+  qk = jax.lax.dot_general(q_ref[...], k_ref[...], nt, preferred_element_type=jnp.float32)
+  m_next = jnp.maximum(m_prev, qk.max(axis=-1)[:, None])
+  s_curr = jnp.exp(qk - m_next)
+  l_curr = jax.lax.broadcast_in_dim(s_curr.sum(axis=-1), l_prev.shape, (0,))
+  alpha = jnp.exp(m_prev - m_next)
+  m_ref[...] = m_next
+  l_ref[...] = l_curr + alpha * l_prev
+  if op == "nopv":
+    return
+  if op == "bf16pv":   # the wheel's form of the p v dot
+    o_curr = jnp.dot(s_curr.astype(jnp.bfloat16), v_ref[...], preferred_element_type=jnp.float32)
+  else:                # splash's: v cast to f32, an f32 x f32 dot at the default precision
+    o_curr = jax.lax.dot_general(s_curr, v_ref[...].astype(jnp.float32), (((1,), (0,)), ((), ())))
+  acc_ref[...] = alpha * acc_ref[...] + o_curr
+
+
+def _splash_step(op, n=512, moving=False, m=8):
+  """`splash_step` (module docstring): grid (n,), (128, 128) bf16 q, k, v (k and v cycling over `m`
+  blocks when `moving`) and an f32 (128, 128) block, splash attention's step body."""
+  def build():
+    jax, jnp, pl, pltpu = _jax()
+
+    def kernel(q_ref, k_ref, v_ref, s_ref, o_ref, m_ref, l_ref, acc_ref):
+      @pl.when(pl.program_id(0) == 0)
+      def _():
+        for ref in (m_ref, l_ref, acc_ref):
+          ref[...] = jnp.zeros_like(ref)
+
+      _splash_body(jax, jnp, op, q_ref, k_ref, v_ref, s_ref, m_ref, l_ref, acc_ref)
+
+      @pl.when(pl.program_id(0) == n - 1)
+      def _():
+        o_ref[...] = acc_ref[...] + m_ref[...] + l_ref[...]
+
+    fixed = pl.BlockSpec((_L, _L), lambda i: (0, 0))
+    kv = pl.BlockSpec((_L, _L), lambda i: (i % m, 0)) if moving else fixed
+    rows = m * _L if moving else _L
+    call = pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct((_L, _L), jnp.float32), grid=(n,),
+        in_specs=[fixed, kv, kv, fixed], out_specs=fixed,
+        scratch_shapes=[pltpu.VMEM((_L, _L), jnp.float32) for _ in range(3)])
+    return call, (_rand((_L, _L), "bfloat16", 90), _rand((rows, _L), "bfloat16", 91),
+                  _rand((rows, _L), "bfloat16", 92), _rand((_L, _L), "float32", 93))
+  return build
+
+
+def splash_step_cases() -> list[Case]:
+  F = "splash_step"
+  out = [Case(f"sstep_{op}_blk128", F, _splash_step(op)) for op in ("full", "bf16pv", "nopv", "f32dot", "bf16dot")]
+  out.append(Case("sstep_full_moving_blk128", F, _splash_step("full", moving=True)))
+  return out
+
+
+def _out_heavy(k, n=512):
+  """`out_heavy` (module docstring): grid (n / k, k), the wheel's flash step on fixed blocks every step,
+  the (128, 128) f32 output block kept over `k` steps, written at the last of them."""
+  def build():
+    jax, jnp, pl, pltpu = _jax()
+
+    def kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref):
+      @pl.when((pl.program_id(0) == 0) & (pl.program_id(1) == 0))
+      def _():
+        for ref in (m_ref, l_ref, acc_ref):
+          ref[...] = jnp.zeros_like(ref)
+
+      wheel_compute(jax, jnp, "full", _L, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref)
+
+      @pl.when(pl.program_id(1) == k - 1)
+      def _():
+        o_ref[...] = acc_ref[...] + m_ref[...] + l_ref[...]
+
+    fixed = pl.BlockSpec((_L, _L), lambda i, j: (0, 0))
+    call = pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct((n // k * _L, _L), jnp.float32), grid=(n // k, k),
+        in_specs=[fixed] * 3, out_specs=pl.BlockSpec((_L, _L), lambda i, j: (i, 0)),
+        scratch_shapes=[pltpu.VMEM((_L, _L), jnp.float32) for _ in range(3)])
+    return call, tuple(_rand((_L, _L), "bfloat16", 94 + j) for j in range(3))
+  return build
+
+
+def out_heavy_cases() -> list[Case]:
+  return [Case(f"oheavy_k{k}", "out_heavy", _out_heavy(k)) for k in (1, 2, 8)]
