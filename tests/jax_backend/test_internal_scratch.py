@@ -31,28 +31,25 @@ def _copy_hbm(x_hbm, y_hbm):
   pltpu.sync_copy(x_hbm, y_hbm)
 
 
-def _pallas_call(n):
-  return pl.pallas_call(_copy, out_shape=jax.ShapeDtypeStruct((128, 128), jnp.float32),
-                        compiler_params=pltpu.CompilerParams(internal_scratch_in_bytes=n))
+def _launch(front: str, n):
+  """JAX's pallas_call (body `_copy`) or pl.kernel (body `_copy_hbm`) of a (128, 128) float32 copy."""
+  out, params = jax.ShapeDtypeStruct((128, 128), jnp.float32), pltpu.CompilerParams(internal_scratch_in_bytes=n)
+  if front == "pallas_call":
+    return pl.pallas_call(_copy, out_shape=out, compiler_params=params)
+  return pl.kernel(_copy_hbm, out_type=out, mesh=pltpu.TensorCoreMesh(axis_name="core", num_cores=1),
+                   compiler_params=params)
 
 
-def _kernel(n):
-  return pl.kernel(_copy_hbm, out_type=jax.ShapeDtypeStruct((128, 128), jnp.float32),
-                   mesh=pltpu.TensorCoreMesh(axis_name="core", num_cores=1),
-                   compiler_params=pltpu.CompilerParams(internal_scratch_in_bytes=n))
-
-
-FRONTS = {"pallas_call": (_pallas_call, "_copy"), "kernel": (_kernel, "_copy_hbm")}
+FRONTS = {"pallas_call": "_copy", "kernel": "_copy_hbm"}
 
 
 @pytest.mark.parametrize("front", sorted(FRONTS))
 @pytest.mark.parametrize("record", [r for r in PROBES if not r["ran"]], ids=lambda r: str(r["requested_bytes"]))
 def test_refused_sizes_are_refused_when_compiled(front, record):
-  make, name = FRONTS[front]
-  n = record["requested_bytes"]
+  n, name = record["requested_bytes"], FRONTS[front]
   quote = record["error"].split("Mosaic failed to compile TPU kernel: ")[1]   # the compiler's own words
   with pj.virtual_tpu("v5e"), pytest.raises(jax.errors.JaxRuntimeError) as e:
-    jax.jit(make(n)).lower(X).compile()
+    jax.jit(_launch(front, n)).lower(X).compile()
   assert isinstance(e.value, UsageError) and isinstance(e.value, ValueError)
   msg = str(e.value)
   assert quote in msg
@@ -64,25 +61,25 @@ def test_refused_sizes_are_refused_when_compiled(front, record):
 @pytest.mark.parametrize("n", [r["requested_bytes"] for r in PROBES if r["ran"]])
 def test_sizes_that_ran_run(front, n):
   with pj.virtual_tpu("v5e"):
-    np.testing.assert_array_equal(np.asarray(jax.jit(FRONTS[front][0](n))(X)), X)
+    np.testing.assert_array_equal(np.asarray(jax.jit(_launch(front, n))(X)), X)
 
 
 def test_jax_test_set_internal_scratch_size():
   """JAX's tpu_pallas_test::test_set_internal_scratch_size: a 512-byte request, called eagerly."""
   with pj.virtual_tpu("v5e"), pytest.raises(Exception, match="Requested internal scratch size 512 needs "
                                                               "to be at least"):
-    _pallas_call(512)(X)
+    _launch("pallas_call", 512)(X)
 
 
 def test_a_chip_never_measured_runs_any_size():
   with pj.virtual_tpu("v6e"):
-    np.testing.assert_array_equal(np.asarray(jax.jit(_pallas_call(0))(X)), X)
+    np.testing.assert_array_equal(np.asarray(jax.jit(_launch("pallas_call", 0))(X)), X)
 
 
 @pytest.mark.parametrize("n,why", [(-512, "must be >= 0"), (512.5, "must be an integer")])
 def test_non_integers_and_negatives_stay_errors(n, why):
   with pj.virtual_tpu("v5e"), pytest.raises(PalaceError, match=rf"internal_scratch_in_bytes\) {why}") as e:
-    jax.jit(_pallas_call(n))(X)
+    jax.jit(_launch("pallas_call", n))(X)
   assert isinstance(e.value, ValueError)
 
 
