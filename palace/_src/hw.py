@@ -117,6 +117,11 @@ class ChipSpec:
   # the chip's link to its host's memory (PCIe): DMAs to and from pinned host memory (pl.HOST) cross it
   host_link_bytes_per_s_one_way: float = 1.6e10
   host_link_latency_ns: float = 1000.0
+  # the least `pltpu.CompilerParams(internal_scratch_in_bytes=n)` the TPU compiler accepts: a launch
+  # asking for less is refused (check_internal_scratch). None: never measured on this chip, and then
+  # palace checks nothing (any n >= 0 runs): the minimum is the compiler's, and guessing one would
+  # refuse kernels the chip may run or pass ones it refuses (docs/limits.md)
+  min_internal_scratch_bytes: "int | None" = None
 
   # ---- derived figures ----
   def rows_per_vmatmul(self, lhs_bits: int) -> int:
@@ -418,6 +423,21 @@ V6E, V7X = (dataclasses.replace(c, host_link_bytes_per_s_one_way=3.2e10) for c i
 V4, V5E, V5P, V6E, V7X = (dataclasses.replace(c, sources=MappingProxyType({**c.sources, **_HOST_LINK_SOURCES}))
                           for c in (V4, V5E, V5P, V6E, V7X))
 
+# The compiler's minimum internal scratch, measured on a real TPU v5e (benchmarks/hw/scratch_limit.py).
+_SCRATCH_MEASURED = ("measured on a TPU v5e (benchmarks/hw/data/v5e-scratch-limit-2026-12-06.jsonl, JAX "
+                     "0.10.2, libtpu 0.0.42.1, 2026-12-06): a (128, 128) float32 copy kernel with "
+                     "internal_scratch_in_bytes = 0, 512, 4096, 8192, 16384 and 32768 is refused with 'Mosaic "
+                     "failed to compile TPU kernel: Requested internal scratch size <n> needs to be at least "
+                     "36864 bytes.', and runs correctly with 65536, 73728, 73729, 73984, 81920, 131072 and "
+                     "1 MiB; the minimum, in (32768, 36864] by the sizes run, is the 36864 the compiler "
+                     "states")
+_SCRATCH_ABSENT = ("not measured on this chip (None): palace checks no minimum here, since the v5e figure "
+                   "is the compiler's for that chip and nothing says it holds on others")
+V5E = dataclasses.replace(V5E, min_internal_scratch_bytes=36864, sources=MappingProxyType(
+    {**V5E.sources, "min_internal_scratch_bytes": _SCRATCH_MEASURED}))
+V4, V5P, V6E, V7X = (dataclasses.replace(c, sources=MappingProxyType(
+    {**c.sources, "min_internal_scratch_bytes": _SCRATCH_ABSENT})) for c in (V4, V5P, V6E, V7X))
+
 CHIPS = MappingProxyType({c.name: c for c in (V4, V5E, V5P, V6E, V7X)})
 
 
@@ -461,6 +481,22 @@ def check_dtype(chip: ChipSpec, dtype, what: str) -> None:
                    f"has no {d}; {', '.join(others)} have it: ChipSpec.unsupported_dtypes); expected "
                    f"another TPU dtype. Fix: use another dtype (e.g. cast to jnp.float32), or run on "
                    f"{' / '.join(others)}.")
+
+
+def check_internal_scratch(chip: ChipSpec, requested, kernel: str) -> None:
+  """A launch of `kernel` on `chip` whose `CompilerParams(internal_scratch_in_bytes=requested)` is
+  below the chip's measured minimum (`ChipSpec.min_internal_scratch_bytes`): UsageError quoting the TPU
+  compiler's refusal. Nothing is checked where the request is unset (None) or the minimum unknown."""
+  least = chip.min_internal_scratch_bytes
+  if requested is None or least is None or requested >= least:
+    return
+  raise UsageError(
+      f"pltpu.CompilerParams(internal_scratch_in_bytes={requested}) for kernel '{kernel}' on TPU "
+      f"{chip.name}: {requested} B of Mosaic internal scratch requested; expected at least {least} B, "
+      f"the least the TPU compiler accepts on {chip.name} (it refuses the kernel: 'Requested internal "
+      f"scratch size {requested} needs to be at least {least} bytes.', measured on a TPU {chip.name}: "
+      f"ChipSpec.min_internal_scratch_bytes). Fix: request internal_scratch_in_bytes >= {least}, or leave "
+      f"it unset (None) for the compiler's default ({chip.internal_scratch_bytes} B).")
 
 
 _ALIASES = {"v5litepod": "v5e", "v5lite": "v5e", "v6": "v6e", "trillium": "v6e", "v7x": "7x",

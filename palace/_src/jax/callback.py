@@ -367,6 +367,10 @@ def lower_on_palace(ctx, in_nodes, engine, params, kind: str = "pallas_call"):
   manual = frozenset(getattr(axis_ctx, "manual_axes", ()) or ())
   if manual:
     _check_fully_manual(params, kind, axis_ctx, manual)
+  try:
+    launch.check_scratch_when_lowered(params, engine.tpu.chip)
+  except UsageError as e:
+    raise compiler_errors.as_jax_usage_error(e) from None
   if manual and any(_communication(j, manual) is not None for j in _kernel_jaxprs(params, kind)):
     return _lower_pod_launch(ctx, in_nodes, engine, params, axis_ctx, manual, kind)
   if any(not isinstance(a, jax_core.ShapedArray) for a in ctx.avals_in):

@@ -10,7 +10,9 @@ MosaicError, with the same message and notes: `except MosaicError`, `except pl.U
 `except NotImplementedError` all catch it. JAX itself is not changed (the class only derives from
 JAX's). An error found while a kernel runs cannot be given this type: it crosses XLA's host-callback
 boundary, which turns every exception into its own `JaxRuntimeError` (docs/jax.md, "Errors: at
-lowering or at run time").
+lowering or at run time"). Refusals that reach JAX's caller as XLA's compile error with a status
+(VMEM over capacity: RESOURCE_EXHAUSTED; an internal scratch below the chip's minimum: INVALID_ARGUMENT)
+are raised at lowering as palace's class and `JaxRuntimeError` both (`_jax_runtime_class`).
 """
 from __future__ import annotations
 
@@ -32,31 +34,54 @@ def jax_class() -> type:
   return CompilerRejectError
 
 
+# absl status codes of the TPU compiler's refusals, as JaxRuntimeError carries them
+_INVALID_ARGUMENT, _RESOURCE_EXHAUSTED = 3, 8
+
+
 @functools.cache
-def jax_resource_class() -> type:
-  """palace's ResourceError as JAX's JaxRuntimeError too: a kernel over the chip's VMEM, refused while
-  palace.jax lowers it, as the TPU compiler's refusal reaches JAX's caller when it compiles
-  (`jax.errors.JaxRuntimeError`, RESOURCE_EXHAUSTED; palace's message is its own)."""
+def _jax_runtime_class(base: type, code: int) -> type:
+  """palace's error class `base` as JAX's JaxRuntimeError too, with absl status `code`: a kernel palace
+  refuses while palace.jax lowers it, as the TPU compiler's refusal reaches JAX's caller when it
+  compiles (`jax.errors.JaxRuntimeError`; palace's message is its own)."""
   import jax  # noqa: PLC0415
 
-  class ResourceError(errors.ResourceError, jax.errors.JaxRuntimeError):
-    """A kernel over the chip's memory (palace's ResourceError), refused at lowering by palace.jax as
-    the TPU compiler refuses it: also a `JaxRuntimeError` (status RESOURCE_EXHAUSTED)."""
+  def __init__(self, message: str):
+    base.__init__(self, message)
+    jax.errors.JaxRuntimeError.__init__(self, message, code)
 
-    def __init__(self, message: str):
-      errors.ResourceError.__init__(self, message)
-      jax.errors.JaxRuntimeError.__init__(self, message, 8)   # (absl's RESOURCE_EXHAUSTED)
+  cls = type(base.__name__, (base, jax.errors.JaxRuntimeError), {
+      "__init__": __init__, "__module__": __name__, "__qualname__": base.__name__,
+      "__doc__": f"palace's {base.__name__}, refused at lowering by palace.jax as the TPU compiler "
+                 f"refuses it: also a `JaxRuntimeError` (absl status {code})."})
+  return cls
 
-  ResourceError.__module__, ResourceError.__qualname__ = __name__, "ResourceError"
-  return ResourceError
+
+def jax_resource_class() -> type:
+  """palace's ResourceError as JAX's JaxRuntimeError too: a kernel over the chip's VMEM
+  (RESOURCE_EXHAUSTED)."""
+  return _jax_runtime_class(errors.ResourceError, _RESOURCE_EXHAUSTED)
+
+
+def jax_usage_class() -> type:
+  """palace's UsageError as JAX's JaxRuntimeError too: a compiler parameter the TPU compiler refuses
+  (INVALID_ARGUMENT: `internal_scratch_in_bytes` below the chip's minimum, hw.check_internal_scratch)."""
+  return _jax_runtime_class(errors.UsageError, _INVALID_ARGUMENT)
+
+
+def _as_runtime_error(e: BaseException, cls: type) -> BaseException:
+  out = cls(str(e.args[0]) if e.args else str(e))
+  out.__dict__.update(e.__dict__)
+  return out
 
 
 def as_jax_resource_error(e: BaseException) -> BaseException:
   """A palace ResourceError raised at lowering as `jax_resource_class()` (message and notes kept)."""
-  cls = jax_resource_class()
-  out = cls(str(e.args[0]) if e.args else str(e))
-  out.__dict__.update(e.__dict__)
-  return out
+  return _as_runtime_error(e, jax_resource_class())
+
+
+def as_jax_usage_error(e: BaseException) -> BaseException:
+  """A palace UsageError raised at lowering as `jax_usage_class()` (message and notes kept)."""
+  return _as_runtime_error(e, jax_usage_class())
 
 
 def as_jax_error(e: BaseException) -> BaseException:

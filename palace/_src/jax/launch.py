@@ -14,7 +14,7 @@ import dataclasses
 
 import numpy as np
 
-from palace._src import blocks
+from palace._src import blocks, hw
 from palace._src import dtypes as dt
 from palace._src import core as pcore
 from palace._src.errors import BlockSpecError, PalaceError, ResourceError, UnsupportedError, UsageError
@@ -352,6 +352,19 @@ def check_vmem_when_lowered(params, chip) -> None:
     check_vmem_request(kernel_name(params), chip, cp, maps, scratch)
   except ResourceError as e:
     raise e.with_traceback(None) from None
+
+
+def check_scratch_when_lowered(params, chip) -> None:
+  """A launch (pallas_call or pl.kernel) whose CompilerParams ask for less Mosaic internal scratch than
+  `chip`'s minimum is refused while palace.jax lowers it (hw.check_internal_scratch), as the TPU
+  compiler refuses it when it compiles it. Parameters palace cannot read are left to the launch's own
+  check (check_launch / the plan), which raises them as before."""
+  try:
+    cp = _compiler_params(params.get("compiler_params"))
+  except PalaceError:
+    return
+  if cp is not None:
+    hw.check_internal_scratch(chip, cp.internal_scratch_in_bytes, kernel_name(params))
 
 
 def _resident_in_vmem(params, grid, in_maps: list, out_maps: list) -> tuple:

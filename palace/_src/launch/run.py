@@ -20,7 +20,7 @@ import itertools
 
 import numpy as np
 
-from palace._src import executor
+from palace._src import executor, hw
 from palace._src.blocks import BLOCKED, SQUEEZED
 from palace._src.core import (CORE_PARALLEL, PARALLEL, MemoryRef, MemorySpace, SemaphoreRefType,
                               SemaphoreType, TensorCoreMesh, canonical_semantics)
@@ -48,6 +48,7 @@ def run(plan: LaunchPlan, operands, out=None, tpu=None) -> list:
   operands = list(operands)
   if tpu is None:
     tpu = active_tpu()
+  hw.check_internal_scratch(tpu.chip, plan.params.internal_scratch_in_bytes, plan.kernel_name)
   ctx = host.spmd_context()
   if ctx is not None:  # inside shard_map: every chip's thread reaches this launch; one machine runs them
     launch = _Launch(plan, operands, tpu, out=out)
