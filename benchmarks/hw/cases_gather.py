@@ -35,6 +35,7 @@ from __future__ import annotations
 import numpy as np
 
 from benchmarks.hw.cases import Case, _jax, _rand
+from benchmarks.hw.cases_move import _zero_when
 from benchmarks.hw.cases_parts import wheel_compute
 
 _L = 128
@@ -140,10 +141,7 @@ def _causal_mask(op, blk=_L, n=512):
     jax, jnp, pl, pltpu = _jax()
 
     def kernel(q_ref, k_ref, v_ref, s_ref, o_ref, m_ref, l_ref, acc_ref):
-      @pl.when(pl.program_id(0) == 0)
-      def _():
-        for ref in (m_ref, l_ref, acc_ref):
-          ref[...] = jnp.zeros_like(ref)
+      _zero_when(pl, jnp, pl.program_id(0) == 0, (m_ref, l_ref, acc_ref))
 
       _masked(jax, jnp, pl, op, blk, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref, s_ref)
 
@@ -206,10 +204,7 @@ def _splash_step(op, n=512, moving=False, m=8):
     jax, jnp, pl, pltpu = _jax()
 
     def kernel(q_ref, k_ref, v_ref, s_ref, o_ref, m_ref, l_ref, acc_ref):
-      @pl.when(pl.program_id(0) == 0)
-      def _():
-        for ref in (m_ref, l_ref, acc_ref):
-          ref[...] = jnp.zeros_like(ref)
+      _zero_when(pl, jnp, pl.program_id(0) == 0, (m_ref, l_ref, acc_ref))
 
       _splash_body(jax, jnp, op, q_ref, k_ref, v_ref, s_ref, m_ref, l_ref, acc_ref)
 
@@ -243,10 +238,7 @@ def _out_heavy(k, n=512):
     jax, jnp, pl, pltpu = _jax()
 
     def kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref):
-      @pl.when((pl.program_id(0) == 0) & (pl.program_id(1) == 0))
-      def _():
-        for ref in (m_ref, l_ref, acc_ref):
-          ref[...] = jnp.zeros_like(ref)
+      _zero_when(pl, jnp, (pl.program_id(0) == 0) & (pl.program_id(1) == 0), (m_ref, l_ref, acc_ref))
 
       wheel_compute(jax, jnp, "full", _L, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref)
 
