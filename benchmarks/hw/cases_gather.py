@@ -27,7 +27,15 @@ every step).
 
 `out_heavy`: session 25's `out_switch` with the wheel's flash step as the body (fixed q, k, v): does a
 kept output block's write-back hide under a heavy step? Grid (512 / K, K), the (128, 128) f32 output
-block changing with the first index, written at k == K - 1; K in 1, 2, 8. Same conventions as `cases.py` (public
+block changing with the first index, written at k == K - 1; K in 1, 2, 8.
+
+`splash_machinery`: what splash's launch adds to its step (its full-mask launch costs the chip ~180
+cycles a step more than `splash_step`'s moving-block step): splash's (8, 16, 16) grid with 128-row q, k
+and v blocks (q moving with the q block, k and v with the kv block, m, l and the accumulator reset at
+kv 0, the output written at the last kv block), the body 'light' (k and v's first rows accumulated) or
+'heavy' (`splash_step`'s body), with no tables ('none') or with splash's two scalar-prefetch tables
+(`block_mask`, the body under `pl.when(block_mask[h, i, j] > 0)`, and `data_next`, k and v's index maps
+reading their kv block from it) as int8 ('i8', as splash builds them) or int32 ('i32'). Same conventions as `cases.py` (public
 Pallas API shared by JAX 0.10.2 and 0.12; nothing here imports palace).
 """
 from __future__ import annotations
@@ -257,3 +265,60 @@ def _out_heavy(k, n=512):
 
 def out_heavy_cases() -> list[Case]:
   return [Case(f"oheavy_k{k}", "out_heavy", _out_heavy(k)) for k in (1, 2, 8)]
+
+
+def _splash_machinery(body, tables, heads=8, nq=16, nk=16):
+  """`splash_machinery` (module docstring): splash's (heads, q blocks, kv blocks) grid, 128-row q, k, v
+  blocks, with (`tables` 'i8' / 'i32') or without ('none') its block-mask and next-data tables."""
+  def build():
+    jax, jnp, pl, pltpu = _jax()
+    seq = nk * _L
+
+    def kernel(*refs):
+      if tables != "none":
+        dn_ref, bm_ref, refs = refs[0], refs[1], refs[2:]
+      q_ref, k_ref, v_ref, s_ref, o_ref, m_ref, l_ref, acc_ref = refs
+      h, i, j = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+      _zero_when(pl, jnp, j == 0, (m_ref, l_ref, acc_ref))
+      run = True if tables == "none" else bm_ref[h, i, j].astype(jnp.int32) > 0
+
+      @pl.when(run)
+      def _():
+        if body == "light":
+          acc_ref[:8, :] += k_ref[:8, :].astype(jnp.float32) + v_ref[:8, :].astype(jnp.float32)
+        else:
+          _splash_body(jax, jnp, "full", q_ref, k_ref, v_ref, s_ref, m_ref, l_ref, acc_ref)
+
+      @pl.when(j == nk - 1)
+      def _():
+        o_ref[...] = acc_ref[...] + m_ref[...] + l_ref[...]
+
+    if tables == "none":
+      def kv_map(h, i, j):
+        return (h, j, 0)
+      maps = (lambda h, i, j: (h, i, 0), kv_map, lambda h, i, j: (0, 0))
+    else:
+      def kv_map(h, i, j, dn, bm):
+        return (h, dn[h, i, j].astype(jnp.int32), 0)
+      maps = (lambda h, i, j, dn, bm: (h, i, 0), kv_map, lambda h, i, j, dn, bm: (0, 0))
+    blk = pl.BlockSpec((None, _L, _L), maps[0])
+    kvs = pl.BlockSpec((None, _L, _L), maps[1])
+    specs = dict(grid=(heads, nq, nk), in_specs=[blk, kvs, kvs, pl.BlockSpec((_L, _L), maps[2])],
+                 out_specs=blk, scratch_shapes=[pltpu.VMEM((_L, _L), jnp.float32) for _ in range(3)])
+    out = jax.ShapeDtypeStruct((heads, nq * _L, _L), jnp.float32)
+    arrays = (_rand((heads, nq * _L, _L), "bfloat16", 100), _rand((heads, seq, _L), "bfloat16", 101),
+              _rand((heads, seq, _L), "bfloat16", 102), _rand((_L, _L), "float32", 103))
+    if tables == "none":
+      return pl.pallas_call(kernel, out_shape=out, **specs), arrays
+    dt = np.int8 if tables == "i8" else np.int32
+    dn = np.broadcast_to(np.arange(nk, dtype=dt), (heads, nq, nk)).copy()
+    bm = np.full((heads, nq, nk), 2, dt)
+    gs = pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=2, **specs)
+    return pl.pallas_call(kernel, out_shape=out, grid_spec=gs), (dn, bm, *arrays)
+  return build
+
+
+def splash_machinery_cases() -> list[Case]:
+  F = "splash_machinery"
+  return [Case(f"smach_{body}_{t}", F, _splash_machinery(body, t))
+          for body in ("light", "heavy") for t in ("none", "i8", "i32")]
