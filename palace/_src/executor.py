@@ -181,10 +181,6 @@ def flat_label(copy) -> tuple:
   else:
     src, dst = [v.label_part() if hasattr(v, "label_part") else (v.origin(), None, None) for v in labels]
     label = src + dst
-  sn, sd, sz, dn, dd, dz = label
-  if (sd is None or sz is not None) and (dd is None or dz is not None):   # (no view dims: a pipeline's)
-    return ((sn, None) if sd is None else (sn, _WINDOW, len(sd), *sd, *sz)) + \
-        ((dn, None) if dd is None else (dn, _WINDOW, len(dd), *dd, *dz))
   out = []
   for name, dims, shape in (label[:3], label[3:6]):
     if dims is None:
