@@ -16,6 +16,7 @@ from types import MappingProxyType
 import numpy as np
 
 from palace._src.errors import ShapeError, UsageError
+from palace._src.util import fmt_site
 from palace._src.validate import as_int
 
 KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
@@ -483,15 +484,17 @@ def check_dtype(chip: ChipSpec, dtype, what: str) -> None:
                    f"{' / '.join(others)}.")
 
 
-def check_internal_scratch(chip: ChipSpec, requested, kernel: str) -> None:
-  """A launch of `kernel` on `chip` whose `CompilerParams(internal_scratch_in_bytes=requested)` is
-  below the chip's measured minimum (`ChipSpec.min_internal_scratch_bytes`): UsageError quoting the TPU
-  compiler's refusal. Nothing is checked where the request is unset (None) or the minimum unknown."""
+def check_internal_scratch(chip: ChipSpec, requested, kernel: str, site=None) -> None:
+  """A launch of `kernel` (defined or called at `site`, (file, line), when known) on `chip` whose
+  `CompilerParams(internal_scratch_in_bytes=requested)` is below the chip's measured minimum
+  (`ChipSpec.min_internal_scratch_bytes`): UsageError quoting the TPU compiler's refusal. Nothing is
+  checked where the request is unset (None) or the minimum unknown."""
   least = chip.min_internal_scratch_bytes
   if requested is None or least is None or requested >= least:
     return
   raise UsageError(
-      f"pltpu.CompilerParams(internal_scratch_in_bytes={requested}) for kernel '{kernel}' on TPU "
+      (f"{fmt_site(site)}: " if site else "")
+      + f"pltpu.CompilerParams(internal_scratch_in_bytes={requested}) for kernel '{kernel}' on TPU "
       f"{chip.name}: {requested} B of Mosaic internal scratch requested; expected at least {least} B, "
       f"the least the TPU compiler accepts on {chip.name} (it refuses the kernel: 'Requested internal "
       f"scratch size {requested} needs to be at least {least} bytes.', measured on a TPU {chip.name}: "

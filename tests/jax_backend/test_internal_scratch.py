@@ -55,6 +55,7 @@ def test_refused_sizes_are_refused_when_compiled(front, record):
   assert quote in msg
   assert f"internal_scratch_in_bytes={n}) for kernel '{name}' on TPU v5e: {n} B" in msg
   assert "Fix: request internal_scratch_in_bytes >= 36864, or leave it unset" in msg
+  assert msg.startswith("test_internal_scratch.py:"), msg   # the kernel function's line (its jaxpr's debug info)
 
 
 @pytest.mark.parametrize("front", sorted(FRONTS))

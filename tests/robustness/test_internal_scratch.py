@@ -70,6 +70,7 @@ def test_refused_sizes_are_refused(front, record):
                  rf"internal_scratch_in_bytes={n}\) for kernel '{name}' on TPU v5e: {n} B .*expected at "
                  rf"least 36864 B", r"Fix: request internal_scratch_in_bytes >= 36864, or leave it unset")
   assert quote in msg
+  assert msg.startswith("test_internal_scratch.py:"), msg   # the user's line that built the launch
 
 
 @pytest.mark.parametrize("front", [_pallas_call, _kernel], ids=["pallas_call", "kernel"])

@@ -35,9 +35,13 @@ def kernel_name(params) -> str:
   name = params.get("name")
   if name:
     return str(name)
-  jaxpr = params["jaxpr"] if "jaxpr" in params else params["jaxprs"][0]
-  dbg = getattr(jaxpr, "debug_info", None)
+  dbg = getattr(_first_jaxpr(params), "debug_info", None)
   return str(getattr(dbg, "func_name", None) or "kernel")
+
+
+def _first_jaxpr(params):
+  """A pallas_call's kernel jaxpr, or an mpmd_map's first one."""
+  return params["jaxpr"] if "jaxpr" in params else params["jaxprs"][0]
 
 
 def _fail(params, what: str, fix: str = "") -> UnsupportedError:
@@ -364,7 +368,8 @@ def check_scratch_when_lowered(params, chip) -> None:
   except PalaceError:
     return
   if cp is not None:
-    hw.check_internal_scratch(chip, cp.internal_scratch_in_bytes, kernel_name(params))
+    hw.check_internal_scratch(chip, cp.internal_scratch_in_bytes, kernel_name(params),
+                              kernel_site(_first_jaxpr(params)))
 
 
 def _resident_in_vmem(params, grid, in_maps: list, out_maps: list) -> tuple:

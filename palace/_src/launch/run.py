@@ -48,7 +48,8 @@ def run(plan: LaunchPlan, operands, out=None, tpu=None) -> list:
   operands = list(operands)
   if tpu is None:
     tpu = active_tpu()
-  hw.check_internal_scratch(tpu.chip, plan.params.internal_scratch_in_bytes, plan.kernel_name)
+  hw.check_internal_scratch(tpu.chip, plan.params.internal_scratch_in_bytes, plan.kernel_name,
+                            plan.fixed_site or plan.site)
   ctx = host.spmd_context()
   if ctx is not None:  # inside shard_map: every chip's thread reaches this launch; one machine runs them
     launch = _Launch(plan, operands, tpu, out=out)
