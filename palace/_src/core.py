@@ -99,15 +99,19 @@ class SemaphoreKind(enum.Enum):
 
 @dataclasses.dataclass(frozen=True)
 class SemaphoreRefType:
-  """An allocation of semaphores: `SemaphoreType.DMA` (scalar) or `SemaphoreType.DMA((n,))`."""
+  """An allocation of semaphores: `SemaphoreType.DMA` (scalar) or `SemaphoreType.DMA((n,))`.
+  `SemaphoreType.REGULAR(()) @ mesh` ties it to one mesh of an MPMD pl.kernel: it lives on that
+  mesh's cores, and the bodies of the other meshes signal those (launch/run.py)."""
   kind: SemaphoreKind
   shape: tuple = ()
+  mesh: Any = None
 
   def __call__(self, shape):
-    return SemaphoreRefType(self.kind, validate.as_dims(shape, f"pltpu.SemaphoreType.{self.kind.name}(shape)"))
+    return SemaphoreRefType(self.kind, validate.as_dims(shape, f"pltpu.SemaphoreType.{self.kind.name}(shape)"),
+                            self.mesh)
 
   def __matmul__(self, mesh):
-    return self
+    return dataclasses.replace(self, mesh=mesh)
 
   @property
   def dtype(self):

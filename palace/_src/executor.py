@@ -17,6 +17,7 @@ machine maps each class to units and cycles (sim/cost.py `VECTOR_CLASSES`; Spars
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 from typing import Any, Protocol
 
 import numpy as np
@@ -44,6 +45,19 @@ class OpClass:
          STORE, FREE)
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class MeshHome:
+  """The cores of one mesh of a mesh launch (pl.kernel), as a device id addresses them: the mesh's
+  axes `[(name, size)]`, core axis first, and the core id at each coordinate tuple (`core_ids`;
+  SparseCore subcores are numbered apart from TensorCores, sim/subcore.py). Every core of the mesh
+  holds it (`Executor.mesh_home`), and so does a semaphore tied to the mesh (`SemaphoreType.REGULAR
+  @ mesh` in an MPMD kernel: the semaphore lives on that mesh's cores, and a core of another mesh that
+  signals it addresses them, launch/run.py). Made once per launch and mesh: compared by identity."""
+  axes: tuple
+  core_ids: dict
+  label: str          # the mesh in messages ("ScalarSubcoreMesh(core=2)")
+
+
 class Executor(Protocol):
   """One core of the virtual machine as a kernel body sees it."""
   # identity and configuration (read only for the language)
@@ -64,7 +78,7 @@ class Executor(Protocol):
   # set by the launch before the core runs (launch/run.py; the pallas_call VMEM check reads vmem_limit)
   vmem_limit: int           # bytes of scoped VMEM for the kernel's pipelined blocks (the limit)
   mesh_axes: list           # [(axis name, size)] of the core-level mesh (pl.kernel), for device_id
-  core_id_base: int         # core id of mesh position 0 (SparseCore subcores are numbered apart)
+  mesh_home: Any            # the MeshHome of that mesh (None: no mesh; a grid launch)
   # state the language manages on the core
   grid_stack: list          # [(indices tuple, sizes tuple), ...] innermost last (pipelines)
   grid_reads: Any           # None, or a list the language appends each pl.program_id axis to (and
@@ -94,7 +108,7 @@ class Executor(Protocol):
   def sem_wait(self, buf, index, value: int, decrement: bool = True) -> None: ...
   def sem_read(self, buf, index) -> int: ...
   def carry_semaphores(self, buf, name: str, handles=None): ...   # a launch's semaphore operand/result
-  def resolve_device_id(self, device_id) -> dict: ...        # mesh coordinates -> a core/chip address
+  def resolve_device_id(self, device_id, home=None) -> tuple: ...  # -> (chip, core) on mesh `home`
   # bookkeeping
   def grid_step(self) -> None: ...
   def loop_back_edge(self) -> None: ...   # a rolled loop's iteration ends (a basic block's end)

@@ -166,6 +166,96 @@ def test_mpmd_vector_and_scalar_subcores():
   np.testing.assert_array_equal(out, np.arange(100, 104)[:, None] * np.ones((1, 8), np.int32))
 
 
+def _exchange_kernel(smesh, vmesh, subcores: int, wait_on_scalar_sem: bool = False):
+  """The scalar subcore of each SparseCore puts its rows in shared VMEM and signals each vector
+  subcore on the vector mesh's semaphore; subcore s doubles row s in place, adds 1 and signals the
+  scalar subcore's semaphore; the scalar subcore waits for all of them and copies the rows out."""
+  def scalar_body(x_hbm, o_hbm, shared, to_vec, to_scs):
+    c = lax.axis_index("core")
+    pltpu.sync_copy(x_hbm.at[c], shared)
+    for s in range(subcores):
+      pl.semaphore_signal(to_vec, device_id={"subcore": s})
+    pl.semaphore_wait(to_scs, subcores)
+    pltpu.sync_copy(shared, o_hbm.at[c])
+
+  def vector_body(x_hbm, o_hbm, shared, to_vec, to_scs):
+    s = lax.axis_index("subcore")
+
+    def body(v):
+      pl.semaphore_wait(to_scs if wait_on_scalar_sem else to_vec, 1)
+      pltpu.sync_copy(shared.at[s], v)
+      v[...] = v[...] * 2 + 1
+      pltpu.sync_copy(v, shared.at[s])
+    pl.run_scoped(body, pltpu.VMEM((16,), np.int32))
+    pl.semaphore_signal(to_scs)
+
+  return pl.kernel([scalar_body, vector_body], out_type=pl.ShapeDtypeStruct((2, subcores, 16), np.int32),
+                   mesh=[smesh, vmesh],
+                   scratch_types=[pltpu.VMEM_SHARED((subcores, 16), np.int32),
+                                  pltpu.SemaphoreType.REGULAR(()) @ vmesh,
+                                  pltpu.SemaphoreType.REGULAR(()) @ smesh])
+
+
+def test_mpmd_semaphores_tied_to_a_mesh_are_signalled_there():
+  x = (np.arange(2 * 3 * 16) % 11).reshape(2, 3, 16).astype(np.int32)
+  with pl.virtual_tpu("7x") as tpu:
+    smesh = plsc.ScalarSubcoreMesh(axis_name="core", num_cores=2)
+    vmesh = plsc.VectorSubcoreMesh(core_axis_name="core", subcore_axis_name="subcore", num_cores=2,
+                                   num_subcores=3)
+    out = _exchange_kernel(smesh, vmesh, 3)(x)
+  np.testing.assert_array_equal(out, x * 2 + 1)
+  assert len(tpu.reports) == 1
+
+
+def test_mpmd_wait_on_another_meshs_semaphore_is_refused():
+  with pl.virtual_tpu("7x"):
+    smesh = plsc.ScalarSubcoreMesh(axis_name="core", num_cores=2)
+    vmesh = plsc.VectorSubcoreMesh(core_axis_name="core", subcore_axis_name="subcore", num_cores=2,
+                                   num_subcores=1)
+    k = _exchange_kernel(smesh, vmesh, 1, wait_on_scalar_sem=True)
+    with pytest.raises(pl.UnsupportedError, match=r"pl.semaphore_wait on scratch\[2\], a semaphore tied "
+                                                  r"to ScalarSubcoreMesh\(core=2\), from a core of another "
+                                                  r"mesh \(test_sparsecore.py:\d+\)"):
+      k(np.zeros((2, 1, 16), np.int32))
+
+
+def test_mpmd_semaphore_of_a_mesh_without_a_body_is_refused():
+  with pl.virtual_tpu("7x"):
+    smesh = plsc.ScalarSubcoreMesh(axis_name="core", num_cores=2)
+    vmesh = plsc.VectorSubcoreMesh(core_axis_name="core", subcore_axis_name="subcore", num_cores=2,
+                                   num_subcores=1)
+
+    def body(sem):
+      pl.semaphore_signal(sem)
+
+    k = pl.kernel(body, out_type=(), mesh=smesh, scratch_types=[pltpu.SemaphoreType.REGULAR(()) @ vmesh])
+    with pytest.raises(pl.UnsupportedError, match=r"scratch\[0\] of kernel 'body' is a semaphore tied to "
+                                                  r"VectorSubcoreMesh\(.*\), a mesh the kernel does not run "
+                                                  r"a body on"):
+      k()
+
+
+def test_device_ids_address_vector_subcores_of_a_mesh_smaller_than_the_chip():
+  """A VectorSubcoreMesh of 1 subcore per SparseCore: core 1's subcore 0 is the chip's subcore 16."""
+  with pl.virtual_tpu("7x"):
+    vmesh = plsc.VectorSubcoreMesh(core_axis_name="core", subcore_axis_name="subcore", num_cores=2,
+                                   num_subcores=1)
+
+    def body(o_hbm, sem):
+      c = lax.axis_index("core")
+      pl.semaphore_signal(sem, 5 + c, device_id={"core": 1 - c, "subcore": 0})
+      pl.semaphore_wait(sem, 6 - c)
+
+      def write(v):
+        v[...] = jnp.full((16,), 1, jnp.int32) * (c + 10)
+        pltpu.sync_copy(v, o_hbm.at[c])
+      pl.run_scoped(write, pltpu.VMEM((16,), np.int32))
+
+    out = pl.kernel(body, out_type=pl.ShapeDtypeStruct((2, 16), np.int32), mesh=vmesh,
+                    scratch_types=[pltpu.SemaphoreType.REGULAR])()
+  np.testing.assert_array_equal(out, np.full((2, 16), 1, np.int32) * np.array([[10], [11]]))
+
+
 def test_sparsecore_has_no_mxu():
   with pl.virtual_tpu("v6e"):
     mesh = plsc.VectorSubcoreMesh(core_axis_name="c", subcore_axis_name="s", num_cores=1, num_subcores=1)

@@ -500,37 +500,75 @@ def on_sparsecore(params) -> bool:
 
 
 def mpmd_name(params) -> str:
-  dbg = getattr(params["jaxprs"][0], "debug_info", None)
-  return str(params.get("name") or getattr(dbg, "func_name", None) or "kernel")
+  """The launch's name: its `name`, else its kernel functions' names joined by '_' (JAX's TPU
+  lowering names an MPMD custom call so)."""
+  names = [str(getattr(getattr(j, "debug_info", None), "func_name", None) or "kernel")
+           for j in params["jaxprs"]]
+  return str(params.get("name") or "_".join(names))
 
 
 def check_mpmd(params) -> None:
-  """Raise UnsupportedError (at lowering time) for mesh launches the adapter does not cover."""
-  name = params.get("name") or "kernel"
-  if len(params["jaxprs"]) != 1 or params.get("external_meshes"):
-    raise UnsupportedError(f"palace.jax: pl.kernel '{name}' with several (mesh, body) pairs (MPMD) or "
-                           f"external meshes is not supported yet. Fix: use one TensorCoreMesh body, or call "
-                           f"palace's pl.kernel outside jax.jit.")
-  mesh = params["meshes"][0]
-  if _mesh_kind(mesh) is None:
-    raise UnsupportedError(f"palace.jax: pl.kernel '{name}' over a {type(mesh).__name__} (core type "
-                           f"{getattr(mesh, 'core_type', None)!r}) is not supported yet (meshes of core "
-                           f"type {', '.join(_MESHES)}: {', '.join(_MESHES.values())}, are). Fix: call "
-                           f"palace's pl.kernel outside jax.jit for this mesh.")
-  if params["jaxprs"][0].constvars:
-    raise UnsupportedError(f"palace.jax: pl.kernel '{name}' captures constants. Fix: pass them as "
-                           f"inputs.")
-  if _mesh_kind(mesh) == "sc_vector_subcore":
-    rules_sc.check_vector_subcore_kernel(params["jaxprs"][0])
+  """Raise UnsupportedError (at lowering time) for mesh launches the adapter does not cover. Several
+  (mesh, body) pairs (MPMD) are covered on SparseCore: a scalar subcore body and a vector subcore
+  body, each run on its own mesh's cores by palace's MPMD launch."""
+  name = mpmd_name(params)
+  external = list(params.get("external_meshes") or ())
+  for v in params["jaxprs"][0].invars:   # (JAX lists only operands' meshes as external, not scratch's)
+    mesh = getattr(getattr(v.aval, "memory_space", None), "mesh", None)
+    if mesh is not None and mesh not in params["meshes"] and mesh not in external:
+      external.append(mesh)
+  if external:
+    raise UnsupportedError(f"palace.jax: pl.kernel '{name}' with external meshes (a ref or semaphore "
+                           f"tied to a mesh the kernel has no body for: "
+                           f"{[type(m).__name__ for m in external]}) is not supported yet. Fix: pass a "
+                           f"body for that mesh, or tie the ref to one of the kernel's meshes.")
+  kinds = []
+  for mesh in params["meshes"]:
+    kind = _mesh_kind(mesh)
+    if kind is None:
+      raise UnsupportedError(f"palace.jax: pl.kernel '{name}' over a {type(mesh).__name__} (core type "
+                             f"{getattr(mesh, 'core_type', None)!r}) is not supported yet (meshes of core "
+                             f"type {', '.join(_MESHES)}: {', '.join(_MESHES.values())}, are). Fix: call "
+                             f"palace's pl.kernel outside jax.jit for this mesh.")
+    kinds.append(kind)
+  if len(kinds) > 1 and "tc" in kinds:
+    raise UnsupportedError(f"palace.jax: pl.kernel '{name}' with a TensorCoreMesh body beside SparseCore "
+                           f"bodies (MPMD over {[_MESHES[k] for k in kinds]}) is not supported, as JAX's "
+                           f"TPU lowering refuses it ('mpmd_map does not support TC kernels yet'). Fix: "
+                           f"launch the TensorCore body as its own pl.kernel.")
+  if len(set(kinds)) != len(kinds):
+    raise UnsupportedError(f"palace.jax: pl.kernel '{name}' with two bodies on meshes of one core type "
+                           f"({[_MESHES[k] for k in kinds]}) is not supported: each core runs one body. "
+                           f"Fix: give each core type one mesh and one body.")
+  for mesh, jaxpr in zip(params["meshes"], params["jaxprs"]):
+    if jaxpr.constvars:
+      raise UnsupportedError(f"palace.jax: pl.kernel '{name}' captures constants. Fix: pass them as "
+                             f"inputs.")
+    if _mesh_kind(mesh) == "sc_vector_subcore":
+      rules_sc.check_vector_subcore_kernel(jaxpr)
+
+
+def _scratch_type(aval, what: str, meshes: dict):
+  """A mesh launch's scratch entry as a palace allocation type: a semaphore tied to one of the
+  kernel's meshes (`pltpu.SemaphoreType.REGULAR(()) @ mesh`, JAX's CoreMemorySpace) tied to its
+  palace mesh (launch/run.py: the other meshes' bodies signal it there)."""
+  t = alloc_type(aval, what)
+  mesh = getattr(getattr(aval, "memory_space", None), "mesh", None)
+  if mesh is not None and isinstance(t, pcore.SemaphoreRefType):
+    t = t @ next(ours for theirs, ours in meshes if theirs == mesh)   # (external meshes: refused)
+  return t
 
 
 def plan_mpmd_map(params, args, chip) -> tuple:
-  """(LaunchPlan, operand arrays, aliased input indices, output -> input) of a JAX mpmd_map (one
-  mesh and body) for operands like `args`, on `chip`. Aliased inputs (JAX mutable refs handed to the
-  kernel, after state discharge) are operands the kernel updates in place (mutable refs, made per call
-  by `run_mpmd_map`); their outputs are those refs' final values, the other outputs the plan's."""
+  """(LaunchPlan, operand arrays, aliased input indices, output -> input) of a JAX mpmd_map (one body
+  per mesh, every body taking the same refs) for operands like `args`, on `chip`. Aliased inputs (JAX
+  mutable refs handed to the kernel, after state discharge) are operands the kernel updates in place
+  (mutable refs, made per call by `run_mpmd_map`); their outputs are those refs' final values, the
+  other outputs the plan's."""
   check_mpmd(params)
-  jaxpr, mesh, name = params["jaxprs"][0], params["meshes"][0], mpmd_name(params)
+  jaxprs, name = params["jaxprs"], mpmd_name(params)
+  jaxpr = jaxprs[0]   # (the refs' avals: every body's are the same)
+  meshes = [(m, _palace_mesh(m)) for m in params["meshes"]]
   out_avals, n_in = [physical(a) for a in params["out_avals"]], len(args)
   n_out = len(out_avals)
   in_sems = {i: semaphore_kind(v.aval.inner_aval.dtype if hasattr(v.aval, "inner_aval") else v.aval.dtype)
@@ -548,7 +586,8 @@ def plan_mpmd_map(params, args, chip) -> tuple:
   sems = tuple((OPERAND, i, k(tuple(np.shape(args[i])))) for i, k in in_sems.items() if k is not None) + \
       tuple((OUTPUT, j, semaphore_kind(out_avals[o].dtype)(tuple(out_avals[o].shape)))
             for j, o in enumerate(fresh) if semaphore_kind(out_avals[o].dtype) is not None)
-  scratch = tuple(alloc_type(v.aval, f"scratch[{k}]") for k, v in enumerate(jaxpr.invars[n_in + n_out:]))
+  scratch = tuple(_scratch_type(v.aval, f"scratch[{k}]", meshes)
+                  for k, v in enumerate(jaxpr.invars[n_in + n_out:]))
   names = [ref_name(np.shape(a), a.dtype) if i in aliases else f"args[{i}]" for i, a in enumerate(args)]
   arrays = [np.asarray(a) if i in aliases else host.to_host_array(a, f"args[{i}]")
             for i, a in enumerate(args)]
@@ -574,17 +613,22 @@ def plan_mpmd_map(params, args, chip) -> tuple:
                       f"outputs[{o}] of {name}")
     if sp in (pcore.MemorySpace.VMEM, pcore.MemorySpace.SMEM) and semaphore_kind(out_avals[o].dtype) is None:
       staged.append(Stage(OUTPUT, j, pcore.MemoryRef(outs[j][0], outs[j][1], sp), f"outputs[{j}]"))
-  prog = program(jaxpr)
 
-  def body(*refs):
-    ins, outs_, scr = refs[:n_in], refs[n_in:n_in + len(fresh)], refs[n_in + len(fresh):]
-    if values:
-      ins = [r[...] if k in values else r for k, r in enumerate(ins)]
-    it = iter(outs_)
-    all_outs = [ins[in_of_out[o]] if o in in_of_out else next(it) for o in range(n_out)]
-    run_program(prog, (), (*ins, *all_outs, *scr))
+  def make_body(jaxpr):
+    prog = program(jaxpr)
+
+    def body(*refs):
+      ins, outs_, scr = refs[:n_in], refs[n_in:n_in + len(fresh)], refs[n_in + len(fresh):]
+      if values:
+        ins = [r[...] if k in values else r for k, r in enumerate(ins)]
+      it = iter(outs_)
+      all_outs = [ins[in_of_out[o]] if o in in_of_out else next(it) for o in range(n_out)]
+      run_program(prog, (), (*ins, *all_outs, *scr))
+    body.__name__ = str(getattr(getattr(jaxpr, "debug_info", None), "func_name", None) or name)
+    return body
 
   keyed = [s.index for s in staged if s.type.memory_space is pcore.MemorySpace.SMEM and not s.write_back]
+  replay = [_replay_operands(j, keyed) for j in jaxprs]
   fixed_site = kernel_site(jaxpr)
   plan = LaunchPlan(
       name, fixed_site or ("<unknown>", 0),
@@ -593,14 +637,16 @@ def plan_mpmd_map(params, args, chip) -> tuple:
       tree_flatten(tuple(range(n_in)))[1],
       tuple(Output(f"outputs[{i}]", *o) for i, o in enumerate(outs)),
       tree_flatten(list(range(len(fresh))))[1], outputs_as=ENTRIES, staged=tuple(staged), scratch=scratch,
-      bodies=(body,), meshes=(_palace_mesh(mesh),), fixed_site=fixed_site,
-      replay_operands=None if sems else _replay_operands(jaxpr, keyed), semaphores=sems)
+      bodies=tuple(map(make_body, jaxprs)), meshes=tuple(ours for _, ours in meshes),
+      fixed_site=fixed_site, replay_operands=None if sems or None in replay else replay[0],
+      semaphores=sems)
   return plan, arrays, tuple(aliases), in_of_out
 
 
 def run_mpmd_map(params, args, tpu, cache=None):
-  """Run one JAX `mpmd_map` (pl.kernel / core_map over a TensorCore or SparseCore mesh) on the
-  VirtualTPU `tpu`. `cache` (the lowering's dict) keeps the plan from the first call."""
+  """Run one JAX `mpmd_map` (pl.kernel / core_map over a TensorCore or SparseCore mesh, or MPMD over
+  SparseCore meshes) on the VirtualTPU `tpu`. `cache` (the lowering's dict) keeps the plan from the
+  first call."""
   entry = None if cache is None else cache.get("plan")
   if entry is None:
     entry = plan_mpmd_map(params, args, tpu.chip)

@@ -408,7 +408,9 @@ def with_scoped(*types, collective_axes=(), **kw_types):
 
 
 # ------------------------------------------------------------------ semaphores
-def sem_target(sem, api: str):
+def sem_target(sem, api: str, elsewhere: bool = False):
+  """(buffer, index) of one semaphore. `elsewhere`: the op may address a semaphore tied to another
+  mesh of an MPMD kernel (a signal); any other op on one is refused."""
   if not isinstance(sem, Ref) or sem.buf.sem_kind is None:
     raise MemorySpaceError(f"{api} needs a semaphore ref (pltpu.SemaphoreType.*); got "
                            f"{validate.describe(sem)}. Fix: pass a semaphore from scratch_shapes or "
@@ -416,6 +418,13 @@ def sem_target(sem, api: str):
   if sem.shape != ():
     raise UsageError(f"{api} on {sem.origin()} of shape {sem.shape}. Fix: select one semaphore with "
                      f".at[i]. ({user_frame_summary()})")
+  home = sem.buf.home
+  if home is not None and not elsewhere and home is not executor.current(api).mesh_home:
+    raise UnsupportedError(
+        f"{api} on {sem.origin()}, a semaphore tied to {home.label}, from a core of another mesh "
+        f"({user_frame_summary()}): a core waits on, reads and DMAs with its own mesh's semaphores; "
+        f"only pl.semaphore_signal reaches another mesh's, and anything else on one is not supported "
+        f"in palace yet. Fix: signal it, and wait on it in the body of {home.label}.")
   return sem.buf, sem._np_index
 
 
@@ -434,10 +443,11 @@ def _sem_amount(value, what: str, api: str, sem) -> int:
 
 def semaphore_signal(sem, inc=1, *, device_id=None, device_id_type=None, core_index=None):
   ex = executor.current("pl.semaphore_signal()")
-  buf, idx = sem_target(sem, "pl.semaphore_signal")
+  buf, idx = sem_target(sem, "pl.semaphore_signal", elsewhere=True)
   device_id = typed_device_id(device_id, device_id_type, "pl.semaphore_signal")
+  home = buf.home if buf.home is not ex.mesh_home else None   # (another mesh's semaphore: its cores)
   ex.sem_signal(buf, idx, _sem_amount(inc, "semaphore increment", "pl.semaphore_signal", sem),
-                device_id=resolve_device_id(ex, device_id),
+                device_id=resolve_device_id(ex, device_id, home),
                 core_index=None if core_index is None else concrete_int(core_index, "core_index"))
 
 
@@ -474,17 +484,18 @@ def typed_device_id(device_id, device_id_type, api: str):
   return device_id
 
 
-def resolve_device_id(ex, device_id):
-  """device_id (tuple of mesh coords, dict of changed axes, or int) -> a core/chip address dict."""
-  if device_id is None:
+def resolve_device_id(ex, device_id, home=None):
+  """device_id (tuple of mesh coords, dict of changed axes, or int) -> (chip, core). `home`: the
+  MeshHome of another mesh whose cores the id addresses (there None: mine on that mesh)."""
+  if device_id is None and home is None:
     return None
   if isinstance(device_id, dict):
     device_id = {k: concrete_int(v, "device_id") for k, v in device_id.items()}
   elif isinstance(device_id, (tuple, list)):
     device_id = tuple(concrete_int(v, "device_id") for v in device_id)
-  else:
+  elif device_id is not None:
     device_id = concrete_int(device_id, "device_id")
-  return ex.resolve_device_id(device_id)
+  return ex.resolve_device_id(device_id, home)
 
 
 # ------------------------------------------------------------------ mesh axes

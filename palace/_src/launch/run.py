@@ -35,7 +35,6 @@ from palace._src.lang.tpu_primitives import AsyncCopyDescriptor
 from palace._src.pipeline import Pipeline
 from palace._src.sim import memory
 from palace._src.sim.machine import active_tpu
-from palace._src.sim.subcore import SC_BASE, SCALAR_BASE
 from palace._src.util import fmt_bytes, prod, tree_flatten, tree_unflatten
 
 
@@ -182,6 +181,7 @@ class _Launch:
     for a_in, a_out in plan.aliases.items():
       memory.alias_input(self.out_bufs[a_out], operands[a_in], timing_only, own=out[a_out] is not None)
     self.written = {}   # output index -> element offsets of the blocks written back (all cores)
+    self.homes = {}     # mesh launches: chip -> the MeshHome of each of plan.meshes there
 
   def fill_unwritten(self) -> None:
     """After the run (or its error): the never-written blocks of lazy outputs get the fill value."""
@@ -220,8 +220,12 @@ class _Launch:
       _check_vmem(cores[0], plan)
       work = [(c, plan.bodies[0], pts) for c, pts in zip(cores, core_points)]
     else:
-      work = [(c, body, None) for body, mesh in zip(plan.bodies, plan.meshes)
-              for c in _mesh_cores(machine, chip_index, mesh, plan.params, plan.kernel_name)]
+      work, homes = [], []
+      for body, mesh in zip(plan.bodies, plan.meshes):
+        cores = _mesh_cores(machine, chip_index, mesh, plan.params, plan.kernel_name)
+        homes.append(cores[0].mesh_home)
+        work += [(c, body, None) for c in cores]
+      self.homes[chip_index] = homes
     if plan.semaphores and len(work) > 1:
       raise UnsupportedError(
           f"Kernel '{plan.kernel_name}' takes or returns a semaphore and runs on {len(work)} cores of "
@@ -310,6 +314,8 @@ class _CoreProgram:
     # (scratch counts against the whole VMEM, not the scoped limit: sim/memory.Allocator)
     scr, kw_scr, bufs = open_scope(ex, () if is_dict else scratch, scratch if is_dict else {}, "scratch")
     self.scopes.append(bufs)
+    if not plan.is_grid:
+      _tie_to_meshes(plan, launch.homes[ex.chip_index], scratch, bufs)
     if plan.is_grid:
       lead = tuple(tree_unflatten(plan.operand_tree, operands[:plan.num_prefetch]))
       self.pipe = Pipeline(self.body, plan.grid, plan.in_maps, plan.out_maps, operands[plan.num_prefetch:],
@@ -391,6 +397,26 @@ class _CoreProgram:
       memory.renew(bufs)
 
 
+def _tie_to_meshes(plan: LaunchPlan, homes: list, scratch, bufs: list) -> None:
+  """A mesh launch's scratch semaphores tied to one of its meshes (`SemaphoreType.REGULAR(()) @ mesh`,
+  MPMD): each core allocates every scratch entry, so a core of another mesh holds a stand-in of the
+  same name, through which it signals the semaphore on that mesh's cores (its `home`: a device id then
+  addresses that mesh's axes, sim/machine.resolve_device_id; waits and DMAs on it are refused,
+  lang/primitives.sem_target). A mesh the launch does not run on is refused."""
+  leaves = tree_flatten(scratch, is_leaf=lambda x: isinstance(x, (MemoryRef, SemaphoreRefType)))[0]
+  for t, b in zip(leaves, bufs):
+    mesh = getattr(t, "mesh", None)
+    if mesh is None or b is None:
+      continue
+    if mesh not in plan.meshes:
+      raise UnsupportedError(
+          f"{b.name} of kernel '{plan.kernel_name}' is a semaphore tied to {mesh!r}, a mesh the kernel "
+          f"does not run a body on (meshes: {list(plan.meshes)}): a semaphore of an external mesh is "
+          f"not supported in palace yet. Fix: tie it to one of the kernel's meshes, or pass a body for "
+          f"that mesh.")
+    b.home = homes[plan.meshes.index(mesh)]
+
+
 def _put_handles(buf, handles) -> None:
   """A semaphore result's HBM value: its handles (`LaunchPlan.semaphores`)."""
   handles = np.asarray(handles).reshape(buf.shape).astype(buf.dtype)
@@ -443,28 +469,26 @@ def _mesh_cores(machine, chip_index, mesh, params, kname):
           + f". Fix: pass num_cores={chip.num_tensorcores_per_device} or fewer (or omit it for all of them), "
           f"or use a megacore chip (v4, v5p) for 2.")
     cores = [machine.add_core(chip_index, c, {**env, mesh.axis_name: (c, n)}, params) for c in range(n)]
-    for c in cores:
-      c.mesh_axes = [(mesh.axis_name, n)]
-    return cores
+    return _home(cores, [(mesh.axis_name, n)], "TensorCoreMesh")
   mesh = check_for_chip(mesh, chip)   # sizes of a mesh built before pl.virtual_tpu: this chip's
   if isinstance(mesh, VectorSubcoreMesh):
     nc, ns = mesh.num_cores, mesh.num_subcores
-    cores = []
-    for c in range(nc):
-      for s in range(ns):
-        core = machine.add_sparse_subcore(chip_index, c, s, {**env, mesh.core_axis_name: (c, nc),
-                                                             mesh.subcore_axis_name: (s, ns)}, params)
-        core.mesh_axes = [(mesh.core_axis_name, nc), (mesh.subcore_axis_name, ns)]
-        core.core_id_base = SC_BASE
-        cores.append(core)
-    return cores
-  cores = []
-  for c in range(mesh.num_cores):
-    core = machine.add_sparse_subcore(chip_index, c, 0, {**env, mesh.axis_name: (c, mesh.num_cores)},
-                                      params, scalar=True)
-    core.mesh_axes = [(mesh.axis_name, mesh.num_cores)]
-    core.core_id_base = SCALAR_BASE
-    cores.append(core)
+    cores = [machine.add_sparse_subcore(chip_index, c, s, {**env, mesh.core_axis_name: (c, nc),
+                                                           mesh.subcore_axis_name: (s, ns)}, params)
+             for c in range(nc) for s in range(ns)]
+    return _home(cores, [(mesh.core_axis_name, nc), (mesh.subcore_axis_name, ns)], "VectorSubcoreMesh")
+  cores = [machine.add_sparse_subcore(chip_index, c, 0, {**env, mesh.axis_name: (c, mesh.num_cores)},
+                                      params, scalar=True) for c in range(mesh.num_cores)]
+  return _home(cores, [(mesh.axis_name, mesh.num_cores)], "ScalarSubcoreMesh")
+
+
+def _home(cores: list, axes: list, kind: str) -> list:
+  """`cores` (one mesh's, in row-major order of its `axes`) given their mesh axes and MeshHome."""
+  home = executor.MeshHome(tuple(axes), {c: core.core_id for c, core in
+                                         zip(itertools.product(*(range(n) for _, n in axes)), cores)},
+                           f"{kind}({', '.join(f'{a}={n}' for a, n in axes)})")
+  for core in cores:
+    core.mesh_axes, core.mesh_home = list(axes), home
   return cores
 
 

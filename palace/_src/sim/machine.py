@@ -250,12 +250,17 @@ class Machine:
                      f"the kernel runs on {len(self.cores)} core(s). Fix: pass a core index in "
                      f"0..{len(self.cores) - 1}.")
 
-  def resolve_device_id(self, me, device_id):
+  def resolve_device_id(self, me, device_id, home=None):
     """device_id -> (chip, core). Dicts name the axes that change (others: mine; a tuple key names
     several axes, its value a row-major index over them); tuples give every chip-level mesh
-    coordinate (plus core axes, if present); ints are logical chip ids (row-major mesh positions)."""
+    coordinate (plus core axes, if present); ints are logical chip ids (row-major mesh positions).
+    `home`: the MeshHome of another mesh of an MPMD launch (a semaphore tied to it), whose core axes
+    the id addresses instead of mine; there None is this chip's core of that mesh at my coordinates."""
     chip_axes = [(n, s) for n, s, lvl in self.axes if lvl == "chip"]
-    core_axes = list(me.mesh_axes)
+    home = me.mesh_home if home is None else home
+    core_axes = list(home.axes) if home is not None else list(me.mesh_axes)
+    if device_id is None:
+      device_id = {}
     all_axes = [(n, s, "chip") for n, s in chip_axes] + [(n, s, "core") for n, s in core_axes]
     coords = {n: me.axis_env[n][0] for n, _, _ in all_axes if n in me.axis_env}
     if isinstance(device_id, dict):
@@ -263,7 +268,7 @@ class Machine:
       for key, v in device_id.items():
         names = key if isinstance(key, tuple) else (key,)
         for name in names:
-          if name not in coords:
+          if name not in sizes:
             raise UsageError(f"device_id names axis {name!r}, which is not a mesh axis here; axes: "
                              f"{[n for n, _, _ in all_axes] or 'none'}. Fix: name one of those axes.")
         if len(names) == 1:
@@ -292,13 +297,18 @@ class Machine:
                          f"(from chip {me.chip_index} core {me.core_id}); a remote copy or signal to a "
                          f"chip outside the mesh is an error. Fix: keep {n} in 0..{s - 1} "
                          f"(e.g. lax.rem(i + 1, {s}) for a ring neighbour).")
+    missing = [n for n, _ in core_axes if n not in coords]
+    if missing:   # (only a core of another mesh lacks an axis of the target's: JAX refuses it too)
+      raise UsageError(f"device_id {device_id} from chip {me.chip_index} core {me.core_id} addresses "
+                       f"{home.label}, whose axes {missing} this core's mesh does not have; expected "
+                       f"them named in the device_id (JAX's TPU lowering: 'the following axes are "
+                       f"missing from the mesh'). Fix: add them, e.g. {{{missing[0]!r}: 0}}.")
     chip = 0
     for n, s in chip_axes:
       chip = chip * s + coords.get(n, 0)
-    core = 0
-    for n, s in core_axes:
-      core = core * s + coords.get(n, 0)
-    return chip, (me.core_id_base + core if core_axes else me.core_id)
+    if not core_axes:
+      return chip, me.core_id
+    return chip, home.core_ids[tuple(coords[n] for n, _ in core_axes)]
 
   # ------------------------------------------------------------------ ICI (multi-chip issue)
   def ici_transfer(self, core, dst_chip, start, nbytes):

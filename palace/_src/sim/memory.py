@@ -75,6 +75,7 @@ class Buffer:
   ready_cycle: int = 0        # when the last vector store to it finishes (timing model)
   sem_kind: SemaphoreKind | None = None
   key: tuple | None = None    # (name, allocation number) on its core: the "same" buffer on other cores
+  home: object = None         # a semaphore tied to a mesh (MPMD): that mesh's executor.MeshHome
   readers: list | None = None  # weakrefs to values (and borrowing buffers) viewing `storage`
   aliased: bool = False       # storage shared with a bitcast/reshape view: loads always copy
   borrowed: object = None     # the buffer whose storage this one views after a whole-buffer DMA

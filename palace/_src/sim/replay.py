@@ -115,7 +115,7 @@ class ReplayCore:
   deferred_values = True    # (no checker follows storage identity)
   dma_granule_bytes = 0
   sparsecore = None
-  core_id_base = 0
+  mesh_home = None
   now = 0
   checks = NO_CHECKS
 

@@ -125,7 +125,7 @@ class TensorCore:
     self.dma_granule_bytes = 0
     self.label = f"core {core_id}"
     self.mesh_axes = []       # [(axis name, size)] of the core-level mesh this core runs in
-    self.core_id_base = 0     # core id of mesh position 0 (SparseCore subcores are numbered apart)
+    self.mesh_home = None     # executor.MeshHome of that mesh: its core ids by coordinates
     self.sparsecore = None    # executor.SparseCoreExecutor on SparseCore subcores
     self.named_buffers = {}   # key -> Buffer, to find "the same" buffer on another core or chip
 
@@ -366,9 +366,10 @@ class TensorCore:
     if sched.yields:
       sched.maybe_yield(self)
 
-  def resolve_device_id(self, device_id):
-    """A device_id (dict of changed axes, tuple of coordinates, or int) -> (chip, core)."""
-    return self.machine.resolve_device_id(self, device_id)
+  def resolve_device_id(self, device_id, home=None):
+    """A device_id (dict of changed axes, tuple of coordinates, int, or None) -> (chip, core), a
+    core of this core's mesh or of the mesh `home` (a MeshHome: a semaphore of another mesh)."""
+    return self.machine.resolve_device_id(self, device_id, home)
 
   def sem_wait(self, buf, index, value: int, decrement: bool = True, dma=None) -> None:
     self.machine.sems.wait(self, buf, index, int(value), decrement, dma)
