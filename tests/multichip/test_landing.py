@@ -139,3 +139,40 @@ def test_a_source_written_after_its_send_completed_still_lands_as_it_was_sent():
   out, _ = _run(per_chip, n)
   np.testing.assert_array_equal(np.asarray(out), np.roll(_x(n).reshape(n, ROWS, 128), 1, axis=0)
                                 .reshape(n * ROWS, 128))
+
+
+def test_copies_into_one_place_land_in_the_order_they_complete():
+  """Chip 1 copies 64 rows and chip 3 8 rows into rows 0:8 of chip 0's output; chip 1 issues first (in
+  the order palace runs the chips) but its copy completes later: the chip's rows 0:8 are chip 1's."""
+  n, big = 4, 64
+
+  def per_chip(xs):
+    @functools.partial(pl.pallas_call, out_shape=pl.ShapeDtypeStruct((big, 128), np.float32),
+                       in_specs=[pl.BlockSpec(memory_space=pltpu.VMEM)],
+                       out_specs=pl.BlockSpec(memory_space=pltpu.VMEM),
+                       scratch_shapes=[pltpu.SemaphoreType.DMA] * 4)
+    def kernel(x_ref, o_ref, send1, recv1, send3, recv3):
+      me = lax.axis_index("x")
+      o_ref[...] = jnp.zeros_like(o_ref[...])
+
+      @pl.when(me == 0)
+      def _():
+        pltpu.make_async_copy(x_ref, o_ref, recv1).wait()                     # chip 1's copy
+        pltpu.make_async_copy(x_ref.at[0:8], o_ref.at[0:8], recv3).wait()     # chip 3's
+
+      for chip, rows, send, recv in ((1, big, send1, recv1), (3, 8, send3, recv3)):
+        @pl.when(me == chip)
+        def _():
+          copy = pltpu.make_async_remote_copy(x_ref.at[0:rows], o_ref.at[0:rows], send, recv,
+                                              device_id={"x": 0})
+          copy.start()
+          copy.wait_send()
+    return kernel(xs)
+
+  x = np.arange(n * big * 128, dtype=np.float32).reshape(n * big, 128) + 1
+  with pl.virtual_tpu("v5e", num_chips=n) as tpu:
+    out = np.asarray(pl.shard_map(per_chip, mesh=pl.make_mesh((n,), ("x",)), in_specs=pl.P("x"),
+                                  out_specs=pl.P("x"))(x))
+  done = {e[0][0]: e[4] for e in tpu.reports[-1].events if e[1] == "ici"}   # sender chip -> completion
+  assert done[1] > done[3]
+  np.testing.assert_array_equal(out[:big], x[big:2 * big])   # chip 1's rows, landed last
