@@ -82,10 +82,15 @@ class KernelChecks:
       self.init._view(rec.req.dst_buf)  # start tracking the destination before any data lands in it
     return rec.req
 
-  def moved(self, req) -> None:
-    """A copy's data was moved (memory.copy, never borrowing: the checkers track storage identity)."""
+  def moved(self, req, held=None) -> None:
+    """A copy's data was moved (memory.copy, never borrowing: the checkers track storage identity);
+    `held`: `held(req)` of a copy that lands later, taken at its start."""
     if self.init is not None:
-      self.init.moved(req)
+      self.init.moved(req, held)
+
+  def held(self, req):
+    """What `moved` needs of the source of a copy that lands later (sim/dma.py `land`), as it is now."""
+    return None if self.init is None else self.init.source(req)
 
   def free(self, core, buf) -> None:
     if core.machine.shared_buffers.get((core.share_group, buf.key)) is buf:

@@ -3,6 +3,17 @@ moves by `memory.copy` (sim/memory.py), called here or, for a copy moved when wa
 `dma_arrived`; the bug checks only observe the moved copy (`checks.moved`); its completion arrives on
 a semaphore in sim/sync.py.
 
+Landing (the eager policy's copies into another core's or chip's memory). Such a copy keeps its source
+data as it was at the start (`memory.snapshot`, copy on write) and lands at its completion (`done`) on
+the modelled clock: an access of the destination buffer at cycle t by any core (a load, store or
+language-side access of sim/tensorcore.py, a DMA reading or writing it here) first lands the copies
+pending there that complete by t (`land_due`), and the receiving wait lands its copy (`land`, from
+`Machine.dma_arrived`); copies land in (completion, issue) order. So a receiver's accesses before
+the arrival on its own clock (its zeroing of the destination, a read) come first, as on the chip, while
+the cores run in palace's host order (sim/sync.py). An access that runs, in host order, before the
+sender has issued a copy completing before it does not see that copy: the kernel did not order the two
+(`detect_races=True` reports it). Landing moves no modelled time.
+
 Timing model (all in cycles of the chip clock):
   * A copy is issued by the scalar core at `issue` (after `dma_issue_cycles` of scalar work) and cannot
     start reading before its source buffer's last vector store has finished.
@@ -37,7 +48,7 @@ _SPACE_LABEL = {MemorySpace.ANY: "hbm", MemorySpace.HBM: "hbm", MemorySpace.VMEM
 class DmaRecord:
   """One in-flight copy."""
   __slots__ = ("req", "seq", "issue_cycle", "start_cycle", "done_cycle", "read_done_cycle", "moved",
-               "core", "applied", "src_applied", "hbm_sides", "held")
+               "core", "applied", "src_applied", "hbm_sides", "held", "landing")
 
   def __init__(self, req, seq, core, issue_cycle=0, start_cycle=0, done_cycle=0, read_done_cycle=0,
                hbm_sides=0):
@@ -45,10 +56,65 @@ class DmaRecord:
     self.hbm_sides = hbm_sides
     self.held = False        # delayed behind a write once already (sim/dma_arbiter.py)
     self.moved = False
+    self.landing = None      # a copy that lands later (`land_due`): (memory.snapshot, checks.held)
     self.applied = False
     self.src_applied = req.src_sem_buf is None
     self.issue_cycle, self.start_cycle = issue_cycle, start_cycle
     self.done_cycle, self.read_done_cycle = done_cycle, read_done_cycle
+
+
+def _arrival(rec) -> tuple:
+  return rec.done_cycle, rec.seq
+
+
+def defer(rec, checks) -> None:
+  """Copy `rec` lands later (module docstring): its source data as it is now, pending on its destination."""
+  req = rec.req
+  rec.landing = (memory.snapshot(req), checks.held(req) if checks.active else None)
+  buf = req.dst_buf
+  if buf.landing is None:
+    buf.landing = [rec]
+    rec.core.machine.landings[id(buf)] = buf
+  else:
+    buf.landing.append(rec)
+
+
+def meet(req, start, now, lands_later: bool) -> None:
+  """Before copy `req` reads its source from `start` on (and, unless it `lands_later`, writes its
+  destination at its start `now`, as the eager policy moves it): the copies pending there that landed
+  by then land first."""
+  if req.src_buf.landing is not None:
+    land_due(req.src_buf, start)
+  if not lands_later and req.dst_buf.landing is not None:
+    land_due(req.dst_buf, now)
+
+
+def land_due(buf, now) -> None:
+  """Land every copy pending on `buf` (`buf.landing`, from another core or chip) that completed by cycle
+  `now`: what an access of `buf` at `now` (a load, store or DMA on any core) must find there first."""
+  due = [rec for rec in buf.landing if rec.done_cycle <= now]
+  if due:
+    land(max(due, key=_arrival))
+
+
+def land(rec) -> None:
+  """Move the data of `rec`, a copy from another core or chip pending on its destination, and first
+  that of every copy pending there that completes before it: copies land in (completion, issue) order."""
+  buf = rec.req.dst_buf
+  pending = buf.landing
+  due = sorted((r for r in pending if _arrival(r) <= _arrival(rec)), key=_arrival)
+  rest = [r for r in pending if _arrival(r) > _arrival(rec)]
+  buf.landing = rest or None
+  if not rest:
+    del rec.core.machine.landings[id(buf)]
+  for r in due:
+    held, init = r.landing
+    memory.copy_held(r.req, held)
+    r.landing = None
+    r.moved = True
+    checks = r.core.machine.checks
+    if checks.active:
+      checks.moved(r.req, init)
 
 
 _SMEM = MemorySpace.SMEM
@@ -200,9 +266,12 @@ class DmaEngine:
     src_ready = req.src_buf.ready_cycle
     start = now if now > src_ready else src_ready
     target_chip = core.chip_index
+    elsewhere = False   # into another core's or chip's memory (lands later under eager: `land_due`)
     if req.device_id is not None or req.core_index is not None:
+      local = req.dst_buf
       target_chip, req = self._remote(req)
       rec.req = req
+      elsewhere = req.dst_buf is not local
     checks = core.checks
     if checks.active:
       req = checks.dma_start(core, rec)
@@ -235,8 +304,12 @@ class DmaEngine:
       core.horizon = done
     if trace.on:
       trace.add((core.tid, "dma", kind, s, done, (req, nbytes)))   # (args: Trace.events)
+    if m.landings:   # copies from other cores or chips not landed yet: those this copy meets first
+      meet(req, start, now, elsewhere)
     if core.timing_only and req.dst_buf.memory_space is not _SMEM:
       rec.moved = True  # timing only: payloads are skipped; only scalar (SMEM) data moves
+    elif elsewhere and self.eager:
+      defer(rec, checks)
     elif self.eager or m.dma_policy.move_at_start(rec):
       if checks.active:   # (checked: never borrowing, the checkers follow storage identity)
         memory.copy(req)

@@ -21,6 +21,7 @@ from palace._src import executor as executor_mod
 from palace._src import hostmem, hw, validate
 from palace._src.errors import SyncError, UnsupportedError, UsageError
 from palace._src.sim import carried as carried_mod
+from palace._src.sim import dma
 from palace._src.sim import memory
 from palace._src.sim.bandwidth import Channel
 from palace._src.sim.ici import Topology, check_topology
@@ -41,7 +42,9 @@ KEEP_TRACE_EVENTS = 1_000_000
 
 class DmaPolicy:
   """When a DMA's data moves: at start (eager), when its semaphore is waited (on_wait), or a seeded
-  coin flip per DMA (random). Race-free kernels give bit-identical results under all three. `random` also
+  coin flip per DMA (random). Under eager a copy into another core's or chip's memory lands at its
+  completion on the modelled clock instead (sim/dma.py `land_due`: after the receiver's own earlier
+  accesses, as on the chip). Race-free kernels give bit-identical results under all three. `random` also
   picks the next core to run at random among the runnable ones (seeded), so the modelled times of a
   multi-core kernel can differ from the clock-ordered schedule of eager/on_wait."""
 
@@ -94,6 +97,8 @@ class Machine:
     self.dma_policy = DmaPolicy(tpu.dma_policy, tpu.seed + len(tpu.reports))
     self.trace = Trace(on=tpu.trace)
     self.inflight = {}          # seq -> DmaRecord of every copy not completed on both sides
+    self.landings = {}          # id -> buffer with copies from other cores or chips still to land
+    # there (sim/dma.py `defer`)
     # the machine's one counter of sequence numbers: DMA records and semaphore arrivals (sim/dma.py,
     # sim/sync.py) take the next one, so events at one cycle keep their issue order
     self.sequence = itertools.count(1)
@@ -196,8 +201,12 @@ class Machine:
   def dma_arrived(self, rec, src: bool) -> None:
     """A wait applied copy `rec`'s completion (`src`: of its source side). A copy's source side
     completes only once its data has been read (the sender may reuse the buffer after .wait_send()),
-    so the data moves at the first of the two completions."""
-    if not rec.moved:
+    so the data moves at the first of the two completions; a copy from another core or chip that
+    lands later (sim/dma.py `land`) holds its data since its start, and lands at its destination's."""
+    if rec.landing is not None:
+      if not src:
+        dma.land(rec)
+    elif not rec.moved:
       memory.copy(rec.req)
       if self.checks.active:
         self.checks.moved(rec.req)
@@ -339,7 +348,10 @@ class Machine:
     machine is cyclic (cores <-> machine, buffers -> cores, bound methods), so without this its buffers
     (HBM operands, VMEM) would wait for the cyclic GC, which is paused while launches run (`run`): a
     process running launch after launch would hold the memory of old machines longer. The report keeps
-    only its events (whose requests name buffers, not machines). Nothing may use the machine after."""
+    only its events (whose requests name buffers, not machines). Nothing may use the machine after.
+    Copies still to land (a launch that failed) are dropped from their buffers."""
+    for buf in self.landings.values():
+      buf.landing = None
     for c in self.cores:
       c.__dict__.clear()
     self.__dict__.clear()

@@ -19,6 +19,7 @@ A timing-only machine keeps no storage for vector memories: their buffers are sh
 """
 from __future__ import annotations
 
+import copy as copy_module
 import dataclasses
 import operator
 import weakref
@@ -88,6 +89,8 @@ class Buffer:
   # triggers dropping dead entries (add_reader)
   _owners: object = dataclasses.field(default=None, init=False, repr=False)  # owners()'s last answer
   # with what it was computed from; reset with `storage`
+  landing: list | None = dataclasses.field(default=None, init=False, repr=False)  # DMA records of
+  # copies from other cores or chips whose data lands here later (sim/dma.py `land_due`); None: none
 
   def rebind(self, storage) -> None:
     """This buffer as if made anew holding `storage` (None: none): no readers, lenders, borrowed or
@@ -98,6 +101,7 @@ class Buffer:
     self._readers_cap = 64
     self.aliased = False
     self.ready_cycle = 0
+    self.landing = None
 
   def detach_readers(self) -> None:
     """Before any write to `storage`: values read from it without a copy get their own copy now,
@@ -672,6 +676,38 @@ def write(buf: Buffer, index, data, adopt: bool) -> None:
 
 
 # ------------------------------------------------------------------ DMA data movement
+class _Held:
+  """The source data of a copy that lands later (`snapshot`): a copy-on-write reader of the source."""
+  __slots__ = ("_data", "__weakref__")
+
+
+def snapshot(req):
+  """The data of `req`'s source window as it is now, for a copy whose data lands later (sim/dma.py: a
+  copy into another core's or chip's memory lands at its completion); its `_data` is None when the
+  source has no storage (nothing moves). A read-only view registered as a copy-on-write reader of the
+  source: nothing is copied unless the source is written before `copy_held` moves it."""
+  src_buf = req.src_buf
+  if src_buf.pending is not None:
+    src_buf.materialize()
+  held = _Held()
+  held._data = data = read(src_buf, req.src_indices if req.src_indices is not None else req.src_index,
+                           False)
+  if data is not None and data.base is not None:
+    src_buf.watch(held)
+  return held
+
+
+def copy_held(req, held) -> None:
+  """Move `req`'s data as `snapshot` held it into its destination (the rules of `copy`)."""
+  data = held._data
+  if data is None:
+    return
+  later = copy_module.copy(req)
+  later.src_buf = Buffer(data, data.shape, data.dtype, req.src_buf.memory_space, req.src_buf.name)
+  later.src_index, later.src_indices = (), None
+  copy(later)
+
+
 def _add(cur, data):
   if cur.dtype.kind == "f" and cur.dtype.itemsize >= 4 or cur.dtype.kind in "iu":
     return cur + data.astype(cur.dtype, copy=False)

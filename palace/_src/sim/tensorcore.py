@@ -26,7 +26,7 @@ import functools
 from palace._src.core import MemorySpace, SemaphoreRefType
 from palace._src.errors import ResourceError, SyncError, UnsupportedError
 from palace._src.sim import cost, memory
-from palace._src.sim.dma import DmaEngine
+from palace._src.sim.dma import DmaEngine, land_due
 from palace._src.sim.memory import Buffer
 from palace._src.sim.steady import SteadyState
 from palace._src.util import fmt_site, prod
@@ -235,6 +235,8 @@ class TensorCore:
 
   # ------------------------------------------------------------------ memory
   def load(self, buf: Buffer, index, shape, site=None):
+    if buf.landing is not None:   # copies from other cores or chips that landed by now
+      land_due(buf, self.now)
     checks = self.checks
     if checks.active:   # (a launch without checkers makes no hook call per access)
       alt = checks.load(self, buf, index, shape)
@@ -251,6 +253,8 @@ class TensorCore:
     return memory.read(buf, index, self.timing_only), ready
 
   def store(self, buf: Buffer, index, shape, data, ready: int) -> None:
+    if buf.landing is not None:
+      land_due(buf, self.now)
     checks = self.checks
     if checks.active:
       alt = checks.store(self, buf, index, shape, data)
@@ -271,6 +275,8 @@ class TensorCore:
     vector gathers, scatters, expanded loads, compressed stores, fetch_and_add): shown to the race
     detector like a vector load or store (not for `atomic` updates) and to the uninitialised-read
     tracker. `index` may hold index arrays."""
+    if buf.landing is not None:
+      land_due(buf, self.now)
     checks = self.checks
     if not checks.active:
       return

@@ -79,15 +79,20 @@ class InitTracker:
         f"Fresh VMEM/SMEM scratch and unwritten output blocks hold garbage on a TPU (NaN or "
         f"{_sentinel_text(buf.dtype)} in palace). Fix: initialise the buffer or copy the data in first.")
 
-  def moved(self, req) -> None:
+  def source(self, req):
+    """Which bytes of `req`'s source window are defined now (1 where all are, or untracked)."""
+    sm = self._view(req.src_buf)
+    if sm is None:
+      return np.uint8(1)
+    return np.array(sm[req.src_indices] if req.src_indices is not None else sm[req.src_index])
+
+  def moved(self, req, held=None) -> None:
+    """`req`'s data was moved: its destination window is as defined as its source (`held`: as
+    `source` found it at the copy's start, for a copy that lands later)."""
     dm = self._view(req.dst_buf)
     if dm is None:
       return
-    sm = self._view(req.src_buf)
-    if sm is None:
-      data = np.uint8(1)
-    else:
-      data = sm[req.src_indices] if req.src_indices is not None else sm[req.src_index]
+    data = self.source(req) if held is None else held
     if req.dst_indices is not None:
       if req.mask is not None and np.ndim(data):
         data = data[req.mask]
