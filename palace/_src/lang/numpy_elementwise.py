@@ -92,6 +92,7 @@ def _elementwise(fn, op_class: str, result: str = "same", name: str = ""):
 
   scalar_fast = result in ("same", "bool")
   py_compare = _PY_COMPARE.get(fn) if result == "bool" else None
+  chip = getattr(fn, "chip", fn)   # (a transcendental's chip rule; fn asks for the host-math diagnostic)
 
   def op(*args):
     if scalar_fast and len(args) == 2:
@@ -172,10 +173,10 @@ def _elementwise(fn, op_class: str, result: str = "same", name: str = ""):
                 else _np(a, cd) if cd is rt else _rounded(a, rt, cd) for a in args]
       try:
         if ex is not None:  # kernels run under np.errstate(all="ignore") set once per core (sim)
-          data = fn(*vals)
+          data = (fn if ex.host_math else chip)(*vals)
         else:
           with np.errstate(all="ignore"):
-            data = fn(*vals)
+            data = chip(*vals)
       except (ValueError, TypeError) as e:  # integers to negative powers, bool - bool (JAX rejects both)
         raise ShapeError(f"Invalid operands for jnp.{op.__name__}{' ' + ex.where() if ex else ''}: {e} "
                          f"(dtypes {', '.join(str(dtype_of(a)) for a in args)}). Fix: pass operands JAX "
@@ -228,6 +229,7 @@ def on_scalars(op, dtype, arity: int):
   if result == "float" and dtype not in _FLOATS:
     return None
   out = dt.bool_ if result == "bool" else dtype   # (np.dtype gives the instance data dtypes are)
+  chip = getattr(fn, "chip", fn)   # (as in _elementwise)
 
   def finish(data, ready, ex):
     if data.dtype != out:
@@ -239,7 +241,7 @@ def on_scalars(op, dtype, arity: int):
       if type(a) is Array and a.dtype is dtype and not a.shape:
         da, ex = a._data, _current_ex()
         if da is not None and ex is not None and da.dtype is dtype:
-          return finish(fn(da), a._ready, ex)
+          return finish((fn if ex.host_math else chip)(da), a._ready, ex)
       return op(a)
     return unary
 
@@ -250,7 +252,7 @@ def on_scalars(op, dtype, arity: int):
       if da is not None and db is not None and ex is not None and da.dtype is dtype and \
           db.dtype is dtype:
         try:
-          data = fn(da, db)
+          data = (fn if ex.host_math else chip)(da, db)
         except ValueError:   # invalid operands: `op` raises its error
           return op(a, b)
         ra, rb = a._ready, b._ready
@@ -274,6 +276,7 @@ def on_vectors(op, dtype, shape, arity: int, in_shapes=None):
       (getattr(op, "int_only", False) and dt.is_float(dtype)):
     return None
   fn, result = form
+  chip = getattr(fn, "chip", fn)   # (as in _elementwise)
   rt = _F32 if result == "float" and dtype not in _FLOATS else dtype
   out = dt.bool_ if result == "bool" else rt
   cd = _COMPUTE.get(rt, rt)
@@ -293,7 +296,7 @@ def on_vectors(op, dtype, shape, arity: int, in_shapes=None):
       da = a._data
       if da is not None and not ex.timing_only:
         try:
-          da = fn(da if da.dtype == cd else da.astype(cd))
+          da = (fn if ex.host_math else chip)(da if da.dtype == cd else da.astype(cd))
         except ValueError:   # invalid operands: `op` raises its error
           return op(a)
       return finish(da, a._ready if a._ready > 0 else 0, ex, a._lanes)
@@ -314,7 +317,8 @@ def on_vectors(op, dtype, shape, arity: int, in_shapes=None):
     data = None
     if da is not None and db is not None and not ex.timing_only:
       try:
-        data = fn(da if da.dtype == cd else da.astype(cd), db if db.dtype == cd else db.astype(cd))
+        data = (fn if ex.host_math else chip)(da if da.dtype == cd else da.astype(cd),
+                                              db if db.dtype == cd else db.astype(cd))
       except ValueError:
         return op(a, b)
     ready = a._ready if a._ready > 0 else 0
