@@ -115,13 +115,14 @@ def _elementwise(fn, op_class: str, result: str = "same", name: str = ""):
             data = data.astype(out_dtype)
           return Array(data, (), out_dtype, ex.scalar_op(a._ready))
     if len(args) == 2 and type(args[0]) is Array and type(args[1]) is Array and \
-        args[0].dtype == args[1].dtype and \
-        (args[0].shape == args[1].shape or not args[1].shape or not args[0].shape):
-      # two Arrays of one dtype, of one shape (acc + dot) or one of them 0-d (x * scale, a typed
-      # constant): the pass below, whose result type is theirs and shape the larger one's
+        args[0].dtype == args[1].dtype:
+      # two Arrays of one dtype: the pass below, whose result type is theirs; of one shape (acc + dot)
+      # or one of them 0-d (x * scale, a typed constant), the larger one's shape, else the broadcast
+      # of both (x - max(x, axis=-1, keepdims=True))
       a, b = args
-      same = True
-      shape, rt, any_array = a.shape or b.shape, a.dtype, True
+      same = a.shape == b.shape or not b.shape or not a.shape
+      shape = (a.shape or b.shape) if same else _broadcast_shapes(op.__name__, args)
+      rt, any_array = a.dtype, True
       has_data = a._data is not None and b._data is not None
       ready = a._ready if a._ready > 0 else 0
       if b._ready > ready:
