@@ -327,8 +327,8 @@ def test_a_reduction_is_analysed_once_per_signature(monkeypatch):
 
 
 def test_a_kept_reduction_never_answers_another_axis_form():
-  """Only int and None axes are kept, keyed by value; a bool axis, a tuple and an out-of-range axis
-  take the full analysis (and its error) every time."""
+  """An axis is kept by its value and its entries' types (an equal axis of another type is analysed
+  on its own, and raises its own error); an out-of-range axis raises every time."""
   x = _ints((8, 128), 15)
 
   def run(**kw):
@@ -345,3 +345,6 @@ def test_a_kept_reduction_never_answers_another_axis_form():
   for _ in range(2):
     with pytest.raises(pl.ShapeError, match="Reduction axis 2 is out of range"):
       run(axis=2)
+    with pytest.raises(pl.ShapeError, match="axis"):
+      run(axis=(0, 1.0))
+    np.testing.assert_array_equal(run(axis=(0, 1)), x.sum(keepdims=True))

@@ -61,14 +61,22 @@ def _reduction(npfn, name, result="same"):
                              f"dtype{''.join(', ' + k for k in allowed)}. Fix: drop them (`out` is not "
                              f"supported by JAX either) or compute the masked form with jnp.where.")
     where, initial = kw.get("where"), kw.get("initial")
-    if not kw and dtype is None and type(a) is Array and (axis is None or type(axis) is int) and \
-        type(keepdims) is bool:   # (a kernel's every-step form: its analysis kept, `_PLANS`)
-      key = (op, a.shape, a.dtype, axis, keepdims)
-      plan = _PLANS.get(key)
-      if plan is None:
-        plan = keep(_PLANS, key, _analysis(name, result, a, axis, keepdims, None, kw))
-    else:
+    key = plan = None
+    if not kw and dtype is None and type(a) is Array and type(keepdims) is bool:
+      # (a kernel's every-step form, palace.jax's tuple axes included: its analysis kept, `_PLANS`)
+      if axis is None or type(axis) is int:
+        key = (op, a.shape, a.dtype, axis, keepdims)
+      elif type(axis) is tuple:
+        key = (op, a.shape, a.dtype, axis, tuple(map(type, axis)), keepdims)
+      if key is not None:
+        try:
+          plan = _PLANS.get(key)
+        except TypeError:   # (an unhashable axis: the analysis raises its error)
+          key = None
+    if plan is None:
       plan = _analysis(name, result, a, axis, keepdims, dtype, kw)
+      if key is not None:
+        keep(_PLANS, key, plan)
     shape, axes, in_d, out_d, out_shape, cls = plan
     data = None
     ex = executor.maybe_current()
@@ -107,9 +115,9 @@ def _reduction(npfn, name, result="same"):
   return op
 
 
-# (reduction, operand shape, operand dtype, axis, keepdims) -> `_analysis`, for int or None axes and no
-# other arguments (the key holds the axis's value, typed by the condition that admits it; an error is
-# never kept: `_analysis` raises before `keep`)
+# (reduction, operand shape, operand dtype, axis, [its entries' types,] keepdims) -> `_analysis`, for
+# int, None or tuple axes and no other arguments (the key holds the axis's value and types: 1 == True
+# == 1.0; an error is never kept: `_analysis` raises before `keep`)
 _PLANS: dict = {}
 
 
