@@ -93,6 +93,11 @@ def test_a_manual_dma_start_makes_few_python_calls():
   assert calls[tpu_primitives.AsyncCopyDescriptor._used.__code__] == n
   assert calls[hbm_tiles.beyond.__code__] == 2 * n
   assert not [c for c in calls if c.co_name == "<genexpr>" and c.co_filename == hbm_tiles.__file__]
+  # `ref.at` makes its indexer with one call, the indexer's own (session 27: a lambda frame before it)
+  assert refs.Ref.at.fget is refs._AtIndexer
+  at_lambdas = [c for c in calls if c.co_name == "<lambda>" and c.co_filename == refs.__file__ and
+                "_AtIndexer" in c.co_names]
+  assert at_lambdas == [] and calls[refs._AtIndexer.__init__.__code__] == n   # (one .at a copy)
 
 
 def test_a_transcendental_asks_for_the_host_math_diagnostic_without_a_call():

@@ -120,7 +120,7 @@ class Ref(RefIndexing):
   memory_space = property(lambda self: self.buf.memory_space)
   ndim = property(lambda self: len(self.shape))
   size = property(lambda self: prod(self.shape))
-  at = property(lambda self: _AtIndexer(self))
+  at = property(_AtIndexer)   # (the class is the getter: no lambda frame per `ref.at`)
 
   @property
   def nbytes(self) -> int:
