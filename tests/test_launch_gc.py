@@ -172,6 +172,24 @@ def test_a_launch_leaves_only_its_report_tracked_after_two_young_collections(mak
   #                            objects before session 26)
 
 
+def test_a_later_launchs_step_events_leave_the_collectors_lists_at_its_first_young_collection():
+  """A core's `(chip, core)` name is one tuple for the process (tensorcore.core_tid), untracked since an
+  earlier collection, so the non-DMA events of a later launch (grid steps, vector ops) are untracked by
+  the first young collection that sees them. Made anew per launch, the tuple was still tracked when
+  that collection examined the events, which reached the next generation tracked (until session 27)."""
+  f, x = _copy_call(4)
+  with pl.virtual_tpu("v5e") as tpu:
+    f(x)
+    gc.collect()
+    f(x)
+    gc.collect(0)
+    log = tpu.reports[-1].trace_log
+  steps = [e for e in log if e[1] != "dma"]
+  assert len(steps) >= 4
+  assert steps[0][0] is tpu.reports[0].trace_log[0][0]
+  assert [e for e in steps if gc.is_tracked(e)] == []
+
+
 def test_a_dma_label_is_one_flat_tuple_and_reads_back_as_its_text():
   """executor.flat_label: both sides of a label (a whole view, a view with indexed-away and strided
   dims, a window) as one tuple of atoms, which label_text formats as before."""

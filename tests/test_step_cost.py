@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import palace as pl
+import palace.numpy as jnp
 from benchmarks.kernels import tiled_matmul, window_copies
 from palace._src import blas
 from palace._src.lang import mxu, primitives, refs
@@ -92,3 +93,29 @@ def test_a_manual_dma_start_makes_few_python_calls():
   assert calls[tpu_primitives.AsyncCopyDescriptor._used.__code__] == n
   assert calls[hbm_tiles.beyond.__code__] == 2 * n
   assert not [c for c in calls if c.co_name == "<genexpr>" and c.co_filename == hbm_tiles.__file__]
+  # `ref.at` makes its indexer with one call, the indexer's own (session 27: a lambda frame before it)
+  assert refs.Ref.at.fget is refs._AtIndexer
+  at_lambdas = [c for c in calls if c.co_name == "<lambda>" and c.co_filename == refs.__file__ and
+                "_AtIndexer" in c.co_names]
+  assert at_lambdas == [] and calls[refs._AtIndexer.__init__.__code__] == n   # (one .at a copy)
+
+
+def test_a_transcendental_asks_for_the_host_math_diagnostic_without_a_call():
+  """Inside a kernel an elementwise transcendental reads the launch's host-math setting from the
+  executor it holds and runs the chip's rule directly: no call of host_math.pick's wrapper or of
+  host_math.active per op (two a transcendental until session 27). The result is the chip rule's."""
+  from palace._src.lang import host_math
+
+  def kernel(x_ref, o_ref):
+    x = x_ref[...]
+    o_ref[...] = jnp.exp(x) + jnp.tanh(x) * jnp.sqrt(jnp.abs(x))
+  x = np.linspace(-3, 3, 4 * 8 * 128, dtype=np.float32).reshape(32, 128)
+  f = pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct(x.shape, x.dtype), grid=(4,),
+                     in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+                     out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)))
+  with pl.virtual_tpu("v5e"):
+    out, calls = _counted(lambda: f(x))
+  with np.errstate(all="ignore"):
+    np.testing.assert_array_equal(out, np.exp(x) + np.tanh(x) * np.sqrt(np.abs(x)))
+  assert calls[host_math.active.__code__] == 0
+  assert not [c for c in calls if c.co_filename == host_math.__file__]

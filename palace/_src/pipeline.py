@@ -79,24 +79,21 @@ class _Op:
 
 
 class _BlockLabels(tuple):
-  """The (source, destination) labels of a whole-block pipeline copy, as DmaRequest.label reads them
-  (`label_parts`: the slot ref and the operand's window at `offsets`, named without building a view).
+  """The (source, destination) labels of a whole-block pipeline copy, as executor.flat_label reads them
+  (`label_parts`: the slot ref and the operand's window at `offsets`, named without building a view;
+  they also name the copies of steps a steady-state detector advanced over, pipeline_steady.py).
   Made from the tuple (buf, offsets, shape, vmem, to_hbm) (a tuple subclass: made without a
   Python-level constructor, once per pipeline copy)."""
   __slots__ = ()
 
   def label_parts(self) -> tuple:
-    """The copy's DmaRequest.label: the window as (name, offsets, shape), unless it is the whole
+    """Both sides of the copy's label: the window as (name, offsets, shape), unless it is the whole
     array, and the slot ref's side (no Ref is built; formatting waits for a reader)."""
     buf, offsets, shape, vmem, to_hbm = tuple.__iter__(self)
     hbm = (buf.name, None, None) if tuple(shape) == buf.shape and not any(offsets) else \
         (buf.name, offsets, shape)
     slot = vmem.label_part()
     return slot + hbm if to_hbm else hbm + slot
-
-  # (a trace event's DMA args name the copy by anything with `label()`: the events of steps a
-  # steady-state detector advanced over name their copies by these labels, pipeline_steady.py)
-  label = label_parts
 
   def at(self, offsets) -> "_BlockLabels":
     """The labels of the same copy for the block at `offsets`."""

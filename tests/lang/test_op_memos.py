@@ -295,3 +295,56 @@ def test_einsum_parses_its_subscripts_once():
   want = np.einsum("bqd,bkd->bqk", q.reshape(STEPS, 8, 128), k.reshape(STEPS, 128, 128))
   np.testing.assert_array_equal(out, want.reshape(STEPS * 8, 128))
   assert len(numpy_linalg._EINSUMS) == 1 and len(numpy_linalg._DIMENSION_NUMBERS) == 1
+
+
+def test_a_reduction_is_analysed_once_per_signature(monkeypatch):
+  """A reduction's axes, result type and shape and cost class are worked out once per (reduction,
+  operand shape and dtype, axis, keepdims) (numpy_reductions._PLANS, session 27), and the two-Array
+  elementwise ops that broadcast a reduced column or row take their one-dtype path: no type
+  promotion. Results are NumPy's."""
+  from palace._src import dtypes
+  from palace._src.lang import numpy_reductions
+  numpy_reductions._PLANS.clear()
+  analysed = _counting(monkeypatch, numpy_reductions, "_norm_axes")
+  promoted = _counting(monkeypatch, dtypes, "result_type")
+  x = _ints((STEPS * 8, 128), 14)
+
+  def kernel(x_ref, o_ref):
+    v = x_ref[...]
+    m = jnp.max(v, axis=-1, keepdims=True)
+    o_ref[...] = (v - m) * jnp.sum(v, axis=1, keepdims=True) + jnp.min(v, axis=0, keepdims=True) + \
+        jnp.sum(v, axis=0)[None, :] + jnp.max(v)
+
+  out = pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct(x.shape, x.dtype), grid=(STEPS,),
+                       in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+                       out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)))(x)
+  b = x.reshape(STEPS, 8, 128)
+  want = (b - b.max(axis=2, keepdims=True)) * b.sum(axis=2, keepdims=True) + \
+      b.min(axis=1, keepdims=True) + b.sum(axis=1)[:, None, :] + b.max(axis=(1, 2), keepdims=True)
+  np.testing.assert_array_equal(out, want.reshape(x.shape))
+  assert analysed[0] == 5      # (axis -1 and 1 of one shape are two signatures; keepdims another)
+  assert promoted[0] == 0
+
+
+def test_a_kept_reduction_never_answers_another_axis_form():
+  """An axis is kept by its value and its entries' types (an equal axis of another type is analysed
+  on its own, and raises its own error); an out-of-range axis raises every time."""
+  x = _ints((8, 128), 15)
+
+  def run(**kw):
+    def kernel(x_ref, o_ref):
+      o_ref[...] = jnp.sum(x_ref[...], keepdims=True, **kw)
+    return pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct((1, 1) if "axis" not in kw or
+                                                                 kw["axis"] == (0, 1) else (8, 1)
+                                                                 if kw["axis"] in (1, -1) else (1, 128),
+                                                                 x.dtype))(x)
+  np.testing.assert_array_equal(run(axis=1), x.sum(axis=1, keepdims=True))
+  np.testing.assert_array_equal(run(axis=-1), x.sum(axis=1, keepdims=True))
+  np.testing.assert_array_equal(run(axis=(0, 1)), x.sum(keepdims=True))
+  np.testing.assert_array_equal(run(), x.sum(keepdims=True))
+  for _ in range(2):
+    with pytest.raises(pl.ShapeError, match="Reduction axis 2 is out of range"):
+      run(axis=2)
+    with pytest.raises(pl.ShapeError, match="axis"):
+      run(axis=(0, 1.0))
+    np.testing.assert_array_equal(run(axis=(0, 1)), x.sum(keepdims=True))

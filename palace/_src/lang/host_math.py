@@ -12,7 +12,10 @@ math on XLA:CPU"). JAX is imported on first use (VirtualTPU refuses the switch w
 installed). Charges are unchanged: the same ops are charged as under the chip's rule.
 
 `active()` is the one switch: every transcendental of the language is built through `pick` (its NumPy
-function) or ends in `result` (a function computed as a sequence of ops), and both ask it.
+function) or ends in `result` (a function computed as a sequence of ops), and both ask it. Inside a
+kernel, numpy_elementwise's ops read the same setting from the executor they already hold
+(`ex.host_math`, the launch's) and call `pick`'s chip function directly when it is off (`fn.chip`): no
+two Python calls per op for a choice fixed for the launch.
 """
 from __future__ import annotations
 
@@ -78,4 +81,5 @@ def pick(name: str, chip_fn):
     return xla_cpu(name, x) if active() else chip_fn(x)
   fn.__name__ = getattr(chip_fn, "__name__", name)
   fn.__doc__ = chip_fn.__doc__
+  fn.chip = chip_fn   # (what fn computes where the diagnostic is off: callers holding the executor)
   return fn

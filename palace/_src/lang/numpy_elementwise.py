@@ -92,6 +92,7 @@ def _elementwise(fn, op_class: str, result: str = "same", name: str = ""):
 
   scalar_fast = result in ("same", "bool")
   py_compare = _PY_COMPARE.get(fn) if result == "bool" else None
+  chip = getattr(fn, "chip", fn)   # (a transcendental's chip rule; fn asks for the host-math diagnostic)
 
   def op(*args):
     if scalar_fast and len(args) == 2:
@@ -114,13 +115,14 @@ def _elementwise(fn, op_class: str, result: str = "same", name: str = ""):
             data = data.astype(out_dtype)
           return Array(data, (), out_dtype, ex.scalar_op(a._ready))
     if len(args) == 2 and type(args[0]) is Array and type(args[1]) is Array and \
-        args[0].dtype == args[1].dtype and \
-        (args[0].shape == args[1].shape or not args[1].shape or not args[0].shape):
-      # two Arrays of one dtype, of one shape (acc + dot) or one of them 0-d (x * scale, a typed
-      # constant): the pass below, whose result type is theirs and shape the larger one's
+        args[0].dtype == args[1].dtype:
+      # two Arrays of one dtype: the pass below, whose result type is theirs; of one shape (acc + dot)
+      # or one of them 0-d (x * scale, a typed constant), the larger one's shape, else the broadcast
+      # of both (x - max(x, axis=-1, keepdims=True))
       a, b = args
-      same = True
-      shape, rt, any_array = a.shape or b.shape, a.dtype, True
+      same = a.shape == b.shape or not b.shape or not a.shape
+      shape = (a.shape or b.shape) if same else _broadcast_shapes(op.__name__, args)
+      rt, any_array = a.dtype, True
       has_data = a._data is not None and b._data is not None
       ready = a._ready if a._ready > 0 else 0
       if b._ready > ready:
@@ -172,10 +174,10 @@ def _elementwise(fn, op_class: str, result: str = "same", name: str = ""):
                 else _np(a, cd) if cd is rt else _rounded(a, rt, cd) for a in args]
       try:
         if ex is not None:  # kernels run under np.errstate(all="ignore") set once per core (sim)
-          data = fn(*vals)
+          data = (fn if ex.host_math else chip)(*vals)
         else:
           with np.errstate(all="ignore"):
-            data = fn(*vals)
+            data = chip(*vals)
       except (ValueError, TypeError) as e:  # integers to negative powers, bool - bool (JAX rejects both)
         raise ShapeError(f"Invalid operands for jnp.{op.__name__}{' ' + ex.where() if ex else ''}: {e} "
                          f"(dtypes {', '.join(str(dtype_of(a)) for a in args)}). Fix: pass operands JAX "
@@ -228,6 +230,7 @@ def on_scalars(op, dtype, arity: int):
   if result == "float" and dtype not in _FLOATS:
     return None
   out = dt.bool_ if result == "bool" else dtype   # (np.dtype gives the instance data dtypes are)
+  chip = getattr(fn, "chip", fn)   # (as in _elementwise)
 
   def finish(data, ready, ex):
     if data.dtype != out:
@@ -239,7 +242,7 @@ def on_scalars(op, dtype, arity: int):
       if type(a) is Array and a.dtype is dtype and not a.shape:
         da, ex = a._data, _current_ex()
         if da is not None and ex is not None and da.dtype is dtype:
-          return finish(fn(da), a._ready, ex)
+          return finish((fn if ex.host_math else chip)(da), a._ready, ex)
       return op(a)
     return unary
 
@@ -250,7 +253,7 @@ def on_scalars(op, dtype, arity: int):
       if da is not None and db is not None and ex is not None and da.dtype is dtype and \
           db.dtype is dtype:
         try:
-          data = fn(da, db)
+          data = (fn if ex.host_math else chip)(da, db)
         except ValueError:   # invalid operands: `op` raises its error
           return op(a, b)
         ra, rb = a._ready, b._ready
@@ -274,6 +277,7 @@ def on_vectors(op, dtype, shape, arity: int, in_shapes=None):
       (getattr(op, "int_only", False) and dt.is_float(dtype)):
     return None
   fn, result = form
+  chip = getattr(fn, "chip", fn)   # (as in _elementwise)
   rt = _F32 if result == "float" and dtype not in _FLOATS else dtype
   out = dt.bool_ if result == "bool" else rt
   cd = _COMPUTE.get(rt, rt)
@@ -293,7 +297,7 @@ def on_vectors(op, dtype, shape, arity: int, in_shapes=None):
       da = a._data
       if da is not None and not ex.timing_only:
         try:
-          da = fn(da if da.dtype == cd else da.astype(cd))
+          da = (fn if ex.host_math else chip)(da if da.dtype == cd else da.astype(cd))
         except ValueError:   # invalid operands: `op` raises its error
           return op(a)
       return finish(da, a._ready if a._ready > 0 else 0, ex, a._lanes)
@@ -314,7 +318,8 @@ def on_vectors(op, dtype, shape, arity: int, in_shapes=None):
     data = None
     if da is not None and db is not None and not ex.timing_only:
       try:
-        data = fn(da if da.dtype == cd else da.astype(cd), db if db.dtype == cd else db.astype(cd))
+        data = (fn if ex.host_math else chip)(da if da.dtype == cd else da.astype(cd),
+                                              db if db.dtype == cd else db.astype(cd))
       except ValueError:
         return op(a, b)
     ready = a._ready if a._ready > 0 else 0

@@ -18,7 +18,7 @@ from palace._src.lang.array import Array, dtype_of, ready_of
 from palace._src.lang.numpy_base import (_F32, _compute_dtype, _default_dtype, _dtype_arg, _has_data, _is_arr,
                                          _norm_axes, _np, _out, _shape_of)
 from palace._src.lang.numpy_shape import ravel
-from palace._src.util import user_frame_summary
+from palace._src.util import keep, user_frame_summary
 
 _IMPORTED = frozenset(globals())  # names above are imports, not this module's API
 
@@ -61,24 +61,23 @@ def _reduction(npfn, name, result="same"):
                              f"dtype{''.join(', ' + k for k in allowed)}. Fix: drop them (`out` is not "
                              f"supported by JAX either) or compute the masked form with jnp.where.")
     where, initial = kw.get("where"), kw.get("initial")
-    shape = _shape_of(a)
-    axes = _norm_axes(axis, len(shape))
-    in_d = dtype_of(a) if isinstance(a, Array) else _default_dtype(a)
-    if result == "index":
-      out_d = dt.int32
-    elif result == "bool":
-      out_d = dt.bool_
-    elif dtype is not None:
-      out_d = _dtype_arg(dtype, f"jnp.{name}")
-    elif name in ("sum", "prod") and (in_d == dt.bool_ or dt.is_int(in_d)) and \
-        kw.get("promote_integers", True):
-      out_d = _promoted_int(in_d)   # JAX promote_integers: narrow ints (and bool) sum in 32 bits
-    elif name == "mean" and not dt.is_float(in_d):
-      out_d = _F32
-    else:
-      out_d = in_d
-    out_shape = tuple([(1 if i in axes else s) for i, s in enumerate(shape)]) if keepdims else \
-        tuple([s for i, s in enumerate(shape) if i not in axes])
+    key = plan = None
+    if not kw and dtype is None and type(a) is Array and type(keepdims) is bool:
+      # (a kernel's every-step form, palace.jax's tuple axes included: its analysis kept, `_PLANS`)
+      if axis is None or type(axis) is int:
+        key = (op, a.shape, a.dtype, axis, keepdims)
+      elif type(axis) is tuple:
+        key = (op, a.shape, a.dtype, axis, tuple(map(type, axis)), keepdims)
+      if key is not None:
+        try:
+          plan = _PLANS.get(key)
+        except TypeError:   # (an unhashable axis: the analysis raises its error)
+          key = None
+    if plan is None:
+      plan = _analysis(name, result, a, axis, keepdims, dtype, kw)
+      if key is not None:
+        keep(_PLANS, key, plan)
+    shape, axes, in_d, out_d, out_shape, cls = plan
     data = None
     ex = executor.maybe_current()
     if not (ex is not None and ex.timing_only and out_shape) and _has_data(a, where, initial):
@@ -102,7 +101,6 @@ def _reduction(npfn, name, result="same"):
             warnings.simplefilter("ignore", RuntimeWarning)
           data = _reduce(npfn, v, ax, keepdims, extra_args, name, ex)
       data = np.asarray(data).astype(out_d, copy=False)
-    cls = _reduce_class(axes, len(shape))
     ready = ready_of(a, where, initial)
     if ex is None or not shape:
       return _out(data, out_shape, out_d, ready, cls, _is_arr(a, where, initial))
@@ -115,6 +113,36 @@ def _reduction(npfn, name, result="same"):
 
   op.__name__ = name
   return op
+
+
+# (reduction, operand shape, operand dtype, axis, [its entries' types,] keepdims) -> `_analysis`, for
+# int, None or tuple axes and no other arguments (the key holds the axis's value and types: 1 == True
+# == 1.0; an error is never kept: `_analysis` raises before `keep`)
+_PLANS: dict = {}
+
+
+def _analysis(name: str, result: str, a, axis, keepdims, dtype, kw) -> tuple:
+  """(operand shape, reduced axes, operand dtype, result dtype, result shape, cost class) of a reduction
+  `name` of `a`: a pure function of the arguments' static parts."""
+  shape = _shape_of(a)
+  axes = _norm_axes(axis, len(shape))
+  in_d = dtype_of(a) if isinstance(a, Array) else _default_dtype(a)
+  if result == "index":
+    out_d = dt.int32
+  elif result == "bool":
+    out_d = dt.bool_
+  elif dtype is not None:
+    out_d = _dtype_arg(dtype, f"jnp.{name}")
+  elif name in ("sum", "prod") and (in_d == dt.bool_ or dt.is_int(in_d)) and \
+      kw.get("promote_integers", True):
+    out_d = _promoted_int(in_d)   # JAX promote_integers: narrow ints (and bool) sum in 32 bits
+  elif name == "mean" and not dt.is_float(in_d):
+    out_d = _F32
+  else:
+    out_d = in_d
+  out_shape = tuple([(1 if i in axes else s) for i, s in enumerate(shape)]) if keepdims else \
+      tuple([s for i, s in enumerate(shape) if i not in axes])
+  return tuple(shape), axes, in_d, out_d, out_shape, _reduce_class(axes, len(shape))
 
 
 # the ufuncs' reduce is what np.sum / np.prod / np.max / np.min call (same result), without their

@@ -120,7 +120,7 @@ class Ref(RefIndexing):
   memory_space = property(lambda self: self.buf.memory_space)
   ndim = property(lambda self: len(self.shape))
   size = property(lambda self: prod(self.shape))
-  at = property(lambda self: _AtIndexer(self))
+  at = property(_AtIndexer)   # (the class is the getter: no lambda frame per `ref.at`)
 
   @property
   def nbytes(self) -> int:
@@ -140,8 +140,9 @@ class Ref(RefIndexing):
     return self.buf.name + ("" if self._full else self.describe_index())
 
   def label_part(self) -> tuple:
-    """`origin()` unformatted and without the buffer, as one side of a DmaRequest.label: (name, None,
-    None), or (name, dims, None) for a part view (executor.label_text formats it when a report is read)."""
+    """`origin()` unformatted and without the buffer, as one side of a copy's label (executor.flat_label):
+    (name, None, None), or (name, dims, None) for a part view (executor.label_text formats it when a
+    report is read)."""
     return (self.buf.name, None, None) if self._full else (self.buf.name, self.dims, None)
 
   # ---- views ----

@@ -66,6 +66,16 @@ def _matmul_charge(chip, m, k, n, batch, lhs_dtype, rhs_dtype) -> tuple:
           cost.matmul_flops(m, k, n, batch), f"matmul {m}x{k}x{n}")
 
 
+@functools.cache
+def core_tid(chip_index: int, core_id: int) -> tuple:
+  """The `(chip, core)` tuple naming a core in trace events and race clocks, one object per pair for
+  the process: a report keeps it in every event, and an event tuple is untracked by the cyclic GC's
+  first young collection only when its items already are (a tuple made anew per launch is tracked
+  until a collection examines it, so each launch's events reached an older generation still tracked;
+  docs/host-speed.md, session 27)."""
+  return (chip_index, core_id)
+
+
 class TensorCore:
   """Executor for one core. `machine` owns chips, channels, the scheduler and the trace."""
 
@@ -105,7 +115,7 @@ class TensorCore:
     self.sem_buffers = []
     self.sems_in_use = 0      # semaphore elements of sem_buffers (capacity check)
     self.trace = machine.trace
-    self.tid = (chip_index, core_id)
+    self.tid = core_tid(chip_index, core_id)
     self.blocked_on = None
     self.alloc_seq = 0
     self.steps = 0            # grid steps run on this core (pallas_call and emit_pipeline)
