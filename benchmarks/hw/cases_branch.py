@@ -30,10 +30,9 @@ palace).
 """
 from __future__ import annotations
 
-import numpy as np
 
 from benchmarks.hw.cases import Case, _jax, _rand
-from benchmarks.hw.cases_gather import _splash_body
+from benchmarks.hw.cases_gather import _splash_body, splash_tables_call
 from benchmarks.hw.cases_move import _zero_when
 
 _L = 128
@@ -119,13 +118,7 @@ def _branch(mode, heads=8, nq=16, nk=16):
                                       pl.BlockSpec(kv_block, kv_map), pl.BlockSpec((_L, _L), s_map)],
                  out_specs=pl.BlockSpec(o_block, out_map),
                  scratch_shapes=[pltpu.VMEM((_L, _L), jnp.float32) for _ in range(3)])
-    if tables is None:
-      return pl.pallas_call(kernel, out_shape=out_shape, **specs), arrays
-    dt = np.int8 if tables == "i8" else np.int32
-    dn = np.broadcast_to(np.arange(nk, dtype=dt), (heads, nq, nk)).copy()
-    bm = np.full((heads, nq, nk), 2, dt)
-    gs = pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=2, **specs)
-    return pl.pallas_call(kernel, out_shape=out_shape, grid_spec=gs), (dn, bm, *arrays)
+    return splash_tables_call(pl, pltpu, kernel, out_shape, specs, arrays, tables, (heads, nq, nk))
   return build
 
 

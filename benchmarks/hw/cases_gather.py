@@ -308,14 +308,21 @@ def _splash_machinery(body, tables, heads=8, nq=16, nk=16):
     out = jax.ShapeDtypeStruct((heads, nq * _L, _L), jnp.float32)
     arrays = (_rand((heads, nq * _L, _L), "bfloat16", 100), _rand((heads, seq, _L), "bfloat16", 101),
               _rand((heads, seq, _L), "bfloat16", 102), _rand((_L, _L), "float32", 103))
-    if tables == "none":
-      return pl.pallas_call(kernel, out_shape=out, **specs), arrays
-    dt = np.int8 if tables == "i8" else np.int32
-    dn = np.broadcast_to(np.arange(nk, dtype=dt), (heads, nq, nk)).copy()
-    bm = np.full((heads, nq, nk), 2, dt)
-    gs = pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=2, **specs)
-    return pl.pallas_call(kernel, out_shape=out, grid_spec=gs), (dn, bm, *arrays)
+    return splash_tables_call(pl, pltpu, kernel, out, specs, arrays, None if tables == "none" else tables,
+                              (heads, nq, nk))
   return build
+
+
+def splash_tables_call(pl, pltpu, kernel, out_shape, specs, arrays, tables, grid):
+  """(pallas_call, arguments) of a splash-like kernel: plain, or (`tables` 'i8' / 'i32') with splash's
+  next-data table (every kv block in order) and block-mask table (every block runs) prefetched first."""
+  if tables is None:
+    return pl.pallas_call(kernel, out_shape=out_shape, **specs), arrays
+  dt = np.int8 if tables == "i8" else np.int32
+  dn = np.broadcast_to(np.arange(grid[2], dtype=dt), grid).copy()
+  bm = np.full(grid, 2, dt)
+  gs = pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=2, **specs)
+  return pl.pallas_call(kernel, out_shape=out_shape, grid_spec=gs), (dn, bm, *arrays)
 
 
 def splash_machinery_cases() -> list[Case]:
