@@ -30,7 +30,6 @@ palace).
 """
 from __future__ import annotations
 
-
 from benchmarks.hw.cases import Case, _jax, _rand
 from benchmarks.hw.cases_gather import _splash_body, splash_tables_call
 from benchmarks.hw.cases_move import _zero_when
