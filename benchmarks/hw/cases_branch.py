@@ -25,13 +25,19 @@ splash's step body (`cases_gather._splash_body`, 'full') unless named 'light':
 causal mask, no scaling, bf16; that issue timed wall clock) measured here with the profiler, so that the
 chip says what those figures' kernels cost: `fapub_s512`, `fapub_s1024`, `fapub_s2048`.
 
+`page_heavy`: session 26's `page_gather` step (c page copies of 8 KiB from K and V a step, page numbers
+from an SMEM table, started one step ahead, each waited on its own) beside the wheel's flash step on fixed
+(128, 128) blocks instead of a light body: what a page copy costs beside compute (paged attention's launches
+are modelled +17..+24% slow when a page copy costs the 16 cycles `page_gather` measured beside a light
+body): `pgheavy_c{0,1,4,8,16}` (c = 0: the same frame without copies).
+
 Same conventions as `cases.py` (public Pallas API shared by JAX 0.10.2 and 0.12; nothing here imports
 palace).
 """
 from __future__ import annotations
 
 from benchmarks.hw.cases import Case, _jax, _rand
-from benchmarks.hw.cases_gather import _splash_body, splash_tables_call
+from benchmarks.hw.cases_gather import _page_gather, _splash_body, splash_tables_call
 from benchmarks.hw.cases_move import _zero_when
 
 _L = 128
@@ -141,3 +147,7 @@ def _fa_published(seq):
 
 def fa_published_cases() -> list[Case]:
   return [Case(f"fapub_s{s}", "fa_published", _fa_published(s)) for s in (512, 1024, 2048)]
+
+
+def page_heavy_cases() -> list[Case]:
+  return [Case(f"pgheavy_c{c}", "page_heavy", _page_gather(c, 32, heavy=True)) for c in (0, 1, 4, 8, 16)]

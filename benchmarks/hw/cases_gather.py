@@ -50,13 +50,18 @@ _L = 128
 _MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 
 
-def _page_gather(c, rows, mode="smem", n=512):
-  """`page_gather` (module docstring): `c` pages of `rows` x 128 bf16 from K and V a step."""
+def _page_gather(c, rows, mode="smem", n=512, heavy=False):
+  """`page_gather` (module docstring): `c` pages of `rows` x 128 bf16 from K and V a step; `heavy`: the
+  wheel's flash step on fixed (128, 128) q, k, v beside them every step (cases_branch `page_heavy`)."""
   def build():
     jax, jnp, pl, pltpu = _jax()
     pages = n * c
 
-    def kernel(idx_ref, k_hbm, v_hbm, o_ref, kbuf, vbuf, acc_ref, sems):
+    def kernel(idx_ref, k_hbm, v_hbm, *refs):
+      if heavy:
+        fq, fk, fv, o_ref, kbuf, vbuf, acc_ref, sems, hm, hl, hacc = refs
+      else:
+        o_ref, kbuf, vbuf, acc_ref, sems = refs
       i = pl.program_id(0)
 
       def copies(step, slot):
@@ -70,6 +75,9 @@ def _page_gather(c, rows, mode="smem", n=512):
       @pl.when(i == 0)
       def _():
         acc_ref[...] = jnp.zeros_like(acc_ref)
+        if heavy:
+          for ref in (hm, hl, hacc):
+            ref[...] = jnp.zeros_like(ref)
         for cp in copies(0, 0):
           cp.start()
 
@@ -85,22 +93,32 @@ def _page_gather(c, rows, mode="smem", n=512):
       else:
         for cp in copies(i, slot):
           cp.wait()
-      acc_ref[...] += (kbuf[slot, 0, :8, :].astype(jnp.float32)
-                       + vbuf[slot, 0, :8, :].astype(jnp.float32))
+      if c:
+        acc_ref[...] += (kbuf[slot, 0, :8, :].astype(jnp.float32)
+                         + vbuf[slot, 0, :8, :].astype(jnp.float32))
+      if heavy:
+        wheel_compute(jax, jnp, "full", _L, fq, fk, fv, hm, hl, hacc)
 
       @pl.when(i == n - 1)
       def _():
-        o_ref[...] = acc_ref[...]
+        o_ref[...] = acc_ref[...] + (hacc[:8, :] + hm[:8, :] + hl[:8, :] if heavy else 0.0)
 
+    fixed = [pl.BlockSpec((_L, _L), lambda i, idx: (0, 0))] * 3 if heavy else []
     gs = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=1, grid=(n,),
-        in_specs=[pl.BlockSpec(memory_space=pl.ANY), pl.BlockSpec(memory_space=pl.ANY)],
+        in_specs=[pl.BlockSpec(memory_space=pl.ANY), pl.BlockSpec(memory_space=pl.ANY)] + fixed,
         out_specs=pl.BlockSpec((8, _L), lambda i, idx: (0, 0)),
-        scratch_shapes=[pltpu.VMEM((2, c, rows, _L), jnp.bfloat16), pltpu.VMEM((2, c, rows, _L), jnp.bfloat16),
-                        pltpu.VMEM((8, _L), jnp.float32), pltpu.SemaphoreType.DMA((2, 2))])
+        scratch_shapes=[pltpu.VMEM((2, max(c, 1), rows, _L), jnp.bfloat16),
+                        pltpu.VMEM((2, max(c, 1), rows, _L), jnp.bfloat16),
+                        pltpu.VMEM((8, _L), jnp.float32), pltpu.SemaphoreType.DMA((2, 2))]
+        + ([pltpu.VMEM((_L, _L), jnp.float32) for _ in range(3)] if heavy else []))
     call = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, _L), jnp.float32), grid_spec=gs)
-    table = np.random.default_rng(7).permutation(pages).astype(np.int32)
-    return call, (table, _rand((pages, rows, _L), "bfloat16", 70), _rand((pages, rows, _L), "bfloat16", 71))
+    table = np.random.default_rng(7).permutation(max(pages, 1)).astype(np.int32)
+    args = (table, _rand((max(pages, 1), rows, _L), "bfloat16", 70),
+            _rand((max(pages, 1), rows, _L), "bfloat16", 71))
+    if heavy:
+      args += tuple(_rand((_L, _L), "bfloat16", 72 + j) for j in range(3))
+    return call, args
   return build
 
 
