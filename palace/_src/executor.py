@@ -77,8 +77,8 @@ class Executor(Protocol):
   sparsecore: Any           # this executor as a SparseCoreExecutor on SparseCore subcores, else None
   # set by the launch before the core runs (launch/run.py; the pallas_call VMEM check reads vmem_limit)
   vmem_limit: int           # bytes of scoped VMEM for the kernel's pipelined blocks (the limit)
-  mesh_axes: list           # [(axis name, size)] of the core-level mesh (pl.kernel), for device_id
-  mesh_home: Any            # the MeshHome of that mesh (None: no mesh; a grid launch)
+  mesh_home: Any            # the MeshHome of the core-level mesh (pl.kernel): its axes and core ids,
+  # for device_id and collective axes (None: no mesh; a grid launch)
   # state the language manages on the core
   grid_stack: list          # [(indices tuple, sizes tuple), ...] innermost last (pipelines)
   grid_reads: Any           # None, or a list the language appends each pl.program_id axis to (and
@@ -255,6 +255,12 @@ class DmaRequest:
     self.fast = None  # the executor's cache (sim/dma.DmaEngine.start); it depends only on the memory
                       # spaces and the destination semaphore, so a request with the same ones may
                       # start with another's (lang/tpu_primitives.prepare_window_copy(like=...))
+
+  @property
+  def src_selection(self):
+    """The source window as an index of the source's storage: its index arrays (an indexed copy's
+    gathered rows), else its plain index."""
+    return self.src_indices if self.src_indices is not None else self.src_index
 
   @property
   def describe(self) -> str:

@@ -628,7 +628,7 @@ def plan_mpmd_map(params, args, chip) -> tuple:
     return body
 
   keyed = [s.index for s in staged if s.type.memory_space is pcore.MemorySpace.SMEM and not s.write_back]
-  replay = [_replay_operands(j, keyed) for j in jaxprs]
+  replayable = not sems and all(_replay_operands(j, keyed) is not None for j in jaxprs)   # (every body)
   fixed_site = kernel_site(jaxpr)
   plan = LaunchPlan(
       name, fixed_site or ("<unknown>", 0),
@@ -638,7 +638,7 @@ def plan_mpmd_map(params, args, chip) -> tuple:
       tuple(Output(f"outputs[{i}]", *o) for i, o in enumerate(outs)),
       tree_flatten(list(range(len(fresh))))[1], outputs_as=ENTRIES, staged=tuple(staged), scratch=scratch,
       bodies=tuple(map(make_body, jaxprs)), meshes=tuple(ours for _, ours in meshes),
-      fixed_site=fixed_site, replay_operands=None if sems or None in replay else replay[0],
+      fixed_site=fixed_site, replay_operands=tuple(keyed) if replayable else None,
       semaphores=sems)
   return plan, arrays, tuple(aliases), in_of_out
 

@@ -336,7 +336,7 @@ def run_scoped(f, *types, collective_axes=(), **kw_types):
   axes = (collective_axes,) if isinstance(collective_axes, str) else tuple(collective_axes)
   if axes:
     ex = executor.current("pl.run_scoped()")
-    known = [n for n, _ in ex.mesh_axes] + list(ex.axis_env)
+    known = [n for n, _ in (ex.mesh_home.axes if ex.mesh_home is not None else ())] + list(ex.axis_env)
     for a in axes:
       if a not in known:
         raise UsageError(f"pl.run_scoped(collective_axes={collective_axes!r}): {a!r} is not an axis of "

@@ -483,12 +483,12 @@ def _mesh_cores(machine, chip_index, mesh, params, kname):
 
 
 def _home(cores: list, axes: list, kind: str) -> list:
-  """`cores` (one mesh's, in row-major order of its `axes`) given their mesh axes and MeshHome."""
+  """`cores` (one mesh's, in row-major order of its `axes`) given their MeshHome (axes and core ids)."""
   home = executor.MeshHome(tuple(axes), {c: core.core_id for c, core in
                                          zip(itertools.product(*(range(n) for _, n in axes)), cores)},
                            f"{kind}({', '.join(f'{a}={n}' for a, n in axes)})")
   for core in cores:
-    core.mesh_axes, core.mesh_home = list(axes), home
+    core.mesh_home = home
   return cores
 
 

@@ -267,7 +267,7 @@ class Machine:
     the id addresses instead of mine; there None is this chip's core of that mesh at my coordinates."""
     chip_axes = [(n, s) for n, s, lvl in self.axes if lvl == "chip"]
     home = me.mesh_home if home is None else home
-    core_axes = list(home.axes) if home is not None else list(me.mesh_axes)
+    core_axes = list(home.axes) if home is not None else []
     if device_id is None:
       device_id = {}
     all_axes = [(n, s, "chip") for n, s in chip_axes] + [(n, s, "core") for n, s in core_axes]

@@ -690,8 +690,7 @@ def snapshot(req):
   if src_buf.pending is not None:
     src_buf.materialize()
   held = _Held()
-  held._data = data = read(src_buf, req.src_indices if req.src_indices is not None else req.src_index,
-                           False)
+  held._data = data = read(src_buf, req.src_selection, False)
   if data is not None and data.base is not None:
     src_buf.watch(held)
   return held
@@ -776,7 +775,7 @@ def copy(req, borrow: bool = False) -> None:
   if plain:
     dst[req.dst_index] = src[req.src_index]
     return
-  data = src[req.src_indices] if req.src_indices is not None else src[req.src_index]
+  data = src[req.src_selection]
   if req.dst_indices is not None:
     if req.mask is not None:
       data = data[req.mask]

@@ -244,7 +244,7 @@ class RaceDetector:
     st = self.dmas[rec.seq] = _Dma(start_vc)
     grid, what = _grid(core), req   # described only in an error message
     clock = start_vc[core.tid]
-    src = access_region(req.src_buf.shape, req.src_indices if req.src_indices is not None else req.src_index)
+    src = access_region(req.src_buf.shape, req.src_selection)
     dst = access_region(req.dst_buf.shape, req.dst_indices if req.dst_indices is not None else req.dst_index)
     if src is not None:
       acc = _Acc("r", src, core.tid, clock, st.read_obs, st, req.site, what, grid)

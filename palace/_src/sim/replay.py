@@ -129,7 +129,6 @@ class ReplayCore:
     self.host_math = machine.tpu.host_math
     self.dot_numerics = machine.tpu.dot_numerics
     self.axis_env = dict(axis_env)
-    self.mesh_axes = []
     self.grid_stack = []
     self.grid_reads = None   # (never watched: steady_state is None)
     self.host_cache = {}

@@ -134,8 +134,7 @@ class TensorCore:
     self.share_group = (chip_index,)   # cores that see the same shared allocations
     self.dma_granule_bytes = 0
     self.label = f"core {core_id}"
-    self.mesh_axes = []       # [(axis name, size)] of the core-level mesh this core runs in
-    self.mesh_home = None     # executor.MeshHome of that mesh: its core ids by coordinates
+    self.mesh_home = None     # executor.MeshHome of the core-level mesh it runs in: axes, core ids
     self.sparsecore = None    # executor.SparseCoreExecutor on SparseCore subcores
     self.named_buffers = {}   # key -> Buffer, to find "the same" buffer on another core or chip
 

@@ -84,7 +84,7 @@ class InitTracker:
     sm = self._view(req.src_buf)
     if sm is None:
       return np.uint8(1)
-    return np.array(sm[req.src_indices] if req.src_indices is not None else sm[req.src_index])
+    return np.array(sm[req.src_selection])
 
   def moved(self, req, held=None) -> None:
     """`req`'s data was moved: its destination window is as defined as its source (`held`: as
