@@ -76,7 +76,7 @@ def test_scalar_and_vector_subcores_exchange_signals_and_data():
 @pytest.mark.parametrize("kw, message", [
     ({"wait_in_vec_body": True},   # a core waits on its own mesh's semaphores only
      r"pl.semaphore_wait on scratch\[1\], a semaphore tied to ScalarSubcoreMesh\(core=2\), from a "
-     r"core of another mesh"),
+     r"core of another mesh \(on chip 0 SparseCore \d+ vector subcore \d+ in kernel 'go_scs_go_vec'"),
     ({"name_subcore": False},      # the scalar subcore has no subcore axis to default to
      r"addresses VectorSubcoreMesh\(core=2, subcore=4\), whose axes \['subcore'\] this core's mesh "
      r"does not have"),
@@ -144,7 +144,7 @@ def test_a_tensorcore_body_beside_sparsecore_bodies_is_refused_at_lowering():
     k = pl.kernel(body=[sc_body, tc_body], mesh=[scs, tc], out_type=())
     with pytest.raises(ppl.UnsupportedError, match=r"'sc_body_tc_body' with a TensorCoreMesh body beside "
                                                    r"SparseCore bodies .*'mpmd_map does not support TC "
-                                                   r"kernels yet'"):
+                                                   r"kernels yet'.*\(kernel defined at test_mpmd.py:\d+\)"):
       jax.jit(k).lower().compile()
 
 
@@ -157,5 +157,6 @@ def test_a_semaphore_of_an_external_mesh_is_refused_at_lowering():
 
     k = pl.kernel(body, mesh=scs, out_type=jax.ShapeDtypeStruct((8,), jnp.int32),
                   scratch_types=[pltpu.SemaphoreType.REGULAR(()) @ vec])
-    with pytest.raises(ppl.UnsupportedError, match=r"'body' with external meshes .*VectorSubcoreMesh"):
+    with pytest.raises(ppl.UnsupportedError, match=r"'body' with external meshes .*VectorSubcoreMesh.*"
+                                                   r"\(kernel defined at test_mpmd.py:\d+\)"):
       jax.jit(k).lower().compile()

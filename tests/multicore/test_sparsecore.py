@@ -215,7 +215,8 @@ def test_mpmd_wait_on_another_meshs_semaphore_is_refused():
     k = _exchange_kernel(smesh, vmesh, 1, wait_on_scalar_sem=True)
     with pytest.raises(pl.UnsupportedError, match=r"pl.semaphore_wait on scratch\[2\], a semaphore tied "
                                                   r"to ScalarSubcoreMesh\(core=2\), from a core of another "
-                                                  r"mesh \(test_sparsecore.py:\d+\)"):
+                                                  r"mesh \(on chip 0 SparseCore \d+ vector subcore \d+ in kernel "
+                                                  r"'scalar_body_vector_body'; test_sparsecore.py:\d+\)"):
       k(np.zeros((2, 1, 16), np.int32))
 
 
@@ -229,7 +230,7 @@ def test_mpmd_semaphore_of_a_mesh_without_a_body_is_refused():
       pl.semaphore_signal(sem)
 
     k = pl.kernel(body, out_type=(), mesh=smesh, scratch_types=[pltpu.SemaphoreType.REGULAR(()) @ vmesh])
-    with pytest.raises(pl.UnsupportedError, match=r"scratch\[0\] of kernel 'body' is a semaphore tied to "
+    with pytest.raises(pl.UnsupportedError, match=r"test_sparsecore.py:\d+: scratch\[0\] of kernel 'body' is a semaphore tied to "
                                                   r"VectorSubcoreMesh\(.*\), a mesh the kernel does not run "
                                                   r"a body on"):
       k()

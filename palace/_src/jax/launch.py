@@ -27,7 +27,7 @@ from palace._src.jax import rules_sc
 from palace._src.launch.host_refs import freeze, owning_ref, ref_name
 from palace._src.launch.plan import ENTRIES, OPERAND, OUTPUT, LaunchPlan, Operand, Output, Stage, grid_stages
 from palace._src.launch.run import check_vmem_request, run
-from palace._src.util import tree_flatten
+from palace._src.util import fmt_site, tree_flatten
 
 
 def kernel_name(params) -> str:
@@ -512,6 +512,8 @@ def check_mpmd(params) -> None:
   (mesh, body) pairs (MPMD) are covered on SparseCore: a scalar subcore body and a vector subcore
   body, each run on its own mesh's cores by palace's MPMD launch."""
   name = mpmd_name(params)
+  site = kernel_site(params["jaxprs"][0])
+  where = f" (kernel defined at {fmt_site(site)})" if site else ""
   external = list(params.get("external_meshes") or ())
   for v in params["jaxprs"][0].invars:   # (JAX lists only operands' meshes as external, not scratch's)
     mesh = getattr(getattr(v.aval, "memory_space", None), "mesh", None)
@@ -521,7 +523,7 @@ def check_mpmd(params) -> None:
     raise UnsupportedError(f"palace.jax: pl.kernel '{name}' with external meshes (a ref or semaphore "
                            f"tied to a mesh the kernel has no body for: "
                            f"{[type(m).__name__ for m in external]}) is not supported yet. Fix: pass a "
-                           f"body for that mesh, or tie the ref to one of the kernel's meshes.")
+                           f"body for that mesh, or tie the ref to one of the kernel's meshes.{where}")
   kinds = []
   for mesh in params["meshes"]:
     kind = _mesh_kind(mesh)
@@ -529,21 +531,21 @@ def check_mpmd(params) -> None:
       raise UnsupportedError(f"palace.jax: pl.kernel '{name}' over a {type(mesh).__name__} (core type "
                              f"{getattr(mesh, 'core_type', None)!r}) is not supported yet (meshes of core "
                              f"type {', '.join(_MESHES)}: {', '.join(_MESHES.values())}, are). Fix: call "
-                             f"palace's pl.kernel outside jax.jit for this mesh.")
+                             f"palace's pl.kernel outside jax.jit for this mesh.{where}")
     kinds.append(kind)
   if len(kinds) > 1 and "tc" in kinds:
     raise UnsupportedError(f"palace.jax: pl.kernel '{name}' with a TensorCoreMesh body beside SparseCore "
                            f"bodies (MPMD over {[_MESHES[k] for k in kinds]}) is not supported, as JAX's "
                            f"TPU lowering refuses it ('mpmd_map does not support TC kernels yet'). Fix: "
-                           f"launch the TensorCore body as its own pl.kernel.")
+                           f"launch the TensorCore body as its own pl.kernel.{where}")
   if len(set(kinds)) != len(kinds):
     raise UnsupportedError(f"palace.jax: pl.kernel '{name}' with two bodies on meshes of one core type "
                            f"({[_MESHES[k] for k in kinds]}) is not supported: each core runs one body. "
-                           f"Fix: give each core type one mesh and one body.")
+                           f"Fix: give each core type one mesh and one body.{where}")
   for mesh, jaxpr in zip(params["meshes"], params["jaxprs"]):
     if jaxpr.constvars:
       raise UnsupportedError(f"palace.jax: pl.kernel '{name}' captures constants. Fix: pass them as "
-                             f"inputs.")
+                             f"inputs.{where}")
     if _mesh_kind(mesh) == "sc_vector_subcore":
       rules_sc.check_vector_subcore_kernel(jaxpr)
 

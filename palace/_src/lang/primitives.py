@@ -419,12 +419,12 @@ def sem_target(sem, api: str, elsewhere: bool = False):
     raise UsageError(f"{api} on {sem.origin()} of shape {sem.shape}. Fix: select one semaphore with "
                      f".at[i]. ({user_frame_summary()})")
   home = sem.buf.home
-  if home is not None and not elsewhere and home is not executor.current(api).mesh_home:
+  if home is not None and not elsewhere and home is not (ex := executor.current(api)).mesh_home:
     raise UnsupportedError(
         f"{api} on {sem.origin()}, a semaphore tied to {home.label}, from a core of another mesh "
-        f"({user_frame_summary()}): a core waits on, reads and DMAs with its own mesh's semaphores; "
-        f"only pl.semaphore_signal reaches another mesh's, and anything else on one is not supported "
-        f"in palace yet. Fix: signal it, and wait on it in the body of {home.label}.")
+        f"({ex.where()}; {user_frame_summary()}): a core waits on, reads and DMAs with its own mesh's "
+        f"semaphores; only pl.semaphore_signal reaches another mesh's, and anything else on one is not "
+        f"supported in palace yet. Fix: signal it, and wait on it in the body of {home.label}.")
   return sem.buf, sem._np_index
 
 

@@ -35,7 +35,7 @@ from palace._src.lang.tpu_primitives import AsyncCopyDescriptor
 from palace._src.pipeline import Pipeline
 from palace._src.sim import memory
 from palace._src.sim.machine import active_tpu
-from palace._src.util import fmt_bytes, prod, tree_flatten, tree_unflatten
+from palace._src.util import fmt_bytes, fmt_site, prod, tree_flatten, tree_unflatten
 
 
 def run(plan: LaunchPlan, operands, out=None, tpu=None) -> list:
@@ -410,6 +410,7 @@ def _tie_to_meshes(plan: LaunchPlan, homes: list, scratch, bufs: list) -> None:
       continue
     if mesh not in plan.meshes:
       raise UnsupportedError(
+          f"{fmt_site(plan.fixed_site or plan.site)}: "
           f"{b.name} of kernel '{plan.kernel_name}' is a semaphore tied to {mesh!r}, a mesh the kernel "
           f"does not run a body on (meshes: {list(plan.meshes)}): a semaphore of an external mesh is "
           f"not supported in palace yet. Fix: tie it to one of the kernel's meshes, or pass a body for "
