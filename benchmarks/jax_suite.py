@@ -24,7 +24,11 @@ counted apart ("needs a compiler") from failures. A test that reads a name the i
 (JAX's "was deprecated in JAX v..., and removed in JAX v..." AttributeError, e.g. pltpu.HOST) is
 counted "needs another jax": written for another jax, it cannot run on a TPU with this one either;
 so is a test whose kernel the installed jax itself refuses while tracing it (no palace frame: the
-error comes before any engine sees the kernel, `jax_refuses_when_tracing`).
+error comes before any engine sees the kernel, `jax_refuses_when_tracing`), and one whose
+assertRaisesRegex expects a message no file of the installed jax or jaxlib holds
+(`expects_message_jax_lacks`). The Hypothesis tests of JAX's `HypothesisShardedTestCase` classes run
+split into the shards JAX's CI gives their file (`shard_count` in tests/pallas/BUILD), each shard a test
+held to the per-test limit, folded back into one row (`fold_shards`; benchmarks/jax_suite_hypothesis.py).
 
 Two more classes are set apart from "failed", each by evidence per test (`classify`):
 - "reference on XLA:CPU": a numeric assertion (NumPy's array comparison) that passes when the test is
@@ -128,6 +132,65 @@ def reads_compiler_output(text: str) -> bool:
               _COMPILER_READS.search(head))
 
 
+def shard_count(checkout: str, stem: str) -> int:
+  """The `shard_count` JAX's CI gives the test target `stem` in the checkout's tests/pallas/BUILD (its
+  "tpu" entry where it is per backend), 1 where none is given. The runner's plugin splits the examples
+  of a HypothesisShardedTestCase's tests across that many shard tests, as JAX's CI does
+  (benchmarks/jax_suite_hypothesis.py); other tests are not affected."""
+  try:
+    with open(os.path.join(checkout, "tests", "pallas", "BUILD")) as f:
+      text = f.read()
+  except OSError:
+    return 1
+  target = re.search(r'\n\s*name = "%s",(.*?)\n\)' % re.escape(stem), text, re.S)
+  if not target:
+    return 1
+  count = re.search(r'\n\s*shard_count = (\d+|\{[^}]*\})', target.group(1))
+  if not count:
+    return 1
+  value = count.group(1)
+  if value.isdigit():
+    return int(value)
+  tpu = re.search(r'"tpu":\s*(\d+)', value)
+  return int(tpu.group(1)) if tpu else 1
+
+
+_SHARD = re.compile(r"^(.*)__shard_(\d+)_of_(\d+)$")
+# the outcome a folded test takes from its shards: the first kind in this order that any shard has
+_FOLD_ORDER = ("not collected", "failed", "timeout", "reference fails on XLA:CPU", "math on XLA:CPU",
+               "dot order on XLA:CPU", "reference on XLA:CPU", "needs another jax", "needs a compiler",
+               "passed", "skipped")
+
+
+def fold_shards(tests: list) -> list:
+  """The shard tests `<test>__shard_<k>_of_<N>` (benchmarks/jax_suite_hypothesis.py) folded into one
+  test each: its outcome the worst of its shards' (`_FOLD_ORDER`), its seconds and CPU seconds the
+  slowest shard's (each shard is held to the per-test limit, as each of JAX's CI shards is), the sums
+  and the shard count beside them; the failing shard's first line and evidence."""
+  out, groups = [], {}
+  for t in tests:
+    m = _SHARD.match(t["name"])
+    if not m:
+      out.append(t)
+      continue
+    if m.group(1) not in groups:
+      groups[m.group(1)] = []
+      out.append(m.group(1))   # placeholder: the folded test keeps the first shard's place
+    groups[m.group(1)].append(t)
+  for i, t in enumerate(out):
+    if isinstance(t, dict):
+      continue
+    shards = groups[t]
+    worst = min(shards, key=lambda s: _FOLD_ORDER.index(s["outcome"]) if s["outcome"] in _FOLD_ORDER
+                else 0)
+    folded = dict(worst, name=t, seconds=max(s["seconds"] for s in shards), shards=len(shards),
+                  seconds_all_shards=round(sum(s["seconds"] for s in shards), 2))
+    if any("cpu_s" in s for s in shards):
+      folded["cpu_s"] = max(s.get("cpu_s", 0.0) for s in shards)
+    out[i] = folded
+  return out
+
+
 def chip_for(stem: str) -> str:
   return next(chip for key, chip in CHIPS if key in stem)
 
@@ -195,6 +258,67 @@ def xla_cpu_error(text: str) -> str | None:
   return errors[-1][0]
 
 
+# a test's expectation of an error message: assertRaisesRegex's pattern in the failing statement (the
+# '>' line and its continuation lines), and a failure that is that assertion (nothing raised, or another
+# message raised)
+_EXPECTS = re.compile(r"assertRaisesRegex\(\s*[\w.]+,\s*r?(['\"])(.*?)(?<!\\)\1", re.S)
+_EXPECT_FAILED = re.compile(r"^E\s+AssertionError: (Exception not raised|\".*\" does not match )", re.M)
+INSTALLED = ("jax", "jaxlib")   # the packages whose files `_installed_has` reads
+_INSTALLED_TEXT: dict = {}
+
+
+def _literal_runs(pattern: str) -> list:
+  """The runs of a regular expression that match only themselves ("a\\.b" -> ["a.b"])."""
+  runs, run, i = [], "", 0
+  while i < len(pattern):
+    c = pattern[i]
+    if c == "\\" and i + 1 < len(pattern) and not pattern[i + 1].isalnum():
+      run += pattern[i + 1]
+      i += 2
+      continue
+    if c == "\\" or c in ".^$*+?{}[]|()":
+      runs.append(run[:-1] if c in "?*{" else run)   # a quantifier may drop the character before it
+      run = ""
+      i += 2 if c == "\\" else 1
+      continue
+    run += c
+    i += 1
+  return runs + [run]
+
+
+def _installed_has(fragment: str) -> bool:
+  """Whether any file of the installed jax or jaxlib (Python sources and binaries) holds `fragment`."""
+  if fragment not in _INSTALLED_TEXT:
+    import importlib.util  # noqa: PLC0415
+    needle, found = fragment.encode(), False
+    for pkg in INSTALLED:
+      spec = importlib.util.find_spec(pkg)
+      for root in (spec.submodule_search_locations or []) if spec else []:
+        for folder, _, names in os.walk(root):
+          for name in names:
+            try:
+              with open(os.path.join(folder, name), "rb") as f:
+                found = found or needle in f.read()
+            except OSError:
+              continue
+    _INSTALLED_TEXT[fragment] = found
+  return _INSTALLED_TEXT[fragment]
+
+
+def expects_message_jax_lacks(text: str) -> bool:
+  """The failure is the test's assertRaisesRegex (nothing raised, or another message), and the longest
+  literal run of its pattern is in no file of the installed jax or jaxlib: no code of this jax raises
+  what the test expects, so the test fails with it on a TPU too (written for another jax, e.g.
+  `test_empty_core_map_raises_error`'s "Attempted to lower core_map without discharging.")."""
+  text = text or ""
+  statement = re.search(r"^>.*?(?=^E )", text, re.M | re.S)
+  expect = statement and _EXPECTS.search(statement.group(0))
+  if not expect or not _EXPECT_FAILED.search(text):
+    return False
+  fragment = max(_literal_runs(expect.group(2)), key=len)
+  return len(fragment) >= 12 and not _installed_has(fragment)
+
+
 def classify(text: str) -> str:
   """The outcome of one failed test from its failure text, before any re-run: "not collected" and
   "timeout" as the runner saw them, then "needs a compiler", "needs another jax" (the test reads a name
@@ -202,7 +326,7 @@ def classify(text: str) -> str:
   XLA:CPU", "failed"."""
   if NEEDS_COMPILER.search(text) or reads_compiler_output(text):
     return "needs a compiler"
-  if _REMOVED_API.search(text) or jax_refuses_when_tracing(text):
+  if _REMOVED_API.search(text) or jax_refuses_when_tracing(text) or expects_message_jax_lacks(text):
     return "needs another jax"
   if xla_cpu_error(text):
     return "reference fails on XLA:CPU"
@@ -320,6 +444,7 @@ def run_file(path: str, out_dir: str, per_test: int, per_file: int, timeout_plug
   xml = os.path.join(out_dir, f"{stem}.xml")
   checkout = os.path.dirname(os.path.dirname(os.path.dirname(path)))
   env = dict(os.environ, PALACE_JAX=chip, JAX_PLATFORMS="cpu", JAX_SUITE_CHECKOUT=checkout,
+             JAX_SUITE_SHARDS=str(shard_count(checkout, stem)),
              PYTHONPATH=os.pathsep.join(p for p in (os.getcwd(), os.environ.get("PYTHONPATH")) if p))
   # the first run is the chip's numerics, whatever the caller's shell has
   for _, variables, _, _ in RECHECKS:
@@ -360,6 +485,7 @@ def run_file(path: str, out_dir: str, per_test: int, per_file: int, timeout_plug
   for t in res["tests"]:
     t.pop("numeric", None)
     t.pop("hypothesis_blob", None)
+  res["tests"] = fold_shards(res["tests"])
   res["seconds"] = round(time.time() - t0, 1)
   return res
 

@@ -19,12 +19,22 @@ example of the test starts: each raises pytest-timeout's failure at once. (Hypot
 its own inconsistency error, as the refused replay drew no data; the failure of a test that ran past
 its limit is reported as pytest-timeout's, that error below it, so the runner counts it a timeout.)
 
+Sharded like JAX's CI. JAX's slow Hypothesis tests live in `HypothesisShardedTestCase` classes, whose
+examples JAX's CI splits across the test target's shards (`shard_count` in tests/pallas/BUILD; each
+example goes to one shard by a hash of its arguments, `hypothesis_test_util.hypothesis_inner_test_shard`),
+so that no shard runs them all (`PaddedPipelineEmitterTest`: 200 examples a test, 5 shards). Under
+JAX_SUITE_SHARDS=N (the runner sets the file's shard count) each such test becomes N tests,
+`<test>__shard_<k>_of_<N>`, shard k running the examples JAX's shard k runs, with JAX's own
+shard-aware wrapper; together they run every example once, and each is held to the per-test limit as a
+bazel shard is. The runner folds them back into one test (`benchmarks.jax_suite.fold_shards`).
+
 Each test's CPU seconds go into its JUnit record (property "cpu_s"), and the runner's exact-f32-dots
 re-run can name a test's failing example for Hypothesis to replay alone (JAX_SUITE_REPRODUCE).
 """
 import functools
 import json
 import os
+import sys
 import time
 
 import hypothesis as hp
@@ -132,6 +142,54 @@ def pytest_runtest_call(item):
     for f, old in zip(fns, saved):
       f._hypothesis_internal_use_reproduce_failure = old
     item.user_properties.append(("cpu_s", round(time.process_time() - t0, 2)))
+
+
+SHARDS = "JAX_SUITE_SHARDS"
+_SHARD_NAME = "{}__shard_{}_of_{}"
+
+
+_HTU = "jax._src.hypothesis_test_util"   # JAX's module (from the checkout: benchmarks/jax_suite_paths.py)
+
+
+def _shard(cls, n: int, htu) -> int:
+  """Split each Hypothesis test of the HypothesisShardedTestCase `cls` into `n` shard tests (module
+  docstring), the examples chosen by JAX's own shard-aware wrapper from `htu`; returns how many tests
+  were split. The original name is set to None on `cls`, which unittest's loader passes over (not
+  callable); a class seen before (a subclass after its base) keeps its shards."""
+  from hypothesis.internal import detection  # noqa: PLC0415
+  split = 0
+  for name in dir(cls):
+    fn = getattr(cls, name, None)
+    if (not name.startswith("test") or fn is None or getattr(fn, "_jax_suite_shard", None) is not None
+        or not detection.is_hypothesis_test(fn)):
+      continue
+    handle = fn.hypothesis
+    if not getattr(handle.inner_test, "_jax_suite_sharded", False):
+      handle.inner_test = htu._shard_aware_hypothesis_inner_test(handle.inner_test)
+      handle.inner_test._jax_suite_sharded = True
+    for k in range(n):
+      setattr(cls, _SHARD_NAME.format(name, k, n), _shard_test(fn, k, n))
+    setattr(cls, name, None)
+    split += 1
+  return split
+
+
+def _shard_test(fn, k: int, n: int):
+  @functools.wraps(fn)
+  def shard(self, *args, **kwargs):
+    self._thread_shard_index, self._thread_total_shards = k, n   # what JAX's threaded loader sets
+    return fn(self, *args, **kwargs)
+  shard._jax_suite_shard = (k, n)
+  return shard
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pycollect_makeitem(collector, name, obj):
+  n = int(os.environ.get(SHARDS, "1") or 1)
+  htu = sys.modules.get(_HTU)   # imported by the test module that defines such a class
+  if n > 1 and htu is not None and isinstance(obj, type) and issubclass(obj, htu.HypothesisShardedTestCase):
+    _shard(obj, n, htu)
+  return None   # pytest collects the class as usual, now with its shard tests
 
 
 @pytest.hookimpl(trylast=True)

@@ -382,3 +382,90 @@ def test_a_kernel_the_installed_jax_refuses_when_tracing_needs_another_jax():
   own = TRACE_REFUSED.replace(f"{SITE}/jax/_src/state/indexing.py:113: ValueError",
                               "tests/pallas/tpu_ops_test.py:733: AssertionError")
   assert js.classify(own) == "failed"
+
+
+EXPECTS_OTHER_JAX = """self = <tpu_pallas_state_test.CoreMapTest testMethod=test_empty_core_map_raises_error>
+
+    def test_empty_core_map_raises_error(self):
+      x = jnp.arange(8 * 128, dtype=jnp.int32).reshape((8, 128))
+>     with self.assertRaisesRegex(Exception,
+        "Attempted to lower core_map without discharging."):
+E       AssertionError: Exception not raised
+
+tests/pallas/tpu_pallas_state_test.py:308: AssertionError"""
+
+
+@pytest.fixture
+def installed(tmp_path, monkeypatch):
+  """A stand-in for the installed jax: a package whose files hold one message (a source and a binary)."""
+  pkg = tmp_path / "fakejax"
+  pkg.mkdir()
+  (pkg / "__init__.py").write_text('raise ValueError("Invalid shape for `swap`: whatever")\n')
+  (pkg / "lib.so").write_bytes(b"\x00\x7fELF Mosaic failed to compile the kernel\x00")
+  monkeypatch.syspath_prepend(str(tmp_path))
+  monkeypatch.setattr(js, "INSTALLED", ("fakejax",))
+  monkeypatch.setattr(js, "_INSTALLED_TEXT", {})
+
+
+def test_an_error_message_no_installed_file_has_needs_another_jax(installed):
+  """A test whose assertRaisesRegex expects a message no file of the installed jax holds (its pattern's
+  longest literal run) fails the same way on a TPU with this jax: written for another jax."""
+  assert js._literal_runs(r"lower core_map\. without (x|y)") == ["lower core_map. without ", "x", "y", ""]
+  assert js.expects_message_jax_lacks(EXPECTS_OTHER_JAX)
+  assert js.classify(EXPECTS_OTHER_JAX) == "needs another jax"
+  # a message the installed jax raises (a source's or a binary's): palace's failure to raise it
+  for message in ("Invalid shape for `swap`", r"Mosaic failed to compile the kernel\.?"):
+    text = EXPECTS_OTHER_JAX.replace("Attempted to lower core_map without discharging.", message)
+    assert js.classify(text) == "failed", message
+  # another message raised (assertRaisesRegex's "does not match"): the same rule
+  other = EXPECTS_OTHER_JAX.replace("E       AssertionError: Exception not raised",
+                                    'E       AssertionError: "Attempted to lower" does not match "boom"')
+  assert js.classify(other) == "needs another jax"
+  # a numeric failure, or a short pattern (too little to tell): failed
+  assert js.classify(EXPECTS_OTHER_JAX.replace("Exception not raised", "Not equal to tolerance")) == "failed"
+  assert js.classify(EXPECTS_OTHER_JAX.replace("Attempted to lower core_map without discharging.",
+                                               "no such")) == "failed"
+
+
+def test_shard_counts_come_from_jaxs_build_file(tmp_path):
+  (tmp_path / "tests" / "pallas").mkdir(parents=True)
+  (tmp_path / "tests" / "pallas" / "BUILD").write_text('''
+jax_multiplatform_test(
+    name = "tpu_a_test",
+    srcs = ["tpu_a_test.py"],
+    minimal_shard_count = 2,
+    shard_count = 5,
+)
+
+jax_multiplatform_test(
+    name = "tpu_b_test",
+    srcs = ["tpu_b_test.py"],
+)
+
+jax_multiplatform_test(
+    name = "tpu_c_test",
+    shard_count = {
+        "cpu": 8,
+        "tpu": 4,
+    },
+)
+''')
+  assert [js.shard_count(str(tmp_path), s) for s in ("tpu_a_test", "tpu_b_test", "tpu_c_test", "tpu_d_test")] \
+      == [5, 1, 4, 1]
+  assert js.shard_count(str(tmp_path / "nowhere"), "tpu_a_test") == 1
+
+
+def test_shards_fold_into_one_test_each():
+  """A sharded test's shards (benchmarks/jax_suite_hypothesis.py) are one test in the table: the worst
+  outcome, the slowest shard's seconds (the limit applies per shard), the sum beside them."""
+  tests = [{"name": "A::t_plain", "outcome": "passed", "seconds": 1.0},
+           *({"name": f"A::t_h__shard_{k}_of_3", "outcome": o, "seconds": s, "cpu_s": s, "first_line": f"l{k}"}
+             for k, (o, s) in enumerate((("passed", 20.0), ("failed", 25.0), ("timeout", 61.0)))),
+           *({"name": f"A::t_g__shard_{k}_of_2", "outcome": "passed", "seconds": 10.0 + k} for k in range(2)),
+           {"name": "A::t_last", "outcome": "skipped", "seconds": 0.0}]
+  folded = js.fold_shards(tests)
+  assert [t["name"] for t in folded] == ["A::t_plain", "A::t_h", "A::t_g", "A::t_last"]
+  h, g = folded[1], folded[2]
+  assert (h["outcome"], h["seconds"], h["cpu_s"], h["shards"], h["seconds_all_shards"], h["first_line"]) \
+      == ("failed", 61.0, 61.0, 3, 106.0, "l1")
+  assert (g["outcome"], g["seconds"], g["shards"]) == ("passed", 11.0, 2)

@@ -150,3 +150,76 @@ def test_a_named_failing_example_is_replayed_alone(pytester, monkeypatch):
   again.assert_outcomes(failed=1)   # the example fails again: Hypothesis reports it
   assert len((pytester.path / "examples.txt").read_text().split()) == 1
   assert "DidNotReproduce" not in again.stdout.str()
+
+
+SHARDED = """
+    import sys, unittest
+    import hypothesis as hp, hypothesis.strategies as st
+
+    htu = sys.modules["jax._src.hypothesis_test_util"]   # the test's stand-in for JAX's module
+
+    class T(htu.HypothesisShardedTestCase):
+      @hp.given(st.integers(0, 1000))
+      @hp.settings(database=None, derandomize=True, deadline=None, max_examples=20,
+                   suppress_health_check=[hp.HealthCheck.differing_executors])   # as JAX's profile
+      def test_h(self, x):
+        with open("examples.txt", "a") as f:
+          f.write(f"{type(self).__name__}:{self._thread_shard_index}/{self._thread_total_shards}:{x}\\n")
+
+      def test_plain(self):
+        pass
+
+    class U(T):   # a subclass after its base, as JAX's *PrimitiveTest classes
+      pass
+"""
+
+
+def _stand_in_htu():
+  """What the plugin uses of JAX's jax._src.hypothesis_test_util: the class, and a shard-aware wrapper
+  that runs an example only on its shard (JAX's hashes the example's repr; this one takes x mod n)."""
+  import types  # noqa: PLC0415
+  import unittest  # noqa: PLC0415
+
+  class HypothesisShardedTestCase(unittest.TestCase):
+    _thread_shard_index = 0
+    _thread_total_shards = 1
+
+  def _shard_aware_hypothesis_inner_test(inner):
+    @functools.wraps(inner)
+    def run(*args, **kwargs):
+      self = kwargs.get("self", args[0] if args else None)
+      x = kwargs["x"] if "x" in kwargs else args[-1]
+      if x % self._thread_total_shards != self._thread_shard_index:
+        return None
+      return inner(*args, **kwargs)
+    return run
+  return types.SimpleNamespace(HypothesisShardedTestCase=HypothesisShardedTestCase,
+                               _shard_aware_hypothesis_inner_test=_shard_aware_hypothesis_inner_test)
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_a_sharded_hypothesis_test_runs_each_example_once_across_its_shards(pytester, monkeypatch, shards):
+  """JAX_SUITE_SHARDS=N (the file's shard_count in JAX's BUILD) splits each Hypothesis test of a
+  HypothesisShardedTestCase into N tests, `<test>__shard_<k>_of_<N>`, which together run every example
+  the unsharded test runs, each once, on the shard JAX's wrapper picks; other tests stay one test."""
+  import sys  # noqa: PLC0415
+  monkeypatch.setitem(sys.modules, "jax._src.hypothesis_test_util", _stand_in_htu())
+  monkeypatch.setenv(jh.SHARDS, str(shards))
+  pytester.makepyfile(test_s=SHARDED)
+  result = pytester.runpytest_inprocess("-p", "benchmarks.jax_suite_hypothesis", "-v")
+  result.assert_outcomes(passed=2 * (shards + 1))
+  if shards > 1:
+    result.stdout.fnmatch_lines(["*T::test_h__shard_0_of_3 PASSED*", "*U::test_h__shard_2_of_3 PASSED*"])
+  runs = [ln.split(":") for ln in (pytester.path / "examples.txt").read_text().split()]
+  for cls in ("T", "U"):
+    xs = [int(x) for c, where, x in runs if c == cls]
+    assert len(xs) == len(set(xs)) and len(set(xs)) >= 10   # each example once
+    assert all(where == f"{int(x) % shards}/{shards}" for c, where, x in runs if c == cls and shards > 1)
+  if shards == 1:
+    return
+  # the same examples as the unsharded run
+  (pytester.path / "examples.txt").unlink()
+  monkeypatch.setenv(jh.SHARDS, "1")
+  pytester.runpytest_inprocess("-p", "benchmarks.jax_suite_hypothesis").assert_outcomes(passed=4)
+  plain = sorted(ln.rsplit(":", 1)[1] for ln in (pytester.path / "examples.txt").read_text().split())
+  assert sorted(x for _, _, x in runs) == plain
