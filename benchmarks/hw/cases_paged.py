@@ -1,0 +1,131 @@
+"""Session 28's measured kernels: the jax wheel's paged attention swept one parameter at a time
+(`paged_sweep`), and the tutorial matmul with 128-row blocks at three sizes (`matmul_k`).
+
+`paged_sweep`: `paged_attention` (decode: one query token per sequence) walks a sequence's pages in a
+rolled loop inside one grid step per (batch, kv head): each iteration starts the next block's page
+copies (one DMA per page, page numbers read from SMEM), waits the current block's K, computes q k^T,
+the masked softmax update, waits V and accumulates p v. The four `paged_attention` launches differ in
+several things at once (page size, pages a block, query heads per kv head, iterations a step) and the
+model's errors on them move in opposite directions under the same rule, so these vary one at a time
+around `paged_b8q8kv8d128_p16x64_c8` (batch 8, 8 query and 8 kv heads, head_dim 128, pages of 16 rows,
+64 pages a sequence, 8 pages a compute block: 128 tokens an iteration, 8 iterations a step):
+- pages a block (block of 16-row pages): `c2`, `c4`, `c16`, `c32` (32 .. 512 tokens an iteration);
+- page size at 128 tokens an iteration: pages of 64 rows x 2, 128 rows x 1 (and 32 x 4: holdout
+  `ho_paged_b8q8kv8d128_p32x32_c4`);
+- query heads per kv head (the dots' rows): 2, 4, 8 (16, 32, 64 query heads over 8 kv heads);
+- iterations a grid step: 2 and 16 (16 and 128 pages a sequence);
+- `paged_b16q8kv8d128_p64x32_c4`: `paged_b16q32kv8d128_p64x32_c4` with one query head per kv head.
+
+`matmul_k`: `benchmarks.calibrate`'s tutorial kernel (bf16, f32 accumulator in scratch, output written
+at the last K step) with 128 x 128 x 128 blocks at 2048^3 and 4096^3 (16 and 32 K steps an output block;
+`mm_bf16_1024x1024x1024_b128x128x128` has 8): the calibration point `cal-128/128/128-4096` (the v5e
+tutorial table, wall time) measured with the profiler, so that the chip says whether a 128-block step
+costs the same at every K.
+
+`page_loop`: paged attention's walk without the wheel's machinery, to tell its page copies from its
+compute: a grid of 32 steps, each a rolled `lax.fori_loop` of 8 iterations over 128-token blocks of c
+pages of 128 / c rows (bf16, head_dim 128), page numbers from a prefetched SMEM table (a random
+permutation); each iteration starts the next block's 2c copies (one DMA a page into the other slot),
+waits the current block's K (one wait for the slot, as the wheel's descriptor does), computes, waits V,
+computes. Bodies: `light` (K's and V's first 8 rows added to an accumulator) and `attn` (the wheel's
+step for 8 query rows: q k^T in float32, row max, exp, row sum, p v, rescaled accumulate).
+`pgloop_{body}_c{c}_r{rows}` for (c, rows) = (1, 128), (2, 64), (4, 32), (8, 16), and (4, 16) / (8, 32)
+(64- and 256-token blocks).
+
+Same conventions as `cases.py` (public Pallas API shared by JAX 0.10.2 and 0.12; nothing here imports
+palace).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from benchmarks.hw.cases import Case, _jax, _matmul, _paged, _rand
+
+# (batch, q heads, kv heads, head_dim, page rows, pages a sequence, pages a block)
+_SWEEP = ((8, 8, 8, 128, 16, 64, 2), (8, 8, 8, 128, 16, 64, 4), (8, 8, 8, 128, 16, 64, 16),
+          (8, 8, 8, 128, 16, 64, 32),
+          (8, 8, 8, 128, 64, 16, 2), (8, 8, 8, 128, 128, 8, 1),
+          (8, 16, 8, 128, 16, 64, 8), (8, 32, 8, 128, 16, 64, 8), (8, 64, 8, 128, 16, 64, 8),
+          (8, 8, 8, 128, 16, 16, 8), (8, 8, 8, 128, 16, 128, 8),
+          (16, 8, 8, 128, 64, 32, 4))
+
+
+def paged_sweep_cases() -> list[Case]:
+  return [Case(f"paged_b{b}q{qh}kv{kvh}d{d}_p{page}x{pps}_c{c}", "paged_sweep", _paged(b, qh, kvh, d, page, pps, c))
+          for b, qh, kvh, d, page, pps, c in _SWEEP]
+
+
+def matmul_k_cases() -> list[Case]:
+  return [Case(f"mm_bf16_{m}x{m}x{m}_b128x128x128", "matmul_k", _matmul(m, m, m, 128, 128, 128))
+          for m in (2048, 4096)]
+
+
+def _page_loop(c, rows, body, steps=32, iters=8):
+  """`page_loop` (module docstring)."""
+  def build():
+    jax, jnp, pl, pltpu = _jax()
+    per_step = iters * c
+    pages = steps * per_step
+    bk = c * rows
+
+    def kernel(idx_ref, k_hbm, v_hbm, q_ref, o_ref, kbuf, vbuf, sems, acc):
+      s = pl.program_id(0)
+
+      def copies(it, slot):
+        out = []
+        for j in range(c):
+          page = idx_ref[s * per_step + it * c + j]
+          for src, buf, side in ((k_hbm, kbuf, 0), (v_hbm, vbuf, 1)):
+            out.append(pltpu.make_async_copy(src.at[page], buf.at[slot, j], sems.at[side, slot]))
+        return out
+
+      def wait(buf, side, slot):
+        pltpu.make_async_copy(buf.at[slot], buf.at[slot], sems.at[side, slot]).wait()
+        return buf[slot].reshape(bk, 128)
+
+      for cp in copies(0, 0):
+        cp.start()
+      acc[...] = jnp.zeros_like(acc)
+
+      def step(it, carry):
+        slot = it % 2
+
+        @pl.when(it + 1 < iters)
+        def _():
+          for cp in copies(it + 1, 1 - slot):
+            cp.start()
+        k = wait(kbuf, 0, slot)
+        if body == "light":
+          part = k[:8].astype(jnp.float32)
+          v = wait(vbuf, 1, slot)
+          acc[...] += part + v[:8].astype(jnp.float32)
+        else:
+          qk = jnp.einsum("gd,td->gt", q_ref[...], k, preferred_element_type=jnp.float32)
+          m = qk.max(axis=-1)
+          p = jnp.exp(qk - m[:, None])
+          l = p.sum(axis=-1)
+          v = wait(vbuf, 1, slot)
+          o = jnp.einsum("gt,td->gd", p, v, preferred_element_type=jnp.float32)
+          acc[...] = acc[...] * 0.5 + o / l[:, None]
+        return carry
+
+      jax.lax.fori_loop(0, iters, step, 0)
+      o_ref[...] = acc[...]
+
+    gs = pltpu.PrefetchScalarGridSpec(
+        num_scalar_prefetch=1, grid=(steps,),
+        in_specs=[pl.BlockSpec(memory_space=pl.ANY), pl.BlockSpec(memory_space=pl.ANY),
+                  pl.BlockSpec((8, 128), lambda i, idx: (0, 0))],
+        out_specs=pl.BlockSpec((8, 128), lambda i, idx: (i, 0)),
+        scratch_shapes=[pltpu.VMEM((2, c, rows, 128), jnp.bfloat16), pltpu.VMEM((2, c, rows, 128), jnp.bfloat16),
+                        pltpu.SemaphoreType.DMA((2, 2)), pltpu.VMEM((8, 128), jnp.float32)])
+    call = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8 * steps, 128), jnp.float32), grid_spec=gs)
+    table = np.random.default_rng(11).permutation(pages).astype(np.int32)
+    return call, (table, _rand((pages, rows, 128), "bfloat16", 80), _rand((pages, rows, 128), "bfloat16", 81),
+                  _rand((8, 128), "float32", 82))
+  return build
+
+
+def page_loop_cases() -> list[Case]:
+  return [Case(f"pgloop_{body}_c{c}_r{rows}", "page_loop", _page_loop(c, rows, body))
+          for body in ("light", "attn") for c, rows in ((1, 128), (2, 64), (4, 32), (8, 16), (4, 16), (8, 32))]
