@@ -30,7 +30,11 @@ waits the current block's K (one wait for the slot, as the wheel's descriptor do
 computes. Bodies: `light` (K's and V's first 8 rows added to an accumulator) and `attn` (the wheel's
 step for 8 query rows: q k^T in float32, row max, exp, row sum, p v, rescaled accumulate).
 `pgloop_{body}_c{c}_r{rows}` for (c, rows) = (1, 128), (2, 64), (4, 32), (8, 16), and (4, 16) / (8, 32)
-(64- and 256-token blocks).
+(64- and 256-token blocks). `page_order`: the same loops with the copies started at another distance:
+`_a0` starts each block's copies at its own iteration and waits them at once (no copy in flight across
+iterations), `_a2` two blocks ahead (three slots), for c = 1 (128 rows) and 8 (16 rows), both bodies: does
+a copy started an iteration earlier (the wheel's order, `_a1` above) overlap the copies before it, and
+would a deeper prefetch buy anything?
 
 Same conventions as `cases.py` (public Pallas API shared by JAX 0.10.2 and 0.12; nothing here imports
 palace).
@@ -60,13 +64,14 @@ def matmul_k_cases() -> list[Case]:
           for m in (2048, 4096)]
 
 
-def _page_loop(c, rows, body, steps=32, iters=8):
-  """`page_loop` (module docstring)."""
+def _page_loop(c, rows, body, steps=32, iters=8, ahead=1):
+  """`page_loop` and `page_order` (module docstring): copies started `ahead` blocks before their wait."""
   def build():
     jax, jnp, pl, pltpu = _jax()
     per_step = iters * c
     pages = steps * per_step
     bk = c * rows
+    nslot = max(ahead + 1, 1)
 
     def kernel(idx_ref, k_hbm, v_hbm, q_ref, o_ref, kbuf, vbuf, sems, acc):
       s = pl.program_id(0)
@@ -83,17 +88,26 @@ def _page_loop(c, rows, body, steps=32, iters=8):
         pltpu.make_async_copy(buf.at[slot], buf.at[slot], sems.at[side, slot]).wait()
         return buf[slot].reshape(bk, 128)
 
-      for cp in copies(0, 0):
-        cp.start()
+      for first in range(ahead):
+        for cp in copies(first, first):
+          cp.start()
       acc[...] = jnp.zeros_like(acc)
 
       def step(it, carry):
-        slot = it % 2
-
-        @pl.when(it + 1 < iters)
-        def _():
-          for cp in copies(it + 1, 1 - slot):
+        slot = it % nslot
+        if ahead == 0:
+          for cp in copies(it, 0):
             cp.start()
+        elif ahead == 1:   # (as measured first: the other slot of two)
+          @pl.when(it + 1 < iters)
+          def _():
+            for cp in copies(it + 1, 1 - slot):
+              cp.start()
+        else:
+          @pl.when(it + ahead < iters)
+          def _():
+            for cp in copies(it + ahead, (it + ahead) % nslot):
+              cp.start()
         k = wait(kbuf, 0, slot)
         if body == "light":
           part = k[:8].astype(jnp.float32)
@@ -117,8 +131,9 @@ def _page_loop(c, rows, body, steps=32, iters=8):
         in_specs=[pl.BlockSpec(memory_space=pl.ANY), pl.BlockSpec(memory_space=pl.ANY),
                   pl.BlockSpec((8, 128), lambda i, idx: (0, 0))],
         out_specs=pl.BlockSpec((8, 128), lambda i, idx: (i, 0)),
-        scratch_shapes=[pltpu.VMEM((2, c, rows, 128), jnp.bfloat16), pltpu.VMEM((2, c, rows, 128), jnp.bfloat16),
-                        pltpu.SemaphoreType.DMA((2, 2)), pltpu.VMEM((8, 128), jnp.float32)])
+        scratch_shapes=[pltpu.VMEM((nslot, c, rows, 128), jnp.bfloat16),
+                        pltpu.VMEM((nslot, c, rows, 128), jnp.bfloat16),
+                        pltpu.SemaphoreType.DMA((2, nslot)), pltpu.VMEM((8, 128), jnp.float32)])
     call = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8 * steps, 128), jnp.float32), grid_spec=gs)
     table = np.random.default_rng(11).permutation(pages).astype(np.int32)
     return call, (table, _rand((pages, rows, 128), "bfloat16", 80), _rand((pages, rows, 128), "bfloat16", 81),
@@ -129,3 +144,8 @@ def _page_loop(c, rows, body, steps=32, iters=8):
 def page_loop_cases() -> list[Case]:
   return [Case(f"pgloop_{body}_c{c}_r{rows}", "page_loop", _page_loop(c, rows, body))
           for body in ("light", "attn") for c, rows in ((1, 128), (2, 64), (4, 32), (8, 16), (4, 16), (8, 32))]
+
+
+def page_order_cases() -> list[Case]:
+  return [Case(f"pgloop_{body}_c{c}_r{rows}_a{a}", "page_order", _page_loop(c, rows, body, ahead=a))
+          for body in ("light", "attn") for c, rows in ((1, 128), (8, 16)) for a in (0, 2)]
