@@ -474,6 +474,19 @@ def test_atan2_maps_to_palace_arctan2():
   np.testing.assert_allclose(out, np.arctan2(y, X - 1.5), rtol=1e-6, atol=1e-7)
 
 
+def test_log2_and_stop_gradient_run_as_the_libraries_kernels_use_them():
+  """Two of the walls third-party kernel libraries met (issue 37): `jnp.log2` (JAX's `log2` primitive)
+  and `lax.stop_gradient` inside a kernel; palace computes log2 in float32 and passes the value through."""
+  def kernel(x_ref, o_ref):
+    o_ref[...] = jnp.log2(lax.stop_gradient(x_ref[...]) + 1.0)
+  x = (np.arange(8 * 128) % 64).reshape(8, 128).astype(np.float32)
+  out, tpu = _run(kernel, jax.ShapeDtypeStruct((8, 128), jnp.float32), x)
+  assert len(tpu.reports) == 1   # ran on palace
+  np.testing.assert_allclose(out, np.log2(x + 1.0), rtol=2e-6)
+  powers = x + 1.0 == 2.0 ** np.round(np.log2(x + 1.0))
+  np.testing.assert_array_equal(out[powers], np.log2(x + 1.0)[powers])   # exact on powers of two
+
+
 def test_pl_kernel_operand_constrained_to_smem_is_staged_there():
   """pltpu.with_memory_space_constraint(x, SMEM) on a pl.kernel argument (how tokamax's gmm_v2 passes
   its group sizes): the body reads scalars from it; palace stages the copy with one HBM->SMEM DMA
