@@ -34,7 +34,9 @@ step for 8 query rows: q k^T in float32, row max, exp, row sum, p v, rescaled ac
 `_a0` starts each block's copies at its own iteration and waits them at once (no copy in flight across
 iterations), `_a2` two blocks ahead (three slots), for c = 1 (128 rows) and 8 (16 rows), both bodies: does
 a copy started an iteration earlier (the wheel's order, `_a1` above) overlap the copies before it, and
-would a deeper prefetch buy anything?
+would a deeper prefetch buy anything? `page_kfirst`: `page_loop`'s walk with the wheel's copy order (all of
+a block's K pages, then its V pages; `page_loop` interleaves K and V page by page), c = 4 (32 rows) and
+8 (16 rows), both bodies: `pgloop_{body}_c{c}_r{rows}_kfirst`.
 
 Same conventions as `cases.py` (public Pallas API shared by JAX 0.10.2 and 0.12; nothing here imports
 palace).
@@ -64,7 +66,7 @@ def matmul_k_cases() -> list[Case]:
           for m in (2048, 4096)]
 
 
-def _page_loop(c, rows, body, steps=32, iters=8, ahead=1):
+def _page_loop(c, rows, body, steps=32, iters=8, ahead=1, kfirst=False):
   """`page_loop` and `page_order` (module docstring): copies started `ahead` blocks before their wait."""
   def build():
     jax, jnp, pl, pltpu = _jax()
@@ -78,6 +80,12 @@ def _page_loop(c, rows, body, steps=32, iters=8, ahead=1):
 
       def copies(it, slot):
         out = []
+        if kfirst:   # the wheel's order: every K page, then every V page
+          for src, buf, side in ((k_hbm, kbuf, 0), (v_hbm, vbuf, 1)):
+            for j in range(c):
+              page = idx_ref[s * per_step + it * c + j]
+              out.append(pltpu.make_async_copy(src.at[page], buf.at[slot, j], sems.at[side, slot]))
+          return out
         for j in range(c):
           page = idx_ref[s * per_step + it * c + j]
           for src, buf, side in ((k_hbm, kbuf, 0), (v_hbm, vbuf, 1)):
@@ -149,3 +157,8 @@ def page_loop_cases() -> list[Case]:
 def page_order_cases() -> list[Case]:
   return [Case(f"pgloop_{body}_c{c}_r{rows}_a{a}", "page_order", _page_loop(c, rows, body, ahead=a))
           for body in ("light", "attn") for c, rows in ((1, 128), (8, 16)) for a in (0, 2)]
+
+
+def page_kfirst_cases() -> list[Case]:
+  return [Case(f"pgloop_{body}_c{c}_r{rows}_kfirst", "page_kfirst", _page_loop(c, rows, body, kfirst=True))
+          for body in ("light", "attn") for c, rows in ((4, 32), (8, 16))]
