@@ -36,7 +36,9 @@ iterations), `_a2` two blocks ahead (three slots), for c = 1 (128 rows) and 8 (1
 a copy started an iteration earlier (the wheel's order, `_a1` above) overlap the copies before it, and
 would a deeper prefetch buy anything? `page_kfirst`: `page_loop`'s walk with the wheel's copy order (all of
 a block's K pages, then its V pages; `page_loop` interleaves K and V page by page), c = 4 (32 rows) and
-8 (16 rows), both bodies: `pgloop_{body}_c{c}_r{rows}_kfirst`.
+8 (16 rows), both bodies: `pgloop_{body}_c{c}_r{rows}_kfirst`. `page_cross`: `page_loop`'s walk whose
+last iteration also starts the next grid step's first block (as the wheel's walk does across its (batch,
+head) steps), so that no step starts cold: `pgloop_{body}_c8_r16_cross`.
 
 Same conventions as `cases.py` (public Pallas API shared by JAX 0.10.2 and 0.12; nothing here imports
 palace).
@@ -66,7 +68,7 @@ def matmul_k_cases() -> list[Case]:
           for m in (2048, 4096)]
 
 
-def _page_loop(c, rows, body, steps=32, iters=8, ahead=1, kfirst=False):
+def _page_loop(c, rows, body, steps=32, iters=8, ahead=1, kfirst=False, cross=False):
   """`page_loop` and `page_order` (module docstring): copies started `ahead` blocks before their wait."""
   def build():
     jax, jnp, pl, pltpu = _jax()
@@ -78,8 +80,14 @@ def _page_loop(c, rows, body, steps=32, iters=8, ahead=1, kfirst=False):
     def kernel(idx_ref, k_hbm, v_hbm, q_ref, o_ref, kbuf, vbuf, sems, acc):
       s = pl.program_id(0)
 
-      def copies(it, slot):
+      def copies(it, slot, step=None):
         out = []
+        if step is not None:   # (`cross`: the next grid step's first block)
+          for j in range(c):
+            page = idx_ref[step * per_step + j]
+            for src, buf, side in ((k_hbm, kbuf, 0), (v_hbm, vbuf, 1)):
+              out.append(pltpu.make_async_copy(src.at[page], buf.at[slot, j], sems.at[side, slot]))
+          return out
         if kfirst:   # the wheel's order: every K page, then every V page
           for src, buf, side in ((k_hbm, kbuf, 0), (v_hbm, vbuf, 1)):
             for j in range(c):
@@ -96,9 +104,15 @@ def _page_loop(c, rows, body, steps=32, iters=8, ahead=1, kfirst=False):
         pltpu.make_async_copy(buf.at[slot], buf.at[slot], sems.at[side, slot]).wait()
         return buf[slot].reshape(bk, 128)
 
-      for first in range(ahead):
-        for cp in copies(first, first):
-          cp.start()
+      if cross:   # the first block of step 0 only; later steps' first blocks come from the step before
+        @pl.when(s == 0)
+        def _():
+          for cp in copies(0, 0):
+            cp.start()
+      else:
+        for first in range(ahead):
+          for cp in copies(first, first):
+            cp.start()
       acc[...] = jnp.zeros_like(acc)
 
       def step(it, carry):
@@ -111,6 +125,11 @@ def _page_loop(c, rows, body, steps=32, iters=8, ahead=1, kfirst=False):
           def _():
             for cp in copies(it + 1, 1 - slot):
               cp.start()
+          if cross:
+            @pl.when(jnp.logical_and(it + 1 == iters, s + 1 < steps))
+            def _():
+              for cp in copies(0, 1 - slot, s + 1):
+                cp.start()
         else:
           @pl.when(it + ahead < iters)
           def _():
@@ -162,3 +181,8 @@ def page_order_cases() -> list[Case]:
 def page_kfirst_cases() -> list[Case]:
   return [Case(f"pgloop_{body}_c{c}_r{rows}_kfirst", "page_kfirst", _page_loop(c, rows, body, kfirst=True))
           for body in ("light", "attn") for c, rows in ((4, 32), (8, 16))]
+
+
+def page_cross_cases() -> list[Case]:
+  return [Case(f"pgloop_{body}_c8_r16_cross", "page_cross", _page_loop(8, 16, body, cross=True))
+          for body in ("light", "attn")]
