@@ -79,6 +79,22 @@ def test_failed_launches_leave_no_threads_and_the_next_launch_runs(launch):
   assert threading.active_count() == baseline
 
 
+@pytest.mark.parametrize("launch", [_megacore, _pod], ids=["megacore", "pod"])
+def test_a_failed_launch_releases_its_machine(launch, monkeypatch):
+  """A launch that raises lets go of its machine as a finished one does (`Machine.release`), so that a
+  remote copy it left to land is dropped, not landed in a buffer that outlives it at a later access."""
+  from palace._src.sim import machine as machine_mod
+  released = []
+  original = machine_mod.Machine.release
+  monkeypatch.setattr(machine_mod.Machine, "release", lambda self: (released.append(1), original(self)))
+  np.testing.assert_array_equal(launch(fail=False), X)
+  assert len(released) == 1
+  with pytest.raises(ValueError, match=r"(core|chip) 1 fails"):
+    launch(fail=True)
+  assert len(released) == 2
+  np.testing.assert_array_equal(launch(fail=False), X)
+
+
 def _signal_kernel(body):
   def kernel(x_ref, o_ref, sem):
     body(sem)

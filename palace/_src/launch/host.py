@@ -273,6 +273,13 @@ class launch_machine:
         release_host_caches(machine)
       else:
         self.keep = None
+        # a failed launch lets go of its machine too: copies it left to land (`Machine.release`) must
+        # not land in a buffer that outlives it (an aliased operand, a mutable ref) at a later access.
+        # The launch's own error is what the caller sees: a failure of this cleanup is not raised over it.
+        try:
+          release_host_caches(self.machine)
+        except Exception:   # noqa: BLE001
+          pass
     finally:
       self._gc.__exit__(exc_type, exc, tb)
     return False
