@@ -38,7 +38,10 @@ would a deeper prefetch buy anything? `page_kfirst`: `page_loop`'s walk with the
 a block's K pages, then its V pages; `page_loop` interleaves K and V page by page), c = 4 (32 rows) and
 8 (16 rows), both bodies: `pgloop_{body}_c{c}_r{rows}_kfirst`. `page_cross`: `page_loop`'s walk whose
 last iteration also starts the next grid step's first block (as the wheel's walk does across its (batch,
-head) steps), so that no step starts cold: `pgloop_{body}_c8_r16_cross`.
+head) steps), so that no step starts cold: `pgloop_{body}_c8_r16_cross`. `page_wheelbody`: `page_loop`'s walk
+with the wheel's step line for line (its length mask, m / l scratch, alpha / beta rescale) on the same 8
+query rows, c = 8 (16 rows) and 1 (128 rows), with and without the cross-step prefetch:
+`pgloop_wheel_c{c}_r{rows}[_cross]`.
 
 Same conventions as `cases.py` (public Pallas API shared by JAX 0.10.2 and 0.12; nothing here imports
 palace).
@@ -77,7 +80,7 @@ def _page_loop(c, rows, body, steps=32, iters=8, ahead=1, kfirst=False, cross=Fa
     bk = c * rows
     nslot = max(ahead + 1, 1)
 
-    def kernel(idx_ref, k_hbm, v_hbm, q_ref, o_ref, kbuf, vbuf, sems, acc):
+    def kernel(idx_ref, k_hbm, v_hbm, q_ref, o_ref, kbuf, vbuf, sems, acc, *ml):
       s = pl.program_id(0)
 
       def copies(it, slot, step=None):
@@ -114,6 +117,11 @@ def _page_loop(c, rows, body, steps=32, iters=8, ahead=1, kfirst=False, cross=Fa
           for cp in copies(first, first):
             cp.start()
       acc[...] = jnp.zeros_like(acc)
+      if body == "wheel":
+        m_ref, l_ref = ml
+        m_ref[...] = jnp.full_like(m_ref, -jnp.inf)
+        l_ref[...] = jnp.zeros_like(l_ref)
+        length = jnp.maximum(idx_ref[0], 0) + iters * bk   # (from SMEM, as the wheel's length; never masks)
 
       def step(it, carry):
         slot = it % nslot
@@ -140,6 +148,23 @@ def _page_loop(c, rows, body, steps=32, iters=8, ahead=1, kfirst=False, cross=Fa
           part = k[:8].astype(jnp.float32)
           v = wait(vbuf, 1, slot)
           acc[...] += part + v[:8].astype(jnp.float32)
+        elif body == "wheel":   # the wheel's paged step, line for line (its mask, m / l scratch, rescale)
+          qk = jnp.einsum("gd,td->gt", q_ref[...], k, preferred_element_type=jnp.float32)
+          mask = it * bk + jax.lax.broadcasted_iota(jnp.int32, qk.shape, 1) < length
+          qk = qk + jnp.where(mask, 0.0, -0.7 * float(np.finfo(np.float32).max))
+          m_curr = qk.max(axis=-1)
+          s_curr = jnp.exp(qk - m_curr[..., None])
+          m_prev, l_prev = m_ref[...], l_ref[...]
+          l_curr = jax.lax.broadcast_in_dim(s_curr.sum(axis=-1), l_prev.shape, (0,))
+          m_curr = jax.lax.broadcast_in_dim(m_curr, m_prev.shape, (0,))
+          m_next = jnp.maximum(m_prev, m_curr)
+          alpha = jnp.exp(m_prev - m_next)
+          beta = jnp.exp(m_curr - m_next)
+          l_next = alpha * l_prev + beta * l_curr
+          m_ref[...], l_ref[...] = m_next, l_next
+          v = wait(vbuf, 1, slot)
+          o_curr = jnp.einsum("gt,td->gd", s_curr, v)
+          acc[...] = (l_prev * alpha * acc[...] + beta * o_curr) / l_next
         else:
           qk = jnp.einsum("gd,td->gt", q_ref[...], k, preferred_element_type=jnp.float32)
           m = qk.max(axis=-1)
@@ -160,7 +185,8 @@ def _page_loop(c, rows, body, steps=32, iters=8, ahead=1, kfirst=False, cross=Fa
         out_specs=pl.BlockSpec((8, 128), lambda i, idx: (i, 0)),
         scratch_shapes=[pltpu.VMEM((nslot, c, rows, 128), jnp.bfloat16),
                         pltpu.VMEM((nslot, c, rows, 128), jnp.bfloat16),
-                        pltpu.SemaphoreType.DMA((2, nslot)), pltpu.VMEM((8, 128), jnp.float32)])
+                        pltpu.SemaphoreType.DMA((2, nslot)), pltpu.VMEM((8, 128), jnp.float32)]
+        + ([pltpu.VMEM((8, 128), jnp.float32)] * 2 if body == "wheel" else []))
     call = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8 * steps, 128), jnp.float32), grid_spec=gs)
     table = np.random.default_rng(11).permutation(pages).astype(np.int32)
     return call, (table, _rand((pages, rows, 128), "bfloat16", 80), _rand((pages, rows, 128), "bfloat16", 81),
@@ -186,3 +212,9 @@ def page_kfirst_cases() -> list[Case]:
 def page_cross_cases() -> list[Case]:
   return [Case(f"pgloop_{body}_c8_r16_cross", "page_cross", _page_loop(8, 16, body, cross=True))
           for body in ("light", "attn")]
+
+
+def page_wheelbody_cases() -> list[Case]:
+  return [Case(f"pgloop_wheel_c{c}_r{rows}{'_cross' if cross else ''}", "page_wheelbody",
+               _page_loop(c, rows, "wheel", cross=cross))
+          for c, rows in ((8, 16), (1, 128)) for cross in (False, True)]
