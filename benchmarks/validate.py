@@ -195,7 +195,7 @@ def flash_attention_tflops(seq: int, module=None) -> float:
 
 
 # ---------------------------------------------------------------------------------- the point list
-_HW_SOURCE = "measured on a TPU v5e: benchmarks/hw (JAX 0.10.2, 2026-12-05, profiler device time)"
+_HW_SOURCE = "measured on a TPU v5e: benchmarks/hw (JAX 0.10.2, 2026-12-05 to -07, profiler device time)"
 
 
 def _hw_cases():

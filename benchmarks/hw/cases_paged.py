@@ -41,7 +41,9 @@ last iteration also starts the next grid step's first block (as the wheel's walk
 head) steps), so that no step starts cold: `pgloop_{body}_c8_r16_cross`. `page_wheelbody`: `page_loop`'s walk
 with the wheel's step line for line (its length mask, m / l scratch, alpha / beta rescale) on the same 8
 query rows, c = 8 (16 rows) and 1 (128 rows), with and without the cross-step prefetch:
-`pgloop_wheel_c{c}_r{rows}[_cross]`.
+`pgloop_wheel_c{c}_r{rows}[_cross]`; `page_wheelgrid`: that walk (8 pages of 16 rows, cross-step prefetch)
+with the wheel's dynamic trip count (`_dyn`: the loop's bound read from SMEM) and also a q block that
+moves every grid step as the wheel's does (`_dynq`).
 
 Same conventions as `cases.py` (public Pallas API shared by JAX 0.10.2 and 0.12; nothing here imports
 palace).
@@ -71,7 +73,7 @@ def matmul_k_cases() -> list[Case]:
           for m in (2048, 4096)]
 
 
-def _page_loop(c, rows, body, steps=32, iters=8, ahead=1, kfirst=False, cross=False):
+def _page_loop(c, rows, body, steps=32, iters=8, ahead=1, kfirst=False, cross=False, dyn=False, moveq=False):
   """`page_loop` and `page_order` (module docstring): copies started `ahead` blocks before their wait."""
   def build():
     jax, jnp, pl, pltpu = _jax()
@@ -175,13 +177,16 @@ def _page_loop(c, rows, body, steps=32, iters=8, ahead=1, kfirst=False, cross=Fa
           acc[...] = acc[...] * 0.5 + o / l[:, None]
         return carry
 
-      jax.lax.fori_loop(0, iters, step, 0)
+      if dyn:   # a trip count read from SMEM, as the wheel's (always `iters`: page numbers are >= 0)
+        jax.lax.fori_loop(0, iters - jnp.minimum(idx_ref[0], 0), step, 0)
+      else:
+        jax.lax.fori_loop(0, iters, step, 0)
       o_ref[...] = acc[...]
 
     gs = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=1, grid=(steps,),
         in_specs=[pl.BlockSpec(memory_space=pl.ANY), pl.BlockSpec(memory_space=pl.ANY),
-                  pl.BlockSpec((8, 128), lambda i, idx: (0, 0))],
+                  pl.BlockSpec((8, 128), (lambda i, idx: (i % 4, 0)) if moveq else (lambda i, idx: (0, 0)))],
         out_specs=pl.BlockSpec((8, 128), lambda i, idx: (i, 0)),
         scratch_shapes=[pltpu.VMEM((nslot, c, rows, 128), jnp.bfloat16),
                         pltpu.VMEM((nslot, c, rows, 128), jnp.bfloat16),
@@ -190,7 +195,7 @@ def _page_loop(c, rows, body, steps=32, iters=8, ahead=1, kfirst=False, cross=Fa
     call = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8 * steps, 128), jnp.float32), grid_spec=gs)
     table = np.random.default_rng(11).permutation(pages).astype(np.int32)
     return call, (table, _rand((pages, rows, 128), "bfloat16", 80), _rand((pages, rows, 128), "bfloat16", 81),
-                  _rand((8, 128), "float32", 82))
+                  _rand((32 if moveq else 8, 128), "float32", 82))
   return build
 
 
@@ -218,3 +223,9 @@ def page_wheelbody_cases() -> list[Case]:
   return [Case(f"pgloop_wheel_c{c}_r{rows}{'_cross' if cross else ''}", "page_wheelbody",
                _page_loop(c, rows, "wheel", cross=cross))
           for c, rows in ((8, 16), (1, 128)) for cross in (False, True)]
+
+
+def page_wheelgrid_cases() -> list[Case]:
+  return [Case("pgloop_wheel_c8_r16_cross_dyn", "page_wheelgrid", _page_loop(8, 16, "wheel", cross=True, dyn=True)),
+          Case("pgloop_wheel_c8_r16_cross_dynq", "page_wheelgrid",
+               _page_loop(8, 16, "wheel", cross=True, dyn=True, moveq=True))]
