@@ -164,30 +164,26 @@ _FOLD_ORDER = ("not collected", "failed", "timeout", "reference fails on XLA:CPU
 
 def fold_shards(tests: list) -> list:
   """The shard tests `<test>__shard_<k>_of_<N>` (benchmarks/jax_suite_hypothesis.py) folded into one
-  test each: its outcome the worst of its shards' (`_FOLD_ORDER`), its seconds and CPU seconds the
-  slowest shard's (each shard is held to the per-test limit, as each of JAX's CI shards is), the sums
-  and the shard count beside them; the failing shard's first line and evidence."""
-  out, groups = [], {}
+  test each, in the place of its first shard: its outcome the worst of its shards' (`_FOLD_ORDER`), its
+  seconds and CPU seconds the slowest shard's (each shard is held to the per-test limit, as each of
+  JAX's CI shards is), the sums and the shard count beside them; the failing shard's first line and
+  evidence."""
+  groups = {}   # test name -> [its record] or [its shards' records], in first-seen order
   for t in tests:
     m = _SHARD.match(t["name"])
-    if not m:
-      out.append(t)
+    groups.setdefault(m.group(1) if m else t["name"], []).append(t)
+  out = []
+  for name, records in groups.items():
+    if not _SHARD.match(records[0]["name"]):
+      out.extend(records)
       continue
-    if m.group(1) not in groups:
-      groups[m.group(1)] = []
-      out.append(m.group(1))   # placeholder: the folded test keeps the first shard's place
-    groups[m.group(1)].append(t)
-  for i, t in enumerate(out):
-    if isinstance(t, dict):
-      continue
-    shards = groups[t]
-    worst = min(shards, key=lambda s: _FOLD_ORDER.index(s["outcome"]) if s["outcome"] in _FOLD_ORDER
+    worst = min(records, key=lambda s: _FOLD_ORDER.index(s["outcome"]) if s["outcome"] in _FOLD_ORDER
                 else 0)
-    folded = dict(worst, name=t, seconds=max(s["seconds"] for s in shards), shards=len(shards),
-                  seconds_all_shards=round(sum(s["seconds"] for s in shards), 2))
-    if any("cpu_s" in s for s in shards):
-      folded["cpu_s"] = max(s.get("cpu_s", 0.0) for s in shards)
-    out[i] = folded
+    folded = dict(worst, name=name, seconds=max(s["seconds"] for s in records), shards=len(records),
+                  seconds_all_shards=round(sum(s["seconds"] for s in records), 2))
+    if any("cpu_s" in s for s in records):
+      folded["cpu_s"] = max(s.get("cpu_s", 0.0) for s in records)
+    out.append(folded)
   return out
 
 
@@ -287,22 +283,26 @@ def _literal_runs(pattern: str) -> list:
 
 
 def _installed_has(fragment: str) -> bool:
-  """Whether any file of the installed jax or jaxlib (Python sources and binaries) holds `fragment`."""
+  """Whether any file of the installed jax or jaxlib (Python sources and binaries) holds `fragment`
+  (the search stops at the first file that does; the answer is kept per fragment)."""
   if fragment not in _INSTALLED_TEXT:
-    import importlib.util  # noqa: PLC0415
-    needle, found = fragment.encode(), False
-    for pkg in INSTALLED:
-      spec = importlib.util.find_spec(pkg)
-      for root in (spec.submodule_search_locations or []) if spec else []:
-        for folder, _, names in os.walk(root):
-          for name in names:
-            try:
-              with open(os.path.join(folder, name), "rb") as f:
-                found = found or needle in f.read()
-            except OSError:
-              continue
-    _INSTALLED_TEXT[fragment] = found
+    _INSTALLED_TEXT[fragment] = any(fragment.encode() in data for data in _installed_files())
   return _INSTALLED_TEXT[fragment]
+
+
+def _installed_files():
+  """The bytes of each file of the `INSTALLED` packages, one at a time (unreadable ones skipped)."""
+  import importlib.util  # noqa: PLC0415
+  for pkg in INSTALLED:
+    spec = importlib.util.find_spec(pkg)
+    for root in (spec.submodule_search_locations or []) if spec else []:
+      for folder, _, names in os.walk(root):
+        for name in names:
+          try:
+            with open(os.path.join(folder, name), "rb") as f:
+              yield f.read()
+          except OSError:
+            continue
 
 
 def expects_message_jax_lacks(text: str) -> bool:

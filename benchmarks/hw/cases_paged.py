@@ -86,23 +86,21 @@ def _page_loop(c, rows, body, steps=32, iters=8, ahead=1, kfirst=False, cross=Fa
       s = pl.program_id(0)
 
       def copies(it, slot, step=None):
+        """Block `it`'s copies into `slot` (`step`: the first block of that grid step instead, `cross`);
+        each page number read from SMEM where the copy is built, as measured."""
+        def page(j):
+          return idx_ref[(step * per_step if step is not None else s * per_step + it * c) + j]
+
+        def cp(pg, j, side):
+          src, buf, k = side
+          return pltpu.make_async_copy(src.at[pg], buf.at[slot, j], sems.at[k, slot])
+        sides = ((k_hbm, kbuf, 0), (v_hbm, vbuf, 1))
+        if kfirst and step is None:   # the wheel's order: every K page, then every V page
+          return [cp(page(j), j, side) for side in sides for j in range(c)]
         out = []
-        if step is not None:   # (`cross`: the next grid step's first block)
-          for j in range(c):
-            page = idx_ref[step * per_step + j]
-            for src, buf, side in ((k_hbm, kbuf, 0), (v_hbm, vbuf, 1)):
-              out.append(pltpu.make_async_copy(src.at[page], buf.at[slot, j], sems.at[side, slot]))
-          return out
-        if kfirst:   # the wheel's order: every K page, then every V page
-          for src, buf, side in ((k_hbm, kbuf, 0), (v_hbm, vbuf, 1)):
-            for j in range(c):
-              page = idx_ref[s * per_step + it * c + j]
-              out.append(pltpu.make_async_copy(src.at[page], buf.at[slot, j], sems.at[side, slot]))
-          return out
         for j in range(c):
-          page = idx_ref[s * per_step + it * c + j]
-          for src, buf, side in ((k_hbm, kbuf, 0), (v_hbm, vbuf, 1)):
-            out.append(pltpu.make_async_copy(src.at[page], buf.at[slot, j], sems.at[side, slot]))
+          pg = page(j)
+          out += [cp(pg, j, side) for side in sides]
         return out
 
       def wait(buf, side, slot):
