@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
 import time
 
@@ -13,13 +14,22 @@ def main(argv=None):
   ap.add_argument("--data", default=None)
   ap.add_argument("--only", default=None)
   ap.add_argument("--chip", default="v5e")
+  ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                  help="override a chip-spec field (a candidate rule), e.g. dma_wait_latency_cycles=280")
+  ap.add_argument("--jobs", type=int, default=1, help="processes modelling the cases")
   a = ap.parse_args(argv)
+  try:
+    model.chip_with(a.chip, a.set)
+  except ValueError as e:
+    ap.error(str(e))
   t0 = time.process_time()
   envs, _ = model.load(a.data)
   for env in envs:
     print(f"measured: {env.get('device_kind')}, jax {env.get('jax_version')}, libtpu "
           f"{env.get('libtpu_version')}, {env.get('date')} ({env['file']})")
-  rows = model.compare(a.data, a.only, a.chip)
+  if a.set:
+    print("chip-spec overrides: " + ", ".join(a.set))
+  rows = model.compare(a.data, a.only, a.chip, a.jobs, tuple(a.set))
   print(f"{'case':58s} {'measured us':>12s} {'modelled us':>12s} {'error':>8s}")
   for r in rows:
     print(f"{r.name:58s} {r.measured_us:12.1f} {r.modelled_us:12.1f} {r.error * 100:+7.1f}%")
@@ -29,7 +39,8 @@ def main(argv=None):
   errs = [abs(r.error) for r in rows]
   if errs:
     print(f"{'all':18s} {len(errs):6d} {statistics.median(errs) * 100:12.1f}% {max(errs) * 100:11.1f}%")
-  print(f"({time.process_time() - t0:.0f} s CPU)")
+  kids = resource.getrusage(resource.RUSAGE_CHILDREN)   # (--jobs: the worker processes' CPU)
+  print(f"({time.process_time() - t0 + kids.ru_utime + kids.ru_stime:.0f} s CPU)")
 
 
 if __name__ == "__main__":

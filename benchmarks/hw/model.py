@@ -1,11 +1,13 @@
 """The recorded TPU v5e timings beside palace's model of the same kernels.
 
-    python -m benchmarks.hw [--data PATH] [--only SUBSTR|FAMILY] [--chip v5e]
+    python -m benchmarks.hw [--data PATH] [--only SUBSTR|FAMILY] [--chip v5e] [--jobs N]
+                            [--set FIELD=VALUE ...]
 
 Needs JAX 0.12 (run with `.venv-jax/bin/python`): every case of `benchmarks/hw/cases.py` is built
 exactly as on the chip and run once under `palace.jax` with `timing_only` (no data computed), and its
 modelled device time is printed beside the measured one (`benchmarks/hw/data/v5e-timing-*.jsonl`, the
-newest unless --data), with the per-family median and worst |error|.
+newest unless --data), with the per-family median and worst |error|. `--set` models them with chip-spec
+fields overridden (the candidate rules of `palace._src.hw.ChipSpec`, docs/validation.md "Session 29").
 """
 from __future__ import annotations
 
@@ -75,17 +77,75 @@ def model_case(case, chip: str = "v5e") -> float:
   return dt.device_time_s * 1e6
 
 
-def compare(path: str | None = None, only: str | None = None, chip: str = "v5e") -> list[Row]:
+def chip_with(chip: str, sets: list[str]):
+  """The chip spec `chip` with `field=value` overrides (`--set`: the candidate rules of hw.ChipSpec, or
+  any other field, evaluated against the recorded suite without changing palace)."""
+  from palace._src import hw  # noqa: PLC0415
+  spec = hw.get_chip(chip)
+  if not sets:
+    return spec
+  names = {f.name for f in dataclasses.fields(spec)}
+  kw = {}
+  for item in sets:
+    field, sep, text = item.partition("=")
+    if not sep or field not in names:
+      raise ValueError(f"--set {item!r}: expected FIELD=VALUE with FIELD a ChipSpec field "
+                       f"(e.g. dma_wait_latency_cycles=280)")
+    kw[field] = _parse_value(getattr(spec, field), text, item)
+  return dataclasses.replace(spec, **kw)
+
+
+def _parse_value(current, text: str, item: str):
+  word = text.lower()
+  if isinstance(current, bool):
+    if word in ("true", "1", "false", "0"):
+      return word in ("true", "1")
+  elif word == "none":
+    return None
+  else:
+    try:
+      value = float(text)
+    except ValueError:
+      value = None
+    if value is not None and (isinstance(current, float) or value != int(value) and current is None):
+      return value
+    if value is not None and value == int(value):
+      return int(value)
+  kind = type(current).__name__ if current is not None else "number or none"
+  raise ValueError(f"--set {item!r}: expected {kind}, got {text!r}")
+
+
+def _model_names(args) -> dict:
+  names, chip, sets = args
+  spec = chip_with(chip, sets)
+  by_name = {c.name: c for c in all_cases()}
+  return {n: model_case(by_name[n], spec) for n in names}
+
+
+def compare(path: str | None = None, only: str | None = None, chip: str = "v5e", jobs: int = 1,
+            sets: tuple = ()) -> list[Row]:
+  """Measured vs modelled rows of the recorded cases (`only`: a family or a substring of the name) on
+  `chip` with the `sets` overrides (chip_with); `jobs` processes model the cases (the rows are the same
+  for any number)."""
   _, recs = load(path)
-  rows = []
+  picked = []
   for c in all_cases():
     if only is not None and only not in c.name and only != c.family:
       continue
     r = recs.get(c.name)
     if r is None or r.get("median_us") is None:
       continue
-    rows.append(Row(c.name, c.family, r["median_us"], model_case(c, chip)))
-  return rows
+    picked.append(c)
+  names = [c.name for c in picked]
+  if jobs > 1 and len(names) > 1:
+    import multiprocessing  # noqa: PLC0415
+    with multiprocessing.get_context("fork").Pool(jobs) as pool:
+      modelled = {}
+      for part in pool.map(_model_names, [(names[k::jobs], chip, sets) for k in range(jobs)]):
+        modelled.update(part)
+  else:
+    modelled = _model_names((names, chip, sets))
+  return [Row(c.name, c.family, recs[c.name]["median_us"], modelled[c.name]) for c in picked]
 
 
 def family_stats(rows: list[Row]) -> dict[str, tuple[int, float, float]]:

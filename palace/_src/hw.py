@@ -90,6 +90,29 @@ class ChipSpec:
   # what the scalar core pays to see DMA completions: a DMA wait whose copy landed after the end of the
   # core's last such sync pays this much after the data landed (docs/timing-model.md 1.2)
   dma_wait_sync_cycles: int = 0
+  # ---- candidate rules: measured on a v5e, not adopted on any chip (off by default; docs/validation.md
+  # "Session 29" has their effect on the recorded suite, `python -m benchmarks.hw --set FIELD=VALUE`
+  # evaluates them). The latency form of the DMA wait: when set, a DMA wait ends at max(now, the
+  # copy's landing + this) and dma_wait_sync_cycles is not paid (sim/sync.py)
+  dma_wait_latency_cycles: "int | None" = None
+  # an XLU op whose operand is an MXU result (directly or through VPU ops of the same grid step) sees
+  # it this many cycles per result vreg later, counting at most mxu_handoff_max_vregs vregs
+  mxu_handoff_cycles_per_vreg: float = 0.0
+  mxu_handoff_max_vregs: int = 16
+  # a dot whose operands are ready only after the MXU's latest result (computed from it) starts on
+  # the MXU once they are, instead of streaming behind it
+  mxu_chain_waits: bool = False
+  # an XLU op of another op class than the XLU's previous op starts after that op's result
+  xlu_class_turnaround: bool = False
+  # each copy on an HBM channel occupies it as if it were this many bytes longer (engine time)
+  dma_copy_overhead_bytes: int = 0
+  # scalar cycles a pallas_call grid step spends per pipelined operand on its index map, charged after
+  # the step's next blocks are started and before its waits (pipeline.py): a map computed from the
+  # grid indices (a block index neither constant nor one grid index times one), and a map reading
+  # kernel memory (scalar-prefetch tables, evaluated on the core). Pipelines recorded inside a
+  # kernel (emit_pipeline's parked schedules) are not charged.
+  index_map_cycles: int = 0
+  index_map_smem_cycles: int = 0
   # a rolled loop's back edge (lax.fori_loop / while_loop / pl.loop iteration, not unrolled): the next
   # iteration issues after this one's vector/MXU results have drained, plus these cycles of branch and
   # counter work (docs/timing-model.md 1.1)
@@ -267,6 +290,23 @@ _COMMON_SOURCES = _mp(
                                 "read of 64-256 KiB beside a write of 16-256 KiB pays the write's "
                                 "transfer and 51-163 ns more, median 95 ns (142 cycles at 1.5 GHz); "
                                 "reused in cycles on every chip",
+    dma_wait_latency_cycles="candidate rule, off (None): session 23's sync_size probes (benchmarks/hw, "
+                            "2026-12-06) see a copy about 280 cycles after it landed; not adopted "
+                            "(docs/validation.md, session 29)",
+    mxu_handoff_cycles_per_vreg="candidate rule, off (0): session 24's wheel_step cut chain (benchmarks/hw, "
+                                "2026-12-06), ~38 cycles for a (128, 128) f32 result; not adopted",
+    mxu_handoff_max_vregs="candidate rule (with mxu_handoff_cycles_per_vreg): 16, fitted in session 29 "
+                          "on stream_pair and wheel_step (docs/validation.md)",
+    mxu_chain_waits="candidate rule, off: session 25's mxu_chain probes (benchmarks/hw, 2026-12-06); "
+                    "not adopted",
+    xlu_class_turnaround="candidate rule, off: session 24's pv_more probes (benchmarks/hw, 2026-12-06); "
+                         "not adopted",
+    dma_copy_overhead_bytes="candidate rule, off (0): session 28's page_order and sync_size probes "
+                            "(benchmarks/hw, 2026-12-06); not adopted",
+    index_map_cycles="candidate rule, off (0): session 27's step_branch probes (benchmarks/hw, "
+                     "2026-12-06), +21 cycles a step for two operands' computed maps; not adopted",
+    index_map_smem_cycles="candidate rule, off (0): session 27's step_branch probes, +46 (int32) and "
+                          "+75 (int8) cycles a step for two operands' table-reading maps; not adopted",
     dma_issue_cycles="modelling assumption: one DMA request per cycle [SB-tpus] plus address "
                      "arithmetic (the sum with the step overhead is what section 7 fixes)",
     scalar_op_cycles="[SB-tpus] scalar unit issues one bundle per cycle (modelling assumption)",

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
+
 from palace._src import executor, validate
 from palace._src.block_offsets import block_offsets, grid_offsets
 from palace._src.prefetch_maps import PrefetchMap
@@ -488,6 +490,48 @@ def _steps(pipe: Pipeline, ex, body) -> None:
     o.pending_wb.clear()
 
 
+def _host_blocks(o, points, index_args):
+  """Every step's element offsets of operand `o` with its map run on the host (no executor: nothing
+  charged), or None where it cannot run there (it reads kernel memory)."""
+  token = executor.set_current(None)
+  try:
+    out = []
+    for point in points:
+      idx = o.m.index_map(*point, *index_args)
+      idx = tuple(idx) if isinstance(idx, (tuple, list)) else (idx,)
+      out.append(o.m.offsets(tuple(int(i) for i in idx)))
+    return out
+  except Exception:  # noqa: BLE001  (a map reading kernel memory: the caller counts it as one)
+    return None
+  finally:
+    executor.reset_current(token)
+
+
+def _index_map_cycles(ops, points, index_args, chip) -> int:
+  """Scalar cycles a grid step's index maps cost under the candidate rule (hw.ChipSpec.index_map_cycles):
+  per operand whose map is evaluated on the core (it reads kernel memory) index_map_smem_cycles, per
+  operand whose block offsets over the grid are, in some dim, neither constant nor one grid index
+  times the block size (a computed map) index_map_cycles."""
+  total = 0
+  if not points:
+    return 0
+  grid = np.asarray(points, dtype=np.int64).reshape(len(points), -1)
+  for _, o in ops:
+    blocks = o.all_blocks
+    if blocks is None and o.prefetch is None and not o.map_on_core:
+      blocks = _host_blocks(o, points, index_args)
+    if blocks is None:
+      total += chip.index_map_smem_cycles
+      continue
+    offs = np.asarray(blocks, dtype=np.int64).reshape(len(points), -1)
+    for d, (_kind, size, _pad) in enumerate(o.m.dims):
+      col = offs[:, d]
+      if not (col == col[0]).all() and not any((col == grid[:, c] * size).all() for c in range(grid.shape[1])):
+        total += chip.index_map_cycles
+        break
+  return total
+
+
 class _Steps:
   """What `_steps` decides per grid point, over the state fixed before the first step: the body's
   positional arguments (lead, input blocks, output blocks, tail; updated in place), which operands
@@ -496,7 +540,7 @@ class _Steps:
   looking the core up per copy)."""
   __slots__ = ("ex", "points", "n", "index_args", "sync", "call_args", "buffered_in", "buffered_out",
                "per_step", "in_plan", "out_plan", "dma_start", "dma_wait", "grid", "grid_stack",
-               "grid_step")
+               "grid_step", "map_cycles")
 
   def __init__(self, pipe: Pipeline, ex):
     ops_in, ops_out, lead = pipe.ops_in, pipe.ops_out, pipe.lead_args
@@ -518,6 +562,9 @@ class _Steps:
     self.out_plan = [(k, o, o.all_blocks, o.mode == _ALIAS) for k, o in outs]
     self.dma_start, self.dma_wait = ex.dma_start, ex.dma_wait
     self.grid, self.grid_stack, self.grid_step = pipe.grid, ex.grid_stack, ex.grid_step
+    chip = ex.chip if type(ex) is not _Recorder else None
+    self.map_cycles = _index_map_cycles(ins + outs, pipe.points, pipe.index_args, chip) if chip is not None and (
+        chip.index_map_cycles or chip.index_map_smem_cycles) else 0
 
   def enter(self, s: int) -> None:
     """Grid step `s` up to its body: the step overhead, the input and output blocks."""
@@ -551,6 +598,8 @@ class _Steps:
           nxt = blocks[t] if blocks is not None else block_offsets(o, t, points[t], index_args, "")
           if nxt != cur and t not in o.fetched:
             _start_fetch(o, t, nxt, dma_start)
+    if self.map_cycles and s:   # (a candidate rule, off on every chip: hw.ChipSpec.index_map_cycles)
+      self.ex.scalar_ops(self.map_cycles)
     for (k, o, blocks, alias, ahead), cur in zip(self.in_plan, curs):
       if alias:
         if s == 0 or cur != o.cur:

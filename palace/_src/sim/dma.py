@@ -239,12 +239,13 @@ def _slowest_first(channels: list) -> list:
 
 class DmaEngine:
   """The DMA issue of one core: plans per (spaces, semaphore), the core's channels, the start path."""
-  __slots__ = ("core", "machine", "issue_cycles", "eager", "chans", "prepared", "arbiter")
+  __slots__ = ("core", "machine", "issue_cycles", "overhead_bytes", "eager", "chans", "prepared", "arbiter")
 
   def __init__(self, core):
     self.core = core
     self.machine = core.machine
     self.issue_cycles = core.chip.dma_issue_cycles
+    self.overhead_bytes = core.chip.dma_copy_overhead_bytes   # (a candidate rule, 0: hw.ChipSpec)
     self.eager = core.machine.dma_policy.name == "eager"
     self.chans = None        # the core's (DMA engine, HBM, local) channels, resolved at the first copy
     self.prepared = {}       # (src space, dst space, semaphore) ids -> (core, CopyPlan, semaphore)
@@ -291,7 +292,7 @@ class DmaEngine:
       kind = "ici"
       trace.count_dma(kind, nbytes)
     else:
-      s, read_done = p.reserve(start, nbytes)
+      s, read_done = p.reserve(start, nbytes + self.overhead_bytes)
       if p.direction is not None:   # an HBM read or write: this core's engine orders them
         s, read_done = self.arbiter.timed(p.direction, start, s, read_done, rec)
       done = math.ceil(read_done) + p.latency_cycles

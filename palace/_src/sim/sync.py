@@ -217,7 +217,14 @@ class Semaphores:
       if trace.on:
         trace.add((core.tid, "scalar", f"wait {buf.name}", now, t, None))
       now = t
-    if dma is not None and t > core.synced_until:   # a copy that landed after the last DMA-wait sync
+    lat = core.chip.dma_wait_latency_cycles
+    if dma is not None and lat is not None:   # (candidate rule: seen `lat` after it landed)
+      seen = t + lat
+      if seen > now:
+        if core.trace.on:
+          core.trace.add((core.tid, "scalar", "dma wait sync", now, seen, None))
+        now = seen
+    elif dma is not None and t > core.synced_until:   # a copy that landed after the last DMA-wait sync
       sync = core.chip.dma_wait_sync_cycles
       if sync and core.trace.on:
         core.trace.add((core.tid, "scalar", "dma wait sync", now, now + sync, None))

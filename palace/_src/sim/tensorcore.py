@@ -108,6 +108,14 @@ class TensorCore:
     self.unit_busy = dict.fromkeys(cost.UNITS, 0)
     self.horizon = 0
     self.compute_done = 0     # latest result of any vector/MXU op (loop back edges drain it; grid_step)
+    # candidate rules (hw.ChipSpec, off by default): MXU results by ready cycle -> result vregs, for
+    # the hand-off and chain rules (this grid step's only), and the XLU's last (op class, result)
+    chip = self.chip
+    self._handoff = chip.mxu_handoff_cycles_per_vreg
+    self._chain_waits = chip.mxu_chain_waits
+    self._xlu_turn = chip.xlu_class_turnaround
+    self._mxu_results = {} if self._handoff or self._chain_waits else None
+    self.xlu_last = (None, 0)
     self.mxu_done = 0         # latest MXU result (popped by issue slots before a step's bookkeeping)
     self.flops = 0
     # this core's memories (capacity, live allocations; VMEM_SHARED is modelled as VMEM on a TensorCore)
@@ -183,11 +191,18 @@ class TensorCore:
     else:
       start = self.now = now
       end = unit_free[unit] = now + busy
+    if unit == "xlu" and self._xlu_turn:   # (candidate rule: hw.ChipSpec.xlu_class_turnaround)
+      what_last, last_done = self.xlu_last
+      if what_last is not None and what_last != what and last_done > start:
+        start = last_done
+        end = unit_free[unit] = last_done + busy
     self.unit_issued[unit] = start
     self.unit_busy[unit] += busy
     if unit == "xlu" and ready > end:   # the in-order XLU holds an op until its last input vreg came
       unit_free[unit] = ready            # (measured on a v5e, session 23: docs/timing-model.md 1.4)
     done = (end if end > ready else ready) + latency
+    if unit == "xlu" and self._xlu_turn:
+      self.xlu_last = (what, done)
     if done > self.compute_done:
       self.compute_done = done
       if done > self.horizon:
@@ -201,6 +216,16 @@ class TensorCore:
     unit, busy, lat = self._vcost[(op_class, shape, None)]   # (arithmetic is costed in 32-bit tiles)
     if unit is None:
       return ready
+    results = self._mxu_results
+    if results and self._handoff and ready in results:   # (candidate rule: hw.ChipSpec)
+      vregs = results[ready]
+      if unit == "xlu":     # an MXU result reaching the XLU: its hand-off
+        cap = self.chip.mxu_handoff_max_vregs
+        ready += int(self._handoff * (vregs if vregs < cap else cap))
+      elif unit == "vpu":   # a VPU op passes the MXU result on
+        done = self._issue(unit, busy, lat, ready, op_class)
+        results[done] = vregs
+        return done
     return self._issue(unit, busy, lat, ready, op_class)
 
   def matmul(self, m, k, n, batch, lhs_dtype, rhs_dtype, ready: int) -> int:
@@ -213,7 +238,16 @@ class TensorCore:
       hit = self._mcost[key]
     busy, lat, flops, label = hit
     self.flops += flops
-    done = self._issue("mxu", busy, lat, ready, label)
+    results = self._mxu_results
+    if results is not None:   # (candidate rules: hw.ChipSpec)
+      if self._chain_waits and ready >= self.mxu_done > self.now and self.unit_free["mxu"] < ready:
+        self.unit_free["mxu"] = self.unit_issued["mxu"] = ready   # computed from the MXU's last result
+      done = self._issue("mxu", busy, lat, ready, label)
+      if len(results) >= 256:
+        results.clear()
+      results[done] = -(-m // self.chip.sublanes) * -(-n // self.chip.lanes) * batch
+    else:
+      done = self._issue("mxu", busy, lat, ready, label)
     if done > self.mxu_done:
       self.mxu_done = done
     return done
@@ -420,6 +454,8 @@ class TensorCore:
     # flight; the next step issues after the bookkeeping and `grid_step_drain_cycles` after the last
     # result (measured on a v5e: docs/timing-model.md 1.1).
     self.steps += 1
+    if self._mxu_results:
+      self._mxu_results.clear()   # (a later step reads an earlier step's results from memory)
     if self.steps == 1:   # the first step's bookkeeping is the kernel's prologue
       self.now = self.now if self.now > self.compute_done else self.compute_done
       return

@@ -1,0 +1,189 @@
+"""The candidate rules of hw.ChipSpec (measured on a TPU v5e, not adopted on any chip: docs/validation.md
+"Session 29"), as exact timelines on UNIT_CHIP: each is off by default, and on it changes the timeline by
+what its field says and nothing else."""
+import dataclasses
+
+import numpy as np
+import pytest
+
+import palace as pl
+import palace.numpy as jnp
+from palace import tpu as pltpu
+from palace._src import hw
+
+from timing_helpers import ANY_SPEC, UNIT_CHIP
+
+SCALAR = UNIT_CHIP.scalar_op_cycles
+
+
+def _events(report, unit):
+  return [(e[2], e[3], e[4]) for e in report.events if e[1] == unit]
+
+
+def test_every_candidate_rule_is_off_on_every_chip():
+  for chip in hw.CHIPS.values():
+    assert chip.dma_wait_latency_cycles is None
+    assert chip.mxu_handoff_cycles_per_vreg == 0 and not chip.mxu_chain_waits
+    assert not chip.xlu_class_turnaround and chip.dma_copy_overhead_bytes == 0
+
+
+def _four_copies(chip):
+  def k(x_hbm, o_hbm, buf, sem):
+    copies = [pltpu.make_async_copy(x_hbm.at[i], buf.at[i], sem.at[0]) for i in range(4)]
+    for c in copies:
+      c.start()
+    for c in copies:
+      c.wait()
+
+  x = np.ones((4, 8, 128), np.float32)
+  with pl.virtual_tpu(chip) as tpu:
+    pl.pallas_call(k, out_shape=pl.ShapeDtypeStruct((8, 128), np.float32), in_specs=[ANY_SPEC],
+                   out_specs=ANY_SPEC,
+                   scratch_shapes=[pltpu.VMEM((4, 8, 128), jnp.float32), pltpu.SemaphoreType.DMA((1,))])(x)
+  r = tpu.reports[-1]
+  return r.device_cycles, [e[2] for e in _events(r, "dma")]
+
+
+def test_the_latency_form_sees_each_copy_a_fixed_time_after_it_landed():
+  """dma_wait_latency_cycles = L: each wait ends at max(now, its copy's landing + L), then its scalar
+  op; the stall (dma_wait_sync_cycles) is not paid and the copies' timing is unchanged."""
+  lat = 280
+  stall_cycles, stall_dones = _four_copies(UNIT_CHIP)
+  cycles, dones = _four_copies(dataclasses.replace(UNIT_CHIP, dma_wait_latency_cycles=lat))
+  assert dones == stall_dones
+  now = dones[0] - 1   # (the clock before the first wait is below every landing)
+  for done in dones:
+    now = max(now, done + lat) + SCALAR
+  assert cycles == now == dones[-1] + lat + SCALAR
+  assert stall_cycles == dones[0] + UNIT_CHIP.dma_wait_sync_cycles + 4 * SCALAR
+
+
+def test_a_copy_overhead_occupies_the_channel_as_extra_bytes():
+  """dma_copy_overhead_bytes = B: each HBM copy is timed as B bytes longer (UNIT_CHIP moves 1000 bytes a
+  cycle): four 4 KiB copies issued 8 cycles apart (4.1 cycles of transfer each) land 3 cycles later
+  each with B = 3000 (7.1 cycles: no queue yet), and with B = 8000 (12.1 cycles) they queue, the k-th
+  (from 0) starting k * 4.1 cycles later than 8 apart."""
+  _, base = _four_copies(UNIT_CHIP)
+  _, dones = _four_copies(dataclasses.replace(UNIT_CHIP, dma_copy_overhead_bytes=3000))
+  assert [d - b for d, b in zip(dones, base)] == [3, 3, 3, 3]
+  _, queued = _four_copies(dataclasses.replace(UNIT_CHIP, dma_copy_overhead_bytes=8000))
+  assert [d - b for d, b in zip(queued, base)] == [8, 12, 16, 20]
+
+
+def _dot_then(consume, chip, shape=(128, 128)):
+  def k(x_ref, o_ref):
+    s = jnp.dot(x_ref[...], x_ref[...], preferred_element_type=jnp.float32)
+    o_ref[...] = consume(s)
+
+  x = (np.arange(shape[0] * shape[1]) % 7).astype(np.float32).reshape(shape).astype(jnp.bfloat16)
+  with pl.virtual_tpu(chip) as tpu:
+    out = pl.pallas_call(k, out_shape=pl.ShapeDtypeStruct(shape, np.float32))(x)
+  return out, tpu.reports[-1]
+
+
+@pytest.mark.parametrize("what, consume, vregs", [
+    ("a lane max of the result", lambda s: jnp.broadcast_to(jnp.max(s, axis=-1, keepdims=True), s.shape), 16),
+    ("a lane max of the scaled result", lambda s: jnp.broadcast_to(jnp.max(s * 0.5, axis=-1, keepdims=True),
+                                                                  s.shape), 16),
+    ("an add (VPU only)", lambda s: s + 1.0, 0),
+])
+def test_the_mxu_handoff_delays_an_xlu_op_reading_an_mxu_result(what, consume, vregs):
+  """mxu_handoff_cycles_per_vreg = h: an XLU op whose operand is an MXU result, directly or through VPU
+  ops, sees it h cycles per result vreg later (at most mxu_handoff_max_vregs: a (128, 128) f32 result is
+  16 vregs); a VPU-only consumer pays nothing. The result is unchanged."""
+  h = 2.5
+  ref, base = _dot_then(consume, UNIT_CHIP)
+  out, r = _dot_then(consume, dataclasses.replace(UNIT_CHIP, mxu_handoff_cycles_per_vreg=h))
+  np.testing.assert_array_equal(out, ref)
+  assert r.device_cycles - base.device_cycles == int(h * vregs), what
+  capped, r8 = _dot_then(consume, dataclasses.replace(UNIT_CHIP, mxu_handoff_cycles_per_vreg=h,
+                                                       mxu_handoff_max_vregs=8))
+  assert r8.device_cycles - base.device_cycles == int(h * min(vregs, 8)), what
+
+
+def test_a_dot_fed_from_the_mxus_last_result_waits_for_it_with_mxu_chain_waits():
+  """mxu_chain_waits: a dot whose operand is computed from the MXU's in-flight result starts on the MXU
+  once that operand is ready; without it the second dot streams behind the first (same start)."""
+  def consume(s):
+    return jnp.dot(s.astype(jnp.bfloat16), jnp.ones((128, 128), jnp.bfloat16),
+                   preferred_element_type=jnp.float32)
+
+  ref, base = _dot_then(consume, UNIT_CHIP)
+  out, r = _dot_then(consume, dataclasses.replace(UNIT_CHIP, mxu_chain_waits=True))
+  np.testing.assert_array_equal(out, ref)
+  (_, s1, e1), (_, s2, _) = _events(base, "mxu")
+  assert s2 == s1
+  (_, c1, f1), (_, c2, _) = _events(r, "mxu")
+  cast_ready = f1 + UNIT_CHIP.mxu_latency_cycles["bf16"] + 2   # the result, then the cast (latency 2)
+  assert (c1, f1) == (s1, e1) and c2 == cast_ready
+  assert r.device_cycles > base.device_cycles
+
+
+def test_an_xlu_op_of_another_class_waits_for_the_previous_ones_result():
+  """xlu_class_turnaround: a lane broadcast of a loaded column issued after a lane max starts once the
+  max's result is out; a second lane max (same class) still streams behind the first."""
+  def k(x_ref, c_ref, o_ref):
+    v = x_ref[...]
+    m = jnp.max(v, axis=-1, keepdims=True)
+    o_ref[...] = (v - m) + c_ref[...]
+
+  x = (np.arange(8 * 128) % 11).astype(np.float32).reshape(8, 128)
+  c = np.arange(8, dtype=np.float32).reshape(8, 1)
+  reports = {}
+  for turn in (False, True):
+    with pl.virtual_tpu(dataclasses.replace(UNIT_CHIP, xlu_class_turnaround=turn)) as tpu:
+      out = pl.pallas_call(k, out_shape=pl.ShapeDtypeStruct((8, 128), np.float32))(x, c)
+    np.testing.assert_array_equal(out, (x - x.max(-1, keepdims=True)) + c)
+    reports[turn] = tpu.reports[-1]
+  (n1, a1, b1), (n2, a2, _) = _events(reports[False], "xlu")
+  assert (n1, n2) == ("reduce_lane", "lane_broadcast") and a2 < b1 + 114
+  (_, c1, d1), (_, c2, _) = _events(reports[True], "xlu")
+  assert (c1, d1) == (a1, b1) and c2 == d1 + 114   # the reduction's end + its latency (docs 1.4)
+  assert reports[True].device_cycles > reports[False].device_cycles
+
+
+def test_benchmarks_hw_set_overrides_chip_fields_with_their_types():
+  """`python -m benchmarks.hw --set FIELD=VALUE` (model.chip_with): typed per field; a wrong field or
+  value is a one-line usage error naming it."""
+  from benchmarks.hw import model   # (numpy only: the cases import neither JAX nor palace)
+  spec = model.chip_with("v5e", ["dma_wait_latency_cycles=280", "mxu_chain_waits=true",
+                                 "mxu_handoff_cycles_per_vreg=2", "dma_issue_cycles=16"])
+  assert (spec.dma_wait_latency_cycles, spec.mxu_chain_waits) == (280, True)
+  assert spec.mxu_handoff_cycles_per_vreg == 2.0 and isinstance(spec.mxu_handoff_cycles_per_vreg, float)
+  assert spec.dma_issue_cycles == 16 and type(spec.dma_issue_cycles) is int
+  assert model.chip_with("v5e", []) is hw.get_chip("v5e")
+  with pytest.raises(ValueError, match=r"--set 'no_such=1': expected FIELD=VALUE"):
+    model.chip_with("v5e", ["no_such=1"])
+  with pytest.raises(ValueError, match=r"--set 'dma_issue_cycles=2.5': expected int, got '2.5'"):
+    model.chip_with("v5e", ["dma_issue_cycles=2.5"])
+  with pytest.raises(ValueError, match=r"--set 'mxu_chain_waits=yes': expected bool"):
+    model.chip_with("v5e", ["mxu_chain_waits=yes"])
+
+
+def _pipelined_copy(chip, index_map):
+  def k(x_ref, o_ref):
+    o_ref[...] = x_ref[...]
+
+  x = np.arange(8 * 8 * 128, dtype=np.float32).reshape(64, 128)
+  with pl.virtual_tpu(chip) as tpu:
+    out = pl.pallas_call(k, out_shape=pl.ShapeDtypeStruct((64, 128), np.float32), grid=(8,),
+                         in_specs=[pl.BlockSpec((8, 128), index_map)],
+                         out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)))(x)
+  want = np.concatenate([x[8 * index_map(i)[0]:][:8] for i in range(8)])
+  np.testing.assert_array_equal(out, want)
+  return tpu.reports[-1].unit_busy_cycles["scalar"]
+
+
+@pytest.mark.parametrize("what, index_map, charged", [
+    ("plain: the grid index", lambda i: (i, 0), False),
+    ("plain: a constant block", lambda i: (0, 0), False),
+    ("computed: (3 i) % 8", lambda i: ((3 * i) % 8, 0), True),
+    ("computed: i // 2", lambda i: (i // 2, 0), True),
+])
+def test_a_computed_index_map_costs_its_cycles_every_step_after_the_first(what, index_map, charged):
+  """index_map_cycles = c: a grid step (after the first, the prologue) whose input's map computes its
+  block index (neither constant nor a grid index) spends c scalar cycles before its waits; a plain map
+  costs nothing; the blocks are the same either way."""
+  chip = dataclasses.replace(UNIT_CHIP, index_map_cycles=7, index_map_smem_cycles=50)
+  extra = _pipelined_copy(chip, index_map) - _pipelined_copy(UNIT_CHIP, index_map)
+  assert extra == (7 * 7 if charged else 0), what
