@@ -91,3 +91,54 @@ def _mm_step(variant: str):
 def mm_step_cases() -> list[Case]:
   return [Case(f"mmst_{v}", "mm_step", _mm_step(v))
           for v in ("tut", "flat", "outfixed", "outevery", "f32out", "nowhen", "light", "yfixed", "none")]
+
+
+def _copy_shape(dtype: str, rows: int, cycle: int = 8, out: str = "fixed", n: int = 512):
+  """A 1-D grid of `n` steps with two moving (rows, 128) `dtype` inputs (block i % `cycle`, or i when
+  `cycle` is 0) and a light body (their first columns added into an f32 (rows, 1) scratch): the copies'
+  step alone. `out`: 'fixed' (one (rows, 128) f32 output block, written at the last step), 'every8'
+  (a new output block every 8 steps, written at its 8th) or 'every' (a new block written every step)."""
+  def build():
+    jax, jnp, pl, pltpu = _jax()
+    n_out = {"fixed": 1, "every8": n // 8, "every": n}[out]
+
+    def kernel(a_ref, b_ref, o_ref, col_ref):
+      i = pl.program_id(0)
+
+      @pl.when(i == 0)
+      def _():
+        col_ref[...] = jnp.zeros_like(col_ref)
+      col_ref[...] += a_ref[:, :1].astype(jnp.float32) + b_ref[:, :1].astype(jnp.float32)
+      last = {"fixed": i == n - 1, "every8": i % 8 == 7, "every": i >= 0}[out]
+
+      @pl.when(last)
+      def _():
+        o_ref[...] = jnp.broadcast_to(col_ref[...], o_ref.shape)
+
+    blocks = cycle or n
+    in_map = (lambda i: (i % cycle, 0)) if cycle else (lambda i: (i, 0))
+    out_map = {"fixed": lambda i: (0, 0), "every8": lambda i: (i // 8, 0), "every": lambda i: (i, 0)}[out]
+    call = pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct((n_out * rows, 128), jnp.float32), grid=(n,),
+        in_specs=[pl.BlockSpec((rows, 128), in_map)] * 2, out_specs=pl.BlockSpec((rows, 128), out_map),
+        scratch_shapes=[pltpu.VMEM((rows, 1), jnp.float32)],
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("arbitrary",)))
+    return call, (_rand((blocks * rows, 128), dtype, 1), _rand((blocks * rows, 128), dtype, 2))
+  return build
+
+
+def copy_shape_cases() -> list[Case]:
+  """Session 29's second call (`copy_shape`): does a 32 KiB block's dtype and shape change the copies'
+  step (bf16 (128, 128) against f32 (64, 128) and int8 (256, 128)); 64 KiB blocks (f32 (128, 128), bf16
+  (256, 128)); blocks read once (i) against the same 8 blocks cycled (i % 8); output blocks changing
+  every 8 steps or every step (their write-backs)."""
+  F = "copy_shape"
+  return [Case("cshape_bf16_r128", F, _copy_shape("bfloat16", 128)),
+          Case("cshape_f32_r64", F, _copy_shape("float32", 64)),
+          Case("cshape_int8_r256", F, _copy_shape("int8", 256)),
+          Case("cshape_f32_r128", F, _copy_shape("float32", 128)),
+          Case("cshape_bf16_r256", F, _copy_shape("bfloat16", 256)),
+          Case("cshape_bf16_r128_once", F, _copy_shape("bfloat16", 128, cycle=0)),
+          Case("cshape_bf16_r128_out8", F, _copy_shape("bfloat16", 128, out="every8")),
+          Case("cshape_bf16_r128_out1", F, _copy_shape("bfloat16", 128, out="every")),
+          Case("cshape_f32_r64_out8", F, _copy_shape("float32", 64, out="every8"))]
