@@ -51,7 +51,7 @@ def _mm_step(variant: str):
           acc_ref[...] = jnp.zeros_like(acc_ref)
       if variant == "light":
         acc_ref[...] += x_ref[...].astype(jnp.float32) + y_ref[...].astype(jnp.float32)
-      elif variant == "none":
+      elif variant in ("none", "none_outfixed"):
         acc_ref[:, :1] += x_ref[:, :1].astype(jnp.float32) + y_ref[:, :1].astype(jnp.float32)
       else:
         acc_ref[...] += jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
@@ -61,7 +61,7 @@ def _mm_step(variant: str):
         o_ref[...] = acc_ref[...].astype(o_ref.dtype)
         return
       cond = s == _G - 1
-      if variant == "outfixed":   # (the only write: the last step)
+      if variant in ("outfixed", "none_outfixed"):   # (the only write: the last step)
         cond = (pl.program_id(0) == _G - 1) & (pl.program_id(1) == _G - 1) & cond
 
       @pl.when(cond)
@@ -78,8 +78,9 @@ def _mm_step(variant: str):
       grid = (_G, _G, _G)
       xs = pl.BlockSpec((_B, _B), lambda i, j, s: (i, s))
       ys = pl.BlockSpec((_B, _B), (lambda i, j, s: (0, 0)) if variant == "yfixed" else (lambda i, j, s: (s, j)))
-      os_ = pl.BlockSpec((_B, _B), (lambda i, j, s: (0, 0)) if variant == "outfixed" else (lambda i, j, s: (i, j)))
-      sem = ("arbitrary",) * 3 if variant == "outfixed" else ("parallel", "parallel", "arbitrary")
+      fixed = variant in ("outfixed", "none_outfixed")
+      os_ = pl.BlockSpec((_B, _B), (lambda i, j, s: (0, 0)) if fixed else (lambda i, j, s: (i, j)))
+      sem = ("arbitrary",) * 3 if fixed else ("parallel", "parallel", "arbitrary")
     call = pl.pallas_call(
         kernel, out_shape=jax.ShapeDtypeStruct((_N, _N), out_dt), grid=grid, in_specs=[xs, ys],
         out_specs=os_, scratch_shapes=[] if f32_out else [pltpu.VMEM((_B, _B), jnp.float32)],
@@ -93,17 +94,20 @@ def mm_step_cases() -> list[Case]:
           for v in ("tut", "flat", "outfixed", "outevery", "f32out", "nowhen", "light", "yfixed", "none")]
 
 
-def _copy_shape(dtype: str, rows: int, cycle: int = 8, out: str = "fixed", n: int = 512):
+def _copy_shape(dtype: str, rows: int, cycle: int = 8, out: str = "fixed", n: int = 512, window: bool = False,
+                grid3: bool = False):
   """A 1-D grid of `n` steps with two moving (rows, 128) `dtype` inputs (block i % `cycle`, or i when
   `cycle` is 0) and a light body (their first columns added into an f32 (rows, 1) scratch): the copies'
   step alone. `out`: 'fixed' (one (rows, 128) f32 output block, written at the last step), 'every8'
-  (a new output block every 8 steps, written at its 8th) or 'every' (a new block written every step)."""
+  (a new output block every 8 steps, written at its 8th) or 'every' (a new block written every step).
+  `window`: the inputs are (8 rows, 8 * 128) arrays of blocks and step i reads block (i % 8, i // 8 % 8):
+  2-D windows, not whole rows. `grid3`: an (8, 8, 8) grid, block s (the last index) of whole rows."""
   def build():
     jax, jnp, pl, pltpu = _jax()
     n_out = {"fixed": 1, "every8": n // 8, "every": n}[out]
 
     def kernel(a_ref, b_ref, o_ref, col_ref):
-      i = pl.program_id(0)
+      i = pl.program_id(0) * 64 + pl.program_id(1) * 8 + pl.program_id(2) if grid3 else pl.program_id(0)
 
       @pl.when(i == 0)
       def _():
@@ -116,14 +120,21 @@ def _copy_shape(dtype: str, rows: int, cycle: int = 8, out: str = "fixed", n: in
         o_ref[...] = jnp.broadcast_to(col_ref[...], o_ref.shape)
 
     blocks = cycle or n
-    in_map = (lambda i: (i % cycle, 0)) if cycle else (lambda i: (i, 0))
-    out_map = {"fixed": lambda i: (0, 0), "every8": lambda i: (i // 8, 0), "every": lambda i: (i, 0)}[out]
+    in_shape = (blocks * rows, 128)
+    if window:
+      in_map, in_shape = (lambda i: (i % 8, i // 8 % 8)), (8 * rows, 8 * 128)
+    elif grid3:
+      in_map = lambda i, j, s: (s, 0)  # noqa: E731
+    else:
+      in_map = (lambda i: (i % cycle, 0)) if cycle else (lambda i: (i, 0))
+    out_map = {"fixed": lambda *i: (0, 0), "every8": lambda i: (i // 8, 0), "every": lambda i: (i, 0)}[out]
+    grid = (8, 8, n // 64) if grid3 else (n,)
     call = pl.pallas_call(
-        kernel, out_shape=jax.ShapeDtypeStruct((n_out * rows, 128), jnp.float32), grid=(n,),
+        kernel, out_shape=jax.ShapeDtypeStruct((n_out * rows, 128), jnp.float32), grid=grid,
         in_specs=[pl.BlockSpec((rows, 128), in_map)] * 2, out_specs=pl.BlockSpec((rows, 128), out_map),
         scratch_shapes=[pltpu.VMEM((rows, 1), jnp.float32)],
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("arbitrary",)))
-    return call, (_rand((blocks * rows, 128), dtype, 1), _rand((blocks * rows, 128), dtype, 2))
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("arbitrary",) * len(grid)))
+    return call, (_rand(in_shape, dtype, 1), _rand(in_shape, dtype, 2))
   return build
 
 
@@ -142,3 +153,14 @@ def copy_shape_cases() -> list[Case]:
           Case("cshape_bf16_r128_out8", F, _copy_shape("bfloat16", 128, out="every8")),
           Case("cshape_bf16_r128_out1", F, _copy_shape("bfloat16", 128, out="every")),
           Case("cshape_f32_r64_out8", F, _copy_shape("float32", 64, out="every8"))]
+
+
+def copy_window_cases() -> list[Case]:
+  """Session 29's third call (`copy_window`): `copy_shape`'s step with 2-D windows of a wider array
+  (the tutorial matmul's blocks) instead of whole rows, with the (8, 8, 8) grid, and the tutorial's
+  copies-only step without its output block changes."""
+  F = "copy_window"
+  return [Case("cwin_bf16_r128", F, _copy_shape("bfloat16", 128, window=True)),
+          Case("cwin_f32_r64", F, _copy_shape("float32", 64, window=True)),
+          Case("cwin_bf16_r128_grid3", F, _copy_shape("bfloat16", 128, grid3=True)),
+          Case("mmst_none_outfixed", F, _mm_step("none_outfixed"))]

@@ -580,6 +580,8 @@ class _Steps:
     # (a block's element offsets: precomputed for every step, or its index map run now)
     dma_start, call_args, n, points, index_args = self.dma_start, self.call_args, self.n, self.points, \
         self.index_args
+    if self.map_cycles and s:   # (a candidate rule, off on every chip: hw.ChipSpec.index_map_cycles)
+      self.ex.scalar_ops(self.map_cycles)   # (the next blocks' indices, before their copies start)
     for o in self.buffered_in:
       if s not in o.fetched:
         cur = o.all_blocks[s] if o.all_blocks is not None else block_offsets(o, s, point, index_args, "")
@@ -598,8 +600,6 @@ class _Steps:
           nxt = blocks[t] if blocks is not None else block_offsets(o, t, points[t], index_args, "")
           if nxt != cur and t not in o.fetched:
             _start_fetch(o, t, nxt, dma_start)
-    if self.map_cycles and s:   # (a candidate rule, off on every chip: hw.ChipSpec.index_map_cycles)
-      self.ex.scalar_ops(self.map_cycles)
     for (k, o, blocks, alias, ahead), cur in zip(self.in_plan, curs):
       if alias:
         if s == 0 or cur != o.cur:

@@ -76,6 +76,9 @@ BOUNDS = {
     "page_wheelbody": (0.08, 0.20),
     # session 28: that walk with the wheel's dynamic trip count and a q block moving every step
     "page_wheelgrid": (0.06, 0.07),
+    # session 29 (cases_mmstep.py): the 128-block tutorial matmul's step taken apart, and copy-only
+    # pipelines of 32 and 64 KiB blocks of several dtypes and shapes with their output write-backs
+    "mm_step": (0.04, 0.23), "copy_shape": (0.25, 0.30),
     # measured after 655fb6c's predictions were recorded (v5e-holdout-predictions-*.json); the model
     # changed after that (the DMA-wait sync rule), so these are no longer blind predictions
     "holdout": (0.06, 0.32),
@@ -87,7 +90,7 @@ BOUNDS = {
 def test_every_measured_family_has_a_bound():
   _, recs = model.load()
   assert {r["family"] for r in recs.values()} == set(BOUNDS)
-  assert len(recs) >= 737
+  assert len(recs) >= 754
 
 
 @pytest.mark.parametrize("family", sorted(BOUNDS))
