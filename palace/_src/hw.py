@@ -106,13 +106,16 @@ class ChipSpec:
   xlu_class_turnaround: bool = False
   # each copy on an HBM channel occupies it as if it were this many bytes longer (engine time)
   dma_copy_overhead_bytes: int = 0
-  # scalar cycles a pallas_call grid step spends per pipelined operand on its index map, charged after
-  # the step's next blocks are started and before its waits (pipeline.py): a map computed from the
+  # scalar cycles a pallas_call grid step spends per pipelined operand on its index map, charged before
+  # the step's next blocks are started (their indices come first: pipeline.py): a map computed from the
   # grid indices (a block index neither constant nor one grid index times one), and a map reading
   # kernel memory (scalar-prefetch tables, evaluated on the core). Pipelines recorded inside a
   # kernel (emit_pipeline's parked schedules) are not charged.
   index_map_cycles: int = 0
   index_map_smem_cycles: int = 0
+  # a pallas_call output block kept over two or more grid steps is written back and waited at once
+  # when it changes (the next step starts after its write-back is seen)
+  wait_kept_write_backs: bool = False
   # a rolled loop's back edge (lax.fori_loop / while_loop / pl.loop iteration, not unrolled): the next
   # iteration issues after this one's vector/MXU results have drained, plus these cycles of branch and
   # counter work (docs/timing-model.md 1.1)
@@ -304,9 +307,15 @@ _COMMON_SOURCES = _mp(
     dma_copy_overhead_bytes="candidate rule, off (0): session 28's page_order and sync_size probes "
                             "(benchmarks/hw, 2026-12-06); not adopted",
     index_map_cycles="candidate rule, off (0): session 27's step_branch probes (benchmarks/hw, "
-                     "2026-12-06), +21 cycles a step for two operands' computed maps; not adopted",
+                     "2026-12-06), +21 cycles a step for two operands' computed maps beside a heavy "
+                     "body; session 29's copy_shape / copy_window (2026-12-07), +21 for two beside a "
+                     "copy-bound one, +28 for three (mm_step); not adopted",
     index_map_smem_cycles="candidate rule, off (0): session 27's step_branch probes, +46 (int32) and "
                           "+75 (int8) cycles a step for two operands' table-reading maps; not adopted",
+    wait_kept_write_backs="candidate rule, off: session 25's out_switch and session 29's mm_step / "
+                          "copy_shape (benchmarks/hw, 2026-12-06/07): a kept block's change costs "
+                          "190-280 cycles (32 KiB) and ~660 (64 KiB), one written every step far less; "
+                          "not adopted",
     dma_issue_cycles="modelling assumption: one DMA request per cycle [SB-tpus] plus address "
                      "arithmetic (the sum with the step overhead is what section 7 fixes)",
     scalar_op_cycles="[SB-tpus] scalar unit issues one bundle per cycle (modelling assumption)",

@@ -46,7 +46,7 @@ class _Op:
                "next_slot", "pending_wb", "written", "squeezed", "sem_views", "mode", "nbuf",
                "bounds_checks", "views", "all_blocks", "sem_targets", "simple", "whole_blocks",
                "block_nbytes", "prepare", "block_is_array", "full_slices", "ex", "last_copy",
-               "map_on_core", "prefetch")
+               "map_on_core", "prefetch", "cur_since")
 
   def __init__(self, m: BlockMapping, hbm: Ref, is_out: bool):
     self.m, self.hbm, self.is_out = m, hbm, is_out
@@ -78,6 +78,7 @@ class _Op:
     self.last_copy = []     # per slot: the last whole-block copy prepared for it (or None)
     self.map_on_core = False  # the index map reads kernel memory (block_offsets: evaluated on the core)
     self.prefetch = None      # a map over scalar-prefetch tables: its PrefetchMap (prefetch_maps.py)
+    self.cur_since = 0        # the step the current output block became current (a kept block's age)
 
 
 class _BlockLabels(tuple):
@@ -540,7 +541,7 @@ class _Steps:
   looking the core up per copy)."""
   __slots__ = ("ex", "points", "n", "index_args", "sync", "call_args", "buffered_in", "buffered_out",
                "per_step", "in_plan", "out_plan", "dma_start", "dma_wait", "grid", "grid_stack",
-               "grid_step", "map_cycles")
+               "grid_step", "map_cycles", "wait_kept")
 
   def __init__(self, pipe: Pipeline, ex):
     ops_in, ops_out, lead = pipe.ops_in, pipe.ops_out, pipe.lead_args
@@ -563,6 +564,7 @@ class _Steps:
     self.dma_start, self.dma_wait = ex.dma_start, ex.dma_wait
     self.grid, self.grid_stack, self.grid_step = pipe.grid, ex.grid_stack, ex.grid_step
     chip = ex.chip if type(ex) is not _Recorder else None
+    self.wait_kept = chip is not None and chip.wait_kept_write_backs
     self.map_cycles = _index_map_cycles(ins + outs, pipe.points, pipe.index_args, chip) if chip is not None and (
         chip.index_map_cycles or chip.index_map_smem_cycles) else 0
 
@@ -651,7 +653,7 @@ class _Steps:
           if copy is not None:
             self.dma_start(copy)
             self.dma_wait(copy)
-        o.cur, o.cur_slot = cur, slot
+        o.cur, o.cur_slot, o.cur_since = cur, slot, s
         call_args[k] = o.slots[slot]
 
   def write_backs(self, s: int) -> None:
@@ -667,7 +669,7 @@ class _Steps:
       copy = o.prepare(o, o.cur, o.cur_slot, True)
       if copy is not None:
         self.dma_start(copy)
-        if self.sync:
+        if self.sync or (self.wait_kept and o.cur_since < s):   # (wait_kept: a candidate rule, off)
           self.dma_wait(copy)
         else:
           o.pending_wb[o.cur_slot] = copy

@@ -366,6 +366,7 @@ class Detector:
       if o.is_out:
         o.written.update(blocks[t] for t in (np.flatnonzero(chg[s + 1:s + skip + 1]) + s).tolist())
       o.cur = blocks[new_last]
+      o.cur_since += skip   # (the same phase of the period: its block became current skip steps later)
     args = self.steps.call_args
     for k, o in self.alias:
       o.cur = o.all_blocks[new_last]

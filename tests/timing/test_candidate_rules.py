@@ -182,8 +182,66 @@ def _pipelined_copy(chip, index_map):
 ])
 def test_a_computed_index_map_costs_its_cycles_every_step_after_the_first(what, index_map, charged):
   """index_map_cycles = c: a grid step (after the first, the prologue) whose input's map computes its
-  block index (neither constant nor a grid index) spends c scalar cycles before its waits; a plain map
+  block index (neither constant nor a grid index) spends c scalar cycles before it starts the next
+  blocks' copies; a plain map
   costs nothing; the blocks are the same either way."""
   chip = dataclasses.replace(UNIT_CHIP, index_map_cycles=7, index_map_smem_cycles=50)
   extra = _pipelined_copy(chip, index_map) - _pipelined_copy(UNIT_CHIP, index_map)
   assert extra == (7 * 7 if charged else 0), what
+
+
+def _accumulate(chip, keep):
+  """A grid of 8 steps adding (8, 128) input blocks into output blocks kept `keep` steps each."""
+  def k(x_ref, o_ref):
+    @pl.when(pl.program_id(0) % keep == 0)
+    def _():
+      o_ref[...] = jnp.zeros_like(o_ref)
+    o_ref[...] += x_ref[...]
+
+  x = np.arange(64 * 128, dtype=np.float32).reshape(64, 128)
+  with pl.virtual_tpu(chip) as tpu:
+    out = pl.pallas_call(k, out_shape=pl.ShapeDtypeStruct((64 // keep, 128), np.float32), grid=(8,),
+                         in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+                         out_specs=pl.BlockSpec((8, 128), lambda i: (i // keep, 0)))(x)
+  np.testing.assert_array_equal(out, x.reshape(8 // keep, keep, 8, 128).sum(1).reshape(-1, 128))
+  r = tpu.reports[-1]
+  steps = [e[3] for e in r.events if e[1] == "scalar" and e[2] == "grid step"]
+  writes = [e[4] for e in r.events if e[1] == "dma" and e[2] == "vmem->hbm"]
+  return r.device_cycles, steps, writes
+
+
+def test_a_kept_output_blocks_write_back_is_waited_at_once_with_wait_kept_write_backs():
+  """wait_kept_write_backs: an output block kept over 2+ steps is written back and waited when it
+  changes, so the next grid step starts after that write-back is seen; a block written every step keeps
+  its write-backs in flight (the timeline is unchanged)."""
+  chip = dataclasses.replace(UNIT_CHIP, wait_kept_write_backs=True)
+  base, _, _ = _accumulate(UNIT_CHIP, 4)
+  cycles, steps, writes = _accumulate(chip, 4)
+  assert cycles > base
+  assert writes[0] + UNIT_CHIP.dma_wait_sync_cycles < steps[3]   # (the change after step 3: steps[3] is step 4's)
+  assert _accumulate(chip, 1) == _accumulate(UNIT_CHIP, 1)
+
+
+def test_the_candidate_rules_keep_steady_state_timing_exact():
+  """A long timing-only grid under every candidate rule: the steady-state detector's total (it times a
+  period once and advances over the rest) equals stepping every step."""
+  chip = dataclasses.replace(UNIT_CHIP, dma_wait_latency_cycles=280, mxu_handoff_cycles_per_vreg=2.375,
+                             mxu_chain_waits=True, xlu_class_turnaround=True, dma_copy_overhead_bytes=4096,
+                             index_map_cycles=10, index_map_smem_cycles=23, wait_kept_write_backs=True)
+
+  def k(x_ref, y_ref, o_ref):   # (an output block kept 4 steps, maps computed, a dot into the XLU and the MXU)
+    s = jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)
+    t = jnp.dot(s.astype(jnp.bfloat16), y_ref[...], preferred_element_type=jnp.float32)
+    o_ref[...] = jnp.broadcast_to(jnp.max(s, axis=-1, keepdims=True), s.shape) + t
+
+  x = np.ones((8 * 128, 128), jnp.bfloat16)
+  reports, skipped = {}, {}
+  for steady in (True, False):
+    with pl.virtual_tpu(chip, timing_only=True, steady_state=steady) as tpu:
+      pl.pallas_call(k, out_shape=pl.ShapeDtypeStruct((64 * 128, 128), np.float32), grid=(256,),
+                     in_specs=[pl.BlockSpec((128, 128), lambda i: ((3 * i) % 8, 0)),
+                               pl.BlockSpec((128, 128), lambda i: (i % 8, 0))],
+                     out_specs=pl.BlockSpec((128, 128), lambda i: (i // 4, 0)))(x, x)
+    reports[steady], skipped[steady] = tpu.reports[-1], tpu.extrapolated_steps
+  assert skipped[False] == 0 and skipped[True] > 128   # (the detector advanced over most of the grid)
+  assert reports[True].as_dict() == reports[False].as_dict()
