@@ -11,7 +11,7 @@ import palace.numpy as jnp
 from palace import tpu as pltpu
 from palace._src import hw
 
-from timing_helpers import ANY_SPEC, UNIT_CHIP
+from timing_helpers import UNIT_CHIP, run_four_copies
 
 SCALAR = UNIT_CHIP.scalar_op_cycles
 
@@ -27,29 +27,12 @@ def test_every_candidate_rule_is_off_on_every_chip():
     assert not chip.xlu_class_turnaround and chip.dma_copy_overhead_bytes == 0
 
 
-def _four_copies(chip):
-  def k(x_hbm, o_hbm, buf, sem):
-    copies = [pltpu.make_async_copy(x_hbm.at[i], buf.at[i], sem.at[0]) for i in range(4)]
-    for c in copies:
-      c.start()
-    for c in copies:
-      c.wait()
-
-  x = np.ones((4, 8, 128), np.float32)
-  with pl.virtual_tpu(chip) as tpu:
-    pl.pallas_call(k, out_shape=pl.ShapeDtypeStruct((8, 128), np.float32), in_specs=[ANY_SPEC],
-                   out_specs=ANY_SPEC,
-                   scratch_shapes=[pltpu.VMEM((4, 8, 128), jnp.float32), pltpu.SemaphoreType.DMA((1,))])(x)
-  r = tpu.reports[-1]
-  return r.device_cycles, [e[2] for e in _events(r, "dma")]
-
-
 def test_the_latency_form_sees_each_copy_a_fixed_time_after_it_landed():
   """dma_wait_latency_cycles = L: each wait ends at max(now, its copy's landing + L), then its scalar
   op; the stall (dma_wait_sync_cycles) is not paid and the copies' timing is unchanged."""
   lat = 280
-  stall_cycles, stall_dones = _four_copies(UNIT_CHIP)
-  cycles, dones = _four_copies(dataclasses.replace(UNIT_CHIP, dma_wait_latency_cycles=lat))
+  stall_cycles, stall_dones = run_four_copies(UNIT_CHIP)
+  cycles, dones = run_four_copies(dataclasses.replace(UNIT_CHIP, dma_wait_latency_cycles=lat))
   assert dones == stall_dones
   now = dones[0] - 1   # (the clock before the first wait is below every landing)
   for done in dones:
@@ -63,10 +46,10 @@ def test_a_copy_overhead_occupies_the_channel_as_extra_bytes():
   cycle): four 4 KiB copies issued 8 cycles apart (4.1 cycles of transfer each) land 3 cycles later
   each with B = 3000 (7.1 cycles: no queue yet), and with B = 8000 (12.1 cycles) they queue, the k-th
   (from 0) starting k * 4.1 cycles later than 8 apart."""
-  _, base = _four_copies(UNIT_CHIP)
-  _, dones = _four_copies(dataclasses.replace(UNIT_CHIP, dma_copy_overhead_bytes=3000))
+  _, base = run_four_copies(UNIT_CHIP)
+  _, dones = run_four_copies(dataclasses.replace(UNIT_CHIP, dma_copy_overhead_bytes=3000))
   assert [d - b for d, b in zip(dones, base)] == [3, 3, 3, 3]
-  _, queued = _four_copies(dataclasses.replace(UNIT_CHIP, dma_copy_overhead_bytes=8000))
+  _, queued = run_four_copies(dataclasses.replace(UNIT_CHIP, dma_copy_overhead_bytes=8000))
   assert [d - b for d, b in zip(queued, base)] == [8, 12, 16, 20]
 
 

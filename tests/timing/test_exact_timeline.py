@@ -15,7 +15,7 @@ from palace import tpu as pltpu
 from palace._src import hw
 from palace._src.sim import cost
 
-from timing_helpers import ANY_SPEC, UNIT_CHIP
+from timing_helpers import ANY_SPEC, UNIT_CHIP, run_four_copies
 
 S, SYNC, ISSUE, SCALAR = 40, 260, 8, 1   # grid step, DMA-wait sync, DMA issue, scalar op (cycles); the
 # first grid step of a launch pays no step overhead (its bookkeeping is the kernel's prologue)
@@ -141,22 +141,9 @@ def test_a_run_of_dma_waits_pays_one_sync():
   """A DMA wait whose copy landed after the last DMA-wait sync pays SYNC after it landed; copies that
   landed before that sync ended cost their scalar op only (measured on a v5e: a (start; wait) loop of
   4 KiB reads takes 0.35 us a copy; one that starts each copy three iterations ahead 0.09 us)."""
-  def k(x_hbm, o_hbm, buf, sem):
-    copies = [pltpu.make_async_copy(x_hbm.at[i], buf.at[i], sem.at[0]) for i in range(4)]
-    for c in copies:
-      c.start()
-    for c in copies:
-      c.wait()
-
-  x = np.ones((4, 8, 128), np.float32)
   cycles, dones = {}, {}
   for name, chip in (("sync", UNIT_CHIP), ("none", dataclasses.replace(UNIT_CHIP, dma_wait_sync_cycles=0))):
-    with pl.virtual_tpu(chip) as tpu:
-      pl.pallas_call(k, out_shape=pl.ShapeDtypeStruct((8, 128), np.float32), in_specs=[ANY_SPEC],
-                     out_specs=ANY_SPEC,
-                     scratch_shapes=[pltpu.VMEM((4, 8, 128), jnp.float32), pltpu.SemaphoreType.DMA((1,))])(x)
-    cycles[name] = tpu.reports[-1].device_cycles
-    dones[name] = [e[2] for e in _events(tpu.reports[-1], "dma")]
+    cycles[name], dones[name] = run_four_copies(chip)
   assert dones["sync"] == dones["none"]
   # the first wait returns SYNC after its copy landed (the other three have landed by then), then each
   # wait is one scalar op; without the sync the run ends one scalar op after the last copy lands

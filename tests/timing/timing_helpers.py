@@ -60,3 +60,22 @@ def run_add(chip, rows, block_rows, cols=512, buffers=None, timing_only=True, tr
     out = pl.pallas_call(add_kernel, out_shape=pl.ShapeDtypeStruct(x.shape, x.dtype),
                          grid=(rows // block_rows,), in_specs=[spec, spec], out_specs=spec)(x, x)
   return tpu.reports[-1], out
+
+
+def run_four_copies(chip):
+  """Four (8, 128) f32 HBM->VMEM copies on one semaphore, all started, then all waited: (device cycles,
+  each copy's completion cycle)."""
+  def k(x_hbm, o_hbm, buf, sem):
+    copies = [pltpu.make_async_copy(x_hbm.at[i], buf.at[i], sem.at[0]) for i in range(4)]
+    for c in copies:
+      c.start()
+    for c in copies:
+      c.wait()
+
+  x = np.ones((4, 8, 128), np.float32)
+  with pl.virtual_tpu(chip) as tpu:
+    pl.pallas_call(k, out_shape=pl.ShapeDtypeStruct((8, 128), np.float32), in_specs=[ANY_SPEC],
+                   out_specs=ANY_SPEC,
+                   scratch_shapes=[pltpu.VMEM((4, 8, 128), jnp.float32), pltpu.SemaphoreType.DMA((1,))])(x)
+  r = tpu.reports[-1]
+  return r.device_cycles, [e[4] for e in r.events if e[1] == "dma"]
