@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import resource
 import statistics
 import time
@@ -17,6 +18,8 @@ def main(argv=None):
   ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                   help="override a chip-spec field (a candidate rule), e.g. dma_wait_latency_cycles=280")
   ap.add_argument("--jobs", type=int, default=1, help="processes modelling the cases")
+  ap.add_argument("--save", default=None, metavar="JSON",
+                  help="also write every row (name, family, measured us, modelled us) to this file")
   a = ap.parse_args(argv)
   try:
     model.chip_with(a.chip, a.set)
@@ -38,7 +41,12 @@ def main(argv=None):
     print(f"{fam:18s} {n:6d} {med * 100:12.1f}% {worst * 100:11.1f}%")
   errs = [abs(r.error) for r in rows]
   if errs:
-    print(f"{'all':18s} {len(errs):6d} {statistics.median(errs) * 100:12.1f}% {max(errs) * 100:11.1f}%")
+    within = " / ".join(str(sum(e <= t for e in errs)) for t in (0.05, 0.10, 0.15))
+    print(f"{'all':18s} {len(errs):6d} {statistics.median(errs) * 100:12.1f}% {max(errs) * 100:11.1f}%"
+          f"   within 5 / 10 / 15%: {within}")
+  if a.save:
+    with open(a.save, "w") as f:
+      json.dump([[r.name, r.family, r.measured_us, r.modelled_us] for r in rows], f)
   kids = resource.getrusage(resource.RUSAGE_CHILDREN)   # (--jobs: the worker processes' CPU)
   print(f"({time.process_time() - t0 + kids.ru_utime + kids.ru_stime:.0f} s CPU)")
 
