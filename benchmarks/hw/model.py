@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import glob
 import json
+import math
 import os
 import statistics
 
@@ -84,35 +85,40 @@ def chip_with(chip: str, sets: list[str]):
   spec = hw.get_chip(chip)
   if not sets:
     return spec
-  names = {f.name for f in dataclasses.fields(spec)}
+  fields = {f.name: f for f in dataclasses.fields(spec)}
   kw = {}
   for item in sets:
-    field, sep, text = item.partition("=")
-    if not sep or field not in names:
+    name, sep, text = item.partition("=")
+    if not sep or name not in fields:
       raise ValueError(f"--set {item!r}: expected FIELD=VALUE with FIELD a ChipSpec field "
                        f"(e.g. dma_wait_latency_cycles=280)")
-    kw[field] = _parse_value(getattr(spec, field), text, item)
+    kw[name] = _parse_value(getattr(spec, name), "None" in str(fields[name].type), text, item)
   return dataclasses.replace(spec, **kw)
 
 
-def _parse_value(current, text: str, item: str):
+def _parse_value(current, optional: bool, text: str, item: str):
+  """`text` as a value for a field holding `current` (bool, int or float; `optional`: None allowed)."""
   word = text.lower()
   if isinstance(current, bool):
     if word in ("true", "1", "false", "0"):
       return word in ("true", "1")
   elif word == "none":
-    return None
+    if optional:
+      return None
   else:
     try:
       value = float(text)
     except ValueError:
-      value = None
-    if value is not None and (isinstance(current, float) or value != int(value) and current is None):
-      return value
-    if value is not None and value == int(value):
-      return int(value)
-  kind = type(current).__name__ if current is not None else "number or none"
-  raise ValueError(f"--set {item!r}: expected {kind}, got {text!r}")
+      value = math.nan
+    if math.isfinite(value):
+      if isinstance(current, float):
+        return value
+      if value.is_integer():
+        return int(value)
+      if current is None:   # (an optional number unset: any finite number)
+        return value
+  kind = type(current).__name__ if current is not None else "a number"
+  raise ValueError(f"--set {item!r}: expected {kind}{' or none' if optional else ''}, got {text!r}")
 
 
 def _model_names(args) -> dict:

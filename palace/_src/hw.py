@@ -108,7 +108,7 @@ class ChipSpec:
   dma_copy_overhead_bytes: int = 0
   # scalar cycles a pallas_call grid step spends per pipelined operand on its index map, charged before
   # the step's next blocks are started (their indices come first: pipeline.py): a map computed from the
-  # grid indices (a block index neither constant nor one grid index times one), and a map reading
+  # grid indices (a block index neither constant nor equal to one grid index), and a map reading
   # kernel memory (scalar-prefetch tables, evaluated on the core). Pipelines recorded inside a
   # kernel (emit_pipeline's parked schedules) are not charged.
   index_map_cycles: int = 0

@@ -31,6 +31,7 @@ from palace._src.prefetch_maps import PrefetchMap
 from palace._src.blocks import SQUEEZED, BlockMapping
 from palace._src.core import MemorySpace
 from palace._src.errors import OutOfBoundsError, SyncError, UsageError
+from palace._src.lang.array import concrete_int
 from palace._src.lang.primitives import close_scope, open_scope, sem_target
 from palace._src.lang.refs import Ref, Slice
 from palace._src.lang.tpu_primitives import AsyncCopyDescriptor, prepare_window_copy
@@ -500,7 +501,7 @@ def _host_blocks(o, points, index_args):
     for point in points:
       idx = o.m.index_map(*point, *index_args)
       idx = tuple(idx) if isinstance(idx, (tuple, list)) else (idx,)
-      out.append(o.m.offsets(tuple(int(i) for i in idx)))
+      out.append(o.m.offsets(tuple(concrete_int(i, "index_map result") for i in idx)))
     return out
   except Exception:  # noqa: BLE001  (a map reading kernel memory: the caller counts it as one)
     return None

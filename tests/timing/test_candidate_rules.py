@@ -53,34 +53,45 @@ def test_a_copy_overhead_occupies_the_channel_as_extra_bytes():
   assert [d - b for d, b in zip(queued, base)] == [8, 12, 16, 20]
 
 
-def _dot_then(consume, chip, shape=(128, 128)):
+# small integers: every product and sum below is exact in float32 (and the (128, 128) dot's results,
+# at most 128 * 36, round to bfloat16 as NumPy's cast of them does), so the references are exact
+_X = (np.arange(128 * 128) % 7).astype(np.float32).reshape(128, 128)
+
+
+def _dot_then(consume, chip):
   def k(x_ref, o_ref):
     s = jnp.dot(x_ref[...], x_ref[...], preferred_element_type=jnp.float32)
     o_ref[...] = consume(s)
 
-  x = (np.arange(shape[0] * shape[1]) % 7).astype(np.float32).reshape(shape).astype(jnp.bfloat16)
   with pl.virtual_tpu(chip) as tpu:
-    out = pl.pallas_call(k, out_shape=pl.ShapeDtypeStruct(shape, np.float32))(x)
+    out = pl.pallas_call(k, out_shape=pl.ShapeDtypeStruct(_X.shape, np.float32))(_X.astype(jnp.bfloat16))
   return out, tpu.reports[-1]
 
 
-@pytest.mark.parametrize("what, consume, vregs", [
-    ("a lane max of the result", lambda s: jnp.broadcast_to(jnp.max(s, axis=-1, keepdims=True), s.shape), 16),
+def _lane_max(s):
+  return np.broadcast_to(s.max(-1, keepdims=True), s.shape)
+
+
+@pytest.mark.parametrize("what, consume, reference, vregs", [
+    ("a lane max of the result", lambda s: jnp.broadcast_to(jnp.max(s, axis=-1, keepdims=True), s.shape),
+     _lane_max, 16),
     ("a lane max of the scaled result", lambda s: jnp.broadcast_to(jnp.max(s * 0.5, axis=-1, keepdims=True),
-                                                                  s.shape), 16),
-    ("an add (VPU only)", lambda s: s + 1.0, 0),
+                                                                  s.shape), lambda s: _lane_max(s * 0.5), 16),
+    ("an add (VPU only)", lambda s: s + 1.0, lambda s: s + 1.0, 0),
 ])
-def test_the_mxu_handoff_delays_an_xlu_op_reading_an_mxu_result(what, consume, vregs):
+def test_the_mxu_handoff_delays_an_xlu_op_reading_an_mxu_result(what, consume, reference, vregs):
   """mxu_handoff_cycles_per_vreg = h: an XLU op whose operand is an MXU result, directly or through VPU
   ops, sees it h cycles per result vreg later (at most mxu_handoff_max_vregs: a (128, 128) f32 result is
   16 vregs); a VPU-only consumer pays nothing. The result is unchanged."""
   h = 2.5
+  want = reference(_X @ _X)
   ref, base = _dot_then(consume, UNIT_CHIP)
   out, r = _dot_then(consume, dataclasses.replace(UNIT_CHIP, mxu_handoff_cycles_per_vreg=h))
-  np.testing.assert_array_equal(out, ref)
-  assert r.device_cycles - base.device_cycles == int(h * vregs), what
   capped, r8 = _dot_then(consume, dataclasses.replace(UNIT_CHIP, mxu_handoff_cycles_per_vreg=h,
                                                        mxu_handoff_max_vregs=8))
+  for got in (ref, out, capped):
+    np.testing.assert_array_equal(got, want)
+  assert r.device_cycles - base.device_cycles == int(h * vregs), what
   assert r8.device_cycles - base.device_cycles == int(h * min(vregs, 8)), what
 
 
@@ -91,9 +102,11 @@ def test_a_dot_fed_from_the_mxus_last_result_waits_for_it_with_mxu_chain_waits()
     return jnp.dot(s.astype(jnp.bfloat16), jnp.ones((128, 128), jnp.bfloat16),
                    preferred_element_type=jnp.float32)
 
+  want = (_X @ _X).astype(jnp.bfloat16).astype(np.float32) @ np.ones((128, 128), np.float32)
   ref, base = _dot_then(consume, UNIT_CHIP)
   out, r = _dot_then(consume, dataclasses.replace(UNIT_CHIP, mxu_chain_waits=True))
-  np.testing.assert_array_equal(out, ref)
+  np.testing.assert_array_equal(ref, want)
+  np.testing.assert_array_equal(out, want)
   (_, s1, e1), (_, s2, _) = _events(base, "mxu")
   assert s2 == s1
   (_, c1, f1), (_, c2, _) = _events(r, "mxu")
@@ -104,7 +117,7 @@ def test_a_dot_fed_from_the_mxus_last_result_waits_for_it_with_mxu_chain_waits()
 
 def test_an_xlu_op_of_another_class_waits_for_the_previous_ones_result():
   """xlu_class_turnaround: a lane broadcast of a loaded column issued after a lane max starts once the
-  max's result is out; a second lane max (same class) still streams behind the first."""
+  max's result is out; without the rule it starts before that."""
   def k(x_ref, c_ref, o_ref):
     v = x_ref[...]
     m = jnp.max(v, axis=-1, keepdims=True)
@@ -141,6 +154,11 @@ def test_benchmarks_hw_set_overrides_chip_fields_with_their_types():
     model.chip_with("v5e", ["dma_issue_cycles=2.5"])
   with pytest.raises(ValueError, match=r"--set 'mxu_chain_waits=yes': expected bool"):
     model.chip_with("v5e", ["mxu_chain_waits=yes"])
+  assert model.chip_with("v5e", ["dma_wait_latency_cycles=none"]).dma_wait_latency_cycles is None
+  with pytest.raises(ValueError, match=r"--set 'dma_issue_cycles=none': expected int, got 'none'"):
+    model.chip_with("v5e", ["dma_issue_cycles=none"])
+  with pytest.raises(ValueError, match=r"--set 'dma_wait_latency_cycles=inf': expected a number or none"):
+    model.chip_with("v5e", ["dma_wait_latency_cycles=inf"])
 
 
 def _pipelined_copy(chip, index_map):

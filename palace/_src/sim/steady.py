@@ -84,9 +84,9 @@ class SteadyState:
              tuple(rel(v) for v in core.unit_issued.values()),
              rel(core.compute_done), rel(core.mxu_done), rel(core.horizon)]
     parts.append(tuple((id(b), rel(b.ready_cycle)) for b in self._buffers()))
-    if core._mxu_results or core.xlu_last[0] is not None:   # (candidate rules' state: hw.ChipSpec)
+    if core.mxu_results or core.xlu_last[0] is not None:   # (candidate rules' state: hw.ChipSpec)
       parts.append((core.xlu_last[0], rel(core.xlu_last[1]),
-                    tuple(sorted((t - now, v) for t, v in (core._mxu_results or {}).items()))))
+                    tuple(sorted((t - now, v) for t, v in (core.mxu_results or {}).items()))))
     sems = []
     for key, sem in m.sems.slots.items():
       pending = sem.pending
@@ -250,10 +250,10 @@ class SteadyState:
     core.compute_done = later(core.compute_done)
     if core.xlu_last[0] is not None:
       core.xlu_last = (core.xlu_last[0], later(core.xlu_last[1]))
-    if core._mxu_results:
-      items = list(core._mxu_results.items())
-      core._mxu_results.clear()
-      core._mxu_results.update((t + shift, v) for t, v in items)
+    if core.mxu_results:
+      items = list(core.mxu_results.items())
+      core.mxu_results.clear()
+      core.mxu_results.update((t + shift, v) for t, v in items)
     core.mxu_done = later(core.mxu_done)
     core.horizon = later(core.horizon)
     for buf in self._buffers():

@@ -114,7 +114,7 @@ class TensorCore:
     self._handoff = chip.mxu_handoff_cycles_per_vreg
     self._chain_waits = chip.mxu_chain_waits
     self._xlu_turn = chip.xlu_class_turnaround
-    self._mxu_results = {} if self._handoff or self._chain_waits else None
+    self.mxu_results = {} if self._handoff or self._chain_waits else None
     self.xlu_last = (None, 0)
     self.mxu_done = 0         # latest MXU result (popped by issue slots before a step's bookkeeping)
     self.flops = 0
@@ -216,7 +216,7 @@ class TensorCore:
     unit, busy, lat = self._vcost[(op_class, shape, None)]   # (arithmetic is costed in 32-bit tiles)
     if unit is None:
       return ready
-    results = self._mxu_results
+    results = self.mxu_results
     if results and self._handoff and ready in results:   # (candidate rule: hw.ChipSpec)
       vregs = results[ready]
       if unit == "xlu":     # an MXU result reaching the XLU: its hand-off
@@ -238,7 +238,7 @@ class TensorCore:
       hit = self._mcost[key]
     busy, lat, flops, label = hit
     self.flops += flops
-    results = self._mxu_results
+    results = self.mxu_results
     if results is not None:   # (candidate rules: hw.ChipSpec)
       if self._chain_waits and ready >= self.mxu_done > self.now and self.unit_free["mxu"] < ready:
         self.unit_free["mxu"] = self.unit_issued["mxu"] = ready   # computed from the MXU's last result
@@ -454,8 +454,8 @@ class TensorCore:
     # flight; the next step issues after the bookkeeping and `grid_step_drain_cycles` after the last
     # result (measured on a v5e: docs/timing-model.md 1.1).
     self.steps += 1
-    if self._mxu_results:
-      self._mxu_results.clear()   # (a later step reads an earlier step's results from memory)
+    if self.mxu_results:
+      self.mxu_results.clear()   # (a later step reads an earlier step's results from memory)
     if self.steps == 1:   # the first step's bookkeeping is the kernel's prologue
       self.now = self.now if self.now > self.compute_done else self.compute_done
       return
