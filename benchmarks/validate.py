@@ -201,8 +201,8 @@ _HW_SOURCE = "measured on a TPU v5e: benchmarks/hw (JAX 0.10.2, 2026-12-05 to -0
 def _hw_cases():
   """(case, measured device us) of every kernel recorded on the chip (benchmarks/hw/data)."""
   _, recs = hw_model.load()
-  return [(c, recs[c.name]["median_us"]) for c in hw_cases.all_cases()
-          if recs.get(c.name, {}).get("median_us") is not None]
+  return [(c, recs[c.name]["measured_us"]) for c in hw_cases.all_cases()
+          if recs.get(c.name, {}).get("measured_us") is not None]
 
 
 def points() -> list[Point]:

@@ -492,8 +492,9 @@ def _splash(batch, heads, seq, d, causal):
   def build():
     import jax  # noqa: PLC0415
     import jax.numpy as jnp  # noqa: PLC0415
-    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk  # noqa: PLC0415
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm  # noqa: PLC0415
+    from benchmarks.hw.chip_wheel import wheel_module  # noqa: PLC0415
+    sk = wheel_module("splash_attention.splash_attention_kernel")   # the chip's JAX's file
     one = sm.CausalMask((seq, seq)) if causal else sm.FullMask((seq, seq))
     kernel = sk.make_splash_mha(mask=sm.MultiHeadMask([one] * heads), head_shards=1, q_seq_shards=1)
     fn = jax.vmap(kernel)
@@ -515,7 +516,8 @@ def _gmm(m, k, n, groups, tiling):
 def _paged(batch, q_heads, kv_heads, d, page, pages_per_seq, ppcb, length_frac=1.0):
   def build():
     import jax.numpy as jnp  # noqa: PLC0415
-    from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention  # noqa: PLC0415
+    from benchmarks.hw.chip_wheel import wheel_module  # noqa: PLC0415
+    paged_attention = wheel_module("paged_attention.paged_attention_kernel").paged_attention  # the chip's
     total = batch * pages_per_seq
     rng = np.random.default_rng(0)
     page_indices = jnp.asarray(rng.permutation(total).reshape(batch, pages_per_seq), jnp.int32)
@@ -601,6 +603,7 @@ def _step_cases() -> list[Case]:
                                          page_loop_cases, page_order_cases, page_wheelbody_cases,
                                          page_wheelgrid_cases, paged_sweep_cases)
   from benchmarks.hw.cases_mmstep import copy_shape_cases, copy_window_cases, mm_step_cases  # noqa: PLC0415
+  from benchmarks.hw.cases_size import flash_size_cases, gather_rows1_cases  # noqa: PLC0415
   return (probe_cases() + sync_cases() + overlap_cases() + step_cases() + loop_cases() + mix_cases() + curve_cases() + order_cases() + fence_cases()
           + ilp_cases() + chunk_cases() + pipe_cases() + flash_part_cases()
           + compute_part_cases() + chain_cases() + holdout_chain_cases() + sync_sweep_cases()
@@ -612,7 +615,8 @@ def _step_cases() -> list[Case]:
           + step_branch_cases() + fa_published_cases() + page_heavy_cases() + paged_sweep_cases()
           + matmul_k_cases() + page_loop_cases() + page_order_cases()
           + page_kfirst_cases() + page_cross_cases() + page_wheelbody_cases() + page_wheelgrid_cases()
-          + mm_step_cases() + copy_shape_cases() + copy_window_cases())
+          + mm_step_cases() + copy_shape_cases() + copy_window_cases() + flash_size_cases()
+          + gather_rows1_cases())
 
 
 def all_cases() -> list[Case]:
