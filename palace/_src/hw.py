@@ -95,6 +95,9 @@ class ChipSpec:
   # evaluates them). The latency form of the DMA wait: when set, a DMA wait ends at max(now, the
   # copy's landing + this) and dma_wait_sync_cycles is not paid (sim/sync.py)
   dma_wait_latency_cycles: "int | None" = None
+  # with the latency form: every DMA wait also takes at least this many cycles from when the core
+  # reaches it (a copy that landed long before is still not free to see)
+  dma_wait_landed_cycles: int = 0
   # an XLU op whose operand is an MXU result (directly or through VPU ops of the same grid step) sees
   # it this many cycles per result vreg later, counting at most mxu_handoff_max_vregs vregs
   mxu_handoff_cycles_per_vreg: float = 0.0
@@ -296,6 +299,8 @@ _COMMON_SOURCES = _mp(
     dma_wait_latency_cycles="candidate rule, off (None): session 23's sync_size probes (benchmarks/hw, "
                             "2026-12-06) see a copy about 280 cycles after it landed; not adopted "
                             "(docs/validation.md, session 29)",
+    dma_wait_landed_cycles="candidate rule, off (0): session 22's sync_sweep (benchmarks/hw, 2026-12-06), "
+                           "~43 cycles a moving input beside 4096 rows of vector work; not adopted",
     mxu_handoff_cycles_per_vreg="candidate rule, off (0): session 24's wheel_step cut chain (benchmarks/hw, "
                                 "2026-12-06), ~38 cycles for a (128, 128) f32 result; not adopted",
     mxu_handoff_max_vregs="candidate rule (with mxu_handoff_cycles_per_vreg): 16, fitted in session 29 "

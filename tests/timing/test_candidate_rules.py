@@ -22,7 +22,7 @@ def _events(report, unit):
 
 def test_every_candidate_rule_is_off_on_every_chip():
   for chip in hw.CHIPS.values():
-    assert chip.dma_wait_latency_cycles is None
+    assert chip.dma_wait_latency_cycles is None and chip.dma_wait_landed_cycles == 0
     assert chip.mxu_handoff_cycles_per_vreg == 0 and not chip.mxu_chain_waits
     assert not chip.xlu_class_turnaround and chip.dma_copy_overhead_bytes == 0
 
@@ -39,6 +39,22 @@ def test_the_latency_form_sees_each_copy_a_fixed_time_after_it_landed():
     now = max(now, done + lat) + SCALAR
   assert cycles == now == dones[-1] + lat + SCALAR
   assert stall_cycles == dones[0] + UNIT_CHIP.dma_wait_sync_cycles + 4 * SCALAR
+
+
+def test_the_latency_forms_floor_makes_every_wait_take_its_cycles():
+  """dma_wait_landed_cycles = F (with the latency form): a wait ends at max(now + F, landing + L): the
+  first wait is the latency's (its copy is still in flight), the three after it, on copies landed 8
+  cycles apart, each take F."""
+  lat, floor = 280, 45
+  _, dones = run_four_copies(UNIT_CHIP)
+  plain, _ = run_four_copies(dataclasses.replace(UNIT_CHIP, dma_wait_latency_cycles=lat))
+  chip = dataclasses.replace(UNIT_CHIP, dma_wait_latency_cycles=lat, dma_wait_landed_cycles=floor)
+  cycles, same = run_four_copies(chip)
+  assert same == dones and plain == dones[-1] + lat + SCALAR
+  assert [b - a for a, b in zip(dones, dones[1:])] == [8, 8, 8]
+  assert cycles == dones[0] + lat + SCALAR + 3 * (floor + SCALAR)
+  alone, _ = run_four_copies(dataclasses.replace(UNIT_CHIP, dma_wait_landed_cycles=floor))
+  assert alone == run_four_copies(UNIT_CHIP)[0]   # (only with the latency form)
 
 
 def test_a_copy_overhead_occupies_the_channel_as_extra_bytes():

@@ -220,6 +220,9 @@ class Semaphores:
     lat = core.chip.dma_wait_latency_cycles
     if dma is not None and lat is not None:   # (candidate rule: seen `lat` after it landed)
       seen = t + lat
+      floor = now + core.chip.dma_wait_landed_cycles
+      if floor > seen:
+        seen = floor
       if seen > now:
         if core.trace.on:
           core.trace.add((core.tid, "scalar", "dma wait sync", now, seen, None))
