@@ -11,7 +11,7 @@ a quarter of the table (`gather_rows1`).
 """
 from __future__ import annotations
 
-from benchmarks.hw.cases import Case, _flash, _gather_rows
+from benchmarks.hw.cases import Case, _flash, _gather_rows, _jax, _rand
 
 
 def flash_size_cases() -> list[Case]:
@@ -26,3 +26,60 @@ def gather_rows1_cases() -> list[Case]:
   return [Case("grow1_bf16_8192x2048_n2048", F, _gather_rows(8192, 2048, 2048, 1, "bfloat16")),
           Case("grow1_bf16_2048x2048_n512", F, _gather_rows(2048, 2048, 512, 1, "bfloat16")),
           Case("grow1_f32_8192x2048_n512", F, _gather_rows(8192, 2048, 512, 1, "float32"))]
+
+
+def _head_step(op: str, d: int, n: int = 512):
+  """`fixed_grid`'s frame (fixed blocks, `n` steps) with one part of the wheel's flash step at head_dim
+  `d`: 'qk' (s = q k^T of (128, d) bf16 q and k, contraction d, accumulated into a (128, 128) f32
+  scratch), 'pv' (acc += p v: a (128, 128) bf16 p by a (128, d) bf16 v) or 'full' (the wheel's step:
+  q k^T, row max, exp, row sum, the rescale and p v into a (128, d) accumulator)."""
+  def build():
+    from benchmarks.hw.cases_fence import fixed_grid  # noqa: PLC0415
+    jax, jnp, pl, pltpu = _jax()
+    nt = (((1,), (1,)), ((), ()))
+    acc_shape = (128, 128) if op == "qk" else (128, d)
+
+    def body(ins, o_ref, scratch):
+      q_ref, k_ref, v_ref = ins
+      m_ref, l_ref, acc_ref = scratch
+      if op == "pv":
+        acc_ref[...] += jnp.dot(q_ref[...], v_ref[...], preferred_element_type=jnp.float32)
+        return
+      s = jax.lax.dot_general(q_ref[...], k_ref[...], nt, preferred_element_type=jnp.float32)
+      if op == "qk":
+        acc_ref[...] += s
+        return
+      m_prev, l_prev = m_ref[...], l_ref[...]
+      m_next = jnp.maximum(m_prev, jnp.max(s, axis=1)[:, None])
+      p = jnp.exp(s - m_next)
+      alpha = jnp.exp(m_prev - m_next)
+      l_corr = alpha * l_prev
+      l_next = jnp.sum(p, axis=1)[:, None] + l_corr
+      m_ref[...], l_ref[...] = m_next, l_next
+      pv = jnp.dot(p.astype(jnp.bfloat16), v_ref[...], preferred_element_type=jnp.float32)
+      inv = jnp.where(l_next == 0.0, 1.0, 1.0 / l_next)
+      reps = (1, d // 128) if d >= 128 else None
+      l_corr_d = jnp.tile(l_corr * inv, reps) if reps else (l_corr * inv)[:, :d]
+      inv_d = jnp.tile(inv, reps) if reps else inv[:, :d]
+      acc_ref[...] = acc_ref[...] * l_corr_d + pv * inv_d
+
+    def finish(o_ref, scratch):
+      o_ref[...] = scratch[2][...]
+
+    q_block = (128, 128) if op == "pv" else (128, d)
+    call = fixed_grid(jax, jnp, pl, n, [q_block, (128, d), (128, d)], acc_shape,
+                      [pltpu.VMEM((128, 128), jnp.float32), pltpu.VMEM((128, 128), jnp.float32),
+                       pltpu.VMEM(acc_shape, jnp.float32)], body, finish)
+    return call, (_rand(q_block, "bfloat16", 30), _rand((128, d), "bfloat16", 31),
+                  _rand((128, d), "bfloat16", 32))
+  return build
+
+
+def head_dim_cases() -> list[Case]:
+  """`head_dim`: what a flash step's dots and the whole step cost at head_dim 32-256 on fixed blocks
+  (the chip's d = 64 flash launches cost ~640 cycles a step against d = 128's ~733; palace charges a
+  (128, 64) x (64, 128) dot what it charges a (128, 128) x (128, 128) one)."""
+  F = "head_dim"
+  return ([Case(f"hdim_qk_d{d}", F, _head_step("qk", d)) for d in (32, 64, 128, 256)]
+          + [Case(f"hdim_pv_d{d}", F, _head_step("pv", d)) for d in (64, 128, 256)]
+          + [Case(f"hdim_full_d{d}", F, _head_step("full", d)) for d in (64, 128)])
