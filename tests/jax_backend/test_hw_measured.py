@@ -85,6 +85,10 @@ BOUNDS = {
     "mm_step": (0.04, 0.23), "copy_shape": (0.25, 0.30),
     # session 29: copy_shape's step with 2-D windows, the 3-D grid, the tutorial's copies alone
     "copy_window": (0.23, 0.27),
+    # session 30 (cases_size.py): the wheel's flash at head_dim 64 over batch and sequence (does the step
+    # grow with the operands?), the bf16 single-row gather again (its kernel: 37 cycles a step on the
+    # chip, palace a DMA round trip), and the flash step's dots and whole step at head_dim 32-256
+    "flash_size": (0.25, 0.27), "gather_rows1": (6.42, 6.44), "head_dim": (0.07, 0.18),
     # measured after 655fb6c's predictions were recorded (v5e-holdout-predictions-*.json); the model
     # changed after that (the DMA-wait sync rule), so these are no longer blind predictions
     "holdout": (0.07, 0.28),
@@ -96,7 +100,7 @@ BOUNDS = {
 def test_every_measured_family_has_a_bound():
   _, recs = model.load()
   assert {r["family"] for r in recs.values()} == set(BOUNDS)
-  assert len(recs) >= 758
+  assert len(recs) >= 777
 
 
 @pytest.mark.parametrize("family", sorted(BOUNDS))
@@ -152,7 +156,8 @@ def test_the_kernel_time_leaves_out_the_xla_ops_beside_the_kernel():
   assert model.kernel_times({"module_us": [135.25, 136.0], "ops_first_run": ops}) == [100.25, 101.0]
   wheel = [["fusion.9", "XLA Ops", 0.9], ["while.22", "XLA Ops", 2.5], ["gmm.1", "XLA Ops", 250.0]]
   assert model.kernel_times({"module_us": [254.0], "ops_first_run": wheel}) == [250.6]
-  assert model.kernel_times({"module_us": [7.0], "ops_first_run": [["hw_copy_x.1", "XLA Ops", 6.98]]}) == [7.0]
+  lone = [["hw_copy_x.1", "XLA Ops", 6.98]]
+  assert model.kernel_times({"module_us": [7.0], "ops_first_run": lone}) == [7.0]
   _, recs = model.load()
   fa = recs["fapub_s512"]   # the wheel's flash attention at head_dim 64: XLA relays out q, k and v
   assert 1880 < fa["measured_us"] < 1882 and 2034 < fa["median_us"] < 2035
@@ -175,5 +180,23 @@ def test_a_missing_chip_wheel_says_how_to_fetch_it(monkeypatch, tmp_path):
   monkeypatch.setattr(chip_wheel, "WHEEL_DIR", str(tmp_path))
   monkeypatch.delitem(sys.modules, "benchmarks.hw._jax_0_10_2.paged_attention.paged_attention_kernel",
                       raising=False)
-  with pytest.raises(chip_wheel.ChipWheelMissing, match=r"ran JAX 0\.10\.2's paged_attention.*pip download jax==0\.10\.2"):
+  with pytest.raises(chip_wheel.ChipWheelMissing,
+                     match=r"ran JAX 0\.10\.2's paged_attention.*pip download jax==0\.10\.2"):
     chip_wheel.wheel_module("paged_attention.paged_attention_kernel")
+
+
+def test_the_session_30_predictions_were_recorded_before_the_chip_ran_them():
+  """Session 30's predictions (v5e-s30-predictions-2026-12-07.json, committed before each device call)
+  cover exactly its measured cases; recorded against recorded: the candidate set predicted the wheel's
+  flash step on fixed blocks at head_dim 64 and 128 within 3%, today's model 15-18% short."""
+  import json
+  with open(os.path.join(model.DATA_DIR, "v5e-s30-predictions-2026-12-07.json")) as f:
+    rec = json.load(f)
+  _, recs = model.load()
+  measured = {n: r["measured_us"] for n, r in recs.items()
+              if r["family"] in ("flash_size", "gather_rows1", "head_dim")}
+  assert set(rec["modelled_us"]) == set(rec["candidate_modelled_us"]) == set(measured)
+  assert len(measured) == 19 and rec["model_commit"] == "c8a3929"
+  for n in ("hdim_full_d64", "hdim_full_d128"):
+    assert abs(rec["candidate_modelled_us"][n] / measured[n] - 1) < 0.03
+    assert -0.18 < rec["modelled_us"][n] / measured[n] - 1 < -0.15
