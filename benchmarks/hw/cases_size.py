@@ -83,3 +83,69 @@ def head_dim_cases() -> list[Case]:
   return ([Case(f"hdim_qk_d{d}", F, _head_step("qk", d)) for d in (32, 64, 128, 256)]
           + [Case(f"hdim_pv_d{d}", F, _head_step("pv", d)) for d in (64, 128, 256)]
           + [Case(f"hdim_full_d{d}", F, _head_step("full", d)) for d in (64, 128)])
+
+
+def _row_end(variant: str, rows: int = 64, nkv: int = 8):
+  """A causal flash grid taken apart at its q rows' ends: a (rows, nkv) grid of the wheel's flash step
+  (`cases_parts.wheel_compute`, fixed-size (128, 128) bf16 q, k, v blocks) on the blocks a causal
+  launch runs (kv <= row % nkv), k and v clamped to block 0 on the skipped steps as the wheel's index
+  maps do, the (128, 128) bf16 output block of the row written at its last kv step. Variants:
+  'causal' (that); 'nostore' (the output block fixed, written once at the end: no change at a row's
+  end); 'full' (every step runs: the row ends in a running step); 'late' (the running steps are the
+  row's last ones, kv >= nkv - 1 - row % nkv, the skipped ones first: the same work as 'causal' with
+  the row ending in a running step)."""
+  def build():
+    from benchmarks.hw.cases_parts import wheel_compute  # noqa: PLC0415
+    jax, jnp, pl, pltpu = _jax()
+    lax = jax.lax
+
+    def runs(r, kv):
+      if variant == "full":
+        return kv >= 0
+      if variant == "late":
+        return kv >= nkv - 1 - r % nkv
+      return kv <= r % nkv
+
+    def kernel(q_ref, k_ref, v_ref, o_ref, m_ref, l_ref, acc_ref):
+      r, kv = pl.program_id(0), pl.program_id(1)
+
+      @pl.when(kv == 0)
+      def _():
+        m_ref[...] = jnp.full_like(m_ref, -1e30)
+        l_ref[...] = jnp.zeros_like(l_ref)
+        acc_ref[...] = jnp.zeros_like(acc_ref)
+
+      @pl.when(runs(r, kv))
+      def _():
+        wheel_compute(jax, jnp, "full", 128, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref)
+
+      last = (kv == nkv - 1) if variant != "nostore" else jnp.logical_and(kv == nkv - 1, r == rows - 1)
+
+      @pl.when(last)
+      def _():
+        o_ref[...] = acc_ref[...].astype(o_ref.dtype)
+
+    def kv_map(r, kv):
+      if variant == "full":
+        return (kv, 0)
+      first = (nkv - 1 - r % nkv) if variant == "late" else 0
+      return (lax.select(runs(r, kv), kv, first), 0)
+
+    out_map = (lambda r, kv: (0, 0)) if variant == "nostore" else (lambda r, kv: (r, 0))
+    n_out = 1 if variant == "nostore" else rows
+    call = pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct((n_out * 128, 128), jnp.bfloat16), grid=(rows, nkv),
+        in_specs=[pl.BlockSpec((128, 128), lambda r, kv: (r, 0)), pl.BlockSpec((128, 128), kv_map),
+                  pl.BlockSpec((128, 128), kv_map)],
+        out_specs=pl.BlockSpec((128, 128), out_map),
+        scratch_shapes=[pltpu.VMEM((128, 128), jnp.float32) for _ in range(3)],
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("arbitrary", "arbitrary")))
+    return call, (_rand((rows * 128, 128), "bfloat16", 40), _rand((nkv * 128, 128), "bfloat16", 41),
+                  _rand((nkv * 128, 128), "bfloat16", 42))
+  return build
+
+
+def row_end_cases() -> list[Case]:
+  """`row_end`: where a causal flash launch's q rows end (`_row_end`)."""
+  F = "row_end"
+  return [Case(f"rend_{v}", F, _row_end(v)) for v in ("causal", "nostore", "full", "late")]
