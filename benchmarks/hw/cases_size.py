@@ -93,14 +93,17 @@ def _row_end(variant: str, rows: int = 64, nkv: int = 8):
   'causal' (that); 'nostore' (the output block fixed, written once at the end: no change at a row's
   end); 'full' (every step runs: the row ends in a running step); 'late' (the running steps are the
   row's last ones, kv >= nkv - 1 - row % nkv, the skipped ones first: the same work as 'causal' with
-  the row ending in a running step)."""
+  the row ending in a running step); 'noclamp' (the skipped steps keep the row's diagonal k and v
+  block instead of block 0: no copy at the first skip, one at the next row's first step); 'fixedq' (q's
+  block fixed: no q copy at a row change); 'light' (the running steps' body a light add of k's and v's
+  first columns instead of the flash step); 'lightfull' ('light' with every step running)."""
   def build():
     from benchmarks.hw.cases_parts import wheel_compute  # noqa: PLC0415
     jax, jnp, pl, pltpu = _jax()
     lax = jax.lax
 
     def runs(r, kv):
-      if variant == "full":
+      if variant in ("full", "lightfull"):
         return kv >= 0
       if variant == "late":
         return kv >= nkv - 1 - r % nkv
@@ -117,7 +120,10 @@ def _row_end(variant: str, rows: int = 64, nkv: int = 8):
 
       @pl.when(runs(r, kv))
       def _():
-        wheel_compute(jax, jnp, "full", 128, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref)
+        if variant in ("light", "lightfull"):
+          acc_ref[:, :1] += k_ref[:, :1].astype(jnp.float32) + v_ref[:, :1].astype(jnp.float32)
+        else:
+          wheel_compute(jax, jnp, "full", 128, q_ref, k_ref, v_ref, m_ref, l_ref, acc_ref)
 
       last = (kv == nkv - 1) if variant != "nostore" else jnp.logical_and(kv == nkv - 1, r == rows - 1)
 
@@ -126,16 +132,18 @@ def _row_end(variant: str, rows: int = 64, nkv: int = 8):
         o_ref[...] = acc_ref[...].astype(o_ref.dtype)
 
     def kv_map(r, kv):
-      if variant == "full":
+      if variant in ("full", "lightfull"):
         return (kv, 0)
-      first = (nkv - 1 - r % nkv) if variant == "late" else 0
+      first = {"late": nkv - 1 - r % nkv, "noclamp": r % nkv}.get(variant, 0)
       return (lax.select(runs(r, kv), kv, first), 0)
+
+    q_map = (lambda r, kv: (0, 0)) if variant == "fixedq" else (lambda r, kv: (r, 0))
 
     out_map = (lambda r, kv: (0, 0)) if variant == "nostore" else (lambda r, kv: (r, 0))
     n_out = 1 if variant == "nostore" else rows
     call = pl.pallas_call(
         kernel, out_shape=jax.ShapeDtypeStruct((n_out * 128, 128), jnp.bfloat16), grid=(rows, nkv),
-        in_specs=[pl.BlockSpec((128, 128), lambda r, kv: (r, 0)), pl.BlockSpec((128, 128), kv_map),
+        in_specs=[pl.BlockSpec((128, 128), q_map), pl.BlockSpec((128, 128), kv_map),
                   pl.BlockSpec((128, 128), kv_map)],
         out_specs=pl.BlockSpec((128, 128), out_map),
         scratch_shapes=[pltpu.VMEM((128, 128), jnp.float32) for _ in range(3)],
@@ -148,4 +156,5 @@ def _row_end(variant: str, rows: int = 64, nkv: int = 8):
 def row_end_cases() -> list[Case]:
   """`row_end`: where a causal flash launch's q rows end (`_row_end`)."""
   F = "row_end"
-  return [Case(f"rend_{v}", F, _row_end(v)) for v in ("causal", "nostore", "full", "late")]
+  return [Case(f"rend_{v}", F, _row_end(v)) for v in ("causal", "nostore", "full", "late", "noclamp", "fixedq",
+                                                       "light", "lightfull")]
