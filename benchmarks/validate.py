@@ -1,6 +1,7 @@
 """Validation of the timing model against every published real-TPU measurement palace has.
 
 Run from the repo root:  python -m benchmarks.validate [--quick] [--only NAME] [--no-wheel]
+                                                 [--set FIELD=VALUE ...]
 
 Prints, for each published point, the modelled figure beside the published one with the relative
 error, then the median and worst |error| per generation and overall, then the grouped-matmul ratios
@@ -27,7 +28,9 @@ The `fa-*` points and the wheel's gmm load the kernels unmodified from the insta
 `palace.compat.load_module` (run with /work/main/.venv-jax/bin/python or any Python whose
 `importlib.util.find_spec("jax")` finds the wheel; JAX itself is never imported). Without the wheel
 they are reported as skipped. `--quick` skips the two 262,144-step runs (calibration 8192^3 with 128^3
-blocks, flash attention at sequence 4096).
+blocks, flash attention at sequence 4096). `--set FIELD=VALUE` (repeatable) models the v5e points with
+that chip-spec field overridden, as `benchmarks.hw --set` does (the candidate rules of
+docs/timing-model.md 1.6): whether a candidate set keeps the calibration and published points.
 """
 from __future__ import annotations
 
@@ -67,15 +70,15 @@ class Point:
 
 
 # ---------------------------------------------------------------------------------- calibration table
-def _cal_wall_ms(m, bm, bk, bn):
+def _cal_wall_ms(m, bm, bk, bn, chip):
   def run():
-    r = run_config(hw.get_chip("v5e"), m, bm, bk, bn)
+    r = run_config(chip, m, bm, bk, bn)
     return (r.device_time_s + r.launch_overhead_s) * 1e3
   return run
 
 
-def _xla_ms(m):
-  return lambda: xla_reference_s(hw.get_chip("v5e"), m) * 1e3
+def _xla_ms(m, chip):
+  return lambda: xla_reference_s(chip, m) * 1e3
 
 
 # ---------------------------------------------------------------------------------- peaks
@@ -89,7 +92,7 @@ _PUBLISHED_PEAKS = (  # chip, bf16 dense FLOP/s per device (one JAX device), sou
 
 
 def _peak(chip):
-  return lambda: hw.get_chip(chip).peak_flops_per_s("bf16")
+  return lambda: chip.peak_flops_per_s("bf16")
 
 
 # ---------------------------------------------------------------------------------- grouped matmul
@@ -181,14 +184,15 @@ _FA_BHD = (32, 8, 64)  # jax-ml/jax issue 24633: batch_size = 32, num_heads = 8,
 _FA_PUBLISHED = {512: (2.36, 7.31), 1024: (9.49, 7.27), 2048: (37.61, 7.34), 4096: (144.97, 7.61)}
 
 
-def flash_attention_tflops(seq: int, module=None) -> float:
-  """Modelled wall TFLOP/s (device + launch overhead) of the wheel's flash_attention on v5e: default
-  block sizes (128), non-causal, bf16; FLOPs = 4 * batch * heads * seq^2 * head_dim (QK^T and PV)."""
+def flash_attention_tflops(seq: int, module=None, chip="v5e") -> float:
+  """Modelled wall TFLOP/s (device + launch overhead) of the wheel's flash_attention on v5e (`chip`: the
+  preset or a variant of it): default block sizes (128), non-causal, bf16; FLOPs = 4 * batch * heads *
+  seq^2 * head_dim (QK^T and PV)."""
   from palace import compat
   fa = module or compat.load_module("jax.experimental.pallas.ops.tpu.flash_attention")
   b, h, d = _FA_BHD
   q = np.zeros((b, h, seq, d), jnp.bfloat16)
-  with pl.virtual_tpu("v5e", timing_only=True, trace=False) as tpu:
+  with pl.virtual_tpu(chip, timing_only=True, trace=False) as tpu:
     fa.flash_attention(q, q, q)
   wall = sum(r.total_time_s for r in tpu.reports)
   return 4 * b * h * seq * seq * d / wall / 1e12
@@ -205,30 +209,35 @@ def _hw_cases():
           if recs.get(c.name, {}).get("measured_us") is not None]
 
 
-def points() -> list[Point]:
+def points(chips: "dict | None" = None) -> list[Point]:
+  """Every point; `chips` maps a generation's name to the ChipSpec its points are modelled with (a
+  variant from `--set`), the preset otherwise."""
+  def spec(name):
+    return (chips or {}).get(name) or hw.get_chip(name)
   pts = []
   for m, bm, bk, bn, meas_ms in TABLE:
     pts.append(Point(f"cal-{bm}/{bk}/{bn}-{m}", "v5e", "wall ms", meas_ms,
                      "[mm-nb] Pallas matmul tutorial (tpu-hardware.md section 7; calibration set)",
-                     _cal_wall_ms(m, bm, bk, bn), slow=(m // bm) * (m // bn) * (m // bk) > 100_000))
+                     _cal_wall_ms(m, bm, bk, bn, spec("v5e")), slow=(m // bm) * (m // bn) * (m // bk) > 100_000))
   for m, meas_ms in XLA_TABLE:
     pts.append(Point(f"cal-xla-{m}", "v5e", "wall ms", meas_ms,
-                     "[mm-nb] XLA jnp.matmul (section 7; calibration set)", _xla_ms(m)))
+                     "[mm-nb] XLA jnp.matmul (section 7; calibration set)", _xla_ms(m, spec("v5e"))))
   pts.append(Point("xla-1024", "v5e", "wall ms", 0.119, "[mm-nb] XLA 1024^3 matmul, 119 us (section 7 text)",
-                   _xla_ms(1024)))
+                   _xla_ms(1024, spec("v5e"))))
   for chip, peak, src in _PUBLISHED_PEAKS:
-    pts.append(Point(f"peak-{chip}", chip, "bf16 FLOP/s", peak, src, _peak(chip)))
+    pts.append(Point(f"peak-{chip}", chip, "bf16 FLOP/s", peak, src, _peak(spec(chip))))
   for (m, g, k, n), by_chip in _GMM_SHAPES.items():
     for chip, ratio in by_chip.items():
       pts.append(Point(f"gmm-{m}x{g}x{k}x{n}", chip, "t(128)/t(256)", ratio, _GMM_SOURCE,
-                       (lambda c=chip, s=(m, g, k, n): gmm_kernel_ratio(c, *s))))
+                       (lambda c=spec(chip), s=(m, g, k, n): gmm_kernel_ratio(c, *s))))
   for case, measured_us in _hw_cases():
     pts.append(Point(f"hw-{case.name}", "v5e", "device us", measured_us, _HW_SOURCE,
-                     (lambda c=case: hw_model.model_case(c)), needs_wheel=True))
+                     (lambda c=case: hw_model.model_case(c, spec("v5e"))), needs_wheel=True))
   for seq, (ms, tflops) in _FA_PUBLISHED.items():
     pts.append(Point(f"fa-{seq}", "v5e", "wall TFLOP/s", tflops,
                      f"jax-ml/jax issue 24633 (v5e, bf16, default blocks; {ms} ms)",
-                     (lambda s=seq: flash_attention_tflops(s)), slow=seq >= 4096, needs_wheel=True))
+                     (lambda s=seq: flash_attention_tflops(s, chip=spec("v5e"))), slow=seq >= 4096,
+                     needs_wheel=True))
   return pts
 
 
@@ -282,9 +291,18 @@ def main(argv=None) -> int:
   ap.add_argument("--only", default=None, help="run only points whose name contains this")
   ap.add_argument("--no-wheel", action="store_true",
                   help="skip the not-counted megablox-gmm column of the grouped-matmul table")
+  ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                  help="model the v5e points with this chip-spec field overridden (a candidate rule, "
+                       "e.g. dma_wait_latency_cycles=280; as benchmarks.hw --set)")
   args = ap.parse_args(argv)
+  try:
+    chips = {"v5e": hw_model.chip_with("v5e", args.set)} if args.set else None
+  except ValueError as e:
+    ap.error(str(e))
+  if args.set:
+    print(f"v5e chip-spec overrides: {', '.join(args.set)} (the other generations are the presets)")
   t0 = time.perf_counter()
-  results = run_points(points(), args.quick, args.only)
+  results = run_points(points(chips), args.quick, args.only)
   rows = []
   for p, modelled, err, secs in results:
     if modelled is None:
