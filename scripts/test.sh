@@ -37,9 +37,8 @@ if ! .venv-jax/bin/python -c "$jax_ok" 2>/dev/null; then
   .venv-jax/bin/python -m pip install -q "jax==$JAX_VERSION" pytest pytest-xdist absl-py
   .venv-jax/bin/python -m pip install -q -e ".[perf,cli]"   # threadpoolctl: see docs/jax.md (BLAS threads); cli: `palace run --jax`
 fi
-# the JAX the recorded TPU timings ran with: benchmarks/hw models its kernel files (benchmarks/hw/chip_wheel.py)
-chip_wheel=.cache/chip-wheel/jax-0.10.2-py3-none-any.whl
-[ -f "$chip_wheel" ] || .venv-jax/bin/python -m pip download -q jax==0.10.2 --no-deps -d .cache/chip-wheel
+# the JAX the recorded TPU timings ran with: benchmarks/hw models its kernel files (fetched once into .cache/)
+.venv-jax/bin/python -m benchmarks.hw.chip_wheel >/dev/null
 echo "JAX parity suite (tests/jax_parity, jax $JAX_VERSION, $(.venv-jax/bin/python --version)):"
 .venv-jax/bin/python -m pytest -n 2 -q tests/jax_parity
 echo "palace as JAX's Pallas engine (tests/jax_backend, palace.jax):"

@@ -107,7 +107,7 @@ def case_record(case, runs) -> dict:
   shared = sorted({r["module"] for r in runs} - {"jit_" + _jit_name(case.name)})
   return {"kind": "case", "name": case.name, "family": case.family, "note": case.note,
           "module_us": mod, "median_us": statistics.median(mod) if mod else None,
-          "kernel_op_us": [sum(d for (n, t, d) in r["ops"] if _is_kernel_op(n)) for r in runs],
+          "kernel_op_us": [sum(d for (n, t, d) in r["ops"] if is_kernel_op(n)) for r in runs],
           "ran_as": shared or None, "ops_first_run": runs[0]["ops"] if runs else None}
 
 
@@ -182,7 +182,7 @@ def reparse(raw_path: str, timing_path: str) -> None:
     f.writelines(json.dumps(r) + "\n" for r in out)
 
 
-def _is_kernel_op(name: str) -> bool:
+def is_kernel_op(name: str) -> bool:
   n = name.lower()
   return not any(w in n for w in ("copy", "bitcast", "broadcast", "iota", "constant", "convert",
                                   "fusion", "reshape", "transpose", "slice", "tuple", "parameter"))

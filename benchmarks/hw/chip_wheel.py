@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import subprocess
 import sys
 import zipfile
 
@@ -32,8 +33,8 @@ CHANGED = ("splash_attention.splash_attention_kernel", "paged_attention.paged_at
 WHEEL_DIR = os.environ.get("PALACE_CHIP_WHEEL_DIR") or os.path.join(
     os.path.dirname(__file__), "..", "..", ".cache", "chip-wheel")
 WHEEL = f"jax-{CHIP_JAX}-py3-none-any.whl"
-FETCH = (f"python -m pip download jax=={CHIP_JAX} --no-deps -d {os.path.normpath(WHEEL_DIR)} "
-         "(scripts/test.sh does it)")
+FETCH = (f"python -m benchmarks.hw.chip_wheel (scripts/test.sh runs it: pip download jax=={CHIP_JAX} "
+         "--no-deps)")
 
 
 class ChipWheelMissing(RuntimeError):
@@ -66,3 +67,16 @@ def wheel_module(name: str):
     del sys.modules[private]
     raise
   return module
+
+
+def fetch() -> str:
+  """The CHIP_JAX wheel's path, downloaded into WHEEL_DIR from the package index when it is not there."""
+  wheel = os.path.join(WHEEL_DIR, WHEEL)
+  if not os.path.exists(wheel):
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", f"jax=={CHIP_JAX}", "--no-deps",
+                    "-d", WHEEL_DIR], check=True)
+  return wheel
+
+
+if __name__ == "__main__":
+  print(fetch())

@@ -19,6 +19,7 @@ import os
 import statistics
 
 from benchmarks.hw.cases import all_cases
+from benchmarks.hw.chip import is_kernel_op
 
 DATA_DIR = os.path.join(os.path.dirname(__file__), "data")
 
@@ -63,10 +64,9 @@ def load(path: str | None = None):
 
 def kernel_op(ops: list) -> tuple:
   """The kernel's own op among a module's (name, thread, us) ops: the one named after the case's
-  jitted function (`hw_...`), else the longest op that is not one of XLA's (chip._is_kernel_op)."""
-  from benchmarks.hw.chip import _is_kernel_op  # noqa: PLC0415
+  jitted function (`hw_...`), else the longest op that is not one of XLA's (chip.is_kernel_op)."""
   own = [o for o in ops if o[0].startswith("hw_")]
-  pool = own or [o for o in ops if _is_kernel_op(o[0])] or ops
+  pool = own or [o for o in ops if is_kernel_op(o[0])] or ops
   return max(pool, key=lambda o: o[2])
 
 

@@ -183,7 +183,8 @@ def test_a_missing_chip_wheel_says_how_to_fetch_it(monkeypatch, tmp_path):
   monkeypatch.delitem(sys.modules, "benchmarks.hw._jax_0_10_2.paged_attention.paged_attention_kernel",
                       raising=False)
   with pytest.raises(chip_wheel.ChipWheelMissing,
-                     match=r"ran JAX 0\.10\.2's paged_attention.*pip download jax==0\.10\.2"):
+                     match=r"ran JAX 0\.10\.2's paged_attention.*python -m benchmarks\.hw\.chip_wheel "
+                           r"\(scripts/test\.sh runs it: pip download jax==0\.10\.2 --no-deps\)"):
     chip_wheel.wheel_module("paged_attention.paged_attention_kernel")
 
 
