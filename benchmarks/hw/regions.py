@@ -16,7 +16,7 @@ Run on the chip (JAX, not palace), the flags set here before JAX starts:
 
 For each case (by exact name, from benchmarks.hw.cases) two jit functions run under the profiler: the
 case as it is (`plain`) and the case with every `pallas_call` kernel body wrapped in
-`jax.named_scope("pbody")` (`scoped`: one region per grid step). Writes `DIR/regions-<date>.jsonl`
+`jax.named_scope("pbody")` (`scoped`: one region per grid step). Writes `DIR/regions-<date><tag>.jsonl.gz`
 (the environment, then per case and variant the module times and every device event of its first
 profiled launch: name, thread, start and duration in us) and `DIR/mosaic-dump.tar.gz` (the dump
 folder as written). No TPU here: the files are read by `benchmarks.hw.regions_read` (docs/validation.md
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gzip
 import json
 import os
 import sys
@@ -130,6 +131,7 @@ def main(argv=None):
   ap.add_argument("--out", required=True)
   ap.add_argument("--only", required=True, help="exact case names, comma-separated")
   ap.add_argument("--reps", type=int, default=3)
+  ap.add_argument("--tag", default="", help="appended to the data file's name")
   a = ap.parse_args(argv)
   os.makedirs(a.out, exist_ok=True)
   dump = tempfile.mkdtemp(prefix="mosaic-dump-")
@@ -144,9 +146,9 @@ def main(argv=None):
   missing = [n for n in names if n not in by_name]
   if missing:
     raise SystemExit(f"unknown case names: {missing}")
-  path = os.path.join(a.out, f"regions-{stamp['date']}.jsonl")
+  path = os.path.join(a.out, f"regions-{stamp['date']}{a.tag}.jsonl.gz")
   t0 = time.time()
-  with open(path, "w") as out:
+  with gzip.open(path, "wt") as out:
     out.write(json.dumps({"kind": "environment", **stamp, "reps": a.reps}) + "\n")
     for name in names:
       case = by_name[name]

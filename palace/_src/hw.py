@@ -119,6 +119,9 @@ class ChipSpec:
   # a pallas_call output block kept over two or more grid steps is written back and waited at once
   # when it changes (the next step starts after its write-back is seen)
   wait_kept_write_backs: bool = False
+  # every pallas_call output write-back is waited at the end of the grid step after the one that
+  # started it (after that step's own write-backs are started), not when its slot is next used
+  wait_write_backs_next_step: bool = False
   # a rolled loop's back edge (lax.fori_loop / while_loop / pl.loop iteration, not unrolled): the next
   # iteration issues after this one's vector/MXU results have drained, plus these cycles of branch and
   # counter work (docs/timing-model.md 1.1)
@@ -321,6 +324,11 @@ _COMMON_SOURCES = _mp(
                           "copy_shape (benchmarks/hw, 2026-12-06/07): a kept block's change costs "
                           "190-280 cycles (32 KiB) and ~660 (64 KiB), one written every step far less; "
                           "not adopted",
+    wait_write_backs_next_step="candidate rule, off: session 31's region traces on the chip "
+                               "(benchmarks/hw/regions.py, 2026-12-07): out_switch K = 2 / 8 wait "
+                               "~375 cycles at the end of the step after the output block changes, "
+                               "K = 1 at every step's end, out_heavy K = 8 not at all (its next step "
+                               "outlasts the write-back); not adopted",
     dma_issue_cycles="modelling assumption: one DMA request per cycle [SB-tpus] plus address "
                      "arithmetic (the sum with the step overhead is what section 7 fixes)",
     scalar_op_cycles="[SB-tpus] scalar unit issues one bundle per cycle (modelling assumption)",

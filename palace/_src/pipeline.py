@@ -542,7 +542,7 @@ class _Steps:
   looking the core up per copy)."""
   __slots__ = ("ex", "points", "n", "index_args", "sync", "call_args", "buffered_in", "buffered_out",
                "per_step", "in_plan", "out_plan", "dma_start", "dma_wait", "grid", "grid_stack",
-               "grid_step", "map_cycles", "wait_kept")
+               "grid_step", "map_cycles", "wait_kept", "wait_next")
 
   def __init__(self, pipe: Pipeline, ex):
     ops_in, ops_out, lead = pipe.ops_in, pipe.ops_out, pipe.lead_args
@@ -566,6 +566,7 @@ class _Steps:
     self.grid, self.grid_stack, self.grid_step = pipe.grid, ex.grid_stack, ex.grid_step
     chip = ex.chip if type(ex) is not _Recorder else None
     self.wait_kept = chip is not None and chip.wait_kept_write_backs
+    self.wait_next = chip is not None and chip.wait_write_backs_next_step
     self.map_cycles = _index_map_cycles(ins + outs, pipe.points, pipe.index_args, chip) if chip is not None and (
         chip.index_map_cycles or chip.index_map_smem_cycles) else 0
 
@@ -658,8 +659,12 @@ class _Steps:
         call_args[k] = o.slots[slot]
 
   def write_backs(self, s: int) -> None:
-    """Write back the output blocks that change next step (or at the last step)."""
+    """Write back the output blocks that change next step (or at the last step). With the candidate
+    rule wait_write_backs_next_step (off on every chip), the write-backs still in flight from earlier
+    steps are then waited: each is seen by the end of the step after the one that started it."""
     last = self.n - 1
+    older = [(o, list(o.pending_wb.items())) for o in self.buffered_out if o.pending_wb] \
+        if self.wait_next else ()
     for o in self.buffered_out:
       if s != last:
         nxt = o.all_blocks[s + 1] if o.all_blocks is not None else \
@@ -674,5 +679,10 @@ class _Steps:
           self.dma_wait(copy)
         else:
           o.pending_wb[o.cur_slot] = copy
+    for o, copies in older:
+      for slot, copy in copies:
+        self.dma_wait(copy)
+        if o.pending_wb.get(slot) is copy:
+          del o.pending_wb[slot]
     for o in self.per_step:
       o.blocks.pop(s, None)

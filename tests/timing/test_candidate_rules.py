@@ -25,6 +25,7 @@ def test_every_candidate_rule_is_off_on_every_chip():
     assert chip.dma_wait_latency_cycles is None and chip.dma_wait_landed_cycles == 0
     assert chip.mxu_handoff_cycles_per_vreg == 0 and not chip.mxu_chain_waits
     assert not chip.xlu_class_turnaround and chip.dma_copy_overhead_bytes == 0
+    assert not chip.wait_kept_write_backs and not chip.wait_write_backs_next_step
 
 
 def test_the_latency_form_sees_each_copy_a_fixed_time_after_it_landed():
@@ -239,12 +240,28 @@ def test_a_kept_output_blocks_write_back_is_waited_at_once_with_wait_kept_write_
   assert _accumulate(chip, 1) == _accumulate(UNIT_CHIP, 1)
 
 
-def test_the_candidate_rules_keep_steady_state_timing_exact():
-  """A long timing-only grid under every candidate rule: the steady-state detector's total (it times a
-  period once and advances over the rest) equals stepping every step."""
+def test_with_wait_write_backs_next_step_a_write_back_is_seen_by_the_end_of_the_next_step():
+  """wait_write_backs_next_step: each output write-back is waited at the end of the grid step after the
+  one that started it, so a kept block's change is not waited at once (the next step starts before
+  the write-back lands) but the step after it starts only once it is seen; every-step blocks too."""
+  chip = dataclasses.replace(UNIT_CHIP, wait_write_backs_next_step=True)
+  base, base_steps, _ = _accumulate(UNIT_CHIP, 4)
+  cycles, steps, writes = _accumulate(chip, 4)
+  # (steps[k] is step k + 1's start: step 0's is not an event)
+  assert steps[:4] == base_steps[:4] and steps[3] < writes[0]   # (step 4 starts before step 3's lands)
+  assert writes[0] + UNIT_CHIP.dma_wait_sync_cycles <= steps[4] and cycles >= base
+  every, every_steps, every_writes = _accumulate(chip, 1)
+  assert len(every_writes) == 8 and all(w + UNIT_CHIP.dma_wait_sync_cycles <= s
+                                        for w, s in zip(every_writes, every_steps[1:]))
+
+
+@pytest.mark.parametrize("write_backs", ["wait_kept_write_backs", "wait_write_backs_next_step"])
+def test_the_candidate_rules_keep_steady_state_timing_exact(write_backs):
+  """A long timing-only grid under every candidate rule (either write-back rule): the steady-state
+  detector's total (it times a period once and advances over the rest) equals stepping every step."""
   chip = dataclasses.replace(UNIT_CHIP, dma_wait_latency_cycles=280, mxu_handoff_cycles_per_vreg=2.375,
                              mxu_chain_waits=True, xlu_class_turnaround=True, dma_copy_overhead_bytes=4096,
-                             index_map_cycles=10, index_map_smem_cycles=23, wait_kept_write_backs=True)
+                             index_map_cycles=10, index_map_smem_cycles=23, **{write_backs: True})
 
   def k(x_ref, y_ref, o_ref):   # (an output block kept 4 steps, maps computed, a dot into the XLU and the MXU)
     s = jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)

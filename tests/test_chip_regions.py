@@ -1,0 +1,82 @@
+"""The chip's in-kernel timelines (benchmarks/hw/regions.py, recorded 2026-12-07 on a TPU v5e with
+libtpu's custom-call region trace; read by benchmarks/hw/regions_read.py): what they show about a grid
+step, checked on the recorded files (no TPU). docs/validation.md "Session 31" has the figures."""
+import statistics
+
+import pytest
+
+from benchmarks.hw import chip_wheel, regions_read
+
+_RUNS = {(c.name, c.variant): c for c in regions_read.load()}
+
+
+def _plain(name):
+  return _RUNS[(name, "plain")]
+
+
+def _segment_medians(name, period):
+  """Per step position: the longest segment's median cycles."""
+  return [max(segs.values()) for segs in regions_read.by_position(_plain(name), period).values()]
+
+
+def test_the_region_files_name_their_chip_jax_and_flags():
+  import glob
+  import gzip
+  import json
+  paths = glob.glob(f"{regions_read.DATA}/regions-*.jsonl.gz")
+  assert len(paths) >= 2
+  for p in paths:
+    with gzip.open(p, "rt") as f:
+      env = json.loads(f.readline())
+    assert env["kind"] == "environment" and env["device_kind"] == "TPU v5 lite"
+    assert env["jax_version"] == chip_wheel.CHIP_JAX and env["date"] == "2026-12-07"
+    assert "--xla_enable_custom_call_region_trace=true" in env["libtpu_init_args"]
+
+
+@pytest.mark.parametrize("name", ["mmst_tut", "mmst_none", "osw_fixed_k8", "oheavy_k8", "cshape_bf16_r128"])
+def test_the_steps_between_markers_add_up_to_the_kernel(name):
+  """The intervals between passes of the loop's first marker are the grid steps: 512 of them (less the
+  last) whose mean is the kernel's time over its 512 steps, within 1%."""
+  run = _plain(name)
+  steps = run.step_cycles
+  assert len(steps) == 513
+  assert abs(statistics.mean(steps) / (run.kernel_cycles / 512) - 1) < 0.01
+
+
+def test_a_latency_bound_pipeline_alternates_long_and_short_steps_on_the_chip():
+  """mmst_none (two 32 KiB copies a step, no work): a step whose copies landed during the long step
+  before it barely waits (137-195 cycles), the next waits for its copies' round trip (577-727): the
+  period-2 pattern palace's latency-form candidate rule produces and its sync form does not."""
+  first = _plain("mmst_none").step_cycles[:8]
+  assert all(long > 2.5 * short for long, short in zip(first[0::2], first[1::2]))
+  assert max(first[1::2]) < 200 and min(first[0::2]) > 550
+
+
+def test_a_kept_blocks_write_back_is_waited_at_the_end_of_the_next_step_beside_light_steps():
+  """out_switch K = 8 (light steps, a 64 KiB f32 output block changing every 8): one step in 8 waits
+  ~375 cycles at its end (the step after the block's last: its body is the zeroing one), no other
+  step waits more than 60; K = 2 the same every other step; out_heavy K = 8 (the flash step's body,
+  ~564 cycles, after the change) waits nowhere outside its body."""
+  k8 = sorted(_segment_medians("osw_fixed_k8", 8))
+  assert 350 < k8[-1] < 400 and k8[-2] < 60
+  k2 = sorted(_segment_medians("osw_fixed_k2", 2))
+  assert 350 < k2[1] < 400 and k2[0] < 60
+  heavy = regions_read.by_position(_plain("oheavy_k8"), 8)
+  for segs in heavy.values():
+    body = max(segs.values())
+    assert 550 < body < 600 and sorted(segs.values())[-2] < 30
+
+
+def test_the_bf16_single_row_gather_waits_for_no_copy_on_the_chip():
+  """grow1_bf16 (the +641% point): after XLA's relayout its kernel's steps cost 38 cycles with no
+  segment over 30 (no DMA wait at all), where the f32 twin waits 340-420 cycles every step: XLA ran it
+  on operands it had copied (copy-start / copy-done around the relayout), so the pipeline's copies do
+  not go to HBM."""
+  bf16 = _plain("grow1_bf16_2048x2048_n512")
+  assert max(statistics.median(bf16.step_cycles), max(_segment_medians(bf16.name, 8))) < 40
+  f32 = _segment_medians("gather_f32_rows1_8192x1024_n1024", 8)
+  assert min(f32) > 300
+
+
+def test_a_scoped_body_is_one_trace_region_a_grid_step():
+  assert len(_RUNS[("mmst_tut", "scoped")].bodies) == 512
