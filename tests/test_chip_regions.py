@@ -80,3 +80,14 @@ def test_the_bf16_single_row_gather_waits_for_no_copy_on_the_chip():
 
 def test_a_scoped_body_is_one_trace_region_a_grid_step():
   assert len(_RUNS[("mmst_tut", "scoped")].bodies) == 512
+
+
+def test_the_wheels_causal_flash_steps_on_the_chip():
+  """flash_causal_b2h8s1024d128 (the jax wheel's kernel as the chip ran it, no scope of ours): the
+  masked-out steps cost 145-182 cycles, the running ones ~733 (as the non-causal launch's, 703-752),
+  and a q row's first step pays its new q block's round trip (1100-1700)."""
+  causal = sorted(_plain("flash_causal_b2h8s1024d128").step_cycles)
+  full = _plain("flash_full_b2h8s1024d128").step_cycles
+  n = len(causal)
+  assert 140 < causal[n // 4] < 190 and 700 < statistics.median(full) < 760
+  assert 1000 < causal[-n // 20] < 1800

@@ -25,6 +25,8 @@ import json
 import os
 import statistics
 
+from benchmarks.hw.chip import is_kernel_op
+
 DATA = os.path.join(os.path.dirname(__file__), "data")
 CLOCK_HZ = 1.5e9   # v5e's TensorCore clock (palace hw.py): the trace's microseconds as cycles
 _BUNDLE0 = 1 << 27  # bundle events are named bundle.<2^27 + address>
@@ -70,7 +72,8 @@ def load(path: str | None = None) -> list[ChipSteps]:
         if rec.get("kind") != "case" or "error" in rec:
           continue
         ev = rec["events_first_launch"]
-        span = next(e for e in ev if e[1] == "XLA Ops" and e[0].startswith("hw_"))   # the kernel's op
+        ops = [e for e in ev if e[1] == "XLA Ops" and is_kernel_op(e[0])]
+        span = next((e for e in ops if e[0].startswith("hw_")), None) or max(ops, key=lambda e: e[3])
         markers = [(marker_name(e[0]), e[2] * CLOCK_HZ / 1e6) for e in ev if e[1] == "Tensor Core"]
         bodies = [e[3] * CLOCK_HZ / 1e6 for e in ev if e[1] == "XLA TraceMe"]
         head = _head(markers) if markers else ""

@@ -240,7 +240,7 @@ class DmaRequest:
   """
   __slots__ = ("src_buf", "src_index", "dst_buf", "dst_index", "shape", "sem_buf", "sem_index",
                "src_sem_buf", "src_sem_index", "add", "device_id", "core_index", "site", "labels",
-               "nbytes", "src_indices", "dst_indices", "mask", "fast", "priority")
+               "nbytes", "src_indices", "dst_indices", "mask", "fast", "priority", "hbm_runs")
 
   def __init__(self, src_buf, src_index, dst_buf, dst_index, shape, sem_buf=None, sem_index=(),
                src_sem_buf=None, src_sem_index=(), add=False, device_id=None, core_index=None,
@@ -252,6 +252,8 @@ class DmaRequest:
     self.nbytes, self.src_indices, self.dst_indices = nbytes, src_indices, dst_indices
     self.mask = None  # indexed DMAs: which index entries are used (None: all)
     self.priority = 0  # the DMA queue of a TensorCore copy (0 or 1: `.start(priority=)`); timed alike
+    self.hbm_runs = None  # contiguous runs of its HBM side, counted at its first start when a chip
+                          # charges per run (sim/dma.py, the candidate rule dma_run_overhead_bytes)
     self.fast = None  # the executor's cache (sim/dma.DmaEngine.start); it depends only on the memory
                       # spaces and the destination semaphore, so a request with the same ones may
                       # start with another's (lang/tpu_primitives.prepare_window_copy(like=...))

@@ -109,6 +109,9 @@ class ChipSpec:
   xlu_class_turnaround: bool = False
   # each copy on an HBM channel occupies it as if it were this many bytes longer (engine time)
   dma_copy_overhead_bytes: int = 0
+  # ...and as if this many bytes longer per contiguous run of its HBM side (a block of R rows narrower
+  # than its array's rows is R runs)
+  dma_run_overhead_bytes: int = 0
   # scalar cycles a pallas_call grid step spends per pipelined operand on its index map, charged before
   # the step's next blocks are started (their indices come first: pipeline.py): a map computed from the
   # grid indices (a block index neither constant nor equal to one grid index), and a map reading
@@ -324,6 +327,10 @@ _COMMON_SOURCES = _mp(
                           "copy_shape (benchmarks/hw, 2026-12-06/07): a kept block's change costs "
                           "190-280 cycles (32 KiB) and ~660 (64 KiB), one written every step far less; "
                           "not adopted",
+    dma_run_overhead_bytes="candidate rule, off (0): session 31's region traces (benchmarks/hw/regions.py, "
+                           "2026-12-07): a pair of 32 KiB copies of 128 rows each is seen ~50 cycles "
+                           "later than the per-copy overhead gives (64 bytes a run fits mm_step), 128 "
+                           "rows cost ~22 cycles a step more than 64 (copy_shape); not adopted",
     wait_write_backs_next_step="candidate rule, off: session 31's region traces on the chip "
                                "(benchmarks/hw/regions.py, 2026-12-07): out_switch K = 2 / 8 wait "
                                "~375 cycles at the end of the step after the output block changes, "

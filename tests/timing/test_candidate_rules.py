@@ -26,6 +26,7 @@ def test_every_candidate_rule_is_off_on_every_chip():
     assert chip.mxu_handoff_cycles_per_vreg == 0 and not chip.mxu_chain_waits
     assert not chip.xlu_class_turnaround and chip.dma_copy_overhead_bytes == 0
     assert not chip.wait_kept_write_backs and not chip.wait_write_backs_next_step
+    assert chip.dma_run_overhead_bytes == 0
 
 
 def test_the_latency_form_sees_each_copy_a_fixed_time_after_it_landed():
@@ -68,6 +69,39 @@ def test_a_copy_overhead_occupies_the_channel_as_extra_bytes():
   assert [d - b for d, b in zip(dones, base)] == [3, 3, 3, 3]
   _, queued = run_four_copies(dataclasses.replace(UNIT_CHIP, dma_copy_overhead_bytes=8000))
   assert [d - b for d, b in zip(queued, base)] == [8, 12, 16, 20]
+
+
+def _block_copy_dmas(chip, cols):
+  """A grid of 8 steps copying (8, 128) blocks of a (64, cols) array (8 runs of 512 bytes a block when
+  cols > 128, one run of whole rows when cols == 128) through VMEM; the DMAs' (kind, start, end)."""
+  def k(x_ref, o_ref):
+    o_ref[...] = x_ref[...]
+
+  x = np.arange(64 * cols, dtype=np.float32).reshape(64, cols)
+  with pl.virtual_tpu(chip) as tpu:
+    out = pl.pallas_call(k, out_shape=pl.ShapeDtypeStruct((64, 128), np.float32), grid=(8,),
+                         in_specs=[pl.BlockSpec((8, 128), lambda i: (i, 0))],
+                         out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)))(x)
+  np.testing.assert_array_equal(out, x[:, :128])
+  return _events(tpu.reports[-1], "dma")
+
+
+def test_a_run_overhead_charges_each_contiguous_run_of_a_copys_hbm_side():
+  """dma_run_overhead_bytes = B: an HBM copy is timed as B bytes longer per contiguous run of its HBM
+  window: the (8, 128) blocks of a (64, 256) array (8 runs each) time as with a per-copy overhead of
+  8 B on the reads (the output blocks, whole rows of a (64, 128) array, as 1 B), and blocks of whole
+  rows as 1 B."""
+  b = 250
+  runs = dataclasses.replace(UNIT_CHIP, dma_run_overhead_bytes=b)
+  narrow = _block_copy_dmas(runs, 256)
+  reads = [e for e in narrow if e[0] == "hbm->vmem"]
+  writes = [e for e in narrow if e[0] == "vmem->hbm"]
+  assert len(reads) == len(writes) == 8
+  whole = _block_copy_dmas(runs, 128)
+  assert whole == _block_copy_dmas(dataclasses.replace(UNIT_CHIP, dma_copy_overhead_bytes=b), 128)
+  base = _block_copy_dmas(UNIT_CHIP, 256)
+  first_read = [e for e in base if e[0] == "hbm->vmem"][0]
+  assert reads[0][1] == first_read[1] and reads[0][2] == first_read[2] + 2   # (8 * 250 bytes: 2 cycles)
 
 
 # small integers: every product and sum below is exact in float32 (and the (128, 128) dot's results,

@@ -237,15 +237,37 @@ def _slowest_first(channels: list) -> list:
   return sorted(channels, key=lambda cw: cw[0].bytes_per_cycle / cw[1])
 
 
+def hbm_runs(req, reads_hbm: bool) -> int:
+  """Contiguous runs of a copy's HBM side: the product of the window's extents before its last dim
+  that is not whole (an integer index counts 1); 1 for a window of whole rows or an indexed copy."""
+  buf, index = (req.src_buf, req.src_index) if reads_hbm else (req.dst_buf, req.dst_index)
+  if (req.src_indices if reads_hbm else req.dst_indices) is not None or not isinstance(index, tuple):
+    return 1
+  shape = buf.shape
+  index = index + (slice(None),) * (len(shape) - len(index))
+  for d in range(len(shape) - 1, -1, -1):
+    ix = index[d]
+    if isinstance(ix, slice) and len(range(*ix.indices(shape[d]))) == shape[d]:
+      continue
+    runs = 1
+    for j in range(d):
+      if isinstance(index[j], slice):
+        runs *= len(range(*index[j].indices(shape[j])))
+    return runs
+  return 1
+
+
 class DmaEngine:
   """The DMA issue of one core: plans per (spaces, semaphore), the core's channels, the start path."""
-  __slots__ = ("core", "machine", "issue_cycles", "overhead_bytes", "eager", "chans", "prepared", "arbiter")
+  __slots__ = ("core", "machine", "issue_cycles", "overhead_bytes", "run_bytes", "eager", "chans", "prepared",
+               "arbiter")
 
   def __init__(self, core):
     self.core = core
     self.machine = core.machine
     self.issue_cycles = core.chip.dma_issue_cycles
     self.overhead_bytes = core.chip.dma_copy_overhead_bytes   # (a candidate rule, 0: hw.ChipSpec)
+    self.run_bytes = core.chip.dma_run_overhead_bytes         # (a candidate rule, 0: hw.ChipSpec)
     self.eager = core.machine.dma_policy.name == "eager"
     self.chans = None        # the core's (DMA engine, HBM, local) channels, resolved at the first copy
     self.prepared = {}       # (src space, dst space, semaphore) ids -> (core, CopyPlan, semaphore)
@@ -292,7 +314,13 @@ class DmaEngine:
       kind = "ici"
       trace.count_dma(kind, nbytes)
     else:
-      s, read_done = p.reserve(start, nbytes + self.overhead_bytes)
+      extra = self.overhead_bytes
+      if self.run_bytes and p.direction is not None:
+        runs = req.hbm_runs
+        if runs is None:
+          runs = req.hbm_runs = hbm_runs(req, p.reads_hbm)
+        extra += runs * self.run_bytes
+      s, read_done = p.reserve(start, nbytes + extra)
       if p.direction is not None:   # an HBM read or write: this core's engine orders them
         s, read_done = self.arbiter.timed(p.direction, start, s, read_done, rec)
       done = math.ceil(read_done) + p.latency_cycles
