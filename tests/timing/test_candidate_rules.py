@@ -295,7 +295,8 @@ def test_the_candidate_rules_keep_steady_state_timing_exact(write_backs):
   detector's total (it times a period once and advances over the rest) equals stepping every step."""
   chip = dataclasses.replace(UNIT_CHIP, dma_wait_latency_cycles=280, mxu_handoff_cycles_per_vreg=2.375,
                              mxu_chain_waits=True, xlu_class_turnaround=True, dma_copy_overhead_bytes=4096,
-                             index_map_cycles=10, index_map_smem_cycles=23, **{write_backs: True})
+                             dma_run_overhead_bytes=64, index_map_cycles=10, index_map_smem_cycles=23,
+                             **{write_backs: True})
 
   def k(x_ref, y_ref, o_ref):   # (an output block kept 4 steps, maps computed, a dot into the XLU and the MXU)
     s = jnp.dot(x_ref[...], y_ref[...], preferred_element_type=jnp.float32)

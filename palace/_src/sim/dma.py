@@ -239,7 +239,8 @@ def _slowest_first(channels: list) -> list:
 
 def hbm_runs(req, reads_hbm: bool) -> int:
   """Contiguous runs of a copy's HBM side: the product of the window's extents before its last dim
-  that is not whole (an integer index counts 1); 1 for a window of whole rows or an indexed copy."""
+  that is not whole (an integer index counts 1); 1 for a window of whole rows or an indexed copy. An
+  HBM->HBM copy counts its source's."""
   buf, index = (req.src_buf, req.src_index) if reads_hbm else (req.dst_buf, req.dst_index)
   if (req.src_indices if reads_hbm else req.dst_indices) is not None or not isinstance(index, tuple):
     return 1
