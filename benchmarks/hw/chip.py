@@ -38,13 +38,15 @@ def _jit_name(case_name: str) -> str:
   return "hw_" + re.sub(r"[^0-9A-Za-z_]", "_", case_name)
 
 
-def _compile(case):
+def _compile(case, built=None, suffix: str = ""):
+  """The case jitted under its own name (+ `suffix`), compiled and run twice; `built`: its (fn, args)
+  when already built (benchmarks/hw/regions.py builds variants)."""
   import jax  # noqa: PLC0415
-  fn, args = case.build()
+  fn, args = built or case.build()
 
   def wrapped(*a):
     return fn(*a)
-  wrapped.__name__ = wrapped.__qualname__ = _jit_name(case.name)
+  wrapped.__name__ = wrapped.__qualname__ = _jit_name(case.name) + suffix
   jf = jax.jit(wrapped)
   jax.block_until_ready(jf(*args))
   jax.block_until_ready(jf(*args))

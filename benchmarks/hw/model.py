@@ -92,8 +92,8 @@ class Row:
     return self.modelled_us / self.measured_us - 1.0
 
 
-def model_case(case, chip: str = "v5e") -> float:
-  """palace's modelled device time of one case, in us."""
+def device_time(case, chip: str = "v5e"):
+  """palace.jax's DeviceTime of one case's single launch (timing only) on `chip` (a name or ChipSpec)."""
   import jax  # noqa: PLC0415
   import palace.jax as pj  # noqa: PLC0415
   fn, args = case.build()
@@ -101,7 +101,12 @@ def model_case(case, chip: str = "v5e") -> float:
     dt = pj.device_time(jax.jit(fn), *args, timing_only=True)
   if dt.launches != 1:
     raise RuntimeError(f"{case.name}: {dt.launches} launches, expected 1")
-  return dt.device_time_s * 1e6
+  return dt
+
+
+def model_case(case, chip: str = "v5e") -> float:
+  """palace's modelled device time of one case, in us."""
+  return device_time(case, chip).device_time_s * 1e6
 
 
 def chip_with(chip: str, sets: list[str]):

@@ -74,17 +74,8 @@ def _build(case, scoped: bool):
 
 
 def _compiled(case, variant: str):
-  import jax  # noqa: PLC0415
-  from benchmarks.hw.chip import _jit_name  # noqa: PLC0415
-  fn, args = _build(case, variant == "scoped")
-
-  def wrapped(*a):
-    return fn(*a)
-  wrapped.__name__ = wrapped.__qualname__ = f"{_jit_name(case.name)}_{variant}"
-  jf = jax.jit(wrapped)
-  jax.block_until_ready(jf(*args))
-  jax.block_until_ready(jf(*args))
-  return jf, args
+  from benchmarks.hw.chip import _compile  # noqa: PLC0415
+  return _compile(case, _build(case, variant == "scoped"), f"_{variant}")
 
 
 def _profile(jf, args, reps: int) -> dict:

@@ -25,7 +25,8 @@ import json
 import os
 import statistics
 
-from benchmarks.hw.chip import is_kernel_op
+from benchmarks.hw import model
+from benchmarks.hw.cases import all_cases
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 CLOCK_HZ = 1.5e9   # v5e's TensorCore clock (palace hw.py): the trace's microseconds as cycles
@@ -72,8 +73,7 @@ def load(path: str | None = None) -> list[ChipSteps]:
         if rec.get("kind") != "case" or "error" in rec:
           continue
         ev = rec["events_first_launch"]
-        ops = [e for e in ev if e[1] == "XLA Ops" and is_kernel_op(e[0])]
-        span = next((e for e in ops if e[0].startswith("hw_")), None) or max(ops, key=lambda e: e[3])
+        op = model.kernel_op([(e[0], e[1], e[3]) for e in ev if e[1] == "XLA Ops"])   # the kernel's
         markers = [(marker_name(e[0]), e[2] * CLOCK_HZ / 1e6) for e in ev if e[1] == "Tensor Core"]
         bodies = [e[3] * CLOCK_HZ / 1e6 for e in ev if e[1] == "XLA TraceMe"]
         head = _head(markers) if markers else ""
@@ -84,7 +84,7 @@ def load(path: str | None = None) -> list[ChipSteps]:
             steps.append(cur)
           if cur is not None:
             cur.append((m, n, u - t))
-        out.append(ChipSteps(rec["name"], rec["variant"], span[3] * CLOCK_HZ / 1e6, markers, head,
+        out.append(ChipSteps(rec["name"], rec["variant"], op[2] * CLOCK_HZ / 1e6, markers, head,
                              steps[:-1], bodies))
   return out
 
@@ -101,14 +101,8 @@ def by_position(cs: ChipSteps, period: int) -> dict[int, dict[str, float]]:
 
 def modelled_steps(name: str, sets=()) -> tuple[float, list]:
   """palace.jax's device cycles and grid-step lengths of case `name` on v5e with `sets` overrides."""
-  import jax  # noqa: PLC0415
-  import palace.jax as pj  # noqa: PLC0415
-  from benchmarks.hw import model  # noqa: PLC0415
-  from benchmarks.hw.cases import all_cases  # noqa: PLC0415
   case = next(c for c in all_cases() if c.name == name)
-  fn, args = case.build()
-  with pj.virtual_tpu(model.chip_with("v5e", list(sets))):
-    report = pj.device_time(jax.jit(fn), *args, timing_only=True).reports[0]
+  report = model.device_time(case, model.chip_with("v5e", list(sets))).reports[0]
   starts = sorted(e[3] for e in report.events if e[2] == "grid step") + [report.device_cycles]
   return report.device_cycles, [b - a for a, b in zip(starts, starts[1:])]
 
