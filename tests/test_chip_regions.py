@@ -91,3 +91,15 @@ def test_the_wheels_causal_flash_steps_on_the_chip():
   n = len(causal)
   assert 140 < causal[n // 4] < 190 and 700 < statistics.median(full) < 760
   assert 1000 < causal[-n // 20] < 1800
+
+
+def test_a_grid_steps_bookkeeping_grows_with_operands_and_computed_maps_on_the_chip():
+  """Session 32's step_book traces (4096 steps, blocks never moving, body skipped): one input and one
+  output on a 1-D grid ~37 cycles a step; the 4-D grid with 3 inputs and 3 outputs ~69; the same 4-D
+  grid with 3 inputs whose maps compute (the wheel's causal clamp) ~127: maps the compiler evaluates
+  cost far more than the grid's rank or the operand count (docs/validation.md "Session 32")."""
+  med = {n: statistics.median(_plain(n).step_cycles[4:]) for n in
+         ("book_r1_i1_o1", "book_r4_i3_o3", "book_r4_i3_o1_sel")}
+  assert 35 <= med["book_r1_i1_o1"] <= 39
+  assert 66 <= med["book_r4_i3_o3"] <= 72
+  assert 120 <= med["book_r4_i3_o1_sel"] <= 132

@@ -27,6 +27,11 @@ PURE_INDEX_MAP = "palace_pure_index_map"
 # columns (block_offsets._vectorised_offsets): int64 (Python ints' range) unless set (palace.jax's
 # maps: int32, JAX's index type, so they wrap as JAX's do)
 INDEX_DTYPE = "palace_index_dtype"
+# the attribute (set to True) that marks an index map as computing its block indices (arithmetic on the
+# grid indices, not only picking them or constants: palace.jax's maps with equations), which the chip's
+# compiler evaluates every grid step whatever values it gives (a candidate rule's cost class,
+# hw.ChipSpec.index_map_cycles; a map without it is classed by the offsets it gives)
+COMPUTED_INDEX_MAP = "palace_computed_index_map"
 
 
 @dataclasses.dataclass(frozen=True)

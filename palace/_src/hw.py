@@ -114,11 +114,21 @@ class ChipSpec:
   dma_run_overhead_bytes: int = 0
   # scalar cycles a pallas_call grid step spends per pipelined operand on its index map, charged before
   # the step's next blocks are started (their indices come first: pipeline.py): a map computed from the
-  # grid indices (a block index neither constant nor equal to one grid index), and a map reading
-  # kernel memory (scalar-prefetch tables, evaluated on the core). Pipelines recorded inside a
-  # kernel (emit_pipeline's parked schedules) are not charged.
+  # grid indices (a front end's map with arithmetic in it, or a block index neither constant nor equal
+  # to one grid index), a plain map (block indices that are grid indices or constants, not all
+  # constant), and a map reading kernel memory (scalar-prefetch tables, evaluated on the core); an
+  # operand whose map is constant costs none of these. Pipelines recorded inside a kernel
+  # (emit_pipeline's parked schedules) are not charged.
   index_map_cycles: int = 0
+  index_map_plain_cycles: int = 0
   index_map_smem_cycles: int = 0
+  # ...and, charged with them, per grid dimension beyond the first and per pipelined operand beyond
+  # two (the step's own bookkeeping: its next grid indices, each operand's block slot); a step's sum
+  # is rounded to whole cycles
+  grid_step_dim_cycles: int = 0
+  grid_step_operand_cycles: float = 0.0
+  # ...charged after the step's next blocks are started (before its waits) instead of before
+  index_map_after_starts: bool = False
   # a pallas_call output block kept over two or more grid steps is written back and waited at once
   # when it changes (the next step starts after its write-back is seen)
   wait_kept_write_backs: bool = False
@@ -323,6 +333,19 @@ _COMMON_SOURCES = _mp(
                      "copy-bound one, +28 for three (mm_step); not adopted",
     index_map_smem_cycles="candidate rule, off (0): session 27's step_branch probes, +46 (int32) and "
                           "+75 (int8) cycles a step for two operands' table-reading maps; not adopted",
+    index_map_plain_cycles="candidate rule, off (0): session 32's step_book probes (benchmarks/hw, "
+                           "2026-12-07): an input whose block moves with the outer index of a (64, 64) "
+                           "grid costs ~14 cycles a step more than a constant one, a copy every 64 steps "
+                           "included; not adopted",
+    index_map_after_starts="candidate rule, off: session 32's step_book and session 24's step_ops "
+                           "(benchmarks/hw): with moving blocks the grid's rank costs the chip nothing "
+                           "(the bookkeeping hides under the copies in flight); not adopted",
+    grid_step_dim_cycles="candidate rule, off (0): session 32's step_book probes (benchmarks/hw, "
+                         "2026-12-07): 4096 steps of fixed blocks cost 37.1 / 42.1 / 48.1 / 54.1 cycles a "
+                         "step on grids of rank 1 / 2 / 3 / 4 (and +18 beside a vector body); not adopted",
+    grid_step_operand_cycles="candidate rule, off (0): session 32's step_book probes (benchmarks/hw, "
+                             "2026-12-07): 3.0-4.1 cycles a step per fixed-block operand beyond one input "
+                             "and one output (2, 4, 8 inputs; 2, 4 outputs); not adopted",
     wait_kept_write_backs="candidate rule, off: session 25's out_switch and session 29's mm_step / "
                           "copy_shape (benchmarks/hw, 2026-12-06/07): a kept block's change costs "
                           "190-280 cycles (32 KiB) and ~660 (64 KiB), one written every step far less; "

@@ -22,13 +22,14 @@ windowed by views instead of copied; HBM/ANY specs hand the body the ref itself;
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 
 from palace._src import executor, validate
 from palace._src.block_offsets import block_offsets, grid_offsets
 from palace._src.prefetch_maps import PrefetchMap
-from palace._src.blocks import SQUEEZED, BlockMapping
+from palace._src.blocks import COMPUTED_INDEX_MAP, SQUEEZED, BlockMapping
 from palace._src.core import MemorySpace
 from palace._src.errors import OutOfBoundsError, SyncError, UsageError
 from palace._src.lang.array import concrete_int
@@ -509,15 +510,18 @@ def _host_blocks(o, points, index_args):
     executor.reset_current(token)
 
 
-def _index_map_cycles(ops, points, index_args, chip) -> int:
-  """Scalar cycles a grid step's index maps cost under the candidate rule (hw.ChipSpec.index_map_cycles):
-  per operand whose map is evaluated on the core (it reads kernel memory) index_map_smem_cycles, per
-  operand whose block offsets over the grid are, in some dim, neither constant nor one grid index
-  times the block size (a computed map) index_map_cycles."""
-  total = 0
+def _index_map_cycles(ops, points, index_args, grid, chip) -> int:
+  """Scalar cycles a grid step's index maps and bookkeeping cost under the candidate rules
+  (hw.ChipSpec.index_map_cycles and the fields beside it): per operand whose map is evaluated on the
+  core (it reads kernel memory) index_map_smem_cycles; per operand whose map computes its indices (a
+  front end's map marked blocks.COMPUTED_INDEX_MAP, or block offsets over the grid that are, in some
+  dim, neither constant nor one grid index times the block size) index_map_cycles; per other operand
+  whose offsets move index_map_plain_cycles; and grid_step_dim_cycles per grid dimension beyond the
+  first, grid_step_operand_cycles per operand beyond two; the sum rounded to whole cycles."""
   if not points:
     return 0
-  grid = np.asarray(points, dtype=np.int64).reshape(len(points), -1)
+  total = chip.grid_step_dim_cycles * max(0, len(grid) - 1) + chip.grid_step_operand_cycles * max(0, len(ops) - 2)
+  grid_idx = np.asarray(points, dtype=np.int64).reshape(len(points), -1)
   for _, o in ops:
     blocks = o.all_blocks
     if blocks is None and o.prefetch is None and not o.map_on_core:
@@ -525,13 +529,22 @@ def _index_map_cycles(ops, points, index_args, chip) -> int:
     if blocks is None:
       total += chip.index_map_smem_cycles
       continue
+    if getattr(o.m.index_map, COMPUTED_INDEX_MAP, False) is True:
+      total += chip.index_map_cycles
+      continue
     offs = np.asarray(blocks, dtype=np.int64).reshape(len(points), -1)
+    form = "const"
     for d, (_kind, size, _pad) in enumerate(o.m.dims):
       col = offs[:, d]
-      if not (col == col[0]).all() and not any((col == grid[:, c] * size).all() for c in range(grid.shape[1])):
-        total += chip.index_map_cycles
-        break
-  return total
+      if (col == col[0]).all():
+        continue
+      if any((col == grid_idx[:, c] * size).all() for c in range(grid_idx.shape[1])):
+        form = "plain"
+        continue
+      form = "computed"
+      break
+    total += {"const": 0, "plain": chip.index_map_plain_cycles, "computed": chip.index_map_cycles}[form]
+  return math.floor(total + 0.5)   # (whole cycles: the clocks stay ints, sim/steady.py)
 
 
 class _Steps:
@@ -542,7 +555,7 @@ class _Steps:
   looking the core up per copy)."""
   __slots__ = ("ex", "points", "n", "index_args", "sync", "call_args", "buffered_in", "buffered_out",
                "per_step", "in_plan", "out_plan", "dma_start", "dma_wait", "grid", "grid_stack",
-               "grid_step", "map_cycles", "wait_kept", "wait_next")
+               "grid_step", "map_cycles", "maps_late", "wait_kept", "wait_next")
 
   def __init__(self, pipe: Pipeline, ex):
     ops_in, ops_out, lead = pipe.ops_in, pipe.ops_out, pipe.lead_args
@@ -567,8 +580,10 @@ class _Steps:
     chip = ex.chip if type(ex) is not _Recorder else None
     self.wait_kept = chip is not None and chip.wait_kept_write_backs
     self.wait_next = chip is not None and chip.wait_write_backs_next_step
-    self.map_cycles = _index_map_cycles(ins + outs, pipe.points, pipe.index_args, chip) if chip is not None and (
-        chip.index_map_cycles or chip.index_map_smem_cycles) else 0
+    self.map_cycles = _index_map_cycles(ins + outs, pipe.points, pipe.index_args, pipe.grid, chip) if (
+        chip is not None and (chip.index_map_cycles or chip.index_map_smem_cycles or chip.index_map_plain_cycles
+                              or chip.grid_step_dim_cycles or chip.grid_step_operand_cycles)) else 0
+    self.maps_late = bool(self.map_cycles) and chip.index_map_after_starts
 
   def enter(self, s: int) -> None:
     """Grid step `s` up to its body: the step overhead, the input and output blocks."""
@@ -584,8 +599,9 @@ class _Steps:
     # (a block's element offsets: precomputed for every step, or its index map run now)
     dma_start, call_args, n, points, index_args = self.dma_start, self.call_args, self.n, self.points, \
         self.index_args
-    if self.map_cycles and s:   # (a candidate rule, off on every chip: hw.ChipSpec.index_map_cycles)
-      self.ex.scalar_ops(self.map_cycles)   # (the next blocks' indices, before their copies start)
+    if self.map_cycles and s and not self.maps_late:   # (a candidate rule, off on every chip:
+      self.ex.scalar_ops(self.map_cycles)                # hw.ChipSpec.index_map_cycles; the next
+                                                         # blocks' indices, before their copies start)
     for o in self.buffered_in:
       if s not in o.fetched:
         cur = o.all_blocks[s] if o.all_blocks is not None else block_offsets(o, s, point, index_args, "")
@@ -604,6 +620,8 @@ class _Steps:
           nxt = blocks[t] if blocks is not None else block_offsets(o, t, points[t], index_args, "")
           if nxt != cur and t not in o.fetched:
             _start_fetch(o, t, nxt, dma_start)
+    if self.maps_late and s:   # (the candidate rule's other placement: index_map_after_starts)
+      self.ex.scalar_ops(self.map_cycles)
     for (k, o, blocks, alias, ahead), cur in zip(self.in_plan, curs):
       if alias:
         if s == 0 or cur != o.cur:

@@ -91,6 +91,8 @@ BOUNDS = {
     "flash_size": (0.25, 0.27), "gather_rows1": (6.42, 6.44), "head_dim": (0.07, 0.18),
     # session 30: a causal flash grid's q-row ends (with and without the output change)
     "row_end": (0.08, 0.24),
+    # session 32 (cases_book.py): a grid step's own bookkeeping by grid rank, operand count and map form
+    "step_book": (0.15, 0.69),
     # measured after 655fb6c's predictions were recorded (v5e-holdout-predictions-*.json); the model
     # changed after that (the DMA-wait sync rule), so these are no longer blind predictions
     "holdout": (0.07, 0.28),

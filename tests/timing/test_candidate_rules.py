@@ -27,6 +27,9 @@ def test_every_candidate_rule_is_off_on_every_chip():
     assert not chip.xlu_class_turnaround and chip.dma_copy_overhead_bytes == 0
     assert not chip.wait_kept_write_backs and not chip.wait_write_backs_next_step
     assert chip.dma_run_overhead_bytes == 0
+    assert chip.index_map_cycles == chip.index_map_plain_cycles == chip.index_map_smem_cycles == 0
+    assert chip.grid_step_dim_cycles == 0 and chip.grid_step_operand_cycles == 0
+    assert not chip.index_map_after_starts
 
 
 def test_the_latency_form_sees_each_copy_a_fixed_time_after_it_landed():
@@ -242,6 +245,72 @@ def test_a_computed_index_map_costs_its_cycles_every_step_after_the_first(what, 
   assert extra == (7 * 7 if charged else 0), what
 
 
+@pytest.mark.parametrize("what, index_map, charged", [
+    ("plain: the grid index", lambda i: (i, 0), 5),
+    ("plain: a constant block", lambda i: (0, 0), 0),
+    ("computed: (3 i) % 8", lambda i: ((3 * i) % 8, 0), 7),
+])
+def test_a_plain_index_map_whose_block_moves_costs_its_own_cycles(what, index_map, charged):
+  """index_map_plain_cycles = p: an input whose block index is a grid index (not constant) costs p a step
+  after the first; a constant block nothing; a computed one index_map_cycles (not p on top)."""
+  chip = dataclasses.replace(UNIT_CHIP, index_map_cycles=7, index_map_plain_cycles=5)
+  extra = _pipelined_copy(chip, index_map) - _pipelined_copy(UNIT_CHIP, index_map)
+  assert extra == 7 * (charged + 5), what   # (+ the output's plain map, i)
+
+
+def test_a_map_marked_computed_is_charged_whatever_blocks_it_gives():
+  """A front end's map marked blocks.COMPUTED_INDEX_MAP (palace.jax: a map with arithmetic in it, which the
+  chip's compiler evaluates every step) costs index_map_cycles even where its blocks never move."""
+  from palace._src import blocks
+  chip = dataclasses.replace(UNIT_CHIP, index_map_cycles=7)
+
+  def index_map(i):
+    return (0, 0)
+  assert _pipelined_copy(chip, index_map) == _pipelined_copy(UNIT_CHIP, index_map)
+  setattr(index_map, blocks.COMPUTED_INDEX_MAP, True)
+  assert _pipelined_copy(chip, index_map) - _pipelined_copy(UNIT_CHIP, index_map) == 7 * 7
+
+
+def _three_operands(chip, after=False):
+  """A (2, 4) grid, two (8, 128) inputs (one moving with the last grid index, one fixed) and one output;
+  the scalar cycles and the start cycle of every HBM read."""
+  def k(x_ref, y_ref, o_ref):
+    o_ref[...] = x_ref[...] + y_ref[...]
+
+  x = np.arange(4 * 8 * 128, dtype=np.float32).reshape(32, 128)
+  chip = dataclasses.replace(chip, index_map_after_starts=after)
+  with pl.virtual_tpu(chip) as tpu:
+    out = pl.pallas_call(k, out_shape=pl.ShapeDtypeStruct((64, 128), np.float32), grid=(2, 4),
+                         in_specs=[pl.BlockSpec((8, 128), lambda i, j: (j, 0)),
+                                   pl.BlockSpec((8, 128), lambda i, j: (0, 0))],
+                         out_specs=pl.BlockSpec((8, 128), lambda i, j: (4 * i + j, 0)))(x, x)
+  want = np.concatenate([x[8 * j:][:8] + x[:8] for i in range(2) for j in range(4)])
+  np.testing.assert_array_equal(out, want)
+  r = tpu.reports[-1]
+  return r.unit_busy_cycles["scalar"], [e[3] for e in r.events if e[1] == "dma" and e[2] == "hbm->vmem"]
+
+
+def test_grid_rank_and_operand_count_cost_their_cycles_every_step_after_the_first():
+  """grid_step_dim_cycles = d per grid dimension beyond the first and grid_step_operand_cycles = o per
+  pipelined operand beyond two, with the index maps' own charges (here one plain moving input: p, the
+  output's computed map 4 i + j: c), every step after the first; a step's sum in whole cycles."""
+  chip = dataclasses.replace(UNIT_CHIP, grid_step_dim_cycles=3, grid_step_operand_cycles=1.5,
+                             index_map_plain_cycles=5, index_map_cycles=7)
+  base, _ = _three_operands(UNIT_CHIP)
+  charged, _ = _three_operands(chip)
+  assert charged - base == 7 * 17   # (3 + 1.5 + 5 + 7 = 16.5 a step, rounded to whole cycles)
+
+
+def test_index_map_after_starts_charges_the_same_cycles_after_the_next_copies_start():
+  """index_map_after_starts: the same cycles, charged once the step's next blocks are started (before
+  its waits): the scalar total is unchanged and the next block's copy starts earlier."""
+  chip = dataclasses.replace(UNIT_CHIP, grid_step_dim_cycles=3, index_map_plain_cycles=5, index_map_cycles=7)
+  before, reads_before = _three_operands(chip)
+  after, reads_after = _three_operands(chip, after=True)
+  assert before == after
+  assert reads_after[:3] == reads_before[:3] and reads_after[3] < reads_before[3]
+
+
 def _accumulate(chip, keep):
   """A grid of 8 steps adding (8, 128) input blocks into output blocks kept `keep` steps each."""
   def k(x_ref, o_ref):
@@ -296,6 +365,7 @@ def test_the_candidate_rules_keep_steady_state_timing_exact(write_backs):
   chip = dataclasses.replace(UNIT_CHIP, dma_wait_latency_cycles=280, mxu_handoff_cycles_per_vreg=2.375,
                              mxu_chain_waits=True, xlu_class_turnaround=True, dma_copy_overhead_bytes=4096,
                              dma_run_overhead_bytes=64, index_map_cycles=10, index_map_smem_cycles=23,
+                             index_map_plain_cycles=7, grid_step_dim_cycles=4, grid_step_operand_cycles=3.5,
                              **{write_backs: True})
 
   def k(x_ref, y_ref, o_ref):   # (an output block kept 4 steps, maps computed, a dot into the XLU and the MXU)

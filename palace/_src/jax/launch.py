@@ -126,6 +126,8 @@ def _index_map(bm, extra: int = 0):
   prog, consts, zeros = program(closed), closed.consts, (0,) * extra
   index_map = lambda *args: (*run_program(prog, consts, args), *zeros)  # noqa: E731
   setattr(index_map, blocks.INDEX_DTYPE, np.int32)
+  if closed.eqns:
+    setattr(index_map, blocks.COMPUTED_INDEX_MAP, True)
   if _pure_index_jaxpr(closed.jaxpr):
     setattr(index_map, blocks.PURE_INDEX_MAP, True)
   return index_map
