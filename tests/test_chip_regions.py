@@ -103,3 +103,19 @@ def test_a_grid_steps_bookkeeping_grows_with_operands_and_computed_maps_on_the_c
   assert 35 <= med["book_r1_i1_o1"] <= 39
   assert 66 <= med["book_r4_i3_o3"] <= 72
   assert 120 <= med["book_r4_i3_o1_sel"] <= 132
+
+
+def test_serial_hbm_reads_stall_in_clusters_a_refresh_period_apart_and_writes_never():
+  """Session 32's traces of the serial copy loops (start, wait, next; 2048 copies of 4 KiB): a read's
+  round trip is 480 cycles at the median, but about one in six is ~270 cycles longer, the long ones in
+  clusters ~5000-5500 cycles apart (an HBM refresh period, 3.9 us, is 5850): +44 cycles a read on
+  average. The same loop of writes never stalls (docs/validation.md "Session 32")."""
+  for name in ("probe_read_seq_4KiB_x2048", "probe_read_seq_16KiB_x1024"):
+    steps = _plain(name).step_cycles
+    med = statistics.median(steps)
+    long = [s for s in steps if s > med + 100]
+    assert 0.10 < len(long) / len(steps) < 0.25, name
+    assert 200 < statistics.median(long) - med < 350, name
+    assert 35 < statistics.mean(steps) - med < 55, name
+  writes = _plain("probe_write_seq_4KiB_x2048").step_cycles
+  assert max(writes) - statistics.median(writes) < 10
