@@ -533,6 +533,8 @@ def _index_map_cycles(ops, points, index_args, grid, chip) -> int:
       total += chip.index_map_cycles
       continue
     offs = np.asarray(blocks, dtype=np.int64).reshape(len(points), -1)
+    if offs.shape[1] != len(o.m.dims):   # (a map of the wrong rank: the step's own check names it)
+      continue
     form = "const"
     for d, (_kind, size, _pad) in enumerate(o.m.dims):
       col = offs[:, d]

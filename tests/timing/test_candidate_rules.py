@@ -384,3 +384,14 @@ def test_the_candidate_rules_keep_steady_state_timing_exact(write_backs):
     reports[steady], skipped[steady] = tpu.reports[-1], tpu.extrapolated_steps
   assert skipped[False] == 0 and skipped[True] > 128   # (the detector advanced over most of the grid)
   assert reports[True].as_dict() == reports[False].as_dict()
+
+
+def test_the_index_map_rules_leave_a_wrong_rank_map_to_the_steps_own_error():
+  """With the index-map rules on, an index map returning too few indices is still reported by the step
+  (OutOfBoundsError naming the operand), not by the rule's classification of its blocks."""
+  chip = dataclasses.replace(UNIT_CHIP, index_map_cycles=7, index_map_plain_cycles=5, grid_step_dim_cycles=3)
+  x = np.zeros((8, 128), np.float32)
+  with pl.virtual_tpu(chip):
+    with pytest.raises(pl.OutOfBoundsError, match=r"index_map of args\[0\] returned 1 indices"):
+      pl.pallas_call(lambda x_ref, o_ref: None, out_shape=pl.ShapeDtypeStruct((8, 128), np.float32),
+                     grid=(1,), in_specs=[pl.BlockSpec((8, 128), lambda i: (i,))])(x)
