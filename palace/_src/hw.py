@@ -122,6 +122,7 @@ class ChipSpec:
   index_map_cycles: int = 0
   index_map_plain_cycles: int = 0
   index_map_smem_cycles: int = 0
+  index_map_subword_cycles: int = 0   # more per table-reading map when the tables hold int8 / int16
   # ...and, charged with them, per grid dimension beyond the first and per pipelined operand beyond
   # two (the step's own bookkeeping: its next grid indices, each operand's block slot); a step's sum
   # is rounded to whole cycles
@@ -333,6 +334,9 @@ _COMMON_SOURCES = _mp(
                      "copy-bound one, +28 for three (mm_step); not adopted",
     index_map_smem_cycles="candidate rule, off (0): session 27's step_branch probes, +46 (int32) and "
                           "+75 (int8) cycles a step for two operands' table-reading maps; not adopted",
+    index_map_subword_cycles="candidate rule, off (0): session 27's step_branch probes (benchmarks/hw, "
+                             "2026-12-06): two operands' maps reading an int8 table +75 cycles a step, "
+                             "an int32 one +46 (the sub-word read's extraction); not adopted",
     index_map_plain_cycles="candidate rule, off (0): session 32's step_book probes (benchmarks/hw, "
                            "2026-12-07): an input whose block moves with the outer index of a (64, 64) "
                            "grid costs ~14 cycles a step more than a constant one, a copy every 64 steps "

@@ -515,19 +515,24 @@ def _index_map_cycles(ops, points, index_args, grid, chip) -> int:
   (hw.ChipSpec.index_map_cycles and the fields beside it): per operand whose map is evaluated on the
   core (it reads kernel memory) index_map_smem_cycles; per operand whose map computes its indices (a
   front end's map marked blocks.COMPUTED_INDEX_MAP, or block offsets over the grid that are, in some
-  dim, neither constant nor one grid index times the block size) index_map_cycles; per other operand
+  dim, neither constant nor one grid index times the block size) index_map_cycles (index_map_subword_cycles
+  more per table-reading map when the scalar-prefetch operands hold sub-word integers); per other operand
   whose offsets move index_map_plain_cycles; and grid_step_dim_cycles per grid dimension beyond the
   first, grid_step_operand_cycles per operand beyond two; the sum rounded to whole cycles."""
   if not points:
     return 0
   total = chip.grid_step_dim_cycles * max(0, len(grid) - 1) + chip.grid_step_operand_cycles * max(0, len(ops) - 2)
+  smem = chip.index_map_smem_cycles
+  if chip.index_map_subword_cycles and any(
+      np.dtype(getattr(a, "dtype", np.int32)).itemsize < 4 for a in index_args):
+    smem += chip.index_map_subword_cycles   # (a table of sub-word entries: each read extracts its entry)
   grid_idx = np.asarray(points, dtype=np.int64).reshape(len(points), -1)
   for _, o in ops:
     blocks = o.all_blocks
     if blocks is None and o.prefetch is None and not o.map_on_core:
       blocks = _host_blocks(o, points, index_args)
     if blocks is None:
-      total += chip.index_map_smem_cycles
+      total += smem
       continue
     if getattr(o.m.index_map, COMPUTED_INDEX_MAP, False) is True:
       total += chip.index_map_cycles
@@ -584,6 +589,7 @@ class _Steps:
     self.wait_next = chip is not None and chip.wait_write_backs_next_step
     self.map_cycles = _index_map_cycles(ins + outs, pipe.points, pipe.index_args, pipe.grid, chip) if (
         chip is not None and (chip.index_map_cycles or chip.index_map_smem_cycles or chip.index_map_plain_cycles
+                              or chip.index_map_subword_cycles
                               or chip.grid_step_dim_cycles or chip.grid_step_operand_cycles)) else 0
     self.maps_late = bool(self.map_cycles) and chip.index_map_after_starts
 

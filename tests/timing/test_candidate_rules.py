@@ -28,6 +28,7 @@ def test_every_candidate_rule_is_off_on_every_chip():
     assert not chip.wait_kept_write_backs and not chip.wait_write_backs_next_step
     assert chip.dma_run_overhead_bytes == 0
     assert chip.index_map_cycles == chip.index_map_plain_cycles == chip.index_map_smem_cycles == 0
+    assert chip.index_map_subword_cycles == 0
     assert chip.grid_step_dim_cycles == 0 and chip.grid_step_operand_cycles == 0
     assert not chip.index_map_after_starts
 
@@ -395,3 +396,29 @@ def test_the_index_map_rules_leave_a_wrong_rank_map_to_the_steps_own_error():
     with pytest.raises(pl.OutOfBoundsError, match=r"index_map of args\[0\] returned 1 indices"):
       pl.pallas_call(lambda x_ref, o_ref: None, out_shape=pl.ShapeDtypeStruct((8, 128), np.float32),
                      grid=(1,), in_specs=[pl.BlockSpec((8, 128), lambda i: (i,))])(x)
+
+
+def _table_gather(chip, table_dtype):
+  """A 1-D grid of 8 steps copying the (8, 128) block a scalar-prefetch table names (`table_dtype`
+  entries); the scalar cycles of the launch."""
+  def k(t_ref, x_ref, o_ref):
+    o_ref[...] = x_ref[...]
+
+  x = np.arange(8 * 8 * 128, dtype=np.float32).reshape(64, 128)
+  table = np.array([3, 1, 4, 1, 5, 2, 6, 0], dtype=table_dtype)
+  spec = pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=1, grid=(8,),
+                                      in_specs=[pl.BlockSpec((8, 128), lambda i, t: (t[i], 0))],
+                                      out_specs=pl.BlockSpec((8, 128), lambda i, t: (i, 0)))
+  with pl.virtual_tpu(chip) as tpu:
+    out = pl.pallas_call(k, out_shape=pl.ShapeDtypeStruct((64, 128), np.float32), grid_spec=spec)(table, x)
+  np.testing.assert_array_equal(out, np.concatenate([x[8 * int(j):][:8] for j in table]))
+  return tpu.reports[-1].unit_busy_cycles["scalar"]
+
+
+@pytest.mark.parametrize("table_dtype, extra", [(np.int32, 0), (np.int8, 9)])
+def test_a_map_reading_a_sub_word_table_costs_the_sub_word_cycles_more(table_dtype, extra):
+  """index_map_smem_cycles = s per table-reading map and step after the first, index_map_subword_cycles
+  = w more when the scalar-prefetch tables hold sub-word integers (int8 here); int32 tables pay s."""
+  chip = dataclasses.replace(UNIT_CHIP, index_map_smem_cycles=11, index_map_subword_cycles=9)
+  charged = _table_gather(chip, table_dtype) - _table_gather(UNIT_CHIP, table_dtype)
+  assert charged == 7 * (11 + extra)
