@@ -600,7 +600,7 @@ def _step_cases() -> list[Case]:
                                           splash_step_cases)
   from benchmarks.hw.cases_branch import fa_published_cases, page_heavy_cases, step_branch_cases  # noqa: PLC0415
   from benchmarks.hw.cases_paged import (matmul_k_cases, page_cross_cases, page_kfirst_cases,  # noqa: PLC0415
-                                         page_loop_cases, page_order_cases, page_wheelbody_cases,
+                                         page_loop_cases, page_order_cases, page_wheelbody_cases, page_wheelcopy_cases,
                                          page_wheelgrid_cases, paged_sweep_cases)
   from benchmarks.hw.cases_mmstep import copy_shape_cases, copy_window_cases, mm_step_cases  # noqa: PLC0415
   from benchmarks.hw.cases_size import (flash_size_cases, gather_rows1_cases, head_dim_cases,  # noqa: PLC0415
@@ -617,6 +617,7 @@ def _step_cases() -> list[Case]:
           + step_branch_cases() + fa_published_cases() + page_heavy_cases() + paged_sweep_cases()
           + matmul_k_cases() + page_loop_cases() + page_order_cases()
           + page_kfirst_cases() + page_cross_cases() + page_wheelbody_cases() + page_wheelgrid_cases()
+          + page_wheelcopy_cases()
           + mm_step_cases() + copy_shape_cases() + copy_window_cases() + flash_size_cases()
           + gather_rows1_cases() + head_dim_cases() + row_end_cases() + step_book_cases())
 

@@ -73,8 +73,11 @@ def matmul_k_cases() -> list[Case]:
           for m in (2048, 4096)]
 
 
-def _page_loop(c, rows, body, steps=32, iters=8, ahead=1, kfirst=False, cross=False, dyn=False, moveq=False):
-  """`page_loop` and `page_order` (module docstring): copies started `ahead` blocks before their wait."""
+def _page_loop(c, rows, body, steps=32, iters=8, ahead=1, kfirst=False, cross=False, dyn=False, moveq=False,
+               perpage=False, f32=False):
+  """`page_loop` and `page_order` (module docstring): copies started `ahead` blocks before their wait.
+  `perpage`: each page copy waited on its own (JAX 0.10.2's wheel) instead of one wait for the slot;
+  `f32`: the loaded pages cast to float32 before the dots (0.10.2's wheel)."""
   def build():
     jax, jnp, pl, pltpu = _jax()
     per_step = iters * c
@@ -104,8 +107,13 @@ def _page_loop(c, rows, body, steps=32, iters=8, ahead=1, kfirst=False, cross=Fa
         return out
 
       def wait(buf, side, slot):
-        pltpu.make_async_copy(buf.at[slot], buf.at[slot], sems.at[side, slot]).wait()
-        return buf[slot].reshape(bk, 128)
+        if perpage:
+          for j in range(c):
+            pltpu.make_async_copy(buf.at[slot, j], buf.at[slot, j], sems.at[side, slot]).wait()
+        else:
+          pltpu.make_async_copy(buf.at[slot], buf.at[slot], sems.at[side, slot]).wait()
+        out = buf[slot]
+        return (out.astype(jnp.float32) if f32 else out).reshape(bk, 128)
 
       if cross:   # the first block of step 0 only; later steps' first blocks come from the step before
         @pl.when(s == 0)
@@ -221,6 +229,19 @@ def page_wheelbody_cases() -> list[Case]:
   return [Case(f"pgloop_wheel_c{c}_r{rows}{'_cross' if cross else ''}", "page_wheelbody",
                _page_loop(c, rows, "wheel", cross=cross))
           for c, rows in ((8, 16), (1, 128)) for cross in (False, True)]
+
+
+def page_wheelcopy_cases() -> list[Case]:
+  """Session 32: `page_wheelgrid`'s `_dyn` walk with the 0.10.2 wheel's copy handling added one piece at
+  a time: every K page before every V page (`_kfirst`), each page waited on its own (`_pp`), the pages
+  cast to f32 before the dots (`_f32`): does that make the chip's iteration the wheel's ~759 cycles
+  instead of the reproduction's ~840?"""
+  base = dict(cross=True, dyn=True, kfirst=True)
+  return [Case("pgloop_wheel_c8_r16_dyn_kfirst", "page_wheelcopy", _page_loop(8, 16, "wheel", **base)),
+          Case("pgloop_wheel_c8_r16_dyn_kfirst_pp", "page_wheelcopy",
+               _page_loop(8, 16, "wheel", perpage=True, **base)),
+          Case("pgloop_wheel_c8_r16_dyn_kfirst_pp_f32", "page_wheelcopy",
+               _page_loop(8, 16, "wheel", perpage=True, f32=True, **base))]
 
 
 def page_wheelgrid_cases() -> list[Case]:
