@@ -93,6 +93,8 @@ BOUNDS = {
     "row_end": (0.08, 0.24),
     # session 32 (cases_book.py): a grid step's own bookkeeping by grid rank, operand count and map form
     "step_book": (0.15, 0.69),
+    # session 32 (cases_paged.py): page_wheelgrid's walk with JAX 0.10.2's wheel copy handling
+    "page_wheelcopy": (0.05, 0.06),
     # measured after 655fb6c's predictions were recorded (v5e-holdout-predictions-*.json); the model
     # changed after that (the DMA-wait sync rule), so these are no longer blind predictions
     "holdout": (0.07, 0.28),
