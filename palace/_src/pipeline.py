@@ -518,8 +518,11 @@ def _index_map_cycles(ops, points, index_args, grid, chip) -> int:
   dim, neither constant nor one grid index times the block size) index_map_cycles (index_map_subword_cycles
   more per table-reading map when the scalar-prefetch operands hold sub-word integers); per other operand
   whose offsets move index_map_plain_cycles; and grid_step_dim_cycles per grid dimension beyond the
-  first, grid_step_operand_cycles per operand beyond two; the sum rounded to whole cycles."""
-  if not points:
+  first, grid_step_operand_cycles per operand beyond two; the sum rounded to whole cycles. 0 without a
+  chip (a recording) or with every one of these fields off (then no map is evaluated here)."""
+  if not points or chip is None or not (
+      chip.index_map_cycles or chip.index_map_plain_cycles or chip.index_map_smem_cycles
+      or chip.index_map_subword_cycles or chip.grid_step_dim_cycles or chip.grid_step_operand_cycles):
     return 0
   total = chip.grid_step_dim_cycles * max(0, len(grid) - 1) + chip.grid_step_operand_cycles * max(0, len(ops) - 2)
   smem = chip.index_map_smem_cycles
@@ -587,10 +590,7 @@ class _Steps:
     chip = ex.chip if type(ex) is not _Recorder else None
     self.wait_kept = chip is not None and chip.wait_kept_write_backs
     self.wait_next = chip is not None and chip.wait_write_backs_next_step
-    self.map_cycles = _index_map_cycles(ins + outs, pipe.points, pipe.index_args, pipe.grid, chip) if (
-        chip is not None and (chip.index_map_cycles or chip.index_map_smem_cycles or chip.index_map_plain_cycles
-                              or chip.index_map_subword_cycles
-                              or chip.grid_step_dim_cycles or chip.grid_step_operand_cycles)) else 0
+    self.map_cycles = _index_map_cycles(ins + outs, pipe.points, pipe.index_args, pipe.grid, chip)
     self.maps_late = bool(self.map_cycles) and chip.index_map_after_starts
 
   def enter(self, s: int) -> None:
