@@ -29,7 +29,7 @@ PURE_INDEX_MAP = "palace_pure_index_map"
 INDEX_DTYPE = "palace_index_dtype"
 # the attribute (set to True) that marks an index map as computing its block indices (arithmetic on the
 # grid indices, not only picking them or constants: palace.jax's maps with equations), which the chip's
-# compiler evaluates every grid step whatever values it gives (a candidate rule's cost class,
+# compiler evaluates every grid step whatever values it gives (a measured rule's cost class,
 # hw.ChipSpec.index_map_cycles; a map without it is classed by the offsets it gives)
 COMPUTED_INDEX_MAP = "palace_computed_index_map"
 

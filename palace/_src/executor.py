@@ -253,7 +253,7 @@ class DmaRequest:
     self.mask = None  # indexed DMAs: which index entries are used (None: all)
     self.priority = 0  # the DMA queue of a TensorCore copy (0 or 1: `.start(priority=)`); timed alike
     self.hbm_runs = None  # contiguous runs of its HBM side, counted at its first start when a chip
-                          # charges per run (sim/dma.py, the candidate rule dma_run_overhead_bytes)
+                          # charges per run (sim/dma.py, the v5e rule dma_run_overhead_bytes)
     self.fast = None  # the executor's cache (sim/dma.DmaEngine.start); it depends only on the memory
                       # spaces and the destination semaphore, so a request with the same ones may
                       # start with another's (lang/tpu_primitives.prepare_window_copy(like=...))

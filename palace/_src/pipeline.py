@@ -495,7 +495,8 @@ def _steps(pipe: Pipeline, ex, body) -> None:
 
 def _host_blocks(o, points, index_args):
   """Every step's element offsets of operand `o` with its map run on the host (no executor: nothing
-  charged), or None where it cannot run there (it reads kernel memory)."""
+  charged), or None where it cannot run there (it reads kernel memory: then marked to run on the core,
+  as block_offsets' own host try would mark it, so that the map is not tried on the host twice)."""
   token = executor.set_current(None)
   try:
     out = []
@@ -505,13 +506,14 @@ def _host_blocks(o, points, index_args):
       out.append(o.m.offsets(tuple(concrete_int(i, "index_map result") for i in idx)))
     return out
   except Exception:  # noqa: BLE001  (a map reading kernel memory: the caller counts it as one)
+    o.map_on_core = True
     return None
   finally:
     executor.reset_current(token)
 
 
 def _index_map_cycles(ops, points, index_args, grid, chip) -> int:
-  """Scalar cycles a grid step's index maps and bookkeeping cost under the candidate rules
+  """Scalar cycles a grid step's index maps and bookkeeping cost under the rules measured on v5e
   (hw.ChipSpec.index_map_cycles and the fields beside it): per operand whose map is evaluated on the
   core (it reads kernel memory) index_map_smem_cycles; per operand whose map computes its indices (a
   front end's map marked blocks.COMPUTED_INDEX_MAP, or block offsets over the grid that are, in some
@@ -607,9 +609,9 @@ class _Steps:
     # (a block's element offsets: precomputed for every step, or its index map run now)
     dma_start, call_args, n, points, index_args = self.dma_start, self.call_args, self.n, self.points, \
         self.index_args
-    if self.map_cycles and s and not self.maps_late:   # (a candidate rule, off on every chip:
-      self.ex.scalar_ops(self.map_cycles)                # hw.ChipSpec.index_map_cycles; the next
-                                                         # blocks' indices, before their copies start)
+    if self.map_cycles and s and not self.maps_late:   # (hw.ChipSpec.index_map_cycles and beside it,
+      self.ex.scalar_ops(self.map_cycles)                # measured on v5e: the next blocks' indices,
+                                                         # before their copies start)
     for o in self.buffered_in:
       if s not in o.fetched:
         cur = o.all_blocks[s] if o.all_blocks is not None else block_offsets(o, s, point, index_args, "")
@@ -685,8 +687,8 @@ class _Steps:
         call_args[k] = o.slots[slot]
 
   def write_backs(self, s: int) -> None:
-    """Write back the output blocks that change next step (or at the last step). With the candidate
-    rule wait_write_backs_next_step (off on every chip), the write-backs still in flight from earlier
+    """Write back the output blocks that change next step (or at the last step). With the rule
+    wait_write_backs_next_step (measured on v5e, on there), the write-backs still in flight from earlier
     steps are then waited: each is seen by the end of the step after the one that started it."""
     last = self.n - 1
     older = [(o, list(o.pending_wb.items())) for o in self.buffered_out if o.pending_wb] \

@@ -74,9 +74,12 @@ def test_a_timed_call_runs_without_data_and_models_the_same_cycles(blocks):
 def test_scalar_prefetch_steers_the_timing_only_run_as_the_full_one():
   a = pj.device_time(skip_matmul, FLAGS, XS, timing_only=False)
   b = pj.device_time(skip_matmul, FLAGS, XS)
-  c = pj.device_time(skip_matmul, jnp.ones(4, jnp.int32), XS)
+  c = pj.device_time(skip_matmul, jnp.zeros(4, jnp.int32), XS)
   assert not b.with_data and b.device_cycles == a.device_cycles
-  assert c.device_cycles > b.device_cycles   # the flags really change the modelled time
+  # the flags really change the modelled time: no block computed is cheaper. (Not "every block computed
+  # costs more": on v5e a light step's write-back starts while the next block's read streams, and the
+  # engine serves it first, holding the read: flags 1, 0, 1, 1 model 6274 cycles, 1, 1, 1, 1 6205.)
+  assert c.device_cycles < b.device_cycles
 
 
 def test_a_launch_fed_by_an_earlier_launch_runs_with_data():

@@ -24,8 +24,10 @@ def test_small_blocks_are_overhead_bound():
 def test_large_blocks_are_compute_bound():
   r = run_matmul(V5E, 2048, 512, 1024, 1024)
   assert r.bound == "compute"
-  assert r.peak_fraction > 0.85
-  assert r.unit_utilization["mxu"] > 0.85
+  # 0.845 with v5e's measured step rules (session 33; the chip runs 2048^3 at 512 blocks at 0.68,
+  # benchmarks/hw `mm_bf16_2048x2048x2048_b512x512x512`)
+  assert r.peak_fraction > 0.8
+  assert r.unit_utilization["mxu"] > 0.8
 
 
 def test_low_intensity_kernels_are_memory_bound():

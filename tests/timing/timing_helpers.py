@@ -19,7 +19,7 @@ UNIT_CHIP = dataclasses.replace(
     dma_vmem_to_hbm_latency_ns=50, dma_local_latency_cycles=20, grid_step_overhead_cycles=40,
     dma_wait_sync_cycles=260, dma_issue_cycles=8, scalar_op_cycles=1, hbm_read_fraction=None,
     hbm_write_fraction=None, hbm_write_with_reads_fraction=None, hbm_copy_fraction=None,
-    dma_hbm_hbm_latency_ns=None)
+    dma_hbm_hbm_latency_ns=None, **hw.RULES_OFF)
 
 ANY_SPEC = pl.BlockSpec(memory_space=pl.ANY)
 

@@ -267,8 +267,8 @@ class DmaEngine:
     self.core = core
     self.machine = core.machine
     self.issue_cycles = core.chip.dma_issue_cycles
-    self.overhead_bytes = core.chip.dma_copy_overhead_bytes   # (a candidate rule, 0: hw.ChipSpec)
-    self.run_bytes = core.chip.dma_run_overhead_bytes         # (a candidate rule, 0: hw.ChipSpec)
+    self.overhead_bytes = core.chip.dma_copy_overhead_bytes   # (hw.ChipSpec: v5e 4096, else 0)
+    self.run_bytes = core.chip.dma_run_overhead_bytes         # (hw.ChipSpec: v5e 128, else 0)
     self.eager = core.machine.dma_policy.name == "eager"
     self.chans = None        # the core's (DMA engine, HBM, local) channels, resolved at the first copy
     self.prepared = {}       # (src space, dst space, semaphore) ids -> (core, CopyPlan, semaphore)

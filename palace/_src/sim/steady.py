@@ -84,7 +84,7 @@ class SteadyState:
              tuple(rel(v) for v in core.unit_issued.values()),
              rel(core.compute_done), rel(core.mxu_done), rel(core.horizon)]
     parts.append(tuple((id(b), rel(b.ready_cycle)) for b in self._buffers()))
-    if core.mxu_results or core.xlu_last[0] is not None:   # (candidate rules' state: hw.ChipSpec)
+    if core.mxu_results or core.xlu_last[0] is not None:   # (the measured rules' state: hw.ChipSpec)
       parts.append((core.xlu_last[0], rel(core.xlu_last[1]),
                     tuple(sorted((t - now, v) for t, v in (core.mxu_results or {}).items()))))
     sems = []

@@ -218,7 +218,7 @@ class Semaphores:
         trace.add((core.tid, "scalar", f"wait {buf.name}", now, t, None))
       now = t
     lat = core.chip.dma_wait_latency_cycles
-    if dma is not None and lat is not None:   # (candidate rule: seen `lat` after it landed)
+    if dma is not None and lat is not None:   # (v5e's latency form: seen `lat` after it landed)
       seen = t + lat
       floor = now + core.chip.dma_wait_landed_cycles
       if floor > seen:

@@ -108,7 +108,7 @@ class TensorCore:
     self.unit_busy = dict.fromkeys(cost.UNITS, 0)
     self.horizon = 0
     self.compute_done = 0     # latest result of any vector/MXU op (loop back edges drain it; grid_step)
-    # candidate rules (hw.ChipSpec, off by default): MXU results by ready cycle -> result vregs, for
+    # measured rules (hw.ChipSpec: on for v5e, off elsewhere): MXU results by ready cycle -> result vregs, for
     # the hand-off and chain rules (this grid step's only), and the XLU's last (op class, result)
     chip = self.chip
     self._handoff = chip.mxu_handoff_cycles_per_vreg
@@ -191,7 +191,7 @@ class TensorCore:
     else:
       start = self.now = now
       end = unit_free[unit] = now + busy
-    if unit == "xlu" and self._xlu_turn:   # (candidate rule: hw.ChipSpec.xlu_class_turnaround)
+    if unit == "xlu" and self._xlu_turn:   # (hw.ChipSpec.xlu_class_turnaround, v5e)
       what_last, last_done = self.xlu_last
       if what_last is not None and what_last != what and last_done > start:
         start = last_done
@@ -217,7 +217,7 @@ class TensorCore:
     if unit is None:
       return ready
     results = self.mxu_results
-    if results and self._handoff and ready in results:   # (candidate rule: hw.ChipSpec)
+    if results and self._handoff and ready in results:   # (hw.ChipSpec, v5e)
       vregs = results[ready]
       if unit == "xlu":     # an MXU result reaching the XLU: its hand-off
         cap = self.chip.mxu_handoff_max_vregs
@@ -239,7 +239,7 @@ class TensorCore:
     busy, lat, flops, label = hit
     self.flops += flops
     results = self.mxu_results
-    if results is not None:   # (candidate rules: hw.ChipSpec)
+    if results is not None:   # (hw.ChipSpec rules, v5e)
       if self._chain_waits and ready >= self.mxu_done > self.now and self.unit_free["mxu"] < ready:
         self.unit_free["mxu"] = self.unit_issued["mxu"] = ready   # computed from the MXU's last result
       done = self._issue("mxu", busy, lat, ready, label)
