@@ -1,0 +1,91 @@
+"""Session 33 (`dma_issue`): what a copy started in a burst costs the chip, and what a wait on a rebuilt
+descriptor costs.
+
+With v5e's measured rules adopted, bursts of small copies came out slow (`probe_burst_4KiB_k64_x32`
++57%, the wheel's paged attention at 4 KiB pages +16..+43%): the model charges each copy 16 issue
+cycles and 4 KiB + 128 B of channel time in series, where the chip's launch totals say ~10 cycles a
+copy beyond a fixed ~500 a round. These cases sweep the burst (rounds of `k` HBM->VMEM copies started
+back to back on one semaphore, then waited) over `k` and the copy size, so that the per-copy cost
+separates from the round's fixed cost, and:
+- `_paged`: each copy's source row block read from an SMEM table (a page gather);
+- `_rebuilt`: those copies waited on descriptors built again, each page number loaded from SMEM
+  again (the jax wheel's paged attention does this): does the chip pay the wait's source address?
+  (palace.jax since session 33 does not: `palace/_src/jax/wait_sources.py`);
+- `isr_*`: the same kernels with the starts and the waits inside `jax.named_scope` regions, for
+  `benchmarks.hw.regions` (the chip's own time for the k starts of a round). Not in the timing suite.
+Nothing here imports palace (same conventions as cases.py).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from benchmarks.hw.cases import Case, _jax, _rand
+
+
+def _burst(rows, k, n, dtype="float32", paged=False, rebuilt=False, scoped=False):
+  def build():
+    jax, jnp, pl, pltpu = _jax()
+    total = n * k
+
+    def kernel(idx_ref, x_hbm, o_ref, buf, sem):
+      def src(i, j):
+        return x_hbm.at[pl.ds((idx_ref[i * k + j] if paged else i * k + j) * rows, rows)]
+
+      def body(i, c):
+        copies = [pltpu.make_async_copy(src(i, j), buf.at[j], sem.at[0]) for j in range(k)]
+
+        def starts():
+          for cp in copies:
+            cp.start()
+
+        def waits():
+          for j, cp in enumerate(copies):
+            if rebuilt:
+              pltpu.make_async_copy(src(i, j), buf.at[j], sem.at[0]).wait()
+            else:
+              cp.wait()
+        if scoped:
+          with jax.named_scope("starts"):
+            starts()
+          with jax.named_scope("waits"):
+            waits()
+        else:
+          starts()
+          waits()
+        return c
+
+      jax.lax.fori_loop(0, n, body, 0)
+      o_ref[...] = buf[0, 0:8].astype(jnp.float32)
+
+    idx = jnp.asarray(np.random.default_rng(1).permutation(total), jnp.int32)
+    gs = pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=1, grid=(1,),
+                                      in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                                      out_specs=pl.BlockSpec((8, 128), lambda i, idx_ref: (0, 0)),
+                                      scratch_shapes=[pltpu.VMEM((k, rows, 128), getattr(jnp, dtype)),
+                                                      pltpu.SemaphoreType.DMA((1,))])
+    call = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32), grid_spec=gs)
+    return call, (idx, _rand((total * rows, 128), dtype))
+  return build
+
+
+# (rows of f32, k, rounds): 4 KiB at k = 1..64 (k 4 / 16 / 64 are dma_probe's probe_burst_*), 16 KiB
+# and 64 KiB at a few k; every case moves 4-16 MiB
+_SWEEP = [(8, 1, 1024), (8, 2, 1024), (8, 8, 512), (8, 32, 128), (8, 128, 32),
+          (32, 4, 256), (32, 64, 16), (128, 16, 16), (128, 2, 128)]
+
+
+def dma_issue_cases() -> list[Case]:
+  out = [Case(f"iss_{rows * 512 // 1024}KiB_k{k}_x{n}", "dma_issue", _burst(rows, k, n))
+         for rows, k, n in _SWEEP]
+  out += [Case("iss_4KiB_k16_x128_paged", "dma_issue", _burst(8, 16, 128, paged=True)),
+          Case("iss_4KiB_k16_x128_rebuilt", "dma_issue", _burst(8, 16, 128, paged=True, rebuilt=True)),
+          Case("iss_4KiB_k64_x32_paged", "dma_issue", _burst(8, 64, 32, paged=True)),
+          Case("iss_4KiB_k64_x32_rebuilt", "dma_issue", _burst(8, 64, 32, paged=True, rebuilt=True))]
+  return out
+
+
+def issue_region_cases() -> list[Case]:
+  """The region-traced twins (benchmarks.hw.regions only; not part of the timing suite)."""
+  return [Case(f"isr_4KiB_k{k}_x{n}{'_paged' if paged else ''}", "issue_regions",
+               _burst(8, k, n, paged=paged, scoped=True))
+          for k, n, paged in ((4, 64, False), (16, 32, False), (64, 8, False), (16, 32, True))]
