@@ -119,3 +119,43 @@ def test_serial_hbm_reads_stall_in_clusters_a_refresh_period_apart_and_writes_ne
     assert 35 < statistics.mean(steps) - med < 55, name
   writes = _plain("probe_write_seq_4KiB_x2048").step_cycles
   assert max(writes) - statistics.median(writes) < 10
+
+
+def _scope_cycles(name, scope):
+  """Cycles of each `scope` region (jax.named_scope inside the kernel) of a recorded plain launch."""
+  import glob
+  import gzip
+  import json
+  for p in sorted(glob.glob(f"{regions_read.DATA}/regions-*.jsonl.gz")):
+    with gzip.open(p, "rt") as f:
+      for line in f:
+        rec = json.loads(line)
+        if rec.get("name") == name and rec.get("variant") == "plain":
+          return [e[3] * regions_read.CLOCK_HZ / 1e6 for e in rec["events_first_launch"] if e[0] == scope]
+  raise KeyError(name)
+
+
+def test_a_burst_of_copies_issues_in_a_few_cycles_a_copy_until_the_engine_backs_up():
+  """Session 33's traces of bursts (rounds of k 4 KiB HBM->VMEM copies started back to back, then
+  waited): 4 / 16 starts take ~6 / ~37 cycles (1.4-2.3 a copy), 64 take ~517 (8 a copy: issue waits
+  for the engine, which moves a 4 KiB copy every ~8.5 cycles); each page number read from SMEM first
+  makes it ~4.2 a copy; the round's waits take ~500-660 cycles (docs/validation.md "Session 33")."""
+  med = {k: statistics.median(_scope_cycles(f"isr_4KiB_k{k}_x{n}", "starts"))
+         for k, n in ((4, 64), (16, 32), (64, 8))}
+  assert med[4] < 10 and 30 < med[16] < 45 and 480 < med[64] < 560
+  paged = statistics.median(_scope_cycles("isr_4KiB_k16_x32_paged", "starts"))
+  assert 60 < paged < 75
+  for k, n in ((4, 64), (16, 32), (64, 8)):
+    assert 480 < statistics.median(_scope_cycles(f"isr_4KiB_k{k}_x{n}", "waits")) < 620
+
+
+def test_waiting_on_a_rebuilt_descriptor_costs_the_chip_nothing_more():
+  """A wait whose descriptor is built again (its source page number loaded from SMEM again) runs as
+  fast as waiting the started copy's own descriptor (within 1%): the wait's source is dead code on
+  the chip, which palace.jax models (palace/_src/jax/wait_sources.py)."""
+  from benchmarks.hw import model
+  _, recs = model.load()
+  for k in (16, 64):
+    n = 128 if k == 16 else 32
+    paged, rebuilt = (recs[f"iss_4KiB_k{k}_x{n}_{v}"]["measured_us"] for v in ("paged", "rebuilt"))
+    assert rebuilt <= paged * 1.01, (k, paged, rebuilt)

@@ -12,7 +12,9 @@ palace evaluates a kernel's jaxpr equation by equation and would charge them twi
 side) whose source window has the shape and dtype of its destination window to name the destination
 twice, and removes the equations that only fed the source: pure ones and ref reads, whose results
 nothing else reads afterwards. A wait whose sides differ keeps its operands (palace's check rejects
-it as `make_async_copy` does). Evidence: docs/validation.md "Where the model stands"; tests:
+it as `make_async_copy` does), as do a gather's (its index array sets its bytes) and a wait whose
+source needed nothing of its own (then its messages name the source as written; a rewritten wait's
+name its destination for both sides). Evidence: docs/validation.md "Where the model stands"; tests:
 tests/jax_backend/test_wait_sources.py.
 """
 from __future__ import annotations
@@ -31,8 +33,8 @@ def _window(x):
     return None
   shape = tuple(inner.shape)
   for t in transforms:
-    if not isinstance(t, indexing.NDIndexer):
-      return None
+    if not isinstance(t, indexing.NDIndexer) or tuple(t.int_indexer_shape):
+      return None   # (a bitcast, reshape, ... or a gather's index array: its bytes are its own)
     shape = tuple(t.get_indexer_shape())
   return shape, inner.dtype
 
@@ -77,14 +79,16 @@ def wait_sources_dropped(jaxpr):
   """`jaxpr` with its local DMA waits' source windows dropped (module docstring), or `jaxpr` itself."""
   from jax._src import core as jax_core  # noqa: PLC0415
   from palace._src.jax.registry import sub_jaxprs  # noqa: PLC0415
+  from jax._src import flattree as ft  # noqa: PLC0415
   eqns = list(jaxpr.eqns)
-  changed = False
+  rewritten = {}   # equation index -> the source's variables
   for k, e in enumerate(eqns):
     if e.primitive.name == "dma_wait":
       new = _rewritten(e)
       if new is not None:
-        eqns[k], changed = new, True
-  if not changed:
+        rewritten[k] = [v for v in ft.flatten(e.params["tree"].unflatten(list(e.invars))[0]).vals]
+        eqns[k] = new
+  if not rewritten:
     return jaxpr
   literal = jax_core.Literal
   before = _reads(jaxpr.eqns, jaxpr.outvars, literal)
@@ -101,6 +105,12 @@ def wait_sources_dropped(jaxpr):
     for v in e.invars:
       if type(v) is not literal:
         reads[v] -= 1
+  dropped = {v for e, kept in zip(eqns, keep) if not kept for v in e.outvars}
+  if not dropped:
+    return jaxpr
+  for k, src in rewritten.items():   # (a wait whose source dropped nothing keeps it: its messages name it)
+    if not any(type(v) is not literal and v in dropped for v in src):
+      eqns[k] = jaxpr.eqns[k]
   return jax_core.Jaxpr(jaxpr.constvars, jaxpr.invars, jaxpr.outvars,
                         [e for e, kept in zip(eqns, keep) if kept], debug_info=jaxpr.debug_info,
                         consts=jaxpr.consts or None)
