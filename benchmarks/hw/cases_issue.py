@@ -89,3 +89,43 @@ def issue_region_cases() -> list[Case]:
   return [Case(f"isr_4KiB_k{k}_x{n}{'_paged' if paged else ''}", "issue_regions",
                _burst(8, k, n, paged=paged, scoped=True))
           for k, n, paged in ((4, 64, False), (16, 32, False), (64, 8, False), (16, 32, True))]
+
+
+def _write_burst(rows, k, n):
+  """`n` rounds of `k` VMEM->HBM copies of `rows` x 128 f32 (one VMEM buffer written to k places)
+  started back to back on one semaphore, then waited."""
+  def build():
+    jax, jnp, pl, pltpu = _jax()
+
+    def kernel(x_hbm, o_hbm, buf, sem):
+      buf[...] = jnp.ones_like(buf)
+
+      def body(i, c):
+        copies = [pltpu.make_async_copy(buf, o_hbm.at[pl.ds((i * k + j) * rows, rows)], sem.at[0])
+                  for j in range(k)]
+        for cp in copies:
+          cp.start()
+        for cp in copies:
+          cp.wait()
+        return c
+
+      jax.lax.fori_loop(0, n, body, 0)
+
+    call = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((n * k * rows, 128), jnp.float32),
+                          in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                          out_specs=pl.BlockSpec(memory_space=pl.ANY),
+                          scratch_shapes=[pltpu.VMEM((rows, 128), jnp.float32),
+                                          pltpu.SemaphoreType.DMA((1,))])
+    return call, (_rand((8, 128), "float32"),)
+  return build
+
+
+def write_burst_cases() -> list[Case]:
+  """Session 33 (`write_burst`): do DMA writes stream faster in a burst than a sustained write stream
+  (the 651 GB/s of a 64 MiB fill)? A serial loop of 1 MiB writes takes 1.65 us a copy: at 651 GB/s
+  that leaves 60 cycles of round trip where a 4 KiB write's is ~340. Bursts of k writes of one size:
+  the slope over k is the burst's write rate, apart from the round trip."""
+  return [Case(f"wburst_{rows * 512 // 1024}KiB_k{k}_x{n}", "write_burst", _write_burst(rows, k, n))
+          for rows, k, n in ((8, 1, 512), (8, 16, 64), (512, 1, 64), (512, 4, 32), (512, 16, 8),
+                             (2048, 1, 32), (2048, 2, 16), (2048, 4, 8), (2048, 8, 4), (8192, 1, 8),
+                             (8192, 2, 4))]
