@@ -159,3 +159,20 @@ def test_waiting_on_a_rebuilt_descriptor_costs_the_chip_nothing_more():
     n = 128 if k == 16 else 32
     paged, rebuilt = (recs[f"iss_4KiB_k{k}_x{n}_{v}"]["measured_us"] for v in ("paged", "rebuilt"))
     assert rebuilt <= paged * 1.01, (k, paged, rebuilt)
+
+
+def test_a_lone_dma_write_streams_faster_than_a_sustained_write_stream():
+  """Session 33: a serial loop of 1 MiB DMA writes (start, wait, next) takes ~2426 cycles a write on
+  the chip, round trip included; at the 651 GB/s of a sustained write stream 1 MiB alone takes 2416,
+  and a 64 KiB write's loop leaves ~340 cycles of round trip: a lone write streams at ~750 GB/s. Four
+  1 MiB writes back to back take ~9600 (~655 GB/s): the fast part is bounded (docs/validation.md
+  "Session 33")."""
+  steps = {}
+  for name in ("probe_write_seq_1024KiB_x32", "probe_write_seq_64KiB_x256", "wburst_1024KiB_k4_x8"):
+    marks = _plain(name).markers
+    head = max(set(m for m, _ in marks), key=lambda m: sum(1 for n, _ in marks if n == m))
+    ts = [t for m, t in marks if m == head]
+    steps[name] = statistics.median([b - a for a, b in zip(ts, ts[1:])])
+  assert 2400 < steps["probe_write_seq_1024KiB_x32"] < 2450
+  assert 465 < steps["probe_write_seq_64KiB_x256"] < 485   # 151 cycles of data at 651 GB/s: ~320 more
+  assert 9400 < steps["wburst_1024KiB_k4_x8"] < 9800
