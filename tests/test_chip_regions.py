@@ -1,6 +1,7 @@
 """The chip's in-kernel timelines (benchmarks/hw/regions.py, recorded 2026-12-07 on a TPU v5e with
 libtpu's custom-call region trace; read by benchmarks/hw/regions_read.py): what they show about a grid
 step, checked on the recorded files (no TPU). docs/validation.md "Session 31" has the figures."""
+import functools
 import statistics
 
 import pytest
@@ -121,18 +122,22 @@ def test_serial_hbm_reads_stall_in_clusters_a_refresh_period_apart_and_writes_ne
   assert max(writes) - statistics.median(writes) < 10
 
 
-def _scope_cycles(name, scope):
-  """Cycles of each `scope` region (jax.named_scope inside the kernel) of a recorded plain launch."""
-  import glob
+@functools.cache
+def _scoped_launch(name):
+  """The events of a recorded plain launch whose kernel has jax.named_scope regions (session 33's)."""
   import gzip
   import json
-  for p in sorted(glob.glob(f"{regions_read.DATA}/regions-*.jsonl.gz")):
-    with gzip.open(p, "rt") as f:
-      for line in f:
-        rec = json.loads(line)
-        if rec.get("name") == name and rec.get("variant") == "plain":
-          return [e[3] * regions_read.CLOCK_HZ / 1e6 for e in rec["events_first_launch"] if e[0] == scope]
+  with gzip.open(f"{regions_read.DATA}/regions-2026-12-07-h.jsonl.gz", "rt") as f:
+    for line in f:
+      rec = json.loads(line)
+      if rec.get("name") == name and rec.get("variant") == "plain":
+        return rec["events_first_launch"]
   raise KeyError(name)
+
+
+def _scope_cycles(name, scope):
+  """Cycles of each `scope` region (jax.named_scope inside the kernel) of a recorded plain launch."""
+  return [e[3] * regions_read.CLOCK_HZ / 1e6 for e in _scoped_launch(name) if e[0] == scope]
 
 
 def test_a_burst_of_copies_issues_in_a_few_cycles_a_copy_until_the_engine_backs_up():
