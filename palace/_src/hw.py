@@ -161,6 +161,11 @@ class ChipSpec:
   hbm_write_fraction: "float | None" = None
   hbm_write_with_reads_fraction: "float | None" = None
   hbm_copy_fraction: "float | None" = None
+  # HBM takes writes into a buffer of this many bytes at the read rate (hbm_read_fraction) and drains it
+  # at the write rate; a write is done when its bytes are in: a burst's first bytes go faster than a
+  # sustained write stream (0: no buffer; sim/dma.CopyPlan). Only while no read streams (the mixed rate
+  # applies otherwise, unbuffered)
+  hbm_write_buffer_bytes: int = 0
   dma_hbm_hbm_latency_ns: "float | None" = None   # None: the larger of the two directions
   # the chip's link to its host's memory (PCIe): DMAs to and from pinned host memory (pl.HOST) cross it
   host_link_bytes_per_s_one_way: float = 1.6e10
@@ -362,6 +367,8 @@ _COMMON_SOURCES = _mp(
                                "~375 cycles at the end of the step after the output block changes, "
                                "K = 1 at every step's end, out_heavy K = 8 not at all (its next step "
                                "outlasts the write-back)",
+    hbm_write_buffer_bytes="not measured on this chip: no write buffer (0: writes at one rate); v5e: "
+                           "its own source",
     dma_issue_cycles="modelling assumption: one DMA request per cycle [SB-tpus] plus address "
                      "arithmetic (the sum with the step overhead is what section 7 fixes); v5e: its "
                      "own source",
@@ -537,7 +544,8 @@ V4, V5P, V6E, V7X = (dataclasses.replace(c, sources=MappingProxyType(
 
 # The v5e's step, DMA-wait and unit rules, measured on the chip (sessions 23-32, adopted in session 33:
 # docs/validation.md "Session 33" has the suite before and after; docs/timing-model.md 1.6 each
-# rule's evidence). All 810 recorded points: median |error| 7.0% -> 3.8%, within 15% 625 -> 736. Decided: the
+# rule's evidence; and HBM's write buffer, measured in session 33). All 810 points recorded before session
+# 33: median |error| 7.0% -> 3.8%, within 15% 625 -> 746 (palace.jax's wait_sources.py included). Decided: the
 # other generations keep the published-figure model (nothing measured on them), and where a published
 # v5e figure and the chip disagree the chip wins (the 128-block calibration matmul: its wall-clock
 # figure vs the chip's device time of the same kernel, `matmul_k`).
@@ -577,13 +585,18 @@ _ADOPTED_SOURCES = _mp(
                          "(step_book): 6 a dimension, 2 of them palace's own grid-index conditions",
     grid_step_operand_cycles=_S + "3.0-4.1 cycles a step per operand beyond one input and one output, "
                              "beside a vector body too (step_book): 3.5",
+    hbm_write_buffer_bytes=_S + "bursts of k DMA writes of 4 KiB-4 MiB (write_burst, session 33): a "
+                           "sustained stream 643-667 GB/s, a burst's first ~1.05 MB ~750 GB/s, a serial "
+                           "loop of 1 MiB writes 2426 cycles a write (region traces): a ~144 KB buffer "
+                           "filled at the read rate and drained at the write rate fits all eleven within "
+                           "4% from 256 KiB up",
 )
 V5E = dataclasses.replace(
     V5E, dma_wait_latency_cycles=280, dma_issue_cycles=16, dma_copy_overhead_bytes=4096,
     dma_run_overhead_bytes=128, mxu_handoff_cycles_per_vreg=2.375, mxu_chain_waits=True,
     xlu_class_turnaround=True, wait_write_backs_next_step=True, grid_step_overhead_cycles=33,
     index_map_cycles=16, index_map_plain_cycles=12, index_map_smem_cycles=23, index_map_subword_cycles=40,
-    grid_step_dim_cycles=4, grid_step_operand_cycles=3.5,
+    grid_step_dim_cycles=4, grid_step_operand_cycles=3.5, hbm_write_buffer_bytes=144_000,
     sources=MappingProxyType({**V5E.sources, **_ADOPTED_SOURCES, "dma_wait_sync_cycles": (
         "not paid on v5e: its DMA waits take the latency form (dma_wait_latency_cycles)")}))
 
@@ -597,7 +610,8 @@ RULES_OFF = MappingProxyType(dict(
     dma_run_overhead_bytes=0, mxu_handoff_cycles_per_vreg=0.0, mxu_chain_waits=False,
     xlu_class_turnaround=False, wait_kept_write_backs=False, wait_write_backs_next_step=False,
     index_map_cycles=0, index_map_plain_cycles=0, index_map_smem_cycles=0, index_map_subword_cycles=0,
-    grid_step_dim_cycles=0, grid_step_operand_cycles=0.0, index_map_after_starts=False))
+    grid_step_dim_cycles=0, grid_step_operand_cycles=0.0, index_map_after_starts=False,
+    hbm_write_buffer_bytes=0))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,11 +21,13 @@ _INF = float("inf")
 class Channel:
   """Piecewise-constant bandwidth usage: `times[i]` starts a segment using `used[i]` bytes/cycle; the
   last segment runs to infinity."""
-  __slots__ = ("name", "bytes_per_cycle", "times", "used", "read_until")
+  __slots__ = ("name", "bytes_per_cycle", "times", "used", "read_until", "wbuf_level", "wbuf_time")
 
   def __init__(self, name: str, bytes_per_s: float, clock_hz: float):
     self.name = name
     self.read_until = 0.0   # (an HBM channel: the last cycle of a reserved read, sim/dma.CopyPlan)
+    self.wbuf_level = 0.0   # (an HBM channel: its write buffer's bytes at wbuf_time, sim/dma.CopyPlan)
+    self.wbuf_time = 0.0
     self.bytes_per_cycle = bytes_per_s / clock_hz
     self.times = [0.0]
     self.used = [0.0]

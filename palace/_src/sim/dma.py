@@ -171,12 +171,15 @@ class CopyPlan:
   `bytes` count the copies timed with it; the machine adds them to the report's per-direction DMA
   totals when the launch finishes (`Machine.finish`)."""
   __slots__ = ("kind", "channels", "channels_alone", "hbm", "reads_hbm", "latency_cycles", "hbm_sides",
-               "copies", "bytes", "direction")
+               "copies", "bytes", "direction", "channels_fast", "wbuf")
 
   def __init__(self, kind: str, channels: list, latency_cycles: int, hbm_sides: int,
-               channels_alone=None, hbm=None, reads_hbm=False):
+               channels_alone=None, hbm=None, reads_hbm=False, channels_fast=None, wbuf=None):
     self.kind, self.channels = kind, channels
     self.channels_alone = channels_alone   # a write's channels while no HBM read streams (else None)
+    # a write into HBM's write buffer: its channels at the read rate, and (buffer bytes, buffer bytes a
+    # byte taken fast adds, bytes drained a cycle) (ChipSpec.hbm_write_buffer_bytes; else None)
+    self.channels_fast, self.wbuf = channels_fast, wbuf
     self.hbm, self.reads_hbm = hbm, reads_hbm
     self.latency_cycles, self.hbm_sides = latency_cycles, hbm_sides
     self.copies = self.bytes = 0
@@ -188,10 +191,34 @@ class CopyPlan:
     write-alone rate; reads mark how far HBM reads now stream."""
     alone = self.channels_alone
     if alone is not None and start >= self.hbm.read_until:
-      return reserve(alone, start, nbytes)
+      if self.wbuf is None:
+        return reserve(alone, start, nbytes)
+      return self._buffered(start, nbytes)
     first, last = reserve(self.channels, start, nbytes)
     if self.reads_hbm and last > self.hbm.read_until:
       self.hbm.read_until = last
+    return first, last
+
+  def _buffered(self, start: float, nbytes: float) -> tuple[float, float]:
+    """A write while no read streams, through HBM's write buffer: taken at the read rate while the
+    buffer (drained at the write rate since the last write) has room, then at the write rate."""
+    cap, fill, drain = self.wbuf
+    hbm = self.hbm
+    level = hbm.wbuf_level
+    if start > hbm.wbuf_time:   # (drained since the last write ended; a write queued behind it: none)
+      level -= drain * (start - hbm.wbuf_time)
+      if level < 0.0:
+        level = 0.0
+    room = (cap - level) / fill if level < cap else 0.0   # bytes taken fast before the buffer is full
+    if nbytes <= room:
+      first, last = reserve(self.channels_fast, start, nbytes)
+      level += nbytes * fill
+    else:
+      first, mid = reserve(self.channels_fast, start, room) if room > 0.0 else (None, start)
+      later, last = reserve(self.channels_alone, mid, nbytes - room)
+      first = later if first is None else first
+      level = cap
+    hbm.wbuf_level, hbm.wbuf_time = level, last
     return first, last
 
 
@@ -207,14 +234,15 @@ def copy_timing(chip, src_space: MemorySpace, dst_space: MemorySpace) -> tuple:
     weights = ((rd, None) if cls == "->host" else (wr_mixed, wr)) if "hbm" in kind else (0, None)
   else:
     weights = {"read": (rd, None), "write": (wr_mixed, wr), "hbm->hbm": (cp, None), "local": (0, None)}[cls]
-  return kind, cls, _latency_cycles(chip, cls), hbm_sides(kind), weights
+  buffer = (chip.hbm_write_buffer_bytes, rd) if chip.hbm_write_buffer_bytes and rd < wr else None
+  return kind, cls, _latency_cycles(chip, cls), hbm_sides(kind), weights, buffer
 
 
 def plan(timing: tuple, chans, link=None) -> CopyPlan:
   """The CopyPlan of a copy with `timing` (`copy_timing`) on a core whose channels are `chans` =
   (DMA engine, HBM, local); `link`: the chip's host-link channel of the copy's direction, for a copy
   to or from host memory (it crosses the link, the core's DMA engine and, at an HBM end, HBM)."""
-  kind, cls, latency_cycles, sides, (weight, weight_alone) = timing
+  kind, cls, latency_cycles, sides, (weight, weight_alone), buffer = timing
   if cls == "local":
     return CopyPlan(kind, [(chans[2], 1.0)], latency_cycles, sides)
   if cls in _HOST_CLASSES:
@@ -223,8 +251,13 @@ def plan(timing: tuple, chans, link=None) -> CopyPlan:
                     bool(weight) and cls == "->host")
   alone = None if weight_alone is None or weight_alone == weight else \
       _slowest_first([(chans[0], 1.0), (chans[1], weight_alone)])
+  fast = wbuf = None
+  if alone is not None and buffer is not None:   # (a write, and HBM has a write buffer)
+    cap, weight_fast = buffer
+    fast = _slowest_first([(chans[0], 1.0), (chans[1], weight_fast)])
+    wbuf = (float(cap), 1.0 - weight_fast / weight_alone, chans[1].bytes_per_cycle / weight_alone)
   return CopyPlan(kind, _slowest_first([(chans[0], 1.0), (chans[1], weight)]), latency_cycles, sides,
-                  alone, chans[1], cls in ("read", "hbm->hbm"))
+                  alone, chans[1], cls in ("read", "hbm->hbm"), fast, wbuf)
 
 
 def _slowest_first(channels: list) -> list:

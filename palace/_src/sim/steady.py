@@ -130,7 +130,17 @@ class SteadyState:
         if ru >= top:
           return None
         hi = ru if ru > hi else hi
-      parts.append((head, tuple(tail), rel(ru)))
+      wb = None   # (HBM's write buffer: its level and time, while it may not have drained by now)
+      if ch.wbuf_level > 0.0 and ch.wbuf_time > now - 1:
+        if ch.wbuf_time < (1 << e) or ch.wbuf_time >= top:
+          return None
+        hi = ch.wbuf_time if ch.wbuf_time > hi else hi
+        wb = (ch.wbuf_time - now, ch.wbuf_level)
+      elif ch.wbuf_level > 0.0:
+        wb = ("since", now - ch.wbuf_time, ch.wbuf_level) if ch.wbuf_time >= (1 << e) else None
+        if wb is None:
+          return None
+      parts.append((head, tuple(tail), rel(ru), wb))
     return tuple(parts), now, e, hi
 
   def _sync_mark(self, now: int):
@@ -305,4 +315,6 @@ class SteadyState:
         times[q] += shift
       if ch.read_until > now:
         ch.read_until += shift
+      if ch.wbuf_level > 0.0:
+        ch.wbuf_time += shift
     m.tpu.extrapolated_steps += k * (b.steps - a.steps)
