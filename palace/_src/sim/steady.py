@@ -136,10 +136,10 @@ class SteadyState:
           return None
         hi = ch.wbuf_time if ch.wbuf_time > hi else hi
         wb = (ch.wbuf_time - now, ch.wbuf_level)
-      elif ch.wbuf_level > 0.0:
-        wb = ("since", now - ch.wbuf_time, ch.wbuf_level) if ch.wbuf_time >= (1 << e) else None
-        if wb is None:
+      elif ch.wbuf_level > 0.0:   # (draining since a write that ended: exact only in now's binade)
+        if ch.wbuf_time < (1 << e):
           return None
+        wb = ("since", now - ch.wbuf_time, ch.wbuf_level)
       parts.append((head, tuple(tail), rel(ru), wb))
     return tuple(parts), now, e, hi
 
