@@ -601,10 +601,10 @@ V5E = dataclasses.replace(
         "not paid on v5e: its DMA waits take the latency form (dma_wait_latency_cycles)")}))
 
 CHIPS = MappingProxyType({c.name: c for c in (V4, V5E, V5P, V6E, V7X)})
-# Every measured step / DMA-wait / unit rule at its off value (adopted on v5e above, or candidates off
-# everywhere): `dataclasses.replace(chip, **RULES_OFF)` is the chip as the published-figure model has it
-# (tests' round-number chips, and the v5e before session 33 with grid_step_overhead_cycles=37 and
-# dma_issue_cycles=8).
+# Every measured step / DMA-wait / unit rule and HBM's write buffer at its off value (adopted on v5e
+# above, or candidates off everywhere): `dataclasses.replace(chip, **RULES_OFF)` is the chip as the
+# published-figure model has it (tests' round-number chips, and the v5e before session 33 with
+# grid_step_overhead_cycles=37 and dma_issue_cycles=8).
 RULES_OFF = MappingProxyType(dict(
     dma_wait_latency_cycles=None, dma_wait_landed_cycles=0, dma_copy_overhead_bytes=0,
     dma_run_overhead_bytes=0, mxu_handoff_cycles_per_vreg=0.0, mxu_chain_waits=False,

@@ -526,7 +526,8 @@ def _index_map_cycles(ops, points, index_args, grid, chip) -> int:
       chip.index_map_cycles or chip.index_map_plain_cycles or chip.index_map_smem_cycles
       or chip.index_map_subword_cycles or chip.grid_step_dim_cycles or chip.grid_step_operand_cycles):
     return 0
-  total = chip.grid_step_dim_cycles * max(0, len(grid) - 1) + chip.grid_step_operand_cycles * max(0, len(ops) - 2)
+  total = (chip.grid_step_dim_cycles * max(0, len(grid) - 1)
+           + chip.grid_step_operand_cycles * max(0, len(ops) - 2))
   smem = chip.index_map_smem_cycles
   if chip.index_map_subword_cycles and any(
       np.dtype(getattr(a, "dtype", np.int32)).itemsize < 4 for a in index_args):

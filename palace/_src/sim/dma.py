@@ -188,7 +188,8 @@ class CopyPlan:
   def reserve(self, start: float, nbytes: float) -> tuple[float, float]:
     """(first, last cycle) of a copy of `nbytes` from `start` on its channels: writes run at the
     mixed-traffic rate while an HBM read is reserved past `start` on the chip's HBM, else at the
-    write-alone rate; reads mark how far HBM reads now stream."""
+    write-alone rate (through HBM's write buffer where the chip has one: `_buffered`); reads mark how
+    far HBM reads now stream."""
     alone = self.channels_alone
     if alone is not None and start >= self.hbm.read_until:
       if self.wbuf is None:
@@ -223,10 +224,12 @@ class CopyPlan:
 
 
 def copy_timing(chip, src_space: MemorySpace, dst_space: MemorySpace) -> tuple:
-  """(kind, timing class, completion latency in cycles, HBM sides, HBM weights (mixed, alone)) of a
-  copy from `src_space` to `dst_space` on `chip`: a pure function of the frozen chip spec, which a
-  VirtualTPU memoises for all its launches (tensorcore.cost_memos). The weights are the HBM channel
-  bytes one byte of the copy takes (ChipSpec.hbm_weights; alone: a write while no read streams)."""
+  """(kind, timing class, completion latency in cycles, HBM sides, HBM weights (mixed, alone), write
+  buffer) of a copy from `src_space` to `dst_space` on `chip`: a pure function of the frozen chip spec,
+  which a VirtualTPU memoises for all its launches (tensorcore.cost_memos). The weights are the HBM
+  channel bytes one byte of the copy takes (ChipSpec.hbm_weights; alone: a write while no read
+  streams); the write buffer (its bytes, the weight of a byte taken fast) is None unless the chip has
+  one (ChipSpec.hbm_write_buffer_bytes) and reads stream faster than writes alone."""
   kind = direction(src_space, dst_space)
   cls = _CLASS.get(kind) or _CLASS.setdefault(kind, _timing_class(kind))
   rd, wr, wr_mixed, cp = chip.hbm_weights()
