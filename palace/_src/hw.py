@@ -545,7 +545,7 @@ V4, V5P, V6E, V7X = (dataclasses.replace(c, sources=MappingProxyType(
 # The v5e's step, DMA-wait and unit rules, measured on the chip (sessions 23-32, adopted in session 33:
 # docs/validation.md "Session 33" has the suite before and after; docs/timing-model.md 1.6 each
 # rule's evidence; and HBM's write buffer, measured in session 33). All 810 points recorded before session
-# 33: median |error| 7.0% -> 3.8%, within 15% 625 -> 746 (palace.jax's wait_sources.py included). Decided: the
+# 33: median |error| 6.9% -> 3.8%, within 15% 628 -> 746 (palace.jax's wait_sources.py included). Decided: the
 # other generations keep the published-figure model (nothing measured on them), and where a published
 # v5e figure and the chip disagree the chip wins (the 128-block calibration matmul: its wall-clock
 # figure vs the chip's device time of the same kernel, `matmul_k`).
