@@ -12,6 +12,8 @@ scoped-VMEM limit, short (128-lane) and long rows, and small launches whose time
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import functools
 from typing import Callable
@@ -37,10 +39,30 @@ def _jax():
   return jax, jnp, pl, pltpu
 
 
+# What `_rand` makes: "random" (on the chip, and wherever values are compared) or "zeros" (the model's
+# timing-only runs, benchmarks/hw/model.py: palace computes no vector data there, so the values cannot
+# change a modelled time, and jax.random's per-shape compilations cost the comparison a tenth of its CPU).
+DATA = contextvars.ContextVar("benchmarks_hw_data", default="random")
+
+
+@contextlib.contextmanager
+def data_values(kind: str):
+  """Build cases with `_rand` making `kind` ("random" or "zeros") arrays."""
+  if kind not in ("random", "zeros"):
+    raise ValueError(f"data_values({kind!r}): expected 'random' or 'zeros'")
+  token = DATA.set(kind)
+  try:
+    yield
+  finally:
+    DATA.reset(token)
+
+
 def _rand(shape, dtype, seed=0):
   jax, jnp, _, _ = _jax()
-  key = jax.random.PRNGKey(seed)
   dt = jnp.dtype(dtype)
+  if DATA.get() == "zeros":
+    return jax.device_put(np.zeros(shape, dt))
+  key = jax.random.PRNGKey(seed)
   if jnp.issubdtype(dt, jnp.integer):
     return jax.random.randint(key, shape, -100, 100, jnp.int32).astype(dt)
   return jax.random.normal(key, shape, jnp.float32).astype(dt)

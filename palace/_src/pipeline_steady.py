@@ -42,6 +42,10 @@ import numpy as np
 MIN_STEPS = 64          # grids shorter than this are stepped (nothing to gain)
 KEEP_SIGNATURES = 1024  # signatures kept per binade before the check interval doubles
 RECENT = 4              # earlier steps with the same signature tried as the start of a period
+FAILED_BOUNDARIES = 64  # boundaries in a row whose repeated signature proved no jump before the
+                        # check interval doubles (a body that reads the grid indices it branches on,
+                        # `pl.when(program_id(0) == 0)`, repeats the machine's state every step but
+                        # never provably the body: without a budget every step pays the proof)
 
 
 def _is_wait(ev) -> bool:
@@ -66,6 +70,7 @@ class Detector:
     self.reads = {}     # step -> the grid axes its body read (None: something else)
     self.binade = None
     self.interval = 1   # boundaries checked (every interval-th step)
+    self.failed = 0     # boundaries in a row whose attempts all failed
     self.stop = self.n - self.ahead - 2   # no jump lands after this step
     self.codes = self.changes = None
     self.cols = {}      # grid axis -> every step's index along it
@@ -123,11 +128,7 @@ class Detector:
     self.at[s] = entry
     if prev is None:
       if len(self.at) > KEEP_SIGNATURES:   # (no period yet: look less often, keep fewer)
-        self.interval *= 2
-        self.at = {t: e for t, e in self.at.items() if t % self.interval == 0}
-        self.hist = {}
-        for t, e in self.at.items():
-          self.hist[e[0]] = [t] + self.hist.get(e[0], [])[:RECENT - 1]
+        self._coarser()
       return s
     if self.codes is None and not self._tables():
       self.stop = -1   # (an output block revisited later: stepping raises the error where it is)
@@ -139,8 +140,22 @@ class Detector:
       if past is not None and past[0] == key:
         jumped = self._attempt(s, j, past, entry, binade, hi, now)
         if jumped:
+          self.failed = 0
           return jumped
+    self.failed += 1
+    if self.failed >= FAILED_BOUNDARIES:   # (nothing provable here: look less often)
+      self._coarser()
     return s
+
+  def _coarser(self) -> None:
+    """Check every other boundary of those checked so far (keeping only their signatures)."""
+    self.interval *= 2
+    self.failed = 0
+    self.at = {t: e for t, e in self.at.items() if t % self.interval == 0}
+    self.hist = {}
+    for t in sorted(self.at):
+      key = self.at[t][0]
+      self.hist[key] = [t] + self.hist.get(key, [])[:RECENT - 1]
 
   def _index_period(self, s: int, j: int):
     """The step before s at the least common multiple of s - j and the cycles of the grid axes the
@@ -164,6 +179,11 @@ class Detector:
     if cycles <= 0 or any(r is None or None in r for r in templates):
       return 0
     most = (self.n - self.ahead - 2 - s) // period
+    room = self.helper.headroom(binade, hi)
+    exact = int(room // cycles) if room > 0 else 0
+    verified = self._verified(s, j, period, most, templates)
+    if min(verified, exact) < 1:   # (no period provably repeats: the trace's events are not needed)
+      return 0
     tail, events = 0, None
     if self.helper.trace_on():
       # the trace's events of the steps advanced over: shifted copies of the period's (recorded at
@@ -175,9 +195,6 @@ class Detector:
         if not lower:
           return 0
         tail = math.ceil((self.helper.trace_cap() + 1) / lower)
-    room = self.helper.headroom(binade, hi)
-    exact = int(room // cycles) if room > 0 else 0
-    verified = self._verified(s, j, period, most, templates)
     periods = min(verified - tail, exact)
     if tail and verified == most and verified - tail <= exact:
       self.stop = -1   # (this jump reaches the tail: the rest is stepped)

@@ -98,6 +98,35 @@ def test_row_dependent_work_is_checked_per_template():
   assert _same(f, x)[1] > 1500
 
 
+def test_a_body_reading_every_index_stops_paying_the_proof(monkeypatch):
+  # `pl.when(every program_id == 0)` on a 4-D grid of 4096 steps: the machine repeats every step, the
+  # body's reads never provably do (every axis read), so no jump is proved; after FAILED_BOUNDARIES
+  # failed boundaries in a row the detector checks half as often (counted: it used to try ~4 earlier
+  # steps at each of the 4096 boundaries, 16,268 attempts)
+  from palace._src import pipeline_steady
+  calls = []
+  attempt = pipeline_steady.Detector._attempt
+  monkeypatch.setattr(pipeline_steady.Detector, "_attempt",
+                      lambda self, *a: calls.append(a[0]) or attempt(self, *a))
+
+  def body(x_ref, o_ref):
+    first = functools.reduce(jnp.logical_and, [pl.program_id(d) == 0 for d in range(4)])
+
+    @pl.when(first)
+    def _():
+      o_ref[...] = jnp.zeros_like(o_ref)
+    o_ref[...] += x_ref[...]
+  x = np.zeros((8, 128), F32)
+  spec = pl.BlockSpec((8, 128), lambda *g: (0, 0))
+  f = pl.pallas_call(body, out_shape=pl.ShapeDtypeStruct(x.shape, F32), grid=(8, 8, 8, 8),
+                     in_specs=[spec], out_specs=spec)
+  report, skipped = _same(f, x)
+  assert report.grid_steps == 4096 and skipped == 0
+  boundaries = sorted(set(calls))
+  assert 64 <= len(boundaries) < 600 and len(calls) < 2000
+  assert boundaries[-1] % 32 == 0   # (the late boundaries are checked at a coarser interval)
+
+
 def test_causal_skip_of_blocks_and_work():
   # lower-triangular: blocks above the diagonal are neither fetched (clamped index) nor computed
   def body(q_ref, k_ref, o_ref):
