@@ -121,3 +121,43 @@ def step_book_cases() -> list[Case]:
     tail = "" if maps == "const" else f"_{maps}"
     out.append(Case(f"book_r{rank}_i1_o1{tail}_heavy", "step_book", _book(rank, 1, 1, maps, heavy=True)))
   return out
+
+
+def _body(whens, add, first=True):
+  """A 4096-step 1-D grid, one (8, 128) f32 input and output with constant maps (`book_r1_i1_o1`'s), the
+  body: the output zeroed under `pl.when(i == 0)` (`first`), `whens` more `pl.when`s that never hold
+  (each guarding a one-vreg add), and, when `add`, the input added into the output unconditionally."""
+  def build():
+    jax, jnp, pl, _ = _jax()
+
+    def kernel(x_ref, o_ref):
+      i = pl.program_id(0)
+      if first:
+        @pl.when(i == 0)
+        def _():
+          o_ref[...] = jnp.zeros_like(o_ref)
+      for w in range(whens):
+        @pl.when(i >= _STEPS + w)
+        def _():
+          o_ref[...] += x_ref[...]
+      if add:
+        o_ref[...] += x_ref[...]
+      elif not first and not whens:
+        o_ref[...] = x_ref[...]
+
+    spec = pl.BlockSpec((8, 128), lambda i: (0, 0))
+    call = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32), grid=(_STEPS,),
+                          in_specs=[spec], out_specs=spec)
+    return call, (_rand((8, 128), "float32", 150),)
+  return build
+
+
+def step_body_cases() -> list[Case]:
+  """Session 34 (`step_body`): `step_ops`' fixed-block steps cost the chip ~4 cycles less than
+  `step_book`'s (sops_r1_in1_fixed 33.2 a step, book_r1_i1_o1 37.1) though they do more: what does a
+  `pl.when` that never holds cost, and does the body's vector work hide in the step's bookkeeping?
+  `body_w{whens}_{add|noadd}[_nofirst]`."""
+  return [Case(f"body_w{w}_{'add' if add else 'noadd'}{'' if first else '_nofirst'}", "step_body",
+               _body(w, add, first))
+          for w, add, first in ((0, True, True), (0, False, True), (1, False, True), (2, False, True),
+                                (1, True, True), (0, True, False), (0, False, False), (3, False, True))]

@@ -22,26 +22,43 @@ import numpy as np
 from benchmarks.hw.cases import Case, _jax, _rand
 
 
-def _burst(rows, k, n, dtype="float32", paged=False, rebuilt=False, scoped=False):
+def _burst(rows, k, n, dtype="float32", paged=False, rebuilt=False, scoped=False, dslot=False, nsem=1,
+           nsrc=1, when=False):
+  """Rounds of `k` copies started back to back, then waited (module docstring). Session 34's forms of a
+  page walk's starts, one at a time: `dslot` (each round's copies into the other half of a 2k-slot
+  buffer: a destination index computed at run time), `nsem` (copy j signals semaphore j % nsem), `nsrc`
+  (copy j reads source array j % nsrc, each as large as the one), `when` (the starts inside a
+  `pl.when` that always holds, as a walk's next-block starts are)."""
   def build():
     jax, jnp, pl, pltpu = _jax()
     total = n * k
 
-    def kernel(idx_ref, x_hbm, o_ref, buf, sem):
+    def kernel(idx_ref, *refs):
+      srcs, (o_ref, buf, sem) = refs[:nsrc], refs[nsrc:]
+
       def src(i, j):
-        return x_hbm.at[pl.ds((idx_ref[i * k + j] if paged else i * k + j) * rows, rows)]
+        return srcs[j % nsrc].at[pl.ds((idx_ref[i * k + j] if paged else i * k + j) * rows, rows)]
+
+      def dst(i, j):
+        return buf.at[(i % 2) * k + j] if dslot else buf.at[j]
 
       def body(i, c):
-        copies = [pltpu.make_async_copy(src(i, j), buf.at[j], sem.at[0]) for j in range(k)]
+        copies = [pltpu.make_async_copy(src(i, j), dst(i, j), sem.at[j % nsem]) for j in range(k)]
 
         def starts():
+          if when:
+            @pl.when(i < n)
+            def _():
+              for cp in copies:
+                cp.start()
+            return
           for cp in copies:
             cp.start()
 
         def waits():
           for j, cp in enumerate(copies):
             if rebuilt:
-              pltpu.make_async_copy(src(i, j), buf.at[j], sem.at[0]).wait()
+              pltpu.make_async_copy(src(i, j), dst(i, j), sem.at[j % nsem]).wait()
             else:
               cp.wait()
         if scoped:
@@ -59,12 +76,13 @@ def _burst(rows, k, n, dtype="float32", paged=False, rebuilt=False, scoped=False
 
     idx = jnp.asarray(np.random.default_rng(1).permutation(total), jnp.int32)
     gs = pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=1, grid=(1,),
-                                      in_specs=[pl.BlockSpec(memory_space=pl.ANY)],
+                                      in_specs=[pl.BlockSpec(memory_space=pl.ANY)] * nsrc,
                                       out_specs=pl.BlockSpec((8, 128), lambda i, idx_ref: (0, 0)),
-                                      scratch_shapes=[pltpu.VMEM((k, rows, 128), getattr(jnp, dtype)),
-                                                      pltpu.SemaphoreType.DMA((1,))])
+                                      scratch_shapes=[pltpu.VMEM(((2 if dslot else 1) * k, rows, 128),
+                                                                 getattr(jnp, dtype)),
+                                                      pltpu.SemaphoreType.DMA((nsem,))])
     call = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32), grid_spec=gs)
-    return call, (idx, _rand((total * rows, 128), dtype))
+    return call, (idx, *(_rand((total * rows, 128), dtype, s) for s in range(nsrc)))
   return build
 
 
@@ -86,9 +104,26 @@ def dma_issue_cases() -> list[Case]:
 
 def issue_region_cases() -> list[Case]:
   """The region-traced twins (benchmarks.hw.regions only; not part of the timing suite)."""
-  return [Case(f"isr_4KiB_k{k}_x{n}{'_paged' if paged else ''}", "issue_regions",
-               _burst(8, k, n, paged=paged, scoped=True))
-          for k, n, paged in ((4, 64, False), (16, 32, False), (64, 8, False), (16, 32, True))]
+  out = [Case(f"isr_4KiB_k{k}_x{n}{'_paged' if paged else ''}", "issue_regions",
+              _burst(8, k, n, paged=paged, scoped=True))
+         for k, n, paged in ((4, 64, False), (16, 32, False), (64, 8, False), (16, 32, True),
+                             (24, 32, False), (32, 16, False), (48, 8, False))]
+  out += [Case(f"isr_4KiB_k16_x32_{tag}", "issue_regions", _burst(8, 16, 32, scoped=True, **kw))
+          for tag, kw in _FORMS]
+  return out
+
+
+# Session 34 (`issue_form`): the forms a page walk's starts take, one at a time, on the paged burst of 16
+# (`iss_4KiB_k16_x128_paged`: 4.2 cycles a start on the chip, where a page walk's copies cost ~16)
+_FORMS = (("paged_dslot", dict(paged=True, dslot=True)), ("paged_2sem", dict(paged=True, nsem=2)),
+          ("paged_2src", dict(paged=True, nsrc=2)), ("paged_when", dict(paged=True, when=True)),
+          ("paged_walk", dict(paged=True, dslot=True, nsem=2, nsrc=2, when=True)),
+          ("dslot", dict(dslot=True)), ("2sem", dict(nsem=2)))
+
+
+def issue_form_cases() -> list[Case]:
+  """Session 34 (`issue_form`): `_burst`'s 16-copy rounds in each of a page walk's forms (_FORMS)."""
+  return [Case(f"isf_4KiB_k16_x128_{tag}", "issue_form", _burst(8, 16, 128, **kw)) for tag, kw in _FORMS]
 
 
 def _write_burst(rows, k, n):

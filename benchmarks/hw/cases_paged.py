@@ -50,6 +50,8 @@ palace).
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from benchmarks.hw.cases import Case, _jax, _matmul, _paged, _rand
@@ -74,12 +76,17 @@ def matmul_k_cases() -> list[Case]:
 
 
 def _page_loop(c, rows, body, steps=32, iters=8, ahead=1, kfirst=False, cross=False, dyn=False, moveq=False,
-               perpage=False, f32=False):
+               perpage=False, f32=False, scoped=False):
   """`page_loop` and `page_order` (module docstring): copies started `ahead` blocks before their wait.
   `perpage`: each page copy waited on its own (JAX 0.10.2's wheel) instead of one wait for the slot;
-  `f32`: the loaded pages cast to float32 before the dots (0.10.2's wheel)."""
+  `f32`: the loaded pages cast to float32 before the dots (0.10.2's wheel); `scoped` (session 34, for
+  benchmarks.hw.regions): each iteration's starts, K wait and V wait inside `jax.named_scope` regions
+  ("starts", "waitk", "waitv")."""
   def build():
     jax, jnp, pl, pltpu = _jax()
+
+    def region(name):
+      return jax.named_scope(name) if scoped else contextlib.nullcontext()
     per_step = iters * c
     pages = steps * per_step
     bk = c * rows
@@ -107,11 +114,12 @@ def _page_loop(c, rows, body, steps=32, iters=8, ahead=1, kfirst=False, cross=Fa
         return out
 
       def wait(buf, side, slot):
-        if perpage:
-          for j in range(c):
-            pltpu.make_async_copy(buf.at[slot, j], buf.at[slot, j], sems.at[side, slot]).wait()
-        else:
-          pltpu.make_async_copy(buf.at[slot], buf.at[slot], sems.at[side, slot]).wait()
+        with region("waitv" if side else "waitk"):
+          if perpage:
+            for j in range(c):
+              pltpu.make_async_copy(buf.at[slot, j], buf.at[slot, j], sems.at[side, slot]).wait()
+          else:
+            pltpu.make_async_copy(buf.at[slot], buf.at[slot], sems.at[side, slot]).wait()
         out = buf[slot]
         return (out.astype(jnp.float32) if f32 else out).reshape(bk, 128)
 
@@ -134,13 +142,15 @@ def _page_loop(c, rows, body, steps=32, iters=8, ahead=1, kfirst=False, cross=Fa
       def step(it, carry):
         slot = it % nslot
         if ahead == 0:
-          for cp in copies(it, 0):
-            cp.start()
+          with region("starts"):
+            for cp in copies(it, 0):
+              cp.start()
         elif ahead == 1:   # (as measured first: the other slot of two)
           @pl.when(it + 1 < iters)
           def _():
-            for cp in copies(it + 1, 1 - slot):
-              cp.start()
+            with region("starts"):
+              for cp in copies(it + 1, 1 - slot):
+                cp.start()
           if cross:
             @pl.when(jnp.logical_and(it + 1 == iters, s + 1 < steps))
             def _():
@@ -203,6 +213,17 @@ def _page_loop(c, rows, body, steps=32, iters=8, ahead=1, kfirst=False, cross=Fa
     return call, (table, _rand((pages, rows, 128), "bfloat16", 80), _rand((pages, rows, 128), "bfloat16", 81),
                   _rand((32 if moveq else 8, 128), "float32", 82))
   return build
+
+
+def page_region_cases() -> list[Case]:
+  """Session 34: page walks with their starts and waits in named regions (benchmarks.hw.regions only):
+  `page_loop`'s light walk at 8 pages of 16 rows (16 starts an iteration) and 1 page of 128 rows, its
+  `_a0` form (the starts' slot and semaphores static), and the wheel-body walk as `page_wheelgrid`."""
+  return [Case("pgr_light_c8_r16", "page_regions", _page_loop(8, 16, "light", scoped=True)),
+          Case("pgr_light_c1_r128", "page_regions", _page_loop(1, 128, "light", scoped=True)),
+          Case("pgr_light_c8_r16_a0", "page_regions", _page_loop(8, 16, "light", ahead=0, scoped=True)),
+          Case("pgr_wheel_c8_r16_cross_dyn", "page_regions",
+               _page_loop(8, 16, "wheel", cross=True, dyn=True, scoped=True))]
 
 
 def page_loop_cases() -> list[Case]:
