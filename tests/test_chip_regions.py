@@ -124,14 +124,15 @@ def test_serial_hbm_reads_stall_in_clusters_a_refresh_period_apart_and_writes_ne
 
 @functools.cache
 def _scoped_launch(name):
-  """The events of a recorded plain launch whose kernel has jax.named_scope regions (session 33's)."""
+  """The events of a recorded plain launch whose kernel has jax.named_scope regions (sessions 33-34)."""
   import gzip
   import json
-  with gzip.open(f"{regions_read.DATA}/regions-2026-12-07-h.jsonl.gz", "rt") as f:
-    for line in f:
-      rec = json.loads(line)
-      if rec.get("name") == name and rec.get("variant") == "plain":
-        return rec["events_first_launch"]
+  for tag in ("h", "j"):
+    with gzip.open(f"{regions_read.DATA}/regions-2026-12-07-{tag}.jsonl.gz", "rt") as f:
+      for line in f:
+        rec = json.loads(line)
+        if rec.get("name") == name and rec.get("variant") == "plain":
+          return rec["events_first_launch"]
   raise KeyError(name)
 
 
@@ -181,3 +182,21 @@ def test_a_lone_dma_write_streams_faster_than_a_sustained_write_stream():
   assert 2400 < steps["probe_write_seq_1024KiB_x32"] < 2450
   assert 465 < steps["probe_write_seq_64KiB_x256"] < 485   # 151 cycles of data at 651 GB/s: ~320 more
   assert 9400 < steps["wburst_1024KiB_k4_x8"] < 9800
+
+
+def _starts(name):
+  return statistics.median(_scope_cycles(name, "starts"))
+
+
+def test_starts_back_up_at_the_engines_copy_rate_and_a_page_walks_cost_more():
+  """Session 34's traces: beyond ~12 starts in a burst each 4 KiB start waits ~10 cycles (the engine
+  moves a copy of consecutive rows every ~10): 24 / 32 / 48 starts take ~116 / ~197 / ~356. Copies
+  alternating two semaphores take ~3x as long to start as on one (16: ~125 against ~37), all of a
+  page walk's forms at once (two sources and semaphores, a computed slot, under pl.when) ~260, and a
+  page walk's 16 starts ~280-320 (2 starts ~4): docs/validation.md "Session 34"."""
+  k = {24: _starts("isr_4KiB_k24_x32"), 32: _starts("isr_4KiB_k32_x16"), 48: _starts("isr_4KiB_k48_x8")}
+  assert 105 < k[24] < 130 and 185 < k[32] < 210 and 340 < k[48] < 375
+  assert 9 < (k[48] - k[24]) / 24 < 11
+  assert 110 < _starts("isr_4KiB_k16_x32_2sem") < 140 and 240 < _starts("isr_4KiB_k16_x32_paged_walk") < 290
+  assert 260 < _starts("pgr_light_c8_r16") < 300 and 300 < _starts("pgr_wheel_c8_r16_cross_dyn") < 330
+  assert _starts("pgr_light_c1_r128") < 10

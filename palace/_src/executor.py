@@ -112,6 +112,8 @@ class Executor(Protocol):
   # bookkeeping
   def grid_step(self) -> None: ...
   def loop_back_edge(self) -> None: ...   # a rolled loop's iteration ends (a basic block's end)
+  def branch(self, tested: int) -> None: ...   # a conditional branch (pl.when, lax.cond / switch),
+                                               # with `tested` scalar ops of its condition's test
   def steady_state(self): ...   # -> the machine side of steady-state extrapolation, or None
   def where(self) -> str: ...
   def site(self) -> tuple: ...   # (file, line) of the user's code issuing the current op (records, messages)

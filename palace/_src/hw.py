@@ -110,6 +110,9 @@ class ChipSpec:
   xlu_class_turnaround: bool = False
   # each copy on an HBM channel occupies it as if it were this many bytes longer (engine time)
   dma_copy_overhead_bytes: int = 0
+  # ...except a copy whose HBM window continues, in the array's (8, 128)-tiled order, where this core's
+  # previous copy of the same direction into or out of that array ended (a stream of consecutive blocks)
+  dma_sequential_no_overhead: bool = False
   # ...and as if this many bytes longer per contiguous run of its HBM side (a block of R rows narrower
   # than its array's rows is R runs)
   dma_run_overhead_bytes: int = 0
@@ -141,6 +144,9 @@ class ChipSpec:
   # iteration issues after this one's vector/MXU results have drained, plus these cycles of branch and
   # counter work (docs/timing-model.md 1.1)
   loop_back_edge_cycles: int = 3
+  # a conditional branch (pl.when, lax.cond, lax.switch) costs the scalar core this many cycles beyond
+  # its condition's own ops
+  branch_cycles: int = 0
   # a grid step's bookkeeping (grid_step_overhead_cycles) starts once the step's vector work has issued
   # and its MXU results are out, while vector and EUP/XLU results are still in flight; the next step
   # issues after both, and at least this many cycles after the last of those results
@@ -332,6 +338,10 @@ _COMMON_SOURCES = _mp(
     xlu_class_turnaround=_OFF_HERE + "session 24's pv_more probes (benchmarks/hw, 2026-12-06)",
     dma_copy_overhead_bytes=_OFF_HERE + "(0 here) session 28's page_order and sync_size probes "
                             "(benchmarks/hw, 2026-12-06)",
+    branch_cycles=_OFF_HERE + "session 34's step_body probes: a pl.when that never holds costs the "
+                  "chip 7.0 cycles, its condition included (benchmarks/hw, 2026-12-07)",
+    dma_sequential_no_overhead=_OFF_HERE + "session 34's bursts: 4 KiB copies of consecutive rows cost "
+                               "the chip ~10 cycles each, random pages ~17 (dma_issue, issue_form)",
     index_map_cycles=_OFF_HERE + "(0 here) session 27's step_branch probes (benchmarks/hw, "
                      "2026-12-06), +21 cycles a step for two operands' computed maps beside a heavy "
                      "body; session 29's copy_shape / copy_window (2026-12-07), +21 for two beside a "
@@ -570,9 +580,13 @@ _ADOPTED_SOURCES = _mp(
                          "(pv_more, session 24)",
     wait_write_backs_next_step=_S + "output write-backs are waited at the end of the following step "
                                "(out_switch K = 2 / 8: ~375 cycles there; region traces, session 31)",
-    grid_step_overhead_cycles=_S + "a fixed-block rank-1 step with one input and one output costs 37.1 "
-                              "cycles, its two grid-index conditions included (step_book, session "
-                              "32): 33 + 4",
+    grid_step_overhead_cycles=_S + "a fixed-block rank-1 step with one input and one output and no "
+                              "condition in its body costs 25.2 cycles, its body's one-vreg store or add "
+                              "included (step_body, session 34: body_w0_*_nofirst; session 32's 33 "
+                              "counted step_book's two conditions): 24",
+    branch_cycles=_S + "a pl.when that never holds costs 7.0 cycles a step, its grid-index test "
+                  "included (step_body, session 34: 1 / 2 / 3 of them 37.1 / 44.1 / 51.1 cycles a "
+                  "step); palace charges the test's ops 2: 4 more, fitted with the grid step's 24",
     index_map_cycles=_S + "14-21 cycles a map the compiler evaluates, even one giving constant blocks "
                      "(step_book's min(i, 0) maps; step_branch 10, session 27): 16",
     index_map_plain_cycles=_S + "a plain map whose block moves: ~14 with its copy (step_book); the "
@@ -594,7 +608,8 @@ _ADOPTED_SOURCES = _mp(
 V5E = dataclasses.replace(
     V5E, dma_wait_latency_cycles=280, dma_issue_cycles=16, dma_copy_overhead_bytes=4096,
     dma_run_overhead_bytes=128, mxu_handoff_cycles_per_vreg=2.375, mxu_chain_waits=True,
-    xlu_class_turnaround=True, wait_write_backs_next_step=True, grid_step_overhead_cycles=33,
+    xlu_class_turnaround=True, wait_write_backs_next_step=True, grid_step_overhead_cycles=24,
+    branch_cycles=4,
     index_map_cycles=16, index_map_plain_cycles=12, index_map_smem_cycles=23, index_map_subword_cycles=40,
     grid_step_dim_cycles=4, grid_step_operand_cycles=3.5, hbm_write_buffer_bytes=144_000,
     sources=MappingProxyType({**V5E.sources, **_ADOPTED_SOURCES, "dma_wait_sync_cycles": (
@@ -611,7 +626,7 @@ RULES_OFF = MappingProxyType(dict(
     xlu_class_turnaround=False, wait_kept_write_backs=False, wait_write_backs_next_step=False,
     index_map_cycles=0, index_map_plain_cycles=0, index_map_smem_cycles=0, index_map_subword_cycles=0,
     grid_step_dim_cycles=0, grid_step_operand_cycles=0.0, index_map_after_starts=False,
-    hbm_write_buffer_bytes=0))
+    hbm_write_buffer_bytes=0, dma_sequential_no_overhead=False, branch_cycles=0))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,89 +28,94 @@ TARGET = (0.05, 0.15)
 BOUNDS = {
     "elementwise": (0.01, 0.05), "transcendental": (0.02, 0.02), "softmax": (0.02, 0.11),
     "norm": (0.02, 0.04), "reduce": (0.01, 0.02), "fill": (0.01, 0.02), "dma_hbm": (0.01, 0.10),
-    "dma_loop": (0.01, 0.02), "copy": (0.02, 0.10), "emit_pipeline": (0.01, 0.02),
+    "dma_loop": (0.01, 0.02), "copy": (0.02, 0.10), "emit_pipeline": (0.01, 0.03),
     "step_loop": (0.05, 0.16),
-    "matmul": (0.02, 0.04), "matmul_dtype": (0.05, 0.09), "matmul_skinny": (0.01, 0.32),
-    "transpose": (0.09, 0.14), "scalar_prefetch": (0.06, 7.65), "small_launch": (0.04, 0.09),
-    "flash": (0.04, 0.27), "splash": (0.03, 0.06), "gmm": (0.05, 0.05),
-    "paged_attention": (0.16, 0.22), "op_chain": (0.04, 0.39), "dma_probe": (0.07, 0.58),
-    "dma_sync": (0.05, 0.06), "op_overlap": (0.04, 0.14), "step_sweep": (0.06, 0.18),
-    "step_mix": (0.05, 0.27), "dma_curve": (0.04, 0.21), "dma_order": (0.06, 0.56),
+    "matmul": (0.02, 0.04), "matmul_dtype": (0.05, 0.09), "matmul_skinny": (0.01, 0.33),
+    "transpose": (0.09, 0.14), "scalar_prefetch": (0.07, 1.03), "small_launch": (0.04, 0.09),
+    "flash": (0.03, 0.28), "splash": (0.04, 0.06), "gmm": (0.05, 0.05),
+    "paged_attention": (0.17, 0.20), "op_chain": (0.05, 0.39), "dma_probe": (0.06, 0.52),
+    "dma_sync": (0.06, 0.07), "op_overlap": (0.04, 0.14), "step_sweep": (0.06, 0.16),
+    "step_mix": (0.05, 0.28), "dma_curve": (0.04, 0.21), "dma_order": (0.06, 0.56),
     # session 21 (cases_fence.py): probes of the issue rules
-    "dma_fence": (0.04, 0.07), "loop_ilp": (0.11, 0.96), "dma_chunk": (0.15, 0.37),
-    "pipe_fence": (0.05, 0.13), "flash_parts": (0.07, 0.21), "compute_parts": (0.07, 0.22),
-    "latency_parts": (0.06, 0.23),
+    "dma_fence": (0.03, 0.07), "loop_ilp": (0.11, 0.96), "dma_chunk": (0.15, 0.37),
+    "pipe_fence": (0.04, 0.12), "flash_parts": (0.08, 0.22), "compute_parts": (0.07, 0.25),
+    "latency_parts": (0.09, 0.30),
     # session 22 (cases_chain.py): the chains the vector latencies were fitted on
-    "step_chain": (0.04, 0.19), "loop_chain": (0.10, 0.61),
+    "step_chain": (0.05, 0.23), "loop_chain": (0.10, 0.61),
     # session 22's last call, recorded for the next model step (the DMA-wait sync beside compute)
-    "sync_sweep": (0.04, 0.10),
+    "sync_sweep": (0.05, 0.08),
     # session 23 (cases_stream.py): the DMA wait's form and unit streaming, recorded for the next step
-    "sync_size": (0.03, 0.11), "stream_pair": (0.03, 0.14), "unit_overlap": (0.12, 0.28),
-    "pv_parts": (0.07, 0.11),
-    "xlu_eup": (0.03, 0.11), "chain_dot": (0.04, 0.07),
+    "sync_size": (0.04, 0.10), "stream_pair": (0.02, 0.14), "unit_overlap": (0.12, 0.29),
+    "pv_parts": (0.06, 0.09),
+    "xlu_eup": (0.03, 0.15), "chain_dot": (0.03, 0.05),
     # session 24 (cases_parts.py): a matmul step's compute and copies apart, pv_softmax's rescale taken
     # apart, the pipeline's per-step cost per operand and grid rank, the wheel's flash step on fixed blocks
-    "mm_parts": (0.04, 0.07), "pv_more": (0.07, 0.12), "step_ops": (0.14, 0.24), "wheel_step": (0.03, 0.07),
+    "mm_parts": (0.05, 0.07), "pv_more": (0.07, 0.13), "step_ops": (0.10, 0.23), "wheel_step": (0.03, 0.09),
     # session 25 (cases_move.py): the flash step with moving blocks, chained dots, output block changes,
     # skipped steps
-    "wheel_move": (0.03, 0.04), "mxu_chain": (0.02, 0.07), "out_switch": (0.04, 0.19), "skip_step": (0.03, 0.03),
+    "wheel_move": (0.03, 0.04), "mxu_chain": (0.02, 0.06), "out_switch": (0.05, 0.18), "skip_step": (0.03, 0.04),
     "copy_cost": (0.03, 0.13),
     # session 26 (cases_gather.py): the paged-attention step's page copies and the causal flash mask
-    "page_gather": (0.04, 0.08), "causal_mask": (0.04, 0.13), "splash_step": (0.05, 0.07),
-    "out_heavy": (0.03, 0.04), "splash_machinery": (0.03, 0.14),
+    "page_gather": (0.04, 0.08), "causal_mask": (0.04, 0.08), "splash_step": (0.04, 0.05),
+    "out_heavy": (0.03, 0.05), "splash_machinery": (0.03, 0.15),
     # session 27 (cases_branch.py): splash's machinery apart (a runtime branch around a heavy body,
     # index maps computing or reading SMEM tables)
     "step_branch": (0.04, 0.06),
     # session 27: benchmarks.validate's published flash-attention configuration (fa-*) on the chip
-    "fa_published": (0.05, 0.06),
+    "fa_published": (0.03, 0.07),
     # session 27: page_gather's page copies beside the wheel's flash step
-    "page_heavy": (0.08, 0.11),
+    "page_heavy": (0.09, 0.13),
     # session 28 (cases_paged.py): the wheel's paged attention swept one parameter at a time, and the
     # 128-block tutorial matmul at 2048^3 and 4096^3 (the calibration point measured on the chip)
-    "paged_sweep": (0.13, 0.34), "matmul_k": (0.02, 0.03),
+    "paged_sweep": (0.14, 0.33), "matmul_k": (0.03, 0.03),
     # session 28: paged attention's rolled page walk written plainly (copies, then the paged step)
-    "page_loop": (0.06, 0.10),
+    "page_loop": (0.06, 0.09),
     # session 28: that walk with its copies started 0 or 2 blocks ahead (how copies in flight overlap)
-    "page_order": (0.06, 0.11),
+    "page_order": (0.05, 0.08),
     # session 28: that walk with the wheel's copy order (a block's K pages, then its V pages)
-    "page_kfirst": (0.04, 0.10),
+    "page_kfirst": (0.04, 0.06),
     # session 28: that walk prefetching the next grid step's first block (no cold step start)
-    "page_cross": (0.02, 0.03),
+    "page_cross": (0.01, 0.01),
     # session 28: that walk with the wheel's step line for line
-    "page_wheelbody": (0.05, 0.10),
+    "page_wheelbody": (0.06, 0.10),
     # session 28: that walk with the wheel's dynamic trip count and a q block moving every step
     "page_wheelgrid": (0.01, 0.01),
     # session 29 (cases_mmstep.py): the 128-block tutorial matmul's step taken apart, and copy-only
     # pipelines of 32 and 64 KiB blocks of several dtypes and shapes with their output write-backs
-    "mm_step": (0.04, 0.08), "copy_shape": (0.08, 0.25),
+    "mm_step": (0.04, 0.09), "copy_shape": (0.09, 0.25),
     # session 29: copy_shape's step with 2-D windows, the 3-D grid, the tutorial's copies alone
-    "copy_window": (0.02, 0.04),
+    "copy_window": (0.02, 0.03),
     # session 30 (cases_size.py): the wheel's flash at head_dim 64 over batch and sequence (does the step
     # grow with the operands?), the bf16 single-row gather again (its kernel: 37 cycles a step on the
-    # chip, palace a DMA round trip), and the flash step's dots and whole step at head_dim 32-256
-    "flash_size": (0.12, 0.13), "gather_rows1": (7.73, 7.75), "head_dim": (0.06, 0.17),
+    # chip), and the flash step's dots and whole step at head_dim 32-256. Since session 34 the head_dim
+    # 64 operands and the bf16 gather table are in VMEM, where XLA puts them (jax/xla_placement.py):
+    # flash_size 11.2% / 12.8% -> 4.9% / 7.1%, gather_rows1 +764% -> +104% (its local copies' steps)
+    "flash_size": (0.05, 0.08), "gather_rows1": (1.04, 1.05), "head_dim": (0.05, 0.14),
     # session 30: a causal flash grid's q-row ends (with and without the output change)
-    "row_end": (0.04, 0.11),
+    "row_end": (0.05, 0.11),
     # session 32 (cases_book.py): a grid step's own bookkeeping by grid rank, operand count and map form
-    "step_book": (0.03, 0.13),
+    "step_book": (0.02, 0.14),
     # session 32 (cases_paged.py): page_wheelgrid's walk with JAX 0.10.2's wheel copy handling
     # session 33 (cases_issue.py): bursts of copies (reads, writes) over their number and size, waits on
     # rebuilt descriptors
-    "write_burst": (0.02, 0.43),
-    "dma_issue": (0.08, 0.78),
-    "page_wheelcopy": (0.02, 0.03),
+    "write_burst": (0.02, 0.40),
+    "dma_issue": (0.07, 0.70),
+    # session 34 (cases_issue.py, cases_book.py): a page walk's start forms one at a time on a burst, and
+    # what a never-taken pl.when costs beside a grid step's bookkeeping
+    "issue_form": (0.09, 0.23), "step_body": (0.04, 0.06),
+    "page_wheelcopy": (0.03, 0.05),
     # measured after 655fb6c's predictions were recorded (v5e-holdout-predictions-*.json); the model
     # changed after that (the DMA-wait sync rule), so these are no longer blind predictions
-    "holdout": (0.02, 0.28),
+    "holdout": (0.02, 0.15),
     # session 22: predicted (v5e-holdout-predictions-2026-12-06.json) before the chip ran them
-    "holdout_chain": (0.04, 0.09),
+    "holdout_chain": (0.04, 0.10),
 }
 
 
 def test_every_measured_family_has_a_bound():
   _, recs = model.load()
   assert {r["family"] for r in recs.values()} == set(BOUNDS)
-  assert len(recs) >= 834
+  assert len(recs) >= 849
 
 
 @pytest.mark.parametrize("family", sorted(BOUNDS))
@@ -214,3 +219,20 @@ def test_the_session_30_predictions_were_recorded_before_the_chip_ran_them():
     assert -0.18 < rec["modelled_us"][n] / measured[n] - 1 < -0.15
   for pred in (rec["modelled_us"], rec["candidate_modelled_us"]):
     assert abs(pred["rend_fixedq"] / measured["rend_fixedq"] - 1) < 0.015
+
+
+def test_the_session_34_predictions_were_recorded_before_the_chip_ran_them():
+  """Session 34's predictions (v5e-s34-predictions-2026-12-07.json: the model of fa6c158, committed in
+  867ab22 before the device call) cover exactly its measured timing cases. The model then charged a grid step with no
+  condition in its body what step_book's step with two costs (body_w0_noadd_nofirst +36%, three
+  never-taken conditions -19%); with the branch rule every step_body case is within 6%."""
+  import json
+  with open(os.path.join(model.DATA_DIR, "v5e-s34-predictions-2026-12-07.json")) as f:
+    rec = json.load(f)
+  _, recs = model.load()
+  measured = {n: r["measured_us"] for n, r in recs.items() if r["family"] in ("issue_form", "step_body")}
+  assert set(rec["cases"]) == set(measured) and len(measured) == 15 and rec["model"] == "fa6c158"
+  assert rec["cases"]["body_w0_noadd_nofirst"] / measured["body_w0_noadd_nofirst"] - 1 > 0.3
+  assert rec["cases"]["body_w3_noadd"] / measured["body_w3_noadd"] - 1 < -0.15
+  for row in model.compare(only="step_body"):
+    assert abs(row.error) < 0.06, (row.name, row.measured_us, row.modelled_us)

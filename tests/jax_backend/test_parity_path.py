@@ -44,10 +44,18 @@ SCALAR_EXTRA = {"basic-causal_mask_iota": 4,
                 # DMA wait above all, bring the two schedules closer: 717 / 761 / -375 / 464 before; JAX's
                 # waits' source windows, dead on the chip, are not charged: wait_sources.py; HBM's
                 # write buffer: 151 -> 165 for the add, whose two schedules' writes meet it differently)
-                "kernel_pipeline-emit_pipeline_add": 165,
-                "kernel_pipeline-emit_pipeline_matmul_accumulate": 85,
-                "kernel_pipeline-emit_pipeline_in_pallas_call": 27,
-                "kernel_pipeline-emit_pipeline_squeezed_batch": 120}
+                # session 34: palace.jax charges each conditional branch of JAX's traced pipeline loop
+                # (v5e's branch_cycles) and computes its repeated index arithmetic once (Mosaic's CSE,
+                # jax/scalar_cse.py): 165 / 85 / 27 / 120 -> 125 / 137 / 99 / 111
+                "kernel_pipeline-emit_pipeline_add": 125,
+                "kernel_pipeline-emit_pipeline_matmul_accumulate": 137,
+                "kernel_pipeline-emit_pipeline_in_pallas_call": 99,
+                "kernel_pipeline-emit_pipeline_squeezed_batch": 111,
+                # session 34: the row sums' (N, 1) output is one XLA lays out otherwise and hands the
+                # kernel in VMEM (jax/xla_placement.py): no write-back DMAs through palace.jax
+                "basic-row_sum_and_max": -133,
+                # session 34: the traced kernels' repeated scalar arithmetic computed once (CSE)
+                "dma_remote-remote_barrier_and_vmem_send": -1, "dma_remote-remote_ring_all_reduce": -9}
 
 
 def _id(f, c):
@@ -76,7 +84,8 @@ def test_parity_kernels_through_palace_jax(fname, case):
   assert len(tpu.reports) == len(own.reports)
   extra = SCALAR_EXTRA.get(_id(fname, case), 0)
   for a, b in zip(tpu.reports, own.reports):
-    if extra is None:   # several launches: a relation, not a figure
-      assert b.device_cycles <= a.device_cycles <= 1.06 * b.device_cycles
+    if extra is None:   # several launches: a relation, not a figure (palace.jax's CSE of the wheel's
+      # repeated page arithmetic makes it up to 0.1% cheaper since session 34)
+      assert 0.999 * b.device_cycles <= a.device_cycles <= 1.06 * b.device_cycles
     else:
       assert a.device_cycles - b.device_cycles == extra

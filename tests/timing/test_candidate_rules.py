@@ -24,7 +24,8 @@ def test_the_measured_rules_are_on_for_v5e_only_and_the_candidates_off_everywher
   adopted = {"dma_wait_latency_cycles": 280, "dma_issue_cycles": 16, "dma_copy_overhead_bytes": 4096,
              "dma_run_overhead_bytes": 128, "mxu_handoff_cycles_per_vreg": 2.375, "mxu_chain_waits": True,
              "xlu_class_turnaround": True, "wait_write_backs_next_step": True,
-             "grid_step_overhead_cycles": 33, "index_map_cycles": 16, "index_map_plain_cycles": 12,
+             "grid_step_overhead_cycles": 24, "branch_cycles": 4,
+             "index_map_cycles": 16, "index_map_plain_cycles": 12,
              "index_map_smem_cycles": 23, "index_map_subword_cycles": 40, "grid_step_dim_cycles": 4,
              "grid_step_operand_cycles": 3.5, "hbm_write_buffer_bytes": 144_000}
   v5e = hw.get_chip("v5e")
@@ -427,3 +428,64 @@ def test_a_map_reading_a_sub_word_table_costs_the_sub_word_cycles_more(table_dty
   chip = dataclasses.replace(UNIT_CHIP, index_map_smem_cycles=11, index_map_subword_cycles=9)
   charged = _table_gather(chip, table_dtype) - _table_gather(UNIT_CHIP, table_dtype)
   assert charged == 7 * (11 + extra)
+
+
+def _ordered_block_copies(chip, index_map):
+  """8 steps copying (8, 128) blocks of a (64, 128) array, visited in `index_map`'s order; the DMAs."""
+  x = np.arange(64 * 128, dtype=np.float32).reshape(64, 128)
+  with pl.virtual_tpu(chip) as tpu:
+    out = pl.pallas_call(lambda x_ref, o_ref: o_ref.__setitem__(..., x_ref[...]),
+                         out_shape=pl.ShapeDtypeStruct((64, 128), np.float32), grid=(8,),
+                         in_specs=[pl.BlockSpec((8, 128), index_map)],
+                         out_specs=pl.BlockSpec((8, 128), index_map))(x)
+  np.testing.assert_array_equal(out, x)
+  return _events(tpu.reports[-1], "dma"), tpu.reports[-1].device_cycles
+
+
+def test_a_copy_continuing_its_streams_last_copy_pays_no_per_copy_overhead():
+  """dma_sequential_no_overhead: with a per-copy overhead of B bytes, blocks visited in order (each
+  read and write continuing the previous one of its direction in the array's tiled layout) pay B only
+  on the first read and the first write: the launch takes what it takes with no overhead plus the
+  first read's B; visited backwards, every copy pays B, as without the rule."""
+  b = 3000   # (3 cycles on UNIT_CHIP)
+  over = dataclasses.replace(UNIT_CHIP, dma_copy_overhead_bytes=b)
+  seq = dataclasses.replace(over, dma_sequential_no_overhead=True)
+  forward, backward = (lambda i: (i, 0)), (lambda i: (7 - i, 0))
+  none_evs, none_cycles = _ordered_block_copies(UNIT_CHIP, forward)
+  evs, cycles = _ordered_block_copies(seq, forward)
+  reads = [e for e in evs if e[0] == "hbm->vmem"]
+  none_reads = [e for e in none_evs if e[0] == "hbm->vmem"]
+  assert reads[0][2] == none_reads[0][2] + 3 and [e[2] - e[1] for e in reads[1:]] == \
+      [e[2] - e[1] for e in none_reads[1:]]
+  assert _ordered_block_copies(seq, backward) == _ordered_block_copies(over, backward)
+  assert _ordered_block_copies(over, forward)[1] > cycles > none_cycles
+
+
+def _conditions(chip, whens, static=False):
+  """A 16-step grid whose body tests `whens` runtime conditions that never hold (a Python False each
+  when `static`); the launch's cycles."""
+  def k(x_ref, o_ref):
+    i = pl.program_id(0)
+    for w in range(whens):
+      @pl.when(False if static else i > 100 + w)
+      def _():
+        o_ref[...] = x_ref[...]
+    o_ref[...] = x_ref[...]
+
+  x = np.ones((8, 128), np.float32)
+  with pl.virtual_tpu(chip) as tpu:
+    out = pl.pallas_call(k, out_shape=pl.ShapeDtypeStruct((8, 128), np.float32), grid=(16,),
+                         in_specs=[pl.BlockSpec((8, 128), lambda i: (0, 0))],
+                         out_specs=pl.BlockSpec((8, 128), lambda i: (0, 0)))(x)
+  np.testing.assert_array_equal(out, x)
+  return tpu.reports[-1].device_cycles
+
+
+def test_each_conditional_branch_costs_its_branch_cycles():
+  """branch_cycles = B: every pl.when with a runtime condition costs B scalar cycles more, taken or
+  not (16 steps x 3 conditions here); a Python bool condition is decided at trace time and costs none."""
+  b = 5
+  chip = dataclasses.replace(UNIT_CHIP, branch_cycles=b)
+  assert _conditions(chip, 3) - _conditions(UNIT_CHIP, 3) == 16 * 3 * b
+  assert _conditions(chip, 0) == _conditions(UNIT_CHIP, 0)
+  assert _conditions(chip, 3, static=True) == _conditions(UNIT_CHIP, 3, static=True)

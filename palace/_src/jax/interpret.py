@@ -30,6 +30,7 @@ from palace._src.errors import PalaceError, UnsupportedError
 from palace._src.jax import compiler_errors, scalar_blocks
 from palace._src.jax.avals import physical
 from palace._src.jax.registry import RULES, literal, sub_jaxprs
+from palace._src.jax.scalar_cse import scalar_cse
 from palace._src.jax.wait_sources import wait_sources_dropped
 from palace._src.lang import tpu_primitives
 from palace._src.lang.array import Array
@@ -153,7 +154,7 @@ def program(jaxpr) -> _Program:
   if prog is not None:
     return prog
   from jax._src import core as jax_core  # noqa: PLC0415
-  key, jaxpr = jaxpr, wait_sources_dropped(scope_empty_refs(jaxpr))
+  key, jaxpr = jaxpr, scalar_cse(wait_sources_dropped(scope_empty_refs(jaxpr)))
   Literal = jax_core.Literal
   names, ns = {}, {"_consts": _consts, "_wrong_type": _wrong_type, "_annotate": _annotate,
                    "Array": Array, "PalaceError": PalaceError, "isinstance": isinstance}

@@ -22,6 +22,7 @@ from palace._src.jax.avals import alloc_type, host_dtype, memory_space, physical
 from palace._src.jax.interpret import grid_axes, kernel_site, program, run_program, used_vars
 from palace._src.jax.registry import RULES, literal, sub_jaxprs
 from palace._src.jax.schedule import replay_blocker
+from palace._src.jax.xla_placement import xla_vmem
 from palace._src.launch import host, sc_mesh
 from palace._src.jax import rules_sc
 from palace._src.launch.host_refs import freeze, owning_ref, ref_name
@@ -321,9 +322,9 @@ def plan_pallas_call(params, grid: tuple, args, chip) -> tuple:
                  {f"outputs[{i}]": o for i, o in enumerate(outs)}, scratch, chip)
   vmapped = tuple(int(d) for d in getattr(gm, "vmapped_dims", ()))
   fixed_site = kernel_site(jaxpr)   # (no user frame is on the stack while a jaxpr runs)
+  cparams = host.check_params(_compiler_params(params.get("compiler_params"), len(grid), vmapped), "pallas_call")
   plan = LaunchPlan(
-      kname, fixed_site or ("<unknown>", 0),
-      host.check_params(_compiler_params(params.get("compiler_params"), len(grid), vmapped), "pallas_call"),
+      kname, fixed_site or ("<unknown>", 0), cparams,
       tuple(Operand(name, a.shape, a.dtype) for name, a in zip(names, arrays)),
       tree_flatten(tuple(range(nsp)))[1],
       tuple(Output(f"outputs[{i}]", *o) for i, o in enumerate(outs)), tree_flatten(list(range(len(outs))))[1],
@@ -331,8 +332,23 @@ def plan_pallas_call(params, grid: tuple, args, chip) -> tuple:
       staged=grid_stages(arrays[:nsp], in_maps, out_maps) + resident, scratch=scratch,
       bodies=(_grid_body(params, grid),), grid=grid, in_maps=tuple(in_maps), out_maps=tuple(out_maps),
       fixed_site=fixed_site, replay_operands=None if sems else _grid_replay_operands(params),
-      semaphores=sems)
+      semaphores=sems, xla_vmem=_xla_vmem(params, cparams, nsp, in_maps, out_maps, arrays, outs, sems, chip))
   return plan, arrays
+
+
+def _xla_vmem(params, cparams, nsp, in_maps, out_maps, arrays, outs, sems, chip) -> tuple:
+  """The LaunchPlan's `xla_vmem`: the operands and outputs XLA would hand the kernel in VMEM
+  (jax/xla_placement.py), within the chip's VMEM less the kernel's scoped limit."""
+  aliases = {int(k): int(j) for k, j in dict(params.get("input_output_aliases") or {}).items()}
+  semaphore = {(kind, i) for kind, i, _ in sems}
+  smem = pcore.MemorySpace.SMEM
+  ins = [(nsp + i, tuple(arrays[nsp + i].shape), arrays[nsp + i].dtype) for i, m in enumerate(in_maps)
+         if m.space != smem and nsp + i not in aliases and (OPERAND, nsp + i) not in semaphore]
+  out = [(i, tuple(o[0]), o[1]) for i, (o, m) in enumerate(zip(outs, out_maps))
+         if m.space != smem and o[2] is pcore.MemorySpace.ANY and i not in aliases.values()
+         and (OUTPUT, i) not in semaphore]
+  scoped = getattr(cparams, "vmem_limit_bytes", None) or chip.default_scoped_vmem_bytes
+  return xla_vmem(ins, out, chip.vmem_bytes - scoped)
 
 
 def check_vmem_when_lowered(params, chip) -> None:

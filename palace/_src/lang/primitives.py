@@ -83,14 +83,19 @@ def at_grid_point(indices, sizes, f, *args):
 
 
 # ------------------------------------------------------------------ control flow
-def _truth(cond) -> bool:
-  """The Python bool of a branch condition, charging the scalar op that tests it. Its common cases
-  (a bool scalar Array, what `pl.program_id(0) == 0` gives; a Python bool) are tested first, without a
-  call: `pl.when` runs it once or twice on every grid step."""
+def _truth(cond, branch: bool = False) -> bool:
+  """The Python bool of a branch condition, charging the scalar op that tests it and, for a `branch`
+  (pl.when, lax.cond) on a runtime condition, the branch itself (Executor.branch: a Python bool is
+  decided when the kernel is traced). Its common cases (a bool scalar Array, what
+  `pl.program_id(0) == 0` gives; a Python bool) are tested first, without a call: `pl.when` runs it
+  once or twice on every grid step."""
   ex = _current_ex()
-  if ex is not None:
-    ex.scalar_op()
   t = type(cond)
+  if ex is not None:
+    if branch and t is not bool:
+      ex.branch(1)
+    else:
+      ex.scalar_op()
   if t is Array:
     data = cond._data
     if type(data) is np.bool_:
@@ -112,17 +117,20 @@ def when(condition):
   """Decorator: run the function only when `condition` holds (a Python bool or a runtime scalar)."""
 
   def deco(f):
-    if _truth(condition):
+    if _truth(condition, True):
       f()
 
   return deco
 
 
 def cond(pred, true_fun, false_fun, *operands):
-  return true_fun(*operands) if _truth(pred) else false_fun(*operands)
+  return true_fun(*operands) if _truth(pred, True) else false_fun(*operands)
 
 
 def switch(index, branches, *operands):
+  ex = _current_ex()
+  if ex is not None:
+    ex.branch(0)
   i = concrete_int(index, "lax.switch index")
   i = min(max(i, 0), len(branches) - 1)
   return branches[i](*operands)

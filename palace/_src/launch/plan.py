@@ -93,6 +93,8 @@ class LaunchPlan:
                 the state kept under those handles (an output: new handles) by the VirtualTPU
                 between launches (sim/carried.py). An output aliased to a semaphore operand is that
                 operand's semaphore.
+  xla_vmem      grid launches of palace.jax: (operand indices, output indices) whose buffers XLA hands
+                the kernel in VMEM (jax/xla_placement.py): the pipeline's copies of them are local.
   replay_operands  None, or the indices of the operands whose contents, with the plan, determine the
                 launch's whole schedule, as its front end proved (palace.jax: jax/schedule.py): a later
                 launch with the same bytes there may be replayed (sim/replay.py).
@@ -116,6 +118,7 @@ class LaunchPlan:
   fixed_site: tuple | None = None
   replay_operands: tuple | None = None
   semaphores: tuple = ()
+  xla_vmem: tuple = (frozenset(), frozenset())
 
   def cache(self) -> dict:
     """What every launch of this plan derives from it alone, kept for the next launch (run.py: the

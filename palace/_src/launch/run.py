@@ -177,6 +177,8 @@ class _Launch:
     host_ins, host_outs = _in_host_memory(plan)
     for i in host_outs:
       self.out_bufs[i].memory_space = MemorySpace.HOST
+    for i in plan.xla_vmem[1]:   # (outputs XLA takes from VMEM: palace.jax, jax/xla_placement.py)
+      self.out_bufs[i].memory_space = MemorySpace.VMEM
     self.host_ins = host_ins
     for a_in, a_out in plan.aliases.items():
       memory.alias_input(self.out_bufs[a_out], operands[a_in], timing_only, own=out[a_out] is not None)
@@ -206,6 +208,8 @@ class _Launch:
         in_bufs.append(host.hbm_input(v, o.name, chip_index))
         if k in self.host_ins:
           in_bufs[-1].memory_space = MemorySpace.HOST
+        elif k in plan.xla_vmem[0]:
+          in_bufs[-1].memory_space = MemorySpace.VMEM
     for b in self.out_bufs:
       b.chip = chip_index  # each chip's outputs live on it (remote DMAs to chip 0 found the sender's own)
     if plan.is_grid:
@@ -567,8 +571,10 @@ def _lazy_outputs(plan: LaunchPlan) -> dict:
   lazy = cache.get("lazy outputs")
   if lazy is None:
     aliased = set(plan.aliases.values())
+    in_vmem = plan.xla_vmem[1]   # (outputs in VMEM: the pipeline writes them through views, untracked)
     lazy = cache["lazy outputs"] = {i: prod(_block_counts(m)) for i, m in enumerate(plan.out_maps)
-                                    if m.pipelined and i not in aliased and _tileable(m)}
+                                    if m.pipelined and i not in aliased and i not in in_vmem
+                                    and _tileable(m)}
   return lazy
 
 

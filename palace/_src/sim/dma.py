@@ -273,6 +273,52 @@ def _slowest_first(channels: list) -> list:
   return sorted(channels, key=lambda cw: cw[0].bytes_per_cycle / cw[1])
 
 
+def stream_overhead(streams: dict, req, reads_hbm: bool, extra: int) -> int:
+  """A copy's per-copy overhead `extra` under dma_sequential_no_overhead: 0 when its HBM window
+  continues where this core's previous copy of that direction on that array ended; `streams` ((buffer
+  id, direction) -> where it ended) is updated. Offsets count tiles of the array's HBM layout: the last
+  two dims in tiles of (32 / bits x 8, 128), tile rows in order, leading dims outermost; a window that
+  is not one contiguous range of whole tiles there pays the overhead and ends its stream."""
+  buf, index = (req.src_buf, req.src_index) if reads_hbm else (req.dst_buf, req.dst_index)
+  key = (id(buf), reads_hbm)
+  last = streams.pop(key, None)
+  shape = buf.shape
+  if ((req.src_indices if reads_hbm else req.dst_indices) is not None or type(index) is not tuple
+      or len(shape) < 2):
+    return extra
+  rows_tile = 8 * max(1, 4 // buf.dtype.itemsize)
+  *lead, rows, cols = shape
+  if rows % rows_tile or cols % 128:
+    return extra
+  spans = []
+  for d, n in enumerate(shape):
+    ix = index[d] if d < len(index) else slice(None)
+    if type(ix) is slice:
+      a, b, step = ix.indices(n)
+      if step != 1 or b <= a:
+        return extra
+      spans.append((a, b))
+    else:
+      spans.append((int(ix), int(ix) + 1))
+  (r0, r1), (c0, c1) = spans[-2], spans[-1]
+  whole = (r0, r1, c0, c1) == (0, rows, 0, cols)
+  if r0 % rows_tile or r1 % rows_tile or c0 % 128 or c1 % 128 or \
+      (r1 - r0 > rows_tile and (c0, c1) != (0, cols)):
+    return extra   # (not whole tiles, or several tile rows each only partly: not one range)
+  col_tiles = cols // 128
+  per_lead = (rows // rows_tile) * col_tiles
+  first, extent = 0, 1
+  for d, ((a, b), n) in enumerate(zip(spans, lead)):
+    first = first * n + a
+    extent *= b - a
+    if b - a > 1 and not (whole and all(spans[e] == (0, lead[e]) for e in range(d + 1, len(lead)))):
+      return extra   # (a leading dim spanning several entries: one range only over whole later dims)
+  start = first * per_lead + (r0 // rows_tile) * col_tiles + c0 // 128
+  streams[key] = start + (((r1 - r0) // rows_tile) * ((c1 - c0) // 128) if extent == 1
+                          else extent * per_lead)
+  return 0 if last == start else extra
+
+
 def hbm_runs(req, reads_hbm: bool) -> int:
   """Contiguous runs of a copy's HBM side: the product of the window's extents before its last dim
   that is not whole (an integer index counts 1); 1 for a window of whole rows or an indexed copy. An
@@ -297,7 +343,7 @@ def hbm_runs(req, reads_hbm: bool) -> int:
 class DmaEngine:
   """The DMA issue of one core: plans per (spaces, semaphore), the core's channels, the start path."""
   __slots__ = ("core", "machine", "issue_cycles", "overhead_bytes", "run_bytes", "eager", "chans", "prepared",
-               "arbiter")
+               "arbiter", "streams")
 
   def __init__(self, core):
     self.core = core
@@ -309,6 +355,9 @@ class DmaEngine:
     self.chans = None        # the core's (DMA engine, HBM, local) channels, resolved at the first copy
     self.prepared = {}       # (src space, dst space, semaphore) ids -> (core, CopyPlan, semaphore)
     self.arbiter = Arbiter(core)   # the order of this core's HBM reads and writes (sim/dma_arbiter.py)
+    # (hw.ChipSpec.dma_sequential_no_overhead) (HBM buffer id, direction) -> the tiled offset where the
+    # last copy ended; None when the rule is off
+    self.streams = {} if core.chip.dma_sequential_no_overhead else None
 
   def start(self, req) -> None:
     """Issue a copy (the one path for local, remote and checked copies): one DMA issue on the scalar
@@ -352,6 +401,8 @@ class DmaEngine:
       trace.count_dma(kind, nbytes)
     else:
       extra = self.overhead_bytes
+      if self.streams is not None and p.direction is not None and p.hbm_sides == 1:
+        extra = stream_overhead(self.streams, req, p.reads_hbm, extra)
       if self.run_bytes and p.direction is not None:
         runs = req.hbm_runs
         if runs is None:

@@ -172,6 +172,9 @@ class ReplayCore:
   def loop_back_edge(self) -> None:
     pass
 
+  def branch(self, tested: int) -> None:
+    pass
+
   # memory: sim/memory.py, as TensorCore.load / store do it without checks
   def load(self, buf, index, shape, site=None):
     if not shape or buf.memory_space is _SMEM:

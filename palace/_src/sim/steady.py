@@ -56,7 +56,10 @@ class SteadyState:
     m = core.machine
     return (m.timing_only and m.tpu.steady_state and len(m.cores) == 1
             and m.num_chips == 1 and not m.checks.active and not core.checks.active
-            and m.dma_policy.name != "random")
+            and m.dma_policy.name != "random"
+            # (the candidate dma_sequential_no_overhead keeps each stream's absolute end, which no
+            # period repeats: a chip with it steps every point)
+            and not core.chip.dma_sequential_no_overhead)
 
   # ------------------------------------------------------------------ signature
   def signature(self):

@@ -135,6 +135,7 @@ class TensorCore:
     self.dma_wait = functools.partial(machine.sems.wait_copy, self)
     self._scalar_cycles = self.chip.scalar_op_cycles
     self._loop_cycles = self.chip.loop_back_edge_cycles
+    self._branch_cycles = self.chip.branch_cycles
     self._step_cycles = self.chip.grid_step_overhead_cycles
     self._step_drain = self.chip.grid_step_drain_cycles
     # this chip's cost rules and copy timings (DmaEngine), memoised (cost_memos)
@@ -447,6 +448,14 @@ class TensorCore:
     cycles = self._loop_cycles
     self.now = start + cycles
     self.unit_busy["scalar"] += cycles
+
+  def branch(self, tested: int) -> None:
+    # A conditional branch: `tested` scalar ops of its condition's test (pl.when's; a front end's
+    # comparisons are charged where they run) and its own ChipSpec.branch_cycles
+    cycles = self._branch_cycles + tested * self._scalar_cycles
+    if cycles:
+      self.now += cycles
+      self.unit_busy["scalar"] += cycles
 
   def grid_step(self) -> None:
     # No software pipelining across grid steps: the step's bookkeeping starts once its vector work has
