@@ -489,3 +489,24 @@ def test_each_conditional_branch_costs_its_branch_cycles():
   assert _conditions(chip, 3) - _conditions(UNIT_CHIP, 3) == 16 * 3 * b
   assert _conditions(chip, 0) == _conditions(UNIT_CHIP, 0)
   assert _conditions(chip, 3, static=True) == _conditions(UNIT_CHIP, 3, static=True)
+
+
+def test_a_chip_with_the_sequential_rule_steps_every_point_and_times_as_stepping():
+  """dma_sequential_no_overhead keeps where each HBM stream ended, which no period of a grid repeats:
+  the steady-state helper is off on such a chip (sim/steady.SteadyState.eligible), so a long timing-only
+  grid steps every point and its report is the stepped one."""
+  seq = dataclasses.replace(UNIT_CHIP, dma_copy_overhead_bytes=3000, dma_sequential_no_overhead=True)
+  x = np.zeros((512 * 8, 128), np.float32)
+  spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
+  f = pl.pallas_call(lambda x_ref, o_ref: o_ref.__setitem__(..., x_ref[...] + 1),
+                     out_shape=pl.ShapeDtypeStruct(x.shape, np.float32), grid=(512,),
+                     in_specs=[spec], out_specs=spec)
+  cycles = {}
+  for steady in (False, True):
+    with pl.virtual_tpu(seq, timing_only=True, steady_state=steady) as tpu:
+      f(x)
+    cycles[steady] = (tpu.reports[-1].device_cycles, tpu.extrapolated_steps)
+  assert cycles[True] == cycles[False] and cycles[True][1] == 0
+  with pl.virtual_tpu(UNIT_CHIP, timing_only=True) as tpu:   # (without the rule: extrapolated)
+    f(x)
+  assert tpu.extrapolated_steps > 400
