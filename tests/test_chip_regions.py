@@ -94,6 +94,19 @@ def test_the_wheels_causal_flash_steps_on_the_chip():
   assert 1000 < causal[-n // 20] < 1800
 
 
+def test_the_512_block_causal_flash_pays_nothing_for_its_mask_on_the_chip():
+  """Session 34's trace of flash_causal_b1h8s2048d128_blk512 (palace +27%): its running steps cost
+  ~1540 cycles, less than the non-causal launch's (1590-1640 past a row's first): the causal mask on
+  512 x 512 scores is hidden, where palace charges ~450 cycles for it (2123 a running step); skipped
+  steps 140-180, a q row's first step 2450-3050 (its q block's round trip)."""
+  causal = _plain("flash_causal_b1h8s2048d128_blk512").step_cycles
+  full = _plain("flash_full_b1h8s2048d128_blk512").step_cycles
+  running = [c for c in causal if 1400 < c < 2000]
+  assert len(running) >= 40 and 1500 < statistics.median(running) < 1560
+  assert 1580 < statistics.median(full) < 1650
+  assert sum(130 < c < 190 for c in causal) >= 40 and sum(2400 < c < 3100 for c in causal) >= 20
+
+
 def test_a_grid_steps_bookkeeping_grows_with_operands_and_computed_maps_on_the_chip():
   """Session 32's step_book traces (4096 steps, blocks never moving, body skipped): one input and one
   output on a 1-D grid ~37 cycles a step; the 4-D grid with 3 inputs and 3 outputs ~69; the same 4-D
