@@ -523,8 +523,8 @@ def _index_map_cycles(ops, points, index_args, grid, chip) -> int:
   source already in VMEM: no copy is started from its indices; measured: the bf16 gather whose table
   XLA puts in VMEM steps in 38 cycles, jax/xla_placement.py); and grid_step_dim_cycles per grid
   dimension beyond the first, grid_step_operand_cycles per operand beyond two; the sum rounded to whole
-  cycles. 0 without a
-  chip (a recording) or with every one of these fields off (then no map is evaluated here)."""
+  cycles. 0 without a chip (a recording) or with every one of these fields off (then no map is
+  evaluated here)."""
   if not points or chip is None or not (
       chip.index_map_cycles or chip.index_map_plain_cycles or chip.index_map_smem_cycles
       or chip.index_map_subword_cycles or chip.grid_step_dim_cycles or chip.grid_step_operand_cycles):

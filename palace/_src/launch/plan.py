@@ -94,7 +94,8 @@ class LaunchPlan:
                 between launches (sim/carried.py). An output aliased to a semaphore operand is that
                 operand's semaphore.
   xla_vmem      grid launches of palace.jax: (operand indices, output indices) whose buffers XLA hands
-                the kernel in VMEM (jax/xla_placement.py): the pipeline's copies of them are local.
+                the kernel in VMEM (jax/xla_placement.py): the pipeline reads and writes their blocks
+                in place (views, no DMA).
   replay_operands  None, or the indices of the operands whose contents, with the plan, determine the
                 launch's whole schedule, as its front end proved (palace.jax: jax/schedule.py): a later
                 launch with the same bytes there may be replayed (sim/replay.py).
