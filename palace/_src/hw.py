@@ -116,6 +116,11 @@ class ChipSpec:
   # ...and as if this many bytes longer per contiguous run of its HBM side (a block of R rows narrower
   # than its array's rows is R runs)
   dma_run_overhead_bytes: int = 0
+  # the DMA engine holds this many started copies whose transfer has not begun; a start beyond them
+  # waits (the scalar core stalls) until the oldest begins (0: no limit)
+  dma_queue_depth: int = 0
+  # scalar cycles more for a DMA start whose completion semaphore is not the previous start's
+  dma_issue_switch_cycles: int = 0
   # scalar cycles a pallas_call grid step spends per pipelined operand on its index map, charged before
   # the step's next blocks are started (their indices come first: pipeline.py): a map computed from the
   # grid indices (a front end's map with arithmetic in it, or a block index neither constant nor equal
@@ -340,6 +345,10 @@ _COMMON_SOURCES = _mp(
                             "(benchmarks/hw, 2026-12-06)",
     branch_cycles=_OFF_HERE + "session 34's step_body probes: a pl.when that never holds costs the "
                   "chip 7.0 cycles, its condition included (benchmarks/hw, 2026-12-07)",
+    dma_queue_depth=_OFF_HERE + "(0 here) session 34's region traces of bursts (benchmarks/hw, "
+                    "2026-12-07): beyond ~14 queued 4 KiB starts each start waits ~10 cycles",
+    dma_issue_switch_cycles=_OFF_HERE + "(0 here) session 34's region traces: 16 starts alternating two "
+                            "semaphores take 125 cycles, on one 37 (benchmarks/hw, 2026-12-07)",
     dma_sequential_no_overhead=_OFF_HERE + "session 34's bursts: 4 KiB copies of consecutive rows cost "
                                "the chip ~10 cycles each, random pages ~17 (dma_issue, issue_form)",
     index_map_cycles=_OFF_HERE + "(0 here) session 27's step_branch probes (benchmarks/hw, "
@@ -626,7 +635,8 @@ RULES_OFF = MappingProxyType(dict(
     xlu_class_turnaround=False, wait_kept_write_backs=False, wait_write_backs_next_step=False,
     index_map_cycles=0, index_map_plain_cycles=0, index_map_smem_cycles=0, index_map_subword_cycles=0,
     grid_step_dim_cycles=0, grid_step_operand_cycles=0.0, index_map_after_starts=False,
-    hbm_write_buffer_bytes=0, dma_sequential_no_overhead=False, branch_cycles=0))
+    hbm_write_buffer_bytes=0, dma_sequential_no_overhead=False, branch_cycles=0, dma_queue_depth=0,
+    dma_issue_switch_cycles=0))
 
 
 @dataclasses.dataclass(frozen=True)

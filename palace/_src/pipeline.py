@@ -48,7 +48,7 @@ class _Op:
                "next_slot", "pending_wb", "written", "squeezed", "sem_views", "mode", "nbuf",
                "bounds_checks", "views", "all_blocks", "sem_targets", "simple", "whole_blocks",
                "block_nbytes", "prepare", "block_is_array", "full_slices", "ex", "last_copy",
-               "map_on_core", "prefetch", "cur_since")
+               "map_on_core", "prefetch", "cur_since", "owner")
 
   def __init__(self, m: BlockMapping, hbm: Ref, is_out: bool):
     self.m, self.hbm, self.is_out = m, hbm, is_out
@@ -81,6 +81,9 @@ class _Op:
     self.map_on_core = False  # the index map reads kernel memory (block_offsets: evaluated on the core)
     self.prefetch = None      # a map over scalar-prefetch tables: its PrefetchMap (prefetch_maps.py)
     self.cur_since = 0        # the step the current output block became current (a kept block's age)
+    # the token its copies carry (DmaRequest.owner: the machine tells its stream from others'); not
+    # the operand itself, which holds its copies (no reference cycle)
+    self.owner = object()
 
 
 class _BlockLabels(tuple):
@@ -146,6 +149,7 @@ def _prepare(op: _Op, offsets, slot: int, to_hbm: bool):
     else:
       req = prepare_window_copy(buf, idx, vmem.buf, vmem._np_index, shape, op.sem_targets[slot],
                                 nbytes=op.block_nbytes, site=_PIPELINE_SITE, labels=labels, like=like)
+    req.owner = op.owner   # (its stream is the operand's: pipeline_steady.py proves its continuity)
     if usual:
       op.last_copy[slot] = req
     return req

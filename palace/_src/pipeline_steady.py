@@ -74,6 +74,9 @@ class Detector:
     self.stop = self.n - self.ahead - 2   # no jump lands after this step
     self.codes = self.changes = None
     self.cols = {}      # grid axis -> every step's index along it
+    # operands whose HBM stream the chip times (dma_sequential_no_overhead): (operand, stream key, the
+    # steps of its copies' blocks in issue order, each block's end in the array's tiles) (`_tables`)
+    self.streams = []
 
   @classmethod
   def make(cls, pipe, steps, ex, alias_view):
@@ -112,6 +115,9 @@ class Detector:
 
   def _boundary(self, s: int) -> int:
     """At the boundary before step s: remember the signature, or jump when it repeats."""
+    if self.codes is None and self.helper.streams_on and not self._tables():
+      self.stop = -1   # (the operands' streams are registered before the first signature)
+      return s
     sig = self.helper.signature()
     if sig is None:
       return s
@@ -201,7 +207,7 @@ class Detector:
     if periods < 1:
       return 0
     remap = self._advance(s, periods * period)
-    self.helper.advance(periods, snap_j, entry[1], remap)
+    self.helper.advance(periods, snap_j, entry[1], remap, self._stream_ends(s + periods * period))
     if events is not None:
       self.pending.append((self.helper.trace_mark(), events, j, period, cycles, periods))
     self.hist.clear()
@@ -301,7 +307,37 @@ class Detector:
         return False
       self.changes[id(o)] = chg
       codes |= chg.astype(np.int64) << b
+    if self.helper.streams_on and not self._stream_codes(codes):
+      return False
     self.codes = codes
+    return True
+
+  def _stream_codes(self, codes) -> bool:
+    """Under dma_sequential_no_overhead a copy's time depends on whether its block continues, in the
+    array's tiles, the operand's previous copy (sim/dma.stream_overhead): a bit per operand and step,
+    added to `codes` (each input's block at the step it is for, each output's where its write-back is
+    due), so a period repeats only with its copies' continuity. The operands' streams are registered
+    with the machine, which leaves them out of its signature (`advance` sets their ends). False when
+    two operands share a stream."""
+    n, helper = self.n, self.helper
+    owned = {}
+    for b, o in enumerate(self.buffered):
+      buf = o.hbm.buf
+      key = helper.stream_key(buf, not o.is_out)
+      if key in owned:
+        return False
+      ranges = helper.block_tile_ranges(buf, o.slots[0].shape, np.asarray(o.all_blocks, np.int64))
+      if ranges is None:
+        continue   # (never one range: every copy pays, whatever came before; the machine's signature)
+      first, end = ranges
+      chg = self.changes[id(o)]
+      steps = np.flatnonzero(chg[1:n + 1] if o.is_out else chg[:n])
+      cont = np.zeros(n + 1, np.int64)
+      cont[steps[1:] + o.is_out] = first[steps[1:]] == end[steps[:-1]]
+      codes |= cont << (32 + b)
+      owned[key] = o.owner
+      self.streams.append((o, key, steps, end))
+    helper.own_streams(owned)
     return True
 
   @staticmethod
@@ -361,6 +397,22 @@ class Detector:
     return max(q, q0)
 
   # ------------------------------------------------------------------ the jump
+  def _stream_ends(self, t: int) -> dict:
+    """Where each registered stream's last copy ends at the boundary before step t (after `_advance`):
+    an input's last copy is its latest fetch in flight or else the block of its latest change by step
+    t - 1; an output's the write-back of its latest block finished by step t - 1."""
+    ends = {}
+    for o, key, steps, end in self.streams:
+      if not o.is_out and o.fetched:
+        last = max(o.fetched)
+      else:
+        i = int(np.searchsorted(steps, t - 1, "right")) - 1
+        if i < 0:
+          continue
+        last = steps[i]
+      ends[key] = int(end[last])
+    return ends
+
   def _advance(self, s: int, skip: int) -> dict:
     """The pipeline's state at step s + skip (the machine's: sim/steady.py); returns id(old copy) ->
     new copy for the copies in flight."""

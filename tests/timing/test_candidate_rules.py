@@ -2,6 +2,7 @@
 "Session 29"), as exact timelines on UNIT_CHIP: each is off by default, and on it changes the timeline by
 what its field says and nothing else."""
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -491,22 +492,122 @@ def test_each_conditional_branch_costs_its_branch_cycles():
   assert _conditions(chip, 3, static=True) == _conditions(UNIT_CHIP, 3, static=True)
 
 
-def test_a_chip_with_the_sequential_rule_steps_every_point_and_times_as_stepping():
+@pytest.mark.parametrize("name,in_map", [
+    ("forward", lambda i: (i, 0)), ("backward", lambda i: (511 - i, 0)),
+    ("pairs swapped", lambda i: ((i // 2) * 2 + 1 - i % 2, 0)), ("four kept", lambda i: (i % 4, 0)),
+    ("every other", lambda i: ((2 * i) % 512, 0))])
+def test_a_chip_with_the_sequential_rule_extrapolates_what_stepping_times(name, in_map):
   """dma_sequential_no_overhead keeps where each HBM stream ended, which no period of a grid repeats:
-  the steady-state helper is off on such a chip (sim/steady.SteadyState.eligible), so a long timing-only
-  grid steps every point and its report is the stepped one."""
+  the steady-state proof covers it by each operand's copies' continuity (a bit per step from the
+  index maps: pipeline_steady._stream_codes) and sets the streams' ends after a jump. A long
+  timing-only grid is extrapolated and its report is the stepped one, to the cycle, for block orders
+  that continue, never continue, and continue every other copy; the rule changes the time."""
   seq = dataclasses.replace(UNIT_CHIP, dma_copy_overhead_bytes=3000, dma_sequential_no_overhead=True)
   x = np.zeros((512 * 8, 128), np.float32)
-  spec = pl.BlockSpec((8, 128), lambda i: (i, 0))
   f = pl.pallas_call(lambda x_ref, o_ref: o_ref.__setitem__(..., x_ref[...] + 1),
                      out_shape=pl.ShapeDtypeStruct(x.shape, np.float32), grid=(512,),
-                     in_specs=[spec], out_specs=spec)
+                     in_specs=[pl.BlockSpec((8, 128), in_map)],
+                     out_specs=pl.BlockSpec((8, 128), lambda i: (i, 0)))
   cycles = {}
-  for steady in (False, True):
-    with pl.virtual_tpu(seq, timing_only=True, steady_state=steady) as tpu:
+  for chip, steady in ((seq, False), (seq, True), (UNIT_CHIP, True)):
+    with pl.virtual_tpu(chip, timing_only=True, steady_state=steady) as tpu:
       f(x)
-    cycles[steady] = (tpu.reports[-1].device_cycles, tpu.extrapolated_steps)
-  assert cycles[True] == cycles[False] and cycles[True][1] == 0
-  with pl.virtual_tpu(UNIT_CHIP, timing_only=True) as tpu:   # (without the rule: extrapolated)
-    f(x)
-  assert tpu.extrapolated_steps > 400
+    cycles[chip is seq, steady] = (tpu.reports[-1].device_cycles, tpu.extrapolated_steps)
+  assert cycles[True, True][0] == cycles[True, False][0] and cycles[True, False][1] == 0
+  assert cycles[True, True][1] > 400
+  assert cycles[True, True][0] != cycles[False, True][0]
+
+
+@pytest.mark.parametrize("shape,dtype,block", [
+    ((64, 512), np.float32, (8, 128)), ((64, 512), np.float32, (16, 512)), ((64, 512), np.float32, (16, 256)),
+    ((4, 32, 256), np.float16, (1, 16, 256)), ((4, 32, 256), np.int8, (2, 32, 256)),
+    ((6, 16, 128), np.float32, (1, 8, 128)), ((64, 512), np.float32, (64, 512))])
+def test_block_tile_ranges_is_tile_range_at_every_block(shape, dtype, block):
+  """The steady-state proof's vectorised block ranges (sim/dma.block_tile_ranges: affine in the block
+  offsets, derived from tile_range at the origin and one tiling unit along each dim) equal tile_range
+  of every block's window, and are None exactly when the blocks are not one range."""
+  from palace._src.sim import dma
+  itemsize = np.dtype(dtype).itemsize
+  grid = [n // b for n, b in zip(shape, block)]
+  offs = np.array([[i * b for i, b in zip(ix, block)] for ix in np.ndindex(*grid)], np.int64)
+  got = dma.block_tile_ranges(shape, itemsize, block, offs)
+  each = [dma.tile_range(shape, itemsize, tuple(slice(o, o + b) for o, b in zip(row, block))) for row in offs]
+  if got is None:
+    assert all(r is None for r in each)
+  else:
+    assert list(zip(got[0].tolist(), got[1].tolist())) == each
+
+
+def test_a_stream_joined_by_another_owners_copy_is_refused_by_the_signature():
+  """A copy from another owner (the body, another operand) on a stream a pipeline's operand owns makes
+  its continuity no longer the index map's: the stream is marked mixed and the DMA engine's signature
+  refuses the jump (sim/dma.DmaEngine.signature), while a stream with one owner is left out of it."""
+  import types
+  from palace._src.sim import dma
+  buf = types.SimpleNamespace(shape=(64, 128), dtype=np.dtype(np.float32))
+
+  def req(row, owner):
+    return types.SimpleNamespace(src_buf=buf, src_index=(slice(row, row + 8), slice(None)), dst_buf=None,
+                                 dst_index=None, src_indices=None, dst_indices=None, owner=owner)
+
+  streams, mixed = {}, set()
+  mine, body = object(), object()
+  assert dma.stream_overhead(streams, req(0, mine), True, 99, mixed) == 99
+  assert dma.stream_overhead(streams, req(8, mine), True, 99, mixed) == 0
+  engine = types.SimpleNamespace(queue=None, last_sem=(None, None), streams=streams, mixed=mixed)
+  key = (id(buf), True)
+  assert dma.DmaEngine.signature(engine, 0, lambda t: t, {key: mine}) == ((), id(None), None, ())
+  assert dma.stream_overhead(streams, req(16, body), True, 99, mixed) == 0   # (continues: timed alike)
+  assert key in mixed
+  assert dma.DmaEngine.signature(engine, 0, lambda t: t, {key: mine}) is None
+
+
+def _burst_of_eight(chip, sems: int):
+  """Eight 32 KiB HBM->VMEM copies started back to back (on `sems` semaphores in turn), then a long
+  vector body, then their waits: (device cycles, each copy's transfer start)."""
+  def k(x_hbm, y_ref, o_ref, buf, sem):
+    copies = [pltpu.make_async_copy(x_hbm.at[i], buf.at[i], sem.at[i % sems]) for i in range(8)]
+    for c in copies:
+      c.start()
+    v = y_ref[...]
+    for _ in range(12):
+      v = jnp.tanh(v)
+    o_ref[...] = v
+    for c in copies:
+      c.wait()
+
+  x, y = np.ones((8, 64, 128), np.float32), np.ones((512, 128), np.float32)
+  with pl.virtual_tpu(chip) as tpu:
+    out = pl.pallas_call(k, out_shape=pl.ShapeDtypeStruct((512, 128), np.float32),
+                         in_specs=[pl.BlockSpec(memory_space=pl.ANY), pl.BlockSpec((512, 128), lambda: (0, 0))],
+                         scratch_shapes=[pltpu.VMEM((8, 64, 128), jnp.float32), pltpu.SemaphoreType.DMA((2,))])(x, y)
+  want = np.ones((512, 128), np.float32)
+  for _ in range(12):
+    want = np.tanh(want)
+  np.testing.assert_allclose(out, want, rtol=1e-5)
+  r = tpu.reports[-1]
+  starts = [e[3] for e in r.events if e[1] == "dma" and e[2] == "hbm->vmem"][1:]   # (after y's block)
+  return r.device_cycles, starts
+
+
+def test_a_start_beyond_the_engines_queue_waits_for_its_oldest_copy_to_begin():
+  """dma_queue_depth = 4 (a candidate, off): the engine holds four started copies not yet moving; the
+  fifth start finds the first moving and issues, the sixth to eighth each wait for the second to fourth
+  to begin (FIFO on one channel). With 2-cycle starts the eighth issues at the fourth's start instead of
+  14 cycles after the first's: the body after the starts, which bounds the launch, is that much later.
+  The copies themselves move as before."""
+  base = dataclasses.replace(UNIT_CHIP, dma_issue_cycles=2)
+  plain, s = _burst_of_eight(base, 1)
+  queued, s_q = _burst_of_eight(dataclasses.replace(base, dma_queue_depth=4), 1)
+  assert s_q == s and len(s) == 8
+  assert queued - plain == math.ceil(s[3]) - (s[0] + 14)
+
+
+def test_a_start_on_another_semaphore_than_the_last_costs_its_switch_cycles():
+  """dma_issue_switch_cycles = 5 (a candidate, off): a start whose semaphore is not the previous
+  start's costs 5 scalar cycles more. Eight starts alternating two semaphores switch seven times more
+  than eight on one."""
+  sw = dataclasses.replace(UNIT_CHIP, dma_issue_cycles=2, dma_issue_switch_cycles=5)
+  assert _burst_of_eight(sw, 2)[0] - _burst_of_eight(sw, 1)[0] == 7 * 5
+  off = dataclasses.replace(UNIT_CHIP, dma_issue_cycles=2)
+  assert _burst_of_eight(off, 2)[0] == _burst_of_eight(off, 1)[0]

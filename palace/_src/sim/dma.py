@@ -32,8 +32,11 @@ completions can differ.
 """
 from __future__ import annotations
 
+import collections
 import copy
 import math
+
+import numpy as np
 
 from palace._src.core import MemorySpace
 from palace._src.sim import memory
@@ -273,30 +276,45 @@ def _slowest_first(channels: list) -> list:
   return sorted(channels, key=lambda cw: cw[0].bytes_per_cycle / cw[1])
 
 
-def stream_overhead(streams: dict, req, reads_hbm: bool, extra: int) -> int:
+def stream_overhead(streams: dict, req, reads_hbm: bool, extra: int, mixed: set) -> int:
   """A copy's per-copy overhead `extra` under dma_sequential_no_overhead: 0 when its HBM window
-  continues where this core's previous copy of that direction on that array ended; `streams` ((buffer
-  id, direction) -> where it ended) is updated. Offsets count tiles of the array's HBM layout: the last
-  two dims in tiles of (32 / bits x 8, 128), tile rows in order, leading dims outermost; a window that
-  is not one contiguous range of whole tiles there pays the overhead and ends its stream."""
+  continues where this core's previous copy of that direction on that array ended. `streams`: (buffer
+  id, direction) -> (where the last copy ended or None, that copy's `owner`), updated; a key whose
+  copies came from different owners (a pipeline's operand, the body) goes into `mixed` (the
+  steady-state proof of a pipeline owning it stops: sim/steady.py)."""
   buf, index = (req.src_buf, req.src_index) if reads_hbm else (req.dst_buf, req.dst_index)
   key = (id(buf), reads_hbm)
-  last = streams.pop(key, None)
-  shape = buf.shape
-  if ((req.src_indices if reads_hbm else req.dst_indices) is not None or type(index) is not tuple
-      or len(shape) < 2):
+  owner = req.owner
+  last = streams.get(key)
+  if last is not None and last[1] is not owner:
+    mixed.add(key)
+  span = None
+  if (req.src_indices if reads_hbm else req.dst_indices) is None and type(index) is tuple:
+    span = tile_range(buf.shape, buf.dtype.itemsize, index)
+  if span is None:
+    streams[key] = (None, owner)
     return extra
-  rows_tile = 8 * max(1, 4 // buf.dtype.itemsize)
+  streams[key] = (span[1], owner)
+  return 0 if last is not None and last[0] == span[0] else extra
+
+
+def tile_range(shape, itemsize: int, index):
+  """(first, end) of a window (a tuple of slices and integers over `shape`) in the array's HBM layout,
+  counted in tiles: the last two dims in tiles of (32 / bits x 8, 128), tile rows in order, leading
+  dims outermost; None when the window is not one contiguous range of whole tiles there."""
+  if len(shape) < 2:
+    return None
+  rows_tile = 8 * max(1, 4 // itemsize)
   *lead, rows, cols = shape
   if rows % rows_tile or cols % 128:
-    return extra
+    return None
   spans = []
   for d, n in enumerate(shape):
     ix = index[d] if d < len(index) else slice(None)
     if type(ix) is slice:
       a, b, step = ix.indices(n)
       if step != 1 or b <= a:
-        return extra
+        return None
       spans.append((a, b))
     else:
       spans.append((int(ix), int(ix) + 1))
@@ -304,7 +322,7 @@ def stream_overhead(streams: dict, req, reads_hbm: bool, extra: int) -> int:
   whole = (r0, r1, c0, c1) == (0, rows, 0, cols)
   if r0 % rows_tile or r1 % rows_tile or c0 % 128 or c1 % 128 or \
       (r1 - r0 > rows_tile and (c0, c1) != (0, cols)):
-    return extra   # (not whole tiles, or several tile rows each only partly: not one range)
+    return None   # (not whole tiles, or several tile rows each only partly: not one range)
   col_tiles = cols // 128
   per_lead = (rows // rows_tile) * col_tiles
   first, extent = 0, 1
@@ -312,11 +330,34 @@ def stream_overhead(streams: dict, req, reads_hbm: bool, extra: int) -> int:
     first = first * n + a
     extent *= b - a
     if b - a > 1 and not (whole and all(spans[e] == (0, lead[e]) for e in range(d + 1, len(lead)))):
-      return extra   # (a leading dim spanning several entries: one range only over whole later dims)
+      return None   # (a leading dim spanning several entries: one range only over whole later dims)
   start = first * per_lead + (r0 // rows_tile) * col_tiles + c0 // 128
-  streams[key] = start + (((r1 - r0) // rows_tile) * ((c1 - c0) // 128) if extent == 1
-                          else extent * per_lead)
-  return 0 if last == start else extra
+  return start, start + (((r1 - r0) // rows_tile) * ((c1 - c0) // 128) if extent == 1
+                         else extent * per_lead)
+
+
+def block_tile_ranges(shape, itemsize: int, block_shape, offsets):
+  """`tile_range` of the blocks of `block_shape` at each row of `offsets` (an (n, rank) integer array of
+  block-aligned element offsets, every block inside the array): arrays (first, end), or None when such
+  a block is not one range. A block's first tile is affine in its offsets (`tile_range` is, for
+  windows aligned to the tiling): evaluated at the origin and one tiling unit along each dim."""
+  rank = len(shape)
+  origin = tuple(slice(0, b) for b in block_shape)
+  base = tile_range(shape, itemsize, origin)
+  if base is None or len(block_shape) != rank:
+    return None
+  units = [1] * (rank - 2) + [8 * max(1, 4 // itemsize), 128]
+  first = np.full(len(offsets), base[0], np.int64)
+  for d in range(rank):
+    if block_shape[d] == shape[d]:
+      continue   # (a block spanning the dim: offset 0 there)
+    moved = list(origin)
+    moved[d] = slice(units[d], units[d] + block_shape[d])
+    step = tile_range(shape, itemsize, tuple(moved))
+    if step is None or (offsets[:, d] % units[d]).any():
+      return None
+    first += (offsets[:, d] // units[d]) * (step[0] - base[0])
+  return first, first + (base[1] - base[0])
 
 
 def hbm_runs(req, reads_hbm: bool) -> int:
@@ -343,7 +384,7 @@ def hbm_runs(req, reads_hbm: bool) -> int:
 class DmaEngine:
   """The DMA issue of one core: plans per (spaces, semaphore), the core's channels, the start path."""
   __slots__ = ("core", "machine", "issue_cycles", "overhead_bytes", "run_bytes", "eager", "chans", "prepared",
-               "arbiter", "streams")
+               "arbiter", "streams", "mixed", "queue", "switch_cycles", "last_sem")
 
   def __init__(self, core):
     self.core = core
@@ -358,6 +399,14 @@ class DmaEngine:
     # (hw.ChipSpec.dma_sequential_no_overhead) (HBM buffer id, direction) -> the tiled offset where the
     # last copy ended; None when the rule is off
     self.streams = {} if core.chip.dma_sequential_no_overhead else None
+    self.mixed = set()   # ...the keys of `streams` whose copies came from more than one owner
+    # (hw.ChipSpec.dma_queue_depth) the cycles the last `depth` copies' transfers began, oldest first;
+    # None when the engine's queue is unbounded
+    depth = core.chip.dma_queue_depth
+    self.queue = collections.deque(maxlen=depth) if depth else None
+    # (hw.ChipSpec.dma_issue_switch_cycles) the previous start's completion semaphore (buffer, index)
+    self.switch_cycles = core.chip.dma_issue_switch_cycles
+    self.last_sem = (None, None)
 
   def start(self, req) -> None:
     """Issue a copy (the one path for local, remote and checked copies): one DMA issue on the scalar
@@ -367,8 +416,17 @@ class DmaEngine:
     semaphores (sim/sync.py)."""
     core = self.core
     issue = self.issue_cycles
-    now = core.now = core.now + issue
+    if self.switch_cycles:
+      last = self.last_sem
+      if req.sem_buf is not last[0] or req.sem_index != last[1]:
+        issue += self.switch_cycles
+        self.last_sem = (req.sem_buf, req.sem_index)
+    now = core.now + issue
     core.unit_busy["scalar"] += issue
+    queue = self.queue
+    if queue is not None and len(queue) == queue.maxlen and queue[0] > now:
+      now = math.ceil(queue[0])   # the engine holds `depth` copies not begun: wait for the oldest
+    core.now = now
     m = self.machine
     seq = next(m.sequence)
     rec = DmaRecord(req, seq, core, now)
@@ -402,7 +460,7 @@ class DmaEngine:
     else:
       extra = self.overhead_bytes
       if self.streams is not None and p.direction is not None and p.hbm_sides == 1:
-        extra = stream_overhead(self.streams, req, p.reads_hbm, extra)
+        extra = stream_overhead(self.streams, req, p.reads_hbm, extra, self.mixed)
       if self.run_bytes and p.direction is not None:
         runs = req.hbm_runs
         if runs is None:
@@ -417,6 +475,8 @@ class DmaEngine:
       p.copies += 1   # (the report's totals per direction and its HBM traffic: Machine.finish)
       p.bytes += nbytes
     rec.start_cycle, rec.done_cycle, rec.read_done_cycle = s, done, read_done
+    if queue is not None:
+      queue.append(s)
     if done > core.horizon:
       core.horizon = done
     if trace.on:
@@ -446,6 +506,35 @@ class DmaEngine:
     sched = m.sched
     if sched.yields:   # (a single-core launch has no one to yield to)
       sched.maybe_yield(core)
+
+  def signature(self, now, rel, owned: dict):
+    """The issue state relative to `now` (sim/steady.py): the queue's transfer starts still ahead, the
+    previous start's semaphore and, under dma_sequential_no_overhead, where each stream ended, except
+    the streams in `owned` (key -> owner: a pipeline's operands, whose proof covers them); None when
+    an owned stream's last copy is not its owner's or another owner's copies joined it."""
+    queue = self.queue
+    held = () if queue is None else tuple(rel(t) for t in queue)
+    ends = ()
+    if self.streams:
+      ends = []
+      for key, (end, owner) in self.streams.items():
+        mine = owned.get(key)
+        if mine is None:
+          ends.append((key, end, id(owner)))
+        elif owner is not mine or key in self.mixed:
+          return None
+      ends = tuple(ends)
+    return held, id(self.last_sem[0]), self.last_sem[1], ends
+
+  def shift(self, later, stream_ends: dict) -> None:
+    """Advance the state by a steady-state jump: `stream_ends` (key -> end) where each owned stream's
+    last copy ends at the new step (its owner unchanged)."""
+    if self.queue:
+      self.queue = collections.deque((later(t) for t in self.queue), maxlen=self.queue.maxlen)
+    for key, end in stream_ends.items():
+      last = self.streams.get(key)
+      if last is not None:
+        self.streams[key] = (end, last[1])
 
   def _remote(self, req):
     """(target chip, the request as it lands there) of a copy to another core or chip: it lands in the

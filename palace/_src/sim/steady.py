@@ -32,6 +32,7 @@ from __future__ import annotations
 import bisect
 import itertools
 
+from palace._src.sim.dma import block_tile_ranges
 from palace._src.sim.sync import Arrival
 
 _EXACT_BINADE = 51   # above 2^51 an ulp exceeds 1/2 and integer shifts stop being exact
@@ -50,16 +51,35 @@ class SteadyState:
   def __init__(self, core):
     self.core = core
     self.machine = core.machine
+    self.owned = {}   # DMA streams whose continuity the pipeline proves: key -> owner (`own_streams`)
 
   @staticmethod
   def eligible(core) -> bool:
     m = core.machine
     return (m.timing_only and m.tpu.steady_state and len(m.cores) == 1
             and m.num_chips == 1 and not m.checks.active and not core.checks.active
-            and m.dma_policy.name != "random"
-            # (the candidate dma_sequential_no_overhead keeps each stream's absolute end, which no
-            # period repeats: a chip with it steps every point)
-            and not core.chip.dma_sequential_no_overhead)
+            and m.dma_policy.name != "random")
+
+  # ------------------------------------------------------------------ DMA streams
+  @property
+  def streams_on(self) -> bool:
+    """The chip's copies continuing a stream pay no per-copy overhead (dma_sequential_no_overhead):
+    where each stream ended is state, which a pipeline's proof must cover (`own_streams`)."""
+    return self.core.dma.streams is not None
+
+  def stream_key(self, buf, reads_hbm: bool) -> tuple:
+    """The key of the stream of copies reading (or writing) HBM buffer `buf` (sim/dma.stream_overhead)."""
+    return id(buf), reads_hbm
+
+  @staticmethod
+  def block_tile_ranges(buf, block_shape, offsets):
+    """sim/dma.block_tile_ranges of the blocks of `block_shape` at `offsets` in `buf`."""
+    return block_tile_ranges(buf.shape, buf.dtype.itemsize, block_shape, offsets)
+
+  def own_streams(self, owned: dict) -> None:
+    """The streams (key -> the owner its copies carry, DmaRequest.owner) whose continuity the caller
+    proves (pipeline_steady.py): left out of the signature, their ends set by `advance`."""
+    self.owned = owned
 
   # ------------------------------------------------------------------ signature
   def signature(self):
@@ -108,6 +128,10 @@ class SteadyState:
     parts.append(tuple(sems))
     parts.append(len(m.inflight))
     parts.append(core.dma.arbiter.signature(now, rel))
+    dma = core.dma.signature(now, rel, self.owned)
+    if dma is None:
+      return None
+    parts.append(dma)
     for ch in self._channels():
       times, used = ch.times, ch.used
       i = bisect.bisect_right(times, now) - 1
@@ -238,7 +262,7 @@ class SteadyState:
     return s
 
   # ------------------------------------------------------------------ the jump
-  def advance(self, periods: int, a: Snapshot, b: Snapshot, remap: dict) -> None:
+  def advance(self, periods: int, a: Snapshot, b: Snapshot, remap: dict, stream_ends=None) -> None:
     """Move the machine on by `periods` repetitions of the period from snapshot `a` to snapshot `b`
     (taken at the current boundary, whose signature equals `a`'s): clocks and pending times by
     `periods * (b.now - a.now)` cycles, sequence numbers and counters by `periods` times their
@@ -257,6 +281,7 @@ class SteadyState:
       core.synced_until += shift
     core.now = now + shift
     core.dma.arbiter.shift(now, later)
+    core.dma.shift(later, stream_ends or {})
     for uf in (core.unit_free, core.unit_issued):
       for u in uf:
         uf[u] = later(uf[u])
