@@ -242,7 +242,8 @@ class DmaRequest:
   """
   __slots__ = ("src_buf", "src_index", "dst_buf", "dst_index", "shape", "sem_buf", "sem_index",
                "src_sem_buf", "src_sem_index", "add", "device_id", "core_index", "site", "labels",
-               "nbytes", "src_indices", "dst_indices", "mask", "fast", "priority", "hbm_runs", "owner")
+               "nbytes", "src_indices", "dst_indices", "mask", "fast", "priority", "hbm_runs", "owner",
+               "stream_span")
 
   def __init__(self, src_buf, src_index, dst_buf, dst_index, shape, sem_buf=None, sem_index=(),
                src_sem_buf=None, src_sem_index=(), add=False, device_id=None, core_index=None,
@@ -256,6 +257,8 @@ class DmaRequest:
     self.priority = 0  # the DMA queue of a TensorCore copy (0 or 1: `.start(priority=)`); timed alike
     self.hbm_runs = None  # contiguous runs of its HBM side, counted at its first start when a chip
                           # charges per run (sim/dma.py, the v5e rule dma_run_overhead_bytes)
+    self.stream_span = None  # (stream key, tiles it spans or None), found at its first start when a
+                             # chip times streams (sim/dma.stream_overhead)
     self.owner = None  # who issues it, an opaque token (a pipeline's operand: pipeline.py); the
                        # machine tells streams of copies from several owners apart (sim/dma.py)
     self.fast = None  # the executor's cache (sim/dma.DmaEngine.start); it depends only on the memory

@@ -608,6 +608,11 @@ _ADOPTED_SOURCES = _mp(
                          "(step_book): 6 a dimension, 2 of them palace's own grid-index conditions",
     grid_step_operand_cycles=_S + "3.0-4.1 cycles a step per operand beyond one input and one output, "
                              "beside a vector body too (step_book): 3.5",
+    dma_sequential_no_overhead=_S + "a copy continuing its array's stream pays no per-copy 4 KiB: a "
+                               "burst's 4 KiB copies of consecutive rows cost the chip ~10 cycles each "
+                               "beyond the first, random pages ~17 (dma_issue, session 33; issue_form, "
+                               "session 34: iss_4KiB_k16_x128_paged against probe_burst_4KiB_k16_x128, "
+                               "+116 cycles a round of 16); adopted in session 35",
     hbm_write_buffer_bytes=_S + "bursts of k DMA writes of 4 KiB-4 MiB (write_burst, session 33): a "
                            "sustained stream 643-667 GB/s, a burst's first ~1.05 MB ~750 GB/s, a serial "
                            "loop of 1 MiB writes 2426 cycles a write (region traces): a ~144 KB buffer "
@@ -621,6 +626,7 @@ V5E = dataclasses.replace(
     branch_cycles=4,
     index_map_cycles=16, index_map_plain_cycles=12, index_map_smem_cycles=23, index_map_subword_cycles=40,
     grid_step_dim_cycles=4, grid_step_operand_cycles=3.5, hbm_write_buffer_bytes=144_000,
+    dma_sequential_no_overhead=True,
     sources=MappingProxyType({**V5E.sources, **_ADOPTED_SOURCES, "dma_wait_sync_cycles": (
         "not paid on v5e: its DMA waits take the latency form (dma_wait_latency_cycles)")}))
 

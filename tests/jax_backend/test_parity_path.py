@@ -53,8 +53,9 @@ SCALAR_EXTRA = {"basic-causal_mask_iota": 4,
                 "kernel_pipeline-emit_pipeline_squeezed_batch": 111,
                 # session 34: the row sums' (N, 1) output is one XLA lays out otherwise and hands the
                 # kernel in VMEM (jax/xla_placement.py): no write-back DMAs (nor their index maps'
-                # cycles) through palace.jax
-                "basic-row_sum_and_max": -145,
+                # cycles) through palace.jax; session 35: on palace's own path the second step's
+                # write-backs continue the first's streams (v5e's dma_sequential_no_overhead): -153
+                "basic-row_sum_and_max": -153,
                 # session 34: the traced kernels' repeated scalar arithmetic computed once (CSE)
                 "dma_remote-remote_barrier_and_vmem_send": -1, "dma_remote-remote_ring_all_reduce": -9}
 

@@ -28,7 +28,8 @@ def test_the_measured_rules_are_on_for_v5e_only_and_the_candidates_off_everywher
              "grid_step_overhead_cycles": 24, "branch_cycles": 4,
              "index_map_cycles": 16, "index_map_plain_cycles": 12,
              "index_map_smem_cycles": 23, "index_map_subword_cycles": 40, "grid_step_dim_cycles": 4,
-             "grid_step_operand_cycles": 3.5, "hbm_write_buffer_bytes": 144_000}
+             "grid_step_operand_cycles": 3.5, "hbm_write_buffer_bytes": 144_000,
+             "dma_sequential_no_overhead": True}
   v5e = hw.get_chip("v5e")
   assert {k: getattr(v5e, k) for k in adopted} == adopted
   for k in adopted:   # each adopted value names its measurement
@@ -548,7 +549,8 @@ def test_a_stream_joined_by_another_owners_copy_is_refused_by_the_signature():
 
   def req(row, owner):
     return types.SimpleNamespace(src_buf=buf, src_index=(slice(row, row + 8), slice(None)), dst_buf=None,
-                                 dst_index=None, src_indices=None, dst_indices=None, owner=owner)
+                                 dst_index=None, src_indices=None, dst_indices=None, owner=owner,
+                                 stream_span=None)
 
   streams, mixed = {}, set()
   mine, body = object(), object()

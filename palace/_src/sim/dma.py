@@ -282,15 +282,18 @@ def stream_overhead(streams: dict, req, reads_hbm: bool, extra: int, mixed: set)
   id, direction) -> (where the last copy ended or None, that copy's `owner`), updated; a key whose
   copies came from different owners (a pipeline's operand, the body) goes into `mixed` (the
   steady-state proof of a pipeline owning it stops: sim/steady.py)."""
-  buf, index = (req.src_buf, req.src_index) if reads_hbm else (req.dst_buf, req.dst_index)
-  key = (id(buf), reads_hbm)
+  found = req.stream_span   # (a request started again, as the pipeline's revisited blocks: found once)
+  if found is None:
+    buf, index = (req.src_buf, req.src_index) if reads_hbm else (req.dst_buf, req.dst_index)
+    span = None
+    if (req.src_indices if reads_hbm else req.dst_indices) is None and type(index) is tuple:
+      span = tile_range(buf.shape, buf.dtype.itemsize, index)
+    found = req.stream_span = ((id(buf), reads_hbm), span)
+  key, span = found
   owner = req.owner
   last = streams.get(key)
   if last is not None and last[1] is not owner:
     mixed.add(key)
-  span = None
-  if (req.src_indices if reads_hbm else req.dst_indices) is None and type(index) is tuple:
-    span = tile_range(buf.shape, buf.dtype.itemsize, index)
   if span is None:
     streams[key] = (None, owner)
     return extra
@@ -545,7 +548,7 @@ class DmaEngine:
     if req.core_index is not None:
       target = req.core_index
     req = copy.copy(req)
-    req.fast = None
+    req.fast = req.stream_span = None
     req.dst_buf = m.peer_buffer(req.dst_buf, target_chip, target, core)
     if req.sem_buf is not None:
       req.sem_buf = m.peer_buffer(req.sem_buf, target_chip, target, core)
