@@ -19,7 +19,13 @@ later. The steps from s on repeat them if each step t does what step t - P did:
     its template t - kP in [j, s) when its grid indices agree on every axis the template read (the
     body is a function of what it reads, so equal answers to the same reads take the same path);
   * exact arithmetic: the float times of the calendars repeat bit for bit shifted while they stay in
-    one binade (sim/steady.py); the jump stops before a time would leave it.
+    one binade (sim/steady.py); the jump stops before a time would leave it;
+  * the DMA streams, where the chip times them (dma_sequential_no_overhead: a copy continuing where its
+    array's previous copy ended pays no per-copy overhead): where a stream ended never repeats, so the
+    machine leaves the streams of the pipelined operands out of its signature and the codes carry, per
+    operand and step, whether its copy continues its previous one (`_stream_codes`, from the index
+    maps); after a jump each stream ends where its operand's last copy at the new step ends. A copy from
+    anyone else on such a stream refuses the jump (sim/dma.DmaEngine.signature).
 Then m whole periods are skipped at once: the machine's clocks move on by mD and its counters (units'
 busy cycles, flops, steps, DMA counts and bytes, sequence numbers) by m times their per-period
 growth (sim/steady.SteadyState.advance); the pipeline's state moves to step T = s + mP (the copies in

@@ -32,7 +32,7 @@ BOUNDS = {
     "step_loop": (0.03, 0.14),
     "matmul": (0.02, 0.04), "matmul_dtype": (0.05, 0.09), "matmul_skinny": (0.01, 0.32),
     "transpose": (0.09, 0.14), "scalar_prefetch": (0.08, 0.11), "small_launch": (0.03, 0.09),
-    "flash": (0.03, 0.27), "splash": (0.04, 0.06), "gmm": (0.05, 0.05),
+    "flash": (0.03, 0.14), "splash": (0.04, 0.06), "gmm": (0.05, 0.05),
     "paged_attention": (0.17, 0.20), "op_chain": (0.05, 0.39), "dma_probe": (0.05, 0.48),
     "dma_sync": (0.05, 0.06), "op_overlap": (0.04, 0.14), "step_sweep": (0.06, 0.14),
     "step_mix": (0.04, 0.25), "dma_curve": (0.04, 0.18), "dma_order": (0.06, 0.56),
@@ -56,7 +56,7 @@ BOUNDS = {
     "wheel_move": (0.03, 0.06), "mxu_chain": (0.02, 0.06), "out_switch": (0.05, 0.16), "skip_step": (0.04, 0.04),
     "copy_cost": (0.04, 0.11),
     # session 26 (cases_gather.py): the paged-attention step's page copies and the causal flash mask
-    "page_gather": (0.04, 0.08), "causal_mask": (0.04, 0.08), "splash_step": (0.04, 0.05),
+    "page_gather": (0.04, 0.08), "causal_mask": (0.04, 0.07), "splash_step": (0.04, 0.05),
     "out_heavy": (0.03, 0.05), "splash_machinery": (0.03, 0.12),
     # session 27 (cases_branch.py): splash's machinery apart (a runtime branch around a heavy body,
     # index maps computing or reading SMEM tables)

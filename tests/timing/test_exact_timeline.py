@@ -288,3 +288,40 @@ def test_reshapes_that_keep_whole_vregs_are_free(dtype, src, dst, moves):
     out = pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct(dst, x.dtype))(x)
   np.testing.assert_array_equal(out, x.reshape(dst))
   assert (tpu.reports[-1].unit_busy_cycles.get("xlu", 0) > 0) == moves
+
+
+def _vpu_busy(body, shape=(64, 256), dtype=np.float32):
+  x = np.ones(shape, dtype)
+  with pl.virtual_tpu(UNIT_CHIP) as tpu:
+    out = pl.pallas_call(body, out_shape=pl.ShapeDtypeStruct(shape, dtype))(x)
+  return tpu.reports[-1].unit_busy_cycles["vpu"], np.asarray(out)
+
+
+def test_a_filled_vector_costs_no_vector_op():
+  """jnp.full / zeros inside a kernel cost no VPU op: the VPU takes a scalar operand, and a stored
+  fill is one splat vreg stored again (its stores are charged). x + full(2.0) costs what x + x does:
+  one add over its 16 vregs (docs/timing-model.md 1.4, the v5e's causal flash)."""
+  add = cost.vector_cost(UNIT_CHIP, "cheap", (64, 256))[1]
+  filled, out = _vpu_busy(lambda x_ref, o_ref: o_ref.__setitem__(..., x_ref[...] + jnp.full((64, 256), 2.0)))
+  np.testing.assert_array_equal(out, 3.0)
+  doubled, _ = _vpu_busy(lambda x_ref, o_ref: o_ref.__setitem__(..., x_ref[...] + x_ref[...]))
+  assert filled == doubled == add
+
+
+@pytest.mark.parametrize("dimension,distinct", [(0, (64, 1)), (1, (1, 256))])
+def test_an_iota_costs_its_distinct_vregs(dimension, distinct):
+  """lax.broadcasted_iota over (64, 256) repeats its vregs along the other dim: the compiler makes each
+  distinct one once (along sublanes 8 vregs, along lanes 2), then the add over all 16 is charged."""
+  from palace import lax
+  iota_cost = cost.vector_cost(UNIT_CHIP, "cheap", distinct)[1]
+  add = cost.vector_cost(UNIT_CHIP, "cheap", (64, 256))[1]
+
+  def body(x_ref, o_ref):
+    o_ref[...] = x_ref[...] + lax.broadcasted_iota(jnp.float32, (64, 256), dimension)
+
+  busy, out = _vpu_busy(body)
+  np.testing.assert_array_equal(out, 1 + np.broadcast_to(
+      np.arange((64, 256)[dimension], dtype=np.float32).reshape((-1, 1) if dimension == 0 else (1, -1)),
+      (64, 256)))
+  assert busy == iota_cost + add
+  assert iota_cost < add

@@ -187,7 +187,7 @@ def zeros(ex, shape):
   if (len(shape) != 2 or shape[0] * shape[1] * 4 < ZEROS_MIN_BYTES
       or not ex.deferred_values):
     return None
-  ready = ex.vector_op(OpClass.CHEAP, shape, _F32, 0)
+  ready = ex.vector_op(OpClass.FREE, shape, _F32, 0)   # (a fill: numpy_creation._full)
   return Deferred((), None, shape, _F32, ready, 0, HostCache.of(ex), None)
 
 

@@ -51,7 +51,14 @@ def broadcasted_iota(dtype, shape, dimension: int):
     if key is not None and d not in dt.CHIP_DEPENDENT:
       keep(_IOTAS, key, hit, 256)
   shape, d, data = hit
-  return _out(data, shape, d, 0, OpClass.CHEAP, False)
+  ex = _current_ex()
+  if ex is None or not shape:
+    return _out(data, shape, d, 0, OpClass.CHEAP, False)
+  # the vregs of an iota repeat along every other dim: the compiler makes each distinct one once (a
+  # (512, 512) iota along lanes is 4 vregs, along sublanes 64; docs/timing-model.md 1.4)
+  distinct = tuple(n if i == dimension else 1 for i, n in enumerate(shape))
+  ready = ex.vector_op(OpClass.CHEAP, distinct, d, 0)
+  return Array(None if ex.timing_only else data, shape, d, ready)
 
 
 def iota(dtype, size: int):

@@ -32,7 +32,11 @@ def _full(shape, fill_value, dtype, api: str):
       if later is not None:
         return later
     data = _broadcast_scalar(np.asarray(_np(fill_value), d), shape)
-  out = _out(data, shape, d, ready_of(fill_value), OpClass.CHEAP, False)
+  # a filled vector costs no vector op: the VPU takes a scalar operand (a vector-scalar op) and a fill
+  # that is stored is one splat vreg stored again and again (its stores are charged); measured on the
+  # v5e's causal flash, whose `jnp.where(mask, 0.0, mask_value)` costs the chip nothing visible
+  # (docs/timing-model.md 1.4)
+  out = _out(data, shape, d, ready_of(fill_value), OpClass.FREE, False)
   return weakly_typed(out) if dtype is None and type(fill_value) in (bool, int, float) else out  # (JAX)
 
 

@@ -14,7 +14,10 @@ What the signature holds (everything a later step's timing can depend on, relati
   * the semaphores: every element's value and pending arrivals (cycle - now, amount, side, and for a
     DMA its bytes and flags), in their order;
   * the bandwidth calendars: the segment holding `now` (its rate, and whether it starts at `now` or
-    within a cycle of it) and every later breakpoint (time - now, rate).
+    within a cycle of it) and every later breakpoint (time - now, rate);
+  * the DMA engine's issue state (sim/dma.DmaEngine.signature): its queue's transfer starts ahead, the
+    previous start's semaphore and where each stream of copies ended, except the streams a pipeline
+    owns (`own_streams`: their continuity is in the pipeline's proof, their ends set by `advance`).
 
 Exactness. Clocks, DMA issue and completion cycles are Python ints: shifting them is exact. The
 calendars hold floats (transfer ends, `t + bytes / rate`). Every float the timing computes is either
