@@ -140,7 +140,7 @@ def _scoped_launch(name):
   """The events of a recorded plain launch whose kernel has jax.named_scope regions (sessions 33-34)."""
   import gzip
   import json
-  for tag in ("h", "j"):
+  for tag in ("h", "j", "l"):
     with gzip.open(f"{regions_read.DATA}/regions-2026-12-07-{tag}.jsonl.gz", "rt") as f:
       for line in f:
         rec = json.loads(line)
@@ -213,3 +213,24 @@ def test_starts_back_up_at_the_engines_copy_rate_and_a_page_walks_cost_more():
   assert 110 < _starts("isr_4KiB_k16_x32_2sem") < 140 and 240 < _starts("isr_4KiB_k16_x32_paged_walk") < 290
   assert 260 < _starts("pgr_light_c8_r16") < 300 and 300 < _starts("pgr_wheel_c8_r16_cross_dyn") < 330
   assert _starts("pgr_light_c1_r128") < 10
+
+
+def test_in_a_stream_a_start_costs_a_few_cycles_unless_its_semaphore_alternates():
+  """Session 35's traces (`sfr_*`: rounds of 16 4 KiB copies double-buffered, round r + 1's starts then
+  round r's waits, so the engine always has work): 16 starts take ~38 cycles with static addresses, ~49
+  with each page number from SMEM, ~66 with the slot and semaphore computed from the round, ~75 with the
+  wheel's order (8 copies from K on K's semaphore, then 8 from V on V's), but ~234 when K and V copies
+  alternate copy by copy (a page walk's order: ~15 a start). The round's period is the engine's all the
+  same: ~340 cycles for consecutive rows, ~400 for random pages, whatever the form."""
+  starts = {n: _starts(f"sfr_{n}") for n in ("seq_unroll_one", "page_unroll_one", "page_dyn_one",
+                                                "page_dyn_kv", "page_dyn_alt", "page_unroll_kv")}
+  assert 30 < starts["seq_unroll_one"] < 45 and 40 < starts["page_unroll_one"] < 58
+  assert 55 < starts["page_dyn_one"] < 80 and 60 < starts["page_dyn_kv"] < 90
+  assert 200 < starts["page_dyn_alt"] < 260
+  assert starts["page_dyn_alt"] > 2.5 * starts["page_dyn_kv"]
+  period = {}
+  for n in starts:
+    begin = [e[2] for e in _scoped_launch(f"sfr_{n}") if e[0] == "starts"]
+    period[n] = statistics.median([(b - a) * regions_read.CLOCK_HZ / 1e6 for a, b in zip(begin, begin[1:])])
+  assert 320 < period["seq_unroll_one"] < 360
+  assert all(370 < period[n] < 420 for n in starts if n.startswith("page")), period

@@ -218,12 +218,17 @@ def _page_loop(c, rows, body, steps=32, iters=8, ahead=1, kfirst=False, cross=Fa
 def page_region_cases() -> list[Case]:
   """Session 34: page walks with their starts and waits in named regions (benchmarks.hw.regions only):
   `page_loop`'s light walk at 8 pages of 16 rows (16 starts an iteration) and 1 page of 128 rows, its
-  `_a0` form (the starts' slot and semaphores static), and the wheel-body walk as `page_wheelgrid`."""
+  `_a0` form (the starts' slot and semaphores static), and the wheel-body walk as `page_wheelgrid`;
+  session 35: the light and wheel-body walks with every K page started before every V page."""
   return [Case("pgr_light_c8_r16", "page_regions", _page_loop(8, 16, "light", scoped=True)),
           Case("pgr_light_c1_r128", "page_regions", _page_loop(1, 128, "light", scoped=True)),
           Case("pgr_light_c8_r16_a0", "page_regions", _page_loop(8, 16, "light", ahead=0, scoped=True)),
           Case("pgr_wheel_c8_r16_cross_dyn", "page_regions",
-               _page_loop(8, 16, "wheel", cross=True, dyn=True, scoped=True))]
+               _page_loop(8, 16, "wheel", cross=True, dyn=True, scoped=True)),
+          # session 35: the walks whose starts go K first, then V (one semaphore switch a block)
+          Case("pgr_light_c8_r16_kfirst", "page_regions", _page_loop(8, 16, "light", kfirst=True, scoped=True)),
+          Case("pgr_wheel_c8_r16_dyn_kfirst", "page_regions",
+               _page_loop(8, 16, "wheel", cross=True, dyn=True, kfirst=True, scoped=True))]
 
 
 def page_loop_cases() -> list[Case]:
