@@ -140,7 +140,7 @@ def _scoped_launch(name):
   """The events of a recorded plain launch whose kernel has jax.named_scope regions (sessions 33-34)."""
   import gzip
   import json
-  for tag in ("h", "j", "l"):
+  for tag in ("m", "l", "h", "j"):
     with gzip.open(f"{regions_read.DATA}/regions-2026-12-07-{tag}.jsonl.gz", "rt") as f:
       for line in f:
         rec = json.loads(line)
@@ -234,3 +234,14 @@ def test_in_a_stream_a_start_costs_a_few_cycles_unless_its_semaphore_alternates(
     period[n] = statistics.median([(b - a) * regions_read.CLOCK_HZ / 1e6 for a, b in zip(begin, begin[1:])])
   assert 320 < period["seq_unroll_one"] < 360
   assert all(370 < period[n] < 420 for n in starts if n.startswith("page")), period
+
+
+def test_a_walks_starts_cost_what_its_body_around_them_costs_not_their_order():
+  """Session 35's second call: the light and the wheel-body page walks with every K page started before
+  every V page (one semaphore switch a block): 16 starts take ~195 / ~338 cycles, against ~279 / ~317
+  with K and V alternating, while the same starts in a stream with no work around them take ~75 (the
+  wheel's order) or ~234 (alternating): in a walk the starts are not cheap whatever their order, so no
+  rule on the start's form alone (docs/timing-model.md 1.6, `dma_issue_switch_cycles`) fits both."""
+  assert 170 < _starts("pgr_light_c8_r16_kfirst") < 220
+  assert 310 < _starts("pgr_wheel_c8_r16_dyn_kfirst") < 360
+  assert _starts("pgr_wheel_c8_r16_dyn_kfirst") > 4 * _starts("sfr_page_dyn_kv")
