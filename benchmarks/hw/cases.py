@@ -630,6 +630,7 @@ def _step_cases() -> list[Case]:
   from benchmarks.hw.cases_book import step_body_cases, step_book_cases  # noqa: PLC0415
   from benchmarks.hw.cases_issue import dma_issue_cases, issue_form_cases, write_burst_cases  # noqa: PLC0415
   from benchmarks.hw.cases_start import start_form_cases  # noqa: PLC0415
+  from benchmarks.hw.cases_eup import eup_stream_cases  # noqa: PLC0415
   return (probe_cases() + sync_cases() + overlap_cases() + step_cases() + loop_cases() + mix_cases() + curve_cases() + order_cases() + fence_cases()
           + ilp_cases() + chunk_cases() + pipe_cases() + flash_part_cases()
           + compute_part_cases() + chain_cases() + holdout_chain_cases() + sync_sweep_cases()
@@ -645,7 +646,7 @@ def _step_cases() -> list[Case]:
           + mm_step_cases() + copy_shape_cases() + copy_window_cases() + flash_size_cases()
           + gather_rows1_cases() + head_dim_cases() + row_end_cases() + step_book_cases()
           + dma_issue_cases() + write_burst_cases() + issue_form_cases()
-          + step_body_cases() + start_form_cases())
+          + step_body_cases() + start_form_cases() + eup_stream_cases())
 
 
 def all_cases() -> list[Case]:
