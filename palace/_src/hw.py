@@ -149,6 +149,9 @@ class ChipSpec:
   # iteration issues after this one's vector/MXU results have drained, plus these cycles of branch and
   # counter work (docs/timing-model.md 1.1)
   loop_back_edge_cycles: int = 3
+  # a vector store whose value comes after the store unit would have ended it holds the in-order store
+  # unit until then: the next store (of any later op) ends no earlier than that plus its own cycles
+  stores_in_order: bool = False
   # a conditional branch (pl.when, lax.cond, lax.switch) costs the scalar core this many cycles beyond
   # its condition's own ops
   branch_cycles: int = 0
@@ -345,6 +348,10 @@ _COMMON_SOURCES = _mp(
                             "(benchmarks/hw, 2026-12-06)",
     branch_cycles=_OFF_HERE + "session 34's step_body probes: a pl.when that never holds costs the "
                   "chip 7.0 cycles, its condition included (benchmarks/hw, 2026-12-07)",
+    stores_in_order=_OFF_HERE + "session 35's eup_stream probes (benchmarks/hw, 2026-12-07): a VPU "
+                    "or EUP stream accumulating into VMEM beside an MXU dot or a lane max costs the chip "
+                    "nearly their sum (dot + c += b * 1e-3: 966 cycles a step, the dot alone 719); "
+                    "candidate: it breaks a dot beside a lane max, which the chip overlaps",
     dma_queue_depth=_OFF_HERE + "(0 here) session 34's region traces of bursts (benchmarks/hw, "
                     "2026-12-07): beyond ~14 queued 4 KiB starts each start waits ~10 cycles",
     dma_issue_switch_cycles=_OFF_HERE + "(0 here) session 34's region traces: 16 starts alternating two "
@@ -642,7 +649,7 @@ RULES_OFF = MappingProxyType(dict(
     index_map_cycles=0, index_map_plain_cycles=0, index_map_smem_cycles=0, index_map_subword_cycles=0,
     grid_step_dim_cycles=0, grid_step_operand_cycles=0.0, index_map_after_starts=False,
     hbm_write_buffer_bytes=0, dma_sequential_no_overhead=False, branch_cycles=0, dma_queue_depth=0,
-    dma_issue_switch_cycles=0))
+    dma_issue_switch_cycles=0, stores_in_order=False))
 
 
 @dataclasses.dataclass(frozen=True)

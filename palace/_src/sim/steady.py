@@ -101,12 +101,13 @@ class SteadyState:
     def rel(x):   # a clock that only enters max(): as far as it is in the future
       return x - now if x > now else 0
 
-    clocks = [core.synced_until, core.compute_done, core.mxu_done, core.horizon, *core.unit_free.values(),
+    clocks = [core.synced_until, core.compute_done, core.mxu_done, core.horizon, core.store_hold,
+              *core.unit_free.values(),
               *core.unit_issued.values()]
     clocks += [b.ready_cycle for b in self._buffers()]
     if any(type(x) is not int for x in clocks):   # (integer cycles: shifting them is exact)
       return None
-    parts = [self._sync_mark(now), tuple(rel(v) for v in core.unit_free.values()),
+    parts = [self._sync_mark(now), rel(core.store_hold), tuple(rel(v) for v in core.unit_free.values()),
              tuple(rel(v) for v in core.unit_issued.values()),
              rel(core.compute_done), rel(core.mxu_done), rel(core.horizon)]
     parts.append(tuple((id(b), rel(b.ready_cycle)) for b in self._buffers()))
@@ -289,6 +290,7 @@ class SteadyState:
       for u in uf:
         uf[u] = later(uf[u])
     core.compute_done = later(core.compute_done)
+    core.store_hold = later(core.store_hold)
     if core.xlu_last[0] is not None:
       core.xlu_last = (core.xlu_last[0], later(core.xlu_last[1]))
     if core.mxu_results:

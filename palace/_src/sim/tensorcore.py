@@ -76,6 +76,7 @@ def core_tid(chip_index: int, core_id: int) -> tuple:
   return (chip_index, core_id)
 
 
+
 class TensorCore:
   """Executor for one core. `machine` owns chips, channels, the scheduler and the trace."""
 
@@ -105,6 +106,8 @@ class TensorCore:
     self.now = 0
     self.unit_free = dict.fromkeys(cost.UNITS, 0)
     self.unit_issued = dict.fromkeys(cost.UNITS, 0)   # start of each unit's latest op (_issue)
+    self.store_hold = 0   # the in-order store unit's next store waits for this (_issue)
+    self._store_hold_rule = self.chip.stores_in_order
     self.unit_busy = dict.fromkeys(cost.UNITS, 0)
     self.horizon = 0
     self.compute_done = 0     # latest result of any vector/MXU op (loop back edges drain it; grid_step)
@@ -185,6 +188,8 @@ class TensorCore:
     unit_free = self.unit_free
     now = self.now
     free = unit_free[unit]
+    if unit == "vst" and self._store_hold_rule and self.store_hold > free:
+      free = self.store_hold
     if free > now:   # the unit is still busy: this op's vregs interleave with the earlier ops' there
       last = self.unit_issued[unit]
       start = self.now = now if now > last else last
@@ -201,6 +206,8 @@ class TensorCore:
     self.unit_busy[unit] += busy
     if unit == "xlu" and ready > end:   # the in-order XLU holds an op until its last input vreg came
       unit_free[unit] = ready            # (measured on a v5e, session 23: docs/timing-model.md 1.4)
+    elif unit == "vst" and self._store_hold_rule and ready > end:   # (hw.ChipSpec.stores_in_order)
+      self.store_hold = ready
     done = (end if end > ready else ready) + latency
     if unit == "xlu" and self._xlu_turn:
       self.xlu_last = (what, done)
