@@ -615,16 +615,17 @@ def test_a_start_on_another_semaphore_than_the_last_costs_its_switch_cycles():
   assert _burst_of_eight(off, 2)[0] == _burst_of_eight(off, 1)[0]
 
 
-def _two_stores(chip):
-  """A dot's (256, 128) f32 result stored, then an independent VPU add's stored: the vst events, the
-  MXU's."""
+def _two_stores(chip, cols=128):
+  """A dot's (256, 128) f32 result stored, then an independent VPU add's (256, cols) stored: the vst
+  events, the MXU's."""
   def k(x_ref, w_ref, b_ref, o1, o2):
     o1[...] = jnp.dot(x_ref[...], w_ref[...], preferred_element_type=jnp.float32)
     o2[...] = b_ref[...] + 1.0
 
-  x, w, b = np.ones((256, 128), np.float32), np.ones((128, 128), np.float32), np.ones((256, 128), np.float32)
+  x, w, b = np.ones((256, 128), np.float32), np.ones((128, 128), np.float32), np.ones((256, cols), np.float32)
   with pl.virtual_tpu(chip) as tpu:
-    o1, o2 = pl.pallas_call(k, out_shape=(pl.ShapeDtypeStruct((256, 128), np.float32),) * 2)(x, w, b)
+    o1, o2 = pl.pallas_call(k, out_shape=(pl.ShapeDtypeStruct((256, 128), np.float32),
+                                          pl.ShapeDtypeStruct((256, cols), np.float32)))(x, w, b)
   np.testing.assert_array_equal(o1, 128.0)
   np.testing.assert_array_equal(o2, 2.0)
   r = tpu.reports[-1]
@@ -634,10 +635,15 @@ def _two_stores(chip):
 def test_with_stores_in_order_a_store_waits_for_the_earlier_stores_late_value():
   """stores_in_order (a candidate, off; session 35's eup_stream: a VPU stream's stores beside a dot's
   cost the chip nearly their sum): the add's store, independent of the dot, ends its 32 store cycles
-  after the dot's result arrived (the MXU's end plus its latency), not 32 after it could start."""
+  after the dot's result arrived (the MXU's end plus its latency), not 32 after it could start; a
+  column's store is not held."""
   plain_st, mxu = _two_stores(UNIT_CHIP)
   held_st, _ = _two_stores(dataclasses.replace(UNIT_CHIP, stores_in_order=True))
   busy = 256 * 128 * 4 // 4096   # (32 vregs, one store a cycle)
   ready = mxu[0][2] + UNIT_CHIP.mxu_latency_cycles["f32"]
   assert plain_st[1][2] == plain_st[1][1] + 2 * busy   # (interleaved behind the first store's cycles)
   assert held_st[1][2] == ready + busy and held_st[0] == plain_st[0]
+  # an (N, 1) column's store does not wait (a lane reduction's result stored beside a dot's: the chip
+  # overlaps them, session 23's unit_overlap)
+  chip = dataclasses.replace(UNIT_CHIP, stores_in_order=True)
+  assert _two_stores(chip, cols=1)[0] == _two_stores(UNIT_CHIP, cols=1)[0]

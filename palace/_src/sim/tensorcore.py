@@ -188,8 +188,6 @@ class TensorCore:
     unit_free = self.unit_free
     now = self.now
     free = unit_free[unit]
-    if unit == "vst" and self._store_hold_rule and self.store_hold > free:
-      free = self.store_hold
     if free > now:   # the unit is still busy: this op's vregs interleave with the earlier ops' there
       last = self.unit_issued[unit]
       start = self.now = now if now > last else last
@@ -206,8 +204,7 @@ class TensorCore:
     self.unit_busy[unit] += busy
     if unit == "xlu" and ready > end:   # the in-order XLU holds an op until its last input vreg came
       unit_free[unit] = ready            # (measured on a v5e, session 23: docs/timing-model.md 1.4)
-    elif unit == "vst" and self._store_hold_rule and ready > end:   # (hw.ChipSpec.stores_in_order)
-      self.store_hold = ready
+
     done = (end if end > ready else ready) + latency
     if unit == "xlu" and self._xlu_turn:
       self.xlu_last = (what, done)
@@ -317,9 +314,24 @@ class TensorCore:
       done = self.now if self.now > ready else ready
     else:
       unit, busy, lat = self._vcost[("store", shape, buf.dtype)]
-      done = self._issue(unit, busy, lat, ready, "store")
+      if self._store_hold_rule:   # (hw.ChipSpec.stores_in_order, a candidate)
+        done = self._held_store(unit, busy, lat, ready, shape[-1] == 1 and len(shape) > 1)
+      else:
+        done = self._issue(unit, busy, lat, ready, "store")
     if done > buf.ready_cycle:
       buf.ready_cycle = done
+
+  def _held_store(self, unit, busy, lat, ready, column: bool) -> int:
+    """A store under stores_in_order: it ends no earlier than `busy` cycles after the value of the
+    store before it came (`store_hold`), unless it stores an (N, 1) column; and holds the next one
+    until its own value comes."""
+    free = self.unit_free
+    if not column and self.store_hold > free[unit]:
+      free[unit] = self.store_hold
+    done = self._issue(unit, busy, lat, ready, "store")
+    if ready > free[unit]:
+      self.store_hold = ready
+    return done
 
   def note_access(self, buf: Buffer, index, kind: str, shape, atomic: bool = False) -> None:
     """A read ('r') or write ('w') of `buf[index]` the language side performs itself (SparseCore
