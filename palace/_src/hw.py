@@ -150,7 +150,8 @@ class ChipSpec:
   # counter work (docs/timing-model.md 1.1)
   loop_back_edge_cycles: int = 3
   # a vector store whose value comes after the store unit would have ended it holds the in-order store
-  # unit until then: the next store (of any later op) ends no earlier than that plus its own cycles
+  # unit until then: the next store (of any later op) ends no earlier than that plus its own cycles,
+  # unless it stores an (N, 1) column or an MXU result (directly or through VPU ops)
   stores_in_order: bool = False
   # a conditional branch (pl.when, lax.cond, lax.switch) costs the scalar core this many cycles beyond
   # its condition's own ops
@@ -620,6 +621,11 @@ _ADOPTED_SOURCES = _mp(
                                "beyond the first, random pages ~17 (dma_issue, session 33; issue_form, "
                                "session 34: iss_4KiB_k16_x128_paged against probe_burst_4KiB_k16_x128, "
                                "+116 cycles a round of 16); adopted in session 35",
+    stores_in_order=_S + "a VPU or EUP stream accumulating into VMEM beside an MXU dot or a lane max "
+                    "costs the chip nearly their sum (eup_stream, session 35: dot + c += b * 1e-3 966 "
+                    "cycles a step, the dot alone 719; unit_overlap, session 23), a stream that stores "
+                    "nothing hides; an MXU result's or an (N, 1) column's store is not held (a dot beside "
+                    "a lane max, chain_dot: the chip overlaps them); adopted in session 35",
     hbm_write_buffer_bytes=_S + "bursts of k DMA writes of 4 KiB-4 MiB (write_burst, session 33): a "
                            "sustained stream 643-667 GB/s, a burst's first ~1.05 MB ~750 GB/s, a serial "
                            "loop of 1 MiB writes 2426 cycles a write (region traces): a ~144 KB buffer "
@@ -633,7 +639,7 @@ V5E = dataclasses.replace(
     branch_cycles=4,
     index_map_cycles=16, index_map_plain_cycles=12, index_map_smem_cycles=23, index_map_subword_cycles=40,
     grid_step_dim_cycles=4, grid_step_operand_cycles=3.5, hbm_write_buffer_bytes=144_000,
-    dma_sequential_no_overhead=True,
+    dma_sequential_no_overhead=True, stores_in_order=True,
     sources=MappingProxyType({**V5E.sources, **_ADOPTED_SOURCES, "dma_wait_sync_cycles": (
         "not paid on v5e: its DMA waits take the latency form (dma_wait_latency_cycles)")}))
 

@@ -323,10 +323,13 @@ class TensorCore:
 
   def _held_store(self, unit, busy, lat, ready, column: bool) -> int:
     """A store under stores_in_order: it ends no earlier than `busy` cycles after the value of the
-    store before it came (`store_hold`), unless it stores an (N, 1) column; and holds the next one
-    until its own value comes."""
+    store before it came (`store_hold`), unless it stores an (N, 1) column or an MXU result (directly
+    or through VPU ops: `mxu_results`); and holds the next one until its own value comes. Measured
+    (session 35's eup_stream): a second independent block stream's stores wait for the first's, a
+    lane reduction's column and a dot's accumulator stream beside others."""
     free = self.unit_free
-    if not column and self.store_hold > free[unit]:
+    mxu = self.mxu_results
+    if not column and self.store_hold > free[unit] and not (mxu and ready in mxu):
       free[unit] = self.store_hold
     done = self._issue(unit, busy, lat, ready, "store")
     if ready > free[unit]:
