@@ -314,27 +314,21 @@ class TensorCore:
       done = self.now if self.now > ready else ready
     else:
       unit, busy, lat = self._vcost[("store", shape, buf.dtype)]
-      if self._store_hold_rule:   # (hw.ChipSpec.stores_in_order, a candidate)
-        done = self._held_store(unit, busy, lat, ready, shape[-1] == 1 and len(shape) > 1)
-      else:
-        done = self._issue(unit, busy, lat, ready, "store")
+      held = self._store_hold_rule   # (hw.ChipSpec.stores_in_order, v5e)
+      if held:
+        # a store ends no earlier than `busy` cycles after the value of the store before it came
+        # (`store_hold`), unless it stores an (N, 1) column or an MXU result (directly or through VPU
+        # ops: `mxu_results`); it holds the next one until its own value comes (measured: session 35's
+        # eup_stream, a second independent block stream's stores wait for the first's)
+        free, mxu = self.unit_free, self.mxu_results
+        if self.store_hold > free[unit] and not (shape[-1] == 1 and len(shape) > 1) \
+            and not (mxu and ready in mxu):
+          free[unit] = self.store_hold
+      done = self._issue(unit, busy, lat, ready, "store")
+      if held and ready > self.unit_free[unit]:
+        self.store_hold = ready
     if done > buf.ready_cycle:
       buf.ready_cycle = done
-
-  def _held_store(self, unit, busy, lat, ready, column: bool) -> int:
-    """A store under stores_in_order: it ends no earlier than `busy` cycles after the value of the
-    store before it came (`store_hold`), unless it stores an (N, 1) column or an MXU result (directly
-    or through VPU ops: `mxu_results`); and holds the next one until its own value comes. Measured
-    (session 35's eup_stream): a second independent block stream's stores wait for the first's, a
-    lane reduction's column and a dot's accumulator stream beside others."""
-    free = self.unit_free
-    mxu = self.mxu_results
-    if not column and self.store_hold > free[unit] and not (mxu and ready in mxu):
-      free[unit] = self.store_hold
-    done = self._issue(unit, busy, lat, ready, "store")
-    if ready > free[unit]:
-      self.store_hold = ready
-    return done
 
   def note_access(self, buf: Buffer, index, kind: str, shape, atomic: bool = False) -> None:
     """A read ('r') or write ('w') of `buf[index]` the language side performs itself (SparseCore
