@@ -57,8 +57,7 @@ def broadcasted_iota(dtype, shape, dimension: int):
   # the vregs of an iota repeat along every other dim: the compiler makes each distinct one once (a
   # (512, 512) iota along lanes is 4 vregs, along sublanes 64; docs/timing-model.md 1.4)
   distinct = tuple(n if i == dimension else 1 for i, n in enumerate(shape))
-  ready = ex.vector_op(OpClass.CHEAP, distinct, d, 0)
-  return Array(None if ex.timing_only else data, shape, d, ready)
+  return _out(data, shape, d, ex.vector_op(OpClass.CHEAP, distinct, d, 0), OpClass.FREE, False)
 
 
 def iota(dtype, size: int):

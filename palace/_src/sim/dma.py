@@ -288,7 +288,7 @@ def stream_overhead(streams: dict, req, reads_hbm: bool, extra: int, mixed: set)
     span = None
     if (req.src_indices if reads_hbm else req.dst_indices) is None and type(index) is tuple:
       span = tile_range(buf.shape, buf.dtype.itemsize, index)
-    found = req.stream_span = ((id(buf), reads_hbm), span)
+    found = req.stream_span = ((id(buf), reads_hbm), span)   # (the key: SteadyState.stream_key's)
   key, span = found
   owner = req.owner
   last = streams.get(key)
@@ -399,8 +399,8 @@ class DmaEngine:
     self.chans = None        # the core's (DMA engine, HBM, local) channels, resolved at the first copy
     self.prepared = {}       # (src space, dst space, semaphore) ids -> (core, CopyPlan, semaphore)
     self.arbiter = Arbiter(core)   # the order of this core's HBM reads and writes (sim/dma_arbiter.py)
-    # (hw.ChipSpec.dma_sequential_no_overhead) (HBM buffer id, direction) -> the tiled offset where the
-    # last copy ended; None when the rule is off
+    # (hw.ChipSpec.dma_sequential_no_overhead) stream key -> (the tile where its last copy ended or None,
+    # that copy's owner): `stream_overhead`; None when the rule is off
     self.streams = {} if core.chip.dma_sequential_no_overhead else None
     self.mixed = set()   # ...the keys of `streams` whose copies came from more than one owner
     # (hw.ChipSpec.dma_queue_depth) the cycles the last `depth` copies' transfers began, oldest first;

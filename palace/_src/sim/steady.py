@@ -70,8 +70,10 @@ class SteadyState:
     where each stream ended is state, which a pipeline's proof must cover (`own_streams`)."""
     return self.core.dma.streams is not None
 
-  def stream_key(self, buf, reads_hbm: bool) -> tuple:
-    """The key of the stream of copies reading (or writing) HBM buffer `buf` (sim/dma.stream_overhead)."""
+  @staticmethod
+  def stream_key(buf, reads_hbm: bool) -> tuple:
+    """The key of the stream of copies reading (or writing) HBM buffer `buf`, as sim/dma.stream_overhead
+    keys it (there built inline: it runs once per new copy on the DMA start path)."""
     return id(buf), reads_hbm
 
   @staticmethod

@@ -76,7 +76,6 @@ def core_tid(chip_index: int, core_id: int) -> tuple:
   return (chip_index, core_id)
 
 
-
 class TensorCore:
   """Executor for one core. `machine` owns chips, channels, the scheduler and the trace."""
 
@@ -106,7 +105,7 @@ class TensorCore:
     self.now = 0
     self.unit_free = dict.fromkeys(cost.UNITS, 0)
     self.unit_issued = dict.fromkeys(cost.UNITS, 0)   # start of each unit's latest op (_issue)
-    self.store_hold = 0   # the in-order store unit's next store waits for this (_issue)
+    self.store_hold = 0   # the in-order store unit's next store waits for this (`store`)
     self._store_hold_rule = self.chip.stores_in_order
     self.unit_busy = dict.fromkeys(cost.UNITS, 0)
     self.horizon = 0
@@ -204,7 +203,6 @@ class TensorCore:
     self.unit_busy[unit] += busy
     if unit == "xlu" and ready > end:   # the in-order XLU holds an op until its last input vreg came
       unit_free[unit] = ready            # (measured on a v5e, session 23: docs/timing-model.md 1.4)
-
     done = (end if end > ready else ready) + latency
     if unit == "xlu" and self._xlu_turn:
       self.xlu_last = (what, done)
