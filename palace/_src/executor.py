@@ -243,7 +243,7 @@ class DmaRequest:
   __slots__ = ("src_buf", "src_index", "dst_buf", "dst_index", "shape", "sem_buf", "sem_index",
                "src_sem_buf", "src_sem_index", "add", "device_id", "core_index", "site", "labels",
                "nbytes", "src_indices", "dst_indices", "mask", "fast", "priority", "hbm_runs", "owner",
-               "stream_span")
+               "stream_span", "hbm_block")
 
   def __init__(self, src_buf, src_index, dst_buf, dst_index, shape, sem_buf=None, sem_index=(),
                src_sem_buf=None, src_sem_index=(), add=False, device_id=None, core_index=None,
@@ -259,6 +259,9 @@ class DmaRequest:
                           # charges per run (sim/dma.py, the v5e rule dma_run_overhead_bytes)
     self.stream_span = None  # (stream key, tiles it spans or None), found at its first start when a
                              # chip times streams (sim/dma.stream_overhead)
+    self.hbm_block = None  # the element offsets of its HBM side's window when that window is a whole
+                           # block of `shape` inside its array (a pipeline's copy, pipeline.py): the
+                           # machine takes its span and runs from the block's plan (sim/dma.block_plan)
     self.owner = None  # who issues it, an opaque token (a pipeline's operand: pipeline.py); the
                        # machine tells streams of copies from several owners apart (sim/dma.py)
     self.fast = None  # the executor's cache (sim/dma.DmaEngine.start); it depends only on the memory

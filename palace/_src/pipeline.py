@@ -150,6 +150,7 @@ def _prepare(op: _Op, offsets, slot: int, to_hbm: bool):
       req = prepare_window_copy(buf, idx, vmem.buf, vmem._np_index, shape, op.sem_targets[slot],
                                 nbytes=op.block_nbytes, site=_PIPELINE_SITE, labels=labels, like=like)
     req.owner = op.owner   # (its stream is the operand's: pipeline_steady.py proves its continuity)
+    req.hbm_block = offsets
     if usual:
       op.last_copy[slot] = req
     return req

@@ -532,11 +532,17 @@ def test_block_tile_ranges_is_tile_range_at_every_block(shape, dtype, block):
   grid = [n // b for n, b in zip(shape, block)]
   offs = np.array([[i * b for i, b in zip(ix, block)] for ix in np.ndindex(*grid)], np.int64)
   got = dma.block_tile_ranges(shape, itemsize, block, offs)
-  each = [dma.tile_range(shape, itemsize, tuple(slice(o, o + b) for o, b in zip(row, block))) for row in offs]
+  windows = [tuple(slice(o, o + b) for o, b in zip(row, block)) for row in offs]
+  each = [dma.tile_range(shape, itemsize, w) for w in windows]
   if got is None:
     assert all(r is None for r in each)
   else:
     assert list(zip(got[0].tolist(), got[1].tolist())) == each
+  # ...and a pipeline's block (DmaRequest.hbm_block) gets tile_range's span and window_runs' runs from
+  # its plan, block by block
+  assert [dma.block_span(shape, itemsize, block, tuple(row.tolist())) for row in offs] == each
+  runs = dma.block_plan(shape, itemsize, block)[1]
+  assert all(dma.window_runs(shape, w) == runs for w in windows)
 
 
 def test_a_stream_joined_by_another_owners_copy_is_refused_by_the_signature():
@@ -550,7 +556,7 @@ def test_a_stream_joined_by_another_owners_copy_is_refused_by_the_signature():
   def req(row, owner):
     return types.SimpleNamespace(src_buf=buf, src_index=(slice(row, row + 8), slice(None)), dst_buf=None,
                                  dst_index=None, src_indices=None, dst_indices=None, owner=owner,
-                                 stream_span=None)
+                                 stream_span=None, hbm_block=None)
 
   streams, mixed = {}, set()
   mine, body = object(), object()

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import functools
 import math
 
 import numpy as np
@@ -287,7 +288,9 @@ def stream_overhead(streams: dict, req, reads_hbm: bool, extra: int, mixed: set)
     buf, index = (req.src_buf, req.src_index) if reads_hbm else (req.dst_buf, req.dst_index)
     span = None
     if (req.src_indices if reads_hbm else req.dst_indices) is None and type(index) is tuple:
-      span = tile_range(buf.shape, buf.dtype.itemsize, index)
+      block = req.hbm_block
+      span = tile_range(buf.shape, buf.dtype.itemsize, index) if block is None else \
+          block_span(buf.shape, buf.dtype.itemsize, req.shape, block)
     found = req.stream_span = ((id(buf), reads_hbm), span)   # (the key: SteadyState.stream_key's)
   key, span = found
   owner = req.owner
@@ -339,38 +342,81 @@ def tile_range(shape, itemsize: int, index):
                          else extent * per_lead)
 
 
-def block_tile_ranges(shape, itemsize: int, block_shape, offsets):
-  """`tile_range` of the blocks of `block_shape` at each row of `offsets` (an (n, rank) integer array of
-  block-aligned element offsets, every block inside the array): arrays (first, end), or None when such
-  a block is not one range. A block's first tile is affine in its offsets (`tile_range` is, for
-  windows aligned to the tiling): evaluated at the origin and one tiling unit along each dim."""
+@functools.lru_cache(maxsize=4096)
+def block_plan(shape: tuple, itemsize: int, block_shape: tuple) -> tuple:
+  """What `tile_range` and `hbm_runs` answer for the blocks of `block_shape` (whole, inside the array)
+  of an array of `shape`, once per (shape, itemsize, block shape): (span, runs). `span` is None when
+  such a block is not one range of tiles, else (first tile of the block at the origin, the tiling unit
+  of each dim, the tiles one unit along each dim moves the first tile, tiles a block spans): a block's
+  first tile is affine in its offsets when they are multiples of the units (`block_span`). `runs` is
+  the same for every block (its extents and which dims it spans whole do not depend on where it is)."""
   rank = len(shape)
   origin = tuple(slice(0, b) for b in block_shape)
+  runs = window_runs(shape, origin)
   base = tile_range(shape, itemsize, origin)
   if base is None or len(block_shape) != rank:
-    return None
-  units = [1] * (rank - 2) + [8 * max(1, 4 // itemsize), 128]
-  first = np.full(len(offsets), base[0], np.int64)
+    return None, runs
+  units = (1,) * (rank - 2) + (8 * max(1, 4 // itemsize), 128)
+  steps = []
   for d in range(rank):
     if block_shape[d] == shape[d]:
-      continue   # (a block spanning the dim: offset 0 there)
+      steps.append(0)   # (a block spanning the dim: offset 0 there)
+      continue
     moved = list(origin)
     moved[d] = slice(units[d], units[d] + block_shape[d])
     step = tile_range(shape, itemsize, tuple(moved))
-    if step is None or (offsets[:, d] % units[d]).any():
+    if step is None:
+      return None, runs
+    steps.append(step[0] - base[0])
+  return (base[0], units, tuple(steps), base[1] - base[0]), runs
+
+
+def block_span(shape: tuple, itemsize: int, block_shape: tuple, offsets) -> "tuple | None":
+  """`tile_range` of the whole block of `block_shape` at element `offsets` (a pipeline's block:
+  DmaRequest.hbm_block), from the block's plan (`block_plan`) without building its window."""
+  span = block_plan(shape, itemsize, block_shape)[0]
+  if span is None:
+    return None
+  first, units, steps, extent = span
+  for o, u, st in zip(offsets, units, steps):
+    if o % u:   # (not on the tiling: the window itself decides)
+      return tile_range(shape, itemsize, tuple(slice(a, a + b) for a, b in zip(offsets, block_shape)))
+    first += (o // u) * st
+  return first, first + extent
+
+
+def block_tile_ranges(shape, itemsize: int, block_shape, offsets):
+  """`tile_range` of the blocks of `block_shape` at each row of `offsets` (an (n, rank) integer array of
+  block-aligned element offsets, every block inside the array): arrays (first, end), or None when such
+  a block is not one range (`block_plan`'s affine span, evaluated for every row at once)."""
+  span = block_plan(tuple(shape), itemsize, tuple(block_shape))[0]
+  if span is None:
+    return None
+  base, units, steps, extent = span
+  first = np.full(len(offsets), base, np.int64)
+  for d, (u, st) in enumerate(zip(units, steps)):
+    if st == 0:
+      continue
+    if (offsets[:, d] % u).any():
       return None
-    first += (offsets[:, d] // units[d]) * (step[0] - base[0])
-  return first, first + (base[1] - base[0])
+    first += (offsets[:, d] // u) * st
+  return first, first + extent
 
 
 def hbm_runs(req, reads_hbm: bool) -> int:
-  """Contiguous runs of a copy's HBM side: the product of the window's extents before its last dim
-  that is not whole (an integer index counts 1); 1 for a window of whole rows or an indexed copy. An
-  HBM->HBM copy counts its source's."""
+  """Contiguous runs of a copy's HBM side (`window_runs`); 1 for an indexed copy. An HBM->HBM copy
+  counts its source's. A pipeline's block (DmaRequest.hbm_block) takes its block's plan's."""
   buf, index = (req.src_buf, req.src_index) if reads_hbm else (req.dst_buf, req.dst_index)
   if (req.src_indices if reads_hbm else req.dst_indices) is not None or not isinstance(index, tuple):
     return 1
-  shape = buf.shape
+  if req.hbm_block is not None:
+    return block_plan(buf.shape, buf.dtype.itemsize, req.shape)[1]
+  return window_runs(buf.shape, index)
+
+
+def window_runs(shape, index: tuple) -> int:
+  """Contiguous runs of the window `index` of an array of `shape`: the product of the window's extents
+  before its last dim that is not whole (an integer index counts 1); 1 for a window of whole rows."""
   index = index + (slice(None),) * (len(shape) - len(index))
   for d in range(len(shape) - 1, -1, -1):
     ix = index[d]

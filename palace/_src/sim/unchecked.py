@@ -83,7 +83,7 @@ def clip_dma(req):
   if sd is None and dd is None:
     return req
   req = copy.copy(req)
-  req.stream_span = None   # (its window changes: sim/dma.stream_overhead finds its span again)
+  req.stream_span = req.hbm_block = None   # (its window changes: sim/dma.stream_overhead finds it again)
   if sd == "empty" or dd == "empty":
     req.src_buf = dataclasses.replace(req.src_buf, storage=None)  # nothing moves
     return req
@@ -108,7 +108,7 @@ def _clip_indexed(req):
   if ok.all():
     return req
   req = copy.copy(req)
-  req.stream_span = None
+  req.stream_span = req.hbm_block = None
   pos = np.nonzero(req.mask)[0] if req.mask is not None else np.arange(rows.shape[0])
   mask = np.zeros(rows.shape[0] if req.mask is None else req.mask.shape[0], bool)
   mask[pos[ok]] = True
