@@ -26,6 +26,8 @@ def _op(jax, jnp, op):
     return lambda x: jnp.exp(x) * 0.25
   if op == "tanh":
     return lambda x: jnp.tanh(x) * 0.9
+  if op == "exp2":
+    return lambda x: jnp.exp2(x) * 0.25
   if op == "div":
     return lambda x: 1.0 / (x + 2.0)
   if op == "sublane_sum":
@@ -76,17 +78,23 @@ def _step_chain(op, k, rows=8, n=512):
   return build
 
 
-def _loop_chain(op, unroll, n=512):
-  """`n` dependent links of `op` on one (8, 128) f32 vreg in a `fori_loop` unrolled by `unroll`."""
+def _loop_chain(op, unroll, n=512, rows=8, links=1):
+  """`n` iterations of `links` dependent links of `op` on one (rows, 128) f32 value (one vreg at 8 rows)
+  in a `fori_loop` unrolled by `unroll`."""
   def build():
     jax, jnp, pl, pltpu = _jax()
     link = _op(jax, jnp, op)
 
-    def kernel(x_ref, o_ref):
-      o_ref[...] = jax.lax.fori_loop(0, n, lambda i, x: link(x), x_ref[...], unroll=unroll)
+    def body(i, x):
+      for _ in range(links):
+        x = link(x)
+      return x
 
-    call = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, _LANES), jnp.float32))
-    return call, (_rand((8, _LANES), "float32", 1) * 0.01,)
+    def kernel(x_ref, o_ref):
+      o_ref[...] = jax.lax.fori_loop(0, n, body, x_ref[...], unroll=unroll)
+
+    call = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((rows, _LANES), jnp.float32))
+    return call, (_rand((rows, _LANES), "float32", 1) * 0.01,)
   return build
 
 
@@ -113,4 +121,27 @@ def holdout_chain_cases() -> list[Case]:
       for k in (1, 2):
         out.append(Case(f"hchain_{op}_k{k}_{rows}rows", "holdout_chain", _step_chain(op, k, rows=rows)))
     out.append(Case(f"hchain_{op}_loop_u1", "holdout_chain", _loop_chain(op, 1, n=256)))
+  return out
+
+
+def eup_curve_cases() -> list[Case]:
+  """Session 36 (`eup_curve`, measured for the next model step): what an EUP op costs by its size and
+  what a rolled loop's iteration costs at least. The chains of sessions 21-22 disagree with one EUP
+  latency and one back-edge cost: a one-vreg tanh link costs the chip ~9 cycles, an exp link ~11 (exp
+  may be a VPU prescale and an EUP exp2), a 16-vreg exp link in a grid step ~21; a rolled loop adds ~5
+  cycles an iteration to a 4-cycle multiply-add chain but ~1 to a 10-20-cycle chain (a floor on the
+  iteration, not a cost after it?). Cases: chains of tanh / exp links unrolled by 8 on (rows, 128) f32
+  values of 1-16 vregs (`ecurve_*`), exp2 links (no prescale?), grid-step chains of tanh on 16-256
+  vregs (`ecurve_step_*`), and rolled loops of 2-4 dependent multiply-adds on one vreg (`lfloor_*`)."""
+  F = "eup_curve"
+  out = []
+  for op in ("tanh", "exp"):
+    for rows in (8, 16, 32, 64, 128):
+      out.append(Case(f"ecurve_{op}_r{rows}_u8", F, _loop_chain(op, 8, n=256, rows=rows)))
+  out.append(Case("ecurve_exp2_r8_u8", F, _loop_chain("exp2", 8, n=256)))
+  for rows in (128, 512, 2048):
+    for k in (1, 4):
+      out.append(Case(f"ecurve_step_tanh_k{k}_r{rows}", F, _step_chain("tanh", k, rows=rows)))
+  for links in (2, 3, 4):
+    out.append(Case(f"lfloor_fma_k{links}_u1", F, _loop_chain("fma", 1, n=1024, links=links)))
   return out

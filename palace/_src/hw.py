@@ -149,6 +149,10 @@ class ChipSpec:
   # iteration issues after this one's vector/MXU results have drained, plus these cycles of branch and
   # counter work (docs/timing-model.md 1.1)
   loop_back_edge_cycles: int = 3
+  # ...and an iteration lasts at least this many cycles from the previous back edge (the loop's scalar
+  # branch and counter work overlapping the body's results): the next issues at the later of the two
+  # (candidate, 0: no floor)
+  loop_min_iteration_cycles: int = 0
   # a vector store whose value comes after the store unit would have ended it holds the in-order store
   # unit until then: the next store (of any later op) ends no earlier than that plus its own cycles,
   # unless it stores an (N, 1) column or an MXU result (directly or through VPU ops)

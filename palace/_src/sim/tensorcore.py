@@ -137,6 +137,8 @@ class TensorCore:
     self.dma_wait = functools.partial(machine.sems.wait_copy, self)
     self._scalar_cycles = self.chip.scalar_op_cycles
     self._loop_cycles = self.chip.loop_back_edge_cycles
+    self._loop_floor = self.chip.loop_min_iteration_cycles
+    self.last_back_edge = 0   # (loop_min_iteration_cycles) where the last back edge let the loop go on
     self._branch_cycles = self.chip.branch_cycles
     self._step_cycles = self.chip.grid_step_overhead_cycles
     self._step_drain = self.chip.grid_step_drain_cycles
@@ -460,7 +462,14 @@ class TensorCore:
     # edge's branch and counter work (measured: ChipSpec.loop_back_edge_cycles; docs/timing-model.md).
     start = self.now if self.now > self.compute_done else self.compute_done
     cycles = self._loop_cycles
-    self.now = start + cycles
+    now = start + cycles
+    floor = self._loop_floor
+    if floor:   # (hw.ChipSpec.loop_min_iteration_cycles, a candidate)
+      since = self.last_back_edge + floor
+      if since > now:
+        now = since
+      self.last_back_edge = now
+    self.now = now
     self.unit_busy["scalar"] += cycles
 
   def branch(self, tested: int) -> None:
