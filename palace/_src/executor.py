@@ -33,7 +33,8 @@ class OpClass:
   BROADCAST = "broadcast"            # broadcast_to (sublanes, or a lane-replicated value across lanes)
   LANE_BROADCAST = "lane_broadcast"  # an (N, 1) column that is not lane-replicated, across lanes
   MEDIUM = "medium"                  # divide, pow, integer div/mod
-  TRANSCENDENTAL = "transcendental"  # exp, log, tanh, sqrt, rsqrt, erf (the EUP)
+  TRANSCENDENTAL = "transcendental"  # exp2, log, tanh, sqrt, rsqrt, erf (the EUP)
+  EXP = "transcendental_exp"         # exp (the EUP, with a longer latency: an exp2 of a scaled operand)
   EXPENSIVE = "expensive"            # sin, cos, tan, arctan (polynomials on the VPU)
   REDUCE_SUBLANE = "reduce_sublane"  # reductions over the second-minor dim
   REDUCE_LANE = "reduce_lane"        # reductions / scans over the last dim
@@ -41,7 +42,7 @@ class OpClass:
   LOAD = "load"                      # vreg loads (packed tiles)
   STORE = "store"                    # vreg stores (packed tiles)
   FREE = "free"                      # leading-dim reshapes and transposes, bitcasts: no work
-  ALL = (CHEAP, BROADCAST, LANE_BROADCAST, MEDIUM, TRANSCENDENTAL, EXPENSIVE, REDUCE_SUBLANE, REDUCE_LANE, XLU, LOAD,
+  ALL = (CHEAP, BROADCAST, LANE_BROADCAST, MEDIUM, TRANSCENDENTAL, EXP, EXPENSIVE, REDUCE_SUBLANE, REDUCE_LANE, XLU, LOAD,
          STORE, FREE)
 
 

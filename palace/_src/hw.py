@@ -146,13 +146,11 @@ class ChipSpec:
   # started it (after that step's own write-backs are started), not when its slot is next used
   wait_write_backs_next_step: bool = False
   # a rolled loop's back edge (lax.fori_loop / while_loop / pl.loop iteration, not unrolled): the next
-  # iteration issues after this one's vector/MXU results have drained, plus these cycles of branch and
-  # counter work (docs/timing-model.md 1.1)
-  loop_back_edge_cycles: int = 3
-  # ...and an iteration lasts at least this many cycles from the previous back edge (the loop's scalar
-  # branch and counter work overlapping the body's results): the next issues at the later of the two
-  # (candidate, 0: no floor)
-  loop_min_iteration_cycles: int = 0
+  # iteration issues after this one's vector/MXU results have drained, plus these cycles, and no earlier
+  # than loop_min_iteration_cycles after the previous back edge let the loop go on (the loop's branch
+  # and counter work overlap the body's results) (docs/timing-model.md 1.1)
+  loop_back_edge_cycles: int = 0
+  loop_min_iteration_cycles: int = 9
   # a vector store whose value comes after the store unit would have ended it holds the in-order store
   # unit until then: the next store (of any later op) ends no earlier than that plus its own cycles,
   # unless it stores an (N, 1) column or an MXU result (directly or through VPU ops)
@@ -318,11 +316,16 @@ _COMMON_SOURCES = _mp(
                          "for each run of DMA waits: a start-and-wait loop of 4 KiB reads takes 0.34 us "
                          "a copy, a pipeline of (8, 128) blocks 0.21 us a step, 16 page DMAs and their "
                          "waits 0.53 us (benchmarks/hw); reused in cycles on every chip",
-    loop_back_edge_cycles="measured on a TPU v5e (benchmarks/hw loop_ilp, 2026-12-06): a chain of "
-                          "dependent multiply-adds on one vreg costs 9.9 cycles an iteration in a rolled "
-                          "fori_loop and 5.1 unrolled by 8 (6.8 / 3.5 us for 1024); with the drain, the "
-                          "loop counter's scalar op and the 4-cycle chain, 3 cycles remain; reused in "
-                          "cycles on every chip",
+    loop_back_edge_cycles="measured on a TPU v5e (benchmarks/hw loop_ilp 2026-12-06, eup_curve "
+                          "2026-12-07): a rolled fori_loop's iteration costs its chain of dependent "
+                          "results and nothing more once that chain is 10 cycles or longer (1, 2, 3, 4 "
+                          "multiply-adds on one vreg: 9.1, 9.9, 12.9, 16.9 cycles an iteration against "
+                          "chains of 4.2 a link unrolled; tanh / exp / divide / sublane-sum chains +1); "
+                          "reused in cycles on every chip",
+    loop_min_iteration_cycles="measured on a TPU v5e (benchmarks/hw loop_ilp 2026-12-06, eup_curve "
+                              "2026-12-07): rolled loops whose chain is shorter than ~9 cycles (one or two "
+                              "multiply-adds, two or four independent ones) take 9-10 cycles an "
+                              "iteration; reused in cycles on every chip",
     grid_step_drain_cycles="fitted on a TPU v5e (benchmarks/hw step_chain, 2026-12-06): a grid step "
                            "holding k dependent links of one op on one vreg costs the chain plus about "
                            "13 cycles (lane max: 133, 253, 493, 925 cycles for k = 1, 2, 4, 8; exp, "

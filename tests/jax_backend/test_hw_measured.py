@@ -28,26 +28,26 @@ TARGET = (0.05, 0.15)
 BOUNDS = {
     "elementwise": (0.01, 0.05), "transcendental": (0.02, 0.02), "softmax": (0.01, 0.10),
     "norm": (0.02, 0.05), "reduce": (0.01, 0.02), "fill": (0.01, 0.01), "dma_hbm": (0.01, 0.10),
-    "dma_loop": (0.01, 0.01), "copy": (0.01, 0.08), "emit_pipeline": (0.01, 0.03),
+    "dma_loop": (0.01, 0.01), "copy": (0.01, 0.08), "emit_pipeline": (0.01, 0.02),
     "step_loop": (0.03, 0.14),
     "matmul": (0.02, 0.04), "matmul_dtype": (0.03, 0.09), "matmul_skinny": (0.01, 0.36),
     "transpose": (0.09, 0.14), "scalar_prefetch": (0.08, 0.11), "small_launch": (0.03, 0.09),
-    "flash": (0.03, 0.14), "splash": (0.04, 0.06), "gmm": (0.05, 0.05),
-    "paged_attention": (0.17, 0.20), "op_chain": (0.05, 0.39), "dma_probe": (0.05, 0.48),
-    "dma_sync": (0.05, 0.06), "op_overlap": (0.04, 0.14), "step_sweep": (0.05, 0.14),
-    "step_mix": (0.04, 0.25), "dma_curve": (0.04, 0.18), "dma_order": (0.06, 0.56),
+    "flash": (0.04, 0.14), "splash": (0.03, 0.06), "gmm": (0.05, 0.05),
+    "paged_attention": (0.16, 0.21), "op_chain": (0.03, 0.10), "dma_probe": (0.05, 0.48),
+    "dma_sync": (0.04, 0.06), "op_overlap": (0.03, 0.13), "step_sweep": (0.05, 0.14),
+    "step_mix": (0.04, 0.25), "dma_curve": (0.04, 0.18), "dma_order": (0.07, 0.55),
     # session 21 (cases_fence.py): probes of the issue rules
-    "dma_fence": (0.03, 0.06), "loop_ilp": (0.11, 0.96), "dma_chunk": (0.13, 0.34),
-    "pipe_fence": (0.04, 0.10), "flash_parts": (0.11, 0.22), "compute_parts": (0.07, 0.25),
-    "latency_parts": (0.09, 0.30),
+    "dma_fence": (0.03, 0.08), "loop_ilp": (0.04, 0.94), "dma_chunk": (0.13, 0.34),
+    "pipe_fence": (0.04, 0.10), "flash_parts": (0.11, 0.22), "compute_parts": (0.07, 0.26),
+    "latency_parts": (0.10, 0.30),
     # session 22 (cases_chain.py): the chains the vector latencies were fitted on
-    "step_chain": (0.05, 0.23), "loop_chain": (0.10, 0.61),
+    "step_chain": (0.05, 0.22), "loop_chain": (0.04, 0.10),
     # session 22's last call, recorded for the next model step (the DMA-wait sync beside compute)
     "sync_sweep": (0.05, 0.09),
     # session 23 (cases_stream.py): the DMA wait's form and unit streaming, recorded for the next step
     "sync_size": (0.04, 0.08), "stream_pair": (0.02, 0.14), "unit_overlap": (0.03, 0.27),
     "pv_parts": (0.06, 0.09),
-    "xlu_eup": (0.03, 0.15), "chain_dot": (0.03, 0.05),
+    "xlu_eup": (0.03, 0.15), "chain_dot": (0.02, 0.05),
     # session 24 (cases_parts.py): a matmul step's compute and copies apart, pv_softmax's rescale taken
     # apart, the pipeline's per-step cost per operand and grid rank, the wheel's flash step on fixed blocks
     "mm_parts": (0.05, 0.08), "pv_more": (0.07, 0.13), "step_ops": (0.09, 0.20), "wheel_step": (0.03, 0.09),
@@ -60,16 +60,16 @@ BOUNDS = {
     "out_heavy": (0.03, 0.03), "splash_machinery": (0.03, 0.12),
     # session 27 (cases_branch.py): splash's machinery apart (a runtime branch around a heavy body,
     # index maps computing or reading SMEM tables)
-    "step_branch": (0.04, 0.06),
+    "step_branch": (0.03, 0.06),
     # session 27: benchmarks.validate's published flash-attention configuration (fa-*) on the chip
-    "fa_published": (0.05, 0.07),
+    "fa_published": (0.06, 0.07),
     # session 27: page_gather's page copies beside the wheel's flash step
     "page_heavy": (0.09, 0.13),
     # session 28 (cases_paged.py): the wheel's paged attention swept one parameter at a time, and the
     # 128-block tutorial matmul at 2048^3 and 4096^3 (the calibration point measured on the chip)
-    "paged_sweep": (0.14, 0.33), "matmul_k": (0.03, 0.03),
+    "paged_sweep": (0.13, 0.32), "matmul_k": (0.03, 0.03),
     # session 28: paged attention's rolled page walk written plainly (copies, then the paged step)
-    "page_loop": (0.06, 0.09),
+    "page_loop": (0.07, 0.09),
     # session 28: that walk with its copies started 0 or 2 blocks ahead (how copies in flight overlap)
     "page_order": (0.05, 0.08),
     # session 28: that walk with the wheel's copy order (a block's K pages, then its V pages)
@@ -79,7 +79,7 @@ BOUNDS = {
     # session 28: that walk with the wheel's step line for line
     "page_wheelbody": (0.06, 0.10),
     # session 28: that walk with the wheel's dynamic trip count and a q block moving every step
-    "page_wheelgrid": (0.01, 0.01),
+    "page_wheelgrid": (0.02, 0.02),
     # session 29 (cases_mmstep.py): the 128-block tutorial matmul's step taken apart, and copy-only
     # pipelines of 32 and 64 KiB blocks of several dtypes and shapes with their output write-backs
     "mm_step": (0.04, 0.08), "copy_shape": (0.10, 0.26),
@@ -93,27 +93,29 @@ BOUNDS = {
     # -> +12%
     "flash_size": (0.03, 0.05), "gather_rows1": (0.10, 0.12), "head_dim": (0.05, 0.14),
     # session 30: a causal flash grid's q-row ends (with and without the output change)
-    "row_end": (0.04, 0.11),
+    "row_end": (0.05, 0.11),
     # session 32 (cases_book.py): a grid step's own bookkeeping by grid rank, operand count and map form
     "step_book": (0.02, 0.14),
     # session 32 (cases_paged.py): page_wheelgrid's walk with JAX 0.10.2's wheel copy handling
-    "page_wheelcopy": (0.03, 0.05),
+    "page_wheelcopy": (0.04, 0.06),
     # session 33 (cases_issue.py): bursts of copies (reads, writes) over their number and size, waits on
     # rebuilt descriptors
     "write_burst": (0.01, 0.36),
-    "dma_issue": (0.06, 0.65),
+    "dma_issue": (0.05, 0.65),
     # session 34 (cases_issue.py, cases_book.py): a page walk's start forms one at a time on a burst, and
     # what a never-taken pl.when costs beside a grid step's bookkeeping
-    "issue_form": (0.09, 0.20), "step_body": (0.04, 0.06),
+    "issue_form": (0.08, 0.20), "step_body": (0.04, 0.06),
     # session 35 (cases_start.py): rounds of copies double-buffered in each start form (the engine streams)
     "start_form": (0.05, 0.20),
     # session 35 (cases_eup.py): the exp stream taken apart beside nothing, a dot or a lane max
-    "eup_stream": (0.05, 0.46),
+    "eup_stream": (0.04, 0.46),
+    # session 36 (cases_chain.eup_curve_cases): EUP chains by size, loops by chain length
+    "eup_curve": (0.04, 0.19),
     # measured after 655fb6c's predictions were recorded (v5e-holdout-predictions-*.json); the model
     # changed after that (the DMA-wait sync rule), so these are no longer blind predictions
     "holdout": (0.02, 0.15),
     # session 22: predicted (v5e-holdout-predictions-2026-12-06.json) before the chip ran them
-    "holdout_chain": (0.04, 0.10),
+    "holdout_chain": (0.04, 0.09),
 }
 
 
@@ -279,6 +281,23 @@ def test_the_session_35b_predictions_were_recorded_before_the_chip_ran_them():
   assert err["eups_dot_vpu_r2048"] < -0.2 and err["eups_max_vpu_r2048"] < -0.2
   assert abs(err["eups_dot_exp_sum_r2048"]) < 0.02 and abs(err["eups_max_exp_sum_r2048"]) < 0.03
   assert abs(err["eups_vpu_r2048"]) < 0.03
+
+
+def test_the_session_36_predictions_were_recorded_before_the_chip_ran_them():
+  """Session 36's call (v5e-s36-predictions-2026-12-07.json: the model of 2d0fccd, committed in 23231af
+  before the device call) covers exactly its eup_curve cases. The model then charged a one-vreg tanh
+  link 10 cycles of EUP latency (+30% on the unrolled chains: the chip's link is 8.9 cycles, exp's 10.9)
+  and a rolled loop 3 cycles after its drain (+23..+29% on 2-4 multiply-adds an iteration: the chip's
+  iteration is its chain, or 9-10 cycles); with the EUP's latency, its queue gap, exp's class and the
+  iteration floor (docs/timing-model.md 1.1, 1.4) those come within 3% / 8%."""
+  pred, measured = _recorded_predictions("v5e-s36-predictions-2026-12-07.json", ("eup_curve",), "2d0fccd")
+  assert len(measured) == 20
+  err = {n: pred[n] / measured[n] - 1 for n in measured}
+  assert all(0.28 < err[f"ecurve_tanh_r{r}_u8"] < 0.31 for r in (8, 16, 32))
+  assert all(0.22 < err[f"lfloor_fma_k{k}_u1"] < 0.30 for k in (2, 3, 4))
+  now = {row.name: row.error for row in model.compare(only="eup_curve")}
+  assert all(abs(now[f"ecurve_tanh_r{r}_u8"]) < 0.03 for r in (8, 16, 32))
+  assert all(abs(now[f"lfloor_fma_k{k}_u1"]) < 0.08 for k in (2, 3, 4))
 
 
 def test_the_whole_suite_ran_again_in_one_call_and_agrees_with_the_record():

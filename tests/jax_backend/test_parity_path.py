@@ -48,11 +48,13 @@ SCALAR_EXTRA = {
                 # write buffer: 151 -> 165 for the add, whose two schedules' writes meet it differently)
                 # session 34: palace.jax charges each conditional branch of JAX's traced pipeline loop
                 # (v5e's branch_cycles) and computes its repeated index arithmetic once (Mosaic's CSE,
-                # jax/scalar_cse.py): 165 / 85 / 27 / 120 -> 125 / 137 / 99 / 111
-                "kernel_pipeline-emit_pipeline_add": 125,
-                "kernel_pipeline-emit_pipeline_matmul_accumulate": 137,
-                "kernel_pipeline-emit_pipeline_in_pallas_call": 99,
-                "kernel_pipeline-emit_pipeline_squeezed_batch": 111,
+                # jax/scalar_cse.py): 165 / 85 / 27 / 120 -> 125 / 137 / 99 / 111; session 36: a rolled
+                # loop's back edge costs nothing beyond its drain and a 9-cycle iteration floor (JAX's
+                # pipeline loop: measured, docs/timing-model.md 1.1): -> 122 / 125 / 90 / 105
+                "kernel_pipeline-emit_pipeline_add": 122,
+                "kernel_pipeline-emit_pipeline_matmul_accumulate": 125,
+                "kernel_pipeline-emit_pipeline_in_pallas_call": 90,
+                "kernel_pipeline-emit_pipeline_squeezed_batch": 105,
                 # session 34: the row sums' (N, 1) output is one XLA lays out otherwise and hands the
                 # kernel in VMEM (jax/xla_placement.py): no write-back DMAs (nor their index maps'
                 # cycles) through palace.jax; session 35: on palace's own path the second step's

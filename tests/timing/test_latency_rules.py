@@ -121,3 +121,72 @@ def test_a_grid_step_overlaps_the_tail_of_its_chain(links):
   starts = [e[3] for e in grid0]
   ends = [e[4] for e in grid0]
   assert all(e - s == UNIT_CHIP.grid_step_overhead_cycles for s, e in zip(starts, ends))
+
+
+def _eup_events(report):
+  return [(e[2], e[3], e[4]) for e in report.events if e[1] == "eup"]
+
+
+def test_back_to_back_eup_ops_are_two_cycles_apart_and_a_lone_one_is_not_delayed():
+  """Measured on a TPU v5e (benchmarks/hw eup_curve, session 36): an EUP op streams its vregs at one a
+  cycle, an op queued behind another starts QUEUE_GAP_CYCLES after it (a grid step's chain of tanh
+  links on 16 / 64 / 256 vregs costs 18 / 67 / 259 cycles a link), and a lone op's result comes
+  `latency` after its last vreg (one-vreg tanh links 8.9 cycles: 7 + the multiply's 2)."""
+  gap = cost.QUEUE_GAP_CYCLES["eup"]
+  lat = cost.VECTOR_CLASSES["transcendental"][2]
+  x = (np.arange(128 * 128, dtype=np.float32).reshape(128, 128) % 7) * 0.1
+
+  def two(x_ref, o_ref):
+    v = x_ref[...]
+    o_ref[...] = jnp.tanh(v) + jnp.tanh(v * 0.5)   # (independent: the second queues behind the first)
+
+  out, r = _run(two, x, out_shape=(128, 128))
+  np.testing.assert_allclose(out, np.tanh(x) + np.tanh(x * 0.5), rtol=1e-6, atol=1e-6)
+  (a, s0, e0), (b, s1, e1) = _eup_events(r)
+  assert (a, b) == ("transcendental", "transcendental")
+  assert e0 - s0 == 16 and e1 == e0 + gap + 16
+
+  def chain(links):
+    def k(x_ref, o_ref):
+      v = x_ref[...][:8]
+      for _ in range(links):
+        v = jnp.tanh(v)   # (each waits for the last one's result; the gap hides behind that wait)
+      o_ref[...] = v
+    return k
+
+  cycles = []
+  for links in (1, 2, 3):
+    out, r = _run(chain(links), x, out_shape=(8, 128))
+    want = x[:8]
+    for _ in range(links):
+      want = np.tanh(want)
+    np.testing.assert_allclose(out, want, rtol=1e-6, atol=1e-6)
+    cycles.append(r.device_cycles)
+  assert cycles[1] - cycles[0] == cycles[2] - cycles[1] == lat
+
+
+def test_exp_is_two_cycles_slower_than_exp2_and_tanh():
+  """Measured on a TPU v5e (eup_curve, session 36): one-vreg chains of exp links cost 10.9 cycles a link,
+  exp2 and tanh links 8.9 (the chip computes exp as exp2 of a scaled operand): exp is its own cost
+  class with two cycles more latency, on the EUP like the others."""
+  assert cost.VECTOR_CLASSES["transcendental_exp"] == ("eup", 1, cost.VECTOR_CLASSES["transcendental"][2] + 2)
+  x = (np.arange(8 * 128, dtype=np.float32).reshape(8, 128) % 7) * -0.1
+
+  def chain(fn):
+    def k(x_ref, o_ref):
+      v = x_ref[...]
+      for _ in range(4):
+        v = fn(v) * 0.25
+      o_ref[...] = v
+    return k
+
+  cycles = {}
+  for name, fn, ref in (("exp", jnp.exp, np.exp), ("exp2", jnp.exp2, np.exp2), ("tanh", jnp.tanh, np.tanh)):
+    out, r = _run(chain(fn), x, out_shape=(8, 128))
+    want = x
+    for _ in range(4):
+      want = ref(want) * 0.25
+    np.testing.assert_allclose(out, want, rtol=2e-6, atol=1e-7)
+    cycles[name] = r.device_cycles
+    assert {e[0] for e in _eup_events(r)} == {"transcendental_exp" if name == "exp" else "transcendental"}
+  assert cycles["exp2"] == cycles["tanh"] and cycles["exp"] - cycles["tanh"] == 4 * 2

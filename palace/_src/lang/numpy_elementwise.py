@@ -572,7 +572,7 @@ def round(x, decimals=0):  # noqa: A001
 
 
 round.scalar_form, round.op_class = _round.scalar_form, _round.op_class
-exp = _elementwise(_math('exp', np.exp), OpClass.TRANSCENDENTAL, "float", name="exp")
+exp = _elementwise(_math('exp', np.exp), OpClass.EXP, "float", name="exp")
 exp2 = _elementwise(_math('exp2', np.exp2), OpClass.TRANSCENDENTAL, "float", name="exp2")
 _expm1 = _elementwise(np.expm1, OpClass.TRANSCENDENTAL, "float", name="expm1")
 

@@ -30,7 +30,8 @@ VECTOR_CLASSES = {
     _C.BROADCAST: ("vpu", 1, 2),        # sublane broadcasts; a lane-replicated value across lanes
     _C.LANE_BROADCAST: ("xlu", 5, 108), # any other (N, 1) column across lanes (measured)
     _C.MEDIUM: ("vpu", 12, 17),         # divide / pow / integer div: Newton steps on the VPU (measured)
-    _C.TRANSCENDENTAL: ("eup", 1, 10),  # exp / log / tanh / rsqrt: one EUP push per tile (measured)
+    _C.TRANSCENDENTAL: ("eup", 1, 7),   # exp2 / log / tanh / rsqrt: one EUP push per tile (measured)
+    _C.EXP: ("eup", 1, 9),              # exp: as exp2, two cycles longer (measured)
     _C.EXPENSIVE: ("vpu", 16, 16),      # sin / cos: a polynomial on the VPU ([details]: expensive)
     _C.REDUCE_SUBLANE: ("vpu", 1, 10),  # second-minor reductions: in-lane shuffles (measured)
     _C.REDUCE_LANE: ("xlu", 5.5, 114),  # last-dim reductions, one per 8 rows of 128 lanes (measured)
@@ -41,6 +42,10 @@ VECTOR_CLASSES = {
 }
 
 UNITS = ("scalar", "vld", "vst", "vpu", "eup", "xlu", "mxu")
+# cycles between an op and the op before it on the same unit when it queues behind that op (the unit
+# still busy when it issues): measured on a TPU v5e, back-to-back EUP ops stream their vregs at one a
+# cycle with 2 cycles between ops, while a lone op's result is not delayed (docs/timing-model.md 1.4)
+QUEUE_GAP_CYCLES = {"eup": 2}
 
 
 def vreg_tiles(shape, bits: int = 32) -> int:
@@ -176,7 +181,7 @@ def roofline_time_s(chip: ChipSpec, flops: float, hbm_bytes: float, num_chips: i
 # ------------------------------------------------------------------ SparseCore vector subcores
 # op class -> subcore VPU ops per (lanes * packing)-element chunk; classes not listed cost 1. Modelling
 # assumptions (sim/subcore.py's docstring): no public per-op figures exist for SparseCore subcores.
-SPARSECORE_VECTOR_OPS = {_C.MEDIUM: 4, _C.TRANSCENDENTAL: 4, _C.EXPENSIVE: 16, _C.REDUCE_LANE: 2, _C.XLU: 2}
+SPARSECORE_VECTOR_OPS = {_C.MEDIUM: 4, _C.TRANSCENDENTAL: 4, _C.EXP: 4, _C.EXPENSIVE: 16, _C.REDUCE_LANE: 2, _C.XLU: 2}
 SPARSECORE_VECTOR_LATENCY_CYCLES = 2   # result latency of every subcore vector op (assumption)
 
 

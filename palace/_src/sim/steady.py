@@ -104,12 +104,14 @@ class SteadyState:
       return x - now if x > now else 0
 
     clocks = [core.synced_until, core.compute_done, core.mxu_done, core.horizon, core.store_hold,
+              core.last_back_edge,
               *core.unit_free.values(),
               *core.unit_issued.values()]
     clocks += [b.ready_cycle for b in self._buffers()]
     if any(type(x) is not int for x in clocks):   # (integer cycles: shifting them is exact)
       return None
-    parts = [self._sync_mark(now), rel(core.store_hold), tuple(rel(v) for v in core.unit_free.values()),
+    parts = [self._sync_mark(now), rel(core.store_hold), rel(core.last_back_edge),
+             tuple(rel(v) for v in core.unit_free.values()),
              tuple(rel(v) for v in core.unit_issued.values()),
              rel(core.compute_done), rel(core.mxu_done), rel(core.horizon)]
     parts.append(tuple((id(b), rel(b.ready_cycle)) for b in self._buffers()))
@@ -293,6 +295,7 @@ class SteadyState:
         uf[u] = later(uf[u])
     core.compute_done = later(core.compute_done)
     core.store_hold = later(core.store_hold)
+    core.last_back_edge = later(core.last_back_edge)
     if core.xlu_last[0] is not None:
       core.xlu_last = (core.xlu_last[0], later(core.xlu_last[1]))
     if core.mxu_results:

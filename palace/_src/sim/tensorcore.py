@@ -137,8 +137,9 @@ class TensorCore:
     self.dma_wait = functools.partial(machine.sems.wait_copy, self)
     self._scalar_cycles = self.chip.scalar_op_cycles
     self._loop_cycles = self.chip.loop_back_edge_cycles
+    self._queue_gap = cost.QUEUE_GAP_CYCLES
     self._loop_floor = self.chip.loop_min_iteration_cycles
-    self.last_back_edge = 0   # (loop_min_iteration_cycles) where the last back edge let the loop go on
+    self.last_back_edge = 0   # where the last back edge let its loop go on (loop_min_iteration_cycles)
     self._branch_cycles = self.chip.branch_cycles
     self._step_cycles = self.chip.grid_step_overhead_cycles
     self._step_drain = self.chip.grid_step_drain_cycles
@@ -192,7 +193,7 @@ class TensorCore:
     if free > now:   # the unit is still busy: this op's vregs interleave with the earlier ops' there
       last = self.unit_issued[unit]
       start = self.now = now if now > last else last
-      end = unit_free[unit] = free + busy
+      end = unit_free[unit] = free + busy + self._queue_gap.get(unit, 0)
     else:
       start = self.now = now
       end = unit_free[unit] = now + busy
@@ -459,17 +460,16 @@ class TensorCore:
   def loop_back_edge(self) -> None:
     # A rolled loop's iteration is a basic block of the compiled kernel: the VLIW schedule has no
     # interlocks, so the next iteration issues after this one's last vector/MXU result, then the back
-    # edge's branch and counter work (measured: ChipSpec.loop_back_edge_cycles; docs/timing-model.md).
+    # edge's own cycles, and no earlier than the loop's branch and counter work allow, which overlaps
+    # the body's results (measured: ChipSpec.loop_back_edge_cycles and loop_min_iteration_cycles,
+    # docs/timing-model.md 1.1).
     start = self.now if self.now > self.compute_done else self.compute_done
     cycles = self._loop_cycles
     now = start + cycles
-    floor = self._loop_floor
-    if floor:   # (hw.ChipSpec.loop_min_iteration_cycles, a candidate)
-      since = self.last_back_edge + floor
-      if since > now:
-        now = since
-      self.last_back_edge = now
-    self.now = now
+    floor = self.last_back_edge + self._loop_floor   # (the iteration's own minimum, measured)
+    if floor > now:
+      now = floor
+    self.now = self.last_back_edge = now
     self.unit_busy["scalar"] += cycles
 
   def branch(self, tested: int) -> None:
