@@ -609,7 +609,8 @@ def _step_cases() -> list[Case]:
   from benchmarks.hw.cases_fence import (chunk_cases, compute_part_cases, fence_cases,  # noqa: PLC0415
                                          flash_part_cases, ilp_cases, pipe_cases, sync_sweep_cases)
   from benchmarks.hw.cases_steps import loop_cases, mix_cases, step_cases  # noqa: PLC0415  (imports this)
-  from benchmarks.hw.cases_chain import chain_cases, eup_curve_cases, holdout_chain_cases  # noqa: PLC0415
+  from benchmarks.hw.cases_chain import (chain_cases, eup_curve_cases, holdout_chain_cases,  # noqa: PLC0415
+                                         step_raw_cases)
   from benchmarks.hw.cases_stream import (stream_pair_cases, sync_size_cases,  # noqa: PLC0415
                                           pv_part_cases, unit_overlap_cases, xlu_eup_cases,
                                           chain_dot_cases)
@@ -646,7 +647,8 @@ def _step_cases() -> list[Case]:
           + mm_step_cases() + copy_shape_cases() + copy_window_cases() + flash_size_cases()
           + gather_rows1_cases() + head_dim_cases() + row_end_cases() + step_book_cases()
           + dma_issue_cases() + write_burst_cases() + issue_form_cases()
-          + step_body_cases() + start_form_cases() + eup_stream_cases() + eup_curve_cases())
+          + step_body_cases() + start_form_cases() + eup_stream_cases() + eup_curve_cases()
+          + step_raw_cases())
 
 
 def all_cases() -> list[Case]:

@@ -145,3 +145,48 @@ def eup_curve_cases() -> list[Case]:
   for links in (2, 3, 4):
     out.append(Case(f"lfloor_fma_k{links}_u1", F, _loop_chain("fma", 1, n=1024, links=links)))
   return out
+
+
+def _step_raw(op, rows, raw, n=512):
+  """A pallas_call grid of `n` steps on fixed (rows, 128) blocks, one `op` link a step ('add': + 1.0 on
+  the VPU, 'tanh': tanh(x) * 0.9 on the EUP). `raw`: the link reads the f32 VMEM scratch the previous
+  step stored (s = link(s)); else it reads the fixed input block and stores the scratch (s = link(x)),
+  so no step loads what the step before it stored."""
+  def build():
+    jax, jnp, pl, pltpu = _jax()
+    link = (lambda v: v + 1.0) if op == "add" else (lambda v: jnp.tanh(v) * 0.9)
+
+    def kernel(x_ref, o_ref, acc_ref):
+      @pl.when(pl.program_id(0) == 0)
+      def _():
+        acc_ref[...] = x_ref[...]
+
+      acc_ref[...] = link(acc_ref[...] if raw else x_ref[...])
+
+      @pl.when(pl.program_id(0) == n - 1)
+      def _():
+        o_ref[...] = acc_ref[...]
+
+    fixed = lambda i: (0, 0)  # noqa: E731
+    call = pl.pallas_call(
+        kernel, out_shape=jax.ShapeDtypeStruct((rows, _LANES), jnp.float32), grid=(n,),
+        in_specs=[pl.BlockSpec((rows, _LANES), fixed)],
+        out_specs=pl.BlockSpec((rows, _LANES), fixed),
+        scratch_shapes=[pltpu.VMEM((rows, _LANES), jnp.float32)])
+    return call, (_rand((rows, _LANES), "float32", 1) * 0.01,)
+  return build
+
+
+def step_raw_cases() -> list[Case]:
+  """Session 36 (`step_raw`, measured for the next model step): grid steps holding one op on 16 or more
+  vregs cost the chip ~10 cycles more than the model (`ecurve_step_tanh_k1_r128` -19%, `cpart_acc`
+  -10%, `lpart_div` -12%), one-vreg steps do not. Is it the step's load of what the step before it
+  stored (a store-to-load wait through VMEM the model does not charge)? The same link a step on 1, 16
+  and 64 vregs, reading the scratch the previous step stored (`_raw`) or the fixed input (`_fresh`)."""
+  F = "step_raw"
+  out = []
+  for op in ("add", "tanh"):
+    for rows in (8, 128, 512):
+      for raw in (True, False):
+        out.append(Case(f"sraw_{op}_r{rows}_{'raw' if raw else 'fresh'}", F, _step_raw(op, rows, raw)))
+  return out
