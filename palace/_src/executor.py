@@ -34,7 +34,7 @@ class OpClass:
   LANE_BROADCAST = "lane_broadcast"  # an (N, 1) column that is not lane-replicated, across lanes
   MEDIUM = "medium"                  # divide, pow, integer div/mod
   TRANSCENDENTAL = "transcendental"  # exp2, log, tanh, sqrt, rsqrt, erf (the EUP)
-  EXP = "transcendental_exp"         # exp (the EUP, with a longer latency: an exp2 of a scaled operand)
+  EXP = "transcendental_exp"         # exp (the EUP, with a longer latency than the others: measured)
   EXPENSIVE = "expensive"            # sin, cos, tan, arctan (polynomials on the VPU)
   REDUCE_SUBLANE = "reduce_sublane"  # reductions over the second-minor dim
   REDUCE_LANE = "reduce_lane"        # reductions / scans over the last dim

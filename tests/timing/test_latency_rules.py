@@ -167,7 +167,7 @@ def test_back_to_back_eup_ops_are_two_cycles_apart_and_a_lone_one_is_not_delayed
 
 def test_exp_is_two_cycles_slower_than_exp2_and_tanh():
   """Measured on a TPU v5e (eup_curve, session 36): one-vreg chains of exp links cost 10.9 cycles a link,
-  exp2 and tanh links 8.9 (the chip computes exp as exp2 of a scaled operand): exp is its own cost
+  exp2 and tanh links 8.9 (Mosaic's LLO has one llo.vexp a vreg, no multiply before it): exp is its own cost
   class with two cycles more latency, on the EUP like the others."""
   assert cost.VECTOR_CLASSES["transcendental_exp"] == ("eup", 1, cost.VECTOR_CLASSES["transcendental"][2] + 2)
   x = (np.arange(8 * 128, dtype=np.float32).reshape(8, 128) % 7) * -0.1
