@@ -42,8 +42,8 @@ class OpClass:
   LOAD = "load"                      # vreg loads (packed tiles)
   STORE = "store"                    # vreg stores (packed tiles)
   FREE = "free"                      # leading-dim reshapes and transposes, bitcasts: no work
-  ALL = (CHEAP, BROADCAST, LANE_BROADCAST, MEDIUM, TRANSCENDENTAL, EXP, EXPENSIVE, REDUCE_SUBLANE, REDUCE_LANE, XLU, LOAD,
-         STORE, FREE)
+  ALL = (CHEAP, BROADCAST, LANE_BROADCAST, MEDIUM, TRANSCENDENTAL, EXP, EXPENSIVE, REDUCE_SUBLANE,
+         REDUCE_LANE, XLU, LOAD, STORE, FREE)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

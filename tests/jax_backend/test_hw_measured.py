@@ -111,7 +111,7 @@ BOUNDS = {
     "eup_stream": (0.04, 0.46),
     # session 36 (cases_chain.eup_curve_cases): EUP chains by size, loops by chain length
     "eup_curve": (0.04, 0.19),
-    # session 36 (cases_chain.step_raw_cases): one add or tanh link a grid step, reading the last step's store or not
+    # session 36 (cases_chain.step_raw_cases): one add or tanh link a grid step, reading the last store or not
     "step_raw": (0.06, 0.19),
     # measured after 655fb6c's predictions were recorded (v5e-holdout-predictions-*.json); the model
     # changed after that (the DMA-wait sync rule), so these are no longer blind predictions

@@ -181,7 +181,8 @@ def roofline_time_s(chip: ChipSpec, flops: float, hbm_bytes: float, num_chips: i
 # ------------------------------------------------------------------ SparseCore vector subcores
 # op class -> subcore VPU ops per (lanes * packing)-element chunk; classes not listed cost 1. Modelling
 # assumptions (sim/subcore.py's docstring): no public per-op figures exist for SparseCore subcores.
-SPARSECORE_VECTOR_OPS = {_C.MEDIUM: 4, _C.TRANSCENDENTAL: 4, _C.EXP: 4, _C.EXPENSIVE: 16, _C.REDUCE_LANE: 2, _C.XLU: 2}
+SPARSECORE_VECTOR_OPS = {_C.MEDIUM: 4, _C.TRANSCENDENTAL: 4, _C.EXP: 4, _C.EXPENSIVE: 16, _C.REDUCE_LANE: 2,
+                         _C.XLU: 2}
 SPARSECORE_VECTOR_LATENCY_CYCLES = 2   # result latency of every subcore vector op (assumption)
 
 
