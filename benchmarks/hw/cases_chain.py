@@ -47,6 +47,19 @@ def _op(jax, jnp, op):
   raise ValueError(op)
 
 
+def _fixed_rows_call(jax, jnp, pl, pltpu, kernel, rows, n):
+  """(pallas_call, args) of `kernel(x_ref, o_ref, acc_ref)` on a grid of `n` steps whose (rows, 128) f32
+  input and output blocks never change, with an f32 VMEM scratch of the same shape (the frame of
+  `_step_chain` and `_step_raw`)."""
+  fixed = lambda i: (0, 0)  # noqa: E731
+  call = pl.pallas_call(
+      kernel, out_shape=jax.ShapeDtypeStruct((rows, _LANES), jnp.float32), grid=(n,),
+      in_specs=[pl.BlockSpec((rows, _LANES), fixed)],
+      out_specs=pl.BlockSpec((rows, _LANES), fixed),
+      scratch_shapes=[pltpu.VMEM((rows, _LANES), jnp.float32)])
+  return call, (_rand((rows, _LANES), "float32", 1) * 0.01,)
+
+
 def _step_chain(op, k, rows=8, n=512):
   """A pallas_call grid of `n` steps on fixed (rows, 128) blocks: each step applies `k` dependent links
   of `op` to an f32 VMEM accumulator and stores it back."""
@@ -68,13 +81,7 @@ def _step_chain(op, k, rows=8, n=512):
       def _():
         o_ref[...] = acc_ref[...]
 
-    fixed = lambda i: (0, 0)  # noqa: E731
-    call = pl.pallas_call(
-        kernel, out_shape=jax.ShapeDtypeStruct((rows, _LANES), jnp.float32), grid=(n,),
-        in_specs=[pl.BlockSpec((rows, _LANES), fixed)],
-        out_specs=pl.BlockSpec((rows, _LANES), fixed),
-        scratch_shapes=[pltpu.VMEM((rows, _LANES), jnp.float32)])
-    return call, (_rand((rows, _LANES), "float32", 1) * 0.01,)
+    return _fixed_rows_call(jax, jnp, pl, pltpu, kernel, rows, n)
   return build
 
 
@@ -167,13 +174,7 @@ def _step_raw(op, rows, raw, n=512):
       def _():
         o_ref[...] = acc_ref[...]
 
-    fixed = lambda i: (0, 0)  # noqa: E731
-    call = pl.pallas_call(
-        kernel, out_shape=jax.ShapeDtypeStruct((rows, _LANES), jnp.float32), grid=(n,),
-        in_specs=[pl.BlockSpec((rows, _LANES), fixed)],
-        out_specs=pl.BlockSpec((rows, _LANES), fixed),
-        scratch_shapes=[pltpu.VMEM((rows, _LANES), jnp.float32)])
-    return call, (_rand((rows, _LANES), "float32", 1) * 0.01,)
+    return _fixed_rows_call(jax, jnp, pl, pltpu, kernel, rows, n)
   return build
 
 
