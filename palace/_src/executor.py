@@ -95,7 +95,8 @@ class Executor(Protocol):
   def store(self, buf, index, shape, data, ready: int) -> None: ...
   def note_access(self, buf, index, kind: str, shape, atomic: bool = False) -> None: ...  # by lang
   def vector_op(self, op_class: str, shape, dtype, ready: int) -> int: ...   # op_class: an OpClass
-  def matmul(self, m: int, k: int, n: int, batch: int, lhs_dtype, rhs_dtype, ready: int) -> int: ...
+  def matmul(self, m: int, k: int, n: int, batch: int, lhs_dtype, rhs_dtype, ready: int,
+             weights=None) -> int: ...   # weights: the right operand (its identity: kept latched?)
   def scalar_op(self, ready: int = 0) -> int: ...
   def scalar_ops(self, n: int) -> tuple: ...   # n scalar_ops at once -> (clock before, cycles of one)
   def delay(self, cycles: int) -> None: ...     # the scalar core sleeps (pl.delay); units keep running

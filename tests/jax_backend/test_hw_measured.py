@@ -34,10 +34,10 @@ BOUNDS = {
     "transpose": (0.09, 0.14), "scalar_prefetch": (0.08, 0.11), "small_launch": (0.03, 0.09),
     "flash": (0.04, 0.14), "splash": (0.03, 0.06), "gmm": (0.05, 0.05),
     "paged_attention": (0.16, 0.21), "op_chain": (0.03, 0.10), "dma_probe": (0.05, 0.48),
-    "dma_sync": (0.04, 0.06), "op_overlap": (0.03, 0.13), "step_sweep": (0.05, 0.14),
+    "dma_sync": (0.04, 0.06), "op_overlap": (0.03, 0.11), "step_sweep": (0.05, 0.14),
     "step_mix": (0.04, 0.25), "dma_curve": (0.04, 0.18), "dma_order": (0.07, 0.55),
     # session 21 (cases_fence.py): probes of the issue rules
-    "dma_fence": (0.03, 0.08), "loop_ilp": (0.04, 0.94), "dma_chunk": (0.13, 0.34),
+    "dma_fence": (0.03, 0.08), "loop_ilp": (0.04, 0.19), "dma_chunk": (0.13, 0.34),
     "pipe_fence": (0.04, 0.10), "flash_parts": (0.11, 0.22), "compute_parts": (0.07, 0.26),
     "latency_parts": (0.10, 0.30),
     # session 22 (cases_chain.py): the chains the vector latencies were fitted on

@@ -75,7 +75,7 @@ def _finish_matmul(a, b, data, out_shape, out_d, m, k, n, batch):
   ex = executor.maybe_current()
   if ex is None:
     return data
-  ready = ex.matmul(m, k, n, batch, a.dtype, b.dtype, ready_of(a, b))
+  ready = ex.matmul(m, k, n, batch, a.dtype, b.dtype, ready_of(a, b), b)
   return Array(None if ex.timing_only else data, tuple(out_shape), out_d, ready)
 
 
@@ -204,7 +204,7 @@ def dot(a, b, *, precision=None, preferred_element_type=None):
     if not ex.timing_only and a._data is not None and b._data is not None:
       chip_order = mxu.follows_chip(a.dtype, b.dtype, prec)
       if 2 * m * k * n >= deferred.MIN_FLOPS and not chip_order and deferred.deferrable(ex, a, b, out_d):
-        ready = ex.matmul(m, k, n, 1, a.dtype, b.dtype, ready_of(a, b))   # charged as issued
+        ready = ex.matmul(m, k, n, 1, a.dtype, b.dtype, ready_of(a, b), b)   # charged as issued
         return deferred.product(ex, a, b, ready, prec)   # rounded per span when computed
       va, vb = _mxu_operands(a, b, k, prec)
       data = _product(va, vb, chip_order)

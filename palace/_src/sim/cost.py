@@ -141,7 +141,8 @@ def _mlir_type(dtype) -> str:
   return f"{kind}{dt.bits(dtype)}"
 
 
-def matmul_cycles(chip: ChipSpec, m: int, k: int, n: int, batch: int, lhs_dtype, rhs_dtype):
+def matmul_cycles(chip: ChipSpec, m: int, k: int, n: int, batch: int, lhs_dtype, rhs_dtype,
+                  latched: bool = False):
   """(MXU busy cycles, result latency cycles) of `batch` (m,k)@(k,n) products on one TensorCore.
 
   [xla-cost] (tpu-hardware.md 2.2): num_latches = ceil(K/mxu) * ceil(N/mxu); vmatmuls per latch =
@@ -149,7 +150,8 @@ def matmul_cycles(chip: ChipSpec, m: int, k: int, n: int, batch: int, lhs_dtype,
   vmatmuls / n_MXU, rounded up to whole vmatmuls); latch cycles = latch_cadence * mxu / (8*32/bits): the
   first latch is never hidden, later ones show when longer than the vmatmuls between latches; +4 cycles
   per chained vmatmul when there is only one vmatmul per latch (MRB reuse). The fill/drain latency delays
-  the result but does not occupy the MXU (the next product can stream in behind it).
+  the result but does not occupy the MXU (the next product can stream in behind it). `latched`: the
+  weights are already in the MXUs (`matmul_issue`): the first latch is not paid.
   """
   cls = mxu_class(chip, lhs_dtype, rhs_dtype)
   bits = MXU_CLASS_BITS[cls]
@@ -162,10 +164,38 @@ def matmul_cycles(chip: ChipSpec, m: int, k: int, n: int, batch: int, lhs_dtype,
   latches_per_mxu = max(1, math.ceil(latches / chip.num_mxus))
   between = cadence * per_latch
   latch_cycles = chip.latch_cadence_cycles[cls] * chip.mxu_size // (8 * 32 // bits)
-  busy += latch_cycles + max(latch_cycles - between, 0) * (latches_per_mxu - 1)
+  busy += (0 if latched else latch_cycles) + max(latch_cycles - between, 0) * (latches_per_mxu - 1)
   if per_latch == 1:
     busy += 4 * vmatmuls_per_mxu
   return int(busy), chip.mxu_latency_cycles[cls]
+
+
+def matmul_mxus(chip: ChipSpec, m: int, k: int, n: int, batch: int, lhs_dtype, rhs_dtype) -> int:
+  """How many of the core's MXUs a product keeps busy: its vmatmuls spread over them, so a product of
+  fewer vmatmuls than `num_mxus` (one latch of one vreg's rows) leaves the others free."""
+  bits = MXU_CLASS_BITS[mxu_class(chip, lhs_dtype, rhs_dtype)]
+  latches = math.ceil(k / chip.mxu_size) * math.ceil(n / chip.mxu_size) * batch
+  return min(chip.num_mxus, latches * math.ceil(m / chip.rows_per_vmatmul(bits)))
+
+
+def matmul_issue(chip: ChipSpec, m: int, k: int, n: int, batch: int, lhs_dtype, rhs_dtype,
+                 latched: bool) -> tuple:
+  """(cycles the product holds the core's MXU unit, cycles from then to its result) as the TensorCore
+  issues it (measured on a v5e, session 37: benchmarks/hw `loop_ilp`, docs/timing-model.md 1.3).
+
+  * A product that keeps u < num_mxus MXUs busy (`matmul_mxus`) holds the unit u / num_mxus of its busy
+    cycles: independent small products run side by side on the other MXUs, and its own remaining
+    cycles delay only its result. Two or four independent chains of (8, 128) x (128, 128) bf16 dots in
+    a loop cost the chip 171 and 178 cycles an iteration against one chain's 171.
+  * `latched`: its weights are the previous product's, issued in the same basic block (no grid step or
+    rolled loop's back edge between), and fit the MXUs (one latch each): they stay latched, the first
+    latch is not paid. A dependent chain of such dots costs the chip 140 cycles a link unrolled, 171
+    rolled (the 32-cycle latch again each iteration).
+  """
+  reuse = latched and math.ceil(k / chip.mxu_size) * math.ceil(n / chip.mxu_size) * batch <= chip.num_mxus
+  busy, lat = matmul_cycles(chip, m, k, n, batch, lhs_dtype, rhs_dtype, reuse)
+  held = max(1, -(-busy * matmul_mxus(chip, m, k, n, batch, lhs_dtype, rhs_dtype) // chip.num_mxus))
+  return held, lat + busy - held
 
 
 def matmul_flops(m: int, k: int, n: int, batch: int) -> int:

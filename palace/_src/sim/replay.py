@@ -154,7 +154,7 @@ class ReplayCore:
   def vector_op(self, op_class, shape, dtype, ready: int) -> int:
     return ready
 
-  def matmul(self, m, k, n, batch, lhs_dtype, rhs_dtype, ready: int) -> int:
+  def matmul(self, m, k, n, batch, lhs_dtype, rhs_dtype, ready: int, weights=None) -> int:
     return ready
 
   def scalar_op(self, ready: int = 0) -> int:

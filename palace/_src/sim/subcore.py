@@ -110,7 +110,7 @@ class SparseSubcore(TensorCore):
     return self.machine.peer_buffer(buf, self.chip_index, SC_BASE + self.sc_index * spec.num_subcores
                                     + subcore, self)
 
-  def matmul(self, m, k, n, batch, lhs_dtype, rhs_dtype, ready: int) -> int:
+  def matmul(self, m, k, n, batch, lhs_dtype, rhs_dtype, ready: int, weights=None) -> int:
     raise UnsupportedError(
         f"Matrix multiplication {self.where()}: SparseCores have no MXU. Fix: run matmuls on the "
         f"TensorCore (an MPMD pl.kernel can combine a TensorCoreMesh body with SparseCore bodies).")

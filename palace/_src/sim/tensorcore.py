@@ -53,7 +53,8 @@ class CostMemo(dict):
 
 def cost_memos(chip) -> tuple:
   """(vector costs, MXU charges, copy timings) memos of `chip`: (op class, shape, dtype) -> (unit,
-  busy, latency), (m, k, n, batch, dtypes) -> (busy, latency, flops, label) and (id(source space),
+  busy, latency), (m, k, n, batch, dtypes, weights kept latched) -> (cycles on the MXU unit, latency
+  from then, flops, label: cost.matmul_issue) and (id(source space),
   id(destination space)) -> dma.copy_timing (filled by DmaEngine._prepare; a few memory-space
   pairs). Pure functions of the frozen chip spec, so a VirtualTPU keeps one set for all its launches
   (machine.VirtualTPU.cost_memos)."""
@@ -61,8 +62,8 @@ def cost_memos(chip) -> tuple:
           CostMemo(functools.partial(_matmul_charge, chip)), {})
 
 
-def _matmul_charge(chip, m, k, n, batch, lhs_dtype, rhs_dtype) -> tuple:
-  return (*cost.matmul_cycles(chip, m, k, n, batch, lhs_dtype, rhs_dtype),
+def _matmul_charge(chip, m, k, n, batch, lhs_dtype, rhs_dtype, latched) -> tuple:
+  return (*cost.matmul_issue(chip, m, k, n, batch, lhs_dtype, rhs_dtype, latched),
           cost.matmul_flops(m, k, n, batch), f"matmul {m}x{k}x{n}")
 
 
@@ -119,6 +120,7 @@ class TensorCore:
     self.mxu_results = {} if self._handoff or self._chain_waits else None
     self.xlu_last = (None, 0)
     self.mxu_done = 0         # latest MXU result (popped by issue slots before a step's bookkeeping)
+    self.mxu_weights = None   # the right operand of the basic block's last product (still latched)
     self.flops = 0
     # this core's memories (capacity, live allocations; VMEM_SHARED is modelled as VMEM on a TensorCore)
     self.memory = memory.Allocator.of_core(self, params.vmem_limit_bytes)
@@ -234,8 +236,11 @@ class TensorCore:
         return done
     return self._issue(unit, busy, lat, ready, op_class)
 
-  def matmul(self, m, k, n, batch, lhs_dtype, rhs_dtype, ready: int) -> int:
-    key = (m, k, n, batch, lhs_dtype, rhs_dtype)
+  def matmul(self, m, k, n, batch, lhs_dtype, rhs_dtype, ready: int, weights=None) -> int:
+    # weights kept latched from the previous product of this basic block (cost.matmul_issue)
+    latched = weights is not None and weights is self.mxu_weights
+    self.mxu_weights = weights
+    key = (m, k, n, batch, lhs_dtype, rhs_dtype, latched)
     hit = self._mcost.get(key)
     if hit is None:
       bad = cost.mxu_operand_error(self.chip, lhs_dtype, rhs_dtype)
@@ -471,6 +476,7 @@ class TensorCore:
       now = floor
     self.now = self.last_back_edge = now
     self.unit_busy["scalar"] += cycles
+    self.mxu_weights = None
 
   def branch(self, tested: int) -> None:
     # A conditional branch: `tested` scalar ops of its condition's test (pl.when's; a front end's
@@ -486,6 +492,7 @@ class TensorCore:
     # flight; the next step issues after the bookkeeping and `grid_step_drain_cycles` after the last
     # result (measured on a v5e: docs/timing-model.md 1.1).
     self.steps += 1
+    self.mxu_weights = None
     if self.mxu_results:
       self.mxu_results.clear()   # (a later step reads an earlier step's results from memory)
     if self.steps == 1:   # the first step's bookkeeping is the kernel's prologue
