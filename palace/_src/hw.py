@@ -155,6 +155,10 @@ class ChipSpec:
   # unit until then: the next store (of any later op) ends no earlier than that plus its own cycles,
   # unless it stores an (N, 1) column or an MXU result (directly or through VPU ops)
   stores_in_order: bool = False
+  # a vector store of more than one vreg streams behind its value: the store unit is busy until the
+  # value's last vreg (ready at the value's ready cycle) is stored, unless the store is exempt from
+  # stores_in_order's hold ((N, 1) columns, MXU results)
+  stores_stream_behind_values: bool = False
   # a conditional branch (pl.when, lax.cond, lax.switch) costs the scalar core this many cycles beyond
   # its condition's own ops
   branch_cycles: int = 0
@@ -360,6 +364,9 @@ _COMMON_SOURCES = _mp(
                     "or EUP stream accumulating into VMEM beside an MXU dot or a lane max costs the chip "
                     "nearly their sum (dot + c += b * 1e-3: 966 cycles a step, the dot alone 719); "
                     "candidate: it breaks a dot beside a lane max, which the chip overlaps",
+    stores_stream_behind_values=_OFF_HERE + "session 36's step_raw and eup_curve probes (benchmarks/hw, "
+                                "2026-12-07): a grid step's 16- or 64-vreg tanh costs the chip 7 cycles "
+                                "more than the same step's add",
     dma_queue_depth=_OFF_HERE + "(0 here) session 34's region traces of bursts (benchmarks/hw, "
                     "2026-12-07): beyond ~14 queued 4 KiB starts each start waits ~10 cycles",
     dma_issue_switch_cycles=_OFF_HERE + "(0 here) session 34's region traces: 16 starts alternating two "
@@ -633,6 +640,11 @@ _ADOPTED_SOURCES = _mp(
                     "cycles a step, the dot alone 719; unit_overlap, session 23), a stream that stores "
                     "nothing hides; an MXU result's or an (N, 1) column's store is not held (a dot beside "
                     "a lane max, chain_dot: the chip overlaps them); adopted in session 35",
+    stores_stream_behind_values=_S + "a grid step's tanh on 16 / 64 vregs costs the chip 7 cycles more "
+                                "than its add (step_raw, session 36: 59.3 / 109.1 against 52.3 / 102.0 "
+                                "cycles a step; the region traces' body segments, first load to last "
+                                "store, 37 / 84 against 30 / 78), one-vreg steps not (step_chain: their "
+                                "bookkeeping overlaps a lone store's wait); adopted in session 37",
     hbm_write_buffer_bytes=_S + "bursts of k DMA writes of 4 KiB-4 MiB (write_burst, session 33): a "
                            "sustained stream 643-667 GB/s, a burst's first ~1.05 MB ~750 GB/s, a serial "
                            "loop of 1 MiB writes 2426 cycles a write (region traces): a ~144 KB buffer "
@@ -646,7 +658,7 @@ V5E = dataclasses.replace(
     branch_cycles=4,
     index_map_cycles=16, index_map_plain_cycles=12, index_map_smem_cycles=23, index_map_subword_cycles=40,
     grid_step_dim_cycles=4, grid_step_operand_cycles=3.5, hbm_write_buffer_bytes=144_000,
-    dma_sequential_no_overhead=True, stores_in_order=True,
+    dma_sequential_no_overhead=True, stores_in_order=True, stores_stream_behind_values=True,
     sources=MappingProxyType({**V5E.sources, **_ADOPTED_SOURCES, "dma_wait_sync_cycles": (
         "not paid on v5e: its DMA waits take the latency form (dma_wait_latency_cycles)")}))
 
@@ -662,7 +674,7 @@ RULES_OFF = MappingProxyType(dict(
     index_map_cycles=0, index_map_plain_cycles=0, index_map_smem_cycles=0, index_map_subword_cycles=0,
     grid_step_dim_cycles=0, grid_step_operand_cycles=0.0, index_map_after_starts=False,
     hbm_write_buffer_bytes=0, dma_sequential_no_overhead=False, branch_cycles=0, dma_queue_depth=0,
-    dma_issue_switch_cycles=0, stores_in_order=False))
+    dma_issue_switch_cycles=0, stores_in_order=False, stores_stream_behind_values=False))
 
 
 @dataclasses.dataclass(frozen=True)

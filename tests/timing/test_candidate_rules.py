@@ -11,6 +11,7 @@ import palace as pl
 import palace.numpy as jnp
 from palace import tpu as pltpu
 from palace._src import hw
+from palace._src.sim import cost
 
 from timing_helpers import UNIT_CHIP, run_four_copies
 
@@ -29,7 +30,8 @@ def test_the_measured_rules_are_on_for_v5e_only_and_the_candidates_off_everywher
              "index_map_cycles": 16, "index_map_plain_cycles": 12,
              "index_map_smem_cycles": 23, "index_map_subword_cycles": 40, "grid_step_dim_cycles": 4,
              "grid_step_operand_cycles": 3.5, "hbm_write_buffer_bytes": 144_000,
-             "dma_sequential_no_overhead": True, "stores_in_order": True}
+             "dma_sequential_no_overhead": True, "stores_in_order": True,
+             "stores_stream_behind_values": True}
   v5e = hw.get_chip("v5e")
   assert {k: getattr(v5e, k) for k in adopted} == adopted
   for k in adopted:   # each adopted value names its measurement
@@ -653,3 +655,35 @@ def test_with_stores_in_order_a_store_waits_for_the_earlier_stores_late_value():
   # overlaps them, session 23's unit_overlap)
   chip = dataclasses.replace(UNIT_CHIP, stores_in_order=True)
   assert _two_stores(chip, cols=1)[0] == _two_stores(UNIT_CHIP, cols=1)[0]
+
+
+def _tanh_steps(chip, rows):
+  """Two grid steps of o = tanh(x) on fixed (rows, 128) f32 blocks: (the second step's bookkeeping
+  start, the first step's EUP end, its store's (start, end))."""
+  def k(x_ref, o_ref):
+    o_ref[...] = jnp.tanh(x_ref[...])
+
+  x = np.linspace(-2, 2, rows * 128, dtype=np.float32).reshape(rows, 128)
+  fixed = pl.BlockSpec((rows, 128), lambda i: (0, 0))
+  with pl.virtual_tpu(chip, trace=True) as tpu:
+    out = pl.pallas_call(k, out_shape=pl.ShapeDtypeStruct(x.shape, np.float32), grid=(2,),
+                         in_specs=[fixed], out_specs=fixed)(x)
+  np.testing.assert_allclose(out, np.tanh(x), rtol=1e-6)
+  r = tpu.reports[-1]
+  steps = [e for e in _events(r, "scalar") if e[0] == "grid step"]
+  return steps[0][1], _events(r, "eup")[0][2], _events(r, "vst")[0][1:]
+
+
+def test_with_stores_stream_behind_values_a_block_store_holds_the_unit_until_its_last_vreg():
+  """stores_stream_behind_values (v5e; session 36's step_raw: a 16- or 64-vreg tanh step costs the chip
+  7 cycles more than the same step's add): a block's store ends when the last vreg of its value has come
+  and been stored, and the step's bookkeeping starts after it; without the rule it starts when the
+  store unit's own cycles end, the EUP's results still in flight. A one-vreg store is not held."""
+  lat = cost.VECTOR_CLASSES["transcendental"][2]
+  st_lat = cost.VECTOR_CLASSES["store"][2]
+  on = dataclasses.replace(UNIT_CHIP, stores_stream_behind_values=True)
+  step, eup_end, (st_start, st_end) = _tanh_steps(UNIT_CHIP, 128)
+  assert step == st_end == st_start + 16 < eup_end + lat
+  step, eup_end, _ = _tanh_steps(on, 128)
+  assert step == eup_end + lat + st_lat
+  assert _tanh_steps(on, 8) == _tanh_steps(UNIT_CHIP, 8)

@@ -108,6 +108,7 @@ class TensorCore:
     self.unit_issued = dict.fromkeys(cost.UNITS, 0)   # start of each unit's latest op (_issue)
     self.store_hold = 0   # the in-order store unit's next store waits for this (`store`)
     self._store_hold_rule = self.chip.stores_in_order
+    self._store_stream_rule = self.chip.stores_stream_behind_values
     self.unit_busy = dict.fromkeys(cost.UNITS, 0)
     self.horizon = 0
     self.compute_done = 0     # latest result of any vector/MXU op (loop back edges drain it; grid_step)
@@ -321,17 +322,23 @@ class TensorCore:
     else:
       unit, busy, lat = self._vcost[("store", shape, buf.dtype)]
       held = self._store_hold_rule   # (hw.ChipSpec.stores_in_order, v5e)
+      free = self.unit_free
+      exempt = False
       if held:
         # a store ends no earlier than `busy` cycles after the value of the store before it came
         # (`store_hold`), unless it stores an (N, 1) column or an MXU result (directly or through VPU
         # ops: `mxu_results`); it holds the next one until its own value comes (measured: session 35's
         # eup_stream, a second independent block stream's stores wait for the first's)
-        free, mxu = self.unit_free, self.mxu_results
-        if self.store_hold > free[unit] and not (shape[-1] == 1 and len(shape) > 1) \
-            and not (mxu and ready in mxu):
+        mxu = self.mxu_results
+        exempt = (shape[-1] == 1 and len(shape) > 1) or bool(mxu and ready in mxu)
+        if not exempt and self.store_hold > free[unit]:
           free[unit] = self.store_hold
       done = self._issue(unit, busy, lat, ready, "store")
-      if held and ready > self.unit_free[unit]:
+      if busy > 1 and self._store_stream_rule and not exempt and ready >= free[unit]:
+        # (hw.ChipSpec.stores_stream_behind_values, v5e) a block's stores stream behind its value: the
+        # unit is busy until its last vreg is stored (measured: session 36's step_raw)
+        free[unit] = done
+      if held and ready > free[unit]:
         self.store_hold = ready
     if done > buf.ready_cycle:
       buf.ready_cycle = done
