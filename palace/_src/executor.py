@@ -94,7 +94,8 @@ class Executor(Protocol):
   def load(self, buf, index, shape, site=None): ...          # -> (np data | None, ready_cycle)
   def store(self, buf, index, shape, data, ready: int) -> None: ...
   def note_access(self, buf, index, kind: str, shape, atomic: bool = False) -> None: ...  # by lang
-  def vector_op(self, op_class: str, shape, dtype, ready: int) -> int: ...   # op_class: an OpClass
+  def vector_op(self, op_class: str, shape, dtype, ready: int, links: int = 0) -> int: ...
+  # op_class: an OpClass; links: the op is that many dependent steps (a reduction's accumulation chain)
   def matmul(self, m: int, k: int, n: int, batch: int, lhs_dtype, rhs_dtype, ready: int,
              weights=None) -> int: ...   # weights: the right operand (its identity: kept latched?)
   def scalar_op(self, ready: int = 0) -> int: ...

@@ -563,3 +563,12 @@ def test_vector_conditions(use):
   pat = r"A condition must be a scalar; got shape \(8, 128\) at grid point.*jnp\.any"
   with pytest.raises(pl.UsageError, match=pat):
     _call(kernel)(X[:8, :128])
+
+
+def test_program_id_without_a_grid_says_the_call_has_none():
+  def kernel(x_ref, o_ref):
+    o_ref[...] = x_ref[:8, :128] + pl.program_id(0)
+
+  with pytest.raises(pl.UsageError, match=r"pl.program_id\(0\) in a pallas_call without a grid \(grid=\(\)\) .*"
+                                          r"kernel 'kernel'.*Fix: give the call a grid"):
+    _call(kernel)(X)

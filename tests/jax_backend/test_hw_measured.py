@@ -39,7 +39,7 @@ BOUNDS = {
     # session 21 (cases_fence.py): probes of the issue rules
     "dma_fence": (0.03, 0.08), "loop_ilp": (0.04, 0.19), "dma_chunk": (0.13, 0.34),
     "pipe_fence": (0.04, 0.10), "flash_parts": (0.11, 0.23), "compute_parts": (0.06, 0.11),
-    "latency_parts": (0.08, 0.30),
+    "latency_parts": (0.08, 0.13),
     # session 22 (cases_chain.py): the chains the vector latencies were fitted on
     "step_chain": (0.05, 0.15), "loop_chain": (0.04, 0.10),
     # session 22's last call, recorded for the next model step (the DMA-wait sync beside compute)
@@ -108,7 +108,7 @@ BOUNDS = {
     # session 35 (cases_start.py): rounds of copies double-buffered in each start form (the engine streams)
     "start_form": (0.05, 0.20),
     # session 35 (cases_eup.py): the exp stream taken apart beside nothing, a dot or a lane max
-    "eup_stream": (0.03, 0.46),
+    "eup_stream": (0.03, 0.22),
     # session 36 (cases_chain.eup_curve_cases): EUP chains by size, loops by chain length
     "eup_curve": (0.03, 0.09),
     # session 36 (cases_chain.step_raw_cases): one add or tanh link a grid step, reading the last store or not

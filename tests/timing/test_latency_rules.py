@@ -54,7 +54,8 @@ def test_a_reduction_result_broadcasts_back_on_the_vpu_a_loaded_column_on_the_xl
 
 def test_reductions_are_charged_on_the_operand_vregs():
   """A lane max of (128, 128) is 16 XLU reductions (one per 8 rows); of (8, 1024) one, after VPU folds
-  of the 7 other lane tiles; a sum over rows of (128, 128) is 16 vregs of VPU work."""
+  of the 7 other lane tiles; a sum over rows of (128, 128) is 16 vregs of VPU work (15 folds, then one
+  vreg's sublane reduction)."""
   def lane_max(x_ref, o_ref):
     o_ref[...] = jnp.broadcast_to(jnp.max(x_ref[...], axis=-1, keepdims=True), o_ref.shape)
 
@@ -74,7 +75,10 @@ def test_reductions_are_charged_on_the_operand_vregs():
 
   out, r = _run(col_sum, x, out_shape=(128, 128))
   np.testing.assert_array_equal(out, np.broadcast_to(x.sum(0, keepdims=True), x.shape))
-  assert ("reduce_sublane", 16 // UNIT_CHIP.vpu_alus_per_lane) in _ops(r, "vpu")
+  # (the 15 other row tiles folded into one vreg, then that vreg's sublane reduction: a trace shows a
+  # queued op from the op before it's start)
+  ops = _ops(r, "vpu")
+  assert ops[0] == ("cheap", -(-15 // UNIT_CHIP.vpu_alus_per_lane)) and ops[1][0] == "reduce_sublane"
 
 
 @pytest.mark.parametrize("links", [2, 3])
@@ -190,3 +194,30 @@ def test_exp_is_two_cycles_slower_than_exp2_and_tanh():
     cycles[name] = r.device_cycles
     assert {e[0] for e in _eup_events(r)} == {"transcendental_exp" if name == "exp" else "transcendental"}
   assert cycles["exp2"] == cycles["tanh"] and cycles["exp"] - cycles["tanh"] == 4 * 2
+
+
+def test_a_reduction_accumulates_its_vregs_in_a_dependent_chain():
+  """Measured on a TPU v5e (session 37: `eups_exp_sum_r2048`, a column sum of 256 exp vregs, cost the chip
+  ~567 cycles a step, 310 more than the exp stream alone; `lpart_sublane_sum`): a reduction first adds its
+  operand's vregs into one vreg per output tile, one after another. A sum over the rows of (128, 128) is
+  15 dependent adds (CHEAP_LAT each) and then one vreg's sublane reduction; a sum over the leading axis of
+  (32, 8, 128) is 31 adds; a lane max of (8, 128) has nothing to accumulate."""
+  got = {}
+
+  def kernel(x_ref, y_ref, o_ref):
+    x = x_ref[...]
+    rows = jnp.sum(x, axis=0, keepdims=True)
+    lead = jnp.sum(y_ref[...], axis=0)
+    got["x"], got["rows"], got["lead"] = x._ready, rows._ready, lead._ready
+    o_ref[...] = rows + lead
+
+  x = (np.arange(128 * 128, dtype=np.float32).reshape(128, 128) % 5) * 0.5
+  y = (np.arange(32 * 8 * 128, dtype=np.float32).reshape(32, 8, 128) % 3) * 0.25
+  with pl.virtual_tpu(UNIT_CHIP, trace=True) as tpu:
+    out = pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct((8, 128), np.float32))(x, y)
+  np.testing.assert_allclose(out, x.sum(0, keepdims=True) + y.sum(0), rtol=1e-6)
+  vpu = [(e[2], e[3]) for e in tpu.reports[-1].events if e[1] == "vpu"]
+  (c1, s1), (sub, _), (c2, s2) = vpu[:3]
+  assert (c1, sub, c2) == ("cheap", "reduce_sublane", "cheap")
+  assert got["rows"] == max(s1 + 15 * CHEAP_LAT, got["x"] + CHEAP_LAT) + cost.VECTOR_CLASSES["reduce_sublane"][2]
+  assert got["lead"] == s2 + 31 * CHEAP_LAT

@@ -23,14 +23,33 @@ from palace._src.util import keep, user_frame_summary
 _IMPORTED = frozenset(globals())  # names above are imports, not this module's API
 
 
-def _charge(ex, cls, shape, dtype, ready) -> int:
-  """Charge a reduction of an operand of `shape` to the core; its result's ready cycle. Rows wider than
-  one vreg (128 lanes) are first folded to one vreg per 8 rows with elementwise VPU ops, then reduced
-  across lanes once per 8 rows on the XLU (measured on a v5e: docs/timing-model.md)."""
-  if cls is OpClass.REDUCE_LANE and shape[-1] > 128:
-    ready = ex.vector_op(OpClass.CHEAP, shape[:-1] + (shape[-1] - 128,), dtype, ready)
-    shape = shape[:-1] + (128,)
-  return ex.vector_op(cls, shape, dtype, ready)
+def _vregs(shape) -> int:
+  """(8, 128) 32-bit tiles of a value of `shape` (arithmetic is counted in 32-bit tiles)."""
+  if len(shape) < 2:
+    return -(-(shape[0] if shape else 1) // 1024) or 1
+  lead = 1
+  for d in shape[:-2]:
+    lead *= d
+  return lead * -(-shape[-2] // 8) * -(-shape[-1] // 128) or 1
+
+
+def _charge(ex, cls, shape, axes, dtype, ready) -> int:
+  """Charge a reduction of an operand of `shape` over `axes` to the core; its result's ready cycle. The
+  operand's vregs are first accumulated elementwise into one vreg per output tile (every reduced axis cut
+  to one vreg's extent: leading axes to 1, the sublane axis to 8 rows, the lane axis to 128 lanes), a
+  dependent chain of VPU ops per output tile (measured on a v5e, session 37: docs/timing-model.md 1.4);
+  then a lane reduction is done once per 8 rows on the XLU, a sublane one within each vreg on the VPU."""
+  nd = len(shape)
+  # (this module's `min` is jnp.min)
+  folded = tuple(d if i not in axes else 1 if i < nd - 2 else d if d < (8 if i == nd - 2 else 128)
+                 else (8 if i == nd - 2 else 128) for i, d in enumerate(shape))
+  into = _vregs(folded)
+  folds = _vregs(shape) - into
+  if folds > 0:
+    ready = ex.vector_op(OpClass.CHEAP, (folds * 8, 128), dtype, ready, folds // into)
+  if cls is OpClass.CHEAP:
+    return ready
+  return ex.vector_op(cls, folded, dtype, ready)
 
 
 def _reduce_class(axes, ndim):
@@ -108,7 +127,7 @@ def _reduction(npfn, name, result="same"):
     # shape; the XLU leaves each row's lane reduction in every lane (Array._lanes)
     if ex.timing_only and out_shape:
       data = None
-    return Array(data, out_shape, out_d, _charge(ex, cls, shape, in_d, ready),
+    return Array(data, out_shape, out_d, _charge(ex, cls, shape, axes, in_d, ready),
                  cls is OpClass.REDUCE_LANE and bool(out_shape))
 
   op.__name__ = name

@@ -151,7 +151,7 @@ class ReplayCore:
     a kernel that traces values: its schedule entry is Never)."""
 
   # compute: no clock
-  def vector_op(self, op_class, shape, dtype, ready: int) -> int:
+  def vector_op(self, op_class, shape, dtype, ready: int, links: int = 0) -> int:
     return ready
 
   def matmul(self, m, k, n, batch, lhs_dtype, rhs_dtype, ready: int, weights=None) -> int:

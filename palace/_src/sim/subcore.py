@@ -61,7 +61,9 @@ class SparseSubcore(TensorCore):
         "scalar subcore" if self.scalar else f"vector subcore {self.subcore}") + \
         f" in kernel '{self.kernel_name}'"
 
-  def vector_op(self, op_class: str, shape, dtype, ready: int) -> int:
+  def vector_op(self, op_class: str, shape, dtype, ready: int, links: int = 0) -> int:
+    # (`links`, a TensorCore reduction's accumulation chain, is not measured on SparseCores: their
+    # vector ops keep the one cost of cost.sparsecore_vector_cost)
     unit, busy, lat = cost.sparsecore_vector_cost(self.lanes, op_class, shape, dtype)
     if unit is None:
       return ready

@@ -221,10 +221,23 @@ class TensorCore:
       trace.add((self.tid, unit, what, start, end, None))
     return done
 
-  def vector_op(self, op_class: str, shape, dtype, ready: int) -> int:
+  def vector_op(self, op_class: str, shape, dtype, ready: int, links: int = 0) -> int:
     unit, busy, lat = self._vcost[(op_class, shape, None)]   # (arithmetic is costed in 32-bit tiles)
     if unit is None:
       return ready
+    if links > 1:   # `links` dependent steps (a reduction's accumulation): at least links latencies long
+      done = self.vector_op(op_class, shape, dtype, ready)
+      chain = self.unit_issued[unit] + links * lat
+      if chain > done:
+        results = self.mxu_results
+        if results and done in results:   # (an MXU result passed on: the hand-off rule follows it)
+          results[chain] = results[done]
+        done = chain
+        if done > self.compute_done:
+          self.compute_done = done
+          if done > self.horizon:
+            self.horizon = done
+      return done
     results = self.mxu_results
     if results and self._handoff and ready in results:   # (hw.ChipSpec, v5e)
       vregs = results[ready]
