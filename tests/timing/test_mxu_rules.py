@@ -35,30 +35,34 @@ def test_small_products_hold_their_share_of_the_mxus():
 
 
 def _chains(x, w, chains, n, unroll):
+  """`chains` dot chains in a fori_loop; w (128, 128) or (k, 128, 128): chain c multiplies by w[c % k]."""
+  ws = w if w.ndim == 3 else w[None]
+
   def kernel(x_ref, w_ref, o_ref):
-    wv = w_ref[...]
+    wv = [w_ref[i] for i in range(ws.shape[0])]
     init = tuple(x_ref[...] + float(c) for c in range(chains))
     out = lax.fori_loop(0, n, lambda i, xs: tuple(
-        jnp.dot(v.astype(BF16), wv, preferred_element_type=jnp.float32) for v in xs), init, unroll=unroll)
+        jnp.dot(v.astype(BF16), wv[c % len(wv)], preferred_element_type=jnp.float32)
+        for c, v in enumerate(xs)), init, unroll=unroll)
     acc = out[0]
     for y in out[1:]:
       acc = acc + y
     o_ref[...] = acc
 
   with pl.virtual_tpu(UNIT_CHIP, trace=True) as tpu:
-    out = pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct((8, 128), np.float32))(x, w)
+    out = pl.pallas_call(kernel, out_shape=pl.ShapeDtypeStruct((8, 128), np.float32))(x, ws)
   report = tpu.reports[-1]
   ends = [e[4] for e in report.events if e[1] == "mxu"]
   return out, [b - a for a, b in zip(ends, ends[1:])]
 
 
 def _reference(x, w, chains, n):
-  wf = np.asarray(w, np.float32)
+  ws = np.asarray(w if w.ndim == 3 else w[None], np.float32)
   acc = np.zeros((8, 128), np.float32)
   for c in range(chains):
     v = x + np.float32(c)
     for _ in range(n):
-      v = np.asarray(v.astype(BF16), np.float32) @ wf
+      v = np.asarray(v.astype(BF16), np.float32) @ ws[c % len(ws)]
     acc = acc + v
   return acc
 
@@ -96,3 +100,18 @@ def test_four_independent_chains_cost_little_more_than_one():
     return tpu.reports[-1].device_cycles
 
   assert cycles(4) == cycles(2) == cycles(1) > 8 * (ONE + LAT)
+
+
+def test_each_mxu_keeps_its_own_weights():
+  """Two chains on two weight matrices, unrolled (session 37's holdout, `s37_dilp_c2_w2_u8`: the chip
+  takes them in the time of two chains on one matrix): the first dot of each latches, every later one
+  finds its weights kept; five matrices in turn overflow the four MXUs, and every dot latches."""
+  rng = np.random.default_rng(2)
+  x = rng.standard_normal((8, 128)).astype(np.float32) * 0.1
+  w = (rng.standard_normal((5, 128, 128)) * 0.05).astype(BF16)
+  kept = -(-KEPT // 4)
+  out, held = _chains(x, w[:2], chains=2, n=3, unroll=True)
+  np.testing.assert_allclose(out, _reference(x, w[:2], 2, 3), rtol=2e-2, atol=1e-3)
+  assert held[1:] == [kept] * 4 and held[0] == ONE // 4
+  _, held = _chains(x, w, chains=5, n=2, unroll=True)
+  assert held == [ONE // 4] * 9

@@ -34,13 +34,18 @@ def _vregs(shape) -> int:
 
 
 def _charge(ex, cls, shape, axes, dtype, ready) -> int:
-  """Charge a reduction of an operand of `shape` over `axes` to the core; its result's ready cycle. The
-  operand's vregs are first accumulated elementwise into one vreg per output tile (every reduced axis cut
-  to one vreg's extent: leading axes to 1, the sublane axis to 8 rows, the lane axis to 128 lanes), a
-  dependent chain of VPU ops per output tile (measured on a v5e, session 37: docs/timing-model.md 1.4);
-  then a lane reduction is done once per 8 rows on the XLU, a sublane one within each vreg on the VPU."""
+  """Charge a reduction of an operand of `shape` over `axes` to the core; its result's ready cycle. Rows
+  wider than one vreg (128 lanes) are first folded to one vreg per 8 rows with elementwise VPU ops; the
+  vregs along reduced leading and sublane axes are then accumulated into one vreg per output tile (those
+  axes cut to 1 and to 8 rows), a dependent chain of VPU ops per output tile (measured on a v5e, session
+  37: docs/timing-model.md 1.4); then a lane reduction is done once per 8 rows on the XLU, a sublane one
+  within each vreg on the VPU."""
   nd = len(shape)
-  # (this module's `min` is jnp.min)
+  # the lane tiles of a wide row first (no chain: measured, a (8, 2048) row max costs the chip 7.5
+  # cycles more than a (8, 512) one), then the leading and sublane axes (this module's `min` is jnp.min)
+  if cls is OpClass.REDUCE_LANE and shape[-1] > 128:
+    ready = ex.vector_op(OpClass.CHEAP, shape[:-1] + (shape[-1] - 128,), dtype, ready)
+    shape = shape[:-1] + (128,)
   folded = tuple(d if i not in axes else 1 if i < nd - 2 else d if d < (8 if i == nd - 2 else 128)
                  else (8 if i == nd - 2 else 128) for i, d in enumerate(shape))
   into = _vregs(folded)

@@ -187,10 +187,11 @@ def matmul_issue(chip: ChipSpec, m: int, k: int, n: int, batch: int, lhs_dtype, 
     cycles: independent small products run side by side on the other MXUs, and its own remaining
     cycles delay only its result. Two or four independent chains of (8, 128) x (128, 128) bf16 dots in
     a loop cost the chip 171 and 178 cycles an iteration against one chain's 171.
-  * `latched`: its weights are the previous product's, issued in the same basic block (no grid step or
-    rolled loop's back edge between), and fit the MXUs (one latch each): they stay latched, the first
-    latch is not paid. A dependent chain of such dots costs the chip 140 cycles a link unrolled, 171
-    rolled (the 32-cycle latch again each iteration).
+  * `latched`: its weights are one of the last `num_mxus` distinct weights multiplied in the same basic
+    block (no grid step or rolled loop's back edge between; each MXU keeps its own), and fit the MXUs
+    (one latch each): they stay latched, the first latch is not paid. A dependent chain of such dots
+    costs the chip 140 cycles a link unrolled, 171 rolled (the 32-cycle latch again each iteration), and
+    two chains on two weight matrices unrolled cost what two on one do (session 37's holdout).
   """
   reuse = latched and math.ceil(k / chip.mxu_size) * math.ceil(n / chip.mxu_size) * batch <= chip.num_mxus
   busy, lat = matmul_cycles(chip, m, k, n, batch, lhs_dtype, rhs_dtype, reuse)

@@ -121,7 +121,7 @@ class TensorCore:
     self.mxu_results = {} if self._handoff or self._chain_waits else None
     self.xlu_last = (None, 0)
     self.mxu_done = 0         # latest MXU result (popped by issue slots before a step's bookkeeping)
-    self.mxu_weights = None   # the right operand of the basic block's last product (still latched)
+    self.mxu_weights = []     # the right operands of the basic block's latest products (still latched)
     self.flops = 0
     # this core's memories (capacity, live allocations; VMEM_SHARED is modelled as VMEM on a TensorCore)
     self.memory = memory.Allocator.of_core(self, params.vmem_limit_bytes)
@@ -251,9 +251,18 @@ class TensorCore:
     return self._issue(unit, busy, lat, ready, op_class)
 
   def matmul(self, m, k, n, batch, lhs_dtype, rhs_dtype, ready: int, weights=None) -> int:
-    # weights kept latched from the previous product of this basic block (cost.matmul_issue)
-    latched = weights is not None and weights is self.mxu_weights
-    self.mxu_weights = weights
+    # weights kept latched from a recent product of this basic block, one set per MXU (cost.matmul_issue)
+    kept = self.mxu_weights
+    latched = False
+    if weights is not None:
+      for i, w in enumerate(kept):
+        if w is weights:
+          latched = True
+          del kept[i]
+          break
+      kept.append(weights)   # (the most recent last; the least recent leaves when the MXUs are full)
+      if len(kept) > self.chip.num_mxus:
+        del kept[0]
     key = (m, k, n, batch, lhs_dtype, rhs_dtype, latched)
     hit = self._mcost.get(key)
     if hit is None:
@@ -496,7 +505,7 @@ class TensorCore:
       now = floor
     self.now = self.last_back_edge = now
     self.unit_busy["scalar"] += cycles
-    self.mxu_weights = None
+    self.mxu_weights.clear()
 
   def branch(self, tested: int) -> None:
     # A conditional branch: `tested` scalar ops of its condition's test (pl.when's; a front end's
@@ -512,7 +521,7 @@ class TensorCore:
     # flight; the next step issues after the bookkeeping and `grid_step_drain_cycles` after the last
     # result (measured on a v5e: docs/timing-model.md 1.1).
     self.steps += 1
-    self.mxu_weights = None
+    self.mxu_weights.clear()
     if self.mxu_results:
       self.mxu_results.clear()   # (a later step reads an earlier step's results from memory)
     if self.steps == 1:   # the first step's bookkeeping is the kernel's prologue
