@@ -35,7 +35,7 @@ BOUNDS = {
     "flash": (0.04, 0.14), "splash": (0.03, 0.06), "gmm": (0.05, 0.05),
     "paged_attention": (0.16, 0.21), "op_chain": (0.03, 0.10), "dma_probe": (0.05, 0.48),
     "dma_sync": (0.04, 0.06), "op_overlap": (0.03, 0.11), "step_sweep": (0.05, 0.14),
-    "step_mix": (0.04, 0.25), "dma_curve": (0.04, 0.18), "dma_order": (0.07, 0.55),
+    "step_mix": (0.05, 0.25), "dma_curve": (0.04, 0.12), "dma_order": (0.05, 0.30),
     # session 21 (cases_fence.py): probes of the issue rules
     "dma_fence": (0.03, 0.08), "loop_ilp": (0.04, 0.19), "dma_chunk": (0.13, 0.34),
     "pipe_fence": (0.04, 0.10), "flash_parts": (0.11, 0.23), "compute_parts": (0.06, 0.11),
@@ -82,7 +82,7 @@ BOUNDS = {
     "page_wheelgrid": (0.02, 0.02),
     # session 29 (cases_mmstep.py): the 128-block tutorial matmul's step taken apart, and copy-only
     # pipelines of 32 and 64 KiB blocks of several dtypes and shapes with their output write-backs
-    "mm_step": (0.04, 0.08), "copy_shape": (0.10, 0.26),
+    "mm_step": (0.05, 0.08), "copy_shape": (0.10, 0.26),
     # session 29: copy_shape's step with 2-D windows, the 3-D grid, the tutorial's copies alone
     "copy_window": (0.03, 0.03),
     # session 30 (cases_size.py): the wheel's flash at head_dim 64 over batch and sequence (does the step

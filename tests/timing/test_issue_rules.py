@@ -113,6 +113,45 @@ def test_a_read_within_the_head_is_not_held():
   assert [e[0] for e in _events(r, "dma")] == ["hbm->vmem", "vmem->hbm"]
 
 
+def _write_then_read(read_rows, write_rows=512):
+  """A write of `write_rows` x 128 f32 started, then a read of `read_rows` x 128 f32, both waited: (the
+  report, the write's end of transfer)."""
+  def k(x_hbm, o_hbm, rbuf, wbuf, sem):
+    wr = pltpu.make_async_copy(wbuf, o_hbm, sem.at[1])
+    rd = pltpu.make_async_copy(x_hbm, rbuf, sem.at[0])
+    wr.start()
+    rd.start()
+    rd.wait()
+    wr.wait()
+
+  x = np.ones((read_rows, 128), np.float32)
+  with pl.virtual_tpu(UNIT_CHIP, trace=True) as tpu:
+    pl.pallas_call(k, out_shape=pl.ShapeDtypeStruct((write_rows, 128), np.float32), in_specs=[ANY_SPEC],
+                   out_specs=ANY_SPEC,
+                   scratch_shapes=[pltpu.VMEM((read_rows, 128), jnp.float32),
+                                   pltpu.VMEM((write_rows, 128), jnp.float32),
+                                   pltpu.SemaphoreType.DMA((2,))])(x)
+  return tpu.reports[-1], ISSUE + write_rows * 128 * 4 / BPC
+
+
+def test_a_read_within_the_head_overtakes_a_write_in_transfer():
+  """Measured (session 37, `dma_order`): a 16 KiB read started after a 256 KiB write lands as if alone,
+  before the write; after a 16 KiB write, which it would not beat, it queues behind it as the calendar
+  has it; a 64 KiB read (over the head) queues behind the write and pays the turnaround."""
+  r, w_end = _write_then_read(32)
+  start = 2 * ISSUE
+  small = 32 * 128 * 4
+  assert _events(r, "dma")[1] == ("hbm->vmem", start, math.ceil(start + small / BPC) + LAT_READ)
+  assert _events(r, "dma")[1][2] < w_end
+  r, w_end = _write_then_read(32, write_rows=32)
+  assert _events(r, "dma")[1] == ("hbm->vmem", pytest.approx(w_end), math.ceil(w_end + small / BPC) + LAT_READ)
+  r, w_end = _write_then_read(128)
+  big = 128 * 128 * 4
+  ev = _events(r, "dma")[1]
+  assert ev[0] == "hbm->vmem" and ev[2] == math.ceil(w_end + big / BPC + UNIT_CHIP.dma_write_turnaround_cycles) \
+      + LAT_READ
+
+
 def test_a_negative_unroll_is_refused_with_its_place():
   def k(x_ref, o_ref):
     o_ref[...] = lax.fori_loop(0, 4, lambda i, v: v + 1.0, x_ref[...], unroll=-1)

@@ -517,7 +517,7 @@ class DmaEngine:
         extra += runs * self.run_bytes
       s, read_done = p.reserve(start, nbytes + extra)
       if p.direction is not None:   # an HBM read or write: this core's engine orders them
-        s, read_done = self.arbiter.timed(p.direction, start, s, read_done, rec)
+        s, read_done = self.arbiter.timed(p.direction, start, s, read_done, rec, p)
       done = math.ceil(read_done) + p.latency_cycles
       kind = p.kind
       rec.hbm_sides = p.hbm_sides
