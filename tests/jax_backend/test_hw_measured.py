@@ -37,7 +37,7 @@ BOUNDS = {
     "dma_sync": (0.04, 0.06), "op_overlap": (0.03, 0.11), "step_sweep": (0.05, 0.14),
     "step_mix": (0.05, 0.25), "dma_curve": (0.04, 0.12), "dma_order": (0.05, 0.30),
     # session 21 (cases_fence.py): probes of the issue rules
-    "dma_fence": (0.03, 0.08), "loop_ilp": (0.04, 0.19), "dma_chunk": (0.13, 0.34),
+    "dma_fence": (0.03, 0.08), "loop_ilp": (0.04, 0.19), "dma_chunk": (0.10, 0.16),
     "pipe_fence": (0.04, 0.10), "flash_parts": (0.11, 0.23), "compute_parts": (0.06, 0.11),
     "latency_parts": (0.08, 0.13),
     # session 22 (cases_chain.py): the chains the vector latencies were fitted on

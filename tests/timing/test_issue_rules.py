@@ -104,6 +104,19 @@ def test_a_write_goes_ahead_of_a_reads_tail(turnaround):
   assert r.device_cycles == held + SYNC + SCALAR + SCALAR
 
 
+@pytest.mark.parametrize("read_kib", [40, 48, 56])
+def test_a_read_shorter_than_twice_the_head_waits_for_its_share_of_the_write(read_kib):
+  """A read of 40 / 48 / 56 KiB (head 32 KiB) held behind a 64 KiB write waits a quarter / half / three
+  quarters of the write's transfer, and the turnaround (measured: `dma_chunk`, session 37's reading)."""
+  rows = read_kib * 1024 // 512
+  r = _read_and_write(rows)
+  nbytes = rows * 128 * 4
+  read_done = math.ceil(ISSUE + nbytes / BPC) + LAT_READ
+  share = (read_kib - 32) / 32
+  held = read_done + math.ceil(128 * 128 * 4 / BPC * share) + 142
+  assert _events(r, "dma")[:2] == [("hbm->vmem", ISSUE, read_done), ("read held behind a write", read_done, held)]
+
+
 def test_a_read_within_the_head_is_not_held():
   """A 16 KiB read beside the same write is not held: the write queues behind it on the calendar."""
   r = _read_and_write(32)

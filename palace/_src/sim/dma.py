@@ -175,7 +175,7 @@ class CopyPlan:
   `bytes` count the copies timed with it; the machine adds them to the report's per-direction DMA
   totals when the launch finishes (`Machine.finish`)."""
   __slots__ = ("kind", "channels", "channels_alone", "hbm", "reads_hbm", "latency_cycles", "hbm_sides",
-               "copies", "bytes", "direction", "channels_fast", "wbuf")
+               "copies", "bytes", "direction", "channels_fast", "wbuf", "cycles_per_byte")
 
   def __init__(self, kind: str, channels: list, latency_cycles: int, hbm_sides: int,
                channels_alone=None, hbm=None, reads_hbm=False, channels_fast=None, wbuf=None):
@@ -188,6 +188,12 @@ class CopyPlan:
     self.latency_cycles, self.hbm_sides = latency_cycles, hbm_sides
     self.copies = self.bytes = 0
     self.direction = _DIRECTION.get(kind)   # READ / WRITE for the arbiter, None for other copies
+    # a byte's cycles on the slowest of its channels with nothing else on them (the arbiter's "alone")
+    slowest = 0.0
+    for c, w in channels:   # (a loop: no frame per plan)
+      if w / c.bytes_per_cycle > slowest:
+        slowest = w / c.bytes_per_cycle
+    self.cycles_per_byte = slowest
 
   def reserve(self, start: float, nbytes: float) -> tuple[float, float]:
     """(first, last cycle) of a copy of `nbytes` from `start` on its channels: writes run at the
