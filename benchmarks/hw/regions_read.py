@@ -127,8 +127,9 @@ def main(argv=None):
     if a.model:
       for label, sets in [("palace today", [])] + ([("palace " + " ".join(a.set), a.set)] if a.set else []):
         total, steps = modelled_steps(cs.name, sets)
-        print(f"   {label}: {total:,.0f} cycles ({total / cs.kernel_cycles - 1:+.1%}), mean "
-              f"{statistics.mean(steps):.1f}; first {[round(x) for x in steps[:a.first]]}")
+        per = (f"mean {statistics.mean(steps):.1f}; first {[round(x) for x in steps[:a.first]]}" if steps
+               else "no grid steps (the chip's intervals are the kernel's own markers)")
+        print(f"   {label}: {total:,.0f} cycles ({total / cs.kernel_cycles - 1:+.1%}), {per}")
 
 
 if __name__ == "__main__":
