@@ -630,7 +630,7 @@ def _step_cases() -> list[Case]:
                                         row_end_cases)
   from benchmarks.hw.cases_book import step_body_cases, step_book_cases  # noqa: PLC0415
   from benchmarks.hw.cases_issue import dma_issue_cases, issue_form_cases, write_burst_cases  # noqa: PLC0415
-  from benchmarks.hw.cases_start import start_form_cases  # noqa: PLC0415
+  from benchmarks.hw.cases_start import start_body_cases, start_form_cases  # noqa: PLC0415
   from benchmarks.hw.cases_eup import eup_stream_cases  # noqa: PLC0415
   from benchmarks.hw.cases_s37 import s37_cases  # noqa: PLC0415
   return (probe_cases() + sync_cases() + overlap_cases() + step_cases() + loop_cases() + mix_cases() + curve_cases() + order_cases() + fence_cases()
@@ -649,7 +649,7 @@ def _step_cases() -> list[Case]:
           + gather_rows1_cases() + head_dim_cases() + row_end_cases() + step_book_cases()
           + dma_issue_cases() + write_burst_cases() + issue_form_cases()
           + step_body_cases() + start_form_cases() + eup_stream_cases() + eup_curve_cases()
-          + step_raw_cases() + s37_cases())
+          + step_raw_cases() + s37_cases() + start_body_cases())
 
 
 def all_cases() -> list[Case]:

@@ -28,8 +28,11 @@ import numpy as np
 from benchmarks.hw.cases import Case, _jax, _rand
 
 
-def _rounds(rows, k, n, src="page", slot="dyn", sems="one", scoped=False):
-  """`n` rounds of `k` HBM->VMEM copies of (rows, 128) f32, double-buffered (module docstring)."""
+def _rounds(rows, k, n, src="page", slot="dyn", sems="one", scoped=False, work=None):
+  """`n` rounds of `k` HBM->VMEM copies of (rows, 128) f32, double-buffered (module docstring).
+  `work` = (vregs, place): each round also does a multiply-add over a (8 * vregs, 128) f32 scratch,
+  before its starts ('before'), between its starts and its waits ('after'), or after its waits over the
+  round's landed copies ('dep', as a page walk's body reads its pages)."""
   def build():
     jax, jnp, pl, pltpu = _jax()
     total = n * k
@@ -38,7 +41,17 @@ def _rounds(rows, k, n, src="page", slot="dyn", sems="one", scoped=False):
     def region(name):
       return jax.named_scope(name) if scoped else contextlib.nullcontext()
 
-    def kernel(idx_ref, k_hbm, v_hbm, o_ref, buf, sem):
+    def do_work(w_ref, s, landed):
+      with region("work"):
+        if landed:
+          w_ref[...] = w_ref[...] * 1.0001 + buf_ref[0][s].reshape(w_ref.shape)
+        else:
+          w_ref[...] = w_ref[...] * 1.0001 + 0.5
+
+    buf_ref = []
+
+    def kernel(idx_ref, k_hbm, v_hbm, o_ref, buf, sem, *scratch):
+      buf_ref[:] = [buf]
       def copies(r, s):
         """Round r's copies into slot s (a Python int when unrolled, else a traced value)."""
         out = []
@@ -54,14 +67,21 @@ def _rounds(rows, k, n, src="page", slot="dyn", sems="one", scoped=False):
         return out
 
       def round_(r, s_next, s_cur):
+        if work is not None and work[1] == "before":
+          do_work(scratch[0], s_cur, False)
+
         @pl.when(r + 1 < n)
         def _():
           with region("starts"):
             for cp in copies(r + 1, s_next):
               cp.start()
+        if work is not None and work[1] == "after":
+          do_work(scratch[0], s_cur, False)
         with region("waits"):
           for cp in copies(r, s_cur):
             cp.wait()
+        if work is not None and work[1] == "dep":
+          do_work(scratch[0], s_cur, True)
 
       for cp in copies(0, 0):
         cp.start()
@@ -76,13 +96,15 @@ def _rounds(rows, k, n, src="page", slot="dyn", sems="one", scoped=False):
           round_(r, (r + 1) % 2, r % 2)
           return c
         jax.lax.fori_loop(0, n, body, 0)
-      o_ref[...] = buf[0, 0, 0:8]
+      o_ref[...] = buf[0, 0, 0:8] + (scratch[0][0:8] if scratch else 0.0)
 
     idx = jnp.asarray(np.random.default_rng(2).permutation(total), jnp.int32)
     gs = pltpu.PrefetchScalarGridSpec(
         num_scalar_prefetch=1, grid=(1,), in_specs=[pl.BlockSpec(memory_space=pl.ANY)] * 2,
         out_specs=pl.BlockSpec((8, 128), lambda i, idx_ref: (0, 0)),
-        scratch_shapes=[pltpu.VMEM((2, k, rows, 128), jnp.float32), pltpu.SemaphoreType.DMA((2, 2))])
+        scratch_shapes=[pltpu.VMEM((2, k, rows, 128), jnp.float32), pltpu.SemaphoreType.DMA((2, 2))]
+        + ([pltpu.VMEM((k * rows, 128), jnp.float32) if work[1] == "dep" else
+            pltpu.VMEM((8 * work[0], 128), jnp.float32)] if work is not None else []))
     call = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, 128), jnp.float32), grid_spec=gs)
     return call, (idx, _rand((total * rows, 128), "float32", 5), _rand((total * rows, 128), "float32", 6))
   return build
@@ -113,3 +135,25 @@ def start_form_region_cases() -> list[Case]:
           "page_unroll_kv")
   return [Case(f"sfr_{tag}", "start_form_regions", _rounds(rows, k, n, scoped=True, **kw))
           for tag, rows, k, n, kw in _FORMS if tag in keep]
+
+
+# Session 37 (`start_body`, measured for the next DMA step): what a round of starts costs beside vector
+# work. A bare stream's 16 starts cost the chip ~38 cycles, a page walk's ~195-340 beside its body
+# (docs/validation.md "Session 35"): is it the body around them? Rounds of 16 4 KiB copies of
+# consecutive rows (the `seq_dyn_one` form) with a multiply-add over 16 or 64 vregs of an independent
+# scratch before the starts or between starts and waits, or over the landed copies after the waits.
+_BODIES = [("none", None), ("v16_after", (16, "after")), ("v64_after", (64, "after")),
+           ("v16_before", (16, "before")), ("v64_before", (64, "before")), ("v256_after", (256, "after")),
+           ("dep", (16, "dep"))]
+
+
+def start_body_cases() -> list[Case]:
+  out = [Case(f"sb_{tag}", "start_body", _rounds(8, 16, 256, src="seq", work=w)) for tag, w in _BODIES]
+  out.append(Case("sb_page_v64_after", "start_body", _rounds(8, 16, 256, work=(64, "after"))))
+  return out
+
+
+def start_body_region_cases() -> list[Case]:
+  """The region-traced twins of three `start_body` cases (benchmarks.hw.regions only)."""
+  return [Case(f"sbr_{tag}", "start_body_regions", _rounds(8, 16, 256, src="seq", scoped=True, work=w))
+          for tag, w in _BODIES if tag in ("none", "v64_after", "v64_before", "dep")]

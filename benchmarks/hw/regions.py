@@ -130,13 +130,13 @@ def main(argv=None):
   from benchmarks.hw.cases import all_cases  # noqa: PLC0415
   from benchmarks.hw.cases_issue import issue_region_cases  # noqa: PLC0415
   from benchmarks.hw.cases_paged import page_region_cases  # noqa: PLC0415
-  from benchmarks.hw.cases_start import start_form_region_cases  # noqa: PLC0415
+  from benchmarks.hw.cases_start import start_body_region_cases, start_form_region_cases  # noqa: PLC0415
   from benchmarks.hw.chip import _first_lines, environment  # noqa: PLC0415
   stamp = environment()
   stamp["libtpu_init_args"] = os.environ["LIBTPU_INIT_ARGS"].replace(dump, "DUMP")
   print(json.dumps(stamp), flush=True)
   by_name = {c.name: c for c in all_cases() + issue_region_cases() + page_region_cases()
-             + start_form_region_cases()}   # (isr_*, pgr_*: regions only)
+             + start_form_region_cases() + start_body_region_cases()}   # (isr_*, pgr_*, sfr_*, sbr_*: regions only)
   names = a.only.split(",")
   missing = [n for n in names if n not in by_name]
   if missing:
