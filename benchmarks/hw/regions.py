@@ -136,7 +136,8 @@ def main(argv=None):
   stamp["libtpu_init_args"] = os.environ["LIBTPU_INIT_ARGS"].replace(dump, "DUMP")
   print(json.dumps(stamp), flush=True)
   by_name = {c.name: c for c in all_cases() + issue_region_cases() + page_region_cases()
-             + start_form_region_cases() + start_body_region_cases()}   # (isr_*, pgr_*, sfr_*, sbr_*: regions only)
+             + start_form_region_cases() + start_body_region_cases()}
+  # (isr_*, pgr_*, sfr_*, sbr_*: regions only)
   names = a.only.split(",")
   missing = [n for n in names if n not in by_name]
   if missing:

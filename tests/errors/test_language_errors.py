@@ -569,6 +569,6 @@ def test_program_id_without_a_grid_says_the_call_has_none():
   def kernel(x_ref, o_ref):
     o_ref[...] = x_ref[:8, :128] + pl.program_id(0)
 
-  with pytest.raises(pl.UsageError, match=r"pl.program_id\(0\) in a pallas_call without a grid \(grid=\(\)\) .*"
-                                          r"kernel 'kernel'.*Fix: give the call a grid"):
+  with pytest.raises(pl.UsageError, match=r"pl.program_id\(0\) in a pallas_call without a grid "
+                                          r"\(grid=\(\)\) .*kernel 'kernel'.*Fix: give the call a grid"):
     _call(kernel)(X)

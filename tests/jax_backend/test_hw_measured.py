@@ -53,7 +53,8 @@ BOUNDS = {
     "mm_parts": (0.05, 0.08), "pv_more": (0.09, 0.18), "step_ops": (0.09, 0.20), "wheel_step": (0.03, 0.09),
     # session 25 (cases_move.py): the flash step with moving blocks, chained dots, output block changes,
     # skipped steps
-    "wheel_move": (0.03, 0.06), "mxu_chain": (0.02, 0.06), "out_switch": (0.05, 0.16), "skip_step": (0.03, 0.04),
+    "wheel_move": (0.03, 0.06), "mxu_chain": (0.02, 0.06), "out_switch": (0.05, 0.16),
+    "skip_step": (0.03, 0.04),
     "copy_cost": (0.04, 0.11),
     # session 26 (cases_gather.py): the paged-attention step's page copies and the causal flash mask
     "page_gather": (0.04, 0.08), "causal_mask": (0.04, 0.07), "splash_step": (0.04, 0.05),

@@ -114,7 +114,8 @@ def test_a_read_shorter_than_twice_the_head_waits_for_its_share_of_the_write(rea
   read_done = math.ceil(ISSUE + nbytes / BPC) + LAT_READ
   share = (read_kib - 32) / 32
   held = read_done + math.ceil(128 * 128 * 4 / BPC * share) + 142
-  assert _events(r, "dma")[:2] == [("hbm->vmem", ISSUE, read_done), ("read held behind a write", read_done, held)]
+  assert _events(r, "dma")[:2] == [("hbm->vmem", ISSUE, read_done),
+                                   ("read held behind a write", read_done, held)]
 
 
 def test_a_read_within_the_head_is_not_held():
@@ -157,12 +158,13 @@ def test_a_read_within_the_head_overtakes_a_write_in_transfer():
   assert _events(r, "dma")[1] == ("hbm->vmem", start, math.ceil(start + small / BPC) + LAT_READ)
   assert _events(r, "dma")[1][2] < w_end
   r, w_end = _write_then_read(32, write_rows=32)
-  assert _events(r, "dma")[1] == ("hbm->vmem", pytest.approx(w_end), math.ceil(w_end + small / BPC) + LAT_READ)
+  assert _events(r, "dma")[1] == ("hbm->vmem", pytest.approx(w_end),
+                                  math.ceil(w_end + small / BPC) + LAT_READ)
   r, w_end = _write_then_read(128)
   big = 128 * 128 * 4
   ev = _events(r, "dma")[1]
-  assert ev[0] == "hbm->vmem" and ev[2] == math.ceil(w_end + big / BPC + UNIT_CHIP.dma_write_turnaround_cycles) \
-      + LAT_READ
+  turnaround = UNIT_CHIP.dma_write_turnaround_cycles
+  assert ev[0] == "hbm->vmem" and ev[2] == math.ceil(w_end + big / BPC + turnaround) + LAT_READ
 
 
 def test_a_negative_unroll_is_refused_with_its_place():

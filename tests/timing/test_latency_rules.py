@@ -219,5 +219,6 @@ def test_a_reduction_accumulates_its_vregs_in_a_dependent_chain():
   vpu = [(e[2], e[3]) for e in tpu.reports[-1].events if e[1] == "vpu"]
   (c1, s1), (sub, _), (c2, s2) = vpu[:3]
   assert (c1, sub, c2) == ("cheap", "reduce_sublane", "cheap")
-  assert got["rows"] == max(s1 + 15 * CHEAP_LAT, got["x"] + CHEAP_LAT) + cost.VECTOR_CLASSES["reduce_sublane"][2]
+  sub_lat = cost.VECTOR_CLASSES["reduce_sublane"][2]
+  assert got["rows"] == max(s1 + 15 * CHEAP_LAT, got["x"] + CHEAP_LAT) + sub_lat
   assert got["lead"] == s2 + 31 * CHEAP_LAT

@@ -24,7 +24,8 @@ def test_small_products_hold_their_share_of_the_mxus():
   assert cost.matmul_mxus(UNIT_CHIP, 8, 128, 512, 1, BF16, BF16) == 4
   assert cost.matmul_mxus(UNIT_CHIP, 128, 128, 128, 1, BF16, BF16) == 4
   assert cost.matmul_issue(UNIT_CHIP, 8, 128, 128, 1, BF16, BF16, False) == (ONE // 4, LAT + ONE - ONE // 4)
-  assert cost.matmul_issue(UNIT_CHIP, 8, 128, 128, 1, BF16, BF16, True) == (-(-KEPT // 4), LAT + KEPT - -(-KEPT // 4))
+  kept = -(-KEPT // 4)
+  assert cost.matmul_issue(UNIT_CHIP, 8, 128, 128, 1, BF16, BF16, True) == (kept, LAT + KEPT - kept)
   # a product over every MXU holds them all; its kept weights save its first latch only
   busy, lat = cost.matmul_cycles(UNIT_CHIP, 128, 128, 128, 1, BF16, BF16)
   assert cost.matmul_issue(UNIT_CHIP, 128, 128, 128, 1, BF16, BF16, False) == (busy, lat)
