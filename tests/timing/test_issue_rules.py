@@ -68,23 +68,24 @@ def test_a_rolled_loop_pays_its_back_edge_and_drains(back_edge, floor):
   assert cycles(8, 4) - cycles(4, 4) == max(SCALAR + 1 + 4 * 2 + back_edge, floor)
 
 
-def _read_and_write(read_rows, turnaround=142):
-  """A read of `read_rows` x 128 f32 and a 64 KiB write started together (read first), both waited."""
+def _read_and_write(read_rows, turnaround=142, write_rows=128, write_first=False):
+  """A read of `read_rows` x 128 f32 and a write of `write_rows` x 128 f32 (64 KiB) started together
+  (the read first, or the write with `write_first`), both waited."""
   def k(x_hbm, o_hbm, rbuf, wbuf, sem):
     rd = pltpu.make_async_copy(x_hbm, rbuf, sem.at[0])
     wr = pltpu.make_async_copy(wbuf, o_hbm, sem.at[1])
-    rd.start()
-    wr.start()
+    for cp in ((wr, rd) if write_first else (rd, wr)):
+      cp.start()
     rd.wait()
     wr.wait()
 
   chip = dataclasses.replace(UNIT_CHIP, dma_write_turnaround_cycles=turnaround)
   x = np.ones((read_rows, 128), np.float32)
   with pl.virtual_tpu(chip) as tpu:
-    pl.pallas_call(k, out_shape=pl.ShapeDtypeStruct((128, 128), np.float32), in_specs=[ANY_SPEC],
+    pl.pallas_call(k, out_shape=pl.ShapeDtypeStruct((write_rows, 128), np.float32), in_specs=[ANY_SPEC],
                    out_specs=ANY_SPEC,
                    scratch_shapes=[pltpu.VMEM((read_rows, 128), jnp.float32),
-                                   pltpu.VMEM((128, 128), jnp.float32), pltpu.SemaphoreType.DMA((2,))])(x)
+                                   pltpu.VMEM((write_rows, 128), jnp.float32), pltpu.SemaphoreType.DMA((2,))])(x)
   return tpu.reports[-1]
 
 
@@ -130,22 +131,8 @@ def test_a_read_within_the_head_is_not_held():
 def _write_then_read(read_rows, write_rows=512):
   """A write of `write_rows` x 128 f32 started, then a read of `read_rows` x 128 f32, both waited: (the
   report, the write's end of transfer)."""
-  def k(x_hbm, o_hbm, rbuf, wbuf, sem):
-    wr = pltpu.make_async_copy(wbuf, o_hbm, sem.at[1])
-    rd = pltpu.make_async_copy(x_hbm, rbuf, sem.at[0])
-    wr.start()
-    rd.start()
-    rd.wait()
-    wr.wait()
-
-  x = np.ones((read_rows, 128), np.float32)
-  with pl.virtual_tpu(UNIT_CHIP, trace=True) as tpu:
-    pl.pallas_call(k, out_shape=pl.ShapeDtypeStruct((write_rows, 128), np.float32), in_specs=[ANY_SPEC],
-                   out_specs=ANY_SPEC,
-                   scratch_shapes=[pltpu.VMEM((read_rows, 128), jnp.float32),
-                                   pltpu.VMEM((write_rows, 128), jnp.float32),
-                                   pltpu.SemaphoreType.DMA((2,))])(x)
-  return tpu.reports[-1], ISSUE + write_rows * 128 * 4 / BPC
+  r = _read_and_write(read_rows, UNIT_CHIP.dma_write_turnaround_cycles, write_rows, write_first=True)
+  return r, ISSUE + write_rows * 128 * 4 / BPC
 
 
 def test_a_read_within_the_head_overtakes_a_write_in_transfer():
