@@ -248,6 +248,20 @@ class ChipSpec:
 MXU_CLASS_BITS = MappingProxyType({"f32": 32, "bf16": 16, "int8": 8, "fp8": 8})
 
 
+def vreg_tiles(shape, bits: int = 32) -> int:
+  """Number of vregs a value of `shape` occupies: (8 * 32/bits, 128) tiles, everything padded (the
+  vreg tiling of every TensorCore generation: the cost rules' and the language's one count)."""
+  if not shape:
+    return 1
+  pack = 32 // bits if bits < 32 else 1
+  if len(shape) == 1:
+    return max(1, -(-shape[0] // (1024 * pack)))
+  lead = 1
+  for s in shape[:-2]:
+    lead *= s
+  return max(1, lead * -(-shape[-2] // (8 * pack)) * -(-shape[-1] // 128))
+
+
 def _mp(**kw):
   return MappingProxyType(dict(kw))
 

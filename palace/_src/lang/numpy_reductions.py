@@ -14,6 +14,7 @@ from palace._src import dtypes as dt
 from palace._src import executor
 from palace._src.executor import OpClass
 from palace._src.errors import ShapeError, UnsupportedError
+from palace._src.hw import vreg_tiles
 from palace._src.lang.array import Array, dtype_of, ready_of
 from palace._src.lang.numpy_base import (_F32, _compute_dtype, _default_dtype, _dtype_arg, _has_data, _is_arr,
                                          _norm_axes, _np, _out, _shape_of)
@@ -21,16 +22,6 @@ from palace._src.lang.numpy_shape import ravel
 from palace._src.util import keep, user_frame_summary
 
 _IMPORTED = frozenset(globals())  # names above are imports, not this module's API
-
-
-def _vregs(shape) -> int:
-  """(8, 128) 32-bit tiles of a value of `shape` (arithmetic is counted in 32-bit tiles)."""
-  if len(shape) < 2:
-    return -(-(shape[0] if shape else 1) // 1024) or 1
-  lead = 1
-  for d in shape[:-2]:
-    lead *= d
-  return lead * -(-shape[-2] // 8) * -(-shape[-1] // 128) or 1
 
 
 def _charge(ex, cls, shape, axes, dtype, ready) -> int:
@@ -48,8 +39,8 @@ def _charge(ex, cls, shape, axes, dtype, ready) -> int:
     shape = shape[:-1] + (128,)
   folded = tuple(d if i not in axes else 1 if i < nd - 2 else d if d < (8 if i == nd - 2 else 128)
                  else (8 if i == nd - 2 else 128) for i, d in enumerate(shape))
-  into = _vregs(folded)
-  folds = _vregs(shape) - into
+  into = vreg_tiles(folded)   # (32-bit tiles: arithmetic is counted in them)
+  folds = vreg_tiles(shape) - into
   if folds > 0:
     ready = ex.vector_op(OpClass.CHEAP, (folds * 8, 128), dtype, ready, folds // into)
   if cls is OpClass.CHEAP:

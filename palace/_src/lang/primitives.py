@@ -41,8 +41,9 @@ def program_id(axis: int) -> Array:
   if type(axis) is not int:
     axis = validate.as_int(axis, "pl.program_id(axis)")
   if not idx:
-    raise UsageError(f"pl.program_id({axis}) in a pallas_call without a grid (grid=()) {ex.where()}. "
-                     f"Fix: give the call a grid (grid=(n,)), or drop pl.program_id.")
+    raise UsageError(f"pl.program_id({axis}) in a pallas_call without a grid (grid=()) {ex.where()} "
+                     f"({user_frame_summary()}). Fix: give the call a grid (grid=(n,)), or drop "
+                     f"pl.program_id.")
   if not -len(idx) <= axis < len(idx):
     raise UsageError(f"pl.program_id({axis}): the grid has {len(idx)} axes {tuple(sizes)}. Fix: pass an "
                      f"axis in 0..{len(idx) - 1} (or -{len(idx)}..-1).")

@@ -20,7 +20,7 @@ import numpy as np
 
 from palace._src import dtypes as dt
 from palace._src.executor import OpClass as _C
-from palace._src.hw import CHIPS, MXU_CLASS_BITS, ChipSpec
+from palace._src.hw import CHIPS, MXU_CLASS_BITS, ChipSpec, vreg_tiles
 
 # op class (executor.OpClass: the language's names for kinds of vector work) -> (unit, unit-ops per
 # 32-bit (8,128) tile, result latency cycles): [SB-tpus] appendix A, chip measurements and [details]
@@ -46,19 +46,6 @@ UNITS = ("scalar", "vld", "vst", "vpu", "eup", "xlu", "mxu")
 # still busy when it issues): measured on a TPU v5e, back-to-back EUP ops stream their vregs at one a
 # cycle with 2 cycles between ops, while a lone op's result is not delayed (docs/timing-model.md 1.4)
 QUEUE_GAP_CYCLES = {"eup": 2}
-
-
-def vreg_tiles(shape, bits: int = 32) -> int:
-  """Number of vregs a value of `shape` occupies: (8 * 32/bits, 128) tiles, everything padded."""
-  if not shape:
-    return 1
-  pack = 32 // bits if bits < 32 else 1
-  if len(shape) == 1:
-    return max(1, math.ceil(shape[0] / (1024 * pack)))
-  lead = 1
-  for s in shape[:-2]:
-    lead *= s
-  return max(1, lead * math.ceil(shape[-2] / (8 * pack)) * math.ceil(shape[-1] / 128))
 
 
 _THROUGHPUT_FIELD = {"vpu": "vpu_alus_per_lane", "xlu": "num_xlus", "vld": "vld_per_cycle",
@@ -141,6 +128,11 @@ def _mlir_type(dtype) -> str:
   return f"{kind}{dt.bits(dtype)}"
 
 
+def _latches(chip: ChipSpec, k: int, n: int, batch: int) -> int:
+  """Weight tiles of `batch` (., k) @ (k, n) products: K and N padded to the MXU."""
+  return math.ceil(k / chip.mxu_size) * math.ceil(n / chip.mxu_size) * batch
+
+
 def matmul_cycles(chip: ChipSpec, m: int, k: int, n: int, batch: int, lhs_dtype, rhs_dtype,
                   latched: bool = False):
   """(MXU busy cycles, result latency cycles) of `batch` (m,k)@(k,n) products on one TensorCore.
@@ -157,7 +149,7 @@ def matmul_cycles(chip: ChipSpec, m: int, k: int, n: int, batch: int, lhs_dtype,
   bits = MXU_CLASS_BITS[cls]
   rows = chip.rows_per_vmatmul(bits)
   cadence = chip.vmatmul_cadence_cycles[cls]
-  latches = math.ceil(k / chip.mxu_size) * math.ceil(n / chip.mxu_size) * batch
+  latches = _latches(chip, k, n, batch)
   per_latch = math.ceil(m / rows)
   vmatmuls_per_mxu = math.ceil(latches * per_latch / chip.num_mxus)
   busy = cadence * vmatmuls_per_mxu
@@ -174,8 +166,7 @@ def matmul_mxus(chip: ChipSpec, m: int, k: int, n: int, batch: int, lhs_dtype, r
   """How many of the core's MXUs a product keeps busy: its vmatmuls spread over them, so a product of
   fewer vmatmuls than `num_mxus` (one latch of one vreg's rows) leaves the others free."""
   bits = MXU_CLASS_BITS[mxu_class(chip, lhs_dtype, rhs_dtype)]
-  latches = math.ceil(k / chip.mxu_size) * math.ceil(n / chip.mxu_size) * batch
-  return min(chip.num_mxus, latches * math.ceil(m / chip.rows_per_vmatmul(bits)))
+  return min(chip.num_mxus, _latches(chip, k, n, batch) * math.ceil(m / chip.rows_per_vmatmul(bits)))
 
 
 def matmul_issue(chip: ChipSpec, m: int, k: int, n: int, batch: int, lhs_dtype, rhs_dtype,
@@ -193,7 +184,7 @@ def matmul_issue(chip: ChipSpec, m: int, k: int, n: int, batch: int, lhs_dtype, 
     costs the chip 140 cycles a link unrolled, 171 rolled (the 32-cycle latch again each iteration), and
     two chains on two weight matrices unrolled cost what two on one do (session 37's holdout).
   """
-  reuse = latched and math.ceil(k / chip.mxu_size) * math.ceil(n / chip.mxu_size) * batch <= chip.num_mxus
+  reuse = latched and _latches(chip, k, n, batch) <= chip.num_mxus
   busy, lat = matmul_cycles(chip, m, k, n, batch, lhs_dtype, rhs_dtype, reuse)
   held = max(1, -(-busy * matmul_mxus(chip, m, k, n, batch, lhs_dtype, rhs_dtype) // chip.num_mxus))
   return held, lat + busy - held

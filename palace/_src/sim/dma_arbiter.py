@@ -108,11 +108,11 @@ class Arbiter:
     self.write_until = later(self.write_until)
 
   def _tail_fraction(self, rec) -> float:
-    """The share of a write's transfer a read longer than the head waits for: its bytes beyond the head
-    over the head, at most 1 (measured, session 37's reading of `dma_chunk`: reads of 40 / 48 / 56 KiB
-    beside a 64 KiB write pay about a quarter / half / three quarters of what a 64 KiB read pays)."""
-    tail = rec.req.nbytes - self.head_bytes
-    return tail / self.head_bytes if tail < self.head_bytes else 1.0
+    """The share of a write's transfer a read longer than the head but shorter than twice it waits for
+    (its callers take 1 from twice the head up): its bytes beyond the head over the head (measured,
+    session 37's reading of `dma_chunk`: reads of 40 / 48 / 56 KiB beside a 64 KiB write pay about a
+    quarter / half / three quarters of what a 64 KiB read pays)."""
+    return (rec.req.nbytes - self.head_bytes) / self.head_bytes
 
   def _hold(self, rec, transfer) -> bool:
     """Delay read `rec` behind a write of `transfer` cycles (plus the turnaround the first time):
