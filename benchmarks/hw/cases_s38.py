@@ -110,10 +110,14 @@ def _beside(k, work, n=128, write=False, place="after", scale=1):
 
 def s38_cases() -> list[Case]:
   F = "dma_beside"
+  # The chip's compiler runs the `st` work's stores once: a scratch the loop stores every round and never
+  # reads in it is stored after the loop (b38_c0_st: 15 cycles a round for 256 vregs), so those four
+  # cases measure that compiler step, which palace does not take (it runs every store): family
+  # `dead_store`, a known gap (docs/validation.md "Session 38"), apart from what the family measures.
   out = []
-  for k, tag in ((16, "c16x4k"), (4, "c4x16k"), (1, "c1x64k")):
-    out += [Case(f"b38_{tag}_{w}", F, _beside(k, w)) for w in _WORKS]
-  out += [Case(f"b38_c0_{w}", F, _beside(0, w)) for w in _WORKS[1:]]
+  for k, tag in ((16, "c16x4k"), (4, "c4x16k"), (1, "c1x64k"), (0, "c0")):
+    out += [Case(f"b38_{tag}_{w}", "dead_store" if w == "st" else F, _beside(k, w))
+            for w in _WORKS if k or w != "none"]
   out.append(Case("b38_c16x4k_ldst_before", F, _beside(16, "ldst", place="before")))
   out.append(Case("b38_c16x4k_ldst4", F, _beside(16, "ldst", scale=4)))
   out.append(Case("b38_c4x16k_ldst4", F, _beside(4, "ldst", scale=4)))

@@ -121,6 +121,11 @@ class ChipSpec:
   dma_queue_depth: int = 0
   # scalar cycles more for a DMA start whose completion semaphore is not the previous start's
   dma_issue_switch_cycles: int = 0
+  # what a DMA start costs the scalar core instead of dma_issue_cycles in a DMA-only loop body: while
+  # the current basic block (since the last loop back edge or grid step) has issued no vector or MXU
+  # op, and the latest block that started copies or computed issued none either (None: always
+  # dma_issue_cycles; sim/dma.DmaEngine.start, TensorCore.block_boundary)
+  dma_issue_bare_cycles: "int | None" = None
   # scalar cycles a pallas_call grid step spends per pipelined operand on its index map, charged before
   # the step's next blocks are started (their indices come first: pipeline.py): a map computed from the
   # grid indices (a front end's map with arithmetic in it, or a block index neither constant nor equal
@@ -385,6 +390,8 @@ _COMMON_SOURCES = _mp(
                     "2026-12-07): beyond ~14 queued 4 KiB starts each start waits ~10 cycles",
     dma_issue_switch_cycles=_OFF_HERE + "(0 here) session 34's region traces: 16 starts alternating two "
                             "semaphores take 125 cycles, on one 37 (benchmarks/hw, 2026-12-07)",
+    dma_issue_bare_cycles=_OFF_HERE + "(None here) session 38's dma_beside probes (benchmarks/hw, "
+                          "2026-12-08): a DMA-only loop's starts cost ~2 cycles, beside vector work ~18",
     dma_sequential_no_overhead=_OFF_HERE + "session 34's bursts: 4 KiB copies of consecutive rows cost "
                                "the chip ~10 cycles each, random pages ~17 (dma_issue, issue_form)",
     index_map_cycles=_OFF_HERE + "(0 here) session 27's step_branch probes (benchmarks/hw, "
@@ -659,6 +666,12 @@ _ADOPTED_SOURCES = _mp(
                                 "cycles a step; the region traces' body segments, first load to last "
                                 "store, 37 / 84 against 30 / 78), one-vreg steps not (step_chain: their "
                                 "bookkeeping overlaps a lone store's wait); adopted in session 37",
+    dma_issue_bare_cycles=_S + "a loop body of DMA starts and waits only: 16 starts of 4 KiB in ~38 cycles "
+                          "(start_form's region traces, session 35); dma_beside (session 38): double-"
+                          "buffered rounds of 16 4 KiB reads 353 cycles alone (the copies' round trip "
+                          "with ~2-cycle starts), beside ~256 vregs of work of any kind (loads, stores, "
+                          "VPU in registers, EUP, MXU) the work plus ~18 cycles a copy (ldst 563, eup "
+                          "570, reg 495, ld 447: the 16 a start charged in series); adopted in session 38",
     hbm_write_buffer_bytes=_S + "bursts of k DMA writes of 4 KiB-4 MiB (write_burst, session 33): a "
                            "sustained stream 643-667 GB/s, a burst's first ~1.05 MB ~750 GB/s, a serial "
                            "loop of 1 MiB writes 2426 cycles a write (region traces): a ~144 KB buffer "
@@ -672,7 +685,8 @@ V5E = dataclasses.replace(
     branch_cycles=4,
     index_map_cycles=16, index_map_plain_cycles=12, index_map_smem_cycles=23, index_map_subword_cycles=40,
     grid_step_dim_cycles=4, grid_step_operand_cycles=3.5, hbm_write_buffer_bytes=144_000,
-    dma_sequential_no_overhead=True, stores_in_order=True, stores_stream_behind_values=True,
+    dma_issue_bare_cycles=2, dma_sequential_no_overhead=True, stores_in_order=True,
+    stores_stream_behind_values=True,
     sources=MappingProxyType({**V5E.sources, **_ADOPTED_SOURCES, "dma_wait_sync_cycles": (
         "not paid on v5e: its DMA waits take the latency form (dma_wait_latency_cycles)")}))
 
@@ -688,7 +702,8 @@ RULES_OFF = MappingProxyType(dict(
     index_map_cycles=0, index_map_plain_cycles=0, index_map_smem_cycles=0, index_map_subword_cycles=0,
     grid_step_dim_cycles=0, grid_step_operand_cycles=0.0, index_map_after_starts=False,
     hbm_write_buffer_bytes=0, dma_sequential_no_overhead=False, branch_cycles=0, dma_queue_depth=0,
-    dma_issue_switch_cycles=0, stores_in_order=False, stores_stream_behind_values=False))
+    dma_issue_switch_cycles=0, stores_in_order=False, stores_stream_behind_values=False,
+    dma_issue_bare_cycles=None))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,11 +9,12 @@ import pytest
 
 import palace as pl
 import palace.numpy as jnp
+from palace import lax
 from palace import tpu as pltpu
 from palace._src import hw
 from palace._src.sim import cost
 
-from timing_helpers import UNIT_CHIP, run_four_copies
+from timing_helpers import ANY_SPEC, UNIT_CHIP, run_four_copies
 
 SCALAR = UNIT_CHIP.scalar_op_cycles
 
@@ -31,7 +32,7 @@ def test_the_measured_rules_are_on_for_v5e_only_and_the_candidates_off_everywher
              "index_map_smem_cycles": 23, "index_map_subword_cycles": 40, "grid_step_dim_cycles": 4,
              "grid_step_operand_cycles": 3.5, "hbm_write_buffer_bytes": 144_000,
              "dma_sequential_no_overhead": True, "stores_in_order": True,
-             "stores_stream_behind_values": True}
+             "stores_stream_behind_values": True, "dma_issue_bare_cycles": 2}
   v5e = hw.get_chip("v5e")
   assert {k: getattr(v5e, k) for k in adopted} == adopted
   for k in adopted:   # each adopted value names its measurement
@@ -687,3 +688,48 @@ def test_with_stores_stream_behind_values_a_block_store_holds_the_unit_until_its
   step, eup_end, _ = _tanh_steps(on, 128)
   assert step == eup_end + lat + st_lat
   assert _tanh_steps(on, 8) == _tanh_steps(UNIT_CHIP, 8)
+
+
+def _loop_starts(chip, body_work: bool, n: int = 3, k: int = 4):
+  """`n` iterations of a rolled loop that starts `k` one-row HBM->VMEM copies (a 0.5-cycle transfer on
+  UNIT_CHIP, so each transfer begins when it is issued) and waits them, with or without a one-vreg add
+  after the starts: the transfer starts of each iteration's copies."""
+  def k_(x_hbm, o_ref, buf, acc, sem):
+    acc[...] = jnp.zeros_like(acc)
+
+    def body(i, c):
+      copies = [pltpu.make_async_copy(x_hbm.at[i, j], buf.at[j], sem.at[0]) for j in range(k)]
+      for cp in copies:
+        cp.start()
+      if body_work:
+        acc[...] += 1.0
+      for cp in copies:
+        cp.wait()
+      return c
+
+    lax.fori_loop(0, n, body, 0)
+    o_ref[...] = acc[...] + buf[0]
+
+  x = np.arange(n * k * 128, dtype=np.float32).reshape(n, k, 1, 128)
+  with pl.virtual_tpu(chip) as tpu:
+    out = pl.pallas_call(k_, out_shape=pl.ShapeDtypeStruct((8, 128), np.float32), in_specs=[ANY_SPEC],
+                         scratch_shapes=[pltpu.VMEM((k, 1, 128), jnp.float32), pltpu.VMEM((8, 128), jnp.float32),
+                                         pltpu.SemaphoreType.DMA((1,))])(x)
+  np.testing.assert_array_equal(out, np.full((8, 128), float(n) if body_work else 0.0) + x[n - 1, 0])
+  starts = sorted(e[3] for e in tpu.reports[-1].events if e[1] == "dma" and e[2] == "hbm->vmem")
+  return [starts[i * k:(i + 1) * k] for i in range(n)]
+
+
+def test_a_dma_only_loop_issues_its_starts_at_the_bare_cost():
+  """dma_issue_bare_cycles = 2 (v5e: a loop body of starts and waits alone issues 16 4 KiB starts in ~38
+  cycles; beside vector work each start costs the chip ~16-18 in series with it, session 38's
+  `dma_beside`): a loop iteration whose basic block, and the latest block before it that started copies
+  or computed, issued no vector op starts its copies 2 cycles apart; the same loop with a one-vreg add
+  after its starts pays the full `dma_issue_cycles` (8) a start in every iteration, and so does the rule
+  off. palace marks blocks at loop back edges and grid steps: the first iteration shares its block with
+  the kernel's zeroing store before the loop, the second follows that block, the third is bare."""
+  chip = dataclasses.replace(UNIT_CHIP, dma_issue_bare_cycles=2)
+  gaps = [[b - a for a, b in zip(it, it[1:])] for it in _loop_starts(chip, False, n=4)]
+  assert gaps == [[8, 8, 8]] * 2 + [[2, 2, 2]] * 2
+  for it in _loop_starts(chip, True) + _loop_starts(UNIT_CHIP, False):
+    assert [b - a for a, b in zip(it, it[1:])] == [8, 8, 8]

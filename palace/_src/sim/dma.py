@@ -438,13 +438,14 @@ def window_runs(shape, index: tuple) -> int:
 
 class DmaEngine:
   """The DMA issue of one core: plans per (spaces, semaphore), the core's channels, the start path."""
-  __slots__ = ("core", "machine", "issue_cycles", "overhead_bytes", "run_bytes", "eager", "chans", "prepared",
+  __slots__ = ("core", "machine", "issue_cycles", "bare_cycles", "overhead_bytes", "run_bytes", "eager", "chans", "prepared",
                "arbiter", "streams", "mixed", "queue", "switch_cycles", "last_sem")
 
   def __init__(self, core):
     self.core = core
     self.machine = core.machine
     self.issue_cycles = core.chip.dma_issue_cycles
+    self.bare_cycles = core.chip.dma_issue_bare_cycles
     self.overhead_bytes = core.chip.dma_copy_overhead_bytes   # (hw.ChipSpec: v5e 4096, else 0)
     self.run_bytes = core.chip.dma_run_overhead_bytes         # (hw.ChipSpec: v5e 128, else 0)
     self.eager = core.machine.dma_policy.name == "eager"
@@ -470,7 +471,11 @@ class DmaEngine:
     policy: memory.copy here, or in Machine.dma_arrived); its completion and source side arrive on their
     semaphores (sim/sync.py)."""
     core = self.core
-    issue = self.issue_cycles
+    core.block_starts = True
+    # (hw.ChipSpec.dma_issue_bare_cycles: measured on a v5e, a loop of starts and waits alone issues its
+    # starts in ~2 cycles; beside vector work each costs ~16 in series with it)
+    issue = self.issue_cycles if self.bare_cycles is None or core.block_vector or not core.dma_only \
+        else self.bare_cycles
     if self.switch_cycles:
       last = self.last_sem
       if req.sem_buf is not last[0] or req.sem_index != last[1]:

@@ -113,7 +113,8 @@ class SteadyState:
     parts = [self._sync_mark(now), rel(core.store_hold), rel(core.last_back_edge),
              tuple(rel(v) for v in core.unit_free.values()),
              tuple(rel(v) for v in core.unit_issued.values()),
-             rel(core.compute_done), rel(core.mxu_done), rel(core.horizon)]
+             rel(core.compute_done), rel(core.mxu_done), rel(core.horizon),
+             (core.block_vector, core.block_starts, core.dma_only)]
     parts.append(tuple((id(b), rel(b.ready_cycle)) for b in self._buffers()))
     if core.mxu_results or core.xlu_last[0] is not None:   # (the measured rules' state: hw.ChipSpec)
       parts.append((core.xlu_last[0], rel(core.xlu_last[1]),

@@ -122,6 +122,10 @@ class TensorCore:
     self.xlu_last = (None, 0)
     self.mxu_done = 0         # latest MXU result (popped by issue slots before a step's bookkeeping)
     self.mxu_weights = []     # the right operands of the basic block's latest products (still latched)
+    # (hw.ChipSpec.dma_issue_bare_cycles) whether the current basic block has issued a vector or MXU op
+    # and started a copy, and whether the latest block that did either did no vector work
+    self.block_vector = self.block_starts = False
+    self.dma_only = False
     self.flops = 0
     # this core's memories (capacity, live allocations; VMEM_SHARED is modelled as VMEM on a TensorCore)
     self.memory = memory.Allocator.of_core(self, params.vmem_limit_bytes)
@@ -207,6 +211,7 @@ class TensorCore:
         end = unit_free[unit] = last_done + busy
     self.unit_issued[unit] = start
     self.unit_busy[unit] += busy
+    self.block_vector = True
     if unit == "xlu" and ready > end:   # the in-order XLU holds an op until its last input vreg came
       unit_free[unit] = ready            # (measured on a v5e, session 23: docs/timing-model.md 1.4)
     done = (end if end > ready else ready) + latency
@@ -506,6 +511,16 @@ class TensorCore:
     self.now = self.last_back_edge = now
     self.unit_busy["scalar"] += cycles
     self.mxu_weights.clear()
+    self.block_boundary()
+
+  def block_boundary(self) -> None:
+    # The end of a basic block (a loop back edge, a grid step): a block that did vector work makes the
+    # next blocks' DMA starts full ones, a block of starts without any makes them bare ones (DmaEngine.start)
+    if self.block_vector:
+      self.dma_only = False
+    elif self.block_starts:
+      self.dma_only = True
+    self.block_vector = self.block_starts = False
 
   def branch(self, tested: int) -> None:
     # A conditional branch: `tested` scalar ops of its condition's test (pl.when's; a front end's
@@ -522,6 +537,7 @@ class TensorCore:
     # result (measured on a v5e: docs/timing-model.md 1.1).
     self.steps += 1
     self.mxu_weights.clear()
+    self.block_boundary()
     if self.mxu_results:
       self.mxu_results.clear()   # (a later step reads an earlier step's results from memory)
     if self.steps == 1:   # the first step's bookkeeping is the kernel's prologue
