@@ -18,11 +18,22 @@ a round, each about 256 vregs:
 - `mxu`: a (1024, 128) x (128, 128) bf16 dot accumulated into f32 scratch (MXU, result pops, stores);
 and `none` (the stream alone) and `c0` (the work alone, no copies). Also: `ldst` before the starts, and
 1024 vregs of `ldst` (`ldst4`) beside each shape.
+
+`write_queue` (the same session's second call): does a write started while a read waits behind an
+earlier write go ahead of that read? `mm_skinny_4096x128x4096_b512x128x512` (+36%) is modelled with
+each step's 128 KiB input read held behind two 512 KiB output writes (the one it queued behind and the
+next step's, which the engine's write-first order lets ahead), where the chip's step (1727 cycles) is
+one write, one read and two turnarounds. Rounds of: start a write W1, start a read R, `pl.delay(d1)`,
+start a write W2, wait R, `pl.delay(d2)`, wait W1 and W2 (`wq_*`): if R lands before W2 transfers, d2
+hides under W2; if W2 goes first, d2 adds to the round. Controls: without W2, and without the read.
+And the skinny matmul's step swept (`skinny_k128_*`: K = 128 in one step, so every step writes its
+output block and reads a new weight block): output blocks of 256 KiB-1 MiB.
 Same conventions as cases.py (the public Pallas API JAX 0.10.2 and 0.12 share; nothing imports palace).
 """
 from __future__ import annotations
 
-from benchmarks.hw.cases import Case, _jax, _rand
+from benchmarks.hw.cases import Case, _jax, _matmul, _rand
+from benchmarks.hw.cases_curve import _hbm_call
 
 _LANES = 128
 _ROUND_ROWS = 128            # 64 KiB of f32 rows a round
@@ -125,4 +136,52 @@ def s38_cases() -> list[Case]:
   out.append(Case("b38_c0_ldst4", F, _beside(0, "ldst", scale=4)))
   for k, tag in ((16, "w16x4k"), (1, "w1x64k")):
     out += [Case(f"b38_{tag}_{w}", F, _beside(k, w, write=True)) for w in ("none", "ldst")]
+  return out
+
+
+def _write_queue(w_kib, r_kib, d1_ns, d2_ns=500, second_write=True, read=True, n=32):
+  """`n` rounds of W1, R, delay d1, W2; wait R, delay d2, wait W1 and W2 (module docstring), each round
+  on new HBM rows; `second_write` / `read` False leave W2 / R (and its wait) out."""
+  def build():
+    jax, jnp, pl, pltpu = _jax()
+    wr, rr = w_kib * 1024 // (4 * _LANES), r_kib * 1024 // (4 * _LANES)
+
+    def kernel(x_hbm, o_hbm, wbuf, rbuf, sem):
+      wbuf[...] = jnp.zeros_like(wbuf)
+
+      def body(i, c):
+        w1 = pltpu.make_async_copy(wbuf.at[0], o_hbm.at[pl.ds(2 * i * wr, wr)], sem.at[0])
+        w2 = pltpu.make_async_copy(wbuf.at[1], o_hbm.at[pl.ds((2 * i + 1) * wr, wr)], sem.at[1]) \
+            if second_write else None
+        r = pltpu.make_async_copy(x_hbm.at[pl.ds(i * rr, rr)], rbuf, sem.at[2]) if read else None
+        w1.start()
+        if read:
+          r.start()
+        if d1_ns:
+          pl.delay(d1_ns)
+        if second_write:
+          w2.start()
+        if read:
+          r.wait()
+        pl.delay(d2_ns)
+        w1.wait()
+        if second_write:
+          w2.wait()
+        return c
+
+      jax.lax.fori_loop(0, n, body, 0)
+
+    return _hbm_call(kernel, 2 * n * wr, n * rr, [(2, wr), (rr,)], 3)
+  return build
+
+
+def write_queue_cases() -> list[Case]:
+  F = "write_queue"
+  out = [Case(f"wq_w512_r{r}_d{d}", F, _write_queue(512, r, d)) for r in (128, 32) for d in (0, 200, 600)]
+  out += [Case("wq_w512_r128_now2", F, _write_queue(512, 128, 0, second_write=False)),
+          Case("wq_w512_noread", F, _write_queue(512, 128, 0, read=False)),
+          Case("wq_w128_r128_d0", F, _write_queue(128, 128, 0)),
+          Case("wq_w512_r128_d0_nod2", F, _write_queue(512, 128, 0, d2_ns=0))]
+  for bm, bn in ((512, 256), (512, 1024), (256, 512), (1024, 512), (512, 512)):
+    out.append(Case(f"skinny_k128_b{bm}x{bn}", F, _matmul(4096, 128, 4096, bm, 128, bn)))
   return out
