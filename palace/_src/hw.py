@@ -126,6 +126,9 @@ class ChipSpec:
   # op, and the latest block that started copies or computed issued none either (None: always
   # dma_issue_cycles; sim/dma.DmaEngine.start, TensorCore.block_boundary)
   dma_issue_bare_cycles: "int | None" = None
+  # a write larger than hbm_write_buffer_bytes that starts while a read of this core is queued behind an
+  # earlier write (its transfer not begun) goes after that read instead of ahead of it (sim/dma_arbiter.py)
+  dma_big_write_waits_queued_read: bool = False
   # scalar cycles a pallas_call grid step spends per pipelined operand on its index map, charged before
   # the step's next blocks are started (their indices come first: pipeline.py): a map computed from the
   # grid indices (a front end's map with arithmetic in it, or a block index neither constant nor equal
@@ -392,6 +395,9 @@ _COMMON_SOURCES = _mp(
                             "semaphores take 125 cycles, on one 37 (benchmarks/hw, 2026-12-07)",
     dma_issue_bare_cycles=_OFF_HERE + "(None here) session 38's dma_beside probes (benchmarks/hw, "
                           "2026-12-08): a DMA-only loop's starts cost ~2 cycles, beside vector work ~18",
+    dma_big_write_waits_queued_read=_OFF_HERE + "session 38's write_queue probes (benchmarks/hw, "
+                                    "2026-12-08): a 512 KiB write started while a 128 KiB read waits "
+                                    "behind an earlier 512 KiB write goes after it, a 128 KiB write ahead",
     dma_sequential_no_overhead=_OFF_HERE + "session 34's bursts: 4 KiB copies of consecutive rows cost "
                                "the chip ~10 cycles each, random pages ~17 (dma_issue, issue_form)",
     index_map_cycles=_OFF_HERE + "(0 here) session 27's step_branch probes (benchmarks/hw, "
@@ -672,6 +678,13 @@ _ADOPTED_SOURCES = _mp(
                           "with ~2-cycle starts), beside ~256 vregs of work of any kind (loads, stores, "
                           "VPU in registers, EUP, MXU) the work plus ~18 cycles a copy (ldst 563, eup "
                           "570, reg 495, ld 447: the 16 a start charged in series); adopted in session 38",
+    dma_big_write_waits_queued_read=_S + "rounds of a 512 KiB write, a 128 KiB read and another 512 KiB "
+                                    "write started 0-900 ns later, the read waited then 500 ns of delay "
+                                    "(write_queue, session 38): 2970-3219 cycles a round, the read landing "
+                                    "after the first write only (the write-first order: 4213); with 128 KiB "
+                                    "writes the second write goes first (2356 a round); the skinny K = 128 "
+                                    "matmuls' 128 KiB weight reads are not held behind the next 256 KiB-1 "
+                                    "MiB output write (+22..+40% -> +7..+19%); adopted in session 38",
     hbm_write_buffer_bytes=_S + "bursts of k DMA writes of 4 KiB-4 MiB (write_burst, session 33): a "
                            "sustained stream 643-667 GB/s, a burst's first ~1.05 MB ~750 GB/s, a serial "
                            "loop of 1 MiB writes 2426 cycles a write (region traces): a ~144 KB buffer "
@@ -685,7 +698,8 @@ V5E = dataclasses.replace(
     branch_cycles=4,
     index_map_cycles=16, index_map_plain_cycles=12, index_map_smem_cycles=23, index_map_subword_cycles=40,
     grid_step_dim_cycles=4, grid_step_operand_cycles=3.5, hbm_write_buffer_bytes=144_000,
-    dma_issue_bare_cycles=2, dma_sequential_no_overhead=True, stores_in_order=True,
+    dma_issue_bare_cycles=2, dma_big_write_waits_queued_read=True, dma_sequential_no_overhead=True,
+    stores_in_order=True,
     stores_stream_behind_values=True,
     sources=MappingProxyType({**V5E.sources, **_ADOPTED_SOURCES, "dma_wait_sync_cycles": (
         "not paid on v5e: its DMA waits take the latency form (dma_wait_latency_cycles)")}))
@@ -703,7 +717,7 @@ RULES_OFF = MappingProxyType(dict(
     grid_step_dim_cycles=0, grid_step_operand_cycles=0.0, index_map_after_starts=False,
     hbm_write_buffer_bytes=0, dma_sequential_no_overhead=False, branch_cycles=0, dma_queue_depth=0,
     dma_issue_switch_cycles=0, stores_in_order=False, stores_stream_behind_values=False,
-    dma_issue_bare_cycles=None))
+    dma_issue_bare_cycles=None, dma_big_write_waits_queued_read=False))
 
 
 @dataclasses.dataclass(frozen=True)

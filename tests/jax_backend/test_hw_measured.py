@@ -26,11 +26,11 @@ from benchmarks.hw import chip_wheel, model  # noqa: E402
 TARGET = (0.05, 0.15)
 # family: (median |error| bound, worst |error| bound); "*": within issue 36's target
 BOUNDS = {
-    "elementwise": (0.01, 0.05), "transcendental": (0.02, 0.02), "softmax": (0.01, 0.10),
-    "norm": (0.02, 0.05), "reduce": (0.01, 0.02), "fill": (0.01, 0.01), "dma_hbm": (0.01, 0.10),
-    "dma_loop": (0.01, 0.01), "copy": (0.01, 0.08), "emit_pipeline": (0.01, 0.02),
+    "elementwise": (0.02, 0.05), "transcendental": (0.02, 0.03), "softmax": (0.02, 0.10),
+    "norm": (0.02, 0.03), "reduce": (0.01, 0.02), "fill": (0.01, 0.01), "dma_hbm": (0.01, 0.10),
+    "dma_loop": (0.01, 0.01), "copy": (0.01, 0.08), "emit_pipeline": (0.02, 0.02),
     "step_loop": (0.03, 0.14),
-    "matmul": (0.02, 0.04), "matmul_dtype": (0.03, 0.09), "matmul_skinny": (0.01, 0.36),
+    "matmul": (0.02, 0.04), "matmul_dtype": (0.03, 0.09), "matmul_skinny": (0.01, 0.09),
     "transpose": (0.09, 0.14), "scalar_prefetch": (0.08, 0.11), "small_launch": (0.03, 0.09),
     "flash": (0.04, 0.14), "splash": (0.03, 0.06), "gmm": (0.05, 0.05),
     "paged_attention": (0.16, 0.21), "op_chain": (0.03, 0.10), "dma_probe": (0.03, 0.10),
@@ -123,6 +123,8 @@ BOUNDS = {
     # session 38 (cases_s38, predicted first): vector work of six kinds beside 16 / 4 / 1 copies a round;
     # dead_store: the chip's compiler stores a scratch the loop never reads once, after the loop
     "dma_beside": (0.06, 0.31), "dead_store": (0.32, 16.15),
+    # session 38's second call (cases_s38.write_queue_cases, predicted first): a write after a queued read
+    "write_queue": (0.08, 0.19),
     # measured after 655fb6c's predictions were recorded (v5e-holdout-predictions-*.json); the model
     # changed after that (the DMA-wait sync rule), so these are no longer blind predictions
     "holdout": (0.02, 0.16),
@@ -136,7 +138,7 @@ def test_every_measured_family_has_a_bound():
   38 filed four cases recorded under dma_beside as dead_store) has a bound, and nothing else does."""
   _, recs = model.load()
   assert {c.family for c in model.all_cases() if c.name in recs} == set(BOUNDS)
-  assert len(recs) >= 968
+  assert len(recs) >= 983
 
 
 @pytest.mark.parametrize("family", sorted(BOUNDS))
@@ -391,6 +393,24 @@ def test_the_session_38_predictions_were_recorded_before_the_chip_ran_them():
   assert measured["b38_c0_st"] < 0.1 * measured["b38_c0_ldst"]
   now = {row.name: row.error for row in model.compare(only="b38_c16x4k_none")}
   assert abs(now["b38_c16x4k_none"]) < 0.02
+
+
+def test_the_session_38b_predictions_were_recorded_before_the_chip_ran_them():
+  """Session 38's second call (v5e-s38b-predictions-2026-12-08.json: the model of 97a5aa5, committed in
+  f99c924 before the call) covers exactly its write_queue cases. What it showed: a 128 KiB read started
+  behind a 512 KiB write lands before a second 512 KiB write started 0-900 ns after it (the rounds'
+  delay after the read's wait hides under that write: 63-69 us over 32 rounds, where the model's
+  write-first order predicted 90), while a second 128 KiB write goes first; the skinny K = 128 matmuls,
+  whose output writes are 256 KiB-1 MiB, were predicted +22..+40%. Since then a write larger than the
+  HBM write buffer waits for a read queued behind a write (hw.ChipSpec.dma_big_write_waits_queued_read)."""
+  pred, measured = _recorded_predictions("v5e-s38b-predictions-2026-12-08.json", ("write_queue",), "97a5aa5")
+  assert len(measured) == 15
+  err = {n: pred[n] / measured[n] - 1 for n in measured}
+  assert all(err[f"wq_w512_r128_d{d}"] > 0.3 for d in (0, 200, 600))
+  assert abs(err["wq_w128_r128_d0"]) < 0.03 and abs(err["wq_w512_noread"]) < 0.01
+  assert all(err[n] > 0.2 for n in measured if n.startswith("skinny_k128"))
+  now = {row.name: row.error for row in model.compare(only="wq_w512_r128_d")}
+  assert all(abs(e) < 0.06 for e in now.values()), now
 
 
 def test_the_whole_suite_ran_again_in_one_call_and_agrees_with_the_record():

@@ -32,7 +32,8 @@ def test_the_measured_rules_are_on_for_v5e_only_and_the_candidates_off_everywher
              "index_map_smem_cycles": 23, "index_map_subword_cycles": 40, "grid_step_dim_cycles": 4,
              "grid_step_operand_cycles": 3.5, "hbm_write_buffer_bytes": 144_000,
              "dma_sequential_no_overhead": True, "stores_in_order": True,
-             "stores_stream_behind_values": True, "dma_issue_bare_cycles": 2}
+             "stores_stream_behind_values": True, "dma_issue_bare_cycles": 2,
+             "dma_big_write_waits_queued_read": True}
   v5e = hw.get_chip("v5e")
   assert {k: getattr(v5e, k) for k in adopted} == adopted
   for k in adopted:   # each adopted value names its measurement

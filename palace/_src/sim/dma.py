@@ -52,13 +52,14 @@ _SPACE_LABEL = {MemorySpace.ANY: "hbm", MemorySpace.HBM: "hbm", MemorySpace.VMEM
 class DmaRecord:
   """One in-flight copy."""
   __slots__ = ("req", "seq", "issue_cycle", "start_cycle", "done_cycle", "read_done_cycle", "moved",
-               "core", "applied", "src_applied", "hbm_sides", "held", "landing")
+               "core", "applied", "src_applied", "hbm_sides", "held", "queued", "landing")
 
   def __init__(self, req, seq, core, issue_cycle=0, start_cycle=0, done_cycle=0, read_done_cycle=0,
                hbm_sides=0):
     self.req, self.seq, self.core = req, seq, core
     self.hbm_sides = hbm_sides
     self.held = False        # delayed behind a write once already (sim/dma_arbiter.py)
+    self.queued = False      # a read started while one of its core's writes was transferring (ditto)
     self.moved = False
     self.landing = None      # a copy that lands later (`land_due`): (memory.snapshot, checks.held)
     self.applied = False

@@ -26,6 +26,11 @@ channel totals the calendars account for:
     so, ahead of the write the calendars put it behind (session 37: a 16 KiB read started after a
     512 KiB write, waited, then 500 ns of delay, then the write waited: 1.01 us a round on the chip,
     1.56 in the model before: +55% -> -6%).
+  * a write larger than the HBM write buffer (`ChipSpec.hbm_write_buffer_bytes`) does not hold a read
+    that queued behind an earlier write and has not begun its transfer: that read goes next, and the
+    write after it as the calendars have it (`ChipSpec.dma_big_write_waits_queued_read`; session 38's
+    `write_queue`: a 512 KiB write started 0-900 ns after a 128 KiB read that waits behind a 512 KiB
+    write goes after the read, a 128 KiB one ahead of it).
 A delayed read's pending semaphore arrivals move with it (a read already waited for has landed and
 is never moved). Copies between HBM and HBM, remote copies and local copies are not arbitrated.
 """
@@ -42,7 +47,7 @@ class Arbiter:
   """The read/write order of one core's DMA engine (module docstring). `reads`: this core's HBM
   reads larger than the head whose transfer may still be under way; `write_until`: the end of the
   core's latest HBM write transfer."""
-  __slots__ = ("core", "head_bytes", "turnaround", "reads", "write_until")
+  __slots__ = ("core", "head_bytes", "turnaround", "reads", "write_until", "big_write")
 
   def __init__(self, core):
     chip = core.chip
@@ -51,6 +56,9 @@ class Arbiter:
     self.turnaround = chip.dma_write_turnaround_cycles
     self.reads = []
     self.write_until = 0
+    # (hw.ChipSpec.dma_big_write_waits_queued_read) writes of more bytes than this keep a queued read's
+    # place; None: every write goes first
+    self.big_write = chip.hbm_write_buffer_bytes if chip.dma_big_write_waits_queued_read else None
 
   def timed(self, direction: str, start, first, last, rec, plan):
     """(first, last) cycles of the transfer of a copy in `direction` (READ / WRITE) that asked to
@@ -59,7 +67,10 @@ class Arbiter:
     if direction is WRITE:
       transfer = last - first
       held = False
+      big = self.big_write is not None and rec.req.nbytes > self.big_write
       for r in self.reads:
+        if big and r.queued and r.start_cycle > start:
+          continue   # (a read waiting behind an earlier write goes before a write the buffer cannot take)
         if r.read_done_cycle > start and self._hold(r, transfer):
           held = True
       if held:
@@ -76,6 +87,7 @@ class Arbiter:
           if cut < last:
             last = cut
         last += self.turnaround
+        rec.queued = True
       self._forget_landed(start)
       self.reads.append(rec)
     elif self.write_until > start:
@@ -100,7 +112,8 @@ class Arbiter:
   def signature(self, now, rel) -> tuple:
     """The arbiter's state relative to `now` (sim/steady.py): the reads it may still hold."""
     self._forget_landed(now)
-    return rel(self.write_until), tuple((rel(r.read_done_cycle), r.req.nbytes, r.held) for r in self.reads)
+    return rel(self.write_until), tuple((rel(r.read_done_cycle), rel(r.start_cycle), r.req.nbytes, r.held, r.queued)
+                                          for r in self.reads)
 
   def shift(self, now, later) -> None:
     """Advance the state by a steady-state jump (its records are shifted with the machine's)."""
