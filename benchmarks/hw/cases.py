@@ -633,7 +633,7 @@ def _step_cases() -> list[Case]:
   from benchmarks.hw.cases_start import start_body_cases, start_form_cases  # noqa: PLC0415
   from benchmarks.hw.cases_eup import eup_stream_cases  # noqa: PLC0415
   from benchmarks.hw.cases_s37 import s37_cases  # noqa: PLC0415
-  from benchmarks.hw.cases_s38 import s38_cases, write_queue_cases  # noqa: PLC0415
+  from benchmarks.hw.cases_s38 import s38_cases, vpu_chain_cases, write_queue_cases  # noqa: PLC0415
   return (probe_cases() + sync_cases() + overlap_cases() + step_cases() + loop_cases() + mix_cases() + curve_cases() + order_cases() + fence_cases()
           + ilp_cases() + chunk_cases() + pipe_cases() + flash_part_cases()
           + compute_part_cases() + chain_cases() + holdout_chain_cases() + sync_sweep_cases()
@@ -651,7 +651,7 @@ def _step_cases() -> list[Case]:
           + dma_issue_cases() + write_burst_cases() + issue_form_cases()
           + step_body_cases() + start_form_cases() + eup_stream_cases() + eup_curve_cases()
           + step_raw_cases() + s37_cases() + start_body_cases() + s38_cases()
-          + write_queue_cases())
+          + write_queue_cases() + vpu_chain_cases())
 
 
 def all_cases() -> list[Case]:

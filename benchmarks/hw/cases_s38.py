@@ -28,6 +28,11 @@ start a write W2, wait R, `pl.delay(d2)`, wait W1 and W2 (`wq_*`): if R lands be
 hides under W2; if W2 goes first, d2 adds to the round. Controls: without W2, and without the read.
 And the skinny matmul's step swept (`skinny_k128_*`: K = 128 in one step, so every step writes its
 output block and reads a new weight block): output blocks of 256 KiB-1 MiB.
+
+`vpu_chain` (a third call, recorded for the next VPU step): `dma_beside`'s `reg` work (32 dependent
+multiply-adds on 8 vregs) costs the chip ~3 cycles an op where a one-vreg chain costs ~2.1 (session 36)
+and palace 2. `vchain_w{W}_d{D}_{op}`: 128 rounds of a value of W vregs loaded, D dependent multiply-adds
+(`fma`) or adds (`add`) on it, stored: how a dependent op's cost grows with its value's vregs.
 Same conventions as cases.py (the public Pallas API JAX 0.10.2 and 0.12 share; nothing imports palace).
 """
 from __future__ import annotations
@@ -184,4 +189,38 @@ def write_queue_cases() -> list[Case]:
           Case("wq_w512_r128_d0_nod2", F, _write_queue(512, 128, 0, d2_ns=0))]
   for bm, bn in ((512, 256), (512, 1024), (256, 512), (1024, 512), (512, 512)):
     out.append(Case(f"skinny_k128_b{bm}x{bn}", F, _matmul(4096, 128, 4096, bm, 128, bn)))
+  return out
+
+
+def _vchain(width, depth, op="fma", n=128):
+  """`n` rounds of: an f32 value of `width` vregs loaded from scratch, `depth` dependent multiply-adds
+  (`fma`: v * 1.0001 + 0.5) or adds (`add`: v + 0.5) on it, stored back."""
+  def build():
+    jax, jnp, pl, pltpu = _jax()
+    rows = 8 * width
+
+    def kernel(x_ref, o_ref, w_ref):
+      w_ref[...] = x_ref[...]
+
+      def body(r, c):
+        v = w_ref[...]
+        for _ in range(depth):
+          v = v * 1.0001 + 0.5 if op == "fma" else v + 0.5
+        w_ref[...] = v
+        return c
+
+      jax.lax.fori_loop(0, n, body, 0)
+      o_ref[...] = w_ref[0:8, :]
+
+    call = pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct((8, _LANES), jnp.float32),
+                          scratch_shapes=[pltpu.VMEM((rows, _LANES), jnp.float32)])
+    return call, (_rand((rows, _LANES), "float32", 3),)
+  return build
+
+
+def vpu_chain_cases() -> list[Case]:
+  F = "vpu_chain"
+  out = [Case(f"vchain_w{w}_d32_fma", F, _vchain(w, 32)) for w in (1, 2, 4, 8, 16, 32)]
+  out += [Case(f"vchain_w8_d{d}_fma", F, _vchain(8, d)) for d in (8, 64)]
+  out += [Case(f"vchain_w{w}_d64_add", F, _vchain(w, 64, "add")) for w in (1, 8)]
   return out
