@@ -125,6 +125,8 @@ BOUNDS = {
     "dma_beside": (0.06, 0.31), "dead_store": (0.32, 16.15),
     # session 38's second call (cases_s38.write_queue_cases, predicted first): a write after a queued read
     "write_queue": (0.08, 0.19),
+    # session 38's third call (cases_s38.vpu_chain_cases, predicted first): dependent VPU chains by width
+    "vpu_chain": (0.10, 0.38),
     # measured after 655fb6c's predictions were recorded (v5e-holdout-predictions-*.json); the model
     # changed after that (the DMA-wait sync rule), so these are no longer blind predictions
     "holdout": (0.02, 0.16),
@@ -138,7 +140,7 @@ def test_every_measured_family_has_a_bound():
   38 filed four cases recorded under dma_beside as dead_store) has a bound, and nothing else does."""
   _, recs = model.load()
   assert {c.family for c in model.all_cases() if c.name in recs} == set(BOUNDS)
-  assert len(recs) >= 983
+  assert len(recs) >= 993
 
 
 @pytest.mark.parametrize("family", sorted(BOUNDS))
@@ -411,6 +413,24 @@ def test_the_session_38b_predictions_were_recorded_before_the_chip_ran_them():
   assert all(err[n] > 0.2 for n in measured if n.startswith("skinny_k128"))
   now = {row.name: row.error for row in model.compare(only="wq_w512_r128_d")}
   assert all(abs(e) < 0.06 for e in now.values()), now
+
+
+def test_the_session_38c_predictions_were_recorded_before_the_chip_ran_them():
+  """Session 38's third call (v5e-s38c-predictions-2026-12-08.json: the model of 10d6a3b, committed in
+  7b69260 before the call) covers exactly its vpu_chain cases, recorded for the next VPU step. What it
+  showed: a chain of dependent adds costs the chip ~2.3 cycles an op on 1 or 8 vregs alike, and so does
+  a multiply-add chain on 1-4 vregs, but on 8 / 16 / 32 vregs it costs ~3.3 / 5.5 / 9.6 cycles an op
+  (palace: 2 / 2.7 / 5.5, -32 / -23 / -15%): the multiplies go at about half the adds' rate (on 8 vregs a
+  multiply-add chain's op ~45% dearer than an add chain's), and a wide chain's multiplies and adds
+  overlap."""
+  pred, measured = _recorded_predictions("v5e-s38c-predictions-2026-12-08.json", ("vpu_chain",), "10d6a3b")
+  assert len(measured) == 10
+  err = {n: pred[n] / measured[n] - 1 for n in measured}
+  for w in (1, 2, 4):
+    assert abs(err[f"vchain_w{w}_d32_fma"]) < 0.06
+  assert err["vchain_w8_d32_fma"] < -0.3 and err["vchain_w8_d64_fma"] < -0.35
+  assert measured["vchain_w8_d64_fma"] > 2.8 * measured["vchain_w8_d64_add"]
+  assert abs(measured["vchain_w8_d64_add"] / measured["vchain_w1_d64_add"] - 1) < 0.03
 
 
 def test_the_whole_suite_ran_again_in_one_call_and_agrees_with_the_record():
