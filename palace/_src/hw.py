@@ -699,8 +699,7 @@ V5E = dataclasses.replace(
     index_map_cycles=16, index_map_plain_cycles=12, index_map_smem_cycles=23, index_map_subword_cycles=40,
     grid_step_dim_cycles=4, grid_step_operand_cycles=3.5, hbm_write_buffer_bytes=144_000,
     dma_issue_bare_cycles=2, dma_big_write_waits_queued_read=True, dma_sequential_no_overhead=True,
-    stores_in_order=True,
-    stores_stream_behind_values=True,
+    stores_in_order=True, stores_stream_behind_values=True,
     sources=MappingProxyType({**V5E.sources, **_ADOPTED_SOURCES, "dma_wait_sync_cycles": (
         "not paid on v5e: its DMA waits take the latency form (dma_wait_latency_cycles)")}))
 

@@ -439,8 +439,8 @@ def window_runs(shape, index: tuple) -> int:
 
 class DmaEngine:
   """The DMA issue of one core: plans per (spaces, semaphore), the core's channels, the start path."""
-  __slots__ = ("core", "machine", "issue_cycles", "bare_cycles", "overhead_bytes", "run_bytes", "eager", "chans", "prepared",
-               "arbiter", "streams", "mixed", "queue", "switch_cycles", "last_sem")
+  __slots__ = ("core", "machine", "issue_cycles", "bare_cycles", "overhead_bytes", "run_bytes", "eager",
+               "chans", "prepared", "arbiter", "streams", "mixed", "queue", "switch_cycles", "last_sem")
 
   def __init__(self, core):
     self.core = core

@@ -112,8 +112,8 @@ class Arbiter:
   def signature(self, now, rel) -> tuple:
     """The arbiter's state relative to `now` (sim/steady.py): the reads it may still hold."""
     self._forget_landed(now)
-    return rel(self.write_until), tuple((rel(r.read_done_cycle), rel(r.start_cycle), r.req.nbytes, r.held, r.queued)
-                                          for r in self.reads)
+    return rel(self.write_until), tuple((rel(r.read_done_cycle), rel(r.start_cycle), r.req.nbytes, r.held,
+                                         r.queued) for r in self.reads)
 
   def shift(self, now, later) -> None:
     """Advance the state by a steady-state jump (its records are shifted with the machine's)."""
