@@ -510,12 +510,13 @@ class TensorCore:
       now = floor
     self.now = self.last_back_edge = now
     self.unit_busy["scalar"] += cycles
-    self.mxu_weights.clear()
     self.block_boundary()
 
   def block_boundary(self) -> None:
-    # The end of a basic block (a loop back edge, a grid step): a block that did vector work makes the
-    # next blocks' DMA starts full ones, a block of starts without any makes them bare ones (DmaEngine.start)
+    # The end of a basic block (a loop back edge, a grid step): no MXU weights stay latched past it
+    # (cost.matmul_issue), and a block that did vector work makes the next blocks' DMA starts full ones,
+    # a block of starts without any makes them bare ones (DmaEngine.start)
+    self.mxu_weights.clear()
     if self.block_vector:
       self.dma_only = False
     elif self.block_starts:
@@ -536,7 +537,6 @@ class TensorCore:
     # flight; the next step issues after the bookkeeping and `grid_step_drain_cycles` after the last
     # result (measured on a v5e: docs/timing-model.md 1.1).
     self.steps += 1
-    self.mxu_weights.clear()
     self.block_boundary()
     if self.mxu_results:
       self.mxu_results.clear()   # (a later step reads an earlier step's results from memory)
